@@ -1,0 +1,37 @@
+"""Tunables, one place, each overridable by an environment variable.
+
+``CKPT_TRACE_<NAME>`` overrides ``<NAME>``; values are read once at import.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _int_env(name: str, default: int) -> int:
+    raw = os.environ.get(f"CKPT_TRACE_{name}")
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw, 0)
+    except ValueError:
+        return default
+
+
+def _str_env(name: str, default: str) -> str:
+    return os.environ.get(f"CKPT_TRACE_{name}") or default
+
+
+# Tracer
+BPF_PATH_BYTES = _int_env("BPF_PATH_BYTES", 256)  # bytes of each path copied by the BPF program
+BPF_RINGBUF_PAGES = _int_env("BPF_RINGBUF_PAGES", 16384)  # 64 MiB ring buffer (power of two pages)
+BPF_MAX_IOVECS = _int_env("BPF_MAX_IOVECS", 64)  # iovecs summed in BPF for readv/writev sizes
+BPF_INFLIGHT_ENTRIES = _int_env("BPF_INFLIGHT_ENTRIES", 65536)  # concurrent syscalls tracked
+BPF_POLL_MS = _int_env("BPF_POLL_MS", 50)
+STRACE_BIN = _str_env("STRACE_BIN", "strace")
+STRACE_STRING_BYTES = _int_env("STRACE_STRING_BYTES", 1024)  # strace -s: bounds iovec arrays and envp strings
+TRACE_BATCH_ROWS = _int_env("TRACE_BATCH_ROWS", 65536)
+
+# Replay
+REPLAY_MAX_IO_BYTES = _int_env("REPLAY_MAX_IO_BYTES", 64 << 20)  # largest single synthetic buffer
+REPLAY_FREE_SPACE_MARGIN_BYTES = _int_env("REPLAY_FREE_SPACE_MARGIN_BYTES", 64 << 20)

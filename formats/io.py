@@ -1,0 +1,194 @@
+"""Reading and writing trace files (Arrow IPC file format, zstd batches).
+
+A trace file is readable without ckpt-trace: ``pyarrow.ipc.open_file``,
+``pandas.read_feather``, ``polars.read_ipc`` and DuckDB all open it.
+
+Writing is atomic: rows go to a hidden temporary file beside the target,
+which is fsynced and renamed over the final name, then the directory is
+fsynced (rename(2), fsync(2)). A writer killed at any point therefore
+leaves either no file or a complete one under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from .errors import CkptTraceError, TraceFormatError
+from .schema import (
+    COLUMNS,
+    FORMAT_VERSION,
+    METADATA_KEY,
+    REQUIRED_METADATA_KEYS,
+    SCHEMA,
+    SUPPORTED_VERSIONS,
+)
+
+DEFAULT_BATCH_ROWS = 65536
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A validated trace: ``table`` has exactly the columns of ``SCHEMA``.
+
+    ``metadata`` is the decoded JSON object stored under ``METADATA_KEY``.
+    """
+
+    path: Path
+    table: pa.Table
+    metadata: Mapping[str, Any]
+
+    @property
+    def num_rows(self) -> int:
+        return self.table.num_rows
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _temporary_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def table_from_columns(columns: Mapping[str, list]) -> pa.Table:
+    """Build a table of ``SCHEMA`` from a mapping column name -> list of values.
+
+    Raises TraceFormatError when a column is missing or a value does not fit its type.
+    """
+    missing = [name for name in COLUMNS if name not in columns]
+    if missing:
+        raise TraceFormatError(f"rows lack column {missing[0]!r}")
+    try:
+        return pa.Table.from_pydict({name: columns[name] for name in COLUMNS}, schema=SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as err:
+        raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
+
+
+def write_trace(
+    path: str | os.PathLike,
+    table: pa.Table,
+    metadata: Mapping[str, Any],
+    *,
+    overwrite: bool = False,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+) -> Path:
+    """Write ``table`` (of ``SCHEMA``) and ``metadata`` atomically to ``path``.
+
+    ``metadata`` must hold every key of ``REQUIRED_METADATA_KEYS`` except
+    ``format_version``, which is set here. Returns the final path.
+
+    Raises CkptTraceError when ``path`` exists and ``overwrite`` is false,
+    when a metadata key is missing, or when the file system refuses the
+    write (full disk, permissions); the temporary file is removed then.
+    """
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise CkptTraceError(f"{path} already exists (use --force to overwrite it)")
+    meta = dict(metadata)
+    meta["format_version"] = FORMAT_VERSION
+    missing = [key for key in REQUIRED_METADATA_KEYS if key not in meta]
+    if missing:
+        raise TraceFormatError(f"trace metadata lacks key {missing[0]!r}")
+    schema = SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+    table = table.select(list(COLUMNS)).cast(SCHEMA).replace_schema_metadata(schema.metadata)
+    tmp = _temporary_name(path)
+    options = ipc.IpcWriteOptions(compression="zstd")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with pa.OSFile(str(tmp), "wb") as sink:
+            with ipc.new_file(sink, schema, options=options) as writer:
+                writer.write_table(table, max_chunksize=max(1, batch_rows))
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise CkptTraceError(f"cannot write trace {path}: {err.strerror or err}") from None
+    return path
+
+
+def _decode_metadata(path: Path, schema: pa.Schema) -> dict:
+    raw = (schema.metadata or {}).get(METADATA_KEY)
+    if raw is None:
+        raise TraceFormatError(f"{path}: not a ckpt-trace trace (schema metadata key {METADATA_KEY.decode()!r} missing)")
+    try:
+        meta = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise TraceFormatError(f"{path}: metadata key {METADATA_KEY.decode()!r} is not valid JSON") from None
+    if not isinstance(meta, dict):
+        raise TraceFormatError(f"{path}: metadata key {METADATA_KEY.decode()!r} is not a JSON object")
+    missing = [key for key in REQUIRED_METADATA_KEYS if key not in meta]
+    if missing:
+        raise TraceFormatError(f"{path}: trace metadata lacks key {missing[0]!r}")
+    version = meta["format_version"]
+    if version not in SUPPORTED_VERSIONS:
+        supported = ", ".join(str(v) for v in SUPPORTED_VERSIONS)
+        raise TraceFormatError(f"{path}: trace format version {version!r} is not supported (supported: {supported})")
+    return meta
+
+
+def _check_columns(path: Path, schema: pa.Schema) -> None:
+    for field in SCHEMA:
+        index = schema.get_field_index(field.name)
+        if index < 0:
+            raise TraceFormatError(f"{path}: column {field.name!r} missing")
+        found = schema.field(index).type
+        if found != field.type:
+            raise TraceFormatError(f"{path}: column {field.name!r} has type {found}, expected {field.type}")
+
+
+def _open_reader(path: Path) -> ipc.RecordBatchFileReader:
+    if not path.exists():
+        raise TraceFormatError(f"{path}: no such trace file")
+    if path.is_dir():
+        raise TraceFormatError(f"{path}: is a directory, not a trace file")
+    try:
+        return ipc.open_file(pa.memory_map(str(path), "r"))
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
+        raise TraceFormatError(f"{path}: not a readable Arrow IPC trace file (corrupt or truncated: {err})") from None
+
+
+def read_metadata(path: str | os.PathLike) -> dict:
+    """Return the validated metadata object of the trace at ``path`` without reading rows.
+
+    Raises TraceFormatError as ``read_trace`` does.
+    """
+    path = Path(path)
+    reader = _open_reader(path)
+    meta = _decode_metadata(path, reader.schema)
+    _check_columns(path, reader.schema)
+    return meta
+
+
+def read_trace(path: str | os.PathLike) -> Trace:
+    """Read and validate the trace at ``path``.
+
+    Raises TraceFormatError with a one-line message naming what is wrong:
+    a missing file, a file that is not Arrow IPC (corrupt or truncated),
+    a missing metadata key, an unsupported format version, a missing
+    column or a column of the wrong type.
+    """
+    path = Path(path)
+    reader = _open_reader(path)
+    meta = _decode_metadata(path, reader.schema)
+    _check_columns(path, reader.schema)
+    try:
+        table = reader.read_all()
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
+        raise TraceFormatError(f"{path}: record batches are corrupt ({err})") from None
+    return Trace(path=path, table=table.select(list(COLUMNS)), metadata=meta)

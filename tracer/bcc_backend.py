@@ -1,0 +1,252 @@
+"""bcc backend: eBPF programs on the ``syscalls:sys_{enter,exit}_*`` tracepoints.
+
+Needs root, the ``bcc`` Python module (Debian: python3-bpfcc), kernel
+headers for bcc's compiler, tracefs at /sys/kernel/tracing and BPF ring
+buffers (Linux >= 5.8). ``probe()`` checks each up front and says which is
+missing, so ``auto`` can name the fallback it takes.
+
+Probe code is generated per syscall from its tracepoint format file
+(``events/syscalls/sys_enter_NAME/format``), so argument fields are read by
+the kernel's own names and widths. Descendants are followed through the
+``sched:sched_process_fork`` tracepoint, which fires in the parent before
+the child first runs. File positions are reconstructed in user space by
+``TraceBuilder`` (kprobes and fentry are unavailable on the target kernels).
+
+Reference: bcc reference guide (TRACEPOINT_PROBE, BPF_RINGBUF_OUTPUT,
+ring_buffer_poll); Documentation/trace/events.rst for format files.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from ckpt_trace import config
+from ckpt_trace.errors import TracerError
+
+from . import syscalls as sc
+from .state import SyscallEvent, rank_from_environ
+
+TRACEFS = Path("/sys/kernel/tracing")
+_EVENTS = TRACEFS / "events" / "syscalls"
+_NAMES = list(sc.SYSCALLS)
+_POINTER_ARGS = {"path", "path2", "iov", "how", "uargs", "argv", "envp", "buf", "params", "sig", "stack", "ptid", "ctid", "tls"}
+
+
+def _mount_tracefs() -> None:
+    if (_EVENTS).is_dir():
+        return
+    if os.geteuid() == 0 and TRACEFS.is_dir():
+        os.system(f"mount -t tracefs tracefs {TRACEFS} >/dev/null 2>&1")
+
+
+def probe() -> str | None:
+    """Return None when the bcc backend can be tried here, else why it cannot."""
+    if os.geteuid() != 0:
+        return "not root (eBPF needs CAP_BPF and CAP_PERFMON)"
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        return "the bcc Python module is not importable (Debian: apt-get install python3-bpfcc)"
+    _mount_tracefs()
+    if not _EVENTS.is_dir():
+        return f"tracefs syscall events not found under {TRACEFS} (mount -t tracefs tracefs {TRACEFS})"
+    build = Path("/lib/modules") / os.uname().release / "build"
+    if not build.exists():
+        return f"no kernel headers at {build} (see scripts/setup-system.sh)"
+    return None
+
+
+def _fields(event: str) -> list[str] | None:
+    """Argument field names of a syscall tracepoint, in order, or None if it does not exist."""
+    fmt = _EVENTS / event / "format"
+    try:
+        text = fmt.read_text()
+    except OSError:
+        return None
+    names = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("field:") or "common_" in line or "__syscall_nr" in line:
+            continue
+        decl = line[len("field:"):].split(";")[0]
+        names.append(decl.replace("*", " ").split()[-1])
+    return names
+
+
+def _enter_probe(nr: int, name: str, fields: list[str]) -> str:
+    call = sc.SYSCALLS[name]
+    lines = [f"TRACEPOINT_PROBE(syscalls, sys_enter_{name}) {{", f"    struct event_t *e = enter_begin({nr});",
+             "    if (!e) return 0;"]
+    for i, (arg, fld) in enumerate(zip(call.args, fields)):
+        lines.append(f"    e->a[{i}] = (s64)args->{fld};")
+        if arg == "path":
+            lines.append(f"    read_path(e->path, (const char *)args->{fld}, &e->truncated);")
+        elif arg == "path2":
+            lines.append(f"    read_path(e->path2, (const char *)args->{fld}, &e->truncated);")
+        elif arg in ("how", "uargs"):
+            lines.append(f"    bpf_probe_read_user(&e->extra, sizeof(e->extra), (const void *)args->{fld});")
+    if "iov" in call.args:
+        vec = fields[call.args.index("iov")]
+        count = fields[call.args.index("iov_count")]
+        lines.append(f"    sum_iovecs(e, (const void *)args->{vec}, args->{count});")
+    lines += ["    return enter_end(e);", "}",
+              f"TRACEPOINT_PROBE(syscalls, sys_exit_{name}) {{ return exit_common(args->ret); }}"]
+    return "\n".join(lines)
+
+
+def program_text() -> tuple[str, list[str]]:
+    """The full BPF C program, and the syscalls without a tracepoint on this kernel."""
+    base = resources.files("ckpt_trace.tracer").joinpath("bcc_program.c").read_text()
+    base = (base.replace("__PATH_BYTES__", str(config.BPF_PATH_BYTES))
+                .replace("__MAX_IOVECS__", str(config.BPF_MAX_IOVECS))
+                .replace("__RINGBUF_PAGES__", str(config.BPF_RINGBUF_PAGES))
+                .replace("__INFLIGHT__", str(config.BPF_INFLIGHT_ENTRIES)))
+    probes, missing = [], []
+    for nr, name in enumerate(_NAMES):
+        fields = _fields(f"sys_enter_{name}")
+        if fields is None or len(fields) != len(sc.SYSCALLS[name].args):
+            missing.append(name)
+            continue
+        probes.append(_enter_probe(nr, name, fields))
+    return base + "\n" + "\n".join(probes) + "\n", missing
+
+
+def _cstr(raw: bytes) -> str:
+    return bytes(raw).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _environ_rank(pid: int) -> int | None:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    return rank_from_environ(item.decode("utf-8", "replace") for item in raw.split(b"\0") if item)
+
+
+def _decode(e) -> SyscallEvent:
+    name = _NAMES[e.nr]
+    call = sc.SYSCALLS[name]
+    args: dict = {}
+    for i, arg in enumerate(call.args):
+        if arg == "path":
+            args["path"] = _cstr(e.path)
+        elif arg == "path2":
+            args["path2"] = _cstr(e.path2)
+        elif arg not in _POINTER_ARGS:
+            args[arg] = int(e.a[i])
+    for key in ("dirfd", "dirfd2"):
+        if key in args:
+            args[key] = ctypes.c_int32(args[key]).value
+    if name == "openat2":
+        args["flags"] = int(e.extra)
+    elif name == "clone3":
+        args["clone_flags"] = int(e.extra)
+    event = SyscallEvent(
+        ts_ns=int(e.ts_ns), dur_ns=int(e.dur_ns), tid=int(e.tid), pid=int(e.pid), name=name, args=args,
+        ret=int(e.ret), comm=_cstr(e.comm), size=int(e.size) if e.size >= 0 else None,
+    )
+    if name in ("execve", "execveat") and event.ret == 0:
+        event.rank = _environ_rank(event.pid)
+    return event
+
+
+@dataclass
+class BccRecording:
+    """What a bcc recording produced: events, counts, and the root process."""
+
+    events: list[SyscallEvent] = field(default_factory=list)
+    lost_events: int = 0
+    truncated_paths: int = 0
+    untraced_syscalls: list[str] = field(default_factory=list)
+    root_pid: int = -1
+    exit_code: int = 0
+    start_ns: int = 0
+
+
+class BccTracer:
+    """Loads the BPF program, runs a command under it, collects events.
+
+    Call order: ``load()`` (raises TracerError when the kernel refuses the
+    program), then ``run(cmd, env)`` once. Called by ``tracer.record``.
+    """
+
+    def __init__(self) -> None:
+        self._bpf = None
+        self._missing: list[str] = []
+
+    def load(self) -> None:
+        from bcc import BPF
+
+        text, self._missing = program_text()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        saved = os.dup(2)
+        try:
+            os.dup2(devnull, 2)
+            self._bpf = BPF(text=text)
+        except Exception as err:  # bcc raises bare Exception on compile/load failure
+            raise TracerError(f"the kernel refused the BPF program ({str(err).splitlines()[0]})") from None
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(devnull)
+
+    def _spawn(self, cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
+        gate_r, gate_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(gate_w)
+            os.read(gate_r, 1)
+            try:
+                os.execvpe(cmd[0], cmd, env)
+            except OSError as err:
+                os.write(2, f"ckpt-trace: cannot run {cmd[0]}: {err.strerror}\n".encode())
+            os._exit(127)
+        os.close(gate_r)
+        return pid, gate_w
+
+    def run(self, cmd: list[str], env: dict[str, str]) -> BccRecording:
+        """Run ``cmd`` with ``env`` traced, with its descendants; return when it exits and events drained."""
+        bpf = self._bpf
+        rec = BccRecording(untraced_syscalls=list(self._missing))
+
+        def on_event(_ctx, data, _size):
+            e = bpf["events"].event(data)
+            rec.truncated_paths += int(e.truncated)
+            rec.events.append(_decode(e))
+
+        bpf["events"].open_ring_buffer(on_event)
+        pid, gate = self._spawn(cmd, env)
+        rec.root_pid = pid
+        bpf["traced"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+        rec.start_ns = time.monotonic_ns()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            os.write(gate, b"x")
+            os.close(gate)
+            status = None
+            while status is None:
+                bpf.ring_buffer_poll(config.BPF_POLL_MS)
+                done, raw = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    status = raw
+            self._drain(bpf)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        rec.exit_code = os.waitstatus_to_exitcode(status)
+        if rec.exit_code < 0:
+            rec.exit_code = 128 - rec.exit_code
+        rec.lost_events = int(bpf["lost"][ctypes.c_int(0)].value)
+        return rec
+
+    @staticmethod
+    def _drain(bpf) -> None:
+        """Consume what the ring buffer still holds after the command exited."""
+        for _ in range(3):
+            bpf.ring_buffer_consume()
+            time.sleep(config.BPF_POLL_MS / 1000)

@@ -1,0 +1,178 @@
+"""``record``: run a command under a backend and write its trace.
+
+Call order: ``choose_backend`` (auto-detection, with the reason), then
+``record``, which runs the command, builds rows with ``TraceBuilder`` and
+writes the trace atomically. Called by the CLI's ``record`` command.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from ckpt_trace import __version__, config
+from ckpt_trace.errors import TracerError
+from ckpt_trace.formats import table_from_columns, write_trace
+
+from . import bcc_backend, strace_backend
+from .state import TraceBuilder, rank_from_environ
+
+BACKENDS = ("auto", "bcc", "strace")
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The backend to use and, for ``auto``, why (one line for stderr)."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RecordResult:
+    """Outcome of one recording: the command's exit code and what the trace holds."""
+
+    trace_path: Path
+    exit_code: int
+    backend: str
+    rows: int
+    lost_events: int
+    elapsed_s: float
+
+
+def choose_backend(requested: str) -> BackendChoice:
+    """Resolve ``auto|bcc|strace`` to a backend that can run here.
+
+    Raises TracerError when the requested backend cannot run, with the reason.
+    """
+    if requested not in BACKENDS:
+        raise TracerError(f"unknown backend {requested!r} (choose from {', '.join(BACKENDS)})")
+    bcc_problem = bcc_backend.probe() if requested in ("auto", "bcc") else None
+    if requested == "bcc":
+        if bcc_problem:
+            raise TracerError(f"bcc backend unavailable: {bcc_problem}")
+        return BackendChoice("bcc", "requested")
+    strace_missing = strace_backend.available() is None
+    if requested == "strace":
+        if strace_missing:
+            raise TracerError("strace backend unavailable: strace is not installed")
+        return BackendChoice("strace", "requested")
+    if bcc_problem is None:
+        return BackendChoice("bcc", "eBPF syscall tracepoints are available")
+    if strace_missing:
+        raise TracerError(f"no tracing backend: bcc unavailable ({bcc_problem}) and strace not installed")
+    return BackendChoice("strace", f"bcc unavailable: {bcc_problem}")
+
+
+def _mounts() -> list[tuple[str, str]]:
+    """(mount point, fs type) pairs from /proc/self/mountinfo, longest mount point first."""
+    mounts = []
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return mounts
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if len(fields) > 4 and right:
+            mount_point = fields[4].replace("\\040", " ")
+            mounts.append((mount_point, right.split()[0]))
+    return sorted(mounts, key=lambda item: len(item[0]), reverse=True)
+
+
+def filesystems_of(paths: Iterable[str]) -> dict[str, dict]:
+    """File systems holding ``paths``: {mount point: {"type", "block_size"}} (statvfs f_bsize, bytes)."""
+    mounts = _mounts()
+    found: dict[str, dict] = {}
+    for path in {p for p in paths if p and p.startswith("/")}:
+        for mount_point, fs_type in mounts:
+            prefix = mount_point.rstrip("/") + "/"
+            if path == mount_point or path.startswith(prefix) or mount_point == "/":
+                if mount_point not in found:
+                    try:
+                        block_size = os.statvfs(mount_point).f_bsize
+                    except OSError:
+                        block_size = None
+                    found[mount_point] = {"type": fs_type, "block_size": block_size}
+                break
+    return found
+
+
+def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict) -> tuple[TraceBuilder, dict]:
+    env = dict(os.environ)
+    builder_args["root_rank"] = rank_from_environ(f"{k}={v}" for k, v in env.items()) or -1
+    builder_args["inherited_fds"] = strace_backend.inherited_fds()
+    if choice.name == "bcc":
+        tracer = bcc_backend.BccTracer()
+        tracer.load()
+        rec = tracer.run(cmd, env)
+        builder = TraceBuilder(start_ns=rec.start_ns, root_pid=rec.root_pid, **builder_args)
+        builder.feed_all(rec.events)
+        extra = {"lost_events": rec.lost_events, "truncated_paths": rec.truncated_paths,
+                 "untraced_syscalls": rec.untraced_syscalls, "exit_code": rec.exit_code}
+        return builder, extra
+    with tempfile.TemporaryDirectory(prefix="ckpt-trace-strace-") as scratch:
+        log = Path(scratch) / "strace.log"
+        start_ns = time.time_ns()
+        exit_code = strace_backend.run(cmd, log, env)
+        events = strace_backend.parse_log(log) if log.exists() else []
+    builder = TraceBuilder(start_ns=start_ns, **builder_args)
+    builder.feed_all(events)
+    return builder, {"lost_events": 0, "truncated_paths": 0, "untraced_syscalls": [], "exit_code": exit_code}
+
+
+def record(
+    cmd: list[str],
+    output: str | os.PathLike,
+    *,
+    choice: BackendChoice,
+    path_filters: Iterable[str] = (),
+    strict: bool = False,
+    overwrite: bool = False,
+) -> RecordResult:
+    """Run ``cmd`` (and every descendant) traced; write the trace to ``output``.
+
+    Returns the command's exit code with the counts. Raises TracerError when
+    the command is empty, the backend fails, or ``strict`` and events were
+    lost (no trace is written then); CkptTraceError when ``output`` exists
+    and ``overwrite`` is false (checked before the command runs).
+    """
+    if not cmd:
+        raise TracerError("no command to record (put it after --)")
+    output = Path(output)
+    if output.exists() and not overwrite:
+        raise TracerError(f"{output} already exists (use --force to overwrite it)")
+    if not output.parent.is_dir():
+        raise TracerError(f"directory {output.parent} does not exist")
+    filters = [os.path.abspath(p) if not p.startswith("/") else p for p in path_filters]
+    builder_args = {"cwd": os.getcwd(), "path_filters": filters}
+    start_wall_ns = time.time_ns()
+    started = time.monotonic()
+    builder, extra = _run_backend(choice, cmd, builder_args)
+    elapsed_s = time.monotonic() - started
+    if strict and extra["lost_events"]:
+        raise TracerError(f"{extra['lost_events']} events were lost (--strict); no trace written")
+    columns = builder.columns()
+    metadata = {
+        "creator": "ckpt-trace",
+        "creator_version": __version__,
+        "host": socket.gethostname(),
+        "kernel": os.uname().release,
+        "command": list(cmd),
+        "backend": choice.name,
+        "backend_reason": choice.reason,
+        "start_wall_time_ns": start_wall_ns,
+        "elapsed_ns": int(elapsed_s * 1e9),
+        "filesystems": filesystems_of(columns["path"]),
+        "path_filters": filters,
+        "untracked_fd_ops": builder.untracked_fd_ops,
+        **extra,
+    }
+    write_trace(output, table_from_columns(columns), metadata, overwrite=overwrite,
+                batch_rows=config.TRACE_BATCH_ROWS)
+    return RecordResult(output, extra["exit_code"], choice.name, builder.num_rows, extra["lost_events"], elapsed_s)

@@ -1,0 +1,302 @@
+"""strace backend: ptrace-based tracing for machines without eBPF or root.
+
+strace(1) runs the command with ``-f`` (every thread and child),
+``--seccomp-bpf`` (only the traced calls stop the tracee), ``-X raw``
+(numeric constants), ``-xx`` (every string byte hex-escaped, so parsing is
+unambiguous), nanosecond timestamps and durations, and ``-e raw=`` for the
+plain read/write family so data buffers are never printed. Its log is then
+parsed into ``SyscallEvent`` objects for ``TraceBuilder``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Iterator
+
+from ckpt_trace import config
+from ckpt_trace.errors import TracerError
+
+from . import syscalls as sc
+from .state import SyscallEvent, rank_from_environ
+
+# strace folds the 64-bit position of the p*v calls into one argument.
+_STRACE_ARGS = {
+    "preadv": ("fd", "iov", "iov_count", "offset"),
+    "pwritev": ("fd", "iov", "iov_count", "offset"),
+    "preadv2": ("fd", "iov", "iov_count", "offset", "rwflags"),
+    "pwritev2": ("fd", "iov", "iov_count", "offset", "rwflags"),
+}
+_RAW_CALLS = ("read", "write", "pread64", "pwrite64")
+
+_LINE = re.compile(r"^(\d+)\s+(\d+)\.(\d+)\s+(.*)$")
+_CALL = re.compile(r"^([a-z_0-9]+)\((.*)$")
+_RESUMED = re.compile(r"^<\.\.\. ([a-z_0-9]+) resumed>(.*)$")
+_RESULT = re.compile(r"^(?P<args>.*)\)\s+=\s+(?P<ret>-?\w+|\?)(?P<rest>.*?)(?:\s+<(?P<dur>\d+\.\d+)>)?\s*$")
+_UNFINISHED = " <unfinished ...>"
+_ERRNO = {name: code for code, name in errno.errorcode.items()}
+
+
+def available() -> str | None:
+    """Return the strace executable's path, or None when strace is not installed."""
+    return shutil.which(config.STRACE_BIN)
+
+
+def strace_command(cmd: list[str], log_path: Path) -> list[str]:
+    """The strace(1) command line that traces ``cmd`` into ``log_path``."""
+    exe = available()
+    if exe is None:
+        raise TracerError("strace is not installed (apt-get install strace)")
+    names = ",".join(f"?{name}" for name in sc.traced_names())
+    return [
+        exe, "-f", "-qq", "--seccomp-bpf", "-X", "raw", "-xx",
+        "-s", str(config.STRACE_STRING_BYTES),
+        "--timestamps=unix,ns", "--syscall-times=ns",
+        "-e", "abbrev=!execve,execveat",
+        "-e", "raw=" + ",".join(_RAW_CALLS),
+        "-e", "trace=" + names,
+        "-o", str(log_path), "--", *cmd,
+    ]
+
+
+def run(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> int:
+    """Run ``cmd`` under strace, writing the log to ``log_path``; return the command's exit code."""
+    argv = strace_command(cmd, log_path)
+    try:
+        return subprocess.run(argv, env=env).returncode
+    except OSError as err:
+        raise TracerError(f"cannot start strace: {err.strerror}") from None
+
+
+# -- argument parsing -------------------------------------------------------
+class _ArgParser:
+    """Recursive-descent parser of strace's argument text (strings, numbers, arrays, structs)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.i = 0
+
+    def parse_list(self, closer: str | None) -> tuple[list[Any], dict[str, Any]]:
+        values: list[Any] = []
+        named: dict[str, Any] = {}
+        while True:
+            self._skip_space()
+            if self.i >= len(self.text) or (closer and self.text[self.i] == closer):
+                self.i += 1
+                return values, named
+            key = self._key()
+            value = self._value()
+            if key is None:
+                values.append(value)
+            else:
+                named[key] = value
+                values.append(value)
+            self._skip_space()
+            if self.i < len(self.text) and self.text[self.i] == ",":
+                self.i += 1
+
+    def _skip_space(self) -> None:
+        text = self.text
+        while self.i < len(text):
+            if text[self.i] == " ":
+                self.i += 1
+            elif text.startswith("/*", self.i):
+                end = text.find("*/", self.i)
+                self.i = len(text) if end < 0 else end + 2
+            else:
+                return
+
+    def _key(self) -> str | None:
+        match = re.compile(r"([a-z_][a-z_0-9]*)=").match(self.text, self.i)
+        if match:
+            self.i = match.end()
+            return match.group(1)
+        return None
+
+    def _value(self) -> Any:
+        self._skip_space()
+        char = self.text[self.i] if self.i < len(self.text) else ""
+        if char == '"':
+            return self._string()
+        if char == "[":
+            self.i += 1
+            values, _ = self.parse_list("]")
+            return values
+        if char == "{":
+            self.i += 1
+            values, named = self.parse_list("}")
+            return named if named else values
+        return self._scalar()
+
+    def _string(self) -> str:
+        text = self.text
+        self.i += 1
+        out = bytearray()
+        while self.i < len(text) and text[self.i] != '"':
+            if text[self.i] == "\\" and text.startswith("x", self.i + 1):
+                out.append(int(text[self.i + 2:self.i + 4], 16))
+                self.i += 4
+            elif text[self.i] == "\\":
+                out.extend(_C_ESCAPES.get(text[self.i + 1], text[self.i + 1]).encode())
+                self.i += 2
+            else:
+                out.extend(text[self.i].encode())
+                self.i += 1
+        self.i += 1
+        if text.startswith("...", self.i):
+            self.i += 3
+        return out.decode("utf-8", "surrogateescape")
+
+    def _scalar(self) -> Any:
+        start = self.i
+        depth = 0
+        while self.i < len(self.text):
+            char = self.text[self.i]
+            if char == "(":
+                depth += 1
+            elif char == ")":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif char in ",]}" and depth == 0:
+                break
+            self.i += 1
+        return _number(self.text[start:self.i].strip())
+
+
+_C_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "v": "\v", "f": "\f", "0": "\0", "\\": "\\", '"': '"'}
+_SIGNALS = {"SIGCHLD": 17}
+
+
+def _number(token: str) -> Any:
+    if token in ("NULL", ""):
+        return 0 if token == "NULL" else None
+    if token == "...":
+        return None
+    total = 0
+    for part in token.split("|"):
+        part = part.strip()
+        try:
+            if re.fullmatch(r"0[0-7]+", part):
+                total |= int(part, 8)
+            else:
+                total |= int(part, 0)
+        except ValueError:
+            if part in _SIGNALS:
+                total |= _SIGNALS[part]
+            else:
+                return token
+    return total
+
+
+def parse_args(text: str) -> tuple[list[Any], dict[str, Any]]:
+    """Parse strace's argument text into positional values and ``key=value`` pairs."""
+    return _ArgParser(text).parse_list(None)
+
+
+# -- log parsing ------------------------------------------------------------
+def _ret_value(ret: str, rest: str) -> int | None:
+    if ret == "?":
+        return None
+    value = int(ret, 0)
+    if value == -1:
+        match = re.match(r"\s+(E[A-Z0-9]+)", rest)
+        if match and match.group(1) in _ERRNO:
+            return -_ERRNO[match.group(1)]
+    return value
+
+
+def _duration_ns(text: str | None) -> int:
+    if not text:
+        return 0
+    whole, _, frac = text.partition(".")
+    return int(whole) * 1_000_000_000 + int((frac + "000000000")[:9])
+
+
+def _decode(name: str, values: list[Any], named: dict[str, Any]) -> tuple[dict[str, Any], int | None, int | None]:
+    """Map strace's printed arguments to the table's names; return (args, iov size, rank)."""
+    arg_names = _STRACE_ARGS.get(name, sc.SYSCALLS[name].args)
+    args: dict[str, Any] = {}
+    size = rank = None
+    if name == "clone":
+        args["clone_flags"] = named.get("flags", 0)
+    elif name == "clone3":
+        args["clone_flags"] = values[0].get("flags", 0) if values and isinstance(values[0], dict) else 0
+    else:
+        args = {key: value for key, value in zip(arg_names, values)}
+    if name == "openat2" and isinstance(args.get("how"), dict):
+        args["flags"] = args["how"].get("flags", 0)
+    if "iov" in args:
+        iov = args.pop("iov")
+        lengths = [item.get("iov_len") for item in iov if isinstance(item, dict)] if isinstance(iov, list) else []
+        if isinstance(iov, list) and len(lengths) == int(args.get("iov_count") or 0) and all(isinstance(n, int) for n in lengths):
+            size = sum(lengths)
+    if name in ("execve", "execveat") and isinstance(args.get("envp"), list):
+        rank = rank_from_environ(str(item) for item in args["envp"])
+    for key in ("argv", "envp", "buf", "how", "params", "sig"):
+        args.pop(key, None)
+    return args, size, rank
+
+
+def _events_from_lines(lines: Iterator[str]) -> Iterator[SyscallEvent]:
+    pending: dict[tuple[int, str], tuple[int, str]] = {}
+    for line in lines:
+        match = _LINE.match(line.rstrip("\n"))
+        if not match:
+            continue
+        tid = int(match.group(1))
+        ts_ns = int(match.group(2)) * 1_000_000_000 + int((match.group(3) + "000000000")[:9])
+        body = match.group(4)
+        if body.startswith(("---", "+++")):
+            continue
+        resumed = _RESUMED.match(body)
+        if resumed:
+            name = resumed.group(1)
+            start = pending.pop((tid, name), None)
+            if start is None:
+                continue
+            ts_ns, head = start
+            body = f"{name}({head}{resumed.group(2)}"
+        call = _CALL.match(body)
+        if not call or call.group(1) not in sc.SYSCALLS:
+            continue
+        name = call.group(1)
+        if body.endswith(_UNFINISHED):
+            pending[(tid, name)] = (ts_ns, call.group(2)[: -len(_UNFINISHED)])
+            continue
+        result = _RESULT.match(call.group(2))
+        if not result:
+            continue
+        ret = _ret_value(result.group("ret"), result.group("rest"))
+        if ret is None:
+            continue
+        values, named = parse_args(result.group("args"))
+        args, size, rank = _decode(name, values, named)
+        yield SyscallEvent(
+            ts_ns=ts_ns, dur_ns=_duration_ns(result.group("dur")), tid=tid, name=name,
+            args=args, ret=ret, size=size, rank=rank,
+        )
+
+
+def parse_log(log_path: Path) -> list[SyscallEvent]:
+    """Parse a strace log written by ``run`` into events (in log order).
+
+    Lines strace could not finish (the tracee was killed mid-call) are skipped.
+    """
+    with open(log_path, encoding="utf-8", errors="surrogateescape") as log:
+        return list(_events_from_lines(iter(log)))
+
+
+def inherited_fds() -> dict[int, str]:
+    """Paths of the standard descriptors a command launched from here inherits."""
+    fds = {}
+    for fd in (0, 1, 2):
+        try:
+            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+    return fds

@@ -1,0 +1,118 @@
+"""The traced system calls: argument names in prototype order and normalised ops.
+
+Argument order follows the x86-64 prototypes in syscalls(2) and the field
+order of the ``syscalls:sys_enter_*`` tracepoints, which is also the order
+strace prints them in. Both backends decode raw arguments by these names,
+so the state machine never sees a backend's own spelling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Argument names that carry a user-space path string.
+PATH_ARGS = ("path", "path2")
+
+
+@dataclass(frozen=True)
+class Syscall:
+    """One traced system call.
+
+    ``op`` is the normalised operation written to the trace (None for calls
+    traced only to keep process state: clone, execve, chdir...).
+    """
+
+    name: str
+    op: str | None
+    args: tuple[str, ...]
+
+
+def _table(*entries: Syscall) -> dict[str, Syscall]:
+    return {entry.name: entry for entry in entries}
+
+
+_READV = ("fd", "iov", "iov_count")
+_PREADV = ("fd", "iov", "iov_count", "offset", "pos_h")
+_PREADV2 = _PREADV + ("rwflags",)
+
+SYSCALLS: dict[str, Syscall] = _table(
+    Syscall("open", "open", ("path", "flags", "mode")),
+    Syscall("openat", "open", ("dirfd", "path", "flags", "mode")),
+    Syscall("openat2", "open", ("dirfd", "path", "how", "usize")),
+    Syscall("creat", "open", ("path", "mode")),
+    Syscall("close", "close", ("fd",)),
+    Syscall("close_range", None, ("fd", "max_fd", "flags")),
+    Syscall("read", "read", ("fd", "buf", "count")),
+    Syscall("pread64", "read", ("fd", "buf", "count", "offset")),
+    Syscall("readv", "read", _READV),
+    Syscall("preadv", "read", _PREADV),
+    Syscall("preadv2", "read", _PREADV2),
+    Syscall("write", "write", ("fd", "buf", "count")),
+    Syscall("pwrite64", "write", ("fd", "buf", "count", "offset")),
+    Syscall("writev", "write", _READV),
+    Syscall("pwritev", "write", _PREADV),
+    Syscall("pwritev2", "write", _PREADV2),
+    Syscall("lseek", "lseek", ("fd", "offset", "whence")),
+    Syscall("fsync", "fsync", ("fd",)),
+    Syscall("fdatasync", "fdatasync", ("fd",)),
+    Syscall("sync_file_range", "sync_file_range", ("fd", "offset", "count", "flags")),
+    Syscall("ftruncate", "ftruncate", ("fd", "length")),
+    Syscall("fallocate", "fallocate", ("fd", "mode", "offset", "count")),
+    Syscall("rename", "rename", ("path", "path2")),
+    Syscall("renameat", "rename", ("dirfd", "path", "dirfd2", "path2")),
+    Syscall("renameat2", "rename", ("dirfd", "path", "dirfd2", "path2", "flags")),
+    Syscall("unlink", "unlink", ("path",)),
+    Syscall("unlinkat", "unlink", ("dirfd", "path", "flags")),
+    Syscall("mkdir", "mkdir", ("path", "mode")),
+    Syscall("mkdirat", "mkdir", ("dirfd", "path", "mode")),
+    Syscall("dup", "dup", ("fd",)),
+    Syscall("dup2", "dup", ("fd", "newfd")),
+    Syscall("dup3", "dup", ("fd", "newfd", "flags")),
+    Syscall("fcntl", "fcntl", ("fd", "cmd", "arg")),
+    Syscall("io_uring_setup", "io_uring_setup", ("entries", "params")),
+    Syscall("io_uring_enter", "io_uring_enter", ("fd", "to_submit", "min_complete", "flags", "sig", "sigsz")),
+    Syscall("clone", None, ("clone_flags", "stack", "ptid", "ctid", "tls")),
+    Syscall("clone3", None, ("uargs", "usize")),
+    Syscall("fork", None, ()),
+    Syscall("vfork", None, ()),
+    Syscall("execve", None, ("path", "argv", "envp")),
+    Syscall("execveat", None, ("dirfd", "path", "argv", "envp", "flags")),
+    Syscall("chdir", None, ("path",)),
+    Syscall("fchdir", None, ("fd",)),
+)
+
+READ_OPS = frozenset({"read"})
+WRITE_OPS = frozenset({"write"})
+DATA_OPS = READ_OPS | WRITE_OPS
+VECTORED = frozenset({"readv", "writev", "preadv", "pwritev", "preadv2", "pwritev2"})
+POSITIONAL = frozenset({"pread64", "pwrite64", "preadv", "pwritev", "preadv2", "pwritev2"})
+
+# Linux x86-64 constants (include/uapi/asm-generic/fcntl.h, linux/sched.h, linux/fs.h).
+AT_FDCWD = -100
+O_ACCMODE = 0o3
+O_WRONLY = 0o1
+O_RDWR = 0o2
+O_CREAT = 0o100
+O_EXCL = 0o200
+O_TRUNC = 0o1000
+O_APPEND = 0o2000
+O_DIRECT = 0o40000
+O_CLOEXEC = 0o2000000
+F_DUPFD = 0
+F_SETFD = 2
+F_SETFL = 4
+F_DUPFD_CLOEXEC = 1030
+FD_CLOEXEC = 1
+SETFL_MASK = O_APPEND | O_DIRECT | 0o20000 | 0o4000 | 0o1000000  # O_ASYNC, O_NONBLOCK, O_NOATIME
+CLONE_FILES = 0x400
+CLONE_FS = 0x200
+CLONE_THREAD = 0x10000
+CLOSE_RANGE_CLOEXEC = 1 << 2
+RWF_APPEND = 0x10
+FALLOC_FL_KEEP_SIZE = 0x1
+SEEK_SET, SEEK_CUR, SEEK_END = 0, 1, 2
+
+
+def traced_names() -> list[str]:
+    """Every syscall name a backend must trace, rows and process state alike."""
+    return list(SYSCALLS)
