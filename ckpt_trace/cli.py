@@ -1,0 +1,214 @@
+"""The ``ckpt-trace`` command line: parse, call the library, render.
+
+Library errors (CkptTraceError) become one red line on stderr and a
+non-zero exit; usage errors one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn, TransferSpeedColumn
+
+from ckpt_trace import __version__
+from ckpt_trace.errors import CkptTraceError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    help="Record checkpoint I/O into Arrow traces and replay it under other I/O strategies.",
+)
+out = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, soft_wrap=True)
+
+
+def _write_json(path: Path | None, data: dict) -> None:
+    """Print ``data`` as JSON on stdout (path '-') or write it atomically to ``path``."""
+    text = json.dumps(data, indent=2, sort_keys=False) + "\n"
+    if path is None or str(path) == "-":
+        sys.stdout.write(text)
+        return
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        raise CkptTraceError(f"cannot write {path}: {error.strerror}") from None
+
+
+class _BytesBar:
+    """Progress sink for the replayer: ``start(total_bytes)`` then ``advance(bytes)`` from worker threads."""
+
+    def __init__(self, bar: Progress, label: str) -> None:
+        self.bar, self.label, self.task = bar, label, None
+
+    def start(self, total_bytes: int) -> None:
+        self.task = self.bar.add_task(self.label, total=max(total_bytes, 1))
+
+    def advance(self, moved_bytes: int) -> None:
+        if self.task is not None:
+            self.bar.advance(self.task, moved_bytes)
+
+
+@contextmanager
+def _progress(label: str) -> Iterator:
+    """A rich progress bar of bytes on a terminal; None (plain output) otherwise."""
+    if not out.is_terminal:
+        yield None
+        return
+    columns = ("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=out, transient=True) as bar:
+        yield _BytesBar(bar, label)
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def record(
+    cmd: List[str] = typer.Argument(..., help="The command to trace, after --.", metavar="-- CMD [ARGS]..."),
+    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (.arrow)."),
+    backend: str = typer.Option("auto", help="auto, bcc or strace."),
+    path_filter: List[str] = typer.Option([], "--path-filter", help="Keep only paths starting with PREFIX (repeatable)."),
+    strict: bool = typer.Option(False, help="Fail, writing no trace, if any event was lost."),
+    force: bool = typer.Option(False, help="Overwrite an existing trace file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the recording's numbers as JSON on stdout."),
+) -> None:
+    """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code."""
+    from ckpt_trace.tracer import choose_backend, record as record_trace
+
+    choice = choose_backend(backend)
+    err.print(f"ckpt-trace: backend {choice.name} ({choice.reason})", highlight=False)
+    result = record_trace(list(cmd), output, choice=choice, path_filters=path_filter, strict=strict, overwrite=force)
+    if result.lost_events:
+        err.print(f"[yellow]ckpt-trace: warning: {result.lost_events} events were lost; the trace is incomplete[/]")
+    summary = {"trace": str(result.trace_path), "backend": result.backend, "rows": result.rows,
+               "lost_events": result.lost_events, "exit_code": result.exit_code, "elapsed_s": result.elapsed_s}
+    if as_json:
+        _write_json(None, summary)
+    else:
+        err.print(f"ckpt-trace: wrote {result.rows:,} rows to {result.trace_path} in {result.elapsed_s:.1f} s",
+                  highlight=False)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def replay(
+    trace: Path = typer.Argument(..., help="Trace file to replay."),
+    target: Path = typer.Option(..., "--target", help="Directory to replay into; nothing outside it is touched."),
+    strategy: str = typer.Option("posix", help="I/O strategy: posix."),
+    strip_prefix: Optional[str] = typer.Option(None, "--strip-prefix", help="Remove this prefix from recorded paths."),
+    timing: str = typer.Option("asap", help="asap (as fast as possible) or original (keep recorded gaps)."),
+    force: bool = typer.Option(False, help="Replay into a non-empty target."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON to this file ('-': stdout)."),
+) -> None:
+    """Re-execute a trace's operations under TARGET and measure them."""
+    from ckpt_trace.formats import read_metadata
+    from ckpt_trace.replayer import replay as run_replay
+
+    from .report.render import render_results
+
+    read_metadata(trace)
+    with _progress(f"replay {strategy}") as progress:
+        report = run_replay(trace, target=target, strategy=strategy, strip_prefix=strip_prefix, timing=timing,
+                            force=force, progress=progress)
+    data = report.to_json()
+    if json_out is not None:
+        _write_json(json_out, data)
+    if json_out is None or str(json_out) != "-":
+        render_results(out, data["results"])
+    for mismatch in report.size_mismatches[:5]:
+        err.print(f"[yellow]ckpt-trace: warning: {escape(mismatch.path)} is {mismatch.actual_bytes} bytes, "
+                  f"recorded {mismatch.expected_bytes}[/]", highlight=False)
+
+
+@app.command()
+def summary(
+    trace: Path = typer.Argument(..., help="Trace file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Operations, bytes, files, ranks, request sizes and alignment of a trace."""
+    from ckpt_trace.formats import read_trace
+
+    from .report.render import render_summary
+    from .report.summary import summarize
+
+    data = summarize(read_trace(trace))
+    if as_json:
+        _write_json(None, data)
+    else:
+        render_summary(out, data)
+
+
+@app.command()
+def workload(
+    engine: str = typer.Argument(..., help="dcp, torch-save or safetensors."),
+    out_dir: Path = typer.Option(..., "--out", help="Checkpoint directory to write."),
+    ranks: int = typer.Option(1, help="Processes (dcp only)."),
+    model: str = typer.Option("gpt2-small", help="gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl."),
+    with_optimizer: bool = typer.Option(False, "--with-optimizer", help="Add Adam state (exp_avg, exp_avg_sq)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    """Write a real checkpoint of a GPT-2-shaped model with a real engine."""
+    from ckpt_trace.workloads import run
+
+    if engine != "dcp" and ranks != 1:
+        raise CkptTraceError("--ranks applies to the dcp workload only")
+    started = time.monotonic()
+    path = run(engine, out_dir, ranks=ranks, model=model, with_optimizer=with_optimizer)
+    elapsed_s = time.monotonic() - started
+    files = [p for p in path.rglob("*") if p.is_file()]
+    data = {"engine": engine, "out": str(path), "files": len(files), "bytes": sum(p.stat().st_size for p in files),
+            "elapsed_s": elapsed_s}
+    if as_json:
+        _write_json(None, data)
+    else:
+        err.print(f"ckpt-trace: {engine} wrote {data['files']} files, {data['bytes']:,} bytes to {path} "
+                  f"in {elapsed_s:.1f} s", highlight=False)
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    out.print(__version__)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: run the app, turning errors into one line and an exit code."""
+    try:
+        code = app(args=argv, prog_name="ckpt-trace", standalone_mode=False)
+    except typer.Abort:
+        err.print("[red]ckpt-trace: interrupted[/]")
+        sys.exit(130)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+    except CkptTraceError as error:
+        err.print(f"[red]ckpt-trace: error: {escape(str(error))}[/]", highlight=False)
+        sys.exit(error.exit_code)
+    except KeyboardInterrupt:
+        err.print("[red]ckpt-trace: interrupted[/]")
+        sys.exit(130)
+    except OSError as error:
+        where = f" ({error.filename})" if error.filename else ""
+        err.print(f"[red]ckpt-trace: error: {escape(str(error.strerror or error) + where)}[/]", highlight=False)
+        sys.exit(1)
+    except Exception as error:
+        if not hasattr(error, "format_message") or getattr(error, "exit_code", None) is None:
+            raise
+        err.print(f"[red]ckpt-trace: error: {escape(error.format_message())}[/] (see --help)", highlight=False)
+        sys.exit(error.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Terminal rendering of summaries and replay results with rich (plain when not a terminal)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+
+def human_bytes(value: float) -> str:
+    """Bytes in binary units: 1536 -> '1.5 KiB'."""
+    value = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def human_rate(bytes_per_s: float) -> str:
+    return f"{bytes_per_s / 1e6:,.1f} MB/s"
+
+
+def human_ns(value: float) -> str:
+    if value >= 1e9:
+        return f"{value / 1e9:.2f} s"
+    if value >= 1e6:
+        return f"{value / 1e6:.2f} ms"
+    return f"{value / 1e3:.1f} µs"
+
+
+def _table(console: Console, title: str) -> Table:
+    return Table(title=title, box=box.SIMPLE_HEAVY if console.is_terminal else box.ASCII, title_justify="left")
+
+
+def render_summary(console: Console, summary: dict[str, Any]) -> None:
+    overview = _table(console, "Trace summary")
+    overview.add_column("what")
+    overview.add_column("value", justify="right")
+    ranks = summary["ranks"]
+    for name, value in (
+        ("command", " ".join(summary["command"] or [])),
+        ("backend", summary["backend"]),
+        ("rows", f"{summary['rows']:,}"),
+        ("duration", human_ns(summary["duration_ns"])),
+        ("bytes written", human_bytes(summary["bytes_written"])),
+        ("bytes read", human_bytes(summary["bytes_read"])),
+        ("files", str(summary["files"])),
+        ("processes / threads", f"{summary['processes']} / {summary['threads']}"),
+        ("ranks", ", ".join(map(str, ranks)) if ranks else "none"),
+        ("time in data ops", human_ns(summary["data_time_ns"])),
+        ("time in metadata ops", human_ns(summary["metadata_time_ns"])),
+        ("unaligned offsets (4 KiB)", f"{summary['alignment']['unaligned_offset_share']:.1%}"),
+        ("unaligned sizes (4 KiB)", f"{summary['alignment']['unaligned_size_share']:.1%}"),
+        ("failed ops", str(summary["failed_ops"])),
+        ("lost events", str(summary["lost_events"])),
+    ):
+        overview.add_row(name, value)
+    console.print(overview)
+
+    ops = _table(console, "Operations")
+    for column in ("op", "count", "bytes", "time"):
+        ops.add_column(column, justify="left" if column == "op" else "right")
+    for op, entry in summary["ops"].items():
+        ops.add_row(op, f"{entry['count']:,}", human_bytes(entry["bytes"]) if entry["bytes"] else "", human_ns(entry["time_ns"]))
+    console.print(ops)
+
+    hist = _table(console, "Request sizes (power-of-two buckets)")
+    for column in ("size ≥", "writes", "reads", "bytes"):
+        hist.add_column(column, justify="right")
+    for entry in summary["size_histogram"]:
+        hist.add_row(human_bytes(entry["bucket_bytes"]), f"{entry['write']:,}", f"{entry['read']:,}",
+                     human_bytes(entry["bytes"]))
+    console.print(hist)
+
+
+def render_results(console: Console, results: list[dict[str, Any]]) -> None:
+    table = _table(console, "Replay results")
+    columns = ("strategy", "elapsed", "written", "write tput", "read", "read tput", "data ops", "meta ops",
+               "p50", "p99", "max", "cpu user", "cpu sys")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    for r in results:
+        lat = r["latency_ns"]
+        table.add_row(
+            r["strategy"], f"{r['elapsed_s']:.3f} s", human_bytes(r["bytes_written"]),
+            human_rate(r["write_throughput_bytes_per_s"]), human_bytes(r["bytes_read"]),
+            human_rate(r["read_throughput_bytes_per_s"]), f"{r['data_ops']:,}", f"{r['metadata_ops']:,}",
+            human_ns(lat["p50"]), human_ns(lat["p99"]), human_ns(lat["max"]),
+            f"{r['cpu_user_s']:.2f} s", f"{r['cpu_sys_s']:.2f} s",
+        )
+    console.print(table)

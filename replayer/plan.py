@@ -1,0 +1,406 @@
+"""Replay plans: frozen data built by pure functions from a trace table.
+
+A plan holds one ``WorkerPlan`` per recorded thread (pid, tid), each a
+tuple of ``PlanOp`` in recorded order, plus what must exist before the
+clock starts (directories, files the trace reads but never wrote) and the
+final size every file must have afterwards.
+
+Descriptors become *handles*: each successful open or dup creates one;
+operations name the handle instead of the recorded fd number, so fd reuse,
+dup and descriptors inherited across fork replay correctly. A descriptor a
+process uses without having opened it (inherited through fork, which the
+trace does not record) aliases a live handle of the same path.
+
+Cross-worker ordering: an operation on a handle another worker created
+waits for that open/dup; an operation naming a path (open, rename, unlink,
+mkdir) waits for the previous such operation on that path by another
+worker, and for the mkdir of its parent directories. Within a worker,
+recorded order is kept.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+import pyarrow as pa
+
+from .paths import relative_target_path
+
+O_CREAT = 0o100
+O_TRUNC = 0o1000
+O_ACCMODE = 0o3
+O_RDWR = 0o2
+O_DIRECTORY = 0o200000
+FALLOC_FL_KEEP_SIZE = 0x1
+DATA_KINDS = frozenset({"read", "write"})
+PATH_KINDS = frozenset({"open", "rename", "unlink", "mkdir"})
+FD_KINDS = frozenset({"close", "read", "write", "lseek", "fsync", "fdatasync", "sync_file_range",
+                      "ftruncate", "fallocate", "dup", "fcntl"})
+METADATA_KINDS = frozenset({"open", "close", "lseek", "fsync", "fdatasync", "sync_file_range", "ftruncate",
+                            "fallocate", "rename", "unlink", "mkdir", "dup", "fcntl"})
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOp:
+    """One operation to replay.
+
+    ``handle`` is the handle acted on (created, for open and dup);
+    ``source_handle`` the handle a dup copies. ``path``/``new_path`` are
+    target-relative. ``offset`` (bytes) is None where the trace did not
+    know it: the executor then uses the file position. ``size`` is bytes
+    to transfer (writes: what the recorded call transferred; reads: what
+    it requested). ``release`` marks the close of a handle's last
+    reference. ``deps`` are ``seq`` numbers of other workers' operations
+    that must complete first. ``ts_ns`` is the recorded start time.
+    """
+
+    seq: int
+    kind: str
+    ts_ns: int
+    handle: int | None = None
+    source_handle: int | None = None
+    path: str | None = None
+    new_path: str | None = None
+    offset: int | None = None
+    size: int | None = None
+    flags: int | None = None
+    release: bool = False
+    deps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPlan:
+    """The operations of one recorded thread, in recorded order."""
+
+    pid: int
+    tid: int
+    rank: int
+    ops: tuple[PlanOp, ...]
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """A complete, immutable replay plan (see module docstring)."""
+
+    strategy: str
+    workers: tuple[WorkerPlan, ...]
+    precreate_dirs: tuple[str, ...]
+    precreate_files: tuple[tuple[str, int], ...]
+    expected_sizes: Mapping[str, int]
+    skipped_ops: Mapping[str, int]
+    bytes_to_write: int
+    awaited: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def num_ops(self) -> int:
+        return sum(len(w.ops) for w in self.workers)
+
+    def counts(self) -> dict[str, int]:
+        """Operations per kind."""
+        return dict(Counter(op.kind for w in self.workers for op in w.ops))
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = path.split("/")[:-1]
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+class _Planner:
+    """Walks trace rows in order; holds the mutable bookkeeping a plan is built from."""
+
+    def __init__(self, strip_prefix: str | None) -> None:
+        self.strip_prefix = strip_prefix
+        self.ops: dict[tuple[int, int], list[PlanOp]] = defaultdict(list)
+        self.ranks: dict[tuple[int, int], int] = {}
+        self.slots: dict[tuple[int, int], int] = {}
+        self.handle_path: dict[int, str] = {}
+        self.handle_refs: Counter = Counter()
+        self.handle_origin: dict[int, tuple[int, tuple[int, int]]] = {}
+        self.next_handle = 0
+        self.last_path_op: dict[str, tuple[int, tuple[int, int]]] = {}
+        self.mkdir_seq: dict[str, tuple[int, tuple[int, int]]] = {}
+        self.sizes: dict[str, int | None] = {}
+        self.first_touch: dict[str, bool] = {}
+        self.read_extent: dict[str, int] = {}
+        self.made_dirs: set[str] = set()
+        self.opened_dirs: set[str] = set()
+        self.named: set[str] = set()
+        self.skipped: Counter = Counter()
+        self.bytes_to_write = 0
+        self.awaited: set[int] = set()
+
+    # -- helpers -------------------------------------------------------
+    def rel(self, path: str | None) -> str | None:
+        return relative_target_path(path, self.strip_prefix) if path else None
+
+    def _dep(self, origin: tuple[int, tuple[int, int]] | None, worker: tuple[int, int], deps: list[int]) -> None:
+        if origin is not None and origin[1] != worker:
+            deps.append(origin[0])
+            self.awaited.add(origin[0])
+
+    def path_deps(self, seq: int, worker: tuple[int, int], *paths: str) -> tuple[int, ...]:
+        deps: list[int] = []
+        for path in paths:
+            self._dep(self.last_path_op.get(path), worker, deps)
+            for parent in _ancestors(path):
+                self._dep(self.mkdir_seq.get(parent), worker, deps)
+            self.last_path_op[path] = (seq, worker)
+        return tuple(sorted(set(deps)))
+
+    def new_handle(self, path: str, seq: int, worker: tuple[int, int]) -> int:
+        handle = self.next_handle
+        self.next_handle += 1
+        self.handle_path[handle] = path
+        self.handle_refs[handle] = 1
+        self.handle_origin[handle] = (seq, worker)
+        return handle
+
+    def handle_for(self, pid: int, fd: int, path: str | None, seq: int, worker, ts: int) -> int | None:
+        """The handle of (pid, fd); a descriptor never opened by pid aliases a live handle of its path."""
+        handle = self.slots.get((pid, fd))
+        if handle is not None:
+            return handle
+        if path is None:
+            return None
+        for candidate, candidate_path in self.handle_path.items():
+            if candidate_path == path and self.handle_refs[candidate] > 0:
+                self.handle_refs[candidate] += 1
+                self.slots[(pid, fd)] = candidate
+                return candidate
+        handle = self.new_handle(path, seq, worker)
+        self.slots[(pid, fd)] = handle
+        self.touch(path, creating=False)
+        self.ops[worker].append(PlanOp(seq=seq, kind="open", ts_ns=ts, handle=handle, path=path, flags=O_RDWR,
+                                       deps=self.path_deps(seq, worker, path)))
+        self.skipped["implicit_opens"] += 1
+        return handle
+
+    def touch(self, path: str, creating: bool) -> None:
+        self.named.add(path)
+        if path not in self.first_touch:
+            self.first_touch[path] = creating
+            if not creating:
+                self.sizes.setdefault(path, 0)
+
+    # -- rows ----------------------------------------------------------
+    def add(self, seq: int, row: dict) -> None:
+        worker = (row["pid"], row["tid"])
+        self.ranks.setdefault(worker, row["rank"])
+        op, ret = row["op"], row["ret"]
+        if op.startswith("io_uring"):
+            self.skipped["io_uring"] += 1
+            return
+        if ret < 0:
+            self.skipped["failed"] += 1
+            return
+        handler = getattr(self, f"_row_{op}", None)
+        if handler is None:
+            self.skipped[f"unsupported_{op}"] += 1
+            return
+        handler(seq, worker, row)
+
+    def _row_open(self, seq, worker, row) -> None:
+        path = self.rel(row["path"])
+        if path is None:
+            self.skipped["no_path"] += 1
+            return
+        flags = row["flags"] or 0
+        if flags & O_DIRECTORY:
+            self.opened_dirs.add(path)
+            self.named.add(path)
+        else:
+            creating = bool(flags & O_CREAT)
+            self.touch(path, creating)
+            if flags & O_TRUNC and flags & O_ACCMODE:
+                self.sizes[path] = 0
+            elif creating:
+                self.sizes.setdefault(path, 0)
+        handle = self.new_handle(path, seq, worker)
+        old = self.slots.get((row["pid"], row["fd"]))
+        if old is not None:
+            self.handle_refs[old] -= 1
+        self.slots[(row["pid"], row["fd"])] = handle
+        self.ops[worker].append(PlanOp(seq=seq, kind="open", ts_ns=row["ts_ns"], handle=handle, path=path,
+                                       flags=flags, deps=self.path_deps(seq, worker, path)))
+
+    def _fd_op(self, seq, worker, row) -> tuple[int, list[int]] | None:
+        path = self.rel(row["path"])
+        handle = self.handle_for(row["pid"], row["fd"], path, seq, worker, row["ts_ns"])
+        if handle is None:
+            self.skipped["unknown_fd"] += 1
+            return None
+        deps: list[int] = []
+        self._dep(self.handle_origin.get(handle), worker, deps)
+        return handle, deps
+
+    def _append_fd_op(self, seq, worker, row, kind, **values) -> int | None:
+        found = self._fd_op(seq, worker, row)
+        if found is None:
+            return None
+        handle, deps = found
+        self.ops[worker].append(PlanOp(seq=seq, kind=kind, ts_ns=row["ts_ns"], handle=handle,
+                                       path=self.handle_path[handle], deps=tuple(deps), **values))
+        return handle
+
+    def _row_close(self, seq, worker, row) -> None:
+        found = self._fd_op(seq, worker, row)
+        if found is None:
+            return
+        handle, deps = found
+        self.slots.pop((row["pid"], row["fd"]), None)
+        self.handle_refs[handle] -= 1
+        self.ops[worker].append(PlanOp(seq=seq, kind="close", ts_ns=row["ts_ns"], handle=handle,
+                                       release=self.handle_refs[handle] <= 0, deps=tuple(deps)))
+
+    def _row_write(self, seq, worker, row) -> None:
+        offset, size = row["offset"], row["ret"]
+        handle = self._append_fd_op(seq, worker, row, "write", offset=offset, size=size)
+        if handle is None:
+            return
+        path = self.handle_path[handle]
+        self.bytes_to_write += size
+        if offset is None:
+            self.sizes[path] = None
+        elif self.sizes.get(path, 0) is not None and size > 0:
+            self.sizes[path] = max(self.sizes.get(path) or 0, offset + size)
+
+    def _row_read(self, seq, worker, row) -> None:
+        handle = self._append_fd_op(seq, worker, row, "read", offset=row["offset"], size=row["size"] or 0)
+        if handle is None:
+            return
+        path = self.handle_path[handle]
+        if row["offset"] is not None and not self.first_touch.get(path, False):
+            self.read_extent[path] = max(self.read_extent.get(path, 0), row["offset"] + max(row["ret"], 0))
+
+    def _row_lseek(self, seq, worker, row) -> None:
+        self._append_fd_op(seq, worker, row, "lseek", offset=row["offset"])
+
+    def _row_fsync(self, seq, worker, row) -> None:
+        self._append_fd_op(seq, worker, row, row["op"])
+
+    _row_fdatasync = _row_fsync
+
+    def _row_sync_file_range(self, seq, worker, row) -> None:
+        self._append_fd_op(seq, worker, row, "sync_file_range", offset=row["offset"], size=row["size"],
+                           flags=row["flags"])
+
+    def _row_ftruncate(self, seq, worker, row) -> None:
+        handle = self._append_fd_op(seq, worker, row, "ftruncate", size=row["size"])
+        if handle is not None:
+            self.sizes[self.handle_path[handle]] = row["size"]
+            self.bytes_to_write += row["size"] or 0
+
+    def _row_fallocate(self, seq, worker, row) -> None:
+        mode = row["flags"] or 0
+        handle = self._append_fd_op(seq, worker, row, "fallocate", offset=row["offset"], size=row["size"], flags=mode)
+        if handle is not None and not mode & FALLOC_FL_KEEP_SIZE:
+            path = self.handle_path[handle]
+            if self.sizes.get(path, 0) is not None:
+                self.sizes[path] = max(self.sizes.get(path) or 0, row["offset"] + row["size"])
+            self.bytes_to_write += row["size"] or 0
+
+    def _row_dup(self, seq, worker, row) -> None:
+        found = self._fd_op(seq, worker, row)
+        if found is None:
+            return
+        source, deps = found
+        handle = self.new_handle(self.handle_path[source], seq, worker)
+        old = self.slots.get((row["pid"], row["ret"]))
+        if old is not None:
+            self.handle_refs[old] -= 1
+        self.slots[(row["pid"], row["ret"])] = handle
+        self.ops[worker].append(PlanOp(seq=seq, kind="dup", ts_ns=row["ts_ns"], handle=handle,
+                                       source_handle=source, deps=tuple(deps)))
+
+    def _row_fcntl(self, seq, worker, row) -> None:
+        self._append_fd_op(seq, worker, row, "fcntl", flags=row["flags"])
+
+    def _row_rename(self, seq, worker, row) -> None:
+        old, new = self.rel(row["path"]), self.rel(row["new_path"])
+        if old is None or new is None:
+            self.skipped["no_path"] += 1
+            return
+        self.named.update((old, new))
+        prefix = old + "/"
+        for path in [p for p in self.sizes if p == old or p.startswith(prefix)]:
+            self.sizes[new + path[len(old):]] = self.sizes.pop(path)
+        self.first_touch.setdefault(new, True)
+        self.ops[worker].append(PlanOp(seq=seq, kind="rename", ts_ns=row["ts_ns"], path=old, new_path=new,
+                                       flags=row["flags"], deps=self.path_deps(seq, worker, old, new)))
+
+    def _row_unlink(self, seq, worker, row) -> None:
+        path = self.rel(row["path"])
+        if path is None:
+            self.skipped["no_path"] += 1
+            return
+        self.named.add(path)
+        self.first_touch.setdefault(path, False)
+        self.sizes.pop(path, None)
+        self.ops[worker].append(PlanOp(seq=seq, kind="unlink", ts_ns=row["ts_ns"], path=path, flags=row["flags"],
+                                       deps=self.path_deps(seq, worker, path)))
+
+    def _row_mkdir(self, seq, worker, row) -> None:
+        path = self.rel(row["path"])
+        if path is None:
+            self.skipped["no_path"] += 1
+            return
+        deps = self.path_deps(seq, worker, path)
+        self.made_dirs.add(path)
+        self.mkdir_seq[path] = (seq, worker)
+        self.ops[worker].append(PlanOp(seq=seq, kind="mkdir", ts_ns=row["ts_ns"], path=path, deps=deps))
+
+    # -- result --------------------------------------------------------
+    def _under_made_dir(self, path: str) -> bool:
+        return any(path == d or path.startswith(d + "/") for d in self.made_dirs)
+
+    def finish(self, strategy: str) -> ReplayPlan:
+        precreate_files = tuple(sorted(
+            (path, self.read_extent.get(path, 0)) for path, creating in self.first_touch.items()
+            if not creating and path not in self.made_dirs and path not in self.opened_dirs
+        ))
+        dirs = {d for d in self.opened_dirs if not self._under_made_dir(d)}
+        for path in self.named:
+            for parent in _ancestors(path):
+                if not self._under_made_dir(parent):
+                    dirs.add(parent)
+        workers = tuple(
+            WorkerPlan(pid=pid, tid=tid, rank=self.ranks[(pid, tid)], ops=tuple(ops))
+            for (pid, tid), ops in sorted(self.ops.items()) if ops
+        )
+        expected = {path: size for path, size in self.sizes.items() if size is not None}
+        for path, extent in precreate_files:
+            if path in expected:
+                expected[path] = max(expected[path], extent)
+        return ReplayPlan(
+            strategy=strategy,
+            workers=workers,
+            precreate_dirs=tuple(sorted(dirs, key=lambda d: (d.count("/"), d))),
+            precreate_files=precreate_files,
+            expected_sizes=MappingProxyType(expected),
+            skipped_ops=MappingProxyType(dict(self.skipped)),
+            bytes_to_write=self.bytes_to_write + sum(size for _, size in precreate_files),
+            awaited=frozenset(self.awaited),
+        )
+
+
+_PLAN_COLUMNS = ("ts_ns", "pid", "tid", "rank", "op", "fd", "path", "new_path", "offset", "size", "ret", "flags")
+
+
+def build_posix_plan(table: pa.Table, strip_prefix: str | None = None) -> ReplayPlan:
+    """Plan the replay of ``table`` (a trace) operation for operation, as recorded.
+
+    Pure: reads only the table. Rows are taken in ``ts_ns`` order.
+    Raises ReplayError (from path mapping) on a path with a NUL byte.
+    """
+    table = table.select(list(_PLAN_COLUMNS))
+    if table.num_rows:
+        table = table.sort_by([("ts_ns", "ascending")])
+    planner = _Planner(strip_prefix)
+    columns = {name: table.column(name).to_pylist() for name in _PLAN_COLUMNS}
+    for seq in range(table.num_rows):
+        planner.add(seq, {name: columns[name][seq] for name in _PLAN_COLUMNS})
+    return planner.finish("posix")

@@ -1,0 +1,286 @@
+"""POSIX executor: runs a ``ReplayPlan`` with plain syscalls, one thread per recorded thread.
+
+Writes carry a synthetic payload from a page-aligned buffer (mmap), so
+files opened with O_DIRECT are written as the application wrote them.
+Writes and reads with a known offset use pwrite(2)/preadv(2) at that
+offset; those whose offset the trace did not know use write(2)/readv(2)
+at the current file position. A vectored call replays as one buffer of
+its total size (the trace keeps iovec counts, not each iovec's length).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import mmap
+import os
+import resource
+import threading
+import time
+from typing import Protocol
+
+from ckpt_trace.errors import ReplayError
+
+from .paths import TargetRoot
+from .plan import DATA_KINDS, METADATA_KINDS, PlanOp, ReplayPlan, WorkerPlan
+from .results import ReplayResult, percentiles_ns
+
+O_NOFOLLOW = os.O_NOFOLLOW
+AT_REMOVEDIR = 0x200
+PAGE_BYTES = mmap.PAGESIZE
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+_libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+
+
+
+class Progress(Protocol):
+    """Receives progress: ``start(total_bytes)`` once, then ``advance(bytes)`` from worker threads."""
+
+    def start(self, total_bytes: int) -> None: ...
+
+    def advance(self, moved_bytes: int) -> None: ...
+
+
+def pattern_buffer(size_bytes: int) -> mmap.mmap:
+    """A page-aligned anonymous buffer of at least ``size_bytes`` holding a repeating byte pattern."""
+    size = max(PAGE_BYTES, -(-size_bytes // PAGE_BYTES) * PAGE_BYTES)
+    buf = mmap.mmap(-1, size)
+    block = bytes(range(256)) * (PAGE_BYTES // 256)
+    for start in range(0, size, PAGE_BYTES):
+        buf[start:start + PAGE_BYTES] = block
+    return buf
+
+
+def _check(ret: int) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _op_error(op: PlanOp, err: OSError) -> ReplayError:
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ReplayError(f"target file system is full ({op.kind} of {op.path}); replay stopped")
+    return ReplayError(f"replay failed at {op.kind} {op.path or ''}: {err.strerror or err}".replace("  ", " "))
+
+
+class PosixExecutor:
+    """Executes plans with POSIX syscalls under one target directory.
+
+    Call order: ``prepare(plan)`` creates the directories and pre-existing
+    files outside the timed region, then ``run(plan, ...)`` replays and
+    returns a ``ReplayResult``. Called by ``replayer.replay``.
+    """
+
+    strategy = "posix"
+
+    def __init__(self, root: TargetRoot, max_io_bytes: int) -> None:
+        self.root = root
+        self.max_io_bytes = max_io_bytes
+
+    # -- before the clock ----------------------------------------------
+    def prepare(self, plan: ReplayPlan) -> None:
+        try:
+            for rel in plan.precreate_dirs:
+                path = self.root.resolve(rel)
+                if not os.path.isdir(path):
+                    os.mkdir(path, 0o755)
+            for rel, size in plan.precreate_files:
+                self._precreate(self.root.resolve(rel), size)
+        except OSError as err:
+            raise ReplayError(f"cannot prepare the target: {err.strerror or err} ({err.filename})") from None
+
+    def _precreate(self, path: str, size: int) -> None:
+        buf = pattern_buffer(min(size, self.max_io_bytes) or PAGE_BYTES)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_NOFOLLOW, 0o644)
+        try:
+            done = 0
+            while done < size:
+                done += os.write(fd, memoryview(buf)[: min(len(buf), size - done)])
+        finally:
+            os.close(fd)
+            buf.close()
+
+    # -- the timed run -------------------------------------------------
+    def run(self, plan: ReplayPlan, *, timing: str = "asap", progress: Progress | None = None) -> ReplayResult:
+        state = _RunState(plan)
+        threads = [threading.Thread(target=self._worker, args=(w, state, timing, progress), daemon=True)
+                   for w in plan.workers]
+        if progress is not None:
+            progress.start(sum(op.size or 0 for w in plan.workers for op in w.ops if op.kind in DATA_KINDS))
+        usage0 = resource.getrusage(resource.RUSAGE_SELF)
+        state.start_ns = time.monotonic_ns()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        elapsed_s = (time.monotonic_ns() - state.start_ns) / 1e9
+        usage1 = resource.getrusage(resource.RUSAGE_SELF)
+        for fd in state.fds.values():
+            os.close(fd)
+        if state.error is not None:
+            raise state.error
+        return ReplayResult(
+            strategy=self.strategy, elapsed_s=elapsed_s, bytes_written=state.bytes_written,
+            bytes_read=state.bytes_read, data_ops=state.data_ops, metadata_ops=state.metadata_ops,
+            latency_ns=percentiles_ns(state.latencies_ns), cpu_user_s=usage1.ru_utime - usage0.ru_utime,
+            cpu_sys_s=usage1.ru_stime - usage0.ru_stime, skipped_ops=dict(plan.skipped_ops),
+        )
+
+    def _worker(self, worker: WorkerPlan, state: "_RunState", timing: str, progress: Progress | None) -> None:
+        largest = max((op.size or 0 for op in worker.ops if op.kind in DATA_KINDS), default=0)
+        buf = pattern_buffer(min(max(largest, PAGE_BYTES), self.max_io_bytes))
+        view = memoryview(buf)
+        latencies, written, read = [], 0, 0
+        data_ops = metadata_ops = 0
+        try:
+            for op in worker.ops:
+                if not state.wait(op.deps):
+                    return
+                if timing == "original":
+                    delay_ns = state.start_ns + op.ts_ns - time.monotonic_ns()
+                    if delay_ns > 0:
+                        time.sleep(delay_ns / 1e9)
+                started = time.perf_counter_ns()
+                moved = self._execute(op, state, view)
+                if op.kind in DATA_KINDS:
+                    latencies.append(time.perf_counter_ns() - started)
+                    data_ops += 1
+                    if op.kind == "write":
+                        written += moved
+                    else:
+                        read += moved
+                    if progress is not None:
+                        progress.advance(moved)
+                elif op.kind in METADATA_KINDS:
+                    metadata_ops += 1
+                state.done(op.seq)
+        except OSError as err:
+            state.fail(_op_error(op, err))
+        except ReplayError as err:
+            state.fail(err)
+        except KeyError:
+            state.fail(ReplayError(f"replay failed at {op.kind} {op.path or ''}: descriptor was never opened"))
+        finally:
+            view.release()
+            buf.close()
+            state.add(latencies, written, read, data_ops, metadata_ops)
+
+    def _execute(self, op: PlanOp, state: "_RunState", view: memoryview) -> int:
+        kind = op.kind
+        if kind == "write":
+            return self._write(state.fds[op.handle], op, view)
+        if kind == "read":
+            return self._read(state.fds[op.handle], op, view)
+        if kind == "open":
+            state.fds[op.handle] = self._open(op)
+        elif kind == "close":
+            if op.release:
+                os.close(state.fds.pop(op.handle))
+        elif kind == "dup":
+            state.fds[op.handle] = os.dup(state.fds[op.source_handle])
+        else:
+            self._metadata(op, state)
+        return 0
+
+    def _metadata(self, op: PlanOp, state: "_RunState") -> None:
+        kind = op.kind
+        fd = state.fds.get(op.handle) if op.handle is not None else None
+        if kind == "lseek" and op.offset is not None:
+            os.lseek(fd, op.offset, os.SEEK_SET)
+        elif kind == "fsync":
+            os.fsync(fd)
+        elif kind == "fdatasync":
+            os.fdatasync(fd)
+        elif kind == "sync_file_range":
+            _check(_libc.sync_file_range(fd, op.offset or 0, op.size or 0, op.flags or 0))
+        elif kind == "ftruncate":
+            os.ftruncate(fd, op.size)
+        elif kind == "fallocate":
+            _check(_libc.fallocate(fd, op.flags or 0, op.offset, op.size))
+        elif kind == "fcntl" and op.flags is not None:
+            fcntl.fcntl(fd, fcntl.F_SETFL, op.flags)
+        elif kind == "rename":
+            os.rename(self.root.resolve(op.path), self.root.resolve(op.new_path))
+            self.root.forget(op.path)
+        elif kind == "unlink":
+            target = self.root.resolve(op.path)
+            os.rmdir(target) if (op.flags or 0) & AT_REMOVEDIR else os.unlink(target)
+            self.root.forget(op.path)
+        elif kind == "mkdir":
+            try:
+                os.mkdir(self.root.resolve(op.path), 0o755)
+            except FileExistsError:
+                pass
+
+    def _open(self, op: PlanOp) -> int:
+        path = self.root.resolve(op.path)
+        flags = (op.flags or 0) | O_NOFOLLOW
+        try:
+            return os.open(path, flags, 0o644)
+        except OSError as err:
+            if err.errno == errno.EINVAL and flags & os.O_DIRECT:
+                return os.open(path, flags & ~os.O_DIRECT, 0o644)
+            raise
+
+    def _write(self, fd: int, op: PlanOp, view: memoryview) -> int:
+        size, done = op.size or 0, 0
+        while done < size:
+            chunk = view[: min(len(view), size - done)]
+            if op.offset is None:
+                n = os.write(fd, chunk)
+            else:
+                n = os.pwrite(fd, chunk, op.offset + done)
+            if n <= 0:
+                break
+            done += n
+        return done
+
+    def _read(self, fd: int, op: PlanOp, view: memoryview) -> int:
+        size, done = op.size or 0, 0
+        while done < size:
+            chunk = view[: min(len(view), size - done)]
+            n = os.readv(fd, [chunk]) if op.offset is None else os.preadv(fd, [chunk], op.offset + done)
+            if n <= 0:
+                break
+            done += n
+        return done
+
+
+class _RunState:
+    """Shared state of one run: OS fds by handle, completion events, totals, the first error."""
+
+    def __init__(self, plan: ReplayPlan) -> None:
+        self.fds: dict[int, int] = {}
+        self.events = {seq: threading.Event() for seq in plan.awaited}
+        self.lock = threading.Lock()
+        self.latencies_ns: list[int] = []
+        self.bytes_written = self.bytes_read = self.data_ops = self.metadata_ops = 0
+        self.error: ReplayError | None = None
+        self.start_ns = 0
+
+    def wait(self, deps: tuple[int, ...]) -> bool:
+        for seq in deps:
+            self.events[seq].wait()
+        return self.error is None
+
+    def done(self, seq: int) -> None:
+        event = self.events.get(seq)
+        if event is not None:
+            event.set()
+
+    def fail(self, error: ReplayError) -> None:
+        with self.lock:
+            if self.error is None:
+                self.error = error
+        for event in self.events.values():
+            event.set()
+
+    def add(self, latencies: list[int], written: int, read: int, data_ops: int, metadata_ops: int) -> None:
+        with self.lock:
+            self.latencies_ns.extend(latencies)
+            self.bytes_written += written
+            self.bytes_read += read
+            self.data_ops += data_ops
+            self.metadata_ops += metadata_ops

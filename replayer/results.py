@@ -1,0 +1,55 @@
+"""Replay results: what one strategy's run measured, and its JSON form."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+def percentiles_ns(samples: list[int]) -> dict[str, int]:
+    """p50, p90, p99 and max of ``samples`` (nanoseconds), nearest-rank method; zeros when empty."""
+    if not samples:
+        return {"p50": 0, "p90": 0, "p99": 0, "max": 0}
+    ordered = sorted(samples)
+    count = len(ordered)
+
+    def rank(q: float) -> int:
+        index = max(0, min(count - 1, int(-(-q * count // 1)) - 1))
+        return int(ordered[index])
+
+    return {"p50": rank(0.50), "p90": rank(0.90), "p99": rank(0.99), "max": int(ordered[-1])}
+
+
+@dataclass
+class ReplayResult:
+    """Measurements of one replay run.
+
+    Throughputs are bytes per second of wall time (``elapsed_s``, from the
+    first to the last operation, pre-creation excluded). ``latency_ns``
+    covers data operations (read, write). CPU seconds are the replaying
+    process's user and system time over the run (getrusage(2)).
+    """
+
+    strategy: str
+    elapsed_s: float
+    bytes_written: int
+    bytes_read: int
+    data_ops: int
+    metadata_ops: int
+    latency_ns: dict[str, int]
+    cpu_user_s: float
+    cpu_sys_s: float
+    skipped_ops: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def write_throughput_bytes_per_s(self) -> float:
+        return self.bytes_written / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def read_throughput_bytes_per_s(self) -> float:
+        return self.bytes_read / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["write_throughput_bytes_per_s"] = self.write_throughput_bytes_per_s
+        data["read_throughput_bytes_per_s"] = self.read_throughput_bytes_per_s
+        return data
