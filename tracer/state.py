@@ -414,6 +414,15 @@ class TraceBuilder:
                 desc.flags = (desc.flags & ~sc.SETFL_MASK) | (arg & sc.SETFL_MASK)
             self._emit(proc, ev, "fcntl", fd=fd, path=desc.path, flags=arg)
 
+    def _on_ioctl(self, proc: Process, ev: SyscallEvent) -> None:
+        cmd, fd = int(ev.args["cmd"]) & 0xFFFFFFFF, int(ev.args["fd"])
+        if ev.ret != 0 or fd not in proc.table.fds:
+            return
+        if cmd == sc.FIOCLEX:
+            proc.table.cloexec.add(fd)
+        elif cmd == sc.FIONCLEX:
+            proc.table.cloexec.discard(fd)
+
     def _on_io_uring(self, proc: Process, ev: SyscallEvent) -> None:
         if ev.name == "io_uring_setup":
             if ev.ret >= 0:
@@ -480,7 +489,7 @@ def _handlers() -> dict:
         if call.op is not None:
             table[name] = by_op[call.op]
     table.update(
-        close_range=TraceBuilder._on_close_range, clone=TraceBuilder._on_clone, clone3=TraceBuilder._on_clone,
+        close_range=TraceBuilder._on_close_range, ioctl=TraceBuilder._on_ioctl, clone=TraceBuilder._on_clone, clone3=TraceBuilder._on_clone,
         fork=TraceBuilder._on_clone, vfork=TraceBuilder._on_clone, execve=TraceBuilder._on_execve,
         execveat=TraceBuilder._on_execve, chdir=TraceBuilder._on_chdir, fchdir=TraceBuilder._on_chdir,
     )

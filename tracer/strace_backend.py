@@ -88,15 +88,20 @@ class _ArgParser:
             if self.i >= len(self.text) or (closer and self.text[self.i] == closer):
                 self.i += 1
                 return values, named
+            start = self.i
             key = self._key()
             value = self._value()
-            if key is None:
-                values.append(value)
-            else:
-                named[key] = value
-                values.append(value)
             self._skip_space()
+            if self.text.startswith("=>", self.i):  # "{in} => {out}": keep what was passed in
+                self.i += 2
+                self._value()
+                self._skip_space()
+            values.append(value)
+            if key is not None:
+                named[key] = value
             if self.i < len(self.text) and self.text[self.i] == ",":
+                self.i += 1
+            elif self.i == start:
                 self.i += 1
 
     def _skip_space(self) -> None:

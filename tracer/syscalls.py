@@ -69,6 +69,7 @@ SYSCALLS: dict[str, Syscall] = _table(
     Syscall("dup2", "dup", ("fd", "newfd")),
     Syscall("dup3", "dup", ("fd", "newfd", "flags")),
     Syscall("fcntl", "fcntl", ("fd", "cmd", "arg")),
+    Syscall("ioctl", None, ("fd", "cmd", "arg")),
     Syscall("io_uring_setup", "io_uring_setup", ("entries", "params")),
     Syscall("io_uring_enter", "io_uring_enter", ("fd", "to_submit", "min_complete", "flags", "sig", "sigsz")),
     Syscall("clone", None, ("clone_flags", "stack", "ptid", "ctid", "tls")),
@@ -103,6 +104,8 @@ F_SETFD = 2
 F_SETFL = 4
 F_DUPFD_CLOEXEC = 1030
 FD_CLOEXEC = 1
+FIONCLEX = 0x5450
+FIOCLEX = 0x5451
 SETFL_MASK = O_APPEND | O_DIRECT | 0o20000 | 0o4000 | 0o1000000  # O_ASYNC, O_NONBLOCK, O_NOATIME
 CLONE_FILES = 0x400
 CLONE_FS = 0x200
