@@ -85,8 +85,9 @@ def record(
     as_json: bool = typer.Option(False, "--json", help="Print the recording's numbers as JSON on stdout."),
 ) -> None:
     """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code."""
-    from ckpt_trace.tracer import choose_backend, record as record_trace
+    from ckpt_trace.tracer import check_output, choose_backend, record as record_trace
 
+    check_output(output, force)
     choice = choose_backend(backend)
     err.print(f"ckpt-trace: backend {choice.name} ({choice.reason})", highlight=False)
     result = record_trace(list(cmd), output, choice=choice, path_filters=path_filter, strict=strict, overwrite=force)

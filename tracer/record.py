@@ -126,6 +126,16 @@ def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict) -> t
     return builder, {"lost_events": 0, "truncated_paths": 0, "untraced_syscalls": [], "exit_code": exit_code}
 
 
+def check_output(output: str | os.PathLike, overwrite: bool) -> Path:
+    """Refuse an existing trace file (unless ``overwrite``) or a missing directory, before anything runs."""
+    output = Path(output)
+    if output.exists() and not overwrite:
+        raise TracerError(f"{output} already exists (use --force to overwrite it)")
+    if not output.parent.is_dir():
+        raise TracerError(f"directory {output.parent} does not exist")
+    return output
+
+
 def record(
     cmd: list[str],
     output: str | os.PathLike,
@@ -144,11 +154,7 @@ def record(
     """
     if not cmd:
         raise TracerError("no command to record (put it after --)")
-    output = Path(output)
-    if output.exists() and not overwrite:
-        raise TracerError(f"{output} already exists (use --force to overwrite it)")
-    if not output.parent.is_dir():
-        raise TracerError(f"directory {output.parent} does not exist")
+    output = check_output(output, overwrite)
     filters = [os.path.abspath(p) if not p.startswith("/") else p for p in path_filters]
     builder_args = {"cwd": os.getcwd(), "path_filters": filters}
     start_wall_ns = time.time_ns()

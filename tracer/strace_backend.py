@@ -170,7 +170,7 @@ class _ArgParser:
             elif char in ",]}" and depth == 0:
                 break
             self.i += 1
-        return _number(self.text[start:self.i].strip())
+        return _number(re.sub(r"/\*.*?\*/", "", self.text[start:self.i]).strip())
 
 
 _C_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "v": "\v", "f": "\f", "0": "\0", "\\": "\\", '"': '"'}

@@ -91,6 +91,7 @@ POSITIONAL = frozenset({"pread64", "pwrite64", "preadv", "pwritev", "preadv2", "
 # Linux x86-64 constants (include/uapi/asm-generic/fcntl.h, linux/sched.h, linux/fs.h).
 AT_FDCWD = -100
 O_ACCMODE = 0o3
+O_RDONLY = 0
 O_WRONLY = 0o1
 O_RDWR = 0o2
 O_CREAT = 0o100

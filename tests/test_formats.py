@@ -1,0 +1,105 @@
+"""Trace files: round trip, atomic writes, and one-line errors on every kind of bad file."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from ckpt_trace.formats import (
+    FORMAT_VERSION, METADATA_KEY, SCHEMA, TraceFormatError, read_metadata, read_trace, table_from_columns,
+    write_trace,
+)
+from ckpt_trace.errors import CkptTraceError
+
+META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"], "backend": "strace",
+        "start_wall_time_ns": 1, "filesystems": {"/": {"type": "ext4", "block_size": 4096}}, "lost_events": 3}
+
+
+def rows(n: int = 3) -> dict[str, list]:
+    return {
+        "ts_ns": list(range(n)), "dur_ns": [5] * n, "pid": [10] * n, "tid": [11] * n, "comm": ["python3"] * n,
+        "rank": [0] * n, "syscall": ["pwrite64"] * n, "op": ["write"] * n, "fd": [3] * n, "path": ["/d/f"] * n,
+        "new_path": [None] * n, "offset": [i * 4096 for i in range(n)], "offset_source": ["explicit"] * n,
+        "size": [4096] * n, "ret": [4096] * n, "flags": [None] * n, "iov_count": [None] * n,
+    }
+
+
+def test_round_trip_keeps_rows_and_metadata(tmp_path):
+    path = write_trace(tmp_path / "t.arrow", table_from_columns(rows(1000)), META, batch_rows=100)
+    trace = read_trace(path)
+    assert trace.num_rows == 1000
+    assert trace.table.column("offset").to_pylist()[999] == 999 * 4096
+    assert trace.metadata["format_version"] == FORMAT_VERSION
+    assert trace.metadata["lost_events"] == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["t.arrow"]  # no temporary file left behind
+
+
+def test_file_is_plain_arrow_ipc_with_zstd(tmp_path):
+    table = table_from_columns(rows(20000))
+    path = write_trace(tmp_path / "t.arrow", table, META)
+    reader = ipc.open_file(str(path))
+    assert reader.schema.remove_metadata().equals(SCHEMA.remove_metadata())
+    assert json.loads(reader.schema.metadata[METADATA_KEY])["backend"] == "strace"
+    _write_raw(tmp_path / "plain.arrow", table, {**META, "format_version": FORMAT_VERSION})
+    assert path.stat().st_size * 4 < (tmp_path / "plain.arrow").stat().st_size  # batches are compressed
+
+
+def test_refuses_to_overwrite(tmp_path):
+    target = tmp_path / "t.arrow"
+    target.write_bytes(b"precious")
+    with pytest.raises(CkptTraceError, match="already exists"):
+        write_trace(target, table_from_columns(rows()), META)
+    assert target.read_bytes() == b"precious"
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_corrupt_files_give_one_line_errors(tmp_path, damage):
+    path = write_trace(tmp_path / "t.arrow", table_from_columns(rows(5000)), META)
+    data = path.read_bytes()
+    bad = {"truncate": data[: len(data) // 2], "garbage": os.urandom(4096), "empty": b""}[damage]
+    path.write_bytes(bad)
+    with pytest.raises(TraceFormatError) as info:
+        read_trace(path)
+    assert "\n" not in str(info.value) and str(path) in str(info.value)
+
+
+def _write_raw(path, table, meta):
+    schema = table.schema.with_metadata({METADATA_KEY: json.dumps(meta).encode()} if meta is not None else {})
+    with ipc.new_file(str(path), schema) as writer:
+        writer.write_table(table.replace_schema_metadata(schema.metadata))
+
+
+def test_wrong_version_is_named(tmp_path):
+    _write_raw(tmp_path / "v.arrow", table_from_columns(rows()), {**META, "format_version": 99})
+    with pytest.raises(TraceFormatError, match="version 99 is not supported"):
+        read_trace(tmp_path / "v.arrow")
+
+
+def test_missing_metadata_key_is_named(tmp_path):
+    meta = {**META, "format_version": FORMAT_VERSION}
+    del meta["lost_events"]
+    _write_raw(tmp_path / "m.arrow", table_from_columns(rows()), meta)
+    with pytest.raises(TraceFormatError, match="lacks key 'lost_events'"):
+        read_metadata(tmp_path / "m.arrow")
+
+
+def test_foreign_arrow_file_is_named(tmp_path):
+    _write_raw(tmp_path / "f.arrow", pa.table({"x": [1, 2]}), None)
+    with pytest.raises(TraceFormatError, match="metadata key 'ckpt_trace' missing"):
+        read_trace(tmp_path / "f.arrow")
+
+
+def test_missing_column_is_named(tmp_path):
+    table = table_from_columns(rows()).drop_columns(["offset"])
+    _write_raw(tmp_path / "c.arrow", table, {**META, "format_version": FORMAT_VERSION})
+    with pytest.raises(TraceFormatError, match="column 'offset' missing"):
+        read_trace(tmp_path / "c.arrow")
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(TraceFormatError, match="no such trace file"):
+        read_trace(tmp_path / "nope.arrow")

@@ -1,0 +1,134 @@
+"""TraceBuilder on synthetic events: the kernel's descriptor and position rules."""
+
+from __future__ import annotations
+
+from ckpt_trace.tracer import syscalls as sc
+from ckpt_trace.tracer.state import SyscallEvent, TraceBuilder, rank_from_environ
+
+PID = 100
+
+
+class Feed:
+    def __init__(self, **kwargs):
+        self.builder = TraceBuilder(start_ns=0, root_pid=PID, cwd="/work", **kwargs)
+        self.ts = 0
+
+    def __call__(self, name, ret, tid=PID, **args):
+        self.ts += 10
+        self.builder.feed(SyscallEvent(ts_ns=self.ts, dur_ns=1, tid=tid, name=name, args=args, ret=ret))
+
+    def rows(self):
+        cols = self.builder.columns()
+        return [dict(zip(cols, values)) for values in zip(*cols.values())]
+
+    def writes(self):
+        return [(r["tid"], r["path"], r["offset"], r["offset_source"], r["ret"]) for r in self.rows() if r["op"] == "write"]
+
+
+def test_relative_paths_resolve_against_cwd_and_dirfd():
+    f = Feed()
+    f("openat", 3, dirfd=sc.AT_FDCWD, path="ckpt/../a.bin", flags=sc.O_WRONLY | sc.O_CREAT)
+    f("openat", 4, dirfd=sc.AT_FDCWD, path="/data//x/", flags=sc.O_RDONLY | 0o200000)
+    f("openat", 5, dirfd=4, path="y.bin", flags=sc.O_WRONLY | sc.O_CREAT)
+    f("chdir", 0, path="/elsewhere")
+    f("open", 6, path="z.bin", flags=sc.O_RDONLY)
+    assert [r["path"] for r in f.rows()] == ["/work/a.bin", "/data/x", "/data/x/y.bin", "/elsewhere/z.bin"]
+
+
+def test_dup_shares_the_position_and_lseek_sets_it():
+    f = Feed()
+    f("openat", 3, dirfd=sc.AT_FDCWD, path="/f", flags=sc.O_WRONLY | sc.O_CREAT | sc.O_TRUNC)
+    f("write", 100, fd=3, count=100)
+    f("dup", 4, fd=3)
+    f("write", 50, fd=4, count=50)
+    f("lseek", 7, fd=3, offset=7, whence=sc.SEEK_SET)
+    f("writev", 10, fd=4, iov_count=2)
+    f("pwrite64", 5, fd=3, count=5, offset=1000)
+    f("write", 1, fd=3, count=1)
+    assert [w[2] for w in f.writes()] == [0, 100, 7, 1000, 17]
+    assert [w[3] for w in f.writes()] == ["position", "position", "position", "explicit", "position"]
+
+
+def test_fork_copies_the_table_but_shares_descriptions():
+    f = Feed()
+    f("openat", 3, dirfd=sc.AT_FDCWD, path="/f", flags=sc.O_WRONLY | sc.O_CREAT | sc.O_TRUNC)
+    f("clone", 200, clone_flags=17)
+    f("write", 30, tid=200, fd=3, count=30)
+    f("close", 0, tid=200, fd=3)
+    f("write", 5, fd=3, count=5)
+    f("write", 1, tid=200, fd=3, count=1)  # closed in the child: not tracked
+    assert [(w[0], w[2]) for w in f.writes()] == [(200, 0), (PID, 30)]
+    assert f.builder.untracked_fd_ops == 1
+    assert {r["pid"] for r in f.rows() if r["tid"] == 200} == {200}
+
+
+def test_threads_share_the_table_and_report_the_group_pid():
+    f = Feed()
+    f("clone", 101, clone_flags=sc.CLONE_THREAD | sc.CLONE_FILES)
+    f("openat", 3, tid=101, dirfd=sc.AT_FDCWD, path="/f", flags=sc.O_WRONLY | sc.O_CREAT | sc.O_TRUNC)
+    f("write", 9, fd=3, count=9)
+    assert [(r["pid"], r["tid"]) for r in f.rows()] == [(PID, 101), (PID, PID)]
+
+
+def test_append_offsets_follow_the_tracked_size_or_say_unknown():
+    f = Feed()
+    f("openat", 3, dirfd=sc.AT_FDCWD, path="/log", flags=sc.O_WRONLY | sc.O_CREAT | sc.O_TRUNC | sc.O_APPEND)
+    f("write", 10, fd=3, count=10)
+    f("lseek", 0, fd=3, offset=0, whence=sc.SEEK_SET)
+    f("write", 4, fd=3, count=4)
+    f("openat", 4, dirfd=sc.AT_FDCWD, path="/old", flags=sc.O_WRONLY | sc.O_APPEND)
+    f("write", 4, fd=4, count=4)
+    f("fcntl", 0, fd=3, cmd=sc.F_SETFL, arg=0)
+    f("lseek", 2, fd=3, offset=2, whence=sc.SEEK_SET)
+    f("write", 3, fd=3, count=3)
+    assert [(w[1], w[2], w[3]) for w in f.writes()] == [
+        ("/log", 0, "append"), ("/log", 10, "append"), ("/old", None, "unknown"), ("/log", 2, "position")]
+
+
+def test_lseek_to_end_teaches_the_size():
+    f = Feed()
+    f("openat", 3, dirfd=sc.AT_FDCWD, path="/old", flags=sc.O_RDWR | sc.O_APPEND)
+    f("lseek", 5000, fd=3, offset=0, whence=sc.SEEK_END)
+    f("write", 10, fd=3, count=10)
+    assert f.writes()[0][2:4] == (5000, "append")
+
+
+def test_exec_closes_cloexec_descriptors_only():
+    f = Feed()
+    f("openat", 3, dirfd=sc.AT_FDCWD, path="/keep", flags=sc.O_WRONLY | sc.O_CREAT)
+    f("openat", 4, dirfd=sc.AT_FDCWD, path="/drop", flags=sc.O_WRONLY | sc.O_CREAT | sc.O_CLOEXEC)
+    f("openat", 5, dirfd=sc.AT_FDCWD, path="/inherit", flags=sc.O_WRONLY | sc.O_CREAT | sc.O_CLOEXEC)
+    f("ioctl", 0, fd=5, cmd=sc.FIONCLEX, arg=0)
+    f("execve", 0, path="/usr/bin/tool")
+    for fd in (3, 4, 5):
+        f("write", 1, fd=fd, count=1)
+    assert [w[1] for w in f.writes()] == ["/keep", "/inherit"]
+    assert f.rows()[-1]["comm"] == "tool"
+
+
+def test_rename_moves_open_descriptors_and_sizes():
+    f = Feed()
+    f("openat", 3, dirfd=sc.AT_FDCWD, path="/d/x.tmp", flags=sc.O_WRONLY | sc.O_CREAT | sc.O_TRUNC | sc.O_APPEND)
+    f("write", 8, fd=3, count=8)
+    f("rename", 0, path="/d/x.tmp", path2="/d/x")
+    f("write", 2, fd=3, count=2)
+    renames = [(r["path"], r["new_path"]) for r in f.rows() if r["op"] == "rename"]
+    assert renames == [("/d/x.tmp", "/d/x")]
+    assert f.writes()[-1][1:3] == ("/d/x", 8)
+
+
+def test_filters_drop_special_and_unmatched_paths():
+    f = Feed(path_filters=["/data/"])
+    f("openat", 3, dirfd=sc.AT_FDCWD, path="/proc/self/status", flags=0)
+    f("openat", 4, dirfd=sc.AT_FDCWD, path="/data/a", flags=0)
+    f("openat", 5, dirfd=sc.AT_FDCWD, path="/datax", flags=0)
+    f("io_uring_setup", 6, entries=8)
+    assert [r["path"] for r in f.rows()] == ["/data/a", "anon_inode:[io_uring]"]
+    assert f.builder.filtered_ops == 2
+
+
+def test_rank_comes_from_the_launchers_variables():
+    assert rank_from_environ(["PATH=/bin", "RANK=3"]) == 3
+    assert rank_from_environ(["OMPI_COMM_WORLD_RANK=7"]) == 7
+    assert rank_from_environ(["SLURM_PROCID=2", "RANK=x"]) == 2
+    assert rank_from_environ(["HOME=/root"]) is None
