@@ -1,0 +1,166 @@
+"""POSIX replay: plans, containment against hostile traces, size fidelity, reads, timing."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ckpt_trace.errors import ReplayError
+from ckpt_trace.formats import read_trace, table_from_columns, write_trace
+from ckpt_trace.replayer import build_posix_plan, replay
+from ckpt_trace.tracer import syscalls as sc
+
+from conftest import cli, record_odd_pattern
+
+META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"],
+        "backend": "strace", "start_wall_time_ns": 0, "filesystems": {}, "lost_events": 0}
+CREATE = sc.O_WRONLY | sc.O_CREAT | sc.O_TRUNC
+
+
+def make_trace(path: Path, ops: list[dict]) -> Path:
+    """A trace from op dicts (op, path, fd, offset, size, ret, ...), one process unless given."""
+    defaults = {"dur_ns": 1, "pid": 1, "tid": 1, "comm": "t", "rank": -1, "fd": None, "path": None,
+                "new_path": None, "offset": None, "offset_source": None, "size": None, "flags": None, "iov_count": None}
+    columns: dict[str, list] = {}
+    for index, op in enumerate(ops):
+        row = {**defaults, "ts_ns": op.get("ts_ns", index * 1000), "syscall": op["op"], **op}
+        row.setdefault("ret", 0)
+        for key, value in row.items():
+            columns.setdefault(key, []).append(value)
+    return write_trace(path, table_from_columns(columns), META)
+
+
+def test_plan_turns_descriptors_into_handles(tmp_path):
+    trace = make_trace(tmp_path / "t.arrow", [
+        {"op": "open", "path": "/d/a", "fd": 3, "flags": CREATE, "ret": 3},
+        {"op": "write", "path": "/d/a", "fd": 3, "offset": 0, "size": 10, "ret": 10},
+        {"op": "dup", "path": "/d/a", "fd": 3, "ret": 4},
+        {"op": "close", "path": "/d/a", "fd": 3},
+        {"op": "write", "path": "/d/a", "fd": 4, "offset": 10, "size": 5, "ret": 5},
+        {"op": "open", "path": "/d/b", "fd": 3, "flags": sc.O_RDONLY, "ret": 3},
+        {"op": "read", "path": "/d/b", "fd": 3, "offset": 100, "size": 50, "ret": 50},
+        {"op": "write", "path": "/d/a", "fd": 4, "offset": 0, "size": 1, "ret": -28},
+        {"op": "write", "path": "/d/c", "fd": 9, "pid": 2, "tid": 2, "offset": 0, "size": 7, "ret": 7},
+    ])
+    plan = build_posix_plan(read_trace(trace).table)
+    ops = [op for worker in plan.workers for op in worker.ops]
+    kinds = [(op.kind, op.handle) for op in ops]
+    assert kinds[:6] == [("open", 0), ("write", 0), ("dup", 1), ("close", 0), ("write", 1), ("open", 2)]
+    assert ops[5].path == "d/b" and ops[2].source_handle == 0
+    assert plan.skipped_ops["failed"] == 1 and plan.skipped_ops["implicit_opens"] == 1
+    assert dict(plan.precreate_files) == {"d/b": 150, "d/c": 0}
+    assert plan.precreate_dirs == ("d",)
+    assert dict(plan.expected_sizes) == {"d/a": 15, "d/b": 150, "d/c": 7}
+
+
+def test_cross_worker_path_operations_wait_for_each_other(tmp_path):
+    trace = make_trace(tmp_path / "t.arrow", [
+        {"op": "mkdir", "path": "/ck"},
+        {"op": "open", "path": "/ck/x.tmp", "fd": 3, "flags": CREATE, "ret": 3, "tid": 2},
+        {"op": "close", "path": "/ck/x.tmp", "fd": 3, "tid": 2},
+        {"op": "rename", "path": "/ck/x.tmp", "new_path": "/ck/x"},
+    ])
+    plan = build_posix_plan(read_trace(trace).table)
+    by_kind = {op.kind: op for worker in plan.workers for op in worker.ops}
+    assert by_kind["open"].deps == (0,)  # waits for the mkdir of its directory
+    assert by_kind["rename"].deps == (1,)  # waits for the other thread's open of x.tmp
+    assert plan.awaited == {0, 1}
+
+
+def test_hostile_paths_stay_inside_the_target(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = tmp_path / "target"
+    hostile = ["/../../../../" + str(outside / "escaped"), "../../" + str(outside / "rel"), "/a/../../../b"]
+    ops = []
+    for fd, path in enumerate(hostile, start=3):
+        ops += [{"op": "open", "path": path, "fd": fd, "flags": CREATE, "ret": fd},
+                {"op": "write", "path": path, "fd": fd, "offset": 0, "size": 4, "ret": 4}]
+    ops.append({"op": "rename", "path": hostile[0], "new_path": "/../../" + str(outside / "renamed")})
+    report = replay(make_trace(tmp_path / "t.arrow", ops), target=target)
+    assert list(outside.iterdir()) == []
+    inside = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
+    assert inside == sorted([str(outside / "renamed")[1:], str(outside / "rel")[1:], "b"])
+    assert report.size_mismatches == ()
+
+
+def test_symbolic_links_in_the_target_are_not_followed(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "evil").symlink_to(outside)
+    trace = make_trace(tmp_path / "t.arrow", [{"op": "open", "path": "/evil/x", "fd": 3, "flags": CREATE, "ret": 3}])
+    with pytest.raises(ReplayError, match="symbolic link"):
+        replay(trace, target=target, force=True)
+    assert list(outside.iterdir()) == []
+
+
+def test_a_non_empty_target_is_refused_and_left_alone(tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "precious").write_text("keep")
+    trace = make_trace(tmp_path / "t.arrow", [{"op": "open", "path": "/precious", "fd": 3, "flags": CREATE, "ret": 3}])
+    proc = cli("replay", str(trace), "--target", str(target), check=False)
+    assert proc.returncode == 2 and "not empty" in proc.stderr and "Traceback" not in proc.stderr
+    assert (target / "precious").read_text() == "keep"
+
+
+def test_too_little_free_space_is_refused(tmp_path, monkeypatch):
+    trace = make_trace(tmp_path / "t.arrow", [{"op": "open", "path": "/a", "fd": 3, "flags": CREATE, "ret": 3}])
+    monkeypatch.setenv("CKPT_TRACE_REPLAY_FREE_SPACE_MARGIN_BYTES", str(1 << 60))
+    proc = cli("replay", str(trace), "--target", str(tmp_path / "target"), check=False)
+    assert proc.returncode == 2 and "free" in proc.stderr
+
+
+def test_reads_read_real_bytes_from_precreated_files(tmp_path):
+    trace = make_trace(tmp_path / "t.arrow", [
+        {"op": "open", "path": "/data/in", "fd": 3, "flags": sc.O_RDONLY, "ret": 3},
+        {"op": "read", "path": "/data/in", "fd": 3, "offset": 0, "size": 8192, "ret": 8192},
+        {"op": "read", "path": "/data/in", "fd": 3, "offset": 1 << 20, "size": 4096, "ret": 4096},
+        {"op": "close", "path": "/data/in", "fd": 3},
+    ])
+    report = replay(trace, target=tmp_path / "target")
+    result = report.results[0]
+    assert result.bytes_read == 8192 + 4096 and result.data_ops == 2 and result.metadata_ops == 2
+    assert (tmp_path / "target/data/in").stat().st_size == (1 << 20) + 4096
+
+
+def test_original_timing_keeps_the_recorded_gaps(tmp_path):
+    trace = make_trace(tmp_path / "t.arrow", [
+        {"op": "open", "path": "/a", "fd": 3, "flags": CREATE, "ret": 3, "ts_ns": 0},
+        {"op": "write", "path": "/a", "fd": 3, "offset": 0, "size": 1, "ret": 1, "ts_ns": 300_000_000},
+    ])
+    timed = replay(trace, target=tmp_path / "t1", timing="original").results[0]
+    assert timed.elapsed_s >= 0.3
+
+
+def test_replay_of_a_real_recording_reproduces_every_file_size(strace_backend, tmp_path):
+    trace, _, out = record_odd_pattern(strace_backend, tmp_path)
+    target = tmp_path / "target"
+    proc = cli("replay", str(trace), "--strategy", "posix", "--target", str(target), "--json", str(tmp_path / "r.json"))
+    original = {p: p.stat().st_size for p in out.rglob("*") if p.is_file()}
+    assert original
+    for path, size in original.items():
+        replayed = target / str(path).lstrip("/")
+        assert replayed.stat().st_size == size, path
+    result = json.loads((tmp_path / "r.json").read_text())["results"][0]
+    for key in ("strategy", "elapsed_s", "bytes_written", "bytes_read", "write_throughput_bytes_per_s",
+                "read_throughput_bytes_per_s", "data_ops", "metadata_ops", "latency_ns", "cpu_user_s", "cpu_sys_s"):
+        assert key in result
+    assert set(result["latency_ns"]) == {"p50", "p90", "p99", "max"}
+    recorded = read_trace(trace).table.to_pylist()
+    assert result["bytes_written"] == sum(r["ret"] for r in recorded if r["op"] == "write")
+    assert "warning" not in proc.stderr
+
+
+def test_strip_prefix_shortens_paths(tmp_path):
+    trace = make_trace(tmp_path / "t.arrow", [
+        {"op": "open", "path": "/scratch/run1/ck/a", "fd": 3, "flags": CREATE, "ret": 3},
+        {"op": "write", "path": "/scratch/run1/ck/a", "fd": 3, "offset": 0, "size": 9, "ret": 9},
+    ])
+    replay(trace, target=tmp_path / "target", strip_prefix="/scratch/run1")
+    assert (tmp_path / "target/ck/a").stat().st_size == 9
