@@ -27,6 +27,7 @@ BPF_PATH_BYTES = _int_env("BPF_PATH_BYTES", 256)  # bytes of each path copied by
 BPF_RINGBUF_PAGES = _int_env("BPF_RINGBUF_PAGES", 16384)  # 64 MiB ring buffer (power of two pages)
 BPF_MAX_IOVECS = _int_env("BPF_MAX_IOVECS", 64)  # iovecs summed in BPF for readv/writev sizes
 BPF_INFLIGHT_ENTRIES = _int_env("BPF_INFLIGHT_ENTRIES", 65536)  # concurrent syscalls tracked
+BPF_IGNORED_FDS = _int_env("BPF_IGNORED_FDS", 262144)  # (tgid, fd) pairs filtered in the kernel
 BPF_POLL_MS = _int_env("BPF_POLL_MS", 50)
 STRACE_BIN = _str_env("STRACE_BIN", "strace")
 STRACE_STRING_BYTES = _int_env("STRACE_STRING_BYTES", 1024)  # strace -s: bounds iovec arrays and envp strings

@@ -83,7 +83,9 @@ def test_a_missing_command_fails_cleanly(backend, tmp_path):
 def test_lost_events_are_counted_and_strict_refuses(bcc_backend, tmp_path, monkeypatch):
     monkeypatch.setenv("CKPT_TRACE_BPF_RINGBUF_PAGES", "1")
     monkeypatch.setenv("CKPT_TRACE_BPF_POLL_MS", "2000")
-    busy = [sys.executable, "-c", "import os\nfor _ in range(3000): os.close(os.open('/dev/null', 0))"]
+    scratch = tmp_path / "busy"
+    busy = [sys.executable, "-c",
+            f"import os\nfor _ in range(3000): os.close(os.open('{scratch}', os.O_WRONLY | os.O_CREAT, 0o644))"]
     strict = cli("record", "--backend", "bcc", "--strict", "-o", str(tmp_path / "s.arrow"), "--", *busy, check=False)
     assert strict.returncode == 2 and "lost" in strict.stderr
     assert not (tmp_path / "s.arrow").exists()
@@ -95,3 +97,20 @@ def test_lost_events_are_counted_and_strict_refuses(bcc_backend, tmp_path, monke
 def test_auto_names_the_backend_and_why(tmp_path):
     proc = cli("record", "-o", str(tmp_path / "t.arrow"), "--", "true")
     assert "backend" in proc.stderr and "(" in proc.stderr.splitlines()[0]
+
+
+def test_a_killed_recorder_leaves_no_file_under_the_final_name(backend, tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    trace = tmp_path / "t.arrow"
+    proc = subprocess.Popen([sys.executable, "-m", "ckpt_trace.cli", "record", "--backend", backend, "-o", str(trace),
+                             "--", "sh", "-c", f"while :; do echo x >> {tmp_path}/f; done"],
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc.stderr.readline()  # the backend line: the recorder is running
+    time.sleep(2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not trace.exists()
+    assert all(not p.name.startswith("t.arrow") for p in tmp_path.iterdir())

@@ -164,3 +164,25 @@ def test_strip_prefix_shortens_paths(tmp_path):
     ])
     replay(trace, target=tmp_path / "target", strip_prefix="/scratch/run1")
     assert (tmp_path / "target/ck/a").stat().st_size == 9
+
+
+@pytest.mark.root
+def test_a_full_disk_stops_the_replay_with_one_line(tmp_path, monkeypatch):
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)]).returncode != 0:
+        pytest.skip("cannot mount tmpfs here")
+    try:
+        trace = make_trace(tmp_path / "t.arrow", [
+            {"op": "open", "path": "/big", "fd": 3, "flags": CREATE, "ret": 3},
+            {"op": "write", "path": "/big", "fd": 3, "offset": 0, "size": 4 << 20, "ret": 4 << 20},
+        ])
+        monkeypatch.setattr("ckpt_trace.replayer.replay.check_free_space", lambda target, plan: None)
+        with pytest.raises(ReplayError, match="full"):
+            replay(trace, target=small / "t")
+    finally:
+        subprocess.run(["umount", str(small)])

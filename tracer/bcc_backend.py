@@ -79,10 +79,78 @@ def _fields(event: str) -> list[str] | None:
     return names
 
 
+_OPENS = frozenset({"open", "openat", "openat2", "creat"})
+_DUPS = frozenset({"dup", "dup2", "dup3"})
+_PATH_ONLY = frozenset({"unlink", "unlinkat", "mkdir", "mkdirat"})
+_RENAMES = frozenset({"rename", "renameat", "renameat2"})
+_KEEP_ON_MARKED_FD = frozenset({"fchdir", "close_range", "io_uring_enter"}) | _DUPS | {"fcntl", "ioctl", "close"}
+_CREATES_FD = _OPENS | _DUPS | {"io_uring_setup"}
+_SPECIAL_PREFIXES = ("/proc/", "/sys/", "/dev/")
+
+
+def _literal_test(prefix: str) -> str:
+    """C expression: path starts with ``prefix`` (compared byte by byte, no loops)."""
+    data = prefix.encode()
+    return " && ".join(f"path[{i}] == {byte}" for i, byte in enumerate(data)) or "1"
+
+
+def excluded_body(path_filters: list[str]) -> str:
+    """Body of the BPF ``excluded(path)`` test: special paths, then the path filters.
+
+    Filters longer than the BPF path copy cannot be judged in the kernel; then
+    only special paths are excluded there and user space does the rest.
+    """
+    lines = [f"    if ({_literal_test(p)}) return 1;" for p in _SPECIAL_PREFIXES]
+    usable = path_filters and all(len(p.encode()) < config.BPF_PATH_BYTES - 1 for p in path_filters)
+    if usable:
+        lines += [f"    if ({_literal_test(p)}) return 0;" for p in path_filters]
+        lines.append("    return 1;")
+    else:
+        lines.append("    return 0;")
+    return "\n".join(lines)
+
+
+def _early_checks(name: str, fields: dict[str, str]) -> list[str]:
+    """C statements run before an event is started: drop calls the builder would not record."""
+    lines = []
+    if name == "ioctl":
+        lines.append(f"    if ((u32)args->{fields['cmd']} != {sc.FIOCLEX} && (u32)args->{fields['cmd']} != {sc.FIONCLEX}) return 0;")
+    if name == "fcntl":
+        cmd = f"args->{fields['cmd']}"
+        wanted = (sc.F_DUPFD, sc.F_DUPFD_CLOEXEC, sc.F_SETFD, sc.F_SETFL)
+        lines.append("    if (" + " && ".join(f"{cmd} != {c}" for c in wanted) + ") return 0;")
+        lines.append(f"    if (({cmd} == {sc.F_SETFD} || {cmd} == {sc.F_SETFL}) && fd_marked(tgid, args->{fields['fd']})) return 0;")
+    if name == "close":
+        lines.append(f"    if (fd_marked(tgid, args->{fields['fd']})) {{ set_mark(tgid, args->{fields['fd']}, 0); return 0; }}")
+    elif "fd" in fields and name not in _KEEP_ON_MARKED_FD:
+        lines.append(f"    if (fd_marked(tgid, args->{fields['fd']})) return 0;")
+    if name == "ioctl":
+        lines.append(f"    if (fd_marked(tgid, args->{fields['fd']})) return 0;")
+    return lines
+
+
+def _late_checks(name: str, fields: dict[str, str]) -> list[str]:
+    """C statements run once paths are copied: mark or drop by path."""
+    if name in _OPENS:
+        return ["    e->ignore = excluded(e->path);"]
+    if name in _DUPS:
+        return [f"    e->ignore = fd_marked(tgid, args->{fields['fd']});"]
+    if name == "fcntl":
+        cmd = f"args->{fields['cmd']}"
+        return [f"    e->ignore = ({cmd} == {sc.F_DUPFD} || {cmd} == {sc.F_DUPFD_CLOEXEC}) && fd_marked(tgid, args->{fields['fd']});"]
+    if name in _PATH_ONLY:
+        return ["    if (excluded(e->path)) return 0;"]
+    if name in _RENAMES:
+        return ["    if (excluded(e->path) && excluded(e->path2)) return 0;"]
+    return []
+
+
 def _enter_probe(nr: int, name: str, fields: list[str]) -> str:
     call = sc.SYSCALLS[name]
-    lines = [f"TRACEPOINT_PROBE(syscalls, sys_enter_{name}) {{", f"    struct event_t *e = enter_begin({nr});",
-             "    if (!e) return 0;"]
+    by_arg = dict(zip(call.args, fields))
+    lines = [f"TRACEPOINT_PROBE(syscalls, sys_enter_{name}) {{", "    u32 tgid = traced_tgid();", "    if (!tgid) return 0;"]
+    lines += _early_checks(name, by_arg)
+    lines += [f"    struct event_t *e = enter_begin({nr});", "    if (!e) return 0;"]
     for i, (arg, fld) in enumerate(zip(call.args, fields)):
         lines.append(f"    e->a[{i}] = (s64)args->{fld};")
         if arg == "path":
@@ -92,21 +160,23 @@ def _enter_probe(nr: int, name: str, fields: list[str]) -> str:
         elif arg in ("how", "uargs"):
             lines.append(f"    bpf_probe_read_user(&e->extra, sizeof(e->extra), (const void *)args->{fld});")
     if "iov" in call.args:
-        vec = fields[call.args.index("iov")]
-        count = fields[call.args.index("iov_count")]
-        lines.append(f"    sum_iovecs(e, (const void *)args->{vec}, args->{count});")
+        lines.append(f"    sum_iovecs(e, (const void *)args->{by_arg['iov']}, args->{by_arg['iov_count']});")
+    lines += _late_checks(name, by_arg)
+    creates = 2 if name == "fcntl" else int(name in _CREATES_FD)
     lines += ["    return enter_end(e);", "}",
-              f"TRACEPOINT_PROBE(syscalls, sys_exit_{name}) {{ return exit_common(args->ret); }}"]
+              f"TRACEPOINT_PROBE(syscalls, sys_exit_{name}) {{ return exit_common(args->ret, {creates}); }}"]
     return "\n".join(lines)
 
 
-def program_text() -> tuple[str, list[str]]:
-    """The full BPF C program, and the syscalls without a tracepoint on this kernel."""
+def program_text(path_filters: list[str] | None = None) -> tuple[str, list[str]]:
+    """The full BPF C program for ``path_filters``, and the syscalls without a tracepoint here."""
     base = resources.files("ckpt_trace.tracer").joinpath("bcc_program.c").read_text()
     base = (base.replace("__PATH_BYTES__", str(config.BPF_PATH_BYTES))
                 .replace("__MAX_IOVECS__", str(config.BPF_MAX_IOVECS))
                 .replace("__RINGBUF_PAGES__", str(config.BPF_RINGBUF_PAGES))
-                .replace("__INFLIGHT__", str(config.BPF_INFLIGHT_ENTRIES)))
+                .replace("__INFLIGHT__", str(config.BPF_INFLIGHT_ENTRIES))
+                .replace("__IGNORED_ENTRIES__", str(config.BPF_IGNORED_FDS))
+                .replace("__EXCLUDED_BODY__", excluded_body(list(path_filters or []))))
     probes, missing = [], []
     for nr, name in enumerate(_NAMES):
         fields = _fields(f"sys_enter_{name}")
@@ -176,14 +246,15 @@ class BccTracer:
     program), then ``run(cmd, env)`` once. Called by ``tracer.record``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, path_filters: list[str] | None = None) -> None:
         self._bpf = None
         self._missing: list[str] = []
+        self._path_filters = list(path_filters or [])
 
     def load(self) -> None:
         from bcc import BPF
 
-        text, self._missing = program_text()
+        text, self._missing = program_text(self._path_filters)
         devnull = os.open(os.devnull, os.O_WRONLY)
         saved = os.dup(2)
         try:

@@ -6,9 +6,15 @@
 // traced thread group into a per-thread in-flight slot; sys_exit_* completes it
 // with the return value and duration and pushes it to the ring buffer. A failed
 // ring-buffer reservation or a full in-flight map increments lost[0].
-#include <uapi/linux/ptrace.h>
-#include <linux/sched.h>
-#include <linux/fs.h>
+//
+// In-kernel filtering drops only what the user-space builder would drop anyway:
+// an open of an absolute path with no empty, "." or ".." component that the path
+// filters exclude marks the returned (tgid, fd) in `ignored`; later calls on a
+// marked descriptor are dropped, dups of it are marked too, and any traced call
+// that creates a descriptor clears the mark of the number it returns. A stale
+// mark can only hide calls on descriptors no traced call created (pipes,
+// sockets), which the builder does not record.
+typedef int rwf_t;
 
 #define PATH_BYTES __PATH_BYTES__
 #define MAX_IOVECS __MAX_IOVECS__
@@ -20,6 +26,8 @@ struct event_t {
     u32 tid;
     s32 nr;
     u32 truncated;
+    u32 ignore;
+    u32 pad;
     s64 ret;
     s64 a[6];
     s64 size;
@@ -40,6 +48,53 @@ BPF_HASH(inflight, u32, struct event_t, __INFLIGHT__);
 BPF_PERCPU_ARRAY(scratch, struct event_t, 1);
 BPF_ARRAY(lost, u64, 1);
 
+struct fdkey_t {
+    u32 tgid;
+    s32 fd;
+};
+BPF_HASH(ignored, struct fdkey_t, u8, __IGNORED_ENTRIES__);
+
+static __always_inline int fd_marked(u32 tgid, s64 fd) {
+    struct fdkey_t key = {.tgid = tgid, .fd = (s32)fd};
+    return ignored.lookup(&key) != 0;
+}
+
+static __always_inline void set_mark(u32 tgid, s64 fd, int marked) {
+    struct fdkey_t key = {.tgid = tgid, .fd = (s32)fd};
+    if (marked) {
+        u8 one = 1;
+        ignored.update(&key, &one);
+    } else {
+        ignored.delete(&key);
+    }
+}
+
+// 1 when `path` is absolute with no empty, "." or ".." component, so that prefix
+// tests on the raw string agree with tests on the normalised path.
+static __always_inline int plain_absolute(const char *path) {
+    if (path[0] != '/')
+        return 0;
+    for (int i = 0; i < PATH_BYTES - 3; i++) {
+        char c = path[i];
+        if (c == 0)
+            return 1;
+        if (c != '/')
+            continue;
+        char c1 = path[i + 1], c2 = path[i + 2], c3 = path[i + 3];
+        if (c1 == '/')
+            return 0;
+        if (c1 == '.' && (c2 == '/' || c2 == 0 || (c2 == '.' && (c3 == '/' || c3 == 0))))
+            return 0;
+    }
+    return 0;
+}
+
+static __always_inline int excluded(const char *path) {
+    if (!plain_absolute(path))
+        return 0;
+__EXCLUDED_BODY__
+}
+
 static __always_inline void count_lost(void) {
     int zero = 0;
     u64 *value = lost.lookup(&zero);
@@ -47,11 +102,14 @@ static __always_inline void count_lost(void) {
         __sync_fetch_and_add(value, 1);
 }
 
+static __always_inline u32 traced_tgid(void) {
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    return traced.lookup(&tgid) ? tgid : 0;
+}
+
 static __always_inline struct event_t *enter_begin(s32 nr) {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
-    if (!traced.lookup(&tgid))
-        return 0;
     int zero = 0;
     struct event_t *e = scratch.lookup(&zero);
     if (!e)
@@ -61,6 +119,7 @@ static __always_inline struct event_t *enter_begin(s32 nr) {
     e->tid = (u32)id;
     e->nr = nr;
     e->truncated = 0;
+    e->ignore = 0;
     e->size = -1;
     e->extra = 0;
     e->path[0] = 0;
@@ -93,12 +152,21 @@ static __always_inline void sum_iovecs(struct event_t *e, const void *vec, u64 c
     e->size = count > MAX_IOVECS ? -1 : total;
 }
 
-static __always_inline int exit_common(long ret) {
+// creates: 1 when the call returns a new descriptor, 2 for fcntl (only F_DUPFD*).
+static __always_inline int exit_common(long ret, int creates) {
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
     struct event_t *e = inflight.lookup(&tid);
     if (!e)
         return 0;
+    if (creates == 2)
+        creates = e->a[1] == 0 || e->a[1] == 1030;
+    if (creates && ret >= 0)
+        set_mark(e->pid, ret, e->ignore);
+    if (e->ignore) {
+        inflight.delete(&tid);
+        return 0;
+    }
     e->dur_ns = bpf_ktime_get_ns() - e->ts_ns;
     e->ret = ret;
     bpf_get_current_comm(&e->comm, sizeof(e->comm));

@@ -108,7 +108,7 @@ def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict) -> t
     builder_args["root_rank"] = rank_from_environ(f"{k}={v}" for k, v in env.items()) or -1
     builder_args["inherited_fds"] = strace_backend.inherited_fds()
     if choice.name == "bcc":
-        tracer = bcc_backend.BccTracer()
+        tracer = bcc_backend.BccTracer(builder_args["path_filters"])
         tracer.load()
         rec = tracer.run(cmd, env)
         builder = TraceBuilder(start_ns=rec.start_ns, root_pid=rec.root_pid, **builder_args)

@@ -14,6 +14,7 @@ import errno
 import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any, Iterator
@@ -67,9 +68,15 @@ def run(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> in
     """Run ``cmd`` under strace, writing the log to ``log_path``; return the command's exit code."""
     argv = strace_command(cmd, log_path)
     try:
-        return subprocess.run(argv, env=env).returncode
+        proc = subprocess.Popen(argv, env=env)
     except OSError as err:
         raise TracerError(f"cannot start strace: {err.strerror}") from None
+    # Ctrl-C reaches strace and the command through the terminal; keep recording what they did.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # -- argument parsing -------------------------------------------------------
