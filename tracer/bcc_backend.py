@@ -5,15 +5,18 @@ headers for bcc's compiler, tracefs at /sys/kernel/tracing and BPF ring
 buffers (Linux >= 5.8). ``probe()`` checks each up front and says which is
 missing, so ``auto`` can name the fallback it takes.
 
-Probe code is generated per syscall from its tracepoint format file
-(``events/syscalls/sys_enter_NAME/format``), so argument fields are read by
-the kernel's own names and widths. Descendants are followed through the
+One program on ``raw_syscalls:sys_enter`` dispatches on the syscall number
+(``__NR_*`` from the kernel headers) into code generated per traced call;
+``raw_syscalls:sys_exit`` completes the event. Two tracepoints rather than a
+pair per syscall: each detach waits for an RCU grace period, which for ninety
+tracepoints cost seconds at exit. Calls the builder would not record are
+dropped in the kernel (see bcc_program.c). Descendants are followed through the
 ``sched:sched_process_fork`` tracepoint, which fires in the parent before
 the child first runs. File positions are reconstructed in user space by
 ``TraceBuilder`` (kprobes and fentry are unavailable on the target kernels).
 
 Reference: bcc reference guide (TRACEPOINT_PROBE, BPF_RINGBUF_OUTPUT,
-ring_buffer_poll); Documentation/trace/events.rst for format files.
+ring_buffer_poll); Documentation/trace/events.rst.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from . import syscalls as sc
 from .state import SyscallEvent, rank_from_environ
 
 TRACEFS = Path("/sys/kernel/tracing")
-_EVENTS = TRACEFS / "events" / "syscalls"
+_EVENTS = TRACEFS / "events" / "raw_syscalls"
 _NAMES = list(sc.SYSCALLS)
 _POINTER_ARGS = {"path", "path2", "iov", "how", "uargs", "argv", "envp", "buf", "params", "sig", "stack", "ptid", "ctid", "tls"}
 
@@ -55,28 +58,11 @@ def probe() -> str | None:
         return "the bcc Python module is not importable (Debian: apt-get install python3-bpfcc)"
     _mount_tracefs()
     if not _EVENTS.is_dir():
-        return f"tracefs syscall events not found under {TRACEFS} (mount -t tracefs tracefs {TRACEFS})"
+        return f"tracefs raw_syscalls events not found under {TRACEFS} (mount -t tracefs tracefs {TRACEFS})"
     build = Path("/lib/modules") / os.uname().release / "build"
     if not build.exists():
         return f"no kernel headers at {build} (see scripts/setup-system.sh)"
     return None
-
-
-def _fields(event: str) -> list[str] | None:
-    """Argument field names of a syscall tracepoint, in order, or None if it does not exist."""
-    fmt = _EVENTS / event / "format"
-    try:
-        text = fmt.read_text()
-    except OSError:
-        return None
-    names = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("field:") or "common_" in line or "__syscall_nr" in line:
-            continue
-        decl = line[len("field:"):].split(";")[0]
-        names.append(decl.replace("*", " ").split()[-1])
-    return names
 
 
 _OPENS = frozenset({"open", "openat", "openat2", "creat"})
@@ -110,81 +96,82 @@ def excluded_body(path_filters: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _early_checks(name: str, fields: dict[str, str]) -> list[str]:
+_SIGNED32 = frozenset({"fd", "dirfd", "dirfd2", "newfd"})
+_UNSIGNED32 = frozenset({"flags", "rwflags", "mode", "cmd", "whence", "iov_count"})
+
+
+def _arg_expressions(name: str) -> dict[str, str]:
+    """C expressions of each argument of ``name`` from the raw register array ``a``."""
+    exprs = {}
+    for i, arg in enumerate(sc.SYSCALLS[name].args):
+        exprs[arg] = f"(s32)a[{i}]" if arg in _SIGNED32 else f"(u32)a[{i}]" if arg == "cmd" else f"a[{i}]"
+    return exprs
+
+
+def _early_checks(name: str, arg: dict[str, str]) -> list[str]:
     """C statements run before an event is started: drop calls the builder would not record."""
     lines = []
     if name == "ioctl":
-        lines.append(f"    if ((u32)args->{fields['cmd']} != {sc.FIOCLEX} && (u32)args->{fields['cmd']} != {sc.FIONCLEX}) return 0;")
+        lines.append(f"if ({arg['cmd']} != {sc.FIOCLEX} && {arg['cmd']} != {sc.FIONCLEX}) return 0;")
     if name == "fcntl":
-        cmd = f"args->{fields['cmd']}"
         wanted = (sc.F_DUPFD, sc.F_DUPFD_CLOEXEC, sc.F_SETFD, sc.F_SETFL)
-        lines.append("    if (" + " && ".join(f"{cmd} != {c}" for c in wanted) + ") return 0;")
-        lines.append(f"    if (({cmd} == {sc.F_SETFD} || {cmd} == {sc.F_SETFL}) && fd_marked(tgid, args->{fields['fd']})) return 0;")
+        lines.append("if (" + " && ".join(f"{arg['cmd']} != {c}" for c in wanted) + ") return 0;")
+        lines.append(f"if (({arg['cmd']} == {sc.F_SETFD} || {arg['cmd']} == {sc.F_SETFL}) && fd_marked(tgid, {arg['fd']})) return 0;")
     if name == "close":
-        lines.append(f"    if (fd_marked(tgid, args->{fields['fd']})) {{ set_mark(tgid, args->{fields['fd']}, 0); return 0; }}")
-    elif "fd" in fields and name not in _KEEP_ON_MARKED_FD:
-        lines.append(f"    if (fd_marked(tgid, args->{fields['fd']})) return 0;")
-    if name == "ioctl":
-        lines.append(f"    if (fd_marked(tgid, args->{fields['fd']})) return 0;")
+        lines.append(f"if (fd_marked(tgid, {arg['fd']})) {{ set_mark(tgid, {arg['fd']}, 0); return 0; }}")
+    elif "fd" in arg and (name not in _KEEP_ON_MARKED_FD or name == "ioctl"):
+        lines.append(f"if (fd_marked(tgid, {arg['fd']})) return 0;")
     return lines
 
 
-def _late_checks(name: str, fields: dict[str, str]) -> list[str]:
+def _late_checks(name: str, arg: dict[str, str]) -> list[str]:
     """C statements run once paths are copied: mark or drop by path."""
     if name in _OPENS:
-        return ["    e->ignore = excluded(e->path);"]
+        return ["e->ignore = excluded(e->path);"]
     if name in _DUPS:
-        return [f"    e->ignore = fd_marked(tgid, args->{fields['fd']});"]
+        return [f"e->ignore = fd_marked(tgid, {arg['fd']});"]
     if name == "fcntl":
-        cmd = f"args->{fields['cmd']}"
-        return [f"    e->ignore = ({cmd} == {sc.F_DUPFD} || {cmd} == {sc.F_DUPFD_CLOEXEC}) && fd_marked(tgid, args->{fields['fd']});"]
+        cmd = arg["cmd"]
+        return [f"e->ignore = ({cmd} == {sc.F_DUPFD} || {cmd} == {sc.F_DUPFD_CLOEXEC}) && fd_marked(tgid, {arg['fd']});"]
     if name in _PATH_ONLY:
-        return ["    if (excluded(e->path)) return 0;"]
+        return ["if (excluded(e->path)) return 0;"]
     if name in _RENAMES:
-        return ["    if (excluded(e->path) && excluded(e->path2)) return 0;"]
+        return ["if (excluded(e->path) && excluded(e->path2)) return 0;"]
     return []
 
 
-def _enter_probe(nr: int, name: str, fields: list[str]) -> str:
+def _enter_case(nr: int, name: str) -> str:
+    """The ``case __NR_name:`` block of the raw sys_enter program for one syscall."""
     call = sc.SYSCALLS[name]
-    by_arg = dict(zip(call.args, fields))
-    lines = [f"TRACEPOINT_PROBE(syscalls, sys_enter_{name}) {{", "    u32 tgid = traced_tgid();", "    if (!tgid) return 0;"]
-    lines += _early_checks(name, by_arg)
-    lines += [f"    struct event_t *e = enter_begin({nr});", "    if (!e) return 0;"]
-    for i, (arg, fld) in enumerate(zip(call.args, fields)):
-        lines.append(f"    e->a[{i}] = (s64)args->{fld};")
-        if arg == "path":
-            lines.append(f"    read_path(e->path, (const char *)args->{fld}, &e->truncated);")
-        elif arg == "path2":
-            lines.append(f"    read_path(e->path2, (const char *)args->{fld}, &e->truncated);")
-        elif arg in ("how", "uargs"):
-            lines.append(f"    bpf_probe_read_user(&e->extra, sizeof(e->extra), (const void *)args->{fld});")
+    arg = _arg_expressions(name)
+    body = _early_checks(name, arg) + [f"e = enter_begin({nr});", "if (!e) return 0;"]
+    for i, name_i in enumerate(call.args):
+        body.append(f"e->a[{i}] = (s64)a[{i}];")
+        if name_i in ("path", "path2"):
+            dest = "e->path" if name_i == "path" else "e->path2"
+            body.append(f"read_path({dest}, (const char *)a[{i}], &e->truncated);")
+        elif name_i in ("how", "uargs"):
+            body.append(f"bpf_probe_read_user(&e->extra, sizeof(e->extra), (const void *)a[{i}]);")
     if "iov" in call.args:
-        lines.append(f"    sum_iovecs(e, (const void *)args->{by_arg['iov']}, args->{by_arg['iov_count']});")
-    lines += _late_checks(name, by_arg)
+        body.append(f"sum_iovecs(e, (const void *){arg['iov']}, {arg['iov_count']});")
+    body += _late_checks(name, arg)
     creates = 2 if name == "fcntl" else int(name in _CREATES_FD)
-    lines += ["    return enter_end(e);", "}",
-              f"TRACEPOINT_PROBE(syscalls, sys_exit_{name}) {{ return exit_common(args->ret, {creates}); }}"]
-    return "\n".join(lines)
+    body += [f"e->creates = {creates};", "return enter_end(e);"]
+    inner = "\n".join(f"        {line}" for line in body)
+    return f"#ifdef __NR_{name}\n    case __NR_{name}: {{\n{inner}\n    }}\n#endif"
 
 
-def program_text(path_filters: list[str] | None = None) -> tuple[str, list[str]]:
-    """The full BPF C program for ``path_filters``, and the syscalls without a tracepoint here."""
+def program_text(path_filters: list[str] | None = None) -> str:
+    """The full BPF C program for ``path_filters``."""
     base = resources.files("ckpt_trace.tracer").joinpath("bcc_program.c").read_text()
-    base = (base.replace("__PATH_BYTES__", str(config.BPF_PATH_BYTES))
+    cases = "\n".join(_enter_case(nr, name) for nr, name in enumerate(_NAMES))
+    return (base.replace("__PATH_BYTES__", str(config.BPF_PATH_BYTES))
                 .replace("__MAX_IOVECS__", str(config.BPF_MAX_IOVECS))
                 .replace("__RINGBUF_PAGES__", str(config.BPF_RINGBUF_PAGES))
                 .replace("__INFLIGHT__", str(config.BPF_INFLIGHT_ENTRIES))
                 .replace("__IGNORED_ENTRIES__", str(config.BPF_IGNORED_FDS))
-                .replace("__EXCLUDED_BODY__", excluded_body(list(path_filters or []))))
-    probes, missing = [], []
-    for nr, name in enumerate(_NAMES):
-        fields = _fields(f"sys_enter_{name}")
-        if fields is None or len(fields) != len(sc.SYSCALLS[name].args):
-            missing.append(name)
-            continue
-        probes.append(_enter_probe(nr, name, fields))
-    return base + "\n" + "\n".join(probes) + "\n", missing
+                .replace("__EXCLUDED_BODY__", excluded_body(list(path_filters or [])))
+                .replace("__ENTER_CASES__", cases))
 
 
 def _cstr(raw: bytes) -> str:
@@ -210,9 +197,10 @@ def _decode(e) -> SyscallEvent:
             args["path2"] = _cstr(e.path2)
         elif arg not in _POINTER_ARGS:
             args[arg] = int(e.a[i])
-    for key in ("dirfd", "dirfd2"):
-        if key in args:
-            args[key] = ctypes.c_int32(args[key]).value
+    for key in _SIGNED32 & args.keys():
+        args[key] = ctypes.c_int32(args[key]).value
+    for key in _UNSIGNED32 & args.keys():
+        args[key] &= 0xFFFFFFFF
     if name == "openat2":
         args["flags"] = int(e.extra)
     elif name == "clone3":
@@ -233,7 +221,6 @@ class BccRecording:
     events: list[SyscallEvent] = field(default_factory=list)
     lost_events: int = 0
     truncated_paths: int = 0
-    untraced_syscalls: list[str] = field(default_factory=list)
     root_pid: int = -1
     exit_code: int = 0
     start_ns: int = 0
@@ -248,13 +235,12 @@ class BccTracer:
 
     def __init__(self, path_filters: list[str] | None = None) -> None:
         self._bpf = None
-        self._missing: list[str] = []
         self._path_filters = list(path_filters or [])
 
     def load(self) -> None:
         from bcc import BPF
 
-        text, self._missing = program_text(self._path_filters)
+        text = program_text(self._path_filters)
         devnull = os.open(os.devnull, os.O_WRONLY)
         saved = os.dup(2)
         try:
@@ -284,7 +270,7 @@ class BccTracer:
     def run(self, cmd: list[str], env: dict[str, str]) -> BccRecording:
         """Run ``cmd`` with ``env`` traced, with its descendants; return when it exits and events drained."""
         bpf = self._bpf
-        rec = BccRecording(untraced_syscalls=list(self._missing))
+        rec = BccRecording()
 
         def on_event(_ctx, data, _size):
             e = bpf["events"].event(data)

@@ -1,6 +1,8 @@
 // ckpt-trace eBPF program (bcc). Syscall tracepoints only: no kprobes, no fentry.
-// Per-syscall enter/exit probes are generated from the tracepoint format files
-// and appended to this file by ckpt_trace.tracer.bcc_backend.
+// One program on raw_syscalls:sys_enter dispatches on the syscall number; the
+// switch cases are generated per traced call by ckpt_trace.tracer.bcc_backend.
+// Two tracepoints instead of one pair per syscall: each detach waits for an RCU
+// grace period, and ninety of them took seconds at exit.
 //
 // Flow: sys_enter_* copies the arguments (and path strings, iovec lengths) of a
 // traced thread group into a per-thread in-flight slot; sys_exit_* completes it
@@ -14,7 +16,7 @@
 // that creates a descriptor clears the mark of the number it returns. A stale
 // mark can only hide calls on descriptors no traced call created (pipes,
 // sockets), which the builder does not record.
-typedef int rwf_t;
+#include <asm/unistd.h>
 
 #define PATH_BYTES __PATH_BYTES__
 #define MAX_IOVECS __MAX_IOVECS__
@@ -27,7 +29,7 @@ struct event_t {
     s32 nr;
     u32 truncated;
     u32 ignore;
-    u32 pad;
+    u32 creates;
     s64 ret;
     s64 a[6];
     s64 size;
@@ -152,13 +154,14 @@ static __always_inline void sum_iovecs(struct event_t *e, const void *vec, u64 c
     e->size = count > MAX_IOVECS ? -1 : total;
 }
 
-// creates: 1 when the call returns a new descriptor, 2 for fcntl (only F_DUPFD*).
-static __always_inline int exit_common(long ret, int creates) {
+// e->creates: 1 when the call returns a new descriptor, 2 for fcntl (only F_DUPFD*).
+static __always_inline int exit_common(long ret) {
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
     struct event_t *e = inflight.lookup(&tid);
     if (!e)
         return 0;
+    int creates = e->creates;
     if (creates == 2)
         creates = e->a[1] == 0 || e->a[1] == 1030;
     if (creates && ret >= 0)
@@ -184,4 +187,26 @@ TRACEPOINT_PROBE(sched, sched_process_fork) {
     u8 one = 1;
     traced.update(&child, &one);
     return 0;
+}
+
+TRACEPOINT_PROBE(raw_syscalls, sys_enter) {
+    u32 tgid = traced_tgid();
+    if (!tgid)
+        return 0;
+    u64 a[6];
+    a[0] = args->args[0];
+    a[1] = args->args[1];
+    a[2] = args->args[2];
+    a[3] = args->args[3];
+    a[4] = args->args[4];
+    a[5] = args->args[5];
+    struct event_t *e;
+    switch (args->id) {
+__ENTER_CASES__
+    }
+    return 0;
+}
+
+TRACEPOINT_PROBE(raw_syscalls, sys_exit) {
+    return exit_common(args->ret);
 }

@@ -113,8 +113,7 @@ def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict) -> t
         rec = tracer.run(cmd, env)
         builder = TraceBuilder(start_ns=rec.start_ns, root_pid=rec.root_pid, **builder_args)
         builder.feed_all(rec.events)
-        extra = {"lost_events": rec.lost_events, "truncated_paths": rec.truncated_paths,
-                 "untraced_syscalls": rec.untraced_syscalls, "exit_code": rec.exit_code}
+        extra = {"lost_events": rec.lost_events, "truncated_paths": rec.truncated_paths, "exit_code": rec.exit_code}
         return builder, extra
     with tempfile.TemporaryDirectory(prefix="ckpt-trace-strace-") as scratch:
         log = Path(scratch) / "strace.log"
@@ -123,7 +122,7 @@ def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict) -> t
         events = strace_backend.parse_log(log) if log.exists() else []
     builder = TraceBuilder(start_ns=start_ns, **builder_args)
     builder.feed_all(events)
-    return builder, {"lost_events": 0, "truncated_paths": 0, "untraced_syscalls": [], "exit_code": exit_code}
+    return builder, {"lost_events": 0, "truncated_paths": 0, "exit_code": exit_code}
 
 
 def check_output(output: str | os.PathLike, overwrite: bool) -> Path:
