@@ -132,3 +132,20 @@ def test_rank_comes_from_the_launchers_variables():
     assert rank_from_environ(["OMPI_COMM_WORLD_RANK=7"]) == 7
     assert rank_from_environ(["SLURM_PROCID=2", "RANK=x"]) == 2
     assert rank_from_environ(["HOME=/root"]) is None
+
+
+def test_a_descriptor_reused_across_threads_follows_the_exit_order():
+    # Thread 101 enters openat before thread 100 closes fd 6, and gets the freed number 6 back.
+    b = TraceBuilder(start_ns=0, root_pid=PID, cwd="/")
+    ev = lambda ts, dur, tid, name, ret, **args: SyscallEvent(ts_ns=ts, dur_ns=dur, tid=tid, name=name, args=args, ret=ret)
+    b.feed_all([
+        ev(0, 5, PID, "clone", 101, clone_flags=sc.CLONE_THREAD | sc.CLONE_FILES),
+        ev(10, 1, PID, "openat", 6, dirfd=sc.AT_FDCWD, path="/a", flags=sc.O_RDONLY),
+        ev(20, 30, 101, "openat", 6, dirfd=sc.AT_FDCWD, path="/b", flags=sc.O_WRONLY | sc.O_CREAT),
+        ev(25, 2, PID, "close", 0, fd=6),
+        ev(60, 1, 101, "write", 4, fd=6, count=4),
+        ev(70, 1, 101, "close", 0, fd=6),
+    ])
+    cols = b.columns()
+    assert list(zip(cols["op"], cols["path"])) == [("open", "/a"), ("close", "/a"), ("open", "/b"), ("write", "/b"), ("close", "/b")]
+    assert b.untracked_fd_ops == 0

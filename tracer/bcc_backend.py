@@ -124,20 +124,25 @@ def _early_checks(name: str, arg: dict[str, str]) -> list[str]:
     return lines
 
 
+_PATH_CHECK = {**dict.fromkeys(_OPENS, 1), **dict.fromkeys(_PATH_ONLY, 2), **dict.fromkeys(_RENAMES, 3)}
+
+
 def _late_checks(name: str, arg: dict[str, str]) -> list[str]:
-    """C statements run once paths are copied: mark or drop by path."""
-    if name in _OPENS:
-        return ["e->ignore = excluded(e->path);"]
+    """C statements run once arguments are copied: mark dups of ignored descriptors, choose the path check.
+
+    ``check`` selects the one shared path test after the switch (bcc_program.c):
+    1 marks an open of an excluded path, 2 drops an unlink/mkdir of one, 3 drops
+    a rename between two.
+    """
+    lines = []
     if name in _DUPS:
-        return [f"e->ignore = fd_marked(tgid, {arg['fd']});"]
+        lines.append(f"e->ignore = fd_marked(tgid, {arg['fd']});")
     if name == "fcntl":
         cmd = arg["cmd"]
-        return [f"e->ignore = ({cmd} == {sc.F_DUPFD} || {cmd} == {sc.F_DUPFD_CLOEXEC}) && fd_marked(tgid, {arg['fd']});"]
-    if name in _PATH_ONLY:
-        return ["if (excluded(e->path)) return 0;"]
-    if name in _RENAMES:
-        return ["if (excluded(e->path) && excluded(e->path2)) return 0;"]
-    return []
+        lines.append(f"e->ignore = ({cmd} == {sc.F_DUPFD} || {cmd} == {sc.F_DUPFD_CLOEXEC}) && fd_marked(tgid, {arg['fd']});")
+    if name in _PATH_CHECK:
+        lines.append(f"check = {_PATH_CHECK[name]};")
+    return lines
 
 
 def _enter_case(nr: int, name: str) -> str:
@@ -153,10 +158,11 @@ def _enter_case(nr: int, name: str) -> str:
         elif name_i in ("how", "uargs"):
             body.append(f"bpf_probe_read_user(&e->extra, sizeof(e->extra), (const void *)a[{i}]);")
     if "iov" in call.args:
-        body.append(f"sum_iovecs(e, (const void *){arg['iov']}, {arg['iov_count']});")
+        body.append(f"iov = (const void *){arg['iov']};")
+        body.append(f"iov_count = {arg['iov_count']};")
     body += _late_checks(name, arg)
     creates = 2 if name == "fcntl" else int(name in _CREATES_FD)
-    body += [f"e->creates = {creates};", "return enter_end(e);"]
+    body += [f"e->creates = {creates};", "break;"]
     inner = "\n".join(f"        {line}" for line in body)
     return f"#ifdef __NR_{name}\n    case __NR_{name}: {{\n{inner}\n    }}\n#endif"
 
@@ -224,6 +230,7 @@ class BccRecording:
     root_pid: int = -1
     exit_code: int = 0
     start_ns: int = 0
+    command_elapsed_ns: int = 0
 
 
 class BccTracer:
@@ -292,6 +299,7 @@ class BccTracer:
                 done, raw = os.waitpid(pid, os.WNOHANG)
                 if done:
                     status = raw
+            rec.command_elapsed_ns = time.monotonic_ns() - rec.start_ns
             self._drain(bpf)
         finally:
             signal.signal(signal.SIGINT, previous)
@@ -303,7 +311,5 @@ class BccTracer:
 
     @staticmethod
     def _drain(bpf) -> None:
-        """Consume what the ring buffer still holds after the command exited."""
-        for _ in range(3):
-            bpf.ring_buffer_consume()
-            time.sleep(config.BPF_POLL_MS / 1000)
+        """Consume what the ring buffer still holds: events are written at syscall exit, so all are there."""
+        bpf.ring_buffer_consume()

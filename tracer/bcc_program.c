@@ -200,11 +200,30 @@ TRACEPOINT_PROBE(raw_syscalls, sys_enter) {
     a[3] = args->args[3];
     a[4] = args->args[4];
     a[5] = args->args[5];
-    struct event_t *e;
+    struct event_t *e = 0;
+    int check = 0;
+    const void *iov = 0;
+    u64 iov_count = 0;
     switch (args->id) {
 __ENTER_CASES__
+    default:
+        return 0;
     }
-    return 0;
+    if (!e)
+        return 0;
+    // Shared tail, so each loop below is inlined and verified once.
+    if (iov)
+        sum_iovecs(e, iov, iov_count);
+    if (check) {
+        int path_excluded = excluded(e->path);
+        if (check == 1)
+            e->ignore = path_excluded;
+        else if (check == 2 && path_excluded)
+            return 0;
+        else if (check == 3 && path_excluded && excluded(e->path2))
+            return 0;
+    }
+    return enter_end(e);
 }
 
 TRACEPOINT_PROBE(raw_syscalls, sys_exit) {

@@ -113,16 +113,19 @@ def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict) -> t
         rec = tracer.run(cmd, env)
         builder = TraceBuilder(start_ns=rec.start_ns, root_pid=rec.root_pid, **builder_args)
         builder.feed_all(rec.events)
-        extra = {"lost_events": rec.lost_events, "truncated_paths": rec.truncated_paths, "exit_code": rec.exit_code}
+        extra = {"lost_events": rec.lost_events, "truncated_paths": rec.truncated_paths, "exit_code": rec.exit_code,
+                 "command_elapsed_ns": rec.command_elapsed_ns}
         return builder, extra
     with tempfile.TemporaryDirectory(prefix="ckpt-trace-strace-") as scratch:
         log = Path(scratch) / "strace.log"
         start_ns = time.time_ns()
         exit_code = strace_backend.run(cmd, log, env)
+        command_elapsed_ns = time.time_ns() - start_ns
         events = strace_backend.parse_log(log) if log.exists() else []
     builder = TraceBuilder(start_ns=start_ns, **builder_args)
     builder.feed_all(events)
-    return builder, {"lost_events": 0, "truncated_paths": 0, "exit_code": exit_code}
+    return builder, {"lost_events": 0, "truncated_paths": 0, "exit_code": exit_code,
+                     "command_elapsed_ns": command_elapsed_ns}
 
 
 def check_output(output: str | os.PathLike, overwrite: bool) -> Path:
@@ -178,6 +181,7 @@ def record(
         "untracked_fd_ops": builder.untracked_fd_ops,
         **extra,
     }
-    write_trace(output, table_from_columns(columns), metadata, overwrite=overwrite,
+    table = table_from_columns(columns).sort_by([("ts_ns", "ascending")])
+    write_trace(output, table, metadata, overwrite=overwrite,
                 batch_rows=config.TRACE_BATCH_ROWS)
     return RecordResult(output, extra["exit_code"], choice.name, builder.num_rows, extra["lost_events"], elapsed_s)

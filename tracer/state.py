@@ -1,7 +1,7 @@
 """Per-process file-description state: syscall events in, trace rows out.
 
 Both backends decode their raw events into ``SyscallEvent`` and feed them,
-in start-timestamp order, to ``TraceBuilder``. The builder keeps what the
+in the order their effects became visible (``effect_ns``), to ``TraceBuilder``. The builder keeps what the
 kernel keeps (open(2), dup(2), fork(2), execve(2)):
 
 - a process (thread group) owns a descriptor table, shared by its threads
@@ -121,6 +121,20 @@ def rank_from_environ(env: Iterable[str]) -> int | None:
     return None
 
 
+_CLONES = frozenset({"clone", "clone3", "fork", "vfork"})
+
+
+def effect_ns(ev: SyscallEvent) -> int:
+    """When a call's effect on descriptor state became visible to other threads.
+
+    A descriptor exists from the moment open/dup *returns* and a closed number
+    can be handed out again before close returns, so calls take effect at
+    their exit; a child exists from inside its parent's clone, before any of
+    its own calls, so clones take effect at their entry.
+    """
+    return ev.ts_ns if ev.name in _CLONES else ev.ts_ns + max(ev.dur_ns, 0)
+
+
 def normalize_path(path: str) -> str:
     """Absolute path with '.', '..' and repeated slashes folded (no symlink lookup)."""
     norm = posixpath.normpath(path)
@@ -131,7 +145,7 @@ class TraceBuilder:
     """Turns time-ordered ``SyscallEvent`` objects into trace rows.
 
     Call order: construct with the root process's state, ``feed`` every
-    event in start-timestamp order (``feed_all`` sorts for you), then read
+    event in ``effect_ns`` order (``feed_all`` sorts for you), then read
     ``columns()`` and the counters. Called by both tracer backends.
     """
 
@@ -171,7 +185,8 @@ class TraceBuilder:
 
     # -- public --------------------------------------------------------
     def feed_all(self, events: Iterable[SyscallEvent]) -> None:
-        for event in sorted(events, key=lambda e: e.ts_ns):
+        """Feed events in the order their effects became visible (see ``effect_ns``)."""
+        for event in sorted(events, key=effect_ns):
             self.feed(event)
 
     def feed(self, ev: SyscallEvent) -> None:
