@@ -110,7 +110,7 @@ def main() -> None:
         table.add_row(row["variant"], f"{row['median_s']:.2f} s", f"{row['min_s']:.2f} s", f"{row['max_s']:.2f} s",
                       "-" if untraced else f"{row['overhead_ratio']:+.1%}", f"{row['command_median_s']:.2f} s",
                       "-" if untraced else f"{row['command_overhead_ratio']:+.1%}")
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
     for name, problem in skipped.items():
         print(f"{name}: skipped ({problem})")
     RESULTS.mkdir(exist_ok=True)
