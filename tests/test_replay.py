@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -181,7 +182,8 @@ def test_a_full_disk_stops_the_replay_with_one_line(tmp_path, monkeypatch):
             {"op": "open", "path": "/big", "fd": 3, "flags": CREATE, "ret": 3},
             {"op": "write", "path": "/big", "fd": 3, "offset": 0, "size": 4 << 20, "ret": 4 << 20},
         ])
-        monkeypatch.setattr("ckpt_trace.replayer.replay.check_free_space", lambda target, plan: None)
+        module = sys.modules["ckpt_trace.replayer.replay"]  # the package re-exports a function of that name
+        monkeypatch.setattr(module, "check_free_space", lambda target, plan: None)
         with pytest.raises(ReplayError, match="full"):
             replay(trace, target=small / "t")
     finally:
