@@ -91,6 +91,9 @@ def record(
     choice = choose_backend(backend)
     err.print(f"ckpt-trace: backend {choice.name} ({choice.reason})", highlight=False)
     result = record_trace(list(cmd), output, choice=choice, path_filters=path_filter, strict=strict, overwrite=force)
+    if result.backend != choice.name:
+        err.print(f"[yellow]ckpt-trace: warning: fell back to {result.backend} ({escape(result.backend_reason)})[/]",
+                  highlight=False)
     if result.lost_events:
         err.print(f"[yellow]ckpt-trace: warning: {result.lost_events} events were lost; the trace is incomplete[/]")
     summary = {"trace": str(result.trace_path), "backend": result.backend, "rows": result.rows,

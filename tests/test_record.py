@@ -114,3 +114,20 @@ def test_a_killed_recorder_leaves_no_file_under_the_final_name(backend, tmp_path
     proc.wait()
     assert not trace.exists()
     assert all(not p.name.startswith("t.arrow") for p in tmp_path.iterdir())
+
+
+def test_auto_falls_back_to_strace_when_the_kernel_refuses_bpf(bcc_backend, strace_backend, tmp_path, monkeypatch):
+    from ckpt_trace.errors import TracerError
+    from ckpt_trace.tracer import bcc_backend as module, choose_backend, record
+
+    def refuse(self):
+        raise TracerError("the kernel refused the BPF program (test)")
+
+    monkeypatch.setattr(module.BccTracer, "load", refuse)
+    choice = choose_backend("auto")
+    assert choice.name == "bcc" and choice.may_fall_back
+    result = record(["sh", "-c", f"echo x > {tmp_path}/f"], tmp_path / "t.arrow", choice=choice)
+    assert result.backend == "strace" and "refused" in result.backend_reason
+    trace = read_trace(tmp_path / "t.arrow")
+    assert trace.metadata["backend"] == "strace" and "refused" in trace.metadata["backend_reason"]
+    assert [r["ret"] for r in trace.table.to_pylist() if r["op"] == "write" and r["path"] == f"{tmp_path}/f"] == [2]

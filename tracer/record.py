@@ -27,10 +27,15 @@ BACKENDS = ("auto", "bcc", "strace")
 
 @dataclass(frozen=True)
 class BackendChoice:
-    """The backend to use and, for ``auto``, why (one line for stderr)."""
+    """The backend to use and, for ``auto``, why (one line for stderr).
+
+    ``may_fall_back``: an ``auto`` choice of bcc that becomes strace when the
+    kernel refuses the BPF program at load time.
+    """
 
     name: str
     reason: str
+    may_fall_back: bool = False
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class RecordResult:
     trace_path: Path
     exit_code: int
     backend: str
+    backend_reason: str
     rows: int
     lost_events: int
     elapsed_s: float
@@ -63,7 +69,7 @@ def choose_backend(requested: str) -> BackendChoice:
             raise TracerError("strace backend unavailable: strace is not installed")
         return BackendChoice("strace", "requested")
     if bcc_problem is None:
-        return BackendChoice("bcc", "eBPF syscall tracepoints are available")
+        return BackendChoice("bcc", "eBPF syscall tracepoints are available", may_fall_back=not strace_missing)
     if strace_missing:
         raise TracerError(f"no tracing backend: bcc unavailable ({bcc_problem}) and strace not installed")
     return BackendChoice("strace", f"bcc unavailable: {bcc_problem}")
@@ -103,19 +109,32 @@ def filesystems_of(paths: Iterable[str]) -> dict[str, dict]:
     return found
 
 
-def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict) -> tuple[TraceBuilder, dict]:
+def _load_bcc(choice: BackendChoice, path_filters: list[str]) -> tuple[bcc_backend.BccTracer | None, BackendChoice]:
+    """Load the BPF program; under ``auto``, a refusal becomes strace with the reason."""
+    tracer = bcc_backend.BccTracer(path_filters)
+    try:
+        tracer.load()
+    except TracerError as err:
+        if not choice.may_fall_back:
+            raise
+        return None, BackendChoice("strace", f"bcc failed to load: {err}")
+    return tracer, choice
+
+
+def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict) -> tuple[TraceBuilder, dict, BackendChoice]:
     env = dict(os.environ)
     builder_args["root_rank"] = rank_from_environ(f"{k}={v}" for k, v in env.items()) or -1
     builder_args["inherited_fds"] = strace_backend.inherited_fds()
+    tracer = None
     if choice.name == "bcc":
-        tracer = bcc_backend.BccTracer(builder_args["path_filters"])
-        tracer.load()
+        tracer, choice = _load_bcc(choice, builder_args["path_filters"])
+    if tracer is not None:
         rec = tracer.run(cmd, env)
         builder = TraceBuilder(start_ns=rec.start_ns, root_pid=rec.root_pid, **builder_args)
         builder.feed_all(rec.events)
         extra = {"lost_events": rec.lost_events, "truncated_paths": rec.truncated_paths, "exit_code": rec.exit_code,
                  "command_elapsed_ns": rec.command_elapsed_ns}
-        return builder, extra
+        return builder, extra, choice
     with tempfile.TemporaryDirectory(prefix="ckpt-trace-strace-") as scratch:
         log = Path(scratch) / "strace.log"
         start_ns = time.time_ns()
@@ -125,7 +144,7 @@ def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict) -> t
     builder = TraceBuilder(start_ns=start_ns, **builder_args)
     builder.feed_all(events)
     return builder, {"lost_events": 0, "truncated_paths": 0, "exit_code": exit_code,
-                     "command_elapsed_ns": command_elapsed_ns}
+                     "command_elapsed_ns": command_elapsed_ns}, choice
 
 
 def check_output(output: str | os.PathLike, overwrite: bool) -> Path:
@@ -161,7 +180,7 @@ def record(
     builder_args = {"cwd": os.getcwd(), "path_filters": filters}
     start_wall_ns = time.time_ns()
     started = time.monotonic()
-    builder, extra = _run_backend(choice, cmd, builder_args)
+    builder, extra, choice = _run_backend(choice, cmd, builder_args)
     elapsed_s = time.monotonic() - started
     if strict and extra["lost_events"]:
         raise TracerError(f"{extra['lost_events']} events were lost (--strict); no trace written")
@@ -184,4 +203,5 @@ def record(
     table = table_from_columns(columns).sort_by([("ts_ns", "ascending")])
     write_trace(output, table, metadata, overwrite=overwrite,
                 batch_rows=config.TRACE_BATCH_ROWS)
-    return RecordResult(output, extra["exit_code"], choice.name, builder.num_rows, extra["lost_events"], elapsed_s)
+    return RecordResult(output, extra["exit_code"], choice.name, choice.reason, builder.num_rows, extra["lost_events"],
+                        elapsed_s)
