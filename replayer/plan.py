@@ -20,7 +20,6 @@ recorded order is kept.
 
 from __future__ import annotations
 
-import posixpath
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from types import MappingProxyType

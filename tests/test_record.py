@@ -7,7 +7,6 @@ import shutil
 import sys
 from collections import Counter
 
-import pytest
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.tracer import syscalls as sc

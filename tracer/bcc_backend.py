@@ -69,7 +69,9 @@ _OPENS = frozenset({"open", "openat", "openat2", "creat"})
 _DUPS = frozenset({"dup", "dup2", "dup3"})
 _PATH_ONLY = frozenset({"unlink", "unlinkat", "mkdir", "mkdirat"})
 _RENAMES = frozenset({"rename", "renameat", "renameat2"})
-_KEEP_ON_MARKED_FD = frozenset({"fchdir", "close_range", "io_uring_enter"}) | _DUPS | {"fcntl", "ioctl", "close"}
+# Calls with an fd argument that must reach the builder even on an ignored descriptor
+# (or that _early_checks handles itself).
+_KEEP_ON_MARKED_FD = frozenset({"fchdir", "close_range", "io_uring_enter", "fcntl", "close"}) | _DUPS
 _CREATES_FD = _OPENS | _DUPS | {"io_uring_setup"}
 _SPECIAL_PREFIXES = ("/proc/", "/sys/", "/dev/")
 
@@ -119,7 +121,7 @@ def _early_checks(name: str, arg: dict[str, str]) -> list[str]:
         lines.append(f"if (({arg['cmd']} == {sc.F_SETFD} || {arg['cmd']} == {sc.F_SETFL}) && fd_marked(tgid, {arg['fd']})) return 0;")
     if name == "close":
         lines.append(f"if (fd_marked(tgid, {arg['fd']})) {{ set_mark(tgid, {arg['fd']}, 0); return 0; }}")
-    elif "fd" in arg and (name not in _KEEP_ON_MARKED_FD or name == "ioctl"):
+    elif "fd" in arg and name not in _KEEP_ON_MARKED_FD:
         lines.append(f"if (fd_marked(tgid, {arg['fd']})) return 0;")
     return lines
 

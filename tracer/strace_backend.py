@@ -38,6 +38,7 @@ _LINE = re.compile(r"^(\d+)\s+(\d+)\.(\d+)\s+(.*)$")
 _CALL = re.compile(r"^([a-z_0-9]+)\((.*)$")
 _RESUMED = re.compile(r"^<\.\.\. ([a-z_0-9]+) resumed>(.*)$")
 _RESULT = re.compile(r"^(?P<args>.*)\)\s+=\s+(?P<ret>-?\w+|\?)(?P<rest>.*?)(?:\s+<(?P<dur>\d+\.\d+)>)?\s*$")
+_KEY = re.compile(r"([a-z_][a-z_0-9]*)=")
 _UNFINISHED = " <unfinished ...>"
 _ERRNO = {name: code for code, name in errno.errorcode.items()}
 
@@ -123,7 +124,7 @@ class _ArgParser:
                 return
 
     def _key(self) -> str | None:
-        match = re.compile(r"([a-z_][a-z_0-9]*)=").match(self.text, self.i)
+        match = _KEY.match(self.text, self.i)
         if match:
             self.i = match.end()
             return match.group(1)
