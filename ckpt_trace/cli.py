@@ -49,13 +49,13 @@ def _write_json(path: Path | None, data: dict) -> None:
 
 
 class _BytesBar:
-    """Progress sink for the replayer: ``start(total_bytes)`` then ``advance(bytes)`` from worker threads."""
+    """Progress sink for the replayer: ``start(total_bytes, label)`` per run, then ``advance(bytes)``."""
 
-    def __init__(self, bar: Progress, label: str) -> None:
-        self.bar, self.label, self.task = bar, label, None
+    def __init__(self, bar: Progress) -> None:
+        self.bar, self.task = bar, None
 
-    def start(self, total_bytes: int) -> None:
-        self.task = self.bar.add_task(self.label, total=max(total_bytes, 1))
+    def start(self, total_bytes: int, label: str) -> None:
+        self.task = self.bar.add_task(f"replay {label}", total=max(total_bytes, 1))
 
     def advance(self, moved_bytes: int) -> None:
         if self.task is not None:
@@ -63,7 +63,7 @@ class _BytesBar:
 
 
 @contextmanager
-def _progress(label: str) -> Iterator:
+def _progress() -> Iterator:
     """A rich progress bar of bytes on a terminal; None (plain output) otherwise."""
     if not out.is_terminal:
         yield None
@@ -71,7 +71,7 @@ def _progress(label: str) -> Iterator:
     columns = ("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                TimeElapsedColumn())
     with Progress(*columns, console=out, transient=True) as bar:
-        yield _BytesBar(bar, label)
+        yield _BytesBar(bar)
 
 
 @app.command(context_settings={"allow_interspersed_args": False})
@@ -110,7 +110,8 @@ def record(
 def replay(
     trace: Path = typer.Argument(..., help="Trace file to replay."),
     target: Path = typer.Option(..., "--target", help="Directory to replay into; nothing outside it is touched."),
-    strategy: str = typer.Option("posix", help="I/O strategy: posix."),
+    strategy: str = typer.Option("posix", help="posix, uring-buffered, uring-direct, or all (each into TARGET/<strategy>/)."),
+    queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
     strip_prefix: Optional[str] = typer.Option(None, "--strip-prefix", help="Remove this prefix from recorded paths."),
     timing: str = typer.Option("asap", help="asap (as fast as possible) or original (keep recorded gaps)."),
     force: bool = typer.Option(False, help="Replay into a non-empty target."),
@@ -123,16 +124,16 @@ def replay(
     from .report.render import render_results
 
     read_metadata(trace)
-    with _progress(f"replay {strategy}") as progress:
+    with _progress() as progress:
         report = run_replay(trace, target=target, strategy=strategy, strip_prefix=strip_prefix, timing=timing,
-                            force=force, progress=progress)
+                            force=force, queue_depth=queue_depth, progress=progress)
     data = report.to_json()
     if json_out is not None:
         _write_json(json_out, data)
     if json_out is None or str(json_out) != "-":
         render_results(out, data["results"])
     for mismatch in report.size_mismatches[:5]:
-        err.print(f"[yellow]ckpt-trace: warning: {escape(mismatch.path)} is {mismatch.actual_bytes} bytes, "
+        err.print(f"[yellow]ckpt-trace: warning: {mismatch.strategy}: {escape(mismatch.path)} is {mismatch.actual_bytes} bytes, "
                   f"recorded {mismatch.expected_bytes}[/]", highlight=False)
 
 

@@ -36,9 +36,9 @@ _libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, 
 
 
 class Progress(Protocol):
-    """Receives progress: ``start(total_bytes)`` once, then ``advance(bytes)`` from worker threads."""
+    """Receives progress: ``start(total_bytes, label)`` once per run, then ``advance(bytes)`` from worker threads."""
 
-    def start(self, total_bytes: int) -> None: ...
+    def start(self, total_bytes: int, label: str) -> None: ...
 
     def advance(self, moved_bytes: int) -> None: ...
 
@@ -108,7 +108,7 @@ class PosixExecutor:
         threads = [threading.Thread(target=self._worker, args=(w, state, timing, progress), daemon=True)
                    for w in plan.workers]
         if progress is not None:
-            progress.start(sum(op.size or 0 for w in plan.workers for op in w.ops if op.kind in DATA_KINDS))
+            progress.start(sum(op.size or 0 for w in plan.workers for op in w.ops if op.kind in DATA_KINDS), self.strategy)
         usage0 = resource.getrusage(resource.RUSAGE_SELF)
         state.start_ns = time.monotonic_ns()
         for thread in threads:
@@ -126,6 +126,7 @@ class PosixExecutor:
             bytes_read=state.bytes_read, data_ops=state.data_ops, metadata_ops=state.metadata_ops,
             latency_ns=percentiles_ns(state.latencies_ns), cpu_user_s=usage1.ru_utime - usage0.ru_utime,
             cpu_sys_s=usage1.ru_stime - usage0.ru_stime, skipped_ops=dict(plan.skipped_ops),
+            unaligned_ops=state.unaligned_ops,
         )
 
     def _worker(self, worker: WorkerPlan, state: "_RunState", timing: str, progress: Progress | None) -> None:
@@ -256,7 +257,7 @@ class _RunState:
         self.events = {seq: threading.Event() for seq in plan.awaited}
         self.lock = threading.Lock()
         self.latencies_ns: list[int] = []
-        self.bytes_written = self.bytes_read = self.data_ops = self.metadata_ops = 0
+        self.bytes_written = self.bytes_read = self.data_ops = self.metadata_ops = self.unaligned_ops = 0
         self.error: ReplayError | None = None
         self.start_ns = 0
 
@@ -277,10 +278,12 @@ class _RunState:
         for event in self.events.values():
             event.set()
 
-    def add(self, latencies: list[int], written: int, read: int, data_ops: int, metadata_ops: int) -> None:
+    def add(self, latencies: list[int], written: int, read: int, data_ops: int, metadata_ops: int,
+            unaligned_ops: int = 0) -> None:
         with self.lock:
             self.latencies_ns.extend(latencies)
             self.bytes_written += written
             self.bytes_read += read
             self.data_ops += data_ops
             self.metadata_ops += metadata_ops
+            self.unaligned_ops += unaligned_ops

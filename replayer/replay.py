@@ -1,13 +1,15 @@
 """``replay``: trace in, results out, for one strategy.
 
-Call order: read and validate the trace, build the strategy's plan (pure),
-check the target (empty unless forced, enough free space), let the
-executor prepare it, run, then compare final file sizes with the plan.
+Call order: read and validate the trace, build each strategy's plan (pure),
+check the target (empty unless forced, enough free space), then per
+strategy let its executor prepare the target, run, and compare final file
+sizes with the plan.
 Called by the CLI's ``replay`` command.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from dataclasses import dataclass
@@ -21,8 +23,10 @@ from .paths import TargetRoot
 from .plan import ReplayPlan, build_posix_plan
 from .posix import PosixExecutor, Progress
 from .results import ReplayResult
+from .uring import UringExecutor, io_uring_available
 
-STRATEGIES = ("posix",)
+STRATEGIES = ("posix", "uring-buffered", "uring-direct")
+CHOICES = STRATEGIES + ("all",)
 TIMINGS = ("asap", "original")
 
 
@@ -30,6 +34,7 @@ TIMINGS = ("asap", "original")
 class SizeMismatch:
     """A file whose replayed size differs from its size at the end of the recording."""
 
+    strategy: str
     path: str
     expected_bytes: int
     actual_bytes: int | None
@@ -51,10 +56,24 @@ class ReplayReport:
 
 
 def build_plan(table, strategy: str, strip_prefix: str | None = None) -> ReplayPlan:
-    """The frozen plan of ``strategy`` for a trace table. Raises ReplayError for an unknown strategy."""
+    """The frozen plan of ``strategy`` for a trace table. Raises ReplayError for an unknown strategy.
+
+    posix, uring-buffered and uring-direct replay the same operations; they
+    differ in how the executor submits them.
+    """
     if strategy not in STRATEGIES:
-        raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(STRATEGIES)})")
-    return build_posix_plan(table, strip_prefix)
+        raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
+    return dataclasses.replace(build_posix_plan(table, strip_prefix), strategy=strategy)
+
+
+def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> PosixExecutor:
+    """The executor of ``strategy``. Raises ReplayError when io_uring is unavailable for a uring strategy."""
+    if strategy == "posix":
+        return PosixExecutor(root, config.REPLAY_MAX_IO_BYTES)
+    problem = io_uring_available()
+    if problem:
+        raise ReplayError(f"strategy {strategy} needs io_uring: {problem}")
+    return UringExecutor(root, config.REPLAY_MAX_IO_BYTES, queue_depth=queue_depth, direct=strategy == "uring-direct")
 
 
 def prepare_target(target: Path, force: bool) -> TargetRoot:
@@ -70,10 +89,10 @@ def prepare_target(target: Path, force: bool) -> TargetRoot:
     return TargetRoot(target)
 
 
-def check_free_space(target: Path, plan: ReplayPlan) -> None:
-    """Raise ReplayError when ``target``'s file system lacks room for the plan's bytes plus a margin."""
+def check_free_space(target: Path, plan: ReplayPlan, copies: int = 1) -> None:
+    """Raise ReplayError when ``target``'s file system lacks room for ``copies`` of the plan's bytes plus a margin."""
     free = shutil.disk_usage(target).free
-    needed = plan.bytes_to_write + config.REPLAY_FREE_SPACE_MARGIN_BYTES
+    needed = plan.bytes_to_write * copies + config.REPLAY_FREE_SPACE_MARGIN_BYTES
     if free < needed:
         raise ReplayError(f"target {target} has {free / 2**20:.0f} MiB free; the replay needs {needed / 2**20:.0f} MiB")
 
@@ -87,7 +106,7 @@ def size_mismatches(root: TargetRoot, plan: ReplayPlan) -> tuple[SizeMismatch, .
         except OSError:
             actual = None
         if actual != expected:
-            found.append(SizeMismatch(rel, expected, actual))
+            found.append(SizeMismatch(plan.strategy, rel, expected, actual))
     return tuple(found)
 
 
@@ -99,22 +118,41 @@ def replay(
     strip_prefix: str | None = None,
     timing: str = "asap",
     force: bool = False,
+    queue_depth: int = 32,
     progress: Progress | None = None,
 ) -> ReplayReport:
-    """Replay the trace at ``trace_path`` into ``target`` with ``strategy``.
+    """Replay the trace at ``trace_path`` into ``target`` with ``strategy`` (or every strategy: ``all``).
 
-    Raises TraceFormatError for a bad trace and ReplayError for an unknown
-    strategy or timing, an unsafe or non-empty target, too little free
-    space, or an I/O error during the run.
+    With ``all``, each strategy replays into ``target/<strategy>/`` and each
+    result carries ``speedup_vs_posix``. Raises TraceFormatError for a bad
+    trace and ReplayError for an unknown strategy or timing, an unsafe or
+    non-empty target, too little free space, io_uring missing for a uring
+    strategy, or an I/O error during a run.
     """
     if timing not in TIMINGS:
         raise ReplayError(f"unknown timing {timing!r} (choose from {', '.join(TIMINGS)})")
+    if strategy not in CHOICES:
+        raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
     trace = read_trace(trace_path)
-    plan = build_plan(trace.table, strategy, strip_prefix)
+    strategies = STRATEGIES if strategy == "all" else (strategy,)
+    plans = [build_plan(trace.table, name, strip_prefix) for name in strategies]
     target = Path(target)
-    root = prepare_target(target, force)
-    check_free_space(target, plan)
-    executor = PosixExecutor(root, config.REPLAY_MAX_IO_BYTES)
-    executor.prepare(plan)
-    result = executor.run(plan, timing=timing, progress=progress)
-    return ReplayReport(trace.path, target, plan, (result,), size_mismatches(root, plan))
+    prepare_target(target, force)
+    check_free_space(target, plans[0], copies=len(plans))
+    results, mismatches = [], []
+    for plan in plans:
+        root = prepare_target(target / plan.strategy, force) if strategy == "all" else TargetRoot(target)
+        executor = make_executor(plan.strategy, root, queue_depth)
+        executor.prepare(plan)
+        results.append(executor.run(plan, timing=timing, progress=progress))
+        mismatches.extend(size_mismatches(root, plan))
+    _add_speedups(results)
+    return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches))
+
+
+def _add_speedups(results: list[ReplayResult]) -> None:
+    posix = next((r for r in results if r.strategy == "posix"), None)
+    if posix is None:
+        return
+    for result in results:
+        result.speedup_vs_posix = posix.elapsed_s / result.elapsed_s if result.elapsed_s > 0 else None

@@ -6,9 +6,9 @@ from dataclasses import asdict, dataclass, field
 
 
 def percentiles_ns(samples: list[int]) -> dict[str, int]:
-    """p50, p90, p99 and max of ``samples`` (nanoseconds), nearest-rank method; zeros when empty."""
+    """mean, p50, p90, p99 and max of ``samples`` (nanoseconds), nearest-rank method; zeros when empty."""
     if not samples:
-        return {"p50": 0, "p90": 0, "p99": 0, "max": 0}
+        return {"mean": 0, "p50": 0, "p90": 0, "p99": 0, "max": 0}
     ordered = sorted(samples)
     count = len(ordered)
 
@@ -16,7 +16,8 @@ def percentiles_ns(samples: list[int]) -> dict[str, int]:
         index = max(0, min(count - 1, int(-(-q * count // 1)) - 1))
         return int(ordered[index])
 
-    return {"p50": rank(0.50), "p90": rank(0.90), "p99": rank(0.99), "max": int(ordered[-1])}
+    return {"mean": int(sum(ordered) / count), "p50": rank(0.50), "p90": rank(0.90), "p99": rank(0.99),
+            "max": int(ordered[-1])}
 
 
 @dataclass
@@ -27,6 +28,9 @@ class ReplayResult:
     first to the last operation, pre-creation excluded). ``latency_ns``
     covers data operations (read, write). CPU seconds are the replaying
     process's user and system time over the run (getrusage(2)).
+    ``unaligned_ops`` counts reads and writes O_DIRECT could not take
+    (uring-direct); ``speedup_vs_posix`` is posix's ``elapsed_s`` divided by
+    this run's, when posix ran in the same invocation.
     """
 
     strategy: str
@@ -39,6 +43,8 @@ class ReplayResult:
     cpu_user_s: float
     cpu_sys_s: float
     skipped_ops: dict[str, int] = field(default_factory=dict)
+    unaligned_ops: int = 0
+    speedup_vs_posix: float | None = None
 
     @property
     def write_throughput_bytes_per_s(self) -> float:

@@ -73,3 +73,13 @@ def record_odd_pattern(backend: str, workdir: Path) -> tuple[Path, list[dict], P
     cli("record", "--backend", backend, "-o", str(trace), "--path-filter", f"{out}/", "--",
         sys.executable, "-m", "ckpt_trace.workloads.odd_pattern", str(out), str(expected))
     return trace, json.loads(expected.read_text()), out
+
+
+@pytest.fixture
+def io_uring():
+    """Skip (or fail under CI) unless io_uring works here through pyuring."""
+    from ckpt_trace.replayer.uring import io_uring_available
+
+    problem = io_uring_available()
+    if problem:
+        _missing(f"io_uring unavailable: {problem}", required_in_ci=True)

@@ -152,7 +152,7 @@ def test_replay_of_a_real_recording_reproduces_every_file_size(strace_backend, t
     for key in ("strategy", "elapsed_s", "bytes_written", "bytes_read", "write_throughput_bytes_per_s",
                 "read_throughput_bytes_per_s", "data_ops", "metadata_ops", "latency_ns", "cpu_user_s", "cpu_sys_s"):
         assert key in result
-    assert set(result["latency_ns"]) == {"p50", "p90", "p99", "max"}
+    assert {"p50", "p90", "p99", "max"} <= set(result["latency_ns"])
     recorded = read_trace(trace).table.to_pylist()
     assert result["bytes_written"] == sum(r["ret"] for r in recorded if r["op"] == "write")
     assert "warning" not in proc.stderr
@@ -183,7 +183,7 @@ def test_a_full_disk_stops_the_replay_with_one_line(tmp_path, monkeypatch):
             {"op": "write", "path": "/big", "fd": 3, "offset": 0, "size": 4 << 20, "ret": 4 << 20},
         ])
         module = sys.modules["ckpt_trace.replayer.replay"]  # the package re-exports a function of that name
-        monkeypatch.setattr(module, "check_free_space", lambda target, plan: None)
+        monkeypatch.setattr(module, "check_free_space", lambda target, plan, copies=1: None)
         with pytest.raises(ReplayError, match="full"):
             replay(trace, target=small / "t")
     finally:

@@ -77,18 +77,20 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
 
 
 def render_results(console: Console, results: list[dict[str, Any]]) -> None:
+    """One row per strategy, in the style of the paper's comparison table (arXiv 2512.24511)."""
     table = _table(console, "Replay results")
     columns = ("strategy", "elapsed", "written", "write tput", "read", "read tput", "data ops", "meta ops",
-               "p50", "p99", "max", "cpu user", "cpu sys")
+               "avg lat", "p99 lat", "cpu user", "cpu sys", "unaligned", "vs posix")
     for column in columns:
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for r in results:
         lat = r["latency_ns"]
+        speedup = r.get("speedup_vs_posix")
         table.add_row(
             r["strategy"], f"{r['elapsed_s']:.3f} s", human_bytes(r["bytes_written"]),
             human_rate(r["write_throughput_bytes_per_s"]), human_bytes(r["bytes_read"]),
             human_rate(r["read_throughput_bytes_per_s"]), f"{r['data_ops']:,}", f"{r['metadata_ops']:,}",
-            human_ns(lat["p50"]), human_ns(lat["p99"]), human_ns(lat["max"]),
-            f"{r['cpu_user_s']:.2f} s", f"{r['cpu_sys_s']:.2f} s",
+            human_ns(lat.get("mean", 0)), human_ns(lat["p99"]), f"{r['cpu_user_s']:.2f} s", f"{r['cpu_sys_s']:.2f} s",
+            f"{r.get('unaligned_ops', 0):,}", f"{speedup:.2f}x" if speedup else "-",
         )
     console.print(table)
