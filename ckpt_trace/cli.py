@@ -110,8 +110,10 @@ def record(
 def replay(
     trace: Path = typer.Argument(..., help="Trace file to replay."),
     target: Path = typer.Option(..., "--target", help="Directory to replay into; nothing outside it is touched."),
-    strategy: str = typer.Option("posix", help="posix, uring-buffered, uring-direct, or all (each into TARGET/<strategy>/)."),
+    strategy: str = typer.Option("posix", help="posix, uring-buffered, uring-direct, aggregated, or all (each into TARGET/<strategy>/)."),
     queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
+    buffer_size: str = typer.Option("4MiB", "--buffer-size", help="aggregated: aligned buffer size, 1-64 MiB (e.g. 4MiB)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print each plan's operation counts, sizes and alignment; do no I/O."),
     strip_prefix: Optional[str] = typer.Option(None, "--strip-prefix", help="Remove this prefix from recorded paths."),
     timing: str = typer.Option("asap", help="asap (as fast as possible) or original (keep recorded gaps)."),
     force: bool = typer.Option(False, help="Replay into a non-empty target."),
@@ -119,14 +121,23 @@ def replay(
 ) -> None:
     """Re-execute a trace's operations under TARGET and measure them."""
     from ckpt_trace.formats import read_metadata
-    from ckpt_trace.replayer import replay as run_replay
+    from ckpt_trace.replayer import plan_summaries, replay as run_replay
 
-    from .report.render import render_results
+    from .report.render import parse_size, render_plans, render_results
 
     read_metadata(trace)
+    buffer_bytes = parse_size(buffer_size)
+    if dry_run:
+        plans = {"trace": str(trace), "plans": plan_summaries(trace, strategy=strategy, target=target,
+                                                              strip_prefix=strip_prefix, buffer_bytes=buffer_bytes)}
+        if json_out is not None:
+            _write_json(json_out, plans)
+        if json_out is None or str(json_out) != "-":
+            render_plans(out, plans["plans"])
+        return
     with _progress() as progress:
         report = run_replay(trace, target=target, strategy=strategy, strip_prefix=strip_prefix, timing=timing,
-                            force=force, queue_depth=queue_depth, progress=progress)
+                            force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, progress=progress)
     data = report.to_json()
     if json_out is not None:
         _write_json(json_out, data)

@@ -20,12 +20,13 @@ from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats import read_trace
 
 from .paths import TargetRoot
+from .aggregate import alignment_counts, build_aggregated_plan
 from .plan import ReplayPlan, build_posix_plan
 from .posix import PosixExecutor, Progress
 from .results import ReplayResult
 from .uring import UringExecutor, io_uring_available
 
-STRATEGIES = ("posix", "uring-buffered", "uring-direct")
+STRATEGIES = ("posix", "uring-buffered", "uring-direct", "aggregated")
 CHOICES = STRATEGIES + ("all",)
 TIMINGS = ("asap", "original")
 
@@ -55,15 +56,24 @@ class ReplayReport:
                 "results": [result.to_json() for result in self.results]}
 
 
-def build_plan(table, strategy: str, strip_prefix: str | None = None) -> ReplayPlan:
-    """The frozen plan of ``strategy`` for a trace table. Raises ReplayError for an unknown strategy.
+def build_plan(table, strategy: str, strip_prefix: str | None = None, *, buffer_bytes: int = 4 << 20,
+               block_bytes: int = 4096) -> ReplayPlan:
+    """The frozen plan of ``strategy`` for a trace table. Pure.
 
-    posix, uring-buffered and uring-direct replay the same operations; they
-    differ in how the executor submits them.
+    posix, uring-buffered and uring-direct replay the recorded operations and
+    differ only in how the executor submits them; aggregated coalesces them
+    (``replayer.aggregate``). Raises ReplayError for an unknown strategy or a
+    buffer size outside 1-64 MiB.
     """
     if strategy not in STRATEGIES:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
-    return dataclasses.replace(build_posix_plan(table, strip_prefix), strategy=strategy)
+    base = dataclasses.replace(build_posix_plan(table, strip_prefix), strategy=strategy)
+    if strategy != "aggregated":
+        return base
+    try:
+        return build_aggregated_plan(base, buffer_bytes=buffer_bytes, block_bytes=block_bytes)
+    except ValueError as err:
+        raise ReplayError(f"--buffer-size: {err}") from None
 
 
 def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> PosixExecutor:
@@ -73,7 +83,38 @@ def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> PosixExe
     problem = io_uring_available()
     if problem:
         raise ReplayError(f"strategy {strategy} needs io_uring: {problem}")
-    return UringExecutor(root, config.REPLAY_MAX_IO_BYTES, queue_depth=queue_depth, direct=strategy == "uring-direct")
+    return UringExecutor(root, config.REPLAY_MAX_IO_BYTES, queue_depth=queue_depth,
+                         direct=strategy in ("uring-direct", "aggregated"), strategy=strategy)
+
+
+def block_bytes_of(path: Path) -> int:
+    """The block size O_DIRECT alignment is judged against (statvfs f_bsize of the nearest existing directory)."""
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return os.statvfs(path).f_bsize
+
+
+def plan_summaries(trace_path: str | os.PathLike, *, strategy: str, target: str | os.PathLike,
+                   strip_prefix: str | None = None, buffer_bytes: int = 4 << 20) -> list[dict]:
+    """What each strategy's plan would do (``--dry-run``): operations by kind, bytes, alignment. No I/O."""
+    if strategy not in CHOICES:
+        raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
+    table = read_trace(trace_path).table
+    block = block_bytes_of(Path(target))
+    summaries = []
+    for name in STRATEGIES if strategy == "all" else (strategy,):
+        plan = build_plan(table, name, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block)
+        data = [op for w in plan.workers for op in w.ops if op.kind in ("read", "write")]
+        summaries.append({
+            "strategy": name, "workers": len(plan.workers), "ops": plan.counts(),
+            "write_bytes": sum(op.size or 0 for op in data if op.kind == "write"),
+            "read_bytes": sum(op.size or 0 for op in data if op.kind == "read"),
+            "largest_op_bytes": max((op.size or 0 for op in data), default=0),
+            "block_bytes": block, "alignment": alignment_counts(plan, block),
+            "precreate_files": len(plan.precreate_files), "skipped_ops": dict(plan.skipped_ops),
+        })
+    return summaries
 
 
 def prepare_target(target: Path, force: bool) -> TargetRoot:
@@ -119,10 +160,12 @@ def replay(
     timing: str = "asap",
     force: bool = False,
     queue_depth: int = 32,
+    buffer_bytes: int = 4 << 20,
     progress: Progress | None = None,
 ) -> ReplayReport:
     """Replay the trace at ``trace_path`` into ``target`` with ``strategy`` (or every strategy: ``all``).
 
+    ``buffer_bytes`` is the aggregated strategy's buffer size (1-64 MiB).
     With ``all``, each strategy replays into ``target/<strategy>/`` and each
     result carries ``speedup_vs_posix``. Raises TraceFormatError for a bad
     trace and ReplayError for an unknown strategy or timing, an unsafe or
@@ -135,8 +178,10 @@ def replay(
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
     trace = read_trace(trace_path)
     strategies = STRATEGIES if strategy == "all" else (strategy,)
-    plans = [build_plan(trace.table, name, strip_prefix) for name in strategies]
     target = Path(target)
+    block = block_bytes_of(target)
+    plans = [build_plan(trace.table, name, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block)
+             for name in strategies]
     prepare_target(target, force)
     check_free_space(target, plans[0], copies=len(plans))
     results, mismatches = [], []

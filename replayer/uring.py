@@ -88,9 +88,20 @@ class _Ring:
             self.ctx.write_async_ptr(fd, ptr, size, offset, user_data=tag)
         else:
             self.ctx.read_async_ptr(fd, ptr, size, offset, user_data=tag)
+        self.reap_ready()
+
+    def reap_ready(self) -> None:
+        """Reap completions already posted, without waiting, so latencies are not inflated by late reaping."""
+        while self.pending:
+            completion = self.ctx.peek_completion()
+            if completion is None:
+                return
+            self._complete(*completion)
 
     def reap_one(self) -> None:
-        tag, result = self.ctx.wait_completion()
+        self._complete(*self.ctx.wait_completion())
+
+    def _complete(self, tag: int, result: int) -> None:
         handle, started_ns, size, kind, offset = self.pending.pop(tag)
         self.by_handle[handle] -= 1
         self.latencies_ns.append(time.perf_counter_ns() - started_ns)
@@ -113,13 +124,14 @@ class UringExecutor(PosixExecutor):
     Call order as ``PosixExecutor``: ``prepare(plan)``, then ``run(plan, ...)``.
     """
 
-    def __init__(self, root: TargetRoot, max_io_bytes: int, *, queue_depth: int = 32, direct: bool = False) -> None:
+    def __init__(self, root: TargetRoot, max_io_bytes: int, *, queue_depth: int = 32, direct: bool = False,
+                 strategy: str | None = None) -> None:
         super().__init__(root, max_io_bytes)
         if queue_depth < 1:
             raise ReplayError("--queue-depth must be at least 1")
         self.queue_depth = queue_depth
         self.direct = direct
-        self.strategy = "uring-direct" if direct else "uring-buffered"
+        self.strategy = strategy or ("uring-direct" if direct else "uring-buffered")
         self.block_bytes = os.statvfs(root.root).f_bsize if direct else 1
         self._buffered_fds: dict[int, int] = {}
         self._lock = threading.Lock()

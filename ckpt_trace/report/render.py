@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
+
+from ckpt_trace.errors import CkptTraceError
 
 
 def human_bytes(value: float) -> str:
@@ -17,6 +20,18 @@ def human_bytes(value: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'4MiB', '4m', '4194304' -> bytes (binary units). Raises CkptTraceError on anything else."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise CkptTraceError(f"not a size: {text!r} (use e.g. 4MiB)")
+    return int(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
 def human_rate(bytes_per_s: float) -> str:
@@ -93,4 +108,19 @@ def render_results(console: Console, results: list[dict[str, Any]]) -> None:
             human_ns(lat.get("mean", 0)), human_ns(lat["p99"]), f"{r['cpu_user_s']:.2f} s", f"{r['cpu_sys_s']:.2f} s",
             f"{r.get('unaligned_ops', 0):,}", f"{speedup:.2f}x" if speedup else "-",
         )
+    console.print(table)
+
+
+def render_plans(console: Console, plans: list[dict[str, Any]]) -> None:
+    """The ``--dry-run`` table: what each strategy's plan would issue."""
+    table = _table(console, "Replay plans (dry run)")
+    for column in ("strategy", "workers", "writes", "write bytes", "reads", "read bytes", "largest op", "aligned",
+                   "unaligned", "unknown offset", "metadata ops"):
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    for plan in plans:
+        ops, align = plan["ops"], plan["alignment"]
+        metadata = sum(count for kind, count in ops.items() if kind not in ("read", "write"))
+        table.add_row(plan["strategy"], str(plan["workers"]), f"{ops.get('write', 0):,}", human_bytes(plan["write_bytes"]),
+                      f"{ops.get('read', 0):,}", human_bytes(plan["read_bytes"]), human_bytes(plan["largest_op_bytes"]),
+                      f"{align['aligned']:,}", f"{align['unaligned']:,}", f"{align['unknown_offset']:,}", f"{metadata:,}")
     console.print(table)

@@ -1,0 +1,73 @@
+"""The aggregated strategy's plan: coalescing, alignment, barriers; and its replay on real traces."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ckpt_trace.formats import read_trace
+from ckpt_trace.replayer import build_plan, merge_extents, replay, split_extent
+from ckpt_trace.tracer import syscalls as sc
+
+from conftest import record_odd_pattern
+from test_replay import CREATE, make_trace
+
+MIB = 1 << 20
+
+
+@given(st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 5000)), max_size=30))
+def test_merged_extents_cover_exactly_the_union(ranges):
+    ranges = [(start, start + length) for start, length in ranges]
+    merged = merge_extents(ranges)
+    covered = {b for start, end in ranges for b in range(start, end)}
+    assert {b for start, end in merged for b in range(start, end)} == covered
+    assert all(a[1] < b[0] for a, b in zip(merged, merged[1:]))  # disjoint, sorted, not touching
+
+
+@given(st.integers(0, 1 << 24), st.integers(1, 1 << 24), st.sampled_from([512, 4096]),
+       st.sampled_from([1 * MIB, 4 * MIB]))
+def test_split_pieces_are_contiguous_with_an_aligned_body(start, length, block, buffer):
+    pieces = split_extent(start, start + length, buffer, block)
+    assert pieces[0][0] == start and sum(size for _, size in pieces) == length
+    assert all(a[0] + a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+    unaligned = [p for p in pieces if p[0] % block or p[1] % block]
+    assert len(unaligned) <= 2 and all(size <= buffer for _, size in pieces)
+
+
+def test_dcp_like_writes_coalesce_into_aligned_buffers_between_barriers(tmp_path):
+    ops = [{"op": "open", "path": "/ck/__0_0.distcp", "fd": 3, "flags": CREATE, "ret": 3}]
+    offset = 0
+    for size in (704, 3 * MIB + 5, 873, 704, 5 * MIB, 873):
+        ops.append({"op": "write", "path": "/ck/__0_0.distcp", "fd": 3, "offset": offset, "size": size, "ret": size})
+        offset += size
+        ops.append({"op": "lseek", "path": "/ck/__0_0.distcp", "fd": 3, "offset": offset})
+    ops += [{"op": "fsync", "path": "/ck/__0_0.distcp", "fd": 3},
+            {"op": "write", "path": "/ck/__0_0.distcp", "fd": 3, "offset": offset, "size": 100, "ret": 100},
+            {"op": "close", "path": "/ck/__0_0.distcp", "fd": 3},
+            {"op": "rename", "path": "/ck/__0_0.distcp", "new_path": "/ck/final"}]
+    table = read_trace(make_trace(tmp_path / "t.arrow", ops)).table
+    plan = build_plan(table, "aggregated", buffer_bytes=4 * MIB, block_bytes=4096)
+    kinds = [(op.kind, op.offset, op.size) for op in plan.workers[0].ops if op.kind != "lseek"]
+    assert offset == 8 * MIB + 3159  # 2 x (704 + 873) header and trailer bytes, 3 MiB + 5 and 5 MiB payloads
+    assert kinds == [("open", None, None), ("write", 0, 4 * MIB), ("write", 4 * MIB, 4 * MIB),
+                     ("write", 8 * MIB, 3159), ("fsync", None, None), ("write", offset, 100), ("close", None, None),
+                     ("rename", None, None)]
+    assert dict(plan.expected_sizes) == {"ck/final": offset + 100}
+
+
+def test_aggregated_replay_reproduces_every_file_size(io_uring, strace_backend, tmp_path):
+    trace, _, out = record_odd_pattern(strace_backend, tmp_path)
+    target = tmp_path / "target"
+    report = replay(trace, target=target, strategy="aggregated", buffer_bytes=MIB)
+    for path in (p for p in out.rglob("*") if p.is_file()):
+        assert (target / str(path).lstrip("/")).stat().st_size == path.stat().st_size, path
+    assert report.size_mismatches == ()
+
+
+def test_unknown_offsets_are_not_aggregated(tmp_path):
+    ops = [{"op": "open", "path": "/log", "fd": 3, "flags": CREATE | sc.O_APPEND, "ret": 3},
+           {"op": "write", "path": "/log", "fd": 3, "offset": 0, "size": 10, "ret": 10},
+           {"op": "write", "path": "/log", "fd": 3, "offset": None, "size": 7, "ret": 7},
+           {"op": "write", "path": "/log", "fd": 3, "offset": 17, "size": 3, "ret": 3}]
+    plan = build_plan(read_trace(make_trace(tmp_path / "t.arrow", ops)).table, "aggregated")
+    assert [(op.offset, op.size) for op in plan.workers[0].ops if op.kind == "write"] == [(0, 10), (None, 7), (17, 3)]
