@@ -114,6 +114,8 @@ def replay(
     queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
     buffer_size: str = typer.Option("4MiB", "--buffer-size", help="aggregated: aligned buffer size, 1-64 MiB (e.g. 4MiB)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each plan's operation counts, sizes and alignment; do no I/O."),
+    repeat: int = typer.Option(1, "--repeat", help="Runs per strategy; report the median run and min-max."),
+    drop_caches: bool = typer.Option(False, "--drop-caches", help="Drop the page cache before each run (root)."),
     strip_prefix: Optional[str] = typer.Option(None, "--strip-prefix", help="Remove this prefix from recorded paths."),
     timing: str = typer.Option("asap", help="asap (as fast as possible) or original (keep recorded gaps)."),
     force: bool = typer.Option(False, help="Replay into a non-empty target."),
@@ -137,7 +139,8 @@ def replay(
         return
     with _progress() as progress:
         report = run_replay(trace, target=target, strategy=strategy, strip_prefix=strip_prefix, timing=timing,
-                            force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, progress=progress)
+                            force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
+                            drop_caches=drop_caches, progress=progress)
     data = report.to_json()
     if json_out is not None:
         _write_json(json_out, data)

@@ -90,9 +90,10 @@ class _WorkerAggregator:
 
     def _emit(self, kind: str, ops: list[PlanOp]) -> None:
         first = ops[0]
+        deps = tuple(sorted({dep for op in ops for dep in op.deps}))  # e.g. another worker's open of the handle
         for start, end in merge_extents([(op.offset, op.offset + (op.size or 0)) for op in ops]):
             for offset, size in split_extent(start, end, self.buffer_bytes, self.block_bytes):
-                self.out.append(dataclasses.replace(first, offset=offset, size=size, deps=()))
+                self.out.append(dataclasses.replace(first, offset=offset, size=size, deps=deps))
 
 
 def build_aggregated_plan(base: ReplayPlan, *, buffer_bytes: int = 4 << 20, block_bytes: int = 4096) -> ReplayPlan:

@@ -161,11 +161,16 @@ def replay(
     force: bool = False,
     queue_depth: int = 32,
     buffer_bytes: int = 4 << 20,
+    repeat: int = 1,
+    drop_caches: bool = False,
     progress: Progress | None = None,
 ) -> ReplayReport:
     """Replay the trace at ``trace_path`` into ``target`` with ``strategy`` (or every strategy: ``all``).
 
     ``buffer_bytes`` is the aggregated strategy's buffer size (1-64 MiB).
+    ``repeat`` runs each strategy that many times (the target emptied between
+    runs) and reports the run of median elapsed time with every run's time;
+    ``drop_caches`` (root) drops the page cache before each run.
     With ``all``, each strategy replays into ``target/<strategy>/`` and each
     result carries ``speedup_vs_posix``. Raises TraceFormatError for a bad
     trace and ReplayError for an unknown strategy or timing, an unsafe or
@@ -176,6 +181,10 @@ def replay(
         raise ReplayError(f"unknown timing {timing!r} (choose from {', '.join(TIMINGS)})")
     if strategy not in CHOICES:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
+    if repeat < 1:
+        raise ReplayError("--repeat must be at least 1")
+    if drop_caches and os.geteuid() != 0:
+        raise ReplayError("--drop-caches needs root (it writes /proc/sys/vm/drop_caches)")
     trace = read_trace(trace_path)
     strategies = STRATEGIES if strategy == "all" else (strategy,)
     target = Path(target)
@@ -186,13 +195,48 @@ def replay(
     check_free_space(target, plans[0], copies=len(plans))
     results, mismatches = [], []
     for plan in plans:
-        root = prepare_target(target / plan.strategy, force) if strategy == "all" else TargetRoot(target)
-        executor = make_executor(plan.strategy, root, queue_depth)
-        executor.prepare(plan)
-        results.append(executor.run(plan, timing=timing, progress=progress))
+        directory = target / plan.strategy if strategy == "all" else target
+        runs = []
+        for attempt in range(repeat):
+            if attempt:
+                _empty(directory)
+            root = prepare_target(directory, force) if strategy == "all" else TargetRoot(target)
+            executor = make_executor(plan.strategy, root, queue_depth)
+            executor.prepare(plan)
+            if drop_caches:
+                drop_page_cache()
+            runs.append(executor.run(plan, timing=timing, progress=progress))
+        results.append(_median_run(runs))
         mismatches.extend(size_mismatches(root, plan))
     _add_speedups(results)
     return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches))
+
+
+def drop_page_cache() -> None:
+    """sync(2), then drop clean page cache, dentries and inodes (Documentation/admin-guide/sysctl/vm.rst)."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as knob:
+            knob.write("3\n")
+    except OSError as err:
+        raise ReplayError(f"cannot drop caches: {err.strerror}") from None
+
+
+def _empty(directory: Path) -> None:
+    """Remove what a previous repeat left under ``directory`` (inside the target only)."""
+    for child in directory.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def _median_run(runs: list[ReplayResult]) -> ReplayResult:
+    """The run with the median elapsed time, carrying every run's elapsed time."""
+    ordered = sorted(runs, key=lambda r: r.elapsed_s)
+    median = ordered[(len(ordered) - 1) // 2]
+    median.runs_elapsed_s = [r.elapsed_s for r in runs]
+    return median
 
 
 def _add_speedups(results: list[ReplayResult]) -> None:

@@ -30,7 +30,8 @@ class ReplayResult:
     process's user and system time over the run (getrusage(2)).
     ``unaligned_ops`` counts reads and writes O_DIRECT could not take
     (uring-direct); ``speedup_vs_posix`` is posix's ``elapsed_s`` divided by
-    this run's, when posix ran in the same invocation.
+    this run's, when posix ran in the same invocation. ``runs_elapsed_s``
+    holds every repeat's elapsed time when the result is the median of several.
     """
 
     strategy: str
@@ -45,6 +46,7 @@ class ReplayResult:
     skipped_ops: dict[str, int] = field(default_factory=dict)
     unaligned_ops: int = 0
     speedup_vs_posix: float | None = None
+    runs_elapsed_s: list[float] = field(default_factory=list)
 
     @property
     def write_throughput_bytes_per_s(self) -> float:

@@ -71,3 +71,12 @@ def test_unknown_offsets_are_not_aggregated(tmp_path):
            {"op": "write", "path": "/log", "fd": 3, "offset": 17, "size": 3, "ret": 3}]
     plan = build_plan(read_trace(make_trace(tmp_path / "t.arrow", ops)).table, "aggregated")
     assert [(op.offset, op.size) for op in plan.workers[0].ops if op.kind == "write"] == [(0, 10), (None, 7), (17, 3)]
+
+
+def test_merged_writes_keep_their_wait_on_another_workers_open(tmp_path):
+    ops = [{"op": "open", "path": "/f", "fd": 3, "flags": CREATE, "ret": 3},
+           {"op": "write", "path": "/f", "fd": 3, "pid": 2, "tid": 2, "offset": 0, "size": 10, "ret": 10},
+           {"op": "write", "path": "/f", "fd": 3, "pid": 2, "tid": 2, "offset": 10, "size": 10, "ret": 10}]
+    plan = build_plan(read_trace(make_trace(tmp_path / "t.arrow", ops)).table, "aggregated")
+    child = next(w for w in plan.workers if w.pid == 2)
+    assert [(op.kind, op.offset, op.size, op.deps) for op in child.ops] == [("write", 0, 20, (0,))]

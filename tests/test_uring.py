@@ -70,3 +70,15 @@ def test_bad_queue_depth_is_one_line(io_uring, tmp_path):
     proc = cli("replay", str(GOLDEN / "v1-odd-pattern-strace.arrow"), "--strategy", "uring-buffered", "--target",
                str(tmp_path / "t"), "--queue-depth", "0", check=False)
     assert proc.returncode == 2 and "queue-depth" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_repeat_reports_the_median_run_and_every_time(io_uring, tmp_path):
+    out = tmp_path / "r.json"
+    args = ["replay", str(GOLDEN / "v1-odd-pattern-strace.arrow"), "--strategy", "aggregated", "--target",
+            str(tmp_path / "t"), "--repeat", "3", "--json", str(out)]
+    if os.geteuid() == 0:
+        args.append("--drop-caches")
+    cli(*args)
+    result = json.loads(out.read_text())["results"][0]
+    runs = result["runs_elapsed_s"]
+    assert len(runs) == 3 and result["elapsed_s"] == sorted(runs)[1]

@@ -101,8 +101,10 @@ def render_results(console: Console, results: list[dict[str, Any]]) -> None:
     for r in results:
         lat = r["latency_ns"]
         speedup = r.get("speedup_vs_posix")
+        runs = r.get("runs_elapsed_s") or []
+        elapsed = f"{r['elapsed_s']:.3f} s" + (f" ({min(runs):.3f}-{max(runs):.3f})" if len(runs) > 1 else "")
         table.add_row(
-            r["strategy"], f"{r['elapsed_s']:.3f} s", human_bytes(r["bytes_written"]),
+            r["strategy"], elapsed, human_bytes(r["bytes_written"]),
             human_rate(r["write_throughput_bytes_per_s"]), human_bytes(r["bytes_read"]),
             human_rate(r["read_throughput_bytes_per_s"]), f"{r['data_ops']:,}", f"{r['metadata_ops']:,}",
             human_ns(lat.get("mean", 0)), human_ns(lat["p99"]), f"{r['cpu_user_s']:.2f} s", f"{r['cpu_sys_s']:.2f} s",
