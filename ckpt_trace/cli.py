@@ -116,6 +116,7 @@ def replay(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each plan's operation counts, sizes and alignment; do no I/O."),
     repeat: int = typer.Option(1, "--repeat", help="Runs per strategy; report the median run and min-max."),
     drop_caches: bool = typer.Option(False, "--drop-caches", help="Drop the page cache before each run (root)."),
+    durable: bool = typer.Option(False, "--durable", help="fsync every written file before the clock stops."),
     strip_prefix: Optional[str] = typer.Option(None, "--strip-prefix", help="Remove this prefix from recorded paths."),
     timing: str = typer.Option("asap", help="asap (as fast as possible) or original (keep recorded gaps)."),
     force: bool = typer.Option(False, help="Replay into a non-empty target."),
@@ -140,7 +141,7 @@ def replay(
     with _progress() as progress:
         report = run_replay(trace, target=target, strategy=strategy, strip_prefix=strip_prefix, timing=timing,
                             force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
-                            drop_caches=drop_caches, progress=progress)
+                            drop_caches=drop_caches, durable=durable, progress=progress)
     data = report.to_json()
     if json_out is not None:
         _write_json(json_out, data)
@@ -174,8 +175,9 @@ def workload(
     engine: str = typer.Argument(..., help="dcp, torch-save or safetensors."),
     out_dir: Path = typer.Option(..., "--out", help="Checkpoint directory to write."),
     ranks: int = typer.Option(1, help="Processes (dcp only)."),
-    model: str = typer.Option("gpt2-small", help="gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl."),
+    model: str = typer.Option("gpt2-small", help="gpt2-tiny, gpt2-deep-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl."),
     with_optimizer: bool = typer.Option(False, "--with-optimizer", help="Add Adam state (exp_avg, exp_avg_sq)."),
+    file_per_layer: bool = typer.Option(False, "--file-per-layer", help="torch-save: one file per transformer block."),
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
 ) -> None:
     """Write a real checkpoint of a GPT-2-shaped model with a real engine."""
@@ -184,7 +186,7 @@ def workload(
     if engine != "dcp" and ranks != 1:
         raise CkptTraceError("--ranks applies to the dcp workload only")
     started = time.monotonic()
-    path = run(engine, out_dir, ranks=ranks, model=model, with_optimizer=with_optimizer)
+    path = run(engine, out_dir, ranks=ranks, model=model, with_optimizer=with_optimizer, file_per_layer=file_per_layer)
     elapsed_s = time.monotonic() - started
     files = [p for p in path.rglob("*") if p.is_file()]
     data = {"engine": engine, "out": str(path), "files": len(files), "bytes": sum(p.stat().st_size for p in files),

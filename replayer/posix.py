@@ -103,7 +103,9 @@ class PosixExecutor:
             buf.close()
 
     # -- the timed run -------------------------------------------------
-    def run(self, plan: ReplayPlan, *, timing: str = "asap", progress: Progress | None = None) -> ReplayResult:
+    def run(self, plan: ReplayPlan, *, timing: str = "asap", progress: Progress | None = None,
+            durable: bool = False) -> ReplayResult:
+        """Replay ``plan``; ``durable`` fsyncs every file the plan leaves behind before the clock stops."""
         state = _RunState(plan)
         threads = [threading.Thread(target=self._worker, args=(w, state, timing, progress), daemon=True)
                    for w in plan.workers]
@@ -115,6 +117,8 @@ class PosixExecutor:
             thread.start()
         for thread in threads:
             thread.join()
+        if durable and state.error is None:
+            self._fsync_all(plan)
         elapsed_s = (time.monotonic_ns() - state.start_ns) / 1e9
         usage1 = resource.getrusage(resource.RUSAGE_SELF)
         for fd in state.fds.values():
@@ -128,6 +132,14 @@ class PosixExecutor:
             cpu_sys_s=usage1.ru_stime - usage0.ru_stime, skipped_ops=dict(plan.skipped_ops),
             unaligned_ops=state.unaligned_ops,
         )
+
+    def _fsync_all(self, plan: ReplayPlan) -> None:
+        for rel in plan.expected_sizes:
+            fd = os.open(self.root.resolve(rel), os.O_RDONLY | O_NOFOLLOW)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def _worker(self, worker: WorkerPlan, state: "_RunState", timing: str, progress: Progress | None) -> None:
         largest = max((op.size or 0 for op in worker.ops if op.kind in DATA_KINDS), default=0)

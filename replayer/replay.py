@@ -163,6 +163,7 @@ def replay(
     buffer_bytes: int = 4 << 20,
     repeat: int = 1,
     drop_caches: bool = False,
+    durable: bool = False,
     progress: Progress | None = None,
 ) -> ReplayReport:
     """Replay the trace at ``trace_path`` into ``target`` with ``strategy`` (or every strategy: ``all``).
@@ -170,7 +171,9 @@ def replay(
     ``buffer_bytes`` is the aggregated strategy's buffer size (1-64 MiB).
     ``repeat`` runs each strategy that many times (the target emptied between
     runs) and reports the run of median elapsed time with every run's time;
-    ``drop_caches`` (root) drops the page cache before each run.
+    ``drop_caches`` (root) drops the page cache before each run; ``durable``
+    fsyncs every file left behind inside the timed region, so strategies that
+    stop at the page cache and those that reach the device compare fairly.
     With ``all``, each strategy replays into ``target/<strategy>/`` and each
     result carries ``speedup_vs_posix``. Raises TraceFormatError for a bad
     trace and ReplayError for an unknown strategy or timing, an unsafe or
@@ -205,7 +208,7 @@ def replay(
             executor.prepare(plan)
             if drop_caches:
                 drop_page_cache()
-            runs.append(executor.run(plan, timing=timing, progress=progress))
+            runs.append(executor.run(plan, timing=timing, progress=progress, durable=durable))
         results.append(_median_run(runs))
         mismatches.extend(size_mismatches(root, plan))
     _add_speedups(results)

@@ -141,9 +141,9 @@ class UringExecutor(PosixExecutor):
             op = dataclasses.replace(op, flags=(op.flags or 0) | os.O_DIRECT)
         return super()._open(op)
 
-    def run(self, plan, *, timing: str = "asap", progress: Progress | None = None):
+    def run(self, plan, *, timing: str = "asap", progress: Progress | None = None, durable: bool = False):
         try:
-            return super().run(plan, timing=timing, progress=progress)
+            return super().run(plan, timing=timing, progress=progress, durable=durable)
         finally:
             for fd in self._buffered_fds.values():
                 os.close(fd)

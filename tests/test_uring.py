@@ -75,7 +75,7 @@ def test_bad_queue_depth_is_one_line(io_uring, tmp_path):
 def test_repeat_reports_the_median_run_and_every_time(io_uring, tmp_path):
     out = tmp_path / "r.json"
     args = ["replay", str(GOLDEN / "v1-odd-pattern-strace.arrow"), "--strategy", "aggregated", "--target",
-            str(tmp_path / "t"), "--repeat", "3", "--json", str(out)]
+            str(tmp_path / "t"), "--repeat", "3", "--durable", "--json", str(out)]
     if os.geteuid() == 0:
         args.append("--drop-caches")
     cli(*args)

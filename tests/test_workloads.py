@@ -56,3 +56,14 @@ def test_torch_save_and_safetensors_are_loadable(torch_installed, tmp_path):
     run("safetensors", tmp_path / "st", model="gpt2-tiny", with_optimizer=True)
     flat = load_file(str(tmp_path / "st/model.safetensors"))
     assert len(flat) == 3 * len(parameter_shapes(MODELS["gpt2-tiny"]))
+
+
+def test_torch_save_can_write_one_file_per_layer(torch_installed, tmp_path):
+    import torch
+
+    run("torch-save", tmp_path / "fl", model="gpt2-tiny", with_optimizer=True, file_per_layer=True)
+    names = sorted(p.name for p in (tmp_path / "fl").iterdir())
+    assert names == ["layer_000.pt", "layer_001.pt", "layer_other.pt"]
+    layer = torch.load(tmp_path / "fl/layer_001.pt", weights_only=False)
+    assert all(name.startswith("h.1.") for name in layer["model"]) and len(layer["model"]) == 12
+    assert set(layer["optim"]["state"]) == set(layer["model"])

@@ -130,16 +130,29 @@ def run_dcp(out: Path, ranks: int, model: str, with_optimizer: bool) -> None:
         raise WorkloadError(f"DCP save failed on rank(s) {', '.join(map(str, failed))}")
 
 
-def run_torch_save(out: Path, model: str, with_optimizer: bool) -> None:
-    """One ``torch.save`` of the whole state dict (model and Adam state) to ``out/checkpoint.pt``."""
+def _optimizer_entry(torch, local: dict, name: str) -> dict:
+    return {"step": torch.tensor(1.0), "exp_avg": local["exp_avg"][name], "exp_avg_sq": local["exp_avg_sq"][name]}
+
+
+def run_torch_save(out: Path, model: str, with_optimizer: bool, file_per_layer: bool = False) -> None:
+    """``torch.save`` of the state dict (model and Adam state) to ``out/checkpoint.pt``.
+
+    ``file_per_layer`` saves each transformer block (with its Adam state) to
+    ``out/layer_NNN.pt`` and the rest to ``out/layer_other.pt``, the way
+    DeepSpeed pipeline checkpoints write one file per layer.
+    """
     torch = _torch()
     local = local_state(model_config(model), 0, 1, with_optimizer)
-    state = {"model": local["model"]}
-    if with_optimizer:
-        state["optim"] = {"state": {name: {"step": torch.tensor(1.0), "exp_avg": local["exp_avg"][name],
-                                           "exp_avg_sq": local["exp_avg_sq"][name]} for name in local["model"]},
-                          "param_groups": _optimizer_groups()}
-    torch.save(state, out / "checkpoint.pt")
+    groups: dict[str, list[str]] = {}
+    for name in local["model"]:
+        key = f"layer_{int(name.split('.')[1]):03d}" if file_per_layer and name.startswith("h.") else "layer_other"
+        groups.setdefault(key if file_per_layer else "checkpoint", []).append(name)
+    for file_name, names in groups.items():
+        state = {"model": {name: local["model"][name] for name in names}}
+        if with_optimizer:
+            state["optim"] = {"state": {name: _optimizer_entry(torch, local, name) for name in names},
+                              "param_groups": _optimizer_groups()}
+        torch.save(state, out / f"{file_name}.pt")
 
 
 def run_safetensors(out: Path, model: str, with_optimizer: bool) -> None:
@@ -156,11 +169,15 @@ def run_safetensors(out: Path, model: str, with_optimizer: bool) -> None:
     save_file(flat, str(out / "model.safetensors"))
 
 
-def run(engine: str, out: Path, *, ranks: int = 1, model: str = "gpt2-small", with_optimizer: bool = False) -> Path:
+def run(engine: str, out: Path, *, ranks: int = 1, model: str = "gpt2-small", with_optimizer: bool = False,
+        file_per_layer: bool = False) -> Path:
     """Run a built-in workload; returns the checkpoint directory.
 
-    Raises WorkloadError for an unknown engine or model, ranks < 1, or a failed save.
+    Raises WorkloadError for an unknown engine or model, ranks < 1, a file
+    per layer asked of another engine than torch-save, or a failed save.
     """
+    if file_per_layer and engine != "torch-save":
+        raise WorkloadError("--file-per-layer applies to the torch-save workload only")
     if engine not in ENGINES:
         raise WorkloadError(f"unknown workload {engine!r} (choose from {', '.join(ENGINES)})")
     if ranks < 1:
@@ -171,7 +188,7 @@ def run(engine: str, out: Path, *, ranks: int = 1, model: str = "gpt2-small", wi
     if engine == "dcp":
         run_dcp(out, ranks, model, with_optimizer)
     elif engine == "torch-save":
-        run_torch_save(out, model, with_optimizer)
+        run_torch_save(out, model, with_optimizer, file_per_layer)
     else:
         run_safetensors(out, model, with_optimizer)
     return out

@@ -21,6 +21,8 @@ class GPT2Config:
 
 MODELS = {
     "gpt2-tiny": GPT2Config(n_layer=2, d_model=128, vocab=1024, n_ctx=128),
+    # Deep and narrow: many small tensors (256 B to 64 KiB), for small-operation-heavy checkpoints.
+    "gpt2-deep-tiny": GPT2Config(n_layer=1024, d_model=64, vocab=1024, n_ctx=128),
     "gpt2-small": GPT2Config(n_layer=12, d_model=768),
     "gpt2-medium": GPT2Config(n_layer=24, d_model=1024),
     "gpt2-large": GPT2Config(n_layer=36, d_model=1280),
