@@ -117,6 +117,7 @@ def replay(
     repeat: int = typer.Option(1, "--repeat", help="Runs per strategy; report the median run and min-max."),
     drop_caches: bool = typer.Option(False, "--drop-caches", help="Drop the page cache before each run (root)."),
     durable: bool = typer.Option(False, "--durable", help="fsync every written file before the clock stops."),
+    verify: bool = typer.Option(False, "--verify", help="Read the files back and check their content pattern."),
     strip_prefix: Optional[str] = typer.Option(None, "--strip-prefix", help="Remove this prefix from recorded paths."),
     timing: str = typer.Option("asap", help="asap (as fast as possible) or original (keep recorded gaps)."),
     force: bool = typer.Option(False, help="Replay into a non-empty target."),
@@ -141,7 +142,7 @@ def replay(
     with _progress() as progress:
         report = run_replay(trace, target=target, strategy=strategy, strip_prefix=strip_prefix, timing=timing,
                             force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
-                            drop_caches=drop_caches, durable=durable, progress=progress)
+                            drop_caches=drop_caches, durable=durable, verify=verify, progress=progress)
     data = report.to_json()
     if json_out is not None:
         _write_json(json_out, data)

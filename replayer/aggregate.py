@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .plan import DATA_KINDS, PATH_KINDS, PlanOp, ReplayPlan, WorkerPlan
+from .plan import DATA_KINDS, PATH_KINDS, PlanOp, ReplayPlan, WorkerPlan, merge_ranges
 
 MIN_BUFFER_BYTES = 1 << 20
 MAX_BUFFER_BYTES = 64 << 20
@@ -31,13 +31,7 @@ MAX_BUFFER_BYTES = 64 << 20
 
 def merge_extents(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Union of half-open byte ranges [start, end), sorted; touching ranges merge."""
-    merged: list[list[int]] = []
-    for start, end in sorted(r for r in ranges if r[1] > r[0]):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(start, end) for start, end in merged]
+    return merge_ranges(ranges)
 
 
 def split_extent(start: int, end: int, buffer_bytes: int, block_bytes: int) -> list[tuple[int, int]]:

@@ -20,6 +20,7 @@ recorded order is kept.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -28,6 +29,7 @@ from typing import Mapping
 import pyarrow as pa
 
 from .paths import relative_target_path
+from .pattern import file_key
 
 O_CREAT = 0o100
 O_TRUNC = 0o1000
@@ -55,6 +57,8 @@ class PlanOp:
     it requested). ``release`` marks the close of a handle's last
     reference. ``deps`` are ``seq`` numbers of other workers' operations
     that must complete first. ``ts_ns`` is the recorded start time.
+    ``pattern_key`` selects the content a write carries (``replayer.pattern``),
+    derived from the final path of the file written.
     """
 
     seq: int
@@ -69,6 +73,7 @@ class PlanOp:
     flags: int | None = None
     release: bool = False
     deps: tuple[int, ...] = ()
+    pattern_key: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +88,13 @@ class WorkerPlan:
 
 @dataclass(frozen=True)
 class ReplayPlan:
-    """A complete, immutable replay plan (see module docstring)."""
+    """A complete, immutable replay plan (see module docstring).
+
+    ``verify_ranges`` maps each final file to the byte ranges written data
+    ends in (``--verify`` compares them with the pattern); ``pattern_keys``
+    gives the pattern key of each pre-created file; ``unverifiable`` lists
+    files written at offsets the trace did not know.
+    """
 
     strategy: str
     workers: tuple[WorkerPlan, ...]
@@ -93,6 +104,9 @@ class ReplayPlan:
     skipped_ops: Mapping[str, int]
     bytes_to_write: int
     awaited: frozenset[int] = field(default_factory=frozenset)
+    verify_ranges: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    pattern_keys: Mapping[str, int] = field(default_factory=dict)
+    unverifiable: tuple[str, ...] = ()
 
     @property
     def num_ops(self) -> int:
@@ -131,6 +145,21 @@ class _Planner:
         self.skipped: Counter = Counter()
         self.bytes_to_write = 0
         self.awaited: set[int] = set()
+        self.file_of_path: dict[str, int] = {}
+        self.handle_file: dict[int, int] = {}
+        self.coverage: dict[int, list[tuple[int, int]]] = {}
+        self.unverifiable: set[int] = set()
+        self.truncated: set[int] = set()
+        self.precreated: dict[str, int] = {}
+
+    def file(self, path: str) -> int:
+        """The identity of the file now at ``path`` (a new one if none is known)."""
+        fid = self.file_of_path.get(path)
+        if fid is None:
+            fid = len(self.coverage)
+            self.file_of_path[path] = fid
+            self.coverage[fid] = []
+        return fid
 
     # -- helpers -------------------------------------------------------
     def rel(self, path: str | None) -> str | None:
@@ -150,10 +179,11 @@ class _Planner:
             self.last_path_op[path] = (seq, worker)
         return tuple(sorted(set(deps)))
 
-    def new_handle(self, path: str, seq: int, worker: tuple[int, int]) -> int:
+    def new_handle(self, path: str, seq: int, worker: tuple[int, int], fid: int | None = None) -> int:
         handle = self.next_handle
         self.next_handle += 1
         self.handle_path[handle] = path
+        self.handle_file[handle] = self.file(path) if fid is None else fid
         self.handle_refs[handle] = 1
         self.handle_origin[handle] = (seq, worker)
         return handle
@@ -184,6 +214,7 @@ class _Planner:
             self.first_touch[path] = creating
             if not creating:
                 self.sizes.setdefault(path, 0)
+                self.precreated[path] = self.file(path)
 
     # -- rows ----------------------------------------------------------
     def add(self, seq: int, row: dict) -> None:
@@ -216,6 +247,9 @@ class _Planner:
             self.touch(path, creating)
             if flags & O_TRUNC and flags & O_ACCMODE:
                 self.sizes[path] = 0
+                fid = self.file(path)
+                self.coverage[fid] = []
+                self.truncated.add(fid)
             elif creating:
                 self.sizes.setdefault(path, 0)
         handle = self.new_handle(path, seq, worker)
@@ -262,6 +296,11 @@ class _Planner:
             return
         path = self.handle_path[handle]
         self.bytes_to_write += size
+        fid = self.handle_file[handle]
+        if offset is None:
+            self.unverifiable.add(fid)
+        elif size > 0:
+            self.coverage[fid].append((offset, offset + size))
         if offset is None:
             self.sizes[path] = None
         elif self.sizes.get(path, 0) is not None and size > 0:
@@ -291,6 +330,9 @@ class _Planner:
         handle = self._append_fd_op(seq, worker, row, "ftruncate", size=row["size"])
         if handle is not None:
             self.sizes[self.handle_path[handle]] = row["size"]
+            fid, length = self.handle_file[handle], row["size"] or 0
+            self.coverage[fid] = [(s, min(e, length)) for s, e in self.coverage[fid] if s < length]
+            self.truncated.add(fid)
             self.bytes_to_write += row["size"] or 0
 
     def _row_fallocate(self, seq, worker, row) -> None:
@@ -307,7 +349,7 @@ class _Planner:
         if found is None:
             return
         source, deps = found
-        handle = self.new_handle(self.handle_path[source], seq, worker)
+        handle = self.new_handle(self.handle_path[source], seq, worker, fid=self.handle_file[source])
         old = self.slots.get((row["pid"], row["ret"]))
         if old is not None:
             self.handle_refs[old] -= 1
@@ -327,6 +369,8 @@ class _Planner:
         prefix = old + "/"
         for path in [p for p in self.sizes if p == old or p.startswith(prefix)]:
             self.sizes[new + path[len(old):]] = self.sizes.pop(path)
+        for path in [p for p in self.file_of_path if p == old or p.startswith(prefix)]:
+            self.file_of_path[new + path[len(old):]] = self.file_of_path.pop(path)
         self.first_touch.setdefault(new, True)
         self.ops[worker].append(PlanOp(seq=seq, kind="rename", ts_ns=row["ts_ns"], path=old, new_path=new,
                                        flags=row["flags"], deps=self.path_deps(seq, worker, old, new)))
@@ -339,6 +383,7 @@ class _Planner:
         self.named.add(path)
         self.first_touch.setdefault(path, False)
         self.sizes.pop(path, None)
+        self.file_of_path.pop(path, None)
         self.ops[worker].append(PlanOp(seq=seq, kind="unlink", ts_ns=row["ts_ns"], path=path, flags=row["flags"],
                                        deps=self.path_deps(seq, worker, path)))
 
@@ -366,8 +411,16 @@ class _Planner:
             for parent in _ancestors(path):
                 if not self._under_made_dir(parent):
                     dirs.add(parent)
+        final_path = {fid: path for path, fid in self.file_of_path.items()}
+        key_of = {fid: file_key(path) for fid, path in final_path.items()}
+        for path, extent in precreate_files:
+            fid = self.precreated[path]
+            if fid not in self.truncated and extent:
+                self.coverage[fid].insert(0, (0, extent))
         workers = tuple(
-            WorkerPlan(pid=pid, tid=tid, rank=self.ranks[(pid, tid)], ops=tuple(ops))
+            WorkerPlan(pid=pid, tid=tid, rank=self.ranks[(pid, tid)], ops=tuple(
+                dataclasses.replace(op, pattern_key=key_of.get(self.handle_file[op.handle], 0))
+                if op.kind == "write" else op for op in ops))
             for (pid, tid), ops in sorted(self.ops.items()) if ops
         )
         expected = {path: size for path, size in self.sizes.items() if size is not None}
@@ -383,7 +436,24 @@ class _Planner:
             skipped_ops=MappingProxyType(dict(self.skipped)),
             bytes_to_write=self.bytes_to_write + sum(size for _, size in precreate_files),
             awaited=frozenset(self.awaited),
+            verify_ranges=MappingProxyType({
+                path: tuple(merge_ranges(self.coverage[fid])) for path, fid in sorted(self.file_of_path.items())
+                if fid not in self.unverifiable and path in expected
+            }),
+            pattern_keys=MappingProxyType({path: key_of.get(self.precreated[path], 0) for path, _ in precreate_files}),
+            unverifiable=tuple(sorted(p for p, fid in self.file_of_path.items() if fid in self.unverifiable)),
         )
+
+
+def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Union of half-open byte ranges [start, end), sorted; touching ranges merge."""
+    merged: list[list[int]] = []
+    for start, end in sorted(r for r in ranges if r[1] > r[0]):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(start, end) for start, end in merged]
 
 
 _PLAN_COLUMNS = ("ts_ns", "pid", "tid", "rank", "op", "fd", "path", "new_path", "offset", "size", "ret", "flags")

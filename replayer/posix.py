@@ -22,6 +22,7 @@ from typing import Protocol
 
 from ckpt_trace.errors import ReplayError
 
+from . import pattern
 from .paths import TargetRoot
 from .plan import DATA_KINDS, METADATA_KINDS, PlanOp, ReplayPlan, WorkerPlan
 from .results import ReplayResult, percentiles_ns
@@ -87,19 +88,22 @@ class PosixExecutor:
                 if not os.path.isdir(path):
                     os.mkdir(path, 0o755)
             for rel, size in plan.precreate_files:
-                self._precreate(self.root.resolve(rel), size)
+                self._precreate(self.root.resolve(rel), size, plan.pattern_keys.get(rel, 0))
         except OSError as err:
             raise ReplayError(f"cannot prepare the target: {err.strerror or err} ({err.filename})") from None
 
-    def _precreate(self, path: str, size: int) -> None:
-        buf = pattern_buffer(min(size, self.max_io_bytes) or PAGE_BYTES)
+    def _precreate(self, path: str, size: int, key: int) -> None:
+        buf = pattern.periodic_buffer(min(size, self.max_io_bytes) or PAGE_BYTES)
+        view = memoryview(buf)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_NOFOLLOW, 0o644)
         try:
             done = 0
             while done < size:
-                done += os.write(fd, memoryview(buf)[: min(len(buf), size - done)])
+                first = pattern.start(done, key)
+                done += os.write(fd, view[first:first + min(len(buf) - pattern.PERIOD, size - done)])
         finally:
             os.close(fd)
+            view.release()
             buf.close()
 
     # -- the timed run -------------------------------------------------
@@ -143,8 +147,9 @@ class PosixExecutor:
 
     def _worker(self, worker: WorkerPlan, state: "_RunState", timing: str, progress: Progress | None) -> None:
         largest = max((op.size or 0 for op in worker.ops if op.kind in DATA_KINDS), default=0)
-        buf = pattern_buffer(min(max(largest, PAGE_BYTES), self.max_io_bytes))
-        view = memoryview(buf)
+        size = min(max(largest, PAGE_BYTES), self.max_io_bytes)
+        buf, read_buf = pattern.periodic_buffer(size), pattern_buffer(size)
+        view, read_view = memoryview(buf), memoryview(read_buf)
         latencies, written, read = [], 0, 0
         data_ops = metadata_ops = 0
         try:
@@ -156,7 +161,7 @@ class PosixExecutor:
                     if delay_ns > 0:
                         time.sleep(delay_ns / 1e9)
                 started = time.perf_counter_ns()
-                moved = self._execute(op, state, view)
+                moved = self._execute(op, state, view, read_view)
                 if op.kind in DATA_KINDS:
                     latencies.append(time.perf_counter_ns() - started)
                     data_ops += 1
@@ -177,15 +182,18 @@ class PosixExecutor:
             state.fail(ReplayError(f"replay failed at {op.kind} {op.path or ''}: descriptor was never opened"))
         finally:
             view.release()
+            read_view.release()
             buf.close()
+            read_buf.close()
             state.add(latencies, written, read, data_ops, metadata_ops)
 
-    def _execute(self, op: PlanOp, state: "_RunState", view: memoryview) -> int:
+    def _execute(self, op: PlanOp, state: "_RunState", write_view: memoryview, read_view: memoryview) -> int:
+        """Run one operation; ``write_view`` is a periodic pattern buffer, ``read_view`` a scratch buffer."""
         kind = op.kind
         if kind == "write":
-            return self._write(state.fds[op.handle], op, view)
+            return self._write(state.fds[op.handle], op, write_view)
         if kind == "read":
-            return self._read(state.fds[op.handle], op, view)
+            return self._read(state.fds[op.handle], op, read_view)
         if kind == "open":
             state.fds[op.handle] = self._open(op)
         elif kind == "close":
@@ -238,9 +246,12 @@ class PosixExecutor:
             raise
 
     def _write(self, fd: int, op: PlanOp, view: memoryview) -> int:
+        """Write ``op.size`` bytes of the file's pattern from the periodic buffer ``view``."""
         size, done = op.size or 0, 0
+        chunk_max = len(view) - pattern.PERIOD
         while done < size:
-            chunk = view[: min(len(view), size - done)]
+            first = pattern.start(op.offset + done, op.pattern_key) if op.offset is not None else 0
+            chunk = view[first:first + min(chunk_max, size - done)]
             if op.offset is None:
                 n = os.write(fd, chunk)
             else:

@@ -25,6 +25,7 @@ from .plan import ReplayPlan, build_posix_plan
 from .posix import PosixExecutor, Progress
 from .results import ReplayResult
 from .uring import UringExecutor, io_uring_available
+from .verify import verify_content
 
 STRATEGIES = ("posix", "uring-buffered", "uring-direct", "aggregated")
 CHOICES = STRATEGIES + ("all",)
@@ -164,6 +165,7 @@ def replay(
     repeat: int = 1,
     drop_caches: bool = False,
     durable: bool = False,
+    verify: bool = False,
     progress: Progress | None = None,
 ) -> ReplayReport:
     """Replay the trace at ``trace_path`` into ``target`` with ``strategy`` (or every strategy: ``all``).
@@ -174,6 +176,8 @@ def replay(
     ``drop_caches`` (root) drops the page cache before each run; ``durable``
     fsyncs every file left behind inside the timed region, so strategies that
     stop at the page cache and those that reach the device compare fairly.
+    ``verify`` reads every written file back after each strategy's run and
+    raises ReplayError on the first content mismatch.
     With ``all``, each strategy replays into ``target/<strategy>/`` and each
     result carries ``speedup_vs_posix``. Raises TraceFormatError for a bad
     trace and ReplayError for an unknown strategy or timing, an unsafe or
@@ -211,8 +215,20 @@ def replay(
             runs.append(executor.run(plan, timing=timing, progress=progress, durable=durable))
         results.append(_median_run(runs))
         mismatches.extend(size_mismatches(root, plan))
+        if verify:
+            results[-1].verified_files = _verify(root, plan)
     _add_speedups(results)
     return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches))
+
+
+def _verify(root: TargetRoot, plan: ReplayPlan) -> int:
+    """Check the content of ``plan``'s files under ``root``; return how many were checked. Raises ReplayError."""
+    found = verify_content(root, plan)
+    if found:
+        first = found[0]
+        raise ReplayError(f"verification failed for {plan.strategy}: {len(found)} file(s) differ from the pattern, "
+                          f"first {first.path} at byte {first.offset}")
+    return len(plan.verify_ranges)
 
 
 def drop_page_cache() -> None:

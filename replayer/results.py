@@ -31,7 +31,8 @@ class ReplayResult:
     ``unaligned_ops`` counts reads and writes O_DIRECT could not take
     (uring-direct); ``speedup_vs_posix`` is posix's ``elapsed_s`` divided by
     this run's, when posix ran in the same invocation. ``runs_elapsed_s``
-    holds every repeat's elapsed time when the result is the median of several.
+    holds every repeat's elapsed time when the result is the median of several;
+    ``verified_files`` how many files ``--verify`` checked (None without it).
     """
 
     strategy: str
@@ -47,6 +48,7 @@ class ReplayResult:
     unaligned_ops: int = 0
     speedup_vs_posix: float | None = None
     runs_elapsed_s: list[float] = field(default_factory=list)
+    verified_files: int | None = None
 
     @property
     def write_throughput_bytes_per_s(self) -> float:

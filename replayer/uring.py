@@ -36,6 +36,7 @@ from collections import Counter
 
 from ckpt_trace.errors import ReplayError
 
+from . import pattern
 from .paths import TargetRoot
 from .plan import DATA_KINDS, METADATA_KINDS, PATH_KINDS, PlanOp, WorkerPlan
 from .posix import PosixExecutor, Progress, _RunState, _op_error, pattern_buffer
@@ -152,7 +153,7 @@ class UringExecutor(PosixExecutor):
     def _worker(self, worker: WorkerPlan, state: _RunState, timing: str, progress: Progress | None) -> None:
         largest = max((op.size or 0 for op in worker.ops if op.kind in DATA_KINDS), default=0)
         size = min(max(largest, 4096), self.max_io_bytes)
-        write_buf, read_buf = pattern_buffer(size), pattern_buffer(size)
+        write_buf, read_buf = pattern.periodic_buffer(size), pattern_buffer(size)
         ptrs = {"write": _address(write_buf), "read": _address(read_buf)}
         views = {"write": memoryview(write_buf), "read": memoryview(read_buf)}
         ring = _Ring(self.queue_depth)
@@ -174,7 +175,7 @@ class UringExecutor(PosixExecutor):
                         progress.advance(moved)
                 else:
                     self._barrier(op, ring)
-                    self._execute(op, state, views["write"])
+                    self._execute(op, state, views["write"], views["read"])
                     totals["metadata_ops"] += op.kind in METADATA_KINDS
                 if op.seq in state.events:
                     ring.drain()
@@ -233,7 +234,10 @@ class UringExecutor(PosixExecutor):
         done = 0
         while done < size:
             chunk = min(chunk_max, size - done)
-            ring.submit(op.kind, fd, op.handle, ptrs[op.kind], chunk, op.offset + done)
+            ptr = ptrs[op.kind]
+            if op.kind == "write":
+                ptr += pattern.start(op.offset + done, op.pattern_key)
+            ring.submit(op.kind, fd, op.handle, ptr, chunk, op.offset + done)
             done += chunk
         return size
 
