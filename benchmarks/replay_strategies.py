@@ -8,7 +8,8 @@
    pipeline checkpoints do): ~18k writes of 64 B to 256 KiB, 94 % at unaligned
    offsets, over 1,025 files.
 
-Every replay is ``--durable`` (each written file fsynced inside the timed
+Each trace is replayed under ``all`` and then under ``aggregated --pack-files``
+(compared with the ``all`` run's posix). Every replay is ``--durable`` (each written file fsynced inside the timed
 region, so page-cache and O_DIRECT strategies compare on stable storage) and,
 as root, drops the page cache first. Ratios are taken within this one run.
 Traces missing under the given paths are recorded first (bcc or strace).
@@ -89,7 +90,14 @@ def main() -> None:
             report = replay(trace, target=target, strategy="all", queue_depth=args.queue_depth,
                             buffer_bytes=args.buffer_mib << 20, repeat=args.repeat, durable=True,
                             drop_caches=os.geteuid() == 0)
-            for result in report.results:
+            shutil.rmtree(target, ignore_errors=True)
+            packed = replay(trace, target=target, strategy="aggregated", pack_files=True,
+                            queue_depth=args.queue_depth, buffer_bytes=args.buffer_mib << 20, repeat=args.repeat,
+                            durable=True, drop_caches=os.geteuid() == 0).results[0]
+            packed.strategy = "aggregated+pack-files"
+            posix = report.results[0]
+            packed.speedup_vs_posix = posix.elapsed_s / packed.elapsed_s
+            for result in (*report.results, packed):
                 row = {"trace": name, **result.to_json()}
                 row["fraction_of_fio"] = result.write_throughput_bytes_per_s / limit if limit else None
                 rows.append(row)
@@ -99,13 +107,15 @@ def main() -> None:
 
     table = Table(title=f"Replay strategies (durable, queue depth {args.queue_depth}, {args.buffer_mib} MiB buffers); "
                         f"fio limit {limit / 1e6:,.0f} MB/s" if limit else "fio not installed")
-    for column in ("trace", "strategy", "elapsed", "write MB/s", "of fio", "vs posix", "data ops", "unaligned", "cpu sys"):
+    for column in ("trace", "strategy", "elapsed", "write MB/s", "of fio", "vs posix", "data ops", "meta ops", "unaligned",
+                   "cpu sys"):
         table.add_column(column, justify="left" if column in ("trace", "strategy") else "right")
     for row in rows:
         table.add_row(row["trace"], row["strategy"], f"{row['elapsed_s']:.3f} s",
                       f"{row['write_throughput_bytes_per_s'] / 1e6:,.0f}",
                       f"{row['fraction_of_fio']:.0%}" if row["fraction_of_fio"] is not None else "-",
-                      f"{row['speedup_vs_posix']:.2f}x", f"{row['data_ops']:,}", f"{row['unaligned_ops']:,}",
+                      f"{row['speedup_vs_posix']:.2f}x", f"{row['data_ops']:,}", f"{row['metadata_ops']:,}",
+                      f"{row['unaligned_ops']:,}",
                       f"{row['cpu_sys_s']:.2f} s")
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     result = {"benchmark": "replay_strategies", "fio_write_bytes_per_s": limit, "queue_depth": args.queue_depth,

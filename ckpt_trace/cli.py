@@ -118,6 +118,7 @@ def replay(
     drop_caches: bool = typer.Option(False, "--drop-caches", help="Drop the page cache before each run (root)."),
     durable: bool = typer.Option(False, "--durable", help="fsync every written file before the clock stops."),
     verify: bool = typer.Option(False, "--verify", help="Read the files back and check their content pattern."),
+    pack_files: bool = typer.Option(False, "--pack-files", help="aggregated: pack small files into one per worker, with an index."),
     strip_prefix: Optional[str] = typer.Option(None, "--strip-prefix", help="Remove this prefix from recorded paths."),
     timing: str = typer.Option("asap", help="asap (as fast as possible) or original (keep recorded gaps)."),
     force: bool = typer.Option(False, help="Replay into a non-empty target."),
@@ -133,7 +134,8 @@ def replay(
     buffer_bytes = parse_size(buffer_size)
     if dry_run:
         plans = {"trace": str(trace), "plans": plan_summaries(trace, strategy=strategy, target=target,
-                                                              strip_prefix=strip_prefix, buffer_bytes=buffer_bytes)}
+                                                              strip_prefix=strip_prefix, buffer_bytes=buffer_bytes,
+                                                              pack_files=pack_files)}
         if json_out is not None:
             _write_json(json_out, plans)
         if json_out is None or str(json_out) != "-":
@@ -142,7 +144,8 @@ def replay(
     with _progress() as progress:
         report = run_replay(trace, target=target, strategy=strategy, strip_prefix=strip_prefix, timing=timing,
                             force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
-                            drop_caches=drop_caches, durable=durable, verify=verify, progress=progress)
+                            drop_caches=drop_caches, durable=durable, verify=verify, pack_files=pack_files,
+                            progress=progress)
     data = report.to_json()
     if json_out is not None:
         _write_json(json_out, data)

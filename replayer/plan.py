@@ -58,7 +58,9 @@ class PlanOp:
     reference. ``deps`` are ``seq`` numbers of other workers' operations
     that must complete first. ``ts_ns`` is the recorded start time.
     ``pattern_key`` selects the content a write carries (``replayer.pattern``),
-    derived from the final path of the file written.
+    derived from the final path of the file written; ``pattern_offset``, when
+    set, is the offset in that file the bytes belong to (packed files live at
+    another offset of their pack).
     """
 
     seq: int
@@ -74,6 +76,7 @@ class PlanOp:
     release: bool = False
     deps: tuple[int, ...] = ()
     pattern_key: int = 0
+    pattern_offset: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +96,12 @@ class ReplayPlan:
     ``verify_ranges`` maps each final file to the byte ranges written data
     ends in (``--verify`` compares them with the pattern); ``pattern_keys``
     gives the pattern key of each pre-created file; ``unverifiable`` lists
-    files written at offsets the trace did not know.
+    files written at offsets the trace did not know. ``handle_files`` maps
+    each handle to the identity of its file and ``file_paths`` each live
+    file to its final path. With ``--pack-files``, ``pack_index`` maps each
+    packed file's final path to its pack, offset and size, ``pack_verify``
+    holds (pack, final path, offset, ranges) for ``--verify``, and
+    ``metadata_ops_saved`` counts the operations packing removed.
     """
 
     strategy: str
@@ -107,6 +115,11 @@ class ReplayPlan:
     verify_ranges: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     pattern_keys: Mapping[str, int] = field(default_factory=dict)
     unverifiable: tuple[str, ...] = ()
+    handle_files: Mapping[int, int] = field(default_factory=dict)
+    file_paths: Mapping[int, str] = field(default_factory=dict)
+    pack_index: Mapping[str, Mapping] = field(default_factory=dict)
+    pack_verify: tuple[tuple[str, str, int, tuple[tuple[int, int], ...]], ...] = ()
+    metadata_ops_saved: int = 0
 
     @property
     def num_ops(self) -> int:
@@ -442,6 +455,8 @@ class _Planner:
             }),
             pattern_keys=MappingProxyType({path: key_of.get(self.precreated[path], 0) for path, _ in precreate_files}),
             unverifiable=tuple(sorted(p for p, fid in self.file_of_path.items() if fid in self.unverifiable)),
+            handle_files=MappingProxyType(dict(self.handle_file)),
+            file_paths=MappingProxyType(final_path),
         )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import json
 import mmap
 import os
 import resource
@@ -23,6 +24,7 @@ from typing import Protocol
 from ckpt_trace.errors import ReplayError
 
 from . import pattern
+from .pack import INDEX_PATH
 from .paths import TargetRoot
 from .plan import DATA_KINDS, METADATA_KINDS, PlanOp, ReplayPlan, WorkerPlan
 from .results import ReplayResult, percentiles_ns
@@ -121,6 +123,8 @@ class PosixExecutor:
             thread.start()
         for thread in threads:
             thread.join()
+        if plan.pack_index and state.error is None:
+            self._write_pack_index(plan, durable)
         if durable and state.error is None:
             self._fsync_all(plan)
         elapsed_s = (time.monotonic_ns() - state.start_ns) / 1e9
@@ -134,8 +138,19 @@ class PosixExecutor:
             bytes_read=state.bytes_read, data_ops=state.data_ops, metadata_ops=state.metadata_ops,
             latency_ns=percentiles_ns(state.latencies_ns), cpu_user_s=usage1.ru_utime - usage0.ru_utime,
             cpu_sys_s=usage1.ru_stime - usage0.ru_stime, skipped_ops=dict(plan.skipped_ops),
-            unaligned_ops=state.unaligned_ops,
+            unaligned_ops=state.unaligned_ops, metadata_ops_saved=plan.metadata_ops_saved,
         )
+
+    def _write_pack_index(self, plan: ReplayPlan, durable: bool) -> None:
+        """Write the --pack-files index (final path -> pack, offset, size) inside the timed region."""
+        path = self.root.resolve(INDEX_PATH)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_NOFOLLOW, 0o644)
+        try:
+            os.write(fd, json.dumps({k: dict(v) for k, v in plan.pack_index.items()}, indent=1).encode())
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def _fsync_all(self, plan: ReplayPlan) -> None:
         for rel in plan.expected_sizes:
@@ -250,7 +265,8 @@ class PosixExecutor:
         size, done = op.size or 0, 0
         chunk_max = len(view) - pattern.PERIOD
         while done < size:
-            first = pattern.start(op.offset + done, op.pattern_key) if op.offset is not None else 0
+            base = op.pattern_offset if op.pattern_offset is not None else op.offset
+            first = pattern.start(base + done, op.pattern_key) if base is not None else 0
             chunk = view[first:first + min(chunk_max, size - done)]
             if op.offset is None:
                 n = os.write(fd, chunk)

@@ -21,6 +21,7 @@ from ckpt_trace.formats import read_trace
 
 from .paths import TargetRoot
 from .aggregate import alignment_counts, build_aggregated_plan
+from .pack import pack_plan
 from .plan import ReplayPlan, build_posix_plan
 from .posix import PosixExecutor, Progress
 from .results import ReplayResult
@@ -58,12 +59,13 @@ class ReplayReport:
 
 
 def build_plan(table, strategy: str, strip_prefix: str | None = None, *, buffer_bytes: int = 4 << 20,
-               block_bytes: int = 4096) -> ReplayPlan:
+               block_bytes: int = 4096, pack_files: bool = False) -> ReplayPlan:
     """The frozen plan of ``strategy`` for a trace table. Pure.
 
     posix, uring-buffered and uring-direct replay the recorded operations and
     differ only in how the executor submits them; aggregated coalesces them
-    (``replayer.aggregate``). Raises ReplayError for an unknown strategy or a
+    (``replayer.aggregate``) and, with ``pack_files``, packs small files
+    (``replayer.pack``). Raises ReplayError for an unknown strategy or a
     buffer size outside 1-64 MiB.
     """
     if strategy not in STRATEGIES:
@@ -72,9 +74,10 @@ def build_plan(table, strategy: str, strip_prefix: str | None = None, *, buffer_
     if strategy != "aggregated":
         return base
     try:
-        return build_aggregated_plan(base, buffer_bytes=buffer_bytes, block_bytes=block_bytes)
+        plan = build_aggregated_plan(base, buffer_bytes=buffer_bytes, block_bytes=block_bytes)
     except ValueError as err:
         raise ReplayError(f"--buffer-size: {err}") from None
+    return pack_plan(plan, block_bytes=block_bytes) if pack_files else plan
 
 
 def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> PosixExecutor:
@@ -97,7 +100,7 @@ def block_bytes_of(path: Path) -> int:
 
 
 def plan_summaries(trace_path: str | os.PathLike, *, strategy: str, target: str | os.PathLike,
-                   strip_prefix: str | None = None, buffer_bytes: int = 4 << 20) -> list[dict]:
+                   strip_prefix: str | None = None, buffer_bytes: int = 4 << 20, pack_files: bool = False) -> list[dict]:
     """What each strategy's plan would do (``--dry-run``): operations by kind, bytes, alignment. No I/O."""
     if strategy not in CHOICES:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
@@ -105,7 +108,8 @@ def plan_summaries(trace_path: str | os.PathLike, *, strategy: str, target: str 
     block = block_bytes_of(Path(target))
     summaries = []
     for name in STRATEGIES if strategy == "all" else (strategy,):
-        plan = build_plan(table, name, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block)
+        plan = build_plan(table, name, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block,
+                          pack_files=pack_files)
         data = [op for w in plan.workers for op in w.ops if op.kind in ("read", "write")]
         summaries.append({
             "strategy": name, "workers": len(plan.workers), "ops": plan.counts(),
@@ -114,6 +118,7 @@ def plan_summaries(trace_path: str | os.PathLike, *, strategy: str, target: str 
             "largest_op_bytes": max((op.size or 0 for op in data), default=0),
             "block_bytes": block, "alignment": alignment_counts(plan, block),
             "precreate_files": len(plan.precreate_files), "skipped_ops": dict(plan.skipped_ops),
+            "packed_files": len(plan.pack_index), "metadata_ops_saved": plan.metadata_ops_saved,
         })
     return summaries
 
@@ -149,6 +154,13 @@ def size_mismatches(root: TargetRoot, plan: ReplayPlan) -> tuple[SizeMismatch, .
             actual = None
         if actual != expected:
             found.append(SizeMismatch(plan.strategy, rel, expected, actual))
+    for rel, entry in sorted(plan.pack_index.items()):
+        try:
+            room = os.stat(os.path.join(root.root, entry["pack"])).st_size - entry["offset"]
+        except OSError:
+            room = None
+        if room is None or room < entry["size_bytes"]:
+            found.append(SizeMismatch(plan.strategy, f"{rel} (in {entry['pack']})", entry["size_bytes"], room))
     return tuple(found)
 
 
@@ -166,6 +178,7 @@ def replay(
     drop_caches: bool = False,
     durable: bool = False,
     verify: bool = False,
+    pack_files: bool = False,
     progress: Progress | None = None,
 ) -> ReplayReport:
     """Replay the trace at ``trace_path`` into ``target`` with ``strategy`` (or every strategy: ``all``).
@@ -177,7 +190,8 @@ def replay(
     fsyncs every file left behind inside the timed region, so strategies that
     stop at the page cache and those that reach the device compare fairly.
     ``verify`` reads every written file back after each strategy's run and
-    raises ReplayError on the first content mismatch.
+    raises ReplayError on the first content mismatch. ``pack_files`` packs
+    small files for the aggregated strategy.
     With ``all``, each strategy replays into ``target/<strategy>/`` and each
     result carries ``speedup_vs_posix``. Raises TraceFormatError for a bad
     trace and ReplayError for an unknown strategy or timing, an unsafe or
@@ -196,8 +210,8 @@ def replay(
     strategies = STRATEGIES if strategy == "all" else (strategy,)
     target = Path(target)
     block = block_bytes_of(target)
-    plans = [build_plan(trace.table, name, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block)
-             for name in strategies]
+    plans = [build_plan(trace.table, name, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block,
+                        pack_files=pack_files) for name in strategies]
     prepare_target(target, force)
     check_free_space(target, plans[0], copies=len(plans))
     results, mismatches = [], []

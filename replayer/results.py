@@ -32,7 +32,8 @@ class ReplayResult:
     (uring-direct); ``speedup_vs_posix`` is posix's ``elapsed_s`` divided by
     this run's, when posix ran in the same invocation. ``runs_elapsed_s``
     holds every repeat's elapsed time when the result is the median of several;
-    ``verified_files`` how many files ``--verify`` checked (None without it).
+    ``verified_files`` how many files ``--verify`` checked (None without it);
+    ``metadata_ops_saved`` the operations ``--pack-files`` removed.
     """
 
     strategy: str
@@ -49,6 +50,7 @@ class ReplayResult:
     speedup_vs_posix: float | None = None
     runs_elapsed_s: list[float] = field(default_factory=list)
     verified_files: int | None = None
+    metadata_ops_saved: int = 0
 
     @property
     def write_throughput_bytes_per_s(self) -> float:

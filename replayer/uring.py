@@ -236,7 +236,8 @@ class UringExecutor(PosixExecutor):
             chunk = min(chunk_max, size - done)
             ptr = ptrs[op.kind]
             if op.kind == "write":
-                ptr += pattern.start(op.offset + done, op.pattern_key)
+                base = op.pattern_offset if op.pattern_offset is not None else op.offset
+                ptr += pattern.start(base + done, op.pattern_key)
             ring.submit(op.kind, fd, op.handle, ptr, chunk, op.offset + done)
             done += chunk
         return size

@@ -1,6 +1,7 @@
 """``--verify``: read replayed files back and compare them with the pattern they must hold.
 
-Every byte range a plan leaves written (``ReplayPlan.verify_ranges``) must
+Every byte range a plan leaves written (``ReplayPlan.verify_ranges``, and
+``pack_verify`` for packed files, read at their offset in the pack) must
 hold ``replayer.pattern`` for its file; files written at offsets the trace
 did not know are not checked (``ReplayPlan.unverifiable``).
 """
@@ -29,14 +30,18 @@ def verify_content(root: TargetRoot, plan: ReplayPlan) -> list[ContentMismatch]:
     """Compare every written range of every file under ``root`` with its pattern; return the mismatches."""
     found = []
     for rel, ranges in plan.verify_ranges.items():
-        key = pattern.file_key(rel)
-        mismatch = _check_file(os.path.join(root.root, rel), ranges, key)
+        mismatch = _check_file(os.path.join(root.root, rel), ranges, pattern.file_key(rel))
         if mismatch is not None:
             found.append(ContentMismatch(rel, mismatch))
+    for pack, rel, base, ranges in plan.pack_verify:
+        mismatch = _check_file(os.path.join(root.root, pack), ranges, pattern.file_key(rel), base)
+        if mismatch is not None:
+            found.append(ContentMismatch(f"{rel} (in {pack})", mismatch))
     return found
 
 
-def _check_file(path: str, ranges: tuple[tuple[int, int], ...], key: int) -> int | None:
+def _check_file(path: str, ranges: tuple[tuple[int, int], ...], key: int, base: int = 0) -> int | None:
+    """First offset (in the original file's coordinates) where ``path`` differs; ``base``: where it starts in ``path``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -45,7 +50,7 @@ def _check_file(path: str, ranges: tuple[tuple[int, int], ...], key: int) -> int
         for start, end in ranges:
             for offset in range(start, end, CHUNK_BYTES):
                 size = min(CHUNK_BYTES, end - offset)
-                got = os.pread(fd, size, offset)
+                got = os.pread(fd, size, base + offset)
                 want = pattern.expected(offset, size, key)
                 if got != want:
                     return offset + next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(got))
