@@ -160,9 +160,21 @@ class PosixExecutor:
             finally:
                 os.close(fd)
 
-    def _worker(self, worker: WorkerPlan, state: "_RunState", timing: str, progress: Progress | None) -> None:
+    def _buffer_bytes(self, worker: WorkerPlan) -> int:
+        """Size of a worker's I/O buffers: its largest operation, at least a page, at most max_io_bytes."""
         largest = max((op.size or 0 for op in worker.ops if op.kind in DATA_KINDS), default=0)
-        size = min(max(largest, PAGE_BYTES), self.max_io_bytes)
+        return min(max(largest, PAGE_BYTES), self.max_io_bytes)
+
+    @staticmethod
+    def _pace(op: PlanOp, state: "_RunState", timing: str) -> None:
+        """With ``--timing original``, sleep until the operation's recorded start."""
+        if timing == "original":
+            delay_ns = state.start_ns + op.ts_ns - time.monotonic_ns()
+            if delay_ns > 0:
+                time.sleep(delay_ns / 1e9)
+
+    def _worker(self, worker: WorkerPlan, state: "_RunState", timing: str, progress: Progress | None) -> None:
+        size = self._buffer_bytes(worker)
         buf, read_buf = pattern.periodic_buffer(size), pattern_buffer(size)
         view, read_view = memoryview(buf), memoryview(read_buf)
         latencies, written, read = [], 0, 0
@@ -171,10 +183,7 @@ class PosixExecutor:
             for op in worker.ops:
                 if not state.wait(op.deps):
                     return
-                if timing == "original":
-                    delay_ns = state.start_ns + op.ts_ns - time.monotonic_ns()
-                    if delay_ns > 0:
-                        time.sleep(delay_ns / 1e9)
+                self._pace(op, state, timing)
                 started = time.perf_counter_ns()
                 moved = self._execute(op, state, view, read_view)
                 if op.kind in DATA_KINDS:

@@ -151,8 +151,7 @@ class UringExecutor(PosixExecutor):
             self._buffered_fds.clear()
 
     def _worker(self, worker: WorkerPlan, state: _RunState, timing: str, progress: Progress | None) -> None:
-        largest = max((op.size or 0 for op in worker.ops if op.kind in DATA_KINDS), default=0)
-        size = min(max(largest, 4096), self.max_io_bytes)
+        size = self._buffer_bytes(worker)
         write_buf, read_buf = pattern.periodic_buffer(size), pattern_buffer(size)
         ptrs = {"write": _address(write_buf), "read": _address(read_buf)}
         views = {"write": memoryview(write_buf), "read": memoryview(read_buf)}
@@ -163,10 +162,7 @@ class UringExecutor(PosixExecutor):
             for op in worker.ops:
                 if not state.wait(op.deps):
                     return
-                if timing == "original":
-                    delay_ns = state.start_ns + op.ts_ns - time.monotonic_ns()
-                    if delay_ns > 0:
-                        time.sleep(delay_ns / 1e9)
+                self._pace(op, state, timing)
                 if op.kind in DATA_KINDS:
                     moved = self._data(op, state, ring, ptrs, views, totals, size)
                     totals[op.kind] += moved
