@@ -149,3 +149,19 @@ def test_a_descriptor_reused_across_threads_follows_the_exit_order():
     cols = b.columns()
     assert list(zip(cols["op"], cols["path"])) == [("open", "/a"), ("close", "/a"), ("open", "/b"), ("write", "/b"), ("close", "/b")]
     assert b.untracked_fd_ops == 0
+
+
+def test_a_close_that_returns_after_another_threads_open_of_the_same_number():
+    # close(6) enters first and frees 6; thread 101's openat returns 6 while the close is still flushing.
+    b = TraceBuilder(start_ns=0, root_pid=PID, cwd="/")
+    ev = lambda ts, dur, tid, name, ret, **args: SyscallEvent(ts_ns=ts, dur_ns=dur, tid=tid, name=name, args=args, ret=ret)
+    b.feed_all([
+        ev(0, 5, PID, "clone", 101, clone_flags=sc.CLONE_THREAD | sc.CLONE_FILES),
+        ev(10, 1, PID, "openat", 6, dirfd=sc.AT_FDCWD, path="/a", flags=sc.O_WRONLY | sc.O_CREAT),
+        ev(20, 50, PID, "close", 0, fd=6),
+        ev(30, 5, 101, "openat", 6, dirfd=sc.AT_FDCWD, path="/b", flags=sc.O_WRONLY | sc.O_CREAT),
+        ev(40, 1, 101, "pwrite64", 4, fd=6, count=4, offset=300),
+    ])
+    cols = b.columns()
+    assert list(zip(cols["op"], cols["path"])) == [("open", "/a"), ("close", "/a"), ("open", "/b"), ("write", "/b")]
+    assert b.untracked_fd_ops == 0

@@ -121,18 +121,19 @@ def rank_from_environ(env: Iterable[str]) -> int | None:
     return None
 
 
-_CLONES = frozenset({"clone", "clone3", "fork", "vfork"})
+_AT_ENTRY = frozenset({"clone", "clone3", "fork", "vfork", "close", "close_range"})
 
 
 def effect_ns(ev: SyscallEvent) -> int:
     """When a call's effect on descriptor state became visible to other threads.
 
-    A descriptor exists from the moment open/dup *returns* and a closed number
-    can be handed out again before close returns, so calls take effect at
-    their exit; a child exists from inside its parent's clone, before any of
-    its own calls, so clones take effect at their entry.
+    A descriptor exists from the moment open/dup *returns*, so calls take
+    effect at their exit; but close frees the number at the start of the
+    call (another thread's open may return it before close returns), and a
+    child exists from inside its parent's clone, before any of its own calls,
+    so those take effect at their entry.
     """
-    return ev.ts_ns if ev.name in _CLONES else ev.ts_ns + max(ev.dur_ns, 0)
+    return ev.ts_ns if ev.name in _AT_ENTRY else ev.ts_ns + max(ev.dur_ns, 0)
 
 
 def normalize_path(path: str) -> str:
