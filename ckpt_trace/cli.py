@@ -175,6 +175,49 @@ def summary(
 
 
 @app.command()
+def export(
+    trace: Path = typer.Argument(..., help="Trace file."),
+    fmt: str = typer.Option("perfetto", "--format", help="perfetto (Chrome trace-event JSON) or parquet (by rank)."),
+    output: Path = typer.Option(..., "-o", "--output", help="JSON file (perfetto) or directory (parquet)."),
+    force: bool = typer.Option(False, help="Overwrite an existing output."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    """Export a trace for Perfetto (ui.perfetto.dev) or as Parquet partitioned by rank."""
+    from ckpt_trace.formats import read_trace
+
+    from .report.export import FORMATS, export_parquet, export_perfetto
+
+    if fmt not in FORMATS:
+        raise CkptTraceError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+    loaded = read_trace(trace)
+    count = (export_perfetto if fmt == "perfetto" else export_parquet)(loaded, output, overwrite=force)
+    unit = "events" if fmt == "perfetto" else "rows"
+    if as_json:
+        _write_json(None, {"trace": str(trace), "format": fmt, "output": str(output), unit: count})
+    else:
+        err.print(f"ckpt-trace: wrote {count:,} {unit} to {output}", highlight=False)
+
+
+@app.command()
+def diff(
+    trace_a: Path = typer.Argument(..., help="The earlier recording."),
+    trace_b: Path = typer.Argument(..., help="The later recording."),
+    as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+) -> None:
+    """What changed between two recordings: operations, bytes, request sizes, files, timing."""
+    from ckpt_trace.formats import read_trace
+
+    from .report.diff import diff_traces
+    from .report.render import render_diff
+
+    data = diff_traces(read_trace(trace_a), read_trace(trace_b))
+    if as_json:
+        _write_json(None, data)
+    else:
+        render_diff(out, data)
+
+
+@app.command()
 def workload(
     engine: str = typer.Argument(..., help="dcp, torch-save or safetensors."),
     out_dir: Path = typer.Option(..., "--out", help="Checkpoint directory to write."),

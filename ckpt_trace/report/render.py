@@ -126,3 +126,33 @@ def render_plans(console: Console, plans: list[dict[str, Any]]) -> None:
                       f"{ops.get('read', 0):,}", human_bytes(plan["read_bytes"]), human_bytes(plan["largest_op_bytes"]),
                       f"{align['aligned']:,}", f"{align['unaligned']:,}", f"{align['unknown_offset']:,}", f"{metadata:,}")
     console.print(table)
+
+
+def render_diff(console: Console, data: dict[str, Any]) -> None:
+    """Two recordings side by side, with changes."""
+    table = _table(console, f"Trace diff: A = {data['a']}, B = {data['b']}")
+    for column in ("figure", "A", "B", "change"):
+        table.add_column(column, justify="left" if column == "figure" else "right")
+
+    def fmt(key: str, value: float) -> str:
+        if key.endswith("_ns"):
+            return human_ns(value)
+        if key.startswith("bytes"):
+            return human_bytes(value)
+        return f"{value:,.0f}" if isinstance(value, (int, float)) else str(value)
+
+    for key, entry in data["totals"].items():
+        ratio = f" ({entry['ratio']:.2f}x)" if entry["ratio"] not in (None, 1.0) else ""
+        table.add_row(key, fmt(key, entry["a"]), fmt(key, entry["b"]), f"{entry['change']:+,.0f}{ratio}")
+    for op, entry in data["ops"].items():
+        table.add_row(f"ops: {op}", f"{entry['a']:,}", f"{entry['b']:,}", f"{entry['change']:+,}")
+    for bucket, entry in data["size_histogram"].items():
+        table.add_row(f"requests ≥ {human_bytes(bucket)}", f"{entry['a']:,}", f"{entry['b']:,}", f"{entry['change']:+,}")
+    share = data["unaligned_offset_share"]
+    table.add_row("unaligned offsets", f"{share['a']:.1%}", f"{share['b']:.1%}", f"{share['change']:+.1%}")
+    console.print(table)
+    for side in ("a", "b"):
+        files = data[f"files_only_in_{side}"]
+        if files:
+            shown = ", ".join(files[:8]) + (f" and {len(files) - 8} more" if len(files) > 8 else "")
+            console.print(f"files only in {side.upper()}: {shown}", highlight=False)

@@ -1,0 +1,106 @@
+"""``export``: a trace as Chrome trace-event JSON (Perfetto) or as Parquet partitioned by rank.
+
+Perfetto: the Trace Event Format (Chrome, "JSON Array/Object Format"):
+``ts``/``dur`` in microseconds; each process and thread is named with "M"
+metadata events; each operation is an async pair ("b"/"e") with its own id,
+so operations that overlap in time on one track still render (complete "X"
+events on a track must nest, which concurrent I/O does not). ``args`` carry
+syscall, path, offset, size and return value. ui.perfetto.dev opens the file.
+
+Parquet: one Hive-style directory per rank (``rank=0/...``) readable by
+Spark, Dask, DuckDB and pyarrow.dataset; the trace's metadata is kept in
+``_ckpt_trace.json`` beside the partitions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow.dataset as ds
+
+from ckpt_trace.errors import CkptTraceError
+from ckpt_trace.formats import Trace
+
+FORMATS = ("perfetto", "parquet")
+_ARG_COLUMNS = ("syscall", "path", "new_path", "offset", "size", "ret", "fd", "flags", "rank")
+
+
+def _metadata_events(table) -> list[dict]:
+    events = []
+    seen_pids, seen_tids = set(), set()
+    for pid, tid, comm, rank in zip(*(table[c].to_pylist() for c in ("pid", "tid", "comm", "rank"))):
+        if pid not in seen_pids:
+            seen_pids.add(pid)
+            label = f"{comm or 'process'} (rank {rank})" if rank >= 0 else (comm or "process")
+            events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": label}})
+        if (pid, tid) not in seen_tids:
+            seen_tids.add((pid, tid))
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": f"{comm or ''} {tid}"}})
+    return events
+
+
+def _write_perfetto(trace: Trace, handle) -> int:
+    table = trace.table
+    columns = {c: table[c].to_pylist() for c in ("ts_ns", "dur_ns", "pid", "tid", "op") + _ARG_COLUMNS}
+    handle.write('{"displayTimeUnit": "ns", "otherData": ')
+    handle.write(json.dumps({"ckpt_trace": dict(trace.metadata)}))
+    handle.write(', "traceEvents": [\n')
+    events = _metadata_events(table)
+    for index, event in enumerate(events):
+        handle.write(("," if index else "") + json.dumps(event) + "\n")
+    count = len(events)
+    for row in range(table.num_rows):
+        args = {c: columns[c][row] for c in _ARG_COLUMNS if columns[c][row] is not None}
+        base = {"cat": "io", "name": columns["op"][row], "id": row, "pid": columns["pid"][row],
+                "tid": columns["tid"][row]}
+        begin = {**base, "ph": "b", "ts": columns["ts_ns"][row] / 1000, "args": args}
+        end = {**base, "ph": "e", "ts": (columns["ts_ns"][row] + columns["dur_ns"][row]) / 1000}
+        handle.write("," + json.dumps(begin) + "\n," + json.dumps(end) + "\n")
+        count += 2
+    handle.write("]}\n")
+    return count
+
+
+def export_perfetto(trace: Trace, output: Path, *, overwrite: bool = False) -> int:
+    """Write ``trace`` as Chrome trace-event JSON to ``output`` atomically; return the number of events.
+
+    Raises CkptTraceError when ``output`` exists and ``overwrite`` is false, or on a write failure.
+    """
+    output = Path(output)
+    if output.exists() and not overwrite:
+        raise CkptTraceError(f"{output} already exists (use --force to overwrite it)")
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as handle:
+            count = _write_perfetto(trace, handle)
+        os.replace(tmp, output)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise CkptTraceError(f"cannot write {output}: {err.strerror}") from None
+    return count
+
+
+def export_parquet(trace: Trace, output: Path, *, overwrite: bool = False) -> int:
+    """Write ``trace`` as Parquet partitioned by rank under the directory ``output``; return the row count.
+
+    The directory is built beside ``output`` and renamed into place. Raises
+    CkptTraceError when ``output`` exists and ``overwrite`` is false, or on a write failure.
+    """
+    output = Path(output)
+    if output.exists() and not overwrite:
+        raise CkptTraceError(f"{output} already exists (use --force to overwrite it)")
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    try:
+        ds.write_dataset(trace.table, tmp, format="parquet", partitioning=["rank"], partitioning_flavor="hive",
+                         existing_data_behavior="overwrite_or_ignore")
+        (tmp / "_ckpt_trace.json").write_text(json.dumps(dict(trace.metadata), indent=1, sort_keys=True))
+        if output.exists():
+            shutil.rmtree(output)
+        os.replace(tmp, output)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CkptTraceError(f"cannot write {output}: {err.strerror}") from None
+    return trace.num_rows
