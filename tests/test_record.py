@@ -84,7 +84,7 @@ def test_lost_events_are_counted_and_strict_refuses(bcc_backend, tmp_path, monke
     monkeypatch.setenv("CKPT_TRACE_BPF_POLL_MS", "2000")
     scratch = tmp_path / "busy"
     busy = [sys.executable, "-c",
-            f"import os\nfor _ in range(3000): os.close(os.open('{scratch}', os.O_WRONLY | os.O_CREAT, 0o644))"]
+            f"import os\nfor _ in range(30000): os.close(os.open('{scratch}', os.O_WRONLY | os.O_CREAT, 0o644))"]
     strict = cli("record", "--backend", "bcc", "--strict", "-o", str(tmp_path / "s.arrow"), "--", *busy, check=False)
     assert strict.returncode == 2 and "lost" in strict.stderr
     assert not (tmp_path / "s.arrow").exists()
