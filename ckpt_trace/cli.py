@@ -48,6 +48,14 @@ def _write_json(path: Path | None, data: dict) -> None:
         raise CkptTraceError(f"cannot write {path}: {error.strerror}") from None
 
 
+def _show(data: dict, as_json: bool, render) -> None:
+    """Print ``data`` as JSON on stdout, or render it for a person."""
+    if as_json:
+        _write_json(None, data)
+    else:
+        render(out, data)
+
+
 class _BytesBar:
     """Progress sink for the replayer: ``start(total_bytes, label)`` per run, then ``advance(bytes)``."""
 
@@ -125,12 +133,10 @@ def replay(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON to this file ('-': stdout)."),
 ) -> None:
     """Re-execute a trace's operations under TARGET and measure them."""
-    from ckpt_trace.formats import read_metadata
     from ckpt_trace.replayer import plan_summaries, replay as run_replay
 
     from .report.render import parse_size, render_plans, render_results
 
-    read_metadata(trace)
     buffer_bytes = parse_size(buffer_size)
     if dry_run:
         plans = {"trace": str(trace), "plans": plan_summaries(trace, strategy=strategy, target=target,
@@ -167,11 +173,7 @@ def summary(
     from .report.render import render_summary
     from .report.summary import summarize
 
-    data = summarize(read_trace(trace))
-    if as_json:
-        _write_json(None, data)
-    else:
-        render_summary(out, data)
+    _show(summarize(read_trace(trace)), as_json, render_summary)
 
 
 @app.command()
@@ -210,11 +212,7 @@ def diff(
     from .report.diff import diff_traces
     from .report.render import render_diff
 
-    data = diff_traces(read_trace(trace_a), read_trace(trace_b))
-    if as_json:
-        _write_json(None, data)
-    else:
-        render_diff(out, data)
+    _show(diff_traces(read_trace(trace_a), read_trace(trace_b)), as_json, render_diff)
 
 
 @app.command()

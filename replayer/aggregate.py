@@ -29,9 +29,7 @@ MIN_BUFFER_BYTES = 1 << 20
 MAX_BUFFER_BYTES = 64 << 20
 
 
-def merge_extents(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Union of half-open byte ranges [start, end), sorted; touching ranges merge."""
-    return merge_ranges(ranges)
+merge_extents = merge_ranges  # union of half-open byte ranges, sorted; touching ranges merge
 
 
 def split_extent(start: int, end: int, buffer_bytes: int, block_bytes: int) -> list[tuple[int, int]]:

@@ -70,7 +70,14 @@ def build_plan(table, strategy: str, strip_prefix: str | None = None, *, buffer_
     """
     if strategy not in STRATEGIES:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
-    base = dataclasses.replace(build_posix_plan(table, strip_prefix), strategy=strategy)
+    return derive_plan(build_posix_plan(table, strip_prefix), strategy, buffer_bytes=buffer_bytes,
+                       block_bytes=block_bytes, pack_files=pack_files)
+
+
+def derive_plan(base: ReplayPlan, strategy: str, *, buffer_bytes: int = 4 << 20, block_bytes: int = 4096,
+                pack_files: bool = False) -> ReplayPlan:
+    """``strategy``'s plan from the as-recorded plan ``base`` (so ``all`` plans the trace once). Pure."""
+    base = dataclasses.replace(base, strategy=strategy)
     if strategy != "aggregated":
         return base
     try:
@@ -78,6 +85,14 @@ def build_plan(table, strategy: str, strip_prefix: str | None = None, *, buffer_
     except ValueError as err:
         raise ReplayError(f"--buffer-size: {err}") from None
     return pack_plan(plan, block_bytes=block_bytes) if pack_files else plan
+
+
+def _plans(table, strategy: str, strip_prefix: str | None, **options) -> list[ReplayPlan]:
+    """The plans of ``strategy`` (every strategy for ``all``), planning the trace once."""
+    if strategy not in CHOICES:
+        raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
+    base = build_posix_plan(table, strip_prefix)
+    return [derive_plan(base, name, **options) for name in (STRATEGIES if strategy == "all" else (strategy,))]
 
 
 def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> PosixExecutor:
@@ -102,17 +117,14 @@ def block_bytes_of(path: Path) -> int:
 def plan_summaries(trace_path: str | os.PathLike, *, strategy: str, target: str | os.PathLike,
                    strip_prefix: str | None = None, buffer_bytes: int = 4 << 20, pack_files: bool = False) -> list[dict]:
     """What each strategy's plan would do (``--dry-run``): operations by kind, bytes, alignment. No I/O."""
-    if strategy not in CHOICES:
-        raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
     table = read_trace(trace_path).table
     block = block_bytes_of(Path(target))
     summaries = []
-    for name in STRATEGIES if strategy == "all" else (strategy,):
-        plan = build_plan(table, name, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block,
-                          pack_files=pack_files)
+    for plan in _plans(table, strategy, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block,
+                       pack_files=pack_files):
         data = [op for w in plan.workers for op in w.ops if op.kind in ("read", "write")]
         summaries.append({
-            "strategy": name, "workers": len(plan.workers), "ops": plan.counts(),
+            "strategy": plan.strategy, "workers": len(plan.workers), "ops": plan.counts(),
             "write_bytes": sum(op.size or 0 for op in data if op.kind == "write"),
             "read_bytes": sum(op.size or 0 for op in data if op.kind == "read"),
             "largest_op_bytes": max((op.size or 0 for op in data), default=0),
@@ -207,11 +219,9 @@ def replay(
     if drop_caches and os.geteuid() != 0:
         raise ReplayError("--drop-caches needs root (it writes /proc/sys/vm/drop_caches)")
     trace = read_trace(trace_path)
-    strategies = STRATEGIES if strategy == "all" else (strategy,)
     target = Path(target)
-    block = block_bytes_of(target)
-    plans = [build_plan(trace.table, name, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block,
-                        pack_files=pack_files) for name in strategies]
+    plans = _plans(trace.table, strategy, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block_bytes_of(target),
+                   pack_files=pack_files)
     prepare_target(target, force)
     check_free_space(target, plans[0], copies=len(plans))
     results, mismatches = [], []

@@ -38,11 +38,10 @@ from ckpt_trace.errors import ReplayError
 
 from . import pattern
 from .paths import TargetRoot
-from .plan import DATA_KINDS, METADATA_KINDS, PATH_KINDS, PlanOp, WorkerPlan
+from .plan import DATA_KINDS, FD_KINDS, METADATA_KINDS, PATH_KINDS, PlanOp, WorkerPlan
 from .posix import PosixExecutor, Progress, _RunState, _op_error, pattern_buffer
 
-_HANDLE_BARRIERS = frozenset({"close", "lseek", "fsync", "fdatasync", "sync_file_range", "ftruncate", "fallocate",
-                              "dup", "fcntl"})
+_HANDLE_BARRIERS = FD_KINDS - DATA_KINDS  # operations on one descriptor: drain its requests first
 
 
 def io_uring_available() -> str | None:
