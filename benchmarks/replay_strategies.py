@@ -36,24 +36,14 @@ from rich.table import Table
 
 from ckpt_trace.replayer import replay
 
+from common import best_fio
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 WORKLOADS = {
     "dcp": ["dcp", "--ranks", "4", "--model", "gpt2-medium", "--with-optimizer"],
     "small-ops": ["torch-save", "--model", "gpt2-deep-tiny", "--with-optimizer", "--file-per-layer"],
 }
-
-
-def fio_limit_bytes_per_s(directory: Path, size: str) -> float | None:
-    """Sequential O_DIRECT io_uring write bandwidth (bytes/s) of fio, or None without fio."""
-    if shutil.which("fio") is None:
-        return None
-    cmd = ["fio", "--name=limit", f"--directory={directory}", "--rw=write", "--bs=4M", "--ioengine=io_uring",
-           "--direct=1", "--iodepth=32", f"--size={size}", "--end_fsync=1", "--output-format=json"]
-    report = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    for path in directory.glob("limit*"):
-        path.unlink()
-    return float(report["jobs"][0]["write"]["bw_bytes"])
 
 
 def ensure_trace(name: str, trace: Path, scratch: Path) -> Path:
@@ -86,8 +76,7 @@ def main() -> None:
     try:
         traces = {"dcp": ensure_trace("dcp", args.dcp_trace, scratch),
                   "small-ops": ensure_trace("small-ops", args.small_trace, scratch)}
-        samples = [fio_limit_bytes_per_s(scratch, args.fio_size) for _ in range(args.fio_runs)]
-        limit = max(samples) if None not in samples else None
+        limit, samples = best_fio(scratch, args.fio_size, args.fio_runs)
         for name, trace in traces.items():
             target = scratch / f"replay-{name}"
             report = replay(trace, target=target, strategy="all", queue_depth=args.queue_depth,

@@ -7,7 +7,6 @@ non-zero exit; usage errors one line and exit 2.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn
 
 from ckpt_trace import __version__
 from ckpt_trace.errors import CkptTraceError
+from ckpt_trace.formats import write_bytes_atomic
 
 app = typer.Typer(
     add_completion=False,
@@ -39,13 +39,7 @@ def _write_json(path: Path | None, data: dict) -> None:
     if path is None or str(path) == "-":
         sys.stdout.write(text)
         return
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError as error:
-        tmp.unlink(missing_ok=True)
-        raise CkptTraceError(f"cannot write {path}: {error.strerror}") from None
+    write_bytes_atomic(path, text.encode())
 
 
 def _show(data: dict, as_json: bool, render) -> None:
@@ -201,6 +195,31 @@ def export(
 
 
 @app.command()
+def report(
+    trace: Path = typer.Argument(..., help="Trace file."),
+    results: List[Path] = typer.Argument(None, help="replay --json (or benchmark) files to compare strategies."),
+    output: Path = typer.Option(..., "-o", "--output", help="HTML file to write."),
+    fio_limit: Optional[str] = typer.Option(None, "--fio-limit", help="Device limit to draw, in MB/s (e.g. 2100)."),
+    force: bool = typer.Option(False, help="Overwrite an existing output."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    """One self-contained HTML page: summary, timeline, request sizes, offsets, throughput, strategies."""
+    from .report.html import write_report
+
+    limit = None
+    if fio_limit is not None:
+        try:
+            limit = float(fio_limit) * 1e6
+        except ValueError:
+            raise CkptTraceError(f"--fio-limit takes MB/s, not {fio_limit!r}") from None
+    data = write_report(trace, output, results_paths=results or [], fio_limit_bytes_per_s=limit, overwrite=force)
+    if as_json:
+        _write_json(None, data)
+    else:
+        err.print(f"ckpt-trace: wrote {output} ({data['figures']} figures, {data['bytes']:,} bytes)", highlight=False)
+
+
+@app.command()
 def diff(
     trace_a: Path = typer.Argument(..., help="The earlier recording."),
     trace_b: Path = typer.Argument(..., help="The later recording."),
@@ -213,6 +232,86 @@ def diff(
     from .report.render import render_diff
 
     _show(diff_traces(read_trace(trace_a), read_trace(trace_b)), as_json, render_diff)
+
+
+@app.command()
+def baseline(
+    traces: List[Path] = typer.Argument(..., help="Trace files to replay."),
+    target: Path = typer.Option(..., "--target", help="Empty directory on the storage to measure."),
+    output: Path = typer.Option(..., "-o", "--output", help="Baseline JSON to write."),
+    strategy: List[str] = typer.Option([], "--strategy", help="Strategy to measure (repeatable; default: all)."),
+    repeat: int = typer.Option(1, "--repeat", help="Runs per trace and strategy; the median run is kept."),
+    queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
+    buffer_size: str = typer.Option("4MiB", "--buffer-size", help="aggregated: aligned buffer size."),
+    force: bool = typer.Option(False, help="Overwrite an existing baseline file."),
+) -> None:
+    """Replay traces on this storage and record the results, with host, kernel, file system and device."""
+    from .report.regression import make_baseline, write_json
+    from .report.render import parse_size
+
+    if output.exists() and not force:
+        raise CkptTraceError(f"{output} exists; pass --force to overwrite it")
+    with _progress() as progress:
+        data = make_baseline(traces, target=target, strategies=strategy, repeat=repeat, queue_depth=queue_depth,
+                             buffer_bytes=parse_size(buffer_size), progress=progress)
+    write_json(output, data)
+    env = data["environment"]
+    err.print(f"ckpt-trace: baseline of {len(traces)} trace(s) x {len(data['options']['strategies'])} strategies on "
+              f"{env['filesystem']} ({env['device']}) written to {output}", highlight=False)
+
+
+@app.command()
+def check(
+    traces: List[Path] = typer.Argument(..., help="The baseline's trace files."),
+    baseline_file: Path = typer.Option(..., "--baseline", help="Baseline JSON from `ckpt-trace baseline`."),
+    target: Path = typer.Option(..., "--target", help="Empty directory on the storage under test."),
+    tolerance: str = typer.Option("10%", "--tolerance", help="Allowed loss of throughput or rise of p99 latency."),
+    repeat: Optional[int] = typer.Option(None, "--repeat", help="Runs per figure (default: the baseline's)."),
+    strategy: List[str] = typer.Option([], "--strategy", help="Must match the baseline's strategies if given."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Write JUnit XML: one test case per trace and strategy."),
+    as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+) -> None:
+    """Replay a baseline's traces on the storage under test; exit 1 if any figure regressed beyond the tolerance."""
+    import dataclasses
+
+    from .report.regression import junit_xml, load_baseline, parse_tolerance, run_check
+    from .report.render import render_check
+
+    allowed = parse_tolerance(tolerance)
+    data = load_baseline(baseline_file)
+    with _progress() as progress:
+        rows = run_check(traces, data, target=target, tolerance=allowed, repeat=repeat, strategies=strategy,
+                         progress=progress)
+    if junit is not None:
+        write_bytes_atomic(junit, junit_xml(rows, allowed))
+    as_dicts = [dataclasses.asdict(row) for row in rows]
+    regressed = sum(row.regressed for row in rows)
+    _show({"tolerance": allowed, "regressed": regressed, "comparisons": as_dicts}, as_json,
+          lambda console, _: render_check(console, as_dicts, allowed))
+    if regressed:
+        err.print(f"[red]ckpt-trace: {regressed} figure(s) regressed beyond {allowed:.0%}[/]", highlight=False)
+        raise typer.Exit(1)
+
+
+@app.command()
+def emit(
+    trace: Path = typer.Argument(..., help="Trace file the writer is tuned for."),
+    output: Path = typer.Option(..., "-o", "--output", help="Python module to write (e.g. my_writer.py)."),
+    from_results: Optional[Path] = typer.Option(None, "--from-results", help="replay --json output to tune from."),
+    force: bool = typer.Option(False, help="Overwrite an existing output."),
+    as_json: bool = typer.Option(False, "--json", help="Print the chosen parameters as JSON."),
+) -> None:
+    """Write a drop-in torch.distributed.checkpoint writer/reader module tuned from a trace and replay results."""
+    from ckpt_trace.writer.emit import emit as run_emit
+
+    choice = run_emit(trace, output, results_path=from_results, force=force)
+    data = {"output": str(output), "options": choice.options.to_json(), "reasons": choice.reasons,
+            "fastest_strategy": choice.winner}
+    if as_json:
+        _write_json(None, data)
+    else:
+        chosen = ", ".join(f"{k}={v}" for k, v in data["options"].items() if k in choice.reasons)
+        err.print(f"ckpt-trace: wrote {output} ({chosen})", highlight=False)
 
 
 @app.command()

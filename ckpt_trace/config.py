@@ -36,3 +36,10 @@ TRACE_BATCH_ROWS = _int_env("TRACE_BATCH_ROWS", 65536)
 # Replay
 REPLAY_MAX_IO_BYTES = _int_env("REPLAY_MAX_IO_BYTES", 64 << 20)  # largest single synthetic buffer
 REPLAY_FREE_SPACE_MARGIN_BYTES = _int_env("REPLAY_FREE_SPACE_MARGIN_BYTES", 64 << 20)
+
+# Checkpoint writer/reader (ckpt_trace.writer); the emitted module pins its own values
+WRITER_BUFFER_BYTES = _int_env("WRITER_BUFFER_BYTES", 4 << 20)  # one staging buffer = one aligned write
+WRITER_QUEUE_DEPTH = _int_env("WRITER_QUEUE_DEPTH", 8)  # io_uring requests in flight per writer thread
+WRITER_THREADS = _int_env("WRITER_THREADS", 1)  # writer threads per rank, one data file each
+WRITER_ALIGN_BYTES = _int_env("WRITER_ALIGN_BYTES", 4096)  # O_DIRECT offset/size/address alignment
+WRITER_ITEM_ALIGN_BYTES = _int_env("WRITER_ITEM_ALIGN_BYTES", 64)  # each tensor starts at a multiple of this

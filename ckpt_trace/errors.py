@@ -15,4 +15,8 @@ class WorkloadError(CkptTraceError):
     """A built-in workload could not run (missing optional dependency, bad parameters)."""
 
 
-__all__ = ["CkptTraceError", "ReplayError", "TraceFormatError", "TracerError", "WorkloadError"]
+class CheckpointError(CkptTraceError):
+    """The emitted checkpoint writer or reader failed: a missing or truncated file, a full disk, no metadata."""
+
+
+__all__ = ["CheckpointError", "CkptTraceError", "ReplayError", "TraceFormatError", "TracerError", "WorkloadError"]

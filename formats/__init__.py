@@ -4,7 +4,7 @@ This package imports nothing else of ckpt-trace; see ``formats/README.md``.
 """
 
 from .errors import CkptTraceError, TraceFormatError
-from .io import Trace, read_metadata, read_trace, table_from_columns, write_trace
+from .io import Trace, read_metadata, read_trace, table_from_columns, write_bytes_atomic, write_trace
 from .schema import (
     COLUMNS,
     FORMAT_VERSION,
@@ -27,5 +27,6 @@ __all__ = [
     "read_metadata",
     "read_trace",
     "table_from_columns",
+    "write_bytes_atomic",
     "write_trace",
 ]

@@ -61,6 +61,25 @@ def _temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temporary file, fsync, rename, directory fsync).
+
+    Raises CkptTraceError with a one-line reason on failure; ``path`` is then untouched.
+    """
+    path = Path(path)
+    tmp = _temporary_name(path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise CkptTraceError(f"cannot write {path}: {err.strerror or err}") from None
+
+
 def table_from_columns(columns: Mapping[str, list]) -> pa.Table:
     """Build a table of ``SCHEMA`` from a mapping column name -> list of values.
 

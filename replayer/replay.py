@@ -52,9 +52,11 @@ class ReplayReport:
     plan: ReplayPlan
     results: tuple[ReplayResult, ...]
     size_mismatches: tuple[SizeMismatch, ...]
+    options: dict = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"trace": str(self.trace), "target": str(self.target),
+        """trace, target, the replay's options (queue_depth, buffer_bytes, pack_files, ...) and one entry per result."""
+        return {"trace": str(self.trace), "target": str(self.target), "options": self.options,
                 "results": [result.to_json() for result in self.results]}
 
 
@@ -242,7 +244,9 @@ def replay(
         if verify:
             results[-1].verified_files = _verify(root, plan)
     _add_speedups(results)
-    return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches))
+    options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": pack_files, "repeat": repeat,
+               "durable": durable, "drop_caches": drop_caches, "timing": timing}
+    return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), options)
 
 
 def _verify(root: TargetRoot, plan: ReplayPlan) -> int:

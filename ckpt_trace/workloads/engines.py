@@ -102,8 +102,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_dcp(out: Path, ranks: int, model: str, with_optimizer: bool) -> None:
-    """Save with torch.distributed.checkpoint from ``ranks`` spawned gloo processes into ``out``."""
+def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
+    """Run ``target(rank, ranks, *args)`` in ``ranks`` spawned processes, as torchrun starts them.
+
+    Each process's environment carries RANK, LOCAL_RANK, WORLD_SIZE,
+    MASTER_ADDR and MASTER_PORT (a free local port). ``target`` must be
+    importable by module path. Raises WorkloadError naming the ranks that
+    exited non-zero.
+    """
     _torch()
     import torch.multiprocessing as mp
 
@@ -114,7 +120,7 @@ def run_dcp(out: Path, ranks: int, model: str, with_optimizer: bool) -> None:
     try:
         for rank in range(ranks):
             os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
-            proc = ctx.Process(target=_dcp_rank, args=(rank, ranks, str(out), model, with_optimizer))
+            proc = ctx.Process(target=target, args=(rank, ranks, *args))
             proc.start()
             procs.append(proc)
     finally:
@@ -127,7 +133,15 @@ def run_dcp(out: Path, ranks: int, model: str, with_optimizer: bool) -> None:
         proc.join()
     failed = [rank for rank, proc in enumerate(procs) if proc.exitcode != 0]
     if failed:
-        raise WorkloadError(f"DCP save failed on rank(s) {', '.join(map(str, failed))}")
+        raise WorkloadError(f"rank(s) {', '.join(map(str, failed))} failed")
+
+
+def run_dcp(out: Path, ranks: int, model: str, with_optimizer: bool) -> None:
+    """Save with torch.distributed.checkpoint from ``ranks`` spawned gloo processes into ``out``."""
+    try:
+        spawn_ranks(_dcp_rank, ranks, (str(out), model, with_optimizer))
+    except WorkloadError as err:
+        raise WorkloadError(f"DCP save failed: {err}") from None
 
 
 def _optimizer_entry(torch, local: dict, name: str) -> dict:

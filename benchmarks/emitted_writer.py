@@ -1,0 +1,306 @@
+"""The emitted checkpoint writer/reader against the engines users have, on one state dict and one disk.
+
+State: the built-in GPT-2-medium with Adam state (354.8 M parameters x 3
+float32 tensors, 4.26 GB), one process. Engines:
+
+- ``emitted``: the module ``ckpt-trace emit`` writes for the demo DCP trace,
+  tuned from a ``replay --strategy all --durable`` of it (from the golden
+  2-rank trace without results when the demo trace is missing);
+- ``dcp-t1`` / ``dcp-t4``: torch.distributed.checkpoint FileSystemWriter
+  (thread_count 1, DCP's default, and 4; sync_files on) and FileSystemReader;
+- ``torch.save`` / ``torch.load`` of the nested state dict, file fsynced;
+- ``safetensors`` save_file / load_file of the flat tensors, file fsynced;
+- ``torchsnapshot`` Snapshot.take / restore, every file fsynced (if installed).
+
+Each save runs in a fresh process after the page cache is dropped ("cold"),
+then again into a new directory in the same process ("warm"); each load
+runs in a fresh process after dropping the cache (engines that load in
+place get their target state allocated before the clock starts). fsync is inside every
+timed region. Loads are checked against a fingerprint of the saved state.
+The device limits are the best of several fio runs (4 MiB, io_uring,
+O_DIRECT, queue depth 32). Ratios are taken within this one run.
+
+    python benchmarks/emitted_writer.py [--scratch DIR] [--engines emitted,dcp-t1,...]
+
+Prints a table and writes ``benchmarks/results/emitted_writer.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from common import best_fio, drop_caches
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+ENGINES = ("emitted", "dcp-t1", "dcp-t4", "torch.save", "safetensors", "torchsnapshot")
+MODEL = "gpt2-medium"
+
+
+def _state():
+    from ckpt_trace.workloads.engines import local_state, model_config
+
+    local = local_state(model_config(MODEL), 0, 1, with_optimizer=True)
+    return {"model": local["model"], "optim": {"exp_avg": local["exp_avg"], "exp_avg_sq": local["exp_avg_sq"]}}
+
+
+def _flat(state: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in state.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _zeros(state: dict) -> dict:
+    import torch
+
+    return {k: _zeros(v) if isinstance(v, dict) else torch.zeros_like(v) for k, v in state.items()}
+
+
+def _fingerprint(flat: dict) -> float:
+    return float(sum(t.reshape(-1)[::4099].double().sum() for t in flat.values()))
+
+
+def _fsync_tree(path: Path) -> None:
+    for file in [p for p in path.rglob("*") if p.is_file()] + [path]:
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _save(engine: str, state: dict, path: Path, module) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    if engine == "emitted":
+        dcp.save(state, storage_writer=module.make_writer(path))
+    elif engine.startswith("dcp-t"):
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(path, thread_count=int(engine[5:]), sync_files=True))
+    elif engine == "torch.save":
+        path.mkdir(parents=True)
+        with open(path / "checkpoint.pt", "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+    elif engine == "safetensors":
+        from safetensors.torch import save_file
+
+        path.mkdir(parents=True)
+        save_file(_flat(state), str(path / "model.safetensors"))
+        _fsync_tree(path)
+    else:
+        from torchsnapshot import Snapshot, StateDict
+
+        Snapshot.take(str(path), {"state": StateDict(**_flat(state))})
+        _fsync_tree(path)
+
+
+def _load_target(engine: str):
+    """The state a load fills in place (DCP, torchsnapshot), allocated and touched before the clock starts."""
+    if engine == "emitted" or engine.startswith("dcp-t"):
+        return _zeros(_state_shapes())
+    if engine == "torchsnapshot":
+        from torchsnapshot import StateDict
+
+        return StateDict(**_flat(_zeros(_state_shapes())))
+    return None
+
+
+def _load(engine: str, path: Path, module, target) -> dict:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    if engine == "emitted" or engine.startswith("dcp-t"):
+        reader = module.make_reader(path) if engine == "emitted" else dcp.FileSystemReader(path)
+        dcp.load(target, storage_reader=reader)
+        return _flat(target)
+    if engine == "torch.save":
+        return _flat(torch.load(path / "checkpoint.pt", map_location="cpu", weights_only=True))
+    if engine == "safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path / "model.safetensors"))
+    from torchsnapshot import Snapshot
+
+    Snapshot(str(path)).restore({"state": target})
+    return dict(target)
+
+
+def _state_shapes() -> dict:
+    import torch
+
+    from ckpt_trace.workloads.models import MODELS, parameter_shapes
+
+    shapes = parameter_shapes(MODELS[MODEL])
+    empty = {name: torch.empty(shape) for name, shape in shapes.items()}
+    return {"model": empty, "optim": {"exp_avg": dict(empty), "exp_avg_sq": dict(empty)}}
+
+
+def _import_module(path: str | None):
+    if path is None:
+        return None
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def child(args) -> None:
+    """One measurement in this fresh process; prints one JSON line."""
+    warnings.filterwarnings("ignore")
+    module = _import_module(args.module)
+    directory = Path(args.dir)
+    if args.child == "save":
+        state = _state()
+        flat = _flat(state)
+        size_bytes = sum(t.numel() * t.element_size() for t in flat.values())
+        times = {}
+        for run in ("cold", "warm"):
+            started = time.perf_counter()
+            _save(args.engine, state, directory / run, module)
+            times[f"{run}_save_s"] = time.perf_counter() - started
+        print(json.dumps({**times, "bytes": size_bytes, "fingerprint": _fingerprint(flat)}))
+    else:
+        target = _load_target(args.engine)
+        started = time.perf_counter()
+        loaded = _load(args.engine, directory, module, target)
+        elapsed = time.perf_counter() - started
+        print(json.dumps({"load_s": elapsed, "fingerprint": _fingerprint(loaded)}))
+
+
+def _run_child(mode: str, engine: str, directory: Path, module: Path) -> dict:
+    drop_caches()
+    cmd = [sys.executable, __file__, "--child", mode, "--engine", engine, "--dir", str(directory), "--module",
+           str(module)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{engine} {mode} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _emit_module(scratch: Path) -> tuple[Path, str]:
+    cli = [sys.executable, "-m", "ckpt_trace.cli"]
+    module = scratch / "emitted_writer_module.py"
+    demo = REPO / "traces" / "demo-dcp.arrow"
+    if demo.exists():
+        results = scratch / "replay.json"
+        subprocess.run([*cli, "replay", str(demo), "--target", str(scratch / "replay"), "--strategy", "all",
+                        "--durable", "--json", str(results)], check=True, stdout=subprocess.DEVNULL)
+        shutil.rmtree(scratch / "replay")
+        subprocess.run([*cli, "emit", str(demo), "--from-results", str(results), "-o", str(module)], check=True)
+        return module, f"{demo.name} + replay --strategy all --durable"
+    golden = REPO / "traces" / "golden" / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
+    subprocess.run([*cli, "emit", str(golden), "-o", str(module)], check=True)
+    return module, f"{golden.name} (no replay results)"
+
+
+def _available(engine: str) -> bool:
+    if engine != "torchsnapshot":
+        return True
+    try:
+        import torchsnapshot  # noqa: F401
+    except ImportError:
+        print("torchsnapshot is not installed (pip install torchsnapshot); left out", file=sys.stderr)
+        return False
+    return True
+
+
+def _table(rows: list[dict], fio_write: float | None, fio_read: float | None) -> Table:
+    title = (f"{MODEL} + Adam, {rows[0]['bytes'] / 1e9:.2f} GB; fio write {fio_write / 1e6:,.0f} MB/s, "
+             f"read {fio_read / 1e6:,.0f} MB/s" if fio_write and fio_read else f"{MODEL} + Adam")
+    table = Table(title=title)
+    for column in ("engine", "cold save", "MB/s", "warm save", "MB/s ", "cold vs dcp-t1", "warm of fio",
+                   "cold load", "MB/s  ", "load vs dcp-t1", "load of fio read"):
+        table.add_column(column, justify="left" if column == "engine" else "right")
+    for r in rows:
+        table.add_row(r["engine"], f"{r['cold_save_s']:.2f} s", f"{r['cold_save_mb_s']:,.0f}",
+                      f"{r['warm_save_s']:.2f} s", f"{r['warm_save_mb_s']:,.0f}", f"{r['cold_save_vs_dcp_t1']:.2f}x",
+                      f"{r['warm_save_of_fio']:.0%}" if r["warm_save_of_fio"] else "-", f"{r['load_s']:.2f} s",
+                      f"{r['load_mb_s']:,.0f}", f"{r['load_vs_dcp_t1']:.2f}x",
+                      f"{r['load_of_fio']:.0%}" if r["load_of_fio"] else "-")
+    return table
+
+
+def _ratios(rows: list[dict], fio_write: float | None, fio_read: float | None) -> None:
+    base = next((r for r in rows if r["engine"] == "dcp-t1"), rows[0])
+    for r in rows:
+        r["cold_save_mb_s"] = r["bytes"] / r["cold_save_s"] / 1e6
+        r["warm_save_mb_s"] = r["bytes"] / r["warm_save_s"] / 1e6
+        r["load_mb_s"] = r["bytes"] / r["load_s"] / 1e6
+        r["cold_save_vs_dcp_t1"] = base["cold_save_s"] / r["cold_save_s"]
+        r["warm_save_vs_dcp_t1"] = base["warm_save_s"] / r["warm_save_s"]
+        r["load_vs_dcp_t1"] = base["load_s"] / r["load_s"]
+        r["cold_save_of_fio"] = r["cold_save_mb_s"] * 1e6 / fio_write if fio_write else None
+        r["warm_save_of_fio"] = r["warm_save_mb_s"] * 1e6 / fio_write if fio_write else None
+        r["load_of_fio"] = r["load_mb_s"] * 1e6 / fio_read if fio_read else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scratch", type=Path, default=None, help="directory on the storage to measure")
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--fio-size", default="2G")
+    parser.add_argument("--fio-runs", type=int, default=3)
+    parser.add_argument("--child", choices=("save", "load"), help=argparse.SUPPRESS)
+    parser.add_argument("--engine", help=argparse.SUPPRESS)
+    parser.add_argument("--dir", help=argparse.SUPPRESS)
+    parser.add_argument("--module", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    if os.geteuid() != 0:
+        print("warning: not root, so the page cache cannot be dropped; cold figures are warm", file=sys.stderr)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="ckpt-trace-writer-", dir=args.scratch))
+    rows = []
+    try:
+        fio_write, write_samples = best_fio(scratch, args.fio_size, args.fio_runs, "write")
+        fio_read, read_samples = best_fio(scratch, args.fio_size, args.fio_runs, "read")
+        module, tuned_from = _emit_module(scratch)
+        for engine in [e for e in args.engines.split(",") if _available(e)]:
+            directory = scratch / engine
+            saved = _run_child("save", engine, directory, module)
+            shutil.rmtree(directory / "cold")
+            loaded = _run_child("load", engine, directory / "warm", module)
+            if abs(loaded["fingerprint"] - saved["fingerprint"]) > 1e-6 * max(1.0, abs(saved["fingerprint"])):
+                raise RuntimeError(f"{engine}: loaded state differs from the saved one")
+            rows.append({"engine": engine, **saved, "load_s": loaded["load_s"]})
+            shutil.rmtree(directory)
+            print(f"{engine}: cold save {saved['cold_save_s']:.2f} s, warm {saved['warm_save_s']:.2f} s, "
+                  f"load {loaded['load_s']:.2f} s", file=sys.stderr)
+        options = module.read_text().split("OPTIONS = ", 1)[1].split("\n)\n", 1)[0] + "\n)"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    _ratios(rows, fio_write, fio_read)
+    Console(width=None if sys.stdout.isatty() else 200).print(_table(rows, fio_write, fio_read))
+    result = {"benchmark": "emitted_writer", "model": MODEL, "kernel": os.uname().release,
+              "fio_write_bytes_per_s": fio_write, "fio_write_samples": write_samples,
+              "fio_read_bytes_per_s": fio_read, "fio_read_samples": read_samples,
+              "emitted_from": tuned_from, "emitted_options": options, "results": rows}
+    (RESULTS / "emitted_writer.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"emitted from {tuned_from}: {' '.join(options.split())}")
+    print(f"results: {RESULTS / 'emitted_writer.json'}")
+
+
+if __name__ == "__main__":
+    main()

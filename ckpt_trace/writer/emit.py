@@ -1,0 +1,193 @@
+"""``ckpt-trace emit``: choose the writer's parameters from a trace and replay results, and write the module.
+
+Pure choice (``choose``) plus rendering (``render_module``) and an atomic
+write (``emit``); no torch is imported here. The choice, per parameter:
+
+- ``direct_io``: on when the fastest replayed strategy bypasses the page cache
+  (uring-direct, aggregated), off when a buffered strategy (posix,
+  uring-buffered) won; on without replay results (arXiv 2512.24511 measured
+  O_DIRECT aggregated writes fastest).
+- ``queue_depth``: the replay's ``--queue-depth`` when an io_uring strategy
+  won, else the tunable default.
+- ``buffer_bytes``: the replay's ``--buffer-size`` when aggregated won, else
+  the default (4 MiB, inside the paper's best 1-4 MiB range).
+- ``writer_threads``: 1 (one data file per rank) when aggregated won with
+  ``--pack-files``; otherwise the most threads that wrote for one rank in the
+  trace, at most ``os.cpu_count()``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.compute as pc
+
+from ckpt_trace import __version__
+from ckpt_trace.errors import CheckpointError
+from ckpt_trace.formats import Trace, read_trace, write_bytes_atomic
+
+from .options import WriterOptions
+
+_DIRECT = {"uring-direct": True, "aggregated": True, "posix": False, "uring-buffered": False}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The chosen ``options`` and one line of reason per parameter (name -> why)."""
+
+    options: WriterOptions
+    reasons: dict[str, str]
+    winner: str | None
+
+
+def writer_threads_per_rank(trace: Trace) -> int:
+    """Most distinct threads that issued writes for one rank (or process, where ranks are unknown)."""
+    writes = trace.table.filter(pc.equal(trace.table["op"], "write"))
+    if writes.num_rows == 0:
+        return 1
+    per_owner: dict[object, set] = {}
+    for rank, pid, tid in zip(writes["rank"].to_pylist(), writes["pid"].to_pylist(), writes["tid"].to_pylist()):
+        owner = rank if rank is not None and rank >= 0 else ("pid", pid)
+        per_owner.setdefault(owner, set()).add(tid)
+    return max(len(tids) for tids in per_owner.values())
+
+
+def load_results(path: Path) -> dict:
+    """A ``replay --json`` file; raises CheckpointError naming what is wrong."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"replay results not found: {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path} is not a replay --json file: {err}") from None
+    results = data.get("results") if isinstance(data, dict) else None
+    if not isinstance(results, list) or not results:
+        raise CheckpointError(f"{path} is not a replay --json file: missing key 'results'")
+    for entry in results:
+        if not isinstance(entry, dict) or "strategy" not in entry or "elapsed_s" not in entry:
+            raise CheckpointError(f"{path}: each result needs 'strategy' and 'elapsed_s'")
+    return data
+
+
+def _winner(results: dict) -> dict:
+    return min(results["results"], key=lambda r: r["elapsed_s"] if r["elapsed_s"] > 0 else float("inf"))
+
+
+def choose(trace: Trace, results: dict | None, cpu_count: int | None = None) -> Choice:
+    """The writer's parameters for this trace and (optionally) its replay results; see the module docstring."""
+    defaults = WriterOptions()
+    threads = min(writer_threads_per_rank(trace), cpu_count or os.cpu_count() or 1)
+    if results is None:
+        reasons = {"direct_io": "no replay results: O_DIRECT, the fastest in arXiv 2512.24511",
+                   "queue_depth": "no replay results: default", "buffer_bytes": "no replay results: default",
+                   "writer_threads": f"{threads} thread(s) wrote per rank in the trace"}
+        return Choice(WriterOptions(writer_threads=threads).validate(), reasons, None)
+    best = _winner(results)
+    strategy = best["strategy"].removesuffix("+pack-files")
+    options = results.get("options", {})
+    packed = options.get("pack_files", False) and strategy == "aggregated"
+    direct = _DIRECT.get(strategy, True)
+    queue_depth = int(options.get("queue_depth", defaults.queue_depth)) if strategy != "posix" else defaults.queue_depth
+    buffer_bytes = int(options.get("buffer_bytes", defaults.buffer_bytes)) if strategy == "aggregated" \
+        else defaults.buffer_bytes
+    threads = 1 if packed else threads
+    durable_note = "" if options.get("durable") else "; the replay was not --durable, which favours the page cache"
+    reasons = {
+        "direct_io": f"fastest replay was {best['strategy']} ({'page cache bypassed' if direct else 'buffered'})"
+                     + durable_note,
+        "queue_depth": "the replay's --queue-depth" if strategy != "posix" and "queue_depth" in options else "default",
+        "buffer_bytes": "the replay's --buffer-size" if strategy == "aggregated" else "default",
+        "writer_threads": "one file per rank: --pack-files won" if packed
+                          else f"{threads} thread(s) wrote per rank in the trace",
+    }
+    chosen = WriterOptions(buffer_bytes=buffer_bytes, queue_depth=queue_depth, direct_io=direct,
+                           writer_threads=threads)
+    return Choice(chosen.validate(), reasons, best["strategy"])
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _trace_lines(trace: Trace, summary: dict) -> list[str]:
+    ranks = summary["ranks"]
+    rank_text = f"ranks {ranks[0]}-{ranks[-1]}" if ranks else "no ranks"
+    return [f"trace:   {trace.path} (sha256 {_sha256(trace.path)[:16]})",
+            f"         {summary['rows']:,} rows, {rank_text}, {summary['processes']} processes, "
+            f"{summary['bytes_written']:,} bytes written in {summary['ops'].get('write', {}).get('count', 0):,} writes,",
+            f"         {summary['alignment']['unaligned_offset_share']:.1%} of offsets not 4 KiB aligned"]
+
+
+def _results_lines(results_path: Path, results: dict) -> list[str]:
+    options = results.get("options", {})
+    lines = [f"replay:  {results_path} ({', '.join(f'{k}={v}' for k, v in options.items()) or 'options not recorded'})",
+             f"         {'strategy':<24}{'write MB/s':>12}{'elapsed s':>11}{'vs posix':>10}"]
+    for entry in results["results"]:
+        speedup = entry.get("speedup_vs_posix")
+        lines.append(f"         {entry['strategy']:<24}{entry.get('write_throughput_bytes_per_s', 0) / 1e6:>12,.0f}"
+                     f"{entry['elapsed_s']:>11.3f}{f'{speedup:.2f}x' if speedup else '-':>10}")
+    return lines
+
+
+def render_module(trace: Trace, summary: dict, choice: Choice, results_path: Path | None, results: dict | None,
+                  today: datetime.date | None = None) -> str:
+    """The emitted module's source: a docstring saying what chose what, the pinned options, the factories."""
+    today = today or datetime.date.today()
+    header = [f"Checkpoint writer emitted by ckpt-trace {__version__} on {today.isoformat()}.", "", "Chosen from:"]
+    lines = _trace_lines(trace, summary)
+    if results is not None and results_path is not None:
+        lines += _results_lines(results_path, results) + [f"         fastest: {choice.winner}"]
+    else:
+        lines.append("replay:  none given (ckpt-trace emit --from-results REPLAY_JSON tunes from measurements)")
+    header += [f"    {line}" for line in lines]
+    header += ["", "Parameters:"]
+    values = choice.options.to_json()
+    for name in ("buffer_bytes", "queue_depth", "direct_io", "writer_threads"):
+        header.append(f"    {name} = {values[name]!r}: {choice.reasons[name]}")
+    staging_mib = values["buffer_bytes"] * values["queue_depth"] * values["writer_threads"] / (1 << 20)
+    header += [f"Staging memory per rank: {staging_mib:,.0f} MiB.", "", "Use:",
+               "    import torch.distributed.checkpoint as dcp",
+               "    from {module} import make_reader, make_writer",
+               "    dcp.save(state_dict, storage_writer=make_writer('/checkpoints/step-1000'))",
+               "    dcp.load(state_dict, storage_reader=make_reader('/checkpoints/step-1000'))"]
+    args = "\n".join(f"    {name}={values[name]!r}," for name in values)
+    return (f'"""{chr(10).join(header)}\n"""\n\n'
+            "from ckpt_trace.writer import CheckpointReader, CheckpointWriter, WriterOptions\n\n"
+            f"OPTIONS = WriterOptions(\n{args}\n)\n\n\n"
+            "def make_writer(path):\n"
+            '    """A torch.distributed.checkpoint StorageWriter for the checkpoint directory ``path``."""\n'
+            "    return CheckpointWriter(path, OPTIONS)\n\n\n"
+            "def make_reader(path):\n"
+            '    """The StorageReader for checkpoints written by ``make_writer``."""\n'
+            "    return CheckpointReader(path, OPTIONS)\n")
+
+
+def emit(trace_path: str | os.PathLike, output: str | os.PathLike, *, results_path: str | os.PathLike | None = None,
+         force: bool = False) -> Choice:
+    """Write the tuned writer module to ``output``; returns the choice.
+
+    Raises TraceFormatError for a bad trace, CheckpointError for bad results
+    or an existing ``output`` without ``force``.
+    """
+    from ckpt_trace.report.summary import summarize
+
+    output = Path(output)
+    if output.exists() and not force:
+        raise CheckpointError(f"{output} exists; pass --force to overwrite it")
+    if output.suffix != ".py":
+        raise CheckpointError(f"{output} must be a .py file, to be imported")
+    trace = read_trace(trace_path)
+    results = load_results(Path(results_path)) if results_path is not None else None
+    choice = choose(trace, results)
+    text = render_module(trace, summarize(trace), choice, Path(results_path) if results_path else None, results)
+    write_bytes_atomic(output, text.replace("{module}", output.stem).encode())
+    return choice

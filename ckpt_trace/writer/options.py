@@ -1,0 +1,52 @@
+"""The writer's tunable parameters: what ``ckpt-trace emit`` chooses and pins."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ckpt_trace import config
+from ckpt_trace.errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class WriterOptions:
+    """Parameters of ``CheckpointWriter`` / ``CheckpointReader``.
+
+    - ``buffer_bytes``: size of one staging buffer, which is one write (or
+      read) request; a multiple of ``align_bytes``. The 1-4 MiB range is the
+      one arXiv 2512.24511 measured as best for aggregated checkpoint writes.
+    - ``queue_depth``: io_uring requests in flight per thread; also the number
+      of staging buffers, so staging memory is ``queue_depth * buffer_bytes``
+      per thread.
+    - ``direct_io``: open data files with O_DIRECT (bypass the page cache);
+      where the file system refuses O_DIRECT the writer falls back to buffered
+      I/O and warns.
+    - ``writer_threads``: threads per rank, each writing its own data file.
+    - ``align_bytes``: O_DIRECT alignment of offsets, sizes and buffer
+      addresses (open(2), "O_DIRECT"); 4096 covers 512 B and 4 KiB devices.
+    - ``preallocate``: fallocate(2) each data file to its final size first,
+      so a full disk fails before any byte is written.
+
+    Raises CheckpointError from ``validate()`` for values out of range.
+    """
+
+    buffer_bytes: int = config.WRITER_BUFFER_BYTES
+    queue_depth: int = config.WRITER_QUEUE_DEPTH
+    direct_io: bool = True
+    writer_threads: int = config.WRITER_THREADS
+    align_bytes: int = config.WRITER_ALIGN_BYTES
+    preallocate: bool = True
+
+    def validate(self) -> WriterOptions:
+        if self.align_bytes < 512 or self.align_bytes & (self.align_bytes - 1):
+            raise CheckpointError(f"align_bytes must be a power of two >= 512, not {self.align_bytes}")
+        if self.buffer_bytes < self.align_bytes or self.buffer_bytes % self.align_bytes:
+            raise CheckpointError(f"buffer_bytes must be a multiple of {self.align_bytes}, not {self.buffer_bytes}")
+        if not 1 <= self.queue_depth <= 4096:
+            raise CheckpointError(f"queue_depth must be 1..4096, not {self.queue_depth}")
+        if not 1 <= self.writer_threads <= 256:
+            raise CheckpointError(f"writer_threads must be 1..256, not {self.writer_threads}")
+        return self
+
+    def to_json(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,105 @@
+"""Storage regression checks: baseline, check (table, exit code, JUnit XML) and the pytest plugin."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from xml.etree import ElementTree
+
+import pytest
+
+from conftest import cli
+
+pytest_plugins = ["pytester"]
+
+GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
+DCP = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
+ODD = GOLDEN / "v1-odd-pattern-strace.arrow"
+
+
+@pytest.fixture
+def baseline(tmp_path, io_uring) -> Path:
+    path = tmp_path / "baseline.json"
+    cli("baseline", str(DCP), "--target", str(tmp_path / "base-target"), "-o", str(path),
+        "--strategy", "posix", "--strategy", "aggregated")
+    return path
+
+
+def test_baseline_records_figures_and_the_storage(tmp_path, baseline):
+    data = json.loads(baseline.read_text())
+    assert data["format"] == "ckpt-trace-baseline" and data["options"]["strategies"] == ["posix", "aggregated"]
+    env = data["environment"]
+    assert env["kernel"] and env["host"] and env["filesystem"] not in ("", None) and env["device"]
+    (entry,) = data["traces"]
+    assert entry["name"] == DCP.name and len(entry["sha256"]) == 64
+    for figures in entry["results"].values():
+        assert figures["throughput_bytes_per_s"] > 0 and figures["p99_latency_ns"] > 0
+        assert figures["bytes_written"] >= 6_893_545  # the trace's writes, replayed
+    assert not (tmp_path / "base-target").exists() or not any((tmp_path / "base-target").iterdir())
+
+
+def test_check_passes_within_tolerance_and_writes_junit(tmp_path, baseline):
+    junit = tmp_path / "check.xml"
+    proc = cli("check", str(DCP), "--baseline", str(baseline), "--target", str(tmp_path / "t"), "--tolerance",
+               "10000%", "--junit", str(junit), "--json", check=False)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["regressed"] == 0 and len(data["comparisons"]) == 4  # 2 strategies x (throughput, p99)
+    root = ElementTree.parse(junit).getroot()
+    cases = root.findall("./testsuite/testcase")
+    assert [(c.get("classname"), c.get("name")) for c in cases] == [
+        (f"ckpt-trace.{DCP.name}", "posix"), (f"ckpt-trace.{DCP.name}", "aggregated")]
+    assert root.find("./testsuite").get("failures") == "0" and not root.findall(".//failure")
+
+
+def test_check_fails_on_a_regression(tmp_path, baseline):
+    data = json.loads(baseline.read_text())
+    results = data["traces"][0]["results"]
+    results["aggregated"]["throughput_bytes_per_s"] *= 1000  # the old storage was "1000x faster"
+    faster = tmp_path / "faster.json"
+    faster.write_text(json.dumps(data))
+    junit = tmp_path / "check.xml"
+    proc = cli("check", str(DCP), "--baseline", str(faster), "--target", str(tmp_path / "t"), "--tolerance", "10%",
+               "--junit", str(junit), check=False)
+    assert proc.returncode == 1
+    assert "REGRESSED" in proc.stdout and "regressed beyond 10%" in proc.stderr
+    failures = ElementTree.parse(junit).getroot().findall(".//testcase")
+    failed = {c.get("name") for c in failures if c.find("failure") is not None}
+    assert "aggregated" in failed
+    (failure,) = [c.find("failure") for c in failures if c.get("name") == "aggregated"]
+    assert "throughput_bytes_per_s" in failure.text and "-99.9%" in failure.text
+
+
+def test_mismatched_baseline_is_a_clear_error(tmp_path, baseline):
+    other = tmp_path / "other.arrow"
+    shutil.copy(ODD, other)
+    proc = cli("check", str(other), "--baseline", str(baseline), "--target", str(tmp_path / "t"), check=False)
+    assert proc.returncode == 2 and "is not in the baseline" in proc.stderr and "Traceback" not in proc.stderr
+    proc = cli("check", str(DCP), "--baseline", str(baseline), "--target", str(tmp_path / "t"), "--strategy",
+               "uring-direct", check=False)
+    assert proc.returncode == 2 and "the baseline measured strategies posix, aggregated" in proc.stderr
+    not_a_baseline = tmp_path / "x.json"
+    not_a_baseline.write_text("{}")
+    proc = cli("check", str(DCP), "--baseline", str(not_a_baseline), "--target", str(tmp_path / "t"), check=False)
+    assert proc.returncode == 2 and "missing key 'format'" in proc.stderr
+
+
+def test_pytest_plugin_fixture_and_marker(tmp_path, baseline, pytester):
+    data = json.loads(baseline.read_text())
+    data["traces"][0]["results"]["posix"]["throughput_bytes_per_s"] *= 1000
+    faster = tmp_path / "faster.json"
+    faster.write_text(json.dumps(data))
+    pytester.makepyfile(f"""
+        import pytest
+
+        @pytest.mark.ckpt_trace_check([{str(DCP)!r}], {str(baseline)!r}, tolerance="10000%")
+        def test_marker_passes(storage_check):
+            assert len(storage_check.last_rows) == 4
+
+        def test_fixture_fails_on_regression(storage_check):
+            storage_check([{str(DCP)!r}], {str(faster)!r}, tolerance="10%")
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*storage regressed beyond 10%*", "*posix throughput_bytes_per_s*"])
