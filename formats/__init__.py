@@ -4,7 +4,7 @@ This package imports nothing else of ckpt-trace; see ``formats/README.md``.
 """
 
 from .errors import CkptTraceError, TraceFormatError
-from .io import Trace, read_metadata, read_trace, table_from_columns, write_bytes_atomic, write_trace
+from .io import Trace, read_metadata, read_trace, sha256_file, table_from_columns, write_bytes_atomic, write_trace
 from .schema import (
     COLUMNS,
     FORMAT_VERSION,
@@ -26,6 +26,7 @@ __all__ = [
     "TraceFormatError",
     "read_metadata",
     "read_trace",
+    "sha256_file",
     "table_from_columns",
     "write_bytes_atomic",
     "write_trace",

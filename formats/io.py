@@ -11,6 +11,7 @@ leaves either no file or a complete one under the final name.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -78,6 +79,15 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     except OSError as err:
         tmp.unlink(missing_ok=True)
         raise CkptTraceError(f"cannot write {path}: {err.strerror or err}") from None
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file's bytes (identifies a trace whatever its name)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def table_from_columns(columns: Mapping[str, list]) -> pa.Table:

@@ -18,7 +18,6 @@ p99 rises above ``old * (1 + tolerance)``.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import platform
@@ -29,7 +28,7 @@ from typing import Sequence
 from xml.etree import ElementTree
 
 from ckpt_trace.errors import CkptTraceError
-from ckpt_trace.formats import write_bytes_atomic
+from ckpt_trace.formats import sha256_file, write_bytes_atomic
 from ckpt_trace.replayer import replay
 from ckpt_trace.replayer.replay import STRATEGIES
 
@@ -51,13 +50,6 @@ def parse_tolerance(text: str) -> float:
         raise RegressionError(f"tolerance {text!r} out of range")
     return value
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _mount_of(path: Path) -> tuple[str, str]:
@@ -120,7 +112,7 @@ def _measure(traces: Sequence[Path], target: Path, strategies: Sequence[str], re
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
             results[strategy] = _figures(report.results[0])
-        measured.append({"name": trace.name, "path": str(trace), "sha256": _sha256(trace), "results": results})
+        measured.append({"name": trace.name, "path": str(trace), "sha256": sha256_file(trace), "results": results})
     return measured
 
 
@@ -207,7 +199,7 @@ def _match_traces(baseline: dict, paths: list[Path]) -> list[dict]:
     by_hash = {entry["sha256"]: entry for entry in baseline["traces"]}
     matched = []
     for path in paths:
-        digest = _sha256(path)
+        digest = sha256_file(path)
         if digest not in by_hash:
             raise RegressionError(f"{path} is not in the baseline (its traces: "
                                   f"{', '.join(e['name'] for e in baseline['traces'])})")

@@ -19,7 +19,6 @@ write (``emit``); no torch is imported here. The choice, per parameter:
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ import pyarrow.compute as pc
 
 from ckpt_trace import __version__
 from ckpt_trace.errors import CheckpointError
-from ckpt_trace.formats import Trace, read_trace, write_bytes_atomic
+from ckpt_trace.formats import Trace, read_trace, sha256_file, write_bytes_atomic
 
 from .options import WriterOptions
 
@@ -110,18 +109,11 @@ def choose(trace: Trace, results: dict | None, cpu_count: int | None = None) -> 
     return Choice(chosen.validate(), reasons, best["strategy"])
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 def _trace_lines(trace: Trace, summary: dict) -> list[str]:
     ranks = summary["ranks"]
     rank_text = f"ranks {ranks[0]}-{ranks[-1]}" if ranks else "no ranks"
-    return [f"trace:   {trace.path} (sha256 {_sha256(trace.path)[:16]})",
+    return [f"trace:   {trace.path} (sha256 {sha256_file(trace.path)[:16]})",
             f"         {summary['rows']:,} rows, {rank_text}, {summary['processes']} processes, "
             f"{summary['bytes_written']:,} bytes written in {summary['ops'].get('write', {}).get('count', 0):,} writes,",
             f"         {summary['alignment']['unaligned_offset_share']:.1%} of offsets not 4 KiB aligned"]

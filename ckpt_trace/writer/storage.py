@@ -247,7 +247,21 @@ def _io_error(action: str, path: str | Path, err: OSError) -> CheckpointError:
     return CheckpointError(f"{action} {path} failed: {err.strerror or err}")
 
 
-class CheckpointWriter(StorageWriter):
+class _DirectoryCheckpoint:
+    """A checkpoint is a local directory: ``checkpoint_id`` is its path; URLs are not ours."""
+
+    path: Path
+
+    @property
+    def checkpoint_id(self) -> Path:
+        return self.path
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        return isinstance(checkpoint_id, (str, os.PathLike)) and "://" not in str(checkpoint_id)
+
+
+class CheckpointWriter(_DirectoryCheckpoint, StorageWriter):
     """DCP StorageWriter writing aggregated, aligned io_uring (O_DIRECT) writes; see the module docstring.
 
     ``path`` is the checkpoint directory (created if missing); it may hold an
@@ -397,16 +411,8 @@ class CheckpointWriter(StorageWriter):
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=str(self.path), save_id=self.save_id)
 
-    @property
-    def checkpoint_id(self) -> Path:
-        return self.path
 
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        return isinstance(checkpoint_id, (str, os.PathLike)) and "://" not in str(checkpoint_id)
-
-
-class CheckpointReader(StorageReader):
+class CheckpointReader(_DirectoryCheckpoint, StorageReader):
     """DCP StorageReader for checkpoints of ``CheckpointWriter``; see the module docstring.
 
     Raises CheckpointError (wrapped by DCP) when the metadata is missing or
@@ -515,14 +521,6 @@ class CheckpointReader(StorageReader):
                                   f"destination {tuple(target.size())}")
         target.copy_(tensor)
         planner.commit_tensor(item, target)
-
-    @property
-    def checkpoint_id(self) -> Path:
-        return self.path
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        return isinstance(checkpoint_id, (str, os.PathLike)) and "://" not in str(checkpoint_id)
 
 
 class _WindowReader:
