@@ -270,3 +270,13 @@ def test_emit_without_results_and_its_refusals(tmp_path):
     proc = cli("emit", str(GOLDEN_DCP), "--from-results", str(bad), "-o", str(tmp_path / "x.py"), check=False)
     assert proc.returncode == 2 and "missing key 'results'" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "x.py").exists()
+
+
+@pytest.mark.torch
+def test_a_rank_with_nothing_to_write_writes_no_file(tmp_path, torch_installed):
+    from torch.distributed.checkpoint.planner import SavePlan
+
+    writer = _writer(tmp_path / "ckpt")
+    writer.prepare_local_plan(SavePlan([]))
+    assert writer.write_data(SavePlan([]), planner=None).wait() == []
+    assert writer.last_save.files == 0 and list((tmp_path / "ckpt").iterdir()) == []

@@ -313,8 +313,8 @@ class CheckpointWriter(_DirectoryCheckpoint, StorageWriter):
             return self._write_file(layout, files, plan, planner, pickled, written, lock)
 
         try:
-            if len(layouts) == 1:
-                results = write_file(layouts[0])
+            if len(layouts) <= 1:  # a rank can have nothing to write (DCP deduplicates replicated tensors)
+                results = [result for layout in layouts for result in write_file(layout)]
             else:
                 with ThreadPoolExecutor(len(layouts), thread_name_prefix="ckpt-trace-writer") as pool:
                     results = [r for part in pool.map(write_file, layouts) for r in part]
