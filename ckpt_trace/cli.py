@@ -51,29 +51,37 @@ def _show(data: dict, as_json: bool, render) -> None:
 
 
 class _BytesBar:
-    """Progress sink for the replayer: ``start(total_bytes, label)`` per run, then ``advance(bytes)``."""
+    """Progress sink for the replayer and bench: ``start(total_bytes, label)`` per run, then ``advance(bytes)``.
 
-    def __init__(self, bar: Progress) -> None:
-        self.bar, self.task = bar, None
+    Without a refresh thread (``threaded=False``) the bar redraws on each advance.
+    """
+
+    def __init__(self, bar: Progress, verb: str, threaded: bool) -> None:
+        self.bar, self.verb, self.threaded, self.task = bar, verb, threaded, None
 
     def start(self, total_bytes: int, label: str) -> None:
-        self.task = self.bar.add_task(f"replay {label}", total=max(total_bytes, 1))
+        self.task = self.bar.add_task(f"{self.verb} {label}".strip(), total=max(total_bytes, 1))
 
     def advance(self, moved_bytes: int) -> None:
         if self.task is not None:
             self.bar.advance(self.task, moved_bytes)
+            if not self.threaded:
+                self.bar.refresh()
 
 
 @contextmanager
-def _progress() -> Iterator:
-    """A rich progress bar of bytes on a terminal; None (plain output) otherwise."""
+def _progress(verb: str = "replay", threaded: bool = True) -> Iterator:
+    """A rich progress bar of bytes on a terminal; None (plain output) otherwise.
+
+    ``threaded=False`` draws without rich's refresh thread, for callers that fork (``bench``).
+    """
     if not out.is_terminal:
         yield None
         return
     columns = ("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                TimeElapsedColumn())
-    with Progress(*columns, console=out, transient=True) as bar:
-        yield _BytesBar(bar)
+    with Progress(*columns, console=out, transient=True, auto_refresh=threaded) as bar:
+        yield _BytesBar(bar, verb, threaded)
 
 
 @app.command(context_settings={"allow_interspersed_args": False})
@@ -340,6 +348,55 @@ def workload(
     else:
         err.print(f"ckpt-trace: {engine} wrote {data['files']} files, {data['bytes']:,} bytes to {path} "
                   f"in {elapsed_s:.1f} s", highlight=False)
+
+
+@app.command()
+def bench(
+    target: Path = typer.Option(..., "--target", help="Directory on the storage to measure; only a scratch directory made there is written, then removed."),
+    quick: bool = typer.Option(False, "--quick", help="The small matrix: 4 sizes, queue depths 1/8/32, 256 MiB per point (about a minute)."),
+    output: Path = typer.Option(Path("ckpt-trace-bench"), "-o", "--output", help="Directory for bench.arrow and the heat maps."),
+    volume: Optional[str] = typer.Option(None, "--volume", help="Bytes written per point, over all processes (default 1GiB; --quick 256MiB)."),
+    sizes: Optional[str] = typer.Option(None, "--sizes", help="Request sizes to sweep, comma-separated (e.g. 4KiB,1MiB,16MiB)."),
+    queue_depths: Optional[str] = typer.Option(None, "--queue-depths", help="io_uring queue depths to sweep, comma-separated (e.g. 1,8,32)."),
+    max_processes: Optional[int] = typer.Option(None, "--max-processes", help="Most concurrent writer processes (default: CPUs, at least 4)."),
+    aggregate_size: str = typer.Option("4MiB", "--aggregate-size", help="Staging buffer of aggregated points."),
+    repeat: int = typer.Option(1, "--repeat", help="Runs per point; the median run is kept."),
+    fio: bool = typer.Option(False, "--fio", help="Also measure fio's sequential O_DIRECT write limit for reference."),
+    force: bool = typer.Option(False, help="Overwrite the results in a non-empty output directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print the best configuration and the fastest points as JSON."),
+) -> None:
+    """Sweep request size, alignment, queue depth, processes, O_DIRECT, io_uring, aggregation and preallocation."""
+    import os
+
+    from .bench import check_output, make_matrix, run_bench, write_outputs
+    from .bench.results import summarize, to_table
+    from .config import BENCH_NEAR_BEST_PERCENT, BENCH_TOP_ROWS
+    from .report.render import parse_size, render_bench
+
+    def listed(text: Optional[str], parse) -> tuple | None:
+        return tuple(parse(item) for item in text.split(",") if item.strip()) if text else None
+
+    def depth(item: str) -> int:
+        if not item.strip().isdigit():
+            raise CkptTraceError(f"not a queue depth: {item!r}")
+        return int(item)
+
+    try:
+        matrix = make_matrix(quick=quick, max_processes=max_processes or max(4, os.cpu_count() or 1),
+                             volume_bytes=parse_size(volume) if volume else None, sizes=listed(sizes, parse_size),
+                             queue_depths=listed(queue_depths, depth), aggregate_bytes=parse_size(aggregate_size))
+    except ValueError as error:
+        raise CkptTraceError(str(error)) from None
+    check_output(output, force)
+    with _progress("", threaded=False) as progress:
+        rows, metadata = run_bench(target, matrix, repeat=repeat, fio=fio, progress=progress)
+    written = write_outputs(rows, metadata, matrix, output)
+    data = {**summarize(to_table(rows, metadata), metadata, matrix, BENCH_TOP_ROWS, BENCH_NEAR_BEST_PERCENT / 100),
+            **written}
+    _show(data, as_json, render_bench)
+    if not as_json:
+        err.print(f"ckpt-trace: wrote {written['table']} and {len(written['heatmaps'])} heat maps in "
+                  f"{metadata['elapsed_s']:.0f} s", highlight=False)
 
 
 @app.command()

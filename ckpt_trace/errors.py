@@ -15,8 +15,12 @@ class WorkloadError(CkptTraceError):
     """A built-in workload could not run (missing optional dependency, bad parameters)."""
 
 
+class BenchError(CkptTraceError):
+    """``ckpt-trace bench`` was refused or failed: a bad target or output, too little space, a failed process."""
+
+
 class CheckpointError(CkptTraceError):
     """The emitted checkpoint writer or reader failed: a missing or truncated file, a full disk, no metadata."""
 
 
-__all__ = ["CheckpointError", "CkptTraceError", "ReplayError", "TraceFormatError", "TracerError", "WorkloadError"]
+__all__ = ["BenchError", "CheckpointError", "CkptTraceError", "ReplayError", "TraceFormatError", "TracerError", "WorkloadError"]

@@ -64,8 +64,18 @@ def _address(buf) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(buf))
 
 
-class _Ring:
-    """One worker's ring: submissions with user data, completions with timing, per-handle counts."""
+class TimedRing:
+    """One thread's ring: at most ``queue_depth`` requests in flight, counted per handle, each timed.
+
+    ``latencies_ns`` collects, per request, the time from submission to the
+    reaping of its completion (completions already posted are reaped after
+    every submission, so late reaping does not inflate it). Call order, by
+    the owning thread only: ``submit`` (waits for room itself), ``drain``
+    (all, or one handle's requests) before an operation that needs them
+    complete, ``close``. A failed or short write raises OSError from the
+    call that reaps it. Used by the replayer's io_uring executor and by
+    ``ckpt-trace bench``.
+    """
 
     def __init__(self, queue_depth: int) -> None:
         import pyuring
@@ -154,7 +164,7 @@ class UringExecutor(PosixExecutor):
         write_buf, read_buf = pattern.periodic_buffer(size), pattern_buffer(size)
         ptrs = {"write": _address(write_buf), "read": _address(read_buf)}
         views = {"write": memoryview(write_buf), "read": memoryview(read_buf)}
-        ring = _Ring(self.queue_depth)
+        ring = TimedRing(self.queue_depth)
         totals = Counter()
         op = None
         try:
@@ -186,7 +196,7 @@ class UringExecutor(PosixExecutor):
             self._finish_worker(ring, views, (write_buf, read_buf), state, totals)
 
     @staticmethod
-    def _finish_worker(ring: _Ring, views: dict, bufs: tuple, state: _RunState, totals: Counter) -> None:
+    def _finish_worker(ring: TimedRing, views: dict, bufs: tuple, state: _RunState, totals: Counter) -> None:
         """Reap what is still in flight (the kernel may still use the buffers), free them, add the totals."""
         try:
             ring.drain()
@@ -200,7 +210,7 @@ class UringExecutor(PosixExecutor):
         state.add(ring.latencies_ns, totals["write"], totals["read"], totals["data_ops"], totals["metadata_ops"],
                   totals["unaligned_ops"])
 
-    def _barrier(self, op: PlanOp, ring: _Ring) -> None:
+    def _barrier(self, op: PlanOp, ring: TimedRing) -> None:
         if op.kind in PATH_KINDS:
             ring.drain()
         elif op.kind in _HANDLE_BARRIERS:
@@ -214,7 +224,7 @@ class UringExecutor(PosixExecutor):
     def _aligned(self, offset: int, size: int) -> bool:
         return offset % self.block_bytes == 0 and size % self.block_bytes == 0
 
-    def _data(self, op: PlanOp, state: _RunState, ring: _Ring, ptrs, views, totals: Counter, chunk_max: int) -> int:
+    def _data(self, op: PlanOp, state: _RunState, ring: TimedRing, ptrs, views, totals: Counter, chunk_max: int) -> int:
         fd = state.fds[op.handle]
         size = op.size or 0
         if op.offset is None:
@@ -237,7 +247,7 @@ class UringExecutor(PosixExecutor):
             done += chunk
         return size
 
-    def _synchronous(self, fd: int, op: PlanOp, views: dict, ring: _Ring) -> int:
+    def _synchronous(self, fd: int, op: PlanOp, views: dict, ring: TimedRing) -> int:
         started = time.perf_counter_ns()
         moved = self._write(fd, op, views["write"]) if op.kind == "write" else self._read(fd, op, views["read"])
         ring.latencies_ns.append(time.perf_counter_ns() - started)

@@ -83,3 +83,15 @@ def io_uring():
     problem = io_uring_available()
     if problem:
         _missing(f"io_uring unavailable: {problem}", required_in_ci=True)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 1 MiB tmpfs (root only), unmounted afterwards."""
+    if os.geteuid() != 0:
+        _missing("mounting a tmpfs needs root", required_in_ci=True)
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)

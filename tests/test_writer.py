@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from ckpt_trace.writer.layout import align_up, plan_files, plan_reads
 
-from conftest import _missing
 
 try:
     import torch
@@ -164,18 +163,6 @@ def test_missing_or_truncated_data_file_is_named(tmp_path, torch_installed, io_u
     assert "checkpoint data file missing" in message and str(data) in message
     (path / "ckpt-trace.metadata").unlink()
     assert "no committed checkpoint" in _load_error(path)
-
-
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    """A 1 MiB tmpfs (root only), unmounted afterwards."""
-    if os.geteuid() != 0:
-        _missing("mounting a tmpfs needs root", required_in_ci=True)
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
-    yield mount
-    subprocess.run(["umount", str(mount)], check=True)
 
 
 @pytest.mark.torch

@@ -31,11 +31,12 @@ THROUGHPUT_BINS = 100
 _COLORS = {"write": "#d62728", "read": "#1f77b4", "fsync": "#2ca02c", "other": "#999999"}
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed). Raises CkptTraceError without matplotlib."""
     try:
         import matplotlib
     except ImportError:
-        raise CkptTraceError("report needs matplotlib: pip install matplotlib") from None
+        raise CkptTraceError("figures need matplotlib: pip install matplotlib") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -45,7 +46,7 @@ def _pyplot():
 def _png(fig) -> str:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return base64.b64encode(buffer.getvalue()).decode()
 
 
@@ -56,7 +57,7 @@ def _columns(trace: Trace) -> dict[str, list]:
 
 def timeline_png(trace: Trace) -> str:
     """One lane per (pid, tid); each operation a bar from entry to exit, coloured by kind."""
-    plt = _pyplot()
+    plt = pyplot()
     cols = _columns(trace)
     start = min(cols["ts_ns"]) if cols["ts_ns"] else 0
     lanes = sorted({(p, t) for p, t in zip(cols["pid"], cols["tid"])})
@@ -79,7 +80,7 @@ def timeline_png(trace: Trace) -> str:
 
 def histogram_png(summary: dict) -> str:
     """Request sizes in power-of-two buckets: operation count (left) and bytes (right)."""
-    plt = _pyplot()
+    plt = pyplot()
     buckets = summary["size_histogram"]
     labels = [human_bytes(b["bucket_bytes"]) for b in buckets]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
@@ -97,7 +98,7 @@ def histogram_png(summary: dict) -> str:
 
 def offsets_png(trace: Trace) -> str:
     """Offset (MiB) against time for the files with the most bytes moved, one panel each."""
-    plt = _pyplot()
+    plt = pyplot()
     cols = _columns(trace)
     start = min(cols["ts_ns"]) if cols["ts_ns"] else 0
     moved: dict[str, int] = {}
@@ -122,7 +123,7 @@ def offsets_png(trace: Trace) -> str:
 
 def throughput_png(trace: Trace) -> str:
     """Bytes written and read per time bin (MB/s), attributed at each operation's completion."""
-    plt = _pyplot()
+    plt = pyplot()
     cols = _columns(trace)
     if not cols["ts_ns"]:
         raise CkptTraceError(f"{trace.path} holds no operations to report")
@@ -146,7 +147,7 @@ def throughput_png(trace: Trace) -> str:
 
 def strategies_png(results: list[dict], fio_limit_bytes_per_s: float | None) -> str:
     """Write throughput per replayed strategy (bars) and the fio device limit (dashed line)."""
-    plt = _pyplot()
+    plt = pyplot()
     labels = [f"{r['source']}: {r['strategy']}" if r.get("source") else r["strategy"] for r in results]
     values = [r.get("write_throughput_bytes_per_s", 0) / 1e6 for r in results]
     fig, ax = plt.subplots(figsize=(11, 0.9 + 0.45 * len(results)))

@@ -1,0 +1,298 @@
+"""ckpt-trace bench: the matrix's plans (pure), the bytes each writer process puts on disk, the end-to-end
+command on real storage, refusals on a 4 KiB-sector device, and bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ckpt_trace.bench import matrix as bm
+from ckpt_trace.bench import worker
+from ckpt_trace.bench.heatmap import grid_values, matrix_of
+from ckpt_trace.bench.matrix import BenchPoint, make_matrix
+from ckpt_trace.bench.results import point_of, read_bench
+from ckpt_trace.bench.run import SCRATCH_PREFIX, run_bench
+from ckpt_trace.errors import BenchError
+
+from conftest import _missing, cli
+
+KIB, MIB = 1 << 10, 1 << 20
+POINT = BenchPoint(size_bytes=64 * KIB, misaligned_bytes=0, queue_depth=4, processes=1, direct=True, engine="uring",
+                   aggregated=False, preallocated=True)
+
+sizes = st.sampled_from([512, 4 * KIB, 12 * KIB, 64 * KIB, MIB, 3 * MIB])
+points = st.builds(BenchPoint, size_bytes=sizes, misaligned_bytes=st.sampled_from([0, 512]),
+                   queue_depth=st.integers(1, 8), processes=st.integers(1, 4), direct=st.booleans(),
+                   engine=st.sampled_from(bm.ENGINES), aggregated=st.booleans(), preallocated=st.booleans())
+
+
+# -- the plans (pure) -------------------------------------------------------------------------------------
+
+@given(point=points, volume=st.integers(1, 16 * MIB))
+def test_pieces_tile_the_stream_from_the_misaligned_start(point, volume):
+    stream = bm.stream_bytes(point, volume)
+    assert stream % point.size_bytes == 0 and stream >= point.size_bytes
+    if volume // point.processes >= point.size_bytes:
+        assert stream <= volume // point.processes < stream + point.size_bytes
+    position = point.misaligned_bytes
+    for offset, size in bm.pieces(point, stream):
+        assert offset == position and 0 < size <= point.size_bytes
+        position += size
+    assert position == point.misaligned_bytes + stream
+
+
+@given(point=points, volume=st.integers(1, 16 * MIB), aggregate=st.sampled_from([MIB, 4 * MIB]))
+def test_staging_writes_are_block_aligned_and_cover_the_file(point, volume, aggregate):
+    stream = bm.stream_bytes(point, volume)
+    writes = bm.staging_writes(point, stream, aggregate, 4096)
+    end = point.misaligned_bytes + stream
+    assert [offset for offset, _ in writes] == list(range(0, end, aggregate))
+    assert all(offset % 4096 == 0 and size % 4096 == 0 and 0 < size <= aggregate for offset, size in writes)
+    last_offset, last_size = writes[-1]
+    assert last_offset + last_size >= end > last_offset + last_size - 4096
+
+
+def test_every_heat_map_cell_is_a_run_point_and_posix_has_no_queue():
+    matrix = make_matrix(quick=True, max_processes=4)
+    run = matrix.points()
+    assert len(run) == len(set(run))
+    assert len(matrix.pairs()) == 28  # eight dimensions, each with two or more values
+    for row, column in matrix.pairs():
+        grid = matrix.grid(row, column)
+        assert len(grid) == len(matrix.values[row]) and all(len(line) == len(matrix.values[column]) for line in grid)
+        for i, line in enumerate(grid):
+            for j, point in enumerate(line):
+                assert getattr(point, row) == matrix.values[row][i]
+                assert getattr(point, column) == matrix.values[column][j]
+                assert point.canonical() in run
+    assert all(p.queue_depth == 1 for p in run if p.engine == "posix")
+    assert matrix.baseline in run
+
+
+def test_matrix_shapes_and_custom_values():
+    full = make_matrix(quick=False, max_processes=6)
+    assert full.values["size_bytes"][0] == 4 * KIB and full.values["size_bytes"][-1] == 64 * MIB
+    assert full.values["queue_depth"] == (1, 2, 4, 8, 16, 32, 64, 128)
+    assert full.values["processes"] == (1, 2, 4, 6) and full.volume_bytes == 1 << 30
+    custom = make_matrix(quick=True, max_processes=2, sizes=(16 * MIB, 8 * KIB, 2 * MIB), queue_depths=(64, 4))
+    assert custom.baseline.size_bytes == 2 * MIB and custom.baseline.queue_depth == 4
+    assert custom.values["processes"] == (1, 2)
+    with pytest.raises(ValueError):
+        make_matrix(quick=True, max_processes=2, sizes=(0,))
+    with pytest.raises(ValueError):
+        bm.Matrix(values=dict(custom.values, queue_depth=(8,)), baseline=custom.baseline, volume_bytes=MIB)
+
+
+def test_describe_names_every_dimension():
+    text = bm.describe(dataclasses.replace(POINT, misaligned_bytes=512, processes=2))
+    assert text == "64 KiB +512 B writes, io_uring QD 4, O_DIRECT, not aggregated, fallocate, 2 processes"
+
+
+# -- one writer process's bytes on disk ---------------------------------------------------------------------
+
+def expected_file(point: BenchPoint, stream: int) -> bytes:
+    """What the stream leaves in the file: zeros before the misaligned start, then each piece's pattern."""
+    period = bytes(range(worker.SOURCE_PERIOD)) * ((point.size_bytes + 8 * 4096) // worker.SOURCE_PERIOD + 2)
+    out = bytearray(point.misaligned_bytes)
+    for index, (_, size) in enumerate(bm.pieces(point, stream)):
+        first = worker.piece_source_offset(index)
+        out += period[first:first + size]
+    return bytes(out)
+
+
+WRITER_CASES = [dataclasses.replace(POINT, engine=engine, direct=direct, aggregated=aggregated,
+                                    misaligned_bytes=misaligned, preallocated=preallocated)
+                for engine in bm.ENGINES for direct in (False, True) for aggregated in (False, True)
+                for misaligned, preallocated in ((0, False), (512, True))]
+
+
+@pytest.mark.io_uring
+@pytest.mark.parametrize("point", WRITER_CASES, ids=lambda p: bm.describe(p).replace(" ", "_"))
+def test_writer_puts_every_piece_at_its_offset(point, tmp_path, io_uring):
+    stream = 5 * point.size_bytes  # five pieces; aggregated, they span three 128 KiB staging buffers
+    path = tmp_path / "stream.data"
+    writer = worker.StreamWriter(point, str(path), stream, aggregate_bytes=MIB // 8, block_bytes=4096)
+    try:
+        result = writer.run()
+    finally:
+        writer.close()
+    data = path.read_bytes()
+    assert len(data) == point.misaligned_bytes + stream
+    assert data == expected_file(point, stream)
+    planned = (len(bm.staging_writes(point, stream, MIB // 8, 4096)) if point.aggregated
+               else len(list(bm.pieces(point, stream))))
+    assert result.write_ops == planned and len(result.latencies_ns) == 8 * planned
+    assert result.end_ns > result.start_ns and result.stream_bytes == stream
+
+
+# -- the command, end to end ------------------------------------------------------------------------------
+
+@pytest.mark.io_uring
+def test_bench_writes_table_heat_maps_and_the_best_configuration(tmp_path, io_uring):
+    import matplotlib.image
+
+    target = tmp_path / "storage"
+    target.mkdir()
+    keep = target / "precious.bin"
+    keep.write_bytes(b"not ours")
+    out = tmp_path / "results"
+    proc = cli("bench", "--target", str(target), "--quick", "--sizes", "64KiB,1MiB", "--queue-depths", "1,8",
+               "--max-processes", "2", "--volume", "4MiB", "-o", str(out), "--json")
+    data = json.loads(proc.stdout)
+
+    assert sorted(p.name for p in target.iterdir()) == ["precious.bin"] and keep.read_bytes() == b"not ours"
+    table, metadata = read_bench(out / "bench.arrow")
+    matrix = matrix_of(metadata)
+    assert table.num_rows == len(matrix.points()) == data["points"]
+    rows = table.to_pylist()
+    ran = [r for r in rows if r["error"] is None]
+    assert ran, "no point ran"
+    for row in ran:
+        assert row["volume_bytes"] == bm.stream_bytes(point_of(row), 4 * MIB) \
+            * row["processes"]
+        assert row["throughput_bytes_per_s"] == pytest.approx(row["volume_bytes"] / row["elapsed_s"])
+        assert row["latency_p50_ns"] <= row["latency_p99_ns"] <= row["latency_max_ns"]
+    fastest = max(ran, key=lambda r: r["throughput_bytes_per_s"])
+    assert data["best"]["throughput_bytes_per_s"] == fastest["throughput_bytes_per_s"]
+    assert data["best"]["description"] == bm.describe(point_of(fastest))
+    assert metadata["environment"]["filesystem"] and metadata["volume_bytes"] == 4 * MIB
+
+    assert len(data["heatmaps"]) == len(matrix.pairs()) == 28
+    for name in data["heatmaps"]:
+        image = matplotlib.image.imread(name)
+        assert image.shape[0] > 100 and image.shape[1] > 100
+    values = grid_values(table, matrix, "size_bytes", "queue_depth")
+    assert len(values) == 2 and all(len(line) == 2 for line in values)
+
+    plain = cli("bench", "--target", str(target), "--quick", "--sizes", "64KiB", "--queue-depths", "1",
+                "--max-processes", "1", "--volume", "1MiB", "-o", str(out), "--force")
+    assert "best: 64 KiB aligned writes" in plain.stdout
+
+
+@pytest.fixture
+def sector_4k_mount(tmp_path):
+    """An ext4 file system on a loop device with 4096-byte logical sectors (root), removed afterwards."""
+    if os.geteuid() != 0:
+        _missing("a loop device needs root", required_in_ci=True)
+    if shutil.which("losetup") is None or shutil.which("mkfs.ext4") is None:
+        _missing("losetup and mkfs.ext4 are needed (util-linux, e2fsprogs)", required_in_ci=True)
+    image, mount = tmp_path / "disk.img", tmp_path / "mnt"
+    mount.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(96 * MIB)
+    attached = subprocess.run(["losetup", "--find", "--show", "--sector-size", "4096", str(image)],
+                              capture_output=True, text=True)
+    if attached.returncode != 0:
+        _missing(f"losetup failed: {attached.stderr.strip()}", required_in_ci=True)
+    device = attached.stdout.strip()
+    try:
+        subprocess.run(["mkfs.ext4", "-q", device], check=True)
+        subprocess.run(["mount", device, str(mount)], check=True)
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)
+        subprocess.run(["losetup", "-d", device], capture_output=True)
+
+
+@pytest.mark.root
+@pytest.mark.io_uring
+def test_4k_sector_device_refuses_misaligned_o_direct_and_aggregation_repairs_it(sector_4k_mount, io_uring):
+    base = make_matrix(quick=True, max_processes=1, sizes=(64 * KIB,), queue_depths=(4,), volume_bytes=MIB)
+    matrix = dataclasses.replace(base, values={**base.values, "engine": ("posix", "uring"), "processes": (1,),
+                                               "preallocated": (True,)})
+    rows, _ = run_bench(sector_4k_mount, matrix)
+    by_point = {point_of(r): r for r in rows}
+    for point, row in by_point.items():
+        refused = point.direct and point.misaligned_bytes and not point.aggregated
+        if refused:
+            assert row["error"].startswith("EINVAL: this storage refuses O_DIRECT at an offset misaligned by 512 B")
+            assert row["throughput_bytes_per_s"] is None
+        else:
+            assert row["error"] is None and row["throughput_bytes_per_s"] > 0, point
+    assert any(p.direct and p.misaligned_bytes and p.aggregated for p in by_point)
+    assert sorted(p.name for p in sector_4k_mount.iterdir()) == ["lost+found"]
+
+
+# -- failures ---------------------------------------------------------------------------------------------
+
+@pytest.mark.io_uring
+def test_a_killed_writer_process_fails_the_bench_at_once_and_leaves_no_scratch(tmp_path, monkeypatch, io_uring):
+    def die(self):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(worker.StreamWriter, "run", die)
+    matrix = make_matrix(quick=True, max_processes=2, sizes=(64 * KIB,), queue_depths=(4,), volume_bytes=MIB)
+    with pytest.raises(BenchError, match="exited with code -9 before reporting"):
+        run_bench(tmp_path, matrix)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(SCRATCH_PREFIX)]
+
+
+def test_bad_input_is_one_line_and_nothing_is_overwritten(tmp_path):
+    target = tmp_path / "file"
+    target.write_text("x")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "bench.arrow").write_bytes(b"earlier results")
+    cases = [
+        (["--target", str(target)], "is not a directory"),
+        (["--target", str(tmp_path / "t"), "-o", str(out)], "is not empty"),
+        (["--target", str(tmp_path / "t"), "--sizes", "4KiB,lots"], "not a size"),
+        (["--target", str(tmp_path / "t"), "--queue-depths", "0"], "must be positive"),
+        (["--target", str(tmp_path / "t"), "--queue-depths", "8x"], "not a queue depth"),
+        (["--target", str(tmp_path / "t"), "--repeat", "0", "-o", str(tmp_path / "o2")], "--repeat"),
+    ]
+    for args, message in cases:
+        proc = cli("bench", *args, check=False, cwd=tmp_path)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert (out / "bench.arrow").read_bytes() == b"earlier results"
+
+
+@pytest.mark.root
+def test_too_little_space_is_refused_before_any_write(small_tmpfs, tmp_path):
+    proc = cli("bench", "--target", str(small_tmpfs), "--quick", "-o", str(tmp_path / "o"), check=False)
+    assert proc.returncode == 2 and "MiB free; the bench needs" in proc.stderr
+    assert list(small_tmpfs.iterdir()) == [] and not (tmp_path / "o").exists()
+
+
+def test_read_bench_rejects_foreign_and_truncated_files(tmp_path):
+    golden = sorted((Path(__file__).parent.parent / "traces" / "golden").glob("*.arrow"))
+    assert golden, "the golden traces are committed"
+    with pytest.raises(BenchError, match="missing the schema metadata key ckpt_trace.bench"):
+        read_bench(golden[0])
+    import pyarrow as pa
+
+    from ckpt_trace.bench.results import to_table, write_table
+
+    row = {**dataclasses.asdict(POINT), "volume_bytes": MIB, "elapsed_s": 0.5, "runs_elapsed_s": [0.5],
+           "throughput_bytes_per_s": 2.0 * MIB, "write_ops": 16, "latency_p50_ns": 1, "latency_p99_ns": 2,
+           "latency_max_ns": 3, "cpu_s": 0.1, "error": None}
+    path = tmp_path / "bench.arrow"
+    write_table(to_table([row], {"volume_bytes": MIB}), path)
+    table, metadata = read_bench(path)
+    assert table.to_pylist() == [row] and metadata["version"] == 1
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(BenchError, match="not a readable Arrow file"):
+        read_bench(path)
+    other = pa.table({"x": [1]}).replace_schema_metadata({b"ckpt_trace.bench": b'{"format": "x", "version": 9}'})
+    write_table(other, path)
+    with pytest.raises(BenchError, match="version 9 is not supported"):
+        read_bench(path)
+
+
+@settings(max_examples=25)
+@given(point=points)
+def test_describe_and_labels_never_fail(point):
+    assert "writes" in bm.describe(point)
+    for name in bm.DIMENSIONS:
+        assert bm.label(name, getattr(point, name))
