@@ -7,7 +7,9 @@ non-zero exit; usage errors one line and exit 2.
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -407,8 +409,18 @@ def version() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app, turning errors into one line and an exit code."""
+    interrupted = []
+
+    def on_sigint(signum, frame):  # Python's own behaviour, remembered: typer turns it into a silent exit 130
+        interrupted.append(signum)
+        signal.default_int_handler(signum, frame)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, on_sigint)
     try:
         code = app(args=argv, prog_name="ckpt-trace", standalone_mode=False)
+        if interrupted:
+            raise KeyboardInterrupt
     except typer.Abort:
         err.print("[red]ckpt-trace: interrupted[/]")
         sys.exit(130)

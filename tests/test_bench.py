@@ -222,6 +222,19 @@ def test_4k_sector_device_refuses_misaligned_o_direct_and_aggregation_repairs_it
     assert sorted(p.name for p in sector_4k_mount.iterdir()) == ["lost+found"]
 
 
+@pytest.mark.io_uring
+def test_repeat_keeps_the_median_run_and_a_single_point_matrix_runs_once(tmp_path, io_uring):
+    single = {name: (getattr(bm.BASELINE, name),) for name in bm.DIMENSIONS}
+    matrix = bm.Matrix(values={**single, "size_bytes": (256 * KIB,)},
+                       baseline=dataclasses.replace(bm.BASELINE, size_bytes=256 * KIB), volume_bytes=2 * MIB)
+    assert matrix.pairs() == [] and matrix.points() == [matrix.baseline]
+    rows, metadata = run_bench(tmp_path, matrix, repeat=3)
+    assert len(rows) == 1 and metadata["repeat"] == 3
+    runs = rows[0]["runs_elapsed_s"]
+    assert len(runs) == 3 and rows[0]["elapsed_s"] == sorted(runs)[1]
+    assert rows[0]["write_ops"] == 8 and rows[0]["volume_bytes"] == 2 * MIB
+
+
 # -- failures ---------------------------------------------------------------------------------------------
 
 @pytest.mark.io_uring
@@ -234,6 +247,28 @@ def test_a_killed_writer_process_fails_the_bench_at_once_and_leaves_no_scratch(t
     with pytest.raises(BenchError, match="exited with code -9 before reporting"):
         run_bench(tmp_path, matrix)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(SCRATCH_PREFIX)]
+
+
+@pytest.mark.io_uring
+def test_ctrl_c_stops_the_writers_removes_the_scratch_and_says_one_line(tmp_path, io_uring):
+    import sys
+    import time
+
+    target = tmp_path / "storage"
+    proc = subprocess.Popen([sys.executable, "-m", "ckpt_trace.cli", "bench", "--target", str(target), "--quick",
+                             "--volume", "64MiB", "-o", str(tmp_path / "out")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not list(target.glob(f"{SCRATCH_PREFIX}*/writer*.data")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground process group
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert stderr.strip().splitlines() == ["ckpt-trace: interrupted"]
+    assert list(target.iterdir()) == [] and not (tmp_path / "out").exists()
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)  # no writer process outlived the command
 
 
 def test_bad_input_is_one_line_and_nothing_is_overwritten(tmp_path):

@@ -178,6 +178,10 @@ def _run_once(context, point: BenchPoint, matrix: Matrix, scratch: Path, block_b
             processes.append(process)
             connections.append(receiver)
         messages = _collect(connections, processes, barrier)
+    except BaseException:  # Ctrl-C or a failure here: the writers stop now, not after their streams
+        for process in processes:
+            process.kill()
+        raise
     finally:
         _reap(processes, connections)
         for path in scratch.glob("writer*.data"):

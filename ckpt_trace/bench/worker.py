@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import signal
 import time
 from array import array
 from dataclasses import dataclass
@@ -227,7 +228,10 @@ def child_main(point: BenchPoint, path: str, stream: int, aggregate_bytes: int, 
     Sends ("ok", StreamResult), ("unsupported", line) when the storage refuses
     the configuration (EINVAL/EOPNOTSUPP), or ("error", line) for any other
     OSError; a process whose partner failed during setup sends ("aborted", "").
+    SIGINT is ignored: Ctrl-C reaches the whole process group, and the parent
+    decides (it kills its writers and removes their files).
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         writer = StreamWriter(point, path, stream, aggregate_bytes, block_bytes)
     except OSError as err:
