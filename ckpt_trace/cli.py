@@ -368,8 +368,6 @@ def bench(
     as_json: bool = typer.Option(False, "--json", help="Print the best configuration and the fastest points as JSON."),
 ) -> None:
     """Sweep request size, alignment, queue depth, processes, O_DIRECT, io_uring, aggregation and preallocation."""
-    import os
-
     from .bench import check_output, make_matrix, run_bench, write_outputs
     from .bench.results import summarize, to_table
     from .config import BENCH_NEAR_BEST_PERCENT, BENCH_TOP_ROWS
@@ -384,7 +382,7 @@ def bench(
         return int(item)
 
     try:
-        matrix = make_matrix(quick=quick, max_processes=max_processes or max(4, os.cpu_count() or 1),
+        matrix = make_matrix(quick=quick, max_processes=max_processes,
                              volume_bytes=parse_size(volume) if volume else None, sizes=listed(sizes, parse_size),
                              queue_depths=listed(queue_depths, depth), aggregate_bytes=parse_size(aggregate_size))
     except ValueError as error:

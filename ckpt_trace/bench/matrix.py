@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -118,16 +119,18 @@ BASELINE = BenchPoint(size_bytes=MIB, misaligned_bytes=0, queue_depth=32, proces
                       aggregated=False, preallocated=True)
 
 
-def make_matrix(*, quick: bool, max_processes: int, volume_bytes: int | None = None,
+def make_matrix(*, quick: bool, max_processes: int | None = None, volume_bytes: int | None = None,
                 sizes: tuple[int, ...] | None = None, queue_depths: tuple[int, ...] | None = None,
                 aggregate_bytes: int = 4 << 20) -> Matrix:
     """The full matrix (8 sizes 4 KiB-64 MiB, queue depths 1-128, 1 GiB per point) or the quick one
     (4 sizes, queue depths 1/8/32, 1 and ``max_processes`` processes, 256 MiB per point).
+    ``max_processes`` defaults to the CPU count, at least 4 (writers wait on the device, not the CPU).
 
     ``sizes`` and ``queue_depths`` replace the swept values; the baseline's
     size and queue depth then become the size nearest 1 MiB on a log scale and the
     largest queue depth up to 32. Raises ValueError on empty or non-positive values.
     """
+    max_processes = max(4, os.cpu_count() or 1) if max_processes is None else max_processes
     sizes = tuple(sorted(set(sizes or (QUICK_SIZES if quick else FULL_SIZES))))
     depths = tuple(sorted(set(queue_depths or (QUICK_QUEUE_DEPTHS if quick else FULL_QUEUE_DEPTHS))))
     if max_processes < 1 or min(sizes) < 1 or min(depths) < 1:

@@ -33,6 +33,7 @@ from pathlib import Path
 from ckpt_trace import config
 from ckpt_trace.errors import BenchError
 from ckpt_trace.replayer.results import percentiles_ns
+from ckpt_trace.report.regression import environment
 
 from . import worker
 from .fio import fio_bytes_per_s
@@ -109,10 +110,10 @@ def run_bench(target: str | os.PathLike, matrix: Matrix, *, repeat: int = 1, fio
     block_bytes = check_target(target)
     if matrix.aggregate_bytes % block_bytes:
         raise BenchError(f"the aggregation buffer must be a multiple of the block size ({block_bytes} bytes)")
-    free = shutil.disk_usage(target).free
-    if free < needed_bytes(matrix):
+    free, needed = shutil.disk_usage(target).free, needed_bytes(matrix)
+    if free < needed:
         raise BenchError(f"target {target} has {free / 2**20:.0f} MiB free; the bench needs "
-                         f"{needed_bytes(matrix) / 2**20:.0f} MiB (lower --volume)")
+                         f"{needed / 2**20:.0f} MiB (lower --volume)")
     points = matrix.points()
     began = time.monotonic()
     scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=target))
@@ -124,8 +125,6 @@ def run_bench(target: str | os.PathLike, matrix: Matrix, *, repeat: int = 1, fio
         rows = [_measure(context, point, matrix, scratch, block_bytes, repeat, progress).row() for point in points]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    from ckpt_trace.report.regression import environment
-
     metadata = {"values": {name: list(values) for name, values in matrix.values.items()},
                 "baseline": dataclasses.asdict(matrix.baseline), "volume_bytes": matrix.volume_bytes,
                 "aggregate_bytes": matrix.aggregate_bytes, "block_bytes": block_bytes, "repeat": repeat,
