@@ -283,6 +283,8 @@ def test_bad_input_is_one_line_and_nothing_is_overwritten(tmp_path):
         (["--target", str(tmp_path / "t"), "--sizes", "4KiB,lots"], "not a size"),
         (["--target", str(tmp_path / "t"), "--queue-depths", "0"], "must be positive"),
         (["--target", str(tmp_path / "t"), "--queue-depths", "8x"], "not a queue depth"),
+        (["--target", str(tmp_path / "t"), "--volume", "0"], "at least one byte"),
+        (["--target", str(tmp_path / "t"), "--aggregate-size", "0"], "at least one byte"),
         (["--target", str(tmp_path / "t"), "--repeat", "0", "-o", str(tmp_path / "o2")], "--repeat"),
     ]
     for args, message in cases:

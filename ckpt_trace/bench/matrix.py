@@ -72,7 +72,7 @@ class Matrix:
     ``values`` maps each of ``DIMENSIONS`` to its values, in display order;
     ``volume_bytes`` is the total written per point, over all processes;
     ``aggregate_bytes`` the staging buffer of aggregated points.
-    Raises ValueError when the baseline lies outside the values.
+    Raises ValueError when the baseline lies outside the values or a size is not positive.
     """
 
     values: dict[str, tuple]
@@ -81,6 +81,8 @@ class Matrix:
     aggregate_bytes: int = 4 << 20
 
     def __post_init__(self) -> None:
+        if self.volume_bytes < 1 or self.aggregate_bytes < 1:
+            raise ValueError("the volume and the aggregation buffer must be at least one byte")
         for name in DIMENSIONS:
             if not self.values.get(name):
                 raise ValueError(f"no values for {name}")
@@ -142,7 +144,7 @@ def make_matrix(*, quick: bool, max_processes: int | None = None, volume_bytes: 
     values = {"size_bytes": sizes, "misaligned_bytes": (0, MISALIGNMENT_BYTES), "queue_depth": depths,
               "processes": processes, "direct": (False, True), "engine": ENGINES, "aggregated": (False, True),
               "preallocated": (False, True)}
-    volume = volume_bytes or (256 * MIB if quick else GIB)
+    volume = (256 * MIB if quick else GIB) if volume_bytes is None else volume_bytes
     return Matrix(values=values, baseline=baseline, volume_bytes=volume, aggregate_bytes=aggregate_bytes)
 
 
