@@ -12,7 +12,7 @@ DEMO_RANKS ?= 4
 DEMO_MODEL ?= gpt2-medium
 PYTEST_ARGS ?=
 
-.PHONY: setup system venv demo test bench clean
+.PHONY: setup system venv demo test test-fast bench clean
 
 setup: system venv
 
@@ -23,7 +23,9 @@ system:
 $(PY):
 	$(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
 
-$(VENV)/.installed: pyproject.toml | $(PY)
+# The editable install compiles iolayer's io_uring loop (scripts/build_ring.py) and puts the
+# stage folders on sys.path (a .pth file; ckpt_trace is a PEP 420 namespace over them).
+$(VENV)/.installed: pyproject.toml scripts/build_ring.py iolayer/ckpt_trace/iolayer/_ring.c | $(PY)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[torch,test]'
 	touch $@
 
@@ -40,6 +42,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+
+# The fast lane: every test not marked slow (no recordings, no process trees, no big I/O).
+test-fast: setup
+	$(PY) -m pytest -q -rs -m "not slow" $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) benchmarks/tracer_overhead.py

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn, TransferSpeedColumn
 
-from ckpt_trace import __version__
+from ckpt_trace.version import __version__
 from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.formats import write_bytes_atomic
 
@@ -139,7 +139,8 @@ def replay(
     """Re-execute a trace's operations under TARGET and measure them."""
     from ckpt_trace.replayer import plan_summaries, replay as run_replay
 
-    from .report.render import parse_size, render_plans, render_results
+    from .report.render import render_plans, render_results
+    from .units import parse_size
 
     buffer_bytes = parse_size(buffer_size)
     if dry_run:
@@ -175,7 +176,7 @@ def summary(
     from ckpt_trace.formats import read_trace
 
     from .report.render import render_summary
-    from .report.summary import summarize
+    from .analysis.summary import summarize
 
     _show(summarize(read_trace(trace)), as_json, render_summary)
 
@@ -238,7 +239,7 @@ def diff(
     """What changed between two recordings: operations, bytes, request sizes, files, timing."""
     from ckpt_trace.formats import read_trace
 
-    from .report.diff import diff_traces
+    from .analysis.diff import diff_traces
     from .report.render import render_diff
 
     _show(diff_traces(read_trace(trace_a), read_trace(trace_b)), as_json, render_diff)
@@ -256,8 +257,8 @@ def baseline(
     force: bool = typer.Option(False, help="Overwrite an existing baseline file."),
 ) -> None:
     """Replay traces on this storage and record the results, with host, kernel, file system and device."""
-    from .report.regression import make_baseline, write_json
-    from .report.render import parse_size
+    from .check.baseline import make_baseline, write_json
+    from .units import parse_size
 
     if output.exists() and not force:
         raise CkptTraceError(f"{output} exists; pass --force to overwrite it")
@@ -284,7 +285,8 @@ def check(
     """Replay a baseline's traces on the storage under test; exit 1 if any figure regressed beyond the tolerance."""
     import dataclasses
 
-    from .report.regression import junit_xml, load_baseline, parse_tolerance, run_check
+    from .check.baseline import load_baseline, parse_tolerance, run_check
+    from .check.junit import junit_xml
     from .report.render import render_check
 
     allowed = parse_tolerance(tolerance)
@@ -371,7 +373,8 @@ def bench(
     from .bench import check_output, make_matrix, run_bench, write_outputs
     from .bench.results import summarize, to_table
     from .config import BENCH_NEAR_BEST_PERCENT, BENCH_TOP_ROWS
-    from .report.render import parse_size, render_bench
+    from .report.render import render_bench
+    from .units import parse_size
 
     def listed(text: Optional[str], parse) -> tuple | None:
         return tuple(parse(item) for item in text.split(",") if item.strip()) if text else None

@@ -41,7 +41,7 @@ def _describe(rows) -> str:
 @pytest.fixture
 def storage_check(request):
     """See the module docstring; CkptTraceError (a bad baseline, mismatched traces) propagates as an error."""
-    from ckpt_trace.report.regression import load_baseline, parse_tolerance, run_check
+    from ckpt_trace.check.baseline import load_baseline, parse_tolerance, run_check
 
     option = request.config.getoption("--ckpt-trace-target")
 

@@ -4,7 +4,7 @@
 # falls back to the strace backend.
 set -uo pipefail
 
-PACKAGES=(strace fio python3-venv python3-dev python3-bpfcc linux-headers-amd64 chromium e2fsprogs)
+PACKAGES=(strace fio gcc linux-libc-dev python3-venv python3-dev python3-bpfcc linux-headers-amd64 chromium e2fsprogs)
 
 say() { echo "setup-system: $*"; }
 

@@ -52,7 +52,7 @@ def test_dcp_like_writes_coalesce_into_aligned_buffers_between_barriers(tmp_path
     assert kinds == [("open", None, None), ("write", 0, 4 * MIB), ("write", 4 * MIB, 4 * MIB),
                      ("write", 8 * MIB, 3159), ("fsync", None, None), ("write", offset, 100), ("close", None, None),
                      ("rename", None, None)]
-    assert dict(plan.expected_sizes) == {"ck/final": offset + 100}
+    assert dict(plan.checks.expected_sizes) == {"ck/final": offset + 100}
 
 
 def test_aggregated_replay_reproduces_every_file_size(io_uring, strace_backend, tmp_path):

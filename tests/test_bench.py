@@ -22,6 +22,7 @@ from ckpt_trace.bench.matrix import BenchPoint, make_matrix
 from ckpt_trace.bench.results import point_of, read_bench
 from ckpt_trace.bench.run import SCRATCH_PREFIX, run_bench
 from ckpt_trace.errors import BenchError
+from ckpt_trace.iolayer import pattern
 
 from conftest import _missing, cli
 
@@ -100,13 +101,9 @@ def test_describe_names_every_dimension():
 # -- one writer process's bytes on disk ---------------------------------------------------------------------
 
 def expected_file(point: BenchPoint, stream: int) -> bytes:
-    """What the stream leaves in the file: zeros before the misaligned start, then each piece's pattern."""
-    period = bytes(range(worker.SOURCE_PERIOD)) * ((point.size_bytes + 8 * 4096) // worker.SOURCE_PERIOD + 2)
-    out = bytearray(point.misaligned_bytes)
-    for index, (_, size) in enumerate(bm.pieces(point, stream)):
-        first = worker.piece_source_offset(index)
-        out += period[first:first + size]
-    return bytes(out)
+    """What the stream leaves in the file: zeros before the misaligned start, then the pattern of every
+    byte's own offset (so a piece at the wrong offset differs)."""
+    return bytes(point.misaligned_bytes) + pattern.expected(point.misaligned_bytes, stream, 0)
 
 
 WRITER_CASES = [dataclasses.replace(POINT, engine=engine, direct=direct, aggregated=aggregated,
@@ -127,7 +124,7 @@ def test_writer_puts_every_piece_at_its_offset(point, tmp_path, io_uring):
         writer.close()
     data = path.read_bytes()
     assert len(data) == point.misaligned_bytes + stream
-    assert data == expected_file(point, stream)
+    assert data == expected_file(point, stream) == worker.expected_content(point, stream)
     planned = (len(bm.staging_writes(point, stream, MIB // 8, 4096)) if point.aggregated
                else len(list(bm.pieces(point, stream))))
     assert result.write_ops == planned and len(result.latencies_ns) == 8 * planned

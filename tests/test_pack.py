@@ -36,13 +36,13 @@ def test_files_of_one_worker_are_packed_with_an_index(tmp_path):
                                                        "size_bytes": 5000}
     assert plan.pack_index["ck/layer_2.pt"]["offset"] == 12288
     assert plan.metadata_ops_saved == 12 - 3  # 3 x (open, fsync, close, rename) replaced by the pack's open, fsync, close
-    assert "ck/layer_0.pt" not in plan.expected_sizes
+    assert "ck/layer_0.pt" not in plan.checks.expected_sizes
 
 
 def test_a_file_another_worker_touches_stays_a_file(tmp_path):
     plan = build_plan(small_files_trace(tmp_path, shared_by_two_workers=True), "aggregated", pack_files=True)
     assert sorted(plan.pack_index) == ["ck/layer_0.pt", "ck/layer_2.pt"]
-    assert plan.expected_sizes["ck/layer_1.pt"] == 100
+    assert plan.checks.expected_sizes["ck/layer_1.pt"] == 100
 
 
 def test_packed_replay_verifies_and_writes_the_index(io_uring, strace_backend, tmp_path):
@@ -54,7 +54,7 @@ def test_packed_replay_verifies_and_writes_the_index(io_uring, strace_backend, t
     index = json.loads((target / INDEX_PATH).read_text())
     assert index == {path: dict(entry) for path, entry in report.plan.pack_index.items()} and index
     assert result.metadata_ops_saved == report.plan.metadata_ops_saved > 0
-    assert result.verified_files == len(report.plan.verify_ranges)
+    assert result.verified_files == len(report.plan.checks.verify_ranges)
     assert all(op.offset % 4096 == 0 and op.size % 4096 == 0 for w in report.plan.workers for op in w.ops
                if op.kind == "write" and op.pattern_offset is not None)
 

@@ -54,7 +54,7 @@ def test_plan_turns_descriptors_into_handles(tmp_path):
     assert plan.skipped_ops["failed"] == 1 and plan.skipped_ops["implicit_opens"] == 1
     assert dict(plan.precreate_files) == {"d/b": 150, "d/c": 0}
     assert plan.precreate_dirs == ("d",)
-    assert dict(plan.expected_sizes) == {"d/a": 15, "d/b": 150, "d/c": 7}
+    assert dict(plan.checks.expected_sizes) == {"d/a": 15, "d/b": 150, "d/c": 7}
 
 
 def test_cross_worker_path_operations_wait_for_each_other(tmp_path):

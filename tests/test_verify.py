@@ -9,7 +9,9 @@ import pytest
 
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats import read_trace
-from ckpt_trace.replayer import build_plan, pattern, replay
+from ckpt_trace.iolayer import pattern
+from ckpt_trace.iolayer.buffers import pattern_buffer
+from ckpt_trace.replayer import build_plan, replay
 from ckpt_trace.replayer.paths import TargetRoot
 from ckpt_trace.replayer.verify import verify_content
 
@@ -19,13 +21,13 @@ GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 
 
 def test_pattern_windows_are_periodic_and_page_aligned_for_aligned_offsets():
-    buf = pattern.periodic_buffer(3 * pattern.PAGE)
+    buf = pattern_buffer(3 * pattern.PAGE)
     for key in (0, 7, 250):
         for offset in (0, 4096, 123, pattern.PERIOD + 5):
             first = pattern.start(offset, key)
-            assert buf[first:first + 3 * pattern.PAGE] == pattern.expected(offset, 3 * pattern.PAGE, key)
+            assert buf.mmap[first:first + 3 * pattern.PAGE] == pattern.expected(offset, 3 * pattern.PAGE, key)
             if offset % pattern.PAGE == 0:
-                assert first % pattern.PAGE == 0
+                assert first % pattern.PAGE == 0 and (buf.ptr + first) % pattern.PAGE == 0
     buf.close()
 
 
@@ -36,8 +38,8 @@ def test_every_strategy_verifies_on_a_real_recording(io_uring, strace_backend, t
         "--buffer-size", "1MiB", "--json", str(result_file))
     results = json.loads(result_file.read_text())["results"]
     plan = build_plan(read_trace(trace).table, "posix")
-    assert all(r["verified_files"] == len(plan.verify_ranges) > 3 for r in results)
-    assert str(out / "a.final").lstrip("/") in plan.verify_ranges  # followed through the rename
+    assert all(r["verified_files"] == len(plan.checks.verify_ranges) > 3 for r in results)
+    assert str(out / "a.final").lstrip("/") in plan.checks.verify_ranges  # followed through the rename
 
 
 def test_dcp_golden_verifies_under_aggregation(io_uring, tmp_path):
@@ -50,7 +52,7 @@ def test_a_corrupted_byte_is_reported_with_its_offset(tmp_path):
     trace = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
     report = replay(trace, target=tmp_path / "t")
     plan = report.plan
-    path = next(p for p in plan.verify_ranges if p.endswith("__1_0.distcp"))
+    path = next(p for p in plan.checks.verify_ranges if p.endswith("__1_0.distcp"))
     with open(tmp_path / "t" / path, "r+b") as handle:
         handle.seek(12345)
         byte = handle.read(1)

@@ -188,7 +188,7 @@ def test_full_disk_names_the_file_and_keeps_the_previous_checkpoint(small_tmpfs,
 @pytest.mark.torch
 @pytest.mark.io_uring
 def test_refused_o_direct_falls_back_to_buffered_and_says_so(tmp_path, torch_installed, io_uring, monkeypatch):
-    from ckpt_trace.writer import engine
+    from ckpt_trace.iolayer import files
 
     real_open = os.open
 
@@ -197,7 +197,7 @@ def test_refused_o_direct_falls_back_to_buffered_and_says_so(tmp_path, torch_ins
             raise OSError(errno.EINVAL, "Invalid argument")
         return real_open(path, flags, mode, **kwargs)
 
-    monkeypatch.setattr(engine.os, "open", no_direct)
+    monkeypatch.setattr(files.os, "open", no_direct)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         state, target, writer = _round_trip(tmp_path / "ckpt")

@@ -7,14 +7,13 @@ run (0 to the fastest point), so maps compare at a glance.
 
 from __future__ import annotations
 
-import io
 import math
 from pathlib import Path
 
 import pyarrow as pa
 
 from ckpt_trace.formats import write_bytes_atomic
-from ckpt_trace.report.html import pyplot
+from ckpt_trace.report.figures import png_bytes, pyplot
 
 from .matrix import DIMENSIONS, TITLES, BenchPoint, Matrix, label
 from .results import point_of
@@ -51,10 +50,7 @@ def heatmap_png(table: pa.Table, matrix: Matrix, row: str, column: str, vmax_byt
             ax.text(j, i, text, ha="center", va="center", fontsize=8, color="black" if bright else "white")
     ax.set_title(f"write MB/s by {TITLES[row]} and {TITLES[column]}\n{_others(matrix, row, column)}", fontsize=8)
     fig.colorbar(image, ax=ax, label="MB/s")
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return buffer.getvalue()
+    return png_bytes(fig)
 
 
 def write_heatmaps(table: pa.Table, matrix: Matrix, output: Path) -> list[Path]:

@@ -32,8 +32,8 @@ from pathlib import Path
 
 from ckpt_trace import config
 from ckpt_trace.errors import BenchError
-from ckpt_trace.replayer.results import percentiles_ns
-from ckpt_trace.report.regression import environment
+from ckpt_trace.iolayer.host import environment
+from ckpt_trace.stats import median_index, percentiles_ns
 
 from . import worker
 from .fio import fio_bytes_per_s
@@ -156,8 +156,7 @@ def _measure(context, point: BenchPoint, matrix: Matrix, scratch: Path, block_by
         if outcome.error is not None:
             return outcome
         runs.append(outcome)
-    runs.sort(key=lambda o: o.elapsed_s)
-    median = runs[(len(runs) - 1) // 2]
+    median = runs[median_index([o.elapsed_s for o in runs])]
     return dataclasses.replace(median, runs_elapsed_s=tuple(o.elapsed_s for o in runs))
 
 

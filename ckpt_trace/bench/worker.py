@@ -5,21 +5,23 @@ opens the file and allocates and pre-faults every buffer (untimed), the
 process waits at the point's barrier, then ``run()`` writes the stream and
 fsyncs it inside the timed region, and ``close()`` frees everything.
 
-The source data: one page-aligned buffer of ``size_bytes + 7 * 4096`` bytes
-whose byte i is ``i % 251``; piece k is taken from offset
-``4096 * (k % 7)`` of it, so neighbouring pieces differ (a misplaced piece
-shows) and every source address stays aligned for O_DIRECT.
+The data: every byte at file offset ``o`` is ``iolayer.pattern``'s byte for
+``o`` (key 0), taken from one pattern buffer, so a piece written at the wrong
+offset shows in the file and every aligned piece starts at an aligned
+address, as O_DIRECT requires. Bytes before a misaligned stream's start are
+zeros.
 
-The stream's layout is ``matrix.pieces`` / ``matrix.staging_writes``. POSIX
-writes are pwrite(2) calls, one at a time; io_uring writes go through one
-ring per process with at most ``queue_depth`` in flight
-(``replayer.uring.TimedRing``). Aggregated points copy pieces into staging
+The stream's layout is ``matrix.pieces`` / ``matrix.staging_writes``. Plain
+(not aggregated) streams are one batch of requests issued by the I/O layer's
+C loops: ``pio_run`` (one pwrite(2) at a time) for POSIX, ``Ring.run`` (at
+most ``queue_depth`` in flight) for io_uring, so the figures are the
+storage's, not Python's. Aggregated points copy the pieces into staging
 buffers (one for POSIX, ``queue_depth + 1`` for io_uring, fewer when the
-stream has fewer buffers) and write a buffer when the stream leaves it.
-A preallocated point calls posix_fallocate(3) for the whole file at the start of the timed
-region. Latency is per write: the syscall for POSIX, submission to completion for
-io_uring; CPU is the process's user + system time over the timed region
-(getrusage(2)).
+stream has fewer buffers) and write a buffer when the stream leaves it. A
+preallocated point calls posix_fallocate(3) for the whole file at the start
+of the timed region. Latency is per write: the syscall for POSIX, entering
+the kernel to the reaping of the completion for io_uring; CPU is the
+process's user + system time over the timed region (getrusage(2)).
 """
 
 from __future__ import annotations
@@ -33,15 +35,16 @@ from array import array
 from dataclasses import dataclass
 from threading import BrokenBarrierError
 
-from ckpt_trace.replayer.uring import TimedRing
-from ckpt_trace.writer.engine import AlignedBuffer
+import numpy as np
+
+from ckpt_trace.iolayer import pattern
+from ckpt_trace.iolayer import ring as rings
+from ckpt_trace.iolayer.buffers import AlignedBuffer, pattern_buffer
 
 from .matrix import BenchPoint, pieces, staging_writes
 
-SOURCE_PERIOD = 251
-SOURCE_ROTATIONS = 7
-SOURCE_STEP_BYTES = 4096
 UNSUPPORTED = (errno.EINVAL, errno.EOPNOTSUPP)
+PATTERN_KEY = 0
 
 
 @dataclass
@@ -58,24 +61,9 @@ class StreamResult:
     cpu_s: float
 
 
-def piece_source_offset(index: int) -> int:
-    """Where piece ``index`` starts in the source buffer (see the module docstring)."""
-    return SOURCE_STEP_BYTES * (index % SOURCE_ROTATIONS)
-
-
-def _fill(buf: AlignedBuffer, block: bytes) -> AlignedBuffer:
-    """Write ``block`` over ``buf`` again and again (which also faults every page in, before the clock)."""
-    for start in range(0, len(buf.mmap), len(block)):
-        chunk = min(len(block), len(buf.mmap) - start)
-        buf.mmap[start:start + chunk] = block[:chunk]
-    return buf
-
-
-def source_buffer(size_bytes: int) -> AlignedBuffer:
-    """The pattern-filled source buffer for pieces of ``size_bytes``."""
-    period = bytes(range(SOURCE_PERIOD))
-    block = period * ((1 << 20) // SOURCE_PERIOD + 1)  # whole periods, so every copy starts in phase
-    return _fill(AlignedBuffer(size_bytes + SOURCE_STEP_BYTES * SOURCE_ROTATIONS), block)
+def expected_content(point: BenchPoint, stream: int) -> bytes:
+    """What a stream of ``stream`` bytes leaves in its file (see the module docstring)."""
+    return bytes(point.misaligned_bytes) + pattern.expected(point.misaligned_bytes, stream, PATTERN_KEY)
 
 
 class StreamWriter:
@@ -93,7 +81,8 @@ class StreamWriter:
         self.fd = -1
         self.source: AlignedBuffer | None = None
         self.buffers: list[AlignedBuffer] = []
-        self.ring: TimedRing | None = None
+        self.ring: rings.Ring | None = None
+        self.requests: np.ndarray | None = None
         self.latencies_ns = array("q")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
         self.fd = os.open(path, flags | (os.O_DIRECT if point.direct else 0), 0o644)
@@ -105,14 +94,26 @@ class StreamWriter:
 
     def _allocate(self) -> None:
         point = self.point
-        self.source = source_buffer(point.size_bytes)
+        self.source = pattern_buffer(min(point.size_bytes, self.stream) + point.misaligned_bytes)
         if point.aggregated:
             count = len(staging_writes(point, self.stream, self.aggregate_bytes, self.block_bytes))
             wanted = 1 if point.engine == "posix" else min(point.queue_depth + 1, count)
-            zeros = bytes(min(self.aggregate_bytes, 1 << 20))
-            self.buffers = [_fill(AlignedBuffer(self.aggregate_bytes), zeros) for _ in range(wanted)]
+            self.buffers = [AlignedBuffer(self.aggregate_bytes).prefault() for _ in range(wanted)]
+        else:
+            self.requests = self._piece_requests()
         if point.engine == "uring":
-            self.ring = TimedRing(point.queue_depth)
+            self.ring = rings.Ring(point.queue_depth, latency_sink=self.latencies_ns)
+
+    def _piece_requests(self) -> np.ndarray:
+        """The plain stream as one batch: each piece one write from the pattern buffer at its own offset."""
+        layout = np.array(list(pieces(self.point, self.stream)), dtype=np.int64).reshape(-1, 2)
+        requests = rings.batch(len(layout))
+        requests["opcode"] = rings.OP_WRITE
+        requests["fd"] = self.fd
+        requests["off"] = layout[:, 0]
+        requests["len"] = layout[:, 1]
+        requests["addr"] = self.source.ptr + (layout[:, 0] + pattern.PAGE * PATTERN_KEY) % pattern.PERIOD
+        return requests
 
     def run(self) -> StreamResult:
         """Write the stream, fsync the file, and return the measurements."""
@@ -120,10 +121,9 @@ class StreamWriter:
         start_ns = time.monotonic_ns()
         if self.point.preallocated:
             os.posix_fallocate(self.fd, 0, self.point.misaligned_bytes + self.stream)
-        writes = self._aggregated() if self.point.aggregated else self._direct_pieces()
+        writes = self._aggregated() if self.point.aggregated else self._plain()
         if self.ring is not None:
             self.ring.drain()
-            self.latencies_ns.extend(self.ring.latencies_ns)
         if self.point.aggregated:
             os.ftruncate(self.fd, self.point.misaligned_bytes + self.stream)
         os.fsync(self.fd)
@@ -132,17 +132,29 @@ class StreamWriter:
         cpu_s = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)
         return StreamResult(start_ns, end_ns, self.stream, writes, self.latencies_ns.tobytes(), cpu_s)
 
-    def _write(self, buf: AlignedBuffer, start: int, size: int, offset: int, slot: int) -> None:
-        """One file write of ``size`` bytes from ``buf[start:]`` at ``offset``; ``slot`` names the buffer."""
+    def _plain(self) -> int:
+        """The pieces as one batch through the C loop (io_uring, or one pwrite at a time)."""
         if self.ring is not None:
-            self.ring.submit("write", self.fd, slot, buf.ptr + start, size, offset)
+            results, latencies = self.ring.run(self.requests)
+        else:
+            results, latencies = rings.pio_run(self.requests)
+            self.latencies_ns.extend(latencies.tolist())
+        failed = rings.first_failure(self.requests, results)
+        if failed is not None:
+            raise failed[1]
+        return len(self.requests)
+
+    def _write(self, buf: AlignedBuffer, size: int, offset: int, slot: int) -> None:
+        """One staging buffer's write of ``size`` bytes at ``offset``; ``slot`` names the buffer."""
+        if self.ring is not None:
+            self.ring.submit("write", self.fd, buf.ptr, size, offset, key=slot)
             return
-        view = memoryview(buf.mmap)
+        view = buf.view()
         try:
             done = 0
             began = time.perf_counter_ns()
             while done < size:
-                written = os.pwrite(self.fd, view[start + done:start + size], offset + done)
+                written = os.pwrite(self.fd, view[done:size], offset + done)
                 if written <= 0:
                     raise OSError(errno.ENOSPC, "short write")
                 done += written
@@ -150,22 +162,14 @@ class StreamWriter:
         finally:
             view.release()
 
-    def _direct_pieces(self) -> int:
-        """Each piece is one write straight from the source buffer."""
-        count = 0
-        for index, (offset, size) in enumerate(pieces(self.point, self.stream)):
-            self._write(self.source, piece_source_offset(index), size, offset, 0)
-            count += 1
-        return count
-
     def _aggregated(self) -> int:
         """Copy the pieces into the staging buffers; write each buffer once the stream leaves it."""
         plan = staging_writes(self.point, self.stream, self.aggregate_bytes, self.block_bytes)
-        source = memoryview(self.source.mmap)
+        source = self.source.view()
         current = -1
         try:
-            for index, (offset, size) in enumerate(pieces(self.point, self.stream)):
-                first = piece_source_offset(index)
+            for offset, size in pieces(self.point, self.stream):
+                first = pattern.start(offset, PATTERN_KEY)
                 done = 0
                 while done < size:
                     position = offset + done
@@ -186,22 +190,22 @@ class StreamWriter:
         return len(plan)
 
     def _reclaim(self, buffer_index: int) -> None:
-        """Before refilling a staging buffer, wait for its previous write (io_uring) to complete."""
+        """Before refilling a staging buffer, wait for its previous write (io_uring) to complete; a fresh
+        stretch of the file before the stream's start stays zero."""
         if self.ring is not None:
             self.ring.drain(buffer_index % len(self.buffers))
+        if buffer_index * self.aggregate_bytes < self.point.misaligned_bytes:
+            staging = self.buffers[buffer_index % len(self.buffers)]
+            staging.mmap[:self.point.misaligned_bytes] = bytes(self.point.misaligned_bytes)
 
     def _flush(self, plan: list[tuple[int, int]], buffer_index: int) -> None:
         offset, size = plan[buffer_index]
         slot = buffer_index % len(self.buffers)
-        self._write(self.buffers[slot], 0, size, offset, slot)
+        self._write(self.buffers[slot], size, offset, slot)
 
     def close(self) -> None:
         """Reap what is in flight (the kernel may still read the buffers), then free everything."""
         if self.ring is not None:
-            try:
-                self.ring.drain()
-            except OSError:
-                pass
             self.ring.close()
             self.ring = None
         for buf in self.buffers + ([self.source] if self.source is not None else []):

@@ -12,9 +12,7 @@ decoded, so a headless browser can confirm it rendered.
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 import os
 from pathlib import Path
@@ -23,31 +21,17 @@ from typing import Any, Sequence
 from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.formats import Trace, read_trace, write_bytes_atomic
 
-from .render import human_bytes, human_ns, human_rate
-from .summary import DATA_OPS, summarize
+from ckpt_trace.analysis.summary import DATA_OPS, summarize
+from ckpt_trace.units import human_bytes, human_ns, human_rate
+
+from .figures import png_base64, pyplot
 
 TOP_FILES = 6
 THROUGHPUT_BINS = 100
 _COLORS = {"write": "#d62728", "read": "#1f77b4", "fsync": "#2ca02c", "other": "#999999"}
 
 
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (no display needed). Raises CkptTraceError without matplotlib."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise CkptTraceError("figures need matplotlib: pip install matplotlib") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _png(fig) -> str:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
-    pyplot().close(fig)
-    return base64.b64encode(buffer.getvalue()).decode()
+_png = png_base64
 
 
 def _columns(trace: Trace) -> dict[str, list]:

@@ -2,48 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ckpt_trace.errors import CkptTraceError
-
-
-def human_bytes(value: float) -> str:
-    """Bytes in binary units: 1536 -> '1.5 KiB'."""
-    value = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
-
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    """'4MiB', '4m', '4194304' -> bytes (binary units). Raises CkptTraceError on anything else."""
-    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise CkptTraceError(f"not a size: {text!r} (use e.g. 4MiB)")
-    return int(match.group(1)) * _UNITS[match.group(2).lower()]
-
-
-def human_rate(bytes_per_s: float) -> str:
-    return f"{bytes_per_s / 1e6:,.1f} MB/s"
-
-
-def human_ns(value: float) -> str:
-    if value >= 1e9:
-        return f"{value / 1e9:.2f} s"
-    if value >= 1e6:
-        return f"{value / 1e6:.2f} ms"
-    return f"{value / 1e3:.1f} µs"
+from ckpt_trace.units import human_bytes, human_ns, human_rate, parse_size  # noqa: F401  (parse_size: CLI)
 
 
 def _table(console: Console, title: str) -> Table:

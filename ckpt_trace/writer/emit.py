@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from ckpt_trace import __version__
+from ckpt_trace.version import __version__
 from ckpt_trace.errors import CheckpointError
 from ckpt_trace.formats import Trace, read_trace, sha256_file, write_bytes_atomic
 
@@ -170,7 +170,7 @@ def emit(trace_path: str | os.PathLike, output: str | os.PathLike, *, results_pa
     Raises TraceFormatError for a bad trace, CheckpointError for bad results
     or an existing ``output`` without ``force``.
     """
-    from ckpt_trace.report.summary import summarize
+    from ckpt_trace.analysis.summary import summarize
 
     output = Path(output)
     if output.exists() and not force:

@@ -30,13 +30,8 @@ REQUIRED_METADATA_KEYS = (
     "lost_events",
 )
 
-# Values of the ``offset_source`` column.
-OFFSET_EXPLICIT = "explicit"  # the syscall's own offset argument (pwrite64...)
-OFFSET_POSITION = "position"  # the file position, tracked through open/lseek/read/write/dup/fork
-OFFSET_APPEND = "append"  # end of file, for O_APPEND writes
-OFFSET_KERNEL = "kernel"  # read from the kernel's struct file at syscall exit
-OFFSET_UNKNOWN = "unknown"  # applicable, but the trace could not know it
-OFFSET_SOURCES = (OFFSET_EXPLICIT, OFFSET_POSITION, OFFSET_APPEND, OFFSET_KERNEL, OFFSET_UNKNOWN)
+# Metadata keys a trace may lack: readers supply these defaults.
+METADATA_DEFAULTS = {"arch": "x86_64"}  # traces written before the key existed were all recorded on x86-64
 
 SCHEMA = pa.schema(
     [

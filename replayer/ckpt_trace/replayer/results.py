@@ -5,21 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
-def percentiles_ns(samples: list[int]) -> dict[str, int]:
-    """mean, p50, p90, p99 and max of ``samples`` (nanoseconds), nearest-rank method; zeros when empty."""
-    if not samples:
-        return {"mean": 0, "p50": 0, "p90": 0, "p99": 0, "max": 0}
-    ordered = sorted(samples)
-    count = len(ordered)
-
-    def rank(q: float) -> int:
-        index = max(0, min(count - 1, int(-(-q * count // 1)) - 1))
-        return int(ordered[index])
-
-    return {"mean": int(sum(ordered) / count), "p50": rank(0.50), "p90": rank(0.90), "p99": rank(0.99),
-            "max": int(ordered[-1])}
-
-
 @dataclass
 class ReplayResult:
     """Measurements of one replay run.
@@ -33,7 +18,8 @@ class ReplayResult:
     this run's, when posix ran in the same invocation. ``runs_elapsed_s``
     holds every repeat's elapsed time when the result is the median of several;
     ``verified_files`` how many files ``--verify`` checked (None without it);
-    ``metadata_ops_saved`` the operations ``--pack-files`` removed.
+    ``metadata_ops_saved`` the operations ``--pack-files`` removed; ``notes``
+    what the run could not do as recorded (O_DIRECT refused by the target...).
     """
 
     strategy: str
@@ -51,6 +37,7 @@ class ReplayResult:
     runs_elapsed_s: list[float] = field(default_factory=list)
     verified_files: int | None = None
     metadata_ops_saved: int = 0
+    notes: list[str] = field(default_factory=list)
 
     @property
     def write_throughput_bytes_per_s(self) -> float:

@@ -20,15 +20,14 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
-from xml.etree import ElementTree
 
 from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.formats import sha256_file, write_bytes_atomic
+from ckpt_trace.iolayer.host import environment
 from ckpt_trace.replayer import replay
 from ckpt_trace.replayer.replay import STRATEGIES
 
@@ -50,45 +49,6 @@ def parse_tolerance(text: str) -> float:
         raise RegressionError(f"tolerance {text!r} out of range")
     return value
 
-
-
-def _mount_of(path: Path) -> tuple[str, str]:
-    """(file system type, source device) of the mount holding ``path``, from /proc/self/mountinfo."""
-    path = path.resolve()
-    best = ("", "unknown", "unknown")
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return best[1], best[2]
-    for line in lines:
-        fields = line.split()
-        mount_point = fields[4].replace("\\040", " ")
-        fs_type, source = line.split(" - ", 1)[1].split()[:2]
-        if (path == Path(mount_point) or Path(mount_point) in path.parents) and len(mount_point) >= len(best[0]):
-            best = (mount_point, fs_type, source)
-    return best[1], best[2]
-
-
-def _device_model(source: str) -> str | None:
-    name = Path(source).name
-    for candidate in (name, name.rstrip("0123456789"), name.split("p")[0] if name.startswith("nvme") else name):
-        model = Path(f"/sys/block/{candidate}/device/model")
-        if model.exists():
-            return model.read_text().strip()
-        vendor = Path(f"/sys/block/{candidate}/device/vendor")
-        if vendor.exists():
-            return f"virtio/vendor {vendor.read_text().strip()}"
-    return None
-
-
-def environment(target: Path) -> dict:
-    """Host, kernel, file system and device of ``target`` (the nearest existing parent is inspected)."""
-    probe = target
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    fs_type, source = _mount_of(probe)
-    return {"host": platform.node(), "kernel": platform.release(), "filesystem": fs_type, "device": source,
-            "device_model": _device_model(source), "cpu_count": os.cpu_count()}
 
 
 def _figures(result) -> dict:
@@ -235,30 +195,6 @@ def run_check(traces: Sequence[str | os.PathLike], baseline: dict, *, target: st
                 raise RegressionError(f"the baseline has no {strategy} result for {old['name']}")
             rows += _compare(old["name"], strategy, old["results"][strategy], new["results"][strategy], tolerance)
     return rows
-
-
-def junit_xml(rows: Sequence[Comparison], tolerance: float) -> bytes:
-    """JUnit XML: one testsuite, one testcase per trace and strategy, a <failure> listing regressed figures."""
-    cases: dict[tuple[str, str], list[Comparison]] = {}
-    for row in rows:
-        cases.setdefault((row.trace, row.strategy), []).append(row)
-    failures = sum(any(r.regressed for r in group) for group in cases.values())
-    root = ElementTree.Element("testsuites", name="ckpt-trace", tests=str(len(cases)), failures=str(failures))
-    suite = ElementTree.SubElement(root, "testsuite", name="ckpt-trace check", tests=str(len(cases)),
-                                   failures=str(failures), errors="0")
-    for (trace, strategy), group in cases.items():
-        elapsed = sorted(group[0].new_runs_elapsed_s)[len(group[0].new_runs_elapsed_s) // 2]
-        case = ElementTree.SubElement(suite, "testcase", classname=f"ckpt-trace.{trace}", name=strategy,
-                                      time=f"{elapsed:.3f}")
-        lines = [f"{r.metric}: {r.old:.6g} -> {r.new:.6g} ({r.change:+.1%})" for r in group]
-        bad = [r for r in group if r.regressed]
-        if bad:
-            failure = ElementTree.SubElement(case, "failure", message=f"{len(bad)} figure(s) regressed beyond "
-                                                                      f"{tolerance:.0%}")
-            failure.text = "\n".join(lines)
-        else:
-            ElementTree.SubElement(case, "system-out").text = "\n".join(lines)
-    return ElementTree.tostring(root, encoding="utf-8", xml_declaration=True)
 
 
 def write_json(path: str | os.PathLike, data: dict) -> None:

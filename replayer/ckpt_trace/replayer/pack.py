@@ -19,15 +19,14 @@ once. ``metadata_ops_saved`` counts what disappeared, net of the pack's own.
 from __future__ import annotations
 
 import dataclasses
+import os
 from types import MappingProxyType
 
-from .plan import DATA_KINDS, PlanOp, ReplayPlan, WorkerPlan
+from .plan import DATA_KINDS, PlanChecks, PlanOp, ReplayPlan, WorkerPlan
 
 PACK_DIR = "ckpt-trace-packs"
 INDEX_PATH = f"{PACK_DIR}/index.json"
-O_CREAT = 0o100
-O_DIRECTORY = 0o200000
-PACK_FLAGS = 0o1 | O_CREAT | 0o1000 | 0o2000000  # O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC
+PACK_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC  # host values: plans hold host flags
 _SYNCS = frozenset({"fsync", "fdatasync", "sync_file_range"})
 
 
@@ -37,8 +36,8 @@ def _ops_of_file(plan: ReplayPlan) -> dict[int, list[tuple[int, PlanOp]]]:
     for index, worker in enumerate(plan.workers):
         for op in worker.ops:
             for handle in (op.handle, op.source_handle):
-                if handle is not None and handle in plan.handle_files:
-                    by_file.setdefault(plan.handle_files[handle], []).append((index, op))
+                if handle is not None and handle in plan.files.handle_files:
+                    by_file.setdefault(plan.files.handle_files[handle], []).append((index, op))
     return by_file
 
 
@@ -48,7 +47,7 @@ def _packable(plan: ReplayPlan, ops: list[tuple[int, PlanOp]]) -> bool:
         return False
     opens = [op for _, op in ops if op.kind == "open"]
     writes = [op for _, op in ops if op.kind == "write"]
-    return (bool(opens) and bool(writes) and all((o.flags or 0) & O_CREAT and not (o.flags or 0) & O_DIRECTORY
+    return (bool(opens) and bool(writes) and all((o.flags or 0) & os.O_CREAT and not (o.flags or 0) & os.O_DIRECTORY
                                                   for o in opens)
             and all(op.offset is not None for _, op in ops if op.kind in DATA_KINDS))
 
@@ -76,7 +75,7 @@ class _WorkerPacker:
         """Block-aligned regions, one per packed file, in order of first write."""
         extents: dict[int, int] = {}
         for op in self.worker.ops:
-            fid = self.plan.handle_files.get(op.handle) if op.handle is not None else None
+            fid = self.plan.files.handle_files.get(op.handle) if op.handle is not None else None
             if fid in self.fids and op.kind == "write":
                 start, size = _padded(op.offset, op.size or 0, self.block_bytes)
                 extents[fid] = max(extents.get(fid, 0), start + size)
@@ -106,7 +105,7 @@ class _WorkerPacker:
         return tuple(out)
 
     def _rewrite(self, op: PlanOp) -> PlanOp | None:
-        fid = self.plan.handle_files.get(op.handle) if op.handle is not None else None
+        fid = self.plan.files.handle_files.get(op.handle) if op.handle is not None else None
         if fid in self.fids:
             if op.kind == "open":
                 self.paths.add(op.path)
@@ -127,8 +126,9 @@ def pack_plan(plan: ReplayPlan, *, block_bytes: int = 4096) -> ReplayPlan:
     """The plan with each worker's packable files moved into one pack per worker. Pure."""
     by_file = _ops_of_file(plan)
     packable = {fid for fid, ops in by_file.items() if _packable(plan, ops)}
-    next_handle = max(plan.handle_files, default=-1) + 1
-    workers, index, verify, expected, saved = [], {}, dict(plan.verify_ranges), dict(plan.expected_sizes), 0
+    next_handle = max(plan.files.handle_files, default=-1) + 1
+    checks = plan.checks
+    workers, index, verify, expected, saved = [], {}, dict(checks.verify_ranges), dict(checks.expected_sizes), 0
     pack_verify = []
     for number, worker in enumerate(plan.workers):
         fids = {fid for fid in packable if by_file[fid][0][0] == number}
@@ -139,7 +139,7 @@ def pack_plan(plan: ReplayPlan, *, block_bytes: int = 4096) -> ReplayPlan:
         workers.append(dataclasses.replace(worker, ops=packer.rewrite()))
         saved += packer.saved
         for fid, base in packer.bases.items():
-            final = plan.file_paths.get(fid)
+            final = plan.files.file_paths.get(fid)
             if final is None:
                 continue
             index[final] = {"pack": packer.pack_path, "offset": base, "size_bytes": expected.pop(final, 0)}
@@ -148,7 +148,7 @@ def pack_plan(plan: ReplayPlan, *, block_bytes: int = 4096) -> ReplayPlan:
                 pack_verify.append((packer.pack_path, final, base, ranges))
     return dataclasses.replace(
         plan, workers=tuple(workers), pack_index=MappingProxyType(index), metadata_ops_saved=saved,
-        expected_sizes=MappingProxyType(expected), verify_ranges=MappingProxyType(verify),
         precreate_dirs=tuple(dict.fromkeys(plan.precreate_dirs + ((PACK_DIR,) if index or saved else ()))),
-        pack_verify=tuple(pack_verify),
+        checks=PlanChecks(expected_sizes=MappingProxyType(expected), verify_ranges=MappingProxyType(verify),
+                          unverifiable=checks.unverifiable, pack_verify=tuple(pack_verify)),
     )

@@ -16,11 +16,21 @@ waits for that open/dup; an operation naming a path (open, rename, unlink,
 mkdir) waits for the previous such operation on that path by another
 worker, and for the mkdir of its parent directories. Within a worker,
 recorded order is kept.
+
+Open flags are converted here, once, from the recording's architecture (the
+trace's ``arch``) to this machine's (``formats.vocabulary.translate_open_flags``),
+so every plan and executor works in host ``os.O_*`` values.
+
+A plan is two things: what to execute (``ReplayPlan``) and what must hold
+afterwards (``PlanChecks``: final sizes, the byte ranges ``--verify``
+compares), plus the planner's file identities (``FileIdentity``) that derived
+strategies (``--pack-files``) need.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -28,21 +38,16 @@ from typing import Mapping
 
 import pyarrow as pa
 
-from .paths import relative_target_path
-from .pattern import file_key
+from ckpt_trace.errors import ReplayError
+from ckpt_trace.formats import vocabulary as v
+from ckpt_trace.iolayer.pattern import file_key
 
-O_CREAT = 0o100
-O_TRUNC = 0o1000
-O_ACCMODE = 0o3
-O_RDWR = 0o2
-O_DIRECTORY = 0o200000
-FALLOC_FL_KEEP_SIZE = 0x1
-DATA_KINDS = frozenset({"read", "write"})
-PATH_KINDS = frozenset({"open", "rename", "unlink", "mkdir"})
-FD_KINDS = frozenset({"close", "read", "write", "lseek", "fsync", "fdatasync", "sync_file_range",
-                      "ftruncate", "fallocate", "dup", "fcntl"})
-METADATA_KINDS = frozenset({"open", "close", "lseek", "fsync", "fdatasync", "sync_file_range", "ftruncate",
-                            "fallocate", "rename", "unlink", "mkdir", "dup", "fcntl"})
+from .paths import relative_target_path
+
+DATA_KINDS = v.DATA_OPS
+PATH_KINDS = v.PATH_OPS
+FD_KINDS = v.FD_OPS
+METADATA_KINDS = v.METADATA_OPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,36 +95,59 @@ class WorkerPlan:
 
 
 @dataclass(frozen=True)
-class ReplayPlan:
-    """A complete, immutable replay plan (see module docstring).
+class PlanChecks:
+    """What must hold after a run of the plan (checked by ``replay``, not by executors).
 
-    ``verify_ranges`` maps each final file to the byte ranges written data
-    ends in (``--verify`` compares them with the pattern); ``pattern_keys``
-    gives the pattern key of each pre-created file; ``unverifiable`` lists
-    files written at offsets the trace did not know. ``handle_files`` maps
-    each handle to the identity of its file and ``file_paths`` each live
-    file to its final path. With ``--pack-files``, ``pack_index`` maps each
-    packed file's final path to its pack, offset and size, ``pack_verify``
-    holds (pack, final path, offset, ranges) for ``--verify``, and
+    ``expected_sizes``: each file's size when the recording ended (bytes).
+    ``verify_ranges``: per final file, the byte ranges written data ends in
+    (``--verify`` compares them with the pattern); ``unverifiable``: files
+    written at offsets the trace did not know. With ``--pack-files``,
+    ``pack_verify`` holds (pack, final path, offset in the pack, ranges) and
+    each packed file's size is checked through ``ReplayPlan.pack_index``.
+    """
+
+    expected_sizes: Mapping[str, int] = field(default_factory=dict)
+    verify_ranges: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    unverifiable: tuple[str, ...] = ()
+    pack_verify: tuple[tuple[str, str, int, tuple[tuple[int, int], ...]], ...] = ()
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """The planner's file identities: ``handle_files`` maps each handle to its file, ``file_paths`` each
+    live file to its final path (files are followed through renames)."""
+
+    handle_files: Mapping[int, int] = field(default_factory=dict)
+    file_paths: Mapping[int, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """A complete, immutable replay plan: what an executor runs (see the module docstring).
+
+    ``precreate_dirs`` and ``precreate_files`` ((path, bytes)) exist before
+    the clock starts, holding the pattern of ``pattern_keys``;
+    ``bytes_to_write`` is what the run will write (free space is checked
+    against it); ``awaited`` are the seq numbers other workers wait on;
+    ``skipped_ops`` counts trace rows not replayed, by reason. With
+    ``--pack-files``, ``pack_index`` maps each packed file's final path to its
+    pack, offset and size (the executor writes it as ``index.json``) and
     ``metadata_ops_saved`` counts the operations packing removed.
+    ``checks`` is what must hold afterwards; ``files`` the file identities.
     """
 
     strategy: str
     workers: tuple[WorkerPlan, ...]
     precreate_dirs: tuple[str, ...]
     precreate_files: tuple[tuple[str, int], ...]
-    expected_sizes: Mapping[str, int]
     skipped_ops: Mapping[str, int]
     bytes_to_write: int
     awaited: frozenset[int] = field(default_factory=frozenset)
-    verify_ranges: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     pattern_keys: Mapping[str, int] = field(default_factory=dict)
-    unverifiable: tuple[str, ...] = ()
-    handle_files: Mapping[int, int] = field(default_factory=dict)
-    file_paths: Mapping[int, str] = field(default_factory=dict)
     pack_index: Mapping[str, Mapping] = field(default_factory=dict)
-    pack_verify: tuple[tuple[str, str, int, tuple[tuple[int, int], ...]], ...] = ()
     metadata_ops_saved: int = 0
+    checks: PlanChecks = field(default_factory=PlanChecks)
+    files: FileIdentity = field(default_factory=FileIdentity)
 
     @property
     def num_ops(self) -> int:
@@ -138,8 +166,9 @@ def _ancestors(path: str) -> list[str]:
 class _Planner:
     """Walks trace rows in order; holds the mutable bookkeeping a plan is built from."""
 
-    def __init__(self, strip_prefix: str | None) -> None:
+    def __init__(self, strip_prefix: str | None, arch: str) -> None:
         self.strip_prefix = strip_prefix
+        self.arch = arch
         self.ops: dict[tuple[int, int], list[PlanOp]] = defaultdict(list)
         self.ranks: dict[tuple[int, int], int] = {}
         self.slots: dict[tuple[int, int], int] = {}
@@ -216,7 +245,7 @@ class _Planner:
         handle = self.new_handle(path, seq, worker)
         self.slots[(pid, fd)] = handle
         self.touch(path, creating=False)
-        self.ops[worker].append(PlanOp(seq=seq, kind="open", ts_ns=ts, handle=handle, path=path, flags=O_RDWR,
+        self.ops[worker].append(PlanOp(seq=seq, kind="open", ts_ns=ts, handle=handle, path=path, flags=os.O_RDWR,
                                        deps=self.path_deps(seq, worker, path)))
         self.skipped["implicit_opens"] += 1
         return handle
@@ -251,14 +280,14 @@ class _Planner:
         if path is None:
             self.skipped["no_path"] += 1
             return
-        flags = row["flags"] or 0
-        if flags & O_DIRECTORY:
+        flags = v.translate_open_flags(row["flags"] or 0, self.arch, HOST_ARCH)
+        if flags & os.O_DIRECTORY:
             self.opened_dirs.add(path)
             self.named.add(path)
         else:
-            creating = bool(flags & O_CREAT)
+            creating = bool(flags & os.O_CREAT)
             self.touch(path, creating)
-            if flags & O_TRUNC and flags & O_ACCMODE:
+            if flags & os.O_TRUNC and flags & os.O_ACCMODE:
                 self.sizes[path] = 0
                 fid = self.file(path)
                 self.coverage[fid] = []
@@ -351,7 +380,7 @@ class _Planner:
     def _row_fallocate(self, seq, worker, row) -> None:
         mode = row["flags"] or 0
         handle = self._append_fd_op(seq, worker, row, "fallocate", offset=row["offset"], size=row["size"], flags=mode)
-        if handle is not None and not mode & FALLOC_FL_KEEP_SIZE:
+        if handle is not None and not mode & v.FALLOC_FL_KEEP_SIZE:
             path = self.handle_path[handle]
             if self.sizes.get(path, 0) is not None:
                 self.sizes[path] = max(self.sizes.get(path) or 0, row["offset"] + row["size"])
@@ -445,18 +474,20 @@ class _Planner:
             workers=workers,
             precreate_dirs=tuple(sorted(dirs, key=lambda d: (d.count("/"), d))),
             precreate_files=precreate_files,
-            expected_sizes=MappingProxyType(expected),
             skipped_ops=MappingProxyType(dict(self.skipped)),
             bytes_to_write=self.bytes_to_write + sum(size for _, size in precreate_files),
             awaited=frozenset(self.awaited),
-            verify_ranges=MappingProxyType({
-                path: tuple(merge_ranges(self.coverage[fid])) for path, fid in sorted(self.file_of_path.items())
-                if fid not in self.unverifiable and path in expected
-            }),
             pattern_keys=MappingProxyType({path: key_of.get(self.precreated[path], 0) for path, _ in precreate_files}),
-            unverifiable=tuple(sorted(p for p, fid in self.file_of_path.items() if fid in self.unverifiable)),
-            handle_files=MappingProxyType(dict(self.handle_file)),
-            file_paths=MappingProxyType(final_path),
+            checks=PlanChecks(
+                expected_sizes=MappingProxyType(expected),
+                verify_ranges=MappingProxyType({
+                    path: tuple(merge_ranges(self.coverage[fid])) for path, fid in sorted(self.file_of_path.items())
+                    if fid not in self.unverifiable and path in expected
+                }),
+                unverifiable=tuple(sorted(p for p, fid in self.file_of_path.items() if fid in self.unverifiable)),
+            ),
+            files=FileIdentity(handle_files=MappingProxyType(dict(self.handle_file)),
+                               file_paths=MappingProxyType(final_path)),
         )
 
 
@@ -474,16 +505,23 @@ def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 _PLAN_COLUMNS = ("ts_ns", "pid", "tid", "rank", "op", "fd", "path", "new_path", "offset", "size", "ret", "flags")
 
 
-def build_posix_plan(table: pa.Table, strip_prefix: str | None = None) -> ReplayPlan:
-    """Plan the replay of ``table`` (a trace) operation for operation, as recorded.
+HOST_ARCH = v.host_arch()
 
-    Pure: reads only the table. Rows are taken in ``ts_ns`` order.
-    Raises ReplayError (from path mapping) on a path with a NUL byte.
+
+def build_posix_plan(table: pa.Table, strip_prefix: str | None = None, *, arch: str = v.X86_64) -> ReplayPlan:
+    """Plan the replay of ``table`` (a trace recorded on ``arch``) operation for operation, as recorded.
+
+    Pure: reads only the table. Rows are taken in ``ts_ns`` order; open flags
+    become this machine's. Raises ReplayError on a path with a NUL byte or a
+    trace of an architecture whose open flags are unknown.
     """
+    if v.normalize_arch(arch) not in v.OPEN_FLAGS:
+        raise ReplayError(f"the trace was recorded on {arch}, whose open flags this release does not know "
+                          f"(known: {', '.join(v.ARCHES)})")
     table = table.select(list(_PLAN_COLUMNS))
     if table.num_rows:
         table = table.sort_by([("ts_ns", "ascending")])
-    planner = _Planner(strip_prefix)
+    planner = _Planner(strip_prefix, arch)
     columns = {name: table.column(name).to_pylist() for name in _PLAN_COLUMNS}
     for seq in range(table.num_rows):
         planner.add(seq, {name: columns[name][seq] for name in _PLAN_COLUMNS})

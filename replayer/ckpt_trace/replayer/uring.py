@@ -1,4 +1,4 @@
-"""io_uring executor: the plan's reads and writes submitted through io_uring (pyuring 0.3.0).
+"""io_uring executor: the plan's reads and writes submitted through io_uring (``iolayer.ring``).
 
 Each worker thread owns one ring (``UringCtx`` is single-issuer) and keeps up
 to ``queue_depth`` reads and writes in flight; metadata operations run as
@@ -20,112 +20,37 @@ the same file, after the descriptor's in-flight requests complete, and is
 counted in ``unaligned_ops`` (the "buffered tail" choice of issue 3; the
 kernel keeps the page cache coherent with direct I/O around it).
 
-Reference: io_uring_enter(2), liburing io_uring_prep_write(3); open(2) on
-O_DIRECT alignment.
+Every worker's ring is ``iolayer.ring.Ring`` with a latency sink: each
+request's time from entering the kernel to the reaping of its completion.
+
+Reference: io_uring_enter(2); open(2) on O_DIRECT alignment.
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import errno
 import os
 import threading
 import time
+from array import array
 from collections import Counter
 
 from ckpt_trace.errors import ReplayError
+from ckpt_trace.iolayer import pattern
+from ckpt_trace.iolayer.buffers import AlignedBuffer, pattern_buffer
+from ckpt_trace.iolayer.ring import Ring
+from ckpt_trace.iolayer.ring import probe as probe_ring
 
-from . import pattern
 from .paths import TargetRoot
 from .plan import DATA_KINDS, FD_KINDS, METADATA_KINDS, PATH_KINDS, PlanOp, WorkerPlan
-from .posix import PosixExecutor, Progress, _RunState, _op_error, pattern_buffer
+from .posix import PosixExecutor, Progress, _RunState, _op_error
 
 _HANDLE_BARRIERS = FD_KINDS - DATA_KINDS  # operations on one descriptor: drain its requests first
 
 
-def io_uring_available() -> str | None:
-    """None when io_uring works here, else why not (module missing, kernel refusal)."""
-    try:
-        import pyuring
-    except ImportError:
-        return "the pyuring module is not installed"
-    try:
-        ctx = pyuring.UringCtx(entries=2)
-    except Exception as err:  # pyuring raises its own UringError or OSError
-        return f"io_uring_setup failed: {err}"
-    ctx.close()
-    return None
-
-
-def _address(buf) -> int:
-    """Address of a writable buffer; the temporary ctypes export is released at once, so the
-    buffer can be closed later (only after every request using it completed)."""
-    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
-
-
-class TimedRing:
-    """One thread's ring: at most ``queue_depth`` requests in flight, counted per handle, each timed.
-
-    ``latencies_ns`` collects, per request, the time from submission to the
-    reaping of its completion (completions already posted are reaped after
-    every submission, so late reaping does not inflate it). Call order, by
-    the owning thread only: ``submit`` (waits for room itself), ``drain``
-    (all, or one handle's requests) before an operation that needs them
-    complete, ``close``. A failed or short write raises OSError from the
-    call that reaps it. Used by the replayer's io_uring executor and by
-    ``ckpt-trace bench``.
-    """
-
-    def __init__(self, queue_depth: int) -> None:
-        import pyuring
-
-        self.ctx = pyuring.UringCtx(entries=max(2, queue_depth))
-        self.queue_depth = queue_depth
-        self.pending: dict[int, tuple[int, int, int, str, int]] = {}  # tag -> (handle, started_ns, size, kind, offset)
-        self.by_handle: Counter = Counter()
-        self.next_tag = 1
-        self.latencies_ns: list[int] = []
-
-    def submit(self, kind: str, fd: int, handle: int, ptr: int, size: int, offset: int) -> None:
-        while len(self.pending) >= self.queue_depth:
-            self.reap_one()
-        tag = self.next_tag
-        self.next_tag += 1
-        self.pending[tag] = (handle, time.perf_counter_ns(), size, kind, offset)
-        self.by_handle[handle] += 1
-        if kind == "write":
-            self.ctx.write_async_ptr(fd, ptr, size, offset, user_data=tag)
-        else:
-            self.ctx.read_async_ptr(fd, ptr, size, offset, user_data=tag)
-        self.reap_ready()
-
-    def reap_ready(self) -> None:
-        """Reap completions already posted, without waiting, so latencies are not inflated by late reaping."""
-        while self.pending:
-            completion = self.ctx.peek_completion()
-            if completion is None:
-                return
-            self._complete(*completion)
-
-    def reap_one(self) -> None:
-        self._complete(*self.ctx.wait_completion())
-
-    def _complete(self, tag: int, result: int) -> None:
-        handle, started_ns, size, kind, offset = self.pending.pop(tag)
-        self.by_handle[handle] -= 1
-        self.latencies_ns.append(time.perf_counter_ns() - started_ns)
-        if result < 0:
-            raise OSError(-result, os.strerror(-result))
-        if kind == "write" and result < size:
-            raise OSError(errno.EIO, f"short io_uring write ({result} of {size} bytes at {offset})")
-
-    def drain(self, handle: int | None = None) -> None:
-        while self.pending and (handle is None or self.by_handle[handle] > 0):
-            self.reap_one()
-
-    def close(self) -> None:
-        self.ctx.close()
+def io_uring_available(queue_depth: int = 2) -> str | None:
+    """None when a ring of ``queue_depth`` works here, else why not (one line)."""
+    return probe_ring(queue_depth)
 
 
 class UringExecutor(PosixExecutor):
@@ -142,14 +67,14 @@ class UringExecutor(PosixExecutor):
         self.queue_depth = queue_depth
         self.direct = direct
         self.strategy = strategy or ("uring-direct" if direct else "uring-buffered")
-        self.block_bytes = os.statvfs(root.root).f_bsize if direct else 1
+        self.block_bytes = os.statvfs(root.root).f_bsize if direct else 1  # the target's O_DIRECT alignment
         self._buffered_fds: dict[int, int] = {}
         self._lock = threading.Lock()
 
-    def _open(self, op: PlanOp) -> int:
+    def _open(self, op: PlanOp, state: _RunState) -> int:
         if self.direct and not (op.flags or 0) & os.O_DIRECTORY:
             op = dataclasses.replace(op, flags=(op.flags or 0) | os.O_DIRECT)
-        return super()._open(op)
+        return super()._open(op, state)
 
     def run(self, plan, *, timing: str = "asap", progress: Progress | None = None, durable: bool = False):
         try:
@@ -161,10 +86,11 @@ class UringExecutor(PosixExecutor):
 
     def _worker(self, worker: WorkerPlan, state: _RunState, timing: str, progress: Progress | None) -> None:
         size = self._buffer_bytes(worker)
-        write_buf, read_buf = pattern.periodic_buffer(size), pattern_buffer(size)
-        ptrs = {"write": _address(write_buf), "read": _address(read_buf)}
-        views = {"write": memoryview(write_buf), "read": memoryview(read_buf)}
-        ring = TimedRing(self.queue_depth)
+        write_buf, read_buf = pattern_buffer(size), AlignedBuffer(size)
+        ptrs = {"write": write_buf.ptr, "read": read_buf.ptr}
+        views = {"write": write_buf.view(), "read": read_buf.view()}
+        latencies = array("q")
+        ring = Ring(self.queue_depth, latency_sink=latencies)
         totals = Counter()
         op = None
         try:
@@ -193,10 +119,11 @@ class UringExecutor(PosixExecutor):
         except KeyError:
             state.fail(ReplayError(f"replay failed at {op.kind} {op.path or ''}: descriptor was never opened"))
         finally:
-            self._finish_worker(ring, views, (write_buf, read_buf), state, totals)
+            self._finish_worker(ring, latencies, views, (write_buf, read_buf), state, totals)
 
     @staticmethod
-    def _finish_worker(ring: TimedRing, views: dict, bufs: tuple, state: _RunState, totals: Counter) -> None:
+    def _finish_worker(ring: Ring, latencies: array, views: dict, bufs: tuple, state: _RunState,
+                       totals: Counter) -> None:
         """Reap what is still in flight (the kernel may still use the buffers), free them, add the totals."""
         try:
             ring.drain()
@@ -207,10 +134,10 @@ class UringExecutor(PosixExecutor):
             view.release()
         for buf in bufs:
             buf.close()
-        state.add(ring.latencies_ns, totals["write"], totals["read"], totals["data_ops"], totals["metadata_ops"],
+        state.add(latencies.tolist(), totals["write"], totals["read"], totals["data_ops"], totals["metadata_ops"],
                   totals["unaligned_ops"])
 
-    def _barrier(self, op: PlanOp, ring: TimedRing) -> None:
+    def _barrier(self, op: PlanOp, ring: Ring) -> None:
         if op.kind in PATH_KINDS:
             ring.drain()
         elif op.kind in _HANDLE_BARRIERS:
@@ -224,13 +151,13 @@ class UringExecutor(PosixExecutor):
     def _aligned(self, offset: int, size: int) -> bool:
         return offset % self.block_bytes == 0 and size % self.block_bytes == 0
 
-    def _data(self, op: PlanOp, state: _RunState, ring: TimedRing, ptrs, views, totals: Counter, chunk_max: int) -> int:
+    def _data(self, op: PlanOp, state: _RunState, ring: Ring, ptrs, views, totals: Counter, chunk_max: int) -> int:
         fd = state.fds[op.handle]
         size = op.size or 0
         if op.offset is None:
             ring.drain(op.handle)
             return self._synchronous(fd, op, views, ring)
-        if op.kind == "read" and ring.by_handle[op.handle]:
+        if op.kind == "read" and ring.by_key[op.handle]:
             ring.drain(op.handle)
         if self.direct and not self._aligned(op.offset, size):
             totals["unaligned_ops"] += 1
@@ -243,14 +170,14 @@ class UringExecutor(PosixExecutor):
             if op.kind == "write":
                 base = op.pattern_offset if op.pattern_offset is not None else op.offset
                 ptr += pattern.start(base + done, op.pattern_key)
-            ring.submit(op.kind, fd, op.handle, ptr, chunk, op.offset + done)
+            ring.submit(op.kind, fd, ptr, chunk, op.offset + done, key=op.handle)
             done += chunk
         return size
 
-    def _synchronous(self, fd: int, op: PlanOp, views: dict, ring: TimedRing) -> int:
+    def _synchronous(self, fd: int, op: PlanOp, views: dict, ring: Ring) -> int:
         started = time.perf_counter_ns()
         moved = self._write(fd, op, views["write"]) if op.kind == "write" else self._read(fd, op, views["read"])
-        ring.latencies_ns.append(time.perf_counter_ns() - started)
+        ring.latency_sink.append(time.perf_counter_ns() - started)
         return moved
 
     def _buffered_fd(self, op: PlanOp, state: _RunState) -> int:

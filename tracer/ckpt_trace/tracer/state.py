@@ -27,11 +27,11 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from . import syscalls as sc
+from ckpt_trace.formats import COLUMNS
+from ckpt_trace.formats import vocabulary as v
+from ckpt_trace.formats.vocabulary import IO_URING_PATH, SPECIAL_PATHS, SPECIAL_PREFIXES
 
-SPECIAL_PREFIXES = ("/proc/", "/sys/", "/dev/", "pipe:", "socket:", "anon_inode:")
-SPECIAL_PATHS = ("/proc", "/sys", "/dev")
-IO_URING_PATH = "anon_inode:[io_uring]"
+from . import syscalls as sc
 
 
 @dataclass(slots=True)
@@ -307,13 +307,13 @@ class TraceBuilder:
             explicit = None
         appends = is_write and (desc.flags & sc.O_APPEND or int(ev.args.get("rwflags", 0)) & sc.RWF_APPEND)
         if ev.kernel_offset is not None and explicit is None:
-            return ev.kernel_offset, "kernel", True
+            return ev.kernel_offset, v.OFFSET_KERNEL, True
         if appends:
             size = self.sizes.get(desc.path) if desc.path is not None else None
-            return size, ("append" if size is not None else "unknown"), explicit is None
+            return size, (v.OFFSET_APPEND if size is not None else v.OFFSET_UNKNOWN), explicit is None
         if explicit is not None:
-            return int(explicit), "explicit", False
-        return desc.pos, ("position" if desc.pos is not None else "unknown"), True
+            return int(explicit), v.OFFSET_EXPLICIT, False
+        return desc.pos, (v.OFFSET_POSITION if desc.pos is not None else v.OFFSET_UNKNOWN), True
 
     def _on_data(self, proc: Process, ev: SyscallEvent) -> None:
         fd = int(ev.args["fd"])
@@ -344,7 +344,7 @@ class TraceBuilder:
             if int(ev.args.get("whence", 0)) == sc.SEEK_END and desc.path is not None:
                 self.sizes[desc.path] = ev.ret - int(ev.args.get("offset", 0))
         self._emit(proc, ev, "lseek", fd=fd, path=desc.path, offset=ev.ret if ev.ret >= 0 else None,
-                   offset_source="position" if ev.ret >= 0 else None)
+                   offset_source=v.OFFSET_POSITION if ev.ret >= 0 else None)
 
     def _on_fd_only(self, proc: Process, ev: SyscallEvent) -> None:
         fd = int(ev.args["fd"])
@@ -354,7 +354,7 @@ class TraceBuilder:
         op = sc.SYSCALLS[ev.name].op
         values: dict[str, Any] = {"fd": fd, "path": desc.path}
         if ev.name == "sync_file_range":
-            values.update(offset=int(ev.args["offset"]), offset_source="explicit", size=int(ev.args["count"]),
+            values.update(offset=int(ev.args["offset"]), offset_source=v.OFFSET_EXPLICIT, size=int(ev.args["count"]),
                           flags=int(ev.args.get("flags", 0)))
         elif ev.name == "ftruncate":
             values["size"] = int(ev.args["length"])
@@ -362,7 +362,7 @@ class TraceBuilder:
                 self.sizes[desc.path] = int(ev.args["length"])
         elif ev.name == "fallocate":
             offset, length, mode = int(ev.args["offset"]), int(ev.args["count"]), int(ev.args.get("mode", 0))
-            values.update(offset=offset, offset_source="explicit", size=length, flags=mode)
+            values.update(offset=offset, offset_source=v.OFFSET_EXPLICIT, size=length, flags=mode)
             if ev.ret == 0 and not mode & sc.FALLOC_FL_KEEP_SIZE:
                 self._grow(desc.path, offset + length)
         self._emit(proc, ev, op, **values)
@@ -483,10 +483,7 @@ class TraceBuilder:
             proc.cwd = desc.path if desc else None
 
 
-_COLUMN_NAMES = (
-    "ts_ns", "dur_ns", "pid", "tid", "comm", "rank", "syscall", "op", "fd", "path", "new_path",
-    "offset", "offset_source", "size", "ret", "flags", "iov_count",
-)
+_COLUMN_NAMES = COLUMNS
 _OPTIONAL_COLUMNS = ("fd", "path", "new_path", "offset", "offset_source", "size", "flags", "iov_count")
 
 

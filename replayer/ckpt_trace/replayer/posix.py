@@ -1,7 +1,9 @@
 """POSIX executor: runs a ``ReplayPlan`` with plain syscalls, one thread per recorded thread.
 
-Writes carry a synthetic payload from a page-aligned buffer (mmap), so
-files opened with O_DIRECT are written as the application wrote them.
+Writes carry the pattern (``iolayer.pattern``) from a page-aligned pattern
+buffer, so files opened with O_DIRECT are written as the application wrote
+them; where the target's file system refuses O_DIRECT the file is opened
+without it and the result notes it.
 Writes and reads with a known offset use pwrite(2)/preadv(2) at that
 offset; those whose offset the trace did not know use write(2)/readv(2)
 at the current file position. A vectored call replays as one buffer of
@@ -10,11 +12,9 @@ its total size (the trace keeps iovec counts, not each iovec's length).
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import json
-import mmap
 import os
 import resource
 import threading
@@ -22,20 +22,17 @@ import time
 from typing import Protocol
 
 from ckpt_trace.errors import ReplayError
+from ckpt_trace.formats.vocabulary import AT_REMOVEDIR
+from ckpt_trace.iolayer import files, pattern
+from ckpt_trace.iolayer.buffers import PAGE_BYTES, AlignedBuffer, pattern_buffer
+from ckpt_trace.stats import percentiles_ns
 
-from . import pattern
 from .pack import INDEX_PATH
 from .paths import TargetRoot
 from .plan import DATA_KINDS, METADATA_KINDS, PlanOp, ReplayPlan, WorkerPlan
-from .results import ReplayResult, percentiles_ns
+from .results import ReplayResult
 
 O_NOFOLLOW = os.O_NOFOLLOW
-AT_REMOVEDIR = 0x200
-PAGE_BYTES = mmap.PAGESIZE
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-_libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-
 
 
 class Progress(Protocol):
@@ -44,22 +41,6 @@ class Progress(Protocol):
     def start(self, total_bytes: int, label: str) -> None: ...
 
     def advance(self, moved_bytes: int) -> None: ...
-
-
-def pattern_buffer(size_bytes: int) -> mmap.mmap:
-    """A page-aligned anonymous buffer of at least ``size_bytes`` holding a repeating byte pattern."""
-    size = max(PAGE_BYTES, -(-size_bytes // PAGE_BYTES) * PAGE_BYTES)
-    buf = mmap.mmap(-1, size)
-    block = bytes(range(256)) * (PAGE_BYTES // 256)
-    for start in range(0, size, PAGE_BYTES):
-        buf[start:start + PAGE_BYTES] = block
-    return buf
-
-
-def _check(ret: int) -> None:
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
 
 
 def _op_error(op: PlanOp, err: OSError) -> ReplayError:
@@ -95,14 +76,14 @@ class PosixExecutor:
             raise ReplayError(f"cannot prepare the target: {err.strerror or err} ({err.filename})") from None
 
     def _precreate(self, path: str, size: int, key: int) -> None:
-        buf = pattern.periodic_buffer(min(size, self.max_io_bytes) or PAGE_BYTES)
-        view = memoryview(buf)
+        buf = pattern_buffer(min(size, self.max_io_bytes) or PAGE_BYTES)
+        view = buf.view()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_NOFOLLOW, 0o644)
         try:
             done = 0
             while done < size:
                 first = pattern.start(done, key)
-                done += os.write(fd, view[first:first + min(len(buf) - pattern.PERIOD, size - done)])
+                done += os.write(fd, view[first:first + min(buf.size_bytes - pattern.PERIOD, size - done)])
         finally:
             os.close(fd)
             view.release()
@@ -139,6 +120,7 @@ class PosixExecutor:
             latency_ns=percentiles_ns(state.latencies_ns), cpu_user_s=usage1.ru_utime - usage0.ru_utime,
             cpu_sys_s=usage1.ru_stime - usage0.ru_stime, skipped_ops=dict(plan.skipped_ops),
             unaligned_ops=state.unaligned_ops, metadata_ops_saved=plan.metadata_ops_saved,
+            notes=sorted(state.notes),
         )
 
     def _write_pack_index(self, plan: ReplayPlan, durable: bool) -> None:
@@ -153,7 +135,7 @@ class PosixExecutor:
             os.close(fd)
 
     def _fsync_all(self, plan: ReplayPlan) -> None:
-        for rel in plan.expected_sizes:
+        for rel in plan.checks.expected_sizes:
             fd = os.open(self.root.resolve(rel), os.O_RDONLY | O_NOFOLLOW)
             try:
                 os.fsync(fd)
@@ -175,8 +157,8 @@ class PosixExecutor:
 
     def _worker(self, worker: WorkerPlan, state: "_RunState", timing: str, progress: Progress | None) -> None:
         size = self._buffer_bytes(worker)
-        buf, read_buf = pattern.periodic_buffer(size), pattern_buffer(size)
-        view, read_view = memoryview(buf), memoryview(read_buf)
+        buf, read_buf = pattern_buffer(size), AlignedBuffer(size)
+        view, read_view = buf.view(), read_buf.view()
         latencies, written, read = [], 0, 0
         data_ops = metadata_ops = 0
         try:
@@ -219,7 +201,7 @@ class PosixExecutor:
         if kind == "read":
             return self._read(state.fds[op.handle], op, read_view)
         if kind == "open":
-            state.fds[op.handle] = self._open(op)
+            state.fds[op.handle] = self._open(op, state)
         elif kind == "close":
             if op.release:
                 os.close(state.fds.pop(op.handle))
@@ -239,11 +221,11 @@ class PosixExecutor:
         elif kind == "fdatasync":
             os.fdatasync(fd)
         elif kind == "sync_file_range":
-            _check(_libc.sync_file_range(fd, op.offset or 0, op.size or 0, op.flags or 0))
+            files.sync_file_range(fd, op.offset or 0, op.size or 0, op.flags or 0)
         elif kind == "ftruncate":
             os.ftruncate(fd, op.size)
         elif kind == "fallocate":
-            _check(_libc.fallocate(fd, op.flags or 0, op.offset, op.size))
+            files.fallocate(fd, op.offset, op.size, op.flags or 0)
         elif kind == "fcntl" and op.flags is not None:
             fcntl.fcntl(fd, fcntl.F_SETFL, op.flags)
         elif kind == "rename":
@@ -259,15 +241,13 @@ class PosixExecutor:
             except FileExistsError:
                 pass
 
-    def _open(self, op: PlanOp) -> int:
-        path = self.root.resolve(op.path)
-        flags = (op.flags or 0) | O_NOFOLLOW
-        try:
-            return os.open(path, flags, 0o644)
-        except OSError as err:
-            if err.errno == errno.EINVAL and flags & os.O_DIRECT:
-                return os.open(path, flags & ~os.O_DIRECT, 0o644)
-            raise
+    def _open(self, op: PlanOp, state: "_RunState") -> int:
+        """Open as recorded (host flags); where the target refuses O_DIRECT, without it, noted once."""
+        flags = op.flags or 0
+        opened = files.open_file(self.root.resolve(op.path), flags & ~os.O_DIRECT, direct=bool(flags & os.O_DIRECT))
+        if opened.fallback:
+            state.note(f"{opened.fallback}: files opened with O_DIRECT were opened buffered")
+        return opened.fd
 
     def _write(self, fd: int, op: PlanOp, view: memoryview) -> int:
         """Write ``op.size`` bytes of the file's pattern from the periodic buffer ``view``."""
@@ -308,6 +288,11 @@ class _RunState:
         self.bytes_written = self.bytes_read = self.data_ops = self.metadata_ops = self.unaligned_ops = 0
         self.error: ReplayError | None = None
         self.start_ns = 0
+        self.notes: set[str] = set()
+
+    def note(self, text: str) -> None:
+        with self.lock:
+            self.notes.add(text)
 
     def wait(self, deps: tuple[int, ...]) -> bool:
         for seq in deps:

@@ -1,9 +1,9 @@
 """``--verify``: read replayed files back and compare them with the pattern they must hold.
 
-Every byte range a plan leaves written (``ReplayPlan.verify_ranges``, and
+Every byte range a plan leaves written (``PlanChecks.verify_ranges``, and
 ``pack_verify`` for packed files, read at their offset in the pack) must
-hold ``replayer.pattern`` for its file; files written at offsets the trace
-did not know are not checked (``ReplayPlan.unverifiable``).
+hold ``iolayer.pattern`` for its file; files written at offsets the trace
+did not know are not checked (``PlanChecks.unverifiable``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from . import pattern
+from ckpt_trace.iolayer import pattern
+
 from .paths import TargetRoot
 from .plan import ReplayPlan
 
@@ -29,11 +30,11 @@ class ContentMismatch:
 def verify_content(root: TargetRoot, plan: ReplayPlan) -> list[ContentMismatch]:
     """Compare every written range of every file under ``root`` with its pattern; return the mismatches."""
     found = []
-    for rel, ranges in plan.verify_ranges.items():
+    for rel, ranges in plan.checks.verify_ranges.items():
         mismatch = _check_file(os.path.join(root.root, rel), ranges, pattern.file_key(rel))
         if mismatch is not None:
             found.append(ContentMismatch(rel, mismatch))
-    for pack, rel, base, ranges in plan.pack_verify:
+    for pack, rel, base, ranges in plan.checks.pack_verify:
         mismatch = _check_file(os.path.join(root.root, pack), ranges, pattern.file_key(rel), base)
         if mismatch is not None:
             found.append(ContentMismatch(f"{rel} (in {pack})", mismatch))
@@ -50,10 +51,9 @@ def _check_file(path: str, ranges: tuple[tuple[int, int], ...], key: int, base: 
         for start, end in ranges:
             for offset in range(start, end, CHUNK_BYTES):
                 size = min(CHUNK_BYTES, end - offset)
-                got = os.pread(fd, size, base + offset)
-                want = pattern.expected(offset, size, key)
-                if got != want:
-                    return offset + next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(got))
+                differs = pattern.first_difference(os.pread(fd, size, base + offset), offset, key)
+                if differs is not None:
+                    return differs
     finally:
         os.close(fd)
     return None

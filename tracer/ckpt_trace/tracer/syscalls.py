@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ckpt_trace.formats import vocabulary
+
 # Argument names that carry a user-space path string.
 PATH_ARGS = ("path", "path2")
 
@@ -36,7 +38,7 @@ _PREADV = ("fd", "iov", "iov_count", "offset", "pos_h")
 _PREADV2 = _PREADV + ("rwflags",)
 
 SYSCALLS: dict[str, Syscall] = _table(
-    Syscall("open", "open", ("path", "flags", "mode")),
+    Syscall("open", "open", ("path", "flags", "mode")),  # the op names are formats.vocabulary's
     Syscall("openat", "open", ("dirfd", "path", "flags", "mode")),
     Syscall("openat2", "open", ("dirfd", "path", "how", "usize")),
     Syscall("creat", "open", ("path", "mode")),
@@ -82,24 +84,22 @@ SYSCALLS: dict[str, Syscall] = _table(
     Syscall("fchdir", None, ("fd",)),
 )
 
-READ_OPS = frozenset({"read"})
-WRITE_OPS = frozenset({"write"})
-DATA_OPS = READ_OPS | WRITE_OPS
 VECTORED = frozenset({"readv", "writev", "preadv", "pwritev", "preadv2", "pwritev2"})
 POSITIONAL = frozenset({"pread64", "pwrite64", "preadv", "pwritev", "preadv2", "pwritev2"})
 
-# Linux x86-64 constants (include/uapi/asm-generic/fcntl.h, linux/sched.h, linux/fs.h).
+# Open flags as this machine's kernel reads them (the trace records this machine's arch with them).
+_OPEN = vocabulary.OPEN_FLAGS[vocabulary.host_arch()] if vocabulary.host_arch() in vocabulary.OPEN_FLAGS \
+    else vocabulary.OPEN_FLAGS[vocabulary.X86_64]
+O_ACCMODE, O_RDONLY, O_WRONLY, O_RDWR = vocabulary.O_ACCMODE, 0, _OPEN["O_WRONLY"], _OPEN["O_RDWR"]
+O_CREAT, O_EXCL, O_TRUNC, O_APPEND = _OPEN["O_CREAT"], _OPEN["O_EXCL"], _OPEN["O_TRUNC"], _OPEN["O_APPEND"]
+O_DIRECT, O_CLOEXEC = _OPEN["O_DIRECT"], _OPEN["O_CLOEXEC"]
+# fcntl F_SETFL changes only these status flags (fs/fcntl.c SETFL_MASK).
+SETFL_MASK = O_APPEND | O_DIRECT | _OPEN["O_ASYNC"] | _OPEN["O_NONBLOCK"] | _OPEN["O_NOATIME"]
+RWF_APPEND, FALLOC_FL_KEEP_SIZE = vocabulary.RWF_APPEND, vocabulary.FALLOC_FL_KEEP_SIZE
+
+# Calls' own constants, the same on x86-64 and arm64 (include/uapi/linux/fcntl.h, sched.h,
+# asm-generic/ioctls.h, linux/close_range.h).
 AT_FDCWD = -100
-O_ACCMODE = 0o3
-O_RDONLY = 0
-O_WRONLY = 0o1
-O_RDWR = 0o2
-O_CREAT = 0o100
-O_EXCL = 0o200
-O_TRUNC = 0o1000
-O_APPEND = 0o2000
-O_DIRECT = 0o40000
-O_CLOEXEC = 0o2000000
 F_DUPFD = 0
 F_SETFD = 2
 F_SETFL = 4
@@ -107,13 +107,10 @@ F_DUPFD_CLOEXEC = 1030
 FD_CLOEXEC = 1
 FIONCLEX = 0x5450
 FIOCLEX = 0x5451
-SETFL_MASK = O_APPEND | O_DIRECT | 0o20000 | 0o4000 | 0o1000000  # O_ASYNC, O_NONBLOCK, O_NOATIME
 CLONE_FILES = 0x400
 CLONE_FS = 0x200
 CLONE_THREAD = 0x10000
 CLOSE_RANGE_CLOEXEC = 1 << 2
-RWF_APPEND = 0x10
-FALLOC_FL_KEEP_SIZE = 0x1
 SEEK_SET, SEEK_CUR, SEEK_END = 0, 1, 2
 
 

@@ -25,6 +25,7 @@ from .errors import CkptTraceError, TraceFormatError
 from .schema import (
     COLUMNS,
     FORMAT_VERSION,
+    METADATA_DEFAULTS,
     METADATA_KEY,
     REQUIRED_METADATA_KEYS,
     SCHEMA,
@@ -50,8 +51,9 @@ class Trace:
         return self.table.num_rows
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+def fsync_directory(directory: str | os.PathLike) -> None:
+    """fsync(2) a directory, so a rename or a new entry in it survives a crash. Raises OSError."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
@@ -75,7 +77,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_directory(path.parent)
     except OSError as err:
         tmp.unlink(missing_ok=True)
         raise CkptTraceError(f"cannot write {path}: {err.strerror or err}") from None
@@ -144,7 +146,7 @@ def write_trace(
         finally:
             os.close(fd)
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_directory(path.parent)
     except OSError as err:
         tmp.unlink(missing_ok=True)
         raise CkptTraceError(f"cannot write trace {path}: {err.strerror or err}") from None
@@ -164,6 +166,8 @@ def _decode_metadata(path: Path, schema: pa.Schema) -> dict:
     missing = [key for key in REQUIRED_METADATA_KEYS if key not in meta]
     if missing:
         raise TraceFormatError(f"{path}: trace metadata lacks key {missing[0]!r}")
+    for key, value in METADATA_DEFAULTS.items():
+        meta.setdefault(key, value)
     version = meta["format_version"]
     if version not in SUPPORTED_VERSIONS:
         supported = ", ".join(str(v) for v in SUPPORTED_VERSIONS)

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt_trace import config
-from ckpt_trace.errors import ReplayError
+from ckpt_trace.errors import CkptTraceError, ReplayError
 from ckpt_trace.formats import read_trace
+from ckpt_trace.iolayer import host
+from ckpt_trace.stats import median_index
 
 from .paths import TargetRoot
 from .aggregate import alignment_counts, build_aggregated_plan
@@ -61,7 +63,7 @@ class ReplayReport:
 
 
 def build_plan(table, strategy: str, strip_prefix: str | None = None, *, buffer_bytes: int = 4 << 20,
-               block_bytes: int = 4096, pack_files: bool = False) -> ReplayPlan:
+               block_bytes: int = 4096, pack_files: bool = False, arch: str = "x86_64") -> ReplayPlan:
     """The frozen plan of ``strategy`` for a trace table. Pure.
 
     posix, uring-buffered and uring-direct replay the recorded operations and
@@ -72,7 +74,7 @@ def build_plan(table, strategy: str, strip_prefix: str | None = None, *, buffer_
     """
     if strategy not in STRATEGIES:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
-    return derive_plan(build_posix_plan(table, strip_prefix), strategy, buffer_bytes=buffer_bytes,
+    return derive_plan(build_posix_plan(table, strip_prefix, arch=arch), strategy, buffer_bytes=buffer_bytes,
                        block_bytes=block_bytes, pack_files=pack_files)
 
 
@@ -89,11 +91,11 @@ def derive_plan(base: ReplayPlan, strategy: str, *, buffer_bytes: int = 4 << 20,
     return pack_plan(plan, block_bytes=block_bytes) if pack_files else plan
 
 
-def _plans(table, strategy: str, strip_prefix: str | None, **options) -> list[ReplayPlan]:
-    """The plans of ``strategy`` (every strategy for ``all``), planning the trace once."""
+def _plans(trace, strategy: str, strip_prefix: str | None, **options) -> list[ReplayPlan]:
+    """The plans of ``strategy`` (every strategy for ``all``) for a read ``Trace``, planning it once."""
     if strategy not in CHOICES:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
-    base = build_posix_plan(table, strip_prefix)
+    base = build_posix_plan(trace.table, strip_prefix, arch=trace.metadata["arch"])
     return [derive_plan(base, name, **options) for name in (STRATEGIES if strategy == "all" else (strategy,))]
 
 
@@ -108,21 +110,13 @@ def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> PosixExe
                          direct=strategy in ("uring-direct", "aggregated"), strategy=strategy)
 
 
-def block_bytes_of(path: Path) -> int:
-    """The block size O_DIRECT alignment is judged against (statvfs f_bsize of the nearest existing directory)."""
-    path = Path(path)
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return os.statvfs(path).f_bsize
-
-
 def plan_summaries(trace_path: str | os.PathLike, *, strategy: str, target: str | os.PathLike,
                    strip_prefix: str | None = None, buffer_bytes: int = 4 << 20, pack_files: bool = False) -> list[dict]:
     """What each strategy's plan would do (``--dry-run``): operations by kind, bytes, alignment. No I/O."""
-    table = read_trace(trace_path).table
-    block = block_bytes_of(Path(target))
+    trace = read_trace(trace_path)
+    block = host.block_bytes(target)
     summaries = []
-    for plan in _plans(table, strategy, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block,
+    for plan in _plans(trace, strategy, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block,
                        pack_files=pack_files):
         data = [op for w in plan.workers for op in w.ops if op.kind in ("read", "write")]
         summaries.append({
@@ -152,16 +146,16 @@ def prepare_target(target: Path, force: bool) -> TargetRoot:
 
 def check_free_space(target: Path, plan: ReplayPlan, copies: int = 1) -> None:
     """Raise ReplayError when ``target``'s file system lacks room for ``copies`` of the plan's bytes plus a margin."""
-    free = shutil.disk_usage(target).free
-    needed = plan.bytes_to_write * copies + config.REPLAY_FREE_SPACE_MARGIN_BYTES
-    if free < needed:
-        raise ReplayError(f"target {target} has {free / 2**20:.0f} MiB free; the replay needs {needed / 2**20:.0f} MiB")
+    try:
+        host.require_free(target, plan.bytes_to_write * copies + config.REPLAY_FREE_SPACE_MARGIN_BYTES, "the replay")
+    except CkptTraceError as err:
+        raise ReplayError(str(err)) from None
 
 
 def size_mismatches(root: TargetRoot, plan: ReplayPlan) -> tuple[SizeMismatch, ...]:
     """Files whose size after the replay differs from the plan's expected final size."""
     found = []
-    for rel, expected in sorted(plan.expected_sizes.items()):
+    for rel, expected in sorted(plan.checks.expected_sizes.items()):
         try:
             actual = os.stat(os.path.join(root.root, rel)).st_size
         except OSError:
@@ -222,7 +216,7 @@ def replay(
         raise ReplayError("--drop-caches needs root (it writes /proc/sys/vm/drop_caches)")
     trace = read_trace(trace_path)
     target = Path(target)
-    plans = _plans(trace.table, strategy, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block_bytes_of(target),
+    plans = _plans(trace, strategy, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=host.block_bytes(target),
                    pack_files=pack_files)
     prepare_target(target, force)
     check_free_space(target, plans[0], copies=len(plans))
@@ -256,17 +250,15 @@ def _verify(root: TargetRoot, plan: ReplayPlan) -> int:
         first = found[0]
         raise ReplayError(f"verification failed for {plan.strategy}: {len(found)} file(s) differ from the pattern, "
                           f"first {first.path} at byte {first.offset}")
-    return len(plan.verify_ranges)
+    return len(plan.checks.verify_ranges)
 
 
 def drop_page_cache() -> None:
-    """sync(2), then drop clean page cache, dentries and inodes (Documentation/admin-guide/sysctl/vm.rst)."""
-    os.sync()
+    """``iolayer.host.drop_page_cache``, failing as a ReplayError."""
     try:
-        with open("/proc/sys/vm/drop_caches", "w") as knob:
-            knob.write("3\n")
-    except OSError as err:
-        raise ReplayError(f"cannot drop caches: {err.strerror}") from None
+        host.drop_page_cache()
+    except CkptTraceError as err:
+        raise ReplayError(str(err)) from None
 
 
 def _empty(directory: Path) -> None:
@@ -279,9 +271,8 @@ def _empty(directory: Path) -> None:
 
 
 def _median_run(runs: list[ReplayResult]) -> ReplayResult:
-    """The run with the median elapsed time, carrying every run's elapsed time."""
-    ordered = sorted(runs, key=lambda r: r.elapsed_s)
-    median = ordered[(len(ordered) - 1) // 2]
+    """The median run (``stats.median_index``), carrying every run's elapsed time."""
+    median = runs[median_index([r.elapsed_s for r in runs])]
     median.runs_elapsed_s = [r.elapsed_s for r in runs]
     return median
 

@@ -4,15 +4,10 @@ This package imports nothing else of ckpt-trace; see ``formats/README.md``.
 """
 
 from .errors import CkptTraceError, TraceFormatError
-from .io import Trace, read_metadata, read_trace, sha256_file, table_from_columns, write_bytes_atomic, write_trace
-from .schema import (
-    COLUMNS,
-    FORMAT_VERSION,
-    METADATA_KEY,
-    OFFSET_SOURCES,
-    SCHEMA,
-    SUPPORTED_VERSIONS,
-)
+from .io import Trace, fsync_directory, read_metadata, read_trace, sha256_file, table_from_columns, write_bytes_atomic, write_trace
+from . import vocabulary
+from .schema import COLUMNS, FORMAT_VERSION, METADATA_KEY, SCHEMA, SUPPORTED_VERSIONS
+from .vocabulary import OFFSET_SOURCES
 
 __all__ = [
     "COLUMNS",
@@ -24,10 +19,12 @@ __all__ = [
     "SUPPORTED_VERSIONS",
     "Trace",
     "TraceFormatError",
+    "fsync_directory",
     "read_metadata",
     "read_trace",
     "sha256_file",
     "table_from_columns",
+    "vocabulary",
     "write_bytes_atomic",
     "write_trace",
 ]

@@ -1,7 +1,7 @@
 """``diff``: what changed between two recordings (operations, bytes, sizes, files, timing).
 
 For "what did the framework upgrade change": both traces are summarised
-(``report.summary``) and compared figure by figure; files are compared by
+(``analysis.summary``) and compared figure by figure; files are compared by
 path, after removing each trace's longest common directory so two runs into
 different scratch directories line up.
 """

@@ -1,16 +1,16 @@
-"""The deterministic content every strategy writes, so ``--verify`` can check it.
+"""The deterministic content every writer of ours produces, so what lands on disk can be checked.
 
 The byte at offset ``o`` of a file with key ``k`` is ``TABLE[(o + PAGE * k) % PERIOD]``:
 ``TABLE`` is a fixed pseudo-random table of ``PERIOD`` bytes (251 pages, a
 prime count, so no file layout aliases it) and ``k`` (0-250) comes from the
 file's final path. Keys shift the pattern by whole pages, so a write at a
-page-aligned offset starts at a page-aligned address of a periodic buffer,
-as O_DIRECT requires.
+page-aligned offset starts at a page-aligned address of a pattern buffer
+(``buffers.pattern_buffer``), as O_DIRECT requires. A piece written at the
+wrong offset, or into the wrong file, holds other bytes than ``expected``.
 """
 
 from __future__ import annotations
 
-import mmap
 import random
 import zlib
 
@@ -26,17 +26,8 @@ def file_key(path: str) -> int:
 
 
 def start(offset: int, key: int) -> int:
-    """Index into a periodic buffer where the bytes for ``offset`` of a file with ``key`` begin."""
+    """Index into a pattern buffer where the bytes for ``offset`` of a file with ``key`` begin."""
     return (offset + PAGE * key) % PERIOD
-
-
-def periodic_buffer(size_bytes: int) -> mmap.mmap:
-    """A page-aligned buffer of ``size_bytes + PERIOD`` bytes repeating TABLE, so any window of ``size_bytes`` fits."""
-    total = -(-(size_bytes + PERIOD) // PERIOD) * PERIOD
-    buf = mmap.mmap(-1, total)
-    for offset in range(0, total, PERIOD):
-        buf[offset:offset + PERIOD] = TABLE
-    return buf
 
 
 def expected(offset: int, size: int, key: int) -> bytes:
@@ -48,3 +39,12 @@ def expected(offset: int, size: int, key: int) -> bytes:
         out += TABLE[position:position + take]
         position = 0
     return bytes(out)
+
+
+def first_difference(data: bytes, offset: int, key: int) -> int | None:
+    """Offset of the first byte of ``data`` (read at ``offset`` of a file with ``key``) that differs
+    from the pattern, or None when all match."""
+    want = expected(offset, len(data), key)
+    if data == want:
+        return None
+    return offset + next((i for i, (a, b) in enumerate(zip(data, want)) if a != b), min(len(data), len(want)))

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from ckpt_trace import __version__, config
+from ckpt_trace import config
+from ckpt_trace.version import __version__
 from ckpt_trace.errors import TracerError
-from ckpt_trace.formats import table_from_columns, write_trace
+from ckpt_trace.formats import table_from_columns, vocabulary, write_trace
+from ckpt_trace.iolayer.host import filesystems_of
 
 from . import bcc_backend, strace_backend
 from .state import TraceBuilder, rank_from_environ
@@ -73,40 +75,6 @@ def choose_backend(requested: str) -> BackendChoice:
     if strace_missing:
         raise TracerError(f"no tracing backend: bcc unavailable ({bcc_problem}) and strace not installed")
     return BackendChoice("strace", f"bcc unavailable: {bcc_problem}")
-
-
-def _mounts() -> list[tuple[str, str]]:
-    """(mount point, fs type) pairs from /proc/self/mountinfo, longest mount point first."""
-    mounts = []
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return mounts
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        fields = left.split()
-        if len(fields) > 4 and right:
-            mount_point = fields[4].replace("\\040", " ")
-            mounts.append((mount_point, right.split()[0]))
-    return sorted(mounts, key=lambda item: len(item[0]), reverse=True)
-
-
-def filesystems_of(paths: Iterable[str]) -> dict[str, dict]:
-    """File systems holding ``paths``: {mount point: {"type", "block_size"}} (statvfs f_bsize, bytes)."""
-    mounts = _mounts()
-    found: dict[str, dict] = {}
-    for path in {p for p in paths if p and p.startswith("/")}:
-        for mount_point, fs_type in mounts:
-            prefix = mount_point.rstrip("/") + "/"
-            if path == mount_point or path.startswith(prefix) or mount_point == "/":
-                if mount_point not in found:
-                    try:
-                        block_size = os.statvfs(mount_point).f_bsize
-                    except OSError:
-                        block_size = None
-                    found[mount_point] = {"type": fs_type, "block_size": block_size}
-                break
-    return found
 
 
 def _load_bcc(choice: BackendChoice, path_filters: list[str]) -> tuple[bcc_backend.BccTracer | None, BackendChoice]:
@@ -190,6 +158,7 @@ def record(
         "creator_version": __version__,
         "host": socket.gethostname(),
         "kernel": os.uname().release,
+        "arch": vocabulary.host_arch(),
         "command": list(cmd),
         "backend": choice.name,
         "backend_reason": choice.reason,

@@ -1,0 +1,1 @@
+"""Analytics over traces: summaries and comparisons, as JSON-able dicts."""

@@ -1,0 +1,43 @@
+"""The statistics every measurement of ours reports, defined once.
+
+- ``percentiles_ns``: mean, p50, p90, p99 and max by the nearest-rank method
+  (the p-th percentile is the smallest sample with at least p % of the
+  samples at or below it), as fio reports completion latencies.
+- ``median_index``: which of ``n`` repeated runs is "the median run". A run
+  is reported whole (its bytes, latencies and CPU belong together), so for an
+  even count it is the faster of the two middle runs, never an average.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def percentiles_ns(samples: Sequence[int] | np.ndarray) -> dict[str, int]:
+    """mean, p50, p90, p99 and max of ``samples`` (nanoseconds), nearest-rank; zeros when empty."""
+    values = np.sort(np.asarray(samples, dtype=np.int64))
+    count = len(values)
+    if not count:
+        return {"mean": 0, "p50": 0, "p90": 0, "p99": 0, "max": 0}
+
+    def rank(q: float) -> int:
+        return int(values[min(count - 1, max(0, int(np.ceil(q * count)) - 1))])
+
+    return {"mean": int(values.mean()), "p50": rank(0.50), "p90": rank(0.90), "p99": rank(0.99),
+            "max": int(values[-1])}
+
+
+def median_index(elapsed_s: Sequence[float]) -> int:
+    """Index of the median run of ``elapsed_s`` (the lower middle one for an even count: the faster)."""
+    order = sorted(range(len(elapsed_s)), key=lambda i: elapsed_s[i])
+    return order[(len(order) - 1) // 2]
+
+
+def spread(elapsed_s: Sequence[float]) -> float:
+    """Relative run-to-run spread of repeated measurements: (max - min) / median; 0 for one run."""
+    if len(elapsed_s) < 2:
+        return 0.0
+    median = elapsed_s[median_index(elapsed_s)]
+    return (max(elapsed_s) - min(elapsed_s)) / median if median > 0 else 0.0

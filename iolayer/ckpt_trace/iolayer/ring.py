@@ -1,0 +1,352 @@
+"""One io_uring per thread, with batched submission: the ring the replayer, the writer and the bench share.
+
+The kernel interface is ``_ring.c`` (built by the project's install, loaded
+here with ctypes; ctypes releases the GIL around each call). Two ways to use
+a ``Ring``, both by its owning thread only:
+
+- **request by request** (the checkpoint writer and reader, the bench's
+  aggregated streams): ``submit`` stages a request and enters the kernel
+  once ``batch_size`` are staged (1, the default: at once), or at the next
+  ``flush``, ``wait`` or ``drain``; ``wait`` returns one completed
+  ``Request``; ``drain(key)`` waits for every request of one key (a buffer,
+  a file handle) or, without a key, for all; ``close``.
+- **a whole batch** (the replayer, the bench's plain streams): ``run(batch)``
+  issues an array of independent requests with at most ``queue_depth`` in
+  flight, entirely in C, and returns each request's result and latency.
+
+Failures are one rule everywhere: a request that fails raises ``OSError``
+with its errno; a write that moves fewer bytes than asked raises
+``OSError(ENOSPC)`` (a regular file takes a short write only when it cannot
+grow: disk full, quota, file size limit; write(2)); a short read is not an
+error (end of file). ``drain`` reaps every request in flight before it raises
+the first failure, so the caller's buffers are free afterwards.
+
+The latency hook: a ``Ring(latency_sink=array('q'))`` appends, per request,
+nanoseconds from its entering the kernel to the reaping of its completion.
+
+References: io_uring(7), io_uring_setup(2), io_uring_enter(2),
+io_uring_register(2); include/uapi/linux/io_uring.h for the opcodes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import time
+from array import array
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+# include/uapi/linux/io_uring.h, enum io_uring_op (stable ABI).
+OP_NOP, OP_READV, OP_WRITEV, OP_FSYNC, OP_READ_FIXED, OP_WRITE_FIXED = 0, 1, 2, 3, 4, 5
+OP_READ, OP_WRITE = 22, 23
+FSYNC_DATASYNC = 1  # IORING_FSYNC_DATASYNC
+REGISTER_BUFFERS, UNREGISTER_BUFFERS, REGISTER_FILES, UNREGISTER_FILES = 0, 1, 2, 3
+REGISTER_PROBE = 8
+IO_URING_OP_SUPPORTED = 1  # struct io_uring_probe_op.flags
+SETUP_BEST = 0xFFFFFFFF  # _ring.c: SINGLE_ISSUER | DEFER_TASKRUN, else COOP_TASKRUN, else none
+MAX_ENTRIES = 32768  # IORING_MAX_ENTRIES (io_uring/io_uring.c): io_uring_setup refuses more without CLAMP
+POSITION = (1 << 64) - 1  # offset -1: the file position (IORING_FEAT_RW_CUR_POS)
+
+#: One request as _ring.c reads it (``ckr_req``, 40 bytes).
+REQUEST_DTYPE = np.dtype([("opcode", "u1"), ("sqe_flags", "u1"), ("buf_index", "u2"), ("fd", "i4"),
+                          ("addr", "u8"), ("len", "u4"), ("op_flags", "u4"), ("off", "u8"), ("user_data", "u8")])
+_CQE_DTYPE = np.dtype([("user_data", "u8"), ("res", "i4"), ("flags", "u4")])
+_KINDS = {"read": OP_READ, "write": OP_WRITE, "fsync": OP_FSYNC, "fdatasync": OP_FSYNC}
+
+_LIBRARY = Path(__file__).with_name("_ring.so")
+_lib: ctypes.CDLL | None = None
+
+
+class RingUnavailable(OSError):
+    """The ring cannot be used here: the library is not built, or the kernel refuses io_uring."""
+
+
+def library() -> ctypes.CDLL:
+    """The compiled ``_ring.so``. Raises RingUnavailable when it was not built (``pip install -e .`` builds it)."""
+    global _lib
+    if _lib is None:
+        if not _LIBRARY.exists():
+            raise RingUnavailable(errno.ENOENT, f"{_LIBRARY.name} is not built (reinstall ckpt-trace: "
+                                                f"'pip install -e .' compiles it; it needs cc and linux-libc-dev)")
+        lib = ctypes.CDLL(str(_LIBRARY), use_errno=True)
+        vp, u, i, sz, p = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p
+        lib.ckr_setup.argtypes, lib.ckr_setup.restype = [u, u, ctypes.POINTER(vp)], i
+        lib.ckr_exit.argtypes, lib.ckr_exit.restype = [vp], None
+        for name in ("ckr_sq_entries", "ckr_cq_entries", "ckr_features", "ckr_setup_flags"):
+            getattr(lib, name).argtypes, getattr(lib, name).restype = [vp], u
+        lib.ckr_fd.argtypes, lib.ckr_fd.restype = [vp], i
+        lib.ckr_register.argtypes, lib.ckr_register.restype = [vp, u, p, u], i
+        lib.ckr_submit.argtypes, lib.ckr_submit.restype = [vp, p, u, u], i
+        lib.ckr_reap.argtypes, lib.ckr_reap.restype = [vp, p, u, u], i
+        lib.ckr_run.argtypes, lib.ckr_run.restype = [vp, p, sz, u, p, p, i], ctypes.c_long
+        lib.ckr_pio_run.argtypes, lib.ckr_pio_run.restype = [p, sz, p, p, i], ctypes.c_long
+        _lib = lib
+    return _lib
+
+
+def _check(ret: int, what: str) -> int:
+    if ret < 0:
+        raise OSError(-ret, f"{what}: {os.strerror(-ret)}")
+    return ret
+
+
+@dataclass(frozen=True)
+class Request:
+    """One staged or submitted request: ``kind`` (read, write, fsync, fdatasync), ``fd``, ``offset``,
+    ``size_bytes`` and the caller's ``key`` (what ``drain(key)`` waits for) and ``tag``."""
+
+    kind: str
+    fd: int
+    offset: int
+    size_bytes: int
+    key: object = None
+    tag: object = None
+
+
+def batch(count: int) -> np.ndarray:
+    """An empty (zeroed) array of ``count`` requests to fill, column by column, for ``Ring.run``/``pio_run``."""
+    return np.zeros(count, dtype=REQUEST_DTYPE)
+
+
+def opcode(kind: str, fixed: bool = False) -> int:
+    """The io_uring opcode of ``kind`` (read, write, fsync, fdatasync); ``fixed``: a registered buffer."""
+    if fixed and kind in ("read", "write"):
+        return OP_READ_FIXED if kind == "read" else OP_WRITE_FIXED
+    return _KINDS[kind]
+
+
+class Ring:
+    """One thread's io_uring with at most ``queue_depth`` requests in flight (see the module docstring).
+
+    Only the thread that created a ring may submit to it or wait on it (the
+    ring is set up IORING_SETUP_SINGLE_ISSUER where the kernel has it).
+
+    Raises RingUnavailable when the library is missing and OSError from
+    io_uring_setup(2) (EINVAL above ``MAX_ENTRIES``, ENOMEM past the locked
+    memory limit, EPERM where io_uring is disabled).
+    """
+
+    def __init__(self, queue_depth: int, *, latency_sink: array | None = None, batch_size: int = 1) -> None:
+        if queue_depth < 1:
+            raise ValueError("queue depth must be at least 1")
+        self.batch_size = max(1, min(batch_size, queue_depth))
+        lib = library()
+        handle = ctypes.c_void_p()
+        _check(lib.ckr_setup(max(2, queue_depth), SETUP_BEST, ctypes.byref(handle)), "io_uring_setup")
+        self._lib, self._ring = lib, handle
+        self.queue_depth = queue_depth
+        self.latency_sink = latency_sink
+        self.entries = lib.ckr_sq_entries(handle)
+        self.setup_flags = lib.ckr_setup_flags(handle)
+        self.in_flight: dict[int, tuple[Request, int]] = {}  # user_data -> (request, entered ns)
+        self.by_key: Counter = Counter()
+        self._staged: list[tuple[int, Request, int, int, int]] = []  # (user_data, request, opcode, addr, buf_index)
+        self._next = 1
+        self._sqes = np.zeros(self.entries, dtype=REQUEST_DTYPE)
+        self._cqes = np.zeros(self.entries * 2, dtype=_CQE_DTYPE)
+        self._buffers: list = []
+        self._done: list[Request] = []
+
+    # -- request by request ------------------------------------------------
+    @property
+    def pending(self) -> int:
+        """Requests staged or in flight."""
+        return len(self.in_flight) + len(self._staged)
+
+    @property
+    def has_room(self) -> bool:
+        return self.pending < self.queue_depth
+
+    def submit(self, kind: str, fd: int, addr: int, size_bytes: int, offset: int, key: object = None,
+               tag: object = None, *, buf_index: int | None = None) -> None:
+        """Stage one request (waiting for a completion first when ``queue_depth`` are pending).
+
+        ``addr`` is the buffer address (``AlignedBuffer.ptr`` + an offset);
+        ``buf_index`` a registered buffer's index (``register_buffers``).
+        Completions of earlier requests may raise here, as from ``wait``.
+        """
+        while not self.has_room:
+            self._reap(1)
+        user_data = self._next
+        self._next += 1
+        request = Request(kind, fd, offset, size_bytes, key, tag)
+        code = opcode(kind, fixed=buf_index is not None)
+        self._staged.append((user_data, request, code, addr, buf_index or 0))
+        self.by_key[key] += 1
+        if len(self._staged) >= self.batch_size or not self.has_room:
+            self._enter(0)
+
+    def flush(self) -> None:
+        """Enter every staged request into the kernel now."""
+        if self._staged:
+            self._enter(0)
+
+    def _enter(self, wait_nr: int) -> None:
+        staged, self._staged = self._staged, []
+        sqes = self._sqes[:len(staged)]
+        for i, (user_data, request, code, addr, buf_index) in enumerate(staged):
+            sqes[i] = (code, 0, buf_index, request.fd, addr, request.size_bytes,
+                       FSYNC_DATASYNC if request.kind == "fdatasync" else 0,
+                       POSITION if request.offset is None or request.offset < 0 else request.offset, user_data)
+        entered = time.perf_counter_ns()
+        for user_data, request, *_ in staged:
+            self.in_flight[user_data] = (request, entered)
+        done = _check(self._lib.ckr_submit(self._ring, sqes.ctypes.data, len(staged), wait_nr), "io_uring_enter")
+        if done < len(staged):  # never: at most queue_depth <= entries are pending
+            raise OSError(errno.EAGAIN, "io_uring submission queue full")
+
+    def _reap(self, wait_nr: int) -> list[tuple[Request, int]]:
+        """Enter staged requests and reap completions (at least ``wait_nr``); raise the first failure."""
+        if self._staged:
+            self._enter(0)
+        wait_nr = min(wait_nr, len(self.in_flight))
+        got = _check(self._lib.ckr_reap(self._ring, self._cqes.ctypes.data, len(self._cqes), wait_nr), "io_uring_enter")
+        now = time.perf_counter_ns()
+        done, failure = [], None
+        for user_data, res, _ in self._cqes[:got].tolist():
+            request, entered = self.in_flight.pop(user_data)
+            self.by_key[request.key] -= 1
+            if self.latency_sink is not None:
+                self.latency_sink.append(now - entered)
+            done.append((request, res))
+            failure = failure or _failure(request, res)
+        if failure is not None:
+            raise failure
+        return done
+
+    def wait(self) -> Request:
+        """Wait for one completion and return its request. Raises OSError for a failed or short write."""
+        while not self._done:
+            self._done.extend(request for request, _ in self._reap(1))
+        return self._done.pop(0)
+
+    def drain(self, key: object = ...) -> None:
+        """Wait for every pending request (of ``key`` only, when given); the first failure is raised
+        after all of them have completed. Completions of other keys stay for ``wait``."""
+        first: OSError | None = None
+        while self.pending and (key is ... or self.by_key[key] > 0):
+            try:
+                self._done.extend(request for request, _ in self._reap(1))
+            except OSError as err:
+                first = first or err
+        self._done = [] if key is ... else [request for request in self._done if request.key != key]
+        if first is not None:
+            raise first
+
+    # -- a whole batch -------------------------------------------------------
+    def run(self, requests: np.ndarray, *, stop_on_error: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Issue ``requests`` (an array of ``REQUEST_DTYPE``, e.g. from ``batch``) with at most
+        ``queue_depth`` in flight; return (result per request, latency ns per request).
+
+        Results are bytes moved or ``-errno``; with ``stop_on_error`` the first
+        failure or short write stops submission and the requests never issued
+        keep result ``NOT_ISSUED``. Nothing is raised for failed requests: see
+        ``first_failure``. Raises OSError when the ring itself fails.
+        """
+        self.drain()
+        count = len(requests)
+        requests = np.ascontiguousarray(requests, dtype=REQUEST_DTYPE)
+        results = np.full(count, NOT_ISSUED, dtype=np.int32)
+        latencies = np.zeros(count, dtype=np.int64)
+        done = self._lib.ckr_run(self._ring, requests.ctypes.data, count, self.queue_depth, results.ctypes.data,
+                                 latencies.ctypes.data, int(stop_on_error))
+        _check(done, "io_uring_enter")
+        if self.latency_sink is not None:
+            self.latency_sink.extend(latencies[results != NOT_ISSUED].tolist())
+        return results, latencies
+
+    # -- registration --------------------------------------------------------
+    def register_buffers(self, buffers: Sequence) -> None:
+        """Register ``buffers`` (objects with ``ptr`` and ``size_bytes``, e.g. AlignedBuffer) as fixed
+        buffers: requests naming ``buf_index=i`` use ``buffers[i]`` without pinning it per request."""
+        iovecs = (ctypes.c_uint64 * (2 * len(buffers)))()
+        for i, buf in enumerate(buffers):
+            iovecs[2 * i], iovecs[2 * i + 1] = buf.ptr, buf.size_bytes
+        _check(self._lib.ckr_register(self._ring, REGISTER_BUFFERS, iovecs, len(buffers)), "io_uring_register")
+        self._buffers = list(buffers)
+
+    def supported_ops(self) -> set[int]:
+        """Opcodes this kernel supports (IORING_REGISTER_PROBE)."""
+        size = 16 + 256 * 8
+        raw = (ctypes.c_uint8 * size)()
+        _check(self._lib.ckr_register(self._ring, REGISTER_PROBE, raw, 256), "io_uring_register")
+        ops_len = raw[1]
+        return {raw[16 + 8 * i] for i in range(ops_len) if raw[16 + 8 * i + 2] & IO_URING_OP_SUPPORTED}
+
+    def close(self) -> None:
+        """Reap what is still in flight (the kernel may still use its buffers), then tear the ring down."""
+        if self._ring is None:
+            return
+        try:
+            self.drain()
+        except OSError:
+            pass
+        self._lib.ckr_exit(self._ring)
+        self._ring = None
+
+    def __enter__(self) -> "Ring":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+NOT_ISSUED = np.iinfo(np.int32).min  # result of a request ``run`` never issued (after a failure)
+
+
+def _failure(request: Request, res: int) -> OSError | None:
+    if res < 0:
+        return OSError(-res, f"{request.kind} of {request.size_bytes} bytes at offset {request.offset}: "
+                             f"{os.strerror(-res)}")
+    if request.kind == "write" and res < request.size_bytes:
+        return OSError(errno.ENOSPC, f"short write: {res} of {request.size_bytes} bytes at offset {request.offset} "
+                                     f"(no space left on device?)")
+    return None
+
+
+def first_failure(requests: np.ndarray, results: np.ndarray) -> tuple[int, OSError] | None:
+    """(index, OSError) of the first failed request or short write of a ``run``/``pio_run``, or None."""
+    writes = np.isin(requests["opcode"], (OP_WRITE, OP_WRITE_FIXED))
+    bad = (results < 0) & (results != NOT_ISSUED) | (writes & (results >= 0) & (results < requests["len"]))
+    where = np.flatnonzero(bad)
+    if not len(where):
+        return None
+    i = int(where[0])
+    kind = "write" if writes[i] else "fsync" if requests["opcode"][i] == OP_FSYNC else "read"
+    return i, _failure(Request(kind, int(requests["fd"][i]), int(requests["off"][i]), int(requests["len"][i])),
+                       int(results[i]))
+
+
+def pio_run(requests: np.ndarray, *, stop_on_error: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Run ``requests`` one by one through pread(2)/pwrite(2)/fsync(2) in C (the POSIX engine);
+    returns (result per request, latency ns per request) as ``Ring.run`` does."""
+    lib = library()
+    count = len(requests)
+    requests = np.ascontiguousarray(requests, dtype=REQUEST_DTYPE)
+    results = np.full(count, NOT_ISSUED, dtype=np.int32)
+    latencies = np.zeros(count, dtype=np.int64)
+    lib.ckr_pio_run(requests.ctypes.data, count, results.ctypes.data, latencies.ctypes.data, int(stop_on_error))
+    return results, latencies
+
+
+def probe(queue_depth: int = 2) -> str | None:
+    """None when a ring of ``queue_depth`` can be created here, else why not (one line).
+
+    Used before any clock starts: ``--queue-depth 65536`` is refused here, by
+    the kernel's own limit, instead of failing inside a worker.
+    """
+    if queue_depth > MAX_ENTRIES:
+        return f"queue depth {queue_depth} exceeds io_uring's limit of {MAX_ENTRIES} entries per ring"
+    try:
+        Ring(queue_depth).close()
+    except RingUnavailable as err:
+        return err.strerror
+    except OSError as err:
+        return f"io_uring_setup({queue_depth}) failed: {os.strerror(err.errno) if err.errno else err}"
+    return None
