@@ -3,7 +3,7 @@
 The result is a plain shared library loaded with ctypes (``ckpt_trace.iolayer.ring``), not a
 CPython extension, so one build serves every Python version. It is built next to its source
 (so an editable install finds it on the path) and, for a wheel, packed as
-``ckpt_trace/iolayer/_ring.so``. Needs a C compiler (``CC``, default ``cc``) and
+``ckpt_trace/iolayer/libckpt_ring.so.1``. Needs a C compiler (``CC``, default ``cc``) and
 ``<linux/io_uring.h>`` (Debian: linux-libc-dev); without them the build fails with that reason.
 """
 
@@ -16,12 +16,14 @@ from pathlib import Path
 
 
 SOURCE = Path("iolayer/ckpt_trace/iolayer/_ring.c")
+# A versioned name, so Python never takes it for an extension module (it is loaded with ctypes).
+LIBRARY = "libckpt_ring.so.1"
 
 
 def compile_ring(root: str | os.PathLike) -> Path:
     """Compile _ring.c beside itself; return the library's path. Raises RuntimeError with the compiler's reason."""
     source = Path(root) / SOURCE
-    output = source.with_suffix(".so")
+    output = source.with_name(LIBRARY)
     command = [*shlex.split(os.environ.get("CC", "cc")), "-O2", "-Wall", "-shared", "-fPIC", "-o", str(output),
                str(source)]
     try:
@@ -45,7 +47,7 @@ class CustomBuildHook(BuildHookInterface):
     def initialize(self, version: str, build_data: dict) -> None:
         library = compile_ring(self.root)
         if version != "editable":
-            build_data["force_include"][str(library)] = "ckpt_trace/iolayer/_ring.so"
+            build_data["force_include"][str(library)] = f"ckpt_trace/iolayer/{LIBRARY}"
         build_data["pure_python"] = False
         build_data["tag"] = f"py3-none-{next(sys_tags()).platform}"  # ctypes-loaded: any Python 3
 

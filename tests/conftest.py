@@ -75,9 +75,35 @@ def record_odd_pattern(backend: str, workdir: Path) -> tuple[Path, list[dict], P
     return trace, json.loads(expected.read_text()), out
 
 
+@pytest.fixture(scope="session")
+def odd_recordings(tmp_path_factory):
+    """One recording of the odd-pattern workload per backend for the whole session (the trace and the
+    workload's files are read-only to tests): ``odd_recordings(backend)`` -> (trace, expected ops, out dir)."""
+    cache: dict[str, tuple[Path, list[dict], Path]] = {}
+
+    def get(backend: str):
+        if backend not in cache:
+            cache[backend] = record_odd_pattern(backend, tmp_path_factory.mktemp(f"odd-{backend}"))
+        return cache[backend]
+
+    return get
+
+
+@pytest.fixture
+def odd_strace(strace_backend, odd_recordings):
+    """The session's strace recording of the odd-pattern workload: (trace, expected ops, out dir)."""
+    return odd_recordings("strace")
+
+
+@pytest.fixture
+def odd_recording(backend, odd_recordings):
+    """The session's recording of the odd-pattern workload by each backend in turn."""
+    return odd_recordings(backend)
+
+
 @pytest.fixture
 def io_uring():
-    """Skip (or fail under CI) unless io_uring works here through pyuring."""
+    """Skip (or fail under CI) unless io_uring works here (ckpt-trace's ring can be set up)."""
     from ckpt_trace.replayer.uring import io_uring_available
 
     problem = io_uring_available()
@@ -95,3 +121,29 @@ def small_tmpfs(tmp_path):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
     yield mount
     subprocess.run(["umount", str(mount)], check=True)
+
+
+# -- markers ------------------------------------------------------------------------------------------------
+# Capabilities follow from the fixtures a test asks for; ``slow`` from what it starts: a recording, the
+# CLI or another process, torch, a browser, a file system. ``make test-fast`` runs ``-m "not slow"``.
+_CAPABILITY_MARKERS = {"bcc_backend": ("bcc", "root"), "strace_backend": ("strace",), "io_uring": ("io_uring",),
+                       "torch_installed": ("torch",), "small_tmpfs": ("root",), "sector_4k_mount": ("root",)}
+_SLOW_FIXTURES = {"odd_recordings", "backend", "bcc_backend", "strace_backend", "torch_installed", "chromium",
+                  "small_tmpfs", "sector_4k_mount", "baseline", "report_page"}
+_SLOW_NAMES = {"cli", "subprocess", "Popen", "record_odd_pattern", "spawn_ranks", "run_bench", "replay"}
+
+
+def _starts_processes(function) -> bool:
+    code = getattr(function, "__code__", None)
+    return code is not None and bool(_SLOW_NAMES & set(code.co_names))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        for fixture, markers in _CAPABILITY_MARKERS.items():
+            if fixture in fixtures:
+                for marker in markers:
+                    item.add_marker(marker)
+        if fixtures & _SLOW_FIXTURES or _starts_processes(getattr(item, "function", None)):
+            item.add_marker("slow")

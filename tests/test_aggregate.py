@@ -9,7 +9,6 @@ from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_plan, merge_extents, replay, split_extent
 from ckpt_trace.tracer import syscalls as sc
 
-from conftest import record_odd_pattern
 from test_replay import CREATE, make_trace
 
 MIB = 1 << 20
@@ -55,8 +54,8 @@ def test_dcp_like_writes_coalesce_into_aligned_buffers_between_barriers(tmp_path
     assert dict(plan.checks.expected_sizes) == {"ck/final": offset + 100}
 
 
-def test_aggregated_replay_reproduces_every_file_size(io_uring, strace_backend, tmp_path):
-    trace, _, out = record_odd_pattern(strace_backend, tmp_path)
+def test_aggregated_replay_reproduces_every_file_size(io_uring, odd_strace, tmp_path):
+    trace, _, out = odd_strace
     target = tmp_path / "target"
     report = replay(trace, target=target, strategy="aggregated", buffer_bytes=MIB)
     for path in (p for p in out.rglob("*") if p.is_file()):

@@ -263,9 +263,21 @@ def test_ctrl_c_stops_the_writers_removes_the_scratch_and_says_one_line(tmp_path
     assert proc.returncode == 130
     assert stderr.strip().splitlines() == ["ckpt-trace: interrupted"]
     assert list(target.iterdir()) == [] and not (tmp_path / "out").exists()
-    time.sleep(0.5)
-    with pytest.raises(ProcessLookupError):
-        os.killpg(proc.pid, 0)  # no writer process outlived the command
+    assert wait_until_gone(proc.pid, timeout_s=10), "a writer process outlived the command"
+
+
+def wait_until_gone(group: int, timeout_s: float) -> bool:
+    """True once no process of process group ``group`` is left (polled, up to ``timeout_s``)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def test_bad_input_is_one_line_and_nothing_is_overwritten(tmp_path):

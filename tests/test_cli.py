@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import cli, record_odd_pattern
+from conftest import cli
 
 
 def one_line_error(proc) -> str:
@@ -27,16 +27,16 @@ def test_corrupt_trace_on_every_reading_command(tmp_path):
     assert not (tmp_path / "t").exists()
 
 
-def test_unknown_strategy_and_workload(strace_backend, tmp_path):
-    trace, _, _ = record_odd_pattern(strace_backend, tmp_path)
+def test_unknown_strategy_and_workload(odd_strace, tmp_path):
+    trace, _, _ = odd_strace
     proc = cli("replay", str(trace), "--strategy", "magic", "--target", str(tmp_path / "t"), check=False)
     assert proc.returncode == 2 and "unknown strategy 'magic'" in one_line_error(proc)
     proc = cli("workload", "nope", "--out", str(tmp_path / "w"), check=False)
     assert proc.returncode == 2 and "unknown workload" in one_line_error(proc)
 
 
-def test_summary_json(strace_backend, tmp_path):
-    trace, expected, _ = record_odd_pattern(strace_backend, tmp_path)
+def test_summary_json(odd_strace, tmp_path):
+    trace, expected, _ = odd_strace
     data = json.loads(cli("summary", str(trace), "--json").stdout)
     writes = [e for e in expected if e["op"] == "write"]
     assert data["ops"]["write"]["count"] == len(writes)
@@ -46,8 +46,8 @@ def test_summary_json(strace_backend, tmp_path):
     assert data["lost_events"] == 0 and data["backend"] == "strace"
 
 
-def test_replay_json_to_stdout_is_pure_json(strace_backend, tmp_path):
-    trace, _, _ = record_odd_pattern(strace_backend, tmp_path)
+def test_replay_json_to_stdout_is_pure_json(odd_strace, tmp_path):
+    trace, _, _ = odd_strace
     proc = cli("replay", str(trace), "--target", str(tmp_path / "t"), "--json", "-")
     data = json.loads(proc.stdout)
     assert data["results"][0]["strategy"] == "posix" and data["trace"] == str(trace)

@@ -8,7 +8,6 @@ from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_plan, replay
 from ckpt_trace.replayer.pack import INDEX_PATH
 
-from conftest import record_odd_pattern
 from test_replay import CREATE, make_trace
 
 
@@ -45,8 +44,8 @@ def test_a_file_another_worker_touches_stays_a_file(tmp_path):
     assert plan.checks.expected_sizes["ck/layer_1.pt"] == 100
 
 
-def test_packed_replay_verifies_and_writes_the_index(io_uring, strace_backend, tmp_path):
-    trace, _, _ = record_odd_pattern(strace_backend, tmp_path)
+def test_packed_replay_verifies_and_writes_the_index(io_uring, odd_strace, tmp_path):
+    trace, _, _ = odd_strace
     target = tmp_path / "t"
     report = replay(trace, target=target, strategy="aggregated", pack_files=True, verify=True, buffer_bytes=1 << 20)
     result = report.results[0]

@@ -14,7 +14,7 @@ from ckpt_trace.formats import read_trace, table_from_columns, write_trace
 from ckpt_trace.replayer import build_posix_plan, replay
 from ckpt_trace.tracer import syscalls as sc
 
-from conftest import cli, record_odd_pattern
+from conftest import cli
 
 META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"],
         "backend": "strace", "start_wall_time_ns": 0, "filesystems": {}, "lost_events": 0}
@@ -139,8 +139,8 @@ def test_original_timing_keeps_the_recorded_gaps(tmp_path):
     assert timed.elapsed_s >= 0.3
 
 
-def test_replay_of_a_real_recording_reproduces_every_file_size(strace_backend, tmp_path):
-    trace, _, out = record_odd_pattern(strace_backend, tmp_path)
+def test_replay_of_a_real_recording_reproduces_every_file_size(odd_strace, tmp_path):
+    trace, _, out = odd_strace
     target = tmp_path / "target"
     proc = cli("replay", str(trace), "--strategy", "posix", "--target", str(target), "--json", str(tmp_path / "r.json"))
     original = {p: p.stat().st_size for p in out.rglob("*") if p.is_file()}

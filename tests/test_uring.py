@@ -11,7 +11,7 @@ import pytest
 from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_plan, replay
 
-from conftest import cli, record_odd_pattern
+from conftest import cli
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 pytestmark = pytest.mark.io_uring
@@ -22,8 +22,8 @@ def files_and_sizes(root: Path) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("strategy", ["uring-buffered", "uring-direct"])
-def test_uring_replay_reproduces_every_file_size(io_uring, strace_backend, tmp_path, strategy):
-    trace, _, out = record_odd_pattern(strace_backend, tmp_path)
+def test_uring_replay_reproduces_every_file_size(io_uring, odd_strace, tmp_path, strategy):
+    trace, _, out = odd_strace
     target = tmp_path / "target"
     report = replay(trace, target=target, strategy=strategy, queue_depth=4)
     for path in (p for p in out.rglob("*") if p.is_file()):

@@ -15,7 +15,7 @@ from ckpt_trace.replayer import build_plan, replay
 from ckpt_trace.replayer.paths import TargetRoot
 from ckpt_trace.replayer.verify import verify_content
 
-from conftest import cli, record_odd_pattern
+from conftest import cli
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 
@@ -31,8 +31,8 @@ def test_pattern_windows_are_periodic_and_page_aligned_for_aligned_offsets():
     buf.close()
 
 
-def test_every_strategy_verifies_on_a_real_recording(io_uring, strace_backend, tmp_path):
-    trace, _, out = record_odd_pattern(strace_backend, tmp_path)
+def test_every_strategy_verifies_on_a_real_recording(io_uring, odd_strace, tmp_path):
+    trace, _, out = odd_strace
     result_file = tmp_path / "r.json"
     cli("replay", str(trace), "--strategy", "all", "--target", str(tmp_path / "t"), "--verify",
         "--buffer-size", "1MiB", "--json", str(result_file))

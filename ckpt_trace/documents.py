@@ -1,0 +1,262 @@
+"""The JSON documents ckpt-trace prints (``--json``) and writes (replay results, baselines): typed definitions.
+
+These TypedDicts are the contract that ``docs/JSON.md`` documents for people:
+key names carry their units (``_bytes``, ``_ns``, ``_s``, ``_bytes_per_s``),
+keys are only ever added within a ``version``, and ``tests/test_documents.py``
+checks every command's real output against them with ``conforms``.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any, TypedDict, Union
+
+DOCUMENTS_VERSION = 1
+
+
+class LatencyNs(TypedDict):
+    """Nearest-rank latency percentiles of data operations, nanoseconds (``stats.percentiles_ns``)."""
+
+    mean: int
+    p50: int
+    p90: int
+    p99: int
+    max: int
+
+
+class ReplayResultDoc(TypedDict):
+    """One strategy's measured run (``replayer.results.ReplayResult``)."""
+
+    strategy: str
+    elapsed_s: float
+    bytes_written: int
+    bytes_read: int
+    data_ops: int
+    metadata_ops: int
+    latency_ns: LatencyNs
+    cpu_user_s: float
+    cpu_sys_s: float
+    skipped_ops: dict[str, int]
+    unaligned_ops: int
+    speedup_vs_posix: float | None
+    runs_elapsed_s: list[float]
+    verified_files: int | None
+    metadata_ops_saved: int
+    notes: list[str]
+    write_throughput_bytes_per_s: float
+    read_throughput_bytes_per_s: float
+
+
+class ReplayDoc(TypedDict):
+    """``replay --json``: the trace, the target, the options the replay ran with, one result per strategy."""
+
+    trace: str
+    target: str
+    options: dict[str, Any]
+    results: list[ReplayResultDoc]
+
+
+class RecordDoc(TypedDict):
+    """``record --json``."""
+
+    trace: str
+    backend: str
+    rows: int
+    lost_events: int
+    exit_code: int
+    elapsed_s: float
+
+
+class OpFigures(TypedDict):
+    count: int
+    bytes: int
+    time_ns: int
+
+
+class SizeBucket(TypedDict):
+    """Data operations whose size is in [bucket_bytes, 2 * bucket_bytes)."""
+
+    bucket_bytes: int
+    read: int
+    write: int
+    bytes: int
+
+
+class Alignment(TypedDict):
+    alignment_bytes: int
+    ops_with_known_offset: int
+    ops_with_unknown_offset: int
+    unaligned_offset_share: float
+    unaligned_size_share: float
+
+
+class SummaryDoc(TypedDict):
+    """``summary --json`` (``analysis.summary.summarize``)."""
+
+    trace: str
+    backend: str | None
+    command: list[str] | None
+    rows: int
+    duration_ns: int
+    bytes_written: int
+    bytes_read: int
+    files: int
+    processes: int
+    threads: int
+    ranks: list[int]
+    ops: dict[str, OpFigures]
+    data_ops: int
+    metadata_ops: int
+    data_time_ns: int
+    metadata_time_ns: int
+    size_histogram: list[SizeBucket]
+    alignment: Alignment
+    failed_ops: int
+    lost_events: int
+    filesystems: dict[str, Any]
+
+
+class PlanDoc(TypedDict):
+    """One strategy's plan in ``replay --dry-run --json``."""
+
+    strategy: str
+    workers: int
+    ops: dict[str, int]
+    write_bytes: int
+    read_bytes: int
+    largest_op_bytes: int
+    block_bytes: int
+    alignment: dict[str, int]
+    precreate_files: int
+    skipped_ops: dict[str, int]
+    packed_files: int
+    metadata_ops_saved: int
+
+
+class DryRunDoc(TypedDict):
+    trace: str
+    plans: list[PlanDoc]
+
+
+class ExportDoc(TypedDict, total=False):
+    """``export --json``: ``events`` (perfetto) or ``rows`` (parquet)."""
+
+    trace: str
+    format: str
+    output: str
+    events: int
+    rows: int
+
+
+class ReportDoc(TypedDict):
+    """``report --json``."""
+
+    output: str
+    bytes: int
+    figures: int
+
+
+class Change(TypedDict):
+    a: float
+    b: float
+    change: float
+    ratio: float | None
+
+
+class DiffDoc(TypedDict):
+    """``diff --json``: trace A and B side by side."""
+
+    a: str
+    b: str
+    totals: dict[str, Change]
+    ops: dict[str, Change]
+    size_histogram: dict[str, Change]
+    unaligned_offset_share: Change
+    files_only_in_a: list[str]
+    files_only_in_b: list[str]
+
+
+class ComparisonDoc(TypedDict):
+    trace: str
+    strategy: str
+    metric: str
+    old: float
+    new: float
+    change: float
+    regressed: bool
+    new_runs_elapsed_s: list[float]
+
+
+class CheckDoc(TypedDict):
+    """``check --json``."""
+
+    tolerance: float
+    regressed: int
+    comparisons: list[ComparisonDoc]
+
+
+class EmitDoc(TypedDict):
+    """``emit --json``: the chosen writer options and one reason per option."""
+
+    output: str
+    options: dict[str, Any]
+    reasons: dict[str, str]
+    fastest_strategy: str | None
+
+
+class WorkloadDoc(TypedDict):
+    """``workload --json``."""
+
+    engine: str
+    out: str
+    files: int
+    bytes: int
+    elapsed_s: float
+
+
+def _matches(value: Any, hint: Any) -> str | None:
+    """None when ``value`` fits the type ``hint``, else why not."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return None
+    if origin in (Union, types.UnionType):
+        reasons = [_matches(value, option) for option in typing.get_args(hint)]
+        return None if any(r is None for r in reasons) else f"{value!r} fits none of {hint}"
+    if hint is type(None):
+        return None if value is None else f"{value!r} is not null"
+    if typing.is_typeddict(hint):
+        return conforms(value, hint)
+    if origin is list:
+        if not isinstance(value, list):
+            return f"{value!r} is not a list"
+        (item,) = typing.get_args(hint)
+        return next((f"[{i}]: {r}" for i, v in enumerate(value) if (r := _matches(v, item))), None)
+    if origin is dict:
+        if not isinstance(value, dict):
+            return f"{value!r} is not an object"
+        _, item = typing.get_args(hint)
+        return next((f"[{k!r}]: {r}" for k, v in value.items() if (r := _matches(v, item))), None)
+    if hint is float:
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else f"{value!r} is not a number"
+    if hint is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else f"{value!r} is not an integer"
+    return None if isinstance(value, hint) else f"{value!r} is not {hint.__name__}"
+
+
+def conforms(document: Any, definition: type) -> str | None:
+    """None when ``document`` (parsed JSON) holds every key of the TypedDict ``definition`` with a value of
+    its type (extra keys are allowed: documents only grow), else the first problem, as a path and a reason."""
+    if not isinstance(document, dict):
+        return f"{type(document).__name__} is not an object"
+    hints = typing.get_type_hints(definition)
+    required = getattr(definition, "__required_keys__", frozenset(hints))
+    for key, hint in hints.items():
+        if key not in document:
+            if key in required:
+                return f"missing key {key!r}"
+            continue
+        problem = _matches(document[key], hint)
+        if problem:
+            return f"{key}: {problem}"
+    return None
