@@ -36,7 +36,7 @@ demo: setup
 	ckpt-trace record --force -o $(DEMO_TRACE) --path-filter $(DEMO_DIR)/ckpt/ -- \
 		ckpt-trace workload dcp --out $(DEMO_DIR)/ckpt --ranks $(DEMO_RANKS) --model $(DEMO_MODEL) --with-optimizer
 	ckpt-trace summary $(DEMO_TRACE)
-	ckpt-trace replay $(DEMO_TRACE) --strategy posix --target $(DEMO_DIR)/replay --json $(DEMO_DIR)/replay.json
+	ckpt-trace replay $(DEMO_TRACE) --strategy posix --target $(DEMO_DIR)/replay -o $(DEMO_DIR)/replay.json
 	rm -rf $(DEMO_DIR)/ckpt $(DEMO_DIR)/replay
 	@echo "trace: $(DEMO_TRACE)   results: $(DEMO_DIR)/replay.json"
 

@@ -204,7 +204,7 @@ def _emit_module(scratch: Path) -> tuple[Path, str]:
     if demo.exists():
         results = scratch / "replay.json"
         subprocess.run([*cli, "replay", str(demo), "--target", str(scratch / "replay"), "--strategy", "all",
-                        "--durable", "--json", str(results)], check=True, stdout=subprocess.DEVNULL)
+                        "--durable", "-o", str(results)], check=True, stdout=subprocess.DEVNULL)
         shutil.rmtree(scratch / "replay")
         subprocess.run([*cli, "emit", str(demo), "--from-results", str(results), "-o", str(module)], check=True)
         return module, f"{demo.name} + replay --strategy all --durable"

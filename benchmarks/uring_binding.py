@@ -86,7 +86,7 @@ def pyuring_loop(fd: int, buf: AlignedBuffer, size_bytes: int, count: int) -> No
             in_flight -= 1
             if res < 0:
                 raise OSError(-res, os.strerror(-res))
-            while in_flight and (done := ctx.peek_completion()) is not None:
+            while in_flight and ctx.peek_completion() is not None:
                 in_flight -= 1
     finally:
         ctx.close()

@@ -21,7 +21,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn, TransferSpeedColumn
 
 from ckpt_trace.version import __version__
-from ckpt_trace.errors import CkptTraceError
+from ckpt_trace.config import CHECK_MIN_RUNS, CHECK_MIN_SECONDS
+from ckpt_trace.errors import CkptTraceError, Interrupted
 from ckpt_trace.formats import write_bytes_atomic
 
 app = typer.Typer(
@@ -97,9 +98,13 @@ def record(
     as_json: bool = typer.Option(False, "--json", help="Print the recording's numbers as JSON on stdout."),
 ) -> None:
     """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code."""
-    from ckpt_trace.tracer import check_output, choose_backend, record as record_trace
+    from ckpt_trace.iolayer.outputs import check_output_file
+    from ckpt_trace.tracer import choose_backend, record as record_trace, resolve_command
 
-    check_output(output, force)
+    if not cmd:
+        raise CkptTraceError("no command to record (put it after --)")
+    resolve_command(list(cmd))
+    check_output_file(output, force)
     choice = choose_backend(backend)
     err.print(f"ckpt-trace: backend {choice.name} ({choice.reason})", highlight=False)
     result = record_trace(list(cmd), output, choice=choice, path_filters=path_filter, strict=strict, overwrite=force)
@@ -108,8 +113,14 @@ def record(
                   highlight=False)
     if result.lost_events:
         err.print(f"[yellow]ckpt-trace: warning: {result.lost_events} events were lost; the trace is incomplete[/]")
+    if path_filter and result.rows == 0:
+        err.print(f"[yellow]ckpt-trace: warning: no operation matched --path-filter "
+                  f"{', '.join(map(escape, path_filter))} ({result.filtered_ops:,} were left out)[/]", highlight=False)
+    if result.exit_code != 0:
+        err.print(f"[yellow]ckpt-trace: the command {result.ended}; its trace is written[/]", highlight=False)
     summary = {"trace": str(result.trace_path), "backend": result.backend, "rows": result.rows,
-               "lost_events": result.lost_events, "exit_code": result.exit_code, "elapsed_s": result.elapsed_s}
+               "lost_events": result.lost_events, "exit_code": result.exit_code, "exit_signal": result.exit_signal,
+               "ended": result.ended, "elapsed_s": result.elapsed_s}
     if as_json:
         _write_json(None, summary)
     else:
@@ -133,35 +144,40 @@ def replay(
     pack_files: bool = typer.Option(False, "--pack-files", help="aggregated: pack small files into one per worker, with an index."),
     strip_prefix: Optional[str] = typer.Option(None, "--strip-prefix", help="Remove this prefix from recorded paths."),
     timing: str = typer.Option("asap", help="asap (as fast as possible) or original (keep recorded gaps)."),
-    force: bool = typer.Option(False, help="Replay into a non-empty target."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON to this file ('-': stdout)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the results document (JSON) to this file."),
+    force: bool = typer.Option(False, help="Allow a non-empty target and overwrite an existing -o file (the replay still writes only files it creates)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results document as JSON on stdout."),
 ) -> None:
     """Re-execute a trace's operations under TARGET and measure them."""
+    from ckpt_trace.iolayer.outputs import check_output_file
     from ckpt_trace.replayer import plan_summaries, replay as run_replay
 
     from .report.render import render_plans, render_results
     from .units import parse_size
 
-    buffer_bytes = parse_size(buffer_size)
+    buffer_bytes = parse_size(buffer_size, what="--buffer-size")
+    if output is not None:
+        check_output_file(output, force)
     if dry_run:
         plans = {"trace": str(trace), "plans": plan_summaries(trace, strategy=strategy, target=target,
                                                               strip_prefix=strip_prefix, buffer_bytes=buffer_bytes,
                                                               pack_files=pack_files)}
-        if json_out is not None:
-            _write_json(json_out, plans)
-        if json_out is None or str(json_out) != "-":
-            render_plans(out, plans["plans"])
+        if output is not None:
+            _write_json(output, plans)
+        _show(plans, as_json, lambda console, data: render_plans(console, data["plans"]))
         return
     with _progress() as progress:
         report = run_replay(trace, target=target, strategy=strategy, strip_prefix=strip_prefix, timing=timing,
                             force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
                             drop_caches=drop_caches, durable=durable, verify=verify, pack_files=pack_files,
-                            progress=progress)
+                            progress=progress, protect=(output,) if output is not None else ())
     data = report.to_json()
-    if json_out is not None:
-        _write_json(json_out, data)
-    if json_out is None or str(json_out) != "-":
-        render_results(out, data["results"])
+    if output is not None:
+        _write_json(output, data)
+    _show(data, as_json, lambda console, doc: render_results(console, doc["results"]))
+    for result in report.results:
+        for note in result.notes:
+            err.print(f"[yellow]ckpt-trace: note: {result.strategy}: {escape(note)}[/]", highlight=False)
     for mismatch in report.size_mismatches[:5]:
         err.print(f"[yellow]ckpt-trace: warning: {mismatch.strategy}: {escape(mismatch.path)} is {mismatch.actual_bytes} bytes, "
                   f"recorded {mismatch.expected_bytes}[/]", highlight=False)
@@ -208,7 +224,7 @@ def export(
 @app.command()
 def report(
     trace: Path = typer.Argument(..., help="Trace file."),
-    results: List[Path] = typer.Argument(None, help="replay --json (or benchmark) files to compare strategies."),
+    results: List[Path] = typer.Argument(None, help="replay -o results (or benchmark) files to compare strategies."),
     output: Path = typer.Option(..., "-o", "--output", help="HTML file to write."),
     fio_limit: Optional[str] = typer.Option(None, "--fio-limit", help="Device limit to draw, in MB/s (e.g. 2100)."),
     force: bool = typer.Option(False, help="Overwrite an existing output."),
@@ -251,20 +267,23 @@ def baseline(
     target: Path = typer.Option(..., "--target", help="Empty directory on the storage to measure."),
     output: Path = typer.Option(..., "-o", "--output", help="Baseline JSON to write."),
     strategy: List[str] = typer.Option([], "--strategy", help="Strategy to measure (repeatable; default: all)."),
-    repeat: int = typer.Option(1, "--repeat", help="Runs per trace and strategy; the median run is kept."),
+    repeat: int = typer.Option(CHECK_MIN_RUNS, "--repeat", help="Fewest runs per trace and strategy."),
+    min_seconds: float = typer.Option(CHECK_MIN_SECONDS, "--min-seconds", help="Keep running each until its runs add up to this much measured time."),
     queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
     buffer_size: str = typer.Option("4MiB", "--buffer-size", help="aggregated: aligned buffer size."),
     force: bool = typer.Option(False, help="Overwrite an existing baseline file."),
 ) -> None:
     """Replay traces on this storage and record the results, with host, kernel, file system and device."""
+    from ckpt_trace.iolayer.outputs import check_output_file
+
     from .check.baseline import make_baseline, write_json
     from .units import parse_size
 
-    if output.exists() and not force:
-        raise CkptTraceError(f"{output} exists; pass --force to overwrite it")
+    check_output_file(output, force)
+    buffer_bytes = parse_size(buffer_size, what="--buffer-size")
     with _progress() as progress:
-        data = make_baseline(traces, target=target, strategies=strategy, repeat=repeat, queue_depth=queue_depth,
-                             buffer_bytes=parse_size(buffer_size), progress=progress)
+        data = make_baseline(traces, target=target, strategies=strategy, repeat=repeat, min_seconds=min_seconds,
+                             queue_depth=queue_depth, buffer_bytes=buffer_bytes, progress=progress)
     write_json(output, data)
     env = data["environment"]
     err.print(f"ckpt-trace: baseline of {len(traces)} trace(s) x {len(data['options']['strategies'])} strategies on "
@@ -277,29 +296,43 @@ def check(
     baseline_file: Path = typer.Option(..., "--baseline", help="Baseline JSON from `ckpt-trace baseline`."),
     target: Path = typer.Option(..., "--target", help="Empty directory on the storage under test."),
     tolerance: str = typer.Option("10%", "--tolerance", help="Allowed loss of throughput or rise of p99 latency."),
-    repeat: Optional[int] = typer.Option(None, "--repeat", help="Runs per figure (default: the baseline's)."),
+    repeat: Optional[int] = typer.Option(None, "--repeat", help="Fewest runs per figure (default: the baseline's)."),
+    min_seconds: Optional[float] = typer.Option(None, "--min-seconds", help="Measured time per figure (default: the baseline's)."),
     strategy: List[str] = typer.Option([], "--strategy", help="Must match the baseline's strategies if given."),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Write JUnit XML: one test case per trace and strategy."),
+    force: bool = typer.Option(False, help="Overwrite an existing --junit file."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ) -> None:
-    """Replay a baseline's traces on the storage under test; exit 1 if any figure regressed beyond the tolerance."""
+    """Replay a baseline's traces on the storage under test; exit 1 if any figure regressed beyond the tolerance.
+
+    A figure regresses only when the change exceeds both the tolerance and the
+    measurements' noise; one too noisy to judge is reported as such.
+    """
     import dataclasses
+
+    from ckpt_trace.iolayer.outputs import check_output_file
 
     from .check.baseline import load_baseline, parse_tolerance, run_check
     from .check.junit import junit_xml
     from .report.render import render_check
 
     allowed = parse_tolerance(tolerance)
+    if junit is not None:
+        check_output_file(junit, force)
     data = load_baseline(baseline_file)
     with _progress() as progress:
-        rows = run_check(traces, data, target=target, tolerance=allowed, repeat=repeat, strategies=strategy,
-                         progress=progress)
+        rows = run_check(traces, data, target=target, tolerance=allowed, repeat=repeat, min_seconds=min_seconds,
+                         strategies=strategy, progress=progress)
     if junit is not None:
         write_bytes_atomic(junit, junit_xml(rows, allowed))
     as_dicts = [dataclasses.asdict(row) for row in rows]
     regressed = sum(row.regressed for row in rows)
-    _show({"tolerance": allowed, "regressed": regressed, "comparisons": as_dicts}, as_json,
+    noisy = sum(row.status == "noisy" for row in rows)
+    _show({"tolerance": allowed, "regressed": regressed, "noisy": noisy, "comparisons": as_dicts}, as_json,
           lambda console, _: render_check(console, as_dicts, allowed))
+    if noisy:
+        err.print(f"[yellow]ckpt-trace: {noisy} figure(s) too noisy to judge at {allowed:.0%}: raise --min-seconds "
+                  "or the tolerance[/]", highlight=False)
     if regressed:
         err.print(f"[red]ckpt-trace: {regressed} figure(s) regressed beyond {allowed:.0%}[/]", highlight=False)
         raise typer.Exit(1)
@@ -309,7 +342,7 @@ def check(
 def emit(
     trace: Path = typer.Argument(..., help="Trace file the writer is tuned for."),
     output: Path = typer.Option(..., "-o", "--output", help="Python module to write (e.g. my_writer.py)."),
-    from_results: Optional[Path] = typer.Option(None, "--from-results", help="replay --json output to tune from."),
+    from_results: Optional[Path] = typer.Option(None, "--from-results", help="replay -o results to tune from."),
     force: bool = typer.Option(False, help="Overwrite an existing output."),
     as_json: bool = typer.Option(False, "--json", help="Print the chosen parameters as JSON."),
 ) -> None:
@@ -334,13 +367,18 @@ def workload(
     model: str = typer.Option("gpt2-small", help="gpt2-tiny, gpt2-deep-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl."),
     with_optimizer: bool = typer.Option(False, "--with-optimizer", help="Add Adam state (exp_avg, exp_avg_sq)."),
     file_per_layer: bool = typer.Option(False, "--file-per-layer", help="torch-save: one file per transformer block."),
+    force: bool = typer.Option(False, help="Write into a non-empty --out directory (the engine may overwrite its own file names there)."),
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
 ) -> None:
     """Write a real checkpoint of a GPT-2-shaped model with a real engine."""
-    from ckpt_trace.workloads import run
+    from ckpt_trace.iolayer.outputs import check_output_dir
+    from ckpt_trace.workloads import ENGINES, run
 
+    if engine not in ENGINES:
+        raise CkptTraceError(f"unknown workload {engine!r} (choose from {', '.join(ENGINES)})")
     if engine != "dcp" and ranks != 1:
         raise CkptTraceError("--ranks applies to the dcp workload only")
+    check_output_dir(out_dir, force)
     started = time.monotonic()
     path = run(engine, out_dir, ranks=ranks, model=model, with_optimizer=with_optimizer, file_per_layer=file_per_layer)
     elapsed_s = time.monotonic() - started
@@ -427,6 +465,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except typer.Exit as done:
         sys.exit(done.exit_code)
+    except Interrupted as error:
+        err.print(f"[red]ckpt-trace: {escape(str(error))}[/]", highlight=False)
+        sys.exit(error.exit_code)
     except CkptTraceError as error:
         err.print(f"[red]ckpt-trace: error: {escape(str(error))}[/]", highlight=False)
         sys.exit(error.exit_code)

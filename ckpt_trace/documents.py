@@ -41,6 +41,7 @@ class ReplayResultDoc(TypedDict):
     unaligned_ops: int
     speedup_vs_posix: float | None
     runs_elapsed_s: list[float]
+    runs_p99_latency_ns: list[int]
     verified_files: int | None
     metadata_ops_saved: int
     notes: list[str]
@@ -49,10 +50,15 @@ class ReplayResultDoc(TypedDict):
 
 
 class ReplayDoc(TypedDict):
-    """``replay --json``: the trace, the target, the options the replay ran with, one result per strategy."""
+    """``replay --json`` / ``-o``: the trace and its sha256 (results are tied to it), the target, the tool and
+    machine, the options the replay ran with, one result per strategy."""
 
     trace: str
+    trace_sha256: str
     target: str
+    creator: str
+    creator_version: str
+    environment: dict[str, Any]
     options: dict[str, Any]
     results: list[ReplayResultDoc]
 
@@ -65,6 +71,8 @@ class RecordDoc(TypedDict):
     rows: int
     lost_events: int
     exit_code: int
+    exit_signal: int | None
+    ended: str
     elapsed_s: float
 
 
@@ -186,13 +194,17 @@ class ComparisonDoc(TypedDict):
     change: float
     regressed: bool
     new_runs_elapsed_s: list[float]
+    old_noise: float
+    new_noise: float
+    status: str
 
 
 class CheckDoc(TypedDict):
-    """``check --json``."""
+    """``check --json``: ``status`` per figure is ok, regressed or noisy (too noisy to judge)."""
 
     tolerance: float
     regressed: int
+    noisy: int
     comparisons: list[ComparisonDoc]
 
 
@@ -260,3 +272,40 @@ def conforms(document: Any, definition: type) -> str | None:
         if problem:
             return f"{key}: {problem}"
     return None
+
+
+def load_replay_results(path, trace_sha256: str | None = None, trace_name: str = "the trace") -> dict:
+    """Read a ``replay -o`` results file, and tie it to the trace whose sha256 is ``trace_sha256``.
+
+    Raises CkptTraceError (one line) for a missing or unreadable file, one
+    without results (each needs ``strategy`` and ``elapsed_s``), or, when
+    ``trace_sha256`` is given, results of another trace or of an unknown one
+    (no ``trace_sha256``): tuning or reporting from them would be silently wrong.
+    """
+    import json
+    from pathlib import Path
+
+    from ckpt_trace.errors import CkptTraceError
+
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CkptTraceError(f"replay results not found: {path}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise CkptTraceError(f"{path} is not a replay results file: {err}") from None
+    results = data.get("results") if isinstance(data, dict) else None
+    if not isinstance(results, list) or not results:
+        raise CkptTraceError(f"{path} is not a replay results file: missing key 'results'")
+    for entry in results:
+        if not isinstance(entry, dict) or "strategy" not in entry or "elapsed_s" not in entry:
+            raise CkptTraceError(f"{path}: each result needs 'strategy' and 'elapsed_s'")
+    if trace_sha256 is not None:
+        recorded = data.get("trace_sha256")
+        if recorded is None:
+            raise CkptTraceError(f"{path} does not say which trace it replayed (no trace_sha256); replay "
+                                 f"{trace_name} again with this release")
+        if recorded != trace_sha256:
+            raise CkptTraceError(f"{path} holds results of another trace ({data.get('trace')}, sha256 "
+                                 f"{recorded[:12]}), not of {trace_name} (sha256 {trace_sha256[:12]})")
+    return data

@@ -7,6 +7,12 @@ class TracerError(CkptTraceError):
     """Recording failed: no usable backend, the command could not start, events were lost under --strict."""
 
 
+class CommandNotFound(TracerError):
+    """``record``'s command cannot be started (no such file, not executable): exit 127, as a shell does."""
+
+    exit_code = 127
+
+
 class ReplayError(CkptTraceError):
     """A replay was refused or failed: unsafe target, too little free space, an I/O error."""
 
@@ -19,8 +25,16 @@ class BenchError(CkptTraceError):
     """``ckpt-trace bench`` was refused or failed: a bad target or output, too little space, a failed process."""
 
 
+class Interrupted(CkptTraceError):
+    """Ctrl-C: the command stopped; the message says what partial output remains and where (or that it was
+    removed). Exit status 130, as a shell reports SIGINT."""
+
+    exit_code = 130
+
+
 class CheckpointError(CkptTraceError):
     """The emitted checkpoint writer or reader failed: a missing or truncated file, a full disk, no metadata."""
 
 
-__all__ = ["BenchError", "CheckpointError", "CkptTraceError", "ReplayError", "TraceFormatError", "TracerError", "WorkloadError"]
+__all__ = ["BenchError", "CheckpointError", "CkptTraceError", "CommandNotFound", "Interrupted", "ReplayError", "TraceFormatError",
+           "TracerError", "WorkloadError"]

@@ -41,3 +41,14 @@ def spread(elapsed_s: Sequence[float]) -> float:
         return 0.0
     median = elapsed_s[median_index(elapsed_s)]
     return (max(elapsed_s) - min(elapsed_s)) / median if median > 0 else 0.0
+
+
+def relative_spread(values: Sequence[float]) -> float:
+    """Run-to-run spread of repeated measurements: the interquartile range over the median (the middle
+    half of the runs lies within it). 0 for fewer than two values."""
+    data = np.asarray(values, dtype=float)
+    if len(data) < 2:
+        return 0.0
+    median = float(np.median(data))
+    q1, q3 = np.percentile(data, [25, 75])
+    return float((q3 - q1) / abs(median)) if median else 0.0

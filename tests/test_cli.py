@@ -48,6 +48,6 @@ def test_summary_json(odd_strace, tmp_path):
 
 def test_replay_json_to_stdout_is_pure_json(odd_strace, tmp_path):
     trace, _, _ = odd_strace
-    proc = cli("replay", str(trace), "--target", str(tmp_path / "t"), "--json", "-")
+    proc = cli("replay", str(trace), "--target", str(tmp_path / "t"), "--json")
     data = json.loads(proc.stdout)
     assert data["results"][0]["strategy"] == "posix" and data["trace"] == str(trace)

@@ -30,9 +30,9 @@ def test_the_checker_catches_a_wrong_document():
 def test_reading_commands(tmp_path):
     check(json.loads(cli("summary", str(ODD), "--json").stdout), d.SummaryDoc)
     check(json.loads(cli("diff", str(ODD), str(DCP), "--json").stdout), d.DiffDoc)
-    check(json.loads(cli("replay", str(ODD), "--target", str(tmp_path / "t"), "--json", "-").stdout), d.ReplayDoc)
+    check(json.loads(cli("replay", str(ODD), "--target", str(tmp_path / "t"), "--json").stdout), d.ReplayDoc)
     check(json.loads(cli("replay", str(DCP), "--strategy", "all", "--dry-run", "--target", str(tmp_path / "d"),
-                         "--json", "-").stdout), d.DryRunDoc)
+                         "--json").stdout), d.DryRunDoc)
     check(json.loads(cli("export", str(ODD), "--format", "parquet", "-o", str(tmp_path / "pq"), "--json").stdout),
           d.ExportDoc)
     check(json.loads(cli("report", str(ODD), "-o", str(tmp_path / "r.html"), "--json").stdout), d.ReportDoc)

@@ -44,7 +44,20 @@ def test_parquet_export_is_partitioned_by_rank_and_complete(tmp_path):
     assert sorted(dataset.to_table(columns=["ts_ns"])["ts_ns"].to_pylist()) == sorted(original["ts_ns"].to_pylist())
     assert json.loads((out / "_ckpt_trace.json").read_text())["format_version"] == 1
     again = cli("export", str(DCP), "--format", "parquet", "-o", str(out), check=False)
-    assert again.returncode == 2 and "already exists" in again.stderr
+    assert again.returncode == 2 and "is not empty" in again.stderr
+    forced = cli("export", str(DCP), "--format", "parquet", "-o", str(out), "--force", check=False)
+    assert forced.returncode == 2 and "holds an earlier export" in forced.stderr  # rows would double
+    assert ds.dataset(out, format="parquet", partitioning="hive").count_rows() == original.num_rows
+
+
+def test_parquet_export_into_a_busy_directory_removes_nothing(tmp_path):
+    """--force allows a non-empty directory, `-o .` included: the user's files stay, the export is complete."""
+    keep = tmp_path / "notes.txt"
+    keep.write_text("mine")
+    proc = cli("export", str(DCP), "--format", "parquet", "-o", ".", "--force", cwd=tmp_path)
+    assert "Traceback" not in proc.stderr and keep.read_text() == "mine"
+    dataset = ds.dataset(tmp_path / "rank=0", format="parquet")
+    assert dataset.count_rows() > 0 and (tmp_path / "_ckpt_trace.json").exists()
 
 
 def test_diff_reports_what_changed(tmp_path):

@@ -142,7 +142,7 @@ def test_original_timing_keeps_the_recorded_gaps(tmp_path):
 def test_replay_of_a_real_recording_reproduces_every_file_size(odd_strace, tmp_path):
     trace, _, out = odd_strace
     target = tmp_path / "target"
-    proc = cli("replay", str(trace), "--strategy", "posix", "--target", str(target), "--json", str(tmp_path / "r.json"))
+    proc = cli("replay", str(trace), "--strategy", "posix", "--target", str(target), "-o", str(tmp_path / "r.json"))
     original = {p: p.stat().st_size for p in out.rglob("*") if p.is_file()}
     assert original
     for path, size in original.items():

@@ -28,7 +28,7 @@ def chromium():
 @pytest.fixture
 def report_page(tmp_path, io_uring) -> Path:
     results = tmp_path / "results.json"
-    cli("replay", str(GOLDEN_DCP), "--target", str(tmp_path / "replay"), "--strategy", "all", "--json", str(results))
+    cli("replay", str(GOLDEN_DCP), "--target", str(tmp_path / "replay"), "--strategy", "all", "-o", str(results))
     page = tmp_path / "report.html"
     cli("report", str(GOLDEN_DCP), str(results), "-o", str(page), "--fio-limit", "2100")
     return page

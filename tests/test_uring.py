@@ -47,7 +47,7 @@ def test_all_compares_every_strategy_in_its_own_directory(io_uring, tmp_path):
     sizes = json.loads((GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.sizes.json").read_text())
     out = tmp_path / "results.json"
     cli("replay", str(GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"), "--strategy", "all", "--target",
-        str(tmp_path / "t"), "--json", str(out), "--queue-depth", "8")
+        str(tmp_path / "t"), "-o", str(out), "--queue-depth", "8")
     results = json.loads(out.read_text())["results"]
     assert [r["strategy"] for r in results] == ["posix", "uring-buffered", "uring-direct", "aggregated"]
     posix = results[0]
@@ -75,7 +75,7 @@ def test_bad_queue_depth_is_one_line(io_uring, tmp_path):
 def test_repeat_reports_the_median_run_and_every_time(io_uring, tmp_path):
     out = tmp_path / "r.json"
     args = ["replay", str(GOLDEN / "v1-odd-pattern-strace.arrow"), "--strategy", "aggregated", "--target",
-            str(tmp_path / "t"), "--repeat", "3", "--durable", "--json", str(out)]
+            str(tmp_path / "t"), "--repeat", "3", "--durable", "-o", str(out)]
     if os.geteuid() == 0:
         args.append("--drop-caches")
     cli(*args)

@@ -35,7 +35,7 @@ def test_every_strategy_verifies_on_a_real_recording(io_uring, odd_strace, tmp_p
     trace, _, out = odd_strace
     result_file = tmp_path / "r.json"
     cli("replay", str(trace), "--strategy", "all", "--target", str(tmp_path / "t"), "--verify",
-        "--buffer-size", "1MiB", "--json", str(result_file))
+        "--buffer-size", "1MiB", "-o", str(result_file))
     results = json.loads(result_file.read_text())["results"]
     plan = build_plan(read_trace(trace).table, "posix")
     assert all(r["verified_files"] == len(plan.checks.verify_ranges) > 3 for r in results)

@@ -225,7 +225,7 @@ def test_emitted_module_is_tuned_from_the_replay_and_round_trips(tmp_path, torch
 
     results = tmp_path / "results.json"
     cli("replay", str(GOLDEN_DCP), "--target", str(tmp_path / "replay"), "--strategy", "aggregated",
-        "--queue-depth", "5", "--buffer-size", "2MiB", "--durable", "--json", str(results))
+        "--queue-depth", "5", "--buffer-size", "2MiB", "--durable", "-o", str(results))
     module_path = tmp_path / "my_writer.py"
     proc = cli("emit", str(GOLDEN_DCP), "--from-results", str(results), "-o", str(module_path), "--json")
     chosen = json.loads(proc.stdout)

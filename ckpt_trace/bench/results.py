@@ -70,7 +70,7 @@ def read_bench(path: str | os.PathLike) -> tuple[pa.Table, dict]:
             table = reader.read_all()
     except FileNotFoundError:
         raise BenchError(f"{path}: no such file") from None
-    except (pa.ArrowInvalid, OSError) as err:
+    except (pa.ArrowException, OSError) as err:
         raise BenchError(f"{path}: not a readable Arrow file ({str(err).splitlines()[0]})") from None
     raw = (table.schema.metadata or {}).get(BENCH_KEY)
     if raw is None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from ckpt_trace import config
 from ckpt_trace.errors import BenchError
 from ckpt_trace.iolayer.host import environment
+from ckpt_trace.iolayer.ring import probe as probe_ring
 from ckpt_trace.stats import median_index, percentiles_ns
 
 from . import worker
@@ -106,6 +107,11 @@ def run_bench(target: str | os.PathLike, matrix: Matrix, *, repeat: int = 1, fio
     """
     if repeat < 1:
         raise BenchError("--repeat must be at least 1")
+    if "uring" in matrix.values["engine"]:
+        for depth in matrix.values["queue_depth"]:
+            problem = probe_ring(depth)
+            if problem:
+                raise BenchError(f"--queue-depths {depth}: {problem}")
     target = Path(target)
     block_bytes = check_target(target)
     if matrix.aggregate_bytes % block_bytes:

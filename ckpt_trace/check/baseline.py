@@ -3,16 +3,27 @@
 A baseline is a JSON document::
 
     {"format": "ckpt-trace-baseline", "version": 1, "created": ISO-8601,
-     "environment": {"host", "kernel", "filesystem", "device", "device_model", "cpu_count"},
-     "options": {"strategies", "repeat", "queue_depth", "buffer_bytes", "durable"},
+     "creator_version": the release that measured it,
+     "environment": {"host", "kernel", "arch", "filesystem", "device", "device_model", "cpu_count", ...},
+     "options": {"strategies", "repeat", "min_seconds", "queue_depth", "buffer_bytes", "durable"},
      "traces": [{"name", "path", "sha256",
                  "results": {STRATEGY: {"throughput_bytes_per_s", "p99_latency_ns", "elapsed_s",
-                                        "runs_elapsed_s", "bytes_written", "bytes_read"}}}]}
+                                        "runs_elapsed_s", "runs_p99_latency_ns", "throughput_noise",
+                                        "p99_noise", "bytes_written", "bytes_read"}}}]}
 
-Throughput is (bytes written + bytes read) / elapsed_s of the median run of
-``repeat``; p99 is the 99th-percentile latency of that run's data operations.
-A figure regresses when throughput falls below ``old * (1 - tolerance)`` or
-p99 rises above ``old * (1 + tolerance)``.
+Each figure is measured over repeated replays (at least ``repeat`` runs and
+until ``min_seconds`` of measured time; defaults ``config.CHECK_MIN_RUNS``
+and ``config.CHECK_MIN_SECONDS``, chosen from measurements on this machine:
+docs/CHECKS.md): throughput is (bytes written + bytes read) / elapsed_s and
+p99 the 99th-percentile latency of data operations, each the median over the
+runs. A figure's noise is its run-to-run spread: the interquartile range of
+the runs over their median (``stats.relative_spread``).
+
+A figure's status: ``regressed`` when it is worse (throughput lower, p99
+higher) by more than the tolerance and by more than the larger of the two
+measurements' spreads; otherwise ``noisy`` when that spread is larger than
+the tolerance (runs vary more than the change to be detected: a longer
+trace, quieter storage or a larger tolerance can judge it); otherwise ``ok``.
 """
 
 from __future__ import annotations
@@ -20,16 +31,20 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
+from ckpt_trace import config
 from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.formats import sha256_file, write_bytes_atomic
 from ckpt_trace.iolayer.host import environment
 from ckpt_trace.replayer import replay
 from ckpt_trace.replayer.replay import STRATEGIES
+from ckpt_trace.stats import relative_spread
+from ckpt_trace.version import __version__
 
 BASELINE_FORMAT = "ckpt-trace-baseline"
 BASELINE_VERSION = 1
@@ -53,27 +68,37 @@ def parse_tolerance(text: str) -> float:
 
 def _figures(result) -> dict:
     moved = result.bytes_written + result.bytes_read
-    return {"throughput_bytes_per_s": moved / result.elapsed_s if result.elapsed_s > 0 else 0.0,
-            "p99_latency_ns": result.latency_ns.get("p99", 0), "elapsed_s": result.elapsed_s,
-            "runs_elapsed_s": result.runs_elapsed_s or [result.elapsed_s],
+    runs = result.runs_elapsed_s or [result.elapsed_s]
+    throughputs = [moved / elapsed for elapsed in runs if elapsed > 0]
+    p99s = result.runs_p99_latency_ns or [result.latency_ns.get("p99", 0)]
+    return {"throughput_bytes_per_s": float(np.median(throughputs)) if throughputs else 0.0,
+            "p99_latency_ns": float(np.median(p99s)), "elapsed_s": result.elapsed_s,
+            "runs_elapsed_s": list(runs), "runs_p99_latency_ns": list(p99s),
+            "throughput_noise": relative_spread(throughputs), "p99_noise": relative_spread(p99s),
             "bytes_written": result.bytes_written, "bytes_read": result.bytes_read}
 
 
-def _measure(traces: Sequence[Path], target: Path, strategies: Sequence[str], repeat: int, durable: bool,
-             queue_depth: int, buffer_bytes: int, progress=None) -> list[dict]:
+def _measure(traces: Sequence[Path], target: Path, strategies: Sequence[str], repeat: int, min_seconds: float,
+             durable: bool, queue_depth: int, buffer_bytes: int, progress=None) -> list[dict]:
     measured = []
     for index, trace in enumerate(traces):
         results = {}
         for strategy in strategies:
             scratch = target / f"trace-{index}-{strategy}"
-            try:
-                report = replay(trace, target=scratch, strategy=strategy, repeat=repeat, durable=durable,
-                                queue_depth=queue_depth, buffer_bytes=buffer_bytes, progress=progress)
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
+            report = replay(trace, target=scratch, strategy=strategy, repeat=repeat, min_seconds=min_seconds,
+                            durable=durable, queue_depth=queue_depth, buffer_bytes=buffer_bytes, progress=progress)
+            report.release()  # only what the replay created, its directory included
             results[strategy] = _figures(report.results[0])
         measured.append({"name": trace.name, "path": str(trace), "sha256": sha256_file(trace), "results": results})
     return measured
+
+
+def _remove_if_made(target: Path, made: bool) -> None:
+    if made:
+        try:
+            target.rmdir()
+        except OSError:
+            pass
 
 
 def _check_strategies(strategies: Sequence[str]) -> list[str]:
@@ -90,8 +115,8 @@ def _check_target(target: Path) -> None:
 
 
 def make_baseline(traces: Sequence[str | os.PathLike], *, target: str | os.PathLike, strategies: Sequence[str] = (),
-                  repeat: int = 1, durable: bool = True, queue_depth: int = 32, buffer_bytes: int = 4 << 20,
-                  progress=None) -> dict:
+                  repeat: int = config.CHECK_MIN_RUNS, min_seconds: float = config.CHECK_MIN_SECONDS,
+                  durable: bool = True, queue_depth: int = 32, buffer_bytes: int = 4 << 20, progress=None) -> dict:
     """Replay each trace under each strategy into ``target`` and return the baseline document (module docstring).
 
     ``durable`` (default on) fsyncs inside the timed region, so the figures
@@ -102,12 +127,16 @@ def make_baseline(traces: Sequence[str | os.PathLike], *, target: str | os.PathL
     target = Path(target)
     chosen = _check_strategies(strategies)
     _check_target(target)
-    measured = _measure(paths, target, chosen, repeat, durable, queue_depth, buffer_bytes, progress)
+    made_target = not target.exists()
+    try:
+        measured = _measure(paths, target, chosen, repeat, min_seconds, durable, queue_depth, buffer_bytes, progress)
+    finally:
+        _remove_if_made(target, made_target)
     return {"format": BASELINE_FORMAT, "version": BASELINE_VERSION,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "environment": environment(target),
-            "options": {"strategies": chosen, "repeat": repeat, "queue_depth": queue_depth,
-                        "buffer_bytes": buffer_bytes, "durable": durable},
+            "creator_version": __version__, "environment": environment(target),
+            "options": {"strategies": chosen, "repeat": repeat, "min_seconds": min_seconds,
+                        "queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "durable": durable},
             "traces": measured}
 
 
@@ -132,7 +161,8 @@ def load_baseline(path: str | os.PathLike) -> dict:
 
 @dataclass(frozen=True)
 class Comparison:
-    """One trace x strategy x metric: old and new values, relative change, and whether it regressed."""
+    """One trace x strategy x metric: old and new values, relative change, each measurement's noise, and
+    the verdict: ``status`` ok, regressed or noisy (module docstring); ``regressed`` is status == regressed."""
 
     trace: str
     strategy: str
@@ -142,16 +172,32 @@ class Comparison:
     change: float
     regressed: bool
     new_runs_elapsed_s: tuple[float, ...]
+    old_noise: float = 0.0
+    new_noise: float = 0.0
+    status: str = "ok"
+
+
+def verdict(change_worse: float, tolerance: float, noise: float) -> str:
+    """ok, regressed or noisy for a figure that got worse by ``change_worse`` (a fraction; negative when it
+    improved), given the tolerance and the larger run-to-run spread of the two measurements (module docstring)."""
+    if change_worse > tolerance and change_worse > noise:
+        return "regressed"
+    if noise > tolerance:
+        return "noisy"
+    return "ok"
 
 
 def _compare(name: str, strategy: str, old: dict, new: dict, tolerance: float) -> list[Comparison]:
     rows = []
-    for metric, higher_is_better in (("throughput_bytes_per_s", True), ("p99_latency_ns", False)):
+    for metric, noise_key, higher_is_better in (("throughput_bytes_per_s", "throughput_noise", True),
+                                                ("p99_latency_ns", "p99_noise", False)):
         before, after = float(old[metric]), float(new[metric])
         change = (after - before) / before if before else 0.0
-        regressed = after < before * (1 - tolerance) if higher_is_better else after > before * (1 + tolerance)
-        rows.append(Comparison(name, strategy, metric, before, after, change, bool(before) and regressed,
-                               tuple(new["runs_elapsed_s"])))
+        old_noise, new_noise = float(old.get(noise_key, 0.0)), float(new.get(noise_key, 0.0))
+        status = verdict(-change if higher_is_better else change, tolerance, max(old_noise, new_noise)) if before \
+            else "ok"
+        rows.append(Comparison(name, strategy, metric, before, after, change, status == "regressed",
+                               tuple(new["runs_elapsed_s"]), old_noise, new_noise, status))
     return rows
 
 
@@ -171,8 +217,8 @@ def _match_traces(baseline: dict, paths: list[Path]) -> list[dict]:
 
 
 def run_check(traces: Sequence[str | os.PathLike], baseline: dict, *, target: str | os.PathLike,
-              tolerance: float = 0.10, repeat: int | None = None, strategies: Sequence[str] = (),
-              progress=None) -> list[Comparison]:
+              tolerance: float = 0.10, repeat: int | None = None, min_seconds: float | None = None,
+              strategies: Sequence[str] = (), progress=None) -> list[Comparison]:
     """Replay the baseline's traces and strategies on ``target``; return one Comparison per figure.
 
     Raises RegressionError when the traces (by content hash) or strategies
@@ -186,8 +232,14 @@ def run_check(traces: Sequence[str | os.PathLike], baseline: dict, *, target: st
         raise RegressionError(f"the baseline measured strategies {', '.join(chosen)}; check those")
     matched = _match_traces(baseline, paths)
     _check_target(target)
-    measured = _measure(paths, target, chosen, repeat or options["repeat"], options["durable"],
-                        options["queue_depth"], options["buffer_bytes"], progress)
+    made_target = not target.exists()
+    try:
+        measured = _measure(paths, target, chosen, repeat or options["repeat"],
+                            options.get("min_seconds", config.CHECK_MIN_SECONDS) if min_seconds is None
+                            else min_seconds, options["durable"], options["queue_depth"], options["buffer_bytes"],
+                            progress)
+    finally:
+        _remove_if_made(target, made_target)
     rows = []
     for old, new in zip(matched, measured):
         for strategy in chosen:

@@ -13,13 +13,14 @@ decoded, so a headless browser can confirm it rendered.
 from __future__ import annotations
 
 import html
-import json
 import os
 from pathlib import Path
 from typing import Any, Sequence
 
 from ckpt_trace.errors import CkptTraceError
-from ckpt_trace.formats import Trace, read_trace, write_bytes_atomic
+from ckpt_trace.documents import load_replay_results
+from ckpt_trace.formats import Trace, read_trace, sha256_file, write_bytes_atomic
+from ckpt_trace.iolayer.outputs import check_output_file
 
 from ckpt_trace.analysis.summary import DATA_OPS, summarize
 from ckpt_trace.units import human_bytes, human_ns, human_rate
@@ -149,21 +150,15 @@ def strategies_png(results: list[dict], fio_limit_bytes_per_s: float | None) -> 
     return _png(fig)
 
 
-def load_results(paths: Sequence[str | os.PathLike]) -> tuple[list[dict], float | None]:
-    """Results of ``replay --json`` (or benchmark) files, labelled by file name; and a fio limit if one holds it."""
+def load_results(paths: Sequence[str | os.PathLike], trace: Trace) -> tuple[list[dict], float | None]:
+    """Results of ``replay -o`` files of ``trace`` (refused when of another trace), labelled by file name;
+    and a fio limit if one holds it."""
     rows, fio = [], None
+    digest = sha256_file(trace.path) if paths else None
     for path in map(Path, paths):
-        try:
-            data = json.loads(path.read_text())
-            entries = data["results"]
-        except FileNotFoundError:
-            raise CkptTraceError(f"replay results not found: {path}") from None
-        except (OSError, ValueError, KeyError, TypeError):
-            raise CkptTraceError(f"{path} is not a replay --json file (missing key 'results')") from None
+        data = load_replay_results(path, digest, str(trace.path))
         fio = fio or data.get("fio_write_bytes_per_s")
-        for entry in entries:
-            if not isinstance(entry, dict) or "strategy" not in entry:
-                raise CkptTraceError(f"{path}: a result lacks 'strategy'")
+        for entry in data["results"]:
             rows.append({**entry, "source": path.stem if len(paths) > 1 else ""})
     return rows, fio
 
@@ -242,11 +237,9 @@ def write_report(trace_path: str | os.PathLike, output: str | os.PathLike, *, re
     bad trace, CkptTraceError for bad results, an existing output without
     ``overwrite``, or missing matplotlib.
     """
-    output = Path(output)
-    if output.exists() and not overwrite:
-        raise CkptTraceError(f"{output} already exists (use --force to overwrite it)")
+    output = check_output_file(output, overwrite)
     trace = read_trace(trace_path)
-    results, fio = load_results(results_paths)
+    results, fio = load_results(results_paths, trace)
     text = build_report(trace, results, fio_limit_bytes_per_s or fio)
     write_bytes_atomic(output, text.encode())
     return {"output": str(output), "bytes": len(text), "figures": text.count("<img ")}

@@ -124,16 +124,16 @@ def render_diff(console: Console, data: dict[str, Any]) -> None:
 
 
 def render_check(console: Console, rows: list[dict[str, Any]], tolerance: float) -> None:
-    """old / new / change per trace, strategy and figure; regressed rows marked."""
+    """old / new / change per trace, strategy and figure, with the measurements' noise and the verdict."""
     table = _table(console, f"Storage check (tolerance {tolerance:.0%})")
-    for column in ("trace", "strategy", "figure", "old", "new", "change", "status"):
+    for column in ("trace", "strategy", "figure", "old", "new", "change", "noise", "status"):
         table.add_column(column, justify="left" if column in ("trace", "strategy", "figure", "status") else "right")
     for row in rows:
         is_rate = row["metric"] == "throughput_bytes_per_s"
         show = human_rate if is_rate else human_ns
-        status = "[red]REGRESSED[/]" if row["regressed"] else "ok"
+        status = {"regressed": "[red]REGRESSED[/]", "noisy": "[yellow]too noisy[/]"}.get(row["status"], "ok")
         table.add_row(row["trace"], row["strategy"], "throughput" if is_rate else "p99 latency", show(row["old"]),
-                      show(row["new"]), f"{row['change']:+.1%}", status)
+                      show(row["new"]), f"{row['change']:+.1%}", f"±{max(row['old_noise'], row['new_noise']):.1%}", status)
     console.print(table)
 
 

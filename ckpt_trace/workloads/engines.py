@@ -14,10 +14,11 @@ device mesh, the way FSDP2 shards parameters, and calls ``dcp.save``.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from pathlib import Path
 
-from ckpt_trace.errors import WorkloadError
+from ckpt_trace.errors import Interrupted, WorkloadError
 
 from .models import MODELS, GPT2Config, parameter_shapes
 
@@ -102,13 +103,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _rank_main(target, rank: int, ranks: int, *args) -> None:
+    """A rank process: Ctrl-C ends it quietly (SIGINT's default action, no traceback); the parent reports."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    target(rank, ranks, *args)
+
+
 def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
     """Run ``target(rank, ranks, *args)`` in ``ranks`` spawned processes, as torchrun starts them.
 
     Each process's environment carries RANK, LOCAL_RANK, WORLD_SIZE,
     MASTER_ADDR and MASTER_PORT (a free local port). ``target`` must be
     importable by module path. Raises WorkloadError naming the ranks that
-    exited non-zero.
+    exited non-zero; on Ctrl-C every rank is stopped before KeyboardInterrupt
+    propagates.
     """
     _torch()
     import torch.multiprocessing as mp
@@ -120,7 +128,7 @@ def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
     try:
         for rank in range(ranks):
             os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
-            proc = ctx.Process(target=target, args=(rank, ranks, *args))
+            proc = ctx.Process(target=_rank_main, args=(target, rank, ranks, *args))
             proc.start()
             procs.append(proc)
     finally:
@@ -129,8 +137,15 @@ def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    for proc in procs:
-        proc.join()
+    try:
+        for proc in procs:
+            proc.join()
+    except KeyboardInterrupt:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.join()
+        raise
     failed = [rank for rank, proc in enumerate(procs) if proc.exitcode != 0]
     if failed:
         raise WorkloadError(f"rank(s) {', '.join(map(str, failed))} failed")
@@ -199,10 +214,13 @@ def run(engine: str, out: Path, *, ranks: int = 1, model: str = "gpt2-small", wi
     model_config(model)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if engine == "dcp":
-        run_dcp(out, ranks, model, with_optimizer)
-    elif engine == "torch-save":
-        run_torch_save(out, model, with_optimizer, file_per_layer)
-    else:
-        run_safetensors(out, model, with_optimizer)
+    try:
+        if engine == "dcp":
+            run_dcp(out, ranks, model, with_optimizer)
+        elif engine == "torch-save":
+            run_torch_save(out, model, with_optimizer, file_per_layer)
+        else:
+            run_safetensors(out, model, with_optimizer)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; a partial checkpoint may remain in {out}") from None
     return out

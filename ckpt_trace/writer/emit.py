@@ -19,7 +19,6 @@ write (``emit``); no torch is imported here. The choice, per parameter:
 from __future__ import annotations
 
 import datetime
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,9 @@ import pyarrow.compute as pc
 
 from ckpt_trace.version import __version__
 from ckpt_trace.errors import CheckpointError
+from ckpt_trace.documents import load_replay_results
 from ckpt_trace.formats import Trace, read_trace, sha256_file, write_bytes_atomic
+from ckpt_trace.iolayer.outputs import check_output_file
 
 from .options import WriterOptions
 
@@ -54,23 +55,6 @@ def writer_threads_per_rank(trace: Trace) -> int:
         owner = rank if rank is not None and rank >= 0 else ("pid", pid)
         per_owner.setdefault(owner, set()).add(tid)
     return max(len(tids) for tids in per_owner.values())
-
-
-def load_results(path: Path) -> dict:
-    """A ``replay --json`` file; raises CheckpointError naming what is wrong."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"replay results not found: {path}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{path} is not a replay --json file: {err}") from None
-    results = data.get("results") if isinstance(data, dict) else None
-    if not isinstance(results, list) or not results:
-        raise CheckpointError(f"{path} is not a replay --json file: missing key 'results'")
-    for entry in results:
-        if not isinstance(entry, dict) or "strategy" not in entry or "elapsed_s" not in entry:
-            raise CheckpointError(f"{path}: each result needs 'strategy' and 'elapsed_s'")
-    return data
 
 
 def _winner(results: dict) -> dict:
@@ -167,18 +151,18 @@ def emit(trace_path: str | os.PathLike, output: str | os.PathLike, *, results_pa
          force: bool = False) -> Choice:
     """Write the tuned writer module to ``output``; returns the choice.
 
-    Raises TraceFormatError for a bad trace, CheckpointError for bad results
-    or an existing ``output`` without ``force``.
+    Raises TraceFormatError for a bad trace, CkptTraceError for results of
+    another trace, unreadable results or an existing ``output`` without ``force``.
     """
     from ckpt_trace.analysis.summary import summarize
 
     output = Path(output)
-    if output.exists() and not force:
-        raise CheckpointError(f"{output} exists; pass --force to overwrite it")
     if output.suffix != ".py":
         raise CheckpointError(f"{output} must be a .py file, to be imported")
+    check_output_file(output, force)
     trace = read_trace(trace_path)
-    results = load_results(Path(results_path)) if results_path is not None else None
+    results = load_replay_results(results_path, sha256_file(trace.path), str(trace.path)) \
+        if results_path is not None else None
     choice = choose(trace, results)
     text = render_module(trace, summarize(trace), choice, Path(results_path) if results_path else None, results)
     write_bytes_atomic(output, text.replace("{module}", output.stem).encode())

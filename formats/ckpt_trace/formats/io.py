@@ -64,6 +64,21 @@ def _temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
+def reserve_temporary(path: str | os.PathLike) -> Path:
+    """Create (empty, exclusively) the temporary file ``write_trace`` and ``write_bytes_atomic`` will write
+    for ``path``, so a long job finds out before it starts that its output cannot be written.
+
+    Returns the temporary path (remove it if the job fails). Raises CkptTraceError with the reason.
+    """
+    path = Path(path)
+    tmp = _temporary_name(path)
+    try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+    except OSError as err:
+        raise CkptTraceError(f"cannot write {path}: {err.strerror}") from None
+    return tmp
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temporary file, fsync, rename, directory fsync).
 
@@ -192,8 +207,9 @@ def _open_reader(path: Path) -> ipc.RecordBatchFileReader:
         raise TraceFormatError(f"{path}: is a directory, not a trace file")
     try:
         return ipc.open_file(pa.memory_map(str(path), "r"))
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
-        raise TraceFormatError(f"{path}: not a readable Arrow IPC trace file (corrupt or truncated: {err})") from None
+    except (pa.ArrowException, OSError) as err:
+        raise TraceFormatError(f"{path}: not a readable Arrow IPC trace file (corrupt or truncated: "
+                               f"{_first_line(err)})") from None
 
 
 def read_metadata(path: str | os.PathLike) -> dict:
@@ -222,6 +238,12 @@ def read_trace(path: str | os.PathLike) -> Trace:
     _check_columns(path, reader.schema)
     try:
         table = reader.read_all()
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
-        raise TraceFormatError(f"{path}: record batches are corrupt ({err})") from None
+        table.validate(full=True)  # offsets and lengths checked, so no later compute reads out of bounds
+    except (pa.ArrowException, OSError) as err:
+        raise TraceFormatError(f"{path}: record batches are corrupt ({_first_line(err)})") from None
     return Trace(path=path, table=table.select(list(COLUMNS)), metadata=meta)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

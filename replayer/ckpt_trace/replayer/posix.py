@@ -94,7 +94,7 @@ class PosixExecutor:
             durable: bool = False) -> ReplayResult:
         """Replay ``plan``; ``durable`` fsyncs every file the plan leaves behind before the clock stops."""
         state = _RunState(plan)
-        threads = [threading.Thread(target=self._worker, args=(w, state, timing, progress), daemon=True)
+        threads = [threading.Thread(target=self._thread_main, args=(w, state, timing, progress), daemon=True)
                    for w in plan.workers]
         if progress is not None:
             progress.start(sum(op.size or 0 for w in plan.workers for op in w.ops if op.kind in DATA_KINDS), self.strategy)
@@ -102,16 +102,22 @@ class PosixExecutor:
         state.start_ns = time.monotonic_ns()
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join()
+        try:
+            for thread in threads:
+                thread.join()
+        except KeyboardInterrupt:  # Ctrl-C: every worker stops before its next operation, then we go
+            state.fail(ReplayError("interrupted"))
+            for thread in threads:
+                thread.join()
+            self._close_all(state)
+            raise
         if plan.pack_index and state.error is None:
             self._write_pack_index(plan, durable)
         if durable and state.error is None:
             self._fsync_all(plan)
         elapsed_s = (time.monotonic_ns() - state.start_ns) / 1e9
         usage1 = resource.getrusage(resource.RUSAGE_SELF)
-        for fd in state.fds.values():
-            os.close(fd)
+        self._close_all(state)
         if state.error is not None:
             raise state.error
         return ReplayResult(
@@ -122,6 +128,22 @@ class PosixExecutor:
             unaligned_ops=state.unaligned_ops, metadata_ops_saved=plan.metadata_ops_saved,
             notes=sorted(state.notes),
         )
+
+    @staticmethod
+    def _close_all(state: "_RunState") -> None:
+        for fd in state.fds.values():
+            os.close(fd)
+        state.fds.clear()
+
+    def _thread_main(self, worker: WorkerPlan, state: "_RunState", timing: str, progress: Progress | None) -> None:
+        """A worker thread: any failure, in setup too (a buffer, a ring), fails the run with one line."""
+        try:
+            self._worker(worker, state, timing, progress)
+        except ReplayError as err:
+            state.fail(err)
+        except Exception as err:  # noqa: BLE001 - a worker must never die silently with a partial result
+            detail = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            state.fail(ReplayError(f"a replay worker failed ({type(err).__name__}: {detail})"))
 
     def _write_pack_index(self, plan: ReplayPlan, durable: bool) -> None:
         """Write the --pack-files index (final path -> pack, offset, size) inside the timed region."""
@@ -149,11 +171,12 @@ class PosixExecutor:
 
     @staticmethod
     def _pace(op: PlanOp, state: "_RunState", timing: str) -> None:
-        """With ``--timing original``, sleep until the operation's recorded start."""
+        """With ``--timing original``, wait until the operation's recorded start (a failure or Ctrl-C ends
+        the wait at once)."""
         if timing == "original":
             delay_ns = state.start_ns + op.ts_ns - time.monotonic_ns()
             if delay_ns > 0:
-                time.sleep(delay_ns / 1e9)
+                state.stopped.wait(delay_ns / 1e9)
 
     def _worker(self, worker: WorkerPlan, state: "_RunState", timing: str, progress: Progress | None) -> None:
         size = self._buffer_bytes(worker)
@@ -287,6 +310,7 @@ class _RunState:
         self.latencies_ns: list[int] = []
         self.bytes_written = self.bytes_read = self.data_ops = self.metadata_ops = self.unaligned_ops = 0
         self.error: ReplayError | None = None
+        self.stopped = threading.Event()
         self.start_ns = 0
         self.notes: set[str] = set()
 
@@ -308,6 +332,7 @@ class _RunState:
         with self.lock:
             if self.error is None:
                 self.error = error
+        self.stopped.set()
         for event in self.events.values():
             event.set()
 

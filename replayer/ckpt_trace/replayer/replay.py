@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt_trace import config
-from ckpt_trace.errors import CkptTraceError, ReplayError
-from ckpt_trace.formats import read_trace
+from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
+from ckpt_trace.formats import read_trace, sha256_file
+from ckpt_trace.version import __version__
 from ckpt_trace.iolayer import host
 from ckpt_trace.stats import median_index
 
+from .ownership import Claim
 from .paths import TargetRoot
 from .aggregate import alignment_counts, build_aggregated_plan
 from .pack import pack_plan
@@ -55,11 +56,22 @@ class ReplayReport:
     results: tuple[ReplayResult, ...]
     size_mismatches: tuple[SizeMismatch, ...]
     options: dict = dataclasses.field(default_factory=dict)
+    trace_sha256: str | None = None
+    environment: dict = dataclasses.field(default_factory=dict)
+    claims: tuple = dataclasses.field(default=(), repr=False, compare=False)
+    made_target: bool = False
+
+    def release(self) -> None:
+        """Remove what this replay created under the target (its files and the directories it made), nothing
+        else: for callers that only measure (``check``, benchmarks)."""
+        _release(list(self.claims), self.target, self.made_target)
 
     def to_json(self) -> dict:
-        """trace, target, the replay's options (queue_depth, buffer_bytes, pack_files, ...) and one entry per result."""
-        return {"trace": str(self.trace), "target": str(self.target), "options": self.options,
-                "results": [result.to_json() for result in self.results]}
+        """The results document (``documents.ReplayDoc``): the trace (path and sha256, which ties the results to
+        it), the target, where it ran, the options and one entry per result."""
+        return {"trace": str(self.trace), "trace_sha256": self.trace_sha256, "target": str(self.target),
+                "creator": "ckpt-trace", "creator_version": __version__, "environment": self.environment,
+                "options": self.options, "results": [result.to_json() for result in self.results]}
 
 
 def build_plan(table, strategy: str, strip_prefix: str | None = None, *, buffer_bytes: int = 4 << 20,
@@ -188,12 +200,19 @@ def replay(
     verify: bool = False,
     pack_files: bool = False,
     progress: Progress | None = None,
+    protect: tuple[str | os.PathLike, ...] = (),
+    min_seconds: float = 0.0,
+    max_runs: int | None = None,
 ) -> ReplayReport:
     """Replay the trace at ``trace_path`` into ``target`` with ``strategy`` (or every strategy: ``all``).
 
     ``buffer_bytes`` is the aggregated strategy's buffer size (1-64 MiB).
-    ``repeat`` runs each strategy that many times (the target emptied between
-    runs) and reports the run of median elapsed time with every run's time;
+    ``repeat`` runs each strategy that many times (what the previous run
+    created is removed between runs, nothing else) and reports the run of
+    median elapsed time with every run's time; with ``min_seconds`` a
+    strategy keeps running (at least ``repeat`` times, at most ``max_runs``,
+    default ``config.REPLAY_MAX_RUNS``) until its runs' measured time adds up
+    to ``min_seconds``, so a short trace is measured often enough to compare;
     ``drop_caches`` (root) drops the page cache before each run; ``durable``
     fsyncs every file left behind inside the timed region, so strategies that
     stop at the page cache and those that reach the device compare fairly.
@@ -201,10 +220,18 @@ def replay(
     raises ReplayError on the first content mismatch. ``pack_files`` packs
     small files for the aggregated strategy.
     With ``all``, each strategy replays into ``target/<strategy>/`` and each
-    result carries ``speedup_vs_posix``. Raises TraceFormatError for a bad
-    trace and ReplayError for an unknown strategy or timing, an unsafe or
-    non-empty target, too little free space, io_uring missing for a uring
-    strategy, or an I/O error during a run.
+    result carries ``speedup_vs_posix``.
+
+    Nothing is lost (``replayer.ownership``): a target that holds the trace,
+    or where a file the replay would create already exists or is one of
+    ``protect`` (the command's other inputs and outputs), is refused before
+    any I/O; ``force`` only allows a non-empty target. A run that fails or is
+    interrupted removes what this replay created and says so.
+
+    Raises TraceFormatError for a bad trace; ReplayError for an unknown
+    strategy or timing, an unsafe, non-empty or conflicting target, too
+    little free space, a queue depth io_uring refuses, or an I/O error during
+    a run; Interrupted on Ctrl-C.
     """
     if timing not in TIMINGS:
         raise ReplayError(f"unknown timing {timing!r} (choose from {', '.join(TIMINGS)})")
@@ -212,22 +239,69 @@ def replay(
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
     if repeat < 1:
         raise ReplayError("--repeat must be at least 1")
+    if min_seconds < 0:
+        raise ReplayError("--min-seconds cannot be negative")
     if drop_caches and os.geteuid() != 0:
         raise ReplayError("--drop-caches needs root (it writes /proc/sys/vm/drop_caches)")
     trace = read_trace(trace_path)
     target = Path(target)
+    refuse_target_holding(target, trace.path)
     plans = _plans(trace, strategy, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=host.block_bytes(target),
                    pack_files=pack_files)
+    check_queue_depth(queue_depth, [plan.strategy for plan in plans])
+    made_target = not target.exists()
     prepare_target(target, force)
-    check_free_space(target, plans[0], copies=len(plans))
+    claims = [Claim(target / plan.strategy if strategy == "all" else target, plan) for plan in plans]
+    try:
+        for claim in claims:
+            claim.refuse_conflicts((trace.path, *protect))
+        check_free_space(target, plans[0], copies=len(plans))
+    except ReplayError:
+        _release([], target, made_target)  # nothing was written: only a target this call made goes
+        raise
+    try:
+        runs = RunCount(repeat, min_seconds, max_runs or config.REPLAY_MAX_RUNS)
+        results, mismatches = _run_plans(plans, claims, queue_depth, runs, timing, progress, durable, drop_caches,
+                                         verify)
+    except (ReplayError, KeyboardInterrupt) as err:
+        _release(claims, target, made_target)
+        if isinstance(err, KeyboardInterrupt):
+            raise Interrupted(f"interrupted; the replay's files under {target} were removed") from None
+        if any(claim.files for claim in claims) and target.exists():
+            raise ReplayError(f"{err}; the replay's files under {target} were removed") from None
+        raise
+    _add_speedups(results)
+    options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": pack_files, "repeat": repeat,
+               "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing}
+    return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), options,
+                        trace_sha256=sha256_file(trace.path), environment=host.environment(target),
+                        claims=tuple(claims), made_target=made_target)
+
+
+@dataclass(frozen=True)
+class RunCount:
+    """How often a strategy runs: at least ``repeat`` times and until ``min_seconds`` of measured time,
+    at most ``max_runs`` times."""
+
+    repeat: int
+    min_seconds: float
+    max_runs: int
+
+    def more(self, elapsed_s: list[float]) -> bool:
+        done = len(elapsed_s)
+        return done < self.repeat or (sum(elapsed_s) < self.min_seconds and done < max(self.max_runs, self.repeat))
+
+
+def _run_plans(plans, claims, queue_depth, count: RunCount, timing, progress, durable, drop_caches,
+               verify) -> tuple[list[ReplayResult], list[SizeMismatch]]:
+    """Run every plan as ``count`` says (releasing the previous run's files in between); the median runs."""
     results, mismatches = [], []
-    for plan in plans:
-        directory = target / plan.strategy if strategy == "all" else target
+    for plan, claim in zip(plans, claims):
         runs = []
-        for attempt in range(repeat):
-            if attempt:
-                _empty(directory)
-            root = prepare_target(directory, force) if strategy == "all" else TargetRoot(target)
+        while count.more([r.elapsed_s for r in runs]):
+            if runs:
+                claim.release()
+            root = prepare_target(claim.directory, force=True)
             executor = make_executor(plan.strategy, root, queue_depth)
             executor.prepare(plan)
             if drop_caches:
@@ -237,10 +311,35 @@ def replay(
         mismatches.extend(size_mismatches(root, plan))
         if verify:
             results[-1].verified_files = _verify(root, plan)
-    _add_speedups(results)
-    options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": pack_files, "repeat": repeat,
-               "durable": durable, "drop_caches": drop_caches, "timing": timing}
-    return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), options)
+    return results, mismatches
+
+
+def _release(claims: list[Claim], target: Path, made_target: bool) -> None:
+    for claim in claims:
+        claim.release()
+    if made_target:
+        try:
+            target.rmdir()
+        except OSError:
+            pass
+
+
+def refuse_target_holding(target: Path, trace: Path) -> None:
+    """Refuse a target directory that contains the trace being replayed. Raises ReplayError."""
+    resolved = Path(os.path.realpath(target))
+    if Path(os.path.realpath(trace)).is_relative_to(resolved):
+        raise ReplayError(f"the target {target} contains the trace being replayed ({trace}); choose a target "
+                          "outside it")
+
+
+def check_queue_depth(queue_depth: int, strategies: list[str]) -> None:
+    """Probe a ring of ``queue_depth`` before anything runs, when a strategy uses io_uring. Raises ReplayError."""
+    if queue_depth < 1:
+        raise ReplayError("--queue-depth must be at least 1")
+    if any(name != "posix" for name in strategies):
+        problem = io_uring_available(queue_depth)
+        if problem:
+            raise ReplayError(f"--queue-depth {queue_depth}: {problem}")
 
 
 def _verify(root: TargetRoot, plan: ReplayPlan) -> int:
@@ -261,19 +360,11 @@ def drop_page_cache() -> None:
         raise ReplayError(str(err)) from None
 
 
-def _empty(directory: Path) -> None:
-    """Remove what a previous repeat left under ``directory`` (inside the target only)."""
-    for child in directory.iterdir():
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
-        else:
-            child.unlink()
-
-
 def _median_run(runs: list[ReplayResult]) -> ReplayResult:
-    """The median run (``stats.median_index``), carrying every run's elapsed time."""
+    """The median run (``stats.median_index``), carrying every run's elapsed time and p99 latency."""
     median = runs[median_index([r.elapsed_s for r in runs])]
     median.runs_elapsed_s = [r.elapsed_s for r in runs]
+    median.runs_p99_latency_ns = [r.latency_ns["p99"] for r in runs]
     return median
 
 

@@ -16,7 +16,8 @@ class ReplayResult:
     ``unaligned_ops`` counts reads and writes O_DIRECT could not take
     (uring-direct); ``speedup_vs_posix`` is posix's ``elapsed_s`` divided by
     this run's, when posix ran in the same invocation. ``runs_elapsed_s``
-    holds every repeat's elapsed time when the result is the median of several;
+    holds every repeat's elapsed time when the result is the median of several,
+    ``runs_p99_latency_ns`` every repeat's p99;
     ``verified_files`` how many files ``--verify`` checked (None without it);
     ``metadata_ops_saved`` the operations ``--pack-files`` removed; ``notes``
     what the run could not do as recorded (O_DIRECT refused by the target...).
@@ -35,6 +36,7 @@ class ReplayResult:
     unaligned_ops: int = 0
     speedup_vs_posix: float | None = None
     runs_elapsed_s: list[float] = field(default_factory=list)
+    runs_p99_latency_ns: list[int] = field(default_factory=list)
     verified_files: int | None = None
     metadata_ops_saved: int = 0
     notes: list[str] = field(default_factory=list)

@@ -1,6 +1,6 @@
 """Tracer: kernel (bcc) or ptrace (strace) events -> per-process file-description state -> rows."""
 
-from .record import BACKENDS, BackendChoice, RecordResult, check_output, choose_backend, record
+from .record import BACKENDS, BackendChoice, RecordResult, choose_backend, how_it_ended, record, resolve_command
 from .state import SyscallEvent, TraceBuilder
 
-__all__ = ["BACKENDS", "BackendChoice", "RecordResult", "SyscallEvent", "TraceBuilder", "check_output", "choose_backend", "record"]
+__all__ = ["BACKENDS", "BackendChoice", "RecordResult", "SyscallEvent", "TraceBuilder", "choose_backend", "how_it_ended", "record", "resolve_command"]

@@ -83,19 +83,18 @@ def _literal_test(prefix: str) -> str:
 
 
 def excluded_body(path_filters: list[str]) -> str:
-    """Body of the BPF ``excluded(path)`` test: special paths, then the path filters.
+    """Body of the BPF ``excluded(path)`` test, as ``TraceBuilder._keep`` decides: with path filters, a path
+    is kept when one matches (pseudo files included); without, pseudo files are excluded.
 
     Filters longer than the BPF path copy cannot be judged in the kernel; then
-    only special paths are excluded there and user space does the rest.
+    nothing is excluded there and user space decides alone.
     """
-    lines = [f"    if ({_literal_test(p)}) return 1;" for p in _SPECIAL_PREFIXES]
-    usable = path_filters and all(len(p.encode()) < config.BPF_PATH_BYTES - 1 for p in path_filters)
-    if usable:
-        lines += [f"    if ({_literal_test(p)}) return 0;" for p in path_filters]
-        lines.append("    return 1;")
-    else:
-        lines.append("    return 0;")
-    return "\n".join(lines)
+    if path_filters:
+        if not all(len(p.encode()) < config.BPF_PATH_BYTES - 1 for p in path_filters):
+            return "    return 0;"
+        lines = [f"    if ({_literal_test(p)}) return 0;" for p in path_filters]
+        return "\n".join(lines + ["    return 1;"])
+    return "\n".join([f"    if ({_literal_test(p)}) return 1;" for p in _SPECIAL_PREFIXES] + ["    return 0;"])
 
 
 _SIGNED32 = frozenset({"fd", "dirfd", "dirfd2", "newfd"})
@@ -231,6 +230,7 @@ class BccRecording:
     truncated_paths: int = 0
     root_pid: int = -1
     exit_code: int = 0
+    exit_signal: int | None = None
     start_ns: int = 0
     command_elapsed_ns: int = 0
 
@@ -307,7 +307,8 @@ class BccTracer:
             signal.signal(signal.SIGINT, previous)
         rec.exit_code = os.waitstatus_to_exitcode(status)
         if rec.exit_code < 0:
-            rec.exit_code = 128 - rec.exit_code
+            rec.exit_signal = -rec.exit_code
+            rec.exit_code = 128 + rec.exit_signal
         rec.lost_events = int(bpf["lost"][ctypes.c_int(0)].value)
         return rec
 

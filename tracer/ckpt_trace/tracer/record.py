@@ -8,6 +8,8 @@ writes the trace atomically. Called by the CLI's ``record`` command.
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import socket
 import tempfile
 import time
@@ -17,9 +19,10 @@ from typing import Iterable
 
 from ckpt_trace import config
 from ckpt_trace.version import __version__
-from ckpt_trace.errors import TracerError
-from ckpt_trace.formats import table_from_columns, vocabulary, write_trace
+from ckpt_trace.errors import CommandNotFound, TracerError
+from ckpt_trace.formats import reserve_temporary, table_from_columns, vocabulary, write_trace
 from ckpt_trace.iolayer.host import filesystems_of
+from ckpt_trace.iolayer.outputs import check_output_file
 
 from . import bcc_backend, strace_backend
 from .state import TraceBuilder, rank_from_environ
@@ -51,6 +54,13 @@ class RecordResult:
     rows: int
     lost_events: int
     elapsed_s: float
+    exit_signal: int | None = None
+    filtered_ops: int = 0
+
+    @property
+    def ended(self) -> str:
+        """How the command ended, in words ('exited with status 3', 'was killed by SIGKILL')."""
+        return how_it_ended(self.exit_code, self.exit_signal)
 
 
 def choose_backend(requested: str) -> BackendChoice:
@@ -101,28 +111,45 @@ def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict) -> t
         builder = TraceBuilder(start_ns=rec.start_ns, root_pid=rec.root_pid, **builder_args)
         builder.feed_all(rec.events)
         extra = {"lost_events": rec.lost_events, "truncated_paths": rec.truncated_paths, "exit_code": rec.exit_code,
-                 "command_elapsed_ns": rec.command_elapsed_ns}
+                 "exit_signal": rec.exit_signal, "command_elapsed_ns": rec.command_elapsed_ns}
         return builder, extra, choice
     with tempfile.TemporaryDirectory(prefix="ckpt-trace-strace-") as scratch:
         log = Path(scratch) / "strace.log"
         start_ns = time.time_ns()
-        exit_code = strace_backend.run(cmd, log, env)
+        status = strace_backend.run(cmd, log, env)
         command_elapsed_ns = time.time_ns() - start_ns
         events = strace_backend.parse_log(log) if log.exists() else []
     builder = TraceBuilder(start_ns=start_ns, **builder_args)
     builder.feed_all(events)
-    return builder, {"lost_events": 0, "truncated_paths": 0, "exit_code": exit_code,
+    exit_code, exit_signal = (128 - status, -status) if status < 0 else (status, None)
+    return builder, {"lost_events": 0, "truncated_paths": 0, "exit_code": exit_code, "exit_signal": exit_signal,
                      "command_elapsed_ns": command_elapsed_ns}, choice
 
 
-def check_output(output: str | os.PathLike, overwrite: bool) -> Path:
-    """Refuse an existing trace file (unless ``overwrite``) or a missing directory, before anything runs."""
-    output = Path(output)
-    if output.exists() and not overwrite:
-        raise TracerError(f"{output} already exists (use --force to overwrite it)")
-    if not output.parent.is_dir():
-        raise TracerError(f"directory {output.parent} does not exist")
-    return output
+def resolve_command(cmd: list[str]) -> str:
+    """The executable ``cmd[0]`` names (PATH lookup, as execvp does). Raises CommandNotFound (exit 127)."""
+    name = cmd[0]
+    if "/" in name:
+        if not os.path.exists(name):
+            raise CommandNotFound(f"cannot run {name}: no such file")
+        if os.path.isdir(name) or not os.access(name, os.X_OK):
+            raise CommandNotFound(f"cannot run {name}: not an executable file")
+        return name
+    found = shutil.which(name)
+    if found is None:
+        raise CommandNotFound(f"cannot run {name}: command not found")
+    return found
+
+
+def how_it_ended(exit_code: int, exit_signal: int | None) -> str:
+    """'exited with status 0', 'exited with status 3', 'was killed by SIGKILL'."""
+    if exit_signal:
+        try:
+            name = signal.Signals(exit_signal).name
+        except ValueError:
+            name = f"signal {exit_signal}"
+        return f"was killed by {name}"
+    return f"exited with status {exit_code}"
 
 
 def record(
@@ -136,22 +163,46 @@ def record(
 ) -> RecordResult:
     """Run ``cmd`` (and every descendant) traced; write the trace to ``output``.
 
+    Before the command starts: the command must exist (CommandNotFound, exit
+    127, no trace), ``output`` must be new (or ``overwrite``) and writable,
+    and the trace's temporary file is created beside it, so nothing the
+    command does is recorded only to be lost. A command that fails or is
+    killed still gets its trace; the result says how it ended.
+
     Returns the command's exit code with the counts. Raises TracerError when
     the command is empty, the backend fails, or ``strict`` and events were
-    lost (no trace is written then); CkptTraceError when ``output`` exists
-    and ``overwrite`` is false (checked before the command runs).
+    lost (no trace is written then); CkptTraceError for an unusable output.
     """
     if not cmd:
         raise TracerError("no command to record (put it after --)")
-    output = check_output(output, overwrite)
-    filters = [os.path.abspath(p) if not p.startswith("/") else p for p in path_filters]
+    resolve_command(cmd)
+    output = check_output_file(output, overwrite)
+    filters = [normalize_filter(p) for p in path_filters]
     builder_args = {"cwd": os.getcwd(), "path_filters": filters}
-    start_wall_ns = time.time_ns()
-    started = time.monotonic()
-    builder, extra, choice = _run_backend(choice, cmd, builder_args)
-    elapsed_s = time.monotonic() - started
-    if strict and extra["lost_events"]:
-        raise TracerError(f"{extra['lost_events']} events were lost (--strict); no trace written")
+    reserved = reserve_temporary(output)
+    try:
+        start_wall_ns = time.time_ns()
+        started = time.monotonic()
+        builder, extra, choice = _run_backend(choice, cmd, builder_args)
+        elapsed_s = time.monotonic() - started
+        if strict and extra["lost_events"]:
+            raise TracerError(f"{extra['lost_events']} events were lost (--strict); no trace written")
+        result = _write(output, cmd, choice, builder, extra, filters, start_wall_ns, elapsed_s, overwrite)
+    except BaseException:
+        reserved.unlink(missing_ok=True)
+        raise
+    return result
+
+
+def normalize_filter(prefix: str) -> str:
+    """An absolute path filter: relative ones are resolved against the current directory; a trailing
+    slash (a directory, not a name prefix) is kept."""
+    absolute = os.path.abspath(prefix)
+    return absolute + "/" if prefix.endswith("/") and absolute != "/" else absolute
+
+
+def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBuilder, extra: dict,
+           filters: list[str], start_wall_ns: int, elapsed_s: float, overwrite: bool) -> RecordResult:
     columns = builder.columns()
     metadata = {
         "creator": "ckpt-trace",
@@ -173,4 +224,4 @@ def record(
     write_trace(output, table, metadata, overwrite=overwrite,
                 batch_rows=config.TRACE_BATCH_ROWS)
     return RecordResult(output, extra["exit_code"], choice.name, choice.reason, builder.num_rows, extra["lost_events"],
-                        elapsed_s)
+                        elapsed_s, exit_signal=extra.get("exit_signal"), filtered_ops=builder.filtered_ops)

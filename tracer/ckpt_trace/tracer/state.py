@@ -235,13 +235,16 @@ class TraceBuilder:
         return normalize_path(posixpath.join(base, path)) if path else normalize_path(base)
 
     def _keep(self, path: str | None, op: str) -> bool:
+        """Path filters, when given, decide alone (so ``--path-filter /dev/shm/ckpt/`` keeps an in-memory
+        checkpoint); without them, pseudo files and non-files are left out. io_uring instance rows stay."""
+        ring = op.startswith("io_uring")
         if path is None:
-            return op.startswith("io_uring")
+            return ring
+        if self.path_filters:
+            return path.startswith(self.path_filters) or (ring and path == IO_URING_PATH)
         if not self.keep_special and (path in SPECIAL_PATHS or path.startswith(SPECIAL_PREFIXES)):
-            return op.startswith("io_uring") and path == IO_URING_PATH
-        if not self.path_filters:
-            return True
-        return path.startswith(self.path_filters)
+            return ring and path == IO_URING_PATH
+        return True
 
     def _emit(self, proc: Process, ev: SyscallEvent, op: str, **values: Any) -> None:
         path, new_path = values.get("path"), values.get("new_path")
