@@ -308,3 +308,15 @@ def test_path_filters_under_dev_and_relative_ones_match(tmp_path, backend):
     proc = cli("record", "--backend", backend, "-o", str(tmp_path / "n.arrow"), "--path-filter", "/nothing/here/",
                "--", "sh", "-c", f"echo x > {tmp_path}/z")
     assert "no operation matched --path-filter /nothing/here/" in proc.stderr
+
+
+def test_ctrl_c_while_recording_a_workload_keeps_its_trace_and_prints_no_rank_tracebacks(tmp_path, torch_installed,
+                                                                                        strace_backend):
+    out, trace = tmp_path / "w", tmp_path / "t.arrow"
+    done = _interrupt(["record", "--backend", strace_backend, "-o", str(trace), "--path-filter", f"{out}/", "--",
+                       sys.executable, "-m", "ckpt_trace.cli", "workload", "dcp", "--out", str(out), "--ranks", "2",
+                       "--model", "gpt2-small"], lambda: out.exists() and any(out.iterdir()))
+    assert done.returncode == 130, done.stderr
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr
+    assert "the command exited with status 130; its trace is written" in done.stderr
+    assert read_trace(trace).metadata["exit_code"] == 130
