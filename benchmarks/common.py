@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ckpt_trace.bench.fio import fio_bytes_per_s
+from ckpt_trace.iolayer.fio import fio_bytes_per_s
 
 
 def best_fio(directory: Path, size: str, runs: int, rw: str = "write") -> tuple[float | None, list]:

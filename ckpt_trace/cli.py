@@ -144,6 +144,7 @@ def replay(
     pack_files: bool = typer.Option(False, "--pack-files", help="aggregated: pack small files into one per worker, with an index."),
     strip_prefix: Optional[str] = typer.Option(None, "--strip-prefix", help="Remove this prefix from recorded paths."),
     timing: str = typer.Option("asap", help="asap (as fast as possible) or original (keep recorded gaps)."),
+    fio: bool = typer.Option(False, "--fio", help="Also measure fio's sequential O_DIRECT write limit in TARGET, for reference."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the results document (JSON) to this file."),
     force: bool = typer.Option(False, help="Allow a non-empty target and overwrite an existing -o file (the replay still writes only files it creates)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results document as JSON on stdout."),
@@ -170,11 +171,11 @@ def replay(
         report = run_replay(trace, target=target, strategy=strategy, strip_prefix=strip_prefix, timing=timing,
                             force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
                             drop_caches=drop_caches, durable=durable, verify=verify, pack_files=pack_files,
-                            progress=progress, protect=(output,) if output is not None else ())
+                            progress=progress, protect=(output,) if output is not None else (), fio=fio)
     data = report.to_json()
     if output is not None:
         _write_json(output, data)
-    _show(data, as_json, lambda console, doc: render_results(console, doc["results"]))
+    _show(data, as_json, lambda console, doc: render_results(console, doc["results"], doc["fio_write_bytes_per_s"]))
     for result in report.results:
         for note in result.notes:
             err.print(f"[yellow]ckpt-trace: note: {result.strategy}: {escape(note)}[/]", highlight=False)
@@ -361,35 +362,48 @@ def emit(
 
 @app.command()
 def workload(
-    engine: str = typer.Argument(..., help="dcp, torch-save or safetensors."),
-    out_dir: Path = typer.Option(..., "--out", help="Checkpoint directory to write."),
-    ranks: int = typer.Option(1, help="Processes (dcp only)."),
+    engine: str = typer.Argument(..., help="dcp, torch-save, safetensors or emitted."),
+    out_dir: Path = typer.Option(..., "--out", help="Checkpoint directory to write (or, with --load, to read)."),
+    ranks: int = typer.Option(1, help="Processes (dcp and emitted)."),
     model: str = typer.Option("gpt2-small", help="gpt2-tiny, gpt2-deep-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl."),
     with_optimizer: bool = typer.Option(False, "--with-optimizer", help="Add Adam state (exp_avg, exp_avg_sq)."),
     file_per_layer: bool = typer.Option(False, "--file-per-layer", help="torch-save: one file per transformer block."),
-    force: bool = typer.Option(False, help="Write into a non-empty --out directory (the engine may overwrite its own file names there)."),
-    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+    load: bool = typer.Option(False, "--load", help="Load the checkpoint this workload saved in --out and check every tensor."),
+    mmap: bool = typer.Option(False, "--mmap", help="torch-save --load: torch.load(mmap=True)."),
+    writer: Optional[Path] = typer.Option(None, "--writer", help="emitted: the module `ckpt-trace emit` wrote (default: ckpt_trace.writer's defaults)."),
+    drop_caches: bool = typer.Option(False, "--drop-caches", help="--load: drop the page cache first, for a cold load (root)."),
+    force: bool = typer.Option(False, help="Save into a non-empty --out directory (the engine may overwrite its own file names there)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written or read as JSON."),
 ) -> None:
-    """Write a real checkpoint of a GPT-2-shaped model with a real engine."""
+    """Write (or load and check) a real checkpoint of a GPT-2-shaped model with a real engine."""
+    from ckpt_trace.iolayer.host import drop_page_cache
     from ckpt_trace.iolayer.outputs import check_output_dir
     from ckpt_trace.workloads import ENGINES, run
 
     if engine not in ENGINES:
         raise CkptTraceError(f"unknown workload {engine!r} (choose from {', '.join(ENGINES)})")
-    if engine != "dcp" and ranks != 1:
-        raise CkptTraceError("--ranks applies to the dcp workload only")
-    check_output_dir(out_dir, force)
+    if load:
+        if not out_dir.is_dir():
+            raise CkptTraceError(f"nothing to load: {out_dir} is not a directory (run the save first)")
+        if drop_caches:
+            drop_page_cache()
+    else:
+        if drop_caches:
+            raise CkptTraceError("--drop-caches applies to --load")
+        check_output_dir(out_dir, force)
     started = time.monotonic()
-    path = run(engine, out_dir, ranks=ranks, model=model, with_optimizer=with_optimizer, file_per_layer=file_per_layer)
+    path, io_s = run(engine, out_dir, ranks=ranks, model=model, with_optimizer=with_optimizer,
+                     file_per_layer=file_per_layer, load=load, mmap=mmap, writer=str(writer) if writer else None)
     elapsed_s = time.monotonic() - started
     files = [p for p in path.rglob("*") if p.is_file()]
-    data = {"engine": engine, "out": str(path), "files": len(files), "bytes": sum(p.stat().st_size for p in files),
-            "elapsed_s": elapsed_s}
+    data = {"engine": engine, "phase": "load" if load else "save", "out": str(path), "files": len(files),
+            "bytes": sum(p.stat().st_size for p in files), "elapsed_s": elapsed_s, "io_s": io_s}
     if as_json:
         _write_json(None, data)
     else:
-        err.print(f"ckpt-trace: {engine} wrote {data['files']} files, {data['bytes']:,} bytes to {path} "
-                  f"in {elapsed_s:.1f} s", highlight=False)
+        verb = "loaded and checked" if load else "wrote"
+        err.print(f"ckpt-trace: {engine} {verb} {data['files']} files, {data['bytes']:,} bytes in {path}: "
+                  f"{io_s:.2f} s of I/O, {elapsed_s:.1f} s in all", highlight=False)
 
 
 @app.command()

@@ -60,6 +60,7 @@ class ReplayDoc(TypedDict):
     creator_version: str
     environment: dict[str, Any]
     options: dict[str, Any]
+    fio_write_bytes_per_s: float | None
     results: list[ReplayResultDoc]
 
 
@@ -218,13 +219,15 @@ class EmitDoc(TypedDict):
 
 
 class WorkloadDoc(TypedDict):
-    """``workload --json``."""
+    """``workload --json``: ``phase`` save or load; ``bytes`` of the checkpoint's files."""
 
     engine: str
+    phase: str
     out: str
     files: int
     bytes: int
     elapsed_s: float
+    io_s: float
 
 
 def _matches(value: Any, hint: Any) -> str | None:

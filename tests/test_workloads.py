@@ -67,3 +67,30 @@ def test_torch_save_can_write_one_file_per_layer(torch_installed, tmp_path):
     layer = torch.load(tmp_path / "fl/layer_001.pt", weights_only=False)
     assert all(name.startswith("h.1.") for name in layer["model"]) and len(layer["model"]) == 12
     assert set(layer["optim"]["state"]) == set(layer["model"])
+
+
+@pytest.mark.parametrize("engine,extra", [("dcp", ["--ranks", "2"]), ("emitted", ["--ranks", "2"]),
+                                          ("torch-save", []), ("torch-save", ["--mmap"]), ("safetensors", [])],
+                         ids=["dcp", "emitted", "torch-load", "torch-load-mmap", "safetensors"])
+def test_every_engine_loads_back_what_it_saved(torch_installed, tmp_path, engine, extra):
+    import json
+
+    out = tmp_path / "ck"
+    common = ["--out", str(out), "--model", "gpt2-tiny", "--with-optimizer"]
+    ranks = [a for a in extra if a != "--mmap"]
+    saved = json.loads(cli("workload", engine, *common, *ranks, "--json").stdout)
+    loaded = json.loads(cli("workload", engine, *common, *extra, "--load", "--json").stdout)
+    assert saved["phase"] == "save" and loaded["phase"] == "load" and saved["bytes"] == loaded["bytes"] > 0
+    assert 0 < loaded["io_s"] <= loaded["elapsed_s"]
+
+
+def test_a_load_finds_a_damaged_checkpoint(torch_installed, tmp_path):
+    out = tmp_path / "st"
+    cli("workload", "safetensors", "--out", str(out), "--model", "gpt2-tiny")
+    path = out / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1000] ^= 0xFF  # inside the last tensor's bytes
+    path.write_bytes(bytes(data))
+    proc = cli("workload", "safetensors", "--out", str(out), "--model", "gpt2-tiny", "--load", check=False)
+    assert proc.returncode == 2 and "differs from what was saved" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

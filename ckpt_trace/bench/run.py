@@ -37,7 +37,7 @@ from ckpt_trace.iolayer.ring import probe as probe_ring
 from ckpt_trace.stats import median_index, percentiles_ns
 
 from . import worker
-from .fio import fio_bytes_per_s
+from ckpt_trace.iolayer.fio import fio_bytes_per_s
 from .matrix import BenchPoint, Matrix, describe, stream_bytes
 from .results import TABLE_NAME, to_table, write_table
 

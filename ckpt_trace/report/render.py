@@ -56,8 +56,9 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
     console.print(hist)
 
 
-def render_results(console: Console, results: list[dict[str, Any]]) -> None:
-    """One row per strategy, in the style of the paper's comparison table (arXiv 2512.24511)."""
+def render_results(console: Console, results: list[dict[str, Any]], fio_bytes_per_s: float | None = None) -> None:
+    """One row per strategy, in the style of the paper's comparison table (arXiv 2512.24511); with fio's
+    limit, each strategy's throughput as a share of it."""
     table = _table(console, "Replay results")
     columns = ("strategy", "elapsed", "written", "write tput", "read", "read tput", "data ops", "meta ops",
                "avg lat", "p99 lat", "cpu user", "cpu sys", "unaligned", "vs posix")
@@ -76,6 +77,14 @@ def render_results(console: Console, results: list[dict[str, Any]]) -> None:
             f"{r.get('unaligned_ops', 0):,}", f"{speedup:.2f}x" if speedup else "-",
         )
     console.print(table)
+    if fio_bytes_per_s:
+        shares = ", ".join(f"{r['strategy']} {_moved_rate(r) / fio_bytes_per_s:.0%}" for r in results)
+        console.print(f"fio's sequential O_DIRECT write limit here: {human_rate(fio_bytes_per_s)}; reached: {shares}",
+                      highlight=False)
+
+
+def _moved_rate(result: dict[str, Any]) -> float:
+    return result["write_throughput_bytes_per_s"] + result["read_throughput_bytes_per_s"]
 
 
 def render_plans(console: Console, plans: list[dict[str, Any]]) -> None:

@@ -1,7 +1,15 @@
-"""Built-in real checkpoint workloads: DCP from N ranks, torch.save, safetensors.
+"""Built-in real checkpoint workloads: DCP from N ranks, torch.save, safetensors, and ckpt-trace's own writer.
 
-Each writes a real checkpoint with the engine's own code path; they are the
-embedded default input of the demo and the tests. torch is imported lazily
+Each writes a real checkpoint with the engine's own code path, or, with
+``load``, reads back the checkpoint it wrote into the same directory and
+checks every tensor byte for byte against the state it saved (which is
+regenerated from fixed seeds); they are the embedded default input of the
+demo and the tests. The loads are the restore paths users have: DCP's
+FileSystemReader, ``torch.load`` with and without ``mmap=True``,
+safetensors' ``load_file`` (which maps the file), and the emitted reader.
+``emitted`` saves and loads through ``torch.distributed.checkpoint`` with an
+emitted writer module's ``make_writer``/``make_reader`` (``--writer``), or
+with ``ckpt_trace.writer``'s defaults. torch is imported lazily
 (``pip install ckpt-trace[torch]``).
 
 DCP ranks are started like torchrun starts them: one spawned process per
@@ -16,13 +24,16 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
+import time
 from pathlib import Path
 
-from ckpt_trace.errors import Interrupted, WorkloadError
+from ckpt_trace.errors import CkptTraceError, Interrupted, WorkloadError
 
 from .models import MODELS, GPT2Config, parameter_shapes
 
-ENGINES = ("dcp", "torch-save", "safetensors")
+ENGINES = ("dcp", "torch-save", "safetensors", "emitted")
+DCP_ENGINES = ("dcp", "emitted")
 
 
 def _torch():
@@ -65,34 +76,104 @@ def _optimizer_groups() -> list[dict]:
     return [{"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1, "amsgrad": False}]
 
 
-def _dcp_rank(rank: int, world: int, out: str, model: str, with_optimizer: bool) -> None:
+def _storage(kind: str, out: str, writer: str | None, saving: bool):
+    """The DCP storage layer of a rank: FileSystemWriter/Reader for ``dcp``, the emitted module's (or the
+    default ``ckpt_trace.writer``) for ``emitted``."""
+    import torch.distributed.checkpoint as dcp
+
+    if kind == "dcp":
+        return dcp.FileSystemWriter(out) if saving else dcp.FileSystemReader(out)
+    if writer is None:
+        from ckpt_trace.writer import CheckpointReader, CheckpointWriter
+
+        return CheckpointWriter(out) if saving else CheckpointReader(out)
+    module = load_writer_module(writer)
+    return module.make_writer(out) if saving else module.make_reader(out)
+
+
+def load_writer_module(path: str):
+    """Import an emitted writer module (``ckpt-trace emit -o PATH``) from its file. Raises WorkloadError."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    if spec is None or spec.loader is None or not Path(path).is_file():
+        raise WorkloadError(f"--writer {path}: not a Python module file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not all(hasattr(module, name) for name in ("make_writer", "make_reader")):
+        raise WorkloadError(f"--writer {path}: has no make_writer/make_reader (write it with ckpt-trace emit)")
+    return module
+
+
+def _dcp_state(torch, mesh, cfg, rank: int, world: int, with_optimizer: bool, empty: bool) -> dict:
+    """This rank's state dict of DTensor row shards (zeros of the same shapes when ``empty``, a load target)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    shapes = parameter_shapes(cfg)
+    local = local_state(cfg, rank, world, with_optimizer)
+    if empty:
+        local = {kind: {name: torch.zeros_like(t) for name, t in tensors.items()} for kind, tensors in local.items()}
+
+    def dtensor(name, tensor):
+        shape = shapes[name]
+        stride = torch.empty(shape, device="meta").stride()
+        return DTensor.from_local(tensor, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape), stride=stride)
+
+    state = {"model": {name: dtensor(name, t) for name, t in local["model"].items()}}
+    if with_optimizer:
+        state["optim"] = {
+            "state": {name: {"step": torch.tensor(0.0 if empty else 1.0),
+                             "exp_avg": dtensor(name, local["exp_avg"][name]),
+                             "exp_avg_sq": dtensor(name, local["exp_avg_sq"][name])}
+                      for name in shapes},
+            "param_groups": _optimizer_groups(),
+        }
+    return state
+
+
+def _same(torch, loaded, saved, where: str = "") -> None:
+    """Raise WorkloadError at the first tensor (or value) of ``loaded`` that differs from ``saved``, bitwise."""
+    if isinstance(saved, dict):
+        for key, value in saved.items():
+            _same(torch, loaded[key], value, f"{where}.{key}" if where else str(key))
+        return
+    if isinstance(saved, torch.Tensor):
+        a = loaded.to_local() if hasattr(loaded, "to_local") else loaded
+        b = saved.to_local() if hasattr(saved, "to_local") else saved
+        if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
+                                                                       b.contiguous().reshape(-1).view(torch.uint8)):
+            raise WorkloadError(f"loaded {where} differs from what was saved (saved with the same --model and "
+                                "--with-optimizer?)")
+    elif loaded != saved:
+        raise WorkloadError(f"loaded {where} differs from what was saved")
+
+
+def _dcp_rank(rank: int, world: int, out: str, model: str, with_optimizer: bool, kind: str = "dcp",
+              load: bool = False, writer: str | None = None, timings=None) -> None:
+    """One rank: build its state (or an empty target), then save (or load, then check); the save or load is
+    timed from a barrier before it to one after it, and rank 0 puts the seconds on ``timings``."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.tensor import DTensor, Shard, init_device_mesh
+    from torch.distributed.tensor import init_device_mesh
 
     torch = _torch()
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         mesh = init_device_mesh("cpu", (world,))
         cfg = model_config(model)
-        shapes = parameter_shapes(cfg)
-        local = local_state(cfg, rank, world, with_optimizer)
-
-        def dtensor(name, tensor):
-            shape = shapes[name]
-            stride = torch.empty(shape, device="meta").stride()
-            return DTensor.from_local(tensor, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape), stride=stride)
-
-        state = {"model": {name: dtensor(name, t) for name, t in local["model"].items()}}
-        if with_optimizer:
-            state["optim"] = {
-                "state": {name: {"step": torch.tensor(1.0), "exp_avg": dtensor(name, local["exp_avg"][name]),
-                                 "exp_avg_sq": dtensor(name, local["exp_avg_sq"][name])}
-                          for name in shapes},
-                "param_groups": _optimizer_groups(),
-            }
-        dcp.save(state, checkpoint_id=out)
+        state = _dcp_state(torch, mesh, cfg, rank, world, with_optimizer, empty=load)
+        storage = _storage(kind, out, writer, saving=not load)
         dist.barrier()
+        started = time.perf_counter()
+        if load:
+            dcp.load(state, storage_reader=storage)
+        else:
+            dcp.save(state, storage_writer=storage)
+        dist.barrier()
+        if rank == 0 and timings is not None:
+            timings.put(time.perf_counter() - started)
+        if load:
+            _same(torch, state, _dcp_state(torch, mesh, cfg, rank, world, with_optimizer, empty=False))
     finally:
         dist.destroy_process_group()
 
@@ -103,10 +184,29 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _rank_main(target, rank: int, ranks: int, *args) -> None:
-    """A rank process: Ctrl-C ends it quietly (SIGINT's default action, no traceback); the parent reports."""
+def _rank_main(target, errors, rank: int, ranks: int, *args) -> None:
+    """A rank process: Ctrl-C ends it quietly (SIGINT's default action, no traceback); a ckpt-trace error is
+    handed to the parent (``errors``), which reports it in one line."""
+    import logging
+
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    target(rank, ranks, *args)
+    logging.getLogger("torch.distributed.checkpoint").setLevel(logging.CRITICAL)  # its tracebacks: ours to report
+    try:
+        target(rank, ranks, *args)
+    except CkptTraceError as err:
+        errors.put((rank, str(err)))
+        sys.exit(2)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as err:  # noqa: BLE001 - torch's own errors; DCP's CheckpointException is a BaseException
+        errors.put((rank, _last_line(err)))
+        sys.exit(2)
+
+
+def _last_line(err: BaseException) -> str:
+    """One line for a torch error, whose message may hold each rank's traceback: its last non-empty line."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(err).__name__)[:400]
 
 
 def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
@@ -122,13 +222,14 @@ def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
     saved_env = {key: os.environ.get(key) for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
     os.environ.update(WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     procs = []
     try:
         for rank in range(ranks):
             os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
-            proc = ctx.Process(target=_rank_main, args=(target, rank, ranks, *args))
+            proc = ctx.Process(target=_rank_main, args=(target, errors, rank, ranks, *args))
             proc.start()
             procs.append(proc)
     finally:
@@ -148,23 +249,55 @@ def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
         raise
     failed = [rank for rank, proc in enumerate(procs) if proc.exitcode != 0]
     if failed:
-        raise WorkloadError(f"rank(s) {', '.join(map(str, failed))} failed")
+        reasons = {}
+        while not errors.empty():
+            rank, message = errors.get()
+            reasons.setdefault(rank, message)
+        first = min(reasons) if reasons else failed[0]
+        why = reasons.get(first, f"exited with code {procs[first].exitcode}")
+        others = f" (and rank(s) {', '.join(str(r) for r in failed if r != first)})" if len(failed) > 1 else ""
+        raise WorkloadError(f"rank {first}: {why}{others}")
 
 
-def run_dcp(out: Path, ranks: int, model: str, with_optimizer: bool) -> None:
-    """Save with torch.distributed.checkpoint from ``ranks`` spawned gloo processes into ``out``."""
+def run_dcp(out: Path, ranks: int, model: str, with_optimizer: bool, kind: str = "dcp", load: bool = False,
+            writer: str | None = None) -> float:
+    """Save (or ``load`` and check) with torch.distributed.checkpoint from ``ranks`` spawned gloo processes in
+    ``out``; ``kind`` dcp uses FileSystemWriter/Reader, emitted the emitted writer (``writer``: its module).
+    Returns the seconds of the save or load itself (barrier to barrier)."""
+    import torch.multiprocessing as mp
+
+    timings = mp.get_context("spawn").SimpleQueue()
     try:
-        spawn_ranks(_dcp_rank, ranks, (str(out), model, with_optimizer))
+        spawn_ranks(_dcp_rank, ranks, (str(out), model, with_optimizer, kind, load, writer, timings))
     except WorkloadError as err:
-        raise WorkloadError(f"DCP save failed: {err}") from None
+        raise WorkloadError(f"{'load' if load else 'save'} with {kind} failed: {err}") from None
+    return timings.get()
 
 
 def _optimizer_entry(torch, local: dict, name: str) -> dict:
     return {"step": torch.tensor(1.0), "exp_avg": local["exp_avg"][name], "exp_avg_sq": local["exp_avg_sq"][name]}
 
 
-def run_torch_save(out: Path, model: str, with_optimizer: bool, file_per_layer: bool = False) -> None:
-    """``torch.save`` of the state dict (model and Adam state) to ``out/checkpoint.pt``.
+def _torch_save_groups(local: dict, file_per_layer: bool) -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = {}
+    for name in local["model"]:
+        key = f"layer_{int(name.split('.')[1]):03d}" if file_per_layer and name.startswith("h.") else "layer_other"
+        groups.setdefault(key if file_per_layer else "checkpoint", []).append(name)
+    return groups
+
+
+def _torch_save_state(torch, local: dict, names: list[str], with_optimizer: bool) -> dict:
+    state = {"model": {name: local["model"][name] for name in names}}
+    if with_optimizer:
+        state["optim"] = {"state": {name: _optimizer_entry(torch, local, name) for name in names},
+                          "param_groups": _optimizer_groups()}
+    return state
+
+
+def run_torch_save(out: Path, model: str, with_optimizer: bool, file_per_layer: bool = False, load: bool = False,
+                   mmap: bool = False) -> float:
+    """``torch.save`` of the state dict (model and Adam state) to ``out/checkpoint.pt`` (or ``load`` it back
+    with ``torch.load``, ``mmap=True`` when ``mmap``, and check it).
 
     ``file_per_layer`` saves each transformer block (with its Adam state) to
     ``out/layer_NNN.pt`` and the rest to ``out/layer_other.pt``, the way
@@ -172,55 +305,106 @@ def run_torch_save(out: Path, model: str, with_optimizer: bool, file_per_layer: 
     """
     torch = _torch()
     local = local_state(model_config(model), 0, 1, with_optimizer)
-    groups: dict[str, list[str]] = {}
-    for name in local["model"]:
-        key = f"layer_{int(name.split('.')[1]):03d}" if file_per_layer and name.startswith("h.") else "layer_other"
-        groups.setdefault(key if file_per_layer else "checkpoint", []).append(name)
-    for file_name, names in groups.items():
-        state = {"model": {name: local["model"][name] for name in names}}
-        if with_optimizer:
-            state["optim"] = {"state": {name: _optimizer_entry(torch, local, name) for name in names},
-                              "param_groups": _optimizer_groups()}
-        torch.save(state, out / f"{file_name}.pt")
+    io_s = 0.0
+    for file_name, names in _torch_save_groups(local, file_per_layer).items():
+        state = _torch_save_state(torch, local, names, with_optimizer)
+        path = out / f"{file_name}.pt"
+        if load and not path.exists():
+            raise WorkloadError(f"nothing to load: {path} is missing (run the save first)")
+        started = time.perf_counter()
+        if load:
+            loaded = torch.load(path, mmap=mmap, weights_only=True)
+            if mmap:
+                _touch(torch, loaded)  # a mapped load reads on first access: count that in its time
+        else:
+            torch.save(state, path)
+        io_s += time.perf_counter() - started
+        if load:
+            _same(torch, loaded, state)
+    return io_s
 
 
-def run_safetensors(out: Path, model: str, with_optimizer: bool) -> None:
-    """``safetensors.torch.save_file`` of the flat tensors to ``out/model.safetensors``."""
-    _torch()
-    try:
-        from safetensors.torch import save_file
-    except ImportError:
-        raise WorkloadError("this workload needs safetensors: pip install 'ckpt-trace[torch]'") from None
-    local = local_state(model_config(model), 0, 1, with_optimizer)
+def _touch(torch, value) -> None:
+    """Read every byte of every tensor in ``value`` (a mapped load's pages fault in here)."""
+    if isinstance(value, dict):
+        for item in value.values():
+            _touch(torch, item)
+    elif isinstance(value, torch.Tensor) and value.numel():
+        value.reshape(-1).view(torch.uint8).sum()
+
+
+def _flat_safetensors(local: dict) -> dict:
     flat = {f"model.{k}": v for k, v in local["model"].items()}
     for kind in ("exp_avg", "exp_avg_sq"):
         flat.update({f"optim.{kind}.{k}": v for k, v in local[kind].items()})
-    save_file(flat, str(out / "model.safetensors"))
+    return flat
+
+
+def run_safetensors(out: Path, model: str, with_optimizer: bool, load: bool = False) -> float:
+    """``safetensors.torch.save_file`` of the flat tensors to ``out/model.safetensors`` (or ``load_file``
+    them back, which maps the file, and check them)."""
+    torch = _torch()
+    try:
+        from safetensors.torch import load_file, save_file
+    except ImportError:
+        raise WorkloadError("this workload needs safetensors: pip install 'ckpt-trace[torch]'") from None
+    flat = _flat_safetensors(local_state(model_config(model), 0, 1, with_optimizer))
+    path = out / "model.safetensors"
+    if load and not path.exists():
+        raise WorkloadError(f"nothing to load: {path} is missing (run the save first)")
+    started = time.perf_counter()
+    if load:
+        loaded = load_file(str(path))
+        _touch(torch, loaded)  # load_file maps the file: its pages are read on first access
+    else:
+        save_file(flat, str(path))
+    io_s = time.perf_counter() - started
+    if load:
+        _same(torch, loaded, flat)
+    return io_s
 
 
 def run(engine: str, out: Path, *, ranks: int = 1, model: str = "gpt2-small", with_optimizer: bool = False,
-        file_per_layer: bool = False) -> Path:
-    """Run a built-in workload; returns the checkpoint directory.
+        file_per_layer: bool = False, load: bool = False, mmap: bool = False,
+        writer: str | None = None) -> tuple[Path, float]:
+    """Run a built-in workload (a save, or with ``load`` a checked load of that save); returns the checkpoint
+    directory and the seconds of the save or load itself (for DCP, barrier to barrier; for torch.load and
+    load_file, until every tensor's bytes were read).
 
-    Raises WorkloadError for an unknown engine or model, ranks < 1, a file
-    per layer asked of another engine than torch-save, or a failed save.
+    Raises WorkloadError for an unknown engine or model, ranks < 1, options of
+    another engine (``--file-per-layer`` and ``--mmap`` are torch-save's,
+    ``--writer`` emitted's, ``--ranks`` the DCP engines'), a failed save, or a
+    load that finds a tensor different from what was saved.
     """
-    if file_per_layer and engine != "torch-save":
-        raise WorkloadError("--file-per-layer applies to the torch-save workload only")
     if engine not in ENGINES:
         raise WorkloadError(f"unknown workload {engine!r} (choose from {', '.join(ENGINES)})")
+    if file_per_layer and engine != "torch-save":
+        raise WorkloadError("--file-per-layer applies to the torch-save workload only")
+    if mmap and (engine != "torch-save" or not load):
+        raise WorkloadError("--mmap applies to torch-save --load only (safetensors maps its file anyway)")
+    if writer is not None and engine != "emitted":
+        raise WorkloadError("--writer applies to the emitted workload only")
     if ranks < 1:
         raise WorkloadError("--ranks must be at least 1")
+    if ranks != 1 and engine not in DCP_ENGINES:
+        raise WorkloadError(f"--ranks applies to the {' and '.join(DCP_ENGINES)} workloads only")
     model_config(model)
+    if writer is not None:
+        load_writer_module(writer)
     out = Path(out)
+    if load and engine in DCP_ENGINES:
+        committed = out / (".metadata" if engine == "dcp" else "ckpt-trace.metadata")
+        if not committed.exists():
+            raise WorkloadError(f"nothing to load: {out} holds no {engine} checkpoint ({committed.name} is missing; "
+                                "run the save first)")
     out.mkdir(parents=True, exist_ok=True)
     try:
-        if engine == "dcp":
-            run_dcp(out, ranks, model, with_optimizer)
+        if engine in DCP_ENGINES:
+            io_s = run_dcp(out, ranks, model, with_optimizer, engine, load, writer)
         elif engine == "torch-save":
-            run_torch_save(out, model, with_optimizer, file_per_layer)
+            io_s = run_torch_save(out, model, with_optimizer, file_per_layer, load, mmap)
         else:
-            run_safetensors(out, model, with_optimizer)
+            io_s = run_safetensors(out, model, with_optimizer, load)
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; a partial checkpoint may remain in {out}") from None
-    return out
+    return out, io_s

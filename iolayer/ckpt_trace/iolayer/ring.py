@@ -158,12 +158,13 @@ class Ring:
     # -- request by request ------------------------------------------------
     @property
     def pending(self) -> int:
-        """Requests staged or in flight."""
-        return len(self.in_flight) + len(self._staged)
+        """Requests ``wait`` has yet to return: staged, in flight, or completed and not yet returned."""
+        return len(self.in_flight) + len(self._staged) + len(self._done)
 
     @property
     def has_room(self) -> bool:
-        return self.pending < self.queue_depth
+        """Whether another request can be submitted without waiting (staged and in flight < queue depth)."""
+        return len(self.in_flight) + len(self._staged) < self.queue_depth
 
     def submit(self, kind: str, fd: int, addr: int, size_bytes: int, offset: int, key: object = None,
                tag: object = None, *, buf_index: int | None = None) -> None:
@@ -174,7 +175,7 @@ class Ring:
         Completions of earlier requests may raise here, as from ``wait``.
         """
         while not self.has_room:
-            self._reap(1)
+            self._done.extend(request for request, _ in self._reap(1))
         user_data = self._next
         self._next += 1
         request = Request(kind, fd, offset, size_bytes, key, tag)
@@ -224,8 +225,11 @@ class Ring:
         return done
 
     def wait(self) -> Request:
-        """Wait for one completion and return its request. Raises OSError for a failed or short write."""
+        """Return one completed request, waiting for a completion when none is at hand. Raises OSError for a
+        failed or short write, and RuntimeError when nothing is pending."""
         while not self._done:
+            if not (self.in_flight or self._staged):
+                raise RuntimeError("Ring.wait() with no request pending")
             self._done.extend(request for request, _ in self._reap(1))
         return self._done.pop(0)
 
@@ -233,7 +237,7 @@ class Ring:
         """Wait for every pending request (of ``key`` only, when given); the first failure is raised
         after all of them have completed. Completions of other keys stay for ``wait``."""
         first: OSError | None = None
-        while self.pending and (key is ... or self.by_key[key] > 0):
+        while (self.in_flight or self._staged) and (key is ... or self.by_key[key] > 0):
             try:
                 self._done.extend(request for request, _ in self._reap(1))
             except OSError as err:

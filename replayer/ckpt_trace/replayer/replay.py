@@ -19,6 +19,7 @@ from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
 from ckpt_trace.formats import read_trace, sha256_file
 from ckpt_trace.version import __version__
 from ckpt_trace.iolayer import host
+from ckpt_trace.iolayer.fio import fio_bytes_per_s
 from ckpt_trace.stats import median_index
 
 from .ownership import Claim
@@ -60,6 +61,7 @@ class ReplayReport:
     environment: dict = dataclasses.field(default_factory=dict)
     claims: tuple = dataclasses.field(default=(), repr=False, compare=False)
     made_target: bool = False
+    fio_write_bytes_per_s: float | None = None
 
     def release(self) -> None:
         """Remove what this replay created under the target (its files and the directories it made), nothing
@@ -71,7 +73,8 @@ class ReplayReport:
         it), the target, where it ran, the options and one entry per result."""
         return {"trace": str(self.trace), "trace_sha256": self.trace_sha256, "target": str(self.target),
                 "creator": "ckpt-trace", "creator_version": __version__, "environment": self.environment,
-                "options": self.options, "results": [result.to_json() for result in self.results]}
+                "options": self.options, "fio_write_bytes_per_s": self.fio_write_bytes_per_s,
+                "results": [result.to_json() for result in self.results]}
 
 
 def build_plan(table, strategy: str, strip_prefix: str | None = None, *, buffer_bytes: int = 4 << 20,
@@ -203,6 +206,7 @@ def replay(
     protect: tuple[str | os.PathLike, ...] = (),
     min_seconds: float = 0.0,
     max_runs: int | None = None,
+    fio: bool = False,
 ) -> ReplayReport:
     """Replay the trace at ``trace_path`` into ``target`` with ``strategy`` (or every strategy: ``all``).
 
@@ -221,6 +225,11 @@ def replay(
     small files for the aggregated strategy.
     With ``all``, each strategy replays into ``target/<strategy>/`` and each
     result carries ``speedup_vs_posix``.
+
+    ``fio`` first measures fio's sequential O_DIRECT write limit in the
+    target (``iolayer.fio``; as much data as the replay writes, at most
+    1 GiB, removed afterwards): the results carry it, so each strategy reads
+    as a share of what the device gives.
 
     Nothing is lost (``replayer.ownership``): a target that holds the trace,
     or where a file the replay would create already exists or is one of
@@ -260,6 +269,7 @@ def replay(
         _release([], target, made_target)  # nothing was written: only a target this call made goes
         raise
     try:
+        fio_limit = _fio_limit(target, plans[0]) if fio else None
         runs = RunCount(repeat, min_seconds, max_runs or config.REPLAY_MAX_RUNS)
         results, mismatches = _run_plans(plans, claims, queue_depth, runs, timing, progress, durable, drop_caches,
                                          verify)
@@ -275,7 +285,7 @@ def replay(
                "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing}
     return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), options,
                         trace_sha256=sha256_file(trace.path), environment=host.environment(target),
-                        claims=tuple(claims), made_target=made_target)
+                        claims=tuple(claims), made_target=made_target, fio_write_bytes_per_s=fio_limit)
 
 
 @dataclass(frozen=True)
@@ -322,6 +332,18 @@ def _release(claims: list[Claim], target: Path, made_target: bool) -> None:
             target.rmdir()
         except OSError:
             pass
+
+
+def _fio_limit(target: Path, plan: ReplayPlan) -> float:
+    """fio's sequential O_DIRECT write limit in ``target`` (bytes/s). Raises ReplayError without fio."""
+    volume = min(max(plan.bytes_to_write, 64 << 20), 1 << 30)
+    try:
+        limit = fio_bytes_per_s(target, str(volume))
+    except CkptTraceError as err:
+        raise ReplayError(str(err)) from None
+    if limit is None:
+        raise ReplayError("--fio needs fio on PATH (Debian: apt-get install fio)")
+    return limit
 
 
 def refuse_target_holding(target: Path, trace: Path) -> None:
