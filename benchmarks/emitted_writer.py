@@ -38,10 +38,9 @@ import time
 import warnings
 from pathlib import Path
 
+from common import best_fio, drop_caches
 from rich.console import Console
 from rich.table import Table
-
-from common import best_fio, drop_caches
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"

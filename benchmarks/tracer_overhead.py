@@ -27,11 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from ckpt_trace.formats import read_metadata
 from ckpt_trace.tracer import bcc_backend, strace_backend
+from rich.console import Console
+from rich.table import Table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

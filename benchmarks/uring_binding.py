@@ -39,11 +39,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from ckpt_trace.iolayer import ring as rings
+from ckpt_trace.iolayer.buffers import AlignedBuffer
 from rich.console import Console
 from rich.table import Table
 
-from ckpt_trace.iolayer import ring as rings
-from ckpt_trace.iolayer.buffers import AlignedBuffer
 from ckpt_trace.units import parse_size
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -113,7 +113,7 @@ def liburing_loop(fd: int, data: bytes, size_bytes: int, count: int) -> None:
                 except BlockingIOError:
                     break
                 entry = cqe[0]
-                entry.res  # raises the request's error, if any
+                _ = entry.res  # raises the request's error, if any
                 L.io_uring_cqe_seen(ring, entry)
                 in_flight -= 1
     finally:

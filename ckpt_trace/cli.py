@@ -7,23 +7,25 @@ non-zero exit; usage errors one line and exit 2.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Optional
 
 import typer
+from ckpt_trace.formats import write_bytes_atomic
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn, TransferSpeedColumn
 
-from ckpt_trace.version import __version__
 from ckpt_trace.config import CHECK_MIN_RUNS, CHECK_MIN_SECONDS
 from ckpt_trace.errors import CkptTraceError, Interrupted
-from ckpt_trace.formats import write_bytes_atomic
+from ckpt_trace.version import __version__
 
 app = typer.Typer(
     add_completion=False,
@@ -89,17 +91,18 @@ def _progress(verb: str = "replay", threaded: bool = True) -> Iterator:
 
 @app.command(context_settings={"allow_interspersed_args": False})
 def record(
-    cmd: List[str] = typer.Argument(..., help="The command to trace, after --.", metavar="-- CMD [ARGS]..."),
+    cmd: list[str] = typer.Argument(..., help="The command to trace, after --.", metavar="-- CMD [ARGS]..."),
     output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (.arrow)."),
     backend: str = typer.Option("auto", help="auto, bcc or strace."),
-    path_filter: List[str] = typer.Option([], "--path-filter", help="Keep only paths starting with PREFIX (repeatable)."),
+    path_filter: list[str] = typer.Option([], "--path-filter", help="Keep only paths starting with PREFIX (repeatable)."),
     strict: bool = typer.Option(False, help="Fail, writing no trace, if any event was lost."),
     force: bool = typer.Option(False, help="Overwrite an existing trace file."),
     as_json: bool = typer.Option(False, "--json", help="Print the recording's numbers as JSON on stdout."),
 ) -> None:
     """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code."""
     from ckpt_trace.iolayer.outputs import check_output_file
-    from ckpt_trace.tracer import choose_backend, record as record_trace, resolve_command
+    from ckpt_trace.tracer import choose_backend, resolve_command
+    from ckpt_trace.tracer import record as record_trace
 
     if not cmd:
         raise CkptTraceError("no command to record (put it after --)")
@@ -113,6 +116,11 @@ def record(
                   highlight=False)
     if result.lost_events:
         err.print(f"[yellow]ckpt-trace: warning: {result.lost_events} events were lost; the trace is incomplete[/]")
+    for capture, entry in result.unseen.items():
+        what = {"io_uring_requests": f"{entry['count']:,} io_uring requests",
+                "mapped_pages": f"the pages touched through {entry['count']:,} file mappings"}.get(capture, capture)
+        err.print(f"[yellow]ckpt-trace: warning: {what} are not in the trace: {escape(entry['reason'])}"
+                  f"{' (try --backend bcc)' if result.backend == 'strace' else ''}[/]", highlight=False)
     if path_filter and result.rows == 0:
         err.print(f"[yellow]ckpt-trace: warning: no operation matched --path-filter "
                   f"{', '.join(map(escape, path_filter))} ({result.filtered_ops:,} were left out)[/]", highlight=False)
@@ -151,7 +159,8 @@ def replay(
 ) -> None:
     """Re-execute a trace's operations under TARGET and measure them."""
     from ckpt_trace.iolayer.outputs import check_output_file
-    from ckpt_trace.replayer import plan_summaries, replay as run_replay
+    from ckpt_trace.replayer import plan_summaries
+    from ckpt_trace.replayer import replay as run_replay
 
     from .report.render import render_plans, render_results
     from .units import parse_size
@@ -192,8 +201,8 @@ def summary(
     """Operations, bytes, files, ranks, request sizes and alignment of a trace."""
     from ckpt_trace.formats import read_trace
 
-    from .report.render import render_summary
     from .analysis.summary import summarize
+    from .report.render import render_summary
 
     _show(summarize(read_trace(trace)), as_json, render_summary)
 
@@ -225,7 +234,7 @@ def export(
 @app.command()
 def report(
     trace: Path = typer.Argument(..., help="Trace file."),
-    results: List[Path] = typer.Argument(None, help="replay -o results (or benchmark) files to compare strategies."),
+    results: list[Path] = typer.Argument(None, help="replay -o results (or benchmark) files to compare strategies."),
     output: Path = typer.Option(..., "-o", "--output", help="HTML file to write."),
     fio_limit: Optional[str] = typer.Option(None, "--fio-limit", help="Device limit to draw, in MB/s (e.g. 2100)."),
     force: bool = typer.Option(False, help="Overwrite an existing output."),
@@ -264,10 +273,10 @@ def diff(
 
 @app.command()
 def baseline(
-    traces: List[Path] = typer.Argument(..., help="Trace files to replay."),
+    traces: list[Path] = typer.Argument(..., help="Trace files to replay."),
     target: Path = typer.Option(..., "--target", help="Empty directory on the storage to measure."),
     output: Path = typer.Option(..., "-o", "--output", help="Baseline JSON to write."),
-    strategy: List[str] = typer.Option([], "--strategy", help="Strategy to measure (repeatable; default: all)."),
+    strategy: list[str] = typer.Option([], "--strategy", help="Strategy to measure (repeatable; default: all)."),
     repeat: int = typer.Option(CHECK_MIN_RUNS, "--repeat", help="Fewest runs per trace and strategy."),
     min_seconds: float = typer.Option(CHECK_MIN_SECONDS, "--min-seconds", help="Keep running each until its runs add up to this much measured time."),
     queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
@@ -293,13 +302,13 @@ def baseline(
 
 @app.command()
 def check(
-    traces: List[Path] = typer.Argument(..., help="The baseline's trace files."),
+    traces: list[Path] = typer.Argument(..., help="The baseline's trace files."),
     baseline_file: Path = typer.Option(..., "--baseline", help="Baseline JSON from `ckpt-trace baseline`."),
     target: Path = typer.Option(..., "--target", help="Empty directory on the storage under test."),
     tolerance: str = typer.Option("10%", "--tolerance", help="Allowed loss of throughput or rise of p99 latency."),
     repeat: Optional[int] = typer.Option(None, "--repeat", help="Fewest runs per figure (default: the baseline's)."),
     min_seconds: Optional[float] = typer.Option(None, "--min-seconds", help="Measured time per figure (default: the baseline's)."),
-    strategy: List[str] = typer.Option([], "--strategy", help="Must match the baseline's strategies if given."),
+    strategy: list[str] = typer.Option([], "--strategy", help="Must match the baseline's strategies if given."),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Write JUnit XML: one test case per trace and strategy."),
     force: bool = typer.Option(False, help="Overwrite an existing --junit file."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
@@ -362,7 +371,7 @@ def emit(
 
 @app.command()
 def workload(
-    engine: str = typer.Argument(..., help="dcp, torch-save, safetensors or emitted."),
+    engine: str = typer.Argument(..., help="dcp, torch-save, safetensors, emitted, libaio or memmap."),
     out_dir: Path = typer.Option(..., "--out", help="Checkpoint directory to write (or, with --load, to read)."),
     ranks: int = typer.Option(1, help="Processes (dcp and emitted)."),
     model: str = typer.Option("gpt2-small", help="gpt2-tiny, gpt2-deep-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl."),
@@ -371,6 +380,7 @@ def workload(
     load: bool = typer.Option(False, "--load", help="Load the checkpoint this workload saved in --out and check every tensor."),
     mmap: bool = typer.Option(False, "--mmap", help="torch-save --load: torch.load(mmap=True)."),
     writer: Optional[Path] = typer.Option(None, "--writer", help="emitted: the module `ckpt-trace emit` wrote (default: ckpt_trace.writer's defaults)."),
+    shards: int = typer.Option(1, "--shards", help="safetensors: split the tensors over this many files, as Hugging Face shards."),
     drop_caches: bool = typer.Option(False, "--drop-caches", help="--load: drop the page cache first, for a cold load (root)."),
     force: bool = typer.Option(False, help="Save into a non-empty --out directory (the engine may overwrite its own file names there)."),
     as_json: bool = typer.Option(False, "--json", help="Print what was written or read as JSON."),
@@ -378,6 +388,7 @@ def workload(
     """Write (or load and check) a real checkpoint of a GPT-2-shaped model with a real engine."""
     from ckpt_trace.iolayer.host import drop_page_cache
     from ckpt_trace.iolayer.outputs import check_output_dir
+
     from ckpt_trace.workloads import ENGINES, run
 
     if engine not in ENGINES:
@@ -393,7 +404,8 @@ def workload(
         check_output_dir(out_dir, force)
     started = time.monotonic()
     path, io_s = run(engine, out_dir, ranks=ranks, model=model, with_optimizer=with_optimizer,
-                     file_per_layer=file_per_layer, load=load, mmap=mmap, writer=str(writer) if writer else None)
+                     file_per_layer=file_per_layer, load=load, mmap=mmap, writer=str(writer) if writer else None,
+                     shards=shards)
     elapsed_s = time.monotonic() - started
     files = [p for p in path.rglob("*") if p.is_file()]
     data = {"engine": engine, "phase": "load" if load else "save", "out": str(path), "files": len(files),
@@ -460,6 +472,9 @@ def version() -> None:
     out.print(__version__)
 
 
+INTERNAL_ERROR_EXIT = 70  # EX_SOFTWARE (sysexits.h)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app, turning errors into one line and an exit code."""
     interrupted = []
@@ -492,11 +507,16 @@ def main(argv: list[str] | None = None) -> None:
         where = f" ({error.filename})" if error.filename else ""
         err.print(f"[red]ckpt-trace: error: {escape(str(error.strerror or error) + where)}[/]", highlight=False)
         sys.exit(1)
-    except Exception as error:
-        if not hasattr(error, "format_message") or getattr(error, "exit_code", None) is None:
+    except Exception as error:  # noqa: BLE001 - the one place every failure becomes one line
+        if hasattr(error, "format_message") and getattr(error, "exit_code", None) is not None:  # click usage
+            err.print(f"[red]ckpt-trace: error: {escape(error.format_message())}[/] (see --help)", highlight=False)
+            sys.exit(error.exit_code)
+        if os.environ.get("CKPT_TRACE_DEBUG"):
             raise
-        err.print(f"[red]ckpt-trace: error: {escape(error.format_message())}[/] (see --help)", highlight=False)
-        sys.exit(error.exit_code)
+        detail = str(error).splitlines()[0] if str(error) else ""
+        err.print(f"[red]ckpt-trace: internal error: {type(error).__name__}: {escape(detail)}[/] "
+                  "(a bug: please report it; CKPT_TRACE_DEBUG=1 shows the traceback)", highlight=False)
+        sys.exit(INTERNAL_ERROR_EXIT)
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -124,6 +124,8 @@ class SummaryDoc(TypedDict):
     failed_ops: int
     lost_events: int
     filesystems: dict[str, Any]
+    interfaces: dict[str, Any]
+    unseen: dict[str, Any]
 
 
 class PlanDoc(TypedDict):

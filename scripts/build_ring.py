@@ -14,7 +14,6 @@ import shlex
 import subprocess
 from pathlib import Path
 
-
 SOURCE = Path("iolayer/ckpt_trace/iolayer/_ring.c")
 # A versioned name, so Python never takes it for an extension module (it is loaded with ctypes).
 LIBRARY = "libckpt_ring.so.1"

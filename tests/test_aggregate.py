@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from hypothesis import given
-from hypothesis import strategies as st
-
 from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_plan, merge_extents, replay, split_extent
 from ckpt_trace.tracer import syscalls as sc
-
+from hypothesis import given
+from hypothesis import strategies as st
 from test_replay import CREATE, make_trace
 
 MIB = 1 << 20

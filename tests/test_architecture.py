@@ -28,7 +28,7 @@ def test_every_import_name_is_its_path():
     modules = _modules()
     for stage, folder in STAGES.items():
         assert f"ckpt_trace.{stage}" in modules, f"{folder}/ckpt_trace/{stage} not found by path"
-    for name, directory in modules.items():
+    for name in modules:
         relative = Path(*name.split("."))
         module = importlib.import_module(name)
         path = Path(module.__file__)

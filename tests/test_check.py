@@ -8,7 +8,6 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
-
 from conftest import cli
 
 pytest_plugins = ["pytester"]

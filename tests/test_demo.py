@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from ckpt_trace.formats import read_trace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -21,7 +20,7 @@ def test_make_demo_runs_the_whole_loop_and_says_where_each_result_is(tmp_path, t
     env = {**os.environ, "MAKEFLAGS": ""}
     args = ["make", "-s", "-C", str(REPO), "demo", f"DEMO_DIR={work}", f"DEMO_TRACE={trace}", "DEMO_MODEL=gpt2-tiny",
             "DEMO_RANKS=2"]
-    for attempt in range(2):  # idempotent: the second run replaces the first's results
+    for _attempt in range(2):  # idempotent: the second run replaces the first's results
         done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout

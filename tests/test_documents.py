@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ckpt_trace import documents as d
-
 from conftest import cli
+
+from ckpt_trace import documents as d
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 ODD = GOLDEN / "v1-odd-pattern-strace.arrow"

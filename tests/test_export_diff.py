@@ -6,9 +6,7 @@ import json
 from pathlib import Path
 
 import pyarrow.dataset as ds
-
 from ckpt_trace.formats import read_trace
-
 from conftest import cli
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"

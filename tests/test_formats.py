@@ -8,15 +8,22 @@ import os
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
-
 from ckpt_trace.formats import (
-    FORMAT_VERSION, METADATA_KEY, SCHEMA, TraceFormatError, read_metadata, read_trace, table_from_columns,
+    FORMAT_VERSION,
+    METADATA_KEY,
+    SCHEMA,
+    TraceFormatError,
+    read_metadata,
+    read_trace,
+    table_from_columns,
     write_trace,
 )
+
 from ckpt_trace.errors import CkptTraceError
 
 META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"], "backend": "strace",
-        "start_wall_time_ns": 1, "filesystems": {"/": {"type": "ext4", "block_size": 4096}}, "lost_events": 3}
+        "start_wall_time_ns": 1, "filesystems": {"/": {"type": "ext4", "block_size": 4096}}, "lost_events": 3,
+        "arch": "x86_64"}
 
 
 def rows(n: int = 3) -> dict[str, list]:
@@ -103,3 +110,25 @@ def test_missing_column_is_named(tmp_path):
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(TraceFormatError, match="no such trace file"):
         read_trace(tmp_path / "nope.arrow")
+
+
+def test_version_1_files_read_as_version_2(tmp_path):
+    """A version 1 trace (plain strings, no request columns, no arch) reads with the current schema."""
+    from ckpt_trace.formats.schema import SCHEMA_V1
+
+    v1 = pa.Table.from_pydict(rows(10), schema=SCHEMA_V1)
+    meta = {key: value for key, value in META.items() if key != "arch"}
+    _write_raw(tmp_path / "v1.arrow", v1, {**meta, "format_version": 1})
+    trace = read_trace(tmp_path / "v1.arrow")
+    assert trace.table.schema.equals(SCHEMA.remove_metadata())
+    assert trace.metadata["arch"] == "x86_64" and trace.table["interface"].to_pylist() == ["syscall"] * 10
+    assert trace.table["path"].to_pylist() == ["/d/f"] * 10 and trace.table["queue_id"].null_count == 10
+
+
+def test_text_columns_are_dictionary_encoded_and_small(tmp_path):
+    table = table_from_columns(rows(100_000))
+    path = write_trace(tmp_path / "t.arrow", table, META, batch_rows=8192)
+    assert all(pa.types.is_dictionary(ipc.open_file(str(path)).schema.field(name).type)
+               for name in ("comm", "syscall", "op", "path", "offset_source", "interface"))
+    assert path.stat().st_size / 100_000 < 8  # bytes per row (each batch refers to the one dictionary)
+    assert read_trace(path).table["op"].to_pylist()[-1] == "write"

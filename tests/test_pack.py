@@ -7,7 +7,6 @@ import json
 from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_plan, replay
 from ckpt_trace.replayer.pack import INDEX_PATH
-
 from test_replay import CREATE, make_trace
 
 

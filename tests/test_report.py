@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import _missing, cli
 
 GOLDEN_DCP = Path(__file__).resolve().parent.parent / "traces" / "golden" / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"

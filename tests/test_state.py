@@ -137,7 +137,8 @@ def test_rank_comes_from_the_launchers_variables():
 def test_a_descriptor_reused_across_threads_follows_the_exit_order():
     # Thread 101 enters openat before thread 100 closes fd 6, and gets the freed number 6 back.
     b = TraceBuilder(start_ns=0, root_pid=PID, cwd="/")
-    ev = lambda ts, dur, tid, name, ret, **args: SyscallEvent(ts_ns=ts, dur_ns=dur, tid=tid, name=name, args=args, ret=ret)
+    def ev(ts, dur, tid, name, ret, **args):
+        return SyscallEvent(ts_ns=ts, dur_ns=dur, tid=tid, name=name, args=args, ret=ret)
     b.feed_all([
         ev(0, 5, PID, "clone", 101, clone_flags=sc.CLONE_THREAD | sc.CLONE_FILES),
         ev(10, 1, PID, "openat", 6, dirfd=sc.AT_FDCWD, path="/a", flags=sc.O_RDONLY),
@@ -154,7 +155,8 @@ def test_a_descriptor_reused_across_threads_follows_the_exit_order():
 def test_a_close_that_returns_after_another_threads_open_of_the_same_number():
     # close(6) enters first and frees 6; thread 101's openat returns 6 while the close is still flushing.
     b = TraceBuilder(start_ns=0, root_pid=PID, cwd="/")
-    ev = lambda ts, dur, tid, name, ret, **args: SyscallEvent(ts_ns=ts, dur_ns=dur, tid=tid, name=name, args=args, ret=ret)
+    def ev(ts, dur, tid, name, ret, **args):
+        return SyscallEvent(ts_ns=ts, dur_ns=dur, tid=tid, name=name, args=args, ret=ret)
     b.feed_all([
         ev(0, 5, PID, "clone", 101, clone_flags=sc.CLONE_THREAD | sc.CLONE_FILES),
         ev(10, 1, PID, "openat", 6, dirfd=sc.AT_FDCWD, path="/a", flags=sc.O_WRONLY | sc.O_CREAT),

@@ -22,11 +22,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
+from ckpt_trace.formats import METADATA_KEY, SCHEMA, read_trace, write_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ckpt_trace.errors import CkptTraceError
-from ckpt_trace.formats import METADATA_KEY, SCHEMA, read_trace, write_trace
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 ODD = GOLDEN / "v1-odd-pattern-strace.arrow"
@@ -37,7 +37,8 @@ META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "
 BIG_WRITER = r"""
 import sys
 import numpy as np, pyarrow as pa
-from ckpt_trace.formats import SCHEMA, write_trace
+from ckpt_trace.formats.schema import SCHEMA_V1
+from ckpt_trace.formats import write_trace
 n = int(sys.argv[2])
 rng = np.random.default_rng(0)
 columns = {"ts_ns": np.arange(n, dtype=np.int64), "dur_ns": rng.integers(0, 10000, n), "pid": np.full(n, 7, np.int32),
@@ -46,7 +47,7 @@ columns = {"ts_ns": np.arange(n, dtype=np.int64), "dur_ns": rng.integers(0, 1000
            "path": pa.array(["/x/a"] * n), "new_path": pa.nulls(n, pa.string()), "offset": rng.integers(0, 1 << 40, n),
            "offset_source": pa.array(["explicit"] * n), "size": rng.integers(0, 1 << 20, n),
            "ret": rng.integers(0, 1 << 20, n), "flags": pa.nulls(n, pa.int64()), "iov_count": pa.nulls(n, pa.int32())}
-table = pa.table({k: v if isinstance(v, pa.Array) else pa.array(v) for k, v in columns.items()}).cast(SCHEMA)
+table = pa.table({k: v if isinstance(v, pa.Array) else pa.array(v) for k, v in columns.items()}).cast(SCHEMA_V1)
 meta = {"creator": "t", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"], "backend": "strace",
         "start_wall_time_ns": 0, "filesystems": {}, "lost_events": 0, "arch": "x86_64"}
 print("writing", flush=True)

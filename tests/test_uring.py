@@ -7,10 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_plan, replay
-
 from conftest import cli
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"

@@ -5,12 +5,11 @@ from __future__ import annotations
 import sys
 
 import pytest
-
 from ckpt_trace.formats import read_trace
+from conftest import cli
+
 from ckpt_trace.workloads import run
 from ckpt_trace.workloads.models import MODELS, parameter_count, parameter_shapes
-
-from conftest import cli
 
 pytestmark = pytest.mark.torch
 

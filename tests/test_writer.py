@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from ckpt_trace.writer.layout import align_up, plan_files, plan_reads
 
-
 try:
     import torch
     import torch.distributed.checkpoint as dcp
@@ -104,8 +103,9 @@ def test_save_then_load_is_bit_identical(tmp_path, torch_installed, io_uring, op
 @pytest.mark.torch
 @pytest.mark.io_uring
 def test_four_ranks_save_and_load_their_shards(tmp_path, torch_installed, io_uring):
-    from ckpt_trace.workloads.engines import spawn_ranks
     from writer_state import save_and_load_rank
+
+    from ckpt_trace.workloads.engines import spawn_ranks
 
     path = tmp_path / "ckpt"
     sys.path.insert(0, str(TESTS))

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from ckpt_trace.formats import Trace
+
+from ckpt_trace.stats import percentiles_ns
 
 ALIGNMENT_BYTES = 4096
 DATA_OPS = ("read", "write")
@@ -66,6 +68,29 @@ def _alignment(data: pa.Table) -> dict[str, Any]:
     }
 
 
+def _interfaces(data: pa.Table) -> dict[str, dict[str, Any]]:
+    """Per I/O interface (syscall, io_uring, libaio, mmap): data operations, bytes, latency percentiles
+    (submission to completion for requests) and, for queued requests, the distribution of requests in flight
+    at submission (power-of-two buckets)."""
+    out = {}
+    interfaces = pc.unique(data["interface"].cast(pa.string())).to_pylist()
+    for interface in sorted(i for i in interfaces if i):
+        rows = data.filter(pc.equal(data["interface"], interface))
+        moved = pc.max_element_wise(rows["ret"], 0)
+        is_write = pc.equal(rows["op"], "write")
+        entry = {"ops": rows.num_rows, "bytes_written": _sum(pc.if_else(is_write, moved, 0)),
+                 "bytes_read": _sum(pc.if_else(is_write, 0, moved)),
+                 "latency_ns": percentiles_ns(rows["dur_ns"].to_numpy())}
+        depths = rows["in_flight"].drop_null().to_numpy()
+        if len(depths):
+            buckets = np.left_shift(1, np.floor(np.log2(np.maximum(depths, 1))).astype(np.int64))
+            values, counts = np.unique(buckets, return_counts=True)
+            entry["in_flight"] = {"p50": int(np.median(depths)), "max": int(depths.max()),
+                                  "histogram": {str(int(b)): int(c) for b, c in zip(values, counts)}}
+        out[interface] = entry
+    return out
+
+
 def summarize(trace: Trace) -> dict[str, Any]:
     """Summary of ``trace``: operations by type, bytes, files, processes and ranks, sizes, alignment, time split."""
     table = trace.table
@@ -98,4 +123,6 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "failed_ops": _sum(pc.cast(pc.less(table["ret"], 0), pa.int64())),
         "lost_events": int(md.get("lost_events", 0)),
         "filesystems": md.get("filesystems", {}),
+        "interfaces": _interfaces(data),
+        "unseen": md.get("unseen", {}),
     }

@@ -6,7 +6,7 @@ runs every point in fresh processes, ``results`` is the Arrow table,
 """
 
 from .matrix import DIMENSIONS, BenchPoint, Matrix, describe, make_matrix
-from .results import read_bench, ranked
+from .results import ranked, read_bench
 from .run import check_output, run_bench, write_outputs
 
 __all__ = ["DIMENSIONS", "BenchPoint", "Matrix", "check_output", "describe", "make_matrix", "ranked", "read_bench",

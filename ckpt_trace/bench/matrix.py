@@ -33,8 +33,8 @@ import dataclasses
 import itertools
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 ENGINES = ("posix", "uring")
 MISALIGNMENT_BYTES = 512
@@ -57,7 +57,7 @@ class BenchPoint:
     aggregated: bool
     preallocated: bool
 
-    def canonical(self) -> "BenchPoint":
+    def canonical(self) -> BenchPoint:
         """The point that is actually run: POSIX points have queue depth 1."""
         return dataclasses.replace(self, queue_depth=1) if self.engine == "posix" else self
 

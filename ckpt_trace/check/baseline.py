@@ -31,18 +31,18 @@ from __future__ import annotations
 import datetime
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
-
-from ckpt_trace import config
-from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.formats import sha256_file, write_bytes_atomic
 from ckpt_trace.iolayer.host import environment
 from ckpt_trace.replayer import replay
 from ckpt_trace.replayer.replay import STRATEGIES
+
+from ckpt_trace import config
+from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.stats import relative_spread
 from ckpt_trace.version import __version__
 
@@ -133,7 +133,7 @@ def make_baseline(traces: Sequence[str | os.PathLike], *, target: str | os.PathL
     finally:
         _remove_if_made(target, made_target)
     return {"format": BASELINE_FORMAT, "version": BASELINE_VERSION,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "creator_version": __version__, "environment": environment(target),
             "options": {"strategies": chosen, "repeat": repeat, "min_seconds": min_seconds,
                         "queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "durable": durable},

@@ -9,7 +9,7 @@ Schema: the de-facto JUnit XML read by Jenkins, GitLab and GitHub Actions
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 from xml.etree import ElementTree
 
 from ckpt_trace.stats import median_index

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import html
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from ckpt_trace.errors import CkptTraceError
-from ckpt_trace.documents import load_replay_results
 from ckpt_trace.formats import Trace, read_trace, sha256_file, write_bytes_atomic
 from ckpt_trace.iolayer.outputs import check_output_file
 
 from ckpt_trace.analysis.summary import DATA_OPS, summarize
+from ckpt_trace.documents import load_replay_results
+from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.units import human_bytes, human_ns, human_rate
 
 from .figures import png_base64, pyplot
@@ -158,8 +159,7 @@ def load_results(paths: Sequence[str | os.PathLike], trace: Trace) -> tuple[list
     for path in map(Path, paths):
         data = load_replay_results(path, digest, str(trace.path))
         fio = fio or data.get("fio_write_bytes_per_s")
-        for entry in data["results"]:
-            rows.append({**entry, "source": path.stem if len(paths) > 1 else ""})
+        rows.extend({**entry, "source": path.stem if len(paths) > 1 else ""} for entry in data["results"])
     return rows, fio
 
 

@@ -47,6 +47,20 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
         ops.add_row(op, f"{entry['count']:,}", human_bytes(entry["bytes"]) if entry["bytes"] else "", human_ns(entry["time_ns"]))
     console.print(ops)
 
+    interfaces = _table(console, "I/O interfaces (data operations)")
+    for column in ("interface", "ops", "written", "read", "p50 lat", "p99 lat", "in flight p50/max"):
+        interfaces.add_column(column, justify="left" if column == "interface" else "right")
+    for name, entry in summary.get("interfaces", {}).items():
+        depth = entry.get("in_flight")
+        interfaces.add_row(name, f"{entry['ops']:,}", human_bytes(entry["bytes_written"]),
+                           human_bytes(entry["bytes_read"]), human_ns(entry["latency_ns"]["p50"]),
+                           human_ns(entry["latency_ns"]["p99"]), f"{depth['p50']}/{depth['max']}" if depth else "-")
+    console.print(interfaces)
+    for capture, entry in summary.get("unseen", {}).items():
+        what = {"io_uring_requests": f"{entry['count']:,} io_uring requests",
+                "mapped_pages": f"pages touched through {entry['count']:,} file mappings"}.get(capture, capture)
+        console.print(f"warning: {what} are not in this trace: {entry['reason']}", highlight=False)
+
     hist = _table(console, "Request sizes (power-of-two buckets)")
     for column in ("size ≥", "writes", "reads", "bytes"):
         hist.add_column(column, justify="right")

@@ -7,6 +7,10 @@ regenerated from fixed seeds); they are the embedded default input of the
 demo and the tests. The loads are the restore paths users have: DCP's
 FileSystemReader, ``torch.load`` with and without ``mmap=True``,
 safetensors' ``load_file`` (which maps the file), and the emitted reader.
+``libaio`` writes and reads the way DeepSpeed's FastPersist does, through
+native AIO with O_DIRECT (``iolayer.aio``), without DeepSpeed's JIT build.
+``memmap`` writes through a shared file mapping (``numpy.memmap``, then
+msync), the way memory-mapped checkpoint writers do, and reads it mapped.
 ``emitted`` saves and loads through ``torch.distributed.checkpoint`` with an
 emitted writer module's ``make_writer``/``make_reader`` (``--writer``), or
 with ``ckpt_trace.writer``'s defaults. torch is imported lazily
@@ -21,6 +25,7 @@ device mesh, the way FSDP2 shards parameters, and calls ``dcp.save``.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -32,7 +37,7 @@ from ckpt_trace.errors import CkptTraceError, Interrupted, WorkloadError
 
 from .models import MODELS, GPT2Config, parameter_shapes
 
-ENGINES = ("dcp", "torch-save", "safetensors", "emitted")
+ENGINES = ("dcp", "torch-save", "safetensors", "emitted", "libaio", "memmap")
 DCP_ENGINES = ("dcp", "emitted")
 
 
@@ -340,33 +345,162 @@ def _flat_safetensors(local: dict) -> dict:
     return flat
 
 
-def run_safetensors(out: Path, model: str, with_optimizer: bool, load: bool = False) -> float:
-    """``safetensors.torch.save_file`` of the flat tensors to ``out/model.safetensors`` (or ``load_file``
-    them back, which maps the file, and check them)."""
+def _shard_names(flat: dict, shards: int) -> list[list[str]]:
+    """The tensor names of each of ``shards`` files, split by bytes the way ``save_pretrained`` shards."""
+    total = sum(t.numel() * t.element_size() for t in flat.values())
+    limit, groups, size = -(-total // shards), [[]], 0
+    for name, tensor in flat.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if groups[-1] and size + nbytes > limit and len(groups) < shards:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += nbytes
+    return groups
+
+
+def run_safetensors(out: Path, model: str, with_optimizer: bool, load: bool = False, shards: int = 1) -> float:
+    """``safetensors.torch.save_file`` of the flat tensors to ``out/model.safetensors`` (or, with ``shards``
+    above 1, to ``out/model-0000K-of-0000N.safetensors`` and ``model.safetensors.index.json`` as Hugging
+    Face's sharded checkpoints are), or ``load_file`` them back, which maps each file, and check them."""
     torch = _torch()
     try:
         from safetensors.torch import load_file, save_file
     except ImportError:
         raise WorkloadError("this workload needs safetensors: pip install 'ckpt-trace[torch]'") from None
     flat = _flat_safetensors(local_state(model_config(model), 0, 1, with_optimizer))
-    path = out / "model.safetensors"
-    if load and not path.exists():
-        raise WorkloadError(f"nothing to load: {path} is missing (run the save first)")
-    started = time.perf_counter()
-    if load:
-        loaded = load_file(str(path))
-        _touch(torch, loaded)  # load_file maps the file: its pages are read on first access
-    else:
-        save_file(flat, str(path))
+    groups = _shard_names(flat, shards)
+    names = (["model.safetensors"] if shards == 1 else
+             [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))])
+    for name in names:
+        if load and not (out / name).exists():
+            raise WorkloadError(f"nothing to load: {out / name} is missing (run the save first)")
+    started, loaded = time.perf_counter(), {}
+    for name, group in zip(names, groups):
+        if load:
+            part = load_file(str(out / name))
+            _touch(torch, part)  # load_file maps the file: its pages are read on first access
+            loaded.update(part)
+        else:
+            save_file({key: flat[key] for key in group}, str(out / name))
+    if not load and shards > 1:
+        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in flat.values())},
+                 "weight_map": {key: name for name, group in zip(names, groups) for key in group}}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     io_s = time.perf_counter() - started
     if load:
         _same(torch, loaded, flat)
     return io_s
 
 
+AIO_CHUNK_BYTES = 1 << 20  # FastPersist's default io_block_size (DeepSpeed docs, "aio" config): 1 MiB
+AIO_QUEUE_DEPTH = 8  # and its queue_depth
+
+
+def run_libaio(out: Path, model: str, with_optimizer: bool, load: bool = False) -> float:
+    """Write the flat tensors to ``out/model.aio.bin`` through native AIO with O_DIRECT, as DeepSpeed's
+    FastPersist does: tensors copied into one page-aligned buffer (each at a 4 KiB-aligned offset), written
+    in 1 MiB requests with 8 in flight, the file then cut to its exact size; ``model.aio.json`` indexes
+    the tensors. ``load`` reads the file back the same way and checks every tensor."""
+    torch = _torch()
+    from ckpt_trace.iolayer import files
+    from ckpt_trace.iolayer.aio import AioContext
+    from ckpt_trace.iolayer.buffers import AlignedBuffer
+
+    flat = _flat_safetensors(local_state(model_config(model), 0, 1, with_optimizer))
+    path, index_path = out / "model.aio.bin", out / "model.aio.json"
+    layout, end = {}, 0
+    for name, tensor in flat.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        layout[name] = (end, nbytes, list(tensor.shape))
+        end = -(-(end + nbytes) // 4096) * 4096
+    padded = max(4096, end)
+    if load and not (path.exists() and index_path.exists()):
+        raise WorkloadError(f"nothing to load: {path} or {index_path.name} is missing (run the save first)")
+    buf = AlignedBuffer(padded)
+    view = buf.view()
+    try:
+        if not load:
+            for name, (offset, nbytes, _) in layout.items():
+                view[offset:offset + nbytes] = flat[name].contiguous().view(torch.uint8).numpy().tobytes()
+        started = time.perf_counter()
+        opened = files.open_file(path, os.O_RDONLY if load else os.O_WRONLY | os.O_CREAT | os.O_TRUNC, direct=True)
+        try:
+            with AioContext(AIO_QUEUE_DEPTH) as ctx:
+                sizes = {}
+                for tag, offset in enumerate(range(0, padded, AIO_CHUNK_BYTES)):
+                    if ctx.in_flight == AIO_QUEUE_DEPTH:
+                        _aio_check(ctx.reap(1), sizes, load)
+                    sizes[tag] = min(AIO_CHUNK_BYTES, padded - offset)
+                    ctx.submit("read" if load else "write", opened.fd, buf.ptr + offset, sizes[tag], offset, tag)
+                while ctx.in_flight:
+                    _aio_check(ctx.reap(ctx.in_flight), sizes, load)
+                if not load:
+                    os.ftruncate(opened.fd, end)
+                    os.fsync(opened.fd)
+        finally:
+            os.close(opened.fd)
+        if not load:
+            index_path.write_text(json.dumps({name: list(entry) for name, entry in layout.items()}))
+        io_s = time.perf_counter() - started
+        if load:
+            loaded = {name: torch.frombuffer(bytearray(view[offset:offset + nbytes]), dtype=flat[name].dtype)
+                      .reshape(shape) for name, (offset, nbytes, shape) in layout.items()}
+            _same(torch, loaded, flat)
+    finally:
+        view.release()
+        buf.close()
+    return io_s
+
+
+def run_memmap(out: Path, model: str, with_optimizer: bool, load: bool = False) -> float:
+    """Write the flat tensors into ``out/model.mmap.bin`` through a shared mapping (``numpy.memmap`` mode
+    ``w+``: the file is sized, mapped, filled, msynced by ``flush``, unmapped) and index them in
+    ``model.mmap.json``; ``load`` maps the file read-only, copies every tensor out and checks it."""
+    torch = _torch()
+    import numpy as np
+
+    flat = _flat_safetensors(local_state(model_config(model), 0, 1, with_optimizer))
+    path, index_path = out / "model.mmap.bin", out / "model.mmap.json"
+    layout, end = {}, 0
+    for name, tensor in flat.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        layout[name] = (end, nbytes, list(tensor.shape))
+        end += nbytes
+    if load and not (path.exists() and index_path.exists()):
+        raise WorkloadError(f"nothing to load: {path} or {index_path.name} is missing (run the save first)")
+    started = time.perf_counter()
+    mapped = np.memmap(path, dtype=np.uint8, mode="r" if load else "w+", shape=(max(1, end),))
+    try:
+        if load:
+            loaded = {name: torch.from_numpy(np.array(mapped[offset:offset + nbytes])).view(flat[name].dtype)
+                      .reshape(shape) for name, (offset, nbytes, shape) in layout.items()}
+        else:
+            for name, (offset, nbytes, _) in layout.items():
+                mapped[offset:offset + nbytes] = flat[name].contiguous().view(torch.uint8).reshape(-1).numpy()
+            mapped.flush()
+    finally:
+        mapped._mmap.close()  # munmap now, not at garbage collection
+        del mapped
+    if not load:
+        index_path.write_text(json.dumps({name: list(entry) for name, entry in layout.items()}))
+    io_s = time.perf_counter() - started
+    if load:
+        _same(torch, loaded, flat)
+    return io_s
+
+
+def _aio_check(done, sizes: dict, load: bool) -> None:
+    """Raise WorkloadError for a failed request or a short write (a read may end at the end of the file)."""
+    for completion in done:
+        if completion.res < 0 or (not load and completion.res != sizes[completion.tag]):
+            detail = os.strerror(-completion.res) if completion.res < 0 else f"{completion.res} B written"
+            raise WorkloadError(f"a native AIO {'read' if load else 'write'} failed: {detail}")
+
+
 def run(engine: str, out: Path, *, ranks: int = 1, model: str = "gpt2-small", with_optimizer: bool = False,
         file_per_layer: bool = False, load: bool = False, mmap: bool = False,
-        writer: str | None = None) -> tuple[Path, float]:
+        writer: str | None = None, shards: int = 1) -> tuple[Path, float]:
     """Run a built-in workload (a save, or with ``load`` a checked load of that save); returns the checkpoint
     directory and the seconds of the save or load itself (for DCP, barrier to barrier; for torch.load and
     load_file, until every tensor's bytes were read).
@@ -386,6 +520,10 @@ def run(engine: str, out: Path, *, ranks: int = 1, model: str = "gpt2-small", wi
         raise WorkloadError("--writer applies to the emitted workload only")
     if ranks < 1:
         raise WorkloadError("--ranks must be at least 1")
+    if shards < 1:
+        raise WorkloadError("--shards must be at least 1")
+    if shards != 1 and engine != "safetensors":
+        raise WorkloadError("--shards applies to the safetensors workload only")
     if ranks != 1 and engine not in DCP_ENGINES:
         raise WorkloadError(f"--ranks applies to the {' and '.join(DCP_ENGINES)} workloads only")
     model_config(model)
@@ -403,8 +541,12 @@ def run(engine: str, out: Path, *, ranks: int = 1, model: str = "gpt2-small", wi
             io_s = run_dcp(out, ranks, model, with_optimizer, engine, load, writer)
         elif engine == "torch-save":
             io_s = run_torch_save(out, model, with_optimizer, file_per_layer, load, mmap)
+        elif engine == "libaio":
+            io_s = run_libaio(out, model, with_optimizer, load)
+        elif engine == "memmap":
+            io_s = run_memmap(out, model, with_optimizer, load)
         else:
-            io_s = run_safetensors(out, model, with_optimizer, load)
+            io_s = run_safetensors(out, model, with_optimizer, load, shards)
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; a partial checkpoint may remain in {out}") from None
     return out, io_s

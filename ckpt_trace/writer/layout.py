@@ -16,8 +16,8 @@ with requests of at most ``buffer_bytes``.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Hashable, Sequence
 
 
 def align_up(value: int, align: int) -> int:

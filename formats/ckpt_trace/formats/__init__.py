@@ -3,9 +3,19 @@
 This package imports nothing else of ckpt-trace; see ``formats/README.md``.
 """
 
-from .errors import CkptTraceError, TraceFormatError
-from .io import Trace, fsync_directory, read_metadata, read_trace, reserve_temporary, sha256_file, table_from_columns, write_bytes_atomic, write_trace
 from . import vocabulary
+from .errors import CkptTraceError, TraceFormatError
+from .io import (
+    Trace,
+    fsync_directory,
+    read_metadata,
+    read_trace,
+    reserve_temporary,
+    sha256_file,
+    table_from_columns,
+    write_bytes_atomic,
+    write_trace,
+)
 from .schema import COLUMNS, FORMAT_VERSION, METADATA_KEY, SCHEMA, SUPPORTED_VERSIONS
 from .vocabulary import OFFSET_SOURCES
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from .errors import CkptTraceError, TraceFormatError
@@ -29,7 +31,10 @@ from .schema import (
     METADATA_KEY,
     REQUIRED_METADATA_KEYS,
     SCHEMA,
+    SCHEMA_V1,
+    SCHEMAS,
     SUPPORTED_VERSIONS,
+    upgrade,
 )
 
 DEFAULT_BATCH_ROWS = 65536
@@ -110,15 +115,29 @@ def sha256_file(path: str | os.PathLike) -> str:
 def table_from_columns(columns: Mapping[str, list]) -> pa.Table:
     """Build a table of ``SCHEMA`` from a mapping column name -> list of values.
 
-    Raises TraceFormatError when a column is missing or a value does not fit its type.
+    The columns of version 1 are required; the request and mapping columns
+    added in version 2 default to ``interface`` 'syscall' and null. Raises
+    TraceFormatError when a column is missing or a value does not fit its type.
     """
-    missing = [name for name in COLUMNS if name not in columns]
+    missing = [name for name in SCHEMA_V1.names if name not in columns]
     if missing:
         raise TraceFormatError(f"rows lack column {missing[0]!r}")
+    rows = len(columns["ts_ns"])
+    filled = {name: columns[name] if name in columns else (["syscall"] * rows if name == "interface" else [None] * rows)
+              for name in COLUMNS}
     try:
-        return pa.Table.from_pydict({name: columns[name] for name in COLUMNS}, schema=SCHEMA)
+        return pa.Table.from_pydict(filled, schema=SCHEMA)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as err:
         raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
+
+
+def conform(table: pa.Table) -> pa.Table:
+    """``table`` as ``SCHEMA``: the columns in order, cast, and every text column's chunks sharing one
+    dictionary (the IPC file format allows one dictionary per column; Arrow columnar format, "Dictionary
+    Messages"). Version-1-shaped tables gain the version 2 columns."""
+    if "interface" not in table.column_names:
+        table = upgrade(table.select([name for name in SCHEMA_V1.names]), 1)
+    return table.select(list(COLUMNS)).cast(SCHEMA).unify_dictionaries()
 
 
 def write_trace(
@@ -147,14 +166,16 @@ def write_trace(
     if missing:
         raise TraceFormatError(f"trace metadata lacks key {missing[0]!r}")
     schema = SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
-    table = table.select(list(COLUMNS)).cast(SCHEMA).replace_schema_metadata(schema.metadata)
+    try:
+        table = conform(table).replace_schema_metadata(schema.metadata)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
+        raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
     tmp = _temporary_name(path)
     options = ipc.IpcWriteOptions(compression="zstd")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with pa.OSFile(str(tmp), "wb") as sink:
-            with ipc.new_file(sink, schema, options=options) as writer:
-                writer.write_table(table, max_chunksize=max(1, batch_rows))
+        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, schema, options=options) as writer:
+            writer.write_table(table, max_chunksize=max(1, batch_rows))
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -178,20 +199,21 @@ def _decode_metadata(path: Path, schema: pa.Schema) -> dict:
         raise TraceFormatError(f"{path}: metadata key {METADATA_KEY.decode()!r} is not valid JSON") from None
     if not isinstance(meta, dict):
         raise TraceFormatError(f"{path}: metadata key {METADATA_KEY.decode()!r} is not a JSON object")
+    version = meta.get("format_version")
+    if version == 1:
+        for key, value in METADATA_DEFAULTS.items():
+            meta.setdefault(key, value)
     missing = [key for key in REQUIRED_METADATA_KEYS if key not in meta]
     if missing:
         raise TraceFormatError(f"{path}: trace metadata lacks key {missing[0]!r}")
-    for key, value in METADATA_DEFAULTS.items():
-        meta.setdefault(key, value)
-    version = meta["format_version"]
     if version not in SUPPORTED_VERSIONS:
         supported = ", ".join(str(v) for v in SUPPORTED_VERSIONS)
         raise TraceFormatError(f"{path}: trace format version {version!r} is not supported (supported: {supported})")
     return meta
 
 
-def _check_columns(path: Path, schema: pa.Schema) -> None:
-    for field in SCHEMA:
+def _check_columns(path: Path, schema: pa.Schema, version: int) -> None:
+    for field in SCHEMAS[version]:
         index = schema.get_field_index(field.name)
         if index < 0:
             raise TraceFormatError(f"{path}: column {field.name!r} missing")
@@ -220,7 +242,7 @@ def read_metadata(path: str | os.PathLike) -> dict:
     path = Path(path)
     reader = _open_reader(path)
     meta = _decode_metadata(path, reader.schema)
-    _check_columns(path, reader.schema)
+    _check_columns(path, reader.schema, meta["format_version"])
     return meta
 
 
@@ -235,13 +257,31 @@ def read_trace(path: str | os.PathLike) -> Trace:
     path = Path(path)
     reader = _open_reader(path)
     meta = _decode_metadata(path, reader.schema)
-    _check_columns(path, reader.schema)
+    version = meta["format_version"]
+    _check_columns(path, reader.schema, version)
     try:
         table = reader.read_all()
         table.validate(full=True)  # offsets and lengths checked, so no later compute reads out of bounds
+        table = upgrade(table.select(list(SCHEMAS[version].names)), version)
     except (pa.ArrowException, OSError) as err:
         raise TraceFormatError(f"{path}: record batches are corrupt ({_first_line(err)})") from None
-    return Trace(path=path, table=table.select(list(COLUMNS)), metadata=meta)
+    _check_values(path, table)
+    return Trace(path=path, table=table, metadata=meta)
+
+
+_NON_NEGATIVE = ("dur_ns", "size", "in_flight")
+
+
+def _check_values(path: Path, table: pa.Table) -> None:
+    """Values the schema's types cannot enforce: no nulls in non-nullable columns (Arrow IPC does not
+    check them), no negative durations, sizes or depths. Vectorised: one pass per column."""
+    for field in SCHEMA:
+        if not field.nullable and table.column(field.name).null_count:
+            raise TraceFormatError(f"{path}: column {field.name!r} holds nulls")
+    for name in _NON_NEGATIVE:
+        smallest = pc.min(table.column(name)).as_py()
+        if smallest is not None and smallest < 0:
+            raise TraceFormatError(f"{path}: column {name!r} holds a negative value ({smallest})")
 
 
 def _first_line(err: Exception) -> str:

@@ -4,14 +4,19 @@ Columns, types and units are documented in ``formats/README.md``; this
 module is the machine-readable copy. Version history:
 
 - 1: first version.
+- 2: request-level rows (io_uring, libaio) and memory-mapped I/O: columns
+  ``interface``, ``queue_id``, ``request_id``, ``in_flight``, ``address`` and
+  ``prot``; the string columns dictionary-encoded (a quarter of the bytes per
+  row); the ``arch`` metadata key required. Version 1 files are read as
+  version 2 (``upgrade``).
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
 
 # The one schema-metadata key; its value is a UTF-8 JSON object.
 METADATA_KEY = b"ckpt_trace"
@@ -28,12 +33,15 @@ REQUIRED_METADATA_KEYS = (
     "start_wall_time_ns",
     "filesystems",
     "lost_events",
+    "arch",
 )
 
-# Metadata keys a trace may lack: readers supply these defaults.
-METADATA_DEFAULTS = {"arch": "x86_64"}  # traces written before the key existed were all recorded on x86-64
+# Metadata keys a version-1 trace may lack: readers supply these defaults.
+METADATA_DEFAULTS = {"arch": "x86_64"}  # every version-1 trace was recorded on x86-64
 
-SCHEMA = pa.schema(
+_TEXT = pa.dictionary(pa.int32(), pa.string())  # repeated names and paths: stored once per file
+
+SCHEMA_V1 = pa.schema(
     [
         pa.field("ts_ns", pa.int64(), nullable=False),
         pa.field("dur_ns", pa.int64(), nullable=False),
@@ -55,4 +63,53 @@ SCHEMA = pa.schema(
     ]
 )
 
+SCHEMA = pa.schema(
+    [
+        pa.field("ts_ns", pa.int64(), nullable=False),
+        pa.field("dur_ns", pa.int64(), nullable=False),
+        pa.field("pid", pa.int32(), nullable=False),
+        pa.field("tid", pa.int32(), nullable=False),
+        pa.field("comm", _TEXT),
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("syscall", _TEXT, nullable=False),
+        pa.field("op", _TEXT, nullable=False),
+        pa.field("fd", pa.int32()),
+        pa.field("path", _TEXT),
+        pa.field("new_path", _TEXT),
+        pa.field("offset", pa.int64()),
+        pa.field("offset_source", _TEXT),
+        pa.field("size", pa.int64()),
+        pa.field("ret", pa.int64(), nullable=False),
+        pa.field("flags", pa.int64()),
+        pa.field("iov_count", pa.int32()),
+        pa.field("interface", _TEXT, nullable=False),
+        pa.field("queue_id", pa.int64()),
+        pa.field("request_id", pa.int64()),
+        pa.field("in_flight", pa.int32()),
+        pa.field("address", pa.int64()),
+        pa.field("prot", pa.int32()),
+    ]
+)
+
+SCHEMAS = {1: SCHEMA_V1, 2: SCHEMA}
 COLUMNS = tuple(SCHEMA.names)
+TEXT_COLUMNS = tuple(field.name for field in SCHEMA if pa.types.is_dictionary(field.type))
+
+
+def upgrade(table: pa.Table, version: int) -> pa.Table:
+    """A table of format ``version`` as the current ``SCHEMA``: version 1 gains the request and mapping
+    columns (``interface`` 'syscall', the others null) and dictionary-encoded text."""
+    if version == FORMAT_VERSION:
+        return table
+    rows = table.num_rows
+    extra = {"interface": pa.array(["syscall"] * rows, pa.string()) if rows else pa.array([], pa.string())}
+    columns = []
+    for field in SCHEMA:
+        if field.name in table.column_names:
+            column = table[field.name]
+        elif field.name in extra:
+            column = extra[field.name]
+        else:
+            column = pa.nulls(rows, field.type.value_type if pa.types.is_dictionary(field.type) else field.type)
+        columns.append(column.cast(field.type))
+    return pa.Table.from_arrays(columns, schema=SCHEMA.remove_metadata())

@@ -21,7 +21,9 @@ OPEN, CLOSE, READ, WRITE, LSEEK = "open", "close", "read", "write", "lseek"
 FSYNC, FDATASYNC, SYNC_FILE_RANGE = "fsync", "fdatasync", "sync_file_range"
 FTRUNCATE, FALLOCATE, RENAME, UNLINK, MKDIR, DUP, FCNTL = (
     "ftruncate", "fallocate", "rename", "unlink", "mkdir", "dup", "fcntl")
-IO_URING_SETUP, IO_URING_ENTER = "io_uring_setup", "io_uring_enter"
+IO_URING_SETUP, IO_URING_ENTER, IO_URING_REGISTER = "io_uring_setup", "io_uring_enter", "io_uring_register"
+IO_SETUP, IO_DESTROY, IO_SUBMIT, IO_GETEVENTS = "io_setup", "io_destroy", "io_submit", "io_getevents"
+MMAP_OP, MUNMAP, MSYNC, MADVISE, MREMAP = "mmap", "munmap", "msync", "madvise", "mremap"
 
 DATA_OPS = frozenset({READ, WRITE})
 SYNC_OPS = frozenset({FSYNC, FDATASYNC, SYNC_FILE_RANGE})
@@ -32,9 +34,19 @@ FD_OPS = frozenset({CLOSE, READ, WRITE, LSEEK, FSYNC, FDATASYNC, SYNC_FILE_RANGE
 #: File-system operations that move no data: what the paper counts as metadata operations.
 METADATA_OPS = frozenset({OPEN, CLOSE, LSEEK, FSYNC, FDATASYNC, SYNC_FILE_RANGE, FTRUNCATE, FALLOCATE, RENAME,
                           UNLINK, MKDIR, DUP, FCNTL})
-#: Rows of an io_uring instance itself (not data).
-RING_OPS = frozenset({IO_URING_SETUP, IO_URING_ENTER})
-OPS = METADATA_OPS | DATA_OPS | RING_OPS
+#: Rows of an io_uring instance or a Linux AIO context itself: the queue, not the data.
+RING_OPS = frozenset({IO_URING_SETUP, IO_URING_ENTER, IO_URING_REGISTER, IO_SETUP, IO_DESTROY, IO_SUBMIT,
+                      IO_GETEVENTS})
+#: Rows of a file mapping's life (its pages touched are read and write rows).
+MAPPING_OPS = frozenset({MMAP_OP, MUNMAP, MSYNC, MADVISE, MREMAP})
+OPS = METADATA_OPS | DATA_OPS | RING_OPS | MAPPING_OPS
+
+# -- I/O interfaces (the ``interface`` column) ------------------------------------------
+SYSCALL = "syscall"  # a synchronous system call (read, pwrite64, fsync...), or the ring or context calls
+IO_URING = "io_uring"  # one io_uring request (SQE), from its submission to its completion (CQE)
+LIBAIO = "libaio"  # one Linux AIO request (iocb of io_submit), completed by io_getevents
+MMAP = "mmap"  # a file mapping (mmap, munmap, msync, madvise, mremap) or the pages touched through one
+INTERFACES = (SYSCALL, IO_URING, LIBAIO, MMAP)
 
 # -- offset sources (the ``offset_source`` column) -----------------------------------
 OFFSET_EXPLICIT = "explicit"  # the call's own offset argument (pwrite64...)
@@ -42,7 +54,21 @@ OFFSET_POSITION = "position"  # the file position, tracked through open/lseek/re
 OFFSET_APPEND = "append"  # end of file, for O_APPEND writes
 OFFSET_KERNEL = "kernel"  # read from the kernel's struct file at syscall exit
 OFFSET_UNKNOWN = "unknown"  # applicable, but the trace could not know it
-OFFSET_SOURCES = (OFFSET_EXPLICIT, OFFSET_POSITION, OFFSET_APPEND, OFFSET_KERNEL, OFFSET_UNKNOWN)
+OFFSET_PAGE = "page"  # pages touched through a mapping: page-aligned, whole pages (the kernel's page size)
+OFFSET_SOURCES = (OFFSET_EXPLICIT, OFFSET_POSITION, OFFSET_APPEND, OFFSET_KERNEL, OFFSET_UNKNOWN, OFFSET_PAGE)
+
+# -- what the ``syscall`` column holds for rows that are not system calls -----------------
+# io_uring requests: "io_uring:" + the opcode name (io_uring:WRITE); libaio: "aio:" + IOCB_CMD name
+# (aio:PWRITE); pages through a mapping: these three.
+PAGE_FAULT, FAULT_AROUND, PAGE_DIRTY = "page_fault", "fault_around", "page_dirty"
+URING_OPCODE_NAMES = {0: "NOP", 6: "POLL_ADD", 7: "POLL_REMOVE", 9: "SENDMSG", 10: "RECVMSG", 11: "TIMEOUT",
+                      13: "ACCEPT", 16: "CONNECT", 18: "OPENAT", 19: "CLOSE", 20: "FILES_UPDATE", 21: "STATX",
+                      24: "FADVISE", 25: "MADVISE", 26: "SEND", 27: "RECV", 28: "OPENAT2", 35: "RENAMEAT",
+                      36: "UNLINKAT", 37: "MKDIRAT"}  # opcodes not recorded, named where counted
+URING_OPCODES = {1: "READV", 2: "WRITEV", 3: "FSYNC", 4: "READ_FIXED", 5: "WRITE_FIXED", 8: "SYNC_FILE_RANGE",
+                 17: "FALLOCATE", 22: "READ", 23: "WRITE"}  # include/uapi/linux/io_uring.h, the ones recorded
+URING_OPCODE_NAMES.update(URING_OPCODES)
+AIO_OPCODES = {0: "PREAD", 1: "PWRITE", 2: "FSYNC", 3: "FDSYNC", 5: "NOOP", 7: "PREADV", 8: "PWRITEV"}  # aio_abi.h
 
 # -- paths ----------------------------------------------------------------------------
 IO_URING_PATH = "anon_inode:[io_uring]"  # the ``path`` of io_uring instance rows

@@ -39,14 +39,14 @@ class AlignedBuffer:
     def view(self) -> memoryview:
         return memoryview(self.mmap)
 
-    def fill(self, block: bytes) -> "AlignedBuffer":
+    def fill(self, block: bytes) -> AlignedBuffer:
         """Write ``block`` over the buffer again and again (which also faults every page in)."""
         for start in range(0, len(self.mmap), len(block)):
             chunk = min(len(block), len(self.mmap) - start)
             self.mmap[start:start + chunk] = block[:chunk]
         return self
 
-    def prefault(self) -> "AlignedBuffer":
+    def prefault(self) -> AlignedBuffer:
         """Touch every page (writes a zero byte to each), so no page fault lands inside a timed region."""
         for start in range(0, len(self.mmap), PAGE_BYTES):
             self.mmap[start] = 0
@@ -55,7 +55,7 @@ class AlignedBuffer:
     def close(self) -> None:
         self.mmap.close()
 
-    def __enter__(self) -> "AlignedBuffer":
+    def __enter__(self) -> AlignedBuffer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
 
 from ckpt_trace.errors import CkptTraceError
 

@@ -37,8 +37,9 @@ import struct
 import time
 from array import array
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -297,7 +298,7 @@ class Ring:
         self._lib.ckr_exit(self._ring)
         self._ring = None
 
-    def __enter__(self) -> "Ring":
+    def __enter__(self) -> Ring:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from ckpt_trace.errors import ReplayError
 

@@ -22,7 +22,7 @@ import dataclasses
 import os
 from types import MappingProxyType
 
-from .plan import DATA_KINDS, PlanChecks, PlanOp, ReplayPlan, WorkerPlan
+from .plan import DATA_KINDS, MAPPING_KINDS, PlanChecks, PlanOp, ReplayPlan, WorkerPlan
 
 PACK_DIR = "ckpt-trace-packs"
 INDEX_PATH = f"{PACK_DIR}/index.json"
@@ -47,6 +47,8 @@ def _packable(plan: ReplayPlan, ops: list[tuple[int, PlanOp]]) -> bool:
         return False
     opens = [op for _, op in ops if op.kind == "open"]
     writes = [op for _, op in ops if op.kind == "write"]
+    if any(op.kind in MAPPING_KINDS or op.mapped for _, op in ops):
+        return False  # a mapped file stays a file of its own
     return (bool(opens) and bool(writes) and all((o.flags or 0) & os.O_CREAT and not (o.flags or 0) & os.O_DIRECTORY
                                                   for o in opens)
             and all(op.offset is not None for _, op in ops if op.kind in DATA_KINDS))

@@ -32,19 +32,20 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 import pyarrow as pa
-
-from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats import vocabulary as v
 from ckpt_trace.iolayer.pattern import file_key
+
+from ckpt_trace.errors import ReplayError
 
 from .paths import relative_target_path
 
 DATA_KINDS = v.DATA_OPS
+MAPPING_KINDS = frozenset({"mmap", "munmap", "msync"})  # plan kinds of the mapping rows (madvise, mremap: skipped)
 PATH_KINDS = v.PATH_OPS
 FD_KINDS = v.FD_OPS
 METADATA_KINDS = v.METADATA_OPS
@@ -65,7 +66,15 @@ class PlanOp:
     ``pattern_key`` selects the content a write carries (``replayer.pattern``),
     derived from the final path of the file written; ``pattern_offset``, when
     set, is the offset in that file the bytes belong to (packed files live at
-    another offset of their pack).
+    another offset of their pack). ``queue`` is the recorded io_uring ring or
+    libaio context of a request (None for a system call): executors that replay
+    as recorded submit requests asynchronously, at most the queue's recorded
+    depth (``ReplayPlan.queue_depths``) in flight. ``mapped``: a read or write
+    of pages through the mapping on ``handle``, which the POSIX executor
+    replays through a mapping and the others as plain I/O. Kind ``mmap`` opens
+    ``path`` and maps ``size`` bytes from ``offset`` with ``prot`` (PROT_*)
+    and ``flags`` (MAP_*); ``munmap`` unmaps and closes it; ``msync`` syncs
+    ``size`` bytes from file offset ``offset``.
     """
 
     seq: int
@@ -82,6 +91,9 @@ class PlanOp:
     deps: tuple[int, ...] = ()
     pattern_key: int = 0
     pattern_offset: int | None = None
+    queue: int | None = None
+    mapped: bool = False
+    prot: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +145,8 @@ class ReplayPlan:
     ``--pack-files``, ``pack_index`` maps each packed file's final path to its
     pack, offset and size (the executor writes it as ``index.json``) and
     ``metadata_ops_saved`` counts the operations packing removed.
-    ``checks`` is what must hold afterwards; ``files`` the file identities.
+    ``checks`` is what must hold afterwards; ``files`` the file identities;
+    ``queue_depths`` the most requests each recorded queue had in flight.
     """
 
     strategy: str
@@ -148,6 +161,7 @@ class ReplayPlan:
     metadata_ops_saved: int = 0
     checks: PlanChecks = field(default_factory=PlanChecks)
     files: FileIdentity = field(default_factory=FileIdentity)
+    queue_depths: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def num_ops(self) -> int:
@@ -193,6 +207,8 @@ class _Planner:
         self.unverifiable: set[int] = set()
         self.truncated: set[int] = set()
         self.precreated: dict[str, int] = {}
+        self.queue_depths: dict[int, int] = {}
+        self.mappings: dict[int, list[tuple[int, int, int, int]]] = defaultdict(list)  # pid -> (addr, len, off, handle)
 
     def file(self, path: str) -> int:
         """The identity of the file now at ``path`` (a new one if none is known)."""
@@ -263,8 +279,8 @@ class _Planner:
         worker = (row["pid"], row["tid"])
         self.ranks.setdefault(worker, row["rank"])
         op, ret = row["op"], row["ret"]
-        if op.startswith("io_uring"):
-            self.skipped["io_uring"] += 1
+        if op in v.RING_OPS:
+            self.skipped["queue_calls"] += 1  # the requests are rows of their own
             return
         if ret < 0:
             self.skipped["failed"] += 1
@@ -331,9 +347,29 @@ class _Planner:
         self.ops[worker].append(PlanOp(seq=seq, kind="close", ts_ns=row["ts_ns"], handle=handle,
                                        release=self.handle_refs[handle] <= 0, deps=tuple(deps)))
 
+    def _request(self, row) -> dict:
+        """The queue of a request row (and its recorded depth), as PlanOp fields."""
+        queue = row["queue_id"]
+        if queue is None or row["interface"] not in (v.IO_URING, v.LIBAIO):
+            return {}
+        self.queue_depths[queue] = max(self.queue_depths.get(queue, 1), row["in_flight"] or 1)
+        return {"queue": queue}
+
+    def _mapped_handle(self, pid: int, address: int | None) -> tuple[int, int] | None:
+        """(handle, file offset of ``address``) of the process's mapping holding ``address``."""
+        if address is None:
+            return None
+        for start, length, offset, handle in self.mappings.get(pid, ()):
+            if start <= address < start + length:
+                return handle, offset + address - start
+        return None
+
     def _row_write(self, seq, worker, row) -> None:
+        if row["interface"] == v.MMAP:
+            self._row_mapped(seq, worker, row, "write")
+            return
         offset, size = row["offset"], row["ret"]
-        handle = self._append_fd_op(seq, worker, row, "write", offset=offset, size=size)
+        handle = self._append_fd_op(seq, worker, row, "write", offset=offset, size=size, **self._request(row))
         if handle is None:
             return
         path = self.handle_path[handle]
@@ -349,18 +385,78 @@ class _Planner:
             self.sizes[path] = max(self.sizes.get(path) or 0, offset + size)
 
     def _row_read(self, seq, worker, row) -> None:
-        handle = self._append_fd_op(seq, worker, row, "read", offset=row["offset"], size=row["size"] or 0)
+        if row["interface"] == v.MMAP:
+            self._row_mapped(seq, worker, row, "read")
+            return
+        handle = self._append_fd_op(seq, worker, row, "read", offset=row["offset"], size=row["size"] or 0,
+                                    **self._request(row))
         if handle is None:
             return
         path = self.handle_path[handle]
         if row["offset"] is not None and not self.first_touch.get(path, False):
             self.read_extent[path] = max(self.read_extent.get(path, 0), row["offset"] + max(row["ret"], 0))
 
+    def _row_mapped(self, seq, worker, row, kind: str) -> None:
+        """Pages read or written through a mapping: I/O on the mapping's handle at their file offset."""
+        found = self._mapped_handle(row["pid"], row["address"])
+        if found is None:
+            self.skipped["pages_outside_a_mapping"] += 1
+            return
+        handle, offset = found
+        path, size = self.handle_path[handle], row["size"] or 0
+        deps: list[int] = []
+        self._dep(self.handle_origin.get(handle), worker, deps)
+        self.ops[worker].append(PlanOp(seq=seq, kind=kind, ts_ns=row["ts_ns"], handle=handle, path=path,
+                                       offset=offset, size=size, mapped=True, deps=tuple(deps)))
+        if kind == "write":
+            self.bytes_to_write += size
+            self.coverage[self.handle_file[handle]].append((offset, offset + size))
+        elif not self.first_touch.get(path, False):
+            self.read_extent[path] = max(self.read_extent.get(path, 0), offset + size)
+
+    def _row_mmap(self, seq, worker, row) -> None:
+        """A file mapping: one ``mmap`` op that opens the file for the mapping (the program may close its
+        descriptor meanwhile) and maps it; its handle is the mapping's."""
+        path = self.rel(row["path"])
+        if path is None or row["address"] is None:
+            self.skipped["no_path"] += 1
+            return
+        handle = self.new_handle(path, seq, worker)
+        self.touch(path, creating=False)
+        self.ops[worker].append(PlanOp(seq=seq, kind="mmap", ts_ns=row["ts_ns"], handle=handle, path=path,
+                                       offset=row["offset"] or 0, size=row["size"], flags=row["flags"],
+                                       prot=row["prot"], deps=self.path_deps(seq, worker, path)))
+        self.mappings[row["pid"]].append((row["address"], row["size"] or 0, row["offset"] or 0, handle))
+
+    def _row_munmap(self, seq, worker, row) -> None:
+        """The end of a mapping: ``munmap`` unmaps it and closes its handle."""
+        found = self._mapped_handle(row["pid"], row["address"])
+        if found is None:
+            self.skipped["unmapped_without_mapping"] += 1
+            return
+        handle = found[0]
+        self.mappings[row["pid"]] = [m for m in self.mappings[row["pid"]] if m[3] != handle]
+        self.handle_refs[handle] -= 1
+        deps: list[int] = []
+        self._dep(self.handle_origin.get(handle), worker, deps)
+        self.ops[worker].append(PlanOp(seq=seq, kind="munmap", ts_ns=row["ts_ns"], handle=handle, release=True,
+                                       deps=tuple(deps)))
+
+    def _row_msync(self, seq, worker, row) -> None:
+        found = self._mapped_handle(row["pid"], row["address"])
+        if found is None:
+            self.skipped["synced_without_mapping"] += 1
+            return
+        deps: list[int] = []
+        self._dep(self.handle_origin.get(found[0]), worker, deps)
+        self.ops[worker].append(PlanOp(seq=seq, kind="msync", ts_ns=row["ts_ns"], handle=found[0],
+                                       offset=found[1], size=row["size"], flags=row["flags"], deps=tuple(deps)))
+
     def _row_lseek(self, seq, worker, row) -> None:
         self._append_fd_op(seq, worker, row, "lseek", offset=row["offset"])
 
     def _row_fsync(self, seq, worker, row) -> None:
-        self._append_fd_op(seq, worker, row, row["op"])
+        self._append_fd_op(seq, worker, row, row["op"], **self._request(row))
 
     _row_fdatasync = _row_fsync
 
@@ -481,14 +577,21 @@ class _Planner:
             checks=PlanChecks(
                 expected_sizes=MappingProxyType(expected),
                 verify_ranges=MappingProxyType({
-                    path: tuple(merge_ranges(self.coverage[fid])) for path, fid in sorted(self.file_of_path.items())
+                    path: _clipped(merge_ranges(self.coverage[fid]), expected[path])
+                    for path, fid in sorted(self.file_of_path.items())
                     if fid not in self.unverifiable and path in expected
                 }),
                 unverifiable=tuple(sorted(p for p, fid in self.file_of_path.items() if fid in self.unverifiable)),
             ),
             files=FileIdentity(handle_files=MappingProxyType(dict(self.handle_file)),
                                file_paths=MappingProxyType(final_path)),
+            queue_depths=MappingProxyType(dict(self.queue_depths)),
         )
+
+
+def _clipped(ranges: list[tuple[int, int]], size: int) -> tuple[tuple[int, int], ...]:
+    """``ranges`` cut at ``size`` (pages written back through a mapping may reach past the end of the file)."""
+    return tuple((start, min(end, size)) for start, end in ranges if start < size)
 
 
 def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -502,7 +605,8 @@ def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(start, end) for start, end in merged]
 
 
-_PLAN_COLUMNS = ("ts_ns", "pid", "tid", "rank", "op", "fd", "path", "new_path", "offset", "size", "ret", "flags")
+_PLAN_COLUMNS = ("ts_ns", "pid", "tid", "rank", "op", "fd", "path", "new_path", "offset", "size", "ret", "flags",
+                 "interface", "queue_id", "in_flight", "address", "prot")
 
 
 HOST_ARCH = v.host_arch()

@@ -8,6 +8,19 @@ Writes and reads with a known offset use pwrite(2)/preadv(2) at that
 offset; those whose offset the trace did not know use write(2)/readv(2)
 at the current file position. A vectored call replays as one buffer of
 its total size (the trace keeps iovec counts, not each iovec's length).
+
+Requests replay as requests: the io_uring and libaio rows of one recorded
+queue go, asynchronously, through one ring of this worker
+(``iolayer.ring.Ring``) with at most the queue's recorded depth in flight
+(libaio requests too: io_uring carries the same reads, writes and syncs);
+before any other operation of the worker, its rings are drained, so
+the recorded order between a program's system calls and its requests holds.
+Where io_uring is unavailable they run as system calls, and the result says so.
+
+Mapped I/O replays as mapped I/O: ``mmap`` maps the file as recorded
+(``iolayer.mapping.FileMapping``), pages read through it are copied out
+(faulting them in), pages written back are written into it with the
+pattern (dirtying them), ``msync`` and ``munmap`` run where recorded.
 """
 
 from __future__ import annotations
@@ -21,10 +34,13 @@ import threading
 import time
 from typing import Protocol
 
-from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats.vocabulary import AT_REMOVEDIR
 from ckpt_trace.iolayer import files, pattern
 from ckpt_trace.iolayer.buffers import PAGE_BYTES, AlignedBuffer, pattern_buffer
+from ckpt_trace.iolayer.mapping import MAP_SHARED, PROT_WRITE, FileMapping
+from ckpt_trace.iolayer.ring import Ring, RingUnavailable
+
+from ckpt_trace.errors import ReplayError
 from ckpt_trace.stats import percentiles_ns
 
 from .pack import INDEX_PATH
@@ -58,6 +74,7 @@ class PosixExecutor:
     """
 
     strategy = "posix"
+    maps_files = True  # mapped I/O through mappings (others replay it as reads and writes)
 
     def __init__(self, root: TargetRoot, max_io_bytes: int) -> None:
         self.root = root
@@ -130,12 +147,15 @@ class PosixExecutor:
         )
 
     @staticmethod
-    def _close_all(state: "_RunState") -> None:
+    def _close_all(state: _RunState) -> None:
+        for mapping in state.mappings.values():
+            mapping.close()
+        state.mappings.clear()
         for fd in state.fds.values():
             os.close(fd)
         state.fds.clear()
 
-    def _thread_main(self, worker: WorkerPlan, state: "_RunState", timing: str, progress: Progress | None) -> None:
+    def _thread_main(self, worker: WorkerPlan, state: _RunState, timing: str, progress: Progress | None) -> None:
         """A worker thread: any failure, in setup too (a buffer, a ring), fails the run with one line."""
         try:
             self._worker(worker, state, timing, progress)
@@ -170,7 +190,7 @@ class PosixExecutor:
         return min(max(largest, PAGE_BYTES), self.max_io_bytes)
 
     @staticmethod
-    def _pace(op: PlanOp, state: "_RunState", timing: str) -> None:
+    def _pace(op: PlanOp, state: _RunState, timing: str) -> None:
         """With ``--timing original``, wait until the operation's recorded start (a failure or Ctrl-C ends
         the wait at once)."""
         if timing == "original":
@@ -178,21 +198,28 @@ class PosixExecutor:
             if delay_ns > 0:
                 state.stopped.wait(delay_ns / 1e9)
 
-    def _worker(self, worker: WorkerPlan, state: "_RunState", timing: str, progress: Progress | None) -> None:
+    def _worker(self, worker: WorkerPlan, state: _RunState, timing: str, progress: Progress | None) -> None:
         size = self._buffer_bytes(worker)
         buf, read_buf = pattern_buffer(size), AlignedBuffer(size)
         view, read_view = buf.view(), read_buf.view()
         latencies, written, read = [], 0, 0
         data_ops = metadata_ops = 0
+        queues = _Queues(state, latencies)
+        op = None
         try:
             for op in worker.ops:
                 if not state.wait(op.deps):
                     return
                 self._pace(op, state, timing)
                 started = time.perf_counter_ns()
-                moved = self._execute(op, state, view, read_view)
+                if op.queue is not None and queues.take(op, buf, read_buf, size):
+                    moved = (op.size or 0) if op.kind in DATA_KINDS else 0
+                else:
+                    queues.drain()
+                    moved = self._execute(op, state, view, read_view, buf, read_buf)
+                    if op.kind in DATA_KINDS:
+                        latencies.append(time.perf_counter_ns() - started)
                 if op.kind in DATA_KINDS:
-                    latencies.append(time.perf_counter_ns() - started)
                     data_ops += 1
                     if op.kind == "write":
                         written += moved
@@ -202,28 +229,38 @@ class PosixExecutor:
                         progress.advance(moved)
                 elif op.kind in METADATA_KINDS:
                     metadata_ops += 1
+                if op.seq in state.events:
+                    queues.drain()
                 state.done(op.seq)
+            queues.drain()
         except OSError as err:
-            state.fail(_op_error(op, err))
+            state.fail(_op_error(op, err) if op is not None else ReplayError(str(err)))
         except ReplayError as err:
             state.fail(err)
         except KeyError:
             state.fail(ReplayError(f"replay failed at {op.kind} {op.path or ''}: descriptor was never opened"))
         finally:
+            queues.close()
             view.release()
             read_view.release()
             buf.close()
             read_buf.close()
             state.add(latencies, written, read, data_ops, metadata_ops)
 
-    def _execute(self, op: PlanOp, state: "_RunState", write_view: memoryview, read_view: memoryview) -> int:
-        """Run one operation; ``write_view`` is a periodic pattern buffer, ``read_view`` a scratch buffer."""
+    def _execute(self, op: PlanOp, state: _RunState, write_view: memoryview, read_view: memoryview,
+                 write_buf: AlignedBuffer | None = None, read_buf: AlignedBuffer | None = None) -> int:
+        """Run one operation; ``write_view`` is a periodic pattern buffer, ``read_view`` a scratch buffer
+        (``write_buf``/``read_buf`` the buffers they view, for mapped I/O)."""
         kind = op.kind
+        if op.mapped and self.maps_files and op.handle in state.mappings:
+            return self._mapped(op, state.mappings[op.handle], write_buf, read_buf)
         if kind == "write":
             return self._write(state.fds[op.handle], op, write_view)
         if kind == "read":
             return self._read(state.fds[op.handle], op, read_view)
-        if kind == "open":
+        if kind in ("mmap", "munmap", "msync"):
+            self._mapping(op, state)
+        elif kind == "open":
             state.fds[op.handle] = self._open(op, state)
         elif kind == "close":
             if op.release:
@@ -234,7 +271,46 @@ class PosixExecutor:
             self._metadata(op, state)
         return 0
 
-    def _metadata(self, op: PlanOp, state: "_RunState") -> None:
+    def _mapping(self, op: PlanOp, state: _RunState) -> None:
+        """mmap (open the file, map it), msync, munmap (unmap, close); without ``maps_files``, only the
+        open and close, and msync as fdatasync."""
+        if op.kind == "mmap":
+            prot = op.prot or 0
+            writable = prot & PROT_WRITE and (op.flags or MAP_SHARED) & MAP_SHARED
+            fd = files.open_file(self.root.resolve(op.path), os.O_RDWR if writable else os.O_RDONLY).fd
+            state.fds[op.handle] = fd
+            if self.maps_files:
+                state.mappings[op.handle] = FileMapping(fd, op.size or 0, op.offset or 0, prot, op.flags or 0)
+        elif op.kind == "msync":
+            mapping = state.mappings.get(op.handle)
+            if mapping is not None:
+                mapping.sync(op.offset or 0, op.size or 0, op.flags or 0)
+            else:
+                os.fdatasync(state.fds[op.handle])
+        else:
+            mapping = state.mappings.pop(op.handle, None)
+            if mapping is not None:
+                mapping.close()
+            os.close(state.fds.pop(op.handle))
+
+    def _mapped(self, op: PlanOp, mapping: FileMapping, write_buf: AlignedBuffer, read_buf: AlignedBuffer) -> int:
+        """Pages written (the file's pattern copied in) or read (copied out) through ``mapping``."""
+        size, done = op.size or 0, 0
+        chunk_max = write_buf.size_bytes - pattern.PERIOD if op.kind == "write" else read_buf.size_bytes
+        while done < size:
+            chunk = min(chunk_max, size - done)
+            offset = op.offset + done
+            if op.kind == "write":
+                base = op.pattern_offset if op.pattern_offset is not None else op.offset
+                moved = mapping.touch(offset, chunk, source=write_buf.ptr + pattern.start(base + done, op.pattern_key))
+            else:
+                moved = mapping.touch(offset, chunk, sink=read_buf.ptr)
+            if moved < chunk:
+                return done + moved
+            done += chunk
+        return done
+
+    def _metadata(self, op: PlanOp, state: _RunState) -> None:
         kind = op.kind
         fd = state.fds.get(op.handle) if op.handle is not None else None
         if kind == "lseek" and op.offset is not None:
@@ -264,7 +340,7 @@ class PosixExecutor:
             except FileExistsError:
                 pass
 
-    def _open(self, op: PlanOp, state: "_RunState") -> int:
+    def _open(self, op: PlanOp, state: _RunState) -> int:
         """Open as recorded (host flags); where the target refuses O_DIRECT, without it, noted once."""
         flags = op.flags or 0
         opened = files.open_file(self.root.resolve(op.path), flags & ~os.O_DIRECT, direct=bool(flags & os.O_DIRECT))
@@ -305,6 +381,8 @@ class _RunState:
 
     def __init__(self, plan: ReplayPlan) -> None:
         self.fds: dict[int, int] = {}
+        self.mappings: dict[int, FileMapping] = {}
+        self.depths = plan.queue_depths
         self.events = {seq: threading.Event() for seq in plan.awaited}
         self.lock = threading.Lock()
         self.latencies_ns: list[int] = []
@@ -345,3 +423,60 @@ class _RunState:
             self.data_ops += data_ops
             self.metadata_ops += metadata_ops
             self.unaligned_ops += unaligned_ops
+
+
+class _Queues:
+    """One worker's rings, one per recorded io_uring ring or libaio context, each as deep as recorded.
+
+    ``take`` submits a request and returns True, or returns False when the
+    request must run as a system call (an unknown offset, io_uring
+    unavailable); ``drain`` waits for every request in flight; ``close`` after
+    the worker's last operation.
+    """
+
+    def __init__(self, state: _RunState, latencies: list) -> None:
+        self.state, self.latencies = state, latencies
+        self.rings: dict[int, Ring | None] = {}
+
+    def _ring(self, queue: int) -> Ring | None:
+        if queue not in self.rings:
+            try:
+                self.rings[queue] = Ring(self.state.depths.get(queue, 1), latency_sink=self.latencies)
+            except (RingUnavailable, OSError) as err:
+                self.state.note(f"io_uring unavailable ({err.strerror or err}): requests replayed as system calls")
+                self.rings[queue] = None
+        return self.rings[queue]
+
+    def take(self, op: PlanOp, write_buf: AlignedBuffer, read_buf: AlignedBuffer, chunk_max: int) -> bool:
+        if op.kind in DATA_KINDS and op.offset is None or op.kind not in DATA_KINDS | {"fsync", "fdatasync"}:
+            return False
+        ring = self._ring(op.queue)
+        if ring is None:
+            return False
+        fd = self.state.fds[op.handle]
+        if op.kind not in DATA_KINDS:
+            ring.drain(op.handle)  # a sync request covers the writes completed before it
+            ring.submit(op.kind, fd, 0, 0, 0, key=op.handle)
+            return True
+        size, done = op.size or 0, 0
+        while done < size:
+            chunk = min(chunk_max, size - done)
+            if op.kind == "write":
+                base = op.pattern_offset if op.pattern_offset is not None else op.offset
+                ptr = write_buf.ptr + pattern.start(base + done, op.pattern_key)
+            else:
+                ptr = read_buf.ptr
+            ring.submit(op.kind, fd, ptr, chunk, op.offset + done, key=op.handle)
+            done += chunk
+        return True
+
+    def drain(self) -> None:
+        for ring in self.rings.values():
+            if ring is not None and ring.pending:
+                ring.drain()
+
+    def close(self) -> None:
+        for ring in self.rings.values():
+            if ring is not None:
+                ring.close()
+        self.rings.clear()

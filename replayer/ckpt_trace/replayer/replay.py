@@ -14,18 +14,19 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckpt_trace import config
-from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
 from ckpt_trace.formats import read_trace, sha256_file
-from ckpt_trace.version import __version__
 from ckpt_trace.iolayer import host
 from ckpt_trace.iolayer.fio import fio_bytes_per_s
-from ckpt_trace.stats import median_index
 
-from .ownership import Claim
-from .paths import TargetRoot
+from ckpt_trace import config
+from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
+from ckpt_trace.stats import median_index
+from ckpt_trace.version import __version__
+
 from .aggregate import alignment_counts, build_aggregated_plan
+from .ownership import Claim
 from .pack import pack_plan
+from .paths import TargetRoot
 from .plan import ReplayPlan, build_posix_plan
 from .posix import PosixExecutor, Progress
 from .results import ReplayResult

@@ -12,6 +12,10 @@ requests first:
 - a read waits for in-flight writes on its descriptor; a write or read whose
   offset the trace did not know runs synchronously at the file position.
 
+Memory-mapped I/O is replayed as the reads and writes it amounts to: a
+mapping's file is opened (``mmap``) and closed (``munmap``), its pages read
+and written back become requests at their file offsets, msync an fdatasync.
+
 ``direct=True`` (uring-direct) opens files with O_DIRECT and submits from
 page-aligned buffers. An operation whose offset or size is not a multiple of
 the file system's block size (statvfs f_bsize) cannot go through O_DIRECT;
@@ -35,17 +39,18 @@ import time
 from array import array
 from collections import Counter
 
-from ckpt_trace.errors import ReplayError
 from ckpt_trace.iolayer import pattern
 from ckpt_trace.iolayer.buffers import AlignedBuffer, pattern_buffer
 from ckpt_trace.iolayer.ring import Ring
 from ckpt_trace.iolayer.ring import probe as probe_ring
 
+from ckpt_trace.errors import ReplayError
+
 from .paths import TargetRoot
 from .plan import DATA_KINDS, FD_KINDS, METADATA_KINDS, PATH_KINDS, PlanOp, WorkerPlan
-from .posix import PosixExecutor, Progress, _RunState, _op_error
+from .posix import PosixExecutor, Progress, _op_error, _RunState
 
-_HANDLE_BARRIERS = FD_KINDS - DATA_KINDS  # operations on one descriptor: drain its requests first
+_HANDLE_BARRIERS = (FD_KINDS - DATA_KINDS) | {"munmap", "msync"}  # on one descriptor: drain its requests first
 
 
 def io_uring_available(queue_depth: int = 2) -> str | None:
@@ -58,6 +63,8 @@ class UringExecutor(PosixExecutor):
 
     Call order as ``PosixExecutor``: ``prepare(plan)``, then ``run(plan, ...)``.
     """
+
+    maps_files = False
 
     def __init__(self, root: TargetRoot, max_io_bytes: int, *, queue_depth: int = 32, direct: bool = False,
                  strategy: str | None = None) -> None:
@@ -142,7 +149,7 @@ class UringExecutor(PosixExecutor):
             ring.drain()
         elif op.kind in _HANDLE_BARRIERS:
             ring.drain(op.handle)
-            if op.kind == "close" and op.release:
+            if op.kind in ("close", "munmap") and op.release:
                 with self._lock:
                     buffered = self._buffered_fds.pop(op.handle, None)
                 if buffered is not None:

@@ -24,16 +24,20 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import struct
 import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from ckpt_trace.formats import vocabulary
+
 from ckpt_trace import config
 from ckpt_trace.errors import TracerError
 
+from . import btf
 from . import syscalls as sc
-from .state import SyscallEvent, rank_from_environ
+from .state import AuxEvent, SyscallEvent, rank_from_environ
 
 TRACEFS = Path("/sys/kernel/tracing")
 _EVENTS = TRACEFS / "events" / "raw_syscalls"
@@ -146,6 +150,41 @@ def _late_checks(name: str, arg: dict[str, str]) -> list[str]:
     return lines
 
 
+# Extra C for some calls' entries: io_uring_register's fixed-file tables (include/uapi/linux/io_uring.h:
+# IORING_REGISTER_FILES takes an int array, FILES_UPDATE a struct io_uring_files_update, FILES2 an
+# io_uring_rsrc_register, FILES_UPDATE2 an io_uring_rsrc_update2), up to MAX_FIXED_FDS descriptors into e->path.
+_ENTER_EXTRA = {
+    "io_uring_register": """
+u64 fds = 0;
+u32 count = 0;
+u32 op = (u32)a[1];
+if (op == 2) {
+    fds = a[2];
+    count = (u32)a[3];
+} else if (op == 6 || op == 14) {
+    u32 first = 0;
+    bpf_probe_read_user(&first, 4, (const void *)a[2]);
+    bpf_probe_read_user(&fds, 8, (const void *)(a[2] + 8));
+    e->extra = first;
+    count = (u32)a[3];
+    if (op == 14)
+        bpf_probe_read_user(&count, 4, (const void *)(a[2] + 24));
+} else if (op == 13) {
+    bpf_probe_read_user(&count, 4, (const void *)a[2]);
+    bpf_probe_read_user(&fds, 8, (const void *)(a[2] + 16));
+}
+e->nfds = count;
+if (fds) {
+    for (int i = 0; i < MAX_FIXED_FDS; i++) {
+        if (i >= count)
+            break;
+        bpf_probe_read_user(&e->path[i * 4], 4, (const void *)(fds + i * 4));
+    }
+}
+""",
+}
+
+
 def _enter_case(nr: int, name: str) -> str:
     """The ``case __NR_name:`` block of the raw sys_enter program for one syscall."""
     call = sc.SYSCALLS[name]
@@ -161,6 +200,7 @@ def _enter_case(nr: int, name: str) -> str:
     if "iov" in call.args:
         body.append(f"iov = (const void *){arg['iov']};")
         body.append(f"iov_count = {arg['iov_count']};")
+    body += [line for line in _ENTER_EXTRA.get(name, "").strip().splitlines()]
     body += _late_checks(name, arg)
     creates = 2 if name == "fcntl" else int(name in _CREATES_FD)
     body += [f"e->creates = {creates};", "break;"]
@@ -168,17 +208,77 @@ def _enter_case(nr: int, name: str) -> str:
     return f"#ifdef __NR_{name}\n    case __NR_{name}: {{\n{inner}\n    }}\n#endif"
 
 
-def program_text(path_filters: list[str] | None = None) -> str:
-    """The full BPF C program for ``path_filters``."""
+# What the kernel-side capture reads, by BTF member path: (macro, struct, member, ...).
+_URING_OFFSETS = (("__OFF_REQ_FLAGS__", "io_kiocb", "flags"), ("__OFF_CQE_FD__", "io_kiocb", "cqe", "fd"),
+                  ("__OFF_SYNC_LEN__", "io_sync", "len"), ("__OFF_SYNC_OFF__", "io_sync", "off"),
+                  ("__OFF_SYNC_FLAGS__", "io_sync", "flags"), ("__OFF_SYNC_MODE__", "io_sync", "mode"))
+_MAPPED_OFFSETS = (("__OFF_TASK_FILES__", "task_struct", "files"), ("__OFF_FILES_FDT__", "files_struct", "fdt"),
+                   ("__OFF_FDT_FD__", "fdtable", "fd"), ("__OFF_FILE_INODE__", "file", "f_inode"),
+                   ("__OFF_INODE_INO__", "inode", "i_ino"), ("__OFF_INODE_SB__", "inode", "i_sb"),
+                   ("__OFF_SB_DEV__", "super_block", "s_dev"))
+
+
+@dataclass(frozen=True)
+class KernelView:
+    """What the BPF program can read on this kernel: the C macros of the offsets it uses, and for each
+    capture left out (io_uring requests, mapped pages) the reason (BTF lacking a type or member)."""
+
+    macros: dict
+    uring: str | None  # None: io_uring requests are captured; else why not
+    mapped: str | None  # None: pages touched through mappings are captured; else why not
+
+
+def kernel_view() -> KernelView:
+    """Offsets for the BPF program from the running kernel's BTF (``tracer.btf``), never from headers."""
+    macros = {"__URING__": "0", "__MAPPED__": "0"}
+    try:
+        kernel = btf.kernel()
+    except btf.BtfMissing as err:
+        return KernelView(macros, str(err), str(err))
+    uring = mapped = None
+    try:
+        for macro, *where in _URING_OFFSETS:
+            macros[macro] = str(kernel.offset(*where))
+        macros["__REQ_FLAGS_SIZE__"] = str(kernel.member_size("io_kiocb", "flags"))
+        macros["__FIXED_BIT__"] = str(kernel.enum_value("REQ_F_FIXED_FILE_BIT"))
+        rw = kernel.offset("io_kiocb", "cmd")  # the opcode's own data (struct io_rw) overlays io_kiocb.cmd
+        macros["__OFF_RW_POS__"] = str(rw + kernel.offset("io_rw", "kiocb") + kernel.offset("kiocb", "ki_pos"))
+        macros["__OFF_RW_ADDR__"] = str(rw + kernel.offset("io_rw", "addr"))
+        macros["__OFF_RW_LEN__"] = str(rw + kernel.offset("io_rw", "len"))
+        macros["__OFF_SYNC_LEN__"] = str(rw + int(macros["__OFF_SYNC_LEN__"]))
+        macros["__OFF_SYNC_OFF__"] = str(rw + int(macros["__OFF_SYNC_OFF__"]))
+        macros["__OFF_SYNC_FLAGS__"] = str(rw + int(macros["__OFF_SYNC_FLAGS__"]))
+        macros["__OFF_SYNC_MODE__"] = str(rw + int(macros["__OFF_SYNC_MODE__"]))
+        macros["__URING__"] = "1"
+    except btf.BtfMissing as err:
+        uring = f"io_uring requests are not recorded: {err}"
+    try:
+        for macro, *where in _MAPPED_OFFSETS:
+            macros[macro] = str(kernel.offset(*where))
+        macros["__MAPPED__"] = "1"
+    except btf.BtfMissing as err:
+        mapped = f"pages touched through mappings are not recorded: {err}"
+    return KernelView(macros, uring, mapped)
+
+
+def program_text(path_filters: list[str] | None = None, view: KernelView | None = None) -> str:
+    """The full BPF C program for ``path_filters`` on the kernel ``view`` describes."""
     base = resources.files("ckpt_trace.tracer").joinpath("bcc_program.c").read_text()
     cases = "\n".join(_enter_case(nr, name) for nr, name in enumerate(_NAMES))
-    return (base.replace("__PATH_BYTES__", str(config.BPF_PATH_BYTES))
+    text = (base.replace("__PATH_BYTES__", str(config.BPF_PATH_BYTES))
                 .replace("__MAX_IOVECS__", str(config.BPF_MAX_IOVECS))
                 .replace("__RINGBUF_PAGES__", str(config.BPF_RINGBUF_PAGES))
+                .replace("__AUX_PAGES__", str(config.BPF_AUX_RINGBUF_PAGES))
                 .replace("__INFLIGHT__", str(config.BPF_INFLIGHT_ENTRIES))
+                .replace("__URING_INFLIGHT__", str(config.BPF_URING_INFLIGHT_ENTRIES))
                 .replace("__IGNORED_ENTRIES__", str(config.BPF_IGNORED_FDS))
                 .replace("__EXCLUDED_BODY__", excluded_body(list(path_filters or [])))
+                .replace("__INDEX_DEFINES__", "\n".join(f"#define IDX_{name} {index}"
+                                                        for index, name in enumerate(_NAMES)))
                 .replace("__ENTER_CASES__", cases))
+    for macro, value in (view or kernel_view()).macros.items():
+        text = text.replace(macro, value)
+    return text
 
 
 def _cstr(raw: bytes) -> str:
@@ -212,6 +312,16 @@ def _decode(e) -> SyscallEvent:
         args["flags"] = int(e.extra)
     elif name == "clone3":
         args["clone_flags"] = int(e.extra)
+    elif name == "io_setup":
+        args["ctx_id"] = int(e.extra) & 0xFFFFFFFFFFFFFFFF
+    elif name == "mmap" and e.ino:
+        args["ino"], args["dev"] = int(e.ino), int(e.dev)
+    elif name == "io_uring_register":
+        count = min(int(e.nfds), config.BPF_PATH_BYTES // 4)
+        raw = ctypes.string_at(ctypes.addressof(e) + type(e).path.offset, 4 * count)  # not up to the first NUL
+        args["fds"] = list(struct.unpack_from(f"<{count}i", raw)) if count else []
+        args["files_offset"] = int(e.extra)
+        args["fds_truncated"] = int(e.nfds) > count
     event = SyscallEvent(
         ts_ns=int(e.ts_ns), dur_ns=int(e.dur_ns), tid=int(e.tid), pid=int(e.pid), name=name, args=args,
         ret=int(e.ret), comm=_cstr(e.comm), size=int(e.size) if e.size >= 0 else None,
@@ -221,11 +331,23 @@ def _decode(e) -> SyscallEvent:
     return event
 
 
+def _decode_aux(a) -> AuxEvent:
+    return AuxEvent(kind=int(a.kind), ts_ns=int(a.ts_ns), dur_ns=int(a.dur_ns), pid=int(a.pid), tid=int(a.tid),
+                    fd=int(a.fd), ctx=int(a.ctx), obj=int(a.obj), user_data=int(a.user_data), offset=int(a.offset),
+                    length=int(a.len), res=int(a.res), addr=int(a.addr), ino=int(a.ino), dev=int(a.dev),
+                    index=int(a.index), last_index=int(a.last_index), opcode=int(a.opcode), flags=int(a.flags),
+                    in_flight=int(a.in_flight), fixed=bool(a.fixed), vectored=int(a.vectored), comm=_cstr(a.comm))
+
+
 @dataclass
 class BccRecording:
-    """What a bcc recording produced: events, counts, and the root process."""
+    """What a bcc recording produced: syscall events, request and page events (``aux``), counts, the root
+    process, and what the kernel view left out (``unseen``: capture -> reason)."""
 
     events: list[SyscallEvent] = field(default_factory=list)
+    aux: list[AuxEvent] = field(default_factory=list)
+    unseen: dict = field(default_factory=dict)
+    uring_other_ops: dict = field(default_factory=dict)
     lost_events: int = 0
     truncated_paths: int = 0
     root_pid: int = -1
@@ -245,17 +367,19 @@ class BccTracer:
     def __init__(self, path_filters: list[str] | None = None) -> None:
         self._bpf = None
         self._path_filters = list(path_filters or [])
+        self.view: KernelView | None = None
 
     def load(self) -> None:
         from bcc import BPF
 
-        text = program_text(self._path_filters)
+        self.view = kernel_view()
+        text = program_text(self._path_filters, self.view)
         devnull = os.open(os.devnull, os.O_WRONLY)
         saved = os.dup(2)
         try:
             os.dup2(devnull, 2)
             self._bpf = BPF(text=text)
-        except Exception as err:  # bcc raises bare Exception on compile/load failure
+        except Exception as err:  # noqa: BLE001 - bcc raises bare Exception on compile/load failure
             raise TracerError(f"the kernel refused the BPF program ({str(err).splitlines()[0]})") from None
         finally:
             os.dup2(saved, 2)
@@ -286,7 +410,13 @@ class BccTracer:
             rec.truncated_paths += int(e.truncated)
             rec.events.append(_decode(e))
 
+        def on_aux(_ctx, data, _size):
+            rec.aux.append(_decode_aux(bpf["aux"].event(data)))
+
         bpf["events"].open_ring_buffer(on_event)
+        bpf["aux"].open_ring_buffer(on_aux)
+        rec.unseen = {capture: why for capture, why in (("io_uring_requests", self.view.uring),
+                                                         ("mapped_pages", self.view.mapped)) if why}
         pid, gate = self._spawn(cmd, env)
         rec.root_pid = pid
         bpf["traced"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
@@ -309,7 +439,11 @@ class BccTracer:
         if rec.exit_code < 0:
             rec.exit_signal = -rec.exit_code
             rec.exit_code = 128 + rec.exit_signal
-        rec.lost_events = int(bpf["lost"][ctypes.c_int(0)].value)
+        rec.lost_events = sum(int(bpf["lost"][ctypes.c_int(i)].value) for i in range(3))
+        if self.view.uring is None:
+            other = bpf["uring_other"]
+            rec.uring_other_ops = {vocabulary.URING_OPCODE_NAMES.get(i, str(i)): int(other[ctypes.c_int(i)].value)
+                                   for i in range(256) if other[ctypes.c_int(i)].value}
         return rec
 
     @staticmethod

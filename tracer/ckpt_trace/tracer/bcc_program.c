@@ -16,10 +16,23 @@
 // that creates a descriptor clears the mark of the number it returns. A stale
 // mark can only hide calls on descriptors no traced call created (pipes,
 // sockets), which the builder does not record.
+//
+// Beyond syscalls (format version 2): io_uring requests from the io_uring_submit_req /
+// io_uring_complete tracepoints, reading each request's fd, offset, length and flags from the
+// kernel's struct io_kiocb at offsets the tracer computed from the running kernel's BTF (no
+// kprobes, no struct layouts from headers); libaio iocbs and io_events read from user memory at the
+// exits of io_submit and io_getevents; and the file pages processes touch through mappings, from
+// the filemap and writeback tracepoints, restricted in the kernel to the inodes traced processes
+// mapped (read through task->files at mmap's exit, again at BTF offsets). These go to a second
+// ring buffer, `aux`.
 #include <asm/unistd.h>
 
 #define PATH_BYTES __PATH_BYTES__
 #define MAX_IOVECS __MAX_IOVECS__
+#define URING __URING__
+#define MAPPED __MAPPED__
+#define MAX_IOCBS 32
+#define MAX_FIXED_FDS (PATH_BYTES / 4)
 
 struct event_t {
     u64 ts_ns;
@@ -34,9 +47,47 @@ struct event_t {
     s64 a[6];
     s64 size;
     s64 extra;
+    u64 ino;
+    u32 dev;
+    u32 nfds;
     char comm[16];
     char path[PATH_BYTES];
     char path2[PATH_BYTES];
+};
+
+// aux_t.kind
+#define AUX_URING_REQ 1
+#define AUX_URING_CREATE 2
+#define AUX_AIO_SUBMIT 3
+#define AUX_AIO_EVENT 4
+#define AUX_FAULT 5
+#define AUX_MAP_PAGES 6
+#define AUX_DIRTY 7
+
+struct aux_t {
+    u64 ts_ns;
+    u64 dur_ns;
+    u32 pid;
+    u32 tid;
+    u32 kind;
+    s32 fd;
+    u64 ctx;
+    u64 obj;
+    u64 user_data;
+    s64 offset;
+    s64 len;
+    s64 res;
+    u64 addr;
+    u64 ino;
+    u64 index;
+    u64 last_index;
+    u32 dev;
+    u32 opcode;
+    u32 flags;
+    u32 in_flight;
+    u32 fixed;
+    u32 vectored;
+    char comm[16];
 };
 
 struct iovec_t {
@@ -45,10 +96,12 @@ struct iovec_t {
 };
 
 BPF_RINGBUF_OUTPUT(events, __RINGBUF_PAGES__);
+BPF_RINGBUF_OUTPUT(aux, __AUX_PAGES__);
+BPF_HASH(mapped_inodes, u64, u8, 65536);
 BPF_HASH(traced, u32, u8, 65536);
 BPF_HASH(inflight, u32, struct event_t, __INFLIGHT__);
 BPF_PERCPU_ARRAY(scratch, struct event_t, 1);
-BPF_ARRAY(lost, u64, 1);
+BPF_ARRAY(lost, u64, 3);  // [0] syscall events, [1] aux events, [2] io_uring requests not tracked (table full)
 
 struct fdkey_t {
     u32 tgid;
@@ -104,6 +157,13 @@ static __always_inline void count_lost(void) {
         __sync_fetch_and_add(value, 1);
 }
 
+static __always_inline void count_aux_lost(void) {
+    int one = 1;
+    u64 *value = lost.lookup(&one);
+    if (value)
+        __sync_fetch_and_add(value, 1);
+}
+
 static __always_inline u32 traced_tgid(void) {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     return traced.lookup(&tgid) ? tgid : 0;
@@ -124,6 +184,9 @@ static __always_inline struct event_t *enter_begin(s32 nr) {
     e->ignore = 0;
     e->size = -1;
     e->extra = 0;
+    e->ino = 0;
+    e->dev = 0;
+    e->nfds = 0;
     e->path[0] = 0;
     e->path2[0] = 0;
     return e;
@@ -154,6 +217,132 @@ static __always_inline void sum_iovecs(struct event_t *e, const void *vec, u64 c
     e->size = count > MAX_IOVECS ? -1 : total;
 }
 
+static __always_inline void count_aux_lost(void);
+
+static __always_inline void aux_begin(struct aux_t *a, u32 kind, struct event_t *e) {
+    __builtin_memset(a, 0, sizeof(*a));
+    a->kind = kind;
+    a->pid = e->pid;
+    a->tid = e->tid;
+    __builtin_memcpy(a->comm, e->comm, sizeof(a->comm));
+}
+
+static __always_inline void aux_send(struct aux_t *a) {
+    if (aux.ringbuf_output(a, sizeof(*a), 0) != 0)
+        count_aux_lost();
+}
+
+// libaio (include/uapi/linux/aio_abi.h, a user-space ABI): each iocb io_submit accepted, each io_event
+// io_getevents returned, read at the syscall's exit.
+static __always_inline void aio_submitted(struct event_t *e, long ret) {
+    const u64 *iocbpp = (const u64 *)e->a[2];
+    for (int i = 0; i < MAX_IOCBS; i++) {
+        if (i >= ret)
+            break;
+        u64 iocb = 0;
+        bpf_probe_read_user(&iocb, sizeof(iocb), &iocbpp[i]);
+        struct aux_t a;
+        aux_begin(&a, AUX_AIO_SUBMIT, e);
+        a.ts_ns = e->ts_ns;
+        a.ctx = e->a[0];
+        a.obj = iocb;
+        u16 opcode = 0;
+        u32 fildes = 0;
+        bpf_probe_read_user(&a.user_data, 8, (const void *)(iocb + 0));
+        bpf_probe_read_user(&opcode, 2, (const void *)(iocb + 16));
+        bpf_probe_read_user(&fildes, 4, (const void *)(iocb + 20));
+        bpf_probe_read_user(&a.addr, 8, (const void *)(iocb + 24));
+        bpf_probe_read_user(&a.len, 8, (const void *)(iocb + 32));
+        bpf_probe_read_user(&a.offset, 8, (const void *)(iocb + 40));
+        a.opcode = opcode;
+        a.fd = fildes;
+        a.vectored = opcode == 7 || opcode == 8;  // IOCB_CMD_PREADV, IOCB_CMD_PWRITEV: len counts iovecs
+        aux_send(&a);
+    }
+}
+
+static __always_inline void aio_reaped(struct event_t *e, long ret) {
+    const u64 *events = (const u64 *)e->a[3];
+    for (int i = 0; i < MAX_IOCBS; i++) {
+        if (i >= ret)
+            break;
+        struct aux_t a;
+        aux_begin(&a, AUX_AIO_EVENT, e);
+        a.ts_ns = e->ts_ns + e->dur_ns;
+        a.ctx = e->a[0];
+        bpf_probe_read_user(&a.user_data, 8, &events[4 * i]);
+        bpf_probe_read_user(&a.obj, 8, &events[4 * i + 1]);
+        bpf_probe_read_user(&a.res, 8, &events[4 * i + 2]);
+        aux_send(&a);
+    }
+}
+
+#if MAPPED
+// The inode behind descriptor `fd` of the current task: current->files->fdt->fd[fd]->f_inode.
+static __always_inline u64 fd_inode(s64 fd, u32 *dev) {
+    void *task = (void *)bpf_get_current_task();
+    void *files = 0, *fdt = 0, *fds = 0, *file = 0, *inode = 0, *sb = 0;
+    u64 ino = 0;
+    bpf_probe_read_kernel(&files, 8, task + __OFF_TASK_FILES__);
+    if (!files) return 0;
+    bpf_probe_read_kernel(&fdt, 8, files + __OFF_FILES_FDT__);
+    if (!fdt) return 0;
+    bpf_probe_read_kernel(&fds, 8, fdt + __OFF_FDT_FD__);
+    if (!fds) return 0;
+    bpf_probe_read_kernel(&file, 8, fds + 8 * (fd & 0xFFFFF));
+    if (!file) return 0;
+    bpf_probe_read_kernel(&inode, 8, file + __OFF_FILE_INODE__);
+    if (!inode) return 0;
+    bpf_probe_read_kernel(&ino, 8, inode + __OFF_INODE_INO__);
+    bpf_probe_read_kernel(&sb, 8, inode + __OFF_INODE_SB__);
+    if (sb)
+        bpf_probe_read_kernel(dev, 4, sb + __OFF_SB_DEV__);
+    return ino;
+}
+#endif
+
+// e->nr is the call's index in the tracer's table (IDX_*), not the kernel's syscall number.
+__INDEX_DEFINES__
+
+static __always_inline void exit_special(struct event_t *e, long ret) {
+    s32 nr = e->nr;
+#ifdef __NR_io_submit
+    if (nr == IDX_io_submit && ret > 0) {
+        aio_submitted(e, ret);
+        return;
+    }
+#endif
+#ifdef __NR_io_getevents
+    if (nr == IDX_io_getevents && ret > 0) {
+        aio_reaped(e, ret);
+        return;
+    }
+#endif
+#ifdef __NR_io_pgetevents
+    if (nr == IDX_io_pgetevents && ret > 0) {
+        aio_reaped(e, ret);
+        return;
+    }
+#endif
+#ifdef __NR_io_setup
+    if (nr == IDX_io_setup && ret == 0) {
+        bpf_probe_read_user(&e->extra, 8, (const void *)e->a[1]);
+        return;
+    }
+#endif
+#if MAPPED
+#ifdef __NR_mmap
+    if (nr == IDX_mmap && (u64)ret < (u64)-4095 && (s32)e->a[4] >= 0 && !(e->a[3] & 0x20)) {  // a file, not MAP_ANONYMOUS
+        e->ino = fd_inode(e->a[4], &e->dev);
+        if (e->ino) {
+            u8 one = 1;
+            mapped_inodes.update(&e->ino, &one);
+        }
+    }
+#endif
+#endif
+}
+
 // e->creates: 1 when the call returns a new descriptor, 2 for fcntl (only F_DUPFD*).
 static __always_inline int exit_common(long ret) {
     u64 id = bpf_get_current_pid_tgid();
@@ -173,6 +362,7 @@ static __always_inline int exit_common(long ret) {
     e->dur_ns = bpf_ktime_get_ns() - e->ts_ns;
     e->ret = ret;
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
+    exit_special(e, ret);
     if (events.ringbuf_output(e, sizeof(*e), 0) != 0)
         count_lost();
     inflight.delete(&tid);
@@ -229,3 +419,195 @@ __ENTER_CASES__
 TRACEPOINT_PROBE(raw_syscalls, sys_exit) {
     return exit_common(args->ret);
 }
+
+#if URING
+// io_uring requests (io_uring/io_uring.c): io_uring_submit_req fires after the opcode's prep, so the
+// request holds its fd (or fixed-file index), offset, address and length.
+struct ureq_t {
+    u64 ts_ns;
+    u64 ctx;
+    u64 user_data;
+    s64 offset;
+    s64 len;
+    u64 addr;
+    u32 pid;
+    u32 tid;
+    s32 fd;
+    u32 opcode;
+    u32 flags;
+    u32 fixed;
+    u32 in_flight;
+    u32 vectored;
+    char comm[16];
+};
+BPF_HASH(ureqs, u64, struct ureq_t, __URING_INFLIGHT__);
+BPF_HASH(uring_depth, u64, u32, 4096);
+BPF_ARRAY(uring_other, u64, 256);  // requests of opcodes not recorded, by opcode
+
+// include/uapi/linux/io_uring.h opcodes: 1 readv, 2 writev, 3 fsync, 4 read_fixed, 5 write_fixed,
+// 8 sync_file_range, 17 fallocate, 22 read, 23 write.
+static __always_inline int uring_class(u8 op) {
+    if (op == 22 || op == 23 || op == 4 || op == 5)
+        return 1;
+    if (op == 1 || op == 2)
+        return 2;
+    if (op == 3 || op == 8 || op == 17)
+        return 3;
+    return 0;
+}
+
+TRACEPOINT_PROBE(io_uring, io_uring_submit_req) {
+    if (!traced_tgid())
+        return 0;
+    u8 op = args->opcode;
+    int cls = uring_class(op);
+    if (!cls) {
+        int index = op;
+        u64 *count = uring_other.lookup(&index);
+        if (count)
+            __sync_fetch_and_add(count, 1);
+        return 0;
+    }
+    void *req = (void *)args->req;
+    u64 key = (u64)req;
+    struct ureq_t r = {};
+    u64 id = bpf_get_current_pid_tgid();
+    r.ts_ns = bpf_ktime_get_ns();
+    r.pid = id >> 32;
+    r.tid = (u32)id;
+    r.ctx = (u64)args->ctx;
+    r.user_data = args->user_data;
+    r.opcode = op;
+    bpf_get_current_comm(&r.comm, sizeof(r.comm));
+    u64 flags = 0;
+    bpf_probe_read_kernel(&flags, __REQ_FLAGS_SIZE__, req + __OFF_REQ_FLAGS__);
+    r.fixed = (flags >> __FIXED_BIT__) & 1;
+    bpf_probe_read_kernel(&r.fd, 4, req + __OFF_CQE_FD__);
+    if (cls == 3) {  // struct io_sync: len, off, flags (fsync/sync_file_range flags), mode (fallocate)
+        bpf_probe_read_kernel(&r.offset, 8, req + __OFF_SYNC_OFF__);
+        bpf_probe_read_kernel(&r.len, 8, req + __OFF_SYNC_LEN__);
+        bpf_probe_read_kernel(&r.flags, 4, req + (op == 17 ? __OFF_SYNC_MODE__ : __OFF_SYNC_FLAGS__));
+    } else {  // struct io_rw: kiocb.ki_pos (sqe->off; -1: the file position), addr, len
+        u32 len = 0;
+        bpf_probe_read_kernel(&r.offset, 8, req + __OFF_RW_POS__);
+        bpf_probe_read_kernel(&r.addr, 8, req + __OFF_RW_ADDR__);
+        bpf_probe_read_kernel(&len, 4, req + __OFF_RW_LEN__);
+        r.len = len;
+        if (cls == 2) {  // len counts the iovecs at addr (user memory of the submitter, or of SQPOLL's mm)
+            s64 total = 0;
+            for (int i = 0; i < MAX_IOVECS; i++) {
+                if (i >= len)
+                    break;
+                struct iovec_t iov = {};
+                bpf_probe_read_user(&iov, sizeof(iov), (const char *)r.addr + i * sizeof(iov));
+                total += iov.len;
+            }
+            r.vectored = len;
+            r.len = len > MAX_IOVECS ? -1 : total;
+        }
+    }
+    u32 one = 1;
+    u32 *depth = uring_depth.lookup(&r.ctx);
+    if (depth) {
+        __sync_fetch_and_add(depth, 1);
+        r.in_flight = *depth;
+    } else {
+        uring_depth.update(&r.ctx, &one);
+        r.in_flight = 1;
+    }
+    if (ureqs.update(&key, &r) != 0) {
+        int two = 2;
+        u64 *value = lost.lookup(&two);
+        if (value)
+            __sync_fetch_and_add(value, 1);
+    }
+    return 0;
+}
+
+TRACEPOINT_PROBE(io_uring, io_uring_complete) {
+    u64 key = (u64)args->req;
+    struct ureq_t *r = ureqs.lookup(&key);
+    if (!r)
+        return 0;
+    struct aux_t a = {};
+    a.kind = AUX_URING_REQ;
+    a.ts_ns = r->ts_ns;
+    a.dur_ns = bpf_ktime_get_ns() - r->ts_ns;
+    a.pid = r->pid;
+    a.tid = r->tid;
+    a.fd = r->fd;
+    a.ctx = r->ctx;
+    a.obj = key;
+    a.user_data = r->user_data;
+    a.offset = r->offset;
+    a.len = r->len;
+    a.res = args->res;
+    a.addr = r->addr;
+    a.opcode = r->opcode;
+    a.flags = r->flags;
+    a.in_flight = r->in_flight;
+    a.fixed = r->fixed;
+    a.vectored = r->vectored;
+    __builtin_memcpy(a.comm, r->comm, sizeof(a.comm));
+    u32 *depth = uring_depth.lookup(&r->ctx);
+    if (depth && *depth > 0)
+        __sync_fetch_and_add(depth, -1);
+    ureqs.delete(&key);
+    if (aux.ringbuf_output(&a, sizeof(a), 0) != 0)
+        count_aux_lost();
+    return 0;
+}
+
+TRACEPOINT_PROBE(io_uring, io_uring_create) {
+    u32 tgid = traced_tgid();
+    if (!tgid)
+        return 0;
+    struct aux_t a = {};
+    u64 id = bpf_get_current_pid_tgid();
+    a.kind = AUX_URING_CREATE;
+    a.ts_ns = bpf_ktime_get_ns();
+    a.pid = tgid;
+    a.tid = (u32)id;
+    a.fd = args->fd;
+    a.ctx = (u64)args->ctx;
+    a.flags = args->flags;
+    if (aux.ringbuf_output(&a, sizeof(a), 0) != 0)
+        count_aux_lost();
+    return 0;
+}
+#endif
+
+#if MAPPED
+// Pages a traced process touches through a mapping of a traced file (mm/filemap.c, mm/page-writeback.c).
+static __always_inline int page_event(u32 kind, u64 ino, u32 dev, u64 index, u64 last) {
+    u32 tgid = traced_tgid();
+    if (!tgid || !mapped_inodes.lookup(&ino))
+        return 0;
+    struct aux_t a = {};
+    u64 id = bpf_get_current_pid_tgid();
+    a.kind = kind;
+    a.ts_ns = bpf_ktime_get_ns();
+    a.pid = tgid;
+    a.tid = (u32)id;
+    a.ino = ino;
+    a.dev = dev;
+    a.index = index;
+    a.last_index = last;
+    bpf_get_current_comm(&a.comm, sizeof(a.comm));
+    if (aux.ringbuf_output(&a, sizeof(a), 0) != 0)
+        count_aux_lost();
+    return 0;
+}
+
+TRACEPOINT_PROBE(filemap, mm_filemap_fault) {
+    return page_event(AUX_FAULT, args->i_ino, args->s_dev, args->index, args->index);
+}
+
+TRACEPOINT_PROBE(filemap, mm_filemap_map_pages) {
+    return page_event(AUX_MAP_PAGES, args->i_ino, args->s_dev, args->index, args->last_index);
+}
+
+TRACEPOINT_PROBE(writeback, writeback_dirty_folio) {
+    return page_event(AUX_DIRTY, args->ino, 0, args->index, args->index);
+}
+#endif

@@ -13,16 +13,17 @@ import signal
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
-from ckpt_trace import config
-from ckpt_trace.version import __version__
-from ckpt_trace.errors import CommandNotFound, TracerError
 from ckpt_trace.formats import reserve_temporary, table_from_columns, vocabulary, write_trace
 from ckpt_trace.iolayer.host import filesystems_of
 from ckpt_trace.iolayer.outputs import check_output_file
+
+from ckpt_trace import config
+from ckpt_trace.errors import CommandNotFound, TracerError
+from ckpt_trace.version import __version__
 
 from . import bcc_backend, strace_backend
 from .state import TraceBuilder, rank_from_environ
@@ -56,6 +57,7 @@ class RecordResult:
     elapsed_s: float
     exit_signal: int | None = None
     filtered_ops: int = 0
+    unseen: dict = field(default_factory=dict)
 
     @property
     def ended(self) -> str:
@@ -109,9 +111,11 @@ def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict) -> t
     if tracer is not None:
         rec = tracer.run(cmd, env)
         builder = TraceBuilder(start_ns=rec.start_ns, root_pid=rec.root_pid, **builder_args)
-        builder.feed_all(rec.events)
+        builder.feed_all(rec.events + rec.aux)
+        builder.finish()
         extra = {"lost_events": rec.lost_events, "truncated_paths": rec.truncated_paths, "exit_code": rec.exit_code,
-                 "exit_signal": rec.exit_signal, "command_elapsed_ns": rec.command_elapsed_ns}
+                 "exit_signal": rec.exit_signal, "command_elapsed_ns": rec.command_elapsed_ns,
+                 "unseen": rec.unseen, "io_uring_unrecorded_ops": rec.uring_other_ops}
         return builder, extra, choice
     with tempfile.TemporaryDirectory(prefix="ckpt-trace-strace-") as scratch:
         log = Path(scratch) / "strace.log"
@@ -121,9 +125,12 @@ def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict) -> t
         events = strace_backend.parse_log(log) if log.exists() else []
     builder = TraceBuilder(start_ns=start_ns, **builder_args)
     builder.feed_all(events)
+    builder.finish()
     exit_code, exit_signal = (128 - status, -status) if status < 0 else (status, None)
+    unseen = {"io_uring_requests": "the strace backend sees io_uring_enter calls, not the requests in the ring",
+              "mapped_pages": "the strace backend sees mmap calls, not the pages touched through the mapping"}
     return builder, {"lost_events": 0, "truncated_paths": 0, "exit_code": exit_code, "exit_signal": exit_signal,
-                     "command_elapsed_ns": command_elapsed_ns}, choice
+                     "command_elapsed_ns": command_elapsed_ns, "unseen": unseen}, choice
 
 
 def resolve_command(cmd: list[str]) -> str:
@@ -194,6 +201,17 @@ def record(
     return result
 
 
+def unseen_counts(columns: dict, reasons: dict) -> dict:
+    """What the trace holds without its bytes, by capture the backend could not do: the io_uring requests
+    its io_uring_enter rows submitted (``size`` holds to_submit) and the file mappings its mmap rows made.
+    {capture: {"reason", "count"}}, only for captures that missed something."""
+    ops, sizes = columns["op"], columns["size"]
+    counts = {"io_uring_requests": sum(size or 0 for op, size in zip(ops, sizes) if op == "io_uring_enter"),
+              "mapped_pages": sum(op == "mmap" for op in ops)}
+    return {capture: {"reason": reason, "count": counts[capture]} for capture, reason in reasons.items()
+            if counts.get(capture)}
+
+
 def normalize_filter(prefix: str) -> str:
     """An absolute path filter: relative ones are resolved against the current directory; a trailing
     slash (a directory, not a name prefix) is kept."""
@@ -204,6 +222,7 @@ def normalize_filter(prefix: str) -> str:
 def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBuilder, extra: dict,
            filters: list[str], start_wall_ns: int, elapsed_s: float, overwrite: bool) -> RecordResult:
     columns = builder.columns()
+    extra = {**extra, "unseen": unseen_counts(columns, extra.get("unseen", {}))}
     metadata = {
         "creator": "ckpt-trace",
         "creator_version": __version__,
@@ -218,10 +237,13 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
         "filesystems": filesystems_of(columns["path"]),
         "path_filters": filters,
         "untracked_fd_ops": builder.untracked_fd_ops,
+        "unattributed": builder.unattributed,
+        "unreaped_requests": builder.unreaped_requests,
         **extra,
     }
     table = table_from_columns(columns).sort_by([("ts_ns", "ascending")])
     write_trace(output, table, metadata, overwrite=overwrite,
                 batch_rows=config.TRACE_BATCH_ROWS)
     return RecordResult(output, extra["exit_code"], choice.name, choice.reason, builder.num_rows, extra["lost_events"],
-                        elapsed_s, exit_signal=extra.get("exit_signal"), filtered_ops=builder.filtered_ops)
+                        elapsed_s, exit_signal=extra.get("exit_signal"), filtered_ops=builder.filtered_ops,
+                        unseen=extra["unseen"])

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import os
 import posixpath
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from ckpt_trace.formats import COLUMNS
 from ckpt_trace.formats import vocabulary as v
@@ -59,6 +60,87 @@ class SyscallEvent:
     rank: int | None = None
 
 
+# AuxEvent.kind (bcc_program.c's AUX_*): what the kernel reports beside system calls.
+AUX_URING_REQ, AUX_URING_CREATE, AUX_AIO_SUBMIT, AUX_AIO_EVENT, AUX_FAULT, AUX_MAP_PAGES, AUX_DIRTY = range(1, 8)
+
+
+@dataclass(slots=True)
+class AuxEvent:
+    """A request or page event (not a system call), as the bcc backend decoded it (strace: libaio only).
+
+    ``AUX_URING_REQ``: one io_uring request, ``ts_ns`` its submission and
+    ``dur_ns`` the time to its completion, ``ctx`` its ring, ``fd`` the file
+    descriptor (or fixed-file index when ``fixed``), ``offset`` (-1: the file
+    position), ``length`` (bytes; the iovecs summed when ``vectored``, -1 if too
+    many), ``res`` the completion's result, ``opcode``, ``flags`` (fsync or
+    sync_file_range flags, fallocate mode), ``in_flight`` (this ring's requests
+    in flight, this one included), ``addr`` the buffer, ``user_data``.
+    ``AUX_URING_CREATE``: ring ``ctx`` set up as descriptor ``fd``.
+    ``AUX_AIO_SUBMIT``: one iocb of io_submit (``ctx`` the aio context,
+    ``obj`` the iocb's address, ``user_data`` its aio_data, ``opcode``
+    IOCB_CMD_*, ``fd``, ``offset``, ``length``, ``addr``); ``AUX_AIO_EVENT``: one
+    io_event of io_getevents (``ts_ns`` when reaped, ``obj``, ``user_data``,
+    ``res``). ``AUX_FAULT``/``AUX_MAP_PAGES``/``AUX_DIRTY``: file pages
+    ``index``..``last_index`` of inode ``ino`` (device ``dev``, kernel
+    encoding; 0 when unknown) faulted in, mapped by fault-around, or dirtied.
+    """
+
+    kind: int
+    ts_ns: int
+    dur_ns: int = 0
+    pid: int = 0
+    tid: int = 0
+    fd: int = -1
+    ctx: int = 0
+    obj: int = 0
+    user_data: int = 0
+    offset: int = 0
+    length: int = 0
+    res: int = 0
+    addr: int = 0
+    ino: int = 0
+    dev: int = 0
+    index: int = 0
+    last_index: int = 0
+    opcode: int = 0
+    flags: int = 0
+    in_flight: int = 0
+    fixed: bool = False
+    vectored: int = 0
+    comm: str | None = None
+
+
+@dataclass(slots=True)
+class Mapping:
+    """A file mapping of a process: ``address``/``length`` in memory, ``path`` and ``file_offset`` on disk,
+    ``prot``/``flags`` as mmap(2) got them, the file's inode (``ino``, ``dev``; None when unknown)."""
+
+    address: int
+    length: int
+    path: str
+    file_offset: int
+    prot: int
+    flags: int
+    ino: int | None
+    dev: int | None
+
+
+@dataclass(slots=True)
+class RingState:
+    """An io_uring instance: its ``queue_id`` in the trace and its fixed-file table (index -> description)."""
+
+    queue_id: int
+    fixed: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class AioState:
+    """A Linux AIO context: its ``queue_id`` and the submitted iocbs not yet reaped (in submission order)."""
+
+    queue_id: int
+    pending: dict = field(default_factory=dict)  # (obj or a sequence number) -> row values
+
+
 @dataclass(slots=True)
 class Description:
     """An open file description (struct file): path, status flags, position."""
@@ -75,7 +157,7 @@ class FdTable:
     fds: dict[int, Description] = field(default_factory=dict)
     cloexec: set[int] = field(default_factory=set)
 
-    def copy(self) -> "FdTable":
+    def copy(self) -> FdTable:
         return FdTable(dict(self.fds), set(self.cloexec))
 
     def install(self, fd: int, desc: Description, cloexec: bool) -> None:
@@ -99,6 +181,7 @@ class Process:
     cwd: str | None
     rank: int = -1
     comm: str | None = None
+    mappings: list = field(default_factory=list)
 
 
 def rank_from_environ(env: Iterable[str]) -> int | None:
@@ -124,7 +207,7 @@ def rank_from_environ(env: Iterable[str]) -> int | None:
 _AT_ENTRY = frozenset({"clone", "clone3", "fork", "vfork", "close", "close_range"})
 
 
-def effect_ns(ev: SyscallEvent) -> int:
+def effect_ns(ev: SyscallEvent | AuxEvent) -> int:
     """When a call's effect on descriptor state became visible to other threads.
 
     A descriptor exists from the moment open/dup *returns*, so calls take
@@ -133,6 +216,8 @@ def effect_ns(ev: SyscallEvent) -> int:
     child exists from inside its parent's clone, before any of its own calls,
     so those take effect at their entry.
     """
+    if isinstance(ev, AuxEvent):
+        return ev.ts_ns  # requests act on descriptors at submission; reaping and pages are instants
     return ev.ts_ns if ev.name in _AT_ENTRY else ev.ts_ns + max(ev.dur_ns, 0)
 
 
@@ -168,6 +253,13 @@ class TraceBuilder:
         self.sizes: dict[str, int] = {}
         self.untracked_fd_ops = 0
         self.filtered_ops = 0
+        self.rings: dict[int, RingState] = {}  # kernel ctx -> ring (bcc)
+        self.ring_of_fd: dict[tuple[int, int], RingState] = {}  # (tgid, ring fd) -> ring
+        self.aio: dict[tuple[int, int], AioState] = {}  # (tgid, aio context id) -> context
+        self.queues = 0
+        self.unattributed = {"requests": 0, "pages": 0}
+        self.unreaped_requests = 0
+        self.page_bytes = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         self._root_template = Process(
             tgid=-1,
             table=FdTable({fd: Description(path, 0, None) for fd, path in (inherited_fds or {}).items()}),
@@ -190,11 +282,25 @@ class TraceBuilder:
         for event in sorted(events, key=effect_ns):
             self.feed(event)
 
-    def feed(self, ev: SyscallEvent) -> None:
+    def feed(self, ev: SyscallEvent | AuxEvent) -> None:
+        if isinstance(ev, AuxEvent):
+            proc = self._process_of(SyscallEvent(ev.ts_ns, 0, ev.tid, "", {}, 0, pid=ev.pid))
+            _AUX_HANDLERS[ev.kind](self, proc, ev)
+            return
         proc = self._process_of(ev)
         handler = _HANDLERS.get(ev.name)
         if handler is not None:
             handler(self, proc, ev)
+
+    def finish(self) -> None:
+        """After the last event: requests submitted and never reaped are rows too (``ret`` -ECANCELED),
+        counted in ``unreaped_requests``."""
+        for (tgid, _), state in self.aio.items():
+            proc = self.procs.get(tgid)
+            for values in list(state.pending.values()):
+                self.unreaped_requests += 1
+                self._emit_request(proc, values, ret=-125, end_ns=values["ts_ns"])
+            state.pending.clear()
 
     def columns(self) -> dict[str, list]:
         return self._cols
@@ -237,7 +343,7 @@ class TraceBuilder:
     def _keep(self, path: str | None, op: str) -> bool:
         """Path filters, when given, decide alone (so ``--path-filter /dev/shm/ckpt/`` keeps an in-memory
         checkpoint); without them, pseudo files and non-files are left out. io_uring instance rows stay."""
-        ring = op.startswith("io_uring")
+        ring = op in v.RING_OPS
         if path is None:
             return ring
         if self.path_filters:
@@ -261,6 +367,7 @@ class TraceBuilder:
         cols["syscall"].append(ev.name)
         cols["op"].append(op)
         cols["ret"].append(ev.ret)
+        cols["interface"].append(values.get("interface", v.SYSCALL))
         for name in _OPTIONAL_COLUMNS:
             cols[name].append(values.get(name))
 
@@ -444,14 +551,250 @@ class TraceBuilder:
 
     def _on_io_uring(self, proc: Process, ev: SyscallEvent) -> None:
         if ev.name == "io_uring_setup":
+            state = None
             if ev.ret >= 0:
                 proc.table.install(ev.ret, Description(IO_URING_PATH, sc.O_CLOEXEC, None), True)
-            self._emit(proc, ev, "io_uring_setup", fd=ev.ret if ev.ret >= 0 else None, path=IO_URING_PATH)
+                state = self.ring_of_fd.get((proc.tgid, ev.ret)) or self._new_ring(proc, ev.ret)
+            self._emit(proc, ev, "io_uring_setup", fd=ev.ret if ev.ret >= 0 else None, path=IO_URING_PATH,
+                       queue_id=state.queue_id if state else None)
             return
         fd = int(ev.args["fd"])
         desc = proc.table.fds.get(fd)
+        state = self.ring_of_fd.get((proc.tgid, fd))
+        if ev.name == "io_uring_register":
+            if ev.ret >= 0 and state is not None:
+                self._register_files(proc, state, ev)
+            self._emit(proc, ev, "io_uring_register", fd=fd, path=desc.path if desc else None,
+                       flags=int(ev.args.get("opcode", 0)), queue_id=state.queue_id if state else None)
+            return
         self._emit(proc, ev, "io_uring_enter", fd=fd, path=desc.path if desc else None,
-                   flags=int(ev.args.get("flags", 0)))
+                   flags=int(ev.args.get("flags", 0)), size=int(ev.args.get("to_submit", 0)),
+                   queue_id=state.queue_id if state else None)
+
+    def _new_queue(self) -> int:
+        self.queues += 1
+        return self.queues - 1
+
+    def _new_ring(self, proc: Process, fd: int) -> RingState:
+        state = RingState(self._new_queue())
+        self.ring_of_fd[(proc.tgid, fd)] = state
+        return state
+
+    def _register_files(self, proc: Process, state: RingState, ev: SyscallEvent) -> None:
+        """IORING_REGISTER_FILES (2) / FILES2 (13) fill the fixed-file table; FILES_UPDATE (6) / UPDATE2 (14)
+        replace entries from ``files_offset``; UNREGISTER_FILES (3) empties it (include/uapi/linux/io_uring.h)."""
+        opcode, fds = int(ev.args.get("opcode", 0)), ev.args.get("fds") or []
+        if opcode in (2, 13):
+            state.fixed = {}
+        elif opcode == 3:
+            state.fixed = {}
+            return
+        elif opcode not in (6, 14):
+            return
+        first = int(ev.args.get("files_offset", 0)) if opcode in (6, 14) else 0
+        for index, fd in enumerate(fds):
+            desc = proc.table.fds.get(int(fd)) if int(fd) >= 0 else None
+            if desc is None:
+                state.fixed.pop(first + index, None)
+            else:
+                state.fixed[first + index] = desc
+
+    # -- io_uring requests, libaio iocbs (request rows) --------------------------------
+    def _on_uring_create(self, proc: Process, ev: AuxEvent) -> None:
+        state = self.ring_of_fd.get((proc.tgid, ev.fd)) or self._new_ring(proc, ev.fd)
+        self.rings[ev.ctx] = state
+
+    def _request_offset(self, desc: Description, offset: int, moved: int, is_write: bool) -> tuple[int | None, str]:
+        """(offset, offset_source) of a request: its own offset, or the file position when it asked for -1."""
+        if offset >= 0:
+            return offset, v.OFFSET_EXPLICIT
+        if is_write and desc.flags & sc.O_APPEND:
+            size = self.sizes.get(desc.path) if desc.path is not None else None
+            return size, (v.OFFSET_APPEND if size is not None else v.OFFSET_UNKNOWN)
+        position = desc.pos
+        if position is not None and moved >= 0:
+            desc.pos = position + moved
+        return position, (v.OFFSET_POSITION if position is not None else v.OFFSET_UNKNOWN)
+
+    def _on_uring_request(self, proc: Process, ev: AuxEvent) -> None:
+        state = self.rings.get(ev.ctx)
+        if state is None:
+            state = self.rings[ev.ctx] = RingState(self._new_queue())
+        desc = state.fixed.get(ev.fd) if ev.fixed else proc.table.fds.get(ev.fd)
+        name = v.URING_OPCODES.get(ev.opcode, str(ev.opcode))
+        if desc is None:
+            self.unattributed["requests"] += 1
+            return
+        op = _URING_OPS.get(name, "other")
+        if name == "FSYNC" and ev.flags & 1:  # IORING_FSYNC_DATASYNC
+            op = v.FDATASYNC
+        values = {"ts_ns": ev.ts_ns, "tid": ev.tid, "comm": ev.comm, "syscall": f"io_uring:{name}", "op": op,
+                  "fd": None if ev.fixed else ev.fd, "path": desc.path, "interface": v.IO_URING,
+                  "queue_id": state.queue_id, "request_id": _signed64(ev.user_data), "in_flight": ev.in_flight}
+        if op in v.DATA_OPS:
+            offset, source = self._request_offset(desc, ev.offset, ev.res, op == v.WRITE)
+            values.update(offset=offset, offset_source=source, size=ev.length if ev.length >= 0 else None,
+                          address=_signed64(ev.addr), iov_count=ev.vectored or None)
+            if op == v.WRITE and offset is not None and ev.res > 0:
+                self._grow(desc.path, offset + ev.res)
+        else:
+            values.update(offset=ev.offset, offset_source=v.OFFSET_EXPLICIT, size=ev.length, flags=ev.flags)
+            if op == v.FALLOCATE and ev.res == 0 and not ev.flags & sc.FALLOC_FL_KEEP_SIZE:
+                self._grow(desc.path, ev.offset + ev.length)
+        self._emit_request(proc, values, ret=ev.res, end_ns=ev.ts_ns + ev.dur_ns)
+
+    def _emit_request(self, proc: Process | None, values: dict, *, ret: int, end_ns: int) -> None:
+        if proc is None:
+            return
+        event = SyscallEvent(values["ts_ns"], max(0, end_ns - values["ts_ns"]), values["tid"], values["syscall"],
+                             {}, ret, pid=proc.tgid, comm=values.get("comm"))
+        fields = {key: value for key, value in values.items() if key not in ("ts_ns", "tid", "syscall", "op", "comm")}
+        self._emit(proc, event, values["op"], **fields)
+
+    def _on_io_setup(self, proc: Process, ev: SyscallEvent) -> None:
+        state = None
+        if ev.ret == 0 and ev.args.get("ctx_id") is not None:
+            state = AioState(self._new_queue())
+            self.aio[(proc.tgid, int(ev.args["ctx_id"]))] = state
+        self._emit(proc, ev, "io_setup", size=int(ev.args.get("nr_events", 0)), interface=v.LIBAIO,
+                   queue_id=state.queue_id if state else None)
+
+    def _aio_state(self, proc: Process, ctx: int) -> AioState:
+        key = (proc.tgid, ctx)
+        if key not in self.aio:
+            self.aio[key] = AioState(self._new_queue())  # a context set up before the recording started
+        return self.aio[key]
+
+    def _on_aio_call(self, proc: Process, ev: SyscallEvent) -> None:
+        state = self.aio.get((proc.tgid, int(ev.args.get("ctx", 0))))
+        op = sc.SYSCALLS[ev.name].op
+        if op == v.IO_DESTROY and state is not None and ev.ret == 0:
+            self.aio.pop((proc.tgid, int(ev.args["ctx"])))
+        self._emit(proc, ev, op, interface=v.LIBAIO, queue_id=state.queue_id if state else None,
+                   size=int(ev.args["nr"]) if "nr" in ev.args else None)
+
+    def _on_aio_submit(self, proc: Process, ev: AuxEvent) -> None:
+        state = self._aio_state(proc, ev.ctx)
+        desc = proc.table.fds.get(ev.fd)
+        name = v.AIO_OPCODES.get(ev.opcode, str(ev.opcode))
+        op = _AIO_OPS.get(name, "other")
+        values = {"ts_ns": ev.ts_ns, "tid": ev.tid, "comm": ev.comm, "syscall": f"aio:{name}", "op": op, "fd": ev.fd,
+                  "path": desc.path if desc else None, "interface": v.LIBAIO, "queue_id": state.queue_id,
+                  "request_id": _signed64(ev.user_data), "in_flight": len(state.pending) + 1, "desc": desc}
+        if op in v.DATA_OPS:
+            values.update(offset=ev.offset, offset_source=v.OFFSET_EXPLICIT, address=_signed64(ev.addr),
+                          size=None if ev.vectored else ev.length, iov_count=ev.length if ev.vectored else None)
+        if desc is None:
+            self.unattributed["requests"] += 1
+        state.pending[ev.obj or ("seq", ev.ts_ns, len(state.pending), ev.user_data)] = values
+
+    def _on_aio_event(self, proc: Process, ev: AuxEvent) -> None:
+        state = self._aio_state(proc, ev.ctx)
+        key = ev.obj if ev.obj in state.pending else self._aio_match(state, ev.user_data)
+        values = state.pending.pop(key, None) if key is not None else None
+        if values is None:
+            return
+        desc = values.pop("desc")
+        if desc is None:
+            return
+        if values["op"] == v.WRITE and values.get("offset") is not None and ev.res > 0:
+            self._grow(desc.path, values["offset"] + ev.res)
+        self._emit_request(proc, values, ret=ev.res, end_ns=ev.ts_ns)
+
+    @staticmethod
+    def _aio_match(state: AioState, data: int):
+        """The pending iocb an io_event answers when its address is not known (strace prints iocbs, not their
+        addresses): the oldest one carrying the event's aio_data."""
+        for key, values in state.pending.items():
+            if values["request_id"] == _signed64(data):
+                return key
+        return None
+
+    # -- file mappings ----------------------------------------------------------------------
+    def _mapping_row(self, proc: Process, ev: SyscallEvent, op: str, mapping: Mapping, address: int,
+                     length: int, **extra) -> None:
+        offset = mapping.file_offset + max(0, address - mapping.address)
+        self._emit(proc, ev, op, path=mapping.path, offset=offset, offset_source=v.OFFSET_EXPLICIT, size=length,
+                   address=address, interface=v.MMAP, prot=mapping.prot, **extra)
+
+    def _on_mmap(self, proc: Process, ev: SyscallEvent) -> None:
+        fd, flags = int(ev.args.get("fd", -1)), int(ev.args.get("mmap_flags", 0))
+        if fd < 0 or flags & MAP_ANONYMOUS:
+            return
+        desc = self._desc(proc, fd)
+        if desc is None or desc.path is None:
+            return
+        length, offset, prot = int(ev.args.get("length", 0)), int(ev.args.get("offset", 0)), int(ev.args.get("prot", 0))
+        if ev.ret >= 0:
+            proc.mappings.append(Mapping(ev.ret, length, desc.path, offset, prot, flags, ev.args.get("ino"),
+                                         ev.args.get("dev")))
+        self._emit(proc, ev, "mmap", fd=fd, path=desc.path, offset=offset, offset_source=v.OFFSET_EXPLICIT,
+                   size=length, flags=flags, prot=prot, address=_signed64(ev.ret) if ev.ret >= 0 else None,
+                   interface=v.MMAP)
+
+    def _overlapping(self, proc: Process, address: int, length: int) -> list[Mapping]:
+        end = address + length
+        return [m for m in proc.mappings if m.address < end and address < m.address + m.length]
+
+    def _on_munmap(self, proc: Process, ev: SyscallEvent) -> None:
+        address, length = int(ev.args.get("addr", 0)), int(ev.args.get("length", 0))
+        for mapping in self._overlapping(proc, address, length):
+            start, end = max(address, mapping.address), min(address + length, mapping.address + mapping.length)
+            self._mapping_row(proc, ev, "munmap", mapping, start, end - start)
+            if ev.ret != 0:
+                continue
+            proc.mappings.remove(mapping)
+            if start > mapping.address:  # the part before the hole stays mapped
+                proc.mappings.append(Mapping(mapping.address, start - mapping.address, mapping.path,
+                                             mapping.file_offset, mapping.prot, mapping.flags, mapping.ino,
+                                             mapping.dev))
+            if end < mapping.address + mapping.length:  # and the part after it
+                proc.mappings.append(Mapping(end, mapping.address + mapping.length - end, mapping.path,
+                                             mapping.file_offset + end - mapping.address, mapping.prot,
+                                             mapping.flags, mapping.ino, mapping.dev))
+
+    def _on_msync_madvise(self, proc: Process, ev: SyscallEvent) -> None:
+        address, length = int(ev.args.get("addr", 0)), int(ev.args.get("length", 0))
+        op = sc.SYSCALLS[ev.name].op
+        for mapping in self._overlapping(proc, address, length):
+            start, end = max(address, mapping.address), min(address + length, mapping.address + mapping.length)
+            self._mapping_row(proc, ev, op, mapping, start, end - start,
+                              flags=int(ev.args.get("flags", ev.args.get("advice", 0))))
+
+    def _on_mremap(self, proc: Process, ev: SyscallEvent) -> None:
+        address = int(ev.args.get("addr", 0))
+        mapping = next((m for m in proc.mappings if m.address == address), None)
+        if mapping is None:
+            return
+        new_length = int(ev.args.get("new_length", 0))
+        if ev.ret >= 0:
+            mapping.address, mapping.length = ev.ret, new_length
+        self._mapping_row(proc, ev, "mremap", mapping, mapping.address, new_length)
+
+    def _on_pages(self, proc: Process, ev: AuxEvent) -> None:
+        """Pages faulted in, mapped by fault-around, or dirtied through a mapping of the process."""
+        dirty = ev.kind == AUX_DIRTY
+        first, last = ev.index, max(ev.index, ev.last_index)
+        page = self.page_bytes
+        for mapping in proc.mappings:
+            if mapping.ino != ev.ino or (ev.dev and mapping.dev and mapping.dev != ev.dev):
+                continue
+            if dirty and not (mapping.flags & MAP_SHARED and mapping.prot & PROT_WRITE):
+                continue
+            start = max(first * page, mapping.file_offset)
+            end = min((last + 1) * page, mapping.file_offset + mapping.length)
+            if start >= end:
+                continue
+            size = end - start
+            event = SyscallEvent(ev.ts_ns, 0, ev.tid, "", {}, size, pid=proc.tgid, comm=ev.comm)
+            event.name = {AUX_FAULT: v.PAGE_FAULT, AUX_MAP_PAGES: v.FAULT_AROUND, AUX_DIRTY: v.PAGE_DIRTY}[ev.kind]
+            self._emit(proc, event, v.WRITE if dirty else v.READ, path=mapping.path, offset=start,
+                       offset_source=v.OFFSET_PAGE, size=size, interface=v.MMAP,
+                       address=mapping.address + start - mapping.file_offset)
+            if dirty:
+                self._grow(mapping.path, end)
+            return
+        self.unattributed["pages"] += 1
 
     def _on_clone(self, proc: Process, ev: SyscallEvent) -> None:
         if ev.ret <= 0:
@@ -487,7 +830,8 @@ class TraceBuilder:
 
 
 _COLUMN_NAMES = COLUMNS
-_OPTIONAL_COLUMNS = ("fd", "path", "new_path", "offset", "offset_source", "size", "flags", "iov_count")
+_OPTIONAL_COLUMNS = ("fd", "path", "new_path", "offset", "offset_source", "size", "flags", "iov_count", "queue_id",
+                     "request_id", "in_flight", "address", "prot")
 
 
 def _handlers() -> dict:
@@ -500,6 +844,11 @@ def _handlers() -> dict:
         "rename": TraceBuilder._on_rename, "unlink": TraceBuilder._on_path_only,
         "mkdir": TraceBuilder._on_path_only, "dup": TraceBuilder._on_dup, "fcntl": TraceBuilder._on_fcntl,
         "io_uring_setup": TraceBuilder._on_io_uring, "io_uring_enter": TraceBuilder._on_io_uring,
+        "io_uring_register": TraceBuilder._on_io_uring, "io_setup": TraceBuilder._on_io_setup,
+        "io_destroy": TraceBuilder._on_aio_call, "io_submit": TraceBuilder._on_aio_call,
+        "io_getevents": TraceBuilder._on_aio_call, "mmap": TraceBuilder._on_mmap, "munmap": TraceBuilder._on_munmap,
+        "msync": TraceBuilder._on_msync_madvise, "madvise": TraceBuilder._on_msync_madvise,
+        "mremap": TraceBuilder._on_mremap,
     }
     for name, call in sc.SYSCALLS.items():
         if call.op is not None:
@@ -513,3 +862,18 @@ def _handlers() -> dict:
 
 
 _HANDLERS = _handlers()
+_AUX_HANDLERS = {AUX_URING_REQ: TraceBuilder._on_uring_request, AUX_URING_CREATE: TraceBuilder._on_uring_create,
+                 AUX_AIO_SUBMIT: TraceBuilder._on_aio_submit, AUX_AIO_EVENT: TraceBuilder._on_aio_event,
+                 AUX_FAULT: TraceBuilder._on_pages, AUX_MAP_PAGES: TraceBuilder._on_pages,
+                 AUX_DIRTY: TraceBuilder._on_pages}
+_URING_OPS = {"READ": v.READ, "READ_FIXED": v.READ, "READV": v.READ, "WRITE": v.WRITE, "WRITE_FIXED": v.WRITE,
+              "WRITEV": v.WRITE, "FSYNC": v.FSYNC, "SYNC_FILE_RANGE": v.SYNC_FILE_RANGE, "FALLOCATE": v.FALLOCATE}
+_AIO_OPS = {"PREAD": v.READ, "PREADV": v.READ, "PWRITE": v.WRITE, "PWRITEV": v.WRITE, "FSYNC": v.FSYNC,
+            "FDSYNC": v.FDATASYNC}
+MAP_SHARED, MAP_ANONYMOUS, PROT_WRITE = 0x01, 0x20, 0x2  # the same on x86-64 and arm64 (mman-common.h)
+
+
+def _signed64(value: int) -> int:
+    """A u64 (user_data, an address) as the int64 a trace column holds."""
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value >= 1 << 63 else value

@@ -16,14 +16,15 @@ import re
 import shutil
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ckpt_trace import config
 from ckpt_trace.errors import TracerError
 
 from . import syscalls as sc
-from .state import SyscallEvent, rank_from_environ
+from .state import AUX_AIO_EVENT, AUX_AIO_SUBMIT, AuxEvent, SyscallEvent, rank_from_environ
 
 # strace folds the 64-bit position of the p*v calls into one argument.
 _STRACE_ARGS = {
@@ -33,6 +34,7 @@ _STRACE_ARGS = {
     "pwritev2": ("fd", "iov", "iov_count", "offset", "rwflags"),
 }
 _RAW_CALLS = ("read", "write", "pread64", "pwrite64")
+_AIO_CALLS = frozenset({"io_submit", "io_getevents", "io_pgetevents"})
 
 _LINE = re.compile(r"^(\d+)\s+(\d+)\.(\d+)\s+(.*)$")
 _CALL = re.compile(r"^([a-z_0-9]+)\((.*)$")
@@ -107,9 +109,7 @@ class _ArgParser:
             values.append(value)
             if key is not None:
                 named[key] = value
-            if self.i < len(self.text) and self.text[self.i] == ",":
-                self.i += 1
-            elif self.i == start:
+            if self.i < len(self.text) and self.text[self.i] == "," or self.i == start:
                 self.i += 1
 
     def _skip_space(self) -> None:
@@ -230,6 +230,36 @@ def _duration_ns(text: str | None) -> int:
     return int(whole) * 1_000_000_000 + int((frac + "000000000")[:9])
 
 
+def _aux_events(name: str, values: list[Any], tid: int, ts_ns: int, dur_ns: int, ret: int) -> list[AuxEvent]:
+    """The libaio requests strace decodes: each iocb io_submit accepted, each io_event io_getevents returned
+    (strace prints iocbs without their addresses: events are matched by aio_data, in submission order)."""
+    if ret <= 0 or len(values) < 3:
+        return []
+    ctx = _as_int(values[0])
+    if name == "io_submit":
+        found = []
+        for iocb in (values[2] if isinstance(values[2], list) else [])[:ret]:
+            if not isinstance(iocb, dict):
+                continue
+            opcode = _as_int(iocb.get("aio_lio_opcode"))
+            buffer = iocb.get("aio_buf")
+            vectored = isinstance(buffer, list)
+            length = sum(_as_int(item.get("iov_len")) for item in buffer if isinstance(item, dict)) if vectored \
+                else _as_int(iocb.get("aio_nbytes"))
+            found.append(AuxEvent(AUX_AIO_SUBMIT, ts_ns, tid=tid, ctx=ctx, user_data=_as_int(iocb.get("aio_data")),
+                                  opcode=opcode, fd=_as_int(iocb.get("aio_fildes")), offset=_as_int(iocb.get("aio_offset")),
+                                  length=length, addr=0 if vectored or isinstance(buffer, str) else _as_int(buffer)))
+        return found
+    events = values[3] if len(values) > 3 and isinstance(values[3], list) else []
+    return [AuxEvent(AUX_AIO_EVENT, ts_ns + dur_ns, tid=tid, ctx=ctx, user_data=_as_int(event.get("data")),
+                     obj=_as_int(event.get("obj")), res=_as_int(event.get("res")))
+            for event in events[:ret] if isinstance(event, dict)]
+
+
+def _as_int(value: Any) -> int:
+    return value if isinstance(value, int) else 0
+
+
 def _decode(name: str, values: list[Any], named: dict[str, Any]) -> tuple[dict[str, Any], int | None, int | None]:
     """Map strace's printed arguments to the table's names; return (args, iov size, rank)."""
     arg_names = _STRACE_ARGS.get(name, sc.SYSCALLS[name].args)
@@ -250,7 +280,17 @@ def _decode(name: str, values: list[Any], named: dict[str, Any]) -> tuple[dict[s
             size = sum(lengths)
     if name in ("execve", "execveat") and isinstance(args.get("envp"), list):
         rank = rank_from_environ(str(item) for item in args["envp"])
-    for key in ("argv", "envp", "buf", "how", "params", "sig"):
+    if name == "io_setup" and isinstance(args.get("ctxp"), list) and args["ctxp"]:
+        args["ctx_id"] = _as_int(args["ctxp"][0])
+    if name == "io_uring_register":
+        argument = args.get("arg")
+        if isinstance(argument, list):
+            args["fds"] = [fd for fd in argument if isinstance(fd, int)]
+        elif isinstance(argument, dict):
+            args["files_offset"] = _as_int(argument.get("offset"))
+            fds = argument.get("fds", argument.get("data"))
+            args["fds"] = [fd for fd in fds if isinstance(fd, int)] if isinstance(fds, list) else []
+    for key in ("argv", "envp", "buf", "how", "params", "sig", "ctxp", "arg", "iocbpp", "events", "timeout", "usig"):
         args.pop(key, None)
     return args, size, rank
 
@@ -289,14 +329,16 @@ def _events_from_lines(lines: Iterator[str]) -> Iterator[SyscallEvent]:
             continue
         values, named = parse_args(result.group("args"))
         args, size, rank = _decode(name, values, named)
+        dur_ns = _duration_ns(result.group("dur"))
+        if name in _AIO_CALLS:
+            yield from _aux_events(name, values, tid, ts_ns, dur_ns, ret)
         yield SyscallEvent(
-            ts_ns=ts_ns, dur_ns=_duration_ns(result.group("dur")), tid=tid, name=name,
-            args=args, ret=ret, size=size, rank=rank,
+            ts_ns=ts_ns, dur_ns=dur_ns, tid=tid, name=name, args=args, ret=ret, size=size, rank=rank,
         )
 
 
-def parse_log(log_path: Path) -> list[SyscallEvent]:
-    """Parse a strace log written by ``run`` into events (in log order).
+def parse_log(log_path: Path) -> list[SyscallEvent | AuxEvent]:
+    """Parse a strace log written by ``run`` into events (in log order), libaio requests included.
 
     Lines strace could not finish (the tracee was killed mid-call) are skipped.
     """
