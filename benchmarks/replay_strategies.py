@@ -31,10 +31,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ckpt_trace.replayer import replay
 from common import best_fio
 from rich.console import Console
 from rich.table import Table
+
+from ckpt_trace.replayer import replay
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"

@@ -1,4 +1,4 @@
-"""Tracer overhead on the built-in DCP workload: wall time untraced, under bcc, under strace.
+"""Tracer overhead: wall time untraced, under bcc, under strace, of the DCP workload and io_uring-heavy ones.
 
 Runs are interleaved (untraced, bcc, strace, untraced, ...) in one process on
 the same machine and disk, so drift and noise hit every variant alike; each
@@ -7,9 +7,24 @@ The checkpoint directory is removed between runs. Two figures per backend:
 "record end-to-end" is the whole ``ckpt-trace record`` command (start-up, BPF
 compile, teardown, writing the trace included); "workload under trace" is the
 traced command's own wall time, from the trace's ``command_elapsed_ns``.
-Goal (issue 2): bcc adds at most 5 % to the wall time of the demo's workload.
+Goal (issue 2): bcc adds at most 5 % to the wall time of the demo's workload;
+(issue 11) and of an io_uring-heavy one. Workloads (``--workload``, repeatable):
 
-    python benchmarks/tracer_overhead.py [--model gpt2-medium] [--ranks 4] [--repeats 3] [--out DIR]
+- ``dcp``: the built-in DCP save (``ckpt-trace workload dcp``);
+- ``emitted``: the same save through the emitted writer (io_uring, O_DIRECT);
+- ``fio-uring-1m``: fio ``ioengine=io_uring``, 1 MiB sequential writes,
+  iodepth 8, O_DIRECT, 2 GiB: a checkpoint's io_uring pattern;
+- ``fio-uring-4k``: fio ``ioengine=io_uring``, 4 KiB random writes, iodepth 32,
+  O_DIRECT, 512 MiB: the stress case, about 100,000 requests a second here,
+  each costing two BPF programs (submission, completion) plus its
+  ``io_uring_enter``;
+- ``libaio``: ``ckpt-trace workload libaio`` (FastPersist's way: native AIO).
+
+strace cannot see io_uring requests, so it is measured on ``dcp`` and ``libaio``
+only. Lost events (the trace's ``lost_events``) are reported per run.
+
+    python benchmarks/tracer_overhead.py [--workload dcp --workload fio-uring] [--model gpt2-medium]
+        [--ranks 4] [--repeats 3] [--out DIR]
 
 Prints a table and writes ``benchmarks/results/tracer_overhead.json``.
 """
@@ -27,17 +42,27 @@ import tempfile
 import time
 from pathlib import Path
 
-from ckpt_trace.formats import read_metadata
-from ckpt_trace.tracer import bcc_backend, strace_backend
 from rich.console import Console
 from rich.table import Table
+
+from ckpt_trace.formats import read_metadata
+from ckpt_trace.tracer import bcc_backend, strace_backend
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def workload_cmd(out: Path, args) -> list[str]:
-    cmd = [sys.executable, "-m", "ckpt_trace.cli", "workload", "dcp", "--out", str(out), "--ranks", str(args.ranks),
-           "--model", args.model]
+WORKLOADS = ("dcp", "emitted", "fio-uring-1m", "fio-uring-4k", "libaio")
+FIO_JOBS = {"fio-uring-1m": ("write", "1m", 8, "2g"), "fio-uring-4k": ("randwrite", "4k", 32, "512m")}
+
+
+def workload_cmd(workload: str, out: Path, args) -> list[str]:
+    if workload in FIO_JOBS:
+        rw, bs, depth, size = FIO_JOBS[workload]
+        return ["fio", "--name=overhead", f"--directory={out}", "--ioengine=io_uring", f"--iodepth={depth}",
+                "--direct=1", f"--rw={rw}", f"--bs={bs}", f"--size={size}", "--output=/dev/null"]
+    cmd = [sys.executable, "-m", "ckpt_trace.cli", "workload", workload, "--out", str(out), "--model", args.model]
+    if workload in ("dcp", "emitted"):
+        cmd += ["--ranks", str(args.ranks)]
     return cmd + (["--with-optimizer"] if args.with_optimizer else [])
 
 
@@ -47,73 +72,84 @@ def timed(cmd: list[str]) -> float:
     return time.monotonic() - started
 
 
-def run_variant(variant: str, scratch: Path, args) -> tuple[float, float]:
-    """(end-to-end seconds, the workload command's own seconds) of one run."""
+def run_variant(workload: str, variant: str, scratch: Path, args) -> tuple[float, float, int]:
+    """(end-to-end seconds, the workload command's own seconds, lost events) of one run."""
     out = scratch / "ckpt"
-    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)  # ours: made under this run's scratch directory
+    out.mkdir()
     trace = scratch / f"{variant}.arrow"
     trace.unlink(missing_ok=True)
-    cmd = workload_cmd(out, args)
+    cmd = workload_cmd(workload, out, args)
+    if workload not in FIO_JOBS:
+        out.rmdir()  # the workloads make their own directory
     if variant == "untraced":
         elapsed = timed(cmd)
-        return elapsed, elapsed
+        return elapsed, elapsed, 0
     elapsed = timed([sys.executable, "-m", "ckpt_trace.cli", "record", "--backend", variant, "-o", str(trace),
                      "--path-filter", f"{out}/", "--", *cmd])
-    return elapsed, read_metadata(trace)["command_elapsed_ns"] / 1e9
+    meta = read_metadata(trace)
+    return elapsed, meta["command_elapsed_ns"] / 1e9, int(meta["lost_events"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", action="append", choices=WORKLOADS, help="repeatable (default: all)")
     parser.add_argument("--model", default="gpt2-medium")
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-optimizer", dest="with_optimizer", action="store_false")
     parser.add_argument("--out", type=Path, default=None, help="scratch directory (default: a temporary one)")
     args = parser.parse_args()
+    workloads = args.workload or list(WORKLOADS)
 
-    variants = ["untraced"]
-    skipped = {}
+    backends, skipped = [], {}
     for name, problem in (("bcc", bcc_backend.probe()),
                           ("strace", None if strace_backend.available() else "strace not installed")):
         if problem:
             skipped[name] = problem
         else:
-            variants.append(name)
+            backends.append(name)
+    if shutil.which("fio") is None:
+        for name in set(workloads) & set(FIO_JOBS):
+            skipped[name] = "fio not installed"
+            workloads.remove(name)
     scratch = Path(tempfile.mkdtemp(prefix="ckpt-trace-bench-", dir=args.out))
-    times: dict[str, list[float]] = {v: [] for v in variants}
-    command_times: dict[str, list[float]] = {v: [] for v in variants}
-    try:
-        for _ in range(args.repeats):
-            for variant in variants:
-                total, command = run_variant(variant, scratch, args)
-                times[variant].append(total)
-                command_times[variant].append(command)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-    base = statistics.median(times["untraced"])
     rows = []
-    for variant in variants:
-        median = statistics.median(times[variant])
-        command = statistics.median(command_times[variant])
-        rows.append({"variant": variant, "median_s": median, "min_s": min(times[variant]),
-                     "max_s": max(times[variant]), "runs_s": times[variant], "overhead_ratio": median / base - 1.0,
-                     "command_median_s": command, "command_runs_s": command_times[variant],
-                     "command_overhead_ratio": command / base - 1.0})
-    table = Table(title=f"Tracer overhead: dcp {args.model}, {args.ranks} ranks, "
-                        f"{'with' if args.with_optimizer else 'without'} Adam, median of {args.repeats}")
-    for column in ("variant", "record end-to-end", "min", "max", "overhead", "workload under trace", "overhead "):
-        table.add_column(column, justify="left" if column == "variant" else "right")
+    try:
+        for workload in workloads:
+            variants = ["untraced"] + [b for b in backends if b == "bcc" or workload in ("dcp", "libaio")]
+            runs = {v: [] for v in variants}
+            for _ in range(args.repeats):  # interleaved: drift hits every variant alike
+                for variant in variants:
+                    runs[variant].append(run_variant(workload, variant, scratch, args))
+            base = statistics.median(r[0] for r in runs["untraced"])
+            for variant in variants:
+                total = [r[0] for r in runs[variant]]
+                command = [r[1] for r in runs[variant]]
+                rows.append({"workload": workload, "variant": variant, "median_s": statistics.median(total),
+                             "min_s": min(total), "max_s": max(total), "runs_s": total,
+                             "overhead_ratio": statistics.median(total) / base - 1.0,
+                             "command_median_s": statistics.median(command), "command_runs_s": command,
+                             "command_overhead_ratio": statistics.median(command) / base - 1.0,
+                             "lost_events": sum(r[2] for r in runs[variant])})
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)  # ours: made by mkdtemp above
+
+    table = Table(title=f"Tracer overhead (model {args.model}, {args.ranks} ranks, "
+                        f"{'with' if args.with_optimizer else 'without'} Adam; median of {args.repeats})")
+    for column in ("workload", "variant", "end-to-end", "overhead", "under trace", "overhead ", "lost"):
+        table.add_column(column, justify="left" if column in ("workload", "variant") else "right")
     for row in rows:
         untraced = row["variant"] == "untraced"
-        table.add_row(row["variant"], f"{row['median_s']:.2f} s", f"{row['min_s']:.2f} s", f"{row['max_s']:.2f} s",
+        table.add_row(row["workload"], row["variant"], f"{row['median_s']:.2f} s",
                       "-" if untraced else f"{row['overhead_ratio']:+.1%}", f"{row['command_median_s']:.2f} s",
-                      "-" if untraced else f"{row['command_overhead_ratio']:+.1%}")
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
+                      "-" if untraced else f"{row['command_overhead_ratio']:+.1%}",
+                      "-" if untraced else f"{row['lost_events']:,}")
+    Console(width=None if sys.stdout.isatty() else 100).print(table)
     for name, problem in skipped.items():
         print(f"{name}: skipped ({problem})")
     RESULTS.mkdir(exist_ok=True)
-    result = {"benchmark": "tracer_overhead", "model": args.model, "ranks": args.ranks,
+    result = {"benchmark": "tracer_overhead", "workloads": workloads, "model": args.model, "ranks": args.ranks,
               "with_optimizer": args.with_optimizer, "repeats": args.repeats, "host": os.uname().nodename,
               "kernel": os.uname().release, "results": rows, "skipped": skipped}
     (RESULTS / "tracer_overhead.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -39,11 +39,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from ckpt_trace.iolayer import ring as rings
-from ckpt_trace.iolayer.buffers import AlignedBuffer
 from rich.console import Console
 from rich.table import Table
 
+from ckpt_trace.iolayer import ring as rings
+from ckpt_trace.iolayer.buffers import AlignedBuffer
 from ckpt_trace.units import parse_size
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from ckpt_trace.formats import write_bytes_atomic
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn, TransferSpeedColumn
 
 from ckpt_trace.config import CHECK_MIN_RUNS, CHECK_MIN_SECONDS
 from ckpt_trace.errors import CkptTraceError, Interrupted
+from ckpt_trace.formats import write_bytes_atomic
 from ckpt_trace.version import __version__
 
 app = typer.Typer(
@@ -101,7 +101,7 @@ def record(
 ) -> None:
     """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code."""
     from ckpt_trace.iolayer.outputs import check_output_file
-    from ckpt_trace.tracer import choose_backend, resolve_command
+    from ckpt_trace.tracer import capture_limits, choose_backend, resolve_command
     from ckpt_trace.tracer import record as record_trace
 
     if not cmd:
@@ -110,6 +110,8 @@ def record(
     check_output_file(output, force)
     choice = choose_backend(backend)
     err.print(f"ckpt-trace: backend {choice.name} ({choice.reason})", highlight=False)
+    for limit in capture_limits(choice):
+        err.print(f"ckpt-trace: note: {escape(limit)}", highlight=False)
     result = record_trace(list(cmd), output, choice=choice, path_filters=path_filter, strict=strict, overwrite=force)
     if result.backend != choice.name:
         err.print(f"[yellow]ckpt-trace: warning: fell back to {result.backend} ({escape(result.backend_reason)})[/]",
@@ -388,7 +390,6 @@ def workload(
     """Write (or load and check) a real checkpoint of a GPT-2-shaped model with a real engine."""
     from ckpt_trace.iolayer.host import drop_page_cache
     from ckpt_trace.iolayer.outputs import check_output_dir
-
     from ckpt_trace.workloads import ENGINES, run
 
     if engine not in ENGINES:

@@ -31,6 +31,7 @@ BPF_MAX_IOVECS = _int_env("BPF_MAX_IOVECS", 64)  # iovecs summed in BPF for read
 BPF_INFLIGHT_ENTRIES = _int_env("BPF_INFLIGHT_ENTRIES", 65536)  # concurrent syscalls tracked
 BPF_IGNORED_FDS = _int_env("BPF_IGNORED_FDS", 262144)  # (tgid, fd) pairs filtered in the kernel
 BPF_POLL_MS = _int_env("BPF_POLL_MS", 50)
+BPF_WAKE_EVERY = _int_env("BPF_WAKE_EVERY", 64)  # records per CPU between reader wakeups
 STRACE_BIN = _str_env("STRACE_BIN", "strace")
 STRACE_STRING_BYTES = _int_env("STRACE_STRING_BYTES", 1024)  # strace -s: bounds iovec arrays and envp strings
 TRACE_BATCH_ROWS = _int_env("TRACE_BATCH_ROWS", 65536)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from ckpt_trace.formats import read_trace
-from ckpt_trace.replayer import build_plan, merge_extents, replay, split_extent
-from ckpt_trace.tracer import syscalls as sc
 from hypothesis import given
 from hypothesis import strategies as st
 from test_replay import CREATE, make_trace
+
+from ckpt_trace.formats import read_trace
+from ckpt_trace.replayer import build_plan, merge_extents, replay, split_extent
+from ckpt_trace.tracer import syscalls as sc
 
 MIB = 1 << 20
 

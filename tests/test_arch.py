@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from ckpt_trace.formats import read_trace, table_from_columns, write_trace
 from ckpt_trace.formats import vocabulary as v
 from ckpt_trace.replayer import build_posix_plan, replay
 from ckpt_trace.replayer import plan as plan_module
-from hypothesis import given
-from hypothesis import strategies as st
 
 META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"],
         "backend": "strace", "start_wall_time_ns": 0, "filesystems": {}, "lost_events": 0, "arch": "x86_64"}

@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ckpt_trace.iolayer import pattern
 from conftest import _missing, cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,6 +23,7 @@ from ckpt_trace.bench.matrix import BenchPoint, make_matrix
 from ckpt_trace.bench.results import point_of, read_bench
 from ckpt_trace.bench.run import SCRATCH_PREFIX, run_bench
 from ckpt_trace.errors import BenchError
+from ckpt_trace.iolayer import pattern
 
 KIB, MIB = 1 << 10, 1 << 20
 POINT = BenchPoint(size_bytes=64 * KIB, misaligned_bytes=0, queue_depth=4, processes=1, direct=True, engine="uring",

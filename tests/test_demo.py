@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from ckpt_trace.formats import read_trace
 
 REPO = Path(__file__).resolve().parent.parent

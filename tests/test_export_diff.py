@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import pyarrow.dataset as ds
-from ckpt_trace.formats import read_trace
 from conftest import cli
+
+from ckpt_trace.formats import read_trace
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 DCP = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"

@@ -8,6 +8,8 @@ import os
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
+
+from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.formats import (
     FORMAT_VERSION,
     METADATA_KEY,
@@ -18,8 +20,6 @@ from ckpt_trace.formats import (
     table_from_columns,
     write_trace,
 )
-
-from ckpt_trace.errors import CkptTraceError
 
 META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"], "backend": "strace",
         "start_wall_time_ns": 1, "filesystems": {"/": {"type": "ext4", "block_size": 4096}}, "lost_events": 3,

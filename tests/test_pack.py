@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
+from test_replay import CREATE, make_trace
+
 from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_plan, replay
 from ckpt_trace.replayer.pack import INDEX_PATH
-from test_replay import CREATE, make_trace
 
 
 def small_files_trace(tmp_path, shared_by_two_workers: bool = False):

@@ -5,9 +5,10 @@ from __future__ import annotations
 import sys
 from collections import Counter
 
+from conftest import cli
+
 from ckpt_trace.formats import read_trace
 from ckpt_trace.tracer import syscalls as sc
-from conftest import cli
 
 
 def data_ops(table):
@@ -98,10 +99,9 @@ def test_auto_names_the_backend_and_why(tmp_path):
 
 
 def test_auto_falls_back_to_strace_when_the_kernel_refuses_bpf(bcc_backend, strace_backend, tmp_path, monkeypatch):
+    from ckpt_trace.errors import TracerError
     from ckpt_trace.tracer import bcc_backend as module
     from ckpt_trace.tracer import choose_backend, record
-
-    from ckpt_trace.errors import TracerError
 
     def refuse(self):
         raise TracerError("the kernel refused the BPF program (test)")

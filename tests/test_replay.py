@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from ckpt_trace.formats import read_trace, table_from_columns, write_trace
-from ckpt_trace.replayer import build_posix_plan, replay
-from ckpt_trace.tracer import syscalls as sc
 from conftest import cli
 
 from ckpt_trace.errors import ReplayError
+from ckpt_trace.formats import read_trace, table_from_columns, write_trace
+from ckpt_trace.replayer import build_posix_plan, replay
+from ckpt_trace.tracer import syscalls as sc
 
 META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"],
         "backend": "strace", "start_wall_time_ns": 0, "filesystems": {}, "lost_events": 0, "arch": "x86_64"}

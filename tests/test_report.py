@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -68,3 +69,16 @@ def test_report_refusals(tmp_path):
     proc = cli("report", str(GOLDEN_DCP), str(bad), "-o", str(tmp_path / "x.html"), check=False)
     assert proc.returncode == 2 and "missing key 'results'" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "x.html").exists()
+
+
+def test_summary_and_report_show_each_io_interface(tmp_path):
+    golden = GOLDEN_DCP.parent / "v2-requests-bcc.arrow"
+    text = cli("summary", str(golden)).stdout
+    assert "I/O interfaces" in text and all(name in text for name in ("io_uring", "libaio", "mmap"))
+    data = json.loads(cli("summary", str(golden), "--json").stdout)
+    assert data["interfaces"]["io_uring"]["in_flight"]["max"] == 8
+    assert data["interfaces"]["libaio"]["bytes_written"] == 1 << 20
+    page = tmp_path / "r.html"
+    cli("report", str(golden), "-o", str(page))
+    html = page.read_text()
+    assert "I/O interfaces" in html and "<td>io_uring</td>" in html and "max 8" in html

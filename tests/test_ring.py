@@ -8,6 +8,7 @@ from array import array
 
 import numpy as np
 import pytest
+
 from ckpt_trace.iolayer import pattern
 from ckpt_trace.iolayer import ring as rings
 from ckpt_trace.iolayer.buffers import AlignedBuffer, pattern_buffer

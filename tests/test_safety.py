@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
-from ckpt_trace.formats import read_trace, table_from_columns, write_trace
 from conftest import _missing, cli
+
+from ckpt_trace.formats import read_trace, table_from_columns, write_trace
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 ODD = GOLDEN / "v1-odd-pattern-strace.arrow"
@@ -173,9 +174,8 @@ def test_queue_depths_the_kernel_refuses_are_one_line_naming_the_flag(tmp_path, 
 
 def test_a_failing_worker_fails_the_replay_with_one_line(tmp_path, io_uring, monkeypatch):
     """A worker that cannot set up (here: its ring) fails the command, never a result with missing figures."""
-    from ckpt_trace.replayer import replay, uring
-
     from ckpt_trace.errors import ReplayError
+    from ckpt_trace.replayer import replay, uring
 
     def refuse(*args, **kwargs):
         raise MemoryError("no memory for the worker's buffers")

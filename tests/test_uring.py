@@ -7,9 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import cli
+
 from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_plan, replay
-from conftest import cli
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 pytestmark = pytest.mark.io_uring

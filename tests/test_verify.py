@@ -6,15 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import cli
+
+from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats import read_trace
 from ckpt_trace.iolayer import pattern
 from ckpt_trace.iolayer.buffers import pattern_buffer
 from ckpt_trace.replayer import build_plan, replay
 from ckpt_trace.replayer.paths import TargetRoot
 from ckpt_trace.replayer.verify import verify_content
-from conftest import cli
-
-from ckpt_trace.errors import ReplayError
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 

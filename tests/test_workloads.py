@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 
 import pytest
-from ckpt_trace.formats import read_trace
 from conftest import cli
 
+from ckpt_trace.formats import read_trace
 from ckpt_trace.workloads import run
 from ckpt_trace.workloads.models import MODELS, parameter_count, parameter_shapes
 
@@ -69,14 +69,16 @@ def test_torch_save_can_write_one_file_per_layer(torch_installed, tmp_path):
 
 
 @pytest.mark.parametrize("engine,extra", [("dcp", ["--ranks", "2"]), ("emitted", ["--ranks", "2"]),
-                                          ("torch-save", []), ("torch-save", ["--mmap"]), ("safetensors", [])],
-                         ids=["dcp", "emitted", "torch-load", "torch-load-mmap", "safetensors"])
+                                          ("torch-save", []), ("torch-save", ["--mmap"]), ("safetensors", []),
+                                          ("safetensors", ["--shards", "4"]), ("libaio", []), ("memmap", [])],
+                         ids=["dcp", "emitted", "torch-load", "torch-load-mmap", "safetensors", "safetensors-shards",
+                              "libaio", "memmap"])
 def test_every_engine_loads_back_what_it_saved(torch_installed, tmp_path, engine, extra):
     import json
 
     out = tmp_path / "ck"
     common = ["--out", str(out), "--model", "gpt2-tiny", "--with-optimizer"]
-    ranks = [a for a in extra if a != "--mmap"]
+    ranks = [a for a in extra if a != "--mmap"]  # what the save takes too (--ranks, --shards)
     saved = json.loads(cli("workload", engine, *common, *ranks, "--json").stdout)
     loaded = json.loads(cli("workload", engine, *common, *extra, "--load", "--json").stdout)
     assert saved["phase"] == "save" and loaded["phase"] == "load" and saved["bytes"] == loaded["bytes"] > 0
@@ -93,3 +95,17 @@ def test_a_load_finds_a_damaged_checkpoint(torch_installed, tmp_path):
     proc = cli("workload", "safetensors", "--out", str(out), "--model", "gpt2-tiny", "--load", check=False)
     assert proc.returncode == 2 and "differs from what was saved" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("engine,name", [("libaio", "model.aio.bin"), ("memmap", "model.mmap.bin")])
+def test_libaio_and_memmap_loads_find_a_damaged_byte(torch_installed, tmp_path, engine, name):
+    out = tmp_path / "ck"
+    cli("workload", engine, "--out", str(out), "--model", "gpt2-tiny")
+    path = out / name
+    with open(path, "r+b") as f:
+        f.seek(5000)
+        byte = f.read(1)
+        f.seek(5000)
+        f.write(bytes([byte[0] ^ 0x01]))
+    proc = cli("workload", engine, "--out", str(out), "--model", "gpt2-tiny", "--load", check=False)
+    assert proc.returncode == 2 and "differs from what was saved" in proc.stderr

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from ckpt_trace.formats import Trace
 
+from ckpt_trace.formats import Trace
 from ckpt_trace.stats import percentiles_ns
 
 ALIGNMENT_BYTES = 4096

@@ -11,8 +11,8 @@ import math
 from pathlib import Path
 
 import pyarrow as pa
-from ckpt_trace.formats import write_bytes_atomic
 
+from ckpt_trace.formats import write_bytes_atomic
 from ckpt_trace.report.figures import png_bytes, pyplot
 
 from .matrix import DIMENSIONS, TITLES, BenchPoint, Matrix, label

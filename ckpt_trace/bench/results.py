@@ -25,10 +25,10 @@ import json
 import os
 
 import pyarrow as pa
-from ckpt_trace.formats import write_bytes_atomic
 from pyarrow import ipc
 
 from ckpt_trace.errors import BenchError
+from ckpt_trace.formats import write_bytes_atomic
 
 from .matrix import DIMENSIONS, TITLES, BenchPoint, Matrix, describe, label
 

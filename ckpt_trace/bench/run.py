@@ -30,12 +30,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_ready
 from pathlib import Path
 
+from ckpt_trace import config
+from ckpt_trace.errors import BenchError
 from ckpt_trace.iolayer.fio import fio_bytes_per_s
 from ckpt_trace.iolayer.host import environment
 from ckpt_trace.iolayer.ring import probe as probe_ring
-
-from ckpt_trace import config
-from ckpt_trace.errors import BenchError
 from ckpt_trace.stats import median_index, percentiles_ns
 
 from . import worker

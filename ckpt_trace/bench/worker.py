@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from threading import BrokenBarrierError
 
 import numpy as np
+
 from ckpt_trace.iolayer import pattern
 from ckpt_trace.iolayer import ring as rings
 from ckpt_trace.iolayer.buffers import AlignedBuffer, pattern_buffer

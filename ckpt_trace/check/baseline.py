@@ -36,13 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from ckpt_trace import config
+from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.formats import sha256_file, write_bytes_atomic
 from ckpt_trace.iolayer.host import environment
 from ckpt_trace.replayer import replay
 from ckpt_trace.replayer.replay import STRATEGIES
-
-from ckpt_trace import config
-from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.stats import relative_spread
 from ckpt_trace.version import __version__
 

@@ -24,10 +24,10 @@ import uuid
 from pathlib import Path
 
 import pyarrow.dataset as ds
-from ckpt_trace.formats import Trace, write_bytes_atomic
-from ckpt_trace.iolayer.outputs import check_output_dir, check_output_file
 
 from ckpt_trace.errors import CkptTraceError
+from ckpt_trace.formats import Trace, write_bytes_atomic
+from ckpt_trace.iolayer.outputs import check_output_dir, check_output_file
 
 FORMATS = ("perfetto", "parquet")
 METADATA_FILE = "_ckpt_trace.json"

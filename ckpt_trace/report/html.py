@@ -18,12 +18,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ckpt_trace.formats import Trace, read_trace, sha256_file, write_bytes_atomic
-from ckpt_trace.iolayer.outputs import check_output_file
-
 from ckpt_trace.analysis.summary import DATA_OPS, summarize
 from ckpt_trace.documents import load_replay_results
 from ckpt_trace.errors import CkptTraceError
+from ckpt_trace.formats import Trace, read_trace, sha256_file, write_bytes_atomic
+from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.units import human_bytes, human_ns, human_rate
 
 from .figures import png_base64, pyplot
@@ -176,8 +175,26 @@ def _summary_html(summary: dict) -> str:
     rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts)
     ops = "".join(f"<tr><td>{html.escape(op)}</td><td>{v['count']:,}</td><td>{human_bytes(v['bytes'])}</td>"
                   f"<td>{human_ns(v['time_ns'])}</td></tr>" for op, v in summary["ops"].items())
+    interfaces = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{e['ops']:,}</td><td>{human_bytes(e['bytes_written'])}</td>"
+        f"<td>{human_bytes(e['bytes_read'])}</td><td>{human_ns(e['latency_ns'].get('p50', 0))}</td>"
+        f"<td>{human_ns(e['latency_ns'].get('p99', 0))}</td>"
+        f"<td>{_depths(e.get('in_flight'))}</td></tr>" for name, e in summary.get("interfaces", {}).items())
+    unseen = "".join(f"<p class='warning'>{html.escape(capture)}: {entry['count']:,} not in the trace "
+                     f"({html.escape(entry['reason'])})</p>" for capture, entry in summary.get("unseen", {}).items())
     return (f"<table class='facts'>{rows}</table><h3>Operations</h3><table><tr><th>op</th><th>count</th>"
-            f"<th>bytes</th><th>time in syscall</th></tr>{ops}</table>")
+            f"<th>bytes</th><th>time in syscall</th></tr>{ops}</table>"
+            "<h3>I/O interfaces (data operations)</h3><table><tr><th>interface</th><th>ops</th><th>written</th>"
+            "<th>read</th><th>p50 latency</th><th>p99 latency</th><th>requests in flight at submission</th></tr>"
+            f"{interfaces}</table>{unseen}")
+
+
+def _depths(in_flight: dict | None) -> str:
+    """'p50 4, max 8: 1: 12, 2: 30, 4: 100...' (power-of-two buckets), or '-' for system calls."""
+    if not in_flight:
+        return "-"
+    buckets = ", ".join(f"{b}: {c:,}" for b, c in in_flight["histogram"].items())
+    return html.escape(f"median {in_flight['p50']}, max {in_flight['max']} ({buckets})")
 
 
 def _results_html(results: list[dict]) -> str:

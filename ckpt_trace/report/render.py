@@ -8,6 +8,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from ckpt_trace.analysis.diff import written_verdict
 from ckpt_trace.units import human_bytes, human_ns, human_rate, parse_size  # noqa: F401  (parse_size: CLI)
 
 
@@ -144,6 +145,7 @@ def render_diff(console: Console, data: dict[str, Any]) -> None:
         if files:
             shown = ", ".join(files[:8]) + (f" and {len(files) - 8} more" if len(files) > 8 else "")
             console.print(f"files only in {side.upper()}: {shown}", highlight=False)
+    console.print(written_verdict(data["data_written"]), highlight=False)
 
 
 def render_check(console: Console, rows: list[dict[str, Any]], tolerance: float) -> None:

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.compute as pc
-from ckpt_trace.formats import Trace, read_trace, sha256_file, write_bytes_atomic
-from ckpt_trace.iolayer.outputs import check_output_file
 
 from ckpt_trace.documents import load_replay_results
 from ckpt_trace.errors import CheckpointError
+from ckpt_trace.formats import Trace, read_trace, sha256_file, write_bytes_atomic
+from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.version import __version__
 
 from .options import WriterOptions

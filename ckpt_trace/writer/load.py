@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ckpt_trace.iolayer.files import open_file
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from ckpt_trace.errors import CheckpointError
+from ckpt_trace.iolayer.files import open_file
 
 from .format import StoredItem, io_error, read_metadata
 from .layout import plan_reads

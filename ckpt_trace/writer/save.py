@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ckpt_trace.formats import fsync_directory
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
@@ -40,6 +39,7 @@ from torch.futures import Future
 
 from ckpt_trace import config
 from ckpt_trace.errors import CheckpointError
+from ckpt_trace.formats import fsync_directory
 
 from .format import METADATA_NAME, RankFiles, StoredItem, io_error, stale_files, write_metadata
 from .layout import FileLayout, plan_files

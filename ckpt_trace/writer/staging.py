@@ -22,6 +22,7 @@ import errno
 import os
 
 import torch
+
 from ckpt_trace.iolayer.buffers import AlignedBuffer
 from ckpt_trace.iolayer.files import open_file
 from ckpt_trace.iolayer.ring import Ring

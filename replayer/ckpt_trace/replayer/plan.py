@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import pyarrow as pa
-from ckpt_trace.formats import vocabulary as v
-from ckpt_trace.iolayer.pattern import file_key
 
 from ckpt_trace.errors import ReplayError
+from ckpt_trace.formats import vocabulary as v
+from ckpt_trace.iolayer.pattern import file_key
 
 from .paths import relative_target_path
 

@@ -34,13 +34,12 @@ import threading
 import time
 from typing import Protocol
 
+from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats.vocabulary import AT_REMOVEDIR
 from ckpt_trace.iolayer import files, pattern
 from ckpt_trace.iolayer.buffers import PAGE_BYTES, AlignedBuffer, pattern_buffer
 from ckpt_trace.iolayer.mapping import MAP_SHARED, PROT_WRITE, FileMapping
 from ckpt_trace.iolayer.ring import Ring, RingUnavailable
-
-from ckpt_trace.errors import ReplayError
 from ckpt_trace.stats import percentiles_ns
 
 from .pack import INDEX_PATH

@@ -14,12 +14,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckpt_trace import config
+from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
 from ckpt_trace.formats import read_trace, sha256_file
 from ckpt_trace.iolayer import host
 from ckpt_trace.iolayer.fio import fio_bytes_per_s
-
-from ckpt_trace import config
-from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
 from ckpt_trace.stats import median_index
 from ckpt_trace.version import __version__
 

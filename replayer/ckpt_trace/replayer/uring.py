@@ -39,12 +39,11 @@ import time
 from array import array
 from collections import Counter
 
+from ckpt_trace.errors import ReplayError
 from ckpt_trace.iolayer import pattern
 from ckpt_trace.iolayer.buffers import AlignedBuffer, pattern_buffer
 from ckpt_trace.iolayer.ring import Ring
 from ckpt_trace.iolayer.ring import probe as probe_ring
-
-from ckpt_trace.errors import ReplayError
 
 from .paths import TargetRoot
 from .plan import DATA_KINDS, FD_KINDS, METADATA_KINDS, PATH_KINDS, PlanOp, WorkerPlan

@@ -15,14 +15,23 @@ dropped in the kernel (see bcc_program.c). Descendants are followed through the
 the child first runs. File positions are reconstructed in user space by
 ``TraceBuilder`` (kprobes and fentry are unavailable on the target kernels).
 
-Reference: bcc reference guide (TRACEPOINT_PROBE, BPF_RINGBUF_OUTPUT,
-ring_buffer_poll); Documentation/trace/events.rst.
+Records are read from the two ring buffers (system calls; requests and
+pages) in bulk by ``ringbuf.RingReader``, not by bcc's per-record Python
+callbacks, and decoded after the command ends, column by column: the
+traced program does not share its CPUs with a Python callback per record.
+Only the rank of a process that exec'd is read at once, while it lives.
+
+Reference: bcc reference guide (TRACEPOINT_PROBE, BPF_RINGBUF_OUTPUT);
+Documentation/bpf/ringbuf.rst; Documentation/trace/events.rst.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
+import mmap
 import os
+import select
 import signal
 import struct
 import time
@@ -30,13 +39,15 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from ckpt_trace.formats import vocabulary
+import numpy as np
 
 from ckpt_trace import config
 from ckpt_trace.errors import TracerError
+from ckpt_trace.formats import vocabulary
 
 from . import btf
 from . import syscalls as sc
+from .ringbuf import RingReader, sample_dtype
 from .state import AuxEvent, SyscallEvent, rank_from_environ
 
 TRACEFS = Path("/sys/kernel/tracing")
@@ -228,8 +239,10 @@ class KernelView:
     mapped: str | None  # None: pages touched through mappings are captured; else why not
 
 
+@functools.cache
 def kernel_view() -> KernelView:
-    """Offsets for the BPF program from the running kernel's BTF (``tracer.btf``), never from headers."""
+    """Offsets for the BPF program from the running kernel's BTF (``tracer.btf``), never from headers.
+    Computed once per process."""
     macros = {"__URING__": "0", "__MAPPED__": "0"}
     try:
         kernel = btf.kernel()
@@ -269,6 +282,7 @@ def program_text(path_filters: list[str] | None = None, view: KernelView | None 
                 .replace("__MAX_IOVECS__", str(config.BPF_MAX_IOVECS))
                 .replace("__RINGBUF_PAGES__", str(config.BPF_RINGBUF_PAGES))
                 .replace("__AUX_PAGES__", str(config.BPF_AUX_RINGBUF_PAGES))
+                .replace("__WAKE_EVERY__", str(config.BPF_WAKE_EVERY))
                 .replace("__INFLIGHT__", str(config.BPF_INFLIGHT_ENTRIES))
                 .replace("__URING_INFLIGHT__", str(config.BPF_URING_INFLIGHT_ENTRIES))
                 .replace("__IGNORED_ENTRIES__", str(config.BPF_IGNORED_FDS))
@@ -293,50 +307,80 @@ def _environ_rank(pid: int) -> int | None:
     return rank_from_environ(item.decode("utf-8", "replace") for item in raw.split(b"\0") if item)
 
 
-def _decode(e) -> SyscallEvent:
-    name = _NAMES[e.nr]
-    call = sc.SYSCALLS[name]
-    args: dict = {}
-    for i, arg in enumerate(call.args):
-        if arg == "path":
-            args["path"] = _cstr(e.path)
-        elif arg == "path2":
-            args["path2"] = _cstr(e.path2)
-        elif arg not in _POINTER_ARGS:
-            args[arg] = int(e.a[i])
-    for key in _SIGNED32 & args.keys():
-        args[key] = ctypes.c_int32(args[key]).value
-    for key in _UNSIGNED32 & args.keys():
-        args[key] &= 0xFFFFFFFF
-    if name == "openat2":
-        args["flags"] = int(e.extra)
-    elif name == "clone3":
-        args["clone_flags"] = int(e.extra)
-    elif name == "io_setup":
-        args["ctx_id"] = int(e.extra) & 0xFFFFFFFFFFFFFFFF
-    elif name == "mmap" and e.ino:
-        args["ino"], args["dev"] = int(e.ino), int(e.dev)
-    elif name == "io_uring_register":
-        count = min(int(e.nfds), config.BPF_PATH_BYTES // 4)
-        raw = ctypes.string_at(ctypes.addressof(e) + type(e).path.offset, 4 * count)  # not up to the first NUL
-        args["fds"] = list(struct.unpack_from(f"<{count}i", raw)) if count else []
-        args["files_offset"] = int(e.extra)
-        args["fds_truncated"] = int(e.nfds) > count
-    event = SyscallEvent(
-        ts_ns=int(e.ts_ns), dur_ns=int(e.dur_ns), tid=int(e.tid), pid=int(e.pid), name=name, args=args,
-        ret=int(e.ret), comm=_cstr(e.comm), size=int(e.size) if e.size >= 0 else None,
-    )
-    if name in ("execve", "execveat") and event.ret == 0:
-        event.rank = _environ_rank(event.pid)
-    return event
+def _strings(column: np.ndarray) -> list[str]:
+    """C strings of a (n, bytes) uint8 array: each up to its first NUL (what follows is stale)."""
+    return [row.split(b"\0", 1)[0].decode("utf-8", "surrogateescape") for row in map(bytes, column)]
 
 
-def _decode_aux(a) -> AuxEvent:
-    return AuxEvent(kind=int(a.kind), ts_ns=int(a.ts_ns), dur_ns=int(a.dur_ns), pid=int(a.pid), tid=int(a.tid),
-                    fd=int(a.fd), ctx=int(a.ctx), obj=int(a.obj), user_data=int(a.user_data), offset=int(a.offset),
-                    length=int(a.len), res=int(a.res), addr=int(a.addr), ino=int(a.ino), dev=int(a.dev),
-                    index=int(a.index), last_index=int(a.last_index), opcode=int(a.opcode), flags=int(a.flags),
-                    in_flight=int(a.in_flight), fixed=bool(a.fixed), vectored=int(a.vectored), comm=_cstr(a.comm))
+def decode_events(records: np.ndarray, ranks: dict[int, int | None]) -> list[SyscallEvent]:
+    """SyscallEvents of a chunk of ``event_t`` records (``RingReader.read``). ``ranks``: pid -> the rank
+    in the environment of its new image, for the execve records of the chunk (read while it ran)."""
+    columns = {name: records[name].tolist() for name in ("ts_ns", "dur_ns", "pid", "tid", "nr", "ret", "size",
+                                                         "extra", "ino", "dev", "nfds")}
+    regs = records["a"].tolist()
+    comms = _strings(records["comm"])
+    events = []
+    for i, nr in enumerate(columns["nr"]):
+        name = _NAMES[nr]
+        args: dict = {}
+        for j, arg in enumerate(sc.SYSCALLS[name].args):
+            if arg == "path":
+                args["path"] = _cstr(records["path"][i])
+            elif arg == "path2":
+                args["path2"] = _cstr(records["path2"][i])
+            elif arg not in _POINTER_ARGS:
+                value = regs[i][j]
+                if arg in _SIGNED32:
+                    value = ctypes.c_int32(value).value
+                elif arg in _UNSIGNED32:
+                    value &= 0xFFFFFFFF
+                args[arg] = value
+        extra = columns["extra"][i]
+        if name == "openat2":
+            args["flags"] = extra
+        elif name == "clone3":
+            args["clone_flags"] = extra
+        elif name == "io_setup":
+            args["ctx_id"] = extra & 0xFFFFFFFFFFFFFFFF
+        elif name == "mmap" and columns["ino"][i]:
+            args["ino"], args["dev"] = columns["ino"][i], columns["dev"][i]
+        elif name == "io_uring_register":
+            count = min(columns["nfds"][i], config.BPF_PATH_BYTES // 4)
+            raw = records["path"][i].tobytes()[:4 * count]  # fds, not a string: not up to the first NUL
+            args["fds"] = list(struct.unpack_from(f"<{count}i", raw)) if count else []
+            args["files_offset"] = extra
+            args["fds_truncated"] = columns["nfds"][i] > count
+        size = columns["size"][i]
+        event = SyscallEvent(ts_ns=columns["ts_ns"][i], dur_ns=columns["dur_ns"][i], tid=columns["tid"][i],
+                             pid=columns["pid"][i], name=name, args=args, ret=columns["ret"][i], comm=comms[i],
+                             size=size if size >= 0 else None)
+        if name in ("execve", "execveat") and event.ret == 0:
+            event.rank = ranks.get(event.pid)
+        events.append(event)
+    return events
+
+
+def exec_ranks(records: np.ndarray) -> dict[int, int | None]:
+    """pid -> rank from /proc/PID/environ for the successful execve records of a chunk: read at once, while
+    the process lives (vectorised selection; one /proc read per exec)."""
+    execs = np.isin(records["nr"], [_NAMES.index(n) for n in ("execve", "execveat") if n in _NAMES])
+    pids = records["pid"][execs & (records["ret"] == 0)]
+    return {int(pid): _environ_rank(int(pid)) for pid in np.unique(pids)}
+
+
+_AUX_FIELDS = ("kind", "ts_ns", "dur_ns", "pid", "tid", "fd", "ctx", "obj", "user_data", "offset", "len", "res",
+               "addr", "ino", "dev", "index", "last_index", "opcode", "flags", "in_flight", "fixed", "vectored")
+
+
+def decode_aux(records: np.ndarray) -> list[AuxEvent]:
+    """AuxEvents of ``aux_t`` records, column by column."""
+    columns = [records[name].tolist() for name in _AUX_FIELDS]
+    comms = _strings(records["comm"])
+    return [AuxEvent(kind=k, ts_ns=ts, dur_ns=dur, pid=pid, tid=tid, fd=fd, ctx=ctx, obj=obj, user_data=ud,
+                     offset=off, length=length, res=res, addr=addr, ino=ino, dev=dev, index=index, last_index=last,
+                     opcode=op, flags=flags, in_flight=depth, fixed=bool(fixed), vectored=vec, comm=comm)
+            for (k, ts, dur, pid, tid, fd, ctx, obj, ud, off, length, res, addr, ino, dev, index, last, op, flags,
+                 depth, fixed, vec), comm in zip(zip(*columns), comms)]
 
 
 @dataclass
@@ -405,16 +449,26 @@ class BccTracer:
         bpf = self._bpf
         rec = BccRecording()
 
-        def on_event(_ctx, data, _size):
-            e = bpf["events"].event(data)
-            rec.truncated_paths += int(e.truncated)
-            rec.events.append(_decode(e))
+        from bcc.table import _get_event_class
 
-        def on_aux(_ctx, data, _size):
-            rec.aux.append(_decode_aux(bpf["aux"].event(data)))
+        readers = {name: RingReader(bpf[name].map_fd, pages * mmap.PAGESIZE,
+                                    sample_dtype(_get_event_class(bpf[name])))
+                   for name, pages in (("events", config.BPF_RINGBUF_PAGES), ("aux", config.BPF_AUX_RINGBUF_PAGES))}
+        chunks: dict[str, list[np.ndarray]] = {"events": [], "aux": []}
+        ranks: dict[int, int | None] = {}
 
-        bpf["events"].open_ring_buffer(on_event)
-        bpf["aux"].open_ring_buffer(on_aux)
+        def consume() -> None:
+            """Copy what both rings hold; read the rank of each process that just exec'd while it lives."""
+            for name, reader in readers.items():
+                records = reader.read()
+                if len(records):
+                    chunks[name].append(records)
+                    if name == "events":
+                        ranks.update(exec_ranks(records))
+
+        wakeups = select.epoll()
+        for name in readers:
+            wakeups.register(bpf[name].map_fd, select.EPOLLIN)
         rec.unseen = {capture: why for capture, why in (("io_uring_requests", self.view.uring),
                                                          ("mapped_pages", self.view.mapped)) if why}
         pid, gate = self._spawn(cmd, env)
@@ -427,14 +481,23 @@ class BccTracer:
             os.close(gate)
             status = None
             while status is None:
-                bpf.ring_buffer_poll(config.BPF_POLL_MS)
+                wakeups.poll(config.BPF_POLL_MS / 1000)  # or time out: records also come without a wakeup
+                consume()
                 done, raw = os.waitpid(pid, os.WNOHANG)
                 if done:
                     status = raw
             rec.command_elapsed_ns = time.monotonic_ns() - rec.start_ns
-            self._drain(bpf)
+            consume()  # events are written at syscall exit, so all of them are there now
         finally:
             signal.signal(signal.SIGINT, previous)
+            wakeups.close()
+            for reader in readers.values():
+                reader.close()
+        for records in chunks["events"]:
+            rec.truncated_paths += int(records["truncated"].sum())
+            rec.events.extend(decode_events(records, ranks))
+        for records in chunks["aux"]:
+            rec.aux.extend(decode_aux(records))
         rec.exit_code = os.waitstatus_to_exitcode(status)
         if rec.exit_code < 0:
             rec.exit_signal = -rec.exit_code
@@ -446,7 +509,3 @@ class BccTracer:
                                    for i in range(256) if other[ctypes.c_int(i)].value}
         return rec
 
-    @staticmethod
-    def _drain(bpf) -> None:
-        """Consume what the ring buffer still holds: events are written at syscall exit, so all are there."""
-        bpf.ring_buffer_consume()

@@ -17,12 +17,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ckpt_trace import config
+from ckpt_trace.errors import CommandNotFound, TracerError
 from ckpt_trace.formats import reserve_temporary, table_from_columns, vocabulary, write_trace
 from ckpt_trace.iolayer.host import filesystems_of
 from ckpt_trace.iolayer.outputs import check_output_file
-
-from ckpt_trace import config
-from ckpt_trace.errors import CommandNotFound, TracerError
 from ckpt_trace.version import __version__
 
 from . import bcc_backend, strace_backend
@@ -87,6 +86,16 @@ def choose_backend(requested: str) -> BackendChoice:
     if strace_missing:
         raise TracerError(f"no tracing backend: bcc unavailable ({bcc_problem}) and strace not installed")
     return BackendChoice("strace", f"bcc unavailable: {bcc_problem}")
+
+
+def capture_limits(choice: BackendChoice) -> list[str]:
+    """What ``choice`` will not capture on this kernel, one line each (empty: everything): said before the
+    command starts, so a user knows which rows to expect."""
+    if choice.name == "strace":
+        return ["strace sees io_uring_enter calls but not the requests in a ring, and mmap calls but not the "
+                "pages touched through a mapping (bcc sees both)"]
+    view = bcc_backend.kernel_view()
+    return [reason for reason in (view.uring, view.mapped) if reason]
 
 
 def _load_bcc(choice: BackendChoice, path_filters: list[str]) -> tuple[bcc_backend.BccTracer | None, BackendChoice]:
