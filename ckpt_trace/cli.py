@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 from rich.console import Console
@@ -27,6 +27,8 @@ from ckpt_trace.errors import CkptTraceError, Interrupted
 from ckpt_trace.formats import write_bytes_atomic
 from ckpt_trace.version import __version__
 
+from .cli_help import decorate
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -34,7 +36,13 @@ app = typer.Typer(
     rich_markup_mode=None,
     help="Record checkpoint I/O into Arrow traces and replay it under other I/O strategies.",
 )
-out = Console(width=None if sys.stdout.isatty() else 200)
+out = Console(width=None if sys.stdout.isatty() else 80)  # piped: plain and 80 columns; --wide for all columns
+
+
+def _wide(wide: bool) -> None:
+    """``--wide``: every table column, however wide (piped output is otherwise 80 columns)."""
+    if wide:
+        out.width = max(out.width, 250)
 err = Console(stderr=True, soft_wrap=True)
 
 
@@ -93,26 +101,38 @@ def _progress(verb: str = "replay", threaded: bool = True) -> Iterator:
 def record(
     cmd: list[str] = typer.Argument(..., help="The command to trace, after --.", metavar="-- CMD [ARGS]..."),
     output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (.arrow)."),
-    backend: str = typer.Option("auto", help="auto, bcc or strace."),
+    backend: Literal["auto", "bcc", "strace"] = typer.Option("auto", help="auto: bcc (eBPF) where the kernel allows, else strace."),
     path_filter: list[str] = typer.Option([], "--path-filter", help="Keep only paths starting with PREFIX (repeatable)."),
     strict: bool = typer.Option(False, help="Fail, writing no trace, if any event was lost."),
     force: bool = typer.Option(False, help="Overwrite an existing trace file."),
     as_json: bool = typer.Option(False, "--json", help="Print the recording's numbers as JSON on stdout."),
+    gpu: Literal["auto", "on", "off"] = typer.Option("auto", "--gpu", help="Host<->device copies of CUDA programs (CUPTI): auto (when libcupti is found), on, off."),
 ) -> None:
     """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code."""
     from ckpt_trace.iolayer.outputs import check_output_file
     from ckpt_trace.tracer import capture_limits, choose_backend, resolve_command
     from ckpt_trace.tracer import record as record_trace
+    from ckpt_trace.tracer.gpu import plan_capture
 
     if not cmd:
         raise CkptTraceError("no command to record (put it after --)")
     resolve_command(list(cmd))
     check_output_file(output, force)
     choice = choose_backend(backend)
+    gpu_plan = plan_capture(gpu)
     err.print(f"ckpt-trace: backend {choice.name} ({choice.reason})", highlight=False)
+    if gpu_plan.enabled:
+        err.print(f"ckpt-trace: GPU copies: {escape(gpu_plan.reason)}", highlight=False)
     for limit in capture_limits(choice):
         err.print(f"ckpt-trace: note: {escape(limit)}", highlight=False)
-    result = record_trace(list(cmd), output, choice=choice, path_filters=path_filter, strict=strict, overwrite=force)
+    result = record_trace(list(cmd), output, choice=choice, path_filters=path_filter, strict=strict, overwrite=force,
+                          gpu_plan=gpu_plan)
+    for pid, why in (result.gpu.get("errors") or {}).items():
+        err.print(f"[yellow]ckpt-trace: warning: process {pid}'s GPU copies are not in the trace: {escape(why)}[/]",
+                  highlight=False)
+    if result.gpu.get("dropped"):
+        err.print(f"[yellow]ckpt-trace: warning: CUPTI dropped {result.gpu['dropped']:,} copy records[/]",
+                  highlight=False)
     if result.backend != choice.name:
         err.print(f"[yellow]ckpt-trace: warning: fell back to {result.backend} ({escape(result.backend_reason)})[/]",
                   highlight=False)
@@ -130,7 +150,7 @@ def record(
         err.print(f"[yellow]ckpt-trace: the command {result.ended}; its trace is written[/]", highlight=False)
     summary = {"trace": str(result.trace_path), "backend": result.backend, "rows": result.rows,
                "lost_events": result.lost_events, "exit_code": result.exit_code, "exit_signal": result.exit_signal,
-               "ended": result.ended, "elapsed_s": result.elapsed_s}
+               "ended": result.ended, "elapsed_s": result.elapsed_s, "gpu": result.gpu}
     if as_json:
         _write_json(None, summary)
     else:
@@ -143,7 +163,7 @@ def record(
 def replay(
     trace: Path = typer.Argument(..., help="Trace file to replay."),
     target: Path = typer.Option(..., "--target", help="Directory to replay into; nothing outside it is touched."),
-    strategy: str = typer.Option("posix", help="posix, uring-buffered, uring-direct, aggregated, or all (each into TARGET/<strategy>/)."),
+    strategy: Literal["posix", "uring-buffered", "uring-direct", "aggregated", "all"] = typer.Option("posix", help="all: each into TARGET/<strategy>/."),
     queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
     buffer_size: str = typer.Option("4MiB", "--buffer-size", help="aggregated: aligned buffer size, 1-64 MiB (e.g. 4MiB)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each plan's operation counts, sizes and alignment; do no I/O."),
@@ -153,8 +173,10 @@ def replay(
     verify: bool = typer.Option(False, "--verify", help="Read the files back and check their content pattern."),
     pack_files: bool = typer.Option(False, "--pack-files", help="aggregated: pack small files into one per worker, with an index."),
     strip_prefix: Optional[str] = typer.Option(None, "--strip-prefix", help="Remove this prefix from recorded paths."),
-    timing: str = typer.Option("asap", help="asap (as fast as possible) or original (keep recorded gaps)."),
+    timing: Literal["asap", "original"] = typer.Option("asap", help="asap: as fast as possible; original: keep the recorded gaps."),
     fio: bool = typer.Option(False, "--fio", help="Also measure fio's sequential O_DIRECT write limit in TARGET, for reference."),
+    gpu_copies: Literal["recorded", "pinned", "skip"] = typer.Option("recorded", "--gpu-copies", help="Host<->device copy rows: as recorded, with pinned host staging, or skipped (always, without a GPU)."),
+    wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the results document (JSON) to this file."),
     force: bool = typer.Option(False, help="Allow a non-empty target and overwrite an existing -o file (the replay still writes only files it creates)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results document as JSON on stdout."),
@@ -167,6 +189,7 @@ def replay(
     from .report.render import render_plans, render_results
     from .units import parse_size
 
+    _wide(wide)
     buffer_bytes = parse_size(buffer_size, what="--buffer-size")
     if output is not None:
         check_output_file(output, force)
@@ -176,17 +199,19 @@ def replay(
                                                               pack_files=pack_files)}
         if output is not None:
             _write_json(output, plans)
-        _show(plans, as_json, lambda console, data: render_plans(console, data["plans"]))
+        _show(plans, as_json, lambda console, data: render_plans(console, data["plans"], wide))
         return
     with _progress() as progress:
         report = run_replay(trace, target=target, strategy=strategy, strip_prefix=strip_prefix, timing=timing,
                             force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
                             drop_caches=drop_caches, durable=durable, verify=verify, pack_files=pack_files,
-                            progress=progress, protect=(output,) if output is not None else (), fio=fio)
+                            progress=progress, protect=(output,) if output is not None else (), fio=fio,
+                            gpu_copies=gpu_copies)
     data = report.to_json()
     if output is not None:
         _write_json(output, data)
-    _show(data, as_json, lambda console, doc: render_results(console, doc["results"], doc["fio_write_bytes_per_s"]))
+    _show(data, as_json, lambda console, doc: render_results(console, doc["results"], doc["fio_write_bytes_per_s"],
+                                                             wide))
     for result in report.results:
         for note in result.notes:
             err.print(f"[yellow]ckpt-trace: note: {result.strategy}: {escape(note)}[/]", highlight=False)
@@ -212,7 +237,7 @@ def summary(
 @app.command()
 def export(
     trace: Path = typer.Argument(..., help="Trace file."),
-    fmt: str = typer.Option("perfetto", "--format", help="perfetto (Chrome trace-event JSON) or parquet (by rank)."),
+    fmt: Literal["perfetto", "parquet"] = typer.Option("perfetto", "--format", help="perfetto: Chrome trace-event JSON; parquet: a directory, by rank."),
     output: Path = typer.Option(..., "-o", "--output", help="JSON file (perfetto) or directory (parquet)."),
     force: bool = typer.Option(False, help="Overwrite an existing output."),
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
@@ -314,6 +339,7 @@ def check(
     junit: Optional[Path] = typer.Option(None, "--junit", help="Write JUnit XML: one test case per trace and strategy."),
     force: bool = typer.Option(False, help="Overwrite an existing --junit file."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+    wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
 ) -> None:
     """Replay a baseline's traces on the storage under test; exit 1 if any figure regressed beyond the tolerance.
 
@@ -328,6 +354,7 @@ def check(
     from .check.junit import junit_xml
     from .report.render import render_check
 
+    _wide(wide)
     allowed = parse_tolerance(tolerance)
     if junit is not None:
         check_output_file(junit, force)
@@ -341,7 +368,7 @@ def check(
     regressed = sum(row.regressed for row in rows)
     noisy = sum(row.status == "noisy" for row in rows)
     _show({"tolerance": allowed, "regressed": regressed, "noisy": noisy, "comparisons": as_dicts}, as_json,
-          lambda console, _: render_check(console, as_dicts, allowed))
+          lambda console, _: render_check(console, as_dicts, allowed, wide))
     if noisy:
         err.print(f"[yellow]ckpt-trace: {noisy} figure(s) too noisy to judge at {allowed:.0%}: raise --min-seconds "
                   "or the tolerance[/]", highlight=False)
@@ -373,10 +400,10 @@ def emit(
 
 @app.command()
 def workload(
-    engine: str = typer.Argument(..., help="dcp, torch-save, safetensors, emitted, libaio or memmap."),
+    engine: Literal["dcp", "torch-save", "safetensors", "emitted", "libaio", "memmap"] = typer.Argument(..., help="The checkpoint engine: dcp, torch-save, safetensors, emitted, libaio or memmap."),
     out_dir: Path = typer.Option(..., "--out", help="Checkpoint directory to write (or, with --load, to read)."),
     ranks: int = typer.Option(1, help="Processes (dcp and emitted)."),
-    model: str = typer.Option("gpt2-small", help="gpt2-tiny, gpt2-deep-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl."),
+    model: Literal["gpt2-tiny", "gpt2-deep-tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"] = typer.Option("gpt2-small", help="GPT-2 shape (parameters: 0.5 M to 1.6 G)."),
     with_optimizer: bool = typer.Option(False, "--with-optimizer", help="Add Adam state (exp_avg, exp_avg_sq)."),
     file_per_layer: bool = typer.Option(False, "--file-per-layer", help="torch-save: one file per transformer block."),
     load: bool = typer.Option(False, "--load", help="Load the checkpoint this workload saved in --out and check every tensor."),
@@ -384,6 +411,7 @@ def workload(
     writer: Optional[Path] = typer.Option(None, "--writer", help="emitted: the module `ckpt-trace emit` wrote (default: ckpt_trace.writer's defaults)."),
     shards: int = typer.Option(1, "--shards", help="safetensors: split the tensors over this many files, as Hugging Face shards."),
     drop_caches: bool = typer.Option(False, "--drop-caches", help="--load: drop the page cache first, for a cold load (root)."),
+    device: Literal["cpu", "cuda"] = typer.Option("cpu", "--device", help="Where the state dict lives (cuda: dcp, torch-save, safetensors; a save copies each tensor to the host)."),
     force: bool = typer.Option(False, help="Save into a non-empty --out directory (the engine may overwrite its own file names there)."),
     as_json: bool = typer.Option(False, "--json", help="Print what was written or read as JSON."),
 ) -> None:
@@ -406,7 +434,7 @@ def workload(
     started = time.monotonic()
     path, io_s = run(engine, out_dir, ranks=ranks, model=model, with_optimizer=with_optimizer,
                      file_per_layer=file_per_layer, load=load, mmap=mmap, writer=str(writer) if writer else None,
-                     shards=shards)
+                     shards=shards, device=device)
     elapsed_s = time.monotonic() - started
     files = [p for p in path.rglob("*") if p.is_file()]
     data = {"engine": engine, "phase": "load" if load else "save", "out": str(path), "files": len(files),
@@ -467,6 +495,48 @@ def bench(
                   f"{metadata['elapsed_s']:.0f} s", highlight=False)
 
 
+@app.command(name="filter")
+def filter_cmd(
+    trace: Path = typer.Argument(..., help="Trace file to filter."),
+    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write."),
+    rank: Optional[str] = typer.Option(None, "--rank", help="Ranks to keep: 0-7,12 (-1: rows without a rank)."),
+    pid: Optional[str] = typer.Option(None, "--pid", help="Processes to keep: 1234,1240."),
+    path: Optional[str] = typer.Option(None, "--path", help="Shell glob on the file path (* crosses /)."),
+    op: Optional[str] = typer.Option(None, "--op", help="Operations to keep: write,fsync,copy_d2h."),
+    time_window: Optional[str] = typer.Option(None, "--time", help="Window since the trace started: 10s..20s, ..5s, 1.5min.."),
+    force: bool = typer.Option(False, help="Overwrite an existing output."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    """Write the rows of TRACE that meet every condition to a smaller, valid trace (metadata kept, provenance added)."""
+    from ckpt_trace.iolayer.outputs import check_output_file
+
+    from .analysis.filter import Conditions, filter_trace
+
+    conditions = Conditions(ranks=rank, pids=pid, path_glob=path, ops=op, time=time_window)
+    check_output_file(output, force)
+    result = filter_trace(trace, output, conditions, overwrite=force)
+    if as_json:
+        _write_json(None, result)
+    else:
+        err.print(f"ckpt-trace: kept {result['rows_out']:,} of {result['rows_in']:,} rows in {output}",
+                  highlight=False)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"ckpt-trace {__version__}", highlight=False)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                      help="Print the version and exit."),
+) -> None:
+    """Record checkpoint I/O (and the GPU copies before it) into Arrow traces; replay it under other I/O
+    strategies; report, check and emit the best writer."""
+
+
 @app.command()
 def version() -> None:
     """Print the version."""
@@ -487,7 +557,13 @@ def main(argv: list[str] | None = None) -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, on_sigint)
     try:
-        code = app(args=argv, prog_name="ckpt-trace", standalone_mode=False)
+        args = sys.argv[1:] if argv is None else argv
+        command = decorate(typer.main.get_command(app))
+        if not args:  # bare ckpt-trace: the help, not an error
+            with command.make_context("ckpt-trace", ["--help"], resilient_parsing=True) as ctx:
+                out.print(command.get_help(ctx), highlight=False, markup=False)
+            sys.exit(0)
+        code = command.main(args=args, prog_name="ckpt-trace", standalone_mode=False)
         if interrupted:
             raise KeyboardInterrupt
     except typer.Abort:

@@ -180,7 +180,7 @@ def test_a_failing_worker_fails_the_replay_with_one_line(tmp_path, io_uring, mon
     def refuse(*args, **kwargs):
         raise MemoryError("no memory for the worker's buffers")
 
-    monkeypatch.setattr(uring, "pattern_buffer", refuse)
+    monkeypatch.setattr(uring, "Ring", refuse)
     with pytest.raises(ReplayError, match="replay worker failed"):
         replay(ODD, target=tmp_path / "t", strategy="uring-buffered")
     assert not (tmp_path / "t").exists()

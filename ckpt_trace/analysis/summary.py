@@ -17,6 +17,8 @@ import pyarrow.compute as pc
 from ckpt_trace.formats import Trace
 from ckpt_trace.stats import percentiles_ns
 
+from .gpu import copy_summary
+
 ALIGNMENT_BYTES = 4096
 DATA_OPS = ("read", "write")
 METADATA_OPS = ("open", "close", "lseek", "fsync", "fdatasync", "sync_file_range", "ftruncate", "fallocate",
@@ -125,4 +127,5 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "filesystems": md.get("filesystems", {}),
         "interfaces": _interfaces(data),
         "unseen": md.get("unseen", {}),
+        "gpu": copy_summary(table),
     }

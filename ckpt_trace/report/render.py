@@ -16,6 +16,33 @@ def _table(console: Console, title: str) -> Table:
     return Table(title=title, box=box.SIMPLE_HEAVY if console.is_terminal else box.ASCII, title_justify="left")
 
 
+def _fitted(console: Console, title: str, columns: list[tuple[str, int]], rows: list[list[str]],
+            wide: bool = False) -> tuple[Table, list[str]]:
+    """A table of the columns that fit the console's width, chosen by priority (0 first), shown in their given
+    order; with ``wide`` every column. Returns the table and the names of the columns left out (for a
+    one-line hint: ``--wide`` or ``--json`` shows them), as fio's and Darshan's text outputs choose theirs."""
+    widths = [max([len(name)] + [len(row[i]) for row in rows]) + 3 for i, (name, _) in enumerate(columns)]
+    chosen: set[int] = set(range(len(columns))) if wide else set()
+    if not wide:
+        budget = console.width - 4
+        for i in sorted(range(len(columns)), key=lambda i: (columns[i][1], i)):
+            if columns[i][1] == 0 or budget - widths[i] >= 0:
+                chosen.add(i)
+                budget -= widths[i]
+    table = _table(console, title)
+    shown = [i for i in range(len(columns)) if i in chosen]
+    for i in shown:
+        table.add_column(columns[i][0], justify="left" if i == 0 else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*(row[i] for i in shown))
+    return table, [columns[i][0] for i in range(len(columns)) if i not in chosen]
+
+
+def _left_out(console: Console, names: list[str]) -> None:
+    if names:
+        console.print(f"(not shown at this width: {', '.join(names)}; --wide or --json show them)", highlight=False)
+
+
 def render_summary(console: Console, summary: dict[str, Any]) -> None:
     overview = _table(console, "Trace summary")
     overview.add_column("what")
@@ -62,6 +89,20 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
                 "mapped_pages": f"pages touched through {entry['count']:,} file mappings"}.get(capture, capture)
         console.print(f"warning: {what} are not in this trace: {entry['reason']}", highlight=False)
 
+    gpu = summary.get("gpu") or {}
+    if gpu.get("copies"):
+        copies = _table(console, "GPU copies (host<->device, per rank)")
+        for column in ("rank", "d2h", "d2h bytes", "pinned", "h2d", "h2d bytes", "copy time", "write time",
+                       "overlap"):
+            copies.add_column(column, justify="right")
+        for rank, entry in gpu["ranks"].items():
+            d2h, h2d = entry["d2h"], entry["h2d"]
+            copies.add_row(str(rank), f"{d2h['count']:,}", human_bytes(d2h["bytes"]), f"{d2h['pinned_share']:.0%}",
+                           f"{h2d['count']:,}", human_bytes(h2d["bytes"]), human_ns(int(entry["copy_wall_s"] * 1e9)),
+                           human_ns(int(entry["write_time_s"] * 1e9)),
+                           human_ns(int(entry["copy_io_overlap_s"] * 1e9)))
+        console.print(copies)
+
     hist = _table(console, "Request sizes (power-of-two buckets)")
     for column in ("size ≥", "writes", "reads", "bytes"):
         hist.add_column(column, justify="right")
@@ -71,27 +112,30 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
     console.print(hist)
 
 
-def render_results(console: Console, results: list[dict[str, Any]], fio_bytes_per_s: float | None = None) -> None:
+def render_results(console: Console, results: list[dict[str, Any]], fio_bytes_per_s: float | None = None,
+                   wide: bool = False) -> None:
     """One row per strategy, in the style of the paper's comparison table (arXiv 2512.24511); with fio's
-    limit, each strategy's throughput as a share of it."""
-    table = _table(console, "Replay results")
-    columns = ("strategy", "elapsed", "written", "write tput", "read", "read tput", "data ops", "meta ops",
-               "avg lat", "p99 lat", "cpu user", "cpu sys", "unaligned", "vs posix")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "strategy" else "right")
+    limit, each strategy's throughput as a share of it. Columns by priority: strategy, elapsed, throughput,
+    vs posix and p99 latency first; the rest as the width allows (``wide``: all)."""
+    columns = [("strategy", 0), ("elapsed", 0), ("written", 2), ("write tput", 0), ("read", 3), ("read tput", 1),
+               ("data ops", 4), ("meta ops", 5), ("avg lat", 6), ("p99 lat", 1), ("cpu user", 7), ("cpu sys", 7),
+               ("unaligned", 8), ("vs posix", 0)]
+    rows = []
     for r in results:
         lat = r["latency_ns"]
         speedup = r.get("speedup_vs_posix")
         runs = r.get("runs_elapsed_s") or []
         elapsed = f"{r['elapsed_s']:.3f} s" + (f" ({min(runs):.3f}-{max(runs):.3f})" if len(runs) > 1 else "")
-        table.add_row(
+        rows.append([
             r["strategy"], elapsed, human_bytes(r["bytes_written"]),
             human_rate(r["write_throughput_bytes_per_s"]), human_bytes(r["bytes_read"]),
             human_rate(r["read_throughput_bytes_per_s"]), f"{r['data_ops']:,}", f"{r['metadata_ops']:,}",
             human_ns(lat.get("mean", 0)), human_ns(lat["p99"]), f"{r['cpu_user_s']:.2f} s", f"{r['cpu_sys_s']:.2f} s",
             f"{r.get('unaligned_ops', 0):,}", f"{speedup:.2f}x" if speedup else "-",
-        )
+        ])
+    table, left_out = _fitted(console, "Replay results", columns, rows, wide)
     console.print(table)
+    _left_out(console, left_out)
     if fio_bytes_per_s:
         shares = ", ".join(f"{r['strategy']} {_moved_rate(r) / fio_bytes_per_s:.0%}" for r in results)
         console.print(f"fio's sequential O_DIRECT write limit here: {human_rate(fio_bytes_per_s)}; reached: {shares}",
@@ -102,19 +146,20 @@ def _moved_rate(result: dict[str, Any]) -> float:
     return result["write_throughput_bytes_per_s"] + result["read_throughput_bytes_per_s"]
 
 
-def render_plans(console: Console, plans: list[dict[str, Any]]) -> None:
-    """The ``--dry-run`` table: what each strategy's plan would issue."""
-    table = _table(console, "Replay plans (dry run)")
-    for column in ("strategy", "workers", "writes", "write bytes", "reads", "read bytes", "largest op", "aligned",
-                   "unaligned", "unknown offset", "metadata ops"):
-        table.add_column(column, justify="left" if column == "strategy" else "right")
+def render_plans(console: Console, plans: list[dict[str, Any]], wide: bool = False) -> None:
+    """The ``--dry-run`` table: what each strategy's plan would issue (columns by priority, as ``render_results``)."""
+    columns = [("strategy", 0), ("workers", 3), ("writes", 0), ("write bytes", 0), ("reads", 2), ("read bytes", 1),
+               ("largest op", 4), ("aligned", 5), ("unaligned", 1), ("unknown offset", 6), ("metadata ops", 2)]
+    rows = []
     for plan in plans:
         ops, align = plan["ops"], plan["alignment"]
         metadata = sum(count for kind, count in ops.items() if kind not in ("read", "write"))
-        table.add_row(plan["strategy"], str(plan["workers"]), f"{ops.get('write', 0):,}", human_bytes(plan["write_bytes"]),
-                      f"{ops.get('read', 0):,}", human_bytes(plan["read_bytes"]), human_bytes(plan["largest_op_bytes"]),
-                      f"{align['aligned']:,}", f"{align['unaligned']:,}", f"{align['unknown_offset']:,}", f"{metadata:,}")
+        rows.append([plan["strategy"], str(plan["workers"]), f"{ops.get('write', 0):,}", human_bytes(plan["write_bytes"]),
+                     f"{ops.get('read', 0):,}", human_bytes(plan["read_bytes"]), human_bytes(plan["largest_op_bytes"]),
+                     f"{align['aligned']:,}", f"{align['unaligned']:,}", f"{align['unknown_offset']:,}", f"{metadata:,}"])
+    table, left_out = _fitted(console, "Replay plans (dry run)", columns, rows, wide)
     console.print(table)
+    _left_out(console, left_out)
 
 
 def render_diff(console: Console, data: dict[str, Any]) -> None:
@@ -148,18 +193,24 @@ def render_diff(console: Console, data: dict[str, Any]) -> None:
     console.print(written_verdict(data["data_written"]), highlight=False)
 
 
-def render_check(console: Console, rows: list[dict[str, Any]], tolerance: float) -> None:
+def render_check(console: Console, rows: list[dict[str, Any]], tolerance: float, wide: bool = False) -> None:
     """old / new / change per trace, strategy and figure, with the measurements' noise and the verdict."""
-    table = _table(console, f"Storage check (tolerance {tolerance:.0%})")
-    for column in ("trace", "strategy", "figure", "old", "new", "change", "noise", "status"):
-        table.add_column(column, justify="left" if column in ("trace", "strategy", "figure", "status") else "right")
+    columns = [("trace", 0), ("strategy", 0), ("figure", 0), ("old", 1), ("new", 1), ("change", 0), ("noise", 2),
+               ("status", 0)]
+    cells = []
     for row in rows:
         is_rate = row["metric"] == "throughput_bytes_per_s"
         show = human_rate if is_rate else human_ns
-        status = {"regressed": "[red]REGRESSED[/]", "noisy": "[yellow]too noisy[/]"}.get(row["status"], "ok")
-        table.add_row(row["trace"], row["strategy"], "throughput" if is_rate else "p99 latency", show(row["old"]),
-                      show(row["new"]), f"{row['change']:+.1%}", f"±{max(row['old_noise'], row['new_noise']):.1%}", status)
+        status = {"regressed": "REGRESSED", "noisy": "too noisy"}.get(row["status"], "ok")
+        cells.append([row["trace"], row["strategy"], "throughput" if is_rate else "p99 latency", show(row["old"]),
+                      show(row["new"]), f"{row['change']:+.1%}", f"±{max(row['old_noise'], row['new_noise']):.1%}",
+                      status])
+    table, left_out = _fitted(console, f"Storage check (tolerance {tolerance:.0%})", columns, cells, wide)
+    for i, column in enumerate(table.columns):
+        if column.header in ("trace", "strategy", "figure", "status"):
+            table.columns[i].justify = "left"
     console.print(table)
+    _left_out(console, left_out)
 
 
 def render_bench(console: Console, data: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ device mesh, the way FSDP2 shards parameters, and calls ``dcp.save``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -39,6 +40,8 @@ from .models import MODELS, GPT2Config, parameter_shapes
 
 ENGINES = ("dcp", "torch-save", "safetensors", "emitted", "libaio", "memmap")
 DCP_ENGINES = ("dcp", "emitted")
+DEVICES = ("cpu", "cuda")
+CUDA_ENGINES = ("dcp", "torch-save", "safetensors")  # engines whose state can live on the GPU (--device cuda)
 
 
 def _torch():
@@ -62,8 +65,13 @@ def _shard_rows(rows: int, rank: int, world: int) -> tuple[int, int]:
     return start, max(0, min(rows, start + per) - start)
 
 
-def local_state(cfg: GPT2Config, rank: int, world: int, with_optimizer: bool, seed: int = 0) -> dict:
-    """This rank's row shards of the model (and Adam state): {name: local tensor}, plus optimizer groups."""
+def local_state(cfg: GPT2Config, rank: int, world: int, with_optimizer: bool, seed: int = 0,
+                device: str = "cpu") -> dict:
+    """This rank's row shards of the model (and Adam state): {name: local tensor}, plus optimizer groups.
+
+    The values are drawn on the CPU (the same bytes for any ``device``), then moved to ``device``: with
+    ``cuda``, this rank's GPU (rank modulo the GPUs present), so a save copies each tensor device-to-host.
+    """
     torch = _torch()
     gen = torch.Generator().manual_seed(seed * 1000 + rank)
     model, exp_avg, exp_avg_sq = {}, {}, {}
@@ -74,7 +82,22 @@ def local_state(cfg: GPT2Config, rank: int, world: int, with_optimizer: bool, se
         if with_optimizer:
             exp_avg[name] = torch.randn(local, generator=gen) * 1e-3
             exp_avg_sq[name] = torch.rand(local, generator=gen) * 1e-6
-    return {"model": model, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+    state = {"model": model, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+    if device != "cpu":
+        where = _rank_device(torch, rank)
+        state = {kind: {name: t.to(where) for name, t in tensors.items()} for kind, tensors in state.items()}
+    return state
+
+
+def _rank_device(torch, rank: int):
+    """This rank's GPU: ``cuda:<rank modulo the GPUs present>``."""
+    return torch.device("cuda", rank % torch.cuda.device_count())
+
+
+def tensor_bytes(model: str, with_optimizer: bool) -> list[int]:
+    """Bytes of each tensor a one-rank save of ``model`` writes (float32; three per parameter with Adam state)."""
+    sizes = [4 * math.prod(shape) for shape in parameter_shapes(model_config(model)).values()]
+    return sizes * (3 if with_optimizer else 1)
 
 
 def _optimizer_groups() -> list[dict]:
@@ -110,12 +133,13 @@ def load_writer_module(path: str):
     return module
 
 
-def _dcp_state(torch, mesh, cfg, rank: int, world: int, with_optimizer: bool, empty: bool) -> dict:
+def _dcp_state(torch, mesh, cfg, rank: int, world: int, with_optimizer: bool, empty: bool,
+               device: str = "cpu") -> dict:
     """This rank's state dict of DTensor row shards (zeros of the same shapes when ``empty``, a load target)."""
     from torch.distributed.tensor import DTensor, Shard
 
     shapes = parameter_shapes(cfg)
-    local = local_state(cfg, rank, world, with_optimizer)
+    local = local_state(cfg, rank, world, with_optimizer, device=device)
     if empty:
         local = {kind: {name: torch.zeros_like(t) for name, t in tensors.items()} for kind, tensors in local.items()}
 
@@ -154,7 +178,7 @@ def _same(torch, loaded, saved, where: str = "") -> None:
 
 
 def _dcp_rank(rank: int, world: int, out: str, model: str, with_optimizer: bool, kind: str = "dcp",
-              load: bool = False, writer: str | None = None, timings=None) -> None:
+              load: bool = False, writer: str | None = None, timings=None, device: str = "cpu") -> None:
     """One rank: build its state (or an empty target), then save (or load, then check); the save or load is
     timed from a barrier before it to one after it, and rank 0 puts the seconds on ``timings``."""
     import torch.distributed as dist
@@ -162,11 +186,13 @@ def _dcp_rank(rank: int, world: int, out: str, model: str, with_optimizer: bool,
     from torch.distributed.tensor import init_device_mesh
 
     torch = _torch()
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if device == "cuda":
+        torch.cuda.set_device(_rank_device(torch, rank))
+    dist.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
     try:
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(device, (world,))
         cfg = model_config(model)
-        state = _dcp_state(torch, mesh, cfg, rank, world, with_optimizer, empty=load)
+        state = _dcp_state(torch, mesh, cfg, rank, world, with_optimizer, empty=load, device=device)
         storage = _storage(kind, out, writer, saving=not load)
         dist.barrier()
         started = time.perf_counter()
@@ -178,7 +204,7 @@ def _dcp_rank(rank: int, world: int, out: str, model: str, with_optimizer: bool,
         if rank == 0 and timings is not None:
             timings.put(time.perf_counter() - started)
         if load:
-            _same(torch, state, _dcp_state(torch, mesh, cfg, rank, world, with_optimizer, empty=False))
+            _same(torch, state, _dcp_state(torch, mesh, cfg, rank, world, with_optimizer, empty=False, device=device))
     finally:
         dist.destroy_process_group()
 
@@ -265,7 +291,7 @@ def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
 
 
 def run_dcp(out: Path, ranks: int, model: str, with_optimizer: bool, kind: str = "dcp", load: bool = False,
-            writer: str | None = None) -> float:
+            writer: str | None = None, device: str = "cpu") -> float:
     """Save (or ``load`` and check) with torch.distributed.checkpoint from ``ranks`` spawned gloo processes in
     ``out``; ``kind`` dcp uses FileSystemWriter/Reader, emitted the emitted writer (``writer``: its module).
     Returns the seconds of the save or load itself (barrier to barrier)."""
@@ -273,7 +299,7 @@ def run_dcp(out: Path, ranks: int, model: str, with_optimizer: bool, kind: str =
 
     timings = mp.get_context("spawn").SimpleQueue()
     try:
-        spawn_ranks(_dcp_rank, ranks, (str(out), model, with_optimizer, kind, load, writer, timings))
+        spawn_ranks(_dcp_rank, ranks, (str(out), model, with_optimizer, kind, load, writer, timings, device))
     except WorkloadError as err:
         raise WorkloadError(f"{'load' if load else 'save'} with {kind} failed: {err}") from None
     return timings.get()
@@ -300,7 +326,7 @@ def _torch_save_state(torch, local: dict, names: list[str], with_optimizer: bool
 
 
 def run_torch_save(out: Path, model: str, with_optimizer: bool, file_per_layer: bool = False, load: bool = False,
-                   mmap: bool = False) -> float:
+                   mmap: bool = False, device: str = "cpu") -> float:
     """``torch.save`` of the state dict (model and Adam state) to ``out/checkpoint.pt`` (or ``load`` it back
     with ``torch.load``, ``mmap=True`` when ``mmap``, and check it).
 
@@ -309,7 +335,7 @@ def run_torch_save(out: Path, model: str, with_optimizer: bool, file_per_layer: 
     DeepSpeed pipeline checkpoints write one file per layer.
     """
     torch = _torch()
-    local = local_state(model_config(model), 0, 1, with_optimizer)
+    local = local_state(model_config(model), 0, 1, with_optimizer, device=device)
     io_s = 0.0
     for file_name, names in _torch_save_groups(local, file_per_layer).items():
         state = _torch_save_state(torch, local, names, with_optimizer)
@@ -318,7 +344,7 @@ def run_torch_save(out: Path, model: str, with_optimizer: bool, file_per_layer: 
             raise WorkloadError(f"nothing to load: {path} is missing (run the save first)")
         started = time.perf_counter()
         if load:
-            loaded = torch.load(path, mmap=mmap, weights_only=True)
+            loaded = torch.load(path, mmap=mmap, weights_only=True, map_location=device if device != "cpu" else None)
             if mmap:
                 _touch(torch, loaded)  # a mapped load reads on first access: count that in its time
         else:
@@ -359,7 +385,8 @@ def _shard_names(flat: dict, shards: int) -> list[list[str]]:
     return groups
 
 
-def run_safetensors(out: Path, model: str, with_optimizer: bool, load: bool = False, shards: int = 1) -> float:
+def run_safetensors(out: Path, model: str, with_optimizer: bool, load: bool = False, shards: int = 1,
+                    device: str = "cpu") -> float:
     """``safetensors.torch.save_file`` of the flat tensors to ``out/model.safetensors`` (or, with ``shards``
     above 1, to ``out/model-0000K-of-0000N.safetensors`` and ``model.safetensors.index.json`` as Hugging
     Face's sharded checkpoints are), or ``load_file`` them back, which maps each file, and check them."""
@@ -368,7 +395,7 @@ def run_safetensors(out: Path, model: str, with_optimizer: bool, load: bool = Fa
         from safetensors.torch import load_file, save_file
     except ImportError:
         raise WorkloadError("this workload needs safetensors: pip install 'ckpt-trace[torch]'") from None
-    flat = _flat_safetensors(local_state(model_config(model), 0, 1, with_optimizer))
+    flat = _flat_safetensors(local_state(model_config(model), 0, 1, with_optimizer, device=device))
     groups = _shard_names(flat, shards)
     names = (["model.safetensors"] if shards == 1 else
              [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))])
@@ -378,7 +405,7 @@ def run_safetensors(out: Path, model: str, with_optimizer: bool, load: bool = Fa
     started, loaded = time.perf_counter(), {}
     for name, group in zip(names, groups):
         if load:
-            part = load_file(str(out / name))
+            part = load_file(str(out / name), device=str(_rank_device(torch, 0)) if device == "cuda" else "cpu")
             _touch(torch, part)  # load_file maps the file: its pages are read on first access
             loaded.update(part)
         else:
@@ -498,9 +525,21 @@ def _aio_check(done, sizes: dict, load: bool) -> None:
             raise WorkloadError(f"a native AIO {'read' if load else 'write'} failed: {detail}")
 
 
+def _check_cuda(engine: str, ranks: int) -> None:
+    """Raise WorkloadError unless ``--device cuda`` can run ``engine`` with ``ranks`` here."""
+    if engine not in CUDA_ENGINES:
+        raise WorkloadError(f"--device cuda applies to the {', '.join(CUDA_ENGINES)} workloads")
+    torch = _torch()
+    if not torch.cuda.is_available():
+        raise WorkloadError("--device cuda: no CUDA GPU here (torch.cuda.is_available() is false)")
+    if ranks > torch.cuda.device_count():
+        raise WorkloadError(f"--device cuda: {ranks} ranks need {ranks} GPUs (NCCL), this machine has "
+                            f"{torch.cuda.device_count()}")
+
+
 def run(engine: str, out: Path, *, ranks: int = 1, model: str = "gpt2-small", with_optimizer: bool = False,
         file_per_layer: bool = False, load: bool = False, mmap: bool = False,
-        writer: str | None = None, shards: int = 1) -> tuple[Path, float]:
+        writer: str | None = None, shards: int = 1, device: str = "cpu") -> tuple[Path, float]:
     """Run a built-in workload (a save, or with ``load`` a checked load of that save); returns the checkpoint
     directory and the seconds of the save or load itself (for DCP, barrier to barrier; for torch.load and
     load_file, until every tensor's bytes were read).
@@ -520,6 +559,10 @@ def run(engine: str, out: Path, *, ranks: int = 1, model: str = "gpt2-small", wi
         raise WorkloadError("--writer applies to the emitted workload only")
     if ranks < 1:
         raise WorkloadError("--ranks must be at least 1")
+    if device not in DEVICES:
+        raise WorkloadError(f"unknown --device {device!r} (choose from {', '.join(DEVICES)})")
+    if device == "cuda":
+        _check_cuda(engine, ranks)
     if shards < 1:
         raise WorkloadError("--shards must be at least 1")
     if shards != 1 and engine != "safetensors":
@@ -538,15 +581,15 @@ def run(engine: str, out: Path, *, ranks: int = 1, model: str = "gpt2-small", wi
     out.mkdir(parents=True, exist_ok=True)
     try:
         if engine in DCP_ENGINES:
-            io_s = run_dcp(out, ranks, model, with_optimizer, engine, load, writer)
+            io_s = run_dcp(out, ranks, model, with_optimizer, engine, load, writer, device)
         elif engine == "torch-save":
-            io_s = run_torch_save(out, model, with_optimizer, file_per_layer, load, mmap)
+            io_s = run_torch_save(out, model, with_optimizer, file_per_layer, load, mmap, device)
         elif engine == "libaio":
             io_s = run_libaio(out, model, with_optimizer, load)
         elif engine == "memmap":
             io_s = run_memmap(out, model, with_optimizer, load)
         else:
-            io_s = run_safetensors(out, model, with_optimizer, load, shards)
+            io_s = run_safetensors(out, model, with_optimizer, load, shards, device)
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; a partial checkpoint may remain in {out}") from None
     return out, io_s

@@ -14,13 +14,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.ipc as ipc
 
 from .errors import CkptTraceError, TraceFormatError
@@ -34,6 +35,7 @@ from .schema import (
     SCHEMA_V1,
     SCHEMAS,
     SUPPORTED_VERSIONS,
+    TEXT_COLUMNS,
     upgrade,
 )
 
@@ -135,9 +137,20 @@ def conform(table: pa.Table) -> pa.Table:
     """``table`` as ``SCHEMA``: the columns in order, cast, and every text column's chunks sharing one
     dictionary (the IPC file format allows one dictionary per column; Arrow columnar format, "Dictionary
     Messages"). Version-1-shaped tables gain the version 2 columns."""
-    if "interface" not in table.column_names:
-        table = upgrade(table.select([name for name in SCHEMA_V1.names]), 1)
+    table = _with_all_columns(table)
     return table.select(list(COLUMNS)).cast(SCHEMA).unify_dictionaries()
+
+
+def _with_all_columns(table: pa.Table) -> pa.Table:
+    """``table`` with the columns later versions added: as version 1 (``upgrade``) when it lacks
+    ``interface``, else the missing ones null."""
+    if "interface" not in table.column_names:
+        return upgrade(table.select(list(SCHEMA_V1.names)), 1)
+    for field in SCHEMA:
+        if field.name not in table.column_names:
+            plain = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
+            table = table.append_column(field.name, pa.nulls(table.num_rows, plain))
+    return table
 
 
 def write_trace(
@@ -272,16 +285,230 @@ def read_trace(path: str | os.PathLike) -> Trace:
 _NON_NEGATIVE = ("dur_ns", "size", "in_flight")
 
 
-def _check_values(path: Path, table: pa.Table) -> None:
+def _check_values(path: Path, table: pa.Table | pa.RecordBatch) -> None:
     """Values the schema's types cannot enforce: no nulls in non-nullable columns (Arrow IPC does not
-    check them), no negative durations, sizes or depths. Vectorised: one pass per column."""
+    check them), no negative durations, sizes or depths. Vectorised: one pass per column present."""
+    names = set(table.schema.names)
     for field in SCHEMA:
-        if not field.nullable and table.column(field.name).null_count:
+        if field.name in names and not field.nullable and table.column(field.name).null_count:
             raise TraceFormatError(f"{path}: column {field.name!r} holds nulls")
     for name in _NON_NEGATIVE:
+        if name not in names:
+            continue
         smallest = pc.min(table.column(name)).as_py()
         if smallest is not None and smallest < 0:
             raise TraceFormatError(f"{path}: column {name!r} holds a negative value ({smallest})")
+
+
+def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = None, *,
+         batch_rows: int = DEFAULT_BATCH_ROWS) -> tuple[dict, Iterator[pa.RecordBatch]]:
+    """(metadata, record batches) of the trace at ``path``, reading only ``columns`` (all when None) one batch
+    at a time: memory is bounded by a batch, not by the trace (Arrow's dataset scanner decompresses only
+    the columns asked for). Version 1 batches come upgraded to the current schema; each batch's values
+    are checked as ``read_trace`` checks them. Raises TraceFormatError (at once for the file, the metadata
+    and the columns; while iterating for a corrupt batch).
+    """
+    path = Path(path)
+    meta = read_metadata(path)
+    version = meta["format_version"]
+    wanted = list(columns) if columns is not None else list(COLUMNS)
+    unknown = [name for name in wanted if name not in COLUMNS]
+    if unknown:
+        raise TraceFormatError(f"no column {unknown[0]!r} in the trace schema")
+    present = [name for name in wanted if name in SCHEMAS[version].names]
+    missing = [name for name in wanted if name not in present]  # added after the file's version
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        try:
+            dataset = ds.dataset(str(path), format="arrow")
+            for batch in dataset.to_batches(columns=present, batch_size=batch_rows):
+                batch.validate(full=True)
+                if missing or version != FORMAT_VERSION:
+                    batch = _upgrade_batch(batch, version, wanted)
+                _check_values(path, batch)
+                yield batch
+        except (pa.ArrowException, OSError) as err:
+            raise TraceFormatError(f"{path}: record batches are corrupt ({_first_line(err)})") from None
+
+    return meta, batches()
+
+
+def _upgrade_batch(batch: pa.RecordBatch, version: int, wanted: list[str]) -> pa.RecordBatch:
+    """A batch of an older version with the current types and the columns ``wanted``, in that order."""
+    full = upgrade(pa.Table.from_batches([batch]).select(
+        [name for name in SCHEMAS[version].names if name in batch.schema.names] or []), version) \
+        if all(name in batch.schema.names for name in SCHEMAS[version].names) else None
+    columns = []
+    for name in wanted:
+        field = SCHEMA.field(name)
+        if full is not None:
+            columns.append(full[name].combine_chunks())
+        elif name in batch.schema.names:
+            columns.append(batch.column(name).cast(field.type))
+        elif name == "interface":
+            columns.append(pa.array(["syscall"] * batch.num_rows, pa.string()).cast(field.type))
+        else:
+            columns.append(pa.nulls(batch.num_rows, field.type.value_type if pa.types.is_dictionary(field.type)
+                                    else field.type).cast(field.type))
+    return pa.RecordBatch.from_arrays(columns, schema=pa.schema([SCHEMA.field(name) for name in wanted]))
+
+
+class TraceWriter:
+    """Writes a trace batch by batch in bounded memory, atomically like ``write_trace``.
+
+    Call order: ``TraceWriter(path, overwrite=...)``, ``write(table)`` any
+    number of times (tables or batches of ``SCHEMA``'s columns, text columns
+    as strings or dictionaries), then ``close(metadata)``, which returns the
+    final path; ``abort()`` after a failure removes what was written.
+
+    Text columns are encoded against one dictionary per column that grows
+    as values arrive; each batch carries the dictionary so far and the file
+    stores only what is new (IPC dictionary deltas, which the file format
+    allows). The metadata is known only at the end, so the schema is written
+    with a fixed-size placeholder that ``close`` overwrites in place, in the
+    schema message and in the footer; metadata longer than the placeholder
+    is written by copying the file once more, batch by batch.
+
+    Raises CkptTraceError when ``path`` exists and ``overwrite`` is false, or
+    when the file system refuses the write; TraceFormatError for rows that do
+    not fit the schema or metadata that lacks a required key.
+    """
+
+    _RESERVED_BYTES = 1 << 16
+
+    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False,
+                 batch_rows: int = DEFAULT_BATCH_ROWS) -> None:
+        self.path = Path(path)
+        if self.path.exists() and not overwrite:
+            raise CkptTraceError(f"{self.path} already exists (use --force to overwrite it)")
+        self.batch_rows = max(1, batch_rows)
+        self.rows = 0
+        self._tmp = _temporary_name(self.path)
+        self._marker = os.urandom(12).hex()
+        self._placeholder = self._padded({"pending": self._marker}, self._RESERVED_BYTES)
+        # Each dictionary starts with "": Arrow takes an empty dictionary followed by a longer one for a
+        # replacement, which the file format refuses, where a non-empty prefix makes a delta.
+        self._values: dict[str, list[str]] = {name: [""] for name in TEXT_COLUMNS}
+        self._index: dict[str, dict[str, int]] = {name: {"": 0} for name in TEXT_COLUMNS}
+        schema = SCHEMA.with_metadata({METADATA_KEY: self._placeholder})
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._sink = pa.OSFile(str(self._tmp), "wb")
+            self._writer = ipc.new_file(self._sink, schema, options=ipc.IpcWriteOptions(
+                compression="zstd", emit_dictionary_deltas=True, unify_dictionaries=False))
+        except OSError as err:
+            self._tmp.unlink(missing_ok=True)
+            raise CkptTraceError(f"cannot write trace {self.path}: {err.strerror or err}") from None
+
+    @staticmethod
+    def _padded(obj: dict, size: int) -> bytes:
+        text = json.dumps(obj, sort_keys=True).encode()
+        return text + b" " * (size - len(text)) if len(text) <= size else text
+
+    def _encode(self, name: str, column: pa.ChunkedArray | pa.Array) -> pa.Array:
+        """``column`` as indices into this writer's growing dictionary of ``name``."""
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        if pa.types.is_dictionary(column.type):
+            column = column.dictionary_decode()
+        column = column.cast(pa.string())
+        index, values = self._index[name], self._values[name]
+        for value in pc.unique(column.drop_null()).to_pylist():
+            if value not in index:
+                index[value] = len(values)
+                values.append(value)
+        dictionary = pa.array(values, pa.string())
+        indices = pc.index_in(column, value_set=dictionary).cast(pa.int32())
+        return pa.DictionaryArray.from_arrays(indices, dictionary)
+
+    def write(self, table: pa.Table | pa.RecordBatch) -> None:
+        """Append rows (of ``SCHEMA``'s columns; rows of an older version's shape gain the later columns' defaults)."""
+        if isinstance(table, pa.RecordBatch):
+            table = pa.Table.from_batches([table])
+        table = _with_all_columns(table)
+        try:
+            arrays = [self._encode(f.name, table[f.name]) if f.name in TEXT_COLUMNS
+                      else table[f.name].combine_chunks().cast(f.type) for f in SCHEMA]
+            batch_table = pa.Table.from_arrays(arrays, schema=SCHEMA)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
+            raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
+        try:
+            self._writer.write_table(batch_table, max_chunksize=self.batch_rows)
+        except OSError as err:
+            self.abort()
+            raise CkptTraceError(f"cannot write trace {self.path}: {err.strerror or err}") from None
+        self.rows += table.num_rows
+
+    def close(self, metadata: Mapping[str, Any]) -> Path:
+        """Finish the file with ``metadata`` (every ``REQUIRED_METADATA_KEYS`` key but ``format_version``),
+        fsync it and rename it over ``path``. Returns the final path."""
+        meta = dict(metadata)
+        meta["format_version"] = FORMAT_VERSION
+        missing = [key for key in REQUIRED_METADATA_KEYS if key not in meta]
+        if missing:
+            self.abort()
+            raise TraceFormatError(f"trace metadata lacks key {missing[0]!r}")
+        try:
+            self._writer.close()
+            self._sink.close()
+            final = self._padded(meta, self._RESERVED_BYTES)
+            if len(final) == len(self._placeholder):
+                self._patch(final)
+            else:
+                self._rewrite(meta)
+            fd = os.open(self._tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(self._tmp, self.path)
+            fsync_directory(self.path.parent)
+        except OSError as err:
+            self._tmp.unlink(missing_ok=True)
+            raise CkptTraceError(f"cannot write trace {self.path}: {err.strerror or err}") from None
+        return self.path
+
+    def _patch(self, final: bytes) -> None:
+        """Overwrite the placeholder where the file holds it: the schema message and the footer."""
+        size = self._tmp.stat().st_size
+        with open(self._tmp, "r+b") as handle:
+            found = 0
+            for start, length in ((0, min(size, 4 * self._RESERVED_BYTES)),
+                                  (max(0, size - 4 * self._RESERVED_BYTES), min(size, 4 * self._RESERVED_BYTES))):
+                handle.seek(start)
+                window = handle.read(length)
+                at = window.find(self._placeholder)
+                while at >= 0:
+                    handle.seek(start + at)
+                    handle.write(final)
+                    found += 1
+                    window = window[:at] + final + window[at + len(final):]
+                    at = window.find(self._placeholder)
+            if found < 2:  # the schema message and the footer both hold it; anything else is a surprise
+                raise OSError(5, "trace metadata placeholder not found where Arrow writes the schema")
+
+    def _rewrite(self, meta: dict) -> None:
+        """Copy the rows into a new file whose schema carries ``meta`` (metadata too long to patch)."""
+        final_tmp = self._tmp.with_name(self._tmp.name + "-meta")
+        schema = SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+        reader = ipc.open_file(pa.memory_map(str(self._tmp), "r"))
+        with pa.OSFile(str(final_tmp), "wb") as sink, ipc.new_file(sink, schema, options=ipc.IpcWriteOptions(
+                compression="zstd", emit_dictionary_deltas=True)) as writer:
+            for i in range(reader.num_record_batches):
+                writer.write_batch(reader.get_batch(i))
+        os.replace(final_tmp, self._tmp)
+
+    def abort(self) -> None:
+        """Remove what this writer wrote (never ``path`` itself)."""
+        try:
+            self._writer.close()
+        except (pa.ArrowException, OSError):
+            pass
+        try:
+            self._sink.close()
+        except (pa.ArrowException, OSError):
+            pass
+        self._tmp.unlink(missing_ok=True)
 
 
 def _first_line(err: Exception) -> str:

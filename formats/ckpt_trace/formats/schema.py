@@ -9,14 +9,17 @@ module is the machine-readable copy. Version history:
   ``prot``; the string columns dictionary-encoded (a quarter of the bytes per
   row); the ``arch`` metadata key required. Version 1 files are read as
   version 2 (``upgrade``).
+- 3: host<->device copies of CUDA programs (interface ``cuda``, ops
+  ``copy_d2h``, ``copy_h2d``...): columns ``device`` and ``memory_kind``.
+  Version 1 and 2 files are read as version 3, those columns null.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-FORMAT_VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+SUPPORTED_VERSIONS = (1, 2, 3)
 
 # The one schema-metadata key; its value is a UTF-8 JSON object.
 METADATA_KEY = b"ckpt_trace"
@@ -63,7 +66,7 @@ SCHEMA_V1 = pa.schema(
     ]
 )
 
-SCHEMA = pa.schema(
+SCHEMA_V2 = pa.schema(
     [
         pa.field("ts_ns", pa.int64(), nullable=False),
         pa.field("dur_ns", pa.int64(), nullable=False),
@@ -91,18 +94,27 @@ SCHEMA = pa.schema(
     ]
 )
 
-SCHEMAS = {1: SCHEMA_V1, 2: SCHEMA}
+SCHEMA = pa.schema(
+    list(SCHEMA_V2)
+    + [
+        pa.field("device", pa.int32()),
+        pa.field("memory_kind", _TEXT),
+    ]
+)
+
+SCHEMAS = {1: SCHEMA_V1, 2: SCHEMA_V2, 3: SCHEMA}
 COLUMNS = tuple(SCHEMA.names)
 TEXT_COLUMNS = tuple(field.name for field in SCHEMA if pa.types.is_dictionary(field.type))
 
 
 def upgrade(table: pa.Table, version: int) -> pa.Table:
     """A table of format ``version`` as the current ``SCHEMA``: version 1 gains the request and mapping
-    columns (``interface`` 'syscall', the others null) and dictionary-encoded text."""
+    columns (``interface`` 'syscall', the others null) and dictionary-encoded text; versions 1 and 2 gain
+    the copy columns (null)."""
     if version == FORMAT_VERSION:
         return table
     rows = table.num_rows
-    extra = {"interface": pa.array(["syscall"] * rows, pa.string()) if rows else pa.array([], pa.string())}
+    extra = {"interface": pa.array(["syscall"] * rows, pa.string())}
     columns = []
     for field in SCHEMA:
         if field.name in table.column_names:

@@ -39,14 +39,24 @@ RING_OPS = frozenset({IO_URING_SETUP, IO_URING_ENTER, IO_URING_REGISTER, IO_SETU
                       IO_GETEVENTS})
 #: Rows of a file mapping's life (its pages touched are read and write rows).
 MAPPING_OPS = frozenset({MMAP_OP, MUNMAP, MSYNC, MADVISE, MREMAP})
-OPS = METADATA_OPS | DATA_OPS | RING_OPS | MAPPING_OPS
+#: Host<->device copies of a CUDA program (interface ``cuda``, format version 3): CUPTI's memcpy kinds.
+COPY_H2D, COPY_D2H, COPY_D2D, COPY_H2H, COPY_P2P, COPY_OTHER = (
+    "copy_h2d", "copy_d2h", "copy_d2d", "copy_h2h", "copy_p2p", "copy_other")
+COPY_OPS = frozenset({COPY_H2D, COPY_D2H, COPY_D2D, COPY_H2H, COPY_P2P, COPY_OTHER})
+OPS = METADATA_OPS | DATA_OPS | RING_OPS | MAPPING_OPS | COPY_OPS
 
 # -- I/O interfaces (the ``interface`` column) ------------------------------------------
 SYSCALL = "syscall"  # a synchronous system call (read, pwrite64, fsync...), or the ring or context calls
 IO_URING = "io_uring"  # one io_uring request (SQE), from its submission to its completion (CQE)
 LIBAIO = "libaio"  # one Linux AIO request (iocb of io_submit), completed by io_getevents
 MMAP = "mmap"  # a file mapping (mmap, munmap, msync, madvise, mremap) or the pages touched through one
-INTERFACES = (SYSCALL, IO_URING, LIBAIO, MMAP)
+CUDA = "cuda"  # one host<->device copy, as CUPTI's activity API reported it (format version 3)
+INTERFACES = (SYSCALL, IO_URING, LIBAIO, MMAP, CUDA)
+
+# -- memory kinds (the ``memory_kind`` column of copy rows: the host side's memory) ------------
+MEMORY_PAGEABLE, MEMORY_PINNED, MEMORY_DEVICE, MEMORY_MANAGED, MEMORY_UNKNOWN = (
+    "pageable", "pinned", "device", "managed", "unknown")
+MEMORY_KINDS = (MEMORY_PAGEABLE, MEMORY_PINNED, MEMORY_DEVICE, MEMORY_MANAGED, MEMORY_UNKNOWN)
 
 # -- offset sources (the ``offset_source`` column) -----------------------------------
 OFFSET_EXPLICIT = "explicit"  # the call's own offset argument (pwrite64...)
@@ -61,6 +71,7 @@ OFFSET_SOURCES = (OFFSET_EXPLICIT, OFFSET_POSITION, OFFSET_APPEND, OFFSET_KERNEL
 # io_uring requests: "io_uring:" + the opcode name (io_uring:WRITE); libaio: "aio:" + IOCB_CMD name
 # (aio:PWRITE); pages through a mapping: these three.
 PAGE_FAULT, FAULT_AROUND, PAGE_DIRTY = "page_fault", "fault_around", "page_dirty"
+CUDA_MEMCPY = "cuda_memcpy"  # a copy row (CUPTI_ACTIVITY_KIND_MEMCPY)
 URING_OPCODE_NAMES = {0: "NOP", 6: "POLL_ADD", 7: "POLL_REMOVE", 9: "SENDMSG", 10: "RECVMSG", 11: "TIMEOUT",
                       13: "ACCEPT", 16: "CONNECT", 18: "OPENAT", 19: "CLOSE", 20: "FILES_UPDATE", 21: "STATX",
                       24: "FADVISE", 25: "MADVISE", 26: "SEND", 27: "RECV", 28: "OPENAT2", 35: "RENAMEAT",

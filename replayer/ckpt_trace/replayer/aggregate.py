@@ -8,26 +8,40 @@ A pure transformation of the as-recorded plan. Within each worker, the reads
 and the writes of a descriptor whose offsets the trace knows are collected
 until a barrier (an operation on that descriptor other than lseek, an
 operation naming paths, an operation another worker waits on, a read or
-write at an unknown offset)
-and then replaced, before the barrier, by the merged extents of their byte
-ranges (overlapping or adjacent ranges merge). Each extent [a, b) becomes an
-unaligned head [a, A), a body [A, B) cut into ``buffer_bytes`` pieces, all
-aligned to ``block_bytes``, and an unaligned tail [B, b), where A and B are
-a rounded up and b rounded down to the block size. The executor (io_uring,
-O_DIRECT) writes the body directly and the head and tail through a buffered
-descriptor, so exactly the recorded byte ranges are written and every file
-ends with its recorded size.
+write at an unknown offset) and then replaced, before the barrier, by the
+merged extents of their byte ranges (overlapping or adjacent ranges merge).
+Each extent [a, b) becomes an unaligned head [a, A), a body [A, B) cut into
+``buffer_bytes`` pieces, all aligned to ``block_bytes``, and an unaligned
+tail [B, b), where A and B are a rounded up and b rounded down to the block
+size. The executor (io_uring, O_DIRECT) writes the body directly and the head
+and tail through a buffered descriptor, so exactly the recorded byte ranges
+are written and every file ends with its recorded size. Where a file's final
+size is known, the plan asks the executor to preallocate it with
+fallocate(2) (``ReplayPlan.preallocate``), as the paper's writer does and fio
+does by default, so a comparison with fio is like for like.
+
+Columnar: each collected operation finds the barrier that flushes it (the
+next one on its handle or the next that flushes every handle, by sorted
+searches), collected operations are grouped by (barrier, handle, kind),
+their ranges merged and split, and the pieces placed before their barrier,
+handles in the order they were first used since their last flush, writes
+before reads. ``tests/test_plan_equivalence.py`` checks the result against
+the one-operation-at-a-time reference.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import os
 
-from .plan import DATA_KINDS, PATH_KINDS, PlanOp, ReplayPlan, WorkerPlan, merge_ranges
+import numpy as np
+
+from .optable import KIND, READ, WRITE, OpTable
+from .plan import ReplayPlan, merge_ranges
 
 MIN_BUFFER_BYTES = 1 << 20
 MAX_BUFFER_BYTES = 64 << 20
-
+_GLOBAL = np.array([KIND[k] for k in ("open", "rename", "unlink", "mkdir")], np.int8)  # name paths: flush all
+_LSEEK = KIND["lseek"]
 
 merge_extents = merge_ranges  # union of half-open byte ranges, sorted; touching ranges merge
 
@@ -45,47 +59,173 @@ def split_extent(start: int, end: int, buffer_bytes: int, block_bytes: int) -> l
     return pieces
 
 
-class _WorkerAggregator:
-    """Rewrites one worker's operations; holds the pending reads and writes per handle."""
+def _split_all(starts: np.ndarray, ends: np.ndarray, buffer_bytes: int, block_bytes: int):
+    """``split_extent`` of many extents: (extent index, offset, size) of every piece, in order."""
+    body_start = -(-starts // block_bytes) * block_bytes
+    body_end = ends // block_bytes * block_bytes
+    has_body = body_start < body_end
+    head = has_body & (body_start > starts)
+    tail = has_body & (ends > body_end)
+    bodies = np.where(has_body, -(-(body_end - body_start) // buffer_bytes), 0)
+    counts = np.where(has_body, head.astype(np.int64) + bodies + tail, 1)
+    extent = np.repeat(np.arange(len(starts)), counts)
+    k = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)  # piece number in extent
+    e_head = head[extent]
+    body_k = k - e_head
+    no_body = ~has_body[extent]
+    is_head = ~no_body & e_head & (k == 0)
+    is_tail = ~no_body & tail[extent] & (k == counts[extent] - 1)
+    offset = np.where(no_body | is_head, starts[extent],
+                      np.where(is_tail, body_end[extent], body_start[extent] + body_k * buffer_bytes))
+    size = np.where(no_body, ends[extent] - starts[extent],
+                    np.where(is_head, body_start[extent] - starts[extent],
+                             np.where(is_tail, ends[extent] - body_end[extent],
+                                      np.minimum(buffer_bytes, body_end[extent] - offset))))
+    return extent, offset, size
 
-    def __init__(self, buffer_bytes: int, block_bytes: int, awaited: frozenset[int]) -> None:
-        self.buffer_bytes, self.block_bytes, self.awaited = buffer_bytes, block_bytes, awaited
-        self.pending: dict[int, list[PlanOp]] = {}
-        self.out: list[PlanOp] = []
 
-    def add(self, op: PlanOp) -> None:
-        if op.kind in DATA_KINDS and op.offset is not None and op.seq not in self.awaited:
-            self.pending.setdefault(op.handle, []).append(op)
-            return
-        if op.kind in PATH_KINDS or op.seq in self.awaited:
-            self.flush_all()
-        elif op.kind == "lseek":
-            pass  # moves only the position, which pending reads and writes (explicit offsets) do not use
-        elif op.handle is not None:
-            self.flush(op.handle)
-            if op.source_handle is not None:
-                self.flush(op.source_handle)
-        self.out.append(op)
+def _next_at_or_after(positions: np.ndarray, groups: np.ndarray, query_pos: np.ndarray, query_groups: np.ndarray,
+                      missing: np.ndarray) -> np.ndarray:
+    """For each query, the first position > query_pos in its group (``missing`` where none)."""
+    if not len(positions):
+        return missing
+    span = int(max(positions.max(), query_pos.max())) + 2
+    keys = np.sort(groups.astype(np.int64) * span + positions)
+    at = np.searchsorted(keys, query_groups.astype(np.int64) * span + query_pos, side="right")
+    found = at < len(keys)
+    value = keys[np.minimum(at, len(keys) - 1)]
+    same = found & (value // span == query_groups)
+    return np.where(same, value % span, missing)
 
-    def flush_all(self) -> None:
-        for handle in list(self.pending):
-            self.flush(handle)
 
-    def flush(self, handle: int) -> None:
-        ops = self.pending.pop(handle, None)
-        if not ops:
-            return
-        for kind in ("write", "read"):
-            of_kind = [op for op in ops if op.kind == kind]
-            if of_kind:
-                self._emit(kind, of_kind)
+def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int, block_bytes: int) -> OpTable:
+    """The aggregated operations of ``ops`` (a plan's table, grouped by worker). Pure."""
+    n = len(ops)
+    if n == 0:
+        return ops
+    pos = np.arange(n, dtype=np.int64)
+    kind, handle, worker = ops.kind, ops.handle.astype(np.int64), ops.worker.astype(np.int64)
+    is_awaited = np.isin(ops.seq, np.fromiter(awaited, np.int64, len(awaited))) if awaited else np.zeros(n, bool)
+    data = (kind == READ) | (kind == WRITE)
+    pending = data & (ops.offset >= 0) & ~is_awaited
+    if not pending.any():
+        return ops
+    barrier = ~pending
+    global_barrier = barrier & (np.isin(kind, _GLOBAL) | is_awaited)
+    handle_barrier = barrier & ~global_barrier & (kind != _LSEEK) & (handle >= 0)
+    source_barrier = handle_barrier & (ops.source_handle >= 0)
+    worker_end = np.searchsorted(worker, worker, side="right")  # one past each row's worker's last row
 
-    def _emit(self, kind: str, ops: list[PlanOp]) -> None:
-        first = ops[0]
-        deps = tuple(sorted({dep for op in ops for dep in op.deps}))  # e.g. another worker's open of the handle
-        for start, end in merge_extents([(op.offset, op.offset + (op.size or 0)) for op in ops]):
-            for offset, size in split_extent(start, end, self.buffer_bytes, self.block_bytes):
-                self.out.append(dataclasses.replace(first, offset=offset, size=size, deps=deps))
+    # The barrier that flushes each collected operation: its handle's next, or the next global one.
+    p_pos = pos[pending]
+    p_worker, p_handle = worker[pending], handle[pending]
+    end = worker_end[pending]
+    n_handles = int(max(handle.max(), ops.source_handle.max(), 0)) + 1
+    b_pos = np.concatenate([pos[handle_barrier], pos[source_barrier]])
+    b_group = np.concatenate([worker[handle_barrier] * n_handles + handle[handle_barrier],
+                              worker[source_barrier] * n_handles + ops.source_handle[source_barrier]])
+    by_handle = _next_at_or_after(b_pos, b_group, p_pos, p_worker * n_handles + p_handle, end)
+    by_all = _next_at_or_after(pos[global_barrier], worker[global_barrier], p_pos, p_worker, end)
+    flush = np.minimum(by_handle, by_all)
+
+    # Group the collected operations: (flush position, handle, kind). At a barrier on one descriptor, its
+    # handle flushes first, then a dup's source; elsewhere, handles in the order first used since their
+    # last flush; writes before reads.
+    p_kind = kind[pending]
+    handle_first = _group_min(flush * n_handles + p_handle, p_pos)
+    at_handle_barrier = flush < end
+    at_handle_barrier[at_handle_barrier] = handle_barrier[flush[at_handle_barrier]]
+    barrier_handle = np.where(at_handle_barrier, handle[np.minimum(flush, n - 1)], -1)
+    order_key = np.where(at_handle_barrier, (p_handle != barrier_handle).astype(np.int64), handle_first)
+    group_key = np.stack([flush, order_key, (p_kind == READ).astype(np.int64), p_handle], axis=1)
+    groups, group_of = np.unique(group_key, axis=0, return_inverse=True)
+    group_of = group_of.reshape(-1)
+    first_op = np.full(len(groups), n, np.int64)
+    np.minimum.at(first_op, group_of, p_pos)
+    starts = ops.offset[pending]
+    ends = starts + ops.size[pending]
+    extent_group, extent_start, extent_end = _merge(group_of, starts, ends)
+    piece_extent, piece_offset, piece_size = _split_all(extent_start, extent_end, buffer_bytes, block_bytes)
+    piece_group = extent_group[piece_extent]
+    template = first_op[piece_group]  # each piece copies its group's first operation
+
+    # Deps of a piece: the union of its group's operations' deps.
+    pending_rows = np.flatnonzero(pending)
+    d_row, d_seq = _deps_of_rows(ops, pending_rows)
+    rank_of_row = np.full(n, -1, np.int64)
+    rank_of_row[pending_rows] = np.arange(len(pending_rows))
+    if len(d_row):
+        pairs = np.unique(np.stack([group_of[rank_of_row[d_row]], d_seq], axis=1), axis=0)
+    else:
+        pairs = np.zeros((0, 2), np.int64)
+    group_dep_ptr = np.concatenate([[0], np.cumsum(np.bincount(pairs[:, 0], minlength=len(groups)))])
+
+    # The kept operations and the pieces, in order: a piece sits before its barrier.
+    kept = np.flatnonzero(~pending)
+    order_pos = np.concatenate([kept, groups[piece_group, 0]])
+    order_sub = np.concatenate([np.ones(len(kept), np.int64), np.zeros(len(piece_group), np.int64)])
+    order_group = np.concatenate([np.zeros(len(kept), np.int64), piece_group])
+    order_piece = np.concatenate([np.zeros(len(kept), np.int64), np.arange(len(piece_group))])
+    order_worker = np.concatenate([worker[kept], worker[template]])
+    order = np.lexsort((order_piece, order_group, order_sub, order_pos, order_worker))
+    rows = np.concatenate([kept, template])[order]
+    is_piece = np.concatenate([np.zeros(len(kept), bool), np.ones(len(piece_group), bool)])[order]
+    offset = np.concatenate([ops.offset[kept], piece_offset])[order]
+    size = np.concatenate([ops.size[kept], piece_size])[order]
+    group = np.concatenate([np.full(len(kept), -1, np.int64), piece_group])[order]
+
+    # Deps: kept rows keep theirs; pieces take their group's union.
+    dep_lengths = ops.dep_ptr[1:] - ops.dep_ptr[:-1]
+    lengths = np.where(is_piece, np.diff(group_dep_ptr)[np.maximum(group, 0)], dep_lengths[rows])
+    dep_ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    source = np.where(is_piece, group_dep_ptr[np.maximum(group, 0)], ops.dep_ptr[rows])
+    gather = np.repeat(source - dep_ptr[:-1], lengths) + np.arange(int(lengths.sum()))
+    from_piece = np.repeat(is_piece, lengths)
+    dep_seq = np.empty(len(gather), np.int64)
+    dep_seq[from_piece] = pairs[gather[from_piece], 1]
+    dep_seq[~from_piece] = ops.dep_seq[gather[~from_piece]]
+    columns = {name: getattr(ops, name)[rows] for name in (
+        "kind", "seq", "ts_ns", "worker", "handle", "source_handle", "path", "new_path", "flags", "release",
+        "pattern_key", "pattern_offset", "queue", "mapped", "prot")}
+    return OpTable.from_columns({**columns, "offset": offset, "size": size}, dep_ptr, dep_seq, ops.paths)
+
+
+def _deps_of_rows(ops: OpTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, dep seq) of every dependency of ``rows``, vectorised."""
+    lengths = ops.dep_ptr[rows + 1] - ops.dep_ptr[rows]
+    total = int(lengths.sum())
+    if not total:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    out_ptr = np.cumsum(lengths) - lengths
+    gather = np.repeat(ops.dep_ptr[rows] - out_ptr, lengths) + np.arange(total)
+    return np.repeat(rows, lengths), ops.dep_seq[gather]
+
+
+def _group_min(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """For each element, the smallest value among the elements sharing its key."""
+    if not len(keys):
+        return values
+    unique, inverse = np.unique(keys, return_inverse=True)
+    smallest = np.full(len(unique), np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(smallest, inverse, values)
+    return smallest[inverse]
+
+
+def _merge(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+    """Per group, the union of [start, end) ranges: (group, start, end) of each merged extent, by group."""
+    keep = ends > starts
+    groups, starts, ends = groups[keep], starts[keep], ends[keep]
+    if not len(groups):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.lexsort((starts, groups))
+    groups, starts, ends = groups[order], starts[order], ends[order]
+    # A running maximum of ends that restarts at each group: shift each group above the previous ones.
+    span = int(ends.max()) + 1
+    running = np.maximum.accumulate(ends + groups * span) - groups * span
+    new = np.r_[True, (groups[1:] != groups[:-1]) | (starts[1:] > running[:-1])]
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:] - 1, len(starts) - 1]
+    return groups[first], starts[first], running[last]
 
 
 def build_aggregated_plan(base: ReplayPlan, *, buffer_bytes: int = 4 << 20, block_bytes: int = 4096) -> ReplayPlan:
@@ -97,27 +237,34 @@ def build_aggregated_plan(base: ReplayPlan, *, buffer_bytes: int = 4 << 20, bloc
     """
     if not MIN_BUFFER_BYTES <= buffer_bytes <= MAX_BUFFER_BYTES or buffer_bytes % block_bytes:
         raise ValueError(f"buffer size must be 1-64 MiB and a multiple of {block_bytes} bytes")
-    workers = []
-    for worker in base.workers:
-        aggregator = _WorkerAggregator(buffer_bytes, block_bytes, base.awaited)
-        for op in worker.ops:
-            aggregator.add(op)
-        aggregator.flush_all()
-        workers.append(WorkerPlan(pid=worker.pid, tid=worker.tid, rank=worker.rank, ops=tuple(aggregator.out)))
-    return dataclasses.replace(base, strategy="aggregated", workers=tuple(workers))
+    table = aggregate_table(base.ops, base.awaited, buffer_bytes=buffer_bytes, block_bytes=block_bytes)
+    return base.with_ops(table, strategy="aggregated", preallocate=preallocations(base))
+
+
+def preallocations(plan: ReplayPlan) -> dict[int, int]:
+    """The opens that create a file whose final size the plan knows: open seq -> bytes to reserve. A file
+    is reserved by the first open that creates it (O_CREAT), under whatever name it has then."""
+    ops = plan.ops
+    opens = np.flatnonzero((ops.kind == KIND["open"]) & (ops.flags != np.iinfo(np.int64).min)
+                           & ((ops.flags & os.O_CREAT) != 0))
+    out, seen = {}, set()
+    for row in opens.tolist():
+        fid = plan.files.handle_files.get(int(ops.handle[row]))
+        final = plan.files.file_paths.get(fid)
+        size = plan.checks.expected_sizes.get(final, 0) if final is not None else 0
+        if size > 0 and fid not in seen:
+            out[int(ops.seq[row])] = size
+            seen.add(fid)
+    return out
 
 
 def alignment_counts(plan: ReplayPlan, block_bytes: int) -> dict[str, int]:
     """Data operations of ``plan`` by alignment: aligned, unaligned, unknown offset."""
-    counts = {"aligned": 0, "unaligned": 0, "unknown_offset": 0}
-    for worker in plan.workers:
-        for op in worker.ops:
-            if op.kind not in DATA_KINDS:
-                continue
-            if op.offset is None:
-                counts["unknown_offset"] += 1
-            elif op.offset % block_bytes or (op.size or 0) % block_bytes:
-                counts["unaligned"] += 1
-            else:
-                counts["aligned"] += 1
-    return counts
+    ops = plan.ops
+    data = (ops.kind == READ) | (ops.kind == WRITE)
+    offset, size = ops.offset[data], np.maximum(ops.size[data], 0)
+    unknown = offset < 0
+    unaligned = ~unknown & (((offset % block_bytes) != 0) | ((size % block_bytes) != 0))
+    return {"aligned": int((~unknown & ~unaligned).sum()), "unaligned": int(unaligned.sum()),
+            "unknown_offset": int(unknown.sum())}
+

@@ -18,8 +18,11 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
+
 from ckpt_trace.errors import ReplayError
 
+from .optable import KIND, KINDS, NO_FLAGS
 from .pack import INDEX_PATH, PACK_DIR
 from .plan import ReplayPlan
 
@@ -32,14 +35,19 @@ def _ancestors(path: str) -> list[str]:
 def plan_paths(plan: ReplayPlan) -> tuple[frozenset[str], frozenset[str]]:
     """(files, directories) the plan may create, relative to its directory. Pure."""
     files, dirs = {path for path, _ in plan.precreate_files}, set(plan.precreate_dirs)
-    for worker in plan.workers:
-        for op in worker.ops:
-            if op.kind == "open" and op.path:
-                (dirs if (op.flags or 0) & os.O_DIRECTORY else files).add(op.path)
-            elif op.kind in ("rename", "unlink"):
-                files.update(p for p in (op.path, op.new_path) if p)
-            elif op.kind == "mkdir" and op.path:
-                dirs.add(op.path)
+    ops = plan.ops
+    naming = np.flatnonzero(np.isin(ops.kind, [KIND[k] for k in ("open", "rename", "unlink", "mkdir", "mmap")]))
+    for row in naming.tolist():  # the few rows that name paths: opens, renames, unlinks, mkdirs
+        kind, path, new_path = KINDS[ops.kind[row]], int(ops.path[row]), int(ops.new_path[row])
+        path = ops.paths[path] if path >= 0 else None
+        new_path = ops.paths[new_path] if new_path >= 0 else None
+        if kind == "open" and path:
+            flags = int(ops.flags[row])
+            (dirs if flags != NO_FLAGS and flags & os.O_DIRECTORY else files).add(path)
+        elif kind in ("rename", "unlink"):
+            files.update(p for p in (path, new_path) if p)
+        elif kind == "mkdir" and path:
+            dirs.add(path)
     if plan.pack_index:
         files.update(entry["pack"] for entry in plan.pack_index.values())
         files.add(INDEX_PATH)

@@ -22,7 +22,7 @@ import dataclasses
 import os
 from types import MappingProxyType
 
-from .plan import DATA_KINDS, MAPPING_KINDS, PlanChecks, PlanOp, ReplayPlan, WorkerPlan
+from .plan import DATA_KINDS, MAPPING_KINDS, PlanChecks, PlanOp, ReplayPlan, WorkerPlan, plan_from_ops
 
 PACK_DIR = "ckpt-trace-packs"
 INDEX_PATH = f"{PACK_DIR}/index.json"
@@ -132,13 +132,15 @@ def pack_plan(plan: ReplayPlan, *, block_bytes: int = 4096) -> ReplayPlan:
     checks = plan.checks
     workers, index, verify, expected, saved = [], {}, dict(checks.verify_ranges), dict(checks.expected_sizes), 0
     pack_verify = []
+    if not packable:
+        return plan
     for number, worker in enumerate(plan.workers):
         fids = {fid for fid in packable if by_file[fid][0][0] == number}
         if not fids:
-            workers.append(worker)
+            workers.append(worker.ops)
             continue
         packer = _WorkerPacker(plan, worker, fids, next_handle + number, block_bytes)
-        workers.append(dataclasses.replace(worker, ops=packer.rewrite()))
+        workers.append(packer.rewrite())
         saved += packer.saved
         for fid, base in packer.bases.items():
             final = plan.files.file_paths.get(fid)
@@ -148,8 +150,8 @@ def pack_plan(plan: ReplayPlan, *, block_bytes: int = 4096) -> ReplayPlan:
             ranges = verify.pop(final, None)
             if ranges is not None:
                 pack_verify.append((packer.pack_path, final, base, ranges))
-    return dataclasses.replace(
-        plan, workers=tuple(workers), pack_index=MappingProxyType(index), metadata_ops_saved=saved,
+    return plan_from_ops(
+        plan, workers, pack_index=MappingProxyType(index), metadata_ops_saved=saved,
         precreate_dirs=tuple(dict.fromkeys(plan.precreate_dirs + ((PACK_DIR,) if index or saved else ()))),
         checks=PlanChecks(expected_sizes=MappingProxyType(expected), verify_ranges=MappingProxyType(verify),
                           unverifiable=checks.unverifiable, pack_verify=tuple(pack_verify)),

@@ -1,9 +1,10 @@
-"""Replay plans: frozen data built by pure functions from a trace table.
+"""Replay plans: frozen data built by pure functions from a trace, column by column.
 
-A plan holds one ``WorkerPlan`` per recorded thread (pid, tid), each a
-tuple of ``PlanOp`` in recorded order, plus what must exist before the
-clock starts (directories, files the trace reads but never wrote) and the
-final size every file must have afterwards.
+A plan holds one ``WorkerPlan`` per recorded thread (pid, tid) and every
+operation in one ``OpTable`` (numpy columns, grouped by worker, in recorded
+order), plus what must exist before the clock starts (directories, files the
+trace reads but never wrote) and the final size every file must have
+afterwards.
 
 Descriptors become *handles*: each successful open or dup creates one;
 operations name the handle instead of the recorded fd number, so fd reuse,
@@ -21,6 +22,17 @@ Open flags are converted here, once, from the recording's architecture (the
 trace's ``arch``) to this machine's (``formats.vocabulary.translate_open_flags``),
 so every plan and executor works in host ``os.O_*`` values.
 
+How it scales: the rows that change which file a descriptor names (open,
+close, dup, rename, mmap...) are few and are walked one by one by
+``_Planner``; the reads and writes, nearly every row of a checkpoint trace,
+are planned with vectorised numpy: each finds its handle by an as-of join on
+(process, descriptor) against the bindings the walk recorded, and file sizes,
+the byte ranges ``--verify`` checks and the cross-worker waits come from
+sorted group operations. A read or write on a descriptor no binding covers
+(inherited) goes through the walk. The result is identical to walking every
+row (``tests/test_plan_equivalence.py`` checks it against a one-row-at-a-time
+reference on random traces).
+
 A plan is two things: what to execute (``ReplayPlan``) and what must hold
 afterwards (``PlanChecks``: final sizes, the byte ranges ``--verify``
 compares), plus the planner's file identities (``FileIdentity``) that derived
@@ -29,81 +41,51 @@ strategies (``--pack-files``) need.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import numpy as np
 import pyarrow as pa
 
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats import vocabulary as v
+from ckpt_trace.iolayer import gpu
 from ckpt_trace.iolayer.pattern import file_key
 
+from .optable import KINDS, NONE, READ, WRITE, OpTable, PlanOp, concat
 from .paths import relative_target_path
 
 DATA_KINDS = v.DATA_OPS
-MAPPING_KINDS = frozenset({"mmap", "munmap", "msync"})  # plan kinds of the mapping rows (madvise, mremap: skipped)
 PATH_KINDS = v.PATH_OPS
 FD_KINDS = v.FD_OPS
 METADATA_KINDS = v.METADATA_OPS
+MAPPING_KINDS = frozenset({"mmap", "munmap", "msync"})  # plan kinds of the mapping rows (madvise, mremap: skipped)
+
+__all__ = ["DATA_KINDS", "FD_KINDS", "KINDS", "MAPPING_KINDS", "METADATA_KINDS", "PATH_KINDS", "FileIdentity",
+           "OpTable", "PlanChecks", "PlanOp", "ReplayPlan", "WorkerPlan", "build_posix_plan", "merge_ranges"]
 
 
-@dataclass(frozen=True, slots=True)
-class PlanOp:
-    """One operation to replay.
-
-    ``handle`` is the handle acted on (created, for open and dup);
-    ``source_handle`` the handle a dup copies. ``path``/``new_path`` are
-    target-relative. ``offset`` (bytes) is None where the trace did not
-    know it: the executor then uses the file position. ``size`` is bytes
-    to transfer (writes: what the recorded call transferred; reads: what
-    it requested). ``release`` marks the close of a handle's last
-    reference. ``deps`` are ``seq`` numbers of other workers' operations
-    that must complete first. ``ts_ns`` is the recorded start time.
-    ``pattern_key`` selects the content a write carries (``replayer.pattern``),
-    derived from the final path of the file written; ``pattern_offset``, when
-    set, is the offset in that file the bytes belong to (packed files live at
-    another offset of their pack). ``queue`` is the recorded io_uring ring or
-    libaio context of a request (None for a system call): executors that replay
-    as recorded submit requests asynchronously, at most the queue's recorded
-    depth (``ReplayPlan.queue_depths``) in flight. ``mapped``: a read or write
-    of pages through the mapping on ``handle``, which the POSIX executor
-    replays through a mapping and the others as plain I/O. Kind ``mmap`` opens
-    ``path`` and maps ``size`` bytes from ``offset`` with ``prot`` (PROT_*)
-    and ``flags`` (MAP_*); ``munmap`` unmaps and closes it; ``msync`` syncs
-    ``size`` bytes from file offset ``offset``.
-    """
-
-    seq: int
-    kind: str
-    ts_ns: int
-    handle: int | None = None
-    source_handle: int | None = None
-    path: str | None = None
-    new_path: str | None = None
-    offset: int | None = None
-    size: int | None = None
-    flags: int | None = None
-    release: bool = False
-    deps: tuple[int, ...] = ()
-    pattern_key: int = 0
-    pattern_offset: int | None = None
-    queue: int | None = None
-    mapped: bool = False
-    prot: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class WorkerPlan:
-    """The operations of one recorded thread, in recorded order."""
+    """One recorded thread: rows ``start``..``stop`` of the plan's ``OpTable``. ``ops`` materialises them
+    as ``PlanOp``s (for small plans and tests; executors read the columns)."""
 
     pid: int
     tid: int
     rank: int
-    ops: tuple[PlanOp, ...]
+    start: int = 0
+    stop: int = 0
+    table: OpTable = field(default_factory=OpTable.empty, repr=False, compare=False)
+
+    @property
+    def ops(self) -> tuple[PlanOp, ...]:
+        return self.table.ops(self.start, self.stop)
+
+    def __len__(self) -> int:
+        return self.stop - self.start
 
 
 @dataclass(frozen=True)
@@ -137,16 +119,20 @@ class FileIdentity:
 class ReplayPlan:
     """A complete, immutable replay plan: what an executor runs (see the module docstring).
 
-    ``precreate_dirs`` and ``precreate_files`` ((path, bytes)) exist before
-    the clock starts, holding the pattern of ``pattern_keys``;
-    ``bytes_to_write`` is what the run will write (free space is checked
-    against it); ``awaited`` are the seq numbers other workers wait on;
-    ``skipped_ops`` counts trace rows not replayed, by reason. With
-    ``--pack-files``, ``pack_index`` maps each packed file's final path to its
-    pack, offset and size (the executor writes it as ``index.json``) and
-    ``metadata_ops_saved`` counts the operations packing removed.
-    ``checks`` is what must hold afterwards; ``files`` the file identities;
-    ``queue_depths`` the most requests each recorded queue had in flight.
+    ``ops`` holds every operation (``OpTable``); ``workers`` the recorded
+    threads, each a range of it. ``precreate_dirs`` and ``precreate_files``
+    ((path, bytes)) exist before the clock starts, holding the pattern of
+    ``pattern_keys``; ``bytes_to_write`` is what the run will write (free
+    space is checked against it); ``awaited`` are the seq numbers other
+    workers wait on; ``skipped_ops`` counts trace rows not replayed, by
+    reason. With ``--pack-files``, ``pack_index`` maps each packed file's final
+    path to its pack, offset and size (the executor writes it as
+    ``index.json``) and ``metadata_ops_saved`` counts the operations packing
+    removed. ``checks`` is what must hold afterwards; ``files`` the file
+    identities; ``queue_depths`` the most requests each recorded queue had
+    in flight; ``preallocate`` (open seq -> bytes) the files the executor
+    reserves with fallocate(2) when that open creates them (the aggregated
+    strategy).
     """
 
     strategy: str
@@ -162,14 +148,38 @@ class ReplayPlan:
     checks: PlanChecks = field(default_factory=PlanChecks)
     files: FileIdentity = field(default_factory=FileIdentity)
     queue_depths: Mapping[int, int] = field(default_factory=dict)
+    ops: OpTable = field(default_factory=OpTable.empty, repr=False)
+    preallocate: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def num_ops(self) -> int:
-        return sum(len(w.ops) for w in self.workers)
+        return len(self.ops)
 
     def counts(self) -> dict[str, int]:
         """Operations per kind."""
-        return dict(Counter(op.kind for w in self.workers for op in w.ops))
+        return self.ops.counts()
+
+    def with_ops(self, table: OpTable, **changes) -> ReplayPlan:
+        """This plan with ``table`` as its operations (grouped by worker index) and ``changes``."""
+        import dataclasses
+
+        return dataclasses.replace(self, ops=table, workers=_workers_of(table, self.workers), **changes)
+
+
+def _workers_of(table: OpTable, workers: Iterable[WorkerPlan]) -> tuple[WorkerPlan, ...]:
+    """``workers`` re-pointed at their rows of ``table`` (grouped by worker index)."""
+    workers = list(workers)
+    bounds = np.searchsorted(table.worker, np.arange(len(workers) + 1))
+    return tuple(WorkerPlan(pid=w.pid, tid=w.tid, rank=w.rank, start=int(bounds[i]), stop=int(bounds[i + 1]),
+                            table=table) for i, w in enumerate(workers))
+
+
+def plan_from_ops(plan: ReplayPlan, worker_ops: list[tuple[PlanOp, ...]], **changes) -> ReplayPlan:
+    """``plan`` with each worker's operations replaced by ``worker_ops[i]`` (``PlanOp``s; slow: for derived
+    plans that rewrite few operations one by one, such as ``--pack-files``)."""
+    workers = [i for i, ops in enumerate(worker_ops) for _ in ops]
+    table = OpTable.from_ops(workers, [op for ops in worker_ops for op in ops], plan.ops.paths)
+    return plan.with_ops(table, **changes)
 
 
 def _ancestors(path: str) -> list[str]:
@@ -177,13 +187,97 @@ def _ancestors(path: str) -> list[str]:
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
+# -- the trace, as the planner reads it -------------------------------------------------------------------------
+
+_PLAN_COLUMNS = ("ts_ns", "pid", "tid", "rank", "op", "fd", "path", "new_path", "offset", "size", "ret", "flags",
+                 "interface", "queue_id", "in_flight", "address", "prot", "memory_kind")
+_TEXT = ("op", "path", "new_path", "interface", "memory_kind")
+_RING = np.array(sorted(v.RING_OPS))
+
+
+class _Rows:
+    """The planner's columns of every trace row, in start-time order: numpy arrays (text as codes into
+    ``texts``; integer columns with a validity mask) built batch by batch."""
+
+    def __init__(self, batches: Iterable[pa.RecordBatch | pa.Table]) -> None:
+        self.texts: list[str] = []
+        codes: dict[str, int] = {}
+        parts: dict[str, list[np.ndarray]] = defaultdict(list)
+        for batch in batches:
+            for name in _PLAN_COLUMNS:
+                column = batch.column(name)
+                if isinstance(column, pa.ChunkedArray):
+                    column = column.combine_chunks()
+                if name in _TEXT:
+                    parts[name].append(self._codes(column, codes))
+                else:
+                    parts[name].append(column.fill_null(0).to_numpy(zero_copy_only=False))
+                    if column.null_count or name in ("fd", "offset", "size", "flags", "queue_id", "in_flight",
+                                                     "address", "prot"):
+                        parts[name + "?"].append(column.is_valid().to_numpy(zero_copy_only=False))
+        self.n = sum(len(p) for p in parts["ts_ns"])
+        empty = {name: np.int32 for name in _TEXT}
+        self.cols = {name: (np.concatenate(p) if p else np.zeros(0, empty.get(name, np.int64)))
+                     for name, p in parts.items()}
+        for name in _PLAN_COLUMNS:
+            self.cols.setdefault(name, np.zeros(0, np.int64))
+        order = None
+        ts = self.cols["ts_ns"]
+        if self.n and np.any(ts[1:] < ts[:-1]):
+            order = np.argsort(ts, kind="stable")
+            self.cols = {name: col[order] for name, col in self.cols.items()}
+
+    def _codes(self, column: pa.Array, codes: dict[str, int]) -> np.ndarray:
+        """Codes into ``texts`` (-1: null) of a string or dictionary column."""
+        if pa.types.is_dictionary(column.type):
+            values, indices = column.dictionary.to_pylist(), column.indices
+        else:
+            encoded = column.dictionary_encode()
+            values, indices = encoded.dictionary.to_pylist(), encoded.indices
+        lut = np.empty(len(values) + 1, np.int32)
+        for i, value in enumerate(values):
+            code = codes.get(value)
+            if code is None:
+                code = codes[value] = len(self.texts)
+                self.texts.append(value)
+            lut[i] = code
+        lut[-1] = -1
+        raw = indices.fill_null(len(values)).to_numpy(zero_copy_only=False).astype(np.int64)
+        return lut[raw]
+
+    def code(self, text: str) -> int:
+        try:
+            return self.texts.index(text)
+        except ValueError:
+            return -2  # matches nothing
+
+    def valid(self, name: str) -> np.ndarray:
+        return self.cols.get(name + "?", np.ones(self.n, bool))
+
+    def row(self, i: int) -> dict:
+        """Row ``i`` as the walk reads it (None for nulls)."""
+        out = {}
+        for name in _PLAN_COLUMNS:
+            value = self.cols[name][i]
+            if name in _TEXT:
+                out[name] = self.texts[value] if value >= 0 else None
+            elif not self.valid(name)[i]:
+                out[name] = None
+            else:
+                out[name] = int(value)
+        return out
+
+
+# -- the walk over the rows that change state --------------------------------------------------------------------
+
 class _Planner:
-    """Walks trace rows in order; holds the mutable bookkeeping a plan is built from."""
+    """Walks trace rows in order; holds the mutable bookkeeping a plan is built from. Reads and writes it
+    gets (``data`` rows) it only resolves to handles; their sizes and ranges are planned in bulk."""
 
     def __init__(self, strip_prefix: str | None, arch: str) -> None:
         self.strip_prefix = strip_prefix
         self.arch = arch
-        self.ops: dict[tuple[int, int], list[PlanOp]] = defaultdict(list)
+        self.ops: list[tuple[tuple[int, int], PlanOp]] = []
         self.ranks: dict[tuple[int, int], int] = {}
         self.slots: dict[tuple[int, int], int] = {}
         self.handle_path: dict[int, str] = {}
@@ -203,25 +297,34 @@ class _Planner:
         self.awaited: set[int] = set()
         self.file_of_path: dict[str, int] = {}
         self.handle_file: dict[int, int] = {}
-        self.coverage: dict[int, list[tuple[int, int]]] = {}
-        self.unverifiable: set[int] = set()
-        self.truncated: set[int] = set()
+        self.files = 0
+        self.truncations: list[tuple[int, int, int]] = []  # (file, seq, length): O_TRUNC, ftruncate
         self.precreated: dict[str, int] = {}
         self.queue_depths: dict[int, int] = {}
-        self.mappings: dict[int, list[tuple[int, int, int, int]]] = defaultdict(list)  # pid -> (addr, len, off, handle)
+        self.mappings: dict[int, list[tuple[int, int, int, int]]] = defaultdict(list)  # pid -> (addr, len, off, h)
+        self.bindings: list[tuple[int, int, int, int]] = []  # (pid, fd, seq, handle or -1): slot changes
+        self.data_ops: list[tuple[int, int, int, tuple[int, ...], int | None, int, bool]] = []
+        # ^ (row, handle, seq, deps, offset, size, mapped) of reads and writes the walk resolved
 
     def file(self, path: str) -> int:
         """The identity of the file now at ``path`` (a new one if none is known)."""
         fid = self.file_of_path.get(path)
         if fid is None:
-            fid = len(self.coverage)
+            fid = self.files
+            self.files += 1
             self.file_of_path[path] = fid
-            self.coverage[fid] = []
         return fid
 
     # -- helpers -------------------------------------------------------
     def rel(self, path: str | None) -> str | None:
         return relative_target_path(path, self.strip_prefix) if path else None
+
+    def emit(self, worker: tuple[int, int], op: PlanOp) -> None:
+        self.ops.append((worker, op))
+
+    def bind(self, pid: int, fd: int | None, seq: int, handle: int | None) -> None:
+        if fd is not None:
+            self.bindings.append((pid, fd, seq, NONE if handle is None else handle))
 
     def _dep(self, origin: tuple[int, tuple[int, int]] | None, worker: tuple[int, int], deps: list[int]) -> None:
         if origin is not None and origin[1] != worker:
@@ -257,14 +360,21 @@ class _Planner:
             if candidate_path == path and self.handle_refs[candidate] > 0:
                 self.handle_refs[candidate] += 1
                 self.slots[(pid, fd)] = candidate
+                self.bind(pid, fd, seq, candidate)
                 return candidate
         handle = self.new_handle(path, seq, worker)
         self.slots[(pid, fd)] = handle
+        self.bind(pid, fd, seq, handle)
         self.touch(path, creating=False)
-        self.ops[worker].append(PlanOp(seq=seq, kind="open", ts_ns=ts, handle=handle, path=path, flags=os.O_RDWR,
-                                       deps=self.path_deps(seq, worker, path)))
+        self.emit(worker, PlanOp(seq=seq, kind="open", ts_ns=ts, handle=handle, path=path, flags=os.O_RDWR,
+                                 deps=self.path_deps(seq, worker, path)))
         self.skipped["implicit_opens"] += 1
         return handle
+
+    def current_path(self, handle: int) -> str | None:
+        """Where the handle's file is now (renames followed); None once it was unlinked."""
+        fid = self.handle_file[handle]
+        return next((path for path, f in self.file_of_path.items() if f == fid), None)
 
     def touch(self, path: str, creating: bool) -> None:
         self.named.add(path)
@@ -278,16 +388,9 @@ class _Planner:
     def add(self, seq: int, row: dict) -> None:
         worker = (row["pid"], row["tid"])
         self.ranks.setdefault(worker, row["rank"])
-        op, ret = row["op"], row["ret"]
-        if op in v.RING_OPS:
-            self.skipped["queue_calls"] += 1  # the requests are rows of their own
-            return
-        if ret < 0:
-            self.skipped["failed"] += 1
-            return
-        handler = getattr(self, f"_row_{op}", None)
+        handler = getattr(self, f"_row_{row['op']}", None)
         if handler is None:
-            self.skipped[f"unsupported_{op}"] += 1
+            self.skipped[f"unsupported_{row['op']}"] += 1
             return
         handler(seq, worker, row)
 
@@ -305,9 +408,7 @@ class _Planner:
             self.touch(path, creating)
             if flags & os.O_TRUNC and flags & os.O_ACCMODE:
                 self.sizes[path] = 0
-                fid = self.file(path)
-                self.coverage[fid] = []
-                self.truncated.add(fid)
+                self.truncations.append((self.file(path), seq, 0))
             elif creating:
                 self.sizes.setdefault(path, 0)
         handle = self.new_handle(path, seq, worker)
@@ -315,8 +416,9 @@ class _Planner:
         if old is not None:
             self.handle_refs[old] -= 1
         self.slots[(row["pid"], row["fd"])] = handle
-        self.ops[worker].append(PlanOp(seq=seq, kind="open", ts_ns=row["ts_ns"], handle=handle, path=path,
-                                       flags=flags, deps=self.path_deps(seq, worker, path)))
+        self.bind(row["pid"], row["fd"], seq, handle)
+        self.emit(worker, PlanOp(seq=seq, kind="open", ts_ns=row["ts_ns"], handle=handle, path=path, flags=flags,
+                                 deps=self.path_deps(seq, worker, path)))
 
     def _fd_op(self, seq, worker, row) -> tuple[int, list[int]] | None:
         path = self.rel(row["path"])
@@ -333,9 +435,17 @@ class _Planner:
         if found is None:
             return None
         handle, deps = found
-        self.ops[worker].append(PlanOp(seq=seq, kind=kind, ts_ns=row["ts_ns"], handle=handle,
-                                       path=self.handle_path[handle], deps=tuple(deps), **values))
+        self.emit(worker, PlanOp(seq=seq, kind=kind, ts_ns=row["ts_ns"], handle=handle,
+                                 path=self.handle_path[handle], deps=tuple(deps), **values))
         return handle
+
+    def _row_copy(self, seq, worker, row) -> None:
+        """A host<->device copy: replayed before the I/O that followed it (``iolayer.gpu``), or skipped and
+        counted where no GPU is."""
+        self.emit(worker, PlanOp(seq=seq, kind="copy", ts_ns=row["ts_ns"], size=row["size"] or 0,
+                                 flags=gpu.encode(row["op"], row["memory_kind"])))
+
+    _row_copy_h2d = _row_copy_d2h = _row_copy_d2d = _row_copy_h2h = _row_copy_p2p = _row_copy_other = _row_copy
 
     def _row_close(self, seq, worker, row) -> None:
         found = self._fd_op(seq, worker, row)
@@ -343,9 +453,10 @@ class _Planner:
             return
         handle, deps = found
         self.slots.pop((row["pid"], row["fd"]), None)
+        self.bind(row["pid"], row["fd"], seq, None)
         self.handle_refs[handle] -= 1
-        self.ops[worker].append(PlanOp(seq=seq, kind="close", ts_ns=row["ts_ns"], handle=handle,
-                                       release=self.handle_refs[handle] <= 0, deps=tuple(deps)))
+        self.emit(worker, PlanOp(seq=seq, kind="close", ts_ns=row["ts_ns"], handle=handle,
+                                 release=self.handle_refs[handle] <= 0, deps=tuple(deps)))
 
     def _request(self, row) -> dict:
         """The queue of a request row (and its recorded depth), as PlanOp fields."""
@@ -365,54 +476,29 @@ class _Planner:
         return None
 
     def _row_write(self, seq, worker, row) -> None:
-        if row["interface"] == v.MMAP:
-            self._row_mapped(seq, worker, row, "write")
-            return
-        offset, size = row["offset"], row["ret"]
-        handle = self._append_fd_op(seq, worker, row, "write", offset=offset, size=size, **self._request(row))
-        if handle is None:
-            return
-        path = self.handle_path[handle]
-        self.bytes_to_write += size
-        fid = self.handle_file[handle]
-        if offset is None:
-            self.unverifiable.add(fid)
-        elif size > 0:
-            self.coverage[fid].append((offset, offset + size))
-        if offset is None:
-            self.sizes[path] = None
-        elif self.sizes.get(path, 0) is not None and size > 0:
-            self.sizes[path] = max(self.sizes.get(path) or 0, offset + size)
+        self._data_row(seq, worker, row, "write")
 
     def _row_read(self, seq, worker, row) -> None:
-        if row["interface"] == v.MMAP:
-            self._row_mapped(seq, worker, row, "read")
-            return
-        handle = self._append_fd_op(seq, worker, row, "read", offset=row["offset"], size=row["size"] or 0,
-                                    **self._request(row))
-        if handle is None:
-            return
-        path = self.handle_path[handle]
-        if row["offset"] is not None and not self.first_touch.get(path, False):
-            self.read_extent[path] = max(self.read_extent.get(path, 0), row["offset"] + max(row["ret"], 0))
+        self._data_row(seq, worker, row, "read")
 
-    def _row_mapped(self, seq, worker, row, kind: str) -> None:
-        """Pages read or written through a mapping: I/O on the mapping's handle at their file offset."""
-        found = self._mapped_handle(row["pid"], row["address"])
-        if found is None:
-            self.skipped["pages_outside_a_mapping"] += 1
+    def _data_row(self, seq, worker, row, kind: str) -> None:
+        """A read or write the walk gets (a descriptor no binding covered, a fixed file, pages): its handle."""
+        if row["interface"] == v.MMAP:
+            found = self._mapped_handle(row["pid"], row["address"])
+            if found is None:
+                self.skipped["pages_outside_a_mapping"] += 1
+                return
+            handle, offset = found
+            deps: list[int] = []
+            self._dep(self.handle_origin.get(handle), worker, deps)
+            self.data_ops.append((seq, handle, seq, tuple(deps), offset, row["size"] or 0, True))
             return
-        handle, offset = found
-        path, size = self.handle_path[handle], row["size"] or 0
-        deps: list[int] = []
-        self._dep(self.handle_origin.get(handle), worker, deps)
-        self.ops[worker].append(PlanOp(seq=seq, kind=kind, ts_ns=row["ts_ns"], handle=handle, path=path,
-                                       offset=offset, size=size, mapped=True, deps=tuple(deps)))
-        if kind == "write":
-            self.bytes_to_write += size
-            self.coverage[self.handle_file[handle]].append((offset, offset + size))
-        elif not self.first_touch.get(path, False):
-            self.read_extent[path] = max(self.read_extent.get(path, 0), offset + size)
+        self._request(row)
+        found = self._fd_op(seq, worker, row)
+        if found is None:
+            return
+        handle, deps = found
+        self.data_ops.append((seq, handle, seq, tuple(deps), row["offset"], None, False))
 
     def _row_mmap(self, seq, worker, row) -> None:
         """A file mapping: one ``mmap`` op that opens the file for the mapping (the program may close its
@@ -423,9 +509,9 @@ class _Planner:
             return
         handle = self.new_handle(path, seq, worker)
         self.touch(path, creating=False)
-        self.ops[worker].append(PlanOp(seq=seq, kind="mmap", ts_ns=row["ts_ns"], handle=handle, path=path,
-                                       offset=row["offset"] or 0, size=row["size"], flags=row["flags"],
-                                       prot=row["prot"], deps=self.path_deps(seq, worker, path)))
+        self.emit(worker, PlanOp(seq=seq, kind="mmap", ts_ns=row["ts_ns"], handle=handle, path=path,
+                                 offset=row["offset"] or 0, size=row["size"], flags=row["flags"], prot=row["prot"],
+                                 deps=self.path_deps(seq, worker, path)))
         self.mappings[row["pid"]].append((row["address"], row["size"] or 0, row["offset"] or 0, handle))
 
     def _row_munmap(self, seq, worker, row) -> None:
@@ -439,8 +525,8 @@ class _Planner:
         self.handle_refs[handle] -= 1
         deps: list[int] = []
         self._dep(self.handle_origin.get(handle), worker, deps)
-        self.ops[worker].append(PlanOp(seq=seq, kind="munmap", ts_ns=row["ts_ns"], handle=handle, release=True,
-                                       deps=tuple(deps)))
+        self.emit(worker, PlanOp(seq=seq, kind="munmap", ts_ns=row["ts_ns"], handle=handle, release=True,
+                                 deps=tuple(deps)))
 
     def _row_msync(self, seq, worker, row) -> None:
         found = self._mapped_handle(row["pid"], row["address"])
@@ -449,8 +535,8 @@ class _Planner:
             return
         deps: list[int] = []
         self._dep(self.handle_origin.get(found[0]), worker, deps)
-        self.ops[worker].append(PlanOp(seq=seq, kind="msync", ts_ns=row["ts_ns"], handle=found[0],
-                                       offset=found[1], size=row["size"], flags=row["flags"], deps=tuple(deps)))
+        self.emit(worker, PlanOp(seq=seq, kind="msync", ts_ns=row["ts_ns"], handle=found[0], offset=found[1],
+                                 size=row["size"], flags=row["flags"], deps=tuple(deps)))
 
     def _row_lseek(self, seq, worker, row) -> None:
         self._append_fd_op(seq, worker, row, "lseek", offset=row["offset"])
@@ -467,18 +553,17 @@ class _Planner:
     def _row_ftruncate(self, seq, worker, row) -> None:
         handle = self._append_fd_op(seq, worker, row, "ftruncate", size=row["size"])
         if handle is not None:
-            self.sizes[self.handle_path[handle]] = row["size"]
-            fid, length = self.handle_file[handle], row["size"] or 0
-            self.coverage[fid] = [(s, min(e, length)) for s, e in self.coverage[fid] if s < length]
-            self.truncated.add(fid)
+            if self.current_path(handle) is not None:
+                self.sizes[self.current_path(handle)] = row["size"]
+            self.truncations.append((self.handle_file[handle], seq, row["size"] or 0))
             self.bytes_to_write += row["size"] or 0
 
     def _row_fallocate(self, seq, worker, row) -> None:
         mode = row["flags"] or 0
         handle = self._append_fd_op(seq, worker, row, "fallocate", offset=row["offset"], size=row["size"], flags=mode)
         if handle is not None and not mode & v.FALLOC_FL_KEEP_SIZE:
-            path = self.handle_path[handle]
-            if self.sizes.get(path, 0) is not None:
+            path = self.current_path(handle)
+            if path is not None and self.sizes.get(path, 0) is not None:
                 self.sizes[path] = max(self.sizes.get(path) or 0, row["offset"] + row["size"])
             self.bytes_to_write += row["size"] or 0
 
@@ -492,8 +577,9 @@ class _Planner:
         if old is not None:
             self.handle_refs[old] -= 1
         self.slots[(row["pid"], row["ret"])] = handle
-        self.ops[worker].append(PlanOp(seq=seq, kind="dup", ts_ns=row["ts_ns"], handle=handle,
-                                       source_handle=source, deps=tuple(deps)))
+        self.bind(row["pid"], row["ret"], seq, handle)
+        self.emit(worker, PlanOp(seq=seq, kind="dup", ts_ns=row["ts_ns"], handle=handle, source_handle=source,
+                                 deps=tuple(deps)))
 
     def _row_fcntl(self, seq, worker, row) -> None:
         self._append_fd_op(seq, worker, row, "fcntl", flags=row["flags"])
@@ -504,14 +590,18 @@ class _Planner:
             self.skipped["no_path"] += 1
             return
         self.named.update((old, new))
+        if old != new:  # what the destination held is gone, replaced by the source
+            for table in (self.sizes, self.file_of_path):
+                for path in [p for p in table if p == new or p.startswith(new + "/")]:
+                    table.pop(path)
         prefix = old + "/"
         for path in [p for p in self.sizes if p == old or p.startswith(prefix)]:
             self.sizes[new + path[len(old):]] = self.sizes.pop(path)
         for path in [p for p in self.file_of_path if p == old or p.startswith(prefix)]:
             self.file_of_path[new + path[len(old):]] = self.file_of_path.pop(path)
         self.first_touch.setdefault(new, True)
-        self.ops[worker].append(PlanOp(seq=seq, kind="rename", ts_ns=row["ts_ns"], path=old, new_path=new,
-                                       flags=row["flags"], deps=self.path_deps(seq, worker, old, new)))
+        self.emit(worker, PlanOp(seq=seq, kind="rename", ts_ns=row["ts_ns"], path=old, new_path=new,
+                                 flags=row["flags"], deps=self.path_deps(seq, worker, old, new)))
 
     def _row_unlink(self, seq, worker, row) -> None:
         path = self.rel(row["path"])
@@ -522,8 +612,8 @@ class _Planner:
         self.first_touch.setdefault(path, False)
         self.sizes.pop(path, None)
         self.file_of_path.pop(path, None)
-        self.ops[worker].append(PlanOp(seq=seq, kind="unlink", ts_ns=row["ts_ns"], path=path, flags=row["flags"],
-                                       deps=self.path_deps(seq, worker, path)))
+        self.emit(worker, PlanOp(seq=seq, kind="unlink", ts_ns=row["ts_ns"], path=path, flags=row["flags"],
+                                 deps=self.path_deps(seq, worker, path)))
 
     def _row_mkdir(self, seq, worker, row) -> None:
         path = self.rel(row["path"])
@@ -533,60 +623,316 @@ class _Planner:
         deps = self.path_deps(seq, worker, path)
         self.made_dirs.add(path)
         self.mkdir_seq[path] = (seq, worker)
-        self.ops[worker].append(PlanOp(seq=seq, kind="mkdir", ts_ns=row["ts_ns"], path=path, deps=deps))
+        self.emit(worker, PlanOp(seq=seq, kind="mkdir", ts_ns=row["ts_ns"], path=path, deps=deps))
 
-    # -- result --------------------------------------------------------
     def _under_made_dir(self, path: str) -> bool:
         return any(path == d or path.startswith(d + "/") for d in self.made_dirs)
 
-    def finish(self, strategy: str) -> ReplayPlan:
-        precreate_files = tuple(sorted(
-            (path, self.read_extent.get(path, 0)) for path, creating in self.first_touch.items()
-            if not creating and path not in self.made_dirs and path not in self.opened_dirs
-        ))
-        dirs = {d for d in self.opened_dirs if not self._under_made_dir(d)}
-        for path in self.named:
-            for parent in _ancestors(path):
-                if not self._under_made_dir(parent):
-                    dirs.add(parent)
-        final_path = {fid: path for path, fid in self.file_of_path.items()}
-        key_of = {fid: file_key(path) for fid, path in final_path.items()}
-        for path, extent in precreate_files:
-            fid = self.precreated[path]
-            if fid not in self.truncated and extent:
-                self.coverage[fid].insert(0, (0, extent))
-        workers = tuple(
-            WorkerPlan(pid=pid, tid=tid, rank=self.ranks[(pid, tid)], ops=tuple(
-                dataclasses.replace(op, pattern_key=key_of.get(self.handle_file[op.handle], 0))
-                if op.kind == "write" else op for op in ops))
-            for (pid, tid), ops in sorted(self.ops.items()) if ops
-        )
-        expected = {path: size for path, size in self.sizes.items() if size is not None}
-        for path, extent in precreate_files:
-            if path in expected:
-                expected[path] = max(expected[path], extent)
-        return ReplayPlan(
-            strategy=strategy,
-            workers=workers,
-            precreate_dirs=tuple(sorted(dirs, key=lambda d: (d.count("/"), d))),
-            precreate_files=precreate_files,
-            skipped_ops=MappingProxyType(dict(self.skipped)),
-            bytes_to_write=self.bytes_to_write + sum(size for _, size in precreate_files),
-            awaited=frozenset(self.awaited),
-            pattern_keys=MappingProxyType({path: key_of.get(self.precreated[path], 0) for path, _ in precreate_files}),
-            checks=PlanChecks(
-                expected_sizes=MappingProxyType(expected),
-                verify_ranges=MappingProxyType({
-                    path: _clipped(merge_ranges(self.coverage[fid]), expected[path])
-                    for path, fid in sorted(self.file_of_path.items())
-                    if fid not in self.unverifiable and path in expected
-                }),
-                unverifiable=tuple(sorted(p for p, fid in self.file_of_path.items() if fid in self.unverifiable)),
-            ),
-            files=FileIdentity(handle_files=MappingProxyType(dict(self.handle_file)),
-                               file_paths=MappingProxyType(final_path)),
-            queue_depths=MappingProxyType(dict(self.queue_depths)),
-        )
+
+# -- reads and writes in bulk ----------------------------------------------------------------------------------
+
+def _asof_handles(bindings: list[tuple[int, int, int, int]], pid: np.ndarray, fd: np.ndarray,
+                  seq: np.ndarray) -> np.ndarray:
+    """The handle bound to (pid, fd) just before each ``seq`` (-1 where none): an as-of join on the slot
+    changes the walk recorded (a change at the row's own seq counts only for rows after it)."""
+    if not bindings or not len(seq):
+        return np.full(len(seq), NONE, np.int64)
+    b = np.array(bindings, np.int64)
+    b_key = (b[:, 0] << 32) | (b[:, 1] & 0xFFFFFFFF)
+    key = (pid.astype(np.int64) << 32) | (fd.astype(np.int64) & 0xFFFFFFFF)
+    keys, key_ids = np.unique(np.concatenate([b_key, key]), return_inverse=True)
+    b_id, id_ = key_ids[:len(b_key)], key_ids[len(b_key):]
+    span = int(max(b[:, 2].max(), seq.max())) + 2
+    b_pos = b_id * span + b[:, 2]
+    order = np.argsort(b_pos, kind="stable")
+    b_pos, b_handle = b_pos[order], b[order, 3]
+    at = np.searchsorted(b_pos, id_ * span + seq, side="left") - 1  # the last change strictly before the row
+    found = (at >= 0) & (b_pos[np.maximum(at, 0)] // span == id_)
+    return np.where(found, b_handle[np.maximum(at, 0)], NONE)
+
+
+def _group_max(keys: np.ndarray, values: np.ndarray, size: int, initial: int = 0) -> np.ndarray:
+    out = np.full(size, initial, np.int64)
+    if len(keys):
+        np.maximum.at(out, keys, values)
+    return out
+
+
+def _merge_grouped(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> dict[int, list[tuple[int, int]]]:
+    """Per group, the union of [start, end) ranges (sorted; touching ranges merge), vectorised."""
+    keep = ends > starts
+    groups, starts, ends = groups[keep], starts[keep], ends[keep]
+    if not len(groups):
+        return {}
+    order = np.lexsort((starts, groups))
+    groups, starts, ends = groups[order], starts[order], ends[order]
+    bounds = np.flatnonzero(np.diff(groups)) + 1
+    out: dict[int, list[tuple[int, int]]] = {}
+    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(groups)]):
+        s, e = starts[lo:hi], np.maximum.accumulate(ends[lo:hi])
+        new = np.r_[True, s[1:] > e[:-1]]
+        first = np.flatnonzero(new)
+        last = np.r_[first[1:] - 1, len(s) - 1]
+        out[int(groups[lo])] = list(zip(s[first].tolist(), e[last].tolist()))
+    return out
+
+
+def _clip_by_truncations(fids: np.ndarray, seqs: np.ndarray, ends: np.ndarray,
+                         truncations: list[tuple[int, int, int]]) -> np.ndarray:
+    """Each range end cut at the smallest length its file was truncated to after it (O_TRUNC: 0)."""
+    if not truncations or not len(fids):
+        return ends
+    t = np.array(truncations, np.int64)
+    out = ends.copy()
+    for fid in np.unique(t[:, 0]):
+        mine = t[t[:, 0] == fid]
+        mine = mine[np.argsort(mine[:, 1], kind="stable")]
+        suffix_min = np.minimum.accumulate(mine[::-1, 2])[::-1]  # smallest length from each truncation on
+        rows = np.flatnonzero(fids == fid)
+        if not len(rows):
+            continue
+        after = np.searchsorted(mine[:, 1], seqs[rows], side="right")  # first truncation after the write
+        cut = np.where(after < len(mine), suffix_min[np.minimum(after, len(mine) - 1)], np.iinfo(np.int64).max)
+        out[rows] = np.minimum(out[rows], cut)
+    return out
+
+
+HOST_ARCH = v.host_arch()
+
+
+def build_posix_plan(trace: pa.Table | Iterable[pa.RecordBatch], strip_prefix: str | None = None, *,
+                     arch: str = v.X86_64) -> ReplayPlan:
+    """Plan the replay of a trace (a table, or record batches of at least the planner's columns) recorded
+    on ``arch``, operation for operation, as recorded.
+
+    Pure: reads only the rows. Rows are taken in ``ts_ns`` order; open flags
+    become this machine's. Raises ReplayError on a path with a NUL byte or a
+    trace of an architecture whose open flags are unknown.
+    """
+    if v.normalize_arch(arch) not in v.OPEN_FLAGS:
+        raise ReplayError(f"the trace was recorded on {arch}, whose open flags this release does not know "
+                          f"(known: {', '.join(v.ARCHES)})")
+    if isinstance(trace, pa.Table):
+        trace = [trace.select(list(_PLAN_COLUMNS))]
+    rows = _Rows(trace)
+    c = rows.cols
+    op, ret, interface = c["op"], c["ret"], c["interface"]
+    ring = np.isin(op, [rows.code(name) for name in _RING])
+    failed = ~ring & (ret < 0)
+    data = (~ring & ~failed & np.isin(op, [rows.code("read"), rows.code("write")])
+            & (interface != rows.code(v.MMAP)) & rows.valid("fd"))
+    control = ~ring & ~failed & ~data
+    skipped = Counter()
+    if ring.any():
+        skipped["queue_calls"] = int(ring.sum())  # the requests are rows of their own
+    if failed.any():
+        skipped["failed"] = int(failed.sum())
+    data_rows = np.flatnonzero(data)
+    seq = np.arange(rows.n, dtype=np.int64)
+
+    # The walk, then the as-of join; reads and writes no binding covers join the walk, which then runs again.
+    walked = np.flatnonzero(control)
+    planner = _walk(rows, walked, strip_prefix, arch)
+    handles = _asof_handles(planner.bindings, c["pid"][data_rows], c["fd"][data_rows], data_rows)
+    unbound = handles < 0
+    if unbound.any():
+        walked = np.union1d(walked, data_rows[unbound])
+        planner = _walk(rows, walked, strip_prefix, arch)
+        data_rows = data_rows[~unbound]
+        handles = _asof_handles(planner.bindings, c["pid"][data_rows], c["fd"][data_rows], data_rows)
+    skipped.update(planner.skipped)
+    return _finish(rows, planner, data_rows, handles, seq, skipped, strip_prefix)
+
+
+def _walk(rows: _Rows, walked: np.ndarray, strip_prefix: str | None, arch: str) -> _Planner:
+    planner = _Planner(strip_prefix, arch)
+    for i in walked.tolist():
+        planner.add(i, rows.row(i))
+    return planner
+
+
+def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray, seq: np.ndarray,
+            skipped: Counter, strip_prefix: str | None) -> ReplayPlan:
+    c = rows.cols
+    # Every read and write: the bulk ones and those the walk resolved.
+    walked = np.array([d[0] for d in p.data_ops], np.int64)
+    w_handle = np.array([d[1] for d in p.data_ops], np.int64)
+    w_mapped = np.array([d[6] for d in p.data_ops], bool)
+    w_offset = np.array([NONE if d[4] is None else d[4] for d in p.data_ops], np.int64)
+    w_size = np.array([d[5] or 0 for d in p.data_ops], np.int64)
+    row = np.concatenate([data_rows, walked])
+    handle = np.concatenate([handles, w_handle]).astype(np.int64)
+    mapped = np.concatenate([np.zeros(len(data_rows), bool), w_mapped])
+    is_write = c["op"][row] == rows.code("write")
+    ret = c["ret"][row]
+    offset_known = np.where(mapped, True, rows.valid("offset")[row])
+    offset = np.where(mapped, np.concatenate([np.zeros(len(data_rows), np.int64), w_offset]),
+                      np.where(offset_known, c["offset"][row], NONE))
+    requested = np.where(rows.valid("size")[row], c["size"][row], 0)
+    size = np.where(mapped, np.concatenate([np.zeros(len(data_rows), np.int64), w_size]),
+                    np.where(is_write, ret, requested))
+    queue = np.where(~mapped & rows.valid("queue_id")[row] & np.isin(c["interface"][row], [
+        rows.code(v.IO_URING), rows.code(v.LIBAIO)]), c["queue_id"][row], NONE)
+    workers_of = (c["pid"].astype(np.int64) << 32) | (c["tid"].astype(np.int64) & 0xFFFFFFFF)
+
+    # Handles, files, origins as arrays.
+    n_handles = p.next_handle
+    handle_file = np.full(max(n_handles, 1), NONE, np.int64)
+    origin_seq = np.full(max(n_handles, 1), NONE, np.int64)
+    origin_worker = np.full(max(n_handles, 1), NONE, np.int64)
+    for h, fid in p.handle_file.items():
+        handle_file[h] = fid
+        s, (pid, tid) = p.handle_origin[h]
+        origin_seq[h], origin_worker[h] = s, (pid << 32) | (tid & 0xFFFFFFFF)
+    fid = handle_file[handle] if len(handle) else np.zeros(0, np.int64)
+    row_worker = workers_of[row]
+
+    # Cross-worker waits of the bulk rows (the walk's rows carry theirs).
+    bulk = np.arange(len(row)) < len(data_rows)
+    needs = bulk & (origin_worker[handle] != row_worker) if len(handle) else np.zeros(0, bool)
+    awaited = set(p.awaited) | set(origin_seq[handle[needs]].tolist())
+
+    # Queue depths of the bulk requests.
+    depths = dict(p.queue_depths)
+    has_queue = bulk & (queue >= 0)
+    if has_queue.any():
+        qs, depth = queue[has_queue], np.maximum(np.where(rows.valid("in_flight")[row[has_queue]],
+                                                          c["in_flight"][row[has_queue]], 1), 1)
+        order = np.lexsort((depth, qs))  # per queue, its deepest request last
+        last = np.r_[np.flatnonzero(np.diff(qs[order])), len(order) - 1]
+        for q, d in zip(qs[order][last].tolist(), depth[order][last].tolist()):
+            depths[q] = max(depths.get(q, 1), d)
+
+    # Sizes: per file, the largest end of the writes after its last truncation; unknown offsets make it None.
+    n_files = max(p.files, 1)
+    writes = is_write & (size > 0)
+    w_end = offset + size
+    last_trunc = np.full(n_files, -1, np.int64)
+    for f, s, _ in p.truncations:
+        last_trunc[f] = max(last_trunc[f], s)
+    # (Pages written back through a mapping never grow a file: only the calls that sized it do.)
+    after = writes & ~mapped & (row > last_trunc[fid]) if len(fid) else writes
+    file_end = _group_max(fid[after & offset_known], w_end[after & offset_known], n_files)
+    unknown_after = np.zeros(n_files, bool)
+    if len(fid):
+        unknown_after[fid[is_write & ~mapped & ~offset_known & (row > last_trunc[fid])]] = True
+    bytes_to_write = p.bytes_to_write + int(size[is_write].sum())
+
+    # Read extents of files the trace did not create (their content is made before the clock).
+    reads = ~is_write & offset_known
+    read_end = offset + np.where(mapped, size, np.maximum(ret, 0))
+    handle_read_end = _group_max(handle[reads], read_end[reads], max(n_handles, 1))
+    read_extent = dict(p.read_extent)
+    for h in np.flatnonzero(handle_read_end).tolist():
+        path = p.handle_path[h]
+        if not p.first_touch.get(path, False):
+            read_extent[path] = max(read_extent.get(path, 0), int(handle_read_end[h]))
+
+    # Final paths, pattern keys, sizes.
+    final_path = {f: path for path, f in p.file_of_path.items()}
+    key_of = np.zeros(n_files, np.int16)
+    for f, path in final_path.items():
+        key_of[f] = file_key(path)
+    parents = {a for path in p.first_touch for a in _ancestors(path)}  # a path with files under it is a directory
+    precreate_files = tuple(sorted(
+        (path, read_extent.get(path, 0)) for path, creating in p.first_touch.items()
+        if not creating and path not in p.made_dirs and path not in p.opened_dirs and path not in parents))
+    expected = {}
+    written = np.zeros(n_files, bool)
+    written[fid[after & offset_known]] = True
+    for path, py_size in p.sizes.items():
+        f = p.file_of_path.get(path)
+        if py_size is None or (f is not None and unknown_after[f]) or path in parents:
+            continue
+        expected[path] = max(py_size, int(file_end[f])) if f is not None else py_size
+    for path, f in p.file_of_path.items():  # files the walk never sized, written at known offsets
+        if path not in p.sizes and written[f] and not unknown_after[f]:
+            expected[path] = int(file_end[f])
+    for path, extent in precreate_files:
+        if path in expected:
+            expected[path] = max(expected[path], extent)
+
+    # Ranges --verify checks: writes clipped by later truncations, plus precreated content never truncated.
+    known_writes = writes & offset_known
+    ends = _clip_by_truncations(fid[known_writes], row[known_writes], w_end[known_writes], p.truncations)
+    groups = [fid[known_writes]]
+    starts, range_ends = [offset[known_writes]], [ends]
+    truncated = {t[0] for t in p.truncations}
+    for path, extent in precreate_files:
+        f = p.precreated.get(path)
+        if f is not None and f not in truncated and extent:
+            groups.append(np.array([f]))
+            starts.append(np.array([0]))
+            range_ends.append(np.array([extent]))
+    covered = _merge_grouped(np.concatenate(groups), np.concatenate(starts), np.concatenate(range_ends))
+    unverifiable = set(np.unique(fid[is_write & ~offset_known]).tolist()) if len(fid) else set()
+
+    # The operations: the walk's, and the reads and writes, in one table ordered by worker and row.
+    walk_ops = [op for _, op in p.ops]
+    walk_workers = np.array([(pid << 32) | (tid & 0xFFFFFFFF) for (pid, tid), _ in p.ops], np.int64)
+    worker_keys = np.unique(np.concatenate([walk_workers, row_worker]))
+    path_list = list(dict.fromkeys([*p.handle_path.values(), *(x for op in walk_ops for x in (op.path, op.new_path)
+                                                                if x)]))
+    path_index = {path: i for i, path in enumerate(path_list)}
+    handle_path = np.full(max(n_handles, 1), NONE, np.int32)
+    for h, path in p.handle_path.items():
+        handle_path[h] = path_index[path]
+    walk_table = OpTable.from_ops(np.searchsorted(worker_keys, walk_workers).tolist(), walk_ops, path_list)
+    bulk_deps = np.where(needs, origin_seq[handle] if len(handle) else 0, NONE)[bulk]
+    walk_deps = [d[3] for d in p.data_ops]
+    dep_lengths = np.concatenate([(bulk_deps >= 0).astype(np.int64),
+                                  np.array([len(d) for d in walk_deps], np.int64)])
+    dep_ptr = np.concatenate([[0], np.cumsum(dep_lengths)]).astype(np.int64)
+    dep_seq = np.concatenate([bulk_deps[bulk_deps >= 0], np.array([x for d in walk_deps for x in d], np.int64)])
+    data_table = OpTable.from_columns({
+        "kind": np.where(is_write, WRITE, READ), "seq": row, "ts_ns": c["ts_ns"][row],
+        "worker": np.searchsorted(worker_keys, row_worker), "handle": handle,
+        "path": handle_path[handle] if len(handle) else np.zeros(0, np.int32), "offset": offset, "size": size,
+        "pattern_key": np.where(is_write, key_of[fid] if len(fid) else 0, 0), "queue": queue, "mapped": mapped,
+    }, dep_ptr, dep_seq, walk_table.paths)
+    table = concat([walk_table, data_table])
+    # Same worker and row: the walk's operations first (an implicit open precedes the read it is for).
+    source = np.concatenate([np.arange(len(walk_table)), np.full(len(data_table), len(walk_table))])
+    order = np.lexsort((source, table.seq, table.worker))
+    table = table.take(order)
+
+    workers = tuple(WorkerPlan(pid=int(k >> 32), tid=int(k & 0xFFFFFFFF), rank=_rank_of(p, rows, k, workers_of))
+                    for k in worker_keys.tolist())
+    workers = _workers_of(table, workers)
+    dirs = {d for d in p.opened_dirs if not p._under_made_dir(d)}
+    for path in p.named:
+        for parent in _ancestors(path):
+            if not p._under_made_dir(parent):
+                dirs.add(parent)
+    return ReplayPlan(
+        strategy="posix",
+        workers=workers,
+        precreate_dirs=tuple(sorted(dirs, key=lambda d: (d.count("/"), d))),
+        precreate_files=precreate_files,
+        skipped_ops=MappingProxyType(dict(skipped)),
+        bytes_to_write=bytes_to_write + sum(size for _, size in precreate_files),
+        awaited=frozenset(awaited),
+        pattern_keys=MappingProxyType({path: int(key_of[p.precreated[path]]) if path in p.precreated else 0
+                                       for path, _ in precreate_files}),
+        checks=PlanChecks(
+            expected_sizes=MappingProxyType(expected),
+            verify_ranges=MappingProxyType({
+                path: _clipped(covered.get(f, []), expected[path]) for path, f in sorted(p.file_of_path.items())
+                if f not in unverifiable and path in expected}),
+            unverifiable=tuple(sorted(path for path, f in p.file_of_path.items() if f in unverifiable)),
+        ),
+        files=FileIdentity(handle_files=MappingProxyType(dict(p.handle_file)), file_paths=MappingProxyType(final_path)),
+        queue_depths=MappingProxyType(depths),
+        ops=table,
+    )
+
+
+def _rank_of(p: _Planner, rows: _Rows, key: int, workers_of: np.ndarray) -> int:
+    worker = (key >> 32, key & 0xFFFFFFFF)
+    if worker in p.ranks:
+        return p.ranks[worker]
+    first = int(np.argmax(workers_of == key))
+    return int(rows.cols["rank"][first])
 
 
 def _clipped(ranges: list[tuple[int, int]], size: int) -> tuple[tuple[int, int], ...]:
@@ -604,29 +950,3 @@ def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
             merged.append([start, end])
     return [(start, end) for start, end in merged]
 
-
-_PLAN_COLUMNS = ("ts_ns", "pid", "tid", "rank", "op", "fd", "path", "new_path", "offset", "size", "ret", "flags",
-                 "interface", "queue_id", "in_flight", "address", "prot")
-
-
-HOST_ARCH = v.host_arch()
-
-
-def build_posix_plan(table: pa.Table, strip_prefix: str | None = None, *, arch: str = v.X86_64) -> ReplayPlan:
-    """Plan the replay of ``table`` (a trace recorded on ``arch``) operation for operation, as recorded.
-
-    Pure: reads only the table. Rows are taken in ``ts_ns`` order; open flags
-    become this machine's. Raises ReplayError on a path with a NUL byte or a
-    trace of an architecture whose open flags are unknown.
-    """
-    if v.normalize_arch(arch) not in v.OPEN_FLAGS:
-        raise ReplayError(f"the trace was recorded on {arch}, whose open flags this release does not know "
-                          f"(known: {', '.join(v.ARCHES)})")
-    table = table.select(list(_PLAN_COLUMNS))
-    if table.num_rows:
-        table = table.sort_by([("ts_ns", "ascending")])
-    planner = _Planner(strip_prefix, arch)
-    columns = {name: table.column(name).to_pylist() for name in _PLAN_COLUMNS}
-    for seq in range(table.num_rows):
-        planner.add(seq, {name: columns[name][seq] for name in _PLAN_COLUMNS})
-    return planner.finish("posix")

@@ -3,19 +3,28 @@
 Writes carry the pattern (``iolayer.pattern``) from a page-aligned pattern
 buffer, so files opened with O_DIRECT are written as the application wrote
 them; where the target's file system refuses O_DIRECT the file is opened
-without it and the result notes it.
-Writes and reads with a known offset use pwrite(2)/preadv(2) at that
-offset; those whose offset the trace did not know use write(2)/readv(2)
-at the current file position. A vectored call replays as one buffer of
-its total size (the trace keeps iovec counts, not each iovec's length).
+without it and the result notes it. Writes and reads with a known offset use
+pwrite(2)/pread(2) at that offset; those whose offset the trace did not know
+use write(2)/read(2) at the current file position. A vectorised call replays
+as one buffer of its total size (the trace keeps iovec counts, not each
+iovec's length).
+
+How it keeps up with the applications it replays: a worker's operations are
+cut into *runs*, maximal stretches of reads and writes at known offsets
+(lseeks in between are done on the way; they move only the position, which
+those calls do not use) that no other worker waits in the middle of. A run
+is one array of requests handed to the I/O layer's C loop (``pio_run``:
+pwrite/pread one after another, as recorded), with one Python step per run
+rather than per operation; everything else runs one operation at a time.
+Run boundaries: an operation other workers wait for ends a run (they are
+signalled after it), an operation that waits for others starts one.
 
 Requests replay as requests: the io_uring and libaio rows of one recorded
-queue go, asynchronously, through one ring of this worker
-(``iolayer.ring.Ring``) with at most the queue's recorded depth in flight
-(libaio requests too: io_uring carries the same reads, writes and syncs);
-before any other operation of the worker, its rings are drained, so
-the recorded order between a program's system calls and its requests holds.
-Where io_uring is unavailable they run as system calls, and the result says so.
+queue go, as runs of their own, through a ring of this worker
+(``iolayer.ring.Ring.run``) with at most the queue's recorded depth in
+flight (libaio requests too: io_uring carries the same reads, writes and
+syncs). Where io_uring is unavailable they run as system calls, and the
+result says so.
 
 Mapped I/O replays as mapped I/O: ``mmap`` maps the file as recorded
 (``iolayer.mapping.FileMapping``), pages read through it are copied out
@@ -34,20 +43,28 @@ import threading
 import time
 from typing import Protocol
 
+import numpy as np
+
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats.vocabulary import AT_REMOVEDIR
-from ckpt_trace.iolayer import files, pattern
+from ckpt_trace.iolayer import files, gpu, pattern
+from ckpt_trace.iolayer import ring as rings
 from ckpt_trace.iolayer.buffers import PAGE_BYTES, AlignedBuffer, pattern_buffer
 from ckpt_trace.iolayer.mapping import MAP_SHARED, PROT_WRITE, FileMapping
 from ckpt_trace.iolayer.ring import Ring, RingUnavailable
 from ckpt_trace.stats import percentiles_ns
 
+from .optable import KIND, NONE, READ, WRITE, OpTable, PlanOp
 from .pack import INDEX_PATH
 from .paths import TargetRoot
-from .plan import DATA_KINDS, METADATA_KINDS, PlanOp, ReplayPlan, WorkerPlan
+from .plan import DATA_KINDS, METADATA_KINDS, ReplayPlan, WorkerPlan
 from .results import ReplayResult
 
 O_NOFOLLOW = os.O_NOFOLLOW
+_LSEEK = KIND["lseek"]
+_COPY = KIND["copy"]
+_METADATA_CODES = np.array([KIND[k] for k in METADATA_KINDS if k in KIND], np.int8)
+_ALL = np.iinfo(np.uint64).max  # REQUEST_DTYPE "off" meaning the file position
 
 
 class Progress(Protocol):
@@ -64,20 +81,35 @@ def _op_error(op: PlanOp, err: OSError) -> ReplayError:
     return ReplayError(f"replay failed at {op.kind} {op.path or ''}: {err.strerror or err}".replace("  ", " "))
 
 
+class Segments:
+    """A worker's rows cut into runs (see the module docstring): ``starts``/``stops`` (table rows) and
+    ``batched`` (a run handed to the C loop, or a single row run one operation at a time)."""
+
+    def __init__(self, starts: np.ndarray, stops: np.ndarray, batched: np.ndarray) -> None:
+        self.starts, self.stops, self.batched = starts, stops, batched
+
+
 class PosixExecutor:
     """Executes plans with POSIX syscalls under one target directory.
 
     Call order: ``prepare(plan)`` creates the directories and pre-existing
-    files outside the timed region, then ``run(plan, ...)`` replays and
-    returns a ``ReplayResult``. Called by ``replayer.replay``.
+    files and cuts each worker's operations into runs, outside the timed
+    region, then ``run(plan, ...)`` replays and returns a ``ReplayResult``.
+    Called by ``replayer.replay``.
     """
 
     strategy = "posix"
     maps_files = True  # mapped I/O through mappings (others replay it as reads and writes)
+    queues_as_recorded = True  # request rows through a ring per recorded queue (others: their own submission)
+    batch_key_kind = False  # whether runs must not mix reads and writes (concurrent submission)
 
     def __init__(self, root: TargetRoot, max_io_bytes: int) -> None:
         self.root = root
         self.max_io_bytes = max_io_bytes
+        self._segments: dict[int, Segments] = {}
+        self.gpu_copies = "recorded"  # recorded | pinned | skip: what copy operations become (set by replay)
+        self._copiers: dict[int, gpu.DeviceCopier] = {}
+        self._copies_skipped_why: str | None = None
 
     # -- before the clock ----------------------------------------------
     def prepare(self, plan: ReplayPlan) -> None:
@@ -90,6 +122,30 @@ class PosixExecutor:
                 self._precreate(self.root.resolve(rel), size, plan.pattern_keys.get(rel, 0))
         except OSError as err:
             raise ReplayError(f"cannot prepare the target: {err.strerror or err} ({err.filename})") from None
+        self._segments = {index: self.segments(plan, worker) for index, worker in enumerate(plan.workers)}
+        self._prepare_copies(plan)
+
+    def _prepare_copies(self, plan: ReplayPlan) -> None:
+        """Device and host buffers for the workers that replay host<->device copies, before the clock; or
+        the reason copies are skipped."""
+        t = plan.ops
+        copies = t.kind == _COPY
+        if not copies.any():
+            return
+        why = "--gpu-copies skip" if self.gpu_copies == "skip" else gpu.probe()
+        if why is not None:
+            self._copies_skipped_why = why
+            return
+        for index, worker in enumerate(plan.workers):
+            rows = slice(worker.start, worker.stop)
+            mine = copies[rows]
+            if mine.any():
+                largest = int(t.size[rows][mine].max())
+                try:
+                    self._copiers[index] = gpu.DeviceCopier(largest, pinned_staging=self.gpu_copies == "pinned")
+                except (RuntimeError, MemoryError) as err:
+                    raise ReplayError(f"cannot stage host<->device copies of {largest} B: {str(err).splitlines()[0]}"
+                                      ) from None
 
     def _precreate(self, path: str, size: int, key: int) -> None:
         buf = pattern_buffer(min(size, self.max_io_bytes) or PAGE_BYTES)
@@ -105,15 +161,63 @@ class PosixExecutor:
             view.release()
             buf.close()
 
+    def batchable(self, plan: ReplayPlan, rows: slice) -> np.ndarray:
+        """Which rows may be part of a run: reads and writes at known offsets (not through a mapping,
+        not a recorded queue's requests, which run as their queue's runs)."""
+        t = plan.ops
+        kind = t.kind[rows]
+        ok = ((kind == READ) | (kind == WRITE)) & (t.offset[rows] >= 0)
+        if self.maps_files:
+            ok &= ~t.mapped[rows]
+        return ok
+
+    def segments(self, plan: ReplayPlan, worker: WorkerPlan) -> Segments:
+        """Cut a worker's rows into runs. Pure (reads only the plan)."""
+        t, lo, hi = plan.ops, worker.start, worker.stop
+        rows = slice(lo, hi)
+        n = hi - lo
+        if n == 0:
+            return Segments(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool))
+        batch = self.batchable(plan, rows)
+        awaited = (np.isin(t.seq[rows], np.fromiter(plan.awaited, np.int64, len(plan.awaited)))
+                   if plan.awaited else np.zeros(n, bool))
+        has_deps = (t.dep_ptr[lo + 1:hi + 1] - t.dep_ptr[lo:hi]) > 0
+        queue = t.queue[rows] if self.queues_as_recorded else np.full(n, NONE)
+        # lseeks ride along inside runs (they move only the position, which runs do not use)
+        rider = (t.kind[rows] == _LSEEK) & ~awaited & ~has_deps
+        member = batch | rider
+        key = queue * 4 + (t.kind[rows] == READ) * self.batch_key_kind
+        start = np.ones(n, bool)
+        start[1:] = (~member[1:] | ~member[:-1] | has_deps[1:] | awaited[:-1]
+                     | ((key[1:] != key[:-1]) & batch[1:] & batch[:-1]))
+        starts = np.flatnonzero(start)
+        stops = np.r_[starts[1:], n]
+        data_in = np.add.reduceat(batch.astype(np.int64), starts) if len(starts) else np.zeros(0, np.int64)
+        keys_ok = self._uniform_keys(key, batch, starts, stops)
+        batched = (data_in >= 2) & keys_ok
+        return Segments(starts + lo, stops + lo, batched)
+
+    @staticmethod
+    def _uniform_keys(key: np.ndarray, batch: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+        """Whether every data row of each run has the same key (riders may sit between different keys)."""
+        masked = np.where(batch, key, np.iinfo(np.int64).min)
+        hi = np.maximum.reduceat(masked, starts)
+        lo_ = np.minimum.reduceat(np.where(batch, key, np.iinfo(np.int64).max), starts)
+        return (hi == lo_) | (hi == np.iinfo(np.int64).min)
+
     # -- the timed run -------------------------------------------------
     def run(self, plan: ReplayPlan, *, timing: str = "asap", progress: Progress | None = None,
             durable: bool = False) -> ReplayResult:
         """Replay ``plan``; ``durable`` fsyncs every file the plan leaves behind before the clock stops."""
+        if not self._segments and plan.workers:
+            self._segments = {index: self.segments(plan, worker) for index, worker in enumerate(plan.workers)}
         state = _RunState(plan)
-        threads = [threading.Thread(target=self._thread_main, args=(w, state, timing, progress), daemon=True)
-                   for w in plan.workers]
+        threads = [threading.Thread(target=self._thread_main, args=(i, w, plan, state, timing, progress), daemon=True)
+                   for i, w in enumerate(plan.workers)]
         if progress is not None:
-            progress.start(sum(op.size or 0 for w in plan.workers for op in w.ops if op.kind in DATA_KINDS), self.strategy)
+            t = plan.ops
+            data = (t.kind == READ) | (t.kind == WRITE)
+            progress.start(int(np.maximum(t.size[data], 0).sum()), self.strategy)
         usage0 = resource.getrusage(resource.RUSAGE_SELF)
         state.start_ns = time.monotonic_ns()
         for thread in threads:
@@ -134,15 +238,27 @@ class PosixExecutor:
         elapsed_s = (time.monotonic_ns() - state.start_ns) / 1e9
         usage1 = resource.getrusage(resource.RUSAGE_SELF)
         self._close_all(state)
+        for copier in self._copiers.values():
+            copier.close()
         if state.error is not None:
             raise state.error
+        copies = int((plan.ops.kind == _COPY).sum())
+        gpu_copies = None
+        if copies:
+            skipped = copies - state.copies_executed
+            gpu_copies = {"mode": self.gpu_copies, "executed": state.copies_executed, "skipped": skipped,
+                          "bytes": state.copy_bytes, "elapsed_s": state.copy_ns / 1e9,
+                          "skipped_why": self._copies_skipped_why}
+            if skipped:
+                state.notes.add(f"{skipped} host<->device copy rows skipped: {self._copies_skipped_why}")
         return ReplayResult(
             strategy=self.strategy, elapsed_s=elapsed_s, bytes_written=state.bytes_written,
             bytes_read=state.bytes_read, data_ops=state.data_ops, metadata_ops=state.metadata_ops,
-            latency_ns=percentiles_ns(state.latencies_ns), cpu_user_s=usage1.ru_utime - usage0.ru_utime,
-            cpu_sys_s=usage1.ru_stime - usage0.ru_stime, skipped_ops=dict(plan.skipped_ops),
-            unaligned_ops=state.unaligned_ops, metadata_ops_saved=plan.metadata_ops_saved,
-            notes=sorted(state.notes),
+            latency_ns=percentiles_ns(np.concatenate(state.latencies) if state.latencies else []),
+            cpu_user_s=usage1.ru_utime - usage0.ru_utime, cpu_sys_s=usage1.ru_stime - usage0.ru_stime,
+            skipped_ops=dict(plan.skipped_ops), unaligned_ops=state.unaligned_ops,
+            metadata_ops_saved=plan.metadata_ops_saved, notes=sorted(state.notes),
+            preallocated_files=state.preallocated, gpu_copies=gpu_copies,
         )
 
     @staticmethod
@@ -154,10 +270,11 @@ class PosixExecutor:
             os.close(fd)
         state.fds.clear()
 
-    def _thread_main(self, worker: WorkerPlan, state: _RunState, timing: str, progress: Progress | None) -> None:
+    def _thread_main(self, index: int, worker: WorkerPlan, plan: ReplayPlan, state: _RunState, timing: str,
+                     progress: Progress | None) -> None:
         """A worker thread: any failure, in setup too (a buffer, a ring), fails the run with one line."""
         try:
-            self._worker(worker, state, timing, progress)
+            self._worker(index, worker, plan, state, timing, progress)
         except ReplayError as err:
             state.fail(err)
         except Exception as err:  # noqa: BLE001 - a worker must never die silently with a partial result
@@ -183,68 +300,159 @@ class PosixExecutor:
             finally:
                 os.close(fd)
 
-    def _buffer_bytes(self, worker: WorkerPlan) -> int:
+    def _buffer_bytes(self, plan: ReplayPlan, worker: WorkerPlan) -> int:
         """Size of a worker's I/O buffers: its largest operation, at least a page, at most max_io_bytes."""
-        largest = max((op.size or 0 for op in worker.ops if op.kind in DATA_KINDS), default=0)
+        t = plan.ops
+        rows = slice(worker.start, worker.stop)
+        data = (t.kind[rows] == READ) | (t.kind[rows] == WRITE)
+        largest = int(t.size[rows][data].max()) if data.any() else 0
         return min(max(largest, PAGE_BYTES), self.max_io_bytes)
 
     @staticmethod
-    def _pace(op: PlanOp, state: _RunState, timing: str) -> None:
+    def _pace(ts_ns: int, state: _RunState, timing: str) -> None:
         """With ``--timing original``, wait until the operation's recorded start (a failure or Ctrl-C ends
         the wait at once)."""
         if timing == "original":
-            delay_ns = state.start_ns + op.ts_ns - time.monotonic_ns()
+            delay_ns = state.start_ns + ts_ns - time.monotonic_ns()
             if delay_ns > 0:
                 state.stopped.wait(delay_ns / 1e9)
 
-    def _worker(self, worker: WorkerPlan, state: _RunState, timing: str, progress: Progress | None) -> None:
-        size = self._buffer_bytes(worker)
-        buf, read_buf = pattern_buffer(size), AlignedBuffer(size)
-        view, read_view = buf.view(), read_buf.view()
-        latencies, written, read = [], 0, 0
-        data_ops = metadata_ops = 0
-        queues = _Queues(state, latencies)
-        op = None
+    def _worker(self, index: int, worker: WorkerPlan, plan: ReplayPlan, state: _RunState, timing: str,
+                progress: Progress | None) -> None:
+        t = plan.ops
+        size = self._buffer_bytes(plan, worker)
+        ctx = _WorkerContext(self, plan, state, size, progress)
+        ctx.index = index
+        segments = self._segments.get(index) or self.segments(plan, worker)
+        row = None
         try:
-            for op in worker.ops:
-                if not state.wait(op.deps):
-                    return
-                self._pace(op, state, timing)
-                started = time.perf_counter_ns()
-                if op.queue is not None and queues.take(op, buf, read_buf, size):
-                    moved = (op.size or 0) if op.kind in DATA_KINDS else 0
-                else:
-                    queues.drain()
-                    moved = self._execute(op, state, view, read_view, buf, read_buf)
-                    if op.kind in DATA_KINDS:
-                        latencies.append(time.perf_counter_ns() - started)
-                if op.kind in DATA_KINDS:
-                    data_ops += 1
-                    if op.kind == "write":
-                        written += moved
-                    else:
-                        read += moved
-                    if progress is not None:
-                        progress.advance(moved)
-                elif op.kind in METADATA_KINDS:
-                    metadata_ops += 1
-                if op.seq in state.events:
-                    queues.drain()
-                state.done(op.seq)
-            queues.drain()
+            for start, stop, batched in zip(segments.starts.tolist(), segments.stops.tolist(),
+                                            segments.batched.tolist()):
+                if batched:
+                    row = start
+                    if not state.wait(t.deps_of(start)):
+                        return
+                    self._pace(int(t.ts_ns[start]), state, timing)
+                    self._run(ctx, start, stop)
+                    state.done_many(t.seq[start:stop])
+                    continue
+                for row in range(start, stop):
+                    op = t.op(row)
+                    if not state.wait(op.deps):
+                        return
+                    self._pace(op.ts_ns, state, timing)
+                    self._one(ctx, op, row)
+                    state.done(op.seq)
+            ctx.drain()
+        except _Failed as err:
+            state.fail(_op_error(t.op(err.row), err))
         except OSError as err:
-            state.fail(_op_error(op, err) if op is not None else ReplayError(str(err)))
+            state.fail(_op_error(t.op(row), err) if row is not None else ReplayError(str(err)))
         except ReplayError as err:
             state.fail(err)
         except KeyError:
+            op = t.op(row)
             state.fail(ReplayError(f"replay failed at {op.kind} {op.path or ''}: descriptor was never opened"))
         finally:
-            queues.close()
-            view.release()
-            read_view.release()
-            buf.close()
-            read_buf.close()
-            state.add(latencies, written, read, data_ops, metadata_ops)
+            ctx.close()
+
+    # -- a run: one array of requests for the C loop ---------------------
+    def _run(self, ctx: _WorkerContext, start: int, stop: int) -> None:
+        t = ctx.plan.ops
+        rows = np.arange(start, stop)
+        kinds = t.kind[rows]
+        for row in rows[kinds == _LSEEK].tolist():  # riders: done on the way
+            os.lseek(ctx.state.fds[int(t.handle[row])], int(t.offset[row]), os.SEEK_SET)
+        data = rows[(kinds == READ) | (kinds == WRITE)]
+        requests, owner = self.requests(ctx, data)
+        queue = int(t.queue[data[0]])
+        results, latencies = self._submit(ctx, requests, queue)
+        failure = rings.first_failure(requests, results)
+        if failure is not None:
+            i, err = failure
+            raise _Failed(int(data[owner[i]]), err)
+        moved = np.maximum(results, 0)
+        is_write = requests["opcode"] == rings.OP_WRITE
+        written, read = int(moved[is_write].sum()), int(moved[~is_write].sum())
+        ctx.state.add_run(latencies, written, read, len(data), int((np.isin(kinds, _METADATA_CODES)).sum()))
+        if ctx.progress is not None:
+            ctx.progress.advance(written + read)
+
+    def _submit(self, ctx: _WorkerContext, requests: np.ndarray, queue: int):
+        """(results, latencies) of a run: the recorded queue's ring at its depth, or the POSIX C loop."""
+        if queue != NONE and self.queues_as_recorded:
+            ring = ctx.queue_ring(queue)
+            if ring is not None:
+                return ring.run(requests)
+        return rings.pio_run(requests)
+
+    def requests(self, ctx: _WorkerContext, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The request array of the data rows ``data`` (each cut at the buffer size), and the index into
+        ``data`` each request came from."""
+        t = ctx.plan.ops
+        chunk = ctx.chunk
+        size = np.maximum(t.size[data], 0)
+        pieces = np.maximum(1, -(-size // chunk))
+        owner = np.repeat(np.arange(len(data)), pieces)
+        k = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+        r = data[owner]
+        done = k * chunk
+        offset = t.offset[r] + done
+        base = np.where(t.pattern_offset[r] >= 0, t.pattern_offset[r], t.offset[r]) + done
+        writes = t.kind[r] == WRITE
+        requests = rings.batch(len(r))
+        requests["opcode"] = np.where(writes, rings.OP_WRITE, rings.OP_READ)
+        requests["fd"] = ctx.fds_of(t.handle[r])
+        requests["addr"] = np.where(writes, ctx.write_buf.ptr + (base + pattern.PAGE * t.pattern_key[r].astype(np.int64))
+                                    % pattern.PERIOD, ctx.read_buf.ptr)
+        requests["len"] = np.minimum(chunk, size[owner] - done)
+        requests["off"] = offset
+        return requests, owner
+
+    # -- one operation ---------------------------------------------------
+    def _one(self, ctx: _WorkerContext, op: PlanOp, row: int) -> None:
+        started = time.perf_counter_ns()
+        if op.kind == "copy":
+            copier = self._copiers.get(ctx.index)
+            if copier is not None:
+                direction, memory = gpu.decode(op.flags or 0)
+                copier.copy(direction, memory, op.size or 0)
+                ctx.state.add_copy(time.perf_counter_ns() - started, op.size or 0)
+            return
+        if op.queue is not None and self.queues_as_recorded and op.kind in DATA_KINDS | {"fsync", "fdatasync"} \
+                and (op.offset is not None or op.kind not in DATA_KINDS) and not op.mapped:
+            ring = ctx.queue_ring(op.queue)
+            if ring is not None:
+                self._one_request(ctx, op, row, ring)
+                return
+        moved = self._execute(op, ctx.state, ctx.write_view, ctx.read_view, ctx.write_buf, ctx.read_buf)
+        if op.kind in DATA_KINDS:
+            ctx.state.add_one(time.perf_counter_ns() - started, moved, op.kind == "write")
+            if ctx.progress is not None:
+                ctx.progress.advance(moved)
+        elif op.kind in METADATA_KINDS:
+            ctx.state.add_metadata()
+
+    def _one_request(self, ctx: _WorkerContext, op: PlanOp, row: int, ring: Ring) -> None:
+        """One request through its queue's ring (a lone request, or a sync): submitted and completed."""
+        if op.kind in DATA_KINDS:
+            requests, _ = self.requests(ctx, np.array([row]))
+        else:
+            requests = rings.batch(1)
+            requests["opcode"] = rings.OP_FSYNC
+            requests["op_flags"] = rings.FSYNC_DATASYNC if op.kind == "fdatasync" else 0
+            requests["fd"] = ctx.state.fds[op.handle]
+        results, latencies = ring.run(requests)
+        failure = rings.first_failure(requests, results)
+        if failure is not None:
+            raise failure[1]
+        moved = int(np.maximum(results, 0).sum())
+        if op.kind in DATA_KINDS:
+            ctx.state.add_run(latencies, moved if op.kind == "write" else 0, 0 if op.kind == "write" else moved, 1, 0)
+            if ctx.progress is not None:
+                ctx.progress.advance(moved)
+        else:
+            ctx.state.add_metadata()
 
     def _execute(self, op: PlanOp, state: _RunState, write_view: memoryview, read_view: memoryview,
                  write_buf: AlignedBuffer | None = None, read_buf: AlignedBuffer | None = None) -> int:
@@ -260,12 +468,12 @@ class PosixExecutor:
         if kind in ("mmap", "munmap", "msync"):
             self._mapping(op, state)
         elif kind == "open":
-            state.fds[op.handle] = self._open(op, state)
+            state.set_fd(op.handle, self._open(op, state))
         elif kind == "close":
             if op.release:
-                os.close(state.fds.pop(op.handle))
+                os.close(state.pop_fd(op.handle))
         elif kind == "dup":
-            state.fds[op.handle] = os.dup(state.fds[op.source_handle])
+            state.set_fd(op.handle, os.dup(state.fds[op.source_handle]))
         else:
             self._metadata(op, state)
         return 0
@@ -277,7 +485,7 @@ class PosixExecutor:
             prot = op.prot or 0
             writable = prot & PROT_WRITE and (op.flags or MAP_SHARED) & MAP_SHARED
             fd = files.open_file(self.root.resolve(op.path), os.O_RDWR if writable else os.O_RDONLY).fd
-            state.fds[op.handle] = fd
+            state.set_fd(op.handle, fd)
             if self.maps_files:
                 state.mappings[op.handle] = FileMapping(fd, op.size or 0, op.offset or 0, prot, op.flags or 0)
         elif op.kind == "msync":
@@ -290,7 +498,7 @@ class PosixExecutor:
             mapping = state.mappings.pop(op.handle, None)
             if mapping is not None:
                 mapping.close()
-            os.close(state.fds.pop(op.handle))
+            os.close(state.pop_fd(op.handle))
 
     def _mapped(self, op: PlanOp, mapping: FileMapping, write_buf: AlignedBuffer, read_buf: AlignedBuffer) -> int:
         """Pages written (the file's pattern copied in) or read (copied out) through ``mapping``."""
@@ -340,11 +548,22 @@ class PosixExecutor:
                 pass
 
     def _open(self, op: PlanOp, state: _RunState) -> int:
-        """Open as recorded (host flags); where the target refuses O_DIRECT, without it, noted once."""
+        """Open as recorded (host flags); where the target refuses O_DIRECT, without it, noted once. A file
+        the plan preallocates is reserved at its final size when this open creates it."""
         flags = op.flags or 0
         opened = files.open_file(self.root.resolve(op.path), flags & ~os.O_DIRECT, direct=bool(flags & os.O_DIRECT))
         if opened.fallback:
             state.note(f"{opened.fallback}: files opened with O_DIRECT were opened buffered")
+        size = state.plan.preallocate.get(op.seq)
+        if size and flags & os.O_CREAT:
+            try:
+                files.fallocate(opened.fd, 0, size, 0)
+                state.count_preallocated()
+            except OSError as err:
+                if err.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):
+                    os.close(opened.fd)
+                    raise
+                state.note("fallocate(2) refused by the target file system: files were not preallocated")
         return opened.fd
 
     def _write(self, fd: int, op: PlanOp, view: memoryview) -> int:
@@ -375,25 +594,92 @@ class PosixExecutor:
         return done
 
 
+class _Failed(OSError):
+    """A request of a run failed: the row it came from, and the error."""
+
+    def __init__(self, row: int, err: OSError) -> None:
+        super().__init__(err.errno, err.strerror)
+        self.row = row
+
+
+class _WorkerContext:
+    """One worker's buffers and rings for one run of a plan."""
+
+    def __init__(self, executor: PosixExecutor, plan: ReplayPlan, state: _RunState, size: int,
+                 progress: Progress | None) -> None:
+        self.executor, self.plan, self.state, self.progress = executor, plan, state, progress
+        self.chunk = size
+        self.write_buf, self.read_buf = pattern_buffer(size), AlignedBuffer(size)
+        self.write_view, self.read_view = self.write_buf.view(), self.read_buf.view()
+        self.rings: dict[int, Ring | None] = {}
+        self.index = 0  # the worker's index in the plan
+
+    def fds_of(self, handles: np.ndarray) -> np.ndarray:
+        fds = self.state.fd_array[handles]
+        if (fds < 0).any():
+            raise KeyError(int(handles[np.flatnonzero(fds < 0)[0]]))
+        return fds
+
+    def queue_ring(self, queue: int) -> Ring | None:
+        """This worker's ring for a recorded queue, as deep as recorded (None: io_uring unavailable)."""
+        if queue not in self.rings:
+            try:
+                self.rings[queue] = Ring(self.plan.queue_depths.get(queue, 1))
+            except (RingUnavailable, OSError) as err:
+                self.state.note(f"io_uring unavailable ({err.strerror or err}): requests replayed as system calls")
+                self.rings[queue] = None
+        return self.rings[queue]
+
+    def drain(self) -> None:
+        """Wait for what is still in flight (nothing, after ``run``: hook for executors that keep requests)."""
+
+    def close(self) -> None:
+        for ring in self.rings.values():
+            if ring is not None:
+                ring.close()
+        self.rings.clear()
+        self.write_view.release()
+        self.read_view.release()
+        self.write_buf.close()
+        self.read_buf.close()
+
+
 class _RunState:
-    """Shared state of one run: OS fds by handle, completion events, totals, the first error."""
+    """Shared state of one run: OS fds by handle (a dict, and an array for runs), completion events,
+    totals, the first error."""
 
     def __init__(self, plan: ReplayPlan) -> None:
+        self.plan = plan
         self.fds: dict[int, int] = {}
+        handles = int(max(plan.ops.handle.max(initial=-1), plan.ops.source_handle.max(initial=-1))) + 1
+        self.fd_array = np.full(max(handles, 1), -1, np.int32)
         self.mappings: dict[int, FileMapping] = {}
-        self.depths = plan.queue_depths
         self.events = {seq: threading.Event() for seq in plan.awaited}
         self.lock = threading.Lock()
-        self.latencies_ns: list[int] = []
+        self.latencies: list[np.ndarray] = []
         self.bytes_written = self.bytes_read = self.data_ops = self.metadata_ops = self.unaligned_ops = 0
+        self.preallocated = 0
+        self.copies_executed = self.copy_bytes = self.copy_ns = 0
         self.error: ReplayError | None = None
         self.stopped = threading.Event()
         self.start_ns = 0
         self.notes: set[str] = set()
 
+    def set_fd(self, handle: int, fd: int) -> None:
+        self.fds[handle] = fd
+        self.fd_array[handle] = fd
+
+    def pop_fd(self, handle: int) -> int:
+        self.fd_array[handle] = -1
+        return self.fds.pop(handle)
+
     def note(self, text: str) -> None:
         with self.lock:
             self.notes.add(text)
+
+    def count_preallocated(self) -> None:
+        with self.lock:
+            self.preallocated += 1
 
     def wait(self, deps: tuple[int, ...]) -> bool:
         for seq in deps:
@@ -405,6 +691,13 @@ class _RunState:
         if event is not None:
             event.set()
 
+    def done_many(self, seqs: np.ndarray) -> None:
+        if self.events:
+            for seq in seqs.tolist():
+                event = self.events.get(seq)
+                if event is not None:
+                    event.set()
+
     def fail(self, error: ReplayError) -> None:
         with self.lock:
             if self.error is None:
@@ -413,69 +706,36 @@ class _RunState:
         for event in self.events.values():
             event.set()
 
-    def add(self, latencies: list[int], written: int, read: int, data_ops: int, metadata_ops: int,
-            unaligned_ops: int = 0) -> None:
+    def add_one(self, latency_ns: int, moved: int, is_write: bool) -> None:
         with self.lock:
-            self.latencies_ns.extend(latencies)
+            self.latencies.append(np.array([latency_ns], np.int64))
+            self.data_ops += 1
+            if is_write:
+                self.bytes_written += moved
+            else:
+                self.bytes_read += moved
+
+    def add_run(self, latencies: np.ndarray, written: int, read: int, data_ops: int, metadata_ops: int) -> None:
+        with self.lock:
+            self.latencies.append(np.asarray(latencies, np.int64))
             self.bytes_written += written
             self.bytes_read += read
             self.data_ops += data_ops
             self.metadata_ops += metadata_ops
-            self.unaligned_ops += unaligned_ops
+
+    def add_copy(self, elapsed_ns: int, size_bytes: int) -> None:
+        with self.lock:
+            self.copies_executed += 1
+            self.copy_bytes += size_bytes
+            self.copy_ns += elapsed_ns
+
+    def add_metadata(self) -> None:
+        with self.lock:
+            self.metadata_ops += 1
+
+    def add_unaligned(self) -> None:
+        with self.lock:
+            self.unaligned_ops += 1
 
 
-class _Queues:
-    """One worker's rings, one per recorded io_uring ring or libaio context, each as deep as recorded.
-
-    ``take`` submits a request and returns True, or returns False when the
-    request must run as a system call (an unknown offset, io_uring
-    unavailable); ``drain`` waits for every request in flight; ``close`` after
-    the worker's last operation.
-    """
-
-    def __init__(self, state: _RunState, latencies: list) -> None:
-        self.state, self.latencies = state, latencies
-        self.rings: dict[int, Ring | None] = {}
-
-    def _ring(self, queue: int) -> Ring | None:
-        if queue not in self.rings:
-            try:
-                self.rings[queue] = Ring(self.state.depths.get(queue, 1), latency_sink=self.latencies)
-            except (RingUnavailable, OSError) as err:
-                self.state.note(f"io_uring unavailable ({err.strerror or err}): requests replayed as system calls")
-                self.rings[queue] = None
-        return self.rings[queue]
-
-    def take(self, op: PlanOp, write_buf: AlignedBuffer, read_buf: AlignedBuffer, chunk_max: int) -> bool:
-        if op.kind in DATA_KINDS and op.offset is None or op.kind not in DATA_KINDS | {"fsync", "fdatasync"}:
-            return False
-        ring = self._ring(op.queue)
-        if ring is None:
-            return False
-        fd = self.state.fds[op.handle]
-        if op.kind not in DATA_KINDS:
-            ring.drain(op.handle)  # a sync request covers the writes completed before it
-            ring.submit(op.kind, fd, 0, 0, 0, key=op.handle)
-            return True
-        size, done = op.size or 0, 0
-        while done < size:
-            chunk = min(chunk_max, size - done)
-            if op.kind == "write":
-                base = op.pattern_offset if op.pattern_offset is not None else op.offset
-                ptr = write_buf.ptr + pattern.start(base + done, op.pattern_key)
-            else:
-                ptr = read_buf.ptr
-            ring.submit(op.kind, fd, ptr, chunk, op.offset + done, key=op.handle)
-            done += chunk
-        return True
-
-    def drain(self) -> None:
-        for ring in self.rings.values():
-            if ring is not None and ring.pending:
-                ring.drain()
-
-    def close(self) -> None:
-        for ring in self.rings.values():
-            if ring is not None:
-                ring.close()
-        self.rings.clear()
+__all__ = ["PosixExecutor", "Progress", "Segments", "OpTable"]

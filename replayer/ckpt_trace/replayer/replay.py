@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ckpt_trace import config
 from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
 from ckpt_trace.formats import read_trace, sha256_file
@@ -23,6 +25,7 @@ from ckpt_trace.stats import median_index
 from ckpt_trace.version import __version__
 
 from .aggregate import alignment_counts, build_aggregated_plan
+from .optable import READ, WRITE
 from .ownership import Claim
 from .pack import pack_plan
 from .paths import TargetRoot
@@ -106,6 +109,9 @@ def derive_plan(base: ReplayPlan, strategy: str, *, buffer_bytes: int = 4 << 20,
     return pack_plan(plan, block_bytes=block_bytes) if pack_files else plan
 
 
+GPU_COPY_MODES = ("recorded", "pinned", "skip")
+
+
 def _plans(trace, strategy: str, strip_prefix: str | None, **options) -> list[ReplayPlan]:
     """The plans of ``strategy`` (every strategy for ``all``) for a read ``Trace``, planning it once."""
     if strategy not in CHOICES:
@@ -133,12 +139,14 @@ def plan_summaries(trace_path: str | os.PathLike, *, strategy: str, target: str 
     summaries = []
     for plan in _plans(trace, strategy, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block,
                        pack_files=pack_files):
-        data = [op for w in plan.workers for op in w.ops if op.kind in ("read", "write")]
+        ops = plan.ops
+        sizes = np.maximum(ops.size, 0)
+        writes, reads = ops.kind == WRITE, ops.kind == READ
         summaries.append({
             "strategy": plan.strategy, "workers": len(plan.workers), "ops": plan.counts(),
-            "write_bytes": sum(op.size or 0 for op in data if op.kind == "write"),
-            "read_bytes": sum(op.size or 0 for op in data if op.kind == "read"),
-            "largest_op_bytes": max((op.size or 0 for op in data), default=0),
+            "write_bytes": int(sizes[writes].sum()), "read_bytes": int(sizes[reads].sum()),
+            "largest_op_bytes": int(sizes[writes | reads].max(initial=0)),
+            "preallocated_files": len(plan.preallocate),
             "block_bytes": block, "alignment": alignment_counts(plan, block),
             "precreate_files": len(plan.precreate_files), "skipped_ops": dict(plan.skipped_ops),
             "packed_files": len(plan.pack_index), "metadata_ops_saved": plan.metadata_ops_saved,
@@ -207,6 +215,7 @@ def replay(
     min_seconds: float = 0.0,
     max_runs: int | None = None,
     fio: bool = False,
+    gpu_copies: str = "recorded",
 ) -> ReplayReport:
     """Replay the trace at ``trace_path`` into ``target`` with ``strategy`` (or every strategy: ``all``).
 
@@ -231,6 +240,13 @@ def replay(
     1 GiB, removed afterwards): the results carry it, so each strategy reads
     as a share of what the device gives.
 
+    ``gpu_copies`` says what the trace's host<->device copy rows become:
+    ``recorded`` (each copy re-executed with its recorded size, direction
+    and host memory kind, before the I/O that followed it), ``pinned`` (the
+    same, every host side in pinned memory: the staging a writer can adopt)
+    or ``skip``. Where no GPU is, copies are skipped, counted in the
+    results' ``gpu_copies`` and named in a note.
+
     Nothing is lost (``replayer.ownership``): a target that holds the trace,
     or where a file the replay would create already exists or is one of
     ``protect`` (the command's other inputs and outputs), is refused before
@@ -244,6 +260,8 @@ def replay(
     """
     if timing not in TIMINGS:
         raise ReplayError(f"unknown timing {timing!r} (choose from {', '.join(TIMINGS)})")
+    if gpu_copies not in GPU_COPY_MODES:
+        raise ReplayError(f"unknown --gpu-copies {gpu_copies!r} (choose from {', '.join(GPU_COPY_MODES)})")
     if strategy not in CHOICES:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
     if repeat < 1:
@@ -272,7 +290,7 @@ def replay(
         fio_limit = _fio_limit(target, plans[0]) if fio else None
         runs = RunCount(repeat, min_seconds, max_runs or config.REPLAY_MAX_RUNS)
         results, mismatches = _run_plans(plans, claims, queue_depth, runs, timing, progress, durable, drop_caches,
-                                         verify)
+                                         verify, gpu_copies)
     except (ReplayError, KeyboardInterrupt) as err:
         _release(claims, target, made_target)
         if isinstance(err, KeyboardInterrupt):
@@ -282,7 +300,8 @@ def replay(
         raise
     _add_speedups(results)
     options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": pack_files, "repeat": repeat,
-               "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing}
+               "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
+               "gpu_copies": gpu_copies}
     return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), options,
                         trace_sha256=sha256_file(trace.path), environment=host.environment(target),
                         claims=tuple(claims), made_target=made_target, fio_write_bytes_per_s=fio_limit)
@@ -303,7 +322,7 @@ class RunCount:
 
 
 def _run_plans(plans, claims, queue_depth, count: RunCount, timing, progress, durable, drop_caches,
-               verify) -> tuple[list[ReplayResult], list[SizeMismatch]]:
+               verify, gpu_copies: str = "recorded") -> tuple[list[ReplayResult], list[SizeMismatch]]:
     """Run every plan as ``count`` says (releasing the previous run's files in between); the median runs."""
     results, mismatches = [], []
     for plan, claim in zip(plans, claims):
@@ -313,6 +332,7 @@ def _run_plans(plans, claims, queue_depth, count: RunCount, timing, progress, du
                 claim.release()
             root = prepare_target(claim.directory, force=True)
             executor = make_executor(plan.strategy, root, queue_depth)
+            executor.gpu_copies = gpu_copies
             executor.prepare(plan)
             if drop_caches:
                 drop_page_cache()

@@ -20,7 +20,12 @@ class ReplayResult:
     ``runs_p99_latency_ns`` every repeat's p99;
     ``verified_files`` how many files ``--verify`` checked (None without it);
     ``metadata_ops_saved`` the operations ``--pack-files`` removed; ``notes``
-    what the run could not do as recorded (O_DIRECT refused by the target...).
+    what the run could not do as recorded (O_DIRECT refused by the target...);
+    ``preallocated_files`` the files reserved at their final size with
+    fallocate(2) when created (the aggregated strategy). ``gpu_copies``, for
+    traces with host<->device copy rows: ``mode`` (recorded, pinned, skip),
+    ``executed`` and ``skipped`` copies, ``bytes`` copied, ``elapsed_s`` spent
+    copying (inside ``elapsed_s``), ``skipped_why``; None without copy rows.
     """
 
     strategy: str
@@ -40,6 +45,8 @@ class ReplayResult:
     verified_files: int | None = None
     metadata_ops_saved: int = 0
     notes: list[str] = field(default_factory=list)
+    preallocated_files: int = 0
+    gpu_copies: dict | None = None
 
     @property
     def write_throughput_bytes_per_s(self) -> float:

@@ -1,31 +1,26 @@
 """io_uring executor: the plan's reads and writes submitted through io_uring (``iolayer.ring``).
 
-Each worker thread owns one ring (``UringCtx`` is single-issuer) and keeps up
-to ``queue_depth`` reads and writes in flight; metadata operations run as
-syscalls. The trace's ordering constraints are kept by draining in-flight
-requests first:
+The same engine as ``PosixExecutor``: a worker's operations are cut into
+runs of reads and writes at known offsets; each run is one array of requests
+``Ring.run`` keeps ``queue_depth`` deep in the C loop of the I/O layer, and
+completes before the worker's next operation, so the trace's ordering holds
+without per-request bookkeeping: an fsync, a close, a rename or an operation
+another worker waits for comes after every request before it has completed.
+A run does not mix reads and writes (a read may depend on a write before
+it). Reads and writes whose offset the trace did not know run synchronously
+at the file position.
 
-- an operation on a descriptor (fsync, close, lseek, ftruncate, dup...) waits
-  for that descriptor's in-flight requests;
-- an operation naming paths (open, rename, unlink, mkdir) and one that other
-  workers wait on wait for all of the worker's in-flight requests;
-- a read waits for in-flight writes on its descriptor; a write or read whose
-  offset the trace did not know runs synchronously at the file position.
+``direct=True`` (uring-direct, aggregated) opens files with O_DIRECT and
+submits from page-aligned buffers. An operation whose offset or size is not
+a multiple of the file system's block size (statvfs f_bsize) cannot go
+through O_DIRECT; it is written or read with a buffered pwrite/pread on a
+second descriptor of the same file, between runs, and is counted in
+``unaligned_ops`` (the kernel keeps the page cache coherent with direct I/O
+around it).
 
 Memory-mapped I/O is replayed as the reads and writes it amounts to: a
 mapping's file is opened (``mmap``) and closed (``munmap``), its pages read
 and written back become requests at their file offsets, msync an fdatasync.
-
-``direct=True`` (uring-direct) opens files with O_DIRECT and submits from
-page-aligned buffers. An operation whose offset or size is not a multiple of
-the file system's block size (statvfs f_bsize) cannot go through O_DIRECT;
-it is written or read with a buffered pwrite/pread on a second descriptor of
-the same file, after the descriptor's in-flight requests complete, and is
-counted in ``unaligned_ops`` (the "buffered tail" choice of issue 3; the
-kernel keeps the page cache coherent with direct I/O around it).
-
-Every worker's ring is ``iolayer.ring.Ring`` with a latency sink: each
-request's time from entering the kernel to the reaping of its completion.
 
 Reference: io_uring_enter(2); open(2) on O_DIRECT alignment.
 """
@@ -36,20 +31,18 @@ import dataclasses
 import os
 import threading
 import time
-from array import array
-from collections import Counter
+
+import numpy as np
 
 from ckpt_trace.errors import ReplayError
-from ckpt_trace.iolayer import pattern
-from ckpt_trace.iolayer.buffers import AlignedBuffer, pattern_buffer
+from ckpt_trace.iolayer import ring as rings
 from ckpt_trace.iolayer.ring import Ring
 from ckpt_trace.iolayer.ring import probe as probe_ring
 
+from .optable import READ, WRITE, PlanOp
 from .paths import TargetRoot
-from .plan import DATA_KINDS, FD_KINDS, METADATA_KINDS, PATH_KINDS, PlanOp, WorkerPlan
-from .posix import PosixExecutor, Progress, _op_error, _RunState
-
-_HANDLE_BARRIERS = (FD_KINDS - DATA_KINDS) | {"munmap", "msync"}  # on one descriptor: drain its requests first
+from .plan import DATA_KINDS, ReplayPlan
+from .posix import PosixExecutor, _RunState, _WorkerContext
 
 
 def io_uring_available(queue_depth: int = 2) -> str | None:
@@ -64,6 +57,8 @@ class UringExecutor(PosixExecutor):
     """
 
     maps_files = False
+    queues_as_recorded = False
+    batch_key_kind = True
 
     def __init__(self, root: TargetRoot, max_io_bytes: int, *, queue_depth: int = 32, direct: bool = False,
                  strategy: str | None = None) -> None:
@@ -77,12 +72,20 @@ class UringExecutor(PosixExecutor):
         self._buffered_fds: dict[int, int] = {}
         self._lock = threading.Lock()
 
+    def batchable(self, plan: ReplayPlan, rows: slice) -> np.ndarray:
+        t = plan.ops
+        kind = t.kind[rows]
+        ok = ((kind == READ) | (kind == WRITE)) & (t.offset[rows] >= 0)
+        if self.direct:
+            ok &= (t.offset[rows] % self.block_bytes == 0) & (np.maximum(t.size[rows], 0) % self.block_bytes == 0)
+        return ok
+
     def _open(self, op: PlanOp, state: _RunState) -> int:
         if self.direct and not (op.flags or 0) & os.O_DIRECTORY:
             op = dataclasses.replace(op, flags=(op.flags or 0) | os.O_DIRECT)
         return super()._open(op, state)
 
-    def run(self, plan, *, timing: str = "asap", progress: Progress | None = None, durable: bool = False):
+    def run(self, plan, *, timing: str = "asap", progress=None, durable: bool = False):
         try:
             return super().run(plan, timing=timing, progress=progress, durable=durable)
         finally:
@@ -90,101 +93,39 @@ class UringExecutor(PosixExecutor):
                 os.close(fd)
             self._buffered_fds.clear()
 
-    def _worker(self, worker: WorkerPlan, state: _RunState, timing: str, progress: Progress | None) -> None:
-        size = self._buffer_bytes(worker)
-        write_buf, read_buf = pattern_buffer(size), AlignedBuffer(size)
-        ptrs = {"write": write_buf.ptr, "read": read_buf.ptr}
-        views = {"write": write_buf.view(), "read": read_buf.view()}
-        latencies = array("q")
-        ring = Ring(self.queue_depth, latency_sink=latencies)
-        totals = Counter()
-        op = None
-        try:
-            for op in worker.ops:
-                if not state.wait(op.deps):
-                    return
-                self._pace(op, state, timing)
-                if op.kind in DATA_KINDS:
-                    moved = self._data(op, state, ring, ptrs, views, totals, size)
-                    totals[op.kind] += moved
-                    totals["data_ops"] += 1
-                    if progress is not None:
-                        progress.advance(moved)
-                else:
-                    self._barrier(op, ring)
-                    self._execute(op, state, views["write"], views["read"])
-                    totals["metadata_ops"] += op.kind in METADATA_KINDS
-                if op.seq in state.events:
-                    ring.drain()
-                state.done(op.seq)
-            ring.drain()
-        except OSError as err:
-            state.fail(_op_error(op, err) if op is not None else ReplayError(str(err)))
-        except ReplayError as err:
-            state.fail(err)
-        except KeyError:
-            state.fail(ReplayError(f"replay failed at {op.kind} {op.path or ''}: descriptor was never opened"))
-        finally:
-            self._finish_worker(ring, latencies, views, (write_buf, read_buf), state, totals)
+    def _submit(self, ctx: _WorkerContext, requests: np.ndarray, queue: int):
+        ring = ctx.rings.get(-1)
+        if ring is None:
+            ring = ctx.rings[-1] = Ring(self.queue_depth)
+        return ring.run(requests)
 
-    @staticmethod
-    def _finish_worker(ring: Ring, latencies: array, views: dict, bufs: tuple, state: _RunState,
-                       totals: Counter) -> None:
-        """Reap what is still in flight (the kernel may still use the buffers), free them, add the totals."""
-        try:
-            ring.drain()
-        except OSError as err:
-            state.fail(ReplayError(f"io_uring request failed: {err.strerror}"))
-        ring.close()
-        for view in views.values():
-            view.release()
-        for buf in bufs:
-            buf.close()
-        state.add(latencies.tolist(), totals["write"], totals["read"], totals["data_ops"], totals["metadata_ops"],
-                  totals["unaligned_ops"])
-
-    def _barrier(self, op: PlanOp, ring: Ring) -> None:
-        if op.kind in PATH_KINDS:
-            ring.drain()
-        elif op.kind in _HANDLE_BARRIERS:
-            ring.drain(op.handle)
+    def _one(self, ctx: _WorkerContext, op: PlanOp, row: int) -> None:
+        if op.kind not in DATA_KINDS:
             if op.kind in ("close", "munmap") and op.release:
                 with self._lock:
                     buffered = self._buffered_fds.pop(op.handle, None)
                 if buffered is not None:
                     os.close(buffered)
-
-    def _aligned(self, offset: int, size: int) -> bool:
-        return offset % self.block_bytes == 0 and size % self.block_bytes == 0
-
-    def _data(self, op: PlanOp, state: _RunState, ring: Ring, ptrs, views, totals: Counter, chunk_max: int) -> int:
-        fd = state.fds[op.handle]
-        size = op.size or 0
-        if op.offset is None:
-            ring.drain(op.handle)
-            return self._synchronous(fd, op, views, ring)
-        if op.kind == "read" and ring.by_key[op.handle]:
-            ring.drain(op.handle)
-        if self.direct and not self._aligned(op.offset, size):
-            totals["unaligned_ops"] += 1
-            ring.drain(op.handle)
-            return self._synchronous(self._buffered_fd(op, state), op, views, ring)
-        done = 0
-        while done < size:
-            chunk = min(chunk_max, size - done)
-            ptr = ptrs[op.kind]
-            if op.kind == "write":
-                base = op.pattern_offset if op.pattern_offset is not None else op.offset
-                ptr += pattern.start(base + done, op.pattern_key)
-            ring.submit(op.kind, fd, ptr, chunk, op.offset + done, key=op.handle)
-            done += chunk
-        return size
-
-    def _synchronous(self, fd: int, op: PlanOp, views: dict, ring: Ring) -> int:
+            super()._one(ctx, op, row)
+            return
         started = time.perf_counter_ns()
-        moved = self._write(fd, op, views["write"]) if op.kind == "write" else self._read(fd, op, views["read"])
-        ring.latency_sink.append(time.perf_counter_ns() - started)
-        return moved
+        fd = ctx.state.fds[op.handle]
+        if op.offset is not None and self.direct:  # not aligned, or it would have been a run
+            ctx.state.add_unaligned()
+            fd = self._buffered_fd(op, ctx.state)
+        if op.offset is not None and not self.direct:  # a lone request: one ring submission
+            requests, _ = self.requests(ctx, np.array([row]))
+            results, latencies = self._submit(ctx, requests, -1)
+            moved = int(np.maximum(results, 0).sum())
+            failure = rings.first_failure(requests, results)
+            if failure is not None:
+                raise failure[1]
+            ctx.state.add_run(latencies, moved if op.kind == "write" else 0, 0 if op.kind == "write" else moved, 1, 0)
+        else:
+            moved = self._write(fd, op, ctx.write_view) if op.kind == "write" else self._read(fd, op, ctx.read_view)
+            ctx.state.add_one(time.perf_counter_ns() - started, moved, op.kind == "write")
+        if ctx.progress is not None:
+            ctx.progress.advance(moved)
 
     def _buffered_fd(self, op: PlanOp, state: _RunState) -> int:
         """A second, buffered descriptor of the handle's file, for operations O_DIRECT cannot take."""

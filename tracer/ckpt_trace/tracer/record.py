@@ -24,7 +24,7 @@ from ckpt_trace.iolayer.host import filesystems_of
 from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.version import __version__
 
-from . import bcc_backend, strace_backend
+from . import bcc_backend, gpu, strace_backend
 from .state import TraceBuilder, rank_from_environ
 
 BACKENDS = ("auto", "bcc", "strace")
@@ -57,6 +57,7 @@ class RecordResult:
     exit_signal: int | None = None
     filtered_ops: int = 0
     unseen: dict = field(default_factory=dict)
+    gpu: dict = field(default_factory=dict)
 
     @property
     def ended(self) -> str:
@@ -110,8 +111,11 @@ def _load_bcc(choice: BackendChoice, path_filters: list[str]) -> tuple[bcc_backe
     return tracer, choice
 
 
-def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict) -> tuple[TraceBuilder, dict, BackendChoice]:
+def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict,
+                 capture: gpu.GpuCapture | None = None) -> tuple[TraceBuilder, dict, BackendChoice]:
     env = dict(os.environ)
+    if capture is not None:
+        env.update(capture.env())
     builder_args["root_rank"] = rank_from_environ(f"{k}={v}" for k, v in env.items()) or -1
     builder_args["inherited_fds"] = strace_backend.inherited_fds()
     tracer = None
@@ -176,6 +180,7 @@ def record(
     path_filters: Iterable[str] = (),
     strict: bool = False,
     overwrite: bool = False,
+    gpu_plan: gpu.GpuPlan | None = None,
 ) -> RecordResult:
     """Run ``cmd`` (and every descendant) traced; write the trace to ``output``.
 
@@ -184,6 +189,10 @@ def record(
     and the trace's temporary file is created beside it, so nothing the
     command does is recorded only to be lost. A command that fails or is
     killed still gets its trace; the result says how it ended.
+
+    ``gpu_plan`` (``gpu.plan_capture``): when enabled, every process that
+    initialises CUDA loads the CUPTI subscriber and its host<->device copies
+    become rows of the trace (interface ``cuda``), on the trace's clock.
 
     Returns the command's exit code with the counts. Raises TracerError when
     the command is empty, the backend fails, or ``strict`` and events were
@@ -196,18 +205,37 @@ def record(
     filters = [normalize_filter(p) for p in path_filters]
     builder_args = {"cwd": os.getcwd(), "path_filters": filters}
     reserved = reserve_temporary(output)
+    capture = gpu.GpuCapture(gpu_plan) if gpu_plan is not None and gpu_plan.enabled else None
     try:
         start_wall_ns = time.time_ns()
         started = time.monotonic()
-        builder, extra, choice = _run_backend(choice, cmd, builder_args)
+        builder, extra, choice = _run_backend(choice, cmd, builder_args, capture)
+        copies = _copies(capture, builder, choice) if capture is not None else None
         elapsed_s = time.monotonic() - started
         if strict and extra["lost_events"]:
             raise TracerError(f"{extra['lost_events']} events were lost (--strict); no trace written")
-        result = _write(output, cmd, choice, builder, extra, filters, start_wall_ns, elapsed_s, overwrite)
+        result = _write(output, cmd, choice, builder, extra, filters, start_wall_ns, elapsed_s, overwrite,
+                        copies, gpu_plan)
     except BaseException:
         reserved.unlink(missing_ok=True)
         raise
+    finally:
+        if capture is not None:
+            capture.close()
     return result
+
+
+def _copies(capture: gpu.GpuCapture, builder: TraceBuilder, choice: BackendChoice) -> tuple[dict, dict]:
+    """(copy rows, summary) of the subscriber's records, on the backend's clock: bcc's is CLOCK_MONOTONIC
+    like the records; strace's is CLOCK_REALTIME, reached through the subscriber's clock pair."""
+    records, summary = capture.collect()
+    pairs = list(summary["clock_pairs"].values())
+    offset = None if choice.name == "bcc" or not pairs else pairs[0][1] - pairs[0][0]
+    ranks = {pid: proc.rank for pid, proc in builder.procs.items()}
+    comms = {pid: proc.comm for pid, proc in builder.procs.items()}
+    rows = gpu.copy_columns(records, start_ns=builder.start_ns, realtime_offset_ns=offset, ranks=ranks, comms=comms)
+    summary = {key: value for key, value in summary.items() if key != "clock_pairs"}
+    return rows, summary
 
 
 def unseen_counts(columns: dict, reasons: dict) -> dict:
@@ -229,8 +257,17 @@ def normalize_filter(prefix: str) -> str:
 
 
 def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBuilder, extra: dict,
-           filters: list[str], start_wall_ns: int, elapsed_s: float, overwrite: bool) -> RecordResult:
+           filters: list[str], start_wall_ns: int, elapsed_s: float, overwrite: bool,
+           copies: tuple[dict, dict] | None = None, gpu_plan: gpu.GpuPlan | None = None) -> RecordResult:
     columns = builder.columns()
+    gpu_summary = {"captured": False, "reason": gpu_plan.reason if gpu_plan else "not asked"}
+    if copies is not None:
+        rows, summary = copies
+        traced = builder.num_rows
+        columns = {name: list(values) + rows[name] for name, values in columns.items()}
+        columns["device"] = [None] * traced + rows["device"]
+        columns["memory_kind"] = [None] * traced + rows["memory_kind"]
+        gpu_summary = {"captured": True, "reason": gpu_plan.reason, **summary}
     extra = {**extra, "unseen": unseen_counts(columns, extra.get("unseen", {}))}
     metadata = {
         "creator": "ckpt-trace",
@@ -248,11 +285,12 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
         "untracked_fd_ops": builder.untracked_fd_ops,
         "unattributed": builder.unattributed,
         "unreaped_requests": builder.unreaped_requests,
+        "gpu": gpu_summary,
         **extra,
     }
     table = table_from_columns(columns).sort_by([("ts_ns", "ascending")])
     write_trace(output, table, metadata, overwrite=overwrite,
                 batch_rows=config.TRACE_BATCH_ROWS)
-    return RecordResult(output, extra["exit_code"], choice.name, choice.reason, builder.num_rows, extra["lost_events"],
+    return RecordResult(output, extra["exit_code"], choice.name, choice.reason, table.num_rows, extra["lost_events"],
                         elapsed_s, exit_signal=extra.get("exit_signal"), filtered_ops=builder.filtered_ops,
-                        unseen=extra["unseen"])
+                        unseen=extra["unseen"], gpu=gpu_summary)

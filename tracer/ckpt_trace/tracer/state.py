@@ -829,7 +829,8 @@ class TraceBuilder:
             proc.cwd = desc.path if desc else None
 
 
-_COLUMN_NAMES = COLUMNS
+_COPY_COLUMNS = ("device", "memory_kind")  # copy rows only: the GPU capture's (tracer.gpu), null here
+_COLUMN_NAMES = tuple(name for name in COLUMNS if name not in _COPY_COLUMNS)
 _OPTIONAL_COLUMNS = ("fd", "path", "new_path", "offset", "offset_source", "size", "flags", "iov_count", "queue_id",
                      "request_id", "in_flight", "address", "prot")
 

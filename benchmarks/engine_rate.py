@@ -1,0 +1,138 @@
+"""Does the replay engine outrun the applications it replays? Operations per second against fio, on a tmpfs.
+
+A trace of N recorded 4 KiB sequential writes into one file (``tracegen.py
+--mix 4k``, default 200,000) is replayed under every strategy on a tmpfs
+(memory speed, so the engine is what is measured), and fio runs the same
+writes in the same file system, interleaved run by run (this machine is
+shared and noisy; medians of ``--repeats``):
+
+| strategy | fio counterpart (4 KiB writes, one new file, not preallocated) |
+|---|---|
+| posix | ``ioengine=psync`` |
+| uring-buffered | ``ioengine=io_uring --iodepth=Q`` |
+| uring-direct | ``ioengine=io_uring --iodepth=Q --direct=1`` |
+| aggregated | ``ioengine=io_uring --iodepth=Q --direct=1 --bs=4M``, preallocated (bytes per second: aggregation turns the 4 KiB writes into 4 MiB ones, and it preallocates) |
+
+Goal (issue 14): every strategy at least 0.80x its fio counterpart, and the
+time around the replay (reading and planning the trace, preparing the
+target, releasing it) under 20 % of the replay itself.
+
+    python benchmarks/engine_rate.py [--ops 200000] [--target /dev/shm] [--queue-depth 32] [--repeats 5]
+
+Prints a table and writes ``benchmarks/results/engine_rate.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tracegen import generate  # noqa: E402
+
+from ckpt_trace.formats import read_trace  # noqa: E402
+from ckpt_trace.replayer import replay  # noqa: E402
+from ckpt_trace.replayer.replay import _plans  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+STRATEGIES = ("posix", "uring-buffered", "uring-direct", "aggregated")
+
+
+def fio_run(directory: Path, strategy: str, ops: int, depth: int) -> dict:
+    """fio's counterpart of ``strategy``: {"iops", "bytes_per_s"}."""
+    size = ops * 4096
+    args = {"posix": ["--ioengine=psync", "--bs=4k", "--fallocate=none"],
+            "uring-buffered": ["--ioengine=io_uring", f"--iodepth={depth}", "--bs=4k", "--fallocate=none"],
+            "uring-direct": ["--ioengine=io_uring", f"--iodepth={depth}", "--bs=4k", "--direct=1",
+                             "--fallocate=none"],
+            "aggregated": ["--ioengine=io_uring", f"--iodepth={depth}", "--bs=4m", "--direct=1"]}[strategy]
+    work = directory / "fio"
+    work.mkdir()
+    try:
+        out = subprocess.run(["fio", "--name=rate", f"--directory={work}", "--rw=write", f"--size={size}",
+                              "--output-format=json", *args], check=True, capture_output=True, text=True).stdout
+    finally:
+        shutil.rmtree(work)  # ours: made just above
+    job = json.loads(out)["jobs"][0]["write"]
+    return {"iops": job["iops"], "bytes_per_s": job["bw_bytes"]}
+
+
+def replay_run(trace: Path, directory: Path, strategy: str, depth: int) -> dict:
+    started = time.monotonic()
+    report = replay(trace, target=directory / "replay", strategy=strategy, queue_depth=depth)
+    report.release()
+    total = time.monotonic() - started
+    result = report.results[0]
+    return {"iops": result.data_ops / result.elapsed_s, "bytes_per_s": result.write_throughput_bytes_per_s,
+            "elapsed_s": result.elapsed_s, "around_s": total - result.elapsed_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", type=int, default=200_000)
+    parser.add_argument("--target", type=Path, default=Path("/dev/shm"))
+    parser.add_argument("--queue-depth", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    if shutil.which("fio") is None:
+        sys.exit("engine_rate.py: fio is not installed")
+    scratch = Path(tempfile.mkdtemp(prefix="ckpt-trace-rate-", dir=args.target))
+    trace = Path(tempfile.mkdtemp(prefix="ckpt-trace-rate-trace-")) / "writes.arrow"
+    generate(trace, args.ops + 3, 1, mix="4k")
+    started = time.monotonic()
+    loaded = read_trace(trace)
+    read_s = time.monotonic() - started
+    started = time.monotonic()
+    _plans(loaded, "posix", None)
+    plan_s = time.monotonic() - started
+    rows = []
+    try:
+        for strategy in STRATEGIES:
+            ours, theirs = [], []
+            for _ in range(args.repeats):  # interleaved, so drift hits both alike
+                ours.append(replay_run(trace, scratch, strategy, args.queue_depth))
+                theirs.append(fio_run(scratch, strategy, args.ops, args.queue_depth))
+            figure = "bytes_per_s" if strategy == "aggregated" else "iops"
+            ratio = [o[figure] / t[figure] for o, t in zip(ours, theirs)]
+            rows.append({
+                "strategy": strategy, "figure": figure,
+                "replay": statistics.median(o[figure] for o in ours),
+                "fio": statistics.median(t[figure] for t in theirs),
+                "ratio": statistics.median(ratio), "ratios": ratio,
+                "elapsed_s": statistics.median(o["elapsed_s"] for o in ours),
+                "around_s": statistics.median(o["around_s"] for o in ours),
+                "around_share": statistics.median(o["around_s"] / o["elapsed_s"] for o in ours),
+            })
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)  # ours: made by mkdtemp above
+        shutil.rmtree(trace.parent, ignore_errors=True)
+    table = Table(title=f"Engine rate: {args.ops:,} writes of 4 KiB on {args.target} (median of {args.repeats})")
+    for column in ("strategy", "replay", "fio", "ratio", "replay s", "around s", "around/replay"):
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    for row in rows:
+        unit = (lambda x: f"{x / 1e6:,.0f} MB/s") if row["figure"] == "bytes_per_s" else (lambda x: f"{x:,.0f} op/s")
+        table.add_row(row["strategy"], unit(row["replay"]), unit(row["fio"]), f"{row['ratio']:.2f}x",
+                      f"{row['elapsed_s']:.2f}", f"{row['around_s']:.2f}", f"{row['around_share']:.0%}")
+    Console(width=None if sys.stdout.isatty() else 100).print(table)
+    print(f"reading the trace {read_s:.3f} s, planning it {plan_s:.3f} s ({plan_s / (args.ops + 3) * 1e6:.2f} us/row)")
+    RESULTS.mkdir(exist_ok=True)
+    result = {"benchmark": "engine_rate", "ops": args.ops, "target": str(args.target), "queue_depth": args.queue_depth,
+              "repeats": args.repeats, "host": os.uname().nodename, "kernel": os.uname().release,
+              "read_s": read_s, "plan_s": plan_s, "results": rows}
+    (RESULTS / "engine_rate.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"results: {RESULTS / 'engine_rate.json'}")
+
+
+if __name__ == "__main__":
+    main()

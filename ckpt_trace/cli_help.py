@@ -1,0 +1,109 @@
+"""What ``--help`` shows beyond each command's docstring: a short line per command, examples, and the names
+of values (``--target DIR``, not a Python type). Applied by ``cli.main`` to the command tree typer builds.
+
+Sizes follow ``ckpt_trace.units``: IEC units for sizes (4KiB, 4.5MiB, 1TiB), decimal for rates (MB/s).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SHORT = {
+    "record": "Trace a command's checkpoint I/O (and GPU copies) into a trace.",
+    "replay": "Re-execute a trace under I/O strategies and measure them.",
+    "summary": "What a trace holds: operations, bytes, sizes, ranks, copies.",
+    "filter": "A smaller trace: some ranks, files, operations or a window.",
+    "export": "Export a trace for Perfetto or as Parquet by rank.",
+    "report": "One self-contained HTML report of a trace and its replays.",
+    "diff": "What changed between two recordings.",
+    "baseline": "Replay traces on a storage and keep the results.",
+    "check": "Replay a baseline's traces; exit 1 on a regression.",
+    "emit": "Write a DCP writer/reader tuned from a trace.",
+    "workload": "Save (or load and check) a real GPT-2-shaped checkpoint.",
+    "bench": "Sweep sizes, queue depths, O_DIRECT, aggregation on a storage.",
+    "version": "Print the version.",
+}
+
+EXAMPLES = {
+    "record": [
+        "ckpt-trace record -o save.arrow --path-filter /scratch/ckpt/ -- torchrun --nproc-per-node 4 train.py",
+        "ckpt-trace record --backend strace --gpu off -o t.arrow -- python save.py",
+    ],
+    "replay": [
+        "ckpt-trace replay save.arrow --strategy all --target /scratch/replay --durable -o results.json",
+        "ckpt-trace replay save.arrow --strategy aggregated --buffer-size 4MiB --target /nvme/r --dry-run",
+    ],
+    "summary": ["ckpt-trace summary save.arrow", "ckpt-trace summary save.arrow --json | jq .gpu"],
+    "filter": [
+        "ckpt-trace filter save.arrow -o rank0.arrow --rank 0",
+        "ckpt-trace filter save.arrow -o phase.arrow --time 10s..20s --op write,fsync --path '*/__*_0.distcp'",
+    ],
+    "export": [
+        "ckpt-trace export save.arrow --format perfetto -o save.json",
+        "ckpt-trace export save.arrow --format parquet -o save.parquet/",
+    ],
+    "report": ["ckpt-trace report save.arrow results.json -o report.html"],
+    "diff": ["ckpt-trace diff before.arrow after.arrow"],
+    "baseline": ["ckpt-trace baseline save.arrow --target /scratch/b -o baseline.json --repeat 5"],
+    "check": ["ckpt-trace check save.arrow --baseline baseline.json --target /scratch/c --junit check.xml"],
+    "emit": ["ckpt-trace emit save.arrow --from-results results.json -o my_writer.py"],
+    "workload": [
+        "ckpt-trace workload dcp --ranks 4 --model gpt2-small --with-optimizer --out /scratch/ck",
+        "ckpt-trace workload dcp --out /scratch/ck --load --drop-caches",
+        "ckpt-trace workload torch-save --device cuda --model gpt2-medium --out /scratch/ts",
+    ],
+    "bench": ["ckpt-trace bench --target /scratch/bench --quick --fio"],
+    "version": ["ckpt-trace --version"],
+}
+
+# Value names by parameter name (per command where they differ): what the user types, not a Python type.
+METAVARS = {
+    "trace": "TRACE", "traces": "TRACE...", "trace_a": "TRACE_A", "trace_b": "TRACE_B", "results": "[RESULTS.json]...",
+    "target": "DIR", "out_dir": "DIR", "baseline_file": "FILE", "junit": "FILE", "writer": "MODULE.py",
+    "from_results": "FILE", "tolerance": "PERCENT", "buffer_size": "SIZE", "aggregate_size": "SIZE",
+    "volume": "SIZE", "sizes": "SIZE,...", "queue_depths": "N,...", "fio_limit": "MB/S", "strip_prefix": "PREFIX",
+    "path_filter": "PREFIX", "queue_depth": "N", "repeat": "N", "ranks": "N", "shards": "N", "max_processes": "N",
+    "min_seconds": "SECONDS", "strategy": "STRATEGY", "rank": "RANKS", "pid": "PIDS", "path": "GLOB", "op": "OPS",
+    "time_window": "START..END", "engine": "ENGINE",
+}
+OUTPUT_METAVARS = {"record": "TRACE", "replay": "FILE", "export": "PATH", "report": "FILE", "baseline": "FILE",
+                   "emit": "FILE", "bench": "DIR", "filter": "TRACE"}
+
+EPILOG_NOTE = ("Sizes: IEC units (4KiB, 4.5MiB, 1TiB; K, M, G, T the same), or decimal ones (4MB = 4,000,000 "
+               "bytes); rates in decimal MB/s.")
+TAKES_SIZES = {"replay", "baseline", "bench"}
+
+
+def decorate(group: Any) -> Any:
+    """Set short help, examples and value names on ``group``'s commands (typer's click command tree)."""
+    for name, command in group.commands.items():
+        command.short_help = SHORT.get(name, command.short_help)
+        examples = EXAMPLES.get(name, [])
+        lines = ["\b", "Examples:", *(f"  {example}" for example in examples)]
+        command.epilog = "\n".join(lines) + (f"\n\n{EPILOG_NOTE}" if name in TAKES_SIZES else "")
+        for param in command.params:
+            if getattr(param, "param_type_name", "") == "argument":
+                if param.metavar is None and param.name in METAVARS:
+                    param.metavar = METAVARS[param.name]
+                _plain_argument(param)
+                continue
+            descriptor = getattr(param, "type_descriptor", None)
+            if getattr(param, "is_flag", False) or getattr(param, "metavar", None) or (
+                    descriptor is not None and descriptor.is_choice):
+                continue
+            if param.name == "output":
+                param.metavar = OUTPUT_METAVARS.get(name, "FILE")
+            elif param.name == "cmd":
+                param.metavar = "-- CMD [ARGS]..."
+            elif param.name in METAVARS:
+                param.metavar = METAVARS[param.name]
+    return group
+
+
+def _plain_argument(param: Any) -> None:
+    """An argument shown as its value name alone (``TRACE``, ``[RESULTS]...``): typer would add the Python
+    type (``<path>``, ``<list[str]>``) in the help and braces in the usage line. Set on the instance."""
+    name = param.metavar or param.name.upper()
+    usage = name if param.required or name.startswith(("[", "--")) else f"[{name}]"
+    param.display_type_rich = lambda ctx=None: None
+    param._usage_display_name = lambda: usage

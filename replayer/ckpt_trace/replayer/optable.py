@@ -1,0 +1,233 @@
+"""The operations of a replay plan, column by column (``OpTable``), and their one-at-a-time view (``PlanOp``).
+
+A plan of ten million operations is ten million rows of small integers here
+(about 60 bytes each), not ten million Python objects: planners build the
+columns with numpy, executors read them directly and hand runs of reads and
+writes to the I/O layer's C loops. ``PlanOp`` remains the readable view of
+one operation (tests, error messages, the rare per-operation paths).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Plan operation kinds; ``OpTable.kind`` holds indexes into this tuple.
+KINDS = ("open", "close", "read", "write", "lseek", "fsync", "fdatasync", "sync_file_range", "ftruncate", "fallocate",
+         "rename", "unlink", "mkdir", "dup", "fcntl", "mmap", "munmap", "msync", "copy")
+KIND = {name: code for code, name in enumerate(KINDS)}
+READ, WRITE = KIND["read"], KIND["write"]
+NONE = -1  # "no value" in the integer columns (handles, paths, offsets, sizes, queues, prot, pattern offsets)
+NO_FLAGS = np.iinfo(np.int64).min  # "no value" in ``flags`` (any other int64 is a flag word)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOp:
+    """One operation to replay.
+
+    ``handle`` is the handle acted on (created, for open and dup);
+    ``source_handle`` the handle a dup copies. ``path``/``new_path`` are
+    target-relative. ``offset`` (bytes) is None where the trace did not
+    know it: the executor then uses the file position. ``size`` is bytes
+    to transfer (writes: what the recorded call transferred; reads: what
+    it requested). ``release`` marks the close of a handle's last
+    reference. ``deps`` are ``seq`` numbers of other workers' operations
+    that must complete first. ``ts_ns`` is the recorded start time.
+    ``pattern_key`` selects the content a write carries (``iolayer.pattern``),
+    derived from the final path of the file written; ``pattern_offset``, when
+    set, is the offset in that file the bytes belong to (packed files live at
+    another offset of their pack). ``queue`` is the recorded io_uring ring or
+    libaio context of a request (None for a system call): executors that replay
+    as recorded submit requests asynchronously, at most the queue's recorded
+    depth (``ReplayPlan.queue_depths``) in flight. ``mapped``: a read or write
+    of pages through the mapping on ``handle``, which the POSIX executor
+    replays through a mapping and the others as plain I/O. Kind ``mmap`` opens
+    ``path`` and maps ``size`` bytes from ``offset`` with ``prot`` (PROT_*)
+    and ``flags`` (MAP_*); ``munmap`` unmaps and closes it; ``msync`` syncs
+    ``size`` bytes from file offset ``offset``. Kind ``copy`` is a host<->device
+    copy of ``size`` bytes, its direction and host memory kind in ``flags``
+    (``iolayer.gpu.encode``).
+    """
+
+    seq: int
+    kind: str
+    ts_ns: int
+    handle: int | None = None
+    source_handle: int | None = None
+    path: str | None = None
+    new_path: str | None = None
+    offset: int | None = None
+    size: int | None = None
+    flags: int | None = None
+    release: bool = False
+    deps: tuple[int, ...] = ()
+    pattern_key: int = 0
+    pattern_offset: int | None = None
+    queue: int | None = None
+    mapped: bool = False
+    prot: int | None = None
+
+
+_INT_COLUMNS = {  # name: (dtype, value standing for None)
+    "seq": (np.int64, None), "ts_ns": (np.int64, None), "worker": (np.int32, None),
+    "handle": (np.int32, NONE), "source_handle": (np.int32, NONE), "path": (np.int32, NONE),
+    "new_path": (np.int32, NONE), "offset": (np.int64, NONE), "size": (np.int64, NONE),
+    "flags": (np.int64, NO_FLAGS), "pattern_key": (np.int16, None), "pattern_offset": (np.int64, NONE),
+    "queue": (np.int64, NONE), "prot": (np.int32, NONE),
+}
+
+
+@dataclass(frozen=True, eq=False)
+class OpTable:
+    """Every operation of a plan: one row per operation, grouped by ``worker`` (the index of its
+    ``WorkerPlan``) and in recorded order within it. Columns are numpy arrays of equal length; NONE
+    (-1) and NO_FLAGS stand for "no value" as the column docs say. ``path``/``new_path`` index
+    ``paths``; ``deps`` of row i are ``dep_seq[dep_ptr[i]:dep_ptr[i + 1]]``. Immutable by convention:
+    arrays are marked read-only.
+    """
+
+    kind: np.ndarray  # int8, KINDS
+    seq: np.ndarray  # int64: the trace row the operation comes from (deps name these)
+    ts_ns: np.ndarray  # int64
+    worker: np.ndarray  # int32
+    handle: np.ndarray  # int32
+    source_handle: np.ndarray  # int32
+    path: np.ndarray  # int32 into paths
+    new_path: np.ndarray  # int32 into paths
+    offset: np.ndarray  # int64 bytes
+    size: np.ndarray  # int64 bytes
+    flags: np.ndarray  # int64
+    release: np.ndarray  # bool
+    pattern_key: np.ndarray  # int16
+    pattern_offset: np.ndarray  # int64
+    queue: np.ndarray  # int64
+    mapped: np.ndarray  # bool
+    prot: np.ndarray  # int32
+    dep_ptr: np.ndarray  # int64, len + 1
+    dep_seq: np.ndarray  # int64
+    paths: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        for name in _INT_COLUMNS.keys() | {"kind", "release", "mapped", "dep_ptr", "dep_seq"}:
+            getattr(self, name).flags.writeable = False
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    @classmethod
+    def empty(cls) -> OpTable:
+        return cls.from_ops([], [], ())
+
+    @classmethod
+    def from_columns(cls, columns: dict[str, np.ndarray], dep_ptr: np.ndarray, dep_seq: np.ndarray,
+                     paths: Sequence[str]) -> OpTable:
+        """From numpy columns (missing optional ones take their "no value"), cast to the table's dtypes."""
+        n = len(columns["kind"])
+        full = {"kind": np.asarray(columns["kind"], np.int8),
+                "release": np.asarray(columns.get("release", np.zeros(n, bool)), bool),
+                "mapped": np.asarray(columns.get("mapped", np.zeros(n, bool)), bool)}
+        for name, (dtype, missing) in _INT_COLUMNS.items():
+            if name in columns:
+                full[name] = np.asarray(columns[name], dtype)
+            else:
+                full[name] = np.full(n, 0 if missing is None else missing, dtype)
+        return cls(**full, dep_ptr=np.asarray(dep_ptr, np.int64), dep_seq=np.asarray(dep_seq, np.int64),
+                   paths=tuple(paths))
+
+    @classmethod
+    def from_ops(cls, workers: Sequence[int], ops: Sequence[PlanOp], paths: Iterable[str] = ()) -> OpTable:
+        """From ``PlanOp``s and the worker index of each, in table order (slow: small plans and tests)."""
+        path_list = list(dict.fromkeys([*paths, *(p for op in ops for p in (op.path, op.new_path) if p)]))
+        index = {p: i for i, p in enumerate(path_list)}
+
+        def number(value, missing=NONE):
+            return missing if value is None else value
+
+        columns = {
+            "kind": [KIND[op.kind] for op in ops], "seq": [op.seq for op in ops], "ts_ns": [op.ts_ns for op in ops],
+            "worker": list(workers), "handle": [number(op.handle) for op in ops],
+            "source_handle": [number(op.source_handle) for op in ops],
+            "path": [index[op.path] if op.path else NONE for op in ops],
+            "new_path": [index[op.new_path] if op.new_path else NONE for op in ops],
+            "offset": [number(op.offset) for op in ops], "size": [number(op.size) for op in ops],
+            "flags": [number(op.flags, NO_FLAGS) for op in ops], "release": [op.release for op in ops],
+            "pattern_key": [op.pattern_key for op in ops], "pattern_offset": [number(op.pattern_offset) for op in ops],
+            "queue": [number(op.queue) for op in ops], "mapped": [op.mapped for op in ops],
+            "prot": [number(op.prot) for op in ops],
+        }
+        arrays = {name: np.array(values, dtype=_INT_COLUMNS[name][0] if name in _INT_COLUMNS else None)
+                  for name, values in columns.items()}
+        arrays["kind"] = np.array(columns["kind"], np.int8)
+        arrays["release"] = np.array(columns["release"], bool)
+        arrays["mapped"] = np.array(columns["mapped"], bool)
+        lengths = np.array([len(op.deps) for op in ops], np.int64)
+        dep_ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        dep_seq = np.array([d for op in ops for d in op.deps], np.int64)
+        return cls.from_columns(arrays, dep_ptr, dep_seq, path_list)
+
+    def deps_of(self, i: int) -> tuple[int, ...]:
+        return tuple(self.dep_seq[self.dep_ptr[i]:self.dep_ptr[i + 1]].tolist())
+
+    def op(self, i: int) -> PlanOp:
+        """Row ``i`` as a ``PlanOp``."""
+        def value(column: np.ndarray, missing=NONE):
+            v = int(column[i])
+            return None if v == missing else v
+
+        path, new_path = int(self.path[i]), int(self.new_path[i])
+        return PlanOp(seq=int(self.seq[i]), kind=KINDS[self.kind[i]], ts_ns=int(self.ts_ns[i]),
+                      handle=value(self.handle), source_handle=value(self.source_handle),
+                      path=self.paths[path] if path >= 0 else None,
+                      new_path=self.paths[new_path] if new_path >= 0 else None, offset=value(self.offset),
+                      size=value(self.size), flags=value(self.flags, NO_FLAGS), release=bool(self.release[i]),
+                      deps=self.deps_of(i), pattern_key=int(self.pattern_key[i]),
+                      pattern_offset=value(self.pattern_offset), queue=value(self.queue),
+                      mapped=bool(self.mapped[i]), prot=value(self.prot))
+
+    def ops(self, start: int = 0, stop: int | None = None) -> tuple[PlanOp, ...]:
+        return tuple(self.op(i) for i in range(start, len(self) if stop is None else stop))
+
+    def counts(self) -> dict[str, int]:
+        """Operations per kind."""
+        codes, counts = np.unique(self.kind, return_counts=True)
+        return {KINDS[c]: int(n) for c, n in zip(codes, counts)}
+
+    def take(self, rows: np.ndarray, dep_rows: np.ndarray | None = None, **replace: np.ndarray) -> OpTable:
+        """The rows ``rows`` (indices, in the order given), with columns in ``replace`` substituted
+        (arrays of the new length). Deps follow their rows unless ``dep_rows`` names, for each new row,
+        the old row whose deps it takes (-1: none)."""
+        source = rows if dep_rows is None else dep_rows
+        has = source >= 0
+        starts = np.where(has, self.dep_ptr[np.maximum(source, 0)], 0)
+        ends = np.where(has, self.dep_ptr[np.maximum(source, 0) + 1], 0)
+        lengths = ends - starts
+        dep_ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        if lengths.sum():
+            gather = np.repeat(starts - dep_ptr[:-1], lengths) + np.arange(int(lengths.sum()))
+            dep_seq = self.dep_seq[gather]
+        else:
+            dep_seq = np.zeros(0, np.int64)
+        columns = {name: getattr(self, name)[rows] for name in (*_INT_COLUMNS, "kind", "release", "mapped")}
+        columns.update(replace)
+        return OpTable.from_columns(columns, dep_ptr, dep_seq, self.paths)
+
+
+def concat(tables: Sequence[OpTable]) -> OpTable:
+    """Tables one after another (same ``paths``)."""
+    tables = [t for t in tables if len(t)] or list(tables[:1])
+    if not tables:
+        return OpTable.empty()
+    names = (*_INT_COLUMNS, "kind", "release", "mapped")
+    columns = {name: np.concatenate([getattr(t, name) for t in tables]) for name in names}
+    shifts = np.cumsum([0] + [len(t.dep_seq) for t in tables[:-1]])
+    dep_ptr = np.concatenate([[0]] + [t.dep_ptr[1:] + shift for t, shift in zip(tables, shifts)])
+    return OpTable.from_columns(columns, dep_ptr, np.concatenate([t.dep_seq for t in tables]), tables[0].paths)
+
+
+def count_kinds(table: OpTable, mask: np.ndarray | None = None) -> Counter:
+    kinds = table.kind if mask is None else table.kind[mask]
+    codes, counts = np.unique(kinds, return_counts=True)
+    return Counter({KINDS[c]: int(n) for c, n in zip(codes, counts)})

@@ -1,0 +1,153 @@
+"""The columnar planner plans exactly what the one-row-at-a-time reference planner plans.
+
+The reference (``reference_planner.py``) is the planner ckpt-trace used before
+planning went columnar; every field of the plan is compared: each worker's
+operations in order, what is made before the clock, sizes, the ranges
+``--verify`` checks, waits, queue depths. Inputs: every golden trace and
+random traces of descriptors opened, duplicated, closed and reused across
+threads, reads and writes at known and unknown offsets, truncations,
+renames, unlinks and fallocate.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+import reference_aggregate
+import reference_planner as reference
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ckpt_trace.formats import read_trace, table_from_columns
+from ckpt_trace.replayer.aggregate import build_aggregated_plan
+from ckpt_trace.replayer.plan import build_posix_plan
+from ckpt_trace.tracer import syscalls as sc
+
+GOLDEN = sorted((Path(__file__).resolve().parent.parent / "traces" / "golden").glob("v*.arrow"))
+_OP_FIELDS = ("seq", "kind", "ts_ns", "handle", "source_handle", "path", "new_path", "offset", "size", "flags",
+              "release", "deps", "pattern_key", "pattern_offset", "queue", "mapped")
+
+
+def _ops(plan) -> list[list[tuple]]:
+    return [[tuple(getattr(op, name) for name in _OP_FIELDS) for op in worker.ops] for worker in plan.workers]
+
+
+def assert_same_plan(table, arch="x86_64") -> None:
+    new, old = build_posix_plan(table, arch=arch), reference.build_posix_plan(table, arch=arch)
+    assert [(w.pid, w.tid, w.rank) for w in new.workers] == [(w.pid, w.tid, w.rank) for w in old.workers]
+    assert _ops(new) == _ops(old)
+    assert new.precreate_dirs == old.precreate_dirs
+    assert new.precreate_files == old.precreate_files
+    assert dict(new.skipped_ops) == dict(old.skipped_ops)
+    assert new.bytes_to_write == old.bytes_to_write
+    assert new.awaited == old.awaited
+    assert dict(new.pattern_keys) == dict(old.pattern_keys)
+    assert dict(new.checks.expected_sizes) == dict(old.checks.expected_sizes)
+    assert dict(new.checks.verify_ranges) == dict(old.checks.verify_ranges)
+    assert new.checks.unverifiable == old.checks.unverifiable
+    assert dict(new.files.handle_files) == dict(old.files.handle_files)
+    assert dict(new.files.file_paths) == dict(old.files.file_paths)
+    assert dict(new.queue_depths) == dict(old.queue_depths)
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=lambda p: p.name)
+def test_golden_traces_plan_the_same(path):
+    """Host<->device copy rows (format version 3) came after the reference: the planners are compared on the
+    rest, and the columnar planner plans one copy operation per copy row."""
+    trace = read_trace(path)
+    is_copy = pc.equal(trace.table["interface"].cast(pa.string()), "cuda")
+    assert_same_plan(trace.table.filter(pc.invert(is_copy)), trace.metadata["arch"])
+    copies = sum(op.kind == "copy" for worker in build_posix_plan(trace.table).workers for op in worker.ops)
+    assert copies == pc.sum(is_copy.cast(pa.int64())).as_py()
+
+
+CREATE = sc.O_WRONLY | sc.O_CREAT | sc.O_TRUNC
+FILES = ["/d/a", "/d/b", "/d/c"]
+_ROW = st.one_of(
+    st.tuples(st.just("open"), st.sampled_from(FILES), st.sampled_from([CREATE, sc.O_RDONLY, sc.O_RDWR,
+                                                                       sc.O_WRONLY | sc.O_CREAT])),
+    st.tuples(st.just("write"), st.integers(0, 1 << 16), st.integers(0, 9000), st.booleans()),
+    st.tuples(st.just("read"), st.integers(0, 1 << 16), st.integers(0, 9000), st.booleans()),
+    st.tuples(st.just("close")),
+    st.tuples(st.just("dup")),
+    st.tuples(st.just("ftruncate"), st.integers(0, 1 << 16)),
+    st.tuples(st.just("fallocate"), st.integers(0, 1 << 16), st.integers(1, 1 << 14)),
+    st.tuples(st.just("rename"), st.sampled_from(FILES), st.sampled_from(FILES)),
+    st.tuples(st.just("unlink"), st.sampled_from(FILES)),
+    st.tuples(st.just("fsync")),
+)
+
+
+def _trace(steps: list[tuple[int, int, tuple]]):
+    """Rows from (thread, fd, step) triples; each thread's descriptors follow what its steps did."""
+    columns: dict[str, list] = {name: [] for name in (
+        "ts_ns", "dur_ns", "pid", "tid", "comm", "rank", "syscall", "op", "fd", "path", "new_path", "offset",
+        "offset_source", "size", "ret", "flags", "iov_count")}
+    open_fds: dict[tuple[int, int], str] = {}
+
+    def add(tid, op, **values):
+        row = {"ts_ns": len(columns["ts_ns"]) * 10, "dur_ns": 1, "pid": 1 if tid < 3 else 2, "tid": tid,
+               "comm": "t", "rank": -1, "syscall": op, "op": op, "fd": None, "path": None, "new_path": None,
+               "offset": None, "offset_source": None, "size": None, "ret": 0, "flags": None, "iov_count": None}
+        row.update(values)
+        for name, value in row.items():
+            columns[name].append(value)
+
+    for tid, fd, step in steps:
+        pid = 1 if tid < 3 else 2
+        kind = step[0]
+        path = open_fds.get((pid, fd), FILES[fd % len(FILES)])  # an fd never opened: inherited, as after fork
+        if kind == "open":
+            open_fds[(pid, fd)] = step[1]
+            add(tid, "open", path=step[1], fd=fd, flags=step[2], ret=fd)
+        elif kind in ("write", "read"):
+            offset, size, known = step[1], step[2], step[3]
+            add(tid, kind, path=path, fd=fd, offset=offset if known else None, size=size,
+                ret=-28 if size == 13 else size)
+        elif kind == "close":
+            open_fds.pop((pid, fd), None)
+            add(tid, "close", path=path, fd=fd)
+        elif kind == "dup":
+            open_fds[(pid, fd + 10)] = path
+            add(tid, "dup", path=path, fd=fd, ret=fd + 10)
+        elif kind == "ftruncate":
+            add(tid, "ftruncate", path=path, fd=fd, size=step[1])
+        elif kind == "fallocate":
+            add(tid, "fallocate", path=path, fd=fd, offset=step[1], size=step[2], flags=0)
+        elif kind == "rename" and step[1] != step[2]:
+            add(tid, "rename", path=step[1], new_path=step[2])
+        elif kind == "unlink":
+            add(tid, "unlink", path=step[1])
+        elif kind == "fsync":
+            add(tid, "fsync", path=path, fd=fd)
+    return table_from_columns(columns)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(3, 6), _ROW), min_size=1, max_size=60))
+def test_random_traces_plan_the_same(steps):
+    assert_same_plan(_trace(steps))
+
+
+def assert_same_aggregation(table, arch="x86_64", buffer_bytes=1 << 20, block_bytes=4096) -> None:
+    base = build_posix_plan(table, arch=arch)
+    new = build_aggregated_plan(base, buffer_bytes=buffer_bytes, block_bytes=block_bytes)
+    old = [reference_aggregate.aggregate_worker_ops(w.ops, base.awaited, buffer_bytes=buffer_bytes,
+                                                    block_bytes=block_bytes) for w in base.workers]
+    assert _ops(new) == [[tuple(getattr(op, name) for name in _OP_FIELDS) for op in ops] for ops in old]
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=lambda p: p.name)
+def test_golden_traces_aggregate_the_same(path):
+    trace = read_trace(path)
+    assert_same_aggregation(trace.table, trace.metadata["arch"])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(3, 6), _ROW), min_size=1, max_size=60),
+       st.sampled_from([512, 4096]))
+def test_random_traces_aggregate_the_same(steps, block):
+    assert_same_aggregation(_trace(steps), buffer_bytes=1 << 20, block_bytes=block)
