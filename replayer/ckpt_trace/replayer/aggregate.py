@@ -98,6 +98,19 @@ def _next_at_or_after(positions: np.ndarray, groups: np.ndarray, query_pos: np.n
     return np.where(same, value % span, missing)
 
 
+def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct rows of the 2-D integer array ``keys`` in lexicographic order, each row's index among
+    them): ``np.unique(keys, axis=0, return_inverse=True)`` by one lexsort, several times faster."""
+    if len(keys) == 0:
+        return keys, np.zeros(0, np.int64)
+    order = np.lexsort(keys.T[::-1])
+    ordered = keys[order]
+    new = np.r_[True, np.any(ordered[1:] != ordered[:-1], axis=1)]
+    inverse = np.empty(len(keys), np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    return ordered[new], inverse
+
+
 def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int, block_bytes: int) -> OpTable:
     """The aggregated operations of ``ops`` (a plan's table, grouped by worker). Pure."""
     n = len(ops)
@@ -138,8 +151,7 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
     barrier_handle = np.where(at_handle_barrier, handle[np.minimum(flush, n - 1)], -1)
     order_key = np.where(at_handle_barrier, (p_handle != barrier_handle).astype(np.int64), handle_first)
     group_key = np.stack([flush, order_key, (p_kind == READ).astype(np.int64), p_handle], axis=1)
-    groups, group_of = np.unique(group_key, axis=0, return_inverse=True)
-    group_of = group_of.reshape(-1)
+    groups, group_of = _unique_rows(group_key)
     first_op = np.full(len(groups), n, np.int64)
     np.minimum.at(first_op, group_of, p_pos)
     starts = ops.offset[pending]
@@ -155,7 +167,7 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
     rank_of_row = np.full(n, -1, np.int64)
     rank_of_row[pending_rows] = np.arange(len(pending_rows))
     if len(d_row):
-        pairs = np.unique(np.stack([group_of[rank_of_row[d_row]], d_seq], axis=1), axis=0)
+        pairs, _ = _unique_rows(np.stack([group_of[rank_of_row[d_row]], d_seq], axis=1))
     else:
         pairs = np.zeros((0, 2), np.int64)
     group_dep_ptr = np.concatenate([[0], np.cumsum(np.bincount(pairs[:, 0], minlength=len(groups)))])

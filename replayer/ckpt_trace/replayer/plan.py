@@ -640,14 +640,17 @@ def _asof_handles(bindings: list[tuple[int, int, int, int]], pid: np.ndarray, fd
     b = np.array(bindings, np.int64)
     b_key = (b[:, 0] << 32) | (b[:, 1] & 0xFFFFFFFF)
     key = (pid.astype(np.int64) << 32) | (fd.astype(np.int64) & 0xFFFFFFFF)
-    keys, key_ids = np.unique(np.concatenate([b_key, key]), return_inverse=True)
-    b_id, id_ = key_ids[:len(b_key)], key_ids[len(b_key):]
+    keys = np.unique(b_key)  # the (pid, fd) pairs the walk bound: few, whatever the trace's length
+    b_id = np.searchsorted(keys, b_key)
+    slot = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
+    known = keys[slot] == key
+    id_ = np.where(known, slot, 0)
     span = int(max(b[:, 2].max(), seq.max())) + 2
     b_pos = b_id * span + b[:, 2]
     order = np.argsort(b_pos, kind="stable")
     b_pos, b_handle = b_pos[order], b[order, 3]
     at = np.searchsorted(b_pos, id_ * span + seq, side="left") - 1  # the last change strictly before the row
-    found = (at >= 0) & (b_pos[np.maximum(at, 0)] // span == id_)
+    found = known & (at >= 0) & (b_pos[np.maximum(at, 0)] // span == id_)
     return np.where(found, b_handle[np.maximum(at, 0)], NONE)
 
 
