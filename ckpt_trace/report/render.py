@@ -32,7 +32,9 @@ def _fitted(console: Console, title: str, columns: list[tuple[str, int]], rows: 
     table = _table(console, title)
     shown = [i for i in range(len(columns)) if i in chosen]
     for i in shown:
-        table.add_column(columns[i][0], justify="left" if i == 0 else "right", no_wrap=True)
+        # the first column (a name: strategy, trace) folds when the must-have columns overflow; figures never do
+        table.add_column(columns[i][0], justify="left" if i == 0 else "right", no_wrap=i != 0,
+                         overflow="fold" if i == 0 else "ellipsis", min_width=min(widths[i] - 3, 12) if i == 0 else None)
     for row in rows:
         table.add_row(*(row[i] for i in shown))
     return table, [columns[i][0] for i in range(len(columns)) if i not in chosen]
