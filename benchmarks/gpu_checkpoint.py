@@ -1,6 +1,6 @@
 """The GPU hop of real checkpoints, measured from their own traces (run on a GPU machine).
 
-For each engine (DCP FileSystemWriter, torch.save, safetensors) the state
+For each engine (DCP FileSystemWriter, the emitted writer through DCP, torch.save, safetensors) the state
 dict of ``--model`` lives on the GPU (``ckpt-trace workload ENGINE --device
 cuda``); the save is recorded with ``ckpt-trace record --gpu on``, so the
 device-to-host copies and the writes are rows of one trace. From each trace:
@@ -37,7 +37,7 @@ from ckpt_trace.analysis.gpu import copy_summary
 from ckpt_trace.formats import read_trace
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ENGINES = ("dcp", "torch-save", "safetensors")
+ENGINES = ("dcp", "emitted", "torch-save", "safetensors")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -411,7 +411,7 @@ def workload(
     writer: Optional[Path] = typer.Option(None, "--writer", help="emitted: the module `ckpt-trace emit` wrote (default: ckpt_trace.writer's defaults)."),
     shards: int = typer.Option(1, "--shards", help="safetensors: split the tensors over this many files, as Hugging Face shards."),
     drop_caches: bool = typer.Option(False, "--drop-caches", help="--load: drop the page cache first, for a cold load (root)."),
-    device: Literal["cpu", "cuda"] = typer.Option("cpu", "--device", help="Where the state dict lives (cuda: dcp, torch-save, safetensors; a save copies each tensor to the host)."),
+    device: Literal["cpu", "cuda"] = typer.Option("cpu", "--device", help="Where the state dict lives (cuda: dcp, emitted, torch-save, safetensors; a save copies each tensor to the host)."),
     force: bool = typer.Option(False, help="Save into a non-empty --out directory (the engine may overwrite its own file names there)."),
     as_json: bool = typer.Option(False, "--json", help="Print what was written or read as JSON."),
 ) -> None:

@@ -16,5 +16,6 @@ if [ "${RECORD_GOLDEN:-0}" = 1 ]; then
   python3 -c "import json, pathlib; print(json.dumps({str(p): p.stat().st_size for p in sorted(pathlib.Path('/tmp/ck').rglob('*')) if p.is_file()}, indent=1))" > "$OUT/$G.sizes.json"
 fi
 python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py 2>&1 | tail -8
-python3 benchmarks/gpu_checkpoint.py --model "${MODEL:-gpt2-medium}" --backend strace --target /tmp/gpu-bench \
+python3 benchmarks/gpu_checkpoint.py --model "${MODEL:-gpt2-medium}" --engines "${ENGINES:-dcp,emitted,torch-save,safetensors}" \
+  --backend strace --target /tmp/gpu-bench \
   --results "$OUT/gpu_checkpoint.json" 2>&1 | tail -20

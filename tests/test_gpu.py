@@ -182,3 +182,20 @@ def test_copy_timestamps_fall_between_the_programs_own_clock_reads(tmp_path):
     assert (d2h["end_ns"] <= t1).all() and (d2h["bytes"] == 4 << 20).all() and (d2h["tid"] == pid).all()
     assert d2h["host_address"].tolist() == [pageable, pinned]
     assert d2h["dst_kind"].tolist() == [1, 2]  # pageable, then pinned
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_the_emitted_writer_stages_gpu_tensors_through_pinned_buffers(tmp_path):
+    """The emitted writer saves CUDA tensors by asynchronous copies into page-locked staging buffers: the
+    recorded copies are pinned, one or more per tensor, and the checkpoint loads back bit for bit."""
+    trace_path = tmp_path / "emitted.arrow"
+    cli("record", "--gpu", "on", "-o", str(trace_path), "--", sys.executable, "-m", "ckpt_trace.cli", "workload",
+        "emitted", "--device", "cuda", "--model", "gpt2-tiny", "--out", str(tmp_path / "ckpt"))
+    table = read_trace(trace_path).table
+    d2h = table.filter(pc.equal(table.column("op"), vocabulary.COPY_D2H))
+    from ckpt_trace.workloads.engines import tensor_bytes
+
+    assert set(d2h.column("memory_kind").to_pylist()) == {"pinned"}
+    assert pc.sum(d2h.column("size")).as_py() == sum(tensor_bytes("gpt2-tiny", with_optimizer=False))
+    cli("workload", "emitted", "--device", "cuda", "--model", "gpt2-tiny", "--out", str(tmp_path / "ckpt"), "--load")

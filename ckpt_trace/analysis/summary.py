@@ -42,17 +42,21 @@ def _ops_table(table: pa.Table) -> dict[str, dict[str, int]]:
     return dict(sorted(out.items(), key=lambda item: -item[1]["count"]))
 
 
+_POWERS = 1 << np.arange(63, dtype=np.int64)  # bucket b (index k) holds sizes in [2**k, 2**(k+1))
+
+
 def _histogram(data: pa.Table) -> list[dict[str, int]]:
-    sizes = data["size"].to_pylist()
-    ops = data["op"].to_pylist()
-    buckets: dict[int, dict[str, int]] = {}
-    for size, op in zip(sizes, ops):
-        size = size or 0
-        bucket = 0 if size <= 0 else 1 << (size.bit_length() - 1)
-        entry = buckets.setdefault(bucket, {"bucket_bytes": bucket, "read": 0, "write": 0, "bytes": 0})
-        entry[op] += 1
-        entry["bytes"] += size
-    return [buckets[key] for key in sorted(buckets)]
+    """Data operations per power-of-two size bucket: vectorised (one exact searchsorted over the 63 powers)."""
+    sizes = data["size"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    is_write = pc.fill_null(pc.equal(data["op"].cast(pa.string()), "write"), False).to_numpy(zero_copy_only=False)
+    index = np.where(sizes > 0, np.searchsorted(_POWERS, sizes, side="right"), 0)  # 0: size 0; k+1: bucket 2**k
+    writes = np.bincount(index[is_write], minlength=64)
+    reads = np.bincount(index[~is_write], minlength=64)
+    moved = np.zeros(64, np.int64)  # exact int64 sums (float weights would round above 2**53)
+    summed = pa.table({"k": index, "s": sizes}).group_by("k").aggregate([("s", "sum")])
+    moved[summed["k"].to_numpy()] = summed["s_sum"].to_numpy()
+    return [{"bucket_bytes": 0 if k == 0 else int(_POWERS[k - 1]), "read": int(reads[k]), "write": int(writes[k]),
+             "bytes": int(moved[k])} for k in np.flatnonzero(writes + reads).tolist()]
 
 
 def _alignment(data: pa.Table) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from .models import MODELS, GPT2Config, parameter_shapes
 ENGINES = ("dcp", "torch-save", "safetensors", "emitted", "libaio", "memmap")
 DCP_ENGINES = ("dcp", "emitted")
 DEVICES = ("cpu", "cuda")
-CUDA_ENGINES = ("dcp", "torch-save", "safetensors")  # engines whose state can live on the GPU (--device cuda)
+CUDA_ENGINES = ("dcp", "emitted", "torch-save", "safetensors")  # engines whose state can live on the GPU
 
 
 def _torch():

@@ -4,6 +4,12 @@
 copied into the current page-aligned staging buffer; a full buffer becomes
 one aligned write submitted through the thread's ring with O_DIRECT, and the
 next buffer fills while earlier ones are in flight (``queue_depth`` buffers).
+Items on a GPU are copied device-to-host asynchronously into staging buffers
+page-locked with cudaHostRegister (pinned memory: the copy engine's full
+speed, no bounce through pageable memory); a buffer's write is submitted
+once its copies completed, so the copies of one buffer overlap the writes of
+the earlier ones (as DCP's ``per_thread_copy_ahead`` and DataStates-LLM's
+lazy copies do). Where registering fails, copies stay synchronous.
 Call order: ``put(offset, src)`` for each item in offset order, then
 ``close()`` (last buffer zero-padded, every write reaped, fsync); ``abort()``
 on failure removes the file.
@@ -46,6 +52,9 @@ class StagedFile:
         self.current: int | None = None
         self.fill = 0  # bytes staged in the current buffer
         self.file_offset = 0  # file offset of the current buffer's first byte
+        self.pinned: set[int] = set()  # staging buffers page-locked for the GPU (cudaHostRegister)
+        self.copying: set[int] = set()  # buffers with device-to-host copies still in flight
+        self.copy_stream = None  # the stream the copies were queued on
         opened = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, direct=options.direct_io)
         self.fd, self.direct = opened.fd, opened.direct
         try:
@@ -78,7 +87,21 @@ class StagedFile:
             self.free.append(self.ring.wait().tag)
         return self.free.pop()
 
+    def _pin(self, index: int) -> bool:
+        """Page-lock staging buffer ``index`` for asynchronous device-to-host copies; False if CUDA refuses."""
+        if index not in self.pinned:
+            buffer = self.buffers[index]
+            try:
+                torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(buffer.ptr, buffer.size_bytes, 0))
+            except RuntimeError:
+                return False
+            self.pinned.add(index)
+        return True
+
     def _flush(self) -> None:
+        if self.current in self.copying:  # its bytes are still on their way from the GPU
+            self.copy_stream.synchronize()
+            self.copying.clear()
         size = align_up(self.fill, self.options.align_bytes)
         view = self.views[self.current]
         if size > self.fill:
@@ -91,6 +114,9 @@ class StagedFile:
         """Stage ``src`` (1-D uint8, any device) at file ``offset`` (>= the previous item's end)."""
         gap = offset - (self.file_offset + self.fill)
         position, total = 0, src.numel()
+        on_gpu = src.is_cuda
+        if on_gpu:
+            self.copy_stream = torch.cuda.current_stream(src.device)
         while gap > 0 or position < total:
             if self.current is None:
                 self.current = self._take_buffer()
@@ -102,7 +128,10 @@ class StagedFile:
                 gap -= step
             else:
                 step = min(total - position, room)
-                view[self.fill:self.fill + step].copy_(src[position:position + step])
+                asynchronous = on_gpu and self._pin(self.current)
+                view[self.fill:self.fill + step].copy_(src[position:position + step], non_blocking=asynchronous)
+                if asynchronous:
+                    self.copying.add(self.current)
                 position += step
             self.fill += step
             if self.fill == self.options.buffer_bytes:
@@ -126,10 +155,16 @@ class StagedFile:
     def _release(self) -> None:
         if self.fd < 0:
             return
+        if self.copying:
+            self.copy_stream.synchronize()  # no copy may land in a buffer about to be freed
+            self.copying.clear()
         self.ring.close()
         os.close(self.fd)
         self.fd = -1
         self.views.clear()
+        for index in self.pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.buffers[index].ptr)
+        self.pinned.clear()
         for buffer in self.buffers:
             buffer.close()
 

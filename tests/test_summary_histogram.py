@@ -1,0 +1,31 @@
+"""The vectorised request-size histogram of ``summary`` equals a row-by-row count (bucket b holds [b, 2b))."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ckpt_trace.analysis.summary import _histogram
+
+
+def _by_row(sizes, ops):
+    buckets = {}
+    for size, op in zip(sizes, ops):
+        size = size or 0
+        bucket = 0 if size <= 0 else 1 << (size.bit_length() - 1)
+        entry = buckets.setdefault(bucket, {"bucket_bytes": bucket, "read": 0, "write": 0, "bytes": 0})
+        entry[op] += 1
+        entry["bytes"] += size
+    return [buckets[key] for key in sorted(buckets)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 2**62), st.sampled_from([1, 2, 4095, 4096, 2**53 - 1,
+                                                                                      2**53, 2**53 + 1])),
+                          st.sampled_from(["read", "write"])), max_size=200))
+def test_histogram_matches_a_row_by_row_count(rows):
+    sizes, ops = [r[0] for r in rows], [r[1] for r in rows]
+    table = pa.table({"size": pa.array(sizes, pa.int64()),
+                      "op": pa.array(ops, pa.string()).dictionary_encode()})
+    assert _histogram(table) == _by_row(sizes, ops)
