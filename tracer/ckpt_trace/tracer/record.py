@@ -267,7 +267,11 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
         columns = {name: list(values) + rows[name] for name, values in columns.items()}
         columns["device"] = [None] * traced + rows["device"]
         columns["memory_kind"] = [None] * traced + rows["memory_kind"]
-        gpu_summary = {"captured": True, "reason": gpu_plan.reason, **summary}
+        captured = summary["processes"] > len(summary["errors"])
+        reason = gpu_plan.reason if captured else (
+            "no process of the command initialised CUDA" if not summary["processes"]
+            else "every process that initialised CUDA refused the subscriber (see errors)")
+        gpu_summary = {"captured": captured, "reason": reason, **summary}
     extra = {**extra, "unseen": unseen_counts(columns, extra.get("unseen", {}))}
     metadata = {
         "creator": "ckpt-trace",
