@@ -226,12 +226,10 @@ def summary(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Operations, bytes, files, ranks, request sizes and alignment of a trace."""
-    from ckpt_trace.formats import read_trace
-
-    from .analysis.summary import summarize
+    from .analysis.summary import summarize_file
     from .report.render import render_summary
 
-    _show(summarize(read_trace(trace)), as_json, render_summary)
+    _show(summarize_file(trace), as_json, render_summary)
 
 
 @app.command()

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ckpt_trace.formats import Trace
+from ckpt_trace.formats import Trace, scan
 from ckpt_trace.stats import percentiles_ns
 
 from .gpu import copy_summary
@@ -67,6 +67,8 @@ def _alignment(data: pa.Table) -> dict[str, Any]:
     total = data.num_rows
     return {
         "alignment_bytes": ALIGNMENT_BYTES,
+        "unaligned_offsets": unaligned_offsets,
+        "unaligned_sizes": unaligned_sizes,
         "ops_with_known_offset": with_offset.num_rows,
         "ops_with_unknown_offset": total - with_offset.num_rows,
         "unaligned_offset_share": unaligned_offsets / with_offset.num_rows if with_offset.num_rows else 0.0,
@@ -74,62 +76,167 @@ def _alignment(data: pa.Table) -> dict[str, Any]:
     }
 
 
-def _interfaces(data: pa.Table) -> dict[str, dict[str, Any]]:
-    """Per I/O interface (syscall, io_uring, libaio, mmap): data operations, bytes, latency percentiles
-    (submission to completion for requests) and, for queued requests, the distribution of requests in flight
-    at submission (power-of-two buckets)."""
-    out = {}
-    interfaces = pc.unique(data["interface"].cast(pa.string())).to_pylist()
-    for interface in sorted(i for i in interfaces if i):
-        rows = data.filter(pc.equal(data["interface"], interface))
-        moved = pc.max_element_wise(rows["ret"], 0)
-        is_write = pc.equal(rows["op"], "write")
-        entry = {"ops": rows.num_rows, "bytes_written": _sum(pc.if_else(is_write, moved, 0)),
-                 "bytes_read": _sum(pc.if_else(is_write, 0, moved)),
-                 "latency_ns": percentiles_ns(rows["dur_ns"].to_numpy())}
-        depths = rows["in_flight"].drop_null().to_numpy()
-        if len(depths):
-            buckets = np.left_shift(1, np.floor(np.log2(np.maximum(depths, 1))).astype(np.int64))
-            values, counts = np.unique(buckets, return_counts=True)
-            entry["in_flight"] = {"p50": int(np.median(depths)), "max": int(depths.max()),
-                                  "histogram": {str(int(b)): int(c) for b, c in zip(values, counts)}}
-        out[interface] = entry
-    return out
+SUMMARY_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "rank", "op", "path", "offset", "size", "ret", "interface",
+                   "in_flight", "memory_kind")
+
+
+class _Accumulator:
+    """The summary's figures, batch by batch: sums, counts, distinct values and per-interface durations; the
+    trace itself is never held (memory: the distinct paths, pids and tids, and 8 bytes per data operation
+    for the exact latency percentiles)."""
+
+    def __init__(self) -> None:
+        self.rows = self.end_ns = self.failed = 0
+        self.ops: dict[str, dict[str, int]] = {}
+        self.files: set[str] = set()
+        self.pids: set[int] = set()
+        self.tids: set[int] = set()
+        self.ranks: set[int] = set()
+        self.data_ops = self.data_time_ns = self.written = self.read = 0
+        self.histogram: dict[int, dict[str, int]] = {}
+        self.known_offsets = self.unaligned_offsets = self.unaligned_sizes = 0
+        self.interfaces: dict[str, dict[str, Any]] = {}
+        self.meta_ops = self.meta_time_ns = 0
+        self.copies: list[pa.Table] = []
+
+    def add(self, batch: pa.RecordBatch | pa.Table) -> None:
+        table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+        if table.num_rows == 0:
+            return
+        self.rows += table.num_rows
+        self.end_ns = max(self.end_ns, _sum(pc.max(pc.add(table["ts_ns"], table["dur_ns"]))))
+        for op, entry in _ops_table(table).items():
+            mine = self.ops.setdefault(op, {"count": 0, "bytes": 0, "time_ns": 0})
+            for key in mine:
+                mine[key] += entry[key]
+        self.files.update(v for v in pc.unique(pc.drop_null(table["path"]).cast(pa.string())).to_pylist())
+        self.pids.update(pc.unique(table["pid"]).to_pylist())
+        self.tids.update(pc.unique(table["tid"]).to_pylist())
+        self.ranks.update(pc.unique(table["rank"]).to_pylist())
+        self.failed += _sum(pc.cast(pc.less(table["ret"], 0), pa.int64()))
+        op = table["op"].cast(pa.string())
+        meta = table.filter(pc.is_in(op, pa.array(METADATA_OPS)))
+        self.meta_ops += meta.num_rows
+        self.meta_time_ns += _sum(meta["dur_ns"])
+        data = table.filter(pc.is_in(op, pa.array(DATA_OPS)))
+        if data.num_rows:
+            self._add_data(data)
+        if "memory_kind" in table.column_names:
+            copies = table.filter(pc.fill_null(pc.equal(table["interface"].cast(pa.string()), "cuda"), False))
+            if copies.num_rows:
+                self.copies.append(copies)
+
+    def _add_data(self, data: pa.Table) -> None:
+        op = data["op"].cast(pa.string())
+        moved = pc.max_element_wise(data["ret"], 0)
+        is_write = pc.equal(op, "write")
+        self.data_ops += data.num_rows
+        self.data_time_ns += _sum(data["dur_ns"])
+        self.written += _sum(pc.if_else(is_write, moved, 0))
+        self.read += _sum(pc.if_else(is_write, 0, moved))
+        for entry in _histogram(data):
+            mine = self.histogram.setdefault(entry["bucket_bytes"], {"bucket_bytes": entry["bucket_bytes"], "read": 0,
+                                                                     "write": 0, "bytes": 0})
+            for key in ("read", "write", "bytes"):
+                mine[key] += entry[key]
+        alignment = _alignment(data)
+        self.known_offsets += alignment["ops_with_known_offset"]
+        self.unaligned_offsets += alignment["unaligned_offsets"]
+        self.unaligned_sizes += alignment["unaligned_sizes"]
+        names = data["interface"].cast(pa.string())
+        for interface in (i for i in pc.unique(names).to_pylist() if i):
+            rows = data.filter(pc.equal(names, interface))
+            r_moved = pc.max_element_wise(rows["ret"], 0)
+            r_write = pc.equal(rows["op"].cast(pa.string()), "write")
+            mine = self.interfaces.setdefault(interface, {"ops": 0, "bytes_written": 0, "bytes_read": 0,
+                                                          "durations": [], "depths": []})
+            mine["ops"] += rows.num_rows
+            mine["bytes_written"] += _sum(pc.if_else(r_write, r_moved, 0))
+            mine["bytes_read"] += _sum(pc.if_else(r_write, 0, r_moved))
+            mine["durations"].append(rows["dur_ns"].to_numpy())
+            depths = rows["in_flight"].drop_null().to_numpy()
+            if len(depths):
+                mine["depths"].append(depths)
+
+    def result(self) -> dict[str, Any]:
+        interfaces = {}
+        for name in sorted(self.interfaces):
+            mine = self.interfaces[name]
+            entry = {"ops": mine["ops"], "bytes_written": mine["bytes_written"], "bytes_read": mine["bytes_read"],
+                     "latency_ns": percentiles_ns(np.concatenate(mine["durations"]))}
+            if mine["depths"]:
+                depths = np.concatenate(mine["depths"])
+                buckets = np.left_shift(1, np.floor(np.log2(np.maximum(depths, 1))).astype(np.int64))
+                values, counts = np.unique(buckets, return_counts=True)
+                entry["in_flight"] = {"p50": int(np.median(depths)), "max": int(depths.max()),
+                                      "histogram": {str(int(b)): int(c) for b, c in zip(values, counts)}}
+            interfaces[name] = entry
+        total = self.data_ops
+        return {
+            "rows": self.rows,
+            "duration_ns": self.end_ns,
+            "bytes_written": self.written,
+            "bytes_read": self.read,
+            "files": len(self.files),
+            "processes": len(self.pids),
+            "threads": len(self.tids),
+            "ranks": sorted(r for r in self.ranks if r is not None and r >= 0),
+            "ops": dict(sorted(self.ops.items(), key=lambda item: -item[1]["count"])),
+            "data_ops": total,
+            "metadata_ops": self.meta_ops,
+            "data_time_ns": self.data_time_ns,
+            "metadata_time_ns": self.meta_time_ns,
+            "size_histogram": [self.histogram[key] for key in sorted(self.histogram)],
+            "alignment": {
+                "alignment_bytes": ALIGNMENT_BYTES,
+                "ops_with_known_offset": self.known_offsets,
+                "ops_with_unknown_offset": total - self.known_offsets,
+                "unaligned_offset_share": self.unaligned_offsets / self.known_offsets if self.known_offsets else 0.0,
+                "unaligned_size_share": self.unaligned_sizes / total if total else 0.0,
+            },
+            "failed_ops": self.failed,
+            "interfaces": interfaces,
+        }
+
+
+def _document(path, md: dict, figures: dict, gpu: dict) -> dict[str, Any]:
+    return {"trace": str(path), "backend": md.get("backend"), "command": md.get("command"), **figures,
+            "lost_events": int(md.get("lost_events", 0)), "filesystems": md.get("filesystems", {}),
+            "unseen": md.get("unseen", {}), "gpu": gpu}
 
 
 def summarize(trace: Trace) -> dict[str, Any]:
-    """Summary of ``trace``: operations by type, bytes, files, processes and ranks, sizes, alignment, time split."""
-    table = trace.table
-    data = table.filter(pc.is_in(table["op"], pa.array(DATA_OPS)))
-    meta = table.filter(pc.is_in(table["op"], pa.array(METADATA_OPS)))
-    writes = data.filter(pc.equal(data["op"], "write"))
-    reads = data.filter(pc.equal(data["op"], "read"))
-    ranks = sorted(r for r in pc.unique(table["rank"]).to_pylist() if r is not None and r >= 0)
-    end_ns = _sum(pc.max(pc.add(table["ts_ns"], table["dur_ns"]))) if table.num_rows else 0
-    md = trace.metadata
-    return {
-        "trace": str(trace.path),
-        "backend": md.get("backend"),
-        "command": md.get("command"),
-        "rows": table.num_rows,
-        "duration_ns": end_ns,
-        "bytes_written": _sum(pc.max_element_wise(writes["ret"], 0)),
-        "bytes_read": _sum(pc.max_element_wise(reads["ret"], 0)),
-        "files": len(pc.unique(pc.drop_null(table["path"]))),
-        "processes": len(pc.unique(table["pid"])),
-        "threads": len(pc.unique(table["tid"])),
-        "ranks": ranks,
-        "ops": _ops_table(table),
-        "data_ops": data.num_rows,
-        "metadata_ops": meta.num_rows,
-        "data_time_ns": _sum(data["dur_ns"]),
-        "metadata_time_ns": _sum(meta["dur_ns"]),
-        "size_histogram": _histogram(data),
-        "alignment": _alignment(data),
-        "failed_ops": _sum(pc.cast(pc.less(table["ret"], 0), pa.int64())),
-        "lost_events": int(md.get("lost_events", 0)),
-        "filesystems": md.get("filesystems", {}),
-        "interfaces": _interfaces(data),
-        "unseen": md.get("unseen", {}),
-        "gpu": copy_summary(table),
-    }
+    """Summary of ``trace``: operations by type, bytes, files, processes and ranks, sizes, alignment, time split,
+    per I/O interface, and the GPU copies per rank (``analysis.gpu``). Works batch by batch
+    (``summarize_file`` reads a trace file that way without loading it)."""
+    acc = _Accumulator()
+    for batch in trace.table.to_batches():
+        acc.add(batch)
+    gpu = copy_summary(trace.table) if acc.copies else {"copies": 0}
+    return _document(trace.path, trace.metadata, acc.result(), gpu)
+
+
+def summarize_file(path, *, batch_rows: int = 1 << 20) -> dict[str, Any]:
+    """``summarize`` of the trace file at ``path``, read in record batches of ``batch_rows`` rows
+    (``formats.scan``) with only the columns the summary needs: memory is bounded by a batch plus the
+    summary's own state, never the whole trace. Traces with GPU copies are read a second time for the data
+    operations of the ranks that copied (the copy/I/O overlap). Raises TraceFormatError for a bad trace."""
+    meta, batches = scan(path, SUMMARY_COLUMNS, batch_rows=batch_rows)
+    acc = _Accumulator()
+    for batch in batches:
+        acc.add(batch)
+    gpu = {"copies": 0}
+    if acc.copies:
+        copies = pa.concat_tables(acc.copies)
+        ranks = pa.array(sorted(set(copies["rank"].to_pylist())), pa.int32())
+        _, again = scan(path, ("ts_ns", "dur_ns", "rank", "op", "interface", "memory_kind", "size"),
+                        batch_rows=batch_rows)
+        parts = [b.filter(pc.and_(pc.is_in(b.column("rank"), value_set=ranks),
+                                  pc.is_in(b.column("op").cast(pa.string()), pa.array(DATA_OPS))))
+                 for b in again]
+        io = pa.Table.from_batches(parts) if parts else None
+        columns = ["ts_ns", "dur_ns", "rank", "op", "interface", "memory_kind", "size"]
+        both = pa.concat_tables([copies.select(columns)] + ([io.select(columns)] if io is not None else []),
+                                promote_options="permissive")
+        gpu = copy_summary(both)
+    return _document(path, meta, acc.result(), gpu)

@@ -1,12 +1,18 @@
-"""The vectorised request-size histogram of ``summary`` equals a row-by-row count (bucket b holds [b, 2b))."""
+"""``summary``: the vectorised request-size histogram equals a row-by-row count (bucket b holds [b, 2b)), and
+the summary read from the file in small record batches equals the one computed from the whole table."""
 
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
+from conftest import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckpt_trace.analysis.summary import _histogram
+from ckpt_trace.analysis.summary import _histogram, summarize, summarize_file
+from ckpt_trace.formats import read_trace
+
+GOLDEN = sorted((REPO / "traces" / "golden").glob("v*.arrow"))
 
 
 def _by_row(sizes, ops):
@@ -29,3 +35,10 @@ def test_histogram_matches_a_row_by_row_count(rows):
     table = pa.table({"size": pa.array(sizes, pa.int64()),
                       "op": pa.array(ops, pa.string()).dictionary_encode()})
     assert _histogram(table) == _by_row(sizes, ops)
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=lambda p: p.name)
+def test_the_file_summary_in_small_batches_equals_the_whole_table_summary(path):
+    whole = summarize(read_trace(path))
+    for batch_rows in (1, 97, 1 << 20):
+        assert summarize_file(path, batch_rows=batch_rows) == whole
