@@ -321,7 +321,8 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
     def batches() -> Iterator[pa.RecordBatch]:
         try:
             dataset = ds.dataset(str(path), format="arrow")
-            for batch in dataset.to_batches(columns=present, batch_size=batch_rows):
+            for batch in dataset.to_batches(columns=present, batch_size=batch_rows, batch_readahead=1,
+                                            fragment_readahead=1):
                 batch.validate(full=True)
                 if missing or version != FORMAT_VERSION:
                     batch = _upgrade_batch(batch, version, wanted)

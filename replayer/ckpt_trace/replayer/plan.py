@@ -189,7 +189,7 @@ def _ancestors(path: str) -> list[str]:
 
 # -- the trace, as the planner reads it -------------------------------------------------------------------------
 
-_PLAN_COLUMNS = ("ts_ns", "pid", "tid", "rank", "op", "fd", "path", "new_path", "offset", "size", "ret", "flags",
+PLAN_COLUMNS = _PLAN_COLUMNS = ("ts_ns", "pid", "tid", "rank", "op", "fd", "path", "new_path", "offset", "size", "ret", "flags",
                  "interface", "queue_id", "in_flight", "address", "prot", "memory_kind")
 _TEXT = ("op", "path", "new_path", "interface", "memory_kind")
 _RING = np.array(sorted(v.RING_OPS))

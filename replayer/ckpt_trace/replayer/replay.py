@@ -18,7 +18,7 @@ import numpy as np
 
 from ckpt_trace import config
 from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
-from ckpt_trace.formats import read_trace, sha256_file
+from ckpt_trace.formats import read_metadata, scan, sha256_file
 from ckpt_trace.iolayer import host
 from ckpt_trace.iolayer.fio import fio_bytes_per_s
 from ckpt_trace.stats import median_index
@@ -29,7 +29,7 @@ from .optable import READ, WRITE
 from .ownership import Claim
 from .pack import pack_plan
 from .paths import TargetRoot
-from .plan import ReplayPlan, build_posix_plan
+from .plan import PLAN_COLUMNS, ReplayPlan, build_posix_plan
 from .posix import PosixExecutor, Progress
 from .results import ReplayResult
 from .uring import UringExecutor, io_uring_available
@@ -112,11 +112,30 @@ def derive_plan(base: ReplayPlan, strategy: str, *, buffer_bytes: int = 4 << 20,
 GPU_COPY_MODES = ("recorded", "pinned", "skip")
 
 
+@dataclass(frozen=True)
+class _TraceFile:
+    """A trace file by its path and validated metadata, without its rows (``table`` None): planning reads the
+    rows in record batches (``formats.scan``), so the whole trace is never in memory at once."""
+
+    path: Path
+    metadata: dict
+    table: None = None
+
+
+def _trace_file(path: str | os.PathLike) -> _TraceFile:
+    path = Path(path)
+    return _TraceFile(path=path, metadata=read_metadata(path))
+
+
 def _plans(trace, strategy: str, strip_prefix: str | None, **options) -> list[ReplayPlan]:
     """The plans of ``strategy`` (every strategy for ``all``) for a read ``Trace``, planning it once."""
     if strategy not in CHOICES:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
-    base = build_posix_plan(trace.table, strip_prefix, arch=trace.metadata["arch"])
+    if trace.table is None:  # a trace file: planned from record batches of the planner's columns only
+        _, batches = scan(trace.path, PLAN_COLUMNS)
+        base = build_posix_plan(batches, strip_prefix, arch=trace.metadata["arch"])
+    else:
+        base = build_posix_plan(trace.table, strip_prefix, arch=trace.metadata["arch"])
     return [derive_plan(base, name, **options) for name in (STRATEGIES if strategy == "all" else (strategy,))]
 
 
@@ -134,7 +153,7 @@ def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> PosixExe
 def plan_summaries(trace_path: str | os.PathLike, *, strategy: str, target: str | os.PathLike,
                    strip_prefix: str | None = None, buffer_bytes: int = 4 << 20, pack_files: bool = False) -> list[dict]:
     """What each strategy's plan would do (``--dry-run``): operations by kind, bytes, alignment. No I/O."""
-    trace = read_trace(trace_path)
+    trace = _trace_file(trace_path)
     block = host.block_bytes(target)
     summaries = []
     for plan in _plans(trace, strategy, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block,
@@ -270,7 +289,7 @@ def replay(
         raise ReplayError("--min-seconds cannot be negative")
     if drop_caches and os.geteuid() != 0:
         raise ReplayError("--drop-caches needs root (it writes /proc/sys/vm/drop_caches)")
-    trace = read_trace(trace_path)
+    trace = _trace_file(trace_path)
     target = Path(target)
     refuse_target_holding(target, trace.path)
     plans = _plans(trace, strategy, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=host.block_bytes(target),
