@@ -27,6 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,9 +49,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def measure(engine: str, model: str, target: Path, backend: str) -> dict:
-    work = target / engine
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{engine}-", dir=target))  # ours alone: nothing of the user's is touched
     trace = work / "save.arrow"
     started = time.perf_counter()
     cli("record", "--backend", backend, "--gpu", "on", "--path-filter", f"{work / 'ckpt'}/", "-o", str(trace), "--",

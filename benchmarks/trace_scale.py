@@ -22,6 +22,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from rich.console import Console
@@ -58,9 +59,7 @@ def main() -> None:
             subprocess.run([sys.executable, str(HERE / "tracegen.py"), str(trace), "--rows", str(rows), "--ranks",
                             str(args.ranks), "--mix", "dcp"], check=True, capture_output=True)
         entry = {"rows": rows, "bytes_per_row": trace.stat().st_size / rows, "commands": {}}
-        work = args.dir / f"w{rows}"
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir()
+        work = Path(tempfile.mkdtemp(prefix=f"w{rows}-", dir=args.dir))  # ours alone, removed below
         commands = {
             "summary": ["summary", str(trace), "--json"],
             "plan (dry run, all)": ["replay", str(trace), "--strategy", "all", "--dry-run", "--target",

@@ -420,6 +420,7 @@ def workload(
 
     if engine not in ENGINES:
         raise CkptTraceError(f"unknown workload {engine!r} (choose from {', '.join(ENGINES)})")
+    made = not load and not out_dir.exists()
     if load:
         if not out_dir.is_dir():
             raise CkptTraceError(f"nothing to load: {out_dir} is not a directory (run the save first)")
@@ -430,9 +431,17 @@ def workload(
             raise CkptTraceError("--drop-caches applies to --load")
         check_output_dir(out_dir, force)
     started = time.monotonic()
-    path, io_s = run(engine, out_dir, ranks=ranks, model=model, with_optimizer=with_optimizer,
-                     file_per_layer=file_per_layer, load=load, mmap=mmap, writer=str(writer) if writer else None,
-                     shards=shards, device=device)
+    try:
+        path, io_s = run(engine, out_dir, ranks=ranks, model=model, with_optimizer=with_optimizer,
+                         file_per_layer=file_per_layer, load=load, mmap=mmap, writer=str(writer) if writer else None,
+                         shards=shards, device=device)
+    except BaseException:
+        if made:  # the directory this run made, if the workload left nothing in it
+            try:
+                out_dir.rmdir()
+            except OSError:
+                pass
+        raise
     elapsed_s = time.monotonic() - started
     files = [p for p in path.rglob("*") if p.is_file()]
     data = {"engine": engine, "phase": "load" if load else "save", "out": str(path), "files": len(files),

@@ -70,8 +70,7 @@ def glob_regex(pattern: str) -> str:
             out.append(".*")
         elif char == "?":
             out.append(".")
-        elif char == "[" and pattern.find("]", i + 2) != -1:
-            end = pattern.find("]", i + 2)
+        elif char == "[" and (end := pattern.find("]", i + 2)) != -1:
             body = pattern[i + 1:end]
             body = "^" + body[1:] if body.startswith("!") else body
             out.append("[" + body.replace("\\", "\\\\") + "]")

@@ -424,6 +424,17 @@ AIO_CHUNK_BYTES = 1 << 20  # FastPersist's default io_block_size (DeepSpeed docs
 AIO_QUEUE_DEPTH = 8  # and its queue_depth
 
 
+def _flat_layout(flat: dict, align_bytes: int) -> tuple[dict, int]:
+    """({name: (offset, bytes, shape)}, end) of ``flat``'s tensors laid out one after another in one file,
+    each starting at a multiple of ``align_bytes``; ``end`` is rounded up to it too."""
+    layout, end = {}, 0
+    for name, tensor in flat.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        layout[name] = (end, nbytes, list(tensor.shape))
+        end = -(-(end + nbytes) // align_bytes) * align_bytes
+    return layout, end
+
+
 def run_libaio(out: Path, model: str, with_optimizer: bool, load: bool = False) -> float:
     """Write the flat tensors to ``out/model.aio.bin`` through native AIO with O_DIRECT, as DeepSpeed's
     FastPersist does: tensors copied into one page-aligned buffer (each at a 4 KiB-aligned offset), written
@@ -436,11 +447,7 @@ def run_libaio(out: Path, model: str, with_optimizer: bool, load: bool = False) 
 
     flat = _flat_safetensors(local_state(model_config(model), 0, 1, with_optimizer))
     path, index_path = out / "model.aio.bin", out / "model.aio.json"
-    layout, end = {}, 0
-    for name, tensor in flat.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        layout[name] = (end, nbytes, list(tensor.shape))
-        end = -(-(end + nbytes) // 4096) * 4096
+    layout, end = _flat_layout(flat, align_bytes=4096)
     padded = max(4096, end)
     if load and not (path.exists() and index_path.exists()):
         raise WorkloadError(f"nothing to load: {path} or {index_path.name} is missing (run the save first)")
@@ -489,11 +496,7 @@ def run_memmap(out: Path, model: str, with_optimizer: bool, load: bool = False) 
 
     flat = _flat_safetensors(local_state(model_config(model), 0, 1, with_optimizer))
     path, index_path = out / "model.mmap.bin", out / "model.mmap.json"
-    layout, end = {}, 0
-    for name, tensor in flat.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        layout[name] = (end, nbytes, list(tensor.shape))
-        end += nbytes
+    layout, end = _flat_layout(flat, align_bytes=1)
     if load and not (path.exists() and index_path.exists()):
         raise WorkloadError(f"nothing to load: {path} or {index_path.name} is missing (run the save first)")
     started = time.perf_counter()

@@ -264,7 +264,8 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
     if copies is not None:
         rows, summary = copies
         traced = builder.num_rows
-        columns = {name: list(values) + rows[name] for name, values in columns.items()}
+        for name, values in columns.items():  # the builder is done: its lists take the copy rows in place
+            values.extend(rows[name])
         columns["device"] = [None] * traced + rows["device"]
         columns["memory_kind"] = [None] * traced + rows["memory_kind"]
         captured = summary["processes"] > len(summary["errors"])
