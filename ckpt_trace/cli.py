@@ -262,10 +262,11 @@ def report(
     results: list[Path] = typer.Argument(None, help="replay -o results (or benchmark) files to compare strategies."),
     output: Path = typer.Option(..., "-o", "--output", help="HTML file to write."),
     fio_limit: Optional[str] = typer.Option(None, "--fio-limit", help="Device limit to draw, in MB/s (e.g. 2100)."),
+    rank: Optional[int] = typer.Option(None, "--rank", help="Rank shown beside the slowest one (default: the first)."),
     force: bool = typer.Option(False, help="Overwrite an existing output."),
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
 ) -> None:
-    """One self-contained HTML page: summary, timeline, request sizes, offsets, throughput, strategies."""
+    """One self-contained HTML page: the job, GPU copies, calls and requests, ranks over time, storage, advice."""
     from .report.html import write_report
 
     limit = None
@@ -274,11 +275,13 @@ def report(
             limit = float(fio_limit) * 1e6
         except ValueError:
             raise CkptTraceError(f"--fio-limit takes MB/s, not {fio_limit!r}") from None
-    data = write_report(trace, output, results_paths=results or [], fio_limit_bytes_per_s=limit, overwrite=force)
+    data = write_report(trace, output, results_paths=results or [], fio_limit_bytes_per_s=limit, rank=rank,
+                        overwrite=force)
     if as_json:
         _write_json(None, data)
     else:
-        err.print(f"ckpt-trace: wrote {output} ({data['figures']} figures, {data['bytes']:,} bytes)", highlight=False)
+        err.print(f"ckpt-trace: wrote {output} ({data['figures']} figures, {data['bytes']:,} bytes; slowest: "
+                  f"{data['slowest']})", highlight=False)
 
 
 @app.command()

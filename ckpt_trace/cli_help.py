@@ -42,7 +42,10 @@ EXAMPLES = {
         "ckpt-trace export save.arrow --format perfetto -o save.json",
         "ckpt-trace export save.arrow --format parquet -o save.parquet/",
     ],
-    "report": ["ckpt-trace report save.arrow results.json -o report.html"],
+    "report": [
+        "ckpt-trace report save.arrow results.json -o report.html",
+        "ckpt-trace report save.arrow -o report.html --rank 7",
+    ],
     "diff": ["ckpt-trace diff before.arrow after.arrow"],
     "baseline": ["ckpt-trace baseline save.arrow --target /scratch/b -o baseline.json --repeat 5"],
     "check": ["ckpt-trace check save.arrow --baseline baseline.json --target /scratch/c --junit check.xml"],

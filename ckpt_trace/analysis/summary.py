@@ -30,6 +30,34 @@ def _sum(array) -> int:
     return int(value or 0)
 
 
+def _is(column, names) -> pa.Array:
+    """Boolean array: the (dictionary or plain string) ``column``'s value is in ``names``; nulls are False.
+    Dictionary columns are judged on their few dictionary values, never decoded row by row."""
+    names = list(names)
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    parts = []
+    for chunk in chunks:
+        if pa.types.is_dictionary(chunk.type):
+            lut = np.append(np.isin(np.array(chunk.dictionary.to_pylist(), dtype=object), names), False)
+            parts.append(lut[chunk.indices.fill_null(len(lut) - 1).to_numpy(zero_copy_only=False)])
+        else:
+            parts.append(pc.fill_null(pc.is_in(chunk, pa.array(names, pa.string())), False)
+                         .to_numpy(zero_copy_only=False))
+    return pa.array(np.concatenate(parts) if parts else np.zeros(0, bool))
+
+
+def _distinct(column) -> list:
+    """The distinct non-null values of a (dictionary or plain) column, decoding only the dictionary."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    out: set = set()
+    for chunk in chunks:
+        if pa.types.is_dictionary(chunk.type):
+            out.update(chunk.dictionary.take(pc.unique(chunk.indices.drop_null())).to_pylist())
+        else:
+            out.update(pc.unique(chunk.drop_null()).to_pylist())
+    return list(out)
+
+
 def _ops_table(table: pa.Table) -> dict[str, dict[str, int]]:
     moved = pc.max_element_wise(table["ret"], 0)
     counted = table.append_column("moved", moved)
@@ -48,8 +76,14 @@ _POWERS = 1 << np.arange(63, dtype=np.int64)  # bucket b (index k) holds sizes i
 def _histogram(data: pa.Table) -> list[dict[str, int]]:
     """Data operations per power-of-two size bucket: vectorised (one exact searchsorted over the 63 powers)."""
     sizes = data["size"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    is_write = pc.fill_null(pc.equal(data["op"].cast(pa.string()), "write"), False).to_numpy(zero_copy_only=False)
-    index = np.where(sizes > 0, np.searchsorted(_POWERS, sizes, side="right"), 0)  # 0: size 0; k+1: bucket 2**k
+    is_write = _is(data["op"], ("write",)).to_numpy(zero_copy_only=False)
+    # 0: size 0; k+1: bucket 2**k. frexp's exponent e has 2**(e-1) <= size < 2**e; the float rounding of sizes
+    # above 2**53 can move it by one, which the exact integer comparison below puts back.
+    positive = sizes > 0
+    index = np.where(positive, np.frexp(sizes.astype(np.float64))[1], 0).astype(np.int64)
+    low = np.left_shift(np.int64(1), np.clip(index - 1, 0, 62))
+    index -= positive & (low > sizes)
+    index = np.minimum(index, 63)
     writes = np.bincount(index[is_write], minlength=64)
     reads = np.bincount(index[~is_write], minlength=64)
     moved = np.zeros(64, np.int64)  # exact int64 sums (float weights would round above 2**53)
@@ -80,7 +114,7 @@ SUMMARY_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "rank", "op", "path", "offse
                    "in_flight", "memory_kind")
 
 
-class _Accumulator:
+class Accumulator:
     """The summary's figures, batch by batch: sums, counts, distinct values and per-interface durations; the
     trace itself is never held (memory: the distinct paths, pids and tids, and 8 bytes per data operation
     for the exact latency percentiles)."""
@@ -109,27 +143,25 @@ class _Accumulator:
             mine = self.ops.setdefault(op, {"count": 0, "bytes": 0, "time_ns": 0})
             for key in mine:
                 mine[key] += entry[key]
-        self.files.update(v for v in pc.unique(pc.drop_null(table["path"]).cast(pa.string())).to_pylist())
+        self.files.update(_distinct(table["path"]))
         self.pids.update(pc.unique(table["pid"]).to_pylist())
         self.tids.update(pc.unique(table["tid"]).to_pylist())
         self.ranks.update(pc.unique(table["rank"]).to_pylist())
         self.failed += _sum(pc.cast(pc.less(table["ret"], 0), pa.int64()))
-        op = table["op"].cast(pa.string())
-        meta = table.filter(pc.is_in(op, pa.array(METADATA_OPS)))
+        meta = table.filter(_is(table["op"], METADATA_OPS))
         self.meta_ops += meta.num_rows
         self.meta_time_ns += _sum(meta["dur_ns"])
-        data = table.filter(pc.is_in(op, pa.array(DATA_OPS)))
+        data = table.filter(_is(table["op"], DATA_OPS))
         if data.num_rows:
             self._add_data(data)
         if "memory_kind" in table.column_names:
-            copies = table.filter(pc.fill_null(pc.equal(table["interface"].cast(pa.string()), "cuda"), False))
+            copies = table.filter(_is(table["interface"], ("cuda",)))
             if copies.num_rows:
                 self.copies.append(copies)
 
     def _add_data(self, data: pa.Table) -> None:
-        op = data["op"].cast(pa.string())
         moved = pc.max_element_wise(data["ret"], 0)
-        is_write = pc.equal(op, "write")
+        is_write = _is(data["op"], ("write",))
         self.data_ops += data.num_rows
         self.data_time_ns += _sum(data["dur_ns"])
         self.written += _sum(pc.if_else(is_write, moved, 0))
@@ -143,11 +175,11 @@ class _Accumulator:
         self.known_offsets += alignment["ops_with_known_offset"]
         self.unaligned_offsets += alignment["unaligned_offsets"]
         self.unaligned_sizes += alignment["unaligned_sizes"]
-        names = data["interface"].cast(pa.string())
-        for interface in (i for i in pc.unique(names).to_pylist() if i):
-            rows = data.filter(pc.equal(names, interface))
+        present = sorted(i for i in _distinct(data["interface"]) if i)
+        for interface in present:
+            rows = data if len(present) == 1 else data.filter(_is(data["interface"], (interface,)))
             r_moved = pc.max_element_wise(rows["ret"], 0)
-            r_write = pc.equal(rows["op"].cast(pa.string()), "write")
+            r_write = _is(rows["op"], ("write",))
             mine = self.interfaces.setdefault(interface, {"ops": 0, "bytes_written": 0, "bytes_read": 0,
                                                           "durations": [], "depths": []})
             mine["ops"] += rows.num_rows
@@ -199,7 +231,7 @@ class _Accumulator:
         }
 
 
-def _document(path, md: dict, figures: dict, gpu: dict) -> dict[str, Any]:
+def summary_document(path, md: dict, figures: dict, gpu: dict) -> dict[str, Any]:
     return {"trace": str(path), "backend": md.get("backend"), "command": md.get("command"), **figures,
             "lost_events": int(md.get("lost_events", 0)), "filesystems": md.get("filesystems", {}),
             "unseen": md.get("unseen", {}), "gpu": gpu}
@@ -209,11 +241,11 @@ def summarize(trace: Trace) -> dict[str, Any]:
     """Summary of ``trace``: operations by type, bytes, files, processes and ranks, sizes, alignment, time split,
     per I/O interface, and the GPU copies per rank (``analysis.gpu``). Works batch by batch
     (``summarize_file`` reads a trace file that way without loading it)."""
-    acc = _Accumulator()
+    acc = Accumulator()
     for batch in trace.table.to_batches():
         acc.add(batch)
     gpu = copy_summary(trace.table) if acc.copies else {"copies": 0}
-    return _document(trace.path, trace.metadata, acc.result(), gpu)
+    return summary_document(trace.path, trace.metadata, acc.result(), gpu)
 
 
 def summarize_file(path, *, batch_rows: int = 1 << 20) -> dict[str, Any]:
@@ -222,21 +254,25 @@ def summarize_file(path, *, batch_rows: int = 1 << 20) -> dict[str, Any]:
     summary's own state, never the whole trace. Traces with GPU copies are read a second time for the data
     operations of the ranks that copied (the copy/I/O overlap). Raises TraceFormatError for a bad trace."""
     meta, batches = scan(path, SUMMARY_COLUMNS, batch_rows=batch_rows)
-    acc = _Accumulator()
+    acc = Accumulator()
     for batch in batches:
         acc.add(batch)
-    gpu = {"copies": 0}
-    if acc.copies:
-        copies = pa.concat_tables(acc.copies)
-        ranks = pa.array(sorted(set(copies["rank"].to_pylist())), pa.int32())
-        _, again = scan(path, ("ts_ns", "dur_ns", "rank", "op", "interface", "memory_kind", "size"),
-                        batch_rows=batch_rows)
-        parts = [b.filter(pc.and_(pc.is_in(b.column("rank"), value_set=ranks),
-                                  pc.is_in(b.column("op").cast(pa.string()), pa.array(DATA_OPS))))
-                 for b in again]
-        io = pa.Table.from_batches(parts) if parts else None
-        columns = ["ts_ns", "dur_ns", "rank", "op", "interface", "memory_kind", "size"]
-        both = pa.concat_tables([copies.select(columns)] + ([io.select(columns)] if io is not None else []),
-                                promote_options="permissive")
-        gpu = copy_summary(both)
-    return _document(path, meta, acc.result(), gpu)
+    return summary_document(path, meta, acc.result(), gpu_summary(path, acc, batch_rows))
+
+
+def gpu_summary(path, acc: Accumulator, batch_rows: int = 1 << 20) -> dict[str, Any]:
+    """``copy_summary`` of the copies ``acc`` collected from the trace file at ``path``, with the data
+    operations of the ranks that copied (read again in batches): {"copies": 0} when there were none."""
+    if not acc.copies:
+        return {"copies": 0}
+    copies = pa.concat_tables(acc.copies)
+    ranks = pa.array(sorted(set(copies["rank"].to_pylist())), pa.int32())
+    columns = ["ts_ns", "dur_ns", "rank", "op", "interface", "memory_kind", "size"]
+    _, again = scan(path, columns, batch_rows=batch_rows)
+    parts = [b.filter(pc.and_(pc.is_in(b.column("rank"), value_set=ranks),
+                              _is(b.column("op"), DATA_OPS)))
+             for b in again]
+    io = pa.Table.from_batches(parts) if parts else None
+    both = pa.concat_tables([copies.select(columns)] + ([io.select(columns)] if io is not None else []),
+                            promote_options="permissive")
+    return copy_summary(both)

@@ -118,10 +118,14 @@ def render_results(console: Console, results: list[dict[str, Any]], fio_bytes_pe
                    wide: bool = False) -> None:
     """One row per strategy, in the style of the paper's comparison table (arXiv 2512.24511); with fio's
     limit, each strategy's throughput as a share of it. Columns by priority: strategy, elapsed, throughput,
-    vs posix and p99 latency first; the rest as the width allows (``wide``: all)."""
-    columns = [("strategy", 0), ("elapsed", 0), ("written", 2), ("write tput", 0), ("read", 3), ("read tput", 1),
-               ("data ops", 4), ("meta ops", 5), ("avg lat", 6), ("p99 lat", 1), ("cpu user", 7), ("cpu sys", 7),
-               ("unaligned", 8), ("vs posix", 0)]
+    vs posix and p99 latency first; the rest as the width allows (``wide``: all). A direction no strategy moved
+    bytes in (reads of a save, writes of a load) comes last."""
+    wrote = any(r["bytes_written"] for r in results)
+    read = any(r["bytes_read"] for r in results)
+    write_rank, read_rank = (0, 1) if wrote and read else (9, 0) if read else (0, 9)  # an idle direction: last
+    columns = [("strategy", 0), ("elapsed", 0), ("written", write_rank + 2), ("write tput", write_rank),
+               ("read", read_rank + 2), ("read tput", read_rank), ("data ops", 4), ("meta ops", 5), ("avg lat", 6),
+               ("p99 lat", 1), ("cpu user", 7), ("cpu sys", 7), ("unaligned", 8), ("vs posix", 0)]
     rows = []
     for r in results:
         lat = r["latency_ns"]

@@ -61,10 +61,14 @@ def _winner(results: dict) -> dict:
     return min(results["results"], key=lambda r: r["elapsed_s"] if r["elapsed_s"] > 0 else float("inf"))
 
 
-def choose(trace: Trace, results: dict | None, cpu_count: int | None = None) -> Choice:
-    """The writer's parameters for this trace and (optionally) its replay results; see the module docstring."""
+def choose(trace: Trace | None, results: dict | None, cpu_count: int | None = None, *,
+           threads_per_rank: int | None = None) -> Choice:
+    """The writer's parameters for this trace and (optionally) its replay results; see the module docstring.
+    ``threads_per_rank`` (the report's aggregate) stands for ``writer_threads_per_rank(trace)``, and then
+    ``trace`` may be None."""
     defaults = WriterOptions()
-    threads = min(writer_threads_per_rank(trace), cpu_count or os.cpu_count() or 1)
+    per_rank = threads_per_rank if threads_per_rank is not None else writer_threads_per_rank(trace)
+    threads = min(per_rank, cpu_count or os.cpu_count() or 1)
     if results is None:
         reasons = {"direct_io": "no replay results: O_DIRECT, the fastest in arXiv 2512.24511",
                    "queue_depth": "no replay results: default", "buffer_bytes": "no replay results: default",

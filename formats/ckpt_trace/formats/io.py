@@ -21,7 +21,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.ipc as ipc
 
 from .errors import CkptTraceError, TraceFormatError
@@ -303,8 +302,10 @@ def _check_values(path: Path, table: pa.Table | pa.RecordBatch) -> None:
 def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = None, *,
          batch_rows: int = DEFAULT_BATCH_ROWS) -> tuple[dict, Iterator[pa.RecordBatch]]:
     """(metadata, record batches) of the trace at ``path``, reading only ``columns`` (all when None) one batch
-    at a time: memory is bounded by a batch, not by the trace (Arrow's dataset scanner decompresses only
-    the columns asked for). Version 1 batches come upgraded to the current schema; each batch's values
+    at a time: memory is bounded by a batch, not by the trace. The file is memory-mapped and read with
+    Arrow's IPC file reader, which decompresses only the columns asked for (``IpcReadOptions.included_fields``);
+    a record batch of the file longer than ``batch_rows`` comes in zero-copy slices. (pyarrow 26's dataset
+    scanner over IPC files crashed the process now and then while batches were being computed on.) Version 1 batches come upgraded to the current schema; each batch's values
     are checked as ``read_trace`` checks them. Raises TraceFormatError (at once for the file, the metadata
     and the columns; while iterating for a corrupt batch).
     """
@@ -320,14 +321,19 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
 
     def batches() -> Iterator[pa.RecordBatch]:
         try:
-            dataset = ds.dataset(str(path), format="arrow")
-            for batch in dataset.to_batches(columns=present, batch_size=batch_rows, batch_readahead=1,
-                                            fragment_readahead=1):
-                batch.validate(full=True)
-                if missing or version != FORMAT_VERSION:
-                    batch = _upgrade_batch(batch, version, wanted)
-                _check_values(path, batch)
-                yield batch
+            with pa.memory_map(str(path)) as source:
+                names = ipc.open_file(source).schema.names
+                options = ipc.IpcReadOptions(included_fields=[names.index(name) for name in present])
+                reader = ipc.open_file(source, options=options)
+                for index in range(reader.num_record_batches):
+                    whole = reader.get_batch(index)
+                    for start in range(0, max(whole.num_rows, 1), batch_rows):
+                        batch = whole.slice(start, batch_rows).select(present)
+                        batch.validate(full=True)
+                        if missing or version != FORMAT_VERSION:
+                            batch = _upgrade_batch(batch, version, wanted)
+                        _check_values(path, batch)
+                        yield batch
         except (pa.ArrowException, OSError) as err:
             raise TraceFormatError(f"{path}: record batches are corrupt ({_first_line(err)})") from None
 
