@@ -31,6 +31,10 @@ def test_every_read_and_write_is_exact(backend, odd_recording):
         assert opens and opens[0]["flags"] & sc.O_DIRECT
     assert trace.metadata["backend"] == backend and trace.metadata["lost_events"] == 0
     assert any(out.as_posix().startswith(mount) for mount in trace.metadata["filesystems"])
+    from ckpt_trace.iolayer.host import mount_of
+
+    mount = mount_of(str(out))  # the file system's device, as /proc/self/mountinfo names it
+    assert trace.metadata["filesystems"][mount.mount_point]["device"] == mount.source
 
 
 def _comparable(table, out):

@@ -100,6 +100,7 @@ def test_report_is_one_self_contained_page_in_the_data_order(report_page):
     assert "<th>host / kernel / arch</th><td>vm / 6.18" in text and "ext4, 4096 B blocks" in text
     assert re.search(r"<th>I/O window</th><td>[^<]+ after recording began; every time axis starts there", text)
     assert "What <code>ckpt-trace emit</code> would choose" in text
+    assert re.search(r"<p>Replayed on [^<]+, kernel [^<]+; not --durable", text)  # where the storage was measured
 
 
 def test_report_renders_in_headless_chromium_without_overlaps(report_page, chromium, tmp_path):

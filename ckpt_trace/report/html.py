@@ -270,8 +270,8 @@ def load_results(paths: Sequence[str | os.PathLike], trace_path: str | os.PathLi
     for path in map(Path, paths):
         data = load_replay_results(path, digest, str(trace_path))
         fio = fio or data.get("fio_write_bytes_per_s")
-        rows.extend({**entry, "source": path.stem if len(paths) > 1 else "",
-                     "options": data.get("options", {})} for entry in data["results"])
+        rows.extend({**entry, "source": path.stem if len(paths) > 1 else "", "options": data.get("options", {}),
+                     "environment": data.get("environment", {})} for entry in data["results"])
     return rows, fio
 
 
@@ -305,6 +305,8 @@ def _job_html(profile: dict) -> str:
     meta, summary, window = profile["metadata"], profile["summary"], profile["window"]
     command = meta.get("command") or []
     filesystems = "; ".join(f"{mount}: {fs.get('type', '?')}, {fs.get('block_size', '?')} B blocks"
+                            + (f", on {fs['device']}" if fs.get("device") else "")
+                            + (f" ({fs['device_model']})" if fs.get("device_model") else "")
                             for mount, fs in (meta.get("filesystems") or {}).items()) or "-"
     lead = window["lead_in_ns"]
     facts = [
@@ -464,7 +466,17 @@ def _storage_html(results: list[dict], fio: float | None, figure: str) -> str:
         return ("<h2 id='storage'>Storage</h2><p>No replay results given: <code>ckpt-trace replay TRACE --strategy "
                 "all -o results.json</code>, then <code>ckpt-trace report TRACE results.json</code>.</p>")
     limit = f" fio's write limit: {human_rate(fio)}." if fio else ""
-    return ("<h2 id='storage'>Storage</h2><p>What <code>replay</code> measured for this trace." + limit + "</p>"
+    places = []
+    for r in results:
+        env, options = r.get("environment") or {}, r.get("options") or {}
+        place = (f"{env.get('device', '?')} ({env.get('device_model') or 'model unknown'}), {env.get('filesystem', '?')} "
+                 f"at {env.get('mount_point', '?')} on {env.get('host', '?')}, kernel {env.get('kernel', '?')}; "
+                 + ("durable (fsync before the clock stops)" if options.get("durable") else "not --durable: the page "
+                    "cache may hold what was written") if env else "")
+        if place and place not in places:
+            places.append(place)
+    where = "".join(f"<p>Replayed on {html.escape(p)}.</p>" for p in places)
+    return ("<h2 id='storage'>Storage</h2><p>What <code>replay</code> measured for this trace." + limit + "</p>" + where
             + _results_html(results, fio) + figure)
 
 

@@ -102,7 +102,8 @@ def require_free(path: str | os.PathLike, needed_bytes: int, what: str, hint: st
 
 
 def filesystems_of(paths: Iterable[str]) -> dict[str, dict]:
-    """File systems holding ``paths``: {mount point: {"type", "block_size"}} (statvfs f_bsize, bytes)."""
+    """File systems holding ``paths``: {mount point: {"type", "block_size" (statvfs f_bsize, bytes), "device"
+    (the mount's source, /dev/nvme0n1p2), "device_model" (from sysfs, None if unknown)}}."""
     table = mounts()
     found: dict[str, dict] = {}
     for path in {p for p in paths if p and p.startswith("/")}:
@@ -113,7 +114,8 @@ def filesystems_of(paths: Iterable[str]) -> dict[str, dict]:
             size = os.statvfs(mount.mount_point).f_bsize
         except OSError:
             size = None
-        found[mount.mount_point] = {"type": mount.fs_type, "block_size": size}
+        found[mount.mount_point] = {"type": mount.fs_type, "block_size": size, "device": mount.source,
+                                    "device_model": device_model(mount.source)}
     return found
 
 
