@@ -3,14 +3,16 @@
 For each size, ``tracegen.py`` writes a synthetic DCP-like trace (``--mix
 dcp``, ``--ranks`` ranks) in bounded memory, then each command runs in its
 own process under ``/usr/bin/time`` (wall seconds, peak RSS): ``summary``,
-``replay --dry-run`` (planning every strategy's plan), ``filter`` (one rank),
-``export --format parquet``, ``export --format perfetto`` (skipped above
-``--perfetto-max`` rows), ``report`` and ``diff`` (the trace against itself;
-skipped above ``--full-max`` rows, where they still load the whole trace).
+``replay --dry-run`` (planning every strategy's plan; skipped above
+``--plan-max`` rows, where the plans outgrow this machine's memory),
+``filter`` (one rank), ``export --format parquet``, ``export --format
+perfetto`` of one rank (and of the whole trace up to ``--perfetto-max``
+rows: a browser opens about a million operations), ``report`` and ``diff``
+(the trace against itself).
 One run each on a shared machine: read the ratios between sizes (linear
 growth is the goal), not the third digit.
 
-    python benchmarks/trace_scale.py [--rows 1000000,10000000] [--ranks 64] [--dir /tmp/trace-scale]
+    python benchmarks/trace_scale.py [--rows 1000000,10000000,50000000] [--ranks 64] [--dir /tmp/trace-scale]
 
 Prints a table and writes ``benchmarks/results/trace_scale.json``.
 """
@@ -47,8 +49,8 @@ def main() -> None:
     parser.add_argument("--rows", default="1000000,10000000")
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/trace-scale"))
-    parser.add_argument("--full-max", type=int, default=2_000_000, help="largest trace for report and diff")
-    parser.add_argument("--perfetto-max", type=int, default=2_000_000, help="largest trace for the JSON export")
+    parser.add_argument("--plan-max", type=int, default=20_000_000, help="largest trace to plan")
+    parser.add_argument("--perfetto-max", type=int, default=1_000_000, help="largest trace for the whole JSON export")
     parser.add_argument("--results", type=Path, default=RESULTS / "trace_scale.json")
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
@@ -60,18 +62,20 @@ def main() -> None:
                             str(args.ranks), "--mix", "dcp"], check=True, capture_output=True)
         entry = {"rows": rows, "bytes_per_row": trace.stat().st_size / rows, "commands": {}}
         work = Path(tempfile.mkdtemp(prefix=f"w{rows}-", dir=args.dir))  # ours alone, removed below
-        commands = {
-            "summary": ["summary", str(trace), "--json"],
-            "plan (dry run, all)": ["replay", str(trace), "--strategy", "all", "--dry-run", "--target",
-                                    str(work / "r"), "--json"],
+        commands = {"summary": ["summary", str(trace), "--json"]}
+        if rows <= args.plan_max:
+            commands["plan (dry run, all)"] = ["replay", str(trace), "--strategy", "all", "--dry-run", "--target",
+                                               str(work / "r"), "--json"]
+        commands.update({
             "filter (1 rank)": ["filter", str(trace), "-o", str(work / "f.arrow"), "--rank", "0"],
             "export parquet": ["export", str(trace), "--format", "parquet", "-o", str(work / "p")],
-        }
+            "export perfetto (1 rank)": ["export", str(trace), "--format", "perfetto", "--rank", "0", "-o",
+                                         str(work / "t0.json")],
+        })
         if rows <= args.perfetto_max:
-            commands["export perfetto"] = ["export", str(trace), "--format", "perfetto", "-o", str(work / "t.json")]
-        if rows <= args.full_max:
-            commands["report"] = ["report", str(trace), "-o", str(work / "r.html")]
-            commands["diff"] = ["diff", str(trace), str(trace), "--json"]
+            commands["export perfetto (all)"] = ["export", str(trace), "--format", "perfetto", "-o", str(work / "t.json")]
+        commands["report"] = ["report", str(trace), "-o", str(work / "r.html")]
+        commands["diff"] = ["diff", str(trace), str(trace), "--json"]
         for name, command in commands.items():
             entry["commands"][name] = timed(command)
         shutil.rmtree(work, ignore_errors=True)

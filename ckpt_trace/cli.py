@@ -237,21 +237,30 @@ def export(
     trace: Path = typer.Argument(..., help="Trace file."),
     fmt: Literal["perfetto", "parquet"] = typer.Option("perfetto", "--format", help="perfetto: Chrome trace-event JSON; parquet: a directory, by rank."),
     output: Path = typer.Option(..., "-o", "--output", help="JSON file (perfetto) or directory (parquet)."),
+    rank: Optional[str] = typer.Option(None, "--rank", help="Only these ranks: 0-7,12 (-1: rows without a rank)."),
+    pid: Optional[str] = typer.Option(None, "--pid", help="Only these processes: 1234,1240."),
+    path: Optional[str] = typer.Option(None, "--path", help="Only paths matching this shell glob (* crosses /)."),
+    op: Optional[str] = typer.Option(None, "--op", help="Only these operations: write,fsync."),
+    time_window: Optional[str] = typer.Option(None, "--time", help="Only this window since the trace started: 10s..20s."),
+    max_ops: int = typer.Option(1_000_000, "--max-ops", help="perfetto: refuse a selection of more operations (a browser holds the JSON)."),
     force: bool = typer.Option(False, help="Overwrite an existing output."),
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
 ) -> None:
-    """Export a trace for Perfetto (ui.perfetto.dev) or as Parquet partitioned by rank."""
-    from ckpt_trace.formats import read_trace
-
+    """Export a trace, or the rows of chosen ranks, processes, files, ops and time, for Perfetto or as Parquet."""
+    from .analysis.filter import Conditions
     from .report.export import FORMATS, export_parquet, export_perfetto
 
     if fmt not in FORMATS:
         raise CkptTraceError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
-    loaded = read_trace(trace)
-    count = (export_perfetto if fmt == "perfetto" else export_parquet)(loaded, output, overwrite=force)
+    conditions = Conditions(ranks=rank, pids=pid, path_glob=path, ops=op, time=time_window)
+    if fmt == "perfetto":
+        count = export_perfetto(trace, output, conditions=conditions, max_ops=max_ops, overwrite=force)
+    else:
+        count = export_parquet(trace, output, conditions=conditions, overwrite=force)
     unit = "events" if fmt == "perfetto" else "rows"
     if as_json:
-        _write_json(None, {"trace": str(trace), "format": fmt, "output": str(output), unit: count})
+        _write_json(None, {"trace": str(trace), "format": fmt, "output": str(output), unit: count,
+                           "conditions": conditions.to_json()})
     else:
         err.print(f"ckpt-trace: wrote {count:,} {unit} to {output}", highlight=False)
 
@@ -262,7 +271,7 @@ def report(
     results: list[Path] = typer.Argument(None, help="replay -o results (or benchmark) files to compare strategies."),
     output: Path = typer.Option(..., "-o", "--output", help="HTML file to write."),
     fio_limit: Optional[str] = typer.Option(None, "--fio-limit", help="Device limit to draw, in MB/s (e.g. 2100)."),
-    rank: Optional[int] = typer.Option(None, "--rank", help="Rank shown beside the slowest one (default: the first)."),
+    chosen_rank: Optional[int] = typer.Option(None, "--rank", help="Rank shown beside the slowest one (default: the first)."),
     force: bool = typer.Option(False, help="Overwrite an existing output."),
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
 ) -> None:
@@ -275,7 +284,7 @@ def report(
             limit = float(fio_limit) * 1e6
         except ValueError:
             raise CkptTraceError(f"--fio-limit takes MB/s, not {fio_limit!r}") from None
-    data = write_report(trace, output, results_paths=results or [], fio_limit_bytes_per_s=limit, rank=rank,
+    data = write_report(trace, output, results_paths=results or [], fio_limit_bytes_per_s=limit, rank=chosen_rank,
                         overwrite=force)
     if as_json:
         _write_json(None, data)
@@ -291,12 +300,11 @@ def diff(
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ) -> None:
     """What changed between two recordings: operations, bytes, request sizes, files, timing."""
-    from ckpt_trace.formats import read_trace
 
-    from .analysis.diff import diff_traces
+    from .analysis.diff import diff_files
     from .report.render import render_diff
 
-    _show(diff_traces(read_trace(trace_a), read_trace(trace_b)), as_json, render_diff)
+    _show(diff_files(trace_a, trace_b), as_json, render_diff)
 
 
 @app.command()

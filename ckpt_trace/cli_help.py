@@ -41,6 +41,7 @@ EXAMPLES = {
     "export": [
         "ckpt-trace export save.arrow --format perfetto -o save.json",
         "ckpt-trace export save.arrow --format parquet -o save.parquet/",
+        "ckpt-trace export big.arrow --format perfetto --rank 0-3 --time 10s..20s -o window.json",
     ],
     "report": [
         "ckpt-trace report save.arrow results.json -o report.html",
@@ -67,7 +68,7 @@ METAVARS = {
     "volume": "SIZE", "sizes": "SIZE,...", "queue_depths": "N,...", "fio_limit": "MB/S", "strip_prefix": "PREFIX",
     "path_filter": "PREFIX", "queue_depth": "N", "repeat": "N", "ranks": "N", "shards": "N", "max_processes": "N",
     "min_seconds": "SECONDS", "strategy": "STRATEGY", "rank": "RANKS", "pid": "PIDS", "path": "GLOB", "op": "OPS",
-    "time_window": "START..END", "engine": "ENGINE",
+    "time_window": "START..END", "engine": "ENGINE", "max_ops": "N", "chosen_rank": "RANK",
 }
 OUTPUT_METAVARS = {"record": "TRACE", "replay": "FILE", "export": "PATH", "report": "FILE", "baseline": "FILE",
                    "emit": "FILE", "bench": "DIR", "filter": "TRACE"}

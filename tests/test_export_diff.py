@@ -71,3 +71,36 @@ def test_diff_reports_what_changed(tmp_path):
     assert same["files_only_in_a"] == same["files_only_in_b"] == []
     table = cli("diff", str(ODD), str(DCP)).stdout
     assert "ops: write" in table and "files only in A" in table
+
+
+def test_perfetto_export_of_a_selection_keeps_trace_row_ids(tmp_path):
+    out = tmp_path / "rank1.json"
+    data = json.loads(cli("export", str(DCP), "--format", "perfetto", "-o", str(out), "--rank", "1", "--op", "write",
+                          "--json").stdout)
+    table = read_trace(DCP).table
+    rows = table.to_pylist()
+    wanted = [i for i, r in enumerate(rows) if r["rank"] == 1 and r["op"] == "write"]
+    events = json.loads(out.read_text())["traceEvents"]
+    begins = [e for e in events if e["ph"] == "b"]
+    assert sorted(e["id"] for e in begins) == wanted and data["events"] == len(events)
+    for event in begins[:50]:  # each event's id is its row in the whole trace: the same operation
+        row = rows[event["id"]]
+        assert event["ts"] == row["ts_ns"] / 1000 and event["args"]["offset"] == row["offset"]
+
+
+def test_perfetto_export_refuses_what_a_browser_cannot_open_before_writing(tmp_path):
+    out = tmp_path / "all.json"
+    rows = read_trace(DCP).num_rows
+    proc = cli("export", str(DCP), "--format", "perfetto", "-o", str(out), "--max-ops", "100", check=False)
+    assert proc.returncode == 2 and f"the selection holds {rows:,} operations" in proc.stderr
+    assert "--rank" in proc.stderr and "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_parquet_export_of_a_selection(tmp_path):
+    out = tmp_path / "pq"
+    cli("export", str(DCP), "--format", "parquet", "-o", str(out), "--rank", "0")
+    assert {p.name for p in out.iterdir() if p.is_dir()} == {"rank=0"}
+    table = read_trace(DCP).table
+    dataset = ds.dataset(out, format="parquet", partitioning="hive")
+    assert dataset.count_rows() == sum(r == 0 for r in table["rank"].to_pylist())

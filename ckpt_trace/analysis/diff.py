@@ -1,7 +1,7 @@
 """``diff``: what changed between two recordings (operations, bytes, sizes, files, timing).
 
 For "what did the framework upgrade change": both traces are summarised
-(``analysis.summary``) and compared figure by figure; files are compared by
+(``analysis.summary``, one pass over each file in record batches) and compared figure by figure; files are compared by
 path, after removing each trace's longest common directory so two runs into
 different scratch directories line up.
 
@@ -22,51 +22,112 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ckpt_trace.formats import Trace
+from ckpt_trace.formats import scan
 
-from .summary import summarize
+from .summary import SUMMARY_COLUMNS, Accumulator, distinct, gpu_summary, names_in, summary_document
 
-
-def _relative_paths(trace: Trace) -> set[str]:
-    """Every path the trace names, relative to the common directory of the files it read or wrote (of all
-    its paths when it moved no data); the directories above that one (a replay target's) are left out."""
-    table = trace.table
-    named = table["path"].to_pylist() + table["new_path"].to_pylist()  # rename destinations too
-    paths = {p for p in named if p and p.startswith("/")}
-    if not paths:
-        return set()
-    data = table.filter(pc.is_in(table["op"], pa.array(["read", "write"])))["path"].unique().to_pylist()
-    anchors = [p for p in data if p and p.startswith("/")] or sorted(paths)
-    root = os.path.commonpath(anchors) if len(set(anchors)) > 1 else os.path.dirname(anchors[0])
-    relative = {os.path.relpath(p, root) for p in paths}
-    return {p for p in relative if p != "." and not p.startswith("..")}
+COMPACT_ROWS = 1 << 22  # write ranges held before they are merged into unions (64 MiB of int64 triples)
 
 
-def written_ranges(trace: Trace) -> dict[str, np.ndarray]:
+def _union(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Sorted, disjoint [start, end) rows covering the given ranges of one file: a sort by offset, then a
+    running maximum of range ends."""
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], np.maximum.accumulate(ends[order])
+    new = np.r_[True, s[1:] > e[:-1]]  # a range starts where it begins past every earlier end
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:] - 1, len(s) - 1]
+    return np.stack([s[first], e[last]], axis=1)
+
+
+class _Written:
     """Per written file (path at the time of the write), the union of the byte ranges its successful writes
-    covered: an (n, 2) int64 array of sorted, disjoint [start, end) rows. Vectorised over the trace's write
-    rows: a sort by file and offset, then a running maximum of range ends within each file."""
-    table = trace.table
-    keep = pc.and_(pc.and_(pc.equal(table["op"], "write"), pc.greater(table["ret"], 0)),
-                   pc.and_(pc.is_valid(table["offset"]), pc.is_valid(table["path"])))
-    rows = table.filter(keep).select(["path", "offset", "ret"])
-    if rows.num_rows == 0:
-        return {}
-    paths = pc.dictionary_encode(rows["path"].cast(pa.string())).combine_chunks()
-    file_ids = paths.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    starts = rows["offset"].to_numpy()
-    ends = starts + rows["ret"].to_numpy()
-    order = np.lexsort((starts, file_ids))
-    file_ids, starts, ends = file_ids[order], starts[order], ends[order]
-    bounds = np.flatnonzero(np.diff(file_ids)) + 1
-    out = {}
-    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(file_ids)]):
-        s, e = starts[lo:hi], np.maximum.accumulate(ends[lo:hi])
-        new = np.r_[True, s[1:] > e[:-1]]  # a range starts where it begins past every earlier end
-        first = np.flatnonzero(new)
-        last = np.r_[first[1:] - 1, len(s) - 1]
-        out[paths.dictionary[int(file_ids[lo])].as_py()] = np.stack([s[first], e[last]], axis=1)
-    return out
+    covered, gathered batch by batch: ranges are held as (file, start, end) until COMPACT_ROWS of them, then
+    merged into per-file unions, so memory grows with the disjoint ranges, not the writes."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.pending_rows = 0
+        self.unions: dict[int, np.ndarray] = {}
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        get = batch.column
+        keep = pc.and_(pc.and_(names_in(get("op"), ("write",)), pc.greater(get("ret"), 0)),
+                       pc.and_(pc.is_valid(get("offset")), pc.is_valid(get("path"))))
+        rows = batch.filter(keep)
+        if rows.num_rows == 0:
+            return
+        paths = rows.column("path")
+        if not pa.types.is_dictionary(paths.type):
+            paths = pc.dictionary_encode(paths)
+        lut = np.array([self.ids.setdefault(v, len(self.ids)) for v in paths.dictionary.to_pylist()], np.int64)
+        files = lut[paths.indices.to_numpy(zero_copy_only=False).astype(np.int64)]
+        starts = rows.column("offset").to_numpy(zero_copy_only=False).astype(np.int64)
+        self.pending.append((files, starts, starts + rows.column("ret").to_numpy(zero_copy_only=False)))
+        self.pending_rows += rows.num_rows
+        if self.pending_rows >= COMPACT_ROWS:
+            self._compact()
+
+    def _compact(self) -> None:
+        if not self.pending:
+            return
+        files = np.concatenate([p[0] for p in self.pending])
+        starts = np.concatenate([p[1] for p in self.pending])
+        ends = np.concatenate([p[2] for p in self.pending])
+        self.pending, self.pending_rows = [], 0
+        order = np.argsort(files, kind="stable")
+        files, starts, ends = files[order], starts[order], ends[order]
+        bounds = np.flatnonzero(np.diff(files)) + 1
+        for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(files)]):
+            file = int(files[lo])
+            held = self.unions.get(file)
+            s, e = starts[lo:hi], ends[lo:hi]
+            if held is not None:
+                s, e = np.r_[held[:, 0], s], np.r_[held[:, 1], e]
+            self.unions[file] = _union(s, e)
+
+    def result(self) -> dict[str, np.ndarray]:
+        self._compact()
+        names = {code: name for name, code in self.ids.items()}
+        return {names[file]: ranges for file, ranges in self.unions.items()}
+
+
+class _Paths:
+    """Every path a trace names (rename destinations too), and those of its data operations."""
+
+    def __init__(self) -> None:
+        self.named: set[str] = set()
+        self.data: set[str] = set()
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        for column in ("path", "new_path"):
+            self.named.update(distinct(batch.column(column)))
+        data = batch.filter(names_in(batch.column("op"), ("read", "write")))
+        self.data.update(distinct(data.column("path")))
+
+    def relative(self) -> set[str]:
+        """The paths relative to the common directory of the files read or written (of all paths when no data
+        moved); the directories above that one (a replay target's) are left out."""
+        paths = {p for p in self.named if p and p.startswith("/")}
+        if not paths:
+            return set()
+        anchors = sorted(p for p in self.data if p and p.startswith("/")) or sorted(paths)
+        root = os.path.commonpath(anchors) if len(set(anchors)) > 1 else os.path.dirname(anchors[0])
+        relative = {os.path.relpath(p, root) for p in paths}
+        return {p for p in relative if p != "." and not p.startswith("..")}
+
+
+def _read(path, batch_rows: int) -> tuple[dict[str, Any], set[str], dict[str, np.ndarray]]:
+    """One pass over the trace file in record batches: (its summary, its relative paths, its written ranges)."""
+    meta, batches = scan(path, (*SUMMARY_COLUMNS, "new_path"), batch_rows=batch_rows)
+    acc, paths, written = Accumulator(), _Paths(), _Written()
+    for batch in batches:
+        acc.add(batch)
+        paths.add(batch)
+        written.add(batch)
+    summary = summary_document(path, meta, acc.result(), gpu_summary(path, acc, batch_rows))
+    return summary, paths.relative(), written.result()
 
 
 def _relative(ranges: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -77,11 +138,12 @@ def _relative(ranges: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {os.path.relpath(p, root): ranges[p] for p in paths}
 
 
-def compare_written(a: Trace, b: Trace) -> dict[str, Any]:
-    """Whether ``a`` and ``b`` wrote the same byte ranges of the same files (paths relative to each trace's
-    common directory of written files): ``match``, counts, the bytes each wrote, and per differing file
-    its bytes in each and the first offset where their ranges part."""
-    ra, rb = _relative(written_ranges(a)), _relative(written_ranges(b))
+def compare_written(written_a: dict[str, np.ndarray], written_b: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Whether two traces' written ranges (per file, sorted disjoint [start, end) rows) cover the same byte
+    ranges of the same files (paths relative to each trace's common directory of written files): ``match``,
+    counts, the bytes each wrote, and per differing file its bytes in each and the first offset where their
+    ranges part."""
+    ra, rb = _relative(written_a), _relative(written_b)
     differing = []
     for path in sorted(set(ra) & set(rb)):
         x, y = ra[path], rb[path]
@@ -120,9 +182,12 @@ def _change(old: float, new: float) -> dict[str, Any]:
     return {"a": old, "b": new, "change": new - old, "ratio": (new / old) if old else None}
 
 
-def diff_traces(a: Trace, b: Trace) -> dict[str, Any]:
-    """Figures of trace ``a`` and ``b`` side by side: totals, ops by type, request sizes, files."""
-    sa, sb = summarize(a), summarize(b)
+def diff_files(path_a: str | os.PathLike, path_b: str | os.PathLike, *, batch_rows: int = 1 << 20) -> dict[str, Any]:
+    """Figures of the traces at ``path_a`` and ``path_b`` side by side: totals, ops by type, request sizes,
+    files, and the data written. Each file is read once, in record batches of ``batch_rows`` rows: memory
+    grows with the distinct paths and the disjoint written ranges, not the rows. Raises TraceFormatError."""
+    sa, paths_a, written_a = _read(path_a, batch_rows)
+    sb, paths_b, written_b = _read(path_b, batch_rows)
     totals = {key: _change(sa[key], sb[key]) for key in
               ("rows", "duration_ns", "bytes_written", "bytes_read", "files", "processes", "threads", "data_ops",
                "metadata_ops", "data_time_ns", "metadata_time_ns", "failed_ops", "lost_events")}
@@ -132,11 +197,10 @@ def diff_traces(a: Trace, b: Trace) -> dict[str, Any]:
     buckets_b = {e["bucket_bytes"]: e["read"] + e["write"] for e in sb["size_histogram"]}
     sizes = {bucket: _change(buckets_a.get(bucket, 0), buckets_b.get(bucket, 0))
              for bucket in sorted(set(buckets_a) | set(buckets_b))}
-    paths_a, paths_b = _relative_paths(a), _relative_paths(b)
     return {
-        "a": str(a.path), "b": str(b.path), "totals": totals, "ops": ops, "size_histogram": sizes,
+        "a": str(path_a), "b": str(path_b), "totals": totals, "ops": ops, "size_histogram": sizes,
         "unaligned_offset_share": _change(sa["alignment"]["unaligned_offset_share"],
                                           sb["alignment"]["unaligned_offset_share"]),
         "files_only_in_a": sorted(paths_a - paths_b), "files_only_in_b": sorted(paths_b - paths_a),
-        "data_written": compare_written(a, b),
+        "data_written": compare_written(written_a, written_b),
     }

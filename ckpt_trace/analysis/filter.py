@@ -123,8 +123,9 @@ def _text_mask(column: pa.Array, test: Callable[[pa.Array], pa.Array]) -> pa.Arr
     return pc.fill_null(mask, False)
 
 
-def _masker(conditions: Conditions) -> Callable[[pa.RecordBatch], pa.Array]:
-    """batch -> keep mask, the conditions parsed once."""
+def batch_mask(conditions: Conditions) -> Callable[[pa.RecordBatch], pa.Array]:
+    """batch -> keep mask (boolean array), the conditions parsed once: the rows ``filter_trace`` keeps.
+    Raises CkptTraceError for a condition that does not parse."""
     tests: list[Callable[[pa.RecordBatch], pa.Array]] = []
     if conditions.ranks is not None:
         ranks = pa.array(parse_ints(conditions.ranks, "rank"), pa.int32())
@@ -169,7 +170,7 @@ def filter_trace(trace_path: str | os.PathLike, output: str | os.PathLike, condi
     """Write the rows of ``trace_path`` that meet ``conditions`` to ``output``; return {"output", "rows_in",
     "rows_out", "conditions"}. ``progress(rows_read)`` is called after each batch."""
     trace_path, output = Path(trace_path), Path(output)
-    mask = _masker(conditions)  # parse errors before anything is read or written
+    mask = batch_mask(conditions)  # parse errors before anything is read or written
     if output.resolve() == trace_path.resolve():
         raise CkptTraceError(f"{output} is the trace being filtered: choose another output")
     meta, batches = scan(trace_path)

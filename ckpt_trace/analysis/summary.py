@@ -30,7 +30,7 @@ def _sum(array) -> int:
     return int(value or 0)
 
 
-def _is(column, names) -> pa.Array:
+def names_in(column, names) -> pa.Array:
     """Boolean array: the (dictionary or plain string) ``column``'s value is in ``names``; nulls are False.
     Dictionary columns are judged on their few dictionary values, never decoded row by row."""
     names = list(names)
@@ -46,7 +46,7 @@ def _is(column, names) -> pa.Array:
     return pa.array(np.concatenate(parts) if parts else np.zeros(0, bool))
 
 
-def _distinct(column) -> list:
+def distinct(column) -> list:
     """The distinct non-null values of a (dictionary or plain) column, decoding only the dictionary."""
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
     out: set = set()
@@ -76,7 +76,7 @@ _POWERS = 1 << np.arange(63, dtype=np.int64)  # bucket b (index k) holds sizes i
 def _histogram(data: pa.Table) -> list[dict[str, int]]:
     """Data operations per power-of-two size bucket: vectorised (one exact searchsorted over the 63 powers)."""
     sizes = data["size"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    is_write = _is(data["op"], ("write",)).to_numpy(zero_copy_only=False)
+    is_write = names_in(data["op"], ("write",)).to_numpy(zero_copy_only=False)
     # 0: size 0; k+1: bucket 2**k. frexp's exponent e has 2**(e-1) <= size < 2**e; the float rounding of sizes
     # above 2**53 can move it by one, which the exact integer comparison below puts back.
     positive = sizes > 0
@@ -143,25 +143,25 @@ class Accumulator:
             mine = self.ops.setdefault(op, {"count": 0, "bytes": 0, "time_ns": 0})
             for key in mine:
                 mine[key] += entry[key]
-        self.files.update(_distinct(table["path"]))
+        self.files.update(distinct(table["path"]))
         self.pids.update(pc.unique(table["pid"]).to_pylist())
         self.tids.update(pc.unique(table["tid"]).to_pylist())
         self.ranks.update(pc.unique(table["rank"]).to_pylist())
         self.failed += _sum(pc.cast(pc.less(table["ret"], 0), pa.int64()))
-        meta = table.filter(_is(table["op"], METADATA_OPS))
+        meta = table.filter(names_in(table["op"], METADATA_OPS))
         self.meta_ops += meta.num_rows
         self.meta_time_ns += _sum(meta["dur_ns"])
-        data = table.filter(_is(table["op"], DATA_OPS))
+        data = table.filter(names_in(table["op"], DATA_OPS))
         if data.num_rows:
             self._add_data(data)
         if "memory_kind" in table.column_names:
-            copies = table.filter(_is(table["interface"], ("cuda",)))
+            copies = table.filter(names_in(table["interface"], ("cuda",)))
             if copies.num_rows:
                 self.copies.append(copies)
 
     def _add_data(self, data: pa.Table) -> None:
         moved = pc.max_element_wise(data["ret"], 0)
-        is_write = _is(data["op"], ("write",))
+        is_write = names_in(data["op"], ("write",))
         self.data_ops += data.num_rows
         self.data_time_ns += _sum(data["dur_ns"])
         self.written += _sum(pc.if_else(is_write, moved, 0))
@@ -175,11 +175,11 @@ class Accumulator:
         self.known_offsets += alignment["ops_with_known_offset"]
         self.unaligned_offsets += alignment["unaligned_offsets"]
         self.unaligned_sizes += alignment["unaligned_sizes"]
-        present = sorted(i for i in _distinct(data["interface"]) if i)
+        present = sorted(i for i in distinct(data["interface"]) if i)
         for interface in present:
-            rows = data if len(present) == 1 else data.filter(_is(data["interface"], (interface,)))
+            rows = data if len(present) == 1 else data.filter(names_in(data["interface"], (interface,)))
             r_moved = pc.max_element_wise(rows["ret"], 0)
-            r_write = _is(rows["op"], ("write",))
+            r_write = names_in(rows["op"], ("write",))
             mine = self.interfaces.setdefault(interface, {"ops": 0, "bytes_written": 0, "bytes_read": 0,
                                                           "durations": [], "depths": []})
             mine["ops"] += rows.num_rows
@@ -270,7 +270,7 @@ def gpu_summary(path, acc: Accumulator, batch_rows: int = 1 << 20) -> dict[str, 
     columns = ["ts_ns", "dur_ns", "rank", "op", "interface", "memory_kind", "size"]
     _, again = scan(path, columns, batch_rows=batch_rows)
     parts = [b.filter(pc.and_(pc.is_in(b.column("rank"), value_set=ranks),
-                              _is(b.column("op"), DATA_OPS)))
+                              names_in(b.column("op"), DATA_OPS)))
              for b in again]
     io = pa.Table.from_batches(parts) if parts else None
     both = pa.concat_tables([copies.select(columns)] + ([io.select(columns)] if io is not None else []),

@@ -1,17 +1,25 @@
-"""``export``: a trace as Chrome trace-event JSON (Perfetto) or as Parquet partitioned by rank.
+"""``export``: a trace as Chrome trace-event JSON (Perfetto) or as Parquet partitioned by rank, streamed.
 
 Perfetto: the Trace Event Format (Chrome, "JSON Array/Object Format"):
 ``ts``/``dur`` in microseconds; each process and thread is named with "M"
-metadata events; each operation is an async pair ("b"/"e") with its own id,
-so operations that overlap in time on one track still render (complete "X"
-events on a track must nest, which concurrent I/O does not). ``args`` carry
-syscall, path, offset, size and return value. ui.perfetto.dev opens the file.
+metadata events; each operation is an async pair ("b"/"e") with its own id
+(its row number in the trace), so operations that overlap in time on one
+track still render (complete "X" events on a track must nest, which
+concurrent I/O does not). ``args`` carry syscall, path, offset, size and
+return value. ui.perfetto.dev opens the file. A browser holds the whole JSON
+in memory, so the export is for a selection a browser can open: the rows
+that meet the ``filter`` conditions (ranks, processes, path glob, ops, time
+window), at most ``max_ops`` operations (DEFAULT_MAX_OPS, about 400 MB of
+JSON); a bigger selection is refused before anything is written, naming its
+size and the options that narrow it.
 
 Parquet: one Hive-style directory per rank (``rank=0/...``) readable by
 Spark, Dask, DuckDB and pyarrow.dataset; the trace's metadata is kept in
-``_ckpt_trace.json`` beside the partitions.
+``_ckpt_trace.json`` beside the partitions. Any trace size: the batches
+stream from the trace into the partitions.
 
-Both check their output before reading the trace, and never remove what
+Both read the trace in record batches (``formats.scan``: memory bounded by a
+batch), check their output before reading the trace, and never remove what
 they did not write.
 """
 
@@ -21,66 +29,114 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from ckpt_trace.analysis.filter import Conditions, batch_mask
 from ckpt_trace.errors import CkptTraceError
-from ckpt_trace.formats import Trace, write_bytes_atomic
+from ckpt_trace.formats import COLUMNS, scan, write_bytes_atomic
 from ckpt_trace.iolayer.outputs import check_output_dir, check_output_file
 
 FORMATS = ("perfetto", "parquet")
 METADATA_FILE = "_ckpt_trace.json"
+DEFAULT_MAX_OPS = 1_000_000  # two events each, ~200 bytes per event: ~400 MB, what ui.perfetto.dev opens
 _ARG_COLUMNS = ("syscall", "path", "new_path", "offset", "size", "ret", "fd", "flags", "rank")
+_PERFETTO_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "op", "comm") + _ARG_COLUMNS
 
 
-def _metadata_events(table) -> list[dict]:
-    events = []
-    seen_pids, seen_tids = set(), set()
-    for pid, tid, comm, rank in zip(*(table[c].to_pylist() for c in ("pid", "tid", "comm", "rank"))):
-        if pid not in seen_pids:
-            seen_pids.add(pid)
-            label = f"{comm or 'process'} (rank {rank})" if rank >= 0 else (comm or "process")
-            events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": label}})
-        if (pid, tid) not in seen_tids:
-            seen_tids.add((pid, tid))
-            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": f"{comm or ''} {tid}"}})
-    return events
+def _selected(trace_path: Path, columns, conditions: Conditions) -> tuple[dict, Iterator[tuple[int, pa.RecordBatch]]]:
+    """(metadata, (row number of the batch's first row in the trace, the batch's selected rows with a ``row``
+    column)) of the trace, in record batches."""
+    mask = batch_mask(conditions)
+    meta, batches = scan(trace_path, columns)
+
+    def selected() -> Iterator[tuple[int, pa.RecordBatch]]:
+        first = 0
+        for batch in batches:
+            numbered = batch.append_column("row", pa.array(range(first, first + batch.num_rows), pa.int64()))
+            first += batch.num_rows
+            kept = numbered.filter(mask(batch))
+            if kept.num_rows:
+                yield first, kept
+
+    return meta, selected()
 
 
-def _write_perfetto(trace: Trace, handle) -> int:
-    table = trace.table
-    columns = {c: table[c].to_pylist() for c in ("ts_ns", "dur_ns", "pid", "tid", "op") + _ARG_COLUMNS}
+def count_selected(trace_path: str | os.PathLike, conditions: Conditions) -> int:
+    """Rows of the trace that meet ``conditions`` (one pass over the columns the conditions read)."""
+    needed = ["ts_ns", "rank", "pid", "op", "path"]
+    mask = batch_mask(conditions)
+    _, batches = scan(trace_path, needed)
+    return sum(int(pc.sum(pc.cast(mask(b), pa.int64())).as_py() or 0) for b in batches)
+
+
+def _write_perfetto(meta: dict, selected, handle) -> int:
     handle.write('{"displayTimeUnit": "ns", "otherData": ')
-    handle.write(json.dumps({"ckpt_trace": dict(trace.metadata)}))
+    handle.write(json.dumps({"ckpt_trace": dict(meta)}))
     handle.write(', "traceEvents": [\n')
-    events = _metadata_events(table)
-    for index, event in enumerate(events):
-        handle.write(("," if index else "") + json.dumps(event) + "\n")
-    count = len(events)
-    for row in range(table.num_rows):
-        args = {c: columns[c][row] for c in _ARG_COLUMNS if columns[c][row] is not None}
-        base = {"cat": "io", "name": columns["op"][row], "id": row, "pid": columns["pid"][row],
-                "tid": columns["tid"][row]}
-        begin = {**base, "ph": "b", "ts": columns["ts_ns"][row] / 1000, "args": args}
-        end = {**base, "ph": "e", "ts": (columns["ts_ns"][row] + columns["dur_ns"][row]) / 1000}
-        handle.write("," + json.dumps(begin) + "\n," + json.dumps(end) + "\n")
-        count += 2
+    count, seen_pids, seen_tids = 0, set(), set()
+    escaped: dict[object, str] = {}  # text values (paths, names) JSON-escaped once each
+
+    def text(value) -> str:
+        if value not in escaped:
+            escaped[value] = json.dumps(value)
+        return escaped[value]
+
+    for _, batch in selected:
+        cols = {name: batch.column(name).to_pylist() for name in (*_PERFETTO_COLUMNS, "row")}
+        lines = []
+        for i in range(batch.num_rows):
+            pid, tid, comm, rank = cols["pid"][i], cols["tid"][i], cols["comm"][i], cols["rank"][i]
+            if pid not in seen_pids:
+                seen_pids.add(pid)
+                label = f"{comm or 'process'} (rank {rank})" if rank is not None and rank >= 0 else (comm or "process")
+                lines.append(f'{{"ph": "M", "name": "process_name", "pid": {pid}, "args": {{"name": {text(label)}}}}}')
+            if (pid, tid) not in seen_tids:
+                seen_tids.add((pid, tid))
+                name = text(f"{comm or ''} {tid}")
+                lines.append(f'{{"ph": "M", "name": "thread_name", "pid": {pid}, "tid": {tid}, '
+                             f'"args": {{"name": {name}}}}}')
+            args = ", ".join(f'"{c}": {text(cols[c][i]) if isinstance(cols[c][i], str) else cols[c][i]}'
+                             for c in _ARG_COLUMNS if cols[c][i] is not None)
+            base = (f'"cat": "io", "name": {text(cols["op"][i])}, "id": {cols["row"][i]}, "pid": {pid}, '
+                    f'"tid": {tid}')
+            ts = cols["ts_ns"][i]
+            lines.append(f'{{{base}, "ph": "b", "ts": {ts / 1000!r}, "args": {{{args}}}}}')
+            lines.append(f'{{{base}, "ph": "e", "ts": {(ts + cols["dur_ns"][i]) / 1000!r}}}')
+        if lines:
+            handle.write(("," if count else "") + ",\n".join(lines) + "\n")
+            count += len(lines)
     handle.write("]}\n")
     return count
 
 
-def export_perfetto(trace: Trace, output: Path, *, overwrite: bool = False) -> int:
-    """Write ``trace`` as Chrome trace-event JSON to ``output`` atomically; return the number of events.
+def export_perfetto(trace_path: str | os.PathLike, output: str | os.PathLike, *, conditions: Conditions = Conditions(),
+                    max_ops: int = DEFAULT_MAX_OPS, overwrite: bool = False) -> int:
+    """Write the rows of the trace at ``trace_path`` that meet ``conditions`` as Chrome trace-event JSON to
+    ``output`` atomically; return the number of events.
 
-    Raises CkptTraceError when ``output`` exists and ``overwrite`` is false, or on a write failure
-    (the temporary file is removed; ``output`` is untouched).
+    Raises CkptTraceError when ``output`` exists and ``overwrite`` is false, when the selection holds more
+    than ``max_ops`` operations (counted before anything is written), or on a write failure (the temporary
+    file is removed; ``output`` is untouched); TraceFormatError for a bad trace.
     """
     output = check_output_file(output, overwrite)
+    batch_mask(conditions)  # parse errors first
+    selected_rows = count_selected(trace_path, conditions)
+    if selected_rows > max_ops:
+        how = "narrow it with --rank, --time, --pid, --op or --path" + (
+            "" if conditions.to_json() else " (ckpt-trace summary shows the ranks and the duration)")
+        raise CkptTraceError(f"the selection holds {selected_rows:,} operations (about "
+                             f"{selected_rows * 400 / 1e9:,.1f} GB of JSON); a browser opens about "
+                             f"{max_ops:,}: {how}, or raise --max-ops; --format parquet takes any size")
+    meta, selected = _selected(Path(trace_path), _PERFETTO_COLUMNS, conditions)
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "w") as handle:
-            count = _write_perfetto(trace, handle)
+            count = _write_perfetto(meta, selected, handle)
         os.replace(tmp, output)
     except BaseException as err:
         tmp.unlink(missing_ok=True)
@@ -90,27 +146,30 @@ def export_perfetto(trace: Trace, output: Path, *, overwrite: bool = False) -> i
     return count
 
 
-def export_parquet(trace: Trace, output: Path, *, overwrite: bool = False) -> int:
-    """Write ``trace`` as Parquet partitioned by rank under the directory ``output``; return the row count.
+def export_parquet(trace_path: str | os.PathLike, output: str | os.PathLike, *,
+                   conditions: Conditions = Conditions(), overwrite: bool = False) -> int:
+    """Write the rows of the trace at ``trace_path`` that meet ``conditions`` as Parquet partitioned by rank
+    under the directory ``output``; return the row count.
 
     A new directory is built beside ``output`` and renamed into place. With
     ``overwrite`` an existing directory is allowed: the partitions are
     written into it under names of this export (``part-{uuid}-N.parquet``)
     and nothing in it is removed, but a directory holding an earlier export
     is refused (its partitions would add to this one's rows). On failure,
-    only the files this export wrote are removed. Raises CkptTraceError.
+    only the files this export wrote are removed. Raises CkptTraceError, TraceFormatError.
     """
     output = Path(output)
+    batch_mask(conditions)  # parse errors first
     if output.exists():
         check_output_dir(output, overwrite)
         earlier = [p.name for p in output.iterdir() if p.name == METADATA_FILE or p.name.startswith("rank=")]
         if earlier:
             raise CkptTraceError(f"{output} holds an earlier export ({earlier[0]}); its partitions would mix with "
                                  "this one's: choose a new directory")
-        return _write_partitions(trace, output, output, cleanup_root=False)
+        return _write_partitions(trace_path, conditions, output, output, cleanup_root=False)
     check_output_dir(output.parent if str(output.parent) else Path("."), True, create=False)
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    count = _write_partitions(trace, tmp, output, cleanup_root=True)
+    count = _write_partitions(trace_path, conditions, tmp, output, cleanup_root=True)
     try:
         os.replace(tmp, output)
     except OSError as err:
@@ -119,15 +178,32 @@ def export_parquet(trace: Trace, output: Path, *, overwrite: bool = False) -> in
     return count
 
 
-def _write_partitions(trace: Trace, directory: Path, output: Path, cleanup_root: bool) -> int:
+def _write_partitions(trace_path, conditions: Conditions, directory: Path, output: Path, cleanup_root: bool) -> int:
     written: list[str] = []
+    meta, selected = _selected(Path(trace_path), COLUMNS, conditions)
+    rows = 0
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        nonlocal rows
+        for _, batch in selected:
+            rows += batch.num_rows
+            # plain strings: Parquet files of one partition then share one column type whatever the dictionaries
+            yield pa.RecordBatch.from_arrays(
+                [pc.cast(batch.column(name), pa.string()) if pa.types.is_dictionary(batch.column(name).type)
+                 else batch.column(name) for name in COLUMNS], names=list(COLUMNS))
+
     try:
-        ds.write_dataset(trace.table, directory, format="parquet", partitioning=["rank"], partitioning_flavor="hive",
-                         basename_template=f"part-{uuid.uuid4().hex}-{{i}}.parquet",
-                         existing_data_behavior="overwrite_or_ignore",
-                         file_visitor=lambda written_file: written.append(written_file.path))
-        write_bytes_atomic(directory / METADATA_FILE, json.dumps(dict(trace.metadata), indent=1,
-                                                                 sort_keys=True).encode())
+        first = next(batches_iter := batches(), None)
+        if first is not None:
+            schema = first.schema
+            reader = pa.RecordBatchReader.from_batches(schema, _chain(first, batches_iter))
+            ds.write_dataset(reader, directory, format="parquet", partitioning=["rank"], partitioning_flavor="hive",
+                             basename_template=f"part-{uuid.uuid4().hex}-{{i}}.parquet",
+                             existing_data_behavior="overwrite_or_ignore",
+                             file_visitor=lambda written_file: written.append(written_file.path))
+        else:
+            directory.mkdir(exist_ok=True)
+        write_bytes_atomic(directory / METADATA_FILE, json.dumps(dict(meta), indent=1, sort_keys=True).encode())
     except BaseException as err:
         if cleanup_root:
             shutil.rmtree(directory, ignore_errors=True)
@@ -142,4 +218,9 @@ def _write_partitions(trace: Trace, directory: Path, output: Path, cleanup_root:
         if isinstance(err, OSError):
             raise CkptTraceError(f"cannot write {output}: {err.strerror or err}") from None
         raise
-    return trace.num_rows
+    return rows
+
+
+def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    yield first
+    yield from rest

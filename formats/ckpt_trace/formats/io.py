@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -325,19 +326,29 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
                 names = ipc.open_file(source).schema.names
                 options = ipc.IpcReadOptions(included_fields=[names.index(name) for name in present])
                 reader = ipc.open_file(source, options=options)
-                for index in range(reader.num_record_batches):
-                    whole = reader.get_batch(index)
-                    for start in range(0, max(whole.num_rows, 1), batch_rows):
-                        batch = whole.slice(start, batch_rows).select(present)
-                        batch.validate(full=True)
-                        if missing or version != FORMAT_VERSION:
-                            batch = _upgrade_batch(batch, version, wanted)
-                        _check_values(path, batch)
-                        yield batch
+                count = reader.num_record_batches
+                with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-trace-scan") as pool:
+                    ahead = pool.submit(reader.get_batch, 0) if count else None
+                    for index in range(count):
+                        whole = ahead.result()  # the next one decompresses while this one is worked on
+                        ahead = pool.submit(reader.get_batch, index + 1) if index + 1 < count else None
+                        yield from _slices(path, whole, present, batch_rows, missing, version, wanted)
         except (pa.ArrowException, OSError) as err:
             raise TraceFormatError(f"{path}: record batches are corrupt ({_first_line(err)})") from None
 
     return meta, batches()
+
+
+def _slices(path: Path, whole: pa.RecordBatch, present: list[str], batch_rows: int, missing: list[str],
+            version: int, wanted: list[str]) -> Iterator[pa.RecordBatch]:
+    """A file's record batch in checked slices of at most ``batch_rows`` rows (zero-copy)."""
+    for start in range(0, max(whole.num_rows, 1), batch_rows):
+        batch = whole.slice(start, batch_rows).select(present)
+        batch.validate(full=True)
+        if missing or version != FORMAT_VERSION:
+            batch = _upgrade_batch(batch, version, wanted)
+        _check_values(path, batch)
+        yield batch
 
 
 def _upgrade_batch(batch: pa.RecordBatch, version: int, wanted: list[str]) -> pa.RecordBatch:
