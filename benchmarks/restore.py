@@ -1,0 +1,191 @@
+"""Cold restores of one state dict by every loader, against fio's read limits on the same disk (issue: the restore path).
+
+State: the built-in GPT-2 shape (``--model``, default gpt2-small) with Adam
+state, float32, one process. It is saved once per checkpoint format (the
+emitted writer, DCP's FileSystemWriter, torch.save, safetensors save_file,
+each fsynced), then each loader reads it ``--runs`` times, every time in a
+fresh process after the page cache was dropped (root): the emitted reader
+(the module ``ckpt-trace emit`` writes from the golden DCP trace), DCP's
+FileSystemReader, ``torch.load``, ``torch.load(mmap=True)`` and safetensors
+``load_file`` (which maps the file). The clock stops when every tensor has
+been read: each loaded tensor has one element per 4 KiB page touched inside
+the timed region, so the mapping loaders pay for their page faults as the
+eager ones pay for their reads. Loads are checked against the saved state's
+fingerprint.
+
+fio's read limits on a file of the checkpoint's size, laid out once (O_DIRECT,
+fsynced), each read after dropping the page cache: sequential 4 MiB reads
+through io_uring with O_DIRECT at queue depth 32, and buffered psync (the
+kernel's read-ahead at work). The best of ``--fio-runs`` runs each.
+
+One run of this script on a shared machine: read the ratios (medians within
+the run), not the third digit.
+
+    python benchmarks/restore.py [--model gpt2-small] [--runs 5] [--scratch DIR]
+
+Prints a table and writes ``benchmarks/results/restore.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import emitted_writer as ew
+from common import drop_caches
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+#: loader -> the format it reads (emitted_writer's engine names)
+LOADERS = {"emitted": "emitted", "dcp": "dcp-t1", "torch.load": "torch.save", "torch.load(mmap)": "torch.save",
+           "safetensors": "safetensors"}
+PAGE_FLOATS = 1024  # float32 elements per 4 KiB page
+
+
+def _touch(flat: dict) -> float:
+    """Read one element of every 4 KiB page of every tensor (what a mapping loader has not read yet)."""
+    return float(sum(t.reshape(-1)[::PAGE_FLOATS].double().sum() for t in flat.values()))
+
+
+def _load(loader: str, directory: Path, module) -> dict:
+    import torch
+
+    if loader == "torch.load(mmap)":
+        return ew._flat(torch.load(directory / "checkpoint.pt", map_location="cpu", weights_only=True, mmap=True))
+    return ew._load(LOADERS[loader], directory, module, ew._load_target(LOADERS[loader]))
+
+
+def child(args) -> None:
+    """One cold load in this fresh process; prints one JSON line."""
+    warnings.filterwarnings("ignore")
+    ew.MODEL = args.model
+    module = ew._import_module(args.module)
+    if args.child == "save":
+        state = ew._state()
+        ew._save(args.engine, state, Path(args.dir), module)
+        print(json.dumps({"fingerprint": ew._fingerprint(ew._flat(state)),
+                          "bytes": sum(t.numel() * t.element_size() for t in ew._flat(state).values())}))
+        return
+    started = time.perf_counter()
+    loaded = _load(args.engine, Path(args.dir), module)
+    _touch(loaded)
+    elapsed = time.perf_counter() - started
+    print(json.dumps({"load_s": elapsed, "fingerprint": ew._fingerprint(loaded)}))
+
+
+def _child(mode: str, engine: str, directory: Path, module: Path, model: str) -> dict:
+    drop_caches()
+    proc = subprocess.run([sys.executable, __file__, "--child", mode, "--engine", engine, "--dir", str(directory),
+                           "--module", str(module), "--model", model], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{engine} {mode} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _fio_read(path: Path, size: int, direct: bool) -> float:
+    """One sequential 4 MiB read of ``path`` by fio from a cold page cache: bytes/s."""
+    drop_caches()
+    engine = ["--ioengine=io_uring", "--direct=1", "--iodepth=32"] if direct else ["--ioengine=psync", "--direct=0"]
+    done = subprocess.run(["fio", "--name=restore", f"--filename={path}", "--rw=read", "--bs=4M", f"--size={size}",
+                           *engine, "--output-format=json"], check=True, capture_output=True, text=True)
+    return float(json.loads(done.stdout)["jobs"][0]["read"]["bw_bytes"])
+
+
+def _fio_limits(scratch: Path, size: int, runs: int) -> dict[str, dict]:
+    if shutil.which("fio") is None:
+        return {}
+    path = scratch / "fio-restore.bin"
+    subprocess.run(["fio", "--name=layout", f"--filename={path}", "--rw=write", "--bs=4M", f"--size={size}",
+                    "--ioengine=io_uring", "--direct=1", "--iodepth=32", "--end_fsync=1", "--output-format=json"],
+                   check=True, capture_output=True)
+    try:
+        out = {}
+        for name, direct in (("fio O_DIRECT io_uring qd32", True), ("fio buffered psync", False)):
+            samples = [_fio_read(path, size, direct) for _ in range(runs)]
+            out[name] = {"best_bytes_per_s": max(samples), "samples": samples}
+        return out
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gpt2-small")
+    parser.add_argument("--runs", type=int, default=5, help="cold loads per loader")
+    parser.add_argument("--fio-runs", type=int, default=3)
+    parser.add_argument("--scratch", type=Path, default=None, help="directory on the storage to measure")
+    parser.add_argument("--loaders", default=",".join(LOADERS))
+    parser.add_argument("--child", choices=("save", "load"), help=argparse.SUPPRESS)
+    parser.add_argument("--engine", help=argparse.SUPPRESS)
+    parser.add_argument("--dir", help=argparse.SUPPRESS)
+    parser.add_argument("--module", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    if os.geteuid() != 0:
+        print("warning: not root, so the page cache cannot be dropped; cold figures are warm", file=sys.stderr)
+    loaders = [name for name in args.loaders.split(",") if name]
+    unknown = [name for name in loaders if name not in LOADERS]
+    if unknown:
+        sys.exit(f"unknown loader {unknown[0]!r} (choose from {', '.join(LOADERS)})")
+    ew.MODEL = args.model
+    scratch = Path(tempfile.mkdtemp(prefix="ckpt-trace-restore-", dir=args.scratch))
+    rows, saved = [], {}
+    try:
+        module = scratch / "emitted_module.py"
+        golden = REPO / "traces" / "golden" / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
+        subprocess.run([sys.executable, "-m", "ckpt_trace.cli", "emit", str(golden), "-o", str(module)], check=True,
+                       capture_output=True)
+        for fmt in sorted({LOADERS[name] for name in loaders}):
+            saved[fmt] = _child("save", fmt, scratch / fmt, module, args.model)
+        size = next(iter(saved.values()))["bytes"]
+        limits = _fio_limits(scratch, size, args.fio_runs)
+        for name in loaders:
+            fmt = LOADERS[name]
+            times = []
+            for _ in range(args.runs):
+                loaded = _child("load", name, scratch / fmt, module, args.model)
+                if abs(loaded["fingerprint"] - saved[fmt]["fingerprint"]) > 1e-6 * max(1.0, abs(saved[fmt]["fingerprint"])):
+                    raise RuntimeError(f"{name}: the loaded state differs from the saved one")
+                times.append(loaded["load_s"])
+            rows.append({"loader": name, "format": fmt, "runs_s": times, "median_s": statistics.median(times)})
+            print(f"{name}: median {statistics.median(times):.2f} s of {len(times)}", file=sys.stderr)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    best_fio = max((entry["best_bytes_per_s"] for entry in limits.values()), default=None)
+    base = next((r for r in rows if r["loader"] == "dcp"), rows[0])
+    for r in rows:
+        r["bytes_per_s"] = size / r["median_s"]
+        r["vs_dcp"] = base["median_s"] / r["median_s"]
+        r["of_best_fio"] = r["bytes_per_s"] / best_fio if best_fio else None
+    table = Table(title=f"Cold restore of {args.model} + Adam ({size / 1e9:.2f} GB), median of {args.runs} loads")
+    for column in ("loader", "median", "range", "MB/s", "vs DCP", "of best fio"):
+        table.add_column(column, justify="left" if column == "loader" else "right")
+    for r in rows:
+        table.add_row(r["loader"], f"{r['median_s']:.2f} s", f"{min(r['runs_s']):.2f}-{max(r['runs_s']):.2f}",
+                      f"{r['bytes_per_s'] / 1e6:,.0f}", f"{r['vs_dcp']:.2f}x",
+                      f"{r['of_best_fio']:.0%}" if r["of_best_fio"] else "-")
+    for name, entry in limits.items():
+        table.add_row(name, "", "", f"{entry['best_bytes_per_s'] / 1e6:,.0f}", "", "")
+    Console(width=None if sys.stdout.isatty() else 100).print(table)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    result = {"benchmark": "restore", "model": args.model, "bytes": size, "kernel": os.uname().release,
+              "runs": args.runs, "fio": limits, "results": rows}
+    (RESULTS / "restore.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"results: {RESULTS / 'restore.json'}")
+
+
+if __name__ == "__main__":
+    main()
