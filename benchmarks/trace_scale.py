@@ -73,7 +73,8 @@ def main() -> None:
                                          str(work / "t0.json")],
         })
         if rows <= args.perfetto_max:
-            commands["export perfetto (all)"] = ["export", str(trace), "--format", "perfetto", "-o", str(work / "t.json")]
+            commands["export perfetto (all)"] = ["export", str(trace), "--format", "perfetto", "-o", str(work / "t.json"),
+                                                 "--max-ops", str(rows + 1000)]
         commands["report"] = ["report", str(trace), "-o", str(work / "r.html")]
         commands["diff"] = ["diff", str(trace), str(trace), "--json"]
         for name, command in commands.items():

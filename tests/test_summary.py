@@ -3,6 +3,7 @@ the summary read from the file in small record batches equals the one computed f
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from conftest import REPO
@@ -42,3 +43,19 @@ def test_the_file_summary_in_small_batches_equals_the_whole_table_summary(path):
     whole = summarize(read_trace(path))
     for batch_rows in (1, 97, 1 << 20):
         assert summarize_file(path, batch_rows=batch_rows) == whole
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=10**12), min_size=1, max_size=300), st.integers(1, 7))
+def test_latency_histogram_is_within_its_bucket_of_the_exact_percentiles(samples, batches):
+    """The bounded histogram the summary keeps per interface: each percentile at most one 1/64-octave bucket
+    (1.1 %) below the exact nearest-rank one, never above it; mean and max exact, whatever the batching."""
+    from ckpt_trace.stats import LatencyHistogram, percentiles_ns
+
+    histogram = LatencyHistogram()
+    for part in np.array_split(np.array(samples, dtype=np.int64), batches):
+        histogram.add(part)
+    exact, bucketed = percentiles_ns(samples), histogram.percentiles_ns()
+    assert bucketed["max"] == exact["max"] and bucketed["mean"] == exact["mean"]
+    for key in ("p50", "p90", "p99"):
+        assert exact[key] / 2 ** (1 / 64) - 1 <= bucketed[key] <= exact[key], key

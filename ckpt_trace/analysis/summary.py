@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ckpt_trace.formats import Trace, scan
-from ckpt_trace.stats import percentiles_ns
+from ckpt_trace.stats import LatencyHistogram
 
 from .gpu import copy_summary
 
@@ -115,9 +115,9 @@ SUMMARY_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "rank", "op", "path", "offse
 
 
 class Accumulator:
-    """The summary's figures, batch by batch: sums, counts, distinct values and per-interface durations; the
-    trace itself is never held (memory: the distinct paths, pids and tids, and 8 bytes per data operation
-    for the exact latency percentiles)."""
+    """The summary's figures, batch by batch: sums, counts, distinct values, and per interface a latency
+    histogram (``stats.LatencyHistogram``) and counts per depth in flight; the trace itself is never held
+    (memory: the distinct paths, pids and tids, and fixed-size histograms)."""
 
     def __init__(self) -> None:
         self.rows = self.end_ns = self.failed = 0
@@ -181,27 +181,28 @@ class Accumulator:
             r_moved = pc.max_element_wise(rows["ret"], 0)
             r_write = names_in(rows["op"], ("write",))
             mine = self.interfaces.setdefault(interface, {"ops": 0, "bytes_written": 0, "bytes_read": 0,
-                                                          "durations": [], "depths": []})
+                                                          "latency": LatencyHistogram(),
+                                                          "depths": np.zeros(0, np.int64)})
             mine["ops"] += rows.num_rows
             mine["bytes_written"] += _sum(pc.if_else(r_write, r_moved, 0))
             mine["bytes_read"] += _sum(pc.if_else(r_write, 0, r_moved))
-            mine["durations"].append(rows["dur_ns"].to_numpy())
+            mine["latency"].add(rows["dur_ns"].to_numpy())
             depths = rows["in_flight"].drop_null().to_numpy()
-            if len(depths):
-                mine["depths"].append(depths)
+            if len(depths):  # requests in flight at submission: exact counts per depth (bounded by the deepest)
+                counts = np.bincount(depths.astype(np.int64))
+                held = mine["depths"]
+                size = max(len(held), len(counts))
+                mine["depths"] = np.pad(held, (0, size - len(held))) + np.pad(counts, (0, size - len(counts)))
 
     def result(self) -> dict[str, Any]:
         interfaces = {}
         for name in sorted(self.interfaces):
             mine = self.interfaces[name]
             entry = {"ops": mine["ops"], "bytes_written": mine["bytes_written"], "bytes_read": mine["bytes_read"],
-                     "latency_ns": percentiles_ns(np.concatenate(mine["durations"]))}
-            if mine["depths"]:
-                depths = np.concatenate(mine["depths"])
-                buckets = np.left_shift(1, np.floor(np.log2(np.maximum(depths, 1))).astype(np.int64))
-                values, counts = np.unique(buckets, return_counts=True)
-                entry["in_flight"] = {"p50": int(np.median(depths)), "max": int(depths.max()),
-                                      "histogram": {str(int(b)): int(c) for b, c in zip(values, counts)}}
+                     "latency_ns": mine["latency"].percentiles_ns()}
+            counts = mine["depths"]
+            if counts.sum():
+                entry["in_flight"] = _depth_figures(counts)
             interfaces[name] = entry
         total = self.data_ops
         return {
@@ -229,6 +230,21 @@ class Accumulator:
             "failed_ops": self.failed,
             "interfaces": interfaces,
         }
+
+
+def _depth_figures(counts: np.ndarray) -> dict[str, Any]:
+    """Median (numpy's: the mean of the two middle ones for an even count, truncated), max and power-of-two
+    histogram of requests in flight, from exact counts per depth (depth 0 counted in bucket 1)."""
+    total = int(counts.sum())
+    cumulative = np.cumsum(counts)
+    lower = int(np.searchsorted(cumulative, (total + 1) // 2))
+    upper = int(np.searchsorted(cumulative, total // 2 + 1))
+    depths = np.flatnonzero(counts)
+    buckets: dict[str, int] = {}
+    for depth in depths.tolist():
+        bucket = 1 << int(np.floor(np.log2(max(depth, 1))))
+        buckets[str(bucket)] = buckets.get(str(bucket), 0) + int(counts[depth])
+    return {"p50": int((lower + upper) / 2), "max": int(depths.max()), "histogram": buckets}
 
 
 def summary_document(path, md: dict, figures: dict, gpu: dict) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from ckpt_trace.iolayer.outputs import check_output_dir, check_output_file
 
 FORMATS = ("perfetto", "parquet")
 METADATA_FILE = "_ckpt_trace.json"
+ROW_GROUP_ROWS = 1 << 16  # Parquet row groups: each open partition buffers one (about 6 MiB)
 DEFAULT_MAX_OPS = 1_000_000  # two events each, ~200 bytes per event: ~400 MB, what ui.perfetto.dev opens
 _ARG_COLUMNS = ("syscall", "path", "new_path", "offset", "size", "ret", "fd", "flags", "rank")
 _PERFETTO_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "op", "comm") + _ARG_COLUMNS
@@ -199,7 +200,7 @@ def _write_partitions(trace_path, conditions: Conditions, directory: Path, outpu
             reader = pa.RecordBatchReader.from_batches(schema, _chain(first, batches_iter))
             ds.write_dataset(reader, directory, format="parquet", partitioning=["rank"], partitioning_flavor="hive",
                              basename_template=f"part-{uuid.uuid4().hex}-{{i}}.parquet",
-                             existing_data_behavior="overwrite_or_ignore",
+                             existing_data_behavior="overwrite_or_ignore", max_rows_per_group=ROW_GROUP_ROWS,
                              file_visitor=lambda written_file: written.append(written_file.path))
         else:
             directory.mkdir(exist_ok=True)

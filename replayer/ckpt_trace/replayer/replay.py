@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,6 +130,11 @@ def _trace_file(path: str | os.PathLike) -> _TraceFile:
 
 def _plans(trace, strategy: str, strip_prefix: str | None, **options) -> list[ReplayPlan]:
     """The plans of ``strategy`` (every strategy for ``all``) for a read ``Trace``, planning it once."""
+    return list(_each_plan(trace, strategy, strip_prefix, **options))
+
+
+def _each_plan(trace, strategy: str, strip_prefix: str | None, **options) -> Iterator[ReplayPlan]:
+    """``_plans`` one plan at a time: a caller that lets each go before the next holds two plans at most."""
     if strategy not in CHOICES:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
     if trace.table is None:  # a trace file: planned from record batches of the planner's columns only
@@ -136,7 +142,8 @@ def _plans(trace, strategy: str, strip_prefix: str | None, **options) -> list[Re
         base = build_posix_plan(batches, strip_prefix, arch=trace.metadata["arch"])
     else:
         base = build_posix_plan(trace.table, strip_prefix, arch=trace.metadata["arch"])
-    return [derive_plan(base, name, **options) for name in (STRATEGIES if strategy == "all" else (strategy,))]
+    for name in STRATEGIES if strategy == "all" else (strategy,):
+        yield derive_plan(base, name, **options)
 
 
 def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> PosixExecutor:
@@ -156,8 +163,8 @@ def plan_summaries(trace_path: str | os.PathLike, *, strategy: str, target: str 
     trace = _trace_file(trace_path)
     block = host.block_bytes(target)
     summaries = []
-    for plan in _plans(trace, strategy, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block,
-                       pack_files=pack_files):
+    for plan in _each_plan(trace, strategy, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block,
+                           pack_files=pack_files):
         ops = plan.ops
         sizes = np.maximum(ops.size, 0)
         writes, reads = ops.kind == WRITE, ops.kind == READ
@@ -170,6 +177,7 @@ def plan_summaries(trace_path: str | os.PathLike, *, strategy: str, target: str 
             "precreate_files": len(plan.precreate_files), "skipped_ops": dict(plan.skipped_ops),
             "packed_files": len(plan.pack_index), "metadata_ops_saved": plan.metadata_ops_saved,
         })
+        del plan, ops, sizes, writes, reads  # before the next plan is derived
     return summaries
 
 
