@@ -289,8 +289,9 @@ def report(
     if as_json:
         _write_json(None, data)
     else:
-        err.print(f"ckpt-trace: wrote {output} ({data['figures']} figures, {data['bytes']:,} bytes; slowest: "
-                  f"{data['slowest']})", highlight=False)
+        slowest = f"slowest: {data['slowest']}" if data["slowest"] else "no rank moved data"
+        err.print(f"ckpt-trace: wrote {output} ({data['figures']} figures, {data['bytes']:,} bytes; {slowest})",
+                  highlight=False)
 
 
 @app.command()

@@ -148,6 +148,11 @@ class _Batch:
     size: np.ndarray
     moved: np.ndarray
     syscall: np.ndarray
+    data: np.ndarray  # read or write
+    copies: np.ndarray  # host<->device copies
+    syncs: np.ndarray
+    meta: np.ndarray  # metadata operations (formats' METADATA_OPS)
+    writes: np.ndarray  # the write op
 
 
 @dataclass
@@ -168,9 +173,13 @@ class _State:
         dur = get("dur_ns").to_numpy(zero_copy_only=False).astype(np.int64)
         offset_col = get("offset")
         ret = get("ret").to_numpy(zero_copy_only=False).astype(np.int64)
+        op = self.ops.codes(get("op"))
         return _Batch(ts=ts, end=ts + dur, dur=dur, owner=lut[inverse.reshape(-1)],
                       tid=get("tid").to_numpy(zero_copy_only=False).astype(np.int64),
-                      op=self.ops.codes(get("op")), path=self.paths.codes(get("path")),
+                      op=op, path=self.paths.codes(get("path")),
+                      data=self.ops.mask(v.DATA_OPS)[op], copies=self.ops.mask(v.COPY_OPS)[op],
+                      syncs=self.ops.mask(v.SYNC_OPS)[op], meta=self.ops.mask(v.METADATA_OPS)[op],
+                      writes=op == self.ops.get(v.WRITE, -2),
                       offset=offset_col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64),
                       has_offset=offset_col.is_valid().to_numpy(zero_copy_only=False),
                       size=get("size").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64),
@@ -186,10 +195,10 @@ class _State:
         return lut
 
 
-def _file_rows(state: _State, b: _Batch, data: np.ndarray, copies: np.ndarray) -> np.ndarray:
+def _file_rows(state: _State, b: _Batch) -> np.ndarray:
     """Rows about files: data operations, GPU copies, and calls on regular (not special) paths."""
     special = state.special()
-    return data | copies | ((b.path >= 0) & ~special[b.path])
+    return b.data | b.copies | ((b.path >= 0) & ~special[b.path])
 
 
 class _PassOne:
@@ -214,12 +223,8 @@ class _PassOne:
         if batch.num_rows == 0:
             return
         s, b = self.state, self.state.batch(batch)
-        data = s.ops.mask(v.DATA_OPS)[b.op]
-        copies = s.ops.mask(v.COPY_OPS)[b.op]
-        syncs = s.ops.mask(v.SYNC_OPS)[b.op]
-        meta = s.ops.mask(v.METADATA_OPS)[b.op]
-        writes = b.op == s.ops.get(v.WRITE, -2)
-        files = _file_rows(s, b, data, copies)
+        data, copies, syncs, meta, writes = b.data, b.copies, b.syncs, b.meta, b.writes
+        files = _file_rows(s, b)
         self.start = min(int(b.ts.min()), self.start if self.start is not None else 1 << 62)
         self.end = max(int(b.end.max()), self.end or 0)
         if (data | copies).any():
@@ -319,9 +324,7 @@ class _PassTwo:
         if batch.num_rows == 0:
             return
         s, b = self.state, self.state.batch(batch)
-        data = s.ops.mask(v.DATA_OPS)[b.op]
-        copies = s.ops.mask(v.COPY_OPS)[b.op]
-        writes = b.op == s.ops.get(v.WRITE, -2)
+        data, copies, writes = b.data, b.copies, b.writes
         bins = np.clip((b.end - self.start) // self.width, 0, TIME_BINS - 1)
         moving = data & (b.moved > 0)
         heat = np.bincount(b.owner[moving] * TIME_BINS + bins[moving], weights=b.moved[moving],
@@ -339,12 +342,12 @@ class _PassTwo:
                     self.offsets[(f, direction)] += np.bincount(bins[mine] * OFFSET_BINS + o, weights=b.moved[mine],
                                                                 minlength=TIME_BINS * OFFSET_BINS
                                                                 ).reshape(TIME_BINS, OFFSET_BINS)
-        chosen = np.isin(b.owner, self.owners) & _file_rows(s, b, data, copies)
+        chosen = np.isin(b.owner, self.owners) & _file_rows(s, b)
         if chosen.any():
             kind = np.full(len(b.op), 4, np.int64)
             kind[data & writes] = 0
             kind[data & ~writes] = 1
-            kind[s.ops.mask(v.SYNC_OPS)[b.op]] = 2
+            kind[b.syncs] = 2
             kind[copies] = 3
             rows = np.stack([b.owner[chosen], b.tid[chosen], kind[chosen], b.ts[chosen] - self.start,
                              np.maximum(b.dur[chosen], 1)], axis=1)
