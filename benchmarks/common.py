@@ -1,8 +1,10 @@
-"""Helpers shared by the benchmarks: the fio device limit and dropping the page cache."""
+"""Helpers shared by the benchmarks: the fio device limit, dropping the page cache, child processes."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 from pathlib import Path
 
 from ckpt_trace.iolayer.fio import fio_bytes_per_s
@@ -22,3 +24,20 @@ def drop_caches() -> bool:
     except OSError:
         return False
     return True
+
+
+def parse_or_run_child(parser: argparse.ArgumentParser, child) -> argparse.Namespace | None:
+    """Parse the command line with the hidden arguments of a measurement child (``--child save|load``,
+    ``--engine``, ``--dir``, ``--module``): a child runs ``child(args)`` and gets None back; the parent gets
+    its arguments, warned when not root (cold figures would then be warm)."""
+    parser.add_argument("--child", choices=("save", "load"), help=argparse.SUPPRESS)
+    parser.add_argument("--engine", help=argparse.SUPPRESS)
+    parser.add_argument("--dir", help=argparse.SUPPRESS)
+    parser.add_argument("--module", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return None
+    if os.geteuid() != 0:
+        print("warning: not root, so the page cache cannot be dropped; cold figures are warm", file=sys.stderr)
+    return args

@@ -38,7 +38,7 @@ import time
 import warnings
 from pathlib import Path
 
-from common import best_fio, drop_caches
+from common import best_fio, drop_caches, parse_or_run_child
 from rich.console import Console
 from rich.table import Table
 
@@ -259,16 +259,9 @@ def main() -> None:
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--fio-size", default="2G")
     parser.add_argument("--fio-runs", type=int, default=3)
-    parser.add_argument("--child", choices=("save", "load"), help=argparse.SUPPRESS)
-    parser.add_argument("--engine", help=argparse.SUPPRESS)
-    parser.add_argument("--dir", help=argparse.SUPPRESS)
-    parser.add_argument("--module", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        child(args)
+    args = parse_or_run_child(parser, child)
+    if args is None:
         return
-    if os.geteuid() != 0:
-        print("warning: not root, so the page cache cannot be dropped; cold figures are warm", file=sys.stderr)
     RESULTS.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="ckpt-trace-writer-", dir=args.scratch))
     rows = []

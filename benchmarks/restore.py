@@ -41,7 +41,7 @@ import warnings
 from pathlib import Path
 
 import emitted_writer as ew
-from common import drop_caches
+from common import drop_caches, parse_or_run_child
 from rich.console import Console
 from rich.table import Table
 
@@ -126,16 +126,9 @@ def main() -> None:
     parser.add_argument("--fio-runs", type=int, default=3)
     parser.add_argument("--scratch", type=Path, default=None, help="directory on the storage to measure")
     parser.add_argument("--loaders", default=",".join(LOADERS))
-    parser.add_argument("--child", choices=("save", "load"), help=argparse.SUPPRESS)
-    parser.add_argument("--engine", help=argparse.SUPPRESS)
-    parser.add_argument("--dir", help=argparse.SUPPRESS)
-    parser.add_argument("--module", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        child(args)
+    args = parse_or_run_child(parser, child)
+    if args is None:
         return
-    if os.geteuid() != 0:
-        print("warning: not root, so the page cache cannot be dropped; cold figures are warm", file=sys.stderr)
     loaders = [name for name in args.loaders.split(",") if name]
     unknown = [name for name in loaders if name not in LOADERS]
     if unknown:
