@@ -31,10 +31,11 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from ckpt_trace.analysis.filter import Conditions, batch_mask
 from ckpt_trace.errors import CkptTraceError
@@ -43,7 +44,7 @@ from ckpt_trace.iolayer.outputs import check_output_dir, check_output_file
 
 FORMATS = ("perfetto", "parquet")
 METADATA_FILE = "_ckpt_trace.json"
-ROW_GROUP_ROWS = 1 << 16  # Parquet row groups: each open partition buffers one (about 6 MiB)
+ROW_GROUP_ROWS = 1 << 16  # rows per Parquet row group
 DEFAULT_MAX_OPS = 1_000_000  # two events each, ~200 bytes per event: ~400 MB, what ui.perfetto.dev opens
 _ARG_COLUMNS = ("syscall", "path", "new_path", "offset", "size", "ret", "fd", "flags", "rank")
 _PERFETTO_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "op", "comm") + _ARG_COLUMNS
@@ -179,33 +180,83 @@ def export_parquet(trace_path: str | os.PathLike, output: str | os.PathLike, *,
     return count
 
 
+class _Partitions:
+    """Hive partitions by rank (``rank=R/part-{uuid}-N.parquet``, the rank column in the directory name), one
+    ``pyarrow.parquet.ParquetWriter`` per rank. Rows wait per rank until ROW_GROUP_ROWS of them make a row
+    group, and at most BUFFERED_ROWS wait in all (the largest waiting group is written first), so memory is
+    bounded however many rows and ranks the trace has. (``pyarrow.dataset.write_dataset`` queues up to 64 Mi
+    rows ahead of its writers, 5 GB for a 50 M-row trace.)"""
+
+    BUFFERED_ROWS = 1 << 20
+
+    def __init__(self, directory: Path, written: list[str]) -> None:
+        self.directory, self.written = directory, written
+        self.prefix = f"part-{uuid.uuid4().hex}"
+        self.writers: dict[int, Any] = {}
+        self.waiting: dict[int, list[pa.Table]] = {}
+        self.waiting_rows: dict[int, int] = {}
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        table = pa.Table.from_batches([batch])
+        table = table.take(pc.sort_indices(table["rank"]))
+        ranks = table["rank"].to_numpy()
+        starts = np.r_[0, np.flatnonzero(np.diff(ranks)) + 1]
+        ends = np.r_[starts[1:], len(ranks)]
+        rest = table.drop_columns(["rank"])
+        for start, end in zip(starts.tolist(), ends.tolist()):
+            rank = int(ranks[start])
+            self.waiting.setdefault(rank, []).append(rest.slice(start, end - start))
+            self.waiting_rows[rank] = self.waiting_rows.get(rank, 0) + end - start
+            if self.waiting_rows[rank] >= ROW_GROUP_ROWS:
+                self._flush(rank)
+        while sum(self.waiting_rows.values()) > self.BUFFERED_ROWS:
+            self._flush(max(self.waiting_rows, key=self.waiting_rows.get))
+
+    def _flush(self, rank: int) -> None:
+        tables = self.waiting.pop(rank, [])
+        self.waiting_rows.pop(rank, None)
+        if not tables:
+            return
+        table = pa.concat_tables(tables)
+        writer = self.writers.get(rank)
+        if writer is None:
+            import pyarrow.parquet as pq
+
+            folder = self.directory / f"rank={rank}"
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{self.prefix}-0.parquet"
+            writer = self.writers[rank] = pq.ParquetWriter(str(path), table.schema)
+            self.written.append(str(path))
+        writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+
+    def close(self) -> None:
+        for rank in list(self.waiting):
+            self._flush(rank)
+        for writer in self.writers.values():
+            writer.close()
+
+
 def _write_partitions(trace_path, conditions: Conditions, directory: Path, output: Path, cleanup_root: bool) -> int:
     written: list[str] = []
     meta, selected = _selected(Path(trace_path), COLUMNS, conditions)
     rows = 0
-
-    def batches() -> Iterator[pa.RecordBatch]:
-        nonlocal rows
+    partitions = _Partitions(directory, written)
+    try:
+        directory.mkdir(exist_ok=True)
         for _, batch in selected:
             rows += batch.num_rows
-            # plain strings: Parquet files of one partition then share one column type whatever the dictionaries
-            yield pa.RecordBatch.from_arrays(
+            # plain strings: every file of a partition has one column type, whatever each batch's dictionary
+            partitions.add(pa.RecordBatch.from_arrays(
                 [pc.cast(batch.column(name), pa.string()) if pa.types.is_dictionary(batch.column(name).type)
-                 else batch.column(name) for name in COLUMNS], names=list(COLUMNS))
-
-    try:
-        first = next(batches_iter := batches(), None)
-        if first is not None:
-            schema = first.schema
-            reader = pa.RecordBatchReader.from_batches(schema, _chain(first, batches_iter))
-            ds.write_dataset(reader, directory, format="parquet", partitioning=["rank"], partitioning_flavor="hive",
-                             basename_template=f"part-{uuid.uuid4().hex}-{{i}}.parquet",
-                             existing_data_behavior="overwrite_or_ignore", max_rows_per_group=ROW_GROUP_ROWS,
-                             file_visitor=lambda written_file: written.append(written_file.path))
-        else:
-            directory.mkdir(exist_ok=True)
+                 else batch.column(name) for name in COLUMNS], names=list(COLUMNS)))
+        partitions.close()
         write_bytes_atomic(directory / METADATA_FILE, json.dumps(dict(meta), indent=1, sort_keys=True).encode())
     except BaseException as err:
+        for writer in partitions.writers.values():
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001 - removing its file below is what matters
+                pass
         if cleanup_root:
             shutil.rmtree(directory, ignore_errors=True)
         else:
@@ -220,8 +271,3 @@ def _write_partitions(trace_path, conditions: Conditions, directory: Path, outpu
             raise CkptTraceError(f"cannot write {output}: {err.strerror or err}") from None
         raise
     return rows
-
-
-def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    yield first
-    yield from rest

@@ -303,11 +303,13 @@ def _check_values(path: Path, table: pa.Table | pa.RecordBatch) -> None:
 def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = None, *,
          batch_rows: int = DEFAULT_BATCH_ROWS) -> tuple[dict, Iterator[pa.RecordBatch]]:
     """(metadata, record batches) of the trace at ``path``, reading only ``columns`` (all when None) one batch
-    at a time: memory is bounded by a batch, not by the trace. The file is memory-mapped and read with
-    Arrow's IPC file reader, which decompresses only the columns asked for (``IpcReadOptions.included_fields``);
-    a record batch of the file longer than ``batch_rows`` comes in zero-copy slices. (pyarrow 26's dataset
-    scanner over IPC files crashed the process now and then while batches were being computed on.) Version 1 batches come upgraded to the current schema; each batch's values
-    are checked as ``read_trace`` checks them. Raises TraceFormatError (at once for the file, the metadata
+    at a time: memory is bounded by a batch, not by the trace. The file is read, not mapped (mapped pages
+    would count as the reader's memory), by Arrow's IPC file reader, which reads and decompresses only the
+    columns asked for (``IpcReadOptions.included_fields``), the next file batch on a helper thread while
+    this one is worked on; a file batch longer than ``batch_rows`` comes in zero-copy slices. (pyarrow 26's
+    dataset scanner over IPC files crashed the process now and then.) Version 1 batches come upgraded to
+    the current schema; each batch's values are checked as ``read_trace`` checks them. Raises
+    TraceFormatError (at once for the file, the metadata
     and the columns; while iterating for a corrupt batch).
     """
     path = Path(path)
@@ -322,7 +324,7 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
 
     def batches() -> Iterator[pa.RecordBatch]:
         try:
-            with pa.memory_map(str(path)) as source:
+            with pa.OSFile(str(path)) as source:
                 names = ipc.open_file(source).schema.names
                 options = ipc.IpcReadOptions(included_fields=[names.index(name) for name in present])
                 reader = ipc.open_file(source, options=options)
