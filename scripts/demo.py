@@ -99,7 +99,7 @@ def main() -> None:
           f"  writer module  {writer}\n"
           f"                 drop-in DCP storage_writer/storage_reader; its docstring says why each option\n"
           f"  report         {report}\n"
-          f"                 open it in a browser: job, calls, ranks over time, storage, advice")
+          f"                 open it in a browser: job, calls, ranks, storage, advice")
 
 
 if __name__ == "__main__":
