@@ -58,7 +58,37 @@ def distinct(column) -> list:
     return list(out)
 
 
+def _group_sums(codes: np.ndarray, values: np.ndarray, groups: int) -> np.ndarray:
+    """Exact sums of non-negative ``values`` per code in [0, groups) (np.add.at: no float rounding above
+    2**53): int64 where no sum can pass 2**63, Python integers otherwise."""
+    if len(values) and int(values.max()) * len(values) >= 1 << 63:
+        sums = np.zeros(groups, dtype=object)
+        np.add.at(sums, codes, values.astype(object))
+        return sums
+    sums = np.zeros(groups, np.int64)
+    np.add.at(sums, codes, values)
+    return sums
+
+
 def _ops_table(table: pa.Table) -> dict[str, dict[str, int]]:
+    """Per op: count, bytes moved (data ops) and time, from the op column's dictionary codes."""
+    op = table["op"]
+    chunks = op.chunks if isinstance(op, pa.ChunkedArray) else [op]
+    if len(chunks) == 1 and pa.types.is_dictionary(chunks[0].type) and not chunks[0].null_count:
+        names = chunks[0].dictionary.to_pylist()
+        codes = chunks[0].indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        moved = np.maximum(table["ret"].to_numpy(), 0)
+        counts = np.bincount(codes, minlength=len(names))
+        moved_sums = _group_sums(codes, moved, len(names))
+        time_sums = _group_sums(codes, table["dur_ns"].to_numpy(), len(names))
+        out: dict[str, dict[str, int]] = {}
+        for code, name in enumerate(names):
+            if counts[code]:
+                mine = out.setdefault(name, {"count": 0, "bytes": 0, "time_ns": 0})  # a name may repeat
+                mine["count"] += int(counts[code])
+                mine["bytes"] += int(moved_sums[code]) if name in DATA_OPS else 0
+                mine["time_ns"] += int(time_sums[code])
+        return dict(sorted(out.items(), key=lambda item: -item[1]["count"]))
     moved = pc.max_element_wise(table["ret"], 0)
     counted = table.append_column("moved", moved)
     grouped = counted.group_by("op").aggregate([("op", "count"), ("moved", "sum"), ("dur_ns", "sum")])
@@ -86,9 +116,7 @@ def _histogram(data: pa.Table) -> list[dict[str, int]]:
     index = np.minimum(index, 63)
     writes = np.bincount(index[is_write], minlength=64)
     reads = np.bincount(index[~is_write], minlength=64)
-    moved = np.zeros(64, np.int64)  # exact int64 sums (float weights would round above 2**53)
-    summed = pa.table({"k": index, "s": sizes}).group_by("k").aggregate([("s", "sum")])
-    moved[summed["k"].to_numpy()] = summed["s_sum"].to_numpy()
+    moved = _group_sums(index, sizes, 64)
     return [{"bucket_bytes": 0 if k == 0 else int(_POWERS[k - 1]), "read": int(reads[k]), "write": int(writes[k]),
              "bytes": int(moved[k])} for k in np.flatnonzero(writes + reads).tolist()]
 
