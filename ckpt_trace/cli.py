@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import typer
 from rich.console import Console
@@ -95,6 +95,24 @@ def _progress(verb: str = "replay", threaded: bool = True) -> Iterator:
                TimeElapsedColumn())
     with Progress(*columns, console=out, transient=True, auto_refresh=threaded) as bar:
         yield _BytesBar(bar, verb, threaded)
+
+
+@contextmanager
+def _steps(command: str) -> Iterator:
+    """A progress bar per pass over a trace (``analysis.summary.Progress``) on a terminal; None otherwise."""
+    if not out.is_terminal:
+        yield None
+        return
+    with Progress("[progress.description]{task.description}", BarColumn(), "{task.percentage:>3.0f}%",
+                  TimeElapsedColumn(), console=out, transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def step(label: str, done: int, total: int) -> None:
+            if label not in tasks:
+                tasks[label] = bar.add_task(f"{command}: {label}", total=max(total, 1))
+            bar.update(tasks[label], completed=done)
+
+        yield step
 
 
 @app.command(context_settings={"allow_interspersed_args": False})
@@ -229,7 +247,9 @@ def summary(
     from .analysis.summary import summarize_file
     from .report.render import render_summary
 
-    _show(summarize_file(trace), as_json, render_summary)
+    with _steps("summary") as progress:
+        data = summarize_file(trace, progress=progress)
+    _show(data, as_json, render_summary)
 
 
 @app.command()
@@ -253,10 +273,12 @@ def export(
     if fmt not in FORMATS:
         raise CkptTraceError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
     conditions = Conditions(ranks=rank, pids=pid, path_glob=path, ops=op, time=time_window)
-    if fmt == "perfetto":
-        count = export_perfetto(trace, output, conditions=conditions, max_ops=max_ops, overwrite=force)
-    else:
-        count = export_parquet(trace, output, conditions=conditions, overwrite=force)
+    with _steps("export") as progress:
+        if fmt == "perfetto":
+            count = export_perfetto(trace, output, conditions=conditions, max_ops=max_ops, overwrite=force,
+                                    progress=progress)
+        else:
+            count = export_parquet(trace, output, conditions=conditions, overwrite=force, progress=progress)
     unit = "events" if fmt == "perfetto" else "rows"
     if as_json:
         _write_json(None, {"trace": str(trace), "format": fmt, "output": str(output), unit: count,
@@ -284,8 +306,9 @@ def report(
             limit = float(fio_limit) * 1e6
         except ValueError:
             raise CkptTraceError(f"--fio-limit takes MB/s, not {fio_limit!r}") from None
-    data = write_report(trace, output, results_paths=results or [], fio_limit_bytes_per_s=limit, rank=chosen_rank,
-                        overwrite=force)
+    with _steps("report") as progress:
+        data = write_report(trace, output, results_paths=results or [], fio_limit_bytes_per_s=limit,
+                            rank=chosen_rank, overwrite=force, progress=progress)
     if as_json:
         _write_json(None, data)
     else:
@@ -305,7 +328,9 @@ def diff(
     from .analysis.diff import diff_files
     from .report.render import render_diff
 
-    _show(diff_files(trace_a, trace_b), as_json, render_diff)
+    with _steps("diff") as progress:
+        data = diff_files(trace_a, trace_b, progress=progress)
+    _show(data, as_json, render_diff)
 
 
 @app.command()
@@ -533,7 +558,8 @@ def filter_cmd(
 
     conditions = Conditions(ranks=rank, pids=pid, path_glob=path, ops=op, time=time_window)
     check_output_file(output, force)
-    result = filter_trace(trace, output, conditions, overwrite=force)
+    with _steps("filter") as progress:
+        result = filter_trace(trace, output, conditions, overwrite=force, progress=progress)
     if as_json:
         _write_json(None, result)
     else:

@@ -59,3 +59,29 @@ def test_latency_histogram_is_within_its_bucket_of_the_exact_percentiles(samples
     assert bucketed["max"] == exact["max"] and bucketed["mean"] == exact["mean"]
     for key in ("p50", "p90", "p99"):
         assert exact[key] / 2 ** (1 / 64) - 1 <= bucketed[key] <= exact[key], key
+
+
+def test_every_pass_over_a_trace_feeds_the_progress_bar_to_its_end(tmp_path):
+    """summary, report, diff, filter and export tell their progress sink each file batch of each pass,
+    ending at done == total (what the CLI's bar draws on a terminal)."""
+    from ckpt_trace.analysis.diff import diff_files
+    from ckpt_trace.analysis.filter import Conditions, filter_trace
+    from ckpt_trace.analysis.profile import profile_file
+    from ckpt_trace.report.export import export_parquet
+
+    trace = REPO / "traces" / "golden" / "v2-dcp-gpt2-tiny-2ranks-bcc.arrow"
+    runs = {
+        "summary": lambda p: summarize_file(trace, progress=p),
+        "report": lambda p: profile_file(trace, progress=p),
+        "diff": lambda p: diff_files(trace, trace, progress=p),
+        "filter": lambda p: filter_trace(trace, tmp_path / "f.arrow", Conditions(ranks="0"), progress=p),
+        "export": lambda p: export_parquet(trace, tmp_path / "pq", progress=p),
+    }
+    for name, run in runs.items():
+        calls: dict[str, list[tuple[int, int]]] = {}
+        run(lambda label, done, total, calls=calls: calls.setdefault(label, []).append((done, total)))
+        assert calls, name
+        for label, steps in calls.items():
+            dones = [done for done, _ in steps]
+            assert dones == sorted(dones) and steps[-1][0] == steps[-1][1] >= 1, (name, label, steps)
+    assert set(calls) == {"writing"}

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from ckpt_trace.formats import scan
 
-from .summary import SUMMARY_COLUMNS, Accumulator, distinct, gpu_summary, names_in, summary_document
+from .summary import SUMMARY_COLUMNS, Accumulator, Progress, distinct, gpu_summary, names_in, on_batch, summary_document
 
 COMPACT_ROWS = 1 << 22  # write ranges held before they are merged into unions (64 MiB of int64 triples)
 
@@ -118,9 +118,11 @@ class _Paths:
         return {p for p in relative if p != "." and not p.startswith("..")}
 
 
-def _read(path, batch_rows: int) -> tuple[dict[str, Any], set[str], dict[str, np.ndarray]]:
+def _read(path, batch_rows: int, progress: Progress | None = None,
+          label: str = "") -> tuple[dict[str, Any], set[str], dict[str, np.ndarray]]:
     """One pass over the trace file in record batches: (its summary, its relative paths, its written ranges)."""
-    meta, batches = scan(path, (*SUMMARY_COLUMNS, "new_path"), batch_rows=batch_rows)
+    meta, batches = scan(path, (*SUMMARY_COLUMNS, "new_path"), batch_rows=batch_rows,
+                         on_batch=on_batch(progress, label))
     acc, paths, written = Accumulator(), _Paths(), _Written()
     for batch in batches:
         acc.add(batch)
@@ -182,12 +184,13 @@ def _change(old: float, new: float) -> dict[str, Any]:
     return {"a": old, "b": new, "change": new - old, "ratio": (new / old) if old else None}
 
 
-def diff_files(path_a: str | os.PathLike, path_b: str | os.PathLike, *, batch_rows: int = 1 << 20) -> dict[str, Any]:
+def diff_files(path_a: str | os.PathLike, path_b: str | os.PathLike, *, batch_rows: int = 1 << 20,
+               progress: Progress | None = None) -> dict[str, Any]:
     """Figures of the traces at ``path_a`` and ``path_b`` side by side: totals, ops by type, request sizes,
     files, and the data written. Each file is read once, in record batches of ``batch_rows`` rows: memory
     grows with the distinct paths and the disjoint written ranges, not the rows. Raises TraceFormatError."""
-    sa, paths_a, written_a = _read(path_a, batch_rows)
-    sb, paths_b, written_b = _read(path_b, batch_rows)
+    sa, paths_a, written_a = _read(path_a, batch_rows, progress, "reading A")
+    sb, paths_b, written_b = _read(path_b, batch_rows, progress, "reading B")
     totals = {key: _change(sa[key], sb[key]) for key in
               ("rows", "duration_ns", "bytes_written", "bytes_read", "files", "processes", "threads", "data_ops",
                "metadata_ops", "data_time_ns", "metadata_time_ns", "failed_ops", "lost_events")}

@@ -37,6 +37,8 @@ import pyarrow.compute as pc
 from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.formats import TraceWriter, scan, sha256_file, vocabulary
 
+from .summary import Progress, on_batch
+
 _UNITS_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "min": 60_000_000_000}
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|min)?\s*")
 
@@ -166,14 +168,14 @@ def batch_mask(conditions: Conditions) -> Callable[[pa.RecordBatch], pa.Array]:
 
 
 def filter_trace(trace_path: str | os.PathLike, output: str | os.PathLike, conditions: Conditions, *,
-                 overwrite: bool = False, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+                 overwrite: bool = False, progress: Progress | None = None) -> dict[str, Any]:
     """Write the rows of ``trace_path`` that meet ``conditions`` to ``output``; return {"output", "rows_in",
-    "rows_out", "conditions"}. ``progress(rows_read)`` is called after each batch."""
+    "rows_out", "conditions"}. ``progress`` (``analysis.summary.Progress``) follows the file's batches."""
     trace_path, output = Path(trace_path), Path(output)
     mask = batch_mask(conditions)  # parse errors before anything is read or written
     if output.resolve() == trace_path.resolve():
         raise CkptTraceError(f"{output} is the trace being filtered: choose another output")
-    meta, batches = scan(trace_path)
+    meta, batches = scan(trace_path, on_batch=on_batch(progress, "filtering"))
     writer = TraceWriter(output, overwrite=overwrite)
     rows_in = rows_out = 0
     try:
@@ -183,8 +185,6 @@ def filter_trace(trace_path: str | os.PathLike, output: str | os.PathLike, condi
             rows_out += kept.num_rows
             if kept.num_rows:
                 writer.write(kept)
-            if progress is not None:
-                progress(rows_in)
         provenance = {"filtered_from": str(trace_path), "source_sha256": sha256_file(trace_path),
                       "conditions": conditions.to_json(), "rows_in": rows_in, "rows_out": rows_out}
         metadata = {**meta, "provenance": [*meta.get("provenance", []), provenance]}

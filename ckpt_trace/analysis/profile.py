@@ -48,7 +48,7 @@ import pyarrow.compute as pc
 from ckpt_trace.formats import scan
 from ckpt_trace.formats import vocabulary as v
 
-from .summary import SUMMARY_COLUMNS, Accumulator, gpu_summary, summary_document
+from .summary import SUMMARY_COLUMNS, Accumulator, Progress, gpu_summary, on_batch, summary_document
 
 TIME_BINS = 240
 OFFSET_BINS = 120
@@ -384,18 +384,19 @@ def _latency_entry(counts: np.ndarray, maximum: int) -> dict[str, Any]:
             "buckets": [[round(_bucket_ns(int(b))), int(counts[b])] for b in nonzero.tolist()]}
 
 
-def profile_file(path: str | os.PathLike, *, rank: int | None = None, batch_rows: int = 1 << 20) -> dict[str, Any]:
+def profile_file(path: str | os.PathLike, *, rank: int | None = None, batch_rows: int = 1 << 20,
+                 progress: Progress | None = None) -> dict[str, Any]:
     """The report's aggregates of the trace at ``path`` (module docstring), as one JSON-able dict:
     ``summary`` (``analysis.summary``), ``window``, ``owners``, ``files``, ``sizes``, ``latency``, ``bins``
     (heat map and throughput), ``offsets``, ``timelines``, ``writer_threads_per_rank``.
 
     ``rank`` picks the owner shown beside the slowest one (default: rank 0, or the first owner). Two passes
-    over the file in batches of ``batch_rows`` rows. Raises TraceFormatError for a bad trace, CkptTraceError
+    over the file in batches of ``batch_rows`` rows, fed to ``progress`` (``analysis.summary.Progress``). Raises TraceFormatError for a bad trace, CkptTraceError
     for one with no operations.
     """
     from ckpt_trace.errors import CkptTraceError
 
-    meta, batches = scan(path, SUMMARY_COLUMNS, batch_rows=batch_rows)
+    meta, batches = scan(path, SUMMARY_COLUMNS, batch_rows=batch_rows, on_batch=on_batch(progress, "pass 1 of 2"))
     state = _State()
     summary_acc, one = Accumulator(), _PassOne(state)
     for batch in batches:
@@ -415,7 +416,7 @@ def profile_file(path: str | os.PathLike, *, rank: int | None = None, batch_rows
     chosen = _chosen(state, owners, rank)
     two = _PassTwo(state, start, end, top, sorted({slowest, chosen}))
     two.set_file_ends({f: int(one.file.get("max_end", n_paths)[f]) for f in top})
-    _, again = scan(path, _PASS_TWO, batch_rows=batch_rows)
+    _, again = scan(path, _PASS_TWO, batch_rows=batch_rows, on_batch=on_batch(progress, "pass 2 of 2"))
     for batch in again:
         two.add(batch)
     names = {code: name for name, code in state.paths.items()}

@@ -8,6 +8,7 @@ Alignment is judged against 4 KiB, the common page and logical block size.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -292,12 +293,22 @@ def summarize(trace: Trace) -> dict[str, Any]:
     return summary_document(trace.path, trace.metadata, acc.result(), gpu)
 
 
-def summarize_file(path, *, batch_rows: int = 1 << 20) -> dict[str, Any]:
+Progress = Callable[[str, int, int], None]
+"""A progress sink: ``progress(label, done, total)`` as each of a pass's ``total`` file batches is read."""
+
+
+def on_batch(progress: Progress | None, label: str) -> Callable[[int, int], None] | None:
+    """``formats.scan``'s ``on_batch`` feeding ``progress`` under ``label`` (None without a sink)."""
+    return None if progress is None else (lambda done, total: progress(label, done, total))
+
+
+def summarize_file(path, *, batch_rows: int = 1 << 20, progress: Progress | None = None) -> dict[str, Any]:
     """``summarize`` of the trace file at ``path``, read in record batches of ``batch_rows`` rows
     (``formats.scan``) with only the columns the summary needs: memory is bounded by a batch plus the
     summary's own state, never the whole trace. Traces with GPU copies are read a second time for the data
-    operations of the ranks that copied (the copy/I/O overlap). Raises TraceFormatError for a bad trace."""
-    meta, batches = scan(path, SUMMARY_COLUMNS, batch_rows=batch_rows)
+    operations of the ranks that copied (the copy/I/O overlap). ``progress`` (``Progress``) sees the first
+    pass. Raises TraceFormatError for a bad trace."""
+    meta, batches = scan(path, SUMMARY_COLUMNS, batch_rows=batch_rows, on_batch=on_batch(progress, "reading"))
     acc = Accumulator()
     for batch in batches:
         acc.add(batch)

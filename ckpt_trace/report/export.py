@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ckpt_trace.analysis.filter import Conditions, batch_mask
+from ckpt_trace.analysis.summary import Progress, on_batch
 from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.formats import COLUMNS, scan, write_bytes_atomic
 from ckpt_trace.iolayer.outputs import check_output_dir, check_output_file
@@ -50,11 +51,12 @@ _ARG_COLUMNS = ("syscall", "path", "new_path", "offset", "size", "ret", "fd", "f
 _PERFETTO_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "op", "comm") + _ARG_COLUMNS
 
 
-def _selected(trace_path: Path, columns, conditions: Conditions) -> tuple[dict, Iterator[tuple[int, pa.RecordBatch]]]:
+def _selected(trace_path: Path, columns, conditions: Conditions,
+              progress: Progress | None = None) -> tuple[dict, Iterator[tuple[int, pa.RecordBatch]]]:
     """(metadata, (row number of the batch's first row in the trace, the batch's selected rows with a ``row``
     column)) of the trace, in record batches."""
     mask = batch_mask(conditions)
-    meta, batches = scan(trace_path, columns)
+    meta, batches = scan(trace_path, columns, on_batch=on_batch(progress, "writing"))
 
     def selected() -> Iterator[tuple[int, pa.RecordBatch]]:
         first = 0
@@ -68,11 +70,11 @@ def _selected(trace_path: Path, columns, conditions: Conditions) -> tuple[dict, 
     return meta, selected()
 
 
-def count_selected(trace_path: str | os.PathLike, conditions: Conditions) -> int:
+def count_selected(trace_path: str | os.PathLike, conditions: Conditions, progress: Progress | None = None) -> int:
     """Rows of the trace that meet ``conditions`` (one pass over the columns the conditions read)."""
     needed = ["ts_ns", "rank", "pid", "op", "path"]
     mask = batch_mask(conditions)
-    _, batches = scan(trace_path, needed)
+    _, batches = scan(trace_path, needed, on_batch=on_batch(progress, "counting"))
     return sum(int(pc.sum(pc.cast(mask(b), pa.int64())).as_py() or 0) for b in batches)
 
 
@@ -117,7 +119,7 @@ def _write_perfetto(meta: dict, selected, handle) -> int:
 
 
 def export_perfetto(trace_path: str | os.PathLike, output: str | os.PathLike, *, conditions: Conditions = Conditions(),
-                    max_ops: int = DEFAULT_MAX_OPS, overwrite: bool = False) -> int:
+                    max_ops: int = DEFAULT_MAX_OPS, overwrite: bool = False, progress: Progress | None = None) -> int:
     """Write the rows of the trace at ``trace_path`` that meet ``conditions`` as Chrome trace-event JSON to
     ``output`` atomically; return the number of events.
 
@@ -127,14 +129,14 @@ def export_perfetto(trace_path: str | os.PathLike, output: str | os.PathLike, *,
     """
     output = check_output_file(output, overwrite)
     batch_mask(conditions)  # parse errors first
-    selected_rows = count_selected(trace_path, conditions)
+    selected_rows = count_selected(trace_path, conditions, progress)
     if selected_rows > max_ops:
         how = "narrow it with --rank, --time, --pid, --op or --path" + (
             "" if conditions.to_json() else " (ckpt-trace summary shows the ranks and the duration)")
         raise CkptTraceError(f"the selection holds {selected_rows:,} operations (about "
                              f"{selected_rows * 400 / 1e9:,.1f} GB of JSON); a browser opens about "
                              f"{max_ops:,}: {how}, or raise --max-ops; --format parquet takes any size")
-    meta, selected = _selected(Path(trace_path), _PERFETTO_COLUMNS, conditions)
+    meta, selected = _selected(Path(trace_path), _PERFETTO_COLUMNS, conditions, progress)
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "w") as handle:
@@ -149,7 +151,8 @@ def export_perfetto(trace_path: str | os.PathLike, output: str | os.PathLike, *,
 
 
 def export_parquet(trace_path: str | os.PathLike, output: str | os.PathLike, *,
-                   conditions: Conditions = Conditions(), overwrite: bool = False) -> int:
+                   conditions: Conditions = Conditions(), overwrite: bool = False,
+                   progress: Progress | None = None) -> int:
     """Write the rows of the trace at ``trace_path`` that meet ``conditions`` as Parquet partitioned by rank
     under the directory ``output``; return the row count.
 
@@ -168,10 +171,10 @@ def export_parquet(trace_path: str | os.PathLike, output: str | os.PathLike, *,
         if earlier:
             raise CkptTraceError(f"{output} holds an earlier export ({earlier[0]}); its partitions would mix with "
                                  "this one's: choose a new directory")
-        return _write_partitions(trace_path, conditions, output, output, cleanup_root=False)
+        return _write_partitions(trace_path, conditions, output, output, cleanup_root=False, progress=progress)
     check_output_dir(output.parent if str(output.parent) else Path("."), True, create=False)
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    count = _write_partitions(trace_path, conditions, tmp, output, cleanup_root=True)
+    count = _write_partitions(trace_path, conditions, tmp, output, cleanup_root=True, progress=progress)
     try:
         os.replace(tmp, output)
     except OSError as err:
@@ -236,9 +239,10 @@ class _Partitions:
             writer.close()
 
 
-def _write_partitions(trace_path, conditions: Conditions, directory: Path, output: Path, cleanup_root: bool) -> int:
+def _write_partitions(trace_path, conditions: Conditions, directory: Path, output: Path, cleanup_root: bool,
+                      progress: Progress | None = None) -> int:
     written: list[str] = []
-    meta, selected = _selected(Path(trace_path), COLUMNS, conditions)
+    meta, selected = _selected(Path(trace_path), COLUMNS, conditions, progress)
     rows = 0
     partitions = _Partitions(directory, written)
     try:

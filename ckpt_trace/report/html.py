@@ -555,16 +555,16 @@ def build_report(profile: dict, results: list[dict], fio_limit_bytes_per_s: floa
 
 def write_report(trace_path: str | os.PathLike, output: str | os.PathLike, *, results_paths: Sequence = (),
                  fio_limit_bytes_per_s: float | None = None, rank: int | None = None,
-                 overwrite: bool = False) -> dict[str, Any]:
+                 overwrite: bool = False, progress=None) -> dict[str, Any]:
     """Build the page for ``trace_path`` (and replay results) and write it atomically to ``output``.
 
-    ``rank`` is shown beside the slowest rank (default: the first). Returns {"output", "bytes" (of the file),
+    ``rank`` is shown beside the slowest rank (default: the first); ``progress``: ``analysis.summary.Progress``. Returns {"output", "bytes" (of the file),
     "figures", "slowest", "chosen"}. Raises TraceFormatError for a bad trace, CkptTraceError for bad results,
     an unknown rank, an existing output without ``overwrite``, or missing matplotlib.
     """
     output = check_output_file(output, overwrite)
     results, fio = load_results(results_paths, trace_path)
-    profile = profile_file(trace_path, rank=rank)
+    profile = profile_file(trace_path, rank=rank, progress=progress)
     data = build_report(profile, results, fio_limit_bytes_per_s or fio, str(trace_path)).encode()
     write_bytes_atomic(output, data)
     labels = profile["owner_labels"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -301,7 +301,8 @@ def _check_values(path: Path, table: pa.Table | pa.RecordBatch) -> None:
 
 
 def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = None, *,
-         batch_rows: int = DEFAULT_BATCH_ROWS) -> tuple[dict, Iterator[pa.RecordBatch]]:
+         batch_rows: int = DEFAULT_BATCH_ROWS,
+         on_batch: Callable[[int, int], None] | None = None) -> tuple[dict, Iterator[pa.RecordBatch]]:
     """(metadata, record batches) of the trace at ``path``, reading only ``columns`` (all when None) one batch
     at a time: memory is bounded by a batch, not by the trace. The file is read, not mapped (mapped pages
     would count as the reader's memory), by Arrow's IPC file reader, which reads and decompresses only the
@@ -310,7 +311,8 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
     dataset scanner over IPC files crashed the process now and then.) Version 1 batches come upgraded to
     the current schema; each batch's values are checked as ``read_trace`` checks them. Raises
     TraceFormatError (at once for the file, the metadata
-    and the columns; while iterating for a corrupt batch).
+    and the columns; while iterating for a corrupt batch). ``on_batch(done, count)`` is called once each
+    of the file's ``count`` record batches has been handed out (a progress bar's feed).
     """
     path = Path(path)
     meta = read_metadata(path)
@@ -335,6 +337,8 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
                         whole = ahead.result()  # the next one decompresses while this one is worked on
                         ahead = pool.submit(reader.get_batch, index + 1) if index + 1 < count else None
                         yield from _slices(path, whole, present, batch_rows, missing, version, wanted)
+                        if on_batch is not None:
+                            on_batch(index + 1, count)
         except (pa.ArrowException, OSError) as err:
             raise TraceFormatError(f"{path}: record batches are corrupt ({_first_line(err)})") from None
 
