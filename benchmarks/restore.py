@@ -5,7 +5,8 @@ state, float32, one process. It is saved once per checkpoint format (the
 emitted writer, DCP's FileSystemWriter, torch.save, safetensors save_file,
 each fsynced), then each loader reads it ``--runs`` times, every time in a
 fresh process after the page cache was dropped (root): the emitted reader
-(the module ``ckpt-trace emit`` writes from the golden DCP trace), DCP's
+(``ckpt_trace.writer.CheckpointReader`` with ``--buffer-size`` windows at
+``--queue-depth``, O_DIRECT, and the same buffered), DCP's
 FileSystemReader, ``torch.load``, ``torch.load(mmap=True)`` and safetensors
 ``load_file`` (which maps the file). The clock stops when every tensor has
 been read: each loaded tensor has one element per 4 KiB page touched inside
@@ -21,7 +22,7 @@ kernel's read-ahead at work). The best of ``--fio-runs`` runs each.
 One run of this script on a shared machine: read the ratios (medians within
 the run), not the third digit.
 
-    python benchmarks/restore.py [--model gpt2-small] [--runs 5] [--scratch DIR]
+    python benchmarks/restore.py [--model gpt2-small] [--runs 5] [--queue-depth 32] [--scratch DIR]
 
 Prints a table and writes ``benchmarks/results/restore.json``.
 """
@@ -48,7 +49,7 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 #: loader -> the format it reads (emitted_writer's engine names)
-LOADERS = {"emitted": "emitted", "dcp": "dcp-t1", "torch.load": "torch.save", "torch.load(mmap)": "torch.save",
+LOADERS = {"emitted": "emitted", "emitted (buffered)": "emitted", "dcp": "dcp-t1", "torch.load": "torch.save", "torch.load(mmap)": "torch.save",
            "safetensors": "safetensors"}
 PAGE_FLOATS = 1024  # float32 elements per 4 KiB page
 
@@ -66,11 +67,22 @@ def _load(loader: str, directory: Path, module) -> dict:
     return ew._load(LOADERS[loader], directory, module, ew._load_target(LOADERS[loader]))
 
 
+def _reader_module(engine: str, queue_depth: int, buffer_bytes: int):
+    """make_writer/make_reader of the emitted writer with these options (O_DIRECT unless ``(buffered)``)."""
+    from types import SimpleNamespace
+
+    from ckpt_trace.writer import CheckpointReader, CheckpointWriter, WriterOptions
+
+    options = WriterOptions(queue_depth=queue_depth, buffer_bytes=buffer_bytes, direct_io="buffered" not in engine)
+    return SimpleNamespace(make_writer=lambda path: CheckpointWriter(path, options),
+                           make_reader=lambda path: CheckpointReader(path, options))
+
+
 def child(args) -> None:
     """One cold load in this fresh process; prints one JSON line."""
     warnings.filterwarnings("ignore")
     ew.MODEL = args.model
-    module = ew._import_module(args.module)
+    module = _reader_module(args.engine, args.queue_depth, args.buffer_size)
     if args.child == "save":
         state = ew._state()
         ew._save(args.engine, state, Path(args.dir), module)
@@ -84,10 +96,11 @@ def child(args) -> None:
     print(json.dumps({"load_s": elapsed, "fingerprint": ew._fingerprint(loaded)}))
 
 
-def _child(mode: str, engine: str, directory: Path, module: Path, model: str) -> dict:
+def _child(mode: str, engine: str, directory: Path, args) -> dict:
     drop_caches()
     proc = subprocess.run([sys.executable, __file__, "--child", mode, "--engine", engine, "--dir", str(directory),
-                           "--module", str(module), "--model", model], capture_output=True, text=True)
+                           "--model", args.model, "--queue-depth", str(args.queue_depth), "--buffer-size",
+                           str(args.buffer_size)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{engine} {mode} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -126,6 +139,8 @@ def main() -> None:
     parser.add_argument("--fio-runs", type=int, default=3)
     parser.add_argument("--scratch", type=Path, default=None, help="directory on the storage to measure")
     parser.add_argument("--loaders", default=",".join(LOADERS))
+    parser.add_argument("--queue-depth", type=int, default=32, help="the emitted reader's queue depth")
+    parser.add_argument("--buffer-size", type=int, default=4 << 20, help="the emitted reader's window, bytes")
     args = parse_or_run_child(parser, child)
     if args is None:
         return
@@ -137,19 +152,15 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="ckpt-trace-restore-", dir=args.scratch))
     rows, saved = [], {}
     try:
-        module = scratch / "emitted_module.py"
-        golden = REPO / "traces" / "golden" / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
-        subprocess.run([sys.executable, "-m", "ckpt_trace.cli", "emit", str(golden), "-o", str(module)], check=True,
-                       capture_output=True)
         for fmt in sorted({LOADERS[name] for name in loaders}):
-            saved[fmt] = _child("save", fmt, scratch / fmt, module, args.model)
+            saved[fmt] = _child("save", fmt, scratch / fmt, args)
         size = next(iter(saved.values()))["bytes"]
         limits = _fio_limits(scratch, size, args.fio_runs)
         for name in loaders:
             fmt = LOADERS[name]
             times = []
             for _ in range(args.runs):
-                loaded = _child("load", name, scratch / fmt, module, args.model)
+                loaded = _child("load", name, scratch / fmt, args)
                 if abs(loaded["fingerprint"] - saved[fmt]["fingerprint"]) > 1e-6 * max(1.0, abs(saved[fmt]["fingerprint"])):
                     raise RuntimeError(f"{name}: the loaded state differs from the saved one")
                 times.append(loaded["load_s"])
@@ -175,6 +186,7 @@ def main() -> None:
     Console(width=None if sys.stdout.isatty() else 100).print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": "restore", "model": args.model, "bytes": size, "kernel": os.uname().release,
+              "emitted_reader": {"queue_depth": args.queue_depth, "buffer_bytes": args.buffer_size},
               "runs": args.runs, "fio": limits, "results": rows}
     (RESULTS / "restore.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"results: {RESULTS / 'restore.json'}")
