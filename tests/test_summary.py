@@ -85,3 +85,18 @@ def test_every_pass_over_a_trace_feeds_the_progress_bar_to_its_end(tmp_path):
             dones = [done for done, _ in steps]
             assert dones == sorted(dones) and steps[-1][0] == steps[-1][1] >= 1, (name, label, steps)
     assert set(calls) == {"writing"}
+
+
+@pytest.mark.parametrize("name", ["v1-odd-pattern-strace", "v2-odd-pattern-strace", "v2-dcp-gpt2-tiny-2ranks-bcc"])
+def test_writer_threads_per_rank_counts_the_threads_that_wrote(name):
+    """What emit sizes the writer's threads by: per rank (per process without one), the distinct threads with
+    write rows, counted row by row here; the summary gets it in batches."""
+    path = REPO / "traces" / "golden" / f"{name}.arrow"
+    table = read_trace(path).table
+    per_owner: dict = {}
+    for row in table.to_pylist():
+        if row["op"] == "write":
+            owner = row["rank"] if row["rank"] >= 0 else ("pid", row["pid"])
+            per_owner.setdefault(owner, set()).add(row["tid"])
+    expected = max((len(tids) for tids in per_owner.values()), default=1)
+    assert summarize_file(path, batch_rows=7)["writer_threads_per_rank"] == expected

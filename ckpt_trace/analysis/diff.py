@@ -24,20 +24,10 @@ import pyarrow.compute as pc
 
 from ckpt_trace.formats import scan
 
+from .gpu import union_intervals
 from .summary import SUMMARY_COLUMNS, Accumulator, Progress, distinct, gpu_summary, names_in, on_batch, summary_document
 
 COMPACT_ROWS = 1 << 22  # write ranges held before they are merged into unions (64 MiB of int64 triples)
-
-
-def _union(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Sorted, disjoint [start, end) rows covering the given ranges of one file: a sort by offset, then a
-    running maximum of range ends."""
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], np.maximum.accumulate(ends[order])
-    new = np.r_[True, s[1:] > e[:-1]]  # a range starts where it begins past every earlier end
-    first = np.flatnonzero(new)
-    last = np.r_[first[1:] - 1, len(s) - 1]
-    return np.stack([s[first], e[last]], axis=1)
 
 
 class _Written:
@@ -85,7 +75,7 @@ class _Written:
             s, e = starts[lo:hi], ends[lo:hi]
             if held is not None:
                 s, e = np.r_[held[:, 0], s], np.r_[held[:, 1], e]
-            self.unions[file] = _union(s, e)
+            self.unions[file] = np.stack(union_intervals(s, e), axis=1)
 
     def result(self) -> dict[str, np.ndarray]:
         self._compact()

@@ -21,8 +21,9 @@ import pyarrow.compute as pc
 from ckpt_trace.formats import vocabulary as v
 
 
-def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint sorted intervals covering the given ones."""
+def union_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the disjoint sorted intervals covering the given [start, end) ones (touching ones
+    merge): a sort by start, then a running maximum of ends."""
     if len(starts) == 0:
         return starts, ends
     order = np.argsort(starts, kind="stable")
@@ -83,8 +84,8 @@ def copy_summary(table: pa.Table) -> dict[str, Any]:
         io = d_rank == rank
         entry["write_time_s"] = float(d_dur[io & (d_op == v.WRITE)].sum()) / 1e9
         entry["read_time_s"] = float(d_dur[io & (d_op == v.READ)].sum()) / 1e9
-        copy_union = _union(c_ts[mine].astype(np.int64), (c_ts[mine] + c_dur[mine]).astype(np.int64))
-        io_union = _union(d_ts[io].astype(np.int64), (d_ts[io] + d_dur[io]).astype(np.int64))
+        copy_union = union_intervals(c_ts[mine].astype(np.int64), (c_ts[mine] + c_dur[mine]).astype(np.int64))
+        io_union = union_intervals(d_ts[io].astype(np.int64), (d_ts[io] + d_dur[io]).astype(np.int64))
         entry["copy_wall_s"] = float((copy_union[1] - copy_union[0]).sum()) / 1e9
         entry["copy_io_overlap_s"] = _overlap_ns(copy_union, io_union) / 1e9
         out[int(rank)] = entry

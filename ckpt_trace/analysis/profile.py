@@ -37,6 +37,7 @@ process, labelled ``pid N``):
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -161,6 +162,7 @@ class _State:
     paths: _Registry = field(default_factory=_Registry)
     owners: _Registry = field(default_factory=_Registry)
     interfaces: _Registry = field(default_factory=_Registry)
+    _special: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=bool))
 
     def batch(self, batch: pa.RecordBatch) -> _Batch:
         get = batch.column
@@ -188,11 +190,16 @@ class _State:
                                                                                                      len(self.interfaces)))
 
     def special(self) -> np.ndarray:
-        """Per path id: True for pseudo files and non-files (pipes, sockets, io_uring instances)."""
-        lut = np.zeros(len(self.paths) + 1, dtype=bool)
-        for name, code in self.paths.items():
-            lut[code] = name.startswith(v.SPECIAL_PREFIXES) or name in v.SPECIAL_PATHS
-        return lut
+        """Per path id: True for pseudo files and non-files (pipes, sockets, io_uring instances); the last slot
+        (id -1, no path) False. Judged once per path, as paths first appear."""
+        known = len(self._special) - 1
+        if known < len(self.paths):
+            grown = np.zeros(len(self.paths) + 1, dtype=bool)
+            grown[:known] = self._special[:known]
+            for code, name in enumerate(itertools.islice(self.paths, known, None), start=known):  # ids in order
+                grown[code] = name.startswith(v.SPECIAL_PREFIXES) or name in v.SPECIAL_PATHS
+            self._special = grown
+        return self._special
 
 
 def _file_rows(state: _State, b: _Batch) -> np.ndarray:
@@ -216,7 +223,6 @@ class _PassOne:
         self.latency: dict[int, np.ndarray] = {}
         self.latency_max: dict[int, int] = {}
         self.start = self.end = self.first_data = None
-        self.writer_tids: set[tuple[int, int]] = set()
         self.last_end: dict[int, int] = {}  # (owner, path, direction) key -> end of its last data op
 
     def add(self, batch: pa.RecordBatch) -> None:
@@ -249,7 +255,7 @@ class _PassOne:
         pairs = np.unique(b.path[on_file & (data | meta)] * (1 << 24) + b.owner[on_file & (data | meta)])
         self.file_owners.update((int(p) >> 24, int(p) & ((1 << 24) - 1)) for p in pairs)
         self._pattern(b, on_file & data & b.has_offset, writes)
-        # sizes, latency, writer threads
+        # sizes, latency
         self.sizes.add(b.size[data])
         buckets = np.clip((np.log2(np.maximum(b.dur, 1)) * LATENCY_STEPS).astype(np.int64), 0, LATENCY_BUCKETS - 1)
         for op in np.unique(b.op).tolist():
@@ -257,8 +263,6 @@ class _PassOne:
             counts = np.bincount(buckets[mine], minlength=LATENCY_BUCKETS)
             self.latency[op] = self.latency.get(op, 0) + counts
             self.latency_max[op] = max(self.latency_max.get(op, 0), int(b.dur[mine].max()))
-        pairs = np.unique(b.owner[writes & data] * (1 << 32) + b.tid[writes & data])
-        self.writer_tids.update((int(p) >> 32, int(p) & 0xFFFFFFFF) for p in pairs)
 
     def _owner_extent(self, b: _Batch, rows: np.ndarray) -> None:
         n = len(self.state.owners)
@@ -388,7 +392,7 @@ def profile_file(path: str | os.PathLike, *, rank: int | None = None, batch_rows
                  progress: Progress | None = None) -> dict[str, Any]:
     """The report's aggregates of the trace at ``path`` (module docstring), as one JSON-able dict:
     ``summary`` (``analysis.summary``), ``window``, ``owners``, ``files``, ``sizes``, ``latency``, ``bins``
-    (heat map and throughput), ``offsets``, ``timelines``, ``writer_threads_per_rank``.
+    (heat map and throughput), ``offsets``, ``timelines``.
 
     ``rank`` picks the owner shown beside the slowest one (default: rank 0, or the first owner). Two passes
     over the file in batches of ``batch_rows`` rows, fed to ``progress`` (``analysis.summary.Progress``). Raises TraceFormatError for a bad trace, CkptTraceError
@@ -442,8 +446,6 @@ def profile_file(path: str | os.PathLike, *, rank: int | None = None, batch_rows
                      "write": two.offsets[(f, 0)], "read": two.offsets[(f, 1)]} for f in top],
         "timelines": two.timelines(),
         "owner_labels": {o["id"]: o["label"] for o in owners},
-        "writer_threads_per_rank": max((sum(1 for o, _ in one.writer_tids if o == owner)
-                                        for owner in {o for o, _ in one.writer_tids}), default=1),
     }
 
 
@@ -493,11 +495,11 @@ def _chosen(state: _State, owners: list[dict], rank: int | None) -> int:
             if o["rank"] == rank:
                 return o["id"]
         known = [o["rank"] for o in owners if o["rank"] is not None]
-        raise CkptTraceError(f"no rank {rank} in the trace (ranks: {_ranges(known) or 'none'})")
+        raise CkptTraceError(f"no rank {rank} in the trace (ranks: {format_ranges(known) or 'none'})")
     return owners[0]["id"] if owners else 0
 
 
-def _ranges(values: list[int]) -> str:
+def format_ranges(values: list[int]) -> str:
     """[0, 1, 2, 5] -> '0-2, 5'."""
     out, values = [], sorted(values)
     i = 0

@@ -4,10 +4,14 @@ Sizes are bytes; times nanoseconds unless the key says otherwise. The
 request-size histogram buckets data operations by the power of two at or
 below their size (bucket ``b`` holds sizes in [b, 2b); size 0 in bucket 0).
 Alignment is judged against 4 KiB, the common page and logical block size.
+``writer_threads_per_rank`` is the most distinct threads that wrote for one
+rank (or one process, where ranks are unknown): what ``emit`` sizes the
+writer's threads by.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -73,31 +77,21 @@ def _group_sums(codes: np.ndarray, values: np.ndarray, groups: int) -> np.ndarra
 
 def _ops_table(table: pa.Table) -> dict[str, dict[str, int]]:
     """Per op: count, bytes moved (data ops) and time, from the op column's dictionary codes."""
-    op = table["op"]
-    chunks = op.chunks if isinstance(op, pa.ChunkedArray) else [op]
-    if len(chunks) == 1 and pa.types.is_dictionary(chunks[0].type) and not chunks[0].null_count:
-        names = chunks[0].dictionary.to_pylist()
-        codes = chunks[0].indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        moved = np.maximum(table["ret"].to_numpy(), 0)
-        counts = np.bincount(codes, minlength=len(names))
-        moved_sums = _group_sums(codes, moved, len(names))
-        time_sums = _group_sums(codes, table["dur_ns"].to_numpy(), len(names))
-        out: dict[str, dict[str, int]] = {}
-        for code, name in enumerate(names):
-            if counts[code]:
-                mine = out.setdefault(name, {"count": 0, "bytes": 0, "time_ns": 0})  # a name may repeat
-                mine["count"] += int(counts[code])
-                mine["bytes"] += int(moved_sums[code]) if name in DATA_OPS else 0
-                mine["time_ns"] += int(time_sums[code])
-        return dict(sorted(out.items(), key=lambda item: -item[1]["count"]))
-    moved = pc.max_element_wise(table["ret"], 0)
-    counted = table.append_column("moved", moved)
-    grouped = counted.group_by("op").aggregate([("op", "count"), ("moved", "sum"), ("dur_ns", "sum")])
-    out = {}
-    for row in grouped.to_pylist():
-        is_data = row["op"] in DATA_OPS
-        out[row["op"]] = {"count": row["op_count"], "bytes": row["moved_sum"] if is_data else 0,
-                          "time_ns": row["dur_ns_sum"]}
+    op = table["op"].combine_chunks()
+    if not pa.types.is_dictionary(op.type):
+        op = pc.dictionary_encode(op)
+    names = op.dictionary.to_pylist()
+    codes = op.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    counts = np.bincount(codes, minlength=len(names))
+    moved_sums = _group_sums(codes, np.maximum(table["ret"].to_numpy(), 0), len(names))
+    time_sums = _group_sums(codes, table["dur_ns"].to_numpy(), len(names))
+    out: dict[str, dict[str, int]] = {}
+    for code, name in enumerate(names):
+        if counts[code]:
+            mine = out.setdefault(name, {"count": 0, "bytes": 0, "time_ns": 0})  # a name may repeat
+            mine["count"] += int(counts[code])
+            mine["bytes"] += int(moved_sums[code]) if name in DATA_OPS else 0
+            mine["time_ns"] += int(time_sums[code])
     return dict(sorted(out.items(), key=lambda item: -item[1]["count"]))
 
 
@@ -161,6 +155,7 @@ class Accumulator:
         self.interfaces: dict[str, dict[str, Any]] = {}
         self.meta_ops = self.meta_time_ns = 0
         self.copies: list[pa.Table] = []
+        self.writer_threads: set[tuple[int, int]] = set()  # (rank, or -(pid+1) without one; tid) that wrote
 
     def add(self, batch: pa.RecordBatch | pa.Table) -> None:
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
@@ -194,6 +189,11 @@ class Accumulator:
         self.data_ops += data.num_rows
         self.data_time_ns += _sum(data["dur_ns"])
         self.written += _sum(pc.if_else(is_write, moved, 0))
+        writes = data.filter(is_write)
+        if writes.num_rows:
+            rank, pid = (writes[c].to_numpy().astype(np.int64) for c in ("rank", "pid"))
+            pairs = np.unique(np.stack([np.where(rank >= 0, rank, -pid - 1), writes["tid"].to_numpy()]), axis=1)
+            self.writer_threads.update(zip(pairs[0].tolist(), pairs[1].tolist()))
         self.read += _sum(pc.if_else(is_write, 0, moved))
         for entry in _histogram(data):
             mine = self.histogram.setdefault(entry["bucket_bytes"], {"bucket_bytes": entry["bucket_bytes"], "read": 0,
@@ -258,6 +258,7 @@ class Accumulator:
             },
             "failed_ops": self.failed,
             "interfaces": interfaces,
+            "writer_threads_per_rank": max(Counter(owner for owner, _ in self.writer_threads).values(), default=1),
         }
 
 

@@ -52,20 +52,20 @@ _PERFETTO_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "op", "comm") + _ARG_COLUM
 
 
 def _selected(trace_path: Path, columns, conditions: Conditions,
-              progress: Progress | None = None) -> tuple[dict, Iterator[tuple[int, pa.RecordBatch]]]:
-    """(metadata, (row number of the batch's first row in the trace, the batch's selected rows with a ``row``
-    column)) of the trace, in record batches."""
+              progress: Progress | None = None) -> tuple[dict, Iterator[pa.RecordBatch]]:
+    """(metadata, the selected rows of each record batch, with a ``row`` column: their row numbers in the
+    trace)."""
     mask = batch_mask(conditions)
     meta, batches = scan(trace_path, columns, on_batch=on_batch(progress, "writing"))
 
-    def selected() -> Iterator[tuple[int, pa.RecordBatch]]:
+    def selected() -> Iterator[pa.RecordBatch]:
         first = 0
         for batch in batches:
-            numbered = batch.append_column("row", pa.array(range(first, first + batch.num_rows), pa.int64()))
+            numbered = batch.append_column("row", pa.array(np.arange(first, first + batch.num_rows, dtype=np.int64)))
             first += batch.num_rows
             kept = numbered.filter(mask(batch))
             if kept.num_rows:
-                yield first, kept
+                yield kept
 
     return meta, selected()
 
@@ -90,7 +90,7 @@ def _write_perfetto(meta: dict, selected, handle) -> int:
             escaped[value] = json.dumps(value)
         return escaped[value]
 
-    for _, batch in selected:
+    for batch in selected:
         cols = {name: batch.column(name).to_pylist() for name in (*_PERFETTO_COLUMNS, "row")}
         lines = []
         for i in range(batch.num_rows):
@@ -247,7 +247,7 @@ def _write_partitions(trace_path, conditions: Conditions, directory: Path, outpu
     partitions = _Partitions(directory, written)
     try:
         directory.mkdir(exist_ok=True)
-        for _, batch in selected:
+        for batch in selected:
             rows += batch.num_rows
             # plain strings: every file of a partition has one column type, whatever each batch's dictionary
             partitions.add(pa.RecordBatch.from_arrays(

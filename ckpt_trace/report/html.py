@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ckpt_trace.analysis.profile import KINDS, TOP_FILES, profile_file
+from ckpt_trace.analysis.profile import KINDS, TOP_FILES, format_ranges, profile_file
 from ckpt_trace.documents import load_replay_results
 from ckpt_trace.formats import sha256_file, write_bytes_atomic
 from ckpt_trace.iolayer.outputs import check_output_file
@@ -295,12 +295,6 @@ def _facts(rows: Sequence[tuple[str, Any]]) -> str:
     return f"<table class='facts'>{body}</table>"
 
 
-def _ranges(values: Sequence[int]) -> str:
-    from ckpt_trace.analysis.profile import _ranges as ranges
-
-    return ranges(list(values))
-
-
 def _job_html(profile: dict) -> str:
     meta, summary, window = profile["metadata"], profile["summary"], profile["window"]
     command = meta.get("command") or []
@@ -320,7 +314,7 @@ def _job_html(profile: dict) -> str:
                       f"{meta.get('exit_code', '-')}"),
         ("I/O window", f"{human_ns(window['end_ns'] - window['start_ns'])}, from "
                        f"{lead / 1e9:.2f} s after recording began" + ("; every time axis starts there" if lead else "")),
-        ("ranks", _ranges(summary["ranks"]) or "-"),
+        ("ranks", format_ranges(summary["ranks"]) or "-"),
         ("processes / threads", f"{summary['processes']} / {summary['threads']}"),
         ("rows", f"{summary['rows']:,}"),
         ("written / read", f"{human_bytes(summary['bytes_written'])} / {human_bytes(summary['bytes_read'])}"),
@@ -488,7 +482,7 @@ def _recommendation_html(profile: dict, results: list[dict]) -> str:
         documents.setdefault(r.get("source", ""), {"results": [], "options": r.get("options", {})})["results"].append(r)
     best = min(documents.values(), key=lambda d: min(x["elapsed_s"] if x["elapsed_s"] > 0 else float("inf")
                                                     for x in d["results"])) if documents else None
-    choice = choose(None, best, threads_per_rank=profile["writer_threads_per_rank"])
+    choice = choose(profile["summary"]["writer_threads_per_rank"], best)
     values = choice.options.to_json()
     shown = {**values, "buffer_bytes": human_bytes(values["buffer_bytes"])}
     rows = [(name, shown[name], choice.reasons[name]) for name in ("direct_io", "buffer_bytes", "queue_depth",

@@ -23,11 +23,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow.compute as pc
-
 from ckpt_trace.documents import load_replay_results
 from ckpt_trace.errors import CheckpointError
-from ckpt_trace.formats import Trace, read_trace, sha256_file, write_bytes_atomic
+from ckpt_trace.formats import sha256_file, write_bytes_atomic
 from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.version import __version__
 
@@ -45,30 +43,15 @@ class Choice:
     winner: str | None
 
 
-def writer_threads_per_rank(trace: Trace) -> int:
-    """Most distinct threads that issued writes for one rank (or process, where ranks are unknown)."""
-    writes = trace.table.filter(pc.equal(trace.table["op"], "write"))
-    if writes.num_rows == 0:
-        return 1
-    per_owner: dict[object, set] = {}
-    for rank, pid, tid in zip(writes["rank"].to_pylist(), writes["pid"].to_pylist(), writes["tid"].to_pylist()):
-        owner = rank if rank is not None and rank >= 0 else ("pid", pid)
-        per_owner.setdefault(owner, set()).add(tid)
-    return max(len(tids) for tids in per_owner.values())
-
-
 def _winner(results: dict) -> dict:
     return min(results["results"], key=lambda r: r["elapsed_s"] if r["elapsed_s"] > 0 else float("inf"))
 
 
-def choose(trace: Trace | None, results: dict | None, cpu_count: int | None = None, *,
-           threads_per_rank: int | None = None) -> Choice:
-    """The writer's parameters for this trace and (optionally) its replay results; see the module docstring.
-    ``threads_per_rank`` (the report's aggregate) stands for ``writer_threads_per_rank(trace)``, and then
-    ``trace`` may be None."""
+def choose(threads_per_rank: int, results: dict | None, cpu_count: int | None = None) -> Choice:
+    """The writer's parameters for a trace whose ranks wrote from at most ``threads_per_rank`` threads (the
+    summary's ``writer_threads_per_rank``) and (optionally) its replay results; see the module docstring."""
     defaults = WriterOptions()
-    per_rank = threads_per_rank if threads_per_rank is not None else writer_threads_per_rank(trace)
-    threads = min(per_rank, cpu_count or os.cpu_count() or 1)
+    threads = min(threads_per_rank, cpu_count or os.cpu_count() or 1)
     if results is None:
         reasons = {"direct_io": "no replay results: O_DIRECT, the fastest in arXiv 2512.24511",
                    "queue_depth": "no replay results: default", "buffer_bytes": "no replay results: default",
@@ -98,10 +81,10 @@ def choose(trace: Trace | None, results: dict | None, cpu_count: int | None = No
 
 
 
-def _trace_lines(trace: Trace, summary: dict) -> list[str]:
+def _trace_lines(trace_path: Path, digest: str, summary: dict) -> list[str]:
     ranks = summary["ranks"]
     rank_text = f"ranks {ranks[0]}-{ranks[-1]}" if ranks else "no ranks"
-    return [f"trace:   {trace.path} (sha256 {sha256_file(trace.path)[:16]})",
+    return [f"trace:   {trace_path} (sha256 {digest[:16]})",
             f"         {summary['rows']:,} rows, {rank_text}, {summary['processes']} processes, "
             f"{summary['bytes_written']:,} bytes written in {summary['ops'].get('write', {}).get('count', 0):,} writes,",
             f"         {summary['alignment']['unaligned_offset_share']:.1%} of offsets not 4 KiB aligned"]
@@ -118,12 +101,12 @@ def _results_lines(results_path: Path, results: dict) -> list[str]:
     return lines
 
 
-def render_module(trace: Trace, summary: dict, choice: Choice, results_path: Path | None, results: dict | None,
-                  today: datetime.date | None = None) -> str:
+def render_module(trace_path: Path, digest: str, summary: dict, choice: Choice, results_path: Path | None,
+                  results: dict | None, today: datetime.date | None = None) -> str:
     """The emitted module's source: a docstring saying what chose what, the pinned options, the factories."""
     today = today or datetime.date.today()
     header = [f"Checkpoint writer emitted by ckpt-trace {__version__} on {today.isoformat()}.", "", "Chosen from:"]
-    lines = _trace_lines(trace, summary)
+    lines = _trace_lines(trace_path, digest, summary)
     if results is not None and results_path is not None:
         lines += _results_lines(results_path, results) + [f"         fastest: {choice.winner}"]
     else:
@@ -158,16 +141,18 @@ def emit(trace_path: str | os.PathLike, output: str | os.PathLike, *, results_pa
     Raises TraceFormatError for a bad trace, CkptTraceError for results of
     another trace, unreadable results or an existing ``output`` without ``force``.
     """
-    from ckpt_trace.analysis.summary import summarize
+    from ckpt_trace.analysis.summary import summarize_file
 
     output = Path(output)
     if output.suffix != ".py":
         raise CheckpointError(f"{output} must be a .py file, to be imported")
     check_output_file(output, force)
-    trace = read_trace(trace_path)
-    results = load_replay_results(results_path, sha256_file(trace.path), str(trace.path)) \
-        if results_path is not None else None
-    choice = choose(trace, results)
-    text = render_module(trace, summarize(trace), choice, Path(results_path) if results_path else None, results)
+    trace_path = Path(trace_path)
+    summary = summarize_file(trace_path)  # in record batches: any trace size
+    digest = sha256_file(trace_path)
+    results = load_replay_results(results_path, digest, str(trace_path)) if results_path is not None else None
+    choice = choose(summary["writer_threads_per_rank"], results)
+    text = render_module(trace_path, digest, summary, choice, Path(results_path) if results_path else None,
+                         results)
     write_bytes_atomic(output, text.replace("{module}", output.stem).encode())
     return choice
