@@ -191,9 +191,11 @@ class Accumulator:
         self.written += _sum(pc.if_else(is_write, moved, 0))
         writes = data.filter(is_write)
         if writes.num_rows:
-            rank, pid = (writes[c].to_numpy().astype(np.int64) for c in ("rank", "pid"))
-            pairs = np.unique(np.stack([np.where(rank >= 0, rank, -pid - 1), writes["tid"].to_numpy()]), axis=1)
-            self.writer_threads.update(zip(pairs[0].tolist(), pairs[1].tolist()))
+            rank, pid, tid = (writes[c].to_numpy().astype(np.int64) for c in ("rank", "pid", "tid"))
+            owner = np.where(rank >= 0, rank, -pid - 1) + (1 << 30)  # > 0: ranks and pids are below 2**30
+            keys = pc.unique(pa.array(np.left_shift(owner, 32) | tid)).to_numpy()  # hashed: few distinct
+            self.writer_threads.update(zip((np.right_shift(keys, 32) - (1 << 30)).tolist(),
+                                           (keys & 0xFFFFFFFF).tolist()))
         self.read += _sum(pc.if_else(is_write, 0, moved))
         for entry in _histogram(data):
             mine = self.histogram.setdefault(entry["bucket_bytes"], {"bucket_bytes": entry["bucket_bytes"], "read": 0,
