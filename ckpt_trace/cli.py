@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -203,15 +203,18 @@ def replay(
     from ckpt_trace.iolayer.outputs import check_output_file
     from ckpt_trace.replayer import plan_summaries
     from ckpt_trace.replayer import replay as run_replay
+    from ckpt_trace.replayer.distributed import launched, replay_distributed
 
     from .report.render import render_plans, render_results
     from .units import parse_size
 
     _wide(wide)
     buffer_bytes = parse_size(buffer_size, what="--buffer-size")
-    if output is not None:
+    if output is not None and int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 writes it
         check_output_file(output, force)
     if dry_run:
+        if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 plans and prints the dry run
+            return
         plans = {"trace": str(trace), "plans": plan_summaries(trace, strategy=strategy, target=target,
                                                               strip_prefix=strip_prefix, buffer_bytes=buffer_bytes,
                                                               pack_files=pack_files)}
@@ -219,12 +222,32 @@ def replay(
             _write_json(output, plans)
         _show(plans, as_json, lambda console, data: render_plans(console, data["plans"], wide))
         return
-    with _progress() as progress:
-        report = run_replay(trace, target=target, strategy=strategy, strip_prefix=strip_prefix, timing=timing,
-                            force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
-                            drop_caches=drop_caches, durable=durable, verify=verify, pack_files=pack_files,
-                            progress=progress, protect=(output,) if output is not None else (), fio=fio,
-                            gpu_copies=gpu_copies)
+    world = launched()
+    if world is not None:  # one of the processes torchrun launched: replay this process's share
+        if fio or pack_files:
+            raise CkptTraceError(f"{'--fio' if fio else '--pack-files'} is not available in a replay launched by "
+                                 "torchrun; run it without torchrun")
+        with _progress() if world.rank == 0 else nullcontext() as progress:
+            report = replay_distributed(trace, world=world, target=target, strategy=strategy,
+                                        strip_prefix=strip_prefix, timing=timing, force=force,
+                                        queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
+                                        drop_caches=drop_caches, durable=durable, verify=verify, progress=progress,
+                                        protect=(output,) if output is not None else (), gpu_copies=gpu_copies)
+        if world.rank != 0:  # global rank 0 speaks for the job
+            return
+        job = report.to_json()["distributed"]
+        hosts = len({p["host"] for p in job["processes"]})
+        slowest = ", ".join(f"{name}: process {index}" for name, index in job["slowest_process"].items())
+        err.print(f"ckpt-trace: {world.size} processes on {hosts} host{'s' if hosts > 1 else ''} replayed "
+                  f"{sum(len(p['owners']) for p in job['processes'])} recorded ranks or processes; the job's "
+                  f"time is its slowest process's ({slowest})", highlight=False)
+    else:
+        with _progress() as progress:
+            report = run_replay(trace, target=target, strategy=strategy, strip_prefix=strip_prefix, timing=timing,
+                                force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
+                                drop_caches=drop_caches, durable=durable, verify=verify, pack_files=pack_files,
+                                progress=progress, protect=(output,) if output is not None else (), fio=fio,
+                                gpu_copies=gpu_copies)
     data = report.to_json()
     if output is not None:
         _write_json(output, data)

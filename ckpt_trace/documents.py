@@ -49,9 +49,13 @@ class ReplayResultDoc(TypedDict):
     read_throughput_bytes_per_s: float
 
 
-class ReplayDoc(TypedDict):
+class _ReplayDistributed(TypedDict, total=False):
+    distributed: dict[str, Any]  # under torchrun: world_size, processes, slowest_process
+
+
+class ReplayDoc(_ReplayDistributed):
     """``replay --json`` / ``-o``: the trace and its sha256 (results are tied to it), the target, the tool and
-    machine, the options the replay ran with, one result per strategy."""
+    machine, the options the replay ran with, one result per strategy; under torchrun, ``distributed``."""
 
     trace: str
     trace_sha256: str

@@ -58,6 +58,28 @@ class LatencyHistogram:
         low = int(values.min())
         self.min = low if self.min is None else min(self.min, low)
 
+    def merge(self, other: LatencyHistogram) -> None:
+        """Add ``other``'s durations (histograms of several processes make the job's)."""
+        self.counts += other.counts
+        self.count += other.count
+        self.total += other.total
+        self.max = max(self.max, other.max)
+        if other.min is not None:
+            self.min = other.min if self.min is None else min(self.min, other.min)
+
+    def to_json(self) -> dict:
+        """The histogram as plain data (non-zero buckets only): ``from_json`` reads it back."""
+        nonzero = np.flatnonzero(self.counts)
+        return {"buckets": nonzero.tolist(), "counts": self.counts[nonzero].tolist(), "count": self.count,
+                "total": self.total, "max": self.max, "min": self.min}
+
+    @classmethod
+    def from_json(cls, data: dict) -> LatencyHistogram:
+        out = cls()
+        out.counts[np.asarray(data["buckets"], np.int64)] = np.asarray(data["counts"], np.int64)
+        out.count, out.total, out.max, out.min = data["count"], data["total"], data["max"], data["min"]
+        return out
+
     def percentiles_ns(self) -> dict[str, int]:
         """mean, p50, p90, p99 and max, as ``percentiles_ns`` names them; zeros when empty."""
         if not self.count:

@@ -64,7 +64,7 @@ FD_KINDS = v.FD_OPS
 METADATA_KINDS = v.METADATA_OPS
 MAPPING_KINDS = frozenset({"mmap", "munmap", "msync"})  # plan kinds of the mapping rows (madvise, mremap: skipped)
 
-__all__ = ["DATA_KINDS", "FD_KINDS", "KINDS", "MAPPING_KINDS", "METADATA_KINDS", "PATH_KINDS", "FileIdentity",
+__all__ = ["DATA_KINDS", "FD_KINDS", "GLOBAL_ROW", "KINDS", "MAPPING_KINDS", "METADATA_KINDS", "PATH_KINDS", "FileIdentity",
            "OpTable", "PlanChecks", "PlanOp", "ReplayPlan", "WorkerPlan", "build_posix_plan", "merge_ranges"]
 
 
@@ -189,6 +189,10 @@ def _ancestors(path: str) -> list[str]:
 
 # -- the trace, as the planner reads it -------------------------------------------------------------------------
 
+#: An optional int64 column of planner input: each row's index in the whole trace file. A planner fed a
+#: share of the rows (``replayer.distributed``) numbers operations by it, so every share's plan names the
+#: same operation by the same ``seq``.
+GLOBAL_ROW = "row"
 PLAN_COLUMNS = _PLAN_COLUMNS = ("ts_ns", "pid", "tid", "rank", "op", "fd", "path", "new_path", "offset", "size", "ret", "flags",
                  "interface", "queue_id", "in_flight", "address", "prot", "memory_kind")
 _TEXT = ("op", "path", "new_path", "interface", "memory_kind")
@@ -204,7 +208,7 @@ class _Rows:
         codes: dict[str, int] = {}
         parts: dict[str, list[np.ndarray]] = defaultdict(list)
         for batch in batches:
-            for name in _PLAN_COLUMNS:
+            for name in _PLAN_COLUMNS + (("row",) if GLOBAL_ROW in batch.schema.names else ()):
                 column = batch.column(name)
                 if isinstance(column, pa.ChunkedArray):
                     column = column.combine_chunks()
@@ -252,7 +256,8 @@ class _Rows:
             return -2  # matches nothing
 
     def valid(self, name: str) -> np.ndarray:
-        return self.cols.get(name + "?", np.ones(self.n, bool))
+        mask = self.cols.get(name + "?")
+        return np.ones(self.n, bool) if mask is None else mask
 
     def row(self, i: int) -> dict:
         """Row ``i`` as the walk reads it (None for nulls)."""
@@ -261,7 +266,7 @@ class _Rows:
             value = self.cols[name][i]
             if name in _TEXT:
                 out[name] = self.texts[value] if value >= 0 else None
-            elif not self.valid(name)[i]:
+            elif name + "?" in self.cols and not self.cols[name + "?"][i]:
                 out[name] = None
             else:
                 out[name] = int(value)
@@ -744,7 +749,20 @@ def build_posix_plan(trace: pa.Table | Iterable[pa.RecordBatch], strip_prefix: s
         data_rows = data_rows[~unbound]
         handles = _asof_handles(planner.bindings, c["pid"][data_rows], c["fd"][data_rows], data_rows)
     skipped.update(planner.skipped)
-    return _finish(rows, planner, data_rows, handles, seq, skipped, strip_prefix)
+    plan = _finish(rows, planner, data_rows, handles, seq, skipped, strip_prefix)
+    return _renumbered(plan, rows.cols[GLOBAL_ROW]) if GLOBAL_ROW in rows.cols else plan
+
+
+def _renumbered(plan: ReplayPlan, global_row: np.ndarray) -> ReplayPlan:
+    """``plan`` with every ``seq`` (its operations', their deps', ``awaited``) the row's index in the whole
+    trace (``GLOBAL_ROW``) rather than in the rows the planner was given."""
+    import dataclasses
+
+    t = plan.ops
+    table = dataclasses.replace(t, seq=global_row[t.seq], dep_seq=global_row[t.dep_seq])
+    awaited = np.fromiter(plan.awaited, np.int64, len(plan.awaited))
+    return dataclasses.replace(plan, ops=table, workers=_workers_of(table, plan.workers),
+                               awaited=frozenset(global_row[awaited].tolist()))
 
 
 def _walk(rows: _Rows, walked: np.ndarray, strip_prefix: str | None, arch: str) -> _Planner:

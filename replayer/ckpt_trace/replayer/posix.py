@@ -52,7 +52,7 @@ from ckpt_trace.iolayer import ring as rings
 from ckpt_trace.iolayer.buffers import PAGE_BYTES, AlignedBuffer, pattern_buffer
 from ckpt_trace.iolayer.mapping import MAP_SHARED, PROT_WRITE, FileMapping
 from ckpt_trace.iolayer.ring import Ring, RingUnavailable
-from ckpt_trace.stats import percentiles_ns
+from ckpt_trace.stats import LatencyHistogram, percentiles_ns
 
 from .optable import KIND, NONE, READ, WRITE, OpTable, PlanOp
 from .pack import INDEX_PATH
@@ -117,7 +117,11 @@ class PosixExecutor:
             for rel in plan.precreate_dirs:
                 path = self.root.resolve(rel)
                 if not os.path.isdir(path):
-                    os.mkdir(path, 0o755)
+                    try:
+                        os.mkdir(path, 0o755)
+                    except FileExistsError:  # another process of a distributed replay made it meanwhile
+                        if not os.path.isdir(path):
+                            raise
             for rel, size in plan.precreate_files:
                 self._precreate(self.root.resolve(rel), size, plan.pattern_keys.get(rel, 0))
         except OSError as err:
@@ -207,11 +211,12 @@ class PosixExecutor:
 
     # -- the timed run -------------------------------------------------
     def run(self, plan: ReplayPlan, *, timing: str = "asap", progress: Progress | None = None,
-            durable: bool = False) -> ReplayResult:
-        """Replay ``plan``; ``durable`` fsyncs every file the plan leaves behind before the clock stops."""
+            durable: bool = False, signals: Signals | None = None) -> ReplayResult:
+        """Replay ``plan``; ``durable`` fsyncs every file the plan leaves behind before the clock stops;
+        ``signals`` connects this run to the other processes replaying shares of the same trace."""
         if not self._segments and plan.workers:
             self._segments = {index: self.segments(plan, worker) for index, worker in enumerate(plan.workers)}
-        state = _RunState(plan)
+        state = _RunState(plan, signals)
         threads = [threading.Thread(target=self._thread_main, args=(i, w, plan, state, timing, progress), daemon=True)
                    for i, w in enumerate(plan.workers)]
         if progress is not None:
@@ -251,10 +256,16 @@ class PosixExecutor:
                           "skipped_why": self._copies_skipped_why}
             if skipped:
                 state.notes.add(f"{skipped} host<->device copy rows skipped: {self._copies_skipped_why}")
+        latencies = np.concatenate(state.latencies) if state.latencies else np.zeros(0, np.int64)
+        histogram = None
+        if signals is not None:
+            kept = LatencyHistogram()
+            kept.add(latencies)
+            histogram = kept.to_json()
         return ReplayResult(
             strategy=self.strategy, elapsed_s=elapsed_s, bytes_written=state.bytes_written,
             bytes_read=state.bytes_read, data_ops=state.data_ops, metadata_ops=state.metadata_ops,
-            latency_ns=percentiles_ns(np.concatenate(state.latencies) if state.latencies else []),
+            latency_ns=percentiles_ns(latencies), latency_histogram=histogram,
             cpu_user_s=usage1.ru_utime - usage0.ru_utime, cpu_sys_s=usage1.ru_stime - usage0.ru_stime,
             skipped_ops=dict(plan.skipped_ops), unaligned_ops=state.unaligned_ops,
             metadata_ops_saved=plan.metadata_ops_saved, notes=sorted(state.notes),
@@ -644,17 +655,43 @@ class _WorkerContext:
         self.read_buf.close()
 
 
-class _RunState:
-    """Shared state of one run: OS fds by handle (a dict, and an array for runs), completion events,
-    totals, the first error."""
+class Signals(Protocol):
+    """Completion signals between processes that replay shares of one trace (``replayer.distributed``).
 
-    def __init__(self, plan: ReplayPlan) -> None:
+    ``remote``: seq numbers other processes execute that operations here wait
+    for; ``exported``: seq numbers executed here that other processes wait for.
+    Called by the executor's worker threads: ``wait`` before an operation with
+    a remote dependency (False when the run failed here or elsewhere; then
+    ``failure`` says why), ``done`` after an exported operation completed,
+    ``fail`` when this process's run failed (so the others stop waiting).
+    """
+
+    remote: frozenset[int]
+    exported: frozenset[int]
+
+    def wait(self, seq: int, stopped: threading.Event) -> bool: ...
+
+    def done(self, seq: int) -> None: ...
+
+    def fail(self, message: str) -> None: ...
+
+    def failure(self) -> str: ...
+
+
+class _RunState:
+    """Shared state of one run: OS fds by handle (a dict, and an array for runs), completion events
+    (``signals`` for operations of other processes), totals, the first error."""
+
+    def __init__(self, plan: ReplayPlan, signals: Signals | None = None) -> None:
         self.plan = plan
+        self.signals = signals
+        self.remote = signals.remote if signals is not None else frozenset()
+        self.exported = signals.exported if signals is not None else frozenset()
         self.fds: dict[int, int] = {}
         handles = int(max(plan.ops.handle.max(initial=-1), plan.ops.source_handle.max(initial=-1))) + 1
         self.fd_array = np.full(max(handles, 1), -1, np.int32)
         self.mappings: dict[int, FileMapping] = {}
-        self.events = {seq: threading.Event() for seq in plan.awaited}
+        self.events = {seq: threading.Event() for seq in plan.awaited if seq not in self.remote}
         self.lock = threading.Lock()
         self.latencies: list[np.ndarray] = []
         self.bytes_written = self.bytes_read = self.data_ops = self.metadata_ops = self.unaligned_ops = 0
@@ -683,28 +720,36 @@ class _RunState:
 
     def wait(self, deps: tuple[int, ...]) -> bool:
         for seq in deps:
-            self.events[seq].wait()
+            if seq in self.remote:
+                if not self.signals.wait(seq, self.stopped):
+                    self.fail(ReplayError(self.signals.failure()), tell_others=False)
+                    return False
+            else:
+                self.events[seq].wait()
         return self.error is None
 
     def done(self, seq: int) -> None:
         event = self.events.get(seq)
         if event is not None:
             event.set()
+            if seq in self.exported:
+                self.signals.done(seq)
 
     def done_many(self, seqs: np.ndarray) -> None:
         if self.events:
             for seq in seqs.tolist():
-                event = self.events.get(seq)
-                if event is not None:
-                    event.set()
+                self.done(seq)
 
-    def fail(self, error: ReplayError) -> None:
+    def fail(self, error: ReplayError, tell_others: bool = True) -> None:
         with self.lock:
-            if self.error is None:
+            first = self.error is None
+            if first:
                 self.error = error
         self.stopped.set()
         for event in self.events.values():
             event.set()
+        if first and tell_others and self.signals is not None:
+            self.signals.fail(str(error))
 
     def add_one(self, latency_ns: int, moved: int, is_write: bool) -> None:
         with self.lock:
@@ -738,4 +783,4 @@ class _RunState:
             self.unaligned_ops += 1
 
 
-__all__ = ["PosixExecutor", "Progress", "Segments", "OpTable"]
+__all__ = ["PosixExecutor", "Progress", "Segments", "Signals", "OpTable"]

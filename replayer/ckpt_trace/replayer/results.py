@@ -26,6 +26,9 @@ class ReplayResult:
     traces with host<->device copy rows: ``mode`` (recorded, pinned, skip),
     ``executed`` and ``skipped`` copies, ``bytes`` copied, ``elapsed_s`` spent
     copying (inside ``elapsed_s``), ``skipped_why``; None without copy rows.
+    ``latency_histogram`` (``stats.LatencyHistogram.to_json``, not in the
+    JSON form) is kept by runs of a distributed replay, whose processes merge
+    their latencies through it.
     """
 
     strategy: str
@@ -47,6 +50,7 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
     preallocated_files: int = 0
     gpu_copies: dict | None = None
+    latency_histogram: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def write_throughput_bytes_per_s(self) -> float:
@@ -58,6 +62,7 @@ class ReplayResult:
 
     def to_json(self) -> dict:
         data = asdict(self)
+        data.pop("latency_histogram")  # internal: how processes of a distributed replay merge latencies
         data["write_throughput_bytes_per_s"] = self.write_throughput_bytes_per_s
         data["read_throughput_bytes_per_s"] = self.read_throughput_bytes_per_s
         return data

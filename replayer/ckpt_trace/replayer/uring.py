@@ -85,9 +85,9 @@ class UringExecutor(PosixExecutor):
             op = dataclasses.replace(op, flags=(op.flags or 0) | os.O_DIRECT)
         return super()._open(op, state)
 
-    def run(self, plan, *, timing: str = "asap", progress=None, durable: bool = False):
+    def run(self, plan, *, timing: str = "asap", progress=None, durable: bool = False, signals=None):
         try:
-            return super().run(plan, timing=timing, progress=progress, durable=durable)
+            return super().run(plan, timing=timing, progress=progress, durable=durable, signals=signals)
         finally:
             for fd in self._buffered_fds.values():
                 os.close(fd)

@@ -1,0 +1,592 @@
+"""Distributed replay: one trace replayed by the processes torchrun launched, on one node or many.
+
+``ckpt-trace replay TRACE --strategy S --target DIR -o OUT`` launched by
+``torchrun --nnodes N --nproc-per-node M ...`` (or ``srun`` running torchrun
+on each node: ``docs/distributed-replay.md``) finds WORLD_SIZE > 1 in its
+environment (``launched``) and runs ``replay_distributed`` instead of
+``replay.replay``: the recorded ranks (for a trace without ranks, the
+recorded processes) are split across the launched processes, each process
+reads and plans only its share, all start their clocks at a barrier, and
+global rank 0 writes one results document.
+
+Call order of ``replay_distributed`` (each step in every process):
+
+1. Join: the c10d store of torchrun's ``env://`` rendezvous and a gloo
+   process group on it (``torch.distributed``; torch is the ``torch`` extra).
+2. Share (``owners``, ``share_of``): every process lists the trace's
+   *owners*, the recorded ranks (rows without a rank: their pid), sorted;
+   process i of W takes the i-th of W contiguous blocks.
+3. Plan (``share_batches``, ``share_plan``): a process plans the reads and
+   writes of its owners and every other row (opens, closes, renames, mkdirs:
+   few, and all the cross-owner ordering needs), operations numbered by their
+   row in the whole trace (``plan.GLOBAL_ROW``), so one seq names one
+   operation in every process's plan; then the plan is cut to its owners'
+   threads.
+4. Exchange (one all_gather): each process's remote waits (operations of
+   other processes its operations wait for), the pre-existing files it
+   reads, the bytes it will write, the final sizes of the files it writes,
+   and which processes see the same target (a probe file each). Then each
+   process knows which of its operations others wait for, which
+   pre-existing files it creates (the lowest process needing one, per file
+   system), and every file's final size (the largest any process expects).
+5. Before the clocks: free space for everybody's bytes, conflicts (nothing
+   is overwritten), a probe of the queue depth; per strategy and run,
+   precreation, then a barrier.
+6. The run: a barrier, every clock starts, each process replays its share;
+   cross-process ordering goes through the store (``StoreSignals``): an
+   operation others wait for sets its key when it completes, a waiting
+   operation polls for it, a failure sets a key every waiter sees.
+7. Results (all_gather): the job's figures are the sums of the processes'
+   bytes and operations, its elapsed time the slowest process's, its
+   latency percentiles from the merged histograms; the document lists each
+   process's figures and names the slowest. A failure anywhere fails every
+   process, and each removes what it created.
+
+Cross-process ordering is the same as a one-process replay's (``plan``'s
+module docstring): an operation waits for the open that created its
+descriptor's handle, and for the previous operation naming its path, in
+whichever process those ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ckpt_trace import config
+from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
+from ckpt_trace.formats import scan, sha256_file
+from ckpt_trace.iolayer import host
+from ckpt_trace.stats import LatencyHistogram
+from ckpt_trace.version import __version__
+
+from .optable import WRITE
+from .ownership import Claim
+from .plan import GLOBAL_ROW, PLAN_COLUMNS, ReplayPlan, build_posix_plan
+from .posix import Progress
+from .replay import (
+    CHOICES,
+    GPU_COPY_MODES,
+    STRATEGIES,
+    TIMINGS,
+    RunCount,
+    SizeMismatch,
+    _add_speedups,
+    _median_run,
+    _release,
+    _trace_file,
+    check_queue_depth,
+    derive_plan,
+    drop_page_cache,
+    make_executor,
+    prepare_target,
+    refuse_target_holding,
+)
+from .results import ReplayResult
+from .verify import verify_content
+
+#: How long a process waits for the others (a barrier, a gather, another process's operation) before it
+#: gives up: seconds.
+TIMEOUT_S = 1800
+_PROBE = ".ckpt-trace-probe-"
+
+
+@dataclass(frozen=True)
+class World:
+    """The launched processes, as torchrun's environment describes them (``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``)."""
+
+    rank: int
+    size: int
+    local_rank: int
+
+
+def launched(env: Mapping[str, str] | None = None) -> World | None:
+    """The ``World`` when this process is one of several launched together (WORLD_SIZE > 1), else None.
+    Raises ReplayError when WORLD_SIZE or RANK is malformed."""
+    env = os.environ if env is None else env
+    try:
+        size = int(env.get("WORLD_SIZE", "1"))
+        if size <= 1:
+            return None
+        return World(rank=int(env["RANK"]), size=size, local_rank=int(env.get("LOCAL_RANK", "0")))
+    except (KeyError, ValueError):
+        raise ReplayError("WORLD_SIZE > 1 but RANK is missing or malformed: launch with torchrun") from None
+
+
+# -- shares ------------------------------------------------------------------------------------------------------
+
+def owner_keys(rank: np.ndarray, pid: np.ndarray) -> np.ndarray:
+    """Each row's owner: its rank, or -1 - pid for a row without a rank (rank -1)."""
+    rank, pid = np.asarray(rank, np.int64), np.asarray(pid, np.int64)
+    return np.where(rank >= 0, rank, -1 - pid)
+
+
+def owners(trace: str | os.PathLike) -> np.ndarray:
+    """The sorted owners of a trace (``owner_keys``), in one pass over its rank and pid columns."""
+    _, batches = scan(trace, ["rank", "pid"])
+    found = np.zeros(0, np.int64)
+    for batch in batches:
+        keys = owner_keys(batch.column("rank").to_numpy(zero_copy_only=False),
+                          batch.column("pid").to_numpy(zero_copy_only=False))
+        found = np.union1d(found, np.unique(keys))
+    return found
+
+
+def share_of(all_owners: np.ndarray, index: int, count: int) -> frozenset[int]:
+    """Process ``index`` of ``count``'s owners: the index-th of ``count`` contiguous, near-equal blocks
+    of the sorted ``all_owners`` (empty when there are fewer owners than processes)."""
+    n = len(all_owners)
+    return frozenset(all_owners[index * n // count:(index + 1) * n // count].tolist())
+
+
+def share_batches(trace: str | os.PathLike, share: frozenset[int]) -> Iterator[pa.RecordBatch]:
+    """The planner's columns of the rows a process plans: every row that is not a read or a write, and
+    the reads and writes of ``share``'s owners; with ``plan.GLOBAL_ROW``, each row's index in the trace."""
+    _, batches = scan(trace, PLAN_COLUMNS)
+    data_ops = pa.array(["read", "write"])
+    wanted = np.fromiter(share, np.int64, len(share))
+    start = 0
+    for batch in batches:
+        n = batch.num_rows
+        data = pc.is_in(batch.column("op"), value_set=data_ops).to_numpy(zero_copy_only=False)
+        mine = np.isin(owner_keys(batch.column("rank").to_numpy(zero_copy_only=False),
+                                  batch.column("pid").to_numpy(zero_copy_only=False)), wanted)
+        keep = mine | ~data
+        rows = np.flatnonzero(keep)
+        yield batch.filter(pa.array(keep)).append_column(GLOBAL_ROW, pa.array(rows + start, pa.int64()))
+        start += n
+
+
+@dataclass(frozen=True)
+class Share:
+    """One process's share of a plan (``share_plan``): the plan cut to the share's threads, and what the
+    exchange needs from it."""
+
+    plan: ReplayPlan
+    remote: frozenset[int]  # seqs of other processes' operations this share's operations wait for
+    precreate: Mapping[str, int]  # pre-existing files this share's operations use -> bytes they read
+    written: Mapping[str, int]  # final path -> final size, of the files this share writes
+    unverifiable: frozenset[str]
+    touched: frozenset[str]  # final paths of the files this share names or writes
+
+
+def _owner_of(worker) -> int:
+    return int(owner_keys(np.array([worker.rank]), np.array([worker.pid]))[0])
+
+
+def share_plan(plan: ReplayPlan, share: frozenset[int]) -> Share:
+    """``plan`` (of ``share_batches``' rows) cut to the threads of ``share``'s owners. Pure.
+
+    Its ``awaited`` are every seq its operations wait for (``remote`` the
+    ones of other processes); ``checks`` keep the files it writes."""
+    keep = np.array([_owner_of(w) in share for w in plan.workers], bool)
+    t = plan.ops
+    rows = np.flatnonzero(keep[t.worker]) if len(t) else np.zeros(0, np.int64)
+    new_index = (np.cumsum(keep) - 1).astype(np.int32)
+    table = t.take(rows, worker=new_index[t.worker[rows]])
+    kept = tuple(w for w, k in zip(plan.workers, keep) if k)
+    mine = set(table.seq.tolist())
+    deps = set(table.dep_seq.tolist())
+    names = {table.paths[i] for i in np.unique(np.concatenate([table.path, table.new_path])).tolist() if i >= 0}
+    writes = np.unique(table.handle[(table.kind == WRITE) & (table.handle >= 0)]).tolist()
+    written_paths = {plan.files.file_paths.get(plan.files.handle_files.get(h, -1)) for h in writes} - {None}
+    expected = plan.checks.expected_sizes
+    written = {path: expected[path] for path in written_paths if path in expected}
+    precreate = {path: size for path, size in plan.precreate_files if path in names}
+    own = written_paths | names
+    checks = dataclasses.replace(plan.checks, expected_sizes=dict(written),
+                                 verify_ranges={path: ranges for path, ranges in plan.checks.verify_ranges.items()
+                                                if path in written_paths},
+                                 unverifiable=tuple(p for p in plan.checks.unverifiable if p in written_paths))
+    sizes = np.maximum(table.size[table.kind == WRITE], 0)
+    cut = dataclasses.replace(plan, workers=kept).with_ops(
+        table, awaited=frozenset(deps), checks=checks,
+        precreate_files=tuple((path, size) for path, size in plan.precreate_files if path in precreate),
+        bytes_to_write=int(sizes.sum()) + sum(size for path, size in plan.precreate_files if path in precreate))
+    return Share(plan=cut, remote=frozenset(deps - mine), precreate=precreate, written=written,
+                 unverifiable=frozenset(plan.checks.unverifiable), touched=frozenset(own))
+
+
+# -- cross-process signals ----------------------------------------------------------------------------------------
+
+class StoreSignals:
+    """``posix.Signals`` through a c10d store: key ``<prefix>/<seq>`` is set when operation seq completes,
+    ``<prefix>/failed`` (the message) when a process's run failed. Waiting polls (``Store.check``), from
+    20 us up to 5 ms apart, so a thread waiting never holds the store's connection from another thread
+    that must signal."""
+
+    def __init__(self, store, prefix: str, remote: frozenset[int], exported: frozenset[int],
+                 timeout_s: float = TIMEOUT_S) -> None:
+        self.store, self.prefix = store, prefix
+        self.remote, self.exported = remote, exported
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+
+    def _check(self, key: str) -> bool:
+        with self._lock:
+            return bool(self.store.check([f"{self.prefix}/{key}"]))
+
+    def wait(self, seq: int, stopped: threading.Event) -> bool:
+        delay_s, deadline = 20e-6, time.monotonic() + self.timeout_s
+        while not self._check(str(seq)):
+            if self._check("failed") or stopped.is_set():
+                return False
+            if time.monotonic() > deadline:
+                self.fail(f"waited {self.timeout_s:.0f} s for operation {seq} of another process")
+                return False
+            stopped.wait(delay_s)
+            delay_s = min(delay_s * 2, 5e-3)
+        return True
+
+    def done(self, seq: int) -> None:
+        with self._lock:
+            self.store.set(f"{self.prefix}/{seq}", "1")
+
+    def fail(self, message: str) -> None:
+        with self._lock:
+            self.store.set(f"{self.prefix}/failed", message)
+
+    def failure(self) -> str:
+        with self._lock:
+            if self.store.check([f"{self.prefix}/failed"]):
+                return "another process failed: " + self.store.get(f"{self.prefix}/failed").decode()
+        return "the run stopped"
+
+
+# -- the job ------------------------------------------------------------------------------------------------------
+
+class _Group:
+    """The gloo process group and the store (torch.distributed), with errors as ReplayError."""
+
+    def __init__(self, world: World) -> None:
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            raise ReplayError("a replay launched by torchrun (WORLD_SIZE > 1) needs torch: "
+                              "pip install 'ckpt-trace[torch]'") from None
+        self.dist, self.world = dist, world
+        try:
+            store, rank, size = next(dist.rendezvous("env://", timeout=timedelta(seconds=TIMEOUT_S)))
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
+                                    timeout=timedelta(seconds=TIMEOUT_S))
+        except (RuntimeError, ValueError) as err:
+            raise ReplayError(f"cannot join the torchrun job: {str(err).splitlines()[0]}") from None
+        self.store = dist.PrefixStore("ckpt-trace", store)
+
+    def gather(self, value) -> list:
+        out = [None] * self.world.size
+        self.dist.all_gather_object(out, value)
+        return out
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def agree(self, error: BaseException | None) -> None:
+        """Raise in every process when any process failed (its message, naming the process)."""
+        found = self.gather(None if error is None else (type(error).__name__, str(error)))
+        for index, problem in enumerate(found):
+            if problem is not None:
+                kind, message = problem
+                if index == self.world.rank:
+                    raise Interrupted(message) if kind == "Interrupted" else ReplayError(message)
+                raise ReplayError(f"process {index} of {self.world.size}: {message}")
+
+    def close(self) -> None:
+        if self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+
+def _probe_groups(group: _Group, target: Path) -> list[int]:
+    """For each process, the lowest process that sees the same target file system (a probe file each,
+    made and removed here): processes on one shared file system form one group, node-local targets one
+    group per node."""
+    probe = target / f"{_PROBE}{group.world.rank}"
+    made = False
+    try:
+        probe.touch(exist_ok=False)
+        made = True
+        group.barrier()
+        seen = sorted(int(p.name[len(_PROBE):]) for p in target.glob(f"{_PROBE}*") if p.name[len(_PROBE):].isdigit())
+        group.barrier()
+    finally:
+        if made:
+            probe.unlink(missing_ok=True)
+    return group.gather(seen[0] if seen else group.world.rank)
+
+
+@dataclass
+class DistributedReport:
+    """What a distributed replay produced (every process holds one; global rank 0 writes its document)."""
+
+    trace: Path
+    target: Path
+    world: World
+    results: tuple[ReplayResult, ...]  # the job's, per strategy
+    processes: list[dict]
+    size_mismatches: tuple[SizeMismatch, ...]
+    options: dict
+    trace_sha256: str
+    environment: dict
+    claims: tuple = ()
+
+    def to_json(self) -> dict:
+        """``replay``'s results document (``documents.ReplayDoc``), the job's figures as its results, plus
+        ``distributed``: the world size, each process's host, owners and results, and the slowest process
+        per strategy."""
+        slowest = {}
+        for i, result in enumerate(self.results):
+            times = [p["results"][i]["elapsed_s"] for p in self.processes]
+            slowest[result.strategy] = int(np.argmax(times)) if times else 0
+        return {"trace": str(self.trace), "trace_sha256": self.trace_sha256, "target": str(self.target),
+                "creator": "ckpt-trace", "creator_version": __version__, "environment": self.environment,
+                "options": self.options, "fio_write_bytes_per_s": None,
+                "results": [result.to_json() for result in self.results],
+                "distributed": {"world_size": self.world.size, "processes": self.processes,
+                                "slowest_process": slowest}}
+
+
+def _job_result(strategy: str, per_process: list[ReplayResult]) -> ReplayResult:
+    """The job's figures from its processes' (sums; the slowest elapsed time; merged latencies)."""
+    histogram = LatencyHistogram()
+    for result in per_process:
+        if result.latency_histogram:
+            histogram.merge(LatencyHistogram.from_json(result.latency_histogram))
+    notes = sorted({note for result in per_process for note in result.notes})
+    skipped: dict[str, int] = {}
+    for result in per_process:
+        for key, count in result.skipped_ops.items():
+            skipped[key] = skipped.get(key, 0) + count
+    return ReplayResult(
+        strategy=strategy, elapsed_s=max(r.elapsed_s for r in per_process),
+        bytes_written=sum(r.bytes_written for r in per_process), bytes_read=sum(r.bytes_read for r in per_process),
+        data_ops=sum(r.data_ops for r in per_process), metadata_ops=sum(r.metadata_ops for r in per_process),
+        latency_ns=histogram.percentiles_ns(), cpu_user_s=sum(r.cpu_user_s for r in per_process),
+        cpu_sys_s=sum(r.cpu_sys_s for r in per_process), skipped_ops=skipped,
+        unaligned_ops=sum(r.unaligned_ops for r in per_process), notes=notes,
+        metadata_ops_saved=sum(r.metadata_ops_saved for r in per_process),
+        preallocated_files=sum(r.preallocated_files for r in per_process),
+        verified_files=(sum(r.verified_files for r in per_process)
+                        if all(r.verified_files is not None for r in per_process) else None))
+
+
+def replay_distributed(
+    trace_path: str | os.PathLike,
+    *,
+    world: World,
+    target: str | os.PathLike,
+    strategy: str = "posix",
+    strip_prefix: str | None = None,
+    timing: str = "asap",
+    force: bool = False,
+    queue_depth: int = 32,
+    buffer_bytes: int = 4 << 20,
+    repeat: int = 1,
+    drop_caches: bool = False,
+    durable: bool = False,
+    verify: bool = False,
+    progress: Progress | None = None,
+    protect: tuple[str | os.PathLike, ...] = (),
+    min_seconds: float = 0.0,
+    max_runs: int | None = None,
+    gpu_copies: str = "recorded",
+) -> DistributedReport:
+    """``replay.replay`` run by one of ``world``'s processes (see the module docstring); every process
+    of the job calls it with the same arguments. Options mean what they mean there; ``--fio`` and
+    ``--pack-files`` are not available here.
+
+    Raises TraceFormatError for a bad trace; ReplayError for the errors
+    ``replay`` raises (in this process or any other: every process raises),
+    when torch is missing or the job cannot be joined; Interrupted on Ctrl-C.
+    """
+    if timing not in TIMINGS:
+        raise ReplayError(f"unknown timing {timing!r} (choose from {', '.join(TIMINGS)})")
+    if gpu_copies not in GPU_COPY_MODES:
+        raise ReplayError(f"unknown --gpu-copies {gpu_copies!r} (choose from {', '.join(GPU_COPY_MODES)})")
+    if strategy not in CHOICES:
+        raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
+    if repeat < 1:
+        raise ReplayError("--repeat must be at least 1")
+    if drop_caches and os.geteuid() != 0:
+        raise ReplayError("--drop-caches needs root (it writes /proc/sys/vm/drop_caches)")
+    trace = _trace_file(trace_path)
+    target = Path(target)
+    refuse_target_holding(target, trace.path)
+    group = _Group(world)
+    claims: list[Claim] = []
+    owned: list[Claim] = []
+    made_target = False
+    try:
+        error: BaseException | None = None
+        try:
+            share = share_of(owners(trace.path), world.rank, world.size)
+            base = build_posix_plan(share_batches(trace.path, share), strip_prefix, arch=trace.metadata["arch"])
+            mine = share_plan(base, share)
+            names = list(STRATEGIES) if strategy == "all" else [strategy]
+            check_queue_depth(queue_depth, names)
+            made_target = not target.exists()
+            prepare_target(target, force)
+        except (CkptTraceError, KeyboardInterrupt) as err:
+            error = Interrupted("interrupted") if isinstance(err, KeyboardInterrupt) else err
+        group.agree(error)
+        leaders = _probe_groups(group, target)
+        infos = group.gather({"remote": sorted(mine.remote), "precreate": dict(mine.precreate),
+                              "written": mine.written, "unverifiable": sorted(mine.unverifiable),
+                              "bytes": mine.plan.bytes_to_write, "host": platform.node(), "owners": sorted(share)})
+        plan = _finish_share(mine, base, infos, leaders, world.rank)
+        plans = [derive_plan(plan, name, buffer_bytes=buffer_bytes, block_bytes=host.block_bytes(target))
+                 for name in names]
+        claims = [Claim(target / p.strategy if strategy == "all" else target, p) for p in plans]
+        try:
+            for claim in claims:
+                claim.refuse_conflicts((trace.path, *protect))
+            needed = sum(info["bytes"] for info in infos) * len(plans) + config.REPLAY_FREE_SPACE_MARGIN_BYTES
+            host.require_free(target, needed, "the replay")
+            error = None
+        except CkptTraceError as err:
+            error = err
+        group.agree(error)
+        owned = claims  # from here on, what the claims name is this replay's to remove on failure
+        exported = frozenset(seq for info in infos for seq in info["remote"]) & frozenset(plan.ops.seq.tolist())
+        runs = RunCount(repeat, min_seconds, max_runs or config.REPLAY_MAX_RUNS)
+        results, per_process = [], []
+        for p, claim in zip(plans, claims):
+            job, mine_runs = _run_strategy(group, p, claim, exported, mine.remote, runs, queue_depth, timing,
+                                           progress, durable, drop_caches, gpu_copies, leaders)
+            if verify:
+                found = verify_content(_root(claim), p)
+                group.agree(ReplayError(f"verification failed for {p.strategy}: {len(found)} file(s) differ from "
+                                        f"the pattern, first {found[0].path} at byte {found[0].offset}")
+                            if found else None)
+                mine_runs.verified_files = len(p.checks.verify_ranges)
+                job.verified_files = sum(group.gather(mine_runs.verified_files))
+            results.append(job)
+            per_process.append(mine_runs)
+        mismatches = _size_mismatches(group, plans, claims, base, infos, leaders)
+        _add_speedups(results)
+    except (ReplayError, Interrupted, KeyboardInterrupt) as err:
+        _release(owned, target, made_target)  # nothing before the conflicts were refused everywhere
+        group.close()
+        if isinstance(err, KeyboardInterrupt):
+            raise Interrupted(f"interrupted; the replay's files under {target} were removed") from None
+        raise
+    docs = group.gather({"process": world.rank, "host": platform.node(), "owners": sorted(share),
+                         "results": [r.to_json() for r in per_process]})
+    group.close()
+    options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": False, "repeat": repeat,
+               "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
+               "gpu_copies": gpu_copies, "world_size": world.size}
+    return DistributedReport(trace.path, target, world, tuple(results), docs, tuple(mismatches), options,
+                             trace_sha256=sha256_file(trace.path), environment=host.environment(target),
+                             claims=tuple(claims))
+
+
+def _root(claim: Claim):
+    from .paths import TargetRoot
+
+    return TargetRoot(claim.directory)
+
+
+def _finish_share(mine: Share, base: ReplayPlan, infos: list[dict], leaders: list[int], rank: int) -> ReplayPlan:
+    """The share's plan once every process's needs are known: it waits for its remote operations and
+    signals those others wait for (``awaited``), precreates the pre-existing files it is the lowest
+    process of its file system to need (as large as any process reads them), and expects every file it
+    writes at the largest size any process expects."""
+    plan = mine.plan
+    exported = {seq for info in infos for seq in info["remote"]} & set(plan.ops.seq.tolist())
+    precreate = {path for path in mine.precreate
+                 if min(i for i, info in enumerate(infos) if path in info["precreate"] and leaders[i] == leaders[rank])
+                 == rank}
+    unverifiable = {path for info in infos for path in info["unverifiable"]}
+    expected = dict(plan.checks.expected_sizes)
+    for info in infos:
+        for path, size in info["written"].items():
+            if path in expected:
+                expected[path] = max(expected[path], size)
+    for path in unverifiable:
+        expected.pop(path, None)
+    checks = dataclasses.replace(plan.checks, expected_sizes=expected,
+                                 verify_ranges={**{p: r for p, r in plan.checks.verify_ranges.items()},
+                                                **{p: base.checks.verify_ranges[p] for p in precreate
+                                                   if p in base.checks.verify_ranges}})
+    extent = {path: max(info["precreate"].get(path, 0) for info in infos) for path in precreate}
+    dropped = sum(size for path, size in plan.precreate_files if path not in precreate)
+    return dataclasses.replace(plan, awaited=plan.awaited | exported, checks=checks,
+                               precreate_files=tuple((p, extent[p]) for p, _ in plan.precreate_files if p in precreate),
+                               bytes_to_write=plan.bytes_to_write - dropped)
+
+
+def _run_strategy(group: _Group, plan: ReplayPlan, claim: Claim, exported: frozenset[int], remote: frozenset[int],
+                  count: RunCount, queue_depth: int, timing: str, progress, durable: bool, drop_caches: bool,
+                  gpu_copies: str, leaders: list[int]) -> tuple[ReplayResult, ReplayResult]:
+    """Every run of one strategy: (the job's median run, this process's figures of that run)."""
+    runs: list[tuple[ReplayResult, ReplayResult]] = []
+    while count.more([job.elapsed_s for job, _ in runs]):
+        error: BaseException | None = None
+        mine = None
+        try:
+            if runs:
+                claim.release()
+            group.barrier()  # every release is done before anyone precreates
+            root = prepare_target(claim.directory, force=True)
+            executor = make_executor(plan.strategy, root, queue_depth)
+            executor.gpu_copies = gpu_copies
+            executor.prepare(plan)
+            if drop_caches and group.world.local_rank == 0:
+                drop_page_cache()
+        except (CkptTraceError, KeyboardInterrupt) as err:
+            error = Interrupted("interrupted") if isinstance(err, KeyboardInterrupt) else err
+        group.agree(error)
+        signals = StoreSignals(group.store, f"{plan.strategy}/{len(runs)}", remote, exported)
+        for seq in exported - set(plan.ops.seq.tolist()):
+            signals.done(seq)  # nothing here to wait for: never make another process wait for nothing
+        group.barrier()  # the clocks start together
+        try:
+            mine = executor.run(plan, timing=timing, progress=progress, durable=durable, signals=signals)
+        except (ReplayError, KeyboardInterrupt) as err:
+            signals.fail(str(err) or "interrupted")
+            error = Interrupted("interrupted") if isinstance(err, KeyboardInterrupt) else err
+        group.agree(error)
+        everyone = [dataclasses.replace(r) for r in group.gather(mine)]
+        runs.append((_job_result(plan.strategy, everyone), mine))
+    median = _median_run([job for job, _ in runs])
+    mine = next(m for job, m in runs if job is median)
+    mine.runs_elapsed_s = [m.elapsed_s for _, m in runs]
+    mine.runs_p99_latency_ns = [m.latency_ns["p99"] for _, m in runs]
+    mine.latency_histogram = None
+    return median, mine
+
+
+def _size_mismatches(group: _Group, plans: list[ReplayPlan], claims: list[Claim], base: ReplayPlan,
+                     infos: list[dict], leaders: list[int]) -> list[SizeMismatch]:
+    """Files whose size differs from their size at the end of the recording: each file system's lowest
+    process checks every file (the largest size any process expects), after every process finished."""
+    group.barrier()
+    found = []
+    if leaders[group.world.rank] == group.world.rank:
+        expected = dict(base.checks.expected_sizes)
+        for info in infos:
+            for path, size in [*info["written"].items(), *info["precreate"].items()]:
+                expected[path] = max(expected.get(path, 0), size)
+        for path in {p for info in infos for p in info["unverifiable"]}:
+            expected.pop(path, None)
+        for plan, claim in zip(plans, claims):
+            for rel, size in sorted(expected.items()):
+                try:
+                    actual = os.stat(claim.directory / rel).st_size
+                except OSError:
+                    actual = None
+                if actual != size:
+                    found.append(SizeMismatch(plan.strategy, rel, size, actual))
+    return [m for part in group.gather(found) for m in part]
