@@ -5,8 +5,9 @@ state, float32, one process. It is saved once per checkpoint format (the
 emitted writer, DCP's FileSystemWriter, torch.save, safetensors save_file,
 each fsynced), then each loader reads it ``--runs`` times, every time in a
 fresh process after the page cache was dropped (root): the emitted reader
-(``ckpt_trace.writer.CheckpointReader`` with ``--buffer-size`` windows at
-``--queue-depth``, O_DIRECT, and the same buffered), DCP's
+(``ckpt_trace.writer.CheckpointReader``: by default buffered reads straight
+into the destination tensors; ``(O_DIRECT)``: ``--buffer-size`` O_DIRECT
+windows at ``--queue-depth``, copied out), DCP's
 FileSystemReader, ``torch.load``, ``torch.load(mmap=True)`` and safetensors
 ``load_file`` (which maps the file). Loaders that fill a state in place (DCP's) get it allocated and
 zeroed before the clock starts. The clock stops when every tensor has
@@ -50,7 +51,7 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 #: loader -> the format it reads (emitted_writer's engine names)
-LOADERS = {"emitted": "emitted", "emitted (buffered)": "emitted", "dcp": "dcp-t1", "torch.load": "torch.save", "torch.load(mmap)": "torch.save",
+LOADERS = {"emitted": "emitted", "emitted (O_DIRECT)": "emitted", "dcp": "dcp-t1", "torch.load": "torch.save", "torch.load(mmap)": "torch.save",
            "safetensors": "safetensors"}
 PAGE_FLOATS = 1024  # float32 elements per 4 KiB page
 
@@ -69,12 +70,13 @@ def _load(loader: str, directory: Path, module, target) -> dict:
 
 
 def _reader_module(engine: str, queue_depth: int, buffer_bytes: int):
-    """make_writer/make_reader of the emitted writer with these options (O_DIRECT unless ``(buffered)``)."""
+    """make_writer/make_reader of the emitted writer with these options: it saves with O_DIRECT; it loads
+    with its default, buffered reads into the destination tensors, or, for ``(O_DIRECT)``, O_DIRECT windows."""
     from types import SimpleNamespace
 
     from ckpt_trace.writer import CheckpointReader, CheckpointWriter, WriterOptions
 
-    options = WriterOptions(queue_depth=queue_depth, buffer_bytes=buffer_bytes, direct_io="buffered" not in engine)
+    options = WriterOptions(queue_depth=queue_depth, buffer_bytes=buffer_bytes, load_direct_io="O_DIRECT" in engine)
     return SimpleNamespace(make_writer=lambda path: CheckpointWriter(path, options),
                            make_reader=lambda path: CheckpointReader(path, options))
 

@@ -486,7 +486,7 @@ def _recommendation_html(profile: dict, results: list[dict]) -> str:
     values = choice.options.to_json()
     shown = {**values, "buffer_bytes": human_bytes(values["buffer_bytes"])}
     rows = [(name, shown[name], choice.reasons[name]) for name in ("direct_io", "buffer_bytes", "queue_depth",
-                                                                     "writer_threads")]
+                                                                     "writer_threads", "load_direct_io")]
     return ("<h2 id='recommendation'>Recommendation</h2><p>What <code>ckpt-trace emit</code> would choose for the "
             "writer" + (f" (fastest replayed strategy: {html.escape(choice.winner)})" if choice.winner else "")
             + ":</p>" + _table(("parameter", "value", "why"), rows, "why"))

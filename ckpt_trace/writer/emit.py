@@ -14,6 +14,11 @@ write (``emit``); no torch is imported here. The choice, per parameter:
 - ``writer_threads``: 1 (one data file per rank) when aggregated won with
   ``--pack-files``; otherwise the most threads that wrote for one rank in the
   trace, at most ``os.cpu_count()``.
+- ``load_direct_io`` (the reader): from a replay of a recorded *load* (the
+  winner read more than it wrote), on when an O_DIRECT strategy read fastest,
+  off when a buffered one did; otherwise off, buffered reads straight into the
+  destination tensors (``benchmarks/restore.py`` measured them against
+  O_DIRECT windows and fio's read limits).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from ckpt_trace.version import __version__
 from .options import WriterOptions
 
 _DIRECT = {"uring-direct": True, "aggregated": True, "posix": False, "uring-buffered": False}
+_LOAD_DEFAULT = ("no replayed load: buffered reads into the destination tensors, which rode the kernel's "
+                 "read-ahead past O_DIRECT in benchmarks/restore.py")
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,8 @@ def choose(threads_per_rank: int, results: dict | None, cpu_count: int | None = 
     if results is None:
         reasons = {"direct_io": "no replay results: O_DIRECT, the fastest in arXiv 2512.24511",
                    "queue_depth": "no replay results: default", "buffer_bytes": "no replay results: default",
-                   "writer_threads": f"{threads} thread(s) wrote per rank in the trace"}
+                   "writer_threads": f"{threads} thread(s) wrote per rank in the trace",
+                   "load_direct_io": _LOAD_DEFAULT}
         return Choice(WriterOptions(writer_threads=threads).validate(), reasons, None)
     best = _winner(results)
     strategy = best["strategy"].removesuffix("+pack-files")
@@ -75,8 +83,12 @@ def choose(threads_per_rank: int, results: dict | None, cpu_count: int | None = 
         "writer_threads": "one file per rank: --pack-files won" if packed
                           else f"{threads} thread(s) wrote per rank in the trace",
     }
+    load = best.get("bytes_read", 0) > best.get("bytes_written", 0)  # results of a replayed load
+    load_direct = direct if load else defaults.load_direct_io
+    reasons["load_direct_io"] = (f"the fastest replay of this load was {best['strategy']} "
+                                 f"({'page cache bypassed' if direct else 'buffered'})" if load else _LOAD_DEFAULT)
     chosen = WriterOptions(buffer_bytes=buffer_bytes, queue_depth=queue_depth, direct_io=direct,
-                           writer_threads=threads)
+                           writer_threads=threads, load_direct_io=load_direct)
     return Choice(chosen.validate(), reasons, best["strategy"])
 
 
@@ -114,7 +126,7 @@ def render_module(trace_path: Path, digest: str, summary: dict, choice: Choice, 
     header += [f"    {line}" for line in lines]
     header += ["", "Parameters:"]
     values = choice.options.to_json()
-    for name in ("buffer_bytes", "queue_depth", "direct_io", "writer_threads"):
+    for name in ("buffer_bytes", "queue_depth", "direct_io", "writer_threads", "load_direct_io"):
         header.append(f"    {name} = {values[name]!r}: {choice.reasons[name]}")
     staging_mib = values["buffer_bytes"] * values["queue_depth"] * values["writer_threads"] / (1 << 20)
     header += [f"Staging memory per rank: {staging_mib:,.0f} MiB.", "", "Use:",

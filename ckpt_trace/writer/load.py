@@ -2,17 +2,27 @@
 
 DCP calls, in order: ``reset``, ``read_metadata`` (``format.read_metadata``),
 ``set_up_storage_reader``, ``prepare_local_plan``, ``prepare_global_plan``,
-``read_data``. Each file's wanted bytes are read in large aligned O_DIRECT
-reads through io_uring (``staging.WindowReader``) and each tensor is copied
-out of them into its destination; a missing or truncated data file is a
-``CheckpointError`` naming it (torch wraps it in ``CheckpointException``).
+``read_data``. How a data file is read (``WriterOptions.load_direct_io``):
+
+- buffered (default): its items in file order, each tensor read by
+  preadv(2) straight into its destination's memory where the destination is a
+  contiguous CPU tensor of the stored dtype and shape (what DCP's in-place
+  load hands over), else into a scratch tensor copied from; the kernel's
+  read-ahead keeps the device streaming and nothing is copied twice;
+- O_DIRECT: large aligned reads through io_uring (``staging.WindowReader``),
+  each tensor copied out of them into its destination.
+
+A missing or truncated data file is a ``CheckpointError`` naming it (torch
+wraps it in ``CheckpointException``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import io
 import os
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -101,10 +111,18 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             raise CheckpointError(f"checkpoint data file truncated: {path} has {actual:,} bytes, the metadata "
                                   f"records {expected:,}")
         try:
-            opened = open_file(path, os.O_RDONLY, direct=self.options.direct_io)
+            opened = open_file(path, os.O_RDONLY, direct=self.options.load_direct_io)
             fd, direct = opened.fd, opened.direct
         except OSError as err:
             raise io_error("opening", path, err) from None
+        if not direct:
+            try:
+                self._read_in_place(fd, path, items, stored, planner)
+            except OSError as err:
+                raise io_error("reading", path, err) from None
+            finally:
+                os.close(fd)
+            return False
         try:
             for i, s in enumerate(stored):
                 if s.size_bytes == 0:
@@ -120,6 +138,42 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             os.close(fd)
         return direct
 
+    def _read_in_place(self, fd: int, path: Path, items: list, stored: list[StoredItem],
+                       planner: LoadPlanner) -> None:
+        """Buffered reads in file order, each tensor straight into its destination where it fits as is;
+        the file is cut into ``load_streams`` consecutive stretches of about equal bytes, each read by its
+        own thread (the copies out of the page cache run on several cores, and the device sees as many
+        read-ahead streams)."""
+        order = sorted(range(len(items)), key=lambda i: stored[i].offset)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # posix_fadvise(2): a larger read-ahead window
+        total = sum(stored[i].size_bytes for i in order) or 1
+        streams: list[list[int]] = [[] for _ in range(max(1, min(self.options.load_streams, len(order))))]
+        done = 0
+        for i in order:
+            streams[min(len(streams) - 1, done * len(streams) // total)].append(i)
+            done += stored[i].size_bytes
+
+        def read(stream: list[int]) -> None:
+            for i in stream:
+                item, s = items[i], stored[i]
+                if item.type != LoadItemType.BYTE_IO and s.size_bytes:
+                    target = planner.resolve_tensor(item).detach()
+                    if _fits_as_stored(item, s, target):
+                        _pread_into(fd, path, target, s.offset)
+                        planner.commit_tensor(item, target)
+                        continue
+                scratch = torch.empty(s.size_bytes, dtype=torch.uint8)
+                _pread_into(fd, path, scratch, s.offset)
+                self._serve(item, s, scratch, planner)
+
+        if len(streams) == 1:
+            read(streams[0])
+            return
+        with ThreadPoolExecutor(len(streams), thread_name_prefix="ckpt-trace-read") as pool:
+            for future in [pool.submit(read, stream) for stream in streams]:
+                future.result()
+
     @staticmethod
     def _serve(item, stored: StoredItem, data: torch.Tensor, planner: LoadPlanner) -> None:
         if item.type == LoadItemType.BYTE_IO:
@@ -134,3 +188,30 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
                                   f"destination {tuple(target.size())}")
         target.copy_(tensor)
         planner.commit_tensor(item, target)
+
+
+_CHUNK_BYTES = 64 << 20  # one preadv(2) at most: Ctrl-C is seen between chunks; Linux caps one read below 2 GiB
+
+
+def _fits_as_stored(item, stored: StoredItem, target: torch.Tensor) -> bool:
+    """Whether the stored bytes are exactly ``target``'s memory: a whole, contiguous CPU tensor of the
+    stored dtype and shape."""
+    return (target.device.type == "cpu" and target.is_contiguous() and stored.shape is not None
+            and str(target.dtype) == stored.dtype and tuple(target.shape) == tuple(stored.shape)
+            and not any(item.storage_offsets) and target.numel() * target.element_size() == stored.size_bytes)
+
+
+def _pread_into(fd: int, path: Path, tensor: torch.Tensor, offset: int) -> None:
+    """Fill the contiguous CPU ``tensor``'s bytes from ``offset`` of ``fd`` with preadv(2). Raises
+    CheckpointError when the file ends first."""
+    size = tensor.numel() * tensor.element_size()
+    if not size:
+        return
+    view = memoryview((ctypes.c_char * size).from_address(tensor.data_ptr())).cast("B")
+    done = 0
+    while done < size:
+        moved = os.preadv(fd, [view[done:done + _CHUNK_BYTES]], offset + done)
+        if moved == 0:
+            raise CheckpointError(f"checkpoint data file truncated: {path} ends at {offset + done:,} bytes, "
+                                  f"inside an item of {size:,} bytes at {offset:,}")
+        done += moved

@@ -26,6 +26,16 @@ class WriterOptions:
       addresses (open(2), "O_DIRECT"); 4096 covers 512 B and 4 KiB devices.
     - ``preallocate``: fallocate(2) each data file to its final size first,
       so a full disk fails before any byte is written.
+    - ``load_direct_io``: how ``CheckpointReader`` reads. False (default):
+      buffered reads, in file order, straight into each destination tensor's
+      memory (no copy-out), so the kernel's read-ahead streams the file; True:
+      O_DIRECT windows of ``buffer_bytes`` through io_uring, copied out. Which
+      wins depends on the device: ``benchmarks/restore.py`` measures both
+      against fio's buffered and O_DIRECT read limits.
+    - ``load_streams``: buffered loads: threads reading one data file, each a
+      consecutive stretch of about equal bytes (2 matched ``torch.load(mmap=True)``
+      on the 2-core machine of ``benchmarks/restore.py``, where one thread
+      did not: the copies out of the page cache need a core each).
 
     Raises CheckpointError from ``validate()`` for values out of range.
     """
@@ -36,6 +46,8 @@ class WriterOptions:
     writer_threads: int = config.WRITER_THREADS
     align_bytes: int = config.WRITER_ALIGN_BYTES
     preallocate: bool = True
+    load_direct_io: bool = False
+    load_streams: int = 2
 
     def validate(self) -> WriterOptions:
         if self.align_bytes < 512 or self.align_bytes & (self.align_bytes - 1):
@@ -44,6 +56,8 @@ class WriterOptions:
             raise CheckpointError(f"buffer_bytes must be a multiple of {self.align_bytes}, not {self.buffer_bytes}")
         if not 1 <= self.queue_depth <= 4096:
             raise CheckpointError(f"queue_depth must be 1..4096, not {self.queue_depth}")
+        if not 1 <= self.load_streams <= 64:
+            raise CheckpointError(f"load_streams must be 1..64, not {self.load_streams}")
         if not 1 <= self.writer_threads <= 256:
             raise CheckpointError(f"writer_threads must be 1..256, not {self.writer_threads}")
         return self

@@ -215,6 +215,35 @@ class OpTable:
         return OpTable.from_columns(columns, dep_ptr, dep_seq, self.paths)
 
 
+def interleave(inserted: OpTable, table: OpTable, at: np.ndarray) -> OpTable:
+    """``table`` with the rows of ``inserted`` placed so that row i of ``inserted`` ends at position
+    ``at[i]`` of the result (``at`` strictly increasing), the rows of ``table`` keeping their order in
+    between: one scatter per column (same ``paths``)."""
+    total = len(inserted) + len(table)
+    at = np.asarray(at, np.int64)
+    rest = np.ones(total, bool)
+    rest[at] = False
+    rest = np.flatnonzero(rest)
+    columns = {}
+    for name in (*_INT_COLUMNS, "kind", "release", "mapped"):
+        part, whole = getattr(inserted, name), getattr(table, name)
+        out = np.empty(total, whole.dtype)
+        out[at] = part
+        out[rest] = whole
+        columns[name] = out
+    lengths = np.zeros(total, np.int64)
+    lengths[at] = np.diff(inserted.dep_ptr)
+    lengths[rest] = np.diff(table.dep_ptr)
+    dep_ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    dep_seq = np.empty(int(dep_ptr[-1]), np.int64)
+    for source, rows in ((inserted, at), (table, rest)):
+        counts = np.diff(source.dep_ptr)
+        if len(source.dep_seq):
+            dep_seq[np.repeat(dep_ptr[rows], counts) + np.arange(len(source.dep_seq))
+                    - np.repeat(source.dep_ptr[:-1], counts)] = source.dep_seq
+    return OpTable.from_columns(columns, dep_ptr, dep_seq, table.paths)
+
+
 def concat(tables: Sequence[OpTable]) -> OpTable:
     """Tables one after another (same ``paths``)."""
     tables = [t for t in tables if len(t)] or list(tables[:1])

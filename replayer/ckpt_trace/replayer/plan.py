@@ -55,7 +55,7 @@ from ckpt_trace.formats import vocabulary as v
 from ckpt_trace.iolayer import gpu
 from ckpt_trace.iolayer.pattern import file_key
 
-from .optable import KINDS, NONE, READ, WRITE, OpTable, PlanOp, concat
+from .optable import KINDS, NONE, READ, WRITE, OpTable, PlanOp, interleave
 from .paths import relative_target_path
 
 DATA_KINDS = v.DATA_OPS
@@ -199,6 +199,15 @@ _TEXT = ("op", "path", "new_path", "interface", "memory_kind")
 _RING = np.array(sorted(v.RING_OPS))
 
 
+def _values(column: pa.Array) -> np.ndarray:
+    """The values of an integer column as numpy, zero-copy; a null's slot holds whatever its buffer holds
+    (every use of a nullable column goes through its validity mask)."""
+    if not column.null_count:
+        return column.to_numpy(zero_copy_only=False)
+    dtype = np.dtype(column.type.to_pandas_dtype())
+    return np.frombuffer(column.buffers()[1], dtype=dtype, count=len(column) + column.offset)[column.offset:]
+
+
 class _Rows:
     """The planner's columns of every trace row, in start-time order: numpy arrays (text as codes into
     ``texts``; integer columns with a validity mask) built batch by batch."""
@@ -215,21 +224,24 @@ class _Rows:
                 if name in _TEXT:
                     parts[name].append(self._codes(column, codes))
                 else:
-                    parts[name].append(column.fill_null(0).to_numpy(zero_copy_only=False))
+                    parts[name].append(_values(column))
                     if column.null_count or name in ("fd", "offset", "size", "flags", "queue_id", "in_flight",
                                                      "address", "prot"):
                         parts[name + "?"].append(column.is_valid().to_numpy(zero_copy_only=False))
         self.n = sum(len(p) for p in parts["ts_ns"])
         empty = {name: np.int32 for name in _TEXT}
-        self.cols = {name: (np.concatenate(p) if p else np.zeros(0, empty.get(name, np.int64)))
-                     for name, p in parts.items()}
+        self.cols = {}
+        for name in list(parts):  # one column at a time: the batches' copies go as each is joined
+            pieces = parts.pop(name)
+            self.cols[name] = np.concatenate(pieces) if pieces else np.zeros(0, empty.get(name, np.int64))
+            del pieces
         for name in _PLAN_COLUMNS:
             self.cols.setdefault(name, np.zeros(0, np.int64))
-        order = None
         ts = self.cols["ts_ns"]
         if self.n and np.any(ts[1:] < ts[:-1]):
             order = np.argsort(ts, kind="stable")
-            self.cols = {name: col[order] for name, col in self.cols.items()}
+            for name in list(self.cols):
+                self.cols[name] = self.cols[name][order]
 
     def _codes(self, column: pa.Array, codes: dict[str, int]) -> np.ndarray:
         """Codes into ``texts`` (-1: null) of a string or dictionary column."""
@@ -667,21 +679,33 @@ def _group_max(keys: np.ndarray, values: np.ndarray, size: int, initial: int = 0
 
 
 def _merge_grouped(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> dict[int, list[tuple[int, int]]]:
-    """Per group, the union of [start, end) ranges (sorted; touching ranges merge), vectorised."""
+    """Per group, the union of [start, end) ranges (sorted; touching ranges merge), vectorised: ranges are
+    sorted by (group, start) (by group alone when each group's starts already rise, as a checkpoint's
+    writes do), and one running maximum of the ends over all groups, each group lifted above the previous
+    one, finds where a new merged range begins."""
     keep = ends > starts
     groups, starts, ends = groups[keep], starts[keep], ends[keep]
     if not len(groups):
         return {}
-    order = np.lexsort((starts, groups))
+    order = np.argsort(groups, kind="stable")
     groups, starts, ends = groups[order], starts[order], ends[order]
-    bounds = np.flatnonzero(np.diff(groups)) + 1
+    same = groups[1:] == groups[:-1]
+    if np.any(same & (starts[1:] < starts[:-1])):
+        order = np.lexsort((starts, groups))
+        groups, starts, ends = groups[order], starts[order], ends[order]
+        same = groups[1:] == groups[:-1]
+    dense = np.r_[0, np.cumsum(~same)]  # the group's index among the groups present
+    span = int(ends.max()) + 1
+    if span * (int(dense[-1]) + 1) < 2**62:
+        reach = np.maximum.accumulate(ends + dense * span) - dense * span  # running end within the group
+    else:  # too large to lift: per group
+        reach = np.concatenate([np.maximum.accumulate(part) for part in np.split(ends, np.flatnonzero(~same) + 1)])
+    new = np.r_[True, ~same | (starts[1:] > reach[:-1])]
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:] - 1, len(starts) - 1]
     out: dict[int, list[tuple[int, int]]] = {}
-    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(groups)]):
-        s, e = starts[lo:hi], np.maximum.accumulate(ends[lo:hi])
-        new = np.r_[True, s[1:] > e[:-1]]
-        first = np.flatnonzero(new)
-        last = np.r_[first[1:] - 1, len(s) - 1]
-        out[int(groups[lo])] = list(zip(s[first].tolist(), e[last].tolist()))
+    for group, start, end in zip(groups[first].tolist(), starts[first].tolist(), reach[last].tolist()):
+        out.setdefault(group, []).append((start, end))
     return out
 
 
@@ -691,18 +715,22 @@ def _clip_by_truncations(fids: np.ndarray, seqs: np.ndarray, ends: np.ndarray,
     if not truncations or not len(fids):
         return ends
     t = np.array(truncations, np.int64)
-    out = ends.copy()
-    for fid in np.unique(t[:, 0]):
-        mine = t[t[:, 0] == fid]
-        mine = mine[np.argsort(mine[:, 1], kind="stable")]
-        suffix_min = np.minimum.accumulate(mine[::-1, 2])[::-1]  # smallest length from each truncation on
-        rows = np.flatnonzero(fids == fid)
-        if not len(rows):
-            continue
-        after = np.searchsorted(mine[:, 1], seqs[rows], side="right")  # first truncation after the write
-        cut = np.where(after < len(mine), suffix_min[np.minimum(after, len(mine) - 1)], np.iinfo(np.int64).max)
-        out[rows] = np.minimum(out[rows], cut)
-    return out
+    t = t[np.lexsort((t[:, 1], t[:, 0]))]  # by file, then seq
+    suffix_min = t[:, 2].copy()  # per truncation, the smallest length from it on (within its file)
+    for lo, hi in zip(*_runs(t[:, 0])):  # few: one per truncated file
+        suffix_min[lo:hi] = np.minimum.accumulate(t[lo:hi, 2][::-1])[::-1]
+    span = int(max(t[:, 1].max(), seqs.max())) + 2
+    keys = t[:, 0] * span + t[:, 1]
+    after = np.searchsorted(keys, fids * span + seqs, side="right")  # the file's first truncation after the write
+    hit = after < len(t)
+    hit[hit] = t[after[hit], 0] == fids[hit]
+    return np.where(hit, np.minimum(ends, suffix_min[np.minimum(after, len(t) - 1)]), ends)
+
+
+def _runs(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, stops) of the runs of equal values of ``sorted_keys``."""
+    bounds = np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1
+    return np.r_[0, bounds], np.r_[bounds, len(sorted_keys)]
 
 
 HOST_ARCH = v.host_arch()
@@ -781,20 +809,33 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
     w_mapped = np.array([d[6] for d in p.data_ops], bool)
     w_offset = np.array([NONE if d[4] is None else d[4] for d in p.data_ops], np.int64)
     w_size = np.array([d[5] or 0 for d in p.data_ops], np.int64)
+    # Every array below is in the plan's final order of reads and writes: by worker, then row.
+    for name in ("path", "new_path", "flags", "address", "prot", "memory_kind"):  # the walk's alone: done
+        c.pop(name, None)
+        c.pop(name + "?", None)
+    walk_ops = [op for _, op in p.ops]
+    walk_workers = np.array([(pid << 32) | (tid & 0xFFFFFFFF) for (pid, tid), _ in p.ops], np.int64)
     row = np.concatenate([data_rows, walked])
-    handle = np.concatenate([handles, w_handle]).astype(np.int64)
-    mapped = np.concatenate([np.zeros(len(data_rows), bool), w_mapped])
+    perm = np.argsort(row, kind="stable")  # two ascending runs: linear
+    row = row[perm]
+    row_worker = (c["pid"][row].astype(np.int64) << 32) | (c["tid"][row].astype(np.int64) & 0xFFFFFFFF)
+    worker_keys, widx = _worker_index(row_worker, walk_workers)
+    by_worker_perm = np.argsort(widx, kind="stable")  # a radix sort on small integers: row order kept per worker
+    perm, row, widx = perm[by_worker_perm], row[by_worker_perm], widx[by_worker_perm]
+    source = perm  # index into (bulk rows, then the walk's): where each row's handle and deps come from
+    bulk = source < len(data_rows)
+    handle = np.concatenate([handles, w_handle]).astype(np.int64)[source]
+    mapped = np.concatenate([np.zeros(len(data_rows), bool), w_mapped])[source]
     is_write = c["op"][row] == rows.code("write")
     ret = c["ret"][row]
     offset_known = np.where(mapped, True, rows.valid("offset")[row])
-    offset = np.where(mapped, np.concatenate([np.zeros(len(data_rows), np.int64), w_offset]),
+    offset = np.where(mapped, np.concatenate([np.zeros(len(data_rows), np.int64), w_offset])[source],
                       np.where(offset_known, c["offset"][row], NONE))
     requested = np.where(rows.valid("size")[row], c["size"][row], 0)
-    size = np.where(mapped, np.concatenate([np.zeros(len(data_rows), np.int64), w_size]),
+    size = np.where(mapped, np.concatenate([np.zeros(len(data_rows), np.int64), w_size])[source],
                     np.where(is_write, ret, requested))
     queue = np.where(~mapped & rows.valid("queue_id")[row] & np.isin(c["interface"][row], [
         rows.code(v.IO_URING), rows.code(v.LIBAIO)]), c["queue_id"][row], NONE)
-    workers_of = (c["pid"].astype(np.int64) << 32) | (c["tid"].astype(np.int64) & 0xFFFFFFFF)
 
     # Handles, files, origins as arrays.
     n_handles = p.next_handle
@@ -806,10 +847,9 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
         s, (pid, tid) = p.handle_origin[h]
         origin_seq[h], origin_worker[h] = s, (pid << 32) | (tid & 0xFFFFFFFF)
     fid = handle_file[handle] if len(handle) else np.zeros(0, np.int64)
-    row_worker = workers_of[row]
+    row_worker = row_worker[by_worker_perm]
 
     # Cross-worker waits of the bulk rows (the walk's rows carry theirs).
-    bulk = np.arange(len(row)) < len(data_rows)
     needs = bulk & (origin_worker[handle] != row_worker) if len(handle) else np.zeros(0, bool)
     awaited = set(p.awaited) | set(origin_seq[handle[needs]].tolist())
 
@@ -887,38 +927,50 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
             range_ends.append(np.array([extent]))
     covered = _merge_grouped(np.concatenate(groups), np.concatenate(starts), np.concatenate(range_ends))
     unverifiable = set(np.unique(fid[is_write & ~offset_known]).tolist()) if len(fid) else set()
+    del writes, w_end, after, reads, read_end, known_writes, ends, groups, starts, range_ends, ret, requested
+    del offset_known, row_worker, perm, by_worker_perm  # what the table does not need: before it is built
+    for name in ("offset", "size", "ret", "queue_id", "in_flight", "interface", "op", "fd", "pid", "tid"):
+        c.pop(name, None)
+        c.pop(name + "?", None)
 
     # The operations: the walk's, and the reads and writes, in one table ordered by worker and row.
-    walk_ops = [op for _, op in p.ops]
-    walk_workers = np.array([(pid << 32) | (tid & 0xFFFFFFFF) for (pid, tid), _ in p.ops], np.int64)
-    worker_keys = np.unique(np.concatenate([walk_workers, row_worker]))
     path_list = list(dict.fromkeys([*p.handle_path.values(), *(x for op in walk_ops for x in (op.path, op.new_path)
                                                                 if x)]))
     path_index = {path: i for i, path in enumerate(path_list)}
     handle_path = np.full(max(n_handles, 1), NONE, np.int32)
     for h, path in p.handle_path.items():
         handle_path[h] = path_index[path]
-    walk_table = OpTable.from_ops(np.searchsorted(worker_keys, walk_workers).tolist(), walk_ops, path_list)
-    bulk_deps = np.where(needs, origin_seq[handle] if len(handle) else 0, NONE)[bulk]
+    walk_widx = np.searchsorted(worker_keys, walk_workers)
+    walk_order = np.lexsort((np.arange(len(walk_ops)), [op.seq for op in walk_ops], walk_widx))
+    walk_table = OpTable.from_ops(walk_widx[walk_order].tolist(), [walk_ops[i] for i in walk_order], path_list)
+    # Deps: a bulk row waits at most for its handle's open; a row the walk resolved carries its own list.
     walk_deps = [d[3] for d in p.data_ops]
-    dep_lengths = np.concatenate([(bulk_deps >= 0).astype(np.int64),
-                                  np.array([len(d) for d in walk_deps], np.int64)])
+    dep_lengths = np.where(needs, 1, 0).astype(np.int64)
+    walked_at = np.flatnonzero(~bulk)
+    if len(walked_at):
+        dep_lengths[walked_at] = [len(walk_deps[i]) for i in (source[walked_at] - len(data_rows)).tolist()]
     dep_ptr = np.concatenate([[0], np.cumsum(dep_lengths)]).astype(np.int64)
-    dep_seq = np.concatenate([bulk_deps[bulk_deps >= 0], np.array([x for d in walk_deps for x in d], np.int64)])
+    dep_seq = np.empty(int(dep_ptr[-1]), np.int64)
+    dep_seq[dep_ptr[:-1][needs]] = origin_seq[handle[needs]]
+    for at, i in zip(walked_at.tolist(), (source[walked_at] - len(data_rows)).tolist()):
+        dep_seq[dep_ptr[at]:dep_ptr[at + 1]] = walk_deps[i]
     data_table = OpTable.from_columns({
         "kind": np.where(is_write, WRITE, READ), "seq": row, "ts_ns": c["ts_ns"][row],
-        "worker": np.searchsorted(worker_keys, row_worker), "handle": handle,
+        "worker": widx, "handle": handle,
         "path": handle_path[handle] if len(handle) else np.zeros(0, np.int32), "offset": offset, "size": size,
         "pattern_key": np.where(is_write, key_of[fid] if len(fid) else 0, 0), "queue": queue, "mapped": mapped,
     }, dep_ptr, dep_seq, walk_table.paths)
-    table = concat([walk_table, data_table])
     # Same worker and row: the walk's operations first (an implicit open precedes the read it is for).
-    source = np.concatenate([np.arange(len(walk_table)), np.full(len(data_table), len(walk_table))])
-    order = np.lexsort((source, table.seq, table.worker))
-    table = table.take(order)
+    data_keys = (widx.astype(np.int64) << 40) | row
+    walk_keys = (walk_table.worker.astype(np.int64) << 40) | walk_table.seq
+    table = interleave(walk_table, data_table, np.searchsorted(data_keys, walk_keys, side="left")
+                       + np.arange(len(walk_table)))
 
-    workers = tuple(WorkerPlan(pid=int(k >> 32), tid=int(k & 0xFFFFFFFF), rank=_rank_of(p, rows, k, workers_of))
-                    for k in worker_keys.tolist())
+    first_rows = row[np.minimum(np.searchsorted(widx, np.arange(len(worker_keys))), max(len(row) - 1, 0))] \
+        if len(row) else np.zeros(len(worker_keys), np.int64)
+    workers = tuple(WorkerPlan(pid=int(k >> 32), tid=int(k & 0xFFFFFFFF),
+                               rank=p.ranks.get((k >> 32, k & 0xFFFFFFFF), int(c["rank"][first_rows[i]])))
+                    for i, k in enumerate(worker_keys.tolist()))
     workers = _workers_of(table, workers)
     dirs = {d for d in p.opened_dirs if not p._under_made_dir(d)}
     for path in p.named:
@@ -948,12 +1000,16 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
     )
 
 
-def _rank_of(p: _Planner, rows: _Rows, key: int, workers_of: np.ndarray) -> int:
-    worker = (key >> 32, key & 0xFFFFFFFF)
-    if worker in p.ranks:
-        return p.ranks[worker]
-    first = int(np.argmax(workers_of == key))
-    return int(rows.cols["rank"][first])
+def _worker_index(row_workers: np.ndarray, walk_workers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the sorted distinct worker keys of the rows and the walk, each row's index into them), by a hash
+    (Arrow's dictionary encoding) rather than a sort of the rows."""
+    encoded = pa.array(row_workers, pa.int64()).dictionary_encode()
+    seen = encoded.dictionary.to_numpy()
+    keys = np.unique(np.concatenate([seen, walk_workers]))
+    lut = np.searchsorted(keys, seen)
+    index = lut[encoded.indices.to_numpy(zero_copy_only=False)] if len(row_workers) else np.zeros(0, np.int64)
+    dtype = np.int16 if len(keys) < 2**15 else np.int32  # int16: numpy's stable sort is then a radix sort
+    return keys, index.astype(dtype)
 
 
 def _clipped(ranges: list[tuple[int, int]], size: int) -> tuple[tuple[int, int], ...]:
