@@ -103,12 +103,17 @@ def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     them): ``np.unique(keys, axis=0, return_inverse=True)`` by one lexsort, several times faster."""
     if len(keys) == 0:
         return keys, np.zeros(0, np.int64)
-    order = np.lexsort(keys.T[::-1])
-    ordered = keys[order]
+    # Runs of equal consecutive rows (a worker's writes to one file between two barriers) first: the sort
+    # is then over one row per run.
+    run_starts = np.flatnonzero(np.r_[True, np.any(keys[1:] != keys[:-1], axis=1)])
+    run_of = np.cumsum(np.r_[True, np.any(keys[1:] != keys[:-1], axis=1)]) - 1
+    firsts = keys[run_starts]
+    order = np.lexsort(firsts.T[::-1])
+    ordered = firsts[order]
     new = np.r_[True, np.any(ordered[1:] != ordered[:-1], axis=1)]
-    inverse = np.empty(len(keys), np.int64)
-    inverse[order] = np.cumsum(new) - 1
-    return ordered[new], inverse
+    run_inverse = np.empty(len(firsts), np.int64)
+    run_inverse[order] = np.cumsum(new) - 1
+    return ordered[new], run_inverse[run_of]
 
 
 def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int, block_bytes: int) -> OpTable:
@@ -229,12 +234,21 @@ def _merge(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray):
     groups, starts, ends = groups[keep], starts[keep], ends[keep]
     if not len(groups):
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    order = np.lexsort((starts, groups))
+    order = np.argsort(groups, kind="stable")  # a group's ranges mostly come in rising order already
     groups, starts, ends = groups[order], starts[order], ends[order]
+    same = groups[1:] == groups[:-1]
+    if np.any(same & (starts[1:] < starts[:-1])):
+        order = np.lexsort((starts, groups))
+        groups, starts, ends = groups[order], starts[order], ends[order]
+        same = groups[1:] == groups[:-1]
     # A running maximum of ends that restarts at each group: shift each group above the previous ones.
+    dense = np.r_[0, np.cumsum(~same)]
     span = int(ends.max()) + 1
-    running = np.maximum.accumulate(ends + groups * span) - groups * span
-    new = np.r_[True, (groups[1:] != groups[:-1]) | (starts[1:] > running[:-1])]
+    if span * (int(dense[-1]) + 1) < 2**62:
+        running = np.maximum.accumulate(ends + dense * span) - dense * span
+    else:
+        running = np.concatenate([np.maximum.accumulate(part) for part in np.split(ends, np.flatnonzero(~same) + 1)])
+    new = np.r_[True, ~same | (starts[1:] > running[:-1])]
     first = np.flatnonzero(new)
     last = np.r_[first[1:] - 1, len(starts) - 1]
     return groups[first], starts[first], running[last]

@@ -219,29 +219,41 @@ def interleave(inserted: OpTable, table: OpTable, at: np.ndarray) -> OpTable:
     """``table`` with the rows of ``inserted`` placed so that row i of ``inserted`` ends at position
     ``at[i]`` of the result (``at`` strictly increasing), the rows of ``table`` keeping their order in
     between: one scatter per column (same ``paths``)."""
-    total = len(inserted) + len(table)
+    columns = {name: getattr(table, name) for name in (*_INT_COLUMNS, "kind", "release", "mapped")}
+    return interleave_columns(inserted, columns, table.dep_ptr, table.dep_seq, at)
+
+
+def interleave_columns(inserted: OpTable, columns: dict[str, np.ndarray], dep_ptr: np.ndarray,
+                       dep_seq: np.ndarray, at: np.ndarray) -> OpTable:
+    """``interleave`` of ``inserted`` into the rows given as numpy ``columns`` (missing ones take their
+    "no value"; each is popped from the dict once placed, so its memory goes as the table fills) and
+    their deps (``dep_ptr``, ``dep_seq``): a table is built once, in place."""
+    n = len(columns["kind"])
+    total = len(inserted) + n
     at = np.asarray(at, np.int64)
     rest = np.ones(total, bool)
     rest[at] = False
     rest = np.flatnonzero(rest)
-    columns = {}
-    for name in (*_INT_COLUMNS, "kind", "release", "mapped"):
-        part, whole = getattr(inserted, name), getattr(table, name)
-        out = np.empty(total, whole.dtype)
-        out[at] = part
-        out[rest] = whole
-        columns[name] = out
+    out = {}
+    dtypes = {"kind": (np.int8, None), "release": (bool, None), "mapped": (bool, None), **_INT_COLUMNS}
+    for name, (dtype, missing) in dtypes.items():
+        column = np.empty(total, dtype)
+        column[at] = getattr(inserted, name)
+        values = columns.pop(name, None)
+        column[rest] = (0 if missing is None else missing) if values is None else values
+        del values
+        out[name] = column
     lengths = np.zeros(total, np.int64)
     lengths[at] = np.diff(inserted.dep_ptr)
-    lengths[rest] = np.diff(table.dep_ptr)
-    dep_ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    dep_seq = np.empty(int(dep_ptr[-1]), np.int64)
-    for source, rows in ((inserted, at), (table, rest)):
-        counts = np.diff(source.dep_ptr)
-        if len(source.dep_seq):
-            dep_seq[np.repeat(dep_ptr[rows], counts) + np.arange(len(source.dep_seq))
-                    - np.repeat(source.dep_ptr[:-1], counts)] = source.dep_seq
-    return OpTable.from_columns(columns, dep_ptr, dep_seq, table.paths)
+    lengths[rest] = np.diff(dep_ptr)
+    ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    seq = np.empty(int(ptr[-1]), np.int64)
+    for source_ptr, source_seq, rows in ((inserted.dep_ptr, inserted.dep_seq, at), (dep_ptr, dep_seq, rest)):
+        counts = np.diff(source_ptr)
+        if len(source_seq):
+            seq[np.repeat(ptr[rows], counts) + np.arange(len(source_seq)) - np.repeat(source_ptr[:-1], counts)] \
+                = source_seq
+    return OpTable(**out, dep_ptr=ptr, dep_seq=seq, paths=inserted.paths)
 
 
 def concat(tables: Sequence[OpTable]) -> OpTable:

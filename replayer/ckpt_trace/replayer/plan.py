@@ -55,7 +55,7 @@ from ckpt_trace.formats import vocabulary as v
 from ckpt_trace.iolayer import gpu
 from ckpt_trace.iolayer.pattern import file_key
 
-from .optable import KINDS, NONE, READ, WRITE, OpTable, PlanOp, interleave
+from .optable import KINDS, NONE, READ, WRITE, OpTable, PlanOp, interleave_columns
 from .paths import relative_target_path
 
 DATA_KINDS = v.DATA_OPS
@@ -954,17 +954,18 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
     dep_seq[dep_ptr[:-1][needs]] = origin_seq[handle[needs]]
     for at, i in zip(walked_at.tolist(), (source[walked_at] - len(data_rows)).tolist()):
         dep_seq[dep_ptr[at]:dep_ptr[at + 1]] = walk_deps[i]
-    data_table = OpTable.from_columns({
-        "kind": np.where(is_write, WRITE, READ), "seq": row, "ts_ns": c["ts_ns"][row],
-        "worker": widx, "handle": handle,
-        "path": handle_path[handle] if len(handle) else np.zeros(0, np.int32), "offset": offset, "size": size,
-        "pattern_key": np.where(is_write, key_of[fid] if len(fid) else 0, 0), "queue": queue, "mapped": mapped,
-    }, dep_ptr, dep_seq, walk_table.paths)
     # Same worker and row: the walk's operations first (an implicit open precedes the read it is for).
     data_keys = (widx.astype(np.int64) << 40) | row
     walk_keys = (walk_table.worker.astype(np.int64) << 40) | walk_table.seq
-    table = interleave(walk_table, data_table, np.searchsorted(data_keys, walk_keys, side="left")
-                       + np.arange(len(walk_table)))
+    at = np.searchsorted(data_keys, walk_keys, side="left") + np.arange(len(walk_table))
+    del data_keys
+    columns = {"kind": np.where(is_write, WRITE, READ), "seq": row, "ts_ns": c.pop("ts_ns")[row],
+               "worker": widx, "handle": handle, "offset": offset, "size": size,
+               "path": handle_path[handle] if len(handle) else np.zeros(0, np.int32),
+               "pattern_key": np.where(is_write, key_of[fid] if len(fid) else 0, 0), "queue": queue,
+               "mapped": mapped}
+    del is_write, handle, offset, size, queue, mapped  # the table takes them over, column by column
+    table = interleave_columns(walk_table, columns, dep_ptr, dep_seq, at)
 
     first_rows = row[np.minimum(np.searchsorted(widx, np.arange(len(worker_keys))), max(len(row) - 1, 0))] \
         if len(row) else np.zeros(len(worker_keys), np.int64)

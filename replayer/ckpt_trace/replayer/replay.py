@@ -163,21 +163,28 @@ def plan_summaries(trace_path: str | os.PathLike, *, strategy: str, target: str 
     trace = _trace_file(trace_path)
     block = host.block_bytes(target)
     summaries = []
+    figures: dict = {}  # the table's figures, by table: posix and the uring strategies share one table
     for plan in _each_plan(trace, strategy, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block,
                            pack_files=pack_files):
         ops = plan.ops
-        sizes = np.maximum(ops.size, 0)
-        writes, reads = ops.kind == WRITE, ops.kind == READ
+        if figures.get("table") is not ops:
+            sizes = np.maximum(ops.size, 0)
+            writes, reads = ops.kind == WRITE, ops.kind == READ
+            figures = {"table": ops, "ops": plan.counts(), "write_bytes": int(sizes[writes].sum()),
+                       "read_bytes": int(sizes[reads].sum()),
+                       "largest_op_bytes": int(sizes[writes | reads].max(initial=0)),
+                       "alignment": alignment_counts(plan, block)}
+            del sizes, writes, reads
         summaries.append({
-            "strategy": plan.strategy, "workers": len(plan.workers), "ops": plan.counts(),
-            "write_bytes": int(sizes[writes].sum()), "read_bytes": int(sizes[reads].sum()),
-            "largest_op_bytes": int(sizes[writes | reads].max(initial=0)),
+            "strategy": plan.strategy, "workers": len(plan.workers), "ops": figures["ops"],
+            "write_bytes": figures["write_bytes"], "read_bytes": figures["read_bytes"],
+            "largest_op_bytes": figures["largest_op_bytes"],
             "preallocated_files": len(plan.preallocate),
-            "block_bytes": block, "alignment": alignment_counts(plan, block),
+            "block_bytes": block, "alignment": figures["alignment"],
             "precreate_files": len(plan.precreate_files), "skipped_ops": dict(plan.skipped_ops),
             "packed_files": len(plan.pack_index), "metadata_ops_saved": plan.metadata_ops_saved,
         })
-        del plan, ops, sizes, writes, reads  # before the next plan is derived
+        del plan, ops  # before the next plan is derived
     return summaries
 
 
