@@ -52,9 +52,9 @@ class _Written:
         if not pa.types.is_dictionary(paths.type):
             paths = pc.dictionary_encode(paths)
         lut = np.array([self.ids.setdefault(v, len(self.ids)) for v in paths.dictionary.to_pylist()], np.int64)
-        files = lut[paths.indices.to_numpy(zero_copy_only=False).astype(np.int64)]
-        starts = rows.column("offset").to_numpy(zero_copy_only=False).astype(np.int64)
-        self.pending.append((files, starts, starts + rows.column("ret").to_numpy(zero_copy_only=False)))
+        files = lut[paths.indices.to_numpy().astype(np.int64)]
+        starts = rows.column("offset").to_numpy().astype(np.int64)
+        self.pending.append((files, starts, starts + rows.column("ret").to_numpy()))
         self.pending_rows += rows.num_rows
         if self.pending_rows >= COMPACT_ROWS:
             self._compact()

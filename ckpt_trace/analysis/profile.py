@@ -71,7 +71,7 @@ class _Registry(dict):
             array = pc.dictionary_encode(array)
         values = array.dictionary.to_pylist()
         lut = np.array([self.setdefault(value, len(self)) for value in values] + [-1], dtype=np.int64)
-        return lut[array.indices.fill_null(len(values)).to_numpy(zero_copy_only=False).astype(np.int64)]
+        return lut[array.indices.fill_null(len(values)).to_numpy().astype(np.int64)]
 
     def mask(self, names) -> np.ndarray:
         """Boolean lookup table over the ids (index -1, the last slot, is a null)."""
@@ -166,25 +166,25 @@ class _State:
 
     def batch(self, batch: pa.RecordBatch) -> _Batch:
         get = batch.column
-        rank = get("rank").to_numpy(zero_copy_only=False).astype(np.int64)
-        pid = get("pid").to_numpy(zero_copy_only=False).astype(np.int64)
+        rank = get("rank").to_numpy().astype(np.int64)
+        pid = get("pid").to_numpy().astype(np.int64)
         raw_owner = np.where(rank >= 0, rank, -pid - 1)  # ranks, then processes without a rank as -(pid+1)
         values, inverse = np.unique(raw_owner, return_inverse=True)
         lut = np.array([self.owners.setdefault(int(x), len(self.owners)) for x in values], dtype=np.int64)
-        ts = get("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
-        dur = get("dur_ns").to_numpy(zero_copy_only=False).astype(np.int64)
+        ts = get("ts_ns").to_numpy().astype(np.int64)
+        dur = get("dur_ns").to_numpy().astype(np.int64)
         offset_col = get("offset")
-        ret = get("ret").to_numpy(zero_copy_only=False).astype(np.int64)
+        ret = get("ret").to_numpy().astype(np.int64)
         op = self.ops.codes(get("op"))
         return _Batch(ts=ts, end=ts + dur, dur=dur, owner=lut[inverse.reshape(-1)],
-                      tid=get("tid").to_numpy(zero_copy_only=False).astype(np.int64),
+                      tid=get("tid").to_numpy().astype(np.int64),
                       op=op, path=self.paths.codes(get("path")),
                       data=self.ops.mask(v.DATA_OPS)[op], copies=self.ops.mask(v.COPY_OPS)[op],
                       syncs=self.ops.mask(v.SYNC_OPS)[op], meta=self.ops.mask(v.METADATA_OPS)[op],
                       writes=op == self.ops.get(v.WRITE, -2),
-                      offset=offset_col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64),
+                      offset=offset_col.fill_null(0).to_numpy().astype(np.int64),
                       has_offset=offset_col.is_valid().to_numpy(zero_copy_only=False),
-                      size=get("size").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64),
+                      size=get("size").fill_null(0).to_numpy().astype(np.int64),
                       moved=np.maximum(ret, 0),
                       syscall=self.interfaces.codes(get("interface")) == self.interfaces.setdefault(v.SYSCALL,
                                                                                                      len(self.interfaces)))

@@ -44,7 +44,7 @@ def names_in(column, names) -> pa.Array:
     for chunk in chunks:
         if pa.types.is_dictionary(chunk.type):
             lut = np.append(np.isin(np.array(chunk.dictionary.to_pylist(), dtype=object), names), False)
-            parts.append(lut[chunk.indices.fill_null(len(lut) - 1).to_numpy(zero_copy_only=False)])
+            parts.append(lut[chunk.indices.fill_null(len(lut) - 1).to_numpy()])
         else:
             parts.append(pc.fill_null(pc.is_in(chunk, pa.array(names, pa.string())), False)
                          .to_numpy(zero_copy_only=False))
@@ -75,35 +75,44 @@ def _group_sums(codes: np.ndarray, values: np.ndarray, groups: int) -> np.ndarra
     return sums
 
 
-def _ops_table(table: pa.Table) -> dict[str, dict[str, int]]:
-    """Per op: count, bytes moved (data ops) and time, from the op column's dictionary codes."""
-    op = table["op"].combine_chunks()
-    if not pa.types.is_dictionary(op.type):
-        op = pc.dictionary_encode(op)
-    names = op.dictionary.to_pylist()
-    codes = op.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    counts = np.bincount(codes, minlength=len(names))
-    moved_sums = _group_sums(codes, np.maximum(table["ret"].to_numpy(), 0), len(names))
-    time_sums = _group_sums(codes, table["dur_ns"].to_numpy(), len(names))
-    out: dict[str, dict[str, int]] = {}
-    for code, name in enumerate(names):
-        if counts[code]:
-            mine = out.setdefault(name, {"count": 0, "bytes": 0, "time_ns": 0})  # a name may repeat
-            mine["count"] += int(counts[code])
-            mine["bytes"] += int(moved_sums[code]) if name in DATA_OPS else 0
-            mine["time_ns"] += int(time_sums[code])
-    return dict(sorted(out.items(), key=lambda item: -item[1]["count"]))
+def _codes(column: pa.Array) -> tuple[np.ndarray, list]:
+    """(each row's code, the values coded): a dictionary column's own codes and dictionary, else its
+    dictionary encoding; a null row gets the code of a trailing None value."""
+    if not pa.types.is_dictionary(column.type):
+        column = pc.dictionary_encode(column)
+    names = column.dictionary.to_pylist() + [None]
+    indices = column.indices
+    codes = indices.fill_null(len(names) - 1) if indices.null_count else indices
+    return codes.to_numpy().astype(np.intp, copy=False), names  # to_numpy(): zero-copy (the default copies)
 
 
-_POWERS = 1 << np.arange(63, dtype=np.int64)  # bucket b (index k) holds sizes in [2**k, 2**(k+1))
+def _lut(names: list, wanted) -> np.ndarray:
+    """Per code of ``names`` (``_codes``), whether its value is one of ``wanted``."""
+    wanted = set(wanted)
+    return np.array([name in wanted for name in names], bool)
 
 
-def _histogram(data: pa.Table) -> list[dict[str, int]]:
-    """Data operations per power-of-two size bucket: vectorised (one exact searchsorted over the 63 powers)."""
-    sizes = data["size"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    is_write = names_in(data["op"], ("write",)).to_numpy(zero_copy_only=False)
-    # 0: size 0; k+1: bucket 2**k. frexp's exponent e has 2**(e-1) <= size < 2**e; the float rounding of sizes
-    # above 2**53 can move it by one, which the exact integer comparison below puts back.
+def _ints(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(values, valid) of an integer column, zero-copy; a null's value is unspecified (use ``valid``)."""
+    if not column.null_count:
+        return column.to_numpy(), np.ones(len(column), bool)  # zero-copy
+    values = np.frombuffer(column.buffers()[1], dtype=np.dtype(column.type.to_pandas_dtype()),
+                           count=len(column) + column.offset)[column.offset:]
+    return values, column.is_valid().to_numpy(zero_copy_only=False)
+
+
+def _exact_sum(values: np.ndarray) -> int:
+    """The exact sum of non-negative integers (int64 while it cannot overflow, Python integers past 2**63)."""
+    if not len(values):
+        return 0
+    if int(values.max()) * len(values) < 1 << 63:
+        return int(values.sum())
+    return sum(values.astype(object).tolist())
+
+
+def _size_buckets(sizes: np.ndarray, is_write: np.ndarray) -> list[dict[str, int]]:
+    """Data operations per power-of-two size bucket, from their sizes (bytes, 0 for unknown) and whether each
+    is a write: vectorised (frexp, then one exact integer correction)."""
     positive = sizes > 0
     index = np.where(positive, np.frexp(sizes.astype(np.float64))[1], 0).astype(np.int64)
     low = np.left_shift(np.int64(1), np.clip(index - 1, 0, 62))
@@ -116,21 +125,7 @@ def _histogram(data: pa.Table) -> list[dict[str, int]]:
              "bytes": int(moved[k])} for k in np.flatnonzero(writes + reads).tolist()]
 
 
-def _alignment(data: pa.Table) -> dict[str, Any]:
-    with_offset = data.filter(pc.is_valid(data["offset"]))
-    unaligned_offsets = _sum(pc.cast(pc.not_equal(pc.bit_wise_and(with_offset["offset"], ALIGNMENT_BYTES - 1), 0), pa.int64()))
-    sizes = data["size"].fill_null(0)
-    unaligned_sizes = _sum(pc.cast(pc.not_equal(pc.bit_wise_and(sizes, ALIGNMENT_BYTES - 1), 0), pa.int64()))
-    total = data.num_rows
-    return {
-        "alignment_bytes": ALIGNMENT_BYTES,
-        "unaligned_offsets": unaligned_offsets,
-        "unaligned_sizes": unaligned_sizes,
-        "ops_with_known_offset": with_offset.num_rows,
-        "ops_with_unknown_offset": total - with_offset.num_rows,
-        "unaligned_offset_share": unaligned_offsets / with_offset.num_rows if with_offset.num_rows else 0.0,
-        "unaligned_size_share": unaligned_sizes / total if total else 0.0,
-    }
+_POWERS = 1 << np.arange(63, dtype=np.int64)  # bucket b (index k) holds sizes in [2**k, 2**(k+1))
 
 
 SUMMARY_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "rank", "op", "path", "offset", "size", "ret", "interface",
@@ -158,67 +153,92 @@ class Accumulator:
         self.writer_threads: set[tuple[int, int]] = set()  # (rank, or -(pid+1) without one; tid) that wrote
 
     def add(self, batch: pa.RecordBatch | pa.Table) -> None:
-        table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-        if table.num_rows == 0:
+        """Fold one record batch (or every batch of a table) in: numpy over the batch's columns, text
+        judged on each dictionary's few values, nothing copied but what a figure needs."""
+        if isinstance(batch, pa.Table):
+            for part in batch.to_batches():
+                self.add(part)
             return
-        self.rows += table.num_rows
-        self.end_ns = max(self.end_ns, _sum(pc.max(pc.add(table["ts_ns"], table["dur_ns"]))))
-        for op, entry in _ops_table(table).items():
-            mine = self.ops.setdefault(op, {"count": 0, "bytes": 0, "time_ns": 0})
-            for key in mine:
-                mine[key] += entry[key]
-        self.files.update(distinct(table["path"]))
-        self.pids.update(pc.unique(table["pid"]).to_pylist())
-        self.tids.update(pc.unique(table["tid"]).to_pylist())
-        self.ranks.update(pc.unique(table["rank"]).to_pylist())
-        self.failed += _sum(pc.cast(pc.less(table["ret"], 0), pa.int64()))
-        meta = table.filter(names_in(table["op"], METADATA_OPS))
-        self.meta_ops += meta.num_rows
-        self.meta_time_ns += _sum(meta["dur_ns"])
-        data = table.filter(names_in(table["op"], DATA_OPS))
-        if data.num_rows:
-            self._add_data(data)
-        if "memory_kind" in table.column_names:
-            copies = table.filter(names_in(table["interface"], ("cuda",)))
-            if copies.num_rows:
-                self.copies.append(copies)
+        n = batch.num_rows
+        if n == 0:
+            return
+        self.rows += n
+        op_codes, op_names = _codes(batch.column("op"))
+        ts, dur, ret = (_ints(batch.column(name))[0] for name in ("ts_ns", "dur_ns", "ret"))
+        self.end_ns = max(self.end_ns, int((ts + dur).max()))
+        moved_all = np.maximum(ret, 0)
+        counts = np.bincount(op_codes, minlength=len(op_names))
+        for code in np.flatnonzero(counts).tolist():
+            name = op_names[code]
+            if name is None:
+                continue
+            mine = self.ops.setdefault(name, {"count": 0, "bytes": 0, "time_ns": 0})  # a name may repeat
+            rows = op_codes == code
+            mine["count"] += int(counts[code])
+            mine["bytes"] += _exact_sum(moved_all[rows]) if name in DATA_OPS else 0
+            mine["time_ns"] += _exact_sum(dur[rows])
+        self.files.update(distinct(batch.column("path")))
+        self.pids.update(pc.unique(batch.column("pid")).to_pylist())
+        self.tids.update(pc.unique(batch.column("tid")).to_pylist())
+        self.ranks.update(pc.unique(batch.column("rank")).to_pylist())
+        self.failed += int((ret < 0).sum())
+        meta = _lut(op_names, METADATA_OPS)[op_codes]
+        self.meta_ops += int(meta.sum())
+        self.meta_time_ns += _exact_sum(dur[meta])
+        data = _lut(op_names, DATA_OPS)[op_codes]
+        if data.any():
+            is_write = _lut(op_names, ("write",))[op_codes][data]
+            self._add_data(batch, data, is_write, moved_all[data], dur[data])
+        if "memory_kind" in batch.schema.names:
+            interface_codes, interface_names = _codes(batch.column("interface"))
+            cuda = _lut(interface_names, ("cuda",))
+            if cuda.any():
+                copies = cuda[interface_codes]
+                if copies.any():
+                    self.copies.append(pa.Table.from_batches([batch.filter(pa.array(copies))]))
 
-    def _add_data(self, data: pa.Table) -> None:
-        moved = pc.max_element_wise(data["ret"], 0)
-        is_write = names_in(data["op"], ("write",))
-        self.data_ops += data.num_rows
-        self.data_time_ns += _sum(data["dur_ns"])
-        self.written += _sum(pc.if_else(is_write, moved, 0))
-        writes = data.filter(is_write)
-        if writes.num_rows:
-            rank, pid, tid = (writes[c].to_numpy().astype(np.int64) for c in ("rank", "pid", "tid"))
+    def _add_data(self, batch: pa.RecordBatch, data: np.ndarray, is_write: np.ndarray, moved: np.ndarray,
+                  dur: np.ndarray) -> None:
+        """The data operations (``data``: the batch's rows that are reads or writes)."""
+        self.data_ops += len(moved)
+        self.data_time_ns += _exact_sum(dur)
+        self.written += _exact_sum(moved[is_write])
+        self.read += _exact_sum(moved[~is_write])
+        if is_write.any():
+            rank, pid, tid = (_ints(batch.column(c))[0][data][is_write].astype(np.int64) for c in ("rank", "pid", "tid"))
             owner = np.where(rank >= 0, rank, -pid - 1) + (1 << 30)  # > 0: ranks and pids are below 2**30
             keys = pc.unique(pa.array(np.left_shift(owner, 32) | tid)).to_numpy()  # hashed: few distinct
             self.writer_threads.update(zip((np.right_shift(keys, 32) - (1 << 30)).tolist(),
                                            (keys & 0xFFFFFFFF).tolist()))
-        self.read += _sum(pc.if_else(is_write, 0, moved))
-        for entry in _histogram(data):
+        size, size_valid = _ints(batch.column("size"))
+        sizes = np.where(size_valid[data], size[data], 0).astype(np.int64)
+        for entry in _size_buckets(sizes, is_write):
             mine = self.histogram.setdefault(entry["bucket_bytes"], {"bucket_bytes": entry["bucket_bytes"], "read": 0,
                                                                      "write": 0, "bytes": 0})
             for key in ("read", "write", "bytes"):
                 mine[key] += entry[key]
-        alignment = _alignment(data)
-        self.known_offsets += alignment["ops_with_known_offset"]
-        self.unaligned_offsets += alignment["unaligned_offsets"]
-        self.unaligned_sizes += alignment["unaligned_sizes"]
-        present = sorted(i for i in distinct(data["interface"]) if i)
-        for interface in present:
-            rows = data if len(present) == 1 else data.filter(names_in(data["interface"], (interface,)))
-            r_moved = pc.max_element_wise(rows["ret"], 0)
-            r_write = names_in(rows["op"], ("write",))
+        offset, offset_valid = _ints(batch.column("offset"))
+        known = offset_valid[data]
+        self.known_offsets += int(known.sum())
+        self.unaligned_offsets += int(((offset[data][known] & (ALIGNMENT_BYTES - 1)) != 0).sum())
+        self.unaligned_sizes += int(((sizes & (ALIGNMENT_BYTES - 1)) != 0).sum())
+        interface_codes, interface_names = _codes(batch.column("interface"))
+        interface_codes = interface_codes[data]
+        depth, depth_valid = _ints(batch.column("in_flight"))
+        depth, depth_valid = depth[data], depth_valid[data]
+        for code in np.flatnonzero(np.bincount(interface_codes, minlength=len(interface_names))).tolist():
+            interface = interface_names[code]
+            if not interface:
+                continue
+            rows = interface_codes == code
             mine = self.interfaces.setdefault(interface, {"ops": 0, "bytes_written": 0, "bytes_read": 0,
                                                           "latency": LatencyHistogram(),
                                                           "depths": np.zeros(0, np.int64)})
-            mine["ops"] += rows.num_rows
-            mine["bytes_written"] += _sum(pc.if_else(r_write, r_moved, 0))
-            mine["bytes_read"] += _sum(pc.if_else(r_write, 0, r_moved))
-            mine["latency"].add(rows["dur_ns"].to_numpy())
-            depths = rows["in_flight"].drop_null().to_numpy()
+            mine["ops"] += int(rows.sum())
+            mine["bytes_written"] += _exact_sum(moved[rows & is_write])
+            mine["bytes_read"] += _exact_sum(moved[rows & ~is_write])
+            mine["latency"].add(dur[rows])
+            depths = depth[rows & depth_valid]
             if len(depths):  # requests in flight at submission: exact counts per depth (bounded by the deepest)
                 counts = np.bincount(depths.astype(np.int64))
                 held = mine["depths"]

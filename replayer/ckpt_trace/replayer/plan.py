@@ -203,7 +203,7 @@ def _values(column: pa.Array) -> np.ndarray:
     """The values of an integer column as numpy, zero-copy; a null's slot holds whatever its buffer holds
     (every use of a nullable column goes through its validity mask)."""
     if not column.null_count:
-        return column.to_numpy(zero_copy_only=False)
+        return column.to_numpy()  # zero-copy (zero_copy_only=False copies even where it need not)
     dtype = np.dtype(column.type.to_pandas_dtype())
     return np.frombuffer(column.buffers()[1], dtype=dtype, count=len(column) + column.offset)[column.offset:]
 
@@ -258,7 +258,7 @@ class _Rows:
                 self.texts.append(value)
             lut[i] = code
         lut[-1] = -1
-        raw = indices.fill_null(len(values)).to_numpy(zero_copy_only=False).astype(np.int64)
+        raw = indices.fill_null(len(values)).to_numpy().astype(np.int64)
         return lut[raw]
 
     def code(self, text: str) -> int:
@@ -1008,7 +1008,7 @@ def _worker_index(row_workers: np.ndarray, walk_workers: np.ndarray) -> tuple[np
     seen = encoded.dictionary.to_numpy()
     keys = np.unique(np.concatenate([seen, walk_workers]))
     lut = np.searchsorted(keys, seen)
-    index = lut[encoded.indices.to_numpy(zero_copy_only=False)] if len(row_workers) else np.zeros(0, np.int64)
+    index = lut[encoded.indices.to_numpy()] if len(row_workers) else np.zeros(0, np.int64)
     dtype = np.int16 if len(keys) < 2**15 else np.int32  # int16: numpy's stable sort is then a radix sort
     return keys, index.astype(dtype)
 
