@@ -287,11 +287,17 @@ class _Group:
 
     def gather(self, value) -> list:
         out = [None] * self.world.size
-        self.dist.all_gather_object(out, value)
+        try:
+            self.dist.all_gather_object(out, value)
+        except RuntimeError as err:  # gloo: a peer died or timed out
+            raise ReplayError(f"lost the other processes of the job: {str(err).splitlines()[0]}") from None
         return out
 
     def barrier(self) -> None:
-        self.dist.barrier()
+        try:
+            self.dist.barrier()
+        except RuntimeError as err:
+            raise ReplayError(f"lost the other processes of the job: {str(err).splitlines()[0]}") from None
 
     def agree(self, error: BaseException | None) -> None:
         """Raise in every process when any process failed (its message, naming the process)."""
