@@ -76,16 +76,14 @@ from .ownership import Claim
 from .plan import GLOBAL_ROW, PLAN_COLUMNS, ReplayPlan, build_posix_plan
 from .posix import Progress
 from .replay import (
-    CHOICES,
-    GPU_COPY_MODES,
     STRATEGIES,
-    TIMINGS,
     RunCount,
     SizeMismatch,
     _add_speedups,
     _median_run,
     _release,
     _trace_file,
+    check_options,
     check_queue_depth,
     derive_plan,
     drop_page_cache,
@@ -416,16 +414,7 @@ def replay_distributed(
     ``replay`` raises (in this process or any other: every process raises),
     when torch is missing or the job cannot be joined; Interrupted on Ctrl-C.
     """
-    if timing not in TIMINGS:
-        raise ReplayError(f"unknown timing {timing!r} (choose from {', '.join(TIMINGS)})")
-    if gpu_copies not in GPU_COPY_MODES:
-        raise ReplayError(f"unknown --gpu-copies {gpu_copies!r} (choose from {', '.join(GPU_COPY_MODES)})")
-    if strategy not in CHOICES:
-        raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
-    if repeat < 1:
-        raise ReplayError("--repeat must be at least 1")
-    if drop_caches and os.geteuid() != 0:
-        raise ReplayError("--drop-caches needs root (it writes /proc/sys/vm/drop_caches)")
+    check_options(strategy, timing, gpu_copies, repeat, min_seconds, drop_caches)
     trace = _trace_file(trace_path)
     target = Path(target)
     refuse_target_holding(target, trace.path)

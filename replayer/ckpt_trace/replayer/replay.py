@@ -292,18 +292,7 @@ def replay(
     little free space, a queue depth io_uring refuses, or an I/O error during
     a run; Interrupted on Ctrl-C.
     """
-    if timing not in TIMINGS:
-        raise ReplayError(f"unknown timing {timing!r} (choose from {', '.join(TIMINGS)})")
-    if gpu_copies not in GPU_COPY_MODES:
-        raise ReplayError(f"unknown --gpu-copies {gpu_copies!r} (choose from {', '.join(GPU_COPY_MODES)})")
-    if strategy not in CHOICES:
-        raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
-    if repeat < 1:
-        raise ReplayError("--repeat must be at least 1")
-    if min_seconds < 0:
-        raise ReplayError("--min-seconds cannot be negative")
-    if drop_caches and os.geteuid() != 0:
-        raise ReplayError("--drop-caches needs root (it writes /proc/sys/vm/drop_caches)")
+    check_options(strategy, timing, gpu_copies, repeat, min_seconds, drop_caches)
     trace = _trace_file(trace_path)
     target = Path(target)
     refuse_target_holding(target, trace.path)
@@ -339,6 +328,23 @@ def replay(
     return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), options,
                         trace_sha256=sha256_file(trace.path), environment=host.environment(target),
                         claims=tuple(claims), made_target=made_target, fio_write_bytes_per_s=fio_limit)
+
+
+def check_options(strategy: str, timing: str, gpu_copies: str, repeat: int, min_seconds: float,
+                  drop_caches: bool) -> None:
+    """Refuse, before anything is read, options ``replay`` cannot take. Raises ReplayError."""
+    if timing not in TIMINGS:
+        raise ReplayError(f"unknown timing {timing!r} (choose from {', '.join(TIMINGS)})")
+    if gpu_copies not in GPU_COPY_MODES:
+        raise ReplayError(f"unknown --gpu-copies {gpu_copies!r} (choose from {', '.join(GPU_COPY_MODES)})")
+    if strategy not in CHOICES:
+        raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
+    if repeat < 1:
+        raise ReplayError("--repeat must be at least 1")
+    if min_seconds < 0:
+        raise ReplayError("--min-seconds cannot be negative")
+    if drop_caches and os.geteuid() != 0:
+        raise ReplayError("--drop-caches needs root (it writes /proc/sys/vm/drop_caches)")
 
 
 @dataclass(frozen=True)
