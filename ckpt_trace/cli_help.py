@@ -32,6 +32,7 @@ EXAMPLES = {
     "replay": [
         "ckpt-trace replay save.arrow --strategy all --target /scratch/replay --durable -o results.json",
         "ckpt-trace replay save.arrow --strategy aggregated --buffer-size 4MiB --target /nvme/r --dry-run",
+        "torchrun --nproc-per-node 8 -m ckpt_trace.cli replay save.arrow --target /lustre/r -o r.json",
     ],
     "summary": ["ckpt-trace summary save.arrow", "ckpt-trace summary save.arrow --json | jq .gpu"],
     "filter": [
