@@ -44,6 +44,21 @@ def test_the_file_summary_in_small_batches_equals_the_whole_table_summary(path):
         assert summarize_file(path, batch_rows=batch_rows) == whole
 
 
+@pytest.mark.parametrize("path", GOLDEN, ids=lambda p: p.name)
+def test_batches_shared_out_over_threads_sum_to_the_same_summary(path):
+    """``accumulate`` folds batches on several accumulators and merges them: the figures, and the order of
+    the GPU copies, do not depend on how many."""
+    from ckpt_trace.analysis.summary import accumulate
+    from ckpt_trace.formats import scan
+
+    results = []
+    for threads in (1, 2, 3):
+        _, batches = scan(path, batch_rows=7)
+        acc = accumulate(batches, threads=threads)
+        results.append((acc.result(), [t.to_pylist() for t in acc.copies]))
+    assert results[0] == results[1] == results[2]
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=10**12), min_size=1, max_size=300), st.integers(1, 7))
 def test_latency_histogram_is_within_its_bucket_of_the_exact_percentiles(samples, batches):

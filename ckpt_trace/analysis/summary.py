@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -150,15 +151,18 @@ class Accumulator:
         self.interfaces: dict[str, dict[str, Any]] = {}
         self.meta_ops = self.meta_time_ns = 0
         self.copies: list[pa.Table] = []
+        self.copy_order: list[int] = []  # each copies table's batch order
         self.writer_threads: set[tuple[int, int]] = set()  # (rank, or -(pid+1) without one; tid) that wrote
 
-    def add(self, batch: pa.RecordBatch | pa.Table) -> None:
+    def add(self, batch: pa.RecordBatch | pa.Table, order: int | None = None) -> None:
         """Fold one record batch (or every batch of a table) in: numpy over the batch's columns, text
-        judged on each dictionary's few values, nothing copied but what a figure needs."""
+        judged on each dictionary's few values, nothing copied but what a figure needs. ``order``: the
+        batch's place in the trace, where accumulators share a trace's batches (``accumulate``)."""
         if isinstance(batch, pa.Table):
             for part in batch.to_batches():
                 self.add(part)
             return
+        order = self.rows if order is None else order
         n = batch.num_rows
         if n == 0:
             return
@@ -196,6 +200,7 @@ class Accumulator:
                 copies = cuda[interface_codes]
                 if copies.any():
                     self.copies.append(pa.Table.from_batches([batch.filter(pa.array(copies))]))
+                    self.copy_order.append(order)
 
     def _add_data(self, batch: pa.RecordBatch, data: np.ndarray, is_write: np.ndarray, moved: np.ndarray,
                   dur: np.ndarray) -> None:
@@ -245,6 +250,41 @@ class Accumulator:
                 size = max(len(held), len(counts))
                 mine["depths"] = np.pad(held, (0, size - len(held))) + np.pad(counts, (0, size - len(counts)))
 
+    def merge(self, other: Accumulator) -> None:
+        """Fold in what ``other`` accumulated from other batches of the same trace: exact (sums, unions,
+        maxima, histograms), so the result does not depend on how batches were shared out."""
+        self.rows += other.rows
+        self.end_ns = max(self.end_ns, other.end_ns)
+        self.failed += other.failed
+        for op, entry in other.ops.items():
+            mine = self.ops.setdefault(op, {"count": 0, "bytes": 0, "time_ns": 0})
+            for key in mine:
+                mine[key] += entry[key]
+        for mine, theirs in ((self.files, other.files), (self.pids, other.pids), (self.tids, other.tids),
+                             (self.ranks, other.ranks), (self.writer_threads, other.writer_threads)):
+            mine.update(theirs)
+        for name in ("data_ops", "data_time_ns", "written", "read", "known_offsets", "unaligned_offsets",
+                     "unaligned_sizes", "meta_ops", "meta_time_ns"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for bucket, entry in other.histogram.items():
+            mine = self.histogram.setdefault(bucket, {"bucket_bytes": bucket, "read": 0, "write": 0, "bytes": 0})
+            for key in ("read", "write", "bytes"):
+                mine[key] += entry[key]
+        for interface, entry in other.interfaces.items():
+            mine = self.interfaces.setdefault(interface, {"ops": 0, "bytes_written": 0, "bytes_read": 0,
+                                                          "latency": LatencyHistogram(),
+                                                          "depths": np.zeros(0, np.int64)})
+            for key in ("ops", "bytes_written", "bytes_read"):
+                mine[key] += entry[key]
+            mine["latency"].merge(entry["latency"])
+            held, counts = mine["depths"], entry["depths"]
+            size = max(len(held), len(counts))
+            mine["depths"] = np.pad(held, (0, size - len(held))) + np.pad(counts, (0, size - len(counts)))
+        tagged = sorted(zip(self.copy_order + other.copy_order, range(len(self.copies) + len(other.copies)),
+                            self.copies + other.copies), key=lambda item: item[:2])
+        self.copy_order = [order for order, _, _ in tagged]
+        self.copies = [table for _, _, table in tagged]
+
     def result(self) -> dict[str, Any]:
         interfaces = {}
         for name in sorted(self.interfaces):
@@ -265,7 +305,7 @@ class Accumulator:
             "processes": len(self.pids),
             "threads": len(self.tids),
             "ranks": sorted(r for r in self.ranks if r is not None and r >= 0),
-            "ops": dict(sorted(self.ops.items(), key=lambda item: -item[1]["count"])),
+            "ops": dict(sorted(self.ops.items(), key=lambda item: (-item[1]["count"], item[0]))),
             "data_ops": total,
             "metadata_ops": self.meta_ops,
             "data_time_ns": self.data_time_ns,
@@ -332,10 +372,37 @@ def summarize_file(path, *, batch_rows: int = 1 << 20, progress: Progress | None
     operations of the ranks that copied (the copy/I/O overlap). ``progress`` (``Progress``) sees the first
     pass. Raises TraceFormatError for a bad trace."""
     meta, batches = scan(path, SUMMARY_COLUMNS, batch_rows=batch_rows, on_batch=on_batch(progress, "reading"))
-    acc = Accumulator()
-    for batch in batches:
-        acc.add(batch)
+    acc = accumulate(batches)
     return summary_document(path, meta, acc.result(), gpu_summary(path, acc, batch_rows))
+
+
+#: Threads folding batches in (``accumulate``): numpy and Arrow compute release the GIL for most of the work.
+SUMMARY_THREADS = 2
+
+
+def accumulate(batches, threads: int = SUMMARY_THREADS) -> Accumulator:
+    """One ``Accumulator`` of every batch, folded by ``threads`` accumulators on as many threads (batch i
+    by accumulator i mod ``threads``, one batch each at a time: at most ``threads`` batches in memory),
+    then merged (``Accumulator.merge``: the same result as one accumulator's)."""
+    if threads <= 1:
+        acc = Accumulator()
+        for index, batch in enumerate(batches):
+            acc.add(batch, order=index)
+        return acc
+    accs = [Accumulator() for _ in range(threads)]
+    running: list = [None] * threads
+    with ThreadPoolExecutor(threads, thread_name_prefix="ckpt-trace-summary") as pool:
+        for index, batch in enumerate(batches):
+            slot = index % threads
+            if running[slot] is not None:
+                running[slot].result()
+            running[slot] = pool.submit(accs[slot].add, batch, index)
+        for future in running:
+            if future is not None:
+                future.result()
+    for other in accs[1:]:
+        accs[0].merge(other)
+    return accs[0]
 
 
 def gpu_summary(path, acc: Accumulator, batch_rows: int = 1 << 20) -> dict[str, Any]:
