@@ -92,6 +92,25 @@ def test_shares_split_the_ranks_and_name_operations_as_the_whole_plan_does(tmp_p
     assert cut[3].written == {"ck/__4_0.distcp": 9196, "ck/__5_0.distcp": 9197, "ck/shared.bin": 9000}
 
 
+def test_a_trace_without_ranks_is_shared_out_by_process(tmp_path):
+    """Rows without a rank (rank -1) are owned by their process: three processes' writes go to three owners,
+    and each share's plan replays exactly its processes' threads."""
+    rows = []
+    for pid in (300, 100, 200):
+        rows += [{"pid": pid, "tid": pid, "ts_ns": pid * 10 + i, **op} for i, op in enumerate([
+            {"op": "open", "path": f"/d/{pid}", "fd": 3, "flags": CREATE, "ret": 3},
+            {"op": "write", "path": f"/d/{pid}", "fd": 3, "offset": 0, "size": pid, "ret": pid},
+            {"op": "close", "path": f"/d/{pid}", "fd": 3}])]
+    trace = make_trace(tmp_path / "t.arrow", sorted(rows, key=lambda row: row["ts_ns"]))
+    found = owners(trace)
+    assert found.tolist() == [-301, -201, -101]  # -1 - pid, sorted
+    for index in range(2):
+        share = share_of(found, index, 2)
+        cut = share_plan(build_posix_plan(share_batches(trace, share)), share)
+        assert {w.pid for w in cut.plan.workers} == {-1 - key for key in share}
+        assert cut.written == {f"d/{-1 - key}": -1 - key for key in share}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("localhost", 0))
