@@ -161,7 +161,7 @@ def test_torchrun_two_nodes_replay_what_one_process_replays(tmp_path, torch_inst
             p["results"][doc["results"].index(job)]["bytes_written"] for p in processes)
         assert job["bytes_read"] == alone["bytes_read"] == 7000 + 3000
         assert job["data_ops"] == alone["data_ops"]
-        assert job["verified_files"] == alone["verified_files"] or job["verified_files"] >= RANKS + 2
+        assert job["verified_files"] == alone["verified_files"]  # each file once, whoever checked it
         assert job["elapsed_s"] == max(p["results"][doc["results"].index(job)]["elapsed_s"] for p in processes)
     assert doc["trace_sha256"] == one["trace_sha256"]
 

@@ -380,9 +380,7 @@ def _job_result(strategy: str, per_process: list[ReplayResult]) -> ReplayResult:
         cpu_sys_s=sum(r.cpu_sys_s for r in per_process), skipped_ops=skipped,
         unaligned_ops=sum(r.unaligned_ops for r in per_process), notes=notes,
         metadata_ops_saved=sum(r.metadata_ops_saved for r in per_process),
-        preallocated_files=sum(r.preallocated_files for r in per_process),
-        verified_files=(sum(r.verified_files for r in per_process)
-                        if all(r.verified_files is not None for r in per_process) else None))
+        preallocated_files=sum(r.preallocated_files for r in per_process))
 
 
 def replay_distributed(
@@ -465,7 +463,8 @@ def replay_distributed(
                                         f"the pattern, first {found[0].path} at byte {found[0].offset}")
                             if found else None)
                 mine_runs.verified_files = len(p.checks.verify_ranges)
-                job.verified_files = sum(group.gather(mine_runs.verified_files))
+                checked = group.gather(sorted(p.checks.verify_ranges))  # a file two processes wrote counts once
+                job.verified_files = len({path for paths in checked for path in paths})
             results.append(job)
             per_process.append(mine_runs)
         mismatches = _size_mismatches(group, plans, claims, base, infos, leaders)
