@@ -84,7 +84,7 @@ def _codes(column: pa.Array) -> tuple[np.ndarray, list]:
     names = column.dictionary.to_pylist() + [None]
     indices = column.indices
     codes = indices.fill_null(len(names) - 1) if indices.null_count else indices
-    return codes.to_numpy().astype(np.intp, copy=False), names  # to_numpy(): zero-copy (the default copies)
+    return _view(codes).astype(np.intp, copy=False), names
 
 
 def _lut(names: list, wanted) -> np.ndarray:
@@ -96,10 +96,17 @@ def _lut(names: list, wanted) -> np.ndarray:
 def _ints(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(values, valid) of an integer column, zero-copy; a null's value is unspecified (use ``valid``)."""
     if not column.null_count:
-        return column.to_numpy(), np.ones(len(column), bool)  # zero-copy
-    values = np.frombuffer(column.buffers()[1], dtype=np.dtype(column.type.to_pandas_dtype()),
-                           count=len(column) + column.offset)[column.offset:]
-    return values, column.is_valid().to_numpy(zero_copy_only=False)
+        return _view(column), np.ones(len(column), bool)
+    bits = np.frombuffer(column.buffers()[0], np.uint8)  # the validity bitmap, least significant bit first
+    return _view(column), np.unpackbits(bits, bitorder="little")[column.offset:column.offset + len(column)] \
+        .astype(bool)
+
+
+def _view(column: pa.Array) -> np.ndarray:
+    """A numpy view of an integer column's values buffer (nulls' slots unspecified). Array.to_numpy would
+    import pandas on first use (0.4 s of a command's start) and, with zero_copy_only=False, copy."""
+    return np.frombuffer(column.buffers()[1], dtype=np.dtype(str(column.type)),
+                         count=len(column) + column.offset)[column.offset:]
 
 
 def _exact_sum(values: np.ndarray) -> int:
@@ -212,7 +219,9 @@ class Accumulator:
         if is_write.any():
             rank, pid, tid = (_ints(batch.column(c))[0][data][is_write].astype(np.int64) for c in ("rank", "pid", "tid"))
             owner = np.where(rank >= 0, rank, -pid - 1) + (1 << 30)  # > 0: ranks and pids are below 2**30
-            keys = pc.unique(pa.array(np.left_shift(owner, 32) | tid)).to_numpy()  # hashed: few distinct
+            keys = np.ascontiguousarray(np.left_shift(owner, 32) | tid, np.int64)
+            wrapped = pa.Array.from_buffers(pa.int64(), len(keys), [None, pa.py_buffer(keys)])  # pa.array imports pandas
+            keys = _view(pc.unique(wrapped))  # hashed: few distinct
             self.writer_threads.update(zip((np.right_shift(keys, 32) - (1 << 30)).tolist(),
                                            (keys & 0xFFFFFFFF).tolist()))
         size, size_valid = _ints(batch.column("size"))
