@@ -210,10 +210,12 @@ def replay(
 
     _wide(wide)
     buffer_bytes = parse_size(buffer_size, what="--buffer-size")
-    if output is not None and int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 writes it
+    world = launched()  # None unless one of several processes torchrun launched
+    speaks = world is None or world.rank == 0  # under torchrun, global rank 0 writes and prints
+    if output is not None and speaks:
         check_output_file(output, force)
     if dry_run:
-        if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 plans and prints the dry run
+        if not speaks:  # rank 0 plans the whole trace and prints the dry run
             return
         plans = {"trace": str(trace), "plans": plan_summaries(trace, strategy=strategy, target=target,
                                                               strip_prefix=strip_prefix, buffer_bytes=buffer_bytes,
@@ -222,7 +224,6 @@ def replay(
             _write_json(output, plans)
         _show(plans, as_json, lambda console, data: render_plans(console, data["plans"], wide))
         return
-    world = launched()
     if world is not None:  # one of the processes torchrun launched: replay this process's share
         if fio or pack_files:
             raise CkptTraceError(f"{'--fio' if fio else '--pack-files'} is not available in a replay launched by "
@@ -233,7 +234,7 @@ def replay(
                                         queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
                                         drop_caches=drop_caches, durable=durable, verify=verify, progress=progress,
                                         protect=(output,) if output is not None else (), gpu_copies=gpu_copies)
-        if world.rank != 0:  # global rank 0 speaks for the job
+        if not speaks:
             return
         job = report.to_json()["distributed"]
         hosts = len({p["host"] for p in job["processes"]})

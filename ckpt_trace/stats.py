@@ -67,19 +67,6 @@ class LatencyHistogram:
         if other.min is not None:
             self.min = other.min if self.min is None else min(self.min, other.min)
 
-    def to_json(self) -> dict:
-        """The histogram as plain data (non-zero buckets only): ``from_json`` reads it back."""
-        nonzero = np.flatnonzero(self.counts)
-        return {"buckets": nonzero.tolist(), "counts": self.counts[nonzero].tolist(), "count": self.count,
-                "total": self.total, "max": self.max, "min": self.min}
-
-    @classmethod
-    def from_json(cls, data: dict) -> LatencyHistogram:
-        out = cls()
-        out.counts[np.asarray(data["buckets"], np.int64)] = np.asarray(data["counts"], np.int64)
-        out.count, out.total, out.max, out.min = data["count"], data["total"], data["max"], data["min"]
-        return out
-
     def percentiles_ns(self) -> dict[str, int]:
         """mean, p50, p90, p99 and max, as ``percentiles_ns`` names them; zeros when empty."""
         if not self.count:

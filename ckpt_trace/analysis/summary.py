@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ckpt_trace.formats import Trace, scan
+from ckpt_trace.formats import Trace, int_values, scan, validity
 from ckpt_trace.stats import LatencyHistogram
 
 from .gpu import copy_summary
@@ -84,7 +84,7 @@ def _codes(column: pa.Array) -> tuple[np.ndarray, list]:
     names = column.dictionary.to_pylist() + [None]
     indices = column.indices
     codes = indices.fill_null(len(names) - 1) if indices.null_count else indices
-    return _view(codes).astype(np.intp, copy=False), names
+    return int_values(codes).astype(np.intp, copy=False), names
 
 
 def _lut(names: list, wanted) -> np.ndarray:
@@ -94,19 +94,14 @@ def _lut(names: list, wanted) -> np.ndarray:
 
 
 def _ints(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(values, valid) of an integer column, zero-copy; a null's value is unspecified (use ``valid``)."""
-    if not column.null_count:
-        return _view(column), np.ones(len(column), bool)
-    bits = np.frombuffer(column.buffers()[0], np.uint8)  # the validity bitmap, least significant bit first
-    return _view(column), np.unpackbits(bits, bitorder="little")[column.offset:column.offset + len(column)] \
-        .astype(bool)
+    """(values, valid) of a nullable integer column, zero-copy (a null's value is unspecified)."""
+    return int_values(column), validity(column)
 
 
-def _view(column: pa.Array) -> np.ndarray:
-    """A numpy view of an integer column's values buffer (nulls' slots unspecified). Array.to_numpy would
-    import pandas on first use (0.4 s of a command's start) and, with zero_copy_only=False, copy."""
-    return np.frombuffer(column.buffers()[1], dtype=np.dtype(str(column.type)),
-                         count=len(column) + column.offset)[column.offset:]
+def _added(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Two count arrays added element by element, the shorter padded with zeros."""
+    size = max(len(a), len(b))
+    return np.pad(a, (0, size - len(a))) + np.pad(b, (0, size - len(b)))
 
 
 def _exact_sum(values: np.ndarray) -> int:
@@ -175,7 +170,7 @@ class Accumulator:
             return
         self.rows += n
         op_codes, op_names = _codes(batch.column("op"))
-        ts, dur, ret = (_ints(batch.column(name))[0] for name in ("ts_ns", "dur_ns", "ret"))
+        ts, dur, ret = (int_values(batch.column(name)) for name in ("ts_ns", "dur_ns", "ret"))  # never null
         self.end_ns = max(self.end_ns, int((ts + dur).max()))
         moved_all = np.maximum(ret, 0)
         counts = np.bincount(op_codes, minlength=len(op_names))
@@ -217,20 +212,17 @@ class Accumulator:
         self.written += _exact_sum(moved[is_write])
         self.read += _exact_sum(moved[~is_write])
         if is_write.any():
-            rank, pid, tid = (_ints(batch.column(c))[0][data][is_write].astype(np.int64) for c in ("rank", "pid", "tid"))
+            rank, pid, tid = (int_values(batch.column(c))[data][is_write].astype(np.int64) for c in ("rank", "pid", "tid"))
             owner = np.where(rank >= 0, rank, -pid - 1) + (1 << 30)  # > 0: ranks and pids are below 2**30
             keys = np.ascontiguousarray(np.left_shift(owner, 32) | tid, np.int64)
             wrapped = pa.Array.from_buffers(pa.int64(), len(keys), [None, pa.py_buffer(keys)])  # pa.array imports pandas
-            keys = _view(pc.unique(wrapped))  # hashed: few distinct
+            keys = int_values(pc.unique(wrapped))  # hashed: few distinct
             self.writer_threads.update(zip((np.right_shift(keys, 32) - (1 << 30)).tolist(),
                                            (keys & 0xFFFFFFFF).tolist()))
         size, size_valid = _ints(batch.column("size"))
         sizes = np.where(size_valid[data], size[data], 0).astype(np.int64)
         for entry in _size_buckets(sizes, is_write):
-            mine = self.histogram.setdefault(entry["bucket_bytes"], {"bucket_bytes": entry["bucket_bytes"], "read": 0,
-                                                                     "write": 0, "bytes": 0})
-            for key in ("read", "write", "bytes"):
-                mine[key] += entry[key]
+            self._add_bucket(entry)
         offset, offset_valid = _ints(batch.column("offset"))
         known = offset_valid[data]
         self.known_offsets += int(known.sum())
@@ -245,19 +237,26 @@ class Accumulator:
             if not interface:
                 continue
             rows = interface_codes == code
-            mine = self.interfaces.setdefault(interface, {"ops": 0, "bytes_written": 0, "bytes_read": 0,
-                                                          "latency": LatencyHistogram(),
-                                                          "depths": np.zeros(0, np.int64)})
+            mine = self._interface(interface)
             mine["ops"] += int(rows.sum())
             mine["bytes_written"] += _exact_sum(moved[rows & is_write])
             mine["bytes_read"] += _exact_sum(moved[rows & ~is_write])
             mine["latency"].add(dur[rows])
             depths = depth[rows & depth_valid]
             if len(depths):  # requests in flight at submission: exact counts per depth (bounded by the deepest)
-                counts = np.bincount(depths.astype(np.int64))
-                held = mine["depths"]
-                size = max(len(held), len(counts))
-                mine["depths"] = np.pad(held, (0, size - len(held))) + np.pad(counts, (0, size - len(counts)))
+                mine["depths"] = _added(mine["depths"], np.bincount(depths.astype(np.int64)))
+
+    def _add_bucket(self, entry: dict[str, int]) -> None:
+        """Add one size bucket's counts and bytes (``_size_buckets``' entries) to the histogram."""
+        mine = self.histogram.setdefault(entry["bucket_bytes"], {"bucket_bytes": entry["bucket_bytes"], "read": 0,
+                                                                 "write": 0, "bytes": 0})
+        for key in ("read", "write", "bytes"):
+            mine[key] += entry[key]
+
+    def _interface(self, name: str) -> dict[str, Any]:
+        """The figures of one I/O interface, made empty on first use."""
+        return self.interfaces.setdefault(name, {"ops": 0, "bytes_written": 0, "bytes_read": 0,
+                                                 "latency": LatencyHistogram(), "depths": np.zeros(0, np.int64)})
 
     def merge(self, other: Accumulator) -> None:
         """Fold in what ``other`` accumulated from other batches of the same trace: exact (sums, unions,
@@ -275,20 +274,14 @@ class Accumulator:
         for name in ("data_ops", "data_time_ns", "written", "read", "known_offsets", "unaligned_offsets",
                      "unaligned_sizes", "meta_ops", "meta_time_ns"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for bucket, entry in other.histogram.items():
-            mine = self.histogram.setdefault(bucket, {"bucket_bytes": bucket, "read": 0, "write": 0, "bytes": 0})
-            for key in ("read", "write", "bytes"):
-                mine[key] += entry[key]
+        for entry in other.histogram.values():
+            self._add_bucket(entry)
         for interface, entry in other.interfaces.items():
-            mine = self.interfaces.setdefault(interface, {"ops": 0, "bytes_written": 0, "bytes_read": 0,
-                                                          "latency": LatencyHistogram(),
-                                                          "depths": np.zeros(0, np.int64)})
+            mine = self._interface(interface)
             for key in ("ops", "bytes_written", "bytes_read"):
                 mine[key] += entry[key]
             mine["latency"].merge(entry["latency"])
-            held, counts = mine["depths"], entry["depths"]
-            size = max(len(held), len(counts))
-            mine["depths"] = np.pad(held, (0, size - len(held))) + np.pad(counts, (0, size - len(counts)))
+            mine["depths"] = _added(mine["depths"], entry["depths"])
         tagged = sorted(zip(self.copy_order + other.copy_order, range(len(self.copies) + len(other.copies)),
                             self.copies + other.copies), key=lambda item: item[:2])
         self.copy_order = [order for order, _, _ in tagged]

@@ -4,6 +4,7 @@ This package imports nothing else of ckpt-trace; see ``formats/README.md``.
 """
 
 from . import vocabulary
+from .arrays import int_values, validity
 from .errors import CkptTraceError, TraceFormatError
 from .io import (
     Trace,
@@ -33,12 +34,14 @@ __all__ = [
     "TraceFormatError",
     "TraceWriter",
     "fsync_directory",
+    "int_values",
     "read_metadata",
     "read_trace",
     "reserve_temporary",
     "scan",
     "sha256_file",
     "table_from_columns",
+    "validity",
     "vocabulary",
     "write_bytes_atomic",
     "write_trace",

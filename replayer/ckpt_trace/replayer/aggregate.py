@@ -36,7 +36,7 @@ import os
 import numpy as np
 
 from .optable import KIND, READ, WRITE, OpTable
-from .plan import ReplayPlan, merge_ranges
+from .plan import ReplayPlan, merge_grouped_ranges, merge_ranges
 
 MIN_BUFFER_BYTES = 1 << 20
 MAX_BUFFER_BYTES = 64 << 20
@@ -161,7 +161,7 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
     np.minimum.at(first_op, group_of, p_pos)
     starts = ops.offset[pending]
     ends = starts + ops.size[pending]
-    extent_group, extent_start, extent_end = _merge(group_of, starts, ends)
+    extent_group, extent_start, extent_end = merge_grouped_ranges(group_of, starts, ends)
     piece_extent, piece_offset, piece_size = _split_all(extent_start, extent_end, buffer_bytes, block_bytes)
     piece_group = extent_group[piece_extent]
     template = first_op[piece_group]  # each piece copies its group's first operation
@@ -226,32 +226,6 @@ def _group_min(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     smallest = np.full(len(unique), np.iinfo(np.int64).max, np.int64)
     np.minimum.at(smallest, inverse, values)
     return smallest[inverse]
-
-
-def _merge(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray):
-    """Per group, the union of [start, end) ranges: (group, start, end) of each merged extent, by group."""
-    keep = ends > starts
-    groups, starts, ends = groups[keep], starts[keep], ends[keep]
-    if not len(groups):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    order = np.argsort(groups, kind="stable")  # a group's ranges mostly come in rising order already
-    groups, starts, ends = groups[order], starts[order], ends[order]
-    same = groups[1:] == groups[:-1]
-    if np.any(same & (starts[1:] < starts[:-1])):
-        order = np.lexsort((starts, groups))
-        groups, starts, ends = groups[order], starts[order], ends[order]
-        same = groups[1:] == groups[:-1]
-    # A running maximum of ends that restarts at each group: shift each group above the previous ones.
-    dense = np.r_[0, np.cumsum(~same)]
-    span = int(ends.max()) + 1
-    if span * (int(dense[-1]) + 1) < 2**62:
-        running = np.maximum.accumulate(ends + dense * span) - dense * span
-    else:
-        running = np.concatenate([np.maximum.accumulate(part) for part in np.split(ends, np.flatnonzero(~same) + 1)])
-    new = np.r_[True, ~same | (starts[1:] > running[:-1])]
-    first = np.flatnonzero(new)
-    last = np.r_[first[1:] - 1, len(starts) - 1]
-    return groups[first], starts[first], running[last]
 
 
 def build_aggregated_plan(base: ReplayPlan, *, buffer_bytes: int = 4 << 20, block_bytes: int = 4096) -> ReplayPlan:

@@ -73,6 +73,7 @@ from ckpt_trace.version import __version__
 
 from .optable import WRITE
 from .ownership import Claim
+from .paths import TargetRoot
 from .plan import GLOBAL_ROW, PLAN_COLUMNS, ReplayPlan, build_posix_plan
 from .posix import Progress
 from .replay import (
@@ -90,6 +91,7 @@ from .replay import (
     make_executor,
     prepare_target,
     refuse_target_holding,
+    size_mismatches,
 )
 from .results import ReplayResult
 from .verify import verify_content
@@ -177,11 +179,11 @@ class Share:
     precreate: Mapping[str, int]  # pre-existing files this share's operations use -> bytes they read
     written: Mapping[str, int]  # final path -> final size, of the files this share writes
     unverifiable: frozenset[str]
-    touched: frozenset[str]  # final paths of the files this share names or writes
 
 
 def _owner_of(worker) -> int:
-    return int(owner_keys(np.array([worker.rank]), np.array([worker.pid]))[0])
+    """A worker's owner, as ``owner_keys`` gives a row's."""
+    return worker.rank if worker.rank >= 0 else -1 - worker.pid
 
 
 def share_plan(plan: ReplayPlan, share: frozenset[int]) -> Share:
@@ -203,7 +205,6 @@ def share_plan(plan: ReplayPlan, share: frozenset[int]) -> Share:
     expected = plan.checks.expected_sizes
     written = {path: expected[path] for path in written_paths if path in expected}
     precreate = {path: size for path, size in plan.precreate_files if path in names}
-    own = written_paths | names
     checks = dataclasses.replace(plan.checks, expected_sizes=dict(written),
                                  verify_ranges={path: ranges for path, ranges in plan.checks.verify_ranges.items()
                                                 if path in written_paths},
@@ -214,7 +215,7 @@ def share_plan(plan: ReplayPlan, share: frozenset[int]) -> Share:
         precreate_files=tuple((path, size) for path, size in plan.precreate_files if path in precreate),
         bytes_to_write=int(sizes.sum()) + sum(size for path, size in plan.precreate_files if path in precreate))
     return Share(plan=cut, remote=frozenset(deps - mine), precreate=precreate, written=written,
-                 unverifiable=frozenset(plan.checks.unverifiable), touched=frozenset(own))
+                 unverifiable=frozenset(plan.checks.unverifiable))
 
 
 # -- cross-process signals ----------------------------------------------------------------------------------------
@@ -366,7 +367,7 @@ def _job_result(strategy: str, per_process: list[ReplayResult]) -> ReplayResult:
     histogram = LatencyHistogram()
     for result in per_process:
         if result.latency_histogram:
-            histogram.merge(LatencyHistogram.from_json(result.latency_histogram))
+            histogram.merge(result.latency_histogram)
     notes = sorted({note for result in per_process for note in result.notes})
     skipped: dict[str, int] = {}
     for result in per_process:
@@ -437,7 +438,9 @@ def replay_distributed(
         infos = group.gather({"remote": sorted(mine.remote), "precreate": dict(mine.precreate),
                               "written": mine.written, "unverifiable": sorted(mine.unverifiable),
                               "bytes": mine.plan.bytes_to_write, "host": platform.node(), "owners": sorted(share)})
-        plan = _finish_share(mine, base, infos, leaders, world.rank)
+        exported = frozenset(seq for info in infos for seq in info["remote"]) & frozenset(mine.plan.ops.seq.tolist())
+        sizes = _job_sizes(base, infos)
+        plan = _finish_share(mine, base, infos, leaders, world.rank, exported, sizes)
         plans = [derive_plan(plan, name, buffer_bytes=buffer_bytes, block_bytes=host.block_bytes(target))
                  for name in names]
         claims = [Claim(target / p.strategy if strategy == "all" else target, p) for p in plans]
@@ -451,14 +454,13 @@ def replay_distributed(
             error = err
         group.agree(error)
         owned = claims  # from here on, what the claims name is this replay's to remove on failure
-        exported = frozenset(seq for info in infos for seq in info["remote"]) & frozenset(plan.ops.seq.tolist())
         runs = RunCount(repeat, min_seconds, max_runs or config.REPLAY_MAX_RUNS)
         results, per_process = [], []
         for p, claim in zip(plans, claims):
             job, mine_runs = _run_strategy(group, p, claim, exported, mine.remote, runs, queue_depth, timing,
-                                           progress, durable, drop_caches, gpu_copies, leaders)
+                                           progress, durable, drop_caches, gpu_copies)
             if verify:
-                found = verify_content(_root(claim), p)
+                found = verify_content(TargetRoot(claim.directory), p)
                 group.agree(ReplayError(f"verification failed for {p.strategy}: {len(found)} file(s) differ from "
                                         f"the pattern, first {found[0].path} at byte {found[0].offset}")
                             if found else None)
@@ -467,7 +469,7 @@ def replay_distributed(
                 job.verified_files = len({path for paths in checked for path in paths})
             results.append(job)
             per_process.append(mine_runs)
-        mismatches = _size_mismatches(group, plans, claims, base, infos, leaders)
+        mismatches = _size_mismatches(group, plans, claims, sizes, leaders)
         _add_speedups(results)
     except (ReplayError, Interrupted, KeyboardInterrupt) as err:
         _release(owned, target, made_target)  # nothing before the conflicts were refused everywhere
@@ -486,32 +488,32 @@ def replay_distributed(
                              claims=tuple(claims))
 
 
-def _root(claim: Claim):
-    from .paths import TargetRoot
+def _job_sizes(base: ReplayPlan, infos: list[dict]) -> dict[str, int]:
+    """Every file's size when the recording ended, for the whole job: the largest any process expects
+    (``base``'s, planned from every row but the other processes' reads and writes, and each process's
+    files written and pre-existing files read), less files some process wrote at unknown offsets."""
+    sizes = dict(base.checks.expected_sizes)
+    for info in infos:
+        for path, size in [*info["written"].items(), *info["precreate"].items()]:
+            sizes[path] = max(sizes.get(path, 0), size)
+    for path in {p for info in infos for p in info["unverifiable"]}:
+        sizes.pop(path, None)
+    return sizes
 
-    return TargetRoot(claim.directory)
 
-
-def _finish_share(mine: Share, base: ReplayPlan, infos: list[dict], leaders: list[int], rank: int) -> ReplayPlan:
+def _finish_share(mine: Share, base: ReplayPlan, infos: list[dict], leaders: list[int], rank: int,
+                  exported: frozenset[int], sizes: Mapping[str, int]) -> ReplayPlan:
     """The share's plan once every process's needs are known: it waits for its remote operations and
-    signals those others wait for (``awaited``), precreates the pre-existing files it is the lowest
-    process of its file system to need (as large as any process reads them), and expects every file it
-    writes at the largest size any process expects."""
+    signals ``exported``, those others wait for (``awaited``), precreates the pre-existing files it is the
+    lowest process of its file system to need (as large as any process reads them), and expects every
+    file it writes at its size for the job (``sizes``, ``_job_sizes``)."""
     plan = mine.plan
-    exported = {seq for info in infos for seq in info["remote"]} & set(plan.ops.seq.tolist())
     precreate = {path for path in mine.precreate
                  if min(i for i, info in enumerate(infos) if path in info["precreate"] and leaders[i] == leaders[rank])
                  == rank}
-    unverifiable = {path for info in infos for path in info["unverifiable"]}
-    expected = dict(plan.checks.expected_sizes)
-    for info in infos:
-        for path, size in info["written"].items():
-            if path in expected:
-                expected[path] = max(expected[path], size)
-    for path in unverifiable:
-        expected.pop(path, None)
+    expected = {path: sizes[path] for path in plan.checks.expected_sizes if path in sizes}
     checks = dataclasses.replace(plan.checks, expected_sizes=expected,
-                                 verify_ranges={**{p: r for p, r in plan.checks.verify_ranges.items()},
+                                 verify_ranges={**plan.checks.verify_ranges,
                                                 **{p: base.checks.verify_ranges[p] for p in precreate
                                                    if p in base.checks.verify_ranges}})
     extent = {path: max(info["precreate"].get(path, 0) for info in infos) for path in precreate}
@@ -523,7 +525,7 @@ def _finish_share(mine: Share, base: ReplayPlan, infos: list[dict], leaders: lis
 
 def _run_strategy(group: _Group, plan: ReplayPlan, claim: Claim, exported: frozenset[int], remote: frozenset[int],
                   count: RunCount, queue_depth: int, timing: str, progress, durable: bool, drop_caches: bool,
-                  gpu_copies: str, leaders: list[int]) -> tuple[ReplayResult, ReplayResult]:
+                  gpu_copies: str) -> tuple[ReplayResult, ReplayResult]:
     """Every run of one strategy: (the job's median run, this process's figures of that run)."""
     runs: list[tuple[ReplayResult, ReplayResult]] = []
     while count.more([job.elapsed_s for job, _ in runs]):
@@ -552,8 +554,7 @@ def _run_strategy(group: _Group, plan: ReplayPlan, claim: Claim, exported: froze
             signals.fail(str(err) or "interrupted")
             error = Interrupted("interrupted") if isinstance(err, KeyboardInterrupt) else err
         group.agree(error)
-        everyone = [dataclasses.replace(r) for r in group.gather(mine)]
-        runs.append((_job_result(plan.strategy, everyone), mine))
+        runs.append((_job_result(plan.strategy, group.gather(mine)), mine))
     median = _median_run([job for job, _ in runs])
     mine = next(m for job, m in runs if job is median)
     mine.runs_elapsed_s = [m.elapsed_s for _, m in runs]
@@ -562,25 +563,14 @@ def _run_strategy(group: _Group, plan: ReplayPlan, claim: Claim, exported: froze
     return median, mine
 
 
-def _size_mismatches(group: _Group, plans: list[ReplayPlan], claims: list[Claim], base: ReplayPlan,
-                     infos: list[dict], leaders: list[int]) -> list[SizeMismatch]:
-    """Files whose size differs from their size at the end of the recording: each file system's lowest
-    process checks every file (the largest size any process expects), after every process finished."""
+def _size_mismatches(group: _Group, plans: list[ReplayPlan], claims: list[Claim], sizes: Mapping[str, int],
+                     leaders: list[int]) -> list[SizeMismatch]:
+    """``replay.size_mismatches`` for the whole job, after every process finished: each file system's lowest
+    process checks every file against its size for the job (``sizes``, ``_job_sizes``)."""
     group.barrier()
     found = []
     if leaders[group.world.rank] == group.world.rank:
-        expected = dict(base.checks.expected_sizes)
-        for info in infos:
-            for path, size in [*info["written"].items(), *info["precreate"].items()]:
-                expected[path] = max(expected.get(path, 0), size)
-        for path in {p for info in infos for p in info["unverifiable"]}:
-            expected.pop(path, None)
         for plan, claim in zip(plans, claims):
-            for rel, size in sorted(expected.items()):
-                try:
-                    actual = os.stat(claim.directory / rel).st_size
-                except OSError:
-                    actual = None
-                if actual != size:
-                    found.append(SizeMismatch(plan.strategy, rel, size, actual))
+            whole = dataclasses.replace(plan, checks=dataclasses.replace(plan.checks, expected_sizes=sizes))
+            found.extend(size_mismatches(TargetRoot(claim.directory), whole))
     return [m for part in group.gather(found) for m in part]

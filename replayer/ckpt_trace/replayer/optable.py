@@ -215,19 +215,13 @@ class OpTable:
         return OpTable.from_columns(columns, dep_ptr, dep_seq, self.paths)
 
 
-def interleave(inserted: OpTable, table: OpTable, at: np.ndarray) -> OpTable:
-    """``table`` with the rows of ``inserted`` placed so that row i of ``inserted`` ends at position
-    ``at[i]`` of the result (``at`` strictly increasing), the rows of ``table`` keeping their order in
-    between: one scatter per column (same ``paths``)."""
-    columns = {name: getattr(table, name) for name in (*_INT_COLUMNS, "kind", "release", "mapped")}
-    return interleave_columns(inserted, columns, table.dep_ptr, table.dep_seq, at)
-
-
 def interleave_columns(inserted: OpTable, columns: dict[str, np.ndarray], dep_ptr: np.ndarray,
                        dep_seq: np.ndarray, at: np.ndarray) -> OpTable:
-    """``interleave`` of ``inserted`` into the rows given as numpy ``columns`` (missing ones take their
-    "no value"; each is popped from the dict once placed, so its memory goes as the table fills) and
-    their deps (``dep_ptr``, ``dep_seq``): a table is built once, in place."""
+    """A table of the rows given as numpy ``columns`` (missing ones take their "no value"; each is popped
+    from the dict once placed, so its memory goes as the table fills) and their deps (``dep_ptr``,
+    ``dep_seq``), with the rows of ``inserted`` placed so that row i of ``inserted`` ends at position
+    ``at[i]`` (``at`` strictly increasing), the other rows keeping their order in between: one scatter
+    per column, the table built once, in place (same ``paths``)."""
     n = len(columns["kind"])
     total = len(inserted) + n
     at = np.asarray(at, np.int64)
@@ -254,18 +248,6 @@ def interleave_columns(inserted: OpTable, columns: dict[str, np.ndarray], dep_pt
             seq[np.repeat(ptr[rows], counts) + np.arange(len(source_seq)) - np.repeat(source_ptr[:-1], counts)] \
                 = source_seq
     return OpTable(**out, dep_ptr=ptr, dep_seq=seq, paths=inserted.paths)
-
-
-def concat(tables: Sequence[OpTable]) -> OpTable:
-    """Tables one after another (same ``paths``)."""
-    tables = [t for t in tables if len(t)] or list(tables[:1])
-    if not tables:
-        return OpTable.empty()
-    names = (*_INT_COLUMNS, "kind", "release", "mapped")
-    columns = {name: np.concatenate([getattr(t, name) for t in tables]) for name in names}
-    shifts = np.cumsum([0] + [len(t.dep_seq) for t in tables[:-1]])
-    dep_ptr = np.concatenate([[0]] + [t.dep_ptr[1:] + shift for t, shift in zip(tables, shifts)])
-    return OpTable.from_columns(columns, dep_ptr, np.concatenate([t.dep_seq for t in tables]), tables[0].paths)
 
 
 def count_kinds(table: OpTable, mask: np.ndarray | None = None) -> Counter:

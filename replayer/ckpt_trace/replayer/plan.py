@@ -51,6 +51,7 @@ import numpy as np
 import pyarrow as pa
 
 from ckpt_trace.errors import ReplayError
+from ckpt_trace.formats import int_values, validity
 from ckpt_trace.formats import vocabulary as v
 from ckpt_trace.iolayer import gpu
 from ckpt_trace.iolayer.pattern import file_key
@@ -65,7 +66,8 @@ METADATA_KINDS = v.METADATA_OPS
 MAPPING_KINDS = frozenset({"mmap", "munmap", "msync"})  # plan kinds of the mapping rows (madvise, mremap: skipped)
 
 __all__ = ["DATA_KINDS", "FD_KINDS", "GLOBAL_ROW", "KINDS", "MAPPING_KINDS", "METADATA_KINDS", "PATH_KINDS", "FileIdentity",
-           "OpTable", "PlanChecks", "PlanOp", "ReplayPlan", "WorkerPlan", "build_posix_plan", "merge_ranges"]
+           "OpTable", "PlanChecks", "PlanOp", "ReplayPlan", "WorkerPlan", "build_posix_plan", "merge_grouped_ranges",
+           "merge_ranges"]
 
 
 @dataclass(frozen=True)
@@ -199,15 +201,6 @@ _TEXT = ("op", "path", "new_path", "interface", "memory_kind")
 _RING = np.array(sorted(v.RING_OPS))
 
 
-def _values(column: pa.Array) -> np.ndarray:
-    """The values of an integer column as numpy, zero-copy; a null's slot holds whatever its buffer holds
-    (every use of a nullable column goes through its validity mask)."""
-    if not column.null_count:
-        return column.to_numpy()  # zero-copy (zero_copy_only=False copies even where it need not)
-    dtype = np.dtype(column.type.to_pandas_dtype())
-    return np.frombuffer(column.buffers()[1], dtype=dtype, count=len(column) + column.offset)[column.offset:]
-
-
 class _Rows:
     """The planner's columns of every trace row, in start-time order: numpy arrays (text as codes into
     ``texts``; integer columns with a validity mask) built batch by batch."""
@@ -224,10 +217,10 @@ class _Rows:
                 if name in _TEXT:
                     parts[name].append(self._codes(column, codes))
                 else:
-                    parts[name].append(_values(column))
+                    parts[name].append(int_values(column))  # nulls' slots: masked below
                     if column.null_count or name in ("fd", "offset", "size", "flags", "queue_id", "in_flight",
                                                      "address", "prot"):
-                        parts[name + "?"].append(column.is_valid().to_numpy(zero_copy_only=False))
+                        parts[name + "?"].append(validity(column))
         self.n = sum(len(p) for p in parts["ts_ns"])
         empty = {name: np.int32 for name in _TEXT}
         self.cols = {}
@@ -678,15 +671,16 @@ def _group_max(keys: np.ndarray, values: np.ndarray, size: int, initial: int = 0
     return out
 
 
-def _merge_grouped(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> dict[int, list[tuple[int, int]]]:
-    """Per group, the union of [start, end) ranges (sorted; touching ranges merge), vectorised: ranges are
-    sorted by (group, start) (by group alone when each group's starts already rise, as a checkpoint's
-    writes do), and one running maximum of the ends over all groups, each group lifted above the previous
-    one, finds where a new merged range begins."""
+def merge_grouped_ranges(groups: np.ndarray, starts: np.ndarray,
+                         ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group, the union of [start, end) ranges, vectorised: (group, start, end) of each merged range,
+    by group then start; touching ranges merge. Ranges are sorted by (group, start) (by group alone when
+    each group's starts already rise, as a checkpoint's writes do), and one running maximum of the ends
+    over all groups, each group lifted above the previous one, finds where a new merged range begins."""
     keep = ends > starts
     groups, starts, ends = groups[keep], starts[keep], ends[keep]
     if not len(groups):
-        return {}
+        return groups, starts, ends
     order = np.argsort(groups, kind="stable")
     groups, starts, ends = groups[order], starts[order], ends[order]
     same = groups[1:] == groups[:-1]
@@ -700,11 +694,15 @@ def _merge_grouped(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> 
         reach = np.maximum.accumulate(ends + dense * span) - dense * span  # running end within the group
     else:  # too large to lift: per group
         reach = np.concatenate([np.maximum.accumulate(part) for part in np.split(ends, np.flatnonzero(~same) + 1)])
-    new = np.r_[True, ~same | (starts[1:] > reach[:-1])]
-    first = np.flatnonzero(new)
+    first = np.flatnonzero(np.r_[True, ~same | (starts[1:] > reach[:-1])])
     last = np.r_[first[1:] - 1, len(starts) - 1]
+    return groups[first], starts[first], reach[last]
+
+
+def _merge_grouped(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> dict[int, list[tuple[int, int]]]:
+    """``merge_grouped_ranges`` as a dict: group -> its merged ranges."""
     out: dict[int, list[tuple[int, int]]] = {}
-    for group, start, end in zip(groups[first].tolist(), starts[first].tolist(), reach[last].tolist()):
+    for group, start, end in zip(*(part.tolist() for part in merge_grouped_ranges(groups, starts, ends))):
         out.setdefault(group, []).append((start, end))
     return out
 

@@ -259,9 +259,8 @@ class PosixExecutor:
         latencies = np.concatenate(state.latencies) if state.latencies else np.zeros(0, np.int64)
         histogram = None
         if signals is not None:
-            kept = LatencyHistogram()
-            kept.add(latencies)
-            histogram = kept.to_json()
+            histogram = LatencyHistogram()
+            histogram.add(latencies)
         return ReplayResult(
             strategy=self.strategy, elapsed_s=elapsed_s, bytes_written=state.bytes_written,
             bytes_read=state.bytes_read, data_ops=state.data_ops, metadata_ops=state.metadata_ops,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
+
+from ckpt_trace.stats import LatencyHistogram
 
 
 @dataclass
@@ -26,9 +29,9 @@ class ReplayResult:
     traces with host<->device copy rows: ``mode`` (recorded, pinned, skip),
     ``executed`` and ``skipped`` copies, ``bytes`` copied, ``elapsed_s`` spent
     copying (inside ``elapsed_s``), ``skipped_why``; None without copy rows.
-    ``latency_histogram`` (``stats.LatencyHistogram.to_json``, not in the
-    JSON form) is kept by runs of a distributed replay, whose processes merge
-    their latencies through it.
+    ``latency_histogram`` (``stats.LatencyHistogram``, not in the JSON form)
+    is kept by runs of a distributed replay, whose processes merge their
+    latencies through it.
     """
 
     strategy: str
@@ -50,7 +53,7 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
     preallocated_files: int = 0
     gpu_copies: dict | None = None
-    latency_histogram: dict | None = field(default=None, repr=False, compare=False)
+    latency_histogram: LatencyHistogram | None = field(default=None, repr=False, compare=False)
 
     @property
     def write_throughput_bytes_per_s(self) -> float:
@@ -61,7 +64,7 @@ class ReplayResult:
         return self.bytes_read / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def to_json(self) -> dict:
-        data = asdict(self)
+        data = asdict(dataclasses.replace(self, latency_histogram=None))
         data.pop("latency_histogram")  # internal: how processes of a distributed replay merge latencies
         data["write_throughput_bytes_per_s"] = self.write_throughput_bytes_per_s
         data["read_throughput_bytes_per_s"] = self.read_throughput_bytes_per_s

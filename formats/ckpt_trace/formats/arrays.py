@@ -1,0 +1,29 @@
+"""A trace column's values and validity as numpy, read from its Arrow buffers.
+
+Every reader of a trace (summary, planning) turns integer columns into numpy
+arrays batch by batch. ``Array.to_numpy`` would import pandas on its first
+call (about 0.4 s of a command's start) and, with ``zero_copy_only=False``,
+copy even where it need not; these read the buffers directly (Arrow columnar
+format: a values buffer, and a validity bitmap whose bit i, least
+significant first, says row i is not null).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+
+def int_values(column: pa.Array) -> np.ndarray:
+    """A zero-copy numpy view of an integer column's values (or a dictionary column's indices); the slot
+    of a null row holds an unspecified value (mask it with ``validity``)."""
+    return np.frombuffer(column.buffers()[1], dtype=np.dtype(str(column.type)),
+                         count=len(column) + column.offset)[column.offset:]
+
+
+def validity(column: pa.Array) -> np.ndarray:
+    """Per row, whether it is not null: bool array of ``len(column)``."""
+    if not column.null_count:
+        return np.ones(len(column), bool)
+    bits = np.unpackbits(np.frombuffer(column.buffers()[0], np.uint8), bitorder="little")
+    return bits[column.offset:column.offset + len(column)].astype(bool)
