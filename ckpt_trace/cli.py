@@ -526,11 +526,13 @@ def bench(
     max_processes: Optional[int] = typer.Option(None, "--max-processes", help="Most concurrent writer processes (default: CPUs, at least 4)."),
     aggregate_size: str = typer.Option("4MiB", "--aggregate-size", help="Staging buffer of aggregated points."),
     repeat: int = typer.Option(1, "--repeat", help="Runs per point; the median run is kept."),
-    fio: bool = typer.Option(False, "--fio", help="Also measure fio's sequential O_DIRECT write limit for reference."),
+    direction: str = typer.Option("write", "--direction", help="What to sweep: write, read (a restore: each point reads back a file written and dropped from the page cache first) or both."),
+    fio: bool = typer.Option(False, "--fio", help="Also measure fio's sequential O_DIRECT write (read) limit for reference."),
     force: bool = typer.Option(False, help="Overwrite the results in a non-empty output directory."),
     as_json: bool = typer.Option(False, "--json", help="Print the best configuration and the fastest points as JSON."),
 ) -> None:
-    """Sweep request size, alignment, queue depth, processes, O_DIRECT, io_uring, aggregation and preallocation."""
+    """Sweep request size, alignment, queue depth, processes, O_DIRECT, io_uring, aggregation and preallocation,
+    for writes, reads or both."""
     from .bench import check_output, make_matrix, run_bench, write_outputs
     from .bench.results import summarize, to_table
     from .config import BENCH_NEAR_BEST_PERCENT, BENCH_TOP_ROWS
@@ -545,8 +547,11 @@ def bench(
             raise CkptTraceError(f"not a queue depth: {item!r}")
         return int(item)
 
+    directions = {"write": ("write",), "read": ("read",), "both": ("write", "read")}.get(direction)
+    if directions is None:
+        raise CkptTraceError(f"--direction must be write, read or both, not {direction!r}")
     try:
-        matrix = make_matrix(quick=quick, max_processes=max_processes,
+        matrix = make_matrix(quick=quick, max_processes=max_processes, directions=directions,
                              volume_bytes=parse_size(volume) if volume else None, sizes=listed(sizes, parse_size),
                              queue_depths=listed(queue_depths, depth), aggregate_bytes=parse_size(aggregate_size))
     except ValueError as error:

@@ -57,7 +57,8 @@ EXAMPLES = {
         "ckpt-trace workload dcp --out /scratch/ck --load --drop-caches",
         "ckpt-trace workload torch-save --device cuda --model gpt2-medium --out /scratch/ts",
     ],
-    "bench": ["ckpt-trace bench --target /scratch/bench --quick --fio"],
+    "bench": ["ckpt-trace bench --target /scratch/bench --quick --fio",
+              "ckpt-trace bench --target /scratch/bench --quick --direction both -o restore-bench"],
     "version": ["ckpt-trace --version"],
 }
 
@@ -70,6 +71,7 @@ METAVARS = {
     "path_filter": "PREFIX", "queue_depth": "N", "repeat": "N", "ranks": "N", "shards": "N", "max_processes": "N",
     "min_seconds": "SECONDS", "strategy": "STRATEGY", "rank": "RANKS", "pid": "PIDS", "path": "GLOB", "op": "OPS",
     "time_window": "START..END", "engine": "ENGINE", "max_ops": "N", "chosen_rank": "RANK",
+    "direction": "write|read|both",
 }
 OUTPUT_METAVARS = {"record": "TRACE", "replay": "FILE", "export": "PATH", "report": "FILE", "baseline": "FILE",
                    "emit": "FILE", "bench": "DIR", "filter": "TRACE"}

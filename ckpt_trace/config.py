@@ -61,3 +61,4 @@ BENCH_SETUP_TIMEOUT_S = _int_env("BENCH_SETUP_TIMEOUT_S", 120)  # longest a poin
 BENCH_FREE_SPACE_MARGIN_BYTES = _int_env("BENCH_FREE_SPACE_MARGIN_BYTES", 16 << 20)
 BENCH_TOP_ROWS = _int_env("BENCH_TOP_ROWS", 8)  # fastest configurations listed
 BENCH_NEAR_BEST_PERCENT = _int_env("BENCH_NEAR_BEST_PERCENT", 5)  # points this close to the best are counted as ties
+BENCH_READ_MEMORY_FRACTION = 0.8  # share of the available memory read points may fill with their destinations

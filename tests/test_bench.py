@@ -32,7 +32,8 @@ POINT = BenchPoint(size_bytes=64 * KIB, misaligned_bytes=0, queue_depth=4, proce
 sizes = st.sampled_from([512, 4 * KIB, 12 * KIB, 64 * KIB, MIB, 3 * MIB])
 points = st.builds(BenchPoint, size_bytes=sizes, misaligned_bytes=st.sampled_from([0, 512]),
                    queue_depth=st.integers(1, 8), processes=st.integers(1, 4), direct=st.booleans(),
-                   engine=st.sampled_from(bm.ENGINES), aggregated=st.booleans(), preallocated=st.booleans())
+                   engine=st.sampled_from(bm.ENGINES), aggregated=st.booleans(), preallocated=st.booleans(),
+                   direction=st.sampled_from(bm.DIRECTIONS))
 
 
 # -- the plans (pure) -------------------------------------------------------------------------------------
@@ -126,8 +127,84 @@ def test_writer_puts_every_piece_at_its_offset(point, tmp_path, io_uring):
     assert data == expected_file(point, stream) == worker.expected_content(point, stream)
     planned = (len(bm.staging_writes(point, stream, MIB // 8, 4096)) if point.aggregated
                else len(list(bm.pieces(point, stream))))
-    assert result.write_ops == planned and len(result.latencies_ns) == 8 * planned
+    assert result.io_ops == planned and len(result.latencies_ns) == 8 * planned
     assert result.end_ns > result.start_ns and result.stream_bytes == stream
+
+
+READER_CASES = [dataclasses.replace(POINT, direction="read", engine=engine, direct=direct, aggregated=aggregated,
+                                    misaligned_bytes=misaligned, preallocated=False)
+                for engine in bm.ENGINES for direct in (False, True) for aggregated in (False, True)
+                for misaligned in (0, 512)]
+
+
+def resident_bytes(path: Path) -> int:
+    """Bytes of ``path`` in the page cache, as util-linux fincore(1) (mincore(2)) reports them."""
+    if shutil.which("fincore") is None:
+        _missing("fincore (util-linux) is needed to see the page cache", required_in_ci=True)
+    done = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", str(path)],
+                          capture_output=True, text=True, check=True)
+    return int(done.stdout.split()[0])
+
+
+@pytest.mark.io_uring
+@pytest.mark.parametrize("point", READER_CASES, ids=lambda p: bm.describe(p).replace(" ", "_"))
+def test_reader_reads_every_piece_back_from_a_cold_file(point, tmp_path, io_uring):
+    stream = 5 * point.size_bytes  # five pieces; aggregated, three 128 KiB staging windows, the last past EOF
+    path = tmp_path / "stream.data"
+    try:
+        reader = worker.StreamReader(point, str(path), stream, aggregate_bytes=MIB // 8, block_bytes=4096)
+    except OSError as err:
+        assert point.direct and err.errno in worker.UNSUPPORTED  # a file system without O_DIRECT (tmpfs)
+        return
+    try:
+        assert resident_bytes(path) == 0  # laid out and dropped from the page cache: the reads hit the storage
+        try:
+            result = reader.run()
+        except OSError as err:  # O_DIRECT at a 512-byte offset on a 4 KiB-sector device
+            assert point.direct and point.misaligned_bytes and err.errno in worker.UNSUPPORTED
+            return
+        got = bytes(reader.destination.mmap[:stream])
+    finally:
+        reader.close()
+    assert path.read_bytes() == expected_file(point, stream)  # laid out as a write stream leaves it
+    assert got == expected_file(point, stream)[point.misaligned_bytes:]
+    planned = (len(bm.staging_writes(point, stream, MIB // 8, 4096)) if point.aggregated
+               else len(list(bm.pieces(point, stream))))
+    assert result.io_ops == planned and len(result.latencies_ns) == 8 * planned
+    assert result.end_ns > result.start_ns and result.stream_bytes == stream
+
+
+@pytest.mark.io_uring
+@pytest.mark.parametrize("aggregated", [False, True])
+def test_a_read_stream_that_returns_wrong_bytes_fails(tmp_path, aggregated, io_uring):
+    point = dataclasses.replace(POINT, direction="read", direct=False, aggregated=aggregated, preallocated=False)
+    stream = 5 * point.size_bytes
+    path = tmp_path / "stream.data"
+    reader = worker.StreamReader(point, str(path), stream, aggregate_bytes=MIB // 8, block_bytes=4096)
+    try:
+        with open(path, "r+b") as handle:  # another writer changes one byte of the fourth piece
+            handle.seek(3 * point.size_bytes + 100)
+            old = handle.read(1)
+            handle.seek(-1, os.SEEK_CUR)
+            handle.write(bytes([old[0] ^ 0xFF]))
+        with pytest.raises(ValueError, match=f"wrong bytes at file offset {3 * point.size_bytes + 100}$"):
+            reader.run()
+    finally:
+        reader.close()
+
+
+def test_read_points_are_never_preallocated_and_their_grids_leave_preallocation_out():
+    matrix = make_matrix(quick=True, max_processes=2, sizes=(4 * KIB, MIB), queue_depths=(1, 8),
+                         directions=("write", "read"))
+    reads = [p for p in matrix.points() if p.direction == "read"]
+    writes = [p for p in matrix.points() if p.direction == "write"]
+    assert reads and writes and not any(p.preallocated for p in reads)
+    assert len(matrix.pairs("write")) == 28 and len(matrix.pairs("read")) == 21
+    assert all("preallocated" not in pair and "direction" not in pair for pair in matrix.pairs("read"))
+    assert {dataclasses.replace(p, direction="write") for p in reads} <= {
+        dataclasses.replace(p, preallocated=False) for p in writes}  # the same points, mirrored
+    with pytest.raises(ValueError, match="directions must be among write, read"):
+        make_matrix(quick=True, directions=("sideways",))
 
 
 # -- the command, end to end ------------------------------------------------------------------------------
@@ -171,7 +248,35 @@ def test_bench_writes_table_heat_maps_and_the_best_configuration(tmp_path, io_ur
 
     plain = cli("bench", "--target", str(target), "--quick", "--sizes", "64KiB", "--queue-depths", "1",
                 "--max-processes", "1", "--volume", "1MiB", "-o", str(out), "--force")
-    assert "best: 64 KiB aligned writes" in plain.stdout
+    assert "best write: 64 KiB aligned writes" in plain.stdout
+
+
+@pytest.mark.io_uring
+def test_bench_sweeps_reads_and_writes_with_one_heat_map_set_each(tmp_path, io_uring):
+    target, out = tmp_path / "storage", tmp_path / "results"
+    target.mkdir()
+    proc = cli("bench", "--target", str(target), "--quick", "--sizes", "64KiB,1MiB", "--queue-depths", "1,8",
+               "--max-processes", "2", "--volume", "4MiB", "--direction", "both", "-o", str(out), "--json")
+    data = json.loads(proc.stdout)
+    assert list(target.iterdir()) == []
+    table, metadata = read_bench(out / "bench.arrow")
+    matrix = matrix_of(metadata)
+    rows = table.to_pylist()
+    assert matrix.directions == ("write", "read") and len(rows) == len(matrix.points()) == data["points"]
+    reads = [r for r in rows if r["direction"] == "read"]
+    assert reads and not any(r["preallocated"] for r in reads)
+    ran = [r for r in reads if r["error"] is None]
+    assert ran and all(r["volume_bytes"] == bm.stream_bytes(point_of(r), 4 * MIB) * r["processes"] for r in ran)
+    fastest = max(ran, key=lambda r: r["throughput_bytes_per_s"])
+    best = data["directions"]["read"]["best"]
+    assert best["throughput_bytes_per_s"] == fastest["throughput_bytes_per_s"]
+    assert best["description"].startswith("1 MiB aligned reads") or "reads" in best["description"]
+    assert data["best"] == data["directions"]["write"]["best"]
+    names = sorted(Path(p).name for p in data["heatmaps"])
+    assert len([n for n in names if n.startswith("heatmap-read-")]) == 21
+    assert len(names) == 28 + 21 and "heatmap-read-size_bytes-queue_depth.png" in names
+    effects = {e["dimension"] for e in data["directions"]["read"]["effects"]}
+    assert "preallocated" not in effects and "queue_depth" in effects
 
 
 @pytest.fixture
@@ -228,7 +333,7 @@ def test_repeat_keeps_the_median_run_and_a_single_point_matrix_runs_once(tmp_pat
     assert len(rows) == 1 and metadata["repeat"] == 3
     runs = rows[0]["runs_elapsed_s"]
     assert len(runs) == 3 and rows[0]["elapsed_s"] == sorted(runs)[1]
-    assert rows[0]["write_ops"] == 8 and rows[0]["volume_bytes"] == 2 * MIB
+    assert rows[0]["io_ops"] == 8 and rows[0]["volume_bytes"] == 2 * MIB
 
 
 # -- failures ---------------------------------------------------------------------------------------------
@@ -320,12 +425,19 @@ def test_read_bench_rejects_foreign_and_truncated_files(tmp_path):
     from ckpt_trace.bench.results import to_table, write_table
 
     row = {**dataclasses.asdict(POINT), "volume_bytes": MIB, "elapsed_s": 0.5, "runs_elapsed_s": [0.5],
-           "throughput_bytes_per_s": 2.0 * MIB, "write_ops": 16, "latency_p50_ns": 1, "latency_p99_ns": 2,
+           "throughput_bytes_per_s": 2.0 * MIB, "io_ops": 16, "latency_p50_ns": 1, "latency_p99_ns": 2,
            "latency_max_ns": 3, "cpu_s": 0.1, "error": None}
     path = tmp_path / "bench.arrow"
     write_table(to_table([row], {"volume_bytes": MIB}), path)
     table, metadata = read_bench(path)
-    assert table.to_pylist() == [row] and metadata["version"] == 1
+    assert table.to_pylist() == [row] and metadata["version"] == 2
+    # A version 1 file (writes only: write_ops, no direction) reads as version 2.
+    old = {k: v for k, v in row.items() if k not in ("io_ops", "direction")} | {"write_ops": 16}
+    v1 = pa.Table.from_pylist([old]).replace_schema_metadata({b"ckpt_trace.bench": json.dumps(
+        {"format": "ckpt-trace-bench", "version": 1, "values": {"size_bytes": [64 * KIB]}}).encode()})
+    write_table(v1, path)
+    table, metadata = read_bench(path)
+    assert table.to_pylist() == [row] and metadata["version"] == 2 and metadata["values"]["direction"] == ["write"]
     path.write_bytes(path.read_bytes()[:200])
     with pytest.raises(BenchError, match="not a readable Arrow file"):
         read_bench(path)
@@ -338,6 +450,6 @@ def test_read_bench_rejects_foreign_and_truncated_files(tmp_path):
 @settings(max_examples=25)
 @given(point=points)
 def test_describe_and_labels_never_fail(point):
-    assert "writes" in bm.describe(point)
+    assert ("reads" if point.direction == "read" else "writes") in bm.describe(point)
     for name in bm.DIMENSIONS:
         assert bm.label(name, getattr(point, name))

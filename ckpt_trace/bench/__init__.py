@@ -1,6 +1,6 @@
 """``ckpt-trace bench``: the micro-benchmark matrix of arXiv 2512.24511 run on one storage target.
 
-``matrix`` plans (pure), ``worker`` writes one process's stream, ``run``
+``matrix`` plans (pure), ``worker`` writes (reads) one process's stream, ``run``
 runs every point in fresh processes, ``results`` is the Arrow table,
 ``heatmap`` draws one PNG per dimension pair, ``fio`` is the device limit.
 """

@@ -1,7 +1,9 @@
-"""One heat map per dimension pair: write throughput (MB/s) over the pair's grid, other dimensions at baseline.
+"""One heat map per dimension pair and direction: write (read) throughput (MB/s) over the pair's grid, other
+dimensions at the direction's baseline. Write maps are ``heatmap-<row>-<column>.png``, read maps
+``heatmap-read-<row>-<column>.png``.
 
 Cells the storage refused (e.g. O_DIRECT at a misaligned offset) are left
-blank and marked "refused". The colour scale is shared by all maps of one
+blank and marked "refused". The colour scale is shared by all maps of one direction in one
 run (0 to the fastest point), so maps compare at a glance.
 """
 
@@ -19,22 +21,26 @@ from .matrix import DIMENSIONS, TITLES, BenchPoint, Matrix, label
 from .results import point_of
 
 
-def grid_values(table: pa.Table, matrix: Matrix, row: str, column: str) -> list[list[float | None]]:
-    """Throughput (bytes/s) of each cell of ``matrix.grid(row, column)``; None where refused or not run."""
+def grid_values(table: pa.Table, matrix: Matrix, row: str, column: str,
+                direction: str | None = None) -> list[list[float | None]]:
+    """Throughput (bytes/s) of each cell of ``matrix.grid(row, column, direction)``; None where refused or not run."""
     lookup = {point_of(row): row["throughput_bytes_per_s"] for row in table.to_pylist()}
-    return [[lookup.get(point.canonical()) for point in line] for line in matrix.grid(row, column)]
+    return [[lookup.get(point.canonical()) for point in line] for line in matrix.grid(row, column, direction)]
 
 
-def _others(matrix: Matrix, row: str, column: str) -> str:
-    fixed = [f"{TITLES[name]} {label(name, getattr(matrix.baseline, name))}" for name in DIMENSIONS
-             if name not in (row, column)]
+def _others(matrix: Matrix, row: str, column: str, direction: str) -> str:
+    base = matrix.at(direction)
+    fixed = [f"{TITLES[name]} {label(name, getattr(base, name))}" for name in DIMENSIONS
+             if name not in (row, column, "direction") and not (direction == "read" and name == "preallocated")]
     return "others at baseline: " + ", ".join(fixed)
 
 
-def heatmap_png(table: pa.Table, matrix: Matrix, row: str, column: str, vmax_bytes_per_s: float) -> bytes:
-    """The PNG of one dimension pair (see the module docstring)."""
+def heatmap_png(table: pa.Table, matrix: Matrix, row: str, column: str, vmax_bytes_per_s: float,
+                direction: str | None = None) -> bytes:
+    """The PNG of one dimension pair of ``direction`` (the baseline's by default; see the module docstring)."""
+    direction = direction or matrix.baseline.direction
     plt = pyplot()
-    values = grid_values(table, matrix, row, column)
+    values = grid_values(table, matrix, row, column, direction)
     mb = [[math.nan if v is None else v / 1e6 for v in line] for line in values]
     rows, columns = matrix.values[row], matrix.values[column]
     fig, ax = plt.subplots(figsize=(1.2 + 1.05 * len(columns), 1.3 + 0.55 * len(rows)))
@@ -48,26 +54,31 @@ def heatmap_png(table: pa.Table, matrix: Matrix, row: str, column: str, vmax_byt
             text = "refused" if math.isnan(value) else f"{value:,.0f}"
             bright = not math.isnan(value) and value > 0.6 * vmax_bytes_per_s / 1e6
             ax.text(j, i, text, ha="center", va="center", fontsize=8, color="black" if bright else "white")
-    ax.set_title(f"write MB/s by {TITLES[row]} and {TITLES[column]}\n{_others(matrix, row, column)}", fontsize=8)
+    ax.set_title(f"{direction} MB/s by {TITLES[row]} and {TITLES[column]}\n{_others(matrix, row, column, direction)}",
+                 fontsize=8)
     fig.colorbar(image, ax=ax, label="MB/s")
     return png_bytes(fig)
 
 
 def write_heatmaps(table: pa.Table, matrix: Matrix, output: Path) -> list[Path]:
-    """Write ``heatmap-<row>-<column>.png`` for every pair of ``matrix``; return the paths."""
-    speeds = [v for v in table.column("throughput_bytes_per_s").to_pylist() if v is not None]
-    vmax = max(speeds, default=1.0)
+    """Write ``heatmap-<row>-<column>.png`` (``heatmap-read-...`` for reads) for every pair of ``matrix`` and
+    direction swept; return the paths. One colour scale per direction."""
     paths = []
-    for row, column in matrix.pairs():
-        path = output / f"heatmap-{row}-{column}.png"
-        write_bytes_atomic(path, heatmap_png(table, matrix, row, column, vmax))
-        paths.append(path)
+    for direction in matrix.directions:
+        speeds = [row["throughput_bytes_per_s"] for row in table.to_pylist()
+                  if row["direction"] == direction and row["throughput_bytes_per_s"] is not None]
+        vmax = max(speeds, default=1.0)
+        prefix = "heatmap-read" if direction == "read" else "heatmap"
+        for row, column in matrix.pairs(direction):
+            path = output / f"{prefix}-{row}-{column}.png"
+            write_bytes_atomic(path, heatmap_png(table, matrix, row, column, vmax, direction))
+            paths.append(path)
     return paths
 
 
 def matrix_of(metadata: dict) -> Matrix:
     """The Matrix a results file was run with (its ``values`` and ``baseline`` metadata)."""
-    values = {name: tuple(metadata["values"][name]) for name in DIMENSIONS}
+    values = {name: tuple(metadata["values"].get(name, ("write",) if name == "direction" else ())) for name in DIMENSIONS}
     baseline = BenchPoint(**metadata["baseline"])
     return Matrix(values=values, baseline=baseline, volume_bytes=metadata["volume_bytes"],
                   aggregate_bytes=metadata["aggregate_bytes"])

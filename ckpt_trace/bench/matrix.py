@@ -10,6 +10,12 @@ serializes on the inode and that io_uring hands to its io-wq threads, so
 preallocation decides whether queue depth helps at all (fio preallocates by
 default: its ``fallocate`` option). Every point writes the same total volume.
 
+Each point has a direction: ``write`` (the paper's study) or ``read`` (a
+restore: the same stream read back from a file written, fsynced and dropped
+from the page cache before the clock starts). The pairwise design below is
+laid out once per direction swept; a read point is never preallocated (its
+file is complete before it starts), so read grids leave that dimension out.
+
 The design is pairwise: for each pair of dimensions, the full grid of their
 values with every other dimension at the baseline value (fio's usual
 one-factor sweeps, taken two at a time so each pair gives a heat map). The
@@ -24,7 +30,9 @@ Without aggregation each piece is one write at its own offset. With
 aggregation (the paper's 1-4 MiB aligned buffers) the pieces are copied into
 staging buffers of ``aggregate_bytes`` that each cover one aligned stretch
 of the file, and each buffer is one write; the last is rounded up to the
-block size and the file truncated back to the stream's end.
+block size and the file truncated back to the stream's end. A read stream is
+the mirror image: each piece one read into its place in the destination, or
+(aggregated) each aligned staging buffer one read, copied out piece by piece.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 ENGINES = ("posix", "uring")
+DIRECTIONS = ("write", "read")
 MISALIGNMENT_BYTES = 512
 
 
@@ -44,9 +53,9 @@ MISALIGNMENT_BYTES = 512
 class BenchPoint:
     """One configuration. ``size_bytes``: one application write (bytes); ``misaligned_bytes``: 0 or 512,
     the stream's start offset; ``queue_depth``: io_uring requests in flight per process (1 for POSIX);
-    ``processes``: concurrent writers, one file each; ``direct``: O_DIRECT; ``engine``: posix or uring;
-    ``aggregated``: copy into aligned staging buffers first; ``preallocated``: fallocate(2) the file to its
-    final size before the first write (inside the timed region)."""
+    ``processes``: concurrent writers (readers), one file each; ``direct``: O_DIRECT; ``engine``: posix or
+    uring; ``aggregated``: copy through aligned staging buffers; ``preallocated``: fallocate(2) the file to
+    its final size before the first write (inside the timed region); ``direction``: write or read."""
 
     size_bytes: int
     misaligned_bytes: int
@@ -56,10 +65,12 @@ class BenchPoint:
     engine: str
     aggregated: bool
     preallocated: bool
+    direction: str = "write"
 
     def canonical(self) -> BenchPoint:
-        """The point that is actually run: POSIX points have queue depth 1."""
-        return dataclasses.replace(self, queue_depth=1) if self.engine == "posix" else self
+        """The point that is actually run: POSIX points have queue depth 1; read points are not preallocated."""
+        point = dataclasses.replace(self, queue_depth=1) if self.engine == "posix" else self
+        return dataclasses.replace(point, preallocated=False) if point.direction == "read" else point
 
 
 DIMENSIONS = tuple(field.name for field in dataclasses.fields(BenchPoint))
@@ -89,20 +100,38 @@ class Matrix:
             if getattr(self.baseline, name) not in self.values[name]:
                 raise ValueError(f"the baseline {name} {getattr(self.baseline, name)} is not among its values")
 
-    def pairs(self) -> list[tuple[str, str]]:
-        """Every pair of dimensions that has more than one value each, in ``DIMENSIONS`` order."""
-        varying = [name for name in DIMENSIONS if len(self.values[name]) > 1]
+    @property
+    def directions(self) -> tuple[str, ...]:
+        """The directions swept, in order (the first is the baseline's)."""
+        return self.values["direction"]
+
+    def at(self, direction: str) -> BenchPoint:
+        """The baseline point of ``direction``."""
+        return dataclasses.replace(self.baseline, direction=direction)
+
+    def pairs(self, direction: str | None = None) -> list[tuple[str, str]]:
+        """Every pair of dimensions other than the direction that has more than one value each, in
+        ``DIMENSIONS`` order; for ``read``, without ``preallocated`` (which a read point does not have)."""
+        direction = direction or self.baseline.direction
+        varying = [name for name in DIMENSIONS if len(self.values[name]) > 1 and name != "direction"
+                   and not (direction == "read" and name == "preallocated")]
         return list(itertools.combinations(varying, 2))
 
-    def grid(self, row: str, column: str) -> list[list[BenchPoint]]:
-        """The points of one heat map: ``grid[i][j]`` has ``row``'s i-th and ``column``'s j-th value."""
-        return [[dataclasses.replace(self.baseline, **{row: a, column: b}) for b in self.values[column]]
+    def grid(self, row: str, column: str, direction: str | None = None) -> list[list[BenchPoint]]:
+        """The points of one heat map of ``direction`` (the baseline's by default): ``grid[i][j]`` has
+        ``row``'s i-th and ``column``'s j-th value."""
+        base = self.at(direction or self.baseline.direction)
+        return [[dataclasses.replace(base, **{row: a, column: b}) for b in self.values[column]]
                 for a in self.values[row]]
 
     def points(self) -> list[BenchPoint]:
-        """The canonical points of every grid (the baseline alone when nothing varies), each once, grid by grid."""
-        grids = [self.grid(row, column) for row, column in self.pairs()]
-        found = [point.canonical() for grid in grids for line in grid for point in line] or [self.baseline.canonical()]
+        """The canonical points of every grid of every direction (a direction's baseline alone when nothing
+        varies), each once, direction by direction, grid by grid."""
+        found = []
+        for direction in self.directions:
+            grids = [self.grid(row, column, direction) for row, column in self.pairs(direction)]
+            found += [point.canonical() for grid in grids for line in grid for point in line] or [
+                self.at(direction).canonical()]
         return list(dict.fromkeys(found))
 
 
@@ -123,15 +152,18 @@ BASELINE = BenchPoint(size_bytes=MIB, misaligned_bytes=0, queue_depth=32, proces
 
 def make_matrix(*, quick: bool, max_processes: int | None = None, volume_bytes: int | None = None,
                 sizes: tuple[int, ...] | None = None, queue_depths: tuple[int, ...] | None = None,
-                aggregate_bytes: int = 4 << 20) -> Matrix:
+                aggregate_bytes: int = 4 << 20, directions: tuple[str, ...] = ("write",)) -> Matrix:
     """The full matrix (8 sizes 4 KiB-64 MiB, queue depths 1-128, 1 GiB per point) or the quick one
     (4 sizes, queue depths 1/8/32, 1 and ``max_processes`` processes, 256 MiB per point).
     ``max_processes`` defaults to the CPU count, at least 4 (writers wait on the device, not the CPU).
 
     ``sizes`` and ``queue_depths`` replace the swept values; the baseline's
     size and queue depth then become the size nearest 1 MiB on a log scale and the
-    largest queue depth up to 32. Raises ValueError on empty or non-positive values.
+    largest queue depth up to 32. ``directions`` are swept in order (write, read or both). Raises
+    ValueError on empty or non-positive values or an unknown direction.
     """
+    if not directions or any(d not in DIRECTIONS for d in directions):
+        raise ValueError(f"directions must be among {', '.join(DIRECTIONS)}")
     max_processes = max(4, os.cpu_count() or 1) if max_processes is None else max_processes
     sizes = tuple(sorted(set(sizes or (QUICK_SIZES if quick else FULL_SIZES))))
     depths = tuple(sorted(set(queue_depths or (QUICK_QUEUE_DEPTHS if quick else FULL_QUEUE_DEPTHS))))
@@ -139,17 +171,17 @@ def make_matrix(*, quick: bool, max_processes: int | None = None, volume_bytes: 
         raise ValueError("sizes, queue depths and processes must be positive")
     processes = (1, max_processes) if quick and max_processes > 1 else powers_of_two_up_to(max_processes)
     baseline = dataclasses.replace(
-        BASELINE, size_bytes=min(sizes, key=lambda s: (abs(math.log2(s / MIB)), s)),
+        BASELINE, direction=directions[0], size_bytes=min(sizes, key=lambda s: (abs(math.log2(s / MIB)), s)),
         queue_depth=max([d for d in depths if d <= BASELINE.queue_depth] or [min(depths)]))
     values = {"size_bytes": sizes, "misaligned_bytes": (0, MISALIGNMENT_BYTES), "queue_depth": depths,
               "processes": processes, "direct": (False, True), "engine": ENGINES, "aggregated": (False, True),
-              "preallocated": (False, True)}
+              "preallocated": (False, True), "direction": tuple(dict.fromkeys(directions))}
     volume = (256 * MIB if quick else GIB) if volume_bytes is None else volume_bytes
     return Matrix(values=values, baseline=baseline, volume_bytes=volume, aggregate_bytes=aggregate_bytes)
 
 
 def stream_bytes(point: BenchPoint, volume_bytes: int) -> int:
-    """Bytes one process of ``point`` writes: its share of the volume in whole pieces, at least one piece."""
+    """Bytes one process of ``point`` writes (or reads): its share of the volume in whole pieces, at least one piece."""
     share = volume_bytes // point.processes
     return max(point.size_bytes, share // point.size_bytes * point.size_bytes)
 
@@ -190,18 +222,24 @@ def label(dimension: str, value) -> str:
         return "aggregated" if value else "not aggregated"
     if dimension == "preallocated":
         return "fallocate" if value else "no fallocate"
+    if dimension == "direction":
+        return "reads" if value == "read" else "writes"
     return str(value)
 
 
 TITLES = {"size_bytes": "request size", "misaligned_bytes": "alignment", "queue_depth": "queue depth",
           "processes": "processes", "direct": "page cache", "engine": "engine", "aggregated": "aggregation",
-          "preallocated": "preallocation"}
+          "preallocated": "preallocation", "direction": "direction"}
 
 
 def describe(point: BenchPoint) -> str:
-    """One line for a person: '1 MiB aligned writes, io_uring QD 32, O_DIRECT, not aggregated, fallocate, 1 process'."""
-    engine = f"io_uring QD {point.queue_depth}" if point.engine == "uring" else "POSIX pwrite"
+    """One line for a person: '1 MiB aligned writes, io_uring QD 32, O_DIRECT, not aggregated, fallocate, 1 process'
+    ('1 MiB aligned reads, POSIX pread, ...' for reads, which have no preallocation)."""
+    reads = point.direction == "read"
+    engine = f"io_uring QD {point.queue_depth}" if point.engine == "uring" else (
+        "POSIX pread" if reads else "POSIX pwrite")
     processes = f"{point.processes} process" + ("es" if point.processes > 1 else "")
-    return (f"{label('size_bytes', point.size_bytes)} {label('misaligned_bytes', point.misaligned_bytes)} writes, "
-            f"{engine}, {label('direct', point.direct)}, {label('aggregated', point.aggregated)}, "
-            f"{label('preallocated', point.preallocated)}, {processes}")
+    prealloc = "" if reads else f"{label('preallocated', point.preallocated)}, "
+    return (f"{label('size_bytes', point.size_bytes)} {label('misaligned_bytes', point.misaligned_bytes)} "
+            f"{label('direction', point.direction)}, {engine}, {label('direct', point.direct)}, "
+            f"{label('aggregated', point.aggregated)}, {prealloc}{processes}")

@@ -5,7 +5,7 @@ before anything runs, ``run_bench`` (one row per point), then
 ``write_outputs`` (``bench.arrow`` and one heat map per dimension pair).
 
 Each point runs in fresh processes forked from this one, one per
-``processes``, each writing its own file in a scratch directory that
+``processes``, each writing (reading) its own file in a scratch directory that
 ``run_bench`` creates inside the target and removes at the end; nothing
 else under the target is touched. fork(2) copies only the calling thread,
 so call ``run_bench`` from a process with no other threads running (the
@@ -53,7 +53,7 @@ class PointOutcome:
     volume_bytes: int
     elapsed_s: float | None = None
     runs_elapsed_s: tuple[float, ...] = ()
-    write_ops: int = 0
+    io_ops: int = 0
     latency_ns: dict = dataclasses.field(default_factory=dict)
     cpu_s: float | None = None
     error: str | None = None
@@ -63,7 +63,7 @@ class PointOutcome:
         return {**dataclasses.asdict(self.point), "volume_bytes": self.volume_bytes, "elapsed_s": self.elapsed_s,
                 "runs_elapsed_s": list(self.runs_elapsed_s) or None,
                 "throughput_bytes_per_s": self.volume_bytes / self.elapsed_s if figures and self.elapsed_s > 0 else None,
-                "write_ops": self.write_ops if figures else None,
+                "io_ops": self.io_ops if figures else None,
                 "latency_p50_ns": self.latency_ns.get("p50"), "latency_p99_ns": self.latency_ns.get("p99"),
                 "latency_max_ns": self.latency_ns.get("max"), "cpu_s": self.cpu_s, "error": self.error}
 
@@ -100,10 +100,12 @@ def run_bench(target: str | os.PathLike, matrix: Matrix, *, repeat: int = 1, fio
 
     ``progress`` (optional) gets ``start(total_bytes, label)`` once and
     ``advance(bytes)`` after each run. ``fio`` also measures fio's
-    sequential O_DIRECT write limit (``fio_write_bytes_per_s``). Raises
-    BenchError for a bad target, too little space, a process that fails
-    other than by the storage refusing its configuration (ENOSPC, EIO...),
-    fio missing or failing.
+    sequential O_DIRECT write limit (``fio_write_bytes_per_s``) and, when
+    reads are swept, its read limit (``fio_read_bytes_per_s``). Raises
+    BenchError for a bad target, too little space, too little memory for the
+    read points' destinations (the whole volume), a process that fails other
+    than by the storage refusing its configuration (ENOSPC, EIO, a read that
+    returned wrong bytes), fio missing or failing.
     """
     if repeat < 1:
         raise BenchError("--repeat must be at least 1")
@@ -121,10 +123,14 @@ def run_bench(target: str | os.PathLike, matrix: Matrix, *, repeat: int = 1, fio
         raise BenchError(f"target {target} has {free / 2**20:.0f} MiB free; the bench needs "
                          f"{needed / 2**20:.0f} MiB (lower --volume)")
     points = matrix.points()
+    reads = "read" in matrix.directions
+    if reads:
+        check_read_memory(matrix)
     began = time.monotonic()
     scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=target))
     try:
-        fio_limit = _fio(scratch, matrix.volume_bytes) if fio else None
+        fio_limit = _fio(scratch, matrix.volume_bytes) if fio and "write" in matrix.directions else None
+        fio_read = _fio(scratch, matrix.volume_bytes, "read") if fio and reads else None
         context = _context()
         if progress is not None:
             progress.start(sum(stream_bytes(p, matrix.volume_bytes) * p.processes for p in points) * repeat, "bench")
@@ -135,12 +141,24 @@ def run_bench(target: str | os.PathLike, matrix: Matrix, *, repeat: int = 1, fio
                 "baseline": dataclasses.asdict(matrix.baseline), "volume_bytes": matrix.volume_bytes,
                 "aggregate_bytes": matrix.aggregate_bytes, "block_bytes": block_bytes, "repeat": repeat,
                 "environment": environment(target), "elapsed_s": time.monotonic() - began,
-                "fio_write_bytes_per_s": fio_limit}
+                "fio_write_bytes_per_s": fio_limit, "fio_read_bytes_per_s": fio_read}
     return rows, metadata
 
 
-def _fio(scratch: Path, volume_bytes: int) -> float:
-    limit = fio_bytes_per_s(scratch, str(volume_bytes))
+def check_read_memory(matrix: Matrix) -> None:
+    """Refuse read points whose destinations (the whole volume, as a restore holds the state dict) and
+    staging buffers would not fit in the memory available now (sysconf _SC_AVPHYS_PAGES). Raises BenchError."""
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    needed = max(stream_bytes(p, matrix.volume_bytes) * p.processes
+                 + p.processes * (p.queue_depth + 1) * matrix.aggregate_bytes
+                 for p in matrix.points() if p.direction == "read")
+    if needed > available * config.BENCH_READ_MEMORY_FRACTION:
+        raise BenchError(f"read points need {needed / 2**20:.0f} MiB of memory to read into; "
+                         f"{available / 2**20:.0f} MiB is available (lower --volume)")
+
+
+def _fio(scratch: Path, volume_bytes: int, rw: str = "write") -> float:
+    limit = fio_bytes_per_s(scratch, str(volume_bytes), rw)
     if limit is None:
         raise BenchError("--fio needs fio on PATH (Debian: apt install fio)")
     return limit
@@ -236,13 +254,13 @@ def _combine(point: BenchPoint, volume_bytes: int, messages: list[tuple[str, obj
         latencies.frombytes(result.latencies_ns)
     elapsed_s = (max(r.end_ns for r in results) - min(r.start_ns for r in results)) / 1e9
     return PointOutcome(point, sum(r.stream_bytes for r in results), elapsed_s=elapsed_s,
-                        write_ops=sum(r.write_ops for r in results), latency_ns=percentiles_ns(latencies.tolist()),
+                        io_ops=sum(r.io_ops for r in results), latency_ns=percentiles_ns(latencies.tolist()),
                         cpu_s=sum(r.cpu_s for r in results))
 
 
 def write_outputs(rows: list[dict], metadata: dict, matrix: Matrix, output: Path) -> dict[str, list[str] | str]:
-    """Write ``output/bench.arrow`` and ``output/heatmap-<row>-<column>.png`` for each dimension pair;
-    return their paths. Raises BenchError when the output cannot be written."""
+    """Write ``output/bench.arrow`` and ``output/heatmap-<row>-<column>.png`` for each dimension pair
+    (``heatmap-read-...`` for reads); return their paths. Raises BenchError when the output cannot be written."""
     from .heatmap import write_heatmaps
 
     try:

@@ -1,9 +1,19 @@
-"""One writer process of a bench point: open, write the stream, fsync, close, timed.
+"""One process of a bench point: write the stream and fsync it, or read it back, timed.
 
 Call order, inside the child process (``child_main``): ``StreamWriter(...)``
-opens the file and allocates and pre-faults every buffer (untimed), the
-process waits at the point's barrier, then ``run()`` writes the stream and
-fsyncs it inside the timed region, and ``close()`` frees everything.
+(or ``StreamReader(...)`` for a read point) opens the file and allocates and
+pre-faults every buffer (untimed), the process waits at the point's barrier,
+then ``run()`` writes the stream and fsyncs it (reads it) inside the timed
+region, and ``close()`` frees everything.
+
+A read point first lays its file out untimed: the stream's content written
+with buffered pwrite(2), fsynced, and its pages dropped from the page cache
+with posix_fadvise(POSIX_FADV_DONTNEED) (clean pages of this file only;
+nothing else is evicted), so the timed reads come from the storage. They land
+in one destination buffer the size of the stream, as a restore reads into
+the state dict's memory, and the destination is compared byte for byte with
+the pattern after the clock stops: a read that returned wrong or missing
+bytes fails the point.
 
 The data: every byte at file offset ``o`` is ``iolayer.pattern``'s byte for
 ``o`` (key 0), taken from one pattern buffer, so a piece written at the wrong
@@ -50,13 +60,13 @@ PATTERN_KEY = 0
 @dataclass
 class StreamResult:
     """What one process measured: CLOCK_MONOTONIC start and end of the timed region (ns, comparable
-    across processes), the stream's bytes, file writes issued, their latencies (``array('q')`` bytes, ns)
+    across processes), the stream's bytes, file writes (reads) issued, their latencies (``array('q')`` bytes, ns)
     and the CPU seconds spent."""
 
     start_ns: int
     end_ns: int
     stream_bytes: int
-    write_ops: int
+    io_ops: int
     latencies_ns: bytes
     cpu_s: float
 
@@ -216,6 +226,188 @@ class StreamWriter:
             self.fd = -1
 
 
+LAYOUT_CHUNK_BYTES = 8 << 20  # a read point's file is laid out (and checked) this much at a time
+
+
+class StreamReader:
+    """Reads one process's stream of ``point`` back from ``path`` (created exclusively and laid out first,
+    untimed; see the module docstring) into ``destination``, a buffer of ``stream`` bytes.
+
+    Plain streams are one batch of reads, each piece into its place in the
+    destination (``Ring.run`` or ``pio_run``); aggregated streams read each
+    aligned staging window of ``aggregate_bytes`` (the last rounded up to
+    ``block_bytes``; the read stops at the end of the file) and copy the
+    pieces out, with io_uring up to ``queue_depth`` windows ahead. Raises
+    OSError from open (EINVAL: O_DIRECT refused) or ``run`` (EINVAL: an
+    O_DIRECT read the storage cannot take), and ``ValueError`` from ``run``
+    when the bytes read differ from the pattern.
+    """
+
+    def __init__(self, point: BenchPoint, path: str, stream: int, aggregate_bytes: int, block_bytes: int) -> None:
+        self.point, self.stream = point, stream
+        self.aggregate_bytes, self.block_bytes = aggregate_bytes, block_bytes
+        self.fd = -1
+        self.source: AlignedBuffer | None = None
+        self.destination: AlignedBuffer | None = None
+        self.buffers: list[AlignedBuffer] = []
+        self.ring: rings.Ring | None = None
+        self.requests: np.ndarray | None = None
+        self.latencies_ns = array("q")
+        try:
+            self.source = pattern_buffer(LAYOUT_CHUNK_BYTES)
+            self._lay_out(path)
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_DIRECT if point.direct else 0))
+            self.destination = AlignedBuffer(stream).prefault()
+            if point.aggregated:
+                count = len(staging_writes(point, stream, aggregate_bytes, block_bytes))
+                wanted = 1 if point.engine == "posix" else min(point.queue_depth + 1, count)
+                self.buffers = [AlignedBuffer(aggregate_bytes).prefault() for _ in range(wanted)]
+            else:
+                self.requests = self._piece_requests()
+            if point.engine == "uring":
+                self.ring = rings.Ring(point.queue_depth, latency_sink=self.latencies_ns)
+        except BaseException:
+            self.close()
+            raise
+
+    def _chunks(self):
+        """(file offset, bytes, pattern buffer start) of the stream's content, ``LAYOUT_CHUNK_BYTES`` at a time."""
+        first, end = self.point.misaligned_bytes, self.point.misaligned_bytes + self.stream
+        for offset in range(first, end, LAYOUT_CHUNK_BYTES):
+            yield offset, min(LAYOUT_CHUNK_BYTES, end - offset), pattern.start(offset, PATTERN_KEY)
+
+    def _lay_out(self, path: str) -> None:
+        """Write what a write stream leaves (``expected_content``), fsync it, drop its pages from the cache."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            if self.point.misaligned_bytes:
+                os.pwrite(fd, bytes(self.point.misaligned_bytes), 0)
+            view = self.source.view()
+            try:
+                for offset, size, first in self._chunks():
+                    done = 0
+                    while done < size:
+                        written = os.pwrite(fd, view[first + done:first + size], offset + done)
+                        if written <= 0:
+                            raise OSError(errno.ENOSPC, "short write laying out the read stream")
+                        done += written
+            finally:
+                view.release()
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+    def _piece_requests(self) -> np.ndarray:
+        """The plain stream as one batch: each piece one read into its place in the destination."""
+        layout = np.array(list(pieces(self.point, self.stream)), dtype=np.int64).reshape(-1, 2)
+        requests = rings.batch(len(layout))
+        requests["opcode"] = rings.OP_READ
+        requests["fd"] = self.fd
+        requests["off"] = layout[:, 0]
+        requests["len"] = layout[:, 1]
+        requests["addr"] = self.destination.ptr + layout[:, 0] - self.point.misaligned_bytes
+        return requests
+
+    def run(self) -> StreamResult:
+        """Read the stream, then (after the clock) check every byte of the destination."""
+        usage0 = resource.getrusage(resource.RUSAGE_SELF)
+        start_ns = time.monotonic_ns()
+        reads = self._aggregated() if self.point.aggregated else self._plain()
+        if self.ring is not None:
+            self.ring.drain()
+        end_ns = time.monotonic_ns()
+        usage1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu_s = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)
+        self.check()
+        return StreamResult(start_ns, end_ns, self.stream, reads, self.latencies_ns.tobytes(), cpu_s)
+
+    def check(self) -> None:
+        """Raise ValueError unless the destination holds the stream's pattern bytes."""
+        got = np.frombuffer(self.destination.mmap, np.uint8)
+        want = np.frombuffer(self.source.mmap, np.uint8)
+        for offset, size, first in self._chunks():
+            at = offset - self.point.misaligned_bytes
+            if not np.array_equal(got[at:at + size], want[first:first + size]):
+                bad = at + int(np.flatnonzero(got[at:at + size] != want[first:first + size])[0])
+                raise ValueError(f"the read stream returned wrong bytes at file offset "
+                                 f"{bad + self.point.misaligned_bytes}")
+
+    def _plain(self) -> int:
+        if self.ring is not None:
+            results, latencies = self.ring.run(self.requests)
+        else:
+            results, latencies = rings.pio_run(self.requests)
+            self.latencies_ns.extend(latencies.tolist())
+        failed = rings.first_failure(self.requests, results)
+        if failed is not None:
+            raise failed[1]
+        return len(self.requests)
+
+    def _read(self, slot: int, offset: int, size: int) -> None:
+        """Read staging window ``slot`` (``size`` bytes at ``offset``; less at the end of the file)."""
+        buf = self.buffers[slot]
+        if self.ring is not None:
+            self.ring.submit("read", self.fd, buf.ptr, size, offset, key=slot)
+            return
+        view = buf.view()
+        try:
+            done = 0
+            began = time.perf_counter_ns()
+            while done < size:
+                got = os.preadv(self.fd, [view[done:size]], offset + done)
+                if got <= 0:
+                    break  # the end of the file: the window was rounded up past it
+                done += got
+            self.latencies_ns.append(time.perf_counter_ns() - began)
+        finally:
+            view.release()
+
+    def _aggregated(self) -> int:
+        """Read each staging window (io_uring: up to ``len(buffers)`` ahead) and copy the pieces out."""
+        plan = staging_writes(self.point, self.stream, self.aggregate_bytes, self.block_bytes)
+        slots = len(self.buffers)
+        for index in range(min(slots, len(plan))):
+            self._read(index % slots, *plan[index])
+        destination = self.destination.view()
+        current = -1
+        try:
+            for offset, size in pieces(self.point, self.stream):
+                done = 0
+                while done < size:
+                    position = offset + done
+                    window = position // self.aggregate_bytes
+                    if window != current:
+                        if self.ring is None:
+                            if window > 0:
+                                self._read(0, *plan[window])
+                        else:
+                            if current >= 0 and current + slots < len(plan):  # its buffer is free again
+                                self._read(current % slots, *plan[current + slots])
+                            self.ring.drain(window % slots)
+                        current = window
+                    within = position - window * self.aggregate_bytes
+                    take = min(size - done, self.aggregate_bytes - within)
+                    at = position - self.point.misaligned_bytes
+                    destination[at:at + take] = self.buffers[window % slots].mmap[within:within + take]
+                    done += take
+        finally:
+            destination.release()
+        return len(plan)
+
+    def close(self) -> None:
+        """Reap what is in flight (the kernel may still write the buffers), then free everything."""
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+        for buf in self.buffers + [b for b in (self.source, self.destination) if b is not None]:
+            buf.close()
+        self.buffers, self.source, self.destination = [], None, None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 def describe_os_error(err: OSError, point: BenchPoint) -> str:
     """One line for a failed point: what the storage refused, in the field's terms."""
     if err.errno in UNSUPPORTED and point.direct:
@@ -237,7 +429,8 @@ def child_main(point: BenchPoint, path: str, stream: int, aggregate_bytes: int, 
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        writer = StreamWriter(point, path, stream, aggregate_bytes, block_bytes)
+        kind = StreamReader if point.direction == "read" else StreamWriter
+        writer = kind(point, path, stream, aggregate_bytes, block_bytes)
     except OSError as err:
         barrier.abort()
         conn.send(("unsupported" if err.errno in UNSUPPORTED else "error", describe_os_error(err, point)))
@@ -251,6 +444,8 @@ def child_main(point: BenchPoint, path: str, stream: int, aggregate_bytes: int, 
         conn.send(("ok", writer.run()))
     except OSError as err:
         conn.send(("unsupported" if err.errno in UNSUPPORTED else "error", describe_os_error(err, point)))
+    except ValueError as err:  # a read stream that returned wrong bytes
+        conn.send(("error", str(err)))
     except BrokenBarrierError:
         conn.send(("aborted", ""))
     finally:

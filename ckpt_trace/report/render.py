@@ -220,35 +220,42 @@ def render_check(console: Console, rows: list[dict[str, Any]], tolerance: float,
 
 
 def render_bench(console: Console, data: dict[str, Any]) -> None:
-    """What matters on this storage (one dimension varied from the baseline), the fastest configurations,
-    what the storage refused, and the best configuration in words."""
-    effects = _table(console, "What matters here (one dimension varied, the others at the baseline)")
+    """Per direction swept: what matters on this storage (one dimension varied from the baseline), the
+    fastest configurations and the best one in words; then what the storage refused."""
+    for direction, section in data["directions"].items():
+        _render_bench_direction(console, data, direction, section)
+    for refused in data["refused"][:5]:
+        console.print(f"refused: {refused['description']}: {refused['error']}", highlight=False)
+    if len(data["refused"]) > 5:
+        console.print(f"... and {len(data['refused']) - 5} more refused points", highlight=False)
+    for direction, section in data["directions"].items():
+        best = section["best"]
+        if best is None:
+            console.print(f"best {direction}: none (the storage refused every configuration)", highlight=False)
+            continue
+        fio = f", {best['fraction_of_fio']:.0%} of fio's {human_rate(section['fio_bytes_per_s'])}" \
+            if best.get("fraction_of_fio") else ""
+        ties = (f" ({best['near_best']} other configurations within {best['near_fraction']:.0%}; one run cannot "
+                "rank those, --repeat narrows it)") if best.get("near_best") else ""
+        console.print(f"best {direction}: {best['description']}: {human_rate(best['throughput_bytes_per_s'])}"
+                      f"{fio}{ties}", highlight=False)
+
+
+def _render_bench_direction(console: Console, data: dict[str, Any], direction: str, section: dict) -> None:
+    effects = _table(console, f"What matters for {direction}s here (one dimension varied, the others at the baseline)")
     for column in ("dimension", "fastest", "slowest", "ratio", "MB/s per value"):
         effects.add_column(column, justify="right" if column == "ratio" else "left")
-    for effect in data["effects"]:
+    for effect in section["effects"]:
         speeds = ", ".join(f"{v['label']} {v['throughput_bytes_per_s'] / 1e6:,.0f}" if v["throughput_bytes_per_s"]
                            else f"{v['label']} refused" for v in effect["values"])
         effects.add_row(effect["title"], effect["fastest"] or "-", effect["slowest"] or "-",
                         f"{effect['ratio']:.2f}x" if effect["ratio"] else "-", speeds)
     console.print(effects)
-    table = _table(console, f"Fastest of {data['points']} configurations ({human_bytes(data['volume_bytes'])} each)")
-    for column in ("configuration", "write tput", "p50 lat", "p99 lat", "cpu"):
+    table = _table(console, f"Fastest {direction}s of {data['points']} configurations "
+                            f"({human_bytes(data['volume_bytes'])} each)")
+    for column in ("configuration", f"{direction} tput", "p50 lat", "p99 lat", "cpu"):
         table.add_column(column, justify="left" if column == "configuration" else "right")
-    for row in data["top"]:
+    for row in section["top"]:
         table.add_row(row["description"], human_rate(row["throughput_bytes_per_s"]), human_ns(row["latency_p50_ns"]),
                       human_ns(row["latency_p99_ns"]), f"{row['cpu_s']:.2f} s")
     console.print(table)
-    for refused in data["refused"][:5]:
-        console.print(f"refused: {refused['description']}: {refused['error']}", highlight=False)
-    if len(data["refused"]) > 5:
-        console.print(f"... and {len(data['refused']) - 5} more refused points", highlight=False)
-    best = data["best"]
-    if best is None:
-        console.print("best: none (the storage refused every configuration)", highlight=False)
-        return
-    fio = f", {best['fraction_of_fio']:.0%} of fio's {human_rate(data['fio_write_bytes_per_s'])}" \
-        if best.get("fraction_of_fio") else ""
-    ties = (f" ({best['near_best']} other configurations within {best['near_fraction']:.0%}; one run cannot rank "
-            "those, --repeat narrows it)") if best.get("near_best") else ""
-    console.print(f"best: {best['description']}: {human_rate(best['throughput_bytes_per_s'])}{fio}{ties}",
-                  highlight=False)
