@@ -49,7 +49,11 @@ def test_dcp_golden_verifies_under_aggregation(io_uring, tmp_path):
 
 def test_a_corrupted_byte_is_reported_with_its_offset(tmp_path):
     trace = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
-    report = replay(trace, target=tmp_path / "t")
+    unverified = replay(trace, target=tmp_path / "u").plan  # planned without the ranges: refused, not passed
+    assert not unverified.checks.ranges_planned and not unverified.checks.verify_ranges
+    with pytest.raises(ReplayError, match="made without the ranges --verify checks"):
+        verify_content(TargetRoot(tmp_path / "u"), unverified)
+    report = replay(trace, target=tmp_path / "t", verify=True)
     plan = report.plan
     path = next(p for p in plan.checks.verify_ranges if p.endswith("__1_0.distcp"))
     with open(tmp_path / "t" / path, "r+b") as handle:

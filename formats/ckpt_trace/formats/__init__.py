@@ -9,6 +9,7 @@ from .errors import CkptTraceError, TraceFormatError
 from .io import (
     Trace,
     TraceWriter,
+    count_rows,
     fsync_directory,
     read_metadata,
     read_trace,
@@ -33,6 +34,7 @@ __all__ = [
     "Trace",
     "TraceFormatError",
     "TraceWriter",
+    "count_rows",
     "fsync_directory",
     "int_values",
     "read_metadata",

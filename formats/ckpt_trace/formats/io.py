@@ -259,6 +259,17 @@ def read_metadata(path: str | os.PathLike) -> dict:
     return meta
 
 
+def count_rows(path: str | os.PathLike) -> int:
+    """The number of rows of the trace at ``path``, from its record batches' headers (no column is read or
+    decompressed). Raises TraceFormatError as ``read_metadata`` does."""
+    path = Path(path)
+    try:
+        with pa.OSFile(str(path)) as source:
+            return ipc.open_file(source, options=ipc.IpcReadOptions(included_fields=[0])).count_rows()
+    except (pa.ArrowException, OSError) as err:
+        raise TraceFormatError(f"{path}: not a readable trace ({_first_line(err)})") from None
+
+
 def read_trace(path: str | os.PathLike) -> Trace:
     """Read and validate the trace at ``path``.
 

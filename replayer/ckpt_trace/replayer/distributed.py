@@ -425,7 +425,8 @@ def replay_distributed(
         error: BaseException | None = None
         try:
             share = share_of(owners(trace.path), world.rank, world.size)
-            base = build_posix_plan(share_batches(trace.path, share), strip_prefix, arch=trace.metadata["arch"])
+            base = build_posix_plan(share_batches(trace.path, share), strip_prefix, arch=trace.metadata["arch"],
+                                    verify_ranges=verify)
             mine = share_plan(base, share)
             names = list(STRATEGIES) if strategy == "all" else [strategy]
             check_queue_depth(queue_depth, names)

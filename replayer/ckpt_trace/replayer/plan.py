@@ -100,12 +100,16 @@ class PlanChecks:
     written at offsets the trace did not know. With ``--pack-files``,
     ``pack_verify`` holds (pack, final path, offset in the pack, ranges) and
     each packed file's size is checked through ``ReplayPlan.pack_index``.
+    ``ranges_planned`` is False for a plan made without the ranges
+    (``build_posix_plan(verify_ranges=False)``: a dry run, a replay without
+    ``--verify``), which ``verify_content`` refuses.
     """
 
     expected_sizes: Mapping[str, int] = field(default_factory=dict)
     verify_ranges: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     unverifiable: tuple[str, ...] = ()
     pack_verify: tuple[tuple[str, str, int, tuple[tuple[int, int], ...]], ...] = ()
+    ranges_planned: bool = True
 
 
 @dataclass(frozen=True)
@@ -203,55 +207,81 @@ _RING = np.array(sorted(v.RING_OPS))
 
 class _Rows:
     """The planner's columns of every trace row, in start-time order: numpy arrays (text as codes into
-    ``texts``; integer columns with a validity mask) built batch by batch."""
+    ``texts``; integer columns with a validity mask) filled batch by batch. ``capacity`` (the trace's row
+    count, when known) lets every column be allocated once and filled in place, rather than joined from the
+    batches' copies at the end (half the peak and one copy less)."""
 
-    def __init__(self, batches: Iterable[pa.RecordBatch | pa.Table]) -> None:
+    _MASKED = ("fd", "offset", "size", "flags", "queue_id", "in_flight", "address", "prot")
+
+    def __init__(self, batches: Iterable[pa.RecordBatch | pa.Table], capacity: int | None = None) -> None:
         self.texts: list[str] = []
-        codes: dict[str, int] = {}
+        self._code_of: dict[str, int] = {}
+        self._luts: dict[str, tuple[pa.Array, np.ndarray]] = {}  # per column: its last dictionary and codes
         parts: dict[str, list[np.ndarray]] = defaultdict(list)
+        filled: dict[str, np.ndarray] = {}
+        n = 0
         for batch in batches:
+            rows = batch.num_rows
             for name in _PLAN_COLUMNS + (("row",) if GLOBAL_ROW in batch.schema.names else ()):
                 column = batch.column(name)
                 if isinstance(column, pa.ChunkedArray):
                     column = column.combine_chunks()
-                if name in _TEXT:
-                    parts[name].append(self._codes(column, codes))
-                else:
-                    parts[name].append(int_values(column))  # nulls' slots: masked below
-                    if column.null_count or name in ("fd", "offset", "size", "flags", "queue_id", "in_flight",
-                                                     "address", "prot"):
-                        parts[name + "?"].append(validity(column))
-        self.n = sum(len(p) for p in parts["ts_ns"])
+                values = {name: self._codes(name, column) if name in _TEXT else int_values(column)}
+                if name not in _TEXT and (column.null_count or name in self._MASKED):
+                    values[name + "?"] = validity(column)  # nulls' slots: masked with it
+                for key, value in values.items():
+                    if capacity is not None and n + rows <= capacity:
+                        if key not in filled:
+                            filled[key] = np.empty(capacity, value.dtype)
+                            if key.endswith("?"):
+                                filled[key][:n] = True  # earlier batches had no nulls here
+                        filled[key][n:n + rows] = value
+                    else:
+                        parts[key].append(np.array(value))
+            n += rows
+        self.n = n
         empty = {name: np.int32 for name in _TEXT}
         self.cols = {}
-        for name in list(parts):  # one column at a time: the batches' copies go as each is joined
-            pieces = parts.pop(name)
-            self.cols[name] = np.concatenate(pieces) if pieces else np.zeros(0, empty.get(name, np.int64))
-            del pieces
+        if filled and not parts:
+            for key, column in filled.items():
+                self.cols[key] = column[:n]
+        else:  # no capacity given (or a wrong one): join the batches' copies, one column at a time
+            for key in list(filled):
+                parts[key].insert(0, filled.pop(key)[:min(n, capacity or 0)])
+            for name in list(parts):
+                pieces = parts.pop(name)
+                self.cols[name] = np.concatenate(pieces) if pieces else np.zeros(0, empty.get(name, np.int64))
+                del pieces
         for name in _PLAN_COLUMNS:
-            self.cols.setdefault(name, np.zeros(0, np.int64))
+            self.cols.setdefault(name, np.zeros(0, empty.get(name, np.int64)))
         ts = self.cols["ts_ns"]
         if self.n and np.any(ts[1:] < ts[:-1]):
             order = np.argsort(ts, kind="stable")
             for name in list(self.cols):
                 self.cols[name] = self.cols[name][order]
 
-    def _codes(self, column: pa.Array, codes: dict[str, int]) -> np.ndarray:
-        """Codes into ``texts`` (-1: null) of a string or dictionary column."""
-        if pa.types.is_dictionary(column.type):
-            values, indices = column.dictionary.to_pylist(), column.indices
+    def _codes(self, name: str, column: pa.Array) -> np.ndarray:
+        """Codes into ``texts`` (-1: null) of a string or dictionary column. A trace file's batches share
+        one dictionary per column, so its codes are worked out once, not per batch."""
+        if not pa.types.is_dictionary(column.type):
+            column = column.dictionary_encode()
+        dictionary, indices = column.dictionary, column.indices
+        last = self._luts.get(name)
+        if last is not None and (last[0] is dictionary or last[0].equals(dictionary)):
+            lut = last[1]
         else:
-            encoded = column.dictionary_encode()
-            values, indices = encoded.dictionary.to_pylist(), encoded.indices
-        lut = np.empty(len(values) + 1, np.int32)
-        for i, value in enumerate(values):
-            code = codes.get(value)
-            if code is None:
-                code = codes[value] = len(self.texts)
-                self.texts.append(value)
-            lut[i] = code
-        lut[-1] = -1
-        raw = indices.fill_null(len(values)).to_numpy().astype(np.int64)
+            lut = np.empty(len(dictionary) + 1, np.int32)
+            for i, value in enumerate(dictionary.to_pylist()):
+                code = self._code_of.get(value)
+                if code is None:
+                    code = self._code_of[value] = len(self.texts)
+                    self.texts.append(value)
+                lut[i] = code
+            lut[-1] = -1
+            self._luts[name] = (dictionary, lut)
+        raw = int_values(indices)
+        if indices.null_count:
+            raw = np.where(validity(indices), raw, len(dictionary))
         return lut[raw]
 
     def code(self, text: str) -> int:
@@ -735,20 +765,26 @@ HOST_ARCH = v.host_arch()
 
 
 def build_posix_plan(trace: pa.Table | Iterable[pa.RecordBatch], strip_prefix: str | None = None, *,
-                     arch: str = v.X86_64) -> ReplayPlan:
+                     arch: str = v.X86_64, verify_ranges: bool = True, num_rows: int | None = None) -> ReplayPlan:
     """Plan the replay of a trace (a table, or record batches of at least the planner's columns) recorded
     on ``arch``, operation for operation, as recorded.
 
     Pure: reads only the rows. Rows are taken in ``ts_ns`` order; open flags
-    become this machine's. Raises ReplayError on a path with a NUL byte or a
-    trace of an architecture whose open flags are unknown.
+    become this machine's. ``verify_ranges`` False leaves out the byte ranges
+    ``--verify`` checks (``PlanChecks.ranges_planned``): a tenth of the
+    planning time of a big trace, which a dry run or a replay without
+    ``--verify`` does not need. ``num_rows``, the batches' row count when
+    known (``formats.count_rows``), lets the columns be filled in place.
+    Raises ReplayError on a path with a NUL byte or a trace of an
+    architecture whose open flags are unknown.
     """
     if v.normalize_arch(arch) not in v.OPEN_FLAGS:
         raise ReplayError(f"the trace was recorded on {arch}, whose open flags this release does not know "
                           f"(known: {', '.join(v.ARCHES)})")
     if isinstance(trace, pa.Table):
+        num_rows = trace.num_rows
         trace = [trace.select(list(_PLAN_COLUMNS))]
-    rows = _Rows(trace)
+    rows = _Rows(trace, num_rows)
     c = rows.cols
     op, ret, interface = c["op"], c["ret"], c["interface"]
     ring = np.isin(op, [rows.code(name) for name in _RING])
@@ -775,7 +811,7 @@ def build_posix_plan(trace: pa.Table | Iterable[pa.RecordBatch], strip_prefix: s
         data_rows = data_rows[~unbound]
         handles = _asof_handles(planner.bindings, c["pid"][data_rows], c["fd"][data_rows], data_rows)
     skipped.update(planner.skipped)
-    plan = _finish(rows, planner, data_rows, handles, seq, skipped, strip_prefix)
+    plan = _finish(rows, planner, data_rows, handles, seq, skipped, strip_prefix, verify_ranges)
     return _renumbered(plan, rows.cols[GLOBAL_ROW]) if GLOBAL_ROW in rows.cols else plan
 
 
@@ -799,7 +835,7 @@ def _walk(rows: _Rows, walked: np.ndarray, strip_prefix: str | None, arch: str) 
 
 
 def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray, seq: np.ndarray,
-            skipped: Counter, strip_prefix: str | None) -> ReplayPlan:
+            skipped: Counter, strip_prefix: str | None, verify_ranges: bool = True) -> ReplayPlan:
     c = rows.cols
     # Every read and write: the bulk ones and those the walk resolved.
     walked = np.array([d[0] for d in p.data_ops], np.int64)
@@ -912,20 +948,10 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
             expected[path] = max(expected[path], extent)
 
     # Ranges --verify checks: writes clipped by later truncations, plus precreated content never truncated.
-    known_writes = writes & offset_known
-    ends = _clip_by_truncations(fid[known_writes], row[known_writes], w_end[known_writes], p.truncations)
-    groups = [fid[known_writes]]
-    starts, range_ends = [offset[known_writes]], [ends]
-    truncated = {t[0] for t in p.truncations}
-    for path, extent in precreate_files:
-        f = p.precreated.get(path)
-        if f is not None and f not in truncated and extent:
-            groups.append(np.array([f]))
-            starts.append(np.array([0]))
-            range_ends.append(np.array([extent]))
-    covered = _merge_grouped(np.concatenate(groups), np.concatenate(starts), np.concatenate(range_ends))
+    covered = _verify_ranges(p, fid, row, offset[writes & offset_known], w_end, writes & offset_known,
+                             precreate_files) if verify_ranges else {}
     unverifiable = set(np.unique(fid[is_write & ~offset_known]).tolist()) if len(fid) else set()
-    del writes, w_end, after, reads, read_end, known_writes, ends, groups, starts, range_ends, ret, requested
+    del writes, w_end, after, reads, read_end, ret, requested
     del offset_known, row_worker, perm, by_worker_perm  # what the table does not need: before it is built
     for name in ("offset", "size", "ret", "queue_id", "in_flight", "interface", "op", "fd", "pid", "tid"):
         c.pop(name, None)
@@ -990,13 +1016,31 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
             expected_sizes=MappingProxyType(expected),
             verify_ranges=MappingProxyType({
                 path: _clipped(covered.get(f, []), expected[path]) for path, f in sorted(p.file_of_path.items())
-                if f not in unverifiable and path in expected}),
+                if f not in unverifiable and path in expected and verify_ranges}),
             unverifiable=tuple(sorted(path for path, f in p.file_of_path.items() if f in unverifiable)),
+            ranges_planned=verify_ranges,
         ),
         files=FileIdentity(handle_files=MappingProxyType(dict(p.handle_file)), file_paths=MappingProxyType(final_path)),
         queue_depths=MappingProxyType(depths),
         ops=table,
     )
+
+
+def _verify_ranges(p: _Planner, fid: np.ndarray, row: np.ndarray, starts: np.ndarray, w_end: np.ndarray,
+                   known_writes: np.ndarray, precreate_files) -> dict[int, list[tuple[int, int]]]:
+    """Per file, the merged byte ranges ``--verify`` checks: the writes at known offsets (``starts``, and
+    ``w_end`` under the ``known_writes`` mask) clipped by later truncations, and precreated content never
+    truncated."""
+    ends = _clip_by_truncations(fid[known_writes], row[known_writes], w_end[known_writes], p.truncations)
+    groups, begins, range_ends = [fid[known_writes]], [starts], [ends]
+    truncated = {t[0] for t in p.truncations}
+    for path, extent in precreate_files:
+        f = p.precreated.get(path)
+        if f is not None and f not in truncated and extent:
+            groups.append(np.array([f]))
+            begins.append(np.array([0]))
+            range_ends.append(np.array([extent]))
+    return _merge_grouped(np.concatenate(groups), np.concatenate(begins), np.concatenate(range_ends))
 
 
 def _worker_index(row_workers: np.ndarray, walk_workers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ckpt_trace import config
 from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
-from ckpt_trace.formats import read_metadata, scan, sha256_file
+from ckpt_trace.formats import count_rows, read_metadata, scan, sha256_file
 from ckpt_trace.iolayer import host
 from ckpt_trace.iolayer.fio import fio_bytes_per_s
 from ckpt_trace.stats import median_index
@@ -128,20 +128,25 @@ def _trace_file(path: str | os.PathLike) -> _TraceFile:
     return _TraceFile(path=path, metadata=read_metadata(path))
 
 
-def _plans(trace, strategy: str, strip_prefix: str | None, **options) -> list[ReplayPlan]:
-    """The plans of ``strategy`` (every strategy for ``all``) for a read ``Trace``, planning it once."""
-    return list(_each_plan(trace, strategy, strip_prefix, **options))
+def _plans(trace, strategy: str, strip_prefix: str | None, *, verify_ranges: bool = True,
+           **options) -> list[ReplayPlan]:
+    """The plans of ``strategy`` (every strategy for ``all``) for a read ``Trace``, planning it once;
+    ``verify_ranges``: whether ``--verify`` will check them (``build_posix_plan``)."""
+    return list(_each_plan(trace, strategy, strip_prefix, verify_ranges=verify_ranges, **options))
 
 
-def _each_plan(trace, strategy: str, strip_prefix: str | None, **options) -> Iterator[ReplayPlan]:
+def _each_plan(trace, strategy: str, strip_prefix: str | None, *, verify_ranges: bool = True,
+               **options) -> Iterator[ReplayPlan]:
     """``_plans`` one plan at a time: a caller that lets each go before the next holds two plans at most."""
     if strategy not in CHOICES:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
+    arch = trace.metadata["arch"]
     if trace.table is None:  # a trace file: planned from record batches of the planner's columns only
         _, batches = scan(trace.path, PLAN_COLUMNS)
-        base = build_posix_plan(batches, strip_prefix, arch=trace.metadata["arch"])
+        base = build_posix_plan(batches, strip_prefix, arch=arch, verify_ranges=verify_ranges,
+                                num_rows=count_rows(trace.path))
     else:
-        base = build_posix_plan(trace.table, strip_prefix, arch=trace.metadata["arch"])
+        base = build_posix_plan(trace.table, strip_prefix, arch=arch, verify_ranges=verify_ranges)
     for name in STRATEGIES if strategy == "all" else (strategy,):
         yield derive_plan(base, name, **options)
 
@@ -164,8 +169,8 @@ def plan_summaries(trace_path: str | os.PathLike, *, strategy: str, target: str 
     block = host.block_bytes(target)
     summaries = []
     figures: dict = {}  # the table's figures, by table: posix and the uring strategies share one table
-    for plan in _each_plan(trace, strategy, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=block,
-                           pack_files=pack_files):
+    for plan in _each_plan(trace, strategy, strip_prefix, verify_ranges=False, buffer_bytes=buffer_bytes,
+                           block_bytes=block, pack_files=pack_files):
         ops = plan.ops
         if figures.get("table") is not ops:
             sizes = np.maximum(ops.size, 0)
@@ -296,8 +301,8 @@ def replay(
     trace = _trace_file(trace_path)
     target = Path(target)
     refuse_target_holding(target, trace.path)
-    plans = _plans(trace, strategy, strip_prefix, buffer_bytes=buffer_bytes, block_bytes=host.block_bytes(target),
-                   pack_files=pack_files)
+    plans = _plans(trace, strategy, strip_prefix, verify_ranges=verify, buffer_bytes=buffer_bytes,
+                   block_bytes=host.block_bytes(target), pack_files=pack_files)
     check_queue_depth(queue_depth, [plan.strategy for plan in plans])
     made_target = not target.exists()
     prepare_target(target, force)

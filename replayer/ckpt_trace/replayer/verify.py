@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ckpt_trace.errors import ReplayError
 from ckpt_trace.iolayer import pattern
 
 from .paths import TargetRoot
@@ -28,7 +29,10 @@ class ContentMismatch:
 
 
 def verify_content(root: TargetRoot, plan: ReplayPlan) -> list[ContentMismatch]:
-    """Compare every written range of every file under ``root`` with its pattern; return the mismatches."""
+    """Compare every written range of every file under ``root`` with its pattern; return the mismatches.
+    Raises ReplayError for a plan made without its verify ranges (``PlanChecks.ranges_planned``)."""
+    if not plan.checks.ranges_planned:
+        raise ReplayError("this plan was made without the ranges --verify checks (plan with verify_ranges=True)")
     found = []
     for rel, ranges in plan.checks.verify_ranges.items():
         mismatch = _check_file(os.path.join(root.root, rel), ranges, pattern.file_key(rel))
