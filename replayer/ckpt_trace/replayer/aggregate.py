@@ -117,73 +117,86 @@ def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int, block_bytes: int) -> OpTable:
-    """The aggregated operations of ``ops`` (a plan's table, grouped by worker). Pure."""
+    """The aggregated operations of ``ops`` (a plan's table, grouped by worker). Pure.
+
+    Memory: a few arrays of the collected operations' length at a time (each freed once used), positions
+    as indices rather than full-length masks, the grouping key packed into two integers."""
     n = len(ops)
     if n == 0:
         return ops
-    pos = np.arange(n, dtype=np.int64)
-    kind, handle, worker = ops.kind, ops.handle.astype(np.int64), ops.worker.astype(np.int64)
+    kind, handle, worker = ops.kind, ops.handle, ops.worker  # worker: ascending (the table is grouped by it)
     is_awaited = np.isin(ops.seq, np.fromiter(awaited, np.int64, len(awaited))) if awaited else np.zeros(n, bool)
-    data = (kind == READ) | (kind == WRITE)
-    pending = data & (ops.offset >= 0) & ~is_awaited
+    pending = ((kind == READ) | (kind == WRITE)) & (ops.offset >= 0) & ~is_awaited
     if not pending.any():
         return ops
     barrier = ~pending
     global_barrier = barrier & (np.isin(kind, _GLOBAL) | is_awaited)
     handle_barrier = barrier & ~global_barrier & (kind != _LSEEK) & (handle >= 0)
-    source_barrier = handle_barrier & (ops.source_handle >= 0)
-    worker_end = np.searchsorted(worker, worker, side="right")  # one past each row's worker's last row
+    del barrier, is_awaited
 
     # The barrier that flushes each collected operation: its handle's next, or the next global one.
-    p_pos = pos[pending]
-    p_worker, p_handle = worker[pending], handle[pending]
-    end = worker_end[pending]
+    p_pos = np.flatnonzero(pending)
+    p_worker = worker[p_pos].astype(np.int64)
+    p_handle = handle[p_pos].astype(np.int64)
+    end = np.searchsorted(worker, p_worker, side="right")  # one past the last row of each one's worker
     n_handles = int(max(handle.max(), ops.source_handle.max(), 0)) + 1
-    b_pos = np.concatenate([pos[handle_barrier], pos[source_barrier]])
-    b_group = np.concatenate([worker[handle_barrier] * n_handles + handle[handle_barrier],
-                              worker[source_barrier] * n_handles + ops.source_handle[source_barrier]])
-    by_handle = _next_at_or_after(b_pos, b_group, p_pos, p_worker * n_handles + p_handle, end)
-    by_all = _next_at_or_after(pos[global_barrier], worker[global_barrier], p_pos, p_worker, end)
-    flush = np.minimum(by_handle, by_all)
+    on_handle = np.flatnonzero(handle_barrier)
+    on_source = np.flatnonzero(handle_barrier & (ops.source_handle >= 0))
+    by_handle = _next_at_or_after(
+        np.concatenate([on_handle, on_source]),
+        np.concatenate([worker[on_handle].astype(np.int64) * n_handles + handle[on_handle],
+                        worker[on_source].astype(np.int64) * n_handles + ops.source_handle[on_source]]),
+        p_pos, p_worker * n_handles + p_handle, end)
+    del on_handle, on_source
+    on_all = np.flatnonzero(global_barrier)
+    flush = np.minimum(by_handle, _next_at_or_after(on_all, worker[on_all], p_pos, p_worker, end))
+    del by_handle, on_all, global_barrier, p_worker
 
     # Group the collected operations: (flush position, handle, kind). At a barrier on one descriptor, its
     # handle flushes first, then a dup's source; elsewhere, handles in the order first used since their
-    # last flush; writes before reads.
-    p_kind = kind[pending]
+    # last flush; writes before reads. The key (flush, order, kind, handle) packs into two integers.
     handle_first = _group_min(flush * n_handles + p_handle, p_pos)
     at_handle_barrier = flush < end
+    del end
     at_handle_barrier[at_handle_barrier] = handle_barrier[flush[at_handle_barrier]]
+    del handle_barrier
     barrier_handle = np.where(at_handle_barrier, handle[np.minimum(flush, n - 1)], -1)
     order_key = np.where(at_handle_barrier, (p_handle != barrier_handle).astype(np.int64), handle_first)
-    group_key = np.stack([flush, order_key, (p_kind == READ).astype(np.int64), p_handle], axis=1)
+    del barrier_handle, handle_first, at_handle_barrier
+    span = n + 1  # flush and order_key are at most n
+    group_key = np.stack([flush * span + order_key, (kind[p_pos] == READ) * n_handles + p_handle], axis=1)
+    del flush, order_key, p_handle
     groups, group_of = _unique_rows(group_key)
+    del group_key
     first_op = np.full(len(groups), n, np.int64)
     np.minimum.at(first_op, group_of, p_pos)
-    starts = ops.offset[pending]
-    ends = starts + ops.size[pending]
-    extent_group, extent_start, extent_end = merge_grouped_ranges(group_of, starts, ends)
+    starts = ops.offset[p_pos]
+    extent_group, extent_start, extent_end = merge_grouped_ranges(group_of, starts, starts + ops.size[p_pos])
+    del starts
     piece_extent, piece_offset, piece_size = _split_all(extent_start, extent_end, buffer_bytes, block_bytes)
     piece_group = extent_group[piece_extent]
+    del extent_group, extent_start, extent_end, piece_extent
     template = first_op[piece_group]  # each piece copies its group's first operation
 
     # Deps of a piece: the union of its group's operations' deps.
-    pending_rows = np.flatnonzero(pending)
-    d_row, d_seq = _deps_of_rows(ops, pending_rows)
-    rank_of_row = np.full(n, -1, np.int64)
-    rank_of_row[pending_rows] = np.arange(len(pending_rows))
+    d_row, d_seq = _deps_of_rows(ops, p_pos)
     if len(d_row):
-        pairs, _ = _unique_rows(np.stack([group_of[rank_of_row[d_row]], d_seq], axis=1))
+        pairs, _ = _unique_rows(np.stack([group_of[np.searchsorted(p_pos, d_row)], d_seq], axis=1))
     else:
         pairs = np.zeros((0, 2), np.int64)
+    del group_of, p_pos, d_row, d_seq
     group_dep_ptr = np.concatenate([[0], np.cumsum(np.bincount(pairs[:, 0], minlength=len(groups)))])
+    flush_of_group = groups[:, 0] // span
+    del groups
 
     # The kept operations and the pieces, in order: a piece sits before its barrier.
     kept = np.flatnonzero(~pending)
-    order_pos = np.concatenate([kept, groups[piece_group, 0]])
+    del pending
+    order_pos = np.concatenate([kept, flush_of_group[piece_group]])
     order_sub = np.concatenate([np.ones(len(kept), np.int64), np.zeros(len(piece_group), np.int64)])
     order_group = np.concatenate([np.zeros(len(kept), np.int64), piece_group])
     order_piece = np.concatenate([np.zeros(len(kept), np.int64), np.arange(len(piece_group))])
-    order_worker = np.concatenate([worker[kept], worker[template]])
+    order_worker = np.concatenate([worker[kept], worker[template]]).astype(np.int64)
     order = np.lexsort((order_piece, order_group, order_sub, order_pos, order_worker))
     rows = np.concatenate([kept, template])[order]
     is_piece = np.concatenate([np.zeros(len(kept), bool), np.ones(len(piece_group), bool)])[order]
@@ -192,8 +205,7 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
     group = np.concatenate([np.full(len(kept), -1, np.int64), piece_group])[order]
 
     # Deps: kept rows keep theirs; pieces take their group's union.
-    dep_lengths = ops.dep_ptr[1:] - ops.dep_ptr[:-1]
-    lengths = np.where(is_piece, np.diff(group_dep_ptr)[np.maximum(group, 0)], dep_lengths[rows])
+    lengths = np.where(is_piece, np.diff(group_dep_ptr)[np.maximum(group, 0)], ops.dep_ptr[rows + 1] - ops.dep_ptr[rows])
     dep_ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     source = np.where(is_piece, group_dep_ptr[np.maximum(group, 0)], ops.dep_ptr[rows])
     gather = np.repeat(source - dep_ptr[:-1], lengths) + np.arange(int(lengths.sum()))
@@ -219,13 +231,18 @@ def _deps_of_rows(ops: OpTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def _group_min(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """For each element, the smallest value among the elements sharing its key."""
+    """For each element, the smallest value among the elements sharing its key. Runs of equal consecutive
+    keys (a worker's writes to one file) fold first, so the sort is over one key per run."""
     if not len(keys):
         return values
-    unique, inverse = np.unique(keys, return_inverse=True)
+    change = np.r_[True, keys[1:] != keys[:-1]]
+    starts = np.flatnonzero(change)
+    unique, inverse = np.unique(keys[starts], return_inverse=True)
     smallest = np.full(len(unique), np.iinfo(np.int64).max, np.int64)
-    np.minimum.at(smallest, inverse, values)
-    return smallest[inverse]
+    np.minimum.at(smallest, inverse, np.minimum.reduceat(values, starts))
+    run_of = np.cumsum(change) - 1
+    del change
+    return smallest[inverse][run_of]
 
 
 def build_aggregated_plan(base: ReplayPlan, *, buffer_bytes: int = 4 << 20, block_bytes: int = 4096) -> ReplayPlan:

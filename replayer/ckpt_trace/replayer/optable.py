@@ -225,9 +225,8 @@ def interleave_columns(inserted: OpTable, columns: dict[str, np.ndarray], dep_pt
     n = len(columns["kind"])
     total = len(inserted) + n
     at = np.asarray(at, np.int64)
-    rest = np.ones(total, bool)
+    rest = np.ones(total, bool)  # a mask, not indices: a byte per row rather than eight
     rest[at] = False
-    rest = np.flatnonzero(rest)
     out = {}
     dtypes = {"kind": (np.int8, None), "release": (bool, None), "mapped": (bool, None), **_INT_COLUMNS}
     for name, (dtype, missing) in dtypes.items():
@@ -237,17 +236,25 @@ def interleave_columns(inserted: OpTable, columns: dict[str, np.ndarray], dep_pt
         column[rest] = (0 if missing is None else missing) if values is None else values
         del values
         out[name] = column
-    lengths = np.zeros(total, np.int64)
-    lengths[at] = np.diff(inserted.dep_ptr)
-    lengths[rest] = np.diff(dep_ptr)
-    ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    counts = np.diff(dep_ptr)
+    ptr = np.zeros(total + 1, np.int64)
+    ptr[1:][at] = np.diff(inserted.dep_ptr)
+    ptr[1:][rest] = counts
+    np.cumsum(ptr, out=ptr)
     seq = np.empty(int(ptr[-1]), np.int64)
-    for source_ptr, source_seq, rows in ((inserted.dep_ptr, inserted.dep_seq, at), (dep_ptr, dep_seq, rest)):
-        counts = np.diff(source_ptr)
-        if len(source_seq):
-            seq[np.repeat(ptr[rows], counts) + np.arange(len(source_seq)) - np.repeat(source_ptr[:-1], counts)] \
-                = source_seq
+    with_deps = np.flatnonzero(counts)  # the rest's rows that have deps (few)
+    _copy_runs(seq, ptr[at], inserted.dep_seq, inserted.dep_ptr[:-1], np.diff(inserted.dep_ptr))
+    _copy_runs(seq, ptr[np.flatnonzero(rest)[with_deps]], dep_seq, dep_ptr[with_deps], counts[with_deps])
     return OpTable(**out, dep_ptr=ptr, dep_seq=seq, paths=inserted.paths)
+
+
+def _copy_runs(dest: np.ndarray, dest_starts: np.ndarray, source: np.ndarray, source_starts: np.ndarray,
+               lengths: np.ndarray) -> None:
+    """``dest[dest_starts[i]:dest_starts[i] + lengths[i]] = source[source_starts[i]:...]`` for every i, vectorised."""
+    total = int(lengths.sum())
+    if total:
+        within = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        dest[np.repeat(dest_starts, lengths) + within] = source[np.repeat(source_starts, lengths) + within]
 
 
 def count_kinds(table: OpTable, mask: np.ndarray | None = None) -> Counter:

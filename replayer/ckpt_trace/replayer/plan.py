@@ -711,8 +711,10 @@ def merge_grouped_ranges(groups: np.ndarray, starts: np.ndarray,
     groups, starts, ends = groups[keep], starts[keep], ends[keep]
     if not len(groups):
         return groups, starts, ends
-    order = np.argsort(groups, kind="stable")
-    groups, starts, ends = groups[order], starts[order], ends[order]
+    if np.any(groups[1:] < groups[:-1]):  # (an aggregation's groups come in order: no copies then)
+        order = np.argsort(groups, kind="stable")
+        groups, starts, ends = groups[order], starts[order], ends[order]
+        del order
     same = groups[1:] == groups[:-1]
     if np.any(same & (starts[1:] < starts[:-1])):
         order = np.lexsort((starts, groups))
@@ -798,7 +800,6 @@ def build_posix_plan(trace: pa.Table | Iterable[pa.RecordBatch], strip_prefix: s
     if failed.any():
         skipped["failed"] = int(failed.sum())
     data_rows = np.flatnonzero(data)
-    seq = np.arange(rows.n, dtype=np.int64)
 
     # The walk, then the as-of join; reads and writes no binding covers join the walk, which then runs again.
     walked = np.flatnonzero(control)
@@ -811,7 +812,8 @@ def build_posix_plan(trace: pa.Table | Iterable[pa.RecordBatch], strip_prefix: s
         data_rows = data_rows[~unbound]
         handles = _asof_handles(planner.bindings, c["pid"][data_rows], c["fd"][data_rows], data_rows)
     skipped.update(planner.skipped)
-    plan = _finish(rows, planner, data_rows, handles, seq, skipped, strip_prefix, verify_ranges)
+    del control, data, ring, failed, op, ret, interface
+    plan = _finish(rows, planner, data_rows, handles, skipped, strip_prefix, verify_ranges)
     return _renumbered(plan, rows.cols[GLOBAL_ROW]) if GLOBAL_ROW in rows.cols else plan
 
 
@@ -834,9 +836,18 @@ def _walk(rows: _Rows, walked: np.ndarray, strip_prefix: str | None, arch: str) 
     return planner
 
 
-def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray, seq: np.ndarray,
-            skipped: Counter, strip_prefix: str | None, verify_ranges: bool = True) -> ReplayPlan:
+def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray, skipped: Counter,
+            strip_prefix: str | None, verify_ranges: bool = True) -> ReplayPlan:
+    """The plan from the walk ``p`` and the bulk reads and writes (``data_rows``, their ``handles``).
+    Memory: each trace column is dropped once gathered into the plan's order (``_drop``)."""
     c = rows.cols
+
+    def _drop(*names: str) -> None:
+        for name in names:
+            c.pop(name, None)
+            c.pop(name + "?", None)
+
+    _drop("fd")
     # Every read and write: the bulk ones and those the walk resolved.
     walked = np.array([d[0] for d in p.data_ops], np.int64)
     w_handle = np.array([d[1] for d in p.data_ops], np.int64)
@@ -844,32 +855,47 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
     w_offset = np.array([NONE if d[4] is None else d[4] for d in p.data_ops], np.int64)
     w_size = np.array([d[5] or 0 for d in p.data_ops], np.int64)
     # Every array below is in the plan's final order of reads and writes: by worker, then row.
-    for name in ("path", "new_path", "flags", "address", "prot", "memory_kind"):  # the walk's alone: done
-        c.pop(name, None)
-        c.pop(name + "?", None)
+    _drop("path", "new_path", "flags", "address", "prot", "memory_kind")  # the walk's alone: done
     walk_ops = [op for _, op in p.ops]
     walk_workers = np.array([(pid << 32) | (tid & 0xFFFFFFFF) for (pid, tid), _ in p.ops], np.int64)
     row = np.concatenate([data_rows, walked])
     perm = np.argsort(row, kind="stable")  # two ascending runs: linear
     row = row[perm]
     row_worker = (c["pid"][row].astype(np.int64) << 32) | (c["tid"][row].astype(np.int64) & 0xFFFFFFFF)
+    _drop("pid", "tid")
     worker_keys, widx = _worker_index(row_worker, walk_workers)
     by_worker_perm = np.argsort(widx, kind="stable")  # a radix sort on small integers: row order kept per worker
     perm, row, widx = perm[by_worker_perm], row[by_worker_perm], widx[by_worker_perm]
+    row_worker = row_worker[by_worker_perm]
+    del by_worker_perm
     source = perm  # index into (bulk rows, then the walk's): where each row's handle and deps come from
+    del perm
     bulk = source < len(data_rows)
     handle = np.concatenate([handles, w_handle]).astype(np.int64)[source]
+    del handles
     mapped = np.concatenate([np.zeros(len(data_rows), bool), w_mapped])[source]
     is_write = c["op"][row] == rows.code("write")
-    ret = c["ret"][row]
+    _drop("op")
     offset_known = np.where(mapped, True, rows.valid("offset")[row])
     offset = np.where(mapped, np.concatenate([np.zeros(len(data_rows), np.int64), w_offset])[source],
                       np.where(offset_known, c["offset"][row], NONE))
-    requested = np.where(rows.valid("size")[row], c["size"][row], 0)
-    size = np.where(mapped, np.concatenate([np.zeros(len(data_rows), np.int64), w_size])[source],
-                    np.where(is_write, ret, requested))
+    _drop("offset")
+    ret = c["ret"][row]
+    _drop("ret")
+    size = np.where(rows.valid("size")[row], c["size"][row], 0)  # what a read asked for
+    _drop("size")
+    np.copyto(size, ret, where=is_write)  # what a write transferred
+    if len(p.data_ops):
+        np.copyto(size, np.concatenate([np.zeros(len(data_rows), np.int64), w_size])[source], where=mapped)
     queue = np.where(~mapped & rows.valid("queue_id")[row] & np.isin(c["interface"][row], [
         rows.code(v.IO_URING), rows.code(v.LIBAIO)]), c["queue_id"][row], NONE)
+    _drop("interface", "queue_id")
+
+    # Read extents (per handle) of the files the trace did not create: their content is made before the clock.
+    reads = ~is_write & offset_known
+    read_end = offset[reads] + np.where(mapped[reads], size[reads], np.maximum(ret[reads], 0))
+    handle_read_end = _group_max(handle[reads], read_end, max(p.next_handle, 1))
+    del reads, read_end, ret
 
     # Handles, files, origins as arrays.
     n_handles = p.next_handle
@@ -881,7 +907,6 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
         s, (pid, tid) = p.handle_origin[h]
         origin_seq[h], origin_worker[h] = s, (pid << 32) | (tid & 0xFFFFFFFF)
     fid = handle_file[handle] if len(handle) else np.zeros(0, np.int64)
-    row_worker = row_worker[by_worker_perm]
 
     # Cross-worker waits of the bulk rows (the walk's rows carry theirs).
     needs = bulk & (origin_worker[handle] != row_worker) if len(handle) else np.zeros(0, bool)
@@ -913,10 +938,6 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
         unknown_after[fid[is_write & ~mapped & ~offset_known & (row > last_trunc[fid])]] = True
     bytes_to_write = p.bytes_to_write + int(size[is_write].sum())
 
-    # Read extents of files the trace did not create (their content is made before the clock).
-    reads = ~is_write & offset_known
-    read_end = offset + np.where(mapped, size, np.maximum(ret, 0))
-    handle_read_end = _group_max(handle[reads], read_end[reads], max(n_handles, 1))
     read_extent = dict(p.read_extent)
     for h in np.flatnonzero(handle_read_end).tolist():
         path = p.handle_path[h]
@@ -951,11 +972,8 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
     covered = _verify_ranges(p, fid, row, offset[writes & offset_known], w_end, writes & offset_known,
                              precreate_files) if verify_ranges else {}
     unverifiable = set(np.unique(fid[is_write & ~offset_known]).tolist()) if len(fid) else set()
-    del writes, w_end, after, reads, read_end, ret, requested
-    del offset_known, row_worker, perm, by_worker_perm  # what the table does not need: before it is built
-    for name in ("offset", "size", "ret", "queue_id", "in_flight", "interface", "op", "fd", "pid", "tid"):
-        c.pop(name, None)
-        c.pop(name + "?", None)
+    del writes, w_end, after, offset_known, row_worker  # what the table does not need: before it is built
+    _drop("in_flight")
 
     # The operations: the walk's, and the reads and writes, in one table ordered by worker and row.
     path_list = list(dict.fromkeys([*p.handle_path.values(), *(x for op in walk_ops for x in (op.path, op.new_path)
