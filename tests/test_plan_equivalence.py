@@ -151,3 +151,22 @@ def test_golden_traces_aggregate_the_same(path):
        st.sampled_from([512, 4096]))
 def test_random_traces_aggregate_the_same(steps, block):
     assert_same_aggregation(_trace(steps), buffer_bytes=1 << 20, block_bytes=block)
+
+
+@settings(deadline=None)
+@given(pairs=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 40)), min_size=1, max_size=60),
+       walk=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 40)), max_size=5))
+def test_worker_index_by_thread_table_equals_the_hash(pairs, walk):
+    """The thread-id table and the hash agree, and a thread id two processes share falls back to the hash."""
+    import numpy as np
+
+    from ckpt_trace.replayer.plan import _worker_index
+
+    pid = np.array([p for p, _ in pairs], np.int32)
+    tid = np.array([t for _, t in pairs], np.int32)
+    workers = (pid.astype(np.int64) << 32) | tid
+    walk_workers = np.array([(p << 32) | t for p, t in walk], np.int64)
+    keys, index = _worker_index(workers, walk_workers, pid, tid)
+    hashed_keys, hashed = _worker_index(workers, walk_workers)
+    assert keys.tolist() == hashed_keys.tolist() == sorted(set(workers.tolist()) | set(walk_workers.tolist()))
+    assert index.tolist() == hashed.tolist() and keys[index].tolist() == workers.tolist()

@@ -854,22 +854,19 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
     w_mapped = np.array([d[6] for d in p.data_ops], bool)
     w_offset = np.array([NONE if d[4] is None else d[4] for d in p.data_ops], np.int64)
     w_size = np.array([d[5] or 0 for d in p.data_ops], np.int64)
-    # Every array below is in the plan's final order of reads and writes: by worker, then row.
+    # Every array below is in row order (ascending: gathers from the trace's columns are near-sequential)
+    # until the table is built, whose columns alone are put in the plan's order: by worker, then row.
     _drop("path", "new_path", "flags", "address", "prot", "memory_kind")  # the walk's alone: done
     walk_ops = [op for _, op in p.ops]
     walk_workers = np.array([(pid << 32) | (tid & 0xFFFFFFFF) for (pid, tid), _ in p.ops], np.int64)
     row = np.concatenate([data_rows, walked])
-    perm = np.argsort(row, kind="stable")  # two ascending runs: linear
-    row = row[perm]
-    row_worker = (c["pid"][row].astype(np.int64) << 32) | (c["tid"][row].astype(np.int64) & 0xFFFFFFFF)
+    source = np.argsort(row, kind="stable")  # two ascending runs: linear
+    row = row[source]  # source: index into (bulk rows, then the walk's): where a row's handle and deps come from
+    row_pid, row_tid = c["pid"][row], c["tid"][row]
     _drop("pid", "tid")
-    worker_keys, widx = _worker_index(row_worker, walk_workers)
-    by_worker_perm = np.argsort(widx, kind="stable")  # a radix sort on small integers: row order kept per worker
-    perm, row, widx = perm[by_worker_perm], row[by_worker_perm], widx[by_worker_perm]
-    row_worker = row_worker[by_worker_perm]
-    del by_worker_perm
-    source = perm  # index into (bulk rows, then the walk's): where each row's handle and deps come from
-    del perm
+    row_worker = (row_pid.astype(np.int64) << 32) | (row_tid.astype(np.int64) & 0xFFFFFFFF)
+    worker_keys, widx = _worker_index(row_worker, walk_workers, row_pid, row_tid)
+    del row_pid, row_tid
     bulk = source < len(data_rows)
     handle = np.concatenate([handles, w_handle]).astype(np.int64)[source]
     del handles
@@ -985,28 +982,36 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
     walk_widx = np.searchsorted(worker_keys, walk_workers)
     walk_order = np.lexsort((np.arange(len(walk_ops)), [op.seq for op in walk_ops], walk_widx))
     walk_table = OpTable.from_ops(walk_widx[walk_order].tolist(), [walk_ops[i] for i in walk_order], path_list)
+    # The plan's order: by worker (a radix sort on small integers), row order kept within each.
+    by_worker = np.argsort(widx, kind="stable")
+    row, widx, handle, needs = row[by_worker], widx[by_worker], handle[by_worker], needs[by_worker]
+    walked_at = np.flatnonzero(~bulk[by_worker])
+    walked_source = source[by_worker[walked_at]] - len(data_rows)
+    del bulk, source
     # Deps: a bulk row waits at most for its handle's open; a row the walk resolved carries its own list.
     walk_deps = [d[3] for d in p.data_ops]
     dep_lengths = np.where(needs, 1, 0).astype(np.int64)
-    walked_at = np.flatnonzero(~bulk)
     if len(walked_at):
-        dep_lengths[walked_at] = [len(walk_deps[i]) for i in (source[walked_at] - len(data_rows)).tolist()]
+        dep_lengths[walked_at] = [len(walk_deps[i]) for i in walked_source.tolist()]
     dep_ptr = np.concatenate([[0], np.cumsum(dep_lengths)]).astype(np.int64)
+    del dep_lengths
     dep_seq = np.empty(int(dep_ptr[-1]), np.int64)
     dep_seq[dep_ptr[:-1][needs]] = origin_seq[handle[needs]]
-    for at, i in zip(walked_at.tolist(), (source[walked_at] - len(data_rows)).tolist()):
+    for at, i in zip(walked_at.tolist(), walked_source.tolist()):
         dep_seq[dep_ptr[at]:dep_ptr[at + 1]] = walk_deps[i]
+    del needs
     # Same worker and row: the walk's operations first (an implicit open precedes the read it is for).
     data_keys = (widx.astype(np.int64) << 40) | row
     walk_keys = (walk_table.worker.astype(np.int64) << 40) | walk_table.seq
     at = np.searchsorted(data_keys, walk_keys, side="left") + np.arange(len(walk_table))
     del data_keys
+    is_write = is_write[by_worker]
     columns = {"kind": np.where(is_write, WRITE, READ), "seq": row, "ts_ns": c.pop("ts_ns")[row],
-               "worker": widx, "handle": handle, "offset": offset, "size": size,
+               "worker": widx, "handle": handle, "offset": offset[by_worker], "size": size[by_worker],
                "path": handle_path[handle] if len(handle) else np.zeros(0, np.int32),
-               "pattern_key": np.where(is_write, key_of[fid] if len(fid) else 0, 0), "queue": queue,
-               "mapped": mapped}
-    del is_write, handle, offset, size, queue, mapped  # the table takes them over, column by column
+               "pattern_key": np.where(is_write, key_of[handle_file[handle]] if len(handle) else 0, 0),
+               "queue": queue[by_worker], "mapped": mapped[by_worker]}
+    del is_write, handle, offset, size, queue, mapped, fid, by_worker  # the table takes them over
     table = interleave_columns(walk_table, columns, dep_ptr, dep_seq, at)
 
     first_rows = row[np.minimum(np.searchsorted(widx, np.arange(len(worker_keys))), max(len(row) - 1, 0))] \
@@ -1061,15 +1066,33 @@ def _verify_ranges(p: _Planner, fid: np.ndarray, row: np.ndarray, starts: np.nda
     return _merge_grouped(np.concatenate(groups), np.concatenate(begins), np.concatenate(range_ends))
 
 
-def _worker_index(row_workers: np.ndarray, walk_workers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the sorted distinct worker keys of the rows and the walk, each row's index into them), by a hash
-    (Arrow's dictionary encoding) rather than a sort of the rows."""
+_TID_TABLE_MAX = 1 << 24  # thread ids below this are looked up in a table (pid_max is at most 2**22)
+
+
+def _worker_index(row_workers: np.ndarray, walk_workers: np.ndarray, pid: np.ndarray | None = None,
+                  tid: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(the sorted distinct worker keys of the rows and the walk, each row's index into them). Where each
+    thread id belongs to one process (``pid``, ``tid`` given, as a kernel hands them out), by a table
+    indexed by thread id; else by a hash (Arrow's dictionary encoding). Never by a sort of the rows."""
+    dtype = np.int16
+    if pid is not None and len(tid) and 0 <= int(tid.min()) and int(tid.max()) < _TID_TABLE_MAX \
+            and int(pid.min()) >= 0:
+        pid_of = np.full(int(tid.max()) + 1, -1, np.int64)
+        pid_of[tid] = pid
+        if np.array_equal(pid_of[tid], pid):  # no thread id shared by two processes
+            present = np.flatnonzero(pid_of >= 0)
+            seen = (pid_of[present] << 32) | present
+            keys = np.unique(np.concatenate([seen, walk_workers]))
+            lut = np.zeros(len(pid_of), np.int64)
+            lut[present] = np.searchsorted(keys, seen)
+            dtype = np.int16 if len(keys) < 2**15 else np.int32  # int16: numpy's stable sort is then a radix sort
+            return keys, lut[tid].astype(dtype)
     encoded = pa.array(row_workers, pa.int64()).dictionary_encode()
-    seen = encoded.dictionary.to_numpy()
+    seen = int_values(encoded.dictionary)
     keys = np.unique(np.concatenate([seen, walk_workers]))
     lut = np.searchsorted(keys, seen)
-    index = lut[encoded.indices.to_numpy()] if len(row_workers) else np.zeros(0, np.int64)
-    dtype = np.int16 if len(keys) < 2**15 else np.int32  # int16: numpy's stable sort is then a radix sort
+    index = lut[int_values(encoded.indices)] if len(row_workers) else np.zeros(0, np.int64)
+    dtype = np.int16 if len(keys) < 2**15 else np.int32
     return keys, index.astype(dtype)
 
 
