@@ -115,9 +115,10 @@ def _exact_sum(values: np.ndarray) -> int:
 
 def _size_buckets(sizes: np.ndarray, is_write: np.ndarray) -> list[dict[str, int]]:
     """Data operations per power-of-two size bucket, from their sizes (bytes, 0 for unknown) and whether each
-    is a write: vectorised (frexp, then one exact integer correction)."""
+    is a write: vectorised (the exponent bits of each size as a float64, IEEE 754: floor(log2) + 1 but for
+    a size that rounds up to the next power of two, which one exact integer comparison corrects)."""
     positive = sizes > 0
-    index = np.where(positive, np.frexp(sizes.astype(np.float64))[1], 0).astype(np.int64)
+    index = np.where(positive, (sizes.astype(np.float64).view(np.int64) >> 52) - 1022, 0)
     low = np.left_shift(np.int64(1), np.clip(index - 1, 0, 62))
     index -= positive & (low > sizes)
     index = np.minimum(index, 63)
@@ -212,7 +213,8 @@ class Accumulator:
         self.written += _exact_sum(moved[is_write])
         self.read += _exact_sum(moved[~is_write])
         if is_write.any():
-            rank, pid, tid = (int_values(batch.column(c))[data][is_write].astype(np.int64) for c in ("rank", "pid", "tid"))
+            wrote = np.flatnonzero(data)[is_write]  # one gather per column, not two
+            rank, pid, tid = (int_values(batch.column(c))[wrote].astype(np.int64) for c in ("rank", "pid", "tid"))
             owner = np.where(rank >= 0, rank, -pid - 1) + (1 << 30)  # > 0: ranks and pids are below 2**30
             keys = np.ascontiguousarray(np.left_shift(owner, 32) | tid, np.int64)
             wrapped = pa.Array.from_buffers(pa.int64(), len(keys), [None, pa.py_buffer(keys)])  # pa.array imports pandas
@@ -224,9 +226,9 @@ class Accumulator:
         for entry in _size_buckets(sizes, is_write):
             self._add_bucket(entry)
         offset, offset_valid = _ints(batch.column("offset"))
-        known = offset_valid[data]
-        self.known_offsets += int(known.sum())
-        self.unaligned_offsets += int(((offset[data][known] & (ALIGNMENT_BYTES - 1)) != 0).sum())
+        known = offset_valid & data  # over the whole batch: masks, no gathers
+        self.known_offsets += int(np.count_nonzero(known))
+        self.unaligned_offsets += int(np.count_nonzero(known & ((offset & (ALIGNMENT_BYTES - 1)) != 0)))
         self.unaligned_sizes += int(((sizes & (ALIGNMENT_BYTES - 1)) != 0).sum())
         interface_codes, interface_names = _codes(batch.column("interface"))
         interface_codes = interface_codes[data]
