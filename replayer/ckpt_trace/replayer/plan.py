@@ -1075,7 +1075,7 @@ def _worker_index(row_workers: np.ndarray, walk_workers: np.ndarray, pid: np.nda
     thread id belongs to one process (``pid``, ``tid`` given, as a kernel hands them out), by a table
     indexed by thread id; else by a hash (Arrow's dictionary encoding). Never by a sort of the rows."""
     dtype = np.int16
-    if pid is not None and len(tid) and 0 <= int(tid.min()) and int(tid.max()) < _TID_TABLE_MAX \
+    if pid is not None and len(tid) and int(tid.min()) >= 0 and int(tid.max()) < _TID_TABLE_MAX \
             and int(pid.min()) >= 0:
         pid_of = np.full(int(tid.max()) + 1, -1, np.int64)
         pid_of[tid] = pid
