@@ -118,3 +118,56 @@ def test_auto_falls_back_to_strace_when_the_kernel_refuses_bpf(bcc_backend, stra
     trace = read_trace(tmp_path / "t.arrow")
     assert trace.metadata["backend"] == "strace" and "refused" in trace.metadata["backend_reason"]
     assert [r["ret"] for r in trace.table.to_pylist() if r["op"] == "write" and r["path"] == f"{tmp_path}/f"] == [2]
+
+
+def test_a_spilled_recording_is_the_same_recording(backend, odd_recording, tmp_path, monkeypatch):
+    """Rows spilled as sorted runs every 16 rows, raw records decoded live 5 at a time, events fed once 50 ms
+    old: the same rows as the session's recording that held everything, exact against the kernel, and no
+    run left behind. (The re-ordering itself: tests/test_state.py.)"""
+    from conftest import record_odd_pattern
+
+    monkeypatch.setenv("CKPT_TRACE_RECORD_RUN_ROWS", "16")
+    monkeypatch.setenv("CKPT_TRACE_RECORD_RAW_BYTES", "1")
+    monkeypatch.setenv("CKPT_TRACE_RECORD_DECODE_EVENTS", "5")
+    monkeypatch.setenv("CKPT_TRACE_RECORD_REORDER_SLACK_NS", "50000000")
+    trace_path, expected, out = record_odd_pattern(backend, tmp_path / "spilled")
+    trace = read_trace(trace_path)
+    assert trace.metadata["spilled_runs"] >= 2 and trace.metadata["late_events"] >= 0  # merged from runs
+    assert data_ops(trace.table) == Counter((e["op"], e["path"], e["offset"], e["bytes"]) for e in expected)
+    ts = trace.table["ts_ns"].to_pylist()
+    assert ts == sorted(ts)
+    held_trace, _, held_out = odd_recording
+    assert _comparable(trace.table, out) == _comparable(read_trace(held_trace).table, held_out)
+    assert sorted(p.name for p in trace_path.parent.iterdir()) == sorted(["expected.json", "out", trace_path.name])
+
+
+def test_spooled_runs_merge_into_one_stable_sort_by_start_time(tmp_path):
+    """Rows of a real trace handed over in a shuffled emission order with many equal start times, in parts
+    of 7 rows: the runs merge into exactly what one stable sort of every row gives."""
+    import random
+
+    import pyarrow as pa
+
+    from ckpt_trace.formats import write_trace
+    from ckpt_trace.tracer.spool import RowSpool
+
+    golden = read_trace(sorted((__import__("pathlib").Path(__file__).parent.parent / "traces" / "golden")
+                               .glob("v3-*.arrow"))[0])
+    rows = golden.table.to_pylist()
+    random.Random(7).shuffle(rows)
+    for i, row in enumerate(rows):
+        row["ts_ns"] = row["ts_ns"] // 1_000_000 * 1_000_000 + (i % 3)  # ties, across parts and within them
+    columns = {name: [r[name] for r in rows] for name in golden.table.column_names}
+    meta = {k: v for k, v in golden.metadata.items() if k != "format_version"}
+    whole = pa.Table.from_pydict(columns, schema=golden.table.schema).sort_by([("ts_ns", "ascending")])
+    write_trace(tmp_path / "whole.arrow", whole, meta)
+    spool = RowSpool(tmp_path / "spooled.arrow", run_rows=7)
+    try:
+        for start in range(0, len(rows), 7):
+            spool.add({name: values[start:start + 7] for name, values in columns.items()})
+        assert spool.spilled_runs == -(-len(rows) // 7)
+        assert spool.write(tmp_path / "spooled.arrow", meta, overwrite=False, batch_rows=10) == len(rows)
+    finally:
+        spool.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spooled.arrow", "whole.arrow"]
+    assert read_trace(tmp_path / "spooled.arrow").table.to_pylist() == read_trace(tmp_path / "whole.arrow").table.to_pylist()

@@ -167,3 +167,38 @@ def test_a_close_that_returns_after_another_threads_open_of_the_same_number():
     cols = b.columns()
     assert list(zip(cols["op"], cols["path"])) == [("open", "/a"), ("close", "/a"), ("open", "/b"), ("write", "/b")]
     assert b.untracked_fd_ops == 0
+
+
+def test_the_feeder_puts_chunks_in_effect_order_and_counts_what_comes_too_late():
+    """Events in exit order (as a BPF ring or strace log gives them), in chunks of two, through the feeder:
+    the rows of one sorted feed; a close whose entry lies further back than the slack is counted late."""
+    from ckpt_trace.tracer.state import EffectOrderFeeder, effect_ns
+
+    def ev(ts, dur, tid, name, ret, **args):
+        return SyscallEvent(ts_ns=ts, dur_ns=dur, tid=tid, name=name, args=args, ret=ret)
+
+    events = [
+        ev(0, 5, PID, "clone", 101, clone_flags=sc.CLONE_THREAD | sc.CLONE_FILES),
+        ev(10, 1, PID, "openat", 6, dirfd=sc.AT_FDCWD, path="/a", flags=sc.O_WRONLY | sc.O_CREAT),
+        ev(30, 5, 101, "openat", 6, dirfd=sc.AT_FDCWD, path="/b", flags=sc.O_WRONLY | sc.O_CREAT),
+        ev(40, 1, 101, "pwrite64", 4, fd=6, count=4, offset=300),
+        ev(20, 50, PID, "close", 0, fd=6),  # entered at 20, arrives at its exit (70), after 101's calls
+        ev(80, 1, 101, "close", 0, fd=6),
+    ]
+    whole = TraceBuilder(start_ns=0, root_pid=PID, cwd="/")
+    whole.feed_all(events)
+    taken = []
+    chunked = TraceBuilder(start_ns=0, root_pid=PID, cwd="/")
+    feeder = EffectOrderFeeder(chunked, slack_ns=60, on_rows=lambda b: taken.append(b.take_rows()))
+    for i in range(0, len(events), 2):
+        feeder.add(events[i:i + 2])
+    feeder.finish()
+    rows = {name: [v for part in taken for v in part[name]] for name in whole.columns()}
+    assert rows == whole.columns() and feeder.late_events == 0 and len(taken) > 2
+    assert [effect_ns(e) for e in events] == [0, 11, 35, 41, 20, 80]  # a close takes effect at entry
+
+    short = EffectOrderFeeder(TraceBuilder(start_ns=0, root_pid=PID, cwd="/"), slack_ns=5)
+    for i in range(0, len(events), 2):
+        short.add(events[i:i + 2])
+    short.finish()
+    assert short.late_events == 1  # the close: 15 ns behind what was fed already, more than the 5 ns slack

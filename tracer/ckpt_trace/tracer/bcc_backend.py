@@ -35,6 +35,7 @@ import select
 import signal
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -48,7 +49,7 @@ from ckpt_trace.formats import vocabulary
 from . import btf
 from . import syscalls as sc
 from .ringbuf import RingReader, sample_dtype
-from .state import AuxEvent, SyscallEvent, rank_from_environ
+from .state import AuxEvent, EffectOrderFeeder, SyscallEvent, rank_from_environ
 
 TRACEFS = Path("/sys/kernel/tracing")
 _EVENTS = TRACEFS / "events" / "raw_syscalls"
@@ -385,11 +386,9 @@ def decode_aux(records: np.ndarray) -> list[AuxEvent]:
 
 @dataclass
 class BccRecording:
-    """What a bcc recording produced: syscall events, request and page events (``aux``), counts, the root
+    """What a bcc recording produced besides its events (which went to the feeder): counts, the root
     process, and what the kernel view left out (``unseen``: capture -> reason)."""
 
-    events: list[SyscallEvent] = field(default_factory=list)
-    aux: list[AuxEvent] = field(default_factory=list)
     unseen: dict = field(default_factory=dict)
     uring_other_ops: dict = field(default_factory=dict)
     lost_events: int = 0
@@ -444,8 +443,15 @@ class BccTracer:
         os.close(gate_r)
         return pid, gate_w
 
-    def run(self, cmd: list[str], env: dict[str, str]) -> BccRecording:
-        """Run ``cmd`` with ``env`` traced, with its descendants; return when it exits and events drained."""
+    def run(self, cmd: list[str], env: dict[str, str],
+            make_feeder: Callable[[int, int], EffectOrderFeeder]) -> BccRecording:
+        """Run ``cmd`` with ``env`` traced, with its descendants; return when it exits and every event has
+        gone to the feeder ``make_feeder(root pid, start ns)`` makes once the command is spawned.
+
+        Raw records are held as the rings give them (numpy, no Python object per event, so the consumer
+        stays cheap while the command runs) until they exceed ``config.RECORD_RAW_BYTES``; then, and when
+        the command has exited, they are decoded ``config.RECORD_DECODE_EVENTS`` at a time and fed: memory
+        is bounded however long the command runs."""
         bpf = self._bpf
         rec = BccRecording()
 
@@ -456,6 +462,7 @@ class BccTracer:
                    for name, pages in (("events", config.BPF_RINGBUF_PAGES), ("aux", config.BPF_AUX_RINGBUF_PAGES))}
         chunks: dict[str, list[np.ndarray]] = {"events": [], "aux": []}
         ranks: dict[int, int | None] = {}
+        feeder: list[EffectOrderFeeder] = []
 
         def consume() -> None:
             """Copy what both rings hold; read the rank of each process that just exec'd while it lives."""
@@ -465,6 +472,22 @@ class BccTracer:
                     chunks[name].append(records)
                     if name == "events":
                         ranks.update(exec_ranks(records))
+            if sum(c.nbytes for parts in chunks.values() for c in parts) > config.RECORD_RAW_BYTES:
+                drain()
+
+        def drain() -> None:
+            """Decode what is held, a slice at a time (syscall events, then requests and pages: the two rings
+            read together), and feed it once all of it is in."""
+            step = max(1, config.RECORD_DECODE_EVENTS)
+            for records in chunks["events"]:
+                rec.truncated_paths += int(records["truncated"].sum())
+                for start in range(0, len(records), step):
+                    feeder[0].add(decode_events(records[start:start + step], ranks), release=False)
+            for records in chunks["aux"]:
+                for start in range(0, len(records), step):
+                    feeder[0].add(decode_aux(records[start:start + step]), release=False)
+            feeder[0].add([])
+            chunks["events"], chunks["aux"] = [], []
 
         wakeups = select.epoll()
         for name in readers:
@@ -475,6 +498,7 @@ class BccTracer:
         rec.root_pid = pid
         bpf["traced"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
         rec.start_ns = time.monotonic_ns()
+        feeder.append(make_feeder(pid, rec.start_ns))
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             os.write(gate, b"x")
@@ -493,11 +517,7 @@ class BccTracer:
             wakeups.close()
             for reader in readers.values():
                 reader.close()
-        for records in chunks["events"]:
-            rec.truncated_paths += int(records["truncated"].sum())
-            rec.events.extend(decode_events(records, ranks))
-        for records in chunks["aux"]:
-            rec.aux.extend(decode_aux(records))
+        drain()
         rec.exit_code = os.waitstatus_to_exitcode(status)
         if rec.exit_code < 0:
             rec.exit_signal = -rec.exit_code

@@ -7,6 +7,7 @@ writes the trace atomically. Called by the CLI's ``record`` command.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -19,13 +20,14 @@ from pathlib import Path
 
 from ckpt_trace import config
 from ckpt_trace.errors import CommandNotFound, TracerError
-from ckpt_trace.formats import reserve_temporary, table_from_columns, vocabulary, write_trace
+from ckpt_trace.formats import reserve_temporary, vocabulary
 from ckpt_trace.iolayer.host import filesystems_of
 from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.version import __version__
 
 from . import bcc_backend, gpu, strace_backend
-from .state import TraceBuilder, rank_from_environ
+from .spool import RowSpool
+from .state import EffectOrderFeeder, TraceBuilder, rank_from_environ
 
 BACKENDS = ("auto", "bcc", "strace")
 
@@ -111,39 +113,56 @@ def _load_bcc(choice: BackendChoice, path_filters: list[str]) -> tuple[bcc_backe
     return tracer, choice
 
 
-def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict,
+def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict, spool: RowSpool,
                  capture: gpu.GpuCapture | None = None) -> tuple[TraceBuilder, dict, BackendChoice]:
+    """Run the command under the backend; its rows go to ``spool`` as they accumulate (``RowSpool``),
+    the builder keeping at most ``config.RECORD_RUN_ROWS`` of them."""
     env = dict(os.environ)
     if capture is not None:
         env.update(capture.env())
     builder_args["root_rank"] = rank_from_environ(f"{k}={v}" for k, v in env.items()) or -1
     builder_args["inherited_fds"] = strace_backend.inherited_fds()
+
+    def spill(builder: TraceBuilder) -> None:
+        if builder.num_rows >= config.RECORD_RUN_ROWS:
+            spool.add(builder.take_rows())
+
+    def make_feeder(root_pid: int | None, start_ns: int) -> EffectOrderFeeder:
+        builder = TraceBuilder(start_ns=start_ns, root_pid=root_pid, **builder_args)
+        return EffectOrderFeeder(builder, slack_ns=config.RECORD_REORDER_SLACK_NS, on_rows=spill)
+
     tracer = None
     if choice.name == "bcc":
         tracer, choice = _load_bcc(choice, builder_args["path_filters"])
     if tracer is not None:
-        rec = tracer.run(cmd, env)
-        builder = TraceBuilder(start_ns=rec.start_ns, root_pid=rec.root_pid, **builder_args)
-        builder.feed_all(rec.events + rec.aux)
-        builder.finish()
+        made: list[EffectOrderFeeder] = []
+        rec = tracer.run(cmd, env, lambda pid, start_ns: made.append(make_feeder(pid, start_ns)) or made[-1])
+        feeder = made[0]
+        feeder.finish()
+        spool.add(feeder.builder.take_rows())
         extra = {"lost_events": rec.lost_events, "truncated_paths": rec.truncated_paths, "exit_code": rec.exit_code,
                  "exit_signal": rec.exit_signal, "command_elapsed_ns": rec.command_elapsed_ns,
-                 "unseen": rec.unseen, "io_uring_unrecorded_ops": rec.uring_other_ops}
-        return builder, extra, choice
+                 "unseen": rec.unseen, "io_uring_unrecorded_ops": rec.uring_other_ops,
+                 "late_events": feeder.late_events}
+        return feeder.builder, extra, choice
     with tempfile.TemporaryDirectory(prefix="ckpt-trace-strace-") as scratch:
         log = Path(scratch) / "strace.log"
         start_ns = time.time_ns()
         status = strace_backend.run(cmd, log, env)
         command_elapsed_ns = time.time_ns() - start_ns
-        events = strace_backend.parse_log(log) if log.exists() else []
-    builder = TraceBuilder(start_ns=start_ns, **builder_args)
-    builder.feed_all(events)
-    builder.finish()
+        feeder = make_feeder(None, start_ns)
+        if log.exists():
+            events = strace_backend.iter_log(log)
+            while chunk := list(itertools.islice(events, max(1, config.RECORD_DECODE_EVENTS))):
+                feeder.add(chunk)
+    feeder.finish()
+    spool.add(feeder.builder.take_rows())
     exit_code, exit_signal = (128 - status, -status) if status < 0 else (status, None)
     unseen = {"io_uring_requests": "the strace backend sees io_uring_enter calls, not the requests in the ring",
               "mapped_pages": "the strace backend sees mmap calls, not the pages touched through the mapping"}
-    return builder, {"lost_events": 0, "truncated_paths": 0, "exit_code": exit_code, "exit_signal": exit_signal,
-                     "command_elapsed_ns": command_elapsed_ns, "unseen": unseen}, choice
+    return feeder.builder, {"lost_events": 0, "truncated_paths": 0, "exit_code": exit_code, "exit_signal": exit_signal,
+                            "command_elapsed_ns": command_elapsed_ns, "unseen": unseen,
+                            "late_events": feeder.late_events}, choice
 
 
 def resolve_command(cmd: list[str]) -> str:
@@ -206,20 +225,22 @@ def record(
     builder_args = {"cwd": os.getcwd(), "path_filters": filters}
     reserved = reserve_temporary(output)
     capture = gpu.GpuCapture(gpu_plan) if gpu_plan is not None and gpu_plan.enabled else None
+    spool = RowSpool(output, run_rows=config.RECORD_RUN_ROWS)
     try:
         start_wall_ns = time.time_ns()
         started = time.monotonic()
-        builder, extra, choice = _run_backend(choice, cmd, builder_args, capture)
+        builder, extra, choice = _run_backend(choice, cmd, builder_args, spool, capture)
         copies = _copies(capture, builder, choice) if capture is not None else None
         elapsed_s = time.monotonic() - started
         if strict and extra["lost_events"]:
             raise TracerError(f"{extra['lost_events']} events were lost (--strict); no trace written")
-        result = _write(output, cmd, choice, builder, extra, filters, start_wall_ns, elapsed_s, overwrite,
+        result = _write(output, cmd, choice, builder, spool, extra, filters, start_wall_ns, elapsed_s, overwrite,
                         copies, gpu_plan)
     except BaseException:
         reserved.unlink(missing_ok=True)
         raise
     finally:
+        spool.close()
         if capture is not None:
             capture.close()
     return result
@@ -238,13 +259,11 @@ def _copies(capture: gpu.GpuCapture, builder: TraceBuilder, choice: BackendChoic
     return rows, summary
 
 
-def unseen_counts(columns: dict, reasons: dict) -> dict:
+def unseen_counts(counts: dict, reasons: dict) -> dict:
     """What the trace holds without its bytes, by capture the backend could not do: the io_uring requests
-    its io_uring_enter rows submitted (``size`` holds to_submit) and the file mappings its mmap rows made.
-    {capture: {"reason", "count"}}, only for captures that missed something."""
-    ops, sizes = columns["op"], columns["size"]
-    counts = {"io_uring_requests": sum(size or 0 for op, size in zip(ops, sizes) if op == "io_uring_enter"),
-              "mapped_pages": sum(op == "mmap" for op in ops)}
+    its io_uring_enter rows submitted (``size`` holds to_submit) and the file mappings its mmap rows made
+    (``counts``, as ``RowSpool.counts`` adds them up). {capture: {"reason", "count"}}, only for captures
+    that missed something."""
     return {capture: {"reason": reason, "count": counts[capture]} for capture, reason in reasons.items()
             if counts.get(capture)}
 
@@ -256,24 +275,19 @@ def normalize_filter(prefix: str) -> str:
     return absolute + "/" if prefix.endswith("/") and absolute != "/" else absolute
 
 
-def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBuilder, extra: dict,
-           filters: list[str], start_wall_ns: int, elapsed_s: float, overwrite: bool,
+def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBuilder, spool: RowSpool,
+           extra: dict, filters: list[str], start_wall_ns: int, elapsed_s: float, overwrite: bool,
            copies: tuple[dict, dict] | None = None, gpu_plan: gpu.GpuPlan | None = None) -> RecordResult:
-    columns = builder.columns()
     gpu_summary = {"captured": False, "reason": gpu_plan.reason if gpu_plan else "not asked"}
     if copies is not None:
         rows, summary = copies
-        traced = builder.num_rows
-        for name, values in columns.items():  # the builder is done: its lists take the copy rows in place
-            values.extend(rows[name])
-        columns["device"] = [None] * traced + rows["device"]
-        columns["memory_kind"] = [None] * traced + rows["memory_kind"]
+        spool.add(rows)  # after every traced row: ties in start time keep that order
         captured = summary["processes"] > len(summary["errors"])
         reason = gpu_plan.reason if captured else (
             "no process of the command initialised CUDA" if not summary["processes"]
             else "every process that initialised CUDA refused the subscriber (see errors)")
         gpu_summary = {"captured": captured, "reason": reason, **summary}
-    extra = {**extra, "unseen": unseen_counts(columns, extra.get("unseen", {}))}
+    extra = {**extra, "unseen": unseen_counts(spool.counts, extra.get("unseen", {}))}
     metadata = {
         "creator": "ckpt-trace",
         "creator_version": __version__,
@@ -285,17 +299,16 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
         "backend_reason": choice.reason,
         "start_wall_time_ns": start_wall_ns,
         "elapsed_ns": int(elapsed_s * 1e9),
-        "filesystems": filesystems_of(columns["path"]),
+        "filesystems": filesystems_of(spool.paths),
         "path_filters": filters,
         "untracked_fd_ops": builder.untracked_fd_ops,
         "unattributed": builder.unattributed,
         "unreaped_requests": builder.unreaped_requests,
         "gpu": gpu_summary,
+        "spilled_runs": spool.spilled_runs,
         **extra,
     }
-    table = table_from_columns(columns).sort_by([("ts_ns", "ascending")])
-    write_trace(output, table, metadata, overwrite=overwrite,
-                batch_rows=config.TRACE_BATCH_ROWS)
-    return RecordResult(output, extra["exit_code"], choice.name, choice.reason, table.num_rows, extra["lost_events"],
+    rows = spool.write(output, metadata, overwrite=overwrite, batch_rows=config.TRACE_BATCH_ROWS)
+    return RecordResult(output, extra["exit_code"], choice.name, choice.reason, rows, extra["lost_events"],
                         elapsed_s, exit_signal=extra.get("exit_signal"), filtered_ops=builder.filtered_ops,
                         unseen=extra["unseen"], gpu=gpu_summary)

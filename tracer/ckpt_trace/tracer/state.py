@@ -221,6 +221,65 @@ def effect_ns(ev: SyscallEvent | AuxEvent) -> int:
     return ev.ts_ns if ev.name in _AT_ENTRY else ev.ts_ns + max(ev.dur_ns, 0)
 
 
+class EffectOrderFeeder:
+    """Feeds a ``TraceBuilder`` events that arrive in chunks in about the order the calls ended (a BPF ring
+    buffer is written at syscall exit; strace prints a call when it returns), re-ordered by ``effect_ns``
+    with bounded memory.
+
+    Call order: ``add(events)`` for each chunk, in arrival order, then ``finish()``. After each chunk, the
+    events that took effect at least ``slack_ns`` before the latest end seen so far are fed (sorted; ties
+    keep arrival order, syscall events of a chunk before its request and page events), so an event that
+    arrives later with an earlier effect can only be one whose effect came more than ``slack_ns`` before
+    its end (a close or a clone that long, a request in flight that long): it is still fed, and counted
+    in ``late_events``. ``on_rows(builder)`` is called after each feeding, for the caller to take rows
+    (``TraceBuilder.take_rows``). Called by ``tracer.record``.
+    """
+
+    def __init__(self, builder: TraceBuilder, *, slack_ns: int, on_rows=None) -> None:
+        self.builder = builder
+        self.slack_ns = slack_ns
+        self.on_rows = on_rows
+        self.late_events = 0
+        self._pending: list[tuple[int, int, SyscallEvent | AuxEvent]] = []
+        self._arrived = 0
+        self._latest_end = None
+        self._last_fed = None
+
+    def add(self, events: Iterable[SyscallEvent | AuxEvent], *, release: bool = True) -> None:
+        """One chunk of events, in arrival order; ``release`` False holds them until a later ``add`` (a
+        chunk that arrived in several pieces, such as the two BPF rings' records of one read)."""
+        for event in events:
+            self._pending.append((effect_ns(event), self._arrived, event))
+            self._arrived += 1
+            end = event.ts_ns + max(event.dur_ns, 0)
+            if self._latest_end is None or end > self._latest_end:
+                self._latest_end = end
+        if release and self._latest_end is not None:
+            self._release(self._latest_end - self.slack_ns)
+
+    def finish(self) -> None:
+        """Feed what is left, then ``TraceBuilder.finish``."""
+        self._release(None)
+        self.builder.finish()
+        if self.on_rows is not None:
+            self.on_rows(self.builder)
+
+    def _release(self, watermark: int | None) -> None:
+        self._pending.sort(key=lambda item: (item[0], item[1]))
+        count = len(self._pending) if watermark is None else next(
+            (i for i, item in enumerate(self._pending) if item[0] > watermark), len(self._pending))
+        ready, self._pending = self._pending[:count], self._pending[count:]
+        feed = self.builder.feed
+        for effect, _, event in ready:
+            if self._last_fed is not None and effect < self._last_fed:
+                self.late_events += 1
+            else:
+                self._last_fed = effect
+            feed(event)
+        if ready and self.on_rows is not None:
+            self.on_rows(self.builder)
+
+
 def normalize_path(path: str) -> str:
     """Absolute path with '.', '..' and repeated slashes folded (no symlink lookup)."""
     norm = posixpath.normpath(path)
@@ -269,6 +328,7 @@ class TraceBuilder:
         if root_pid is not None:
             self._adopt_root(root_pid)
         self._cols: dict[str, list] = {name: [] for name in _COLUMN_NAMES}
+        self.rows_taken = 0
 
     def _adopt_root(self, pid: int) -> Process:
         proc = self._root_template
@@ -303,11 +363,20 @@ class TraceBuilder:
             state.pending.clear()
 
     def columns(self) -> dict[str, list]:
+        """The rows emitted since the last ``take_rows`` (all of them, if never taken), column by column."""
         return self._cols
 
     @property
     def num_rows(self) -> int:
+        """Rows held now (emitted since the last ``take_rows``)."""
         return len(self._cols["ts_ns"])
+
+    def take_rows(self) -> dict[str, list]:
+        """Hand over the rows held (in emission order) and start afresh: the builder's memory is then its
+        descriptor state, not the trace (``tracer.spool``). ``rows_taken`` counts what was handed over."""
+        taken, self._cols = self._cols, {name: [] for name in _COLUMN_NAMES}
+        self.rows_taken += len(taken["ts_ns"])
+        return taken
 
     # -- processes -----------------------------------------------------
     def _process_of(self, ev: SyscallEvent) -> Process:

@@ -342,8 +342,13 @@ def parse_log(log_path: Path) -> list[SyscallEvent | AuxEvent]:
 
     Lines strace could not finish (the tracee was killed mid-call) are skipped.
     """
+    return list(iter_log(log_path))
+
+
+def iter_log(log_path: Path) -> Iterator[SyscallEvent | AuxEvent]:
+    """``parse_log`` one event at a time (a long recording's events are never all in memory)."""
     with open(log_path, encoding="utf-8", errors="surrogateescape") as log:
-        return list(_events_from_lines(iter(log)))
+        yield from _events_from_lines(iter(log))
 
 
 def inherited_fds() -> dict[int, str]:
