@@ -35,10 +35,11 @@ BPF_WAKE_EVERY = _int_env("BPF_WAKE_EVERY", 64)  # records per CPU between reade
 STRACE_BIN = _str_env("STRACE_BIN", "strace")
 STRACE_STRING_BYTES = _int_env("STRACE_STRING_BYTES", 1024)  # strace -s: bounds iovec arrays and envp strings
 TRACE_BATCH_ROWS = _int_env("TRACE_BATCH_ROWS", 65536)
-RECORD_RUN_ROWS = _int_env("RECORD_RUN_ROWS", 1 << 20)  # rows the recorder holds before spilling a sorted run
-RECORD_RAW_BYTES = _int_env("RECORD_RAW_BYTES", 256 << 20)  # raw BPF records held before decoding them live
+RECORD_RUN_ROWS = _int_env("RECORD_RUN_ROWS", 1 << 18)  # rows the recorder holds before spilling a sorted run
+RECORD_RAW_BYTES = _int_env("RECORD_RAW_BYTES", 64 << 20)  # raw BPF records held before compressing them to disk
 RECORD_REORDER_SLACK_NS = _int_env("RECORD_REORDER_SLACK_NS", 1_000_000_000)  # see state.EffectOrderFeeder
 RECORD_DECODE_EVENTS = _int_env("RECORD_DECODE_EVENTS", 65536)  # events decoded and fed at a time
+RECORD_RELEASE_EVERY = _int_env("RECORD_RELEASE_EVERY", 4096)  # events between two re-ordered feedings
 
 # Replay
 REPLAY_MAX_IO_BYTES = _int_env("REPLAY_MAX_IO_BYTES", 64 << 20)  # largest single synthetic buffer

@@ -121,18 +121,22 @@ def test_auto_falls_back_to_strace_when_the_kernel_refuses_bpf(bcc_backend, stra
 
 
 def test_a_spilled_recording_is_the_same_recording(backend, odd_recording, tmp_path, monkeypatch):
-    """Rows spilled as sorted runs every 16 rows, raw records decoded live 5 at a time, events fed once 50 ms
-    old: the same rows as the session's recording that held everything, exact against the kernel, and no
-    run left behind. (The re-ordering itself: tests/test_state.py.)"""
+    """Rows spilled as sorted runs every 16 rows, raw BPF records compressed to disk as they come and
+    decoded 5 at a time, events fed in effect order once 50 ms old: the same rows as the session's
+    recording that held everything, exact against the kernel, and no scratch file left behind. (The
+    re-ordering itself: tests/test_state.py.)"""
     from conftest import record_odd_pattern
 
     monkeypatch.setenv("CKPT_TRACE_RECORD_RUN_ROWS", "16")
     monkeypatch.setenv("CKPT_TRACE_RECORD_RAW_BYTES", "1")
     monkeypatch.setenv("CKPT_TRACE_RECORD_DECODE_EVENTS", "5")
     monkeypatch.setenv("CKPT_TRACE_RECORD_REORDER_SLACK_NS", "50000000")
+    monkeypatch.setenv("CKPT_TRACE_RECORD_RELEASE_EVERY", "1")
     trace_path, expected, out = record_odd_pattern(backend, tmp_path / "spilled")
     trace = read_trace(trace_path)
     assert trace.metadata["spilled_runs"] >= 2 and trace.metadata["late_events"] >= 0  # merged from runs
+    if backend == "bcc":
+        assert trace.metadata["spilled_raw_bytes"] > 0
     assert data_ops(trace.table) == Counter((e["op"], e["path"], e["offset"], e["bytes"]) for e in expected)
     ts = trace.table["ts_ns"].to_pylist()
     assert ts == sorted(ts)

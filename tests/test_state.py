@@ -189,7 +189,7 @@ def test_the_feeder_puts_chunks_in_effect_order_and_counts_what_comes_too_late()
     whole.feed_all(events)
     taken = []
     chunked = TraceBuilder(start_ns=0, root_pid=PID, cwd="/")
-    feeder = EffectOrderFeeder(chunked, slack_ns=60, on_rows=lambda b: taken.append(b.take_rows()))
+    feeder = EffectOrderFeeder(chunked, slack_ns=60, on_rows=lambda b: taken.append(b.take_rows()), release_every=1)
     for i in range(0, len(events), 2):
         feeder.add(events[i:i + 2])
     feeder.finish()
@@ -197,7 +197,7 @@ def test_the_feeder_puts_chunks_in_effect_order_and_counts_what_comes_too_late()
     assert rows == whole.columns() and feeder.late_events == 0 and len(taken) > 2
     assert [effect_ns(e) for e in events] == [0, 11, 35, 41, 20, 80]  # a close takes effect at entry
 
-    short = EffectOrderFeeder(TraceBuilder(start_ns=0, root_pid=PID, cwd="/"), slack_ns=5)
+    short = EffectOrderFeeder(TraceBuilder(start_ns=0, root_pid=PID, cwd="/"), slack_ns=5, release_every=1)
     for i in range(0, len(events), 2):
         short.add(events[i:i + 2])
     short.finish()

@@ -34,6 +34,7 @@ import os
 import select
 import signal
 import struct
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -398,6 +399,62 @@ class BccRecording:
     exit_signal: int | None = None
     start_ns: int = 0
     command_elapsed_ns: int = 0
+    spilled_raw_bytes: int = 0
+
+
+class _RawSpill:
+    """Raw ring records compressed into a scratch file while the command runs (``BccTracer.run``), read
+    back in the order written. A group is the records both rings gave since the previous group: a count
+    of frames, then per chunk of records one zstd frame after a header (ring index, records, bytes)."""
+
+    _GROUP = struct.Struct("<I")
+    _FRAME = struct.Struct("<BQQ")
+
+    def __init__(self, directory: str | os.PathLike, dtypes: dict[str, np.dtype]) -> None:
+        self.directory, self.dtypes = Path(directory), dtypes
+        self.names = list(dtypes)
+        self.bytes = 0
+        self._file = None
+        self._groups = 0
+
+    def write(self, chunks: dict[str, list[np.ndarray]]) -> None:
+        """Append one group: every chunk held, ring by ring. Raises OSError (a full disk)."""
+        import pyarrow as pa
+
+        if self._file is None:
+            self._file = tempfile.NamedTemporaryFile(prefix=".ckpt-trace-raw-", dir=self.directory)  # noqa: SIM115 - closed by close()
+        frames = [(index, records) for index, name in enumerate(self.names) for records in chunks[name]]
+        self._file.write(self._GROUP.pack(len(frames)))
+        for index, records in frames:
+            packed = pa.compress(records.tobytes(), codec="zstd", asbytes=True)
+            self._file.write(self._FRAME.pack(index, len(records), len(packed)))
+            self._file.write(packed)
+            self.bytes += self._FRAME.size + len(packed)
+        self._groups += 1
+
+    def groups(self):
+        """Each group written, as {ring name: [records, ...]}."""
+        import pyarrow as pa
+
+        if self._file is None:
+            return
+        self._file.flush()
+        self._file.seek(0)
+        for _ in range(self._groups):
+            group: dict[str, list[np.ndarray]] = {name: [] for name in self.names}
+            (frames,) = self._GROUP.unpack(self._file.read(self._GROUP.size))
+            for _ in range(frames):
+                index, count, size = self._FRAME.unpack(self._file.read(self._FRAME.size))
+                dtype = self.dtypes[self.names[index]]
+                raw = pa.decompress(self._file.read(size), decompressed_size=count * dtype.itemsize, codec="zstd",
+                                    asbytes=True)
+                group[self.names[index]].append(np.frombuffer(raw, dtype))
+            yield group
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()  # NamedTemporaryFile: removed on close
+            self._file = None
 
 
 class BccTracer:
@@ -443,15 +500,18 @@ class BccTracer:
         os.close(gate_r)
         return pid, gate_w
 
-    def run(self, cmd: list[str], env: dict[str, str],
-            make_feeder: Callable[[int, int], EffectOrderFeeder]) -> BccRecording:
+    def run(self, cmd: list[str], env: dict[str, str], make_feeder: Callable[[int, int], EffectOrderFeeder],
+            scratch_dir: str | os.PathLike) -> BccRecording:
         """Run ``cmd`` with ``env`` traced, with its descendants; return when it exits and every event has
         gone to the feeder ``make_feeder(root pid, start ns)`` makes once the command is spawned.
 
-        Raw records are held as the rings give them (numpy, no Python object per event, so the consumer
-        stays cheap while the command runs) until they exceed ``config.RECORD_RAW_BYTES``; then, and when
-        the command has exited, they are decoded ``config.RECORD_DECODE_EVENTS`` at a time and fed: memory
-        is bounded however long the command runs."""
+        While the command runs, the consumer only copies the rings' records (numpy, no Python object per
+        event: it must keep up with a storm of system calls on the cores the command also uses). Past
+        ``config.RECORD_RAW_BYTES`` held, the records are zstd-compressed (mostly the unused tails of the
+        path buffers: a few percent of their size, and a few percent of a core) into a scratch file in
+        ``scratch_dir``, removed before returning. Once the command has exited, everything is decoded
+        ``config.RECORD_DECODE_EVENTS`` records at a time and fed: memory stays bounded however long the
+        command runs, and no event is lost to a slow consumer."""
         bpf = self._bpf
         rec = BccRecording()
 
@@ -463,6 +523,7 @@ class BccTracer:
         chunks: dict[str, list[np.ndarray]] = {"events": [], "aux": []}
         ranks: dict[int, int | None] = {}
         feeder: list[EffectOrderFeeder] = []
+        spill = _RawSpill(scratch_dir, {name: reader.dtype for name, reader in readers.items()})
 
         def consume() -> None:
             """Copy what both rings hold; read the rank of each process that just exec'd while it lives."""
@@ -473,21 +534,23 @@ class BccTracer:
                     if name == "events":
                         ranks.update(exec_ranks(records))
             if sum(c.nbytes for parts in chunks.values() for c in parts) > config.RECORD_RAW_BYTES:
-                drain()
+                spill.write(chunks)
+                chunks["events"], chunks["aux"] = [], []
 
-        def drain() -> None:
-            """Decode what is held, a slice at a time (syscall events, then requests and pages: the two rings
-            read together), and feed it once all of it is in."""
+        def drain(held: dict[str, list[np.ndarray]]) -> None:
+            """Decode one group of held records and feed it, a slice at a time, the two rings' slices in the
+            order of their first records' times (each ring is in about the order calls ended)."""
             step = max(1, config.RECORD_DECODE_EVENTS)
-            for records in chunks["events"]:
-                rec.truncated_paths += int(records["truncated"].sum())
-                for start in range(0, len(records), step):
-                    feeder[0].add(decode_events(records[start:start + step], ranks), release=False)
-            for records in chunks["aux"]:
-                for start in range(0, len(records), step):
-                    feeder[0].add(decode_aux(records[start:start + step]), release=False)
-            feeder[0].add([])
-            chunks["events"], chunks["aux"] = [], []
+            slices = []
+            for name in ("events", "aux"):
+                for records in held[name]:
+                    if name == "events":
+                        rec.truncated_paths += int(records["truncated"].sum())
+                    for start in range(0, len(records), step):
+                        part = records[start:start + step]
+                        slices.append((int(part["ts_ns"][0]), len(slices), name, part))
+            for _, _, name, part in sorted(slices, key=lambda item: item[:2]):
+                feeder[0].add(decode_events(part, ranks) if name == "events" else decode_aux(part))
 
         wakeups = select.epoll()
         for name in readers:
@@ -517,7 +580,13 @@ class BccTracer:
             wakeups.close()
             for reader in readers.values():
                 reader.close()
-        drain()
+        try:
+            for group in spill.groups():
+                drain(group)
+            drain(chunks)
+            rec.spilled_raw_bytes = spill.bytes
+        finally:
+            spill.close()
         rec.exit_code = os.waitstatus_to_exitcode(status)
         if rec.exit_code < 0:
             rec.exit_signal = -rec.exit_code

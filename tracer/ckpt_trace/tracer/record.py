@@ -129,21 +129,23 @@ def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict, spoo
 
     def make_feeder(root_pid: int | None, start_ns: int) -> EffectOrderFeeder:
         builder = TraceBuilder(start_ns=start_ns, root_pid=root_pid, **builder_args)
-        return EffectOrderFeeder(builder, slack_ns=config.RECORD_REORDER_SLACK_NS, on_rows=spill)
+        return EffectOrderFeeder(builder, slack_ns=config.RECORD_REORDER_SLACK_NS, on_rows=spill,
+                                 release_every=config.RECORD_RELEASE_EVERY)
 
     tracer = None
     if choice.name == "bcc":
         tracer, choice = _load_bcc(choice, builder_args["path_filters"])
     if tracer is not None:
         made: list[EffectOrderFeeder] = []
-        rec = tracer.run(cmd, env, lambda pid, start_ns: made.append(make_feeder(pid, start_ns)) or made[-1])
+        rec = tracer.run(cmd, env, lambda pid, start_ns: made.append(make_feeder(pid, start_ns)) or made[-1],
+                         spool.output.parent)
         feeder = made[0]
         feeder.finish()
         spool.add(feeder.builder.take_rows())
         extra = {"lost_events": rec.lost_events, "truncated_paths": rec.truncated_paths, "exit_code": rec.exit_code,
                  "exit_signal": rec.exit_signal, "command_elapsed_ns": rec.command_elapsed_ns,
                  "unseen": rec.unseen, "io_uring_unrecorded_ops": rec.uring_other_ops,
-                 "late_events": feeder.late_events}
+                 "late_events": feeder.late_events, "spilled_raw_bytes": rec.spilled_raw_bytes}
         return feeder.builder, extra, choice
     with tempfile.TemporaryDirectory(prefix="ckpt-trace-strace-") as scratch:
         log = Path(scratch) / "strace.log"

@@ -22,6 +22,8 @@ backend that reads the kernel's ``struct file`` supplies ``kernel_offset``
 
 from __future__ import annotations
 
+import bisect
+import math
 import os
 import posixpath
 from collections.abc import Iterable
@@ -226,22 +228,25 @@ class EffectOrderFeeder:
     buffer is written at syscall exit; strace prints a call when it returns), re-ordered by ``effect_ns``
     with bounded memory.
 
-    Call order: ``add(events)`` for each chunk, in arrival order, then ``finish()``. After each chunk, the
-    events that took effect at least ``slack_ns`` before the latest end seen so far are fed (sorted; ties
-    keep arrival order, syscall events of a chunk before its request and page events), so an event that
-    arrives later with an earlier effect can only be one whose effect came more than ``slack_ns`` before
-    its end (a close or a clone that long, a request in flight that long): it is still fed, and counted
-    in ``late_events``. ``on_rows(builder)`` is called after each feeding, for the caller to take rows
+    Call order: ``add(events)`` for each chunk, in arrival order, then ``finish()``. Once
+    ``release_every`` more events have arrived, those that took effect at least ``slack_ns`` before the
+    latest end seen so far are fed (sorted; ties keep arrival order), so an event that arrives later with
+    an earlier effect can only be one whose effect came more than ``slack_ns`` before its end (a close or
+    a clone that long, a request in flight that long): it is still fed, and counted in ``late_events``.
+    ``on_rows(builder)`` is called every few thousand events fed, for the caller to take rows
     (``TraceBuilder.take_rows``). Called by ``tracer.record``.
     """
 
-    def __init__(self, builder: TraceBuilder, *, slack_ns: int, on_rows=None) -> None:
+    ROWS_CHECK_EVERY = 4096  # events fed between two ``on_rows`` calls within one release
+
+    def __init__(self, builder: TraceBuilder, *, slack_ns: int, on_rows=None, release_every: int = 4096) -> None:
         self.builder = builder
+        self.release_every = max(1, release_every)  # events that arrive between two releases (each sorts)
         self.slack_ns = slack_ns
         self.on_rows = on_rows
         self.late_events = 0
         self._pending: list[tuple[int, int, SyscallEvent | AuxEvent]] = []
-        self._arrived = 0
+        self._arrived = self._released = 0
         self._latest_end = None
         self._last_fed = None
 
@@ -254,7 +259,7 @@ class EffectOrderFeeder:
             end = event.ts_ns + max(event.dur_ns, 0)
             if self._latest_end is None or end > self._latest_end:
                 self._latest_end = end
-        if release and self._latest_end is not None:
+        if release and self._latest_end is not None and self._arrived - self._released >= self.release_every:
             self._release(self._latest_end - self.slack_ns)
 
     def finish(self) -> None:
@@ -265,17 +270,19 @@ class EffectOrderFeeder:
             self.on_rows(self.builder)
 
     def _release(self, watermark: int | None) -> None:
-        self._pending.sort(key=lambda item: (item[0], item[1]))
-        count = len(self._pending) if watermark is None else next(
-            (i for i, item in enumerate(self._pending) if item[0] > watermark), len(self._pending))
+        self._released = self._arrived
+        self._pending.sort()  # (effect, arrival) tuples, nearly in order already: timsort's runs, no key calls
+        count = len(self._pending) if watermark is None else bisect.bisect_right(self._pending, (watermark, math.inf))
         ready, self._pending = self._pending[:count], self._pending[count:]
         feed = self.builder.feed
-        for effect, _, event in ready:
+        for i, (effect, _, event) in enumerate(ready):
             if self._last_fed is not None and effect < self._last_fed:
                 self.late_events += 1
             else:
                 self._last_fed = effect
             feed(event)
+            if i % self.ROWS_CHECK_EVERY == self.ROWS_CHECK_EVERY - 1 and self.on_rows is not None:
+                self.on_rows(self.builder)  # a long release hands rows over as it goes
         if ready and self.on_rows is not None:
             self.on_rows(self.builder)
 
