@@ -76,7 +76,92 @@ def expected_content(point: BenchPoint, stream: int) -> bytes:
     return bytes(point.misaligned_bytes) + pattern.expected(point.misaligned_bytes, stream, PATTERN_KEY)
 
 
-class StreamWriter:
+class _Stream:
+    """What a writer and a reader share: the plain stream as one batch of requests through the I/O layer's C
+    loops, the staging buffers and the ring, and freeing them. Subclasses set ``point``, ``stream``,
+    ``fd``, ``ring``, ``requests``, ``buffers``, ``latencies_ns`` and list their own buffers in ``_owned``."""
+
+    point: BenchPoint
+    stream: int
+    fd: int
+    ring: rings.Ring | None
+    requests: np.ndarray | None
+    buffers: list[AlignedBuffer]
+    latencies_ns: array
+
+    def _batch(self, opcode: int, addresses) -> np.ndarray:
+        """Each piece of the stream one request of ``opcode`` at its own offset, from ``addresses(offsets)``."""
+        layout = np.array(list(pieces(self.point, self.stream)), dtype=np.int64).reshape(-1, 2)
+        requests = rings.batch(len(layout))
+        requests["opcode"] = opcode
+        requests["fd"] = self.fd
+        requests["off"] = layout[:, 0]
+        requests["len"] = layout[:, 1]
+        requests["addr"] = addresses(layout[:, 0])
+        return requests
+
+    def _plain(self) -> int:
+        """The pieces as one batch through the C loop (io_uring, or one call at a time); requests issued."""
+        if self.ring is not None:
+            results, latencies = self.ring.run(self.requests)
+        else:
+            results, latencies = rings.pio_run(self.requests)
+            self.latencies_ns.extend(latencies.tolist())
+        failed = rings.first_failure(self.requests, results)
+        if failed is not None:
+            raise failed[1]
+        return len(self.requests)
+
+    def _staged(self, kind: str, buf: AlignedBuffer, size: int, offset: int, slot: int) -> None:
+        """One staging buffer's ``kind`` (read or write) of ``size`` bytes at ``offset``: submitted to the ring
+        under key ``slot``, or done at once by pread(2)/pwrite(2) (timed; a read stops at the end of the
+        file, a write that cannot finish raises ENOSPC)."""
+        if self.ring is not None:
+            self.ring.submit(kind, self.fd, buf.ptr, size, offset, key=slot)
+            return
+        view = buf.view()
+        try:
+            done = 0
+            began = time.perf_counter_ns()
+            while done < size:
+                moved = (os.pwrite(self.fd, view[done:size], offset + done) if kind == "write"
+                         else os.preadv(self.fd, [view[done:size]], offset + done))
+                if moved <= 0:
+                    if kind == "write":
+                        raise OSError(errno.ENOSPC, "short write")
+                    break  # the end of the file: a read window rounded up past it
+                done += moved
+            self.latencies_ns.append(time.perf_counter_ns() - began)
+        finally:
+            view.release()
+
+    def _owned(self) -> list[AlignedBuffer]:
+        return []
+
+    def close(self) -> None:
+        """Reap what is in flight (the kernel may still use the buffers), then free everything."""
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+        for buf in self.buffers + self._owned():
+            buf.close()
+        self.buffers = []
+        self._release_owned()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _release_owned(self) -> None:
+        pass
+
+
+def _cpu_s(before: resource.struct_rusage) -> float:
+    """User + system seconds of this process since ``before`` (getrusage(2))."""
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+class StreamWriter(_Stream):
     """Writes one process's stream of ``point`` to ``path`` (created exclusively); see the module docstring.
 
     ``stream`` is the stream's bytes, ``aggregate_bytes`` the staging buffer
@@ -116,14 +201,8 @@ class StreamWriter:
 
     def _piece_requests(self) -> np.ndarray:
         """The plain stream as one batch: each piece one write from the pattern buffer at its own offset."""
-        layout = np.array(list(pieces(self.point, self.stream)), dtype=np.int64).reshape(-1, 2)
-        requests = rings.batch(len(layout))
-        requests["opcode"] = rings.OP_WRITE
-        requests["fd"] = self.fd
-        requests["off"] = layout[:, 0]
-        requests["len"] = layout[:, 1]
-        requests["addr"] = self.source.ptr + (layout[:, 0] + pattern.PAGE * PATTERN_KEY) % pattern.PERIOD
-        return requests
+        return self._batch(rings.OP_WRITE,
+                           lambda offsets: self.source.ptr + (offsets + pattern.PAGE * PATTERN_KEY) % pattern.PERIOD)
 
     def run(self) -> StreamResult:
         """Write the stream, fsync the file, and return the measurements."""
@@ -138,39 +217,11 @@ class StreamWriter:
             os.ftruncate(self.fd, self.point.misaligned_bytes + self.stream)
         os.fsync(self.fd)
         end_ns = time.monotonic_ns()
-        usage1 = resource.getrusage(resource.RUSAGE_SELF)
-        cpu_s = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)
-        return StreamResult(start_ns, end_ns, self.stream, writes, self.latencies_ns.tobytes(), cpu_s)
-
-    def _plain(self) -> int:
-        """The pieces as one batch through the C loop (io_uring, or one pwrite at a time)."""
-        if self.ring is not None:
-            results, latencies = self.ring.run(self.requests)
-        else:
-            results, latencies = rings.pio_run(self.requests)
-            self.latencies_ns.extend(latencies.tolist())
-        failed = rings.first_failure(self.requests, results)
-        if failed is not None:
-            raise failed[1]
-        return len(self.requests)
+        return StreamResult(start_ns, end_ns, self.stream, writes, self.latencies_ns.tobytes(), _cpu_s(usage0))
 
     def _write(self, buf: AlignedBuffer, size: int, offset: int, slot: int) -> None:
         """One staging buffer's write of ``size`` bytes at ``offset``; ``slot`` names the buffer."""
-        if self.ring is not None:
-            self.ring.submit("write", self.fd, buf.ptr, size, offset, key=slot)
-            return
-        view = buf.view()
-        try:
-            done = 0
-            began = time.perf_counter_ns()
-            while done < size:
-                written = os.pwrite(self.fd, view[done:size], offset + done)
-                if written <= 0:
-                    raise OSError(errno.ENOSPC, "short write")
-                done += written
-            self.latencies_ns.append(time.perf_counter_ns() - began)
-        finally:
-            view.release()
+        self._staged("write", buf, size, offset, slot)
 
     def _aggregated(self) -> int:
         """Copy the pieces into the staging buffers; write each buffer once the stream leaves it."""
@@ -213,23 +264,17 @@ class StreamWriter:
         slot = buffer_index % len(self.buffers)
         self._write(self.buffers[slot], size, offset, slot)
 
-    def close(self) -> None:
-        """Reap what is in flight (the kernel may still read the buffers), then free everything."""
-        if self.ring is not None:
-            self.ring.close()
-            self.ring = None
-        for buf in self.buffers + ([self.source] if self.source is not None else []):
-            buf.close()
-        self.buffers, self.source = [], None
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+    def _owned(self) -> list[AlignedBuffer]:
+        return [self.source] if self.source is not None else []
+
+    def _release_owned(self) -> None:
+        self.source = None
 
 
 LAYOUT_CHUNK_BYTES = 8 << 20  # a read point's file is laid out (and checked) this much at a time
 
 
-class StreamReader:
+class StreamReader(_Stream):
     """Reads one process's stream of ``point`` back from ``path`` (created exclusively and laid out first,
     untimed; see the module docstring) into ``destination``, a buffer of ``stream`` bytes.
 
@@ -300,14 +345,8 @@ class StreamReader:
 
     def _piece_requests(self) -> np.ndarray:
         """The plain stream as one batch: each piece one read into its place in the destination."""
-        layout = np.array(list(pieces(self.point, self.stream)), dtype=np.int64).reshape(-1, 2)
-        requests = rings.batch(len(layout))
-        requests["opcode"] = rings.OP_READ
-        requests["fd"] = self.fd
-        requests["off"] = layout[:, 0]
-        requests["len"] = layout[:, 1]
-        requests["addr"] = self.destination.ptr + layout[:, 0] - self.point.misaligned_bytes
-        return requests
+        return self._batch(rings.OP_READ,
+                           lambda offsets: self.destination.ptr + offsets - self.point.misaligned_bytes)
 
     def run(self) -> StreamResult:
         """Read the stream, then (after the clock) check every byte of the destination."""
@@ -317,8 +356,7 @@ class StreamReader:
         if self.ring is not None:
             self.ring.drain()
         end_ns = time.monotonic_ns()
-        usage1 = resource.getrusage(resource.RUSAGE_SELF)
-        cpu_s = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)
+        cpu_s = _cpu_s(usage0)
         self.check()
         return StreamResult(start_ns, end_ns, self.stream, reads, self.latencies_ns.tobytes(), cpu_s)
 
@@ -333,35 +371,9 @@ class StreamReader:
                 raise ValueError(f"the read stream returned wrong bytes at file offset "
                                  f"{bad + self.point.misaligned_bytes}")
 
-    def _plain(self) -> int:
-        if self.ring is not None:
-            results, latencies = self.ring.run(self.requests)
-        else:
-            results, latencies = rings.pio_run(self.requests)
-            self.latencies_ns.extend(latencies.tolist())
-        failed = rings.first_failure(self.requests, results)
-        if failed is not None:
-            raise failed[1]
-        return len(self.requests)
-
     def _read(self, slot: int, offset: int, size: int) -> None:
         """Read staging window ``slot`` (``size`` bytes at ``offset``; less at the end of the file)."""
-        buf = self.buffers[slot]
-        if self.ring is not None:
-            self.ring.submit("read", self.fd, buf.ptr, size, offset, key=slot)
-            return
-        view = buf.view()
-        try:
-            done = 0
-            began = time.perf_counter_ns()
-            while done < size:
-                got = os.preadv(self.fd, [view[done:size]], offset + done)
-                if got <= 0:
-                    break  # the end of the file: the window was rounded up past it
-                done += got
-            self.latencies_ns.append(time.perf_counter_ns() - began)
-        finally:
-            view.release()
+        self._staged("read", self.buffers[slot], size, offset, slot)
 
     def _aggregated(self) -> int:
         """Read each staging window (io_uring: up to ``len(buffers)`` ahead) and copy the pieces out."""
@@ -395,17 +407,11 @@ class StreamReader:
             destination.release()
         return len(plan)
 
-    def close(self) -> None:
-        """Reap what is in flight (the kernel may still write the buffers), then free everything."""
-        if self.ring is not None:
-            self.ring.close()
-            self.ring = None
-        for buf in self.buffers + [b for b in (self.source, self.destination) if b is not None]:
-            buf.close()
-        self.buffers, self.source, self.destination = [], None, None
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+    def _owned(self) -> list[AlignedBuffer]:
+        return [b for b in (self.source, self.destination) if b is not None]
+
+    def _release_owned(self) -> None:
+        self.source = self.destination = None
 
 
 def describe_os_error(err: OSError, point: BenchPoint) -> str:
