@@ -74,20 +74,22 @@ def main() -> None:
     parser.add_argument("--writes", type=int, default=2_000_000)
     parser.add_argument("--dir", type=Path, default=Path("/dev/shm"))
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated: bounded,held")
     parser.add_argument("--results", type=Path, default=RESULTS / "record_scale.json")
     args = parser.parse_args()
     if shutil.which("fio") is None:
         raise SystemExit("fio is needed (Debian: apt install fio)")
     scratch = Path(tempfile.mkdtemp(prefix="record-scale-", dir=args.dir))
     try:
-        runs = [run(variant, args.writes, scratch) for _ in range(args.repeats) for variant in VARIANTS]
+        chosen = [v for v in args.variants.split(",") if v in VARIANTS]
+        runs = [run(variant, args.writes, scratch) for _ in range(args.repeats) for variant in chosen]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     table = Table(title=f"Recording {args.writes:,} writes of 512 B under bcc (medians of {args.repeats})")
     for column in ("variant", "peak RSS", "seconds", "rows", "lost", "runs", "late"):
         table.add_column(column, justify="left" if column == "variant" else "right")
     summary = []
-    for variant in VARIANTS:
+    for variant in chosen:
         mine = [r for r in runs if r["variant"] == variant]
         entry = {key: statistics.median(r[key] for r in mine) for key in
                  ("seconds", "peak_rss_bytes", "rows", "lost_events", "spilled_runs", "late_events")}

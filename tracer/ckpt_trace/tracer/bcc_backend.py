@@ -402,6 +402,9 @@ class BccRecording:
     spilled_raw_bytes: int = 0
 
 
+_SPILL_STEP_BYTES = 8 << 20  # raw records compressed at a time once spilling has begun
+
+
 class _RawSpill:
     """Raw ring records compressed into a scratch file while the command runs (``BccTracer.run``), read
     back in the order written. A group is the records both rings gave since the previous group: a count
@@ -533,7 +536,9 @@ class BccTracer:
                     chunks[name].append(records)
                     if name == "events":
                         ranks.update(exec_ranks(records))
-            if sum(c.nbytes for parts in chunks.values() for c in parts) > config.RECORD_RAW_BYTES:
+            # Once spilling, in small steps: compressing stalls the consumer while the rings fill.
+            limit = min(config.RECORD_RAW_BYTES, _SPILL_STEP_BYTES) if spill.bytes else config.RECORD_RAW_BYTES
+            if sum(c.nbytes for parts in chunks.values() for c in parts) > limit:
                 spill.write(chunks)
                 chunks["events"], chunks["aux"] = [], []
 
