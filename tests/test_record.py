@@ -134,7 +134,7 @@ def test_a_spilled_recording_is_the_same_recording(backend, odd_recording, tmp_p
     monkeypatch.setenv("CKPT_TRACE_RECORD_RELEASE_EVERY", "1")
     trace_path, expected, out = record_odd_pattern(backend, tmp_path / "spilled")
     trace = read_trace(trace_path)
-    assert trace.metadata["spilled_runs"] >= 2 and trace.metadata["late_events"] >= 0  # merged from runs
+    assert trace.metadata["spilled_runs"] >= 2 and "late_events" in trace.metadata  # merged from runs
     if backend == "bcc":
         assert trace.metadata["spilled_raw_bytes"] > 0
     assert data_ops(trace.table) == Counter((e["op"], e["path"], e["offset"], e["bytes"]) for e in expected)

@@ -425,7 +425,8 @@ class _RawSpill:
         import pyarrow as pa
 
         if self._file is None:
-            self._file = tempfile.NamedTemporaryFile(prefix=".ckpt-trace-raw-", dir=self.directory)  # noqa: SIM115 - closed by close()
+            # Unlinked at once (O_TMPFILE where the file system has it): nothing is left even if we are killed.
+            self._file = tempfile.TemporaryFile(prefix=".ckpt-trace-raw-", dir=self.directory)  # noqa: SIM115 - closed by close()
         frames = [(index, records) for index, name in enumerate(self.names) for records in chunks[name]]
         self._file.write(self._GROUP.pack(len(frames)))
         for index, records in frames:
@@ -456,7 +457,7 @@ class _RawSpill:
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()  # NamedTemporaryFile: removed on close
+            self._file.close()
             self._file = None
 
 
@@ -511,8 +512,8 @@ class BccTracer:
         While the command runs, the consumer only copies the rings' records (numpy, no Python object per
         event: it must keep up with a storm of system calls on the cores the command also uses). Past
         ``config.RECORD_RAW_BYTES`` held, the records are zstd-compressed (mostly the unused tails of the
-        path buffers: a few percent of their size, and a few percent of a core) into a scratch file in
-        ``scratch_dir``, removed before returning. Once the command has exited, everything is decoded
+        path buffers) into a scratch file in ``scratch_dir``, unlinked from the start (nothing is left
+        behind, even after SIGKILL). Once the command has exited, everything is decoded
         ``config.RECORD_DECODE_EVENTS`` records at a time and fed: memory stays bounded however long the
         command runs, and no event is lost to a slow consumer."""
         bpf = self._bpf
