@@ -233,15 +233,14 @@ class EffectOrderFeeder:
     latest end seen so far are fed (sorted; ties keep arrival order), so an event that arrives later with
     an earlier effect can only be one whose effect came more than ``slack_ns`` before its end (a close or
     a clone that long, a request in flight that long): it is still fed, and counted in ``late_events``.
-    ``on_rows(builder)`` is called every few thousand events fed, for the caller to take rows
+    ``on_rows(builder)`` is called every ``release_every`` events fed, for the caller to take rows
     (``TraceBuilder.take_rows``). Called by ``tracer.record``.
     """
 
-    ROWS_CHECK_EVERY = 4096  # events fed between two ``on_rows`` calls within one release
-
     def __init__(self, builder: TraceBuilder, *, slack_ns: int, on_rows=None, release_every: int = 4096) -> None:
         self.builder = builder
-        self.release_every = max(1, release_every)  # events that arrive between two releases (each sorts)
+        self.release_every = max(1, release_every)  # events between two releases (each sorts), and between
+        # two ``on_rows`` calls within one
         self.slack_ns = slack_ns
         self.on_rows = on_rows
         self.late_events = 0
@@ -281,7 +280,7 @@ class EffectOrderFeeder:
             else:
                 self._last_fed = effect
             feed(event)
-            if i % self.ROWS_CHECK_EVERY == self.ROWS_CHECK_EVERY - 1 and self.on_rows is not None:
+            if i % self.release_every == self.release_every - 1 and self.on_rows is not None:
                 self.on_rows(self.builder)  # a long release hands rows over as it goes
         if ready and self.on_rows is not None:
             self.on_rows(self.builder)
