@@ -249,16 +249,15 @@ class EffectOrderFeeder:
         self._latest_end = None
         self._last_fed = None
 
-    def add(self, events: Iterable[SyscallEvent | AuxEvent], *, release: bool = True) -> None:
-        """One chunk of events, in arrival order; ``release`` False holds them until a later ``add`` (a
-        chunk that arrived in several pieces, such as the two BPF rings' records of one read)."""
+    def add(self, events: Iterable[SyscallEvent | AuxEvent]) -> None:
+        """One chunk of events, in arrival order."""
         for event in events:
             self._pending.append((effect_ns(event), self._arrived, event))
             self._arrived += 1
             end = event.ts_ns + max(event.dur_ns, 0)
             if self._latest_end is None or end > self._latest_end:
                 self._latest_end = end
-        if release and self._latest_end is not None and self._arrived - self._released >= self.release_every:
+        if self._latest_end is not None and self._arrived - self._released >= self.release_every:
             self._release(self._latest_end - self.slack_ns)
 
     def finish(self) -> None:
