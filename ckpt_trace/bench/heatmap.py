@@ -30,8 +30,8 @@ def grid_values(table: pa.Table, matrix: Matrix, row: str, column: str,
 
 def _others(matrix: Matrix, row: str, column: str, direction: str) -> str:
     base = matrix.at(direction)
-    fixed = [f"{TITLES[name]} {label(name, getattr(base, name))}" for name in DIMENSIONS
-             if name not in (row, column, "direction") and not (direction == "read" and name == "preallocated")]
+    fixed = [f"{TITLES[name]} {label(name, getattr(base, name))}" for name in matrix.dimensions(direction)
+             if name not in (row, column)]
     return "others at baseline: " + ", ".join(fixed)
 
 

@@ -109,12 +109,18 @@ class Matrix:
         """The baseline point of ``direction``."""
         return dataclasses.replace(self.baseline, direction=direction)
 
+    @staticmethod
+    def dimensions(direction: str) -> list[str]:
+        """The dimensions a point of ``direction`` has, in ``DIMENSIONS`` order: all but the direction
+        itself, and for ``read`` not ``preallocated`` (a read point's file is complete before it starts)."""
+        return [name for name in DIMENSIONS
+                if name != "direction" and not (direction == "read" and name == "preallocated")]
+
     def pairs(self, direction: str | None = None) -> list[tuple[str, str]]:
-        """Every pair of dimensions other than the direction that has more than one value each, in
-        ``DIMENSIONS`` order; for ``read``, without ``preallocated`` (which a read point does not have)."""
-        direction = direction or self.baseline.direction
-        varying = [name for name in DIMENSIONS if len(self.values[name]) > 1 and name != "direction"
-                   and not (direction == "read" and name == "preallocated")]
+        """Every pair of ``dimensions(direction)`` (the baseline's direction by default) that has more than
+        one value each."""
+        varying = [name for name in self.dimensions(direction or self.baseline.direction)
+                   if len(self.values[name]) > 1]
         return list(itertools.combinations(varying, 2))
 
     def grid(self, row: str, column: str, direction: str | None = None) -> list[list[BenchPoint]]:

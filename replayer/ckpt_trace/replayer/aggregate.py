@@ -35,7 +35,7 @@ import os
 
 import numpy as np
 
-from .optable import KIND, READ, WRITE, OpTable
+from .optable import KIND, READ, WRITE, OpTable, run_indices
 from .plan import ReplayPlan, merge_grouped_ranges, merge_ranges
 
 MIN_BUFFER_BYTES = 1 << 20
@@ -208,7 +208,7 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
     lengths = np.where(is_piece, np.diff(group_dep_ptr)[np.maximum(group, 0)], ops.dep_ptr[rows + 1] - ops.dep_ptr[rows])
     dep_ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     source = np.where(is_piece, group_dep_ptr[np.maximum(group, 0)], ops.dep_ptr[rows])
-    gather = np.repeat(source - dep_ptr[:-1], lengths) + np.arange(int(lengths.sum()))
+    gather = run_indices(source, lengths)
     from_piece = np.repeat(is_piece, lengths)
     dep_seq = np.empty(len(gather), np.int64)
     dep_seq[from_piece] = pairs[gather[from_piece], 1]
@@ -222,12 +222,7 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
 def _deps_of_rows(ops: OpTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(row, dep seq) of every dependency of ``rows``, vectorised."""
     lengths = ops.dep_ptr[rows + 1] - ops.dep_ptr[rows]
-    total = int(lengths.sum())
-    if not total:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    out_ptr = np.cumsum(lengths) - lengths
-    gather = np.repeat(ops.dep_ptr[rows] - out_ptr, lengths) + np.arange(total)
-    return np.repeat(rows, lengths), ops.dep_seq[gather]
+    return np.repeat(rows, lengths).astype(np.int64), ops.dep_seq[run_indices(ops.dep_ptr[rows], lengths)]
 
 
 def _group_min(keys: np.ndarray, values: np.ndarray) -> np.ndarray:

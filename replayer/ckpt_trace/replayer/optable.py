@@ -205,11 +205,7 @@ class OpTable:
         ends = np.where(has, self.dep_ptr[np.maximum(source, 0) + 1], 0)
         lengths = ends - starts
         dep_ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        if lengths.sum():
-            gather = np.repeat(starts - dep_ptr[:-1], lengths) + np.arange(int(lengths.sum()))
-            dep_seq = self.dep_seq[gather]
-        else:
-            dep_seq = np.zeros(0, np.int64)
+        dep_seq = self.dep_seq[run_indices(starts, lengths)]
         columns = {name: getattr(self, name)[rows] for name in (*_INT_COLUMNS, "kind", "release", "mapped")}
         columns.update(replace)
         return OpTable.from_columns(columns, dep_ptr, dep_seq, self.paths)
@@ -248,13 +244,20 @@ def interleave_columns(inserted: OpTable, columns: dict[str, np.ndarray], dep_pt
     return OpTable(**out, dep_ptr=ptr, dep_seq=seq, paths=inserted.paths)
 
 
+def run_indices(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The indices of the runs [starts[i], starts[i] + lengths[i]), one after another (int64), vectorised:
+    how the deps of several rows (``dep_ptr`` runs of ``dep_seq``) are gathered at once."""
+    total = int(np.sum(lengths))
+    if not total:
+        return np.zeros(0, np.int64)
+    lengths = np.asarray(lengths, np.int64)
+    return np.repeat(np.asarray(starts, np.int64) - (np.cumsum(lengths) - lengths), lengths) + np.arange(total)
+
+
 def _copy_runs(dest: np.ndarray, dest_starts: np.ndarray, source: np.ndarray, source_starts: np.ndarray,
                lengths: np.ndarray) -> None:
     """``dest[dest_starts[i]:dest_starts[i] + lengths[i]] = source[source_starts[i]:...]`` for every i, vectorised."""
-    total = int(lengths.sum())
-    if total:
-        within = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        dest[np.repeat(dest_starts, lengths) + within] = source[np.repeat(source_starts, lengths) + within]
+    dest[run_indices(dest_starts, lengths)] = source[run_indices(source_starts, lengths)]
 
 
 def count_kinds(table: OpTable, mask: np.ndarray | None = None) -> Counter:

@@ -219,26 +219,26 @@ class _Rows:
         self._luts: dict[str, tuple[pa.Array, np.ndarray]] = {}  # per column: its last dictionary and codes
         parts: dict[str, list[np.ndarray]] = defaultdict(list)
         filled: dict[str, np.ndarray] = {}
-        n = 0
+        n = placed = 0  # rows seen; rows placed in ``filled`` (a prefix: once one batch overflows, none fit)
         for batch in batches:
             rows = batch.num_rows
+            in_place = capacity is not None and placed == n and n + rows <= capacity
             for name in _PLAN_COLUMNS + (("row",) if GLOBAL_ROW in batch.schema.names else ()):
                 column = batch.column(name)
                 if isinstance(column, pa.ChunkedArray):
                     column = column.combine_chunks()
                 values = {name: self._codes(name, column) if name in _TEXT else int_values(column)}
-                if name not in _TEXT and (column.null_count or name in self._MASKED):
+                if name in self._MASKED:  # the other columns are never null (the schema says so)
                     values[name + "?"] = validity(column)  # nulls' slots: masked with it
                 for key, value in values.items():
-                    if capacity is not None and n + rows <= capacity:
+                    if in_place:
                         if key not in filled:
                             filled[key] = np.empty(capacity, value.dtype)
-                            if key.endswith("?"):
-                                filled[key][:n] = True  # earlier batches had no nulls here
                         filled[key][n:n + rows] = value
                     else:
                         parts[key].append(np.array(value))
             n += rows
+            placed += rows if in_place else 0
         self.n = n
         empty = {name: np.int32 for name in _TEXT}
         self.cols = {}
@@ -247,7 +247,7 @@ class _Rows:
                 self.cols[key] = column[:n]
         else:  # no capacity given (or a wrong one): join the batches' copies, one column at a time
             for key in list(filled):
-                parts[key].insert(0, filled.pop(key)[:min(n, capacity or 0)])
+                parts[key].insert(0, filled.pop(key)[:placed])
             for name in list(parts):
                 pieces = parts.pop(name)
                 self.cols[name] = np.concatenate(pieces) if pieces else np.zeros(0, empty.get(name, np.int64))
@@ -972,8 +972,8 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
             expected[path] = max(expected[path], extent)
 
     # Ranges --verify checks: writes clipped by later truncations, plus precreated content never truncated.
-    covered = _verify_ranges(p, fid, row, offset[writes & offset_known], w_end, writes & offset_known,
-                             precreate_files) if verify_ranges else {}
+    covered = _verify_ranges(p, fid, row, offset, w_end, writes & offset_known, precreate_files) \
+        if verify_ranges else {}
     unverifiable = set(_distinct(fid[is_write & ~offset_known]).tolist()) if len(fid) else set()
     del writes, w_end, after, offset_known, row_worker  # what the table does not need: before it is built
     _drop("in_flight")
@@ -1045,7 +1045,7 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
             expected_sizes=MappingProxyType(expected),
             verify_ranges=MappingProxyType({
                 path: _clipped(covered.get(f, []), expected[path]) for path, f in sorted(p.file_of_path.items())
-                if f not in unverifiable and path in expected and verify_ranges}),
+                if f not in unverifiable and path in expected} if verify_ranges else {}),
             unverifiable=tuple(sorted(path for path, f in p.file_of_path.items() if f in unverifiable)),
             ranges_planned=verify_ranges,
         ),
@@ -1055,13 +1055,13 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
     )
 
 
-def _verify_ranges(p: _Planner, fid: np.ndarray, row: np.ndarray, starts: np.ndarray, w_end: np.ndarray,
+def _verify_ranges(p: _Planner, fid: np.ndarray, row: np.ndarray, offset: np.ndarray, w_end: np.ndarray,
                    known_writes: np.ndarray, precreate_files) -> dict[int, list[tuple[int, int]]]:
-    """Per file, the merged byte ranges ``--verify`` checks: the writes at known offsets (``starts``, and
-    ``w_end`` under the ``known_writes`` mask) clipped by later truncations, and precreated content never
-    truncated."""
+    """Per file, the merged byte ranges ``--verify`` checks: the writes at known offsets (the rows under
+    the ``known_writes`` mask, from ``offset`` to ``w_end``) clipped by later truncations, and precreated
+    content never truncated."""
     ends = _clip_by_truncations(fid[known_writes], row[known_writes], w_end[known_writes], p.truncations)
-    groups, begins, range_ends = [fid[known_writes]], [starts], [ends]
+    groups, begins, range_ends = [fid[known_writes]], [offset[known_writes]], [ends]
     truncated = {t[0] for t in p.truncations}
     for path, extent in precreate_files:
         f = p.precreated.get(path)

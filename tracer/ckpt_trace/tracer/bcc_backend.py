@@ -42,6 +42,7 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from ckpt_trace import config
 from ckpt_trace.errors import TracerError
@@ -387,9 +388,10 @@ def decode_aux(records: np.ndarray) -> list[AuxEvent]:
 
 @dataclass
 class BccRecording:
-    """What a bcc recording produced besides its events (which went to the feeder): counts, the root
+    """What a bcc recording produced besides its events, which went to ``feeder``: counts, the root
     process, and what the kernel view left out (``unseen``: capture -> reason)."""
 
+    feeder: EffectOrderFeeder | None = None
     unseen: dict = field(default_factory=dict)
     uring_other_ops: dict = field(default_factory=dict)
     lost_events: int = 0
@@ -422,8 +424,6 @@ class _RawSpill:
 
     def write(self, chunks: dict[str, list[np.ndarray]]) -> None:
         """Append one group: every chunk held, ring by ring. Raises OSError (a full disk)."""
-        import pyarrow as pa
-
         if self._file is None:
             # Unlinked at once (O_TMPFILE where the file system has it): nothing is left even if we are killed.
             self._file = tempfile.TemporaryFile(prefix=".ckpt-trace-raw-", dir=self.directory)  # noqa: SIM115 - closed by close()
@@ -438,8 +438,6 @@ class _RawSpill:
 
     def groups(self):
         """Each group written, as {ring name: [records, ...]}."""
-        import pyarrow as pa
-
         if self._file is None:
             return
         self._file.flush()
@@ -526,7 +524,6 @@ class BccTracer:
                    for name, pages in (("events", config.BPF_RINGBUF_PAGES), ("aux", config.BPF_AUX_RINGBUF_PAGES))}
         chunks: dict[str, list[np.ndarray]] = {"events": [], "aux": []}
         ranks: dict[int, int | None] = {}
-        feeder: list[EffectOrderFeeder] = []
         spill = _RawSpill(scratch_dir, {name: reader.dtype for name, reader in readers.items()})
 
         def consume() -> None:
@@ -556,7 +553,7 @@ class BccTracer:
                         part = records[start:start + step]
                         slices.append((int(part["ts_ns"][0]), len(slices), name, part))
             for _, _, name, part in sorted(slices, key=lambda item: item[:2]):
-                feeder[0].add(decode_events(part, ranks) if name == "events" else decode_aux(part))
+                rec.feeder.add(decode_events(part, ranks) if name == "events" else decode_aux(part))
 
         wakeups = select.epoll()
         for name in readers:
@@ -567,7 +564,7 @@ class BccTracer:
         rec.root_pid = pid
         bpf["traced"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
         rec.start_ns = time.monotonic_ns()
-        feeder.append(make_feeder(pid, rec.start_ns))
+        rec.feeder = make_feeder(pid, rec.start_ns)
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             os.write(gate, b"x")

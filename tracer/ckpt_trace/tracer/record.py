@@ -136,10 +136,8 @@ def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict, spoo
     if choice.name == "bcc":
         tracer, choice = _load_bcc(choice, builder_args["path_filters"])
     if tracer is not None:
-        made: list[EffectOrderFeeder] = []
-        rec = tracer.run(cmd, env, lambda pid, start_ns: made.append(make_feeder(pid, start_ns)) or made[-1],
-                         spool.output.parent)
-        feeder = made[0]
+        rec = tracer.run(cmd, env, make_feeder, spool.output.parent)
+        feeder = rec.feeder
         feeder.finish()
         spool.add(feeder.builder.take_rows())
         extra = {"lost_events": rec.lost_events, "truncated_paths": rec.truncated_paths, "exit_code": rec.exit_code,
