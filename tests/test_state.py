@@ -202,3 +202,43 @@ def test_the_feeder_puts_chunks_in_effect_order_and_counts_what_comes_too_late()
         short.add(events[i:i + 2])
     short.finish()
     assert short.late_events == 1  # the close: 15 ns behind what was fed already, more than the 5 ns slack
+
+
+def test_bcc_records_decode_per_call_with_c_types_and_stale_string_tails():
+    """The bcc decoder (grouped by syscall, numpy columns) on hand-made ``event_t`` records: registers as the
+    prototypes type them (s32 descriptors, u32 flags), strings cut at their first NUL whatever follows,
+    the extra fields, records in the chunk's order."""
+    import numpy as np
+
+    from ckpt_trace.tracer import bcc_backend
+
+    dtype = np.dtype([("ts_ns", "<u8"), ("dur_ns", "<u8"), ("pid", "<u4"), ("tid", "<u4"), ("nr", "<i4"),
+                      ("truncated", "<u4"), ("ignore", "<u4"), ("creates", "<u4"), ("ret", "<i8"),
+                      ("a", "<i8", (6,)), ("size", "<i8"), ("extra", "<i8"), ("ino", "<u8"), ("dev", "<u4"),
+                      ("nfds", "<u4"), ("comm", "u1", (16,)), ("path", "u1", (256,)), ("path2", "u1", (256,))])
+    names = bcc_backend._NAMES
+    records = np.zeros(5, dtype)
+
+    def put(i, name, regs, ret, path=b"", comm=b"python3", size=-1, extra=0, ino=0):
+        records[i]["ts_ns"], records[i]["dur_ns"], records[i]["pid"], records[i]["tid"] = 100 + i, 5, 7, 8 + i
+        records[i]["nr"], records[i]["ret"], records[i]["size"], records[i]["extra"] = names.index(name), ret, size, extra
+        records[i]["a"][:len(regs)] = regs
+        records[i]["ino"], records[i]["dev"] = ino, 3 if ino else 0
+        records[i]["path"][:len(path)] = np.frombuffer(path, np.uint8)
+        records[i]["comm"][:len(comm)] = np.frombuffer(comm, np.uint8)
+
+    flags = sc.O_WRONLY | sc.O_CREAT | sc.O_CLOEXEC
+    put(0, "openat", [sc.AT_FDCWD & 0xFFFFFFFF, 0, flags | (0xABCD << 32), 0o644], 3, path=b"/ckpt/a.bin\0stale")
+    put(1, "write", [3, 0x7F00DEAD, 4096], 4096)
+    put(2, "openat", [-1 << 32 | 5, 0, sc.O_RDONLY, 0], 4, path=b"/ckpt/a.bin\0other", comm=b"pt_main_thread")
+    put(3, "mmap", [0, 8192, 1, 1, 4, 0], 0x7F0000000000, ino=42)
+    put(4, "openat2", [sc.AT_FDCWD, 0, 0, 24], 5, path=b"/ckpt/b.bin", extra=sc.O_RDONLY)
+    events = bcc_backend.decode_events(records, {})
+    assert [e.name for e in events] == ["openat", "write", "openat", "mmap", "openat2"]
+    assert events[0].args == {"dirfd": sc.AT_FDCWD, "path": "/ckpt/a.bin", "flags": flags, "mode": 0o644}
+    assert events[1].args == {"fd": 3, "count": 4096} and events[1].size is None and events[1].ret == 4096
+    assert events[2].args["dirfd"] == 5 and events[2].args["path"] == "/ckpt/a.bin"
+    assert [e.comm for e in events[:3]] == ["python3", "python3", "pt_main_thread"]
+    assert events[3].args["ino"] == 42 and events[3].args["dev"] == 3 and events[3].args["fd"] == 4
+    assert events[4].args["flags"] == sc.O_RDONLY and events[4].args["path"] == "/ckpt/b.bin"
+    assert [(e.ts_ns, e.tid, e.pid) for e in events] == [(100 + i, 8 + i, 7) for i in range(5)]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import mmap
 import os
 import select
@@ -298,10 +299,6 @@ def program_text(path_filters: list[str] | None = None, view: KernelView | None 
     return text
 
 
-def _cstr(raw: bytes) -> str:
-    return bytes(raw).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-
-
 def _environ_rank(pid: int) -> int | None:
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
@@ -311,56 +308,99 @@ def _environ_rank(pid: int) -> int | None:
 
 
 def _strings(column: np.ndarray) -> list[str]:
-    """C strings of a (n, bytes) uint8 array: each up to its first NUL (what follows is stale)."""
-    return [row.split(b"\0", 1)[0].decode("utf-8", "surrogateescape") for row in map(bytes, column)]
+    """C strings of a (n, bytes) uint8 array: each up to its first NUL (what follows is stale). Each distinct
+    row is decoded once (a chunk's command names and paths repeat)."""
+    if not len(column):
+        return []
+    rows = np.ascontiguousarray(column).view(f"V{column.shape[1]}").ravel()
+    distinct, inverse = np.unique(rows, return_inverse=True)
+    decoded = [row.tobytes().split(b"\0", 1)[0].decode("utf-8", "surrogateescape") for row in distinct]
+    return [decoded[i] for i in inverse.ravel().tolist()]
+
+
+_RAW, _S32, _U32 = range(3)
+
+
+@functools.cache
+def _arg_spec(nr: int) -> tuple[str, tuple[tuple[str, int, int], ...], tuple[str, ...]]:
+    """(name, the register arguments as (arg, register, conversion), the path arguments) of syscall ``nr``."""
+    name = _NAMES[nr]
+    regs, paths = [], []
+    for j, arg in enumerate(sc.SYSCALLS[name].args):
+        if arg in sc.PATH_ARGS:
+            paths.append(arg)
+        elif arg not in _POINTER_ARGS:
+            regs.append((arg, j, _S32 if arg in _SIGNED32 else _U32 if arg in _UNSIGNED32 else _RAW))
+    return name, tuple(regs), tuple(paths)
+
+
+def _register_column(values: np.ndarray, conversion: int) -> list[int]:
+    """One argument's registers (int64) as the C prototype types it: s32 sign-extended, u32 masked."""
+    if conversion == _U32:
+        values = values & 0xFFFFFFFF
+    elif conversion == _S32:
+        values = ((values & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
+    return values.tolist()
 
 
 def decode_events(records: np.ndarray, ranks: dict[int, int | None]) -> list[SyscallEvent]:
-    """SyscallEvents of a chunk of ``event_t`` records (``RingReader.read``). ``ranks``: pid -> the rank
-    in the environment of its new image, for the execve records of the chunk (read while it ran)."""
-    columns = {name: records[name].tolist() for name in ("ts_ns", "dur_ns", "pid", "tid", "nr", "ret", "size",
-                                                         "extra", "ino", "dev", "nfds")}
-    regs = records["a"].tolist()
+    """SyscallEvents of a chunk of ``event_t`` records (``RingReader.read``), in the chunk's order. ``ranks``:
+    pid -> the rank in the environment of its new image, for the execve records of the chunk (read while it
+    ran). Decoded one syscall at a time: each argument a numpy column, each path column only where the call
+    has a path."""
+    count = len(records)
+    events: list[SyscallEvent | None] = [None] * count
+    if not count:
+        return []
+    ts, dur, pid, tid, ret = (records[name].tolist() for name in ("ts_ns", "dur_ns", "pid", "tid", "ret"))
+    size = records["size"].tolist()
     comms = _strings(records["comm"])
-    events = []
-    for i, nr in enumerate(columns["nr"]):
-        name = _NAMES[nr]
-        args: dict = {}
-        for j, arg in enumerate(sc.SYSCALLS[name].args):
-            if arg == "path":
-                args["path"] = _cstr(records["path"][i])
-            elif arg == "path2":
-                args["path2"] = _cstr(records["path2"][i])
-            elif arg not in _POINTER_ARGS:
-                value = regs[i][j]
-                if arg in _SIGNED32:
-                    value = ctypes.c_int32(value).value
-                elif arg in _UNSIGNED32:
-                    value &= 0xFFFFFFFF
-                args[arg] = value
-        extra = columns["extra"][i]
-        if name == "openat2":
-            args["flags"] = extra
-        elif name == "clone3":
-            args["clone_flags"] = extra
-        elif name == "io_setup":
-            args["ctx_id"] = extra & 0xFFFFFFFFFFFFFFFF
-        elif name == "mmap" and columns["ino"][i]:
-            args["ino"], args["dev"] = columns["ino"][i], columns["dev"][i]
-        elif name == "io_uring_register":
-            count = min(columns["nfds"][i], config.BPF_PATH_BYTES // 4)
-            raw = records["path"][i].tobytes()[:4 * count]  # fds, not a string: not up to the first NUL
-            args["fds"] = list(struct.unpack_from(f"<{count}i", raw)) if count else []
-            args["files_offset"] = extra
-            args["fds_truncated"] = columns["nfds"][i] > count
-        size = columns["size"][i]
-        event = SyscallEvent(ts_ns=columns["ts_ns"][i], dur_ns=columns["dur_ns"][i], tid=columns["tid"][i],
-                             pid=columns["pid"][i], name=name, args=args, ret=columns["ret"][i], comm=comms[i],
-                             size=size if size >= 0 else None)
-        if name in ("execve", "execveat") and event.ret == 0:
-            event.rank = ranks.get(event.pid)
-        events.append(event)
+    nrs = records["nr"]
+    for nr in np.unique(nrs).tolist():
+        where = np.flatnonzero(nrs == nr)
+        name, reg_args, path_args = _arg_spec(nr)
+        names = [arg for arg, _, _ in reg_args] + list(path_args)
+        regs = records["a"][where]
+        columns = [_register_column(regs[:, j], conversion) for _, j, conversion in reg_args]
+        columns += [_strings(records[arg][where]) for arg in path_args]
+        extra = _extra_args(name, records[where]) if name in _EXTRA_ARGS else None
+        is_exec = name in ("execve", "execveat")
+        for k, (i, values) in enumerate(zip(where.tolist(), zip(*columns) if columns else itertools.repeat(()))):
+            args = dict(zip(names, values))
+            if extra is not None:
+                args.update(extra[k])
+            event = SyscallEvent(ts_ns=ts[i], dur_ns=dur[i], tid=tid[i], pid=pid[i], name=name, args=args,
+                                 ret=ret[i], comm=comms[i], size=size[i] if size[i] >= 0 else None)
+            if is_exec and event.ret == 0:
+                event.rank = ranks.get(event.pid)
+            events[i] = event
     return events
+
+
+_EXTRA_ARGS = frozenset({"openat2", "clone3", "io_setup", "mmap", "io_uring_register"})
+
+
+def _extra_args(name: str, records: np.ndarray) -> list[dict]:
+    """The arguments a call's record carries beside its registers (``extra``, ``ino``/``dev``, the fds of
+    io_uring_register in the path buffer), one dict per record."""
+    out = []
+    for record in records:
+        extra = int(record["extra"])
+        if name == "openat2":
+            out.append({"flags": extra})
+        elif name == "clone3":
+            out.append({"clone_flags": extra})
+        elif name == "io_setup":
+            out.append({"ctx_id": extra & 0xFFFFFFFFFFFFFFFF})
+        elif name == "mmap":
+            out.append({"ino": int(record["ino"]), "dev": int(record["dev"])} if record["ino"] else {})
+        else:  # io_uring_register
+            nfds = int(record["nfds"])
+            count = min(nfds, config.BPF_PATH_BYTES // 4)
+            raw = record["path"].tobytes()[:4 * count]  # fds, not a string: not up to the first NUL
+            out.append({"fds": list(struct.unpack_from(f"<{count}i", raw)) if count else [], "files_offset": extra,
+                        "fds_truncated": nfds > count})
+    return out
 
 
 def exec_ranks(records: np.ndarray) -> dict[int, int | None]:
