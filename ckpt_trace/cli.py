@@ -620,8 +620,34 @@ def version() -> None:
 INTERNAL_ERROR_EXIT = 70  # EX_SOFTWARE (sysexits.h)
 
 
+#: glibc mallopt(3) parameters and the values ``keep_freed_batches`` sets.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+MALLOC_MMAP_THRESHOLD_BYTES = 32 << 20
+MALLOC_TRIM_THRESHOLD_BYTES = 64 << 20
+
+
+def keep_freed_batches() -> None:
+    """Let glibc's malloc keep and reuse the memory of a record batch's freed temporaries.
+
+    Commands that read a trace allocate and free the same few arrays of a batch's size (0.5 MiB per
+    int64 column of 65,536 rows) for every batch. Under glibc's defaults (mallopt(3)) such blocks may
+    come from mmap(2) and go back with munmap(2), or be trimmed from the heap, so each batch faults its
+    pages in and the kernel zeroes them again: ``summary`` over 10 M rows spent 0.6 s of its 3.4 s of
+    CPU time in the kernel, 0.2 s with this. Blocks under 32 MiB (``M_MMAP_THRESHOLD``) now come from the heap, and up to 64 MiB of
+    free memory at its top stays there (``M_TRIM_THRESHOLD``). No-op where the C library is not glibc."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES)
+    mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app, turning errors into one line and an exit code."""
+    keep_freed_batches()
     interrupted = []
 
     def on_sigint(signum, frame):  # Python's own behaviour, remembered: typer turns it into a silent exit 130

@@ -114,3 +114,17 @@ def test_writer_threads_per_rank_counts_the_threads_that_wrote(name):
             per_owner.setdefault(owner, set()).add(row["tid"])
     expected = max((len(tids) for tids in per_owner.values()), default=1)
     assert summarize_file(path, batch_rows=7)["writer_threads_per_rank"] == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-1, 2**21), st.integers(0, 2**23), st.integers(0, 2**23)), min_size=1,
+                max_size=40))
+def test_distinct_ranks_pids_and_tids_packed_or_not_equal_python_sets(rows):
+    """The one packed hashed unique (where rank, pid and tid fit) and the per-column fallback both give the
+    distinct values a row-by-row set gives."""
+    from ckpt_trace.analysis.summary import Accumulator
+
+    acc = Accumulator()
+    rank, pid, tid = (np.array(column, np.int32) for column in zip(*rows))
+    acc._add_identities(rank, pid, tid)
+    assert (acc.ranks, acc.pids, acc.tids) == tuple(set(column) for column in zip(*rows))

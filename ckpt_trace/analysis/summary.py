@@ -71,6 +71,8 @@ def _group_sums(codes: np.ndarray, values: np.ndarray, groups: int) -> np.ndarra
         sums = np.zeros(groups, dtype=object)
         np.add.at(sums, codes, values.astype(object))
         return sums
+    if not len(values) or int(values.max()) * len(values) < 1 << 53:  # float64 sums exact below 2**53
+        return np.bincount(codes, weights=values, minlength=groups).astype(np.int64)
     sums = np.zeros(groups, np.int64)
     np.add.at(sums, codes, values)
     return sums
@@ -119,8 +121,9 @@ def _size_buckets(sizes: np.ndarray, is_write: np.ndarray) -> list[dict[str, int
     a size that rounds up to the next power of two, which one exact integer comparison corrects)."""
     positive = sizes > 0
     index = np.where(positive, (sizes.astype(np.float64).view(np.int64) >> 52) - 1022, 0)
-    low = np.left_shift(np.int64(1), np.clip(index - 1, 0, 62))
-    index -= positive & (low > sizes)
+    if len(sizes) and int(sizes.max()) >= 1 << 53:  # below 2**53 every size converts exactly: no rounding up
+        low = np.left_shift(np.int64(1), np.clip(index - 1, 0, 62))
+        index -= positive & (low > sizes)
     index = np.minimum(index, 63)
     writes = np.bincount(index[is_write], minlength=64)
     reads = np.bincount(index[~is_write], minlength=64)
@@ -185,9 +188,7 @@ class Accumulator:
             mine["bytes"] += _exact_sum(moved_all[rows]) if name in DATA_OPS else 0
             mine["time_ns"] += _exact_sum(dur[rows])
         self.files.update(distinct(batch.column("path")))
-        self.pids.update(pc.unique(batch.column("pid")).to_pylist())
-        self.tids.update(pc.unique(batch.column("tid")).to_pylist())
-        self.ranks.update(pc.unique(batch.column("rank")).to_pylist())
+        self._add_identities(*(int_values(batch.column(name)) for name in ("rank", "pid", "tid")))
         self.failed += int((ret < 0).sum())
         meta = _lut(op_names, METADATA_OPS)[op_codes]
         self.meta_ops += int(meta.sum())
@@ -204,6 +205,22 @@ class Accumulator:
                 if copies.any():
                     self.copies.append(pa.Table.from_batches([batch.filter(pa.array(copies))]))
                     self.copy_order.append(order)
+
+    def _add_identities(self, rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> None:
+        """The distinct ranks, pids and tids of a batch (never null): one hashed unique of the three packed
+        into one 64-bit key (rank + 1 in 20 bits, pid and tid in 22 each: Linux's PID_MAX_LIMIT is 2**22)
+        where they fit, else one per column."""
+        if len(rank) and int(rank.min()) >= -1 and int(rank.max()) < (1 << 20) - 1 and int(pid.min()) >= 0 \
+                and int(pid.max()) < 1 << 22 and int(tid.min()) >= 0 and int(tid.max()) < 1 << 22:
+            keys = (((rank.astype(np.int64) + 1) << 44) | (pid.astype(np.int64) << 22) | tid).astype(np.uint64)
+            keys = int_values(pc.unique(pa.Array.from_buffers(pa.uint64(), len(keys), [None, pa.py_buffer(keys)])))
+            self.ranks.update(((keys >> np.uint64(44)).astype(np.int64) - 1).tolist())
+            self.pids.update(((keys >> np.uint64(22)) & np.uint64((1 << 22) - 1)).tolist())
+            self.tids.update((keys & np.uint64((1 << 22) - 1)).tolist())
+            return
+        for values, seen in ((rank, self.ranks), (pid, self.pids), (tid, self.tids)):
+            seen.update(int_values(pc.unique(pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values),
+                                                                   [None, pa.py_buffer(values)]))).tolist())
 
     def _add_data(self, batch: pa.RecordBatch, data: np.ndarray, is_write: np.ndarray, moved: np.ndarray,
                   dur: np.ndarray) -> None:
