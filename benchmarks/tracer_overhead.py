@@ -18,7 +18,10 @@ Goal (issue 2): bcc adds at most 5 % to the wall time of the demo's workload;
   O_DIRECT, 512 MiB: the stress case, about 100,000 requests a second here,
   each costing two BPF programs (submission, completion) plus its
   ``io_uring_enter``;
-- ``libaio``: ``ckpt-trace workload libaio`` (FastPersist's way: native AIO).
+- ``libaio``: ``ckpt-trace workload libaio`` (FastPersist's way: native AIO);
+- ``storm``: fio ``ioengine=psync``, 500,000 buffered writes of 512 B from 2
+  threads (``--thread --numjobs=2``), the system-call storm of issue 13 (goal:
+  no event lost at the default settings, the command at most 3x slower).
 
 strace cannot see io_uring requests, so it is measured on ``dcp`` and ``libaio``
 only. Lost events (the trace's ``lost_events``) are reported per run.
@@ -51,11 +54,16 @@ from ckpt_trace.tracer import bcc_backend, strace_backend
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-WORKLOADS = ("dcp", "emitted", "fio-uring-1m", "fio-uring-4k", "libaio")
+WORKLOADS = ("dcp", "emitted", "fio-uring-1m", "fio-uring-4k", "libaio", "storm")
 FIO_JOBS = {"fio-uring-1m": ("write", "1m", 8, "2g"), "fio-uring-4k": ("randwrite", "4k", 32, "512m")}
+STORM_WRITES, STORM_THREADS = 500_000, 2
 
 
 def workload_cmd(workload: str, out: Path, args) -> list[str]:
+    if workload == "storm":
+        return ["fio", "--name=storm", f"--directory={out}", "--ioengine=psync", "--rw=write", "--bs=512",
+                "--thread", f"--numjobs={STORM_THREADS}", f"--size={STORM_WRITES // STORM_THREADS * 512}",
+                "--output=/dev/null"]
     if workload in FIO_JOBS:
         rw, bs, depth, size = FIO_JOBS[workload]
         return ["fio", "--name=overhead", f"--directory={out}", "--ioengine=io_uring", f"--iodepth={depth}",
@@ -80,7 +88,7 @@ def run_variant(workload: str, variant: str, scratch: Path, args) -> tuple[float
     trace = scratch / f"{variant}.arrow"
     trace.unlink(missing_ok=True)
     cmd = workload_cmd(workload, out, args)
-    if workload not in FIO_JOBS:
+    if workload not in FIO_JOBS and workload != "storm":
         out.rmdir()  # the workloads make their own directory
     if variant == "untraced":
         elapsed = timed(cmd)
@@ -110,7 +118,7 @@ def main() -> None:
         else:
             backends.append(name)
     if shutil.which("fio") is None:
-        for name in set(workloads) & set(FIO_JOBS):
+        for name in set(workloads) & {*FIO_JOBS, "storm"}:
             skipped[name] = "fio not installed"
             workloads.remove(name)
     scratch = Path(tempfile.mkdtemp(prefix="ckpt-trace-bench-", dir=args.out))

@@ -105,8 +105,10 @@ def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return keys, np.zeros(0, np.int64)
     # Runs of equal consecutive rows (a worker's writes to one file between two barriers) first: the sort
     # is then over one row per run.
-    run_starts = np.flatnonzero(np.r_[True, np.any(keys[1:] != keys[:-1], axis=1)])
-    run_of = np.cumsum(np.r_[True, np.any(keys[1:] != keys[:-1], axis=1)]) - 1
+    starts_run = np.r_[True, np.any(keys[1:] != keys[:-1], axis=1)]
+    run_starts = np.flatnonzero(starts_run)
+    run_of = np.cumsum(starts_run) - 1
+    del starts_run
     firsts = keys[run_starts]
     order = np.lexsort(firsts.T[::-1])
     ordered = firsts[order]
