@@ -24,7 +24,8 @@ def _str_env(name: str, default: str) -> str:
 
 # Tracer
 BPF_PATH_BYTES = _int_env("BPF_PATH_BYTES", 256)  # bytes of each path copied by the BPF program
-BPF_RINGBUF_PAGES = _int_env("BPF_RINGBUF_PAGES", 16384)  # 64 MiB ring buffer (power of two pages)
+BPF_RINGBUF_PAGES = _int_env("BPF_RINGBUF_PAGES", 16384)  # 64 MiB for calls with paths (power of two pages)
+BPF_COMPACT_RINGBUF_PAGES = _int_env("BPF_COMPACT_RINGBUF_PAGES", 16384)  # 64 MiB for the other calls' records
 BPF_AUX_RINGBUF_PAGES = _int_env("BPF_AUX_RINGBUF_PAGES", 8192)  # 32 MiB for requests and mapped pages
 BPF_URING_INFLIGHT_ENTRIES = _int_env("BPF_URING_INFLIGHT_ENTRIES", 65536)  # io_uring requests tracked at once
 BPF_MAX_IOVECS = _int_env("BPF_MAX_IOVECS", 64)  # iovecs summed in BPF for readv/writev sizes

@@ -278,6 +278,22 @@ def kernel_view() -> KernelView:
     return KernelView(macros, uring, mapped)
 
 
+#: The calls whose records carry strings (the ``events`` ring, full records); every other call's record is
+#: the fixed header alone (the ``compact`` ring).
+STRING_CALLS = tuple(name for name, call in sc.SYSCALLS.items()
+                     if any(arg in sc.PATH_ARGS for arg in call.args) or name == "io_uring_register")
+#: The rings and their sizes in pages (``config``): system calls with strings, without, requests and pages.
+RINGS = {"events": "BPF_RINGBUF_PAGES", "compact": "BPF_COMPACT_RINGBUF_PAGES", "aux": "BPF_AUX_RINGBUF_PAGES"}
+
+
+def compact_dtype(events: np.dtype) -> np.dtype:
+    """The layout of a ``compact`` ring record: the ``events`` record (``event_t``) up to its strings."""
+    end = events.fields["path"][1]
+    names = [name for name in events.names if events.fields[name][1] < end]
+    return np.dtype({"names": names, "formats": [events.fields[name][0] for name in names],
+                     "offsets": [events.fields[name][1] for name in names], "itemsize": end})
+
+
 def program_text(path_filters: list[str] | None = None, view: KernelView | None = None) -> str:
     """The full BPF C program for ``path_filters`` on the kernel ``view`` describes."""
     base = resources.files("ckpt_trace.tracer").joinpath("bcc_program.c").read_text()
@@ -286,6 +302,8 @@ def program_text(path_filters: list[str] | None = None, view: KernelView | None 
                 .replace("__MAX_IOVECS__", str(config.BPF_MAX_IOVECS))
                 .replace("__RINGBUF_PAGES__", str(config.BPF_RINGBUF_PAGES))
                 .replace("__AUX_PAGES__", str(config.BPF_AUX_RINGBUF_PAGES))
+                .replace("__COMPACT_PAGES__", str(config.BPF_COMPACT_RINGBUF_PAGES))
+                .replace("__CARRIES_STRINGS__", " || ".join(f"nr == {_NAMES.index(name)}" for name in STRING_CALLS))
                 .replace("__WAKE_EVERY__", str(config.BPF_WAKE_EVERY))
                 .replace("__INFLIGHT__", str(config.BPF_INFLIGHT_ENTRIES))
                 .replace("__URING_INFLIGHT__", str(config.BPF_URING_INFLIGHT_ENTRIES))
@@ -559,10 +577,11 @@ class BccTracer:
 
         from bcc.table import _get_event_class
 
-        readers = {name: RingReader(bpf[name].map_fd, pages * mmap.PAGESIZE,
-                                    sample_dtype(_get_event_class(bpf[name])))
-                   for name, pages in (("events", config.BPF_RINGBUF_PAGES), ("aux", config.BPF_AUX_RINGBUF_PAGES))}
-        chunks: dict[str, list[np.ndarray]] = {"events": [], "aux": []}
+        dtypes = {name: sample_dtype(_get_event_class(bpf[name])) for name in ("events", "aux")}
+        dtypes["compact"] = compact_dtype(dtypes["events"])
+        readers = {name: RingReader(bpf[name].map_fd, getattr(config, pages) * mmap.PAGESIZE, dtypes[name])
+                   for name, pages in RINGS.items()}
+        chunks: dict[str, list[np.ndarray]] = {name: [] for name in readers}
         ranks: dict[int, int | None] = {}
         spill = _RawSpill(scratch_dir, {name: reader.dtype for name, reader in readers.items()})
 
@@ -578,14 +597,15 @@ class BccTracer:
             limit = min(config.RECORD_RAW_BYTES, _SPILL_STEP_BYTES) if spill.bytes else config.RECORD_RAW_BYTES
             if sum(c.nbytes for parts in chunks.values() for c in parts) > limit:
                 spill.write(chunks)
-                chunks["events"], chunks["aux"] = [], []
+                for name in chunks:
+                    chunks[name] = []
 
         def drain(held: dict[str, list[np.ndarray]]) -> None:
-            """Decode one group of held records and feed it, a slice at a time, the two rings' slices in the
+            """Decode one group of held records and feed it, a slice at a time, the rings' slices in the
             order of their first records' times (each ring is in about the order calls ended)."""
             step = max(1, config.RECORD_DECODE_EVENTS)
             slices = []
-            for name in ("events", "aux"):
+            for name in RINGS:
                 for records in held[name]:
                     if name == "events":
                         rec.truncated_paths += int(records["truncated"].sum())
@@ -593,7 +613,7 @@ class BccTracer:
                         part = records[start:start + step]
                         slices.append((int(part["ts_ns"][0]), len(slices), name, part))
             for _, _, name, part in sorted(slices, key=lambda item: item[:2]):
-                rec.feeder.add(decode_events(part, ranks) if name == "events" else decode_aux(part))
+                rec.feeder.add(decode_aux(part) if name == "aux" else decode_events(part, ranks))
 
         wakeups = select.epoll()
         for name in readers:
