@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from ckpt_trace.errors import TracerError
@@ -65,11 +66,13 @@ class RowSpool:
         count = len(columns["ts_ns"])
         if not count:
             return
-        self.paths.update(p for p in columns.get("path", ()) if p)
-        ops, sizes = columns["op"], columns.get("size") or [None] * count
-        self.counts["io_uring_requests"] += sum(size or 0 for op, size in zip(ops, sizes) if op == "io_uring_enter")
-        self.counts["mapped_pages"] += sum(op == "mmap" for op in ops)
         table = table_from_columns(columns)
+        path = table.column("path").combine_chunks()
+        self.paths.update(p for p in path.dictionary.take(pc.unique(path.indices.drop_null())).to_pylist() if p)
+        op = table.column("op")
+        self.counts["io_uring_requests"] += int(pc.sum(pc.filter(table.column("size"), pc.equal(op, "io_uring_enter")),
+                                                       min_count=0).as_py() or 0)
+        self.counts["mapped_pages"] += int(pc.sum(pc.equal(op, "mmap")).as_py() or 0)
         table = table.append_column(_SEQ, pa.array(np.arange(self.rows, self.rows + count, dtype=np.int64)))
         self.rows += count
         self._parts.append(table.sort_by([("ts_ns", "ascending"), (_SEQ, "ascending")]))
