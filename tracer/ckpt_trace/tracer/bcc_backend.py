@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import itertools
 import mmap
 import os
 import select
@@ -382,16 +381,18 @@ def decode_events(records: np.ndarray, ranks: dict[int, int | None]) -> list[Sys
         columns = [_register_column(regs[:, j], conversion) for _, j, conversion in reg_args]
         columns += [_strings(records[arg][where]) for arg in path_args]
         extra = _extra_args(name, records[where]) if name in _EXTRA_ARGS else None
-        is_exec = name in ("execve", "execveat")
-        for k, (i, values) in enumerate(zip(where.tolist(), zip(*columns) if columns else itertools.repeat(()))):
-            args = dict(zip(names, values))
-            if extra is not None:
-                args.update(extra[k])
-            event = SyscallEvent(ts_ns=ts[i], dur_ns=dur[i], tid=tid[i], pid=pid[i], name=name, args=args,
-                                 ret=ret[i], comm=comms[i], size=size[i] if size[i] >= 0 else None)
-            if is_exec and event.ret == 0:
-                event.rank = ranks.get(event.pid)
-            events[i] = event
+        rows = where.tolist()
+        arguments = [dict(zip(names, values)) for values in zip(*columns)] if columns else [{} for _ in rows]
+        if extra is not None:
+            for args, more in zip(arguments, extra):
+                args.update(more)
+        for i, args in zip(rows, arguments):  # positional: SyscallEvent's field order
+            events[i] = SyscallEvent(ts[i], dur[i], tid[i], name, args, ret[i], pid[i], comms[i],
+                                     size[i] if size[i] >= 0 else None)
+        if name in ("execve", "execveat"):
+            for i in rows:
+                if events[i].ret == 0:
+                    events[i].rank = ranks.get(events[i].pid)
     return events
 
 
