@@ -171,7 +171,7 @@ def main() -> None:
         table.add_row(row["strategy"], unit(row["replay"]), unit(row["fio"]), f"{row['ratio']:.2f}x",
                       f"{row['elapsed_s']:.2f}", f"{row['around_s']:.2f}", f"{row['around_share']:.0%}",
                       f"{row['release_s']:.2f}")
-    Console(width=None if sys.stdout.isatty() else 100).print(table)
+    Console(width=None if sys.stdout.isatty() else 120).print(table)
     print(f"reading the trace {read_s:.3f} s, planning it {plan_s:.3f} s ({plan_s / (args.ops + 3) * 1e6:.2f} us/row)")
     for row in rows:
         if row["strategy"] == "aggregated":
