@@ -119,8 +119,9 @@ def _load_bcc(choice: BackendChoice, path_filters: list[str]) -> tuple[bcc_backe
 def _collector_paused():
     """Python's cyclic garbage collector off while events are decoded and fed: millions of short-lived
     event objects each trigger collections that walk every object still held (the reorder window, the
-    rows), a third of the decoding time of a storm, for garbage the recorder does not make (its objects
-    hold no cycles; what a cycle leaves is collected once it is back on)."""
+    rows): 30 % of the time decoding and feeding a storm of 300,000 writes took, for garbage the
+    recorder does not make (its objects hold no cycles; what a cycle leaves is collected once it is back
+    on)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
