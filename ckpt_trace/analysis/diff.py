@@ -22,10 +22,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ckpt_trace.formats import scan
+from ckpt_trace.formats import distinct, scan
 
 from .gpu import union_intervals
-from .summary import SUMMARY_COLUMNS, Accumulator, Progress, distinct, gpu_summary, names_in, on_batch, summary_document
+from .summary import SUMMARY_COLUMNS, Accumulator, Progress, gpu_summary, names_in, on_batch, summary_document
 
 COMPACT_ROWS = 1 << 22  # write ranges held before they are merged into unions (64 MiB of int64 triples)
 

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ckpt_trace.formats import Trace, int_values, scan, validity
+from ckpt_trace.formats import Trace, distinct, int_values, scan, validity
 from ckpt_trace.stats import LatencyHistogram
 
 from .gpu import copy_summary
@@ -50,18 +50,6 @@ def names_in(column, names) -> pa.Array:
             parts.append(pc.fill_null(pc.is_in(chunk, pa.array(names, pa.string())), False)
                          .to_numpy(zero_copy_only=False))
     return pa.array(np.concatenate(parts) if parts else np.zeros(0, bool))
-
-
-def distinct(column) -> list:
-    """The distinct non-null values of a (dictionary or plain) column, decoding only the dictionary."""
-    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    out: set = set()
-    for chunk in chunks:
-        if pa.types.is_dictionary(chunk.type):
-            out.update(chunk.dictionary.take(pc.unique(chunk.indices.drop_null())).to_pylist())
-        else:
-            out.update(pc.unique(chunk.drop_null()).to_pylist())
-    return list(out)
 
 
 def _group_sums(codes: np.ndarray, values: np.ndarray, groups: int) -> np.ndarray:

@@ -4,7 +4,7 @@ This package imports nothing else of ckpt-trace; see ``formats/README.md``.
 """
 
 from . import vocabulary
-from .arrays import int_values, validity
+from .arrays import distinct, int_values, validity
 from .errors import CkptTraceError, TraceFormatError
 from .io import (
     Trace,
@@ -35,6 +35,7 @@ __all__ = [
     "TraceFormatError",
     "TraceWriter",
     "count_rows",
+    "distinct",
     "fsync_directory",
     "int_values",
     "read_metadata",

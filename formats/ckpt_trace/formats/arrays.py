@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 
 def int_values(column: pa.Array) -> np.ndarray:
@@ -27,3 +28,15 @@ def validity(column: pa.Array) -> np.ndarray:
         return np.ones(len(column), bool)
     bits = np.unpackbits(np.frombuffer(column.buffers()[0], np.uint8), bitorder="little")
     return bits[column.offset:column.offset + len(column)].astype(bool)
+
+
+def distinct(column: pa.Array | pa.ChunkedArray) -> list:
+    """The distinct non-null values of a (dictionary or plain) column, decoding only the dictionary."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    out: set = set()
+    for chunk in chunks:
+        if pa.types.is_dictionary(chunk.type):
+            out.update(chunk.dictionary.take(pc.unique(chunk.indices.drop_null())).to_pylist())
+        else:
+            out.update(pc.unique(chunk.drop_null()).to_pylist())
+    return list(out)

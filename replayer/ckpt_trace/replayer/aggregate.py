@@ -98,6 +98,12 @@ def _next_at_or_after(positions: np.ndarray, groups: np.ndarray, query_pos: np.n
     return np.where(same, value % span, missing)
 
 
+def _runs(starts_run: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the first index of each run, each element's run) from the mask of the elements that start a run of
+    equal consecutive keys."""
+    return np.flatnonzero(starts_run), np.cumsum(starts_run) - 1
+
+
 def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the distinct rows of the 2-D integer array ``keys`` in lexicographic order, each row's index among
     them): ``np.unique(keys, axis=0, return_inverse=True)`` by one lexsort, several times faster."""
@@ -105,10 +111,7 @@ def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return keys, np.zeros(0, np.int64)
     # Runs of equal consecutive rows (a worker's writes to one file between two barriers) first: the sort
     # is then over one row per run.
-    starts_run = np.r_[True, np.any(keys[1:] != keys[:-1], axis=1)]
-    run_starts = np.flatnonzero(starts_run)
-    run_of = np.cumsum(starts_run) - 1
-    del starts_run
+    run_starts, run_of = _runs(np.r_[True, np.any(keys[1:] != keys[:-1], axis=1)])
     firsts = keys[run_starts]
     order = np.lexsort(firsts.T[::-1])
     ordered = firsts[order]
@@ -232,13 +235,10 @@ def _group_min(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     keys (a worker's writes to one file) fold first, so the sort is over one key per run."""
     if not len(keys):
         return values
-    change = np.r_[True, keys[1:] != keys[:-1]]
-    starts = np.flatnonzero(change)
+    starts, run_of = _runs(np.r_[True, keys[1:] != keys[:-1]])
     unique, inverse = np.unique(keys[starts], return_inverse=True)
     smallest = np.full(len(unique), np.iinfo(np.int64).max, np.int64)
     np.minimum.at(smallest, inverse, np.minimum.reduceat(values, starts))
-    run_of = np.cumsum(change) - 1
-    del change
     return smallest[inverse][run_of]
 
 

@@ -468,7 +468,7 @@ _SPILL_STEP_BYTES = 8 << 20  # raw records compressed at a time once spilling ha
 
 class _RawSpill:
     """Raw ring records compressed into a scratch file while the command runs (``BccTracer.run``), read
-    back in the order written. A group is the records both rings gave since the previous group: a count
+    back in the order written. A group is the records every ring gave since the previous group: a count
     of frames, then per chunk of records one zstd frame after a header (ring index, records, bytes)."""
 
     _GROUP = struct.Struct("<I")
@@ -584,10 +584,10 @@ class BccTracer:
                    for name, pages in RINGS.items()}
         chunks: dict[str, list[np.ndarray]] = {name: [] for name in readers}
         ranks: dict[int, int | None] = {}
-        spill = _RawSpill(scratch_dir, {name: reader.dtype for name, reader in readers.items()})
+        spill = _RawSpill(scratch_dir, dtypes)
 
         def consume() -> None:
-            """Copy what both rings hold; read the rank of each process that just exec'd while it lives."""
+            """Copy what every ring holds; read the rank of each process that just exec'd while it lives."""
             for name, reader in readers.items():
                 records = reader.read()
                 if len(records):

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from ckpt_trace.errors import TracerError
-from ckpt_trace.formats import COLUMNS, TraceWriter, int_values, table_from_columns, write_trace
+from ckpt_trace.formats import COLUMNS, TraceWriter, distinct, int_values, table_from_columns, write_trace
 
 _SEQ = "__emitted"  # a run's extra column: the row's number in emission order
 _MERGE_ROWS = 65536  # rows read from each run at a time
@@ -67,8 +67,7 @@ class RowSpool:
         if not count:
             return
         table = table_from_columns(columns)
-        path = table.column("path").combine_chunks()
-        self.paths.update(p for p in path.dictionary.take(pc.unique(path.indices.drop_null())).to_pylist() if p)
+        self.paths.update(p for p in distinct(table.column("path")) if p)
         op = table.column("op")
         self.counts["io_uring_requests"] += int(pc.sum(pc.filter(table.column("size"), pc.equal(op, "io_uring_enter")),
                                                        min_count=0).as_py() or 0)
