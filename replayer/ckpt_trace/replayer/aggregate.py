@@ -124,8 +124,11 @@ def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int, block_bytes: int) -> OpTable:
     """The aggregated operations of ``ops`` (a plan's table, grouped by worker). Pure.
 
-    Memory: a few arrays of the collected operations' length at a time (each freed once used), positions
-    as indices rather than full-length masks, the grouping key packed into two integers."""
+    The collected operations fold into runs first (one worker, one handle, one kind, contiguous bytes, no
+    row between them), so the grouping works on runs: at 1 M rows of a DCP-like trace, a quarter of the
+    time of grouping operations one by one. Memory: a few arrays of the collected operations' length at a
+    time (each freed once used), positions as indices rather than full-length masks, the grouping key
+    packed into two integers."""
     n = len(ops)
     if n == 0:
         return ops
@@ -139,11 +142,29 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
     handle_barrier = barrier & ~global_barrier & (kind != _LSEEK) & (handle >= 0)
     del barrier, is_awaited
 
-    # The barrier that flushes each collected operation: its handle's next, or the next global one.
+    # Runs: consecutive rows of one worker on one handle, of one kind, each starting where the previous one
+    # ended (a checkpoint's writes of one tensor, of one shard). No barrier sits inside a run, so a run
+    # shares one flush and one group, and its operations one contiguous byte range: everything below works
+    # on runs (a few per file), not on operations.
     p_pos = np.flatnonzero(pending)
-    p_worker = worker[p_pos].astype(np.int64)
-    p_handle = handle[p_pos].astype(np.int64)
-    end = np.searchsorted(worker, p_worker, side="right")  # one past the last row of each one's worker
+    p_worker, p_handle, p_kind = worker[p_pos], handle[p_pos], kind[p_pos]
+    p_start = ops.offset[p_pos]
+    p_end = p_start + ops.size[p_pos]
+    run_start = np.empty(len(p_pos), bool)
+    run_start[0] = True
+    run_start[1:] = ((p_pos[1:] != p_pos[:-1] + 1) | (p_worker[1:] != p_worker[:-1]) | (p_handle[1:] != p_handle[:-1])
+                     | (p_kind[1:] != p_kind[:-1]) | (p_start[1:] != p_end[:-1]))
+    heads, run_of = _runs(run_start)
+    del run_start, p_kind
+    r_pos = p_pos[heads]
+    r_worker = p_worker[heads].astype(np.int64)
+    r_handle = p_handle[heads].astype(np.int64)
+    r_start = p_start[heads]
+    r_end = p_end[np.r_[heads[1:] - 1, len(p_pos) - 1]]
+    del p_worker, p_handle, p_start, p_end, heads
+
+    # The barrier that flushes each run: its handle's next, or the next global one.
+    end = np.searchsorted(worker, r_worker, side="right")  # one past the last row of each one's worker
     n_handles = int(max(handle.max(), ops.source_handle.max(), 0)) + 1
     on_handle = np.flatnonzero(handle_barrier)
     on_source = np.flatnonzero(handle_barrier & (ops.source_handle >= 0))
@@ -151,33 +172,32 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
         np.concatenate([on_handle, on_source]),
         np.concatenate([worker[on_handle].astype(np.int64) * n_handles + handle[on_handle],
                         worker[on_source].astype(np.int64) * n_handles + ops.source_handle[on_source]]),
-        p_pos, p_worker * n_handles + p_handle, end)
+        r_pos, r_worker * n_handles + r_handle, end)
     del on_handle, on_source
     on_all = np.flatnonzero(global_barrier)
-    flush = np.minimum(by_handle, _next_at_or_after(on_all, worker[on_all], p_pos, p_worker, end))
-    del by_handle, on_all, global_barrier, p_worker
+    flush = np.minimum(by_handle, _next_at_or_after(on_all, worker[on_all], r_pos, r_worker, end))
+    del by_handle, on_all, global_barrier, r_worker
 
-    # Group the collected operations: (flush position, handle, kind). At a barrier on one descriptor, its
-    # handle flushes first, then a dup's source; elsewhere, handles in the order first used since their
-    # last flush; writes before reads. The key (flush, order, kind, handle) packs into two integers.
-    handle_first = _group_min(flush * n_handles + p_handle, p_pos)
+    # Group the runs: (flush position, handle, kind). At a barrier on one descriptor, its handle flushes
+    # first, then a dup's source; elsewhere, handles in the order first used since their last flush; writes
+    # before reads. The key (flush, order, kind, handle) packs into two integers.
+    handle_first = _group_min(flush * n_handles + r_handle, r_pos)
     at_handle_barrier = flush < end
     del end
     at_handle_barrier[at_handle_barrier] = handle_barrier[flush[at_handle_barrier]]
     del handle_barrier
     barrier_handle = np.where(at_handle_barrier, handle[np.minimum(flush, n - 1)], -1)
-    order_key = np.where(at_handle_barrier, (p_handle != barrier_handle).astype(np.int64), handle_first)
+    order_key = np.where(at_handle_barrier, (r_handle != barrier_handle).astype(np.int64), handle_first)
     del barrier_handle, handle_first, at_handle_barrier
     span = n + 1  # flush and order_key are at most n
-    group_key = np.stack([flush * span + order_key, (kind[p_pos] == READ) * n_handles + p_handle], axis=1)
-    del flush, order_key, p_handle
-    groups, group_of = _unique_rows(group_key)
+    group_key = np.stack([flush * span + order_key, (kind[r_pos] == READ) * n_handles + r_handle], axis=1)
+    del flush, order_key, r_handle
+    groups, run_group = _unique_rows(group_key)
     del group_key
     first_op = np.full(len(groups), n, np.int64)
-    np.minimum.at(first_op, group_of, p_pos)
-    starts = ops.offset[p_pos]
-    extent_group, extent_start, extent_end = merge_grouped_ranges(group_of, starts, starts + ops.size[p_pos])
-    del starts
+    np.minimum.at(first_op, run_group, r_pos)  # a run's first operation is its head
+    extent_group, extent_start, extent_end = merge_grouped_ranges(run_group, r_start, r_end)
+    del r_start, r_end, r_pos
     piece_extent, piece_offset, piece_size = _split_all(extent_start, extent_end, buffer_bytes, block_bytes)
     piece_group = extent_group[piece_extent]
     del extent_group, extent_start, extent_end, piece_extent
@@ -186,10 +206,10 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
     # Deps of a piece: the union of its group's operations' deps.
     d_row, d_seq = _deps_of_rows(ops, p_pos)
     if len(d_row):
-        pairs, _ = _unique_rows(np.stack([group_of[np.searchsorted(p_pos, d_row)], d_seq], axis=1))
+        pairs, _ = _unique_rows(np.stack([run_group[run_of[np.searchsorted(p_pos, d_row)]], d_seq], axis=1))
     else:
         pairs = np.zeros((0, 2), np.int64)
-    del group_of, p_pos, d_row, d_seq
+    del run_group, run_of, p_pos, d_row, d_seq
     group_dep_ptr = np.concatenate([[0], np.cumsum(np.bincount(pairs[:, 0], minlength=len(groups)))])
     flush_of_group = groups[:, 0] // span
     del groups
