@@ -211,6 +211,9 @@ class OpTable:
         return OpTable.from_columns(columns, dep_ptr, dep_seq, self.paths)
 
 
+_FEW_INSERTS = 64  # up to this many inserted rows, the others are placed by slices rather than through a mask
+
+
 def interleave_columns(inserted: OpTable, columns: dict[str, np.ndarray], dep_ptr: np.ndarray,
                        dep_seq: np.ndarray, at: np.ndarray) -> OpTable:
     """A table of the rows given as numpy ``columns`` (missing ones take their "no value"; each is popped
@@ -221,26 +224,40 @@ def interleave_columns(inserted: OpTable, columns: dict[str, np.ndarray], dep_pt
     n = len(columns["kind"])
     total = len(inserted) + n
     at = np.asarray(at, np.int64)
-    rest = np.ones(total, bool)  # a mask, not indices: a byte per row rather than eight
-    rest[at] = False
+    if len(at) <= _FEW_INSERTS:  # the rest lie in len(at) + 1 stretches: slice copies, no mask
+        ends = np.r_[at, total]
+        starts = np.r_[0, at + 1]
+        stretches = [(int(a), int(b), int(a - i)) for i, (a, b) in enumerate(zip(starts, ends)) if b > a]
+
+        def place_rest(dest: np.ndarray, values) -> None:
+            for begin, end, source in stretches:
+                dest[begin:end] = values if np.isscalar(values) else values[source:source + end - begin]
+    else:
+        rest = np.ones(total, bool)  # a mask, not indices: a byte per row rather than eight
+        rest[at] = False
+
+        def place_rest(dest: np.ndarray, values) -> None:
+            dest[rest] = values
     out = {}
     dtypes = {"kind": (np.int8, None), "release": (bool, None), "mapped": (bool, None), **_INT_COLUMNS}
     for name, (dtype, missing) in dtypes.items():
         column = np.empty(total, dtype)
         column[at] = getattr(inserted, name)
         values = columns.pop(name, None)
-        column[rest] = (0 if missing is None else missing) if values is None else values
+        place_rest(column, (0 if missing is None else missing) if values is None else values)
         del values
         out[name] = column
     counts = np.diff(dep_ptr)
     ptr = np.zeros(total + 1, np.int64)
     ptr[1:][at] = np.diff(inserted.dep_ptr)
-    ptr[1:][rest] = counts
+    place_rest(ptr[1:], counts)
     np.cumsum(ptr, out=ptr)
     seq = np.empty(int(ptr[-1]), np.int64)
     with_deps = np.flatnonzero(counts)  # the rest's rows that have deps (few)
     _copy_runs(seq, ptr[at], inserted.dep_seq, inserted.dep_ptr[:-1], np.diff(inserted.dep_ptr))
-    _copy_runs(seq, ptr[np.flatnonzero(rest)[with_deps]], dep_seq, dep_ptr[with_deps], counts[with_deps])
+    # The position of the rest's row j: j plus the inserted rows before it (row i has at[i] - i rest rows before it).
+    rest_rows = with_deps + np.searchsorted(at - np.arange(len(at)), with_deps, side="right")
+    _copy_runs(seq, ptr[rest_rows], dep_seq, dep_ptr[with_deps], counts[with_deps])
     return OpTable(**out, dep_ptr=ptr, dep_seq=seq, paths=inserted.paths)
 
 

@@ -209,7 +209,8 @@ class _Rows:
     """The planner's columns of every trace row, in start-time order: numpy arrays (text as codes into
     ``texts``; integer columns with a validity mask) filled batch by batch. ``capacity`` (the trace's row
     count, when known) lets every column be allocated once and filled in place, rather than joined from the
-    batches' copies at the end (half the peak and one copy less)."""
+    batches' copies at the end (half the peak and one copy less); then a batch's all-null column (requests
+    and mappings, in a trace of plain calls) is not copied at all: its zeroed column and mask stand."""
 
     _MASKED = ("fd", "offset", "size", "flags", "queue_id", "in_flight", "address", "prot")
 
@@ -227,13 +228,20 @@ class _Rows:
                 column = batch.column(name)
                 if isinstance(column, pa.ChunkedArray):
                     column = column.combine_chunks()
+                if in_place and name in self._MASKED and column.null_count == rows:
+                    # All null (a trace without requests or mappings): the zeroed column and mask stand as
+                    # they are, so nothing is written (zeroed pages cost nothing until read).
+                    for key, dtype in ((name, np.dtype(str(column.type))), (name + "?", np.dtype(bool))):
+                        if key not in filled:
+                            filled[key] = np.zeros(capacity, dtype)
+                    continue
                 values = {name: self._codes(name, column) if name in _TEXT else int_values(column)}
                 if name in self._MASKED:  # the other columns are never null (the schema says so)
                     values[name + "?"] = validity(column)  # nulls' slots: masked with it
                 for key, value in values.items():
                     if in_place:
-                        if key not in filled:
-                            filled[key] = np.empty(capacity, value.dtype)
+                        if key not in filled:  # (zeroed where a later batch may leave it unwritten)
+                            filled[key] = (np.zeros if name in self._MASKED else np.empty)(capacity, value.dtype)
                         filled[key][n:n + rows] = value
                     else:
                         parts[key].append(np.array(value))
@@ -690,7 +698,8 @@ def _asof_handles(bindings: list[tuple[int, int, int, int]], pid: np.ndarray, fd
     order = np.argsort(b_pos, kind="stable")
     b_pos, b_handle = b_pos[order], b[order, 3]
     at = np.searchsorted(b_pos, id_ * span + seq, side="left") - 1  # the last change strictly before the row
-    found = known & (at >= 0) & (b_pos[np.maximum(at, 0)] // span == id_)
+    first_change = np.searchsorted(b_pos, np.arange(len(keys), dtype=np.int64) * span)  # per slot
+    found = known & (at >= first_change[id_])  # the change is the row's slot's (no division per row)
     return np.where(found, b_handle[np.maximum(at, 0)], NONE)
 
 
