@@ -29,7 +29,12 @@ time around the replay (the ``replay`` call less the replay's own elapsed
 time: reading and planning the trace, checking and preparing the target,
 start-up and the results) under 20 % of the replay itself. Removing the
 replay's files afterwards (``release``: on a tmpfs, freeing the pages, which
-fio's own figure leaves out too) is its own column.
+fio's own figure leaves out too) is its own column. The replays run in this
+process, with the allocator settings the ``ckpt-trace`` command sets
+(``cli.keep_freed_batches``); without them, glibc's adaptive thresholds
+made the planning after an aggregated replay fault its memory in again
+(about 40 ms more in one check). The first replay of a process also faults
+in the planner's memory for the first time; the medians leave that out.
 
     python benchmarks/engine_rate.py [--ops 200000] [--target /dev/shm] [--queue-depth 32] [--repeats 5]
 
@@ -55,6 +60,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tracegen import generate  # noqa: E402
 
+from ckpt_trace.cli import keep_freed_batches  # noqa: E402
 from ckpt_trace.formats import read_trace  # noqa: E402
 from ckpt_trace.replayer import replay  # noqa: E402
 from ckpt_trace.replayer.replay import _plans  # noqa: E402
@@ -118,6 +124,7 @@ def main() -> None:
     parser.add_argument("--queue-depth", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    keep_freed_batches()  # the allocator settings the ckpt-trace command runs with (its main sets them)
     if shutil.which("fio") is None:
         sys.exit("engine_rate.py: fio is not installed")
     scratch = Path(tempfile.mkdtemp(prefix="ckpt-trace-rate-", dir=args.target))
