@@ -125,8 +125,8 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
     """The aggregated operations of ``ops`` (a plan's table, grouped by worker). Pure.
 
     The collected operations fold into runs first (one worker, one handle, one kind, contiguous bytes, no
-    row between them), so the grouping works on runs: at 1 M rows of a DCP-like trace, a quarter of the
-    time of grouping operations one by one. Memory: a few arrays of the collected operations' length at a
+    row between them), so the grouping works on runs (in a line profile over ``tracegen.py``'s 1 M-row DCP
+    mix: 0.10 s, against 0.42 s for grouping operations one by one). Memory: a few arrays of the collected operations' length at a
     time (each freed once used), positions as indices rather than full-length masks, the grouping key
     packed into two integers."""
     n = len(ops)
