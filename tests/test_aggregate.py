@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 from test_replay import CREATE, make_trace
 
 from ckpt_trace.formats import read_trace
+from ckpt_trace.ranges import merge_grouped_ranges
 from ckpt_trace.replayer import build_plan, merge_extents, replay, split_extent
 from ckpt_trace.tracer import syscalls as sc
 
@@ -20,6 +22,23 @@ def test_merged_extents_cover_exactly_the_union(ranges):
     covered = {b for start, end in ranges for b in range(start, end)}
     assert {b for start, end in merged for b in range(start, end)} == covered
     assert all(a[1] < b[0] for a, b in zip(merged, merged[1:]))  # disjoint, sorted, not touching
+
+
+@given(st.lists(st.tuples(st.sampled_from([0, 3, 200, 32_767, 40_000, 1 << 40]), st.integers(0, 1 << 16), st.integers(0, 5000)),
+                max_size=40))
+def test_grouped_unions_equal_each_group_alone(rows):
+    # Groups in any order, small ones (sorted as int16) and large ones (as int64), per group the same union
+    # as merge_extents of that group's ranges alone.
+    groups = np.array([g for g, _, _ in rows], np.int64)
+    starts = np.array([s for _, s, _ in rows], np.int64)
+    ends = starts + np.array([n for _, _, n in rows], np.int64)
+    out_groups, out_starts, out_ends = merge_grouped_ranges(groups, starts, ends)
+    got: dict[int, list] = {}
+    for g, s, e in zip(out_groups.tolist(), out_starts.tolist(), out_ends.tolist()):
+        got.setdefault(g, []).append((s, e))
+    expected = {g: merge_extents([(s, s + n) for h, s, n in rows if h == g]) for g in {g for g, _, _ in rows}}
+    assert got == {g: r for g, r in expected.items() if r}
+    assert list(out_groups) == sorted(out_groups)
 
 
 @given(st.integers(0, 1 << 24), st.integers(1, 1 << 24), st.sampled_from([512, 4096]),

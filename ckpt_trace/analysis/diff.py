@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ckpt_trace.formats import distinct, scan
+from ckpt_trace.ranges import merge_grouped_ranges
 
-from .gpu import union_intervals
 from .summary import SUMMARY_COLUMNS, Accumulator, Progress, gpu_summary, names_in, on_batch, summary_document
 
 COMPACT_ROWS = 1 << 22  # write ranges held before they are merged into unions (64 MiB of int64 triples)
@@ -32,8 +32,9 @@ COMPACT_ROWS = 1 << 22  # write ranges held before they are merged into unions (
 
 class _Written:
     """Per written file (path at the time of the write), the union of the byte ranges its successful writes
-    covered, gathered batch by batch: ranges are held as (file, start, end) until COMPACT_ROWS of them, then
-    merged into per-file unions, so memory grows with the disjoint ranges, not the writes."""
+    covered, gathered batch by batch: each batch's ranges are merged (``ranges.merge_grouped_ranges``) and
+    held as (file, start, end) until COMPACT_ROWS of them, then merged with the unions so far, so memory
+    grows with the disjoint ranges, not the writes."""
 
     def __init__(self) -> None:
         self.ids: dict[str, int] = {}
@@ -45,7 +46,7 @@ class _Written:
         get = batch.column
         keep = pc.and_(pc.and_(names_in(get("op"), ("write",)), pc.greater(get("ret"), 0)),
                        pc.and_(pc.is_valid(get("offset")), pc.is_valid(get("path"))))
-        rows = batch.filter(keep)
+        rows = batch.select(["path", "offset", "ret"]).filter(keep)  # only the columns used are filtered
         if rows.num_rows == 0:
             return
         paths = rows.column("path")
@@ -54,28 +55,25 @@ class _Written:
         lut = np.array([self.ids.setdefault(v, len(self.ids)) for v in paths.dictionary.to_pylist()], np.int64)
         files = lut[paths.indices.to_numpy().astype(np.int64)]
         starts = rows.column("offset").to_numpy().astype(np.int64)
-        self.pending.append((files, starts, starts + rows.column("ret").to_numpy()))
-        self.pending_rows += rows.num_rows
+        # The batch's own unions first (a batch's sort stays in cache): a checkpoint's writes, sequential
+        # per file, leave a few ranges per file and batch.
+        merged = merge_grouped_ranges(files, starts, starts + rows.column("ret").to_numpy())
+        self.pending.append(merged)
+        self.pending_rows += len(merged[0])
         if self.pending_rows >= COMPACT_ROWS:
             self._compact()
 
     def _compact(self) -> None:
         if not self.pending:
             return
-        files = np.concatenate([p[0] for p in self.pending])
-        starts = np.concatenate([p[1] for p in self.pending])
-        ends = np.concatenate([p[2] for p in self.pending])
+        held = [(np.full(len(ranges), file, np.int64), ranges[:, 0], ranges[:, 1]) for file, ranges in self.unions.items()]
+        parts = held + self.pending
         self.pending, self.pending_rows = [], 0
-        order = np.argsort(files, kind="stable")
-        files, starts, ends = files[order], starts[order], ends[order]
-        bounds = np.flatnonzero(np.diff(files)) + 1
-        for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(files)]):
-            file = int(files[lo])
-            held = self.unions.get(file)
-            s, e = starts[lo:hi], ends[lo:hi]
-            if held is not None:
-                s, e = np.r_[held[:, 0], s], np.r_[held[:, 1], e]
-            self.unions[file] = np.stack(union_intervals(s, e), axis=1)
+        files, starts, ends = merge_grouped_ranges(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
+        del parts, held
+        bounds = np.flatnonzero(files[1:] != files[:-1]) + 1
+        self.unions = {int(files[lo]): np.stack([starts[lo:hi], ends[lo:hi]], axis=1)
+                       for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(files)])}
 
     def result(self) -> dict[str, np.ndarray]:
         self._compact()
