@@ -19,12 +19,20 @@ fingerprint.
 fio's read limits on a file of the checkpoint's size, laid out once (O_DIRECT,
 fsynced), each read after dropping the page cache: sequential 4 MiB reads
 through io_uring with O_DIRECT at queue depth 32, and buffered psync (the
-kernel's read-ahead at work). The best of ``--fio-runs`` runs each.
+kernel's read-ahead at work).
+
+The work runs in ``--runs`` rounds: each round loads once with every loader
+and reads once with each fio job, so a disk that slows down for a while
+slows every loader alike. Besides each loader's median, two paired figures
+come from the rounds: ``of fio``, the median over rounds of the loader's
+speed over the better of the two fio reads of the same round; ``vs best
+other`` (the emitted reader's rows), the median over rounds of the fastest
+other loader's time that round over the emitted reader's.
 
 One run of this script on a shared machine: read the ratios (medians within
 the run), not the third digit.
 
-    python benchmarks/restore.py [--model gpt2-small] [--runs 5] [--queue-depth 32] [--scratch DIR]
+    python benchmarks/restore.py [--model gpt2-small] [--runs 5] [--queue-depth 32] [--load-streams 2] [--scratch DIR]
 
 Prints a table and writes ``benchmarks/results/restore.json``.
 """
@@ -48,6 +56,8 @@ from common import drop_caches, parse_or_run_child
 from rich.console import Console
 from rich.table import Table
 
+from ckpt_trace.writer.options import WriterOptions
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 #: loader -> the format it reads (emitted_writer's engine names)
@@ -69,14 +79,15 @@ def _load(loader: str, directory: Path, module, target) -> dict:
     return ew._load(LOADERS[loader], directory, module, target)
 
 
-def _reader_module(engine: str, queue_depth: int, buffer_bytes: int):
+def _reader_module(engine: str, queue_depth: int, buffer_bytes: int, load_streams: int):
     """make_writer/make_reader of the emitted writer with these options: it saves with O_DIRECT; it loads
     with its default, buffered reads into the destination tensors, or, for ``(O_DIRECT)``, O_DIRECT windows."""
     from types import SimpleNamespace
 
-    from ckpt_trace.writer import CheckpointReader, CheckpointWriter, WriterOptions
+    from ckpt_trace.writer import CheckpointReader, CheckpointWriter
 
-    options = WriterOptions(queue_depth=queue_depth, buffer_bytes=buffer_bytes, load_direct_io="O_DIRECT" in engine)
+    options = WriterOptions(queue_depth=queue_depth, buffer_bytes=buffer_bytes, load_direct_io="O_DIRECT" in engine,
+                            load_streams=load_streams)
     return SimpleNamespace(make_writer=lambda path: CheckpointWriter(path, options),
                            make_reader=lambda path: CheckpointReader(path, options))
 
@@ -85,7 +96,7 @@ def child(args) -> None:
     """One cold load in this fresh process; prints one JSON line."""
     warnings.filterwarnings("ignore")
     ew.MODEL = args.model
-    module = _reader_module(args.engine, args.queue_depth, args.buffer_size)
+    module = _reader_module(args.engine, args.queue_depth, args.buffer_size, args.load_streams)
     if args.child == "save":
         state = ew._state()
         ew._save(args.engine, state, Path(args.dir), module)
@@ -104,7 +115,7 @@ def _child(mode: str, engine: str, directory: Path, args) -> dict:
     drop_caches()
     proc = subprocess.run([sys.executable, __file__, "--child", mode, "--engine", engine, "--dir", str(directory),
                            "--model", args.model, "--queue-depth", str(args.queue_depth), "--buffer-size",
-                           str(args.buffer_size)], capture_output=True, text=True)
+                           str(args.buffer_size), "--load-streams", str(args.load_streams)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{engine} {mode} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -119,32 +130,30 @@ def _fio_read(path: Path, size: int, direct: bool) -> float:
     return float(json.loads(done.stdout)["jobs"][0]["read"]["bw_bytes"])
 
 
-def _fio_limits(scratch: Path, size: int, runs: int) -> dict[str, dict]:
+FIO_READS = {"fio O_DIRECT io_uring qd32": True, "fio buffered psync": False}
+
+
+def _fio_layout(scratch: Path, size: int) -> Path | None:
+    """A file of ``size`` bytes for fio's reads, written once with O_DIRECT and fsynced (None without fio)."""
     if shutil.which("fio") is None:
-        return {}
+        return None
     path = scratch / "fio-restore.bin"
     subprocess.run(["fio", "--name=layout", f"--filename={path}", "--rw=write", "--bs=4M", f"--size={size}",
                     "--ioengine=io_uring", "--direct=1", "--iodepth=32", "--end_fsync=1", "--output-format=json"],
                    check=True, capture_output=True)
-    try:
-        out = {}
-        for name, direct in (("fio O_DIRECT io_uring qd32", True), ("fio buffered psync", False)):
-            samples = [_fio_read(path, size, direct) for _ in range(runs)]
-            out[name] = {"best_bytes_per_s": max(samples), "samples": samples}
-        return out
-    finally:
-        path.unlink(missing_ok=True)
+    return path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gpt2-small")
     parser.add_argument("--runs", type=int, default=5, help="cold loads per loader")
-    parser.add_argument("--fio-runs", type=int, default=3)
     parser.add_argument("--scratch", type=Path, default=None, help="directory on the storage to measure")
     parser.add_argument("--loaders", default=",".join(LOADERS))
     parser.add_argument("--queue-depth", type=int, default=32, help="the emitted reader's queue depth")
     parser.add_argument("--buffer-size", type=int, default=4 << 20, help="the emitted reader's window, bytes")
+    parser.add_argument("--load-streams", type=int, default=WriterOptions.load_streams,
+                        help="the emitted reader's threads per file (buffered loads)")
     args = parse_or_run_child(parser, child)
     if args is None:
         return
@@ -159,38 +168,56 @@ def main() -> None:
         for fmt in sorted({LOADERS[name] for name in loaders}):
             saved[fmt] = _child("save", fmt, scratch / fmt, args)
         size = next(iter(saved.values()))["bytes"]
-        limits = _fio_limits(scratch, size, args.fio_runs)
-        for name in loaders:
-            fmt = LOADERS[name]
-            times = []
-            for _ in range(args.runs):
+        fio_file = _fio_layout(scratch, size)
+        times: dict[str, list[float]] = {name: [] for name in loaders}
+        limits: dict[str, dict] = {}
+        for _ in range(args.runs):  # rounds: each loader and each fio read once per round, so drift hits all alike
+            for name in loaders:
+                fmt = LOADERS[name]
                 loaded = _child("load", name, scratch / fmt, args)
                 if abs(loaded["fingerprint"] - saved[fmt]["fingerprint"]) > 1e-6 * max(1.0, abs(saved[fmt]["fingerprint"])):
                     raise RuntimeError(f"{name}: the loaded state differs from the saved one")
-                times.append(loaded["load_s"])
-            rows.append({"loader": name, "format": fmt, "runs_s": times, "median_s": statistics.median(times)})
-            print(f"{name}: median {statistics.median(times):.2f} s of {len(times)}", file=sys.stderr)
+                times[name].append(loaded["load_s"])
+            if fio_file is not None:
+                for fio_name, direct in FIO_READS.items():
+                    limits.setdefault(fio_name, {"samples": []})["samples"].append(_fio_read(fio_file, size, direct))
+        for name in loaders:
+            rows.append({"loader": name, "format": LOADERS[name], "runs_s": times[name],
+                         "median_s": statistics.median(times[name])})
+            print(f"{name}: median {statistics.median(times[name]):.2f} s of {args.runs}", file=sys.stderr)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    best_fio = max((entry["best_bytes_per_s"] for entry in limits.values()), default=None)
+    for entry in limits.values():
+        entry["median_bytes_per_s"] = statistics.median(entry["samples"])
+        entry["best_bytes_per_s"] = max(entry["samples"])
+    # Per round: fio's better read limit that round, and the fastest loader other than the emitted reader.
+    round_fio = [max(entry["samples"][i] for entry in limits.values()) for i in range(args.runs)] if limits else []
+    best_fio = statistics.median(round_fio) if round_fio else None
     base = next((r for r in rows if r["loader"] == "dcp"), rows[0])
+    others = [r for r in rows if not r["loader"].startswith("emitted")]
     for r in rows:
         r["bytes_per_s"] = size / r["median_s"]
         r["vs_dcp"] = base["median_s"] / r["median_s"]
         r["of_best_fio"] = r["bytes_per_s"] / best_fio if best_fio else None
+        r["paired_of_fio"] = statistics.median(size / t / f for t, f in zip(r["runs_s"], round_fio)) if round_fio else None
+        if others and r["loader"].startswith("emitted"):
+            r["paired_vs_best_other"] = statistics.median(
+                min(o["runs_s"][i] for o in others) / r["runs_s"][i] for i in range(args.runs))
     table = Table(title=f"Cold restore of {args.model} + Adam ({size / 1e9:.2f} GB), median of {args.runs} loads")
-    for column in ("loader", "median", "range", "MB/s", "vs DCP", "of best fio"):
+    for column in ("loader", "median", "range", "MB/s", "vs DCP", "of fio", "vs best other"):
         table.add_column(column, justify="left" if column == "loader" else "right")
     for r in rows:
         table.add_row(r["loader"], f"{r['median_s']:.2f} s", f"{min(r['runs_s']):.2f}-{max(r['runs_s']):.2f}",
                       f"{r['bytes_per_s'] / 1e6:,.0f}", f"{r['vs_dcp']:.2f}x",
-                      f"{r['of_best_fio']:.0%}" if r["of_best_fio"] else "-")
+                      f"{r['paired_of_fio']:.0%}" if r["paired_of_fio"] else "-",
+                      f"{r['paired_vs_best_other']:.2f}x" if r.get("paired_vs_best_other") else "")
     for name, entry in limits.items():
-        table.add_row(name, "", "", f"{entry['best_bytes_per_s'] / 1e6:,.0f}", "", "")
+        table.add_row(name, "", "", f"{entry['median_bytes_per_s'] / 1e6:,.0f}", "", "", "")
     Console(width=None if sys.stdout.isatty() else 100).print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": "restore", "model": args.model, "bytes": size, "kernel": os.uname().release,
-              "emitted_reader": {"queue_depth": args.queue_depth, "buffer_bytes": args.buffer_size},
+              "emitted_reader": {"queue_depth": args.queue_depth, "buffer_bytes": args.buffer_size,
+                                 "load_streams": args.load_streams},
               "runs": args.runs, "fio": limits, "results": rows}
     (RESULTS / "restore.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"results: {RESULTS / 'restore.json'}")
