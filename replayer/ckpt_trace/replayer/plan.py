@@ -969,10 +969,15 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
     walk_order = np.lexsort((np.arange(len(walk_ops)), [op.seq for op in walk_ops], walk_widx))
     walk_table = OpTable.from_ops(walk_widx[walk_order].tolist(), [walk_ops[i] for i in walk_order], path_list)
     # The plan's order: by worker (a radix sort on small integers), row order kept within each.
-    by_worker = np.argsort(widx, kind="stable")
-    row, widx, handle, needs = row[by_worker], widx[by_worker], handle[by_worker], needs[by_worker]
-    walked_at = np.flatnonzero(~bulk[by_worker])
-    walked_source = source[by_worker[walked_at]] - len(data_rows)
+    if len(widx) < 2 or not np.any(widx[1:] < widx[:-1]):  # one worker's rows, or already in order: no gathers
+        by_worker = slice(None)
+        walked_at = np.flatnonzero(~bulk)
+        walked_source = source[walked_at] - len(data_rows)
+    else:
+        by_worker = np.argsort(widx, kind="stable")
+        row, widx, handle, needs = row[by_worker], widx[by_worker], handle[by_worker], needs[by_worker]
+        walked_at = np.flatnonzero(~bulk[by_worker])
+        walked_source = source[by_worker[walked_at]] - len(data_rows)
     del bulk, source
     # Deps: a bulk row waits at most for its handle's open; a row the walk resolved carries its own list.
     walk_deps = [d[3] for d in p.data_ops]
