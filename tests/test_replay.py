@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -127,6 +128,7 @@ def test_reads_read_real_bytes_from_precreated_files(tmp_path):
     result = report.results[0]
     assert result.bytes_read == 8192 + 4096 and result.data_ops == 2 and result.metadata_ops == 2
     assert (tmp_path / "target/data/in").stat().st_size == (1 << 20) + 4096
+    assert report.trace_sha256 == hashlib.sha256(trace.read_bytes()).hexdigest()  # hashed while it planned
 
 
 def test_original_timing_keeps_the_recorded_gaps(tmp_path):
