@@ -98,7 +98,7 @@ def _next_at_or_after(positions: np.ndarray, groups: np.ndarray, query_pos: np.n
     return np.where(same, value % span, missing)
 
 
-def _runs(starts_run: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _run_heads(starts_run: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the first index of each run, each element's run) from the mask of the elements that start a run of
     equal consecutive keys."""
     return np.flatnonzero(starts_run), np.cumsum(starts_run) - 1
@@ -111,7 +111,7 @@ def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return keys, np.zeros(0, np.int64)
     # Runs of equal consecutive rows (a worker's writes to one file between two barriers) first: the sort
     # is then over one row per run.
-    run_starts, run_of = _runs(np.r_[True, np.any(keys[1:] != keys[:-1], axis=1)])
+    run_starts, run_of = _run_heads(np.r_[True, np.any(keys[1:] != keys[:-1], axis=1)])
     firsts = keys[run_starts]
     order = np.lexsort(firsts.T[::-1])
     ordered = firsts[order]
@@ -126,9 +126,9 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
 
     The collected operations fold into runs first (one worker, one handle, one kind, contiguous bytes, no
     row between them), so the grouping works on runs (in a line profile over ``tracegen.py``'s 1 M-row DCP
-    mix: 0.10 s, against 0.42 s for grouping operations one by one). Memory: a few arrays of the collected operations' length at a
-    time (each freed once used), positions as indices rather than full-length masks, the grouping key
-    packed into two integers."""
+    mix: 0.10 s, against 0.42 s for grouping operations one by one). Memory: a few arrays of the collected
+    operations' length at a time (each freed once used), positions as indices rather than full-length
+    masks, the grouping key packed into two integers."""
     n = len(ops)
     if n == 0:
         return ops
@@ -154,7 +154,7 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
     run_start[0] = True
     run_start[1:] = ((p_pos[1:] != p_pos[:-1] + 1) | (p_worker[1:] != p_worker[:-1]) | (p_handle[1:] != p_handle[:-1])
                      | (p_kind[1:] != p_kind[:-1]) | (p_start[1:] != p_end[:-1]))
-    heads, run_of = _runs(run_start)
+    heads, run_of = _run_heads(run_start)
     del run_start, p_kind
     r_pos = p_pos[heads]
     r_worker = p_worker[heads].astype(np.int64)
@@ -255,7 +255,7 @@ def _group_min(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     keys (a worker's writes to one file) fold first, so the sort is over one key per run."""
     if not len(keys):
         return values
-    starts, run_of = _runs(np.r_[True, keys[1:] != keys[:-1]])
+    starts, run_of = _run_heads(np.r_[True, keys[1:] != keys[:-1]])
     unique, inverse = np.unique(keys[starts], return_inverse=True)
     smallest = np.full(len(unique), np.iinfo(np.int64).max, np.int64)
     np.minimum.at(smallest, inverse, np.minimum.reduceat(values, starts))
