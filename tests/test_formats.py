@@ -17,6 +17,7 @@ from ckpt_trace.formats import (
     TraceFormatError,
     read_metadata,
     read_trace,
+    scan,
     table_from_columns,
     write_trace,
 )
@@ -78,6 +79,23 @@ def _write_raw(path, table, meta):
     schema = table.schema.with_metadata({METADATA_KEY: json.dumps(meta).encode()} if meta is not None else {})
     with ipc.new_file(str(path), schema) as writer:
         writer.write_table(table.replace_schema_metadata(schema.metadata))
+
+
+@pytest.mark.parametrize("index", [-1, 1, 7])
+def test_dictionary_indices_outside_the_dictionary_are_refused_by_every_reader(tmp_path, index):
+    table = table_from_columns(rows(70_000))  # two batches of scan's 65,536 rows: the bad index in the second
+    op = table["op"].combine_chunks()
+    indices = pa.array([0] * 69_999 + [index], pa.int32())
+    bad = pa.DictionaryArray.from_arrays(indices, op.dictionary, safe=False)  # dictionary: ["write"]
+    table = table.set_column(table.schema.get_field_index("op"), table.schema.field("op"), bad)
+    _write_raw(tmp_path / "d.arrow", table, {**META, "format_version": FORMAT_VERSION})
+    with pytest.raises(TraceFormatError, match="corrupt") as info:
+        read_trace(tmp_path / "d.arrow")
+    assert "\n" not in str(info.value)
+    _, batches = scan(tmp_path / "d.arrow", ["op", "ts_ns"])
+    with pytest.raises(TraceFormatError, match="corrupt") as info:
+        list(batches)
+    assert "\n" not in str(info.value)
 
 
 def test_wrong_version_is_named(tmp_path):

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from ckpt_trace.formats import read_trace, table_from_columns
 from ckpt_trace.replayer.aggregate import build_aggregated_plan
-from ckpt_trace.replayer.plan import build_posix_plan
+from ckpt_trace.replayer.plan import PLAN_COLUMNS, build_posix_plan
 from ckpt_trace.tracer import syscalls as sc
 
 GOLDEN = sorted((Path(__file__).resolve().parent.parent / "traces" / "golden").glob("v*.arrow"))
@@ -36,7 +36,10 @@ def _ops(plan) -> list[list[tuple]]:
 
 
 def assert_same_plan(table, arch="x86_64") -> None:
-    new, old = build_posix_plan(table, arch=arch), reference.build_posix_plan(table, arch=arch)
+    assert_plans_equal(build_posix_plan(table, arch=arch), reference.build_posix_plan(table, arch=arch))
+
+
+def assert_plans_equal(new, old) -> None:
     assert [(w.pid, w.tid, w.rank) for w in new.workers] == [(w.pid, w.tid, w.rank) for w in old.workers]
     assert _ops(new) == _ops(old)
     assert new.precreate_dirs == old.precreate_dirs
@@ -132,6 +135,16 @@ def test_random_traces_plan_the_same(steps):
     assert_same_plan(_trace(steps))
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(3, 6), _ROW), min_size=1, max_size=60), st.integers(1, 9))
+def test_planning_record_batches_in_place_equals_planning_the_table(steps, batch_rows):
+    """Columns filled in place batch by batch (``num_rows`` given), where a batch may have no value in a
+    column an earlier one filled (no open: no flags), plan what the whole table plans."""
+    table = _trace(steps).select(list(PLAN_COLUMNS))
+    batches = table.to_batches(max_chunksize=batch_rows)
+    assert_plans_equal(build_posix_plan(batches, num_rows=table.num_rows), build_posix_plan(table))
+
+
 def assert_same_aggregation(table, arch="x86_64", buffer_bytes=1 << 20, block_bytes=4096) -> None:
     base = build_posix_plan(table, arch=arch)
     new = build_aggregated_plan(base, buffer_bytes=buffer_bytes, block_bytes=block_bytes)
@@ -170,3 +183,26 @@ def test_worker_index_by_thread_table_equals_the_hash(pairs, walk):
     hashed_keys, hashed = _worker_index(workers, walk_workers)
     assert keys.tolist() == hashed_keys.tolist() == sorted(set(workers.tolist()) | set(walk_workers.tolist()))
     assert index.tolist() == hashed.tolist() and keys[index].tolist() == workers.tolist()
+
+
+@settings(deadline=None, max_examples=300)
+@given(bindings=st.lists(st.tuples(st.integers(1, 2), st.integers(3, 5), st.integers(0, 400), st.integers(0, 50)),
+                         max_size=12),
+       runs=st.lists(st.tuples(st.integers(1, 2), st.integers(3, 5), st.integers(1, 40)), min_size=1, max_size=12))
+def test_asof_join_of_descriptors_equals_a_scan_of_the_bindings(bindings, runs):
+    """Rows in runs on one (pid, fd) (looked up at the runs' ends where runs are few) get the handle of
+    their slot's last change strictly before them, as a scan of every binding finds it (a later binding at
+    the same seq wins)."""
+    import numpy as np
+
+    from ckpt_trace.replayer.plan import _asof_handles
+
+    pid = np.array([p for p, _, length in runs for _ in range(length)], np.int32)
+    fd = np.array([f for _, f, length in runs for _ in range(length)], np.int32)
+    seq = np.arange(len(pid), dtype=np.int64) * 3  # changes may fall between rows, or on one
+    expected = []
+    for p, f, s in zip(pid.tolist(), fd.tolist(), seq.tolist()):
+        before = [(b_seq, i, handle) for i, (b_pid, b_fd, b_seq, handle) in enumerate(bindings)
+                  if (b_pid, b_fd) == (p, f) and b_seq < s]
+        expected.append(max(before)[2] if before else -1)
+    assert _asof_handles(bindings, pid, fd, seq).tolist() == expected

@@ -4,7 +4,7 @@ This package imports nothing else of ckpt-trace; see ``formats/README.md``.
 """
 
 from . import vocabulary
-from .arrays import distinct, int_values, validity
+from .arrays import distinct, int_values, is_any_of, validity
 from .errors import CkptTraceError, TraceFormatError
 from .io import (
     Trace,
@@ -38,6 +38,7 @@ __all__ = [
     "distinct",
     "fsync_directory",
     "int_values",
+    "is_any_of",
     "read_metadata",
     "read_trace",
     "reserve_temporary",

@@ -35,6 +35,8 @@ import os
 
 import numpy as np
 
+from ckpt_trace.formats import is_any_of
+
 from .optable import KIND, READ, WRITE, OpTable, run_indices
 from .plan import ReplayPlan, merge_grouped_ranges, merge_ranges
 
@@ -138,7 +140,7 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
     if not pending.any():
         return ops
     barrier = ~pending
-    global_barrier = barrier & (np.isin(kind, _GLOBAL) | is_awaited)
+    global_barrier = barrier & (is_any_of(kind, _GLOBAL) | is_awaited)
     handle_barrier = barrier & ~global_barrier & (kind != _LSEEK) & (handle >= 0)
     del barrier, is_awaited
 
@@ -154,14 +156,14 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
     run_start[0] = True
     run_start[1:] = ((p_pos[1:] != p_pos[:-1] + 1) | (p_worker[1:] != p_worker[:-1]) | (p_handle[1:] != p_handle[:-1])
                      | (p_kind[1:] != p_kind[:-1]) | (p_start[1:] != p_end[:-1]))
-    heads, run_of = _run_heads(run_start)
+    heads = np.flatnonzero(run_start)
     del run_start, p_kind
     r_pos = p_pos[heads]
     r_worker = p_worker[heads].astype(np.int64)
     r_handle = p_handle[heads].astype(np.int64)
     r_start = p_start[heads]
     r_end = p_end[np.r_[heads[1:] - 1, len(p_pos) - 1]]
-    del p_worker, p_handle, p_start, p_end, heads
+    del p_worker, p_handle, p_start, p_end
 
     # The barrier that flushes each run: its handle's next, or the next global one.
     end = np.searchsorted(worker, r_worker, side="right")  # one past the last row of each one's worker
@@ -204,12 +206,14 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
     template = first_op[piece_group]  # each piece copies its group's first operation
 
     # Deps of a piece: the union of its group's operations' deps.
-    d_row, d_seq = _deps_of_rows(ops, p_pos)
+    with_deps = np.flatnonzero(ops.dep_ptr[1:] != ops.dep_ptr[:-1])  # (few rows: opens' waiters)
+    d_row, d_seq = _deps_of_rows(ops, with_deps[pending[with_deps]])
     if len(d_row):
-        pairs, _ = _unique_rows(np.stack([run_group[run_of[np.searchsorted(p_pos, d_row)]], d_seq], axis=1))
+        d_run = np.searchsorted(heads, np.searchsorted(p_pos, d_row), side="right") - 1
+        pairs, _ = _unique_rows(np.stack([run_group[d_run], d_seq], axis=1))
     else:
         pairs = np.zeros((0, 2), np.int64)
-    del run_group, run_of, p_pos, d_row, d_seq
+    del run_group, heads, p_pos, d_row, d_seq, with_deps
     group_dep_ptr = np.concatenate([[0], np.cumsum(np.bincount(pairs[:, 0], minlength=len(groups)))])
     flush_of_group = groups[:, 0] // span
     del groups
@@ -245,9 +249,12 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
 
 
 def _deps_of_rows(ops: OpTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(row, dep seq) of every dependency of ``rows``, vectorised."""
-    lengths = ops.dep_ptr[rows + 1] - ops.dep_ptr[rows]
-    return np.repeat(rows, lengths).astype(np.int64), ops.dep_seq[run_indices(ops.dep_ptr[rows], lengths)]
+    """(row, dep seq) of every dependency of ``rows``, vectorised (over the rows that have any: few)."""
+    starts = ops.dep_ptr[rows]
+    lengths = ops.dep_ptr[rows + 1] - starts
+    some = np.flatnonzero(lengths)
+    rows, starts, lengths = rows[some], starts[some], lengths[some]
+    return np.repeat(rows, lengths).astype(np.int64), ops.dep_seq[run_indices(starts, lengths)]
 
 
 def _group_min(keys: np.ndarray, values: np.ndarray) -> np.ndarray:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ckpt_trace.errors import ReplayError
+from ckpt_trace.formats import is_any_of
 
 from .optable import KIND, KINDS, NO_FLAGS
 from .pack import INDEX_PATH, PACK_DIR
@@ -36,7 +37,7 @@ def plan_paths(plan: ReplayPlan) -> tuple[frozenset[str], frozenset[str]]:
     """(files, directories) the plan may create, relative to its directory. Pure."""
     files, dirs = {path for path, _ in plan.precreate_files}, set(plan.precreate_dirs)
     ops = plan.ops
-    naming = np.flatnonzero(np.isin(ops.kind, [KIND[k] for k in ("open", "rename", "unlink", "mkdir", "mmap")]))
+    naming = np.flatnonzero(is_any_of(ops.kind, [KIND[k] for k in ("open", "rename", "unlink", "mkdir", "mmap")]))
     for row in naming.tolist():  # the few rows that name paths: opens, renames, unlinks, mkdirs
         kind, path, new_path = KINDS[ops.kind[row]], int(ops.path[row]), int(ops.new_path[row])
         path = ops.paths[path] if path >= 0 else None

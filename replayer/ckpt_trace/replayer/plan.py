@@ -51,7 +51,7 @@ import numpy as np
 import pyarrow as pa
 
 from ckpt_trace.errors import ReplayError
-from ckpt_trace.formats import int_values, validity
+from ckpt_trace.formats import int_values, is_any_of, validity
 from ckpt_trace.formats import vocabulary as v
 from ckpt_trace.iolayer import gpu
 from ckpt_trace.iolayer.pattern import file_key
@@ -219,6 +219,7 @@ class _Rows:
         self.texts: list[str] = []
         self._code_of: dict[str, int] = {}
         self._luts: dict[str, tuple[pa.Array, np.ndarray]] = {}  # per column: its last dictionary and codes
+        self._with_values: set[str] = set()  # the masked columns some row has a value in
         parts: dict[str, list[np.ndarray]] = defaultdict(list)
         filled: dict[str, np.ndarray] = {}
         n = placed = 0  # rows seen; rows placed in ``filled`` (a prefix: once one batch overflows, none fit)
@@ -230,19 +231,28 @@ class _Rows:
                 if isinstance(column, pa.ChunkedArray):
                     column = column.combine_chunks()
                 if in_place and name in self._MASKED and column.null_count == rows:
-                    # All null (a trace without requests or mappings): the zeroed column and mask stand as
-                    # they are, so nothing is written (zeroed pages cost nothing until read).
+                    # All null (a trace without requests or mappings): a column no batch filled yet is
+                    # zeroed whole (zeroed pages cost nothing until read), and nothing is copied.
                     for key, dtype in ((name, np.dtype(str(column.type))), (name + "?", np.dtype(bool))):
                         if key not in filled:
                             filled[key] = np.zeros(capacity, dtype)
+                        else:
+                            filled[key][n:n + rows] = 0
+                    continue
+                if in_place and name in _TEXT:  # codes looked up straight into place
+                    if name not in filled:
+                        filled[name] = np.empty(capacity, np.int32)
+                    self._codes(name, column, out=filled[name][n:n + rows])
                     continue
                 values = {name: self._codes(name, column) if name in _TEXT else int_values(column)}
+                if name in self._MASKED and column.null_count < rows:
+                    self._with_values.add(name)
                 if name in self._MASKED:  # the other columns are never null (the schema says so)
                     values[name + "?"] = validity(column)  # nulls' slots: masked with it
                 for key, value in values.items():
                     if in_place:
-                        if key not in filled:  # (zeroed where a later batch may leave it unwritten)
-                            filled[key] = (np.zeros if name in self._MASKED else np.empty)(capacity, value.dtype)
+                        if key not in filled:  # (a later all-null batch zeroes its own rows)
+                            filled[key] = np.empty(capacity, value.dtype)
                         filled[key][n:n + rows] = value
                     else:
                         parts[key].append(np.array(value))
@@ -269,9 +279,15 @@ class _Rows:
             for name in list(self.cols):
                 self.cols[name] = self.cols[name][order]
 
-    def _codes(self, name: str, column: pa.Array) -> np.ndarray:
-        """Codes into ``texts`` (-1: null) of a string or dictionary column. A trace file's batches share
-        one dictionary per column, so its codes are worked out once, not per batch."""
+    def _codes(self, name: str, column: pa.Array, out: np.ndarray | None = None) -> np.ndarray:
+        """Codes into ``texts`` (-1: null) of a string or dictionary column, written into ``out`` when given.
+        A trace file's batches share one dictionary per column, so its codes are worked out once, not per
+        batch."""
+        if column.null_count == len(column):  # (a column no row uses: new_path, memory_kind)
+            if out is None:
+                return np.full(len(column), -1, np.int32)
+            out.fill(-1)
+            return out
         if not pa.types.is_dictionary(column.type):
             column = column.dictionary_encode()
         dictionary, indices = column.dictionary, column.indices
@@ -291,13 +307,17 @@ class _Rows:
         raw = int_values(indices)
         if indices.null_count:
             raw = np.where(validity(indices), raw, len(dictionary))
-        return lut[raw]
+        return np.take(lut, raw, out=out)
 
     def code(self, text: str) -> int:
         try:
             return self.texts.index(text)
         except ValueError:
             return -2  # matches nothing
+
+    def any_valid(self, name: str) -> bool:
+        """Whether some row has a value in the masked column ``name``."""
+        return name in self._with_values
 
     def valid(self, name: str) -> np.ndarray:
         mask = self.cols.get(name + "?")
@@ -683,7 +703,9 @@ class _Planner:
 def _asof_handles(bindings: list[tuple[int, int, int, int]], pid: np.ndarray, fd: np.ndarray,
                   seq: np.ndarray) -> np.ndarray:
     """The handle bound to (pid, fd) just before each ``seq`` (-1 where none): an as-of join on the slot
-    changes the walk recorded (a change at the row's own seq counts only for rows after it)."""
+    changes the walk recorded (a change at the row's own seq counts only for rows after it). ``seq``
+    ascending. Where consecutive rows on one (pid, fd) with no change between them are few runs (a
+    writer's calls on one file), each run is looked up at its first row only."""
     if not bindings or not len(seq):
         return np.full(len(seq), NONE, np.int64)
     b = np.array(bindings, np.int64)
@@ -691,17 +713,31 @@ def _asof_handles(bindings: list[tuple[int, int, int, int]], pid: np.ndarray, fd
     key = (pid.astype(np.int64) << 32) | (fd.astype(np.int64) & 0xFFFFFFFF)
     keys = _distinct(b_key)  # the (pid, fd) pairs the walk bound: few, whatever the trace's length
     b_id = np.searchsorted(keys, b_key)
-    slot = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
-    known = keys[slot] == key
-    id_ = np.where(known, slot, 0)
     span = int(max(b[:, 2].max(), seq.max())) + 2
     b_pos = b_id * span + b[:, 2]
     order = np.argsort(b_pos, kind="stable")
     b_pos, b_handle = b_pos[order], b[order, 3]
-    at = np.searchsorted(b_pos, id_ * span + seq, side="left") - 1  # the last change strictly before the row
     first_change = np.searchsorted(b_pos, np.arange(len(keys), dtype=np.int64) * span)  # per slot
-    found = known & (at >= first_change[id_])  # the change is the row's slot's (no division per row)
-    return np.where(found, b_handle[np.maximum(at, 0)], NONE)
+
+    def change_in_force(k: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """Per row, the index (into ``b_pos``) of its slot's last change strictly before it; -1 where none."""
+        slot = np.minimum(np.searchsorted(keys, k), len(keys) - 1)
+        known = keys[slot] == k
+        id_ = np.where(known, slot, 0)
+        at = np.searchsorted(b_pos, id_ * span + s, side="left") - 1
+        return np.where(known & (at >= first_change[id_]), at, -1)  # (no division per row)
+
+    n = len(seq)
+    # Runs: consecutive rows on one (pid, fd) with no change of any slot between them, so a run's rows
+    # share the change in force at its first row.
+    starts = np.r_[True, key[1:] != key[:-1]]
+    starts[np.minimum(np.searchsorted(seq, b[:, 2], side="right"), n - 1)] = True  # the first row after each change
+    starts = np.flatnonzero(starts)
+    if len(starts) * 4 <= n:  # few runs (a writer's calls on one file): looked up at their first rows
+        at = np.repeat(change_in_force(key[starts], seq[starts]), np.diff(np.r_[starts, n]))
+    else:
+        at = change_in_force(key, seq)
+    return np.where(at >= 0, b_handle[np.maximum(at, 0)], NONE)
 
 
 def _distinct(values: np.ndarray) -> np.ndarray:
@@ -711,8 +747,13 @@ def _distinct(values: np.ndarray) -> np.ndarray:
 
 
 def _group_max(keys: np.ndarray, values: np.ndarray, size: int, initial: int = 0) -> np.ndarray:
+    """Per key (0 to ``size`` - 1), the largest of its ``values`` (``initial`` where none). Runs of equal
+    consecutive keys (a writer's calls on one file) fold first where they are few."""
     out = np.full(size, initial, np.int64)
     if len(keys):
+        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+        if len(starts) * 4 <= len(keys):
+            keys, values = keys[starts], np.maximum.reduceat(values, starts)
         np.maximum.at(out, keys, values)
     return out
 
@@ -775,9 +816,9 @@ def build_posix_plan(trace: pa.Table | Iterable[pa.RecordBatch], strip_prefix: s
     rows = _Rows(trace, num_rows)
     c = rows.cols
     op, ret, interface = c["op"], c["ret"], c["interface"]
-    ring = np.isin(op, [rows.code(name) for name in _RING])
+    ring = is_any_of(op, [rows.code(name) for name in _RING])
     failed = ~ring & (ret < 0)
-    data = (~ring & ~failed & np.isin(op, [rows.code("read"), rows.code("write")])
+    data = (~ring & ~failed & is_any_of(op, [rows.code("read"), rows.code("write")])
             & (interface != rows.code(v.MMAP)) & rows.valid("fd"))
     control = ~ring & ~failed & ~data
     skipped = Counter()
@@ -845,23 +886,34 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
     _drop("path", "new_path", "flags", "address", "prot", "memory_kind")  # the walk's alone: done
     walk_ops = [op for _, op in p.ops]
     walk_workers = np.array([(pid << 32) | (tid & 0xFFFFFFFF) for (pid, tid), _ in p.ops], np.int64)
-    row = np.concatenate([data_rows, walked])
-    source = np.argsort(row, kind="stable")  # two ascending runs: linear
-    row = row[source]  # source: index into (bulk rows, then the walk's): where a row's handle and deps come from
+    if len(walked):
+        row = np.concatenate([data_rows, walked])
+        source = np.argsort(row, kind="stable")  # two ascending runs: linear
+        row = row[source]  # source: index into (bulk rows, then the walk's): where a row's handle and deps come from
+
+        def in_row_order(bulk_values: np.ndarray, walk_values: np.ndarray, order=source) -> np.ndarray:
+            return np.concatenate([bulk_values, walk_values])[order]
+    else:  # every read and write is a bulk one: already in row order
+        row, source = data_rows, np.arange(len(data_rows))
+
+        def in_row_order(bulk_values: np.ndarray, walk_values: np.ndarray) -> np.ndarray:
+            return bulk_values
     row_pid, row_tid = c["pid"][row], c["tid"][row]
     _drop("pid", "tid")
     row_worker = (row_pid.astype(np.int64) << 32) | (row_tid.astype(np.int64) & 0xFFFFFFFF)
     worker_keys, widx = _worker_index(row_worker, walk_workers, row_pid, row_tid)
     del row_pid, row_tid
     bulk = source < len(data_rows)
-    handle = np.concatenate([handles, w_handle]).astype(np.int64)[source]
+    handle = in_row_order(handles.astype(np.int64, copy=False), w_handle)
     del handles
-    mapped = np.concatenate([np.zeros(len(data_rows), bool), w_mapped])[source]
+    mapped = in_row_order(np.zeros(len(data_rows), bool), w_mapped)
     is_write = c["op"][row] == rows.code("write")
     _drop("op")
-    offset_known = np.where(mapped, True, rows.valid("offset")[row])
-    offset = np.where(mapped, np.concatenate([np.zeros(len(data_rows), np.int64), w_offset])[source],
-                      np.where(offset_known, c["offset"][row], NONE))
+    offset_known = rows.valid("offset")[row]
+    offset = np.where(offset_known, c["offset"][row], NONE)
+    if w_mapped.any():  # pages written through a mapping: their offsets are the walk's
+        offset_known = mapped | offset_known
+        offset = np.where(mapped, in_row_order(np.zeros(len(data_rows), np.int64), w_offset), offset)
     _drop("offset")
     ret = c["ret"][row]
     _drop("ret")
@@ -869,9 +921,10 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
     _drop("size")
     np.copyto(size, ret, where=is_write)  # what a write transferred
     if len(p.data_ops):
-        np.copyto(size, np.concatenate([np.zeros(len(data_rows), np.int64), w_size])[source], where=mapped)
-    queue = np.where(~mapped & rows.valid("queue_id")[row] & np.isin(c["interface"][row], [
-        rows.code(v.IO_URING), rows.code(v.LIBAIO)]), c["queue_id"][row], NONE)
+        np.copyto(size, in_row_order(np.zeros(len(data_rows), np.int64), w_size), where=mapped)
+    queue = np.where(~mapped & rows.valid("queue_id")[row] & is_any_of(c["interface"][row], [
+        rows.code(v.IO_URING), rows.code(v.LIBAIO)]), c["queue_id"][row], NONE) if rows.any_valid("queue_id") \
+        else np.full(len(row), NONE, np.int64)  # (a trace of plain calls: no request rows)
     _drop("interface", "queue_id")
 
     # Read extents (per handle) of the files the trace did not create: their content is made before the clock.
@@ -914,11 +967,15 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
     for f, s, _ in p.truncations:
         last_trunc[f] = max(last_trunc[f], s)
     # (Pages written back through a mapping never grow a file: only the calls that sized it do.)
-    after = writes & ~mapped & (row > last_trunc[fid]) if len(fid) else writes
-    file_end = _group_max(fid[after & offset_known], w_end[after & offset_known], n_files)
+    past_truncation = row > last_trunc[fid]
+    after = writes & ~mapped & past_truncation
+    known_after = after & offset_known
+    written_fid = fid[known_after]
+    file_end = _group_max(written_fid, w_end[known_after], n_files)
+    del known_after
     unknown_after = np.zeros(n_files, bool)
-    if len(fid):
-        unknown_after[fid[is_write & ~mapped & ~offset_known & (row > last_trunc[fid])]] = True
+    unknown_after[fid[is_write & ~mapped & ~offset_known & past_truncation]] = True
+    del past_truncation
     bytes_to_write = p.bytes_to_write + int(size[is_write].sum())
 
     read_extent = dict(p.read_extent)
@@ -938,7 +995,8 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
         if not creating and path not in p.made_dirs and path not in p.opened_dirs and path not in parents))
     expected = {}
     written = np.zeros(n_files, bool)
-    written[fid[after & offset_known]] = True
+    written[written_fid] = True
+    del written_fid
     for path, py_size in p.sizes.items():
         f = p.file_of_path.get(path)
         if py_size is None or (f is not None and unknown_after[f]) or path in parents:
@@ -981,10 +1039,11 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
     del bulk, source
     # Deps: a bulk row waits at most for its handle's open; a row the walk resolved carries its own list.
     walk_deps = [d[3] for d in p.data_ops]
-    dep_lengths = np.where(needs, 1, 0).astype(np.int64)
+    dep_lengths = needs.astype(np.int64)
     if len(walked_at):
         dep_lengths[walked_at] = [len(walk_deps[i]) for i in walked_source.tolist()]
-    dep_ptr = np.concatenate([[0], np.cumsum(dep_lengths)]).astype(np.int64)
+    dep_ptr = np.zeros(len(dep_lengths) + 1, np.int64)
+    np.cumsum(dep_lengths, out=dep_ptr[1:])
     del dep_lengths
     dep_seq = np.empty(int(dep_ptr[-1]), np.int64)
     dep_seq[dep_ptr[:-1][needs]] = origin_seq[handle[needs]]
@@ -1000,7 +1059,7 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
     columns = {"kind": np.where(is_write, WRITE, READ), "seq": row, "ts_ns": c.pop("ts_ns")[row],
                "worker": widx, "handle": handle, "offset": offset[by_worker], "size": size[by_worker],
                "path": handle_path[handle] if len(handle) else np.zeros(0, np.int32),
-               "pattern_key": np.where(is_write, key_of[handle_file[handle]] if len(handle) else 0, 0),
+               "pattern_key": np.where(is_write, key_of[handle_file][handle] if len(handle) else 0, 0),
                "queue": queue[by_worker], "mapped": mapped[by_worker]}
     del is_write, handle, offset, size, queue, mapped, fid, by_worker  # the table takes them over
     table = interleave_columns(walk_table, columns, dep_ptr, dep_seq, at)
@@ -1064,7 +1123,15 @@ def _worker_index(row_workers: np.ndarray, walk_workers: np.ndarray, pid: np.nda
                   tid: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(the sorted distinct worker keys of the rows and the walk, each row's index into them). Where each
     thread id belongs to one process (``pid``, ``tid`` given, as a kernel hands them out), by a table
-    indexed by thread id; else by a hash (Arrow's dictionary encoding). Never by a sort of the rows."""
+    indexed by thread id; else by a hash (Arrow's dictionary encoding). Never by a sort of the rows. Where
+    the rows are few runs of one worker's (a single writer's trace), by the first row of each run."""
+    n = len(row_workers)
+    if n:
+        starts = np.flatnonzero(np.r_[True, row_workers[1:] != row_workers[:-1]])
+        if len(starts) * 4 <= n:
+            keys, index = _worker_index(row_workers[starts], walk_workers, None if pid is None else pid[starts],
+                                        None if tid is None else tid[starts])
+            return keys, np.repeat(index, np.diff(np.r_[starts, n]))
     dtype = np.int16
     if pid is not None and len(tid) and int(tid.min()) >= 0 and int(tid.max()) < _TID_TABLE_MAX \
             and int(pid.min()) >= 0:

@@ -46,6 +46,7 @@ from typing import Protocol
 import numpy as np
 
 from ckpt_trace.errors import ReplayError
+from ckpt_trace.formats import is_any_of
 from ckpt_trace.formats.vocabulary import AT_REMOVEDIR
 from ckpt_trace.iolayer import files, gpu, pattern
 from ckpt_trace.iolayer import ring as rings
@@ -384,7 +385,7 @@ class PosixExecutor:
         moved = np.maximum(results, 0)
         is_write = requests["opcode"] == rings.OP_WRITE
         written, read = int(moved[is_write].sum()), int(moved[~is_write].sum())
-        ctx.state.add_run(latencies, written, read, len(data), int((np.isin(kinds, _METADATA_CODES)).sum()))
+        ctx.state.add_run(latencies, written, read, len(data), int(is_any_of(kinds, _METADATA_CODES).sum()))
         if ctx.progress is not None:
             ctx.progress.advance(written + read)
 
