@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from ckpt_trace.formats import TraceWriter
+from ckpt_trace.formats import CkptTraceError, TraceWriter
 from ckpt_trace.formats.vocabulary import open_flag
 
 ROOT = "/scratch/ckpt"
@@ -149,7 +150,10 @@ def main() -> None:
     parser.add_argument("--force", action="store_true", help="overwrite OUTPUT")
     args = parser.parse_args()
     started = time.monotonic()
-    out = generate(args.output, args.rows, args.ranks, mix=args.mix, seed=args.seed, overwrite=args.force)
+    try:
+        out = generate(args.output, args.rows, args.ranks, mix=args.mix, seed=args.seed, overwrite=args.force)
+    except CkptTraceError as err:  # (an existing OUTPUT, a full disk): one line, no traceback
+        sys.exit(f"tracegen: {err}")
     size = out.stat().st_size
     print(f"tracegen: wrote {out} ({size:,} bytes) in {time.monotonic() - started:.1f} s")
 

@@ -728,16 +728,30 @@ def _asof_handles(bindings: list[tuple[int, int, int, int]], pid: np.ndarray, fd
         return np.where(known & (at >= first_change[id_]), at, -1)  # (no division per row)
 
     n = len(seq)
-    # Runs: consecutive rows on one (pid, fd) with no change of any slot between them, so a run's rows
-    # share the change in force at its first row.
-    starts = np.r_[True, key[1:] != key[:-1]]
-    starts[np.minimum(np.searchsorted(seq, b[:, 2], side="right"), n - 1)] = True  # the first row after each change
-    starts = np.flatnonzero(starts)
-    if len(starts) * 4 <= n:  # few runs (a writer's calls on one file): looked up at their first rows
+    # Runs: consecutive rows on one (pid, fd) with no change of any slot between them (a run also starts
+    # at the first row after each change), so a run's rows share the change in force at its first row.
+    after_change = np.minimum(np.searchsorted(seq, b[:, 2], side="right"), n - 1)
+    starts = _few_run_starts(key, after_change)
+    if starts is not None:  # few runs (a writer's calls on one file): looked up at their first rows
         at = np.repeat(change_in_force(key[starts], seq[starts]), np.diff(np.r_[starts, n]))
     else:
         at = change_in_force(key, seq)
     return np.where(at >= 0, b_handle[np.maximum(at, 0)], NONE)
+
+
+def _few_run_starts(keys: np.ndarray, also: np.ndarray | None = None) -> np.ndarray | None:
+    """The first index of each run of equal consecutive ``keys`` (a run also starts at each index in
+    ``also``) where the runs are at most a quarter of the elements; else None, having held no more than a
+    byte per element (the rows of many interleaved ranks are many short runs)."""
+    starts = np.empty(len(keys), bool)
+    if len(keys):
+        starts[0] = True
+        np.not_equal(keys[1:], keys[:-1], out=starts[1:])
+    if also is not None:
+        starts[also] = True
+    if np.count_nonzero(starts) * 4 > len(keys):
+        return None
+    return np.flatnonzero(starts)
 
 
 def _distinct(values: np.ndarray) -> np.ndarray:
@@ -751,8 +765,8 @@ def _group_max(keys: np.ndarray, values: np.ndarray, size: int, initial: int = 0
     consecutive keys (a writer's calls on one file) fold first where they are few."""
     out = np.full(size, initial, np.int64)
     if len(keys):
-        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-        if len(starts) * 4 <= len(keys):
+        starts = _few_run_starts(keys)
+        if starts is not None:
             keys, values = keys[starts], np.maximum.reduceat(values, starts)
         np.maximum.at(out, keys, values)
     return out
@@ -1127,8 +1141,8 @@ def _worker_index(row_workers: np.ndarray, walk_workers: np.ndarray, pid: np.nda
     the rows are few runs of one worker's (a single writer's trace), by the first row of each run."""
     n = len(row_workers)
     if n:
-        starts = np.flatnonzero(np.r_[True, row_workers[1:] != row_workers[:-1]])
-        if len(starts) * 4 <= n:
+        starts = _few_run_starts(row_workers)
+        if starts is not None:
             keys, index = _worker_index(row_workers[starts], walk_workers, None if pid is None else pid[starts],
                                         None if tid is None else tid[starts])
             return keys, np.repeat(index, np.diff(np.r_[starts, n]))
