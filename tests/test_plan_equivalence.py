@@ -206,3 +206,35 @@ def test_asof_join_of_descriptors_equals_a_scan_of_the_bindings(bindings, runs):
                   if (b_pid, b_fd) == (p, f) and b_seq < s]
         expected.append(max(before)[2] if before else -1)
     assert _asof_handles(bindings, pid, fd, seq).tolist() == expected
+
+
+@settings(deadline=None, max_examples=200)
+@given(runs=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 30)), min_size=1, max_size=12),
+       data=st.data())
+def test_group_max_over_runs_equals_a_scan(runs, data):
+    """Per key, the largest value, whether the keys come in few runs (folded first) or many."""
+    import numpy as np
+
+    from ckpt_trace.replayer.plan import _group_max
+
+    keys = np.array([k for k, length in runs for _ in range(length)], np.int64)
+    values = np.array(data.draw(st.lists(st.integers(0, 1 << 40), min_size=len(keys), max_size=len(keys))),
+                      np.int64)
+    expected = [max([int(v) for k, v in zip(keys, values) if k == key], default=0) for key in range(6)]
+    assert _group_max(keys, values, 6).tolist() == expected
+
+
+@settings(deadline=None, max_examples=200)
+@given(runs=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9), st.integers(1, 30)), min_size=1, max_size=10))
+def test_worker_index_over_runs_equals_the_hash_of_each_row(runs):
+    """Rows in few runs of one worker's (looked up at their first rows) get the index each row's own
+    lookup gives."""
+    import numpy as np
+
+    from ckpt_trace.replayer.plan import _worker_index
+
+    pid = np.array([p for p, _, length in runs for _ in range(length)], np.int32)
+    tid = np.array([t for _, t, length in runs for _ in range(length)], np.int32)
+    workers = (pid.astype(np.int64) << 32) | tid
+    keys, index = _worker_index(workers, np.zeros(0, np.int64), pid, tid)
+    assert keys.tolist() == sorted(set(workers.tolist())) and keys[index].tolist() == workers.tolist()
