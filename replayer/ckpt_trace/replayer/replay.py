@@ -340,9 +340,10 @@ def replay(
 
 
 def _digest_soon(path: Path) -> Future:
-    """``sha256_file(path)`` on a helper thread, so hashing the trace (0.44 s for the 121 MB of 10 M rows, warm, on the 2-core VM) overlaps
-    its planning: file reads and hashlib's updates release the GIL. The caller takes ``result()`` (which
-    re-raises the thread's OSError) before any run starts."""
+    """``sha256_file(path)`` on a helper thread, so hashing the trace (0.44 s for the 121 MB of 10 M rows,
+    warm, on the 2-core VM) overlaps its planning: file reads and hashlib's updates release the GIL. The
+    caller takes ``result()`` (which re-raises the thread's OSError) before any run starts. A daemon
+    thread, not an executor's: a command that fails while planning exits without waiting for the hash."""
     future: Future = Future()
 
     def work() -> None:
