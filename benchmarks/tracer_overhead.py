@@ -4,11 +4,12 @@ Runs are interleaved (untraced, bcc, strace, untraced, ...) in one process on
 the same machine and disk, so drift and noise hit every variant alike; each
 variant's median is reported and overheads are ratios to the untraced median.
 The checkpoint directory is removed between runs. Two figures per backend:
-"record end-to-end" is the whole ``ckpt-trace record`` command (start-up, BPF
-compile, teardown, writing the trace included); "workload under trace" is the
-traced command's own wall time, from the trace's ``command_elapsed_ns``.
-Goal (issue 2): bcc adds at most 5 % to the wall time of the demo's workload;
-(issue 11) and of an io_uring-heavy one. Workloads (``--workload``, repeatable):
+"record" is the whole ``ckpt-trace record`` command (start-up, BPF compile,
+teardown, writing the trace included); "command" is the traced command's own
+wall time, from the trace's ``command_elapsed_ns``; each "+" is the overhead
+against the untraced median. Goals: bcc adds at most 5 % to the wall time of
+the demo's workload (issue 2) and of an io_uring-heavy one (issue 11); 2 % on
+the DCP workload (issue 13). Workloads (``--workload``, repeatable):
 
 - ``dcp``: the built-in DCP save (``ckpt-trace workload dcp``);
 - ``emitted``: the same save through the emitted writer (io_uring, O_DIRECT);
@@ -24,10 +25,19 @@ Goal (issue 2): bcc adds at most 5 % to the wall time of the demo's workload;
   no event lost at the default settings, the command at most 3x slower).
 
 strace cannot see io_uring requests, so it is measured on ``dcp`` and ``libaio``
-only. Lost events (the trace's ``lost_events``) are reported per run.
+only (``--backend bcc`` leaves it out). Lost events (the trace's ``lost_events``)
+are reported per run. Besides the ratio of medians, "paired" is the median of
+each repeat's own ratio (traced run over the untraced run just before it), which
+a slow drift of the machine moves less. "rec. CPU" is the CPU time the recording
+process spent while the command ran (the trace's ``recorder_cpu_ns``: reading the
+rings), as a fraction of the command's wall time: what the tracer takes from the
+job besides its BPF programs; "BPF" is the programs' own run time (``bpf_run_ns``,
+counted with sysctl kernel.bpf_stats_enabled=1 during the bcc runs, restored
+after), every process they fired for included. Their sum is the CPU the tracer
+costs, a figure the machine's noise moves far less than wall times.
 
     python benchmarks/tracer_overhead.py [--workload dcp --workload fio-uring] [--model gpt2-medium]
-        [--ranks 4] [--repeats 3] [--out DIR]
+        [--ranks 4] [--repeats 3] [--backend bcc] [--out DIR]
 
 Prints a table and writes ``benchmarks/results/tracer_overhead.json``.
 """
@@ -35,6 +45,7 @@ Prints a table and writes ``benchmarks/results/tracer_overhead.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -80,8 +91,29 @@ def timed(cmd: list[str]) -> float:
     return time.monotonic() - started
 
 
-def run_variant(workload: str, variant: str, scratch: Path, args) -> tuple[float, float, int]:
-    """(end-to-end seconds, the workload command's own seconds, lost events) of one run."""
+BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
+
+
+@contextlib.contextmanager
+def bpf_stats():
+    """The kernel counting BPF programs' run time (the trace's ``bpf_run_ns``) while inside; the sysctl's
+    value before is restored. Does nothing where it cannot be set (not root)."""
+    try:
+        before = BPF_STATS.read_text()
+        BPF_STATS.write_text("1\n")
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        BPF_STATS.write_text(before)
+
+
+def run_variant(workload: str, variant: str, scratch: Path, args) -> tuple[float, float, int, float | None,
+                                                                              float | None]:
+    """(end-to-end seconds, the workload command's own seconds, lost events, the recorder's CPU seconds
+    while the command ran, the BPF programs' seconds) of one run; the last two None where not known."""
     out = scratch / "ckpt"
     shutil.rmtree(out, ignore_errors=True)  # ours: made under this run's scratch directory
     out.mkdir()
@@ -92,11 +124,14 @@ def run_variant(workload: str, variant: str, scratch: Path, args) -> tuple[float
         out.rmdir()  # the workloads make their own directory
     if variant == "untraced":
         elapsed = timed(cmd)
-        return elapsed, elapsed, 0
-    elapsed = timed([sys.executable, "-m", "ckpt_trace.cli", "record", "--backend", variant, "-o", str(trace),
-                     "--path-filter", f"{out}/", "--", *cmd])
+        return elapsed, elapsed, 0, None, None
+    with bpf_stats() if variant == "bcc" else contextlib.nullcontext():
+        elapsed = timed([sys.executable, "-m", "ckpt_trace.cli", "record", "--backend", variant, "-o", str(trace),
+                         "--path-filter", f"{out}/", "--", *cmd])
     meta = read_metadata(trace)
-    return elapsed, meta["command_elapsed_ns"] / 1e9, int(meta["lost_events"])
+    cpu_ns, bpf_ns = meta.get("recorder_cpu_ns"), meta.get("bpf_run_ns")
+    return (elapsed, meta["command_elapsed_ns"] / 1e9, int(meta["lost_events"]),
+            None if cpu_ns is None else cpu_ns / 1e9, None if bpf_ns is None else bpf_ns / 1e9)
 
 
 def main() -> None:
@@ -106,6 +141,8 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-optimizer", dest="with_optimizer", action="store_false")
+    parser.add_argument("--backend", action="append", choices=("bcc", "strace"),
+                        help="repeatable (default: both where available)")
     parser.add_argument("--out", type=Path, default=None, help="scratch directory (default: a temporary one)")
     args = parser.parse_args()
     workloads = args.workload or list(WORKLOADS)
@@ -115,7 +152,7 @@ def main() -> None:
                           ("strace", None if strace_backend.available() else "strace not installed")):
         if problem:
             skipped[name] = problem
-        else:
+        elif args.backend is None or name in args.backend:
             backends.append(name)
     if shutil.which("fio") is None:
         for name in set(workloads) & {*FIO_JOBS, "storm"}:
@@ -134,24 +171,34 @@ def main() -> None:
             for variant in variants:
                 total = [r[0] for r in runs[variant]]
                 command = [r[1] for r in runs[variant]]
+                paired = [c / u[0] - 1.0 for c, u in zip(command, runs["untraced"])]
+                cpu = [r[3] / r[1] for r in runs[variant] if r[3] is not None]
+                bpf = [r[4] / r[1] for r in runs[variant] if r[4] is not None]
                 rows.append({"workload": workload, "variant": variant, "median_s": statistics.median(total),
                              "min_s": min(total), "max_s": max(total), "runs_s": total,
                              "overhead_ratio": statistics.median(total) / base - 1.0,
                              "command_median_s": statistics.median(command), "command_runs_s": command,
                              "command_overhead_ratio": statistics.median(command) / base - 1.0,
+                             "command_paired_overhead_ratio": statistics.median(paired),
+                             "command_paired_overhead_runs": paired,
+                             "recorder_cpu_ratio": statistics.median(cpu) if cpu else None,
+                             "bpf_run_ratio": statistics.median(bpf) if bpf else None,
                              "lost_events": sum(r[2] for r in runs[variant])})
     finally:
         shutil.rmtree(scratch, ignore_errors=True)  # ours: made by mkdtemp above
 
     table = Table(title=f"Tracer overhead (model {args.model}, {args.ranks} ranks, "
                         f"{'with' if args.with_optimizer else 'without'} Adam; median of {args.repeats})")
-    for column in ("workload", "variant", "end-to-end", "overhead", "under trace", "overhead ", "lost"):
+    for column in ("workload", "variant", "record", "+", "command", "+ ", "paired", "rec. CPU", "BPF", "lost"):
         table.add_column(column, justify="left" if column in ("workload", "variant") else "right")
     for row in rows:
         untraced = row["variant"] == "untraced"
         table.add_row(row["workload"], row["variant"], f"{row['median_s']:.2f} s",
                       "-" if untraced else f"{row['overhead_ratio']:+.1%}", f"{row['command_median_s']:.2f} s",
                       "-" if untraced else f"{row['command_overhead_ratio']:+.1%}",
+                      "-" if untraced else f"{row['command_paired_overhead_ratio']:+.1%}",
+                      "-" if row["recorder_cpu_ratio"] is None else f"{row['recorder_cpu_ratio']:.1%}",
+                      "-" if row["bpf_run_ratio"] is None else f"{row['bpf_run_ratio']:.1%}",
                       "-" if untraced else f"{row['lost_events']:,}")
     Console(width=None if sys.stdout.isatty() else 100).print(table)
     for name, problem in skipped.items():

@@ -192,3 +192,69 @@ def test_spooled_runs_merge_into_one_stable_sort_by_start_time(tmp_path):
         spool.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spooled.arrow", "whole.arrow"]
     assert read_trace(tmp_path / "spooled.arrow").table.to_pylist() == read_trace(tmp_path / "whole.arrow").table.to_pylist()
+
+
+_MAPPER = r'''
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = libc.mremap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
+for name in ("munmap", "msync", "madvise"):
+    getattr(libc, name).argtypes = [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * (name != "munmap")
+P, out = 4096, sys.argv[1]
+
+def anonymous(count):
+    for _ in range(count):
+        address = libc.mmap(None, 16 * P, 3, 0x22, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|MAP_ANONYMOUS
+        assert libc.munmap(address, 16 * P) == 0
+
+def file_mapping(name, remap):
+    fd = os.open(f"{out}/{name}", os.O_RDWR | os.O_CREAT, 0o644)
+    os.ftruncate(fd, 8 * P)
+    address = libc.mmap(None, 4 * P, 3, 0x01, fd, 0)  # MAP_SHARED
+    if remap:
+        address = libc.mremap(address, 4 * P, 8 * P, 1)  # MREMAP_MAYMOVE
+    ctypes.memset(address, 7, 4 * P)
+    assert libc.msync(address, 4 * P, 4) == 0  # MS_SYNC
+    assert libc.madvise(address, 2 * P, 4) == 0  # MADV_DONTNEED
+    anonymous(5)  # a group with a file mapping: its anonymous munmaps still make no row
+    assert libc.munmap(address + 2 * P, 2 * P) == 0
+    assert libc.munmap(address, 2 * P) == 0
+    os.close(fd)
+
+parent = libc.mmap(None, 4 * P, 3, 0x01, os.open(f"{out}/inherited.bin", os.O_RDWR | os.O_CREAT, 0o644), 0)
+pid = os.fork()
+if pid == 0:
+    anonymous(50)
+    libc.munmap(parent, 4 * P)  # the parent's mapping: the builder keeps a group's own mappings only
+    file_mapping("child.bin", remap=False)
+    os._exit(0)
+os.waitpid(pid, 0)
+anonymous(50)
+file_mapping("parent.bin", remap=True)
+'''
+
+
+def test_anonymous_mmaps_dropped_in_the_kernel_are_no_rows_of_the_trace(bcc_backend, strace_backend, tmp_path):
+    """Anonymous mmaps are dropped in the kernel: the bcc trace's mapping rows are strace's, which sees every
+    call, and exact, with anonymous mappings made and unmapped around file mappings by two processes."""
+    mapping_ops = ("mmap", "munmap", "mremap", "msync", "madvise")
+    rows = {}
+    for backend in (strace_backend, bcc_backend):
+        out = tmp_path / backend
+        out.mkdir()
+        trace = tmp_path / f"{backend}.arrow"
+        cli("record", "--backend", backend, "-o", str(trace), "--path-filter", f"{out}/", "--",
+            sys.executable, "-c", _MAPPER, str(out))
+        table = read_trace(trace).table
+        rows[backend] = Counter((r["op"], r["path"].replace(str(out), "OUT"), r["offset"], r["size"])
+                                for r in table.to_pylist() if r["op"] in mapping_ops)
+    page = 4096
+    own = {("msync", 0, 4 * page), ("madvise", 0, 2 * page), ("munmap", 2 * page, 2 * page), ("munmap", 0, 2 * page)}
+    want = Counter({("mmap", "OUT/inherited.bin", 0, 4 * page): 1, ("mmap", "OUT/child.bin", 0, 4 * page): 1,
+                    ("mmap", "OUT/parent.bin", 0, 4 * page): 1, ("mremap", "OUT/parent.bin", 0, 8 * page): 1,
+                    **{(op, f"OUT/{name}", offset, size): 1 for name in ("child.bin", "parent.bin")
+                       for op, offset, size in own}})
+    assert rows["strace"] == want
+    assert rows["bcc"] == want

@@ -9,7 +9,8 @@ offset. Each worker's packed files get block-aligned regions, in order of
 first use, in ``ckpt-trace-packs/pack-PID-TID.bin``; their reads and writes
 move to the region, padded to whole blocks so all of them go through
 O_DIRECT (the pattern stays that of the original file and offset, so
-``--verify`` still applies); their open, close, fsync, lseek, ftruncate,
+``--verify`` still applies), and the pieces one aggregated write was cut
+into around unaligned ends become one write again; their open, close, fsync, lseek, ftruncate,
 fallocate, dup, fcntl, rename and unlink become entries of
 ``ckpt-trace-packs/index.json`` (final path -> pack, offset, size), and the
 pack is opened, fsynced (when the trace fsynced any packed file) and closed
@@ -93,18 +94,33 @@ class _WorkerPacker:
         first = self.worker.ops[0]
         out = [PlanOp(seq=seq, kind="open", ts_ns=first.ts_ns, handle=self.pack_handle, path=self.pack_path,
                       flags=PACK_FLAGS)]
+        last_padded = False  # whether out[-1] is a write padding made aligned
         for op in self.worker.ops:
             replaced = self._rewrite(op)
+            padded = replaced is not None and replaced.size != op.size
             if replaced is None:
                 self.saved += 1
+            elif (last_padded or padded) and self._continues(out[-1], replaced):
+                out[-1] = dataclasses.replace(out[-1], size=out[-1].size + replaced.size)
+                padded = False
             else:
                 out.append(replaced)
+            last_padded = padded
         last = self.worker.ops[-1]
         if self.synced:
             out.append(PlanOp(seq=seq, kind="fsync", ts_ns=last.ts_ns, handle=self.pack_handle))
         out.append(PlanOp(seq=seq, kind="close", ts_ns=last.ts_ns, handle=self.pack_handle, release=True))
         self.saved -= 2 + self.synced
         return tuple(out)
+
+    def _continues(self, last: PlanOp, op: PlanOp) -> bool:
+        """Whether ``op`` continues the pack write ``last``: a piece of the same aggregated write (its seq),
+        next in the pack and in the file's pattern. Called where one of the two is a head or tail
+        ``split_extent`` cut off unaligned and padding made aligned, so one request writes both (a
+        body is not joined to the next body: each stays within the buffer size)."""
+        return (op.kind == last.kind == "write" and op.handle == last.handle == self.pack_handle
+                and op.seq == last.seq and op.deps == last.deps and op.pattern_key == last.pattern_key
+                and op.offset == last.offset + last.size and op.pattern_offset == last.pattern_offset + last.size)
 
     def _rewrite(self, op: PlanOp) -> PlanOp | None:
         fid = self.plan.files.handle_files.get(op.handle) if op.handle is not None else None

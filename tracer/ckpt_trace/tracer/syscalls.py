@@ -123,6 +123,7 @@ CLONE_FS = 0x200
 CLONE_THREAD = 0x10000
 CLOSE_RANGE_CLOEXEC = 1 << 2
 SEEK_SET, SEEK_CUR, SEEK_END = 0, 1, 2
+MAP_SHARED, MAP_ANONYMOUS, PROT_WRITE = 0x01, 0x20, 0x2  # asm-generic/mman-common.h
 
 
 def traced_names() -> list[str]:
