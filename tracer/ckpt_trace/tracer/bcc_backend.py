@@ -621,7 +621,7 @@ class BccTracer:
         readers = {name: RingReader(bpf[name].map_fd, getattr(config, pages) * mmap.PAGESIZE, dtypes[name])
                    for name, pages in RINGS.items()}
         chunks: dict[str, list[np.ndarray]] = {name: [] for name in readers}
-        held = [0]  # bytes in chunks, kept as they come: summing every chunk at every poll grew quadratically
+        held_bytes = [0]  # bytes in chunks, kept as they come: summing every chunk at every poll grew quadratically
         ranks: dict[int, int | None] = {}
         spill = _RawSpill(scratch_dir, dtypes)
 
@@ -631,16 +631,16 @@ class BccTracer:
                 records = reader.read()
                 if len(records):
                     chunks[name].append(records)
-                    held[0] += records.nbytes
+                    held_bytes[0] += records.nbytes
                     if name == "events":
                         ranks.update(exec_ranks(records))
             # Once spilling, in small steps: compressing stalls the consumer while the rings fill.
             limit = min(config.RECORD_RAW_BYTES, _SPILL_STEP_BYTES) if spill.bytes else config.RECORD_RAW_BYTES
-            if held[0] > limit:
+            if held_bytes[0] > limit:
                 spill.write(chunks)
                 for name in chunks:
                     chunks[name] = []
-                held[0] = 0
+                held_bytes[0] = 0
 
         def drain(held: dict[str, list[np.ndarray]]) -> None:
             """Decode one group of held records and feed it, a slice at a time, the rings' slices in the
