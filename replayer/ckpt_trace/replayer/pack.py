@@ -10,11 +10,11 @@ first use, in ``ckpt-trace-packs/pack-PID-TID.bin``; their reads and writes
 move to the region, padded to whole blocks so all of them go through
 O_DIRECT (the pattern stays that of the original file and offset, so
 ``--verify`` still applies), and the pieces one aggregated write was cut
-into around unaligned ends become one write again; their open, close, fsync, lseek, ftruncate,
-fallocate, dup, fcntl, rename and unlink become entries of
-``ckpt-trace-packs/index.json`` (final path -> pack, offset, size), and the
-pack is opened, fsynced (when the trace fsynced any packed file) and closed
-once. ``metadata_ops_saved`` counts what disappeared, net of the pack's own.
+into around unaligned ends become one write again; their open, close,
+fsync, lseek, ftruncate, fallocate, dup, fcntl, rename and unlink become
+entries of ``ckpt-trace-packs/index.json`` (final path -> pack, offset,
+size), and the pack is opened, fsynced (when the trace fsynced any packed
+file) and closed once. ``metadata_ops_saved`` counts what disappeared, net of the pack's own.
 """
 
 from __future__ import annotations
