@@ -42,6 +42,22 @@ def test_uring_replay_reproduces_every_file_size(io_uring, odd_strace, tmp_path,
         assert result.unaligned_ops == 0
 
 
+@pytest.mark.parametrize("strategy", ["uring-direct", "aggregated"])
+def test_a_lone_aligned_write_goes_through_o_direct(io_uring, tmp_path, strategy):
+    """A file written by one aligned write: a run of one request, submitted on the O_DIRECT descriptor,
+    not counted as unaligned (it once went through the buffered descriptor)."""
+    from test_replay import CREATE, make_trace
+
+    ops = [{"op": "open", "path": "/ck/a.bin", "fd": 3, "flags": CREATE, "ret": 3},
+           {"op": "write", "path": "/ck/a.bin", "fd": 3, "offset": 0, "size": 65536, "ret": 65536},
+           {"op": "close", "path": "/ck/a.bin", "fd": 3}]
+    target = tmp_path / "t"
+    report = replay(make_trace(tmp_path / "t.arrow", ops), target=target, strategy=strategy, verify=True)
+    result = report.results[0]
+    assert (result.unaligned_ops, result.bytes_written, result.verified_files) == (0, 65536, 1)
+    assert (target / "ck" / "a.bin").stat().st_size == 65536
+
+
 def test_all_compares_every_strategy_in_its_own_directory(io_uring, tmp_path):
     sizes = json.loads((GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.sizes.json").read_text())
     out = tmp_path / "results.json"

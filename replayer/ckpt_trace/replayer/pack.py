@@ -8,13 +8,19 @@ worker waits on those operations, and every read and write of it has a known
 offset. Each worker's packed files get block-aligned regions, in order of
 first use, in ``ckpt-trace-packs/pack-PID-TID.bin``; their reads and writes
 move to the region, padded to whole blocks so all of them go through
-O_DIRECT (the pattern stays that of the original file and offset, so
-``--verify`` still applies), and the pieces one aggregated write was cut
-into around unaligned ends become one write again; their open, close,
-fsync, lseek, ftruncate, fallocate, dup, fcntl, rename and unlink become
-entries of ``ckpt-trace-packs/index.json`` (final path -> pack, offset,
-size), and the pack is opened, fsynced (when the trace fsynced any packed
-file) and closed once. ``metadata_ops_saved`` counts what disappeared, net of the pack's own.
+O_DIRECT. A packed write carries the pack's own pattern at its offset in the
+pack (``iolayer.pattern``, keyed by the pack's path), so ``--verify`` reads
+each file's ranges back from its region, and consecutive writes that are
+contiguous in the pack (one file's pieces, or the end of one file and the
+start of the next) become one extent cut again into ``buffer_bytes`` writes:
+a thousand files of a few hundred KiB go out as a few hundred full buffers,
+as the paper's aggregating writer sends them. Their open, close, fsync,
+lseek, ftruncate, fallocate, dup, fcntl, rename and unlink become entries of
+``ckpt-trace-packs/index.json`` (final path -> pack, offset, size), and the
+pack is opened, preallocated at its final size with fallocate(2) (as the
+aggregated strategy does for every file whose size it knows), fsynced (when
+the trace fsynced any packed file) and closed once. ``metadata_ops_saved``
+counts what disappeared, net of the pack's own.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from types import MappingProxyType
+
+from ckpt_trace.iolayer import pattern
 
 from .plan import DATA_KINDS, MAPPING_KINDS, PlanChecks, PlanOp, ReplayPlan, WorkerPlan, plan_from_ops
 
@@ -55,6 +63,27 @@ def _packable(plan: ReplayPlan, ops: list[tuple[int, PlanOp]]) -> bool:
             and all(op.offset is not None for _, op in ops if op.kind in DATA_KINDS))
 
 
+def _named_elsewhere(plan: ReplayPlan, by_file: dict[int, list[tuple[int, PlanOp]]], fids: set[int]) -> set[int]:
+    """The files of ``fids`` some rename or unlink names (under any name the file had) that another worker
+    runs or waits on: packing removes the renames and unlinks of a packed file, and a removed operation
+    can neither run in another worker nor signal one waiting for it."""
+    names: dict[str, set[int]] = {}
+    for fid in fids:
+        for _, op in by_file[fid]:
+            if op.kind == "open" and op.path is not None:
+                names.setdefault(op.path, set()).add(fid)
+    path_ops = sorted(((op.seq, index, op) for index, worker in enumerate(plan.workers) for op in worker.ops
+                       if op.kind in ("rename", "unlink")), key=lambda item: item[0])
+    for _, _, op in path_ops:  # follow the names through renames, in trace order
+        if op.kind == "rename" and op.path in names:
+            names.setdefault(op.new_path, set()).update(names[op.path])
+    out: set[int] = set()
+    for _, index, op in path_ops:
+        named = names.get(op.path, set()) | (names.get(op.new_path, set()) if op.kind == "rename" else set())
+        out |= {fid for fid in named if op.seq in plan.awaited or by_file[fid][0][0] != index}
+    return out
+
+
 def _padded(offset: int, size: int, block_bytes: int) -> tuple[int, int]:
     start = offset // block_bytes * block_bytes
     end = -(-(offset + size) // block_bytes) * block_bytes
@@ -64,11 +93,15 @@ def _padded(offset: int, size: int, block_bytes: int) -> tuple[int, int]:
 class _WorkerPacker:
     """Rewrites one worker's operations onto its pack."""
 
-    def __init__(self, plan: ReplayPlan, worker: WorkerPlan, fids: set[int], pack_handle: int, block_bytes: int):
+    def __init__(self, plan: ReplayPlan, worker: WorkerPlan, fids: set[int], pack_handle: int, block_bytes: int,
+                 buffer_bytes: int):
         self.plan, self.worker, self.fids, self.pack_handle = plan, worker, fids, pack_handle
-        self.block_bytes = block_bytes
+        self.block_bytes, self.buffer_bytes = block_bytes, buffer_bytes
         self.pack_path = f"{PACK_DIR}/pack-{worker.pid}-{worker.tid}.bin"
+        self.pack_key = pattern.file_key(self.pack_path)
+        self.seq = -1 - pack_handle  # the pack's own operations: below zero, see rewrite
         self.bases: dict[int, int] = {}
+        self.size_bytes = 0
         self.paths: set[str] = set()
         self.saved = 0
         self.synced = False
@@ -86,41 +119,49 @@ class _WorkerPacker:
         for fid, extent in extents.items():
             self.bases[fid] = end
             end += max(self.block_bytes, extent)
+        self.size_bytes = end
 
     def rewrite(self) -> tuple[PlanOp, ...]:
         # The pack's own operations get seq numbers below zero: no worker waits on them, and they
         # must not signal the completion of a recorded operation another worker waits on.
-        seq = -1 - self.pack_handle
-        first = self.worker.ops[0]
-        out = [PlanOp(seq=seq, kind="open", ts_ns=first.ts_ns, handle=self.pack_handle, path=self.pack_path,
+        first, last = self.worker.ops[0], self.worker.ops[-1]
+        out = [PlanOp(seq=self.seq, kind="open", ts_ns=first.ts_ns, handle=self.pack_handle, path=self.pack_path,
                       flags=PACK_FLAGS)]
-        last_padded = False  # whether out[-1] is a write padding made aligned
+        run: list[PlanOp] = []  # consecutive pack writes, each starting where the one before ended
         for op in self.worker.ops:
             replaced = self._rewrite(op)
-            padded = replaced is not None and replaced.size != op.size
-            if replaced is None:
+            if replaced is None:  # no other worker waits on a removed operation (_packable, _named_elsewhere)
                 self.saved += 1
-            elif (last_padded or padded) and self._continues(out[-1], replaced):
-                out[-1] = dataclasses.replace(out[-1], size=out[-1].size + replaced.size)
-                padded = False
-            else:
+                continue
+            if self._pack_write(replaced) and (not run or replaced.offset == run[-1].offset + run[-1].size):
+                run.append(replaced)
+                continue
+            out += self._cut(run)
+            run = [replaced] if self._pack_write(replaced) else []
+            if not run:
                 out.append(replaced)
-            last_padded = padded
-        last = self.worker.ops[-1]
+        out += self._cut(run)
         if self.synced:
-            out.append(PlanOp(seq=seq, kind="fsync", ts_ns=last.ts_ns, handle=self.pack_handle))
-        out.append(PlanOp(seq=seq, kind="close", ts_ns=last.ts_ns, handle=self.pack_handle, release=True))
+            out.append(PlanOp(seq=self.seq, kind="fsync", ts_ns=last.ts_ns, handle=self.pack_handle))
+        out.append(PlanOp(seq=self.seq, kind="close", ts_ns=last.ts_ns, handle=self.pack_handle, release=True))
         self.saved -= 2 + self.synced
         return tuple(out)
 
-    def _continues(self, last: PlanOp, op: PlanOp) -> bool:
-        """Whether ``op`` continues the pack write ``last``: a piece of the same aggregated write (its seq),
-        next in the pack and in the file's pattern. Called where one of the two is a head or tail
-        ``split_extent`` cut off unaligned and padding made aligned, so one request writes both (a
-        body is not joined to the next body: each stays within the buffer size)."""
-        return (op.kind == last.kind == "write" and op.handle == last.handle == self.pack_handle
-                and op.seq == last.seq and op.deps == last.deps and op.pattern_key == last.pattern_key
-                and op.offset == last.offset + last.size and op.pattern_offset == last.pattern_offset + last.size)
+    def _pack_write(self, op: PlanOp) -> bool:
+        return op.kind == "write" and op.handle == self.pack_handle
+
+    def _cut(self, run: list[PlanOp]) -> list[PlanOp]:
+        """A run of contiguous pack writes as one extent cut into ``buffer_bytes`` writes, at the place of the
+        run's first write; each waits for every operation of other workers any write of the run waited for
+        (only removed operations, which no worker waits on, stood between them, so this adds no cycle).
+        Every offset stays block aligned: the run starts at a padded offset and buffers are whole blocks."""
+        if len(run) < 2:
+            return run
+        start, end = run[0].offset, run[-1].offset + run[-1].size
+        deps = tuple(sorted({dep for op in run for dep in op.deps}))
+        return [dataclasses.replace(run[0], offset=offset, size=min(self.buffer_bytes, end - offset),
+                                    pattern_offset=offset, deps=deps)
+                for offset in range(start, end, self.buffer_bytes)]
 
     def _rewrite(self, op: PlanOp) -> PlanOp | None:
         fid = self.plan.files.handle_files.get(op.handle) if op.handle is not None else None
@@ -129,8 +170,9 @@ class _WorkerPacker:
                 self.paths.add(op.path)
             if op.kind in DATA_KINDS:
                 start, size = _padded(op.offset, op.size or 0, self.block_bytes)
-                return dataclasses.replace(op, handle=self.pack_handle, offset=self.bases[fid] + start, size=size,
-                                           pattern_offset=start)
+                offset = self.bases[fid] + start
+                return dataclasses.replace(op, handle=self.pack_handle, offset=offset, size=size,
+                                           pattern_key=self.pack_key, pattern_offset=offset)
             self.synced |= op.kind in _SYNCS
             return None
         if op.kind in ("rename", "unlink") and op.path in self.paths:
@@ -140,14 +182,21 @@ class _WorkerPacker:
         return op
 
 
-def pack_plan(plan: ReplayPlan, *, block_bytes: int = 4096) -> ReplayPlan:
-    """The plan with each worker's packable files moved into one pack per worker. Pure."""
+def pack_plan(plan: ReplayPlan, *, block_bytes: int = 4096, buffer_bytes: int = 4 << 20) -> ReplayPlan:
+    """The plan with each worker's packable files moved into one pack per worker. Pure.
+
+    ``block_bytes`` is the file system's block size (regions and writes are aligned to it);
+    ``buffer_bytes`` (a multiple of it) the largest write, as in ``build_aggregated_plan``.
+    """
     by_file = _ops_of_file(plan)
     packable = {fid for fid, ops in by_file.items() if _packable(plan, ops)}
+    packable -= _named_elsewhere(plan, by_file, packable)
     next_handle = max(plan.files.handle_files, default=-1) + 1
     checks = plan.checks
     workers, index, verify, expected, saved = [], {}, dict(checks.verify_ranges), dict(checks.expected_sizes), 0
     pack_verify = []
+    packed_opens = {op.seq for fid in packable for _, op in by_file[fid] if op.kind == "open"}
+    preallocate = {seq: size for seq, size in plan.preallocate.items() if seq not in packed_opens}
     if not packable:
         return plan
     for number, worker in enumerate(plan.workers):
@@ -155,8 +204,10 @@ def pack_plan(plan: ReplayPlan, *, block_bytes: int = 4096) -> ReplayPlan:
         if not fids:
             workers.append(worker.ops)
             continue
-        packer = _WorkerPacker(plan, worker, fids, next_handle + number, block_bytes)
+        packer = _WorkerPacker(plan, worker, fids, next_handle + number, block_bytes, buffer_bytes)
         workers.append(packer.rewrite())
+        if packer.size_bytes:
+            preallocate[packer.seq] = packer.size_bytes
         saved += packer.saved
         for fid, base in packer.bases.items():
             final = plan.files.file_paths.get(fid)
@@ -167,7 +218,7 @@ def pack_plan(plan: ReplayPlan, *, block_bytes: int = 4096) -> ReplayPlan:
             if ranges is not None:
                 pack_verify.append((packer.pack_path, final, base, ranges))
     return plan_from_ops(
-        plan, workers, pack_index=MappingProxyType(index), metadata_ops_saved=saved,
+        plan, workers, pack_index=MappingProxyType(index), metadata_ops_saved=saved, preallocate=preallocate,
         precreate_dirs=tuple(dict.fromkeys(plan.precreate_dirs + ((PACK_DIR,) if index or saved else ()))),
         checks=PlanChecks(expected_sizes=MappingProxyType(expected), verify_ranges=MappingProxyType(verify),
                           unverifiable=checks.unverifiable, pack_verify=tuple(pack_verify)),

@@ -109,7 +109,7 @@ def derive_plan(base: ReplayPlan, strategy: str, *, buffer_bytes: int = 4 << 20,
         plan = build_aggregated_plan(base, buffer_bytes=buffer_bytes, block_bytes=block_bytes)
     except ValueError as err:
         raise ReplayError(f"--buffer-size: {err}") from None
-    return pack_plan(plan, block_bytes=block_bytes) if pack_files else plan
+    return pack_plan(plan, block_bytes=block_bytes, buffer_bytes=buffer_bytes) if pack_files else plan
 
 
 GPU_COPY_MODES = ("recorded", "pinned", "skip")

@@ -10,8 +10,9 @@ A run does not mix reads and writes (a read may depend on a write before
 it). Reads and writes whose offset the trace did not know run synchronously
 at the file position.
 
-``direct=True`` (uring-direct, aggregated) opens files with O_DIRECT and
-submits from page-aligned buffers. An operation whose offset or size is not
+``direct=True`` (uring-direct, aggregated) opens files with O_DIRECT (and
+without O_APPEND: every request names its offset) and submits from
+page-aligned buffers. An operation whose offset or size is not
 a multiple of the file system's block size (statvfs f_bsize) cannot go
 through O_DIRECT; it is written or read with a buffered pwrite/pread on a
 second descriptor of the same file, between runs, and is counted in
@@ -82,8 +83,21 @@ class UringExecutor(PosixExecutor):
 
     def _open(self, op: PlanOp, state: _RunState) -> int:
         if self.direct and not (op.flags or 0) & os.O_DIRECTORY:
-            op = dataclasses.replace(op, flags=(op.flags or 0) | os.O_DIRECT)
+            op = dataclasses.replace(op, flags=self._direct_flags(op.flags or 0))
         return super()._open(op, state)
+
+    def _metadata(self, op: PlanOp, state: _RunState) -> None:
+        if self.direct and op.kind == "fcntl" and op.flags is not None:  # F_SETFL must not clear O_DIRECT
+            op = dataclasses.replace(op, flags=self._direct_flags(op.flags))
+        super()._metadata(op, state)
+
+    @staticmethod
+    def _direct_flags(flags: int) -> int:
+        """Open and F_SETFL flags under O_DIRECT: O_DIRECT set, O_APPEND cleared. Every read and write this
+        executor submits names its offset, and on an O_APPEND file the kernel would ignore it (pwrite(2),
+        BUGS), append requests in flight together in completion order, and refuse an O_DIRECT write at an
+        unaligned end of file (EINVAL)."""
+        return (flags | os.O_DIRECT) & ~os.O_APPEND
 
     def run(self, plan, *, timing: str = "asap", progress=None, durable: bool = False, signals=None):
         try:
@@ -110,10 +124,12 @@ class UringExecutor(PosixExecutor):
             return
         started = time.perf_counter_ns()
         fd = ctx.state.fds[op.handle]
-        if op.offset is not None and self.direct:  # not aligned, or it would have been a run
+        aligned = not self.direct or (op.offset is not None and op.offset % self.block_bytes == 0
+                                      and (op.size or 0) % self.block_bytes == 0)
+        if op.offset is not None and not aligned:
             ctx.state.add_unaligned()
             fd = self._buffered_fd(op, ctx.state)
-        if op.offset is not None and not self.direct:  # a lone request: one ring submission
+        if op.offset is not None and aligned:  # a lone request (a run of one): one ring submission
             requests, _ = self.requests(ctx, np.array([row]))
             results, latencies = self._submit(ctx, requests, -1)
             moved = int(np.maximum(results, 0).sum())

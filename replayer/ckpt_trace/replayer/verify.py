@@ -1,8 +1,9 @@
 """``--verify``: read replayed files back and compare them with the pattern they must hold.
 
-Every byte range a plan leaves written (``PlanChecks.verify_ranges``, and
-``pack_verify`` for packed files, read at their offset in the pack) must
-hold ``iolayer.pattern`` for its file; files written at offsets the trace
+Every byte range a plan leaves written (``PlanChecks.verify_ranges``) must
+hold ``iolayer.pattern`` for its file; a packed file's ranges
+(``PlanChecks.pack_verify``), read at their offset in the pack, hold the
+pack's pattern there (``replayer.pack``); files written at offsets the trace
 did not know are not checked (``PlanChecks.unverifiable``).
 """
 
@@ -39,14 +40,15 @@ def verify_content(root: TargetRoot, plan: ReplayPlan) -> list[ContentMismatch]:
         if mismatch is not None:
             found.append(ContentMismatch(rel, mismatch))
     for pack, rel, base, ranges in plan.checks.pack_verify:
-        mismatch = _check_file(os.path.join(root.root, pack), ranges, pattern.file_key(rel), base)
+        mismatch = _check_file(os.path.join(root.root, pack), ranges, pattern.file_key(pack), base)
         if mismatch is not None:
             found.append(ContentMismatch(f"{rel} (in {pack})", mismatch))
     return found
 
 
 def _check_file(path: str, ranges: tuple[tuple[int, int], ...], key: int, base: int = 0) -> int | None:
-    """First offset (in the original file's coordinates) where ``path`` differs; ``base``: where it starts in ``path``."""
+    """First offset (in the original file's coordinates) where ``path`` differs from the pattern of ``key``;
+    ``base``: where the original file starts in ``path`` (the pattern is ``path``'s, at its own offsets)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -55,9 +57,9 @@ def _check_file(path: str, ranges: tuple[tuple[int, int], ...], key: int, base: 
         for start, end in ranges:
             for offset in range(start, end, CHUNK_BYTES):
                 size = min(CHUNK_BYTES, end - offset)
-                differs = pattern.first_difference(os.pread(fd, size, base + offset), offset, key)
+                differs = pattern.first_difference(os.pread(fd, size, base + offset), base + offset, key)
                 if differs is not None:
-                    return differs
+                    return differs - base
     finally:
         os.close(fd)
     return None
