@@ -32,6 +32,17 @@ other loader's time that round over the emitted reader's.
 One run of this script on a shared machine: read the ratios (medians within
 the run), not the third digit.
 
+On a virtual machine that reports free pages to its host (the
+``page_reporting`` module, with virtio_balloon), memory the guest frees,
+such as the page cache dropped before each load, goes back to the host after
+about two seconds, and its first use afterwards faults on the host. A load
+then pays for the page cache it fills (and any memory it allocates) at that
+rate: in one check here, a plain two-stream read of a 1.5 GB file right
+after dropping the cache ran at 734-2,047 MB/s, three seconds later at
+505-905 MB/s. Each load here starts about that long after the drop (a fresh
+process), as a restarted job would. The results say whether the host
+reports free pages (``free_page_reporting``).
+
     python benchmarks/restore.py [--model gpt2-small] [--runs 5] [--queue-depth 32] [--load-streams 2] [--scratch DIR]
 
 Prints a table and writes ``benchmarks/results/restore.json``.
@@ -216,6 +227,7 @@ def main() -> None:
     Console(width=None if sys.stdout.isatty() else 100).print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": "restore", "model": args.model, "bytes": size, "kernel": os.uname().release,
+              "free_page_reporting": Path("/sys/module/page_reporting").exists(),
               "emitted_reader": {"queue_depth": args.queue_depth, "buffer_bytes": args.buffer_size,
                                  "load_streams": args.load_streams},
               "runs": args.runs, "fio": limits, "results": rows}
