@@ -6,8 +6,8 @@ emitted writer, DCP's FileSystemWriter, torch.save, safetensors save_file,
 each fsynced), then each loader reads it ``--runs`` times, every time in a
 fresh process after the page cache was dropped (root): the emitted reader
 (``ckpt_trace.writer.CheckpointReader``: by default buffered reads straight
-into the destination tensors; ``(O_DIRECT)``: ``--buffer-size`` O_DIRECT
-windows at ``--queue-depth``, copied out), DCP's
+into the destination tensors; ``(O_DIRECT)``: a stream of ``--buffer-size``
+O_DIRECT reads at ``--queue-depth`` into a fixed arena, copied out), DCP's
 FileSystemReader, ``torch.load``, ``torch.load(mmap=True)`` and safetensors
 ``load_file`` (which maps the file). Loaders that fill a state in place (DCP's) get it allocated and
 zeroed before the clock starts. The clock stops when every tensor has
@@ -92,7 +92,7 @@ def _load(loader: str, directory: Path, module, target) -> dict:
 
 def _reader_module(engine: str, queue_depth: int, buffer_bytes: int, load_streams: int):
     """make_writer/make_reader of the emitted writer with these options: it saves with O_DIRECT; it loads
-    with its default, buffered reads into the destination tensors, or, for ``(O_DIRECT)``, O_DIRECT windows."""
+    with its default, buffered reads into the destination tensors, or, for ``(O_DIRECT)``, its O_DIRECT stream."""
     from types import SimpleNamespace
 
     from ckpt_trace.writer import CheckpointReader, CheckpointWriter

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckpt_trace.writer.layout import align_up, plan_files, plan_reads
+from ckpt_trace.writer.layout import align_up, plan_files, plan_stream
 
 try:
     import torch
@@ -42,20 +42,22 @@ def test_file_layout_places_every_item_aligned_without_overlap(sizes, files):
 
 
 @settings(max_examples=200, deadline=None)
-@given(sizes=st.lists(st.integers(1, 30_000), min_size=1, max_size=40), window=st.sampled_from([4096, 8192, 65536]))
-def test_read_windows_hold_whole_items_in_aligned_ranges(sizes, window):
+@given(sizes=st.lists(st.integers(1, 30_000), min_size=1, max_size=40), piece=st.sampled_from([4096, 8192, 65536]),
+       skip=st.sets(st.integers(0, 39)))
+def test_stream_reads_are_aligned_and_cover_every_wanted_byte_once(sizes, piece, skip):
     layout = plan_files(list(enumerate(sizes)), 1, align_bytes=4096, item_align_bytes=64)[0]
-    wanted = [(p.key, p.offset, p.size_bytes) for p in layout.placements]
-    windows = plan_reads(wanted, window_bytes=window, align_bytes=4096, file_size_bytes=layout.size_bytes)
-    seen = []
-    for w in windows:
-        assert w.start % 4096 == 0 and w.end % 4096 == 0 and w.end <= layout.size_bytes
-        assert w.size_bytes <= window or len(w.members) == 1
-        for key, offset, size in w.members:
-            assert w.start <= offset and offset + size <= w.end
-            seen.append(key)
-        assert sum(size for _, size in w.requests(window)) == w.size_bytes
-    assert sorted(seen) == list(range(len(sizes)))
+    wanted = [(p.offset, p.size_bytes) for p in layout.placements if p.key not in skip]
+    reads = plan_stream(wanted, piece_bytes=piece, align_bytes=4096, file_size_bytes=layout.size_bytes)
+    assert all(offset % 4096 == 0 and 0 < size <= piece and size % 4096 == 0 and offset + size <= layout.size_bytes
+               for offset, size in reads)
+    assert all(a + n <= b for (a, n), (b, _) in zip(reads, reads[1:]))  # in file order, no byte read twice
+    covered = [(a, a + n) for a, n in reads]
+    for offset, size in wanted:
+        position = offset
+        for a, b in covered:
+            if a <= position < b:
+                position = min(b, offset + size)
+        assert position == offset + size, (offset, size)
 
 
 def _writer(path, **options):

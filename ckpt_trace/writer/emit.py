@@ -18,7 +18,7 @@ write (``emit``); no torch is imported here. The choice, per parameter:
   winner read more than it wrote), on when an O_DIRECT strategy read fastest,
   off when a buffered one did; otherwise off, buffered reads straight into the
   destination tensors (``benchmarks/restore.py`` measured them against
-  O_DIRECT windows and fio's read limits).
+  the O_DIRECT stream and fio's read limits).
 """
 
 from __future__ import annotations

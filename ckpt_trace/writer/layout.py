@@ -9,9 +9,8 @@ a multiple of ``item_align_bytes`` so the reader can view its bytes as any
 dtype. A file's size is its last item's end rounded up to ``align_bytes``:
 every write is then a whole, aligned staging buffer.
 
-Read side: a file's wanted items, by offset, are grouped into windows; a
-window is one aligned byte range holding whole items, read into one buffer
-with requests of at most ``buffer_bytes``.
+Read side (O_DIRECT): a file's wanted byte ranges become one stream of
+aligned reads of at most ``buffer_bytes``, in file order.
 """
 
 from __future__ import annotations
@@ -75,48 +74,18 @@ def plan_files(items: Sequence[tuple[Hashable, int]], files: int, *, align_bytes
     return layouts
 
 
-@dataclass(frozen=True)
-class ReadWindow:
-    """One aligned byte range ``[start, end)`` of a file, read with requests of at most ``request_bytes``.
-
-    ``members`` are the caller's (key, offset, size_bytes) triples wholly inside it.
-    """
-
-    start: int
-    end: int
-    members: tuple[tuple[Hashable, int, int], ...]
-
-    @property
-    def size_bytes(self) -> int:
-        return self.end - self.start
-
-    def requests(self, request_bytes: int) -> list[tuple[int, int]]:
-        """(file offset, size_bytes) of each read request, in order."""
-        return [(pos, min(request_bytes, self.end - pos)) for pos in range(self.start, self.end, request_bytes)]
-
-
-def plan_reads(wanted: Sequence[tuple[Hashable, int, int]], *, window_bytes: int, align_bytes: int,
-               file_size_bytes: int) -> list[ReadWindow]:
-    """Group wanted (key, offset, size_bytes > 0) items of one file into aligned windows.
-
-    A window grows while its span stays within ``window_bytes``; an item larger
-    than that gets a window of its own. Windows never pass ``file_size_bytes``
-    rounded up to the alignment.
-    """
+def plan_stream(wanted: Sequence[tuple[int, int]], *, piece_bytes: int, align_bytes: int,
+                file_size_bytes: int) -> list[tuple[int, int]]:
+    """The (file offset, size_bytes) reads that bring every wanted (offset, size_bytes > 0) range of one file
+    into memory: the ranges, widened to ``align_bytes`` and never past ``file_size_bytes`` rounded up to it,
+    merged where they touch and cut into reads of at most ``piece_bytes`` (a multiple of ``align_bytes``),
+    in file order. Every read is aligned, as O_DIRECT requires (open(2), NOTES)."""
     limit = align_up(file_size_bytes, align_bytes)
-    windows: list[ReadWindow] = []
-    start = end = 0
-    members: list[tuple[Hashable, int, int]] = []
-    for key, offset, size in sorted(wanted, key=lambda m: m[1]):
-        item_end = min(limit, align_up(offset + size, align_bytes))
-        if members and max(end, item_end) - start > window_bytes:
-            windows.append(ReadWindow(start, end, tuple(members)))
-            members = []
-        if not members:
-            start = align_down(offset, align_bytes)
-            end = start
-        members.append((key, offset, size))
-        end = max(end, item_end)
-    if members:
-        windows.append(ReadWindow(start, end, tuple(members)))
-    return windows
+    extents: list[list[int]] = []
+    for offset, size in sorted(wanted):
+        start, end = align_down(offset, align_bytes), min(limit, align_up(offset + size, align_bytes))
+        if extents and start <= extents[-1][1]:
+            extents[-1][1] = max(extents[-1][1], end)
+        else:
+            extents.append([start, end])
+    return [(pos, min(piece_bytes, end - pos)) for start, end in extents for pos in range(start, end, piece_bytes)]

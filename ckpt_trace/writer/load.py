@@ -9,8 +9,11 @@ DCP calls, in order: ``reset``, ``read_metadata`` (``format.read_metadata``),
   contiguous CPU tensor of the stored dtype and shape (what DCP's in-place
   load hands over), else into a scratch tensor copied from; the kernel's
   read-ahead keeps the device streaming and nothing is copied twice;
-- O_DIRECT: large aligned reads through io_uring (``staging.WindowReader``),
-  each tensor copied out of them into its destination.
+- O_DIRECT: the file as one stream of aligned reads of ``buffer_bytes``
+  through io_uring into a fixed arena (``staging.StreamReader``), each read's
+  bytes copied into the destination tensors (where they fit as stored, else
+  a scratch tensor) while later reads are in flight; no page cache is
+  filled and no memory allocated per read.
 
 A missing or truncated data file is a ``CheckpointError`` naming it (torch
 wraps it in ``CheckpointException``).
@@ -36,10 +39,9 @@ from ckpt_trace.errors import CheckpointError
 from ckpt_trace.iolayer.files import open_file
 
 from .format import StoredItem, io_error, read_metadata
-from .layout import plan_reads
 from .options import WriterOptions
 from .save import DirectoryCheckpoint
-from .staging import WindowReader
+from .staging import StreamReader
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -127,11 +129,7 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             for i, s in enumerate(stored):
                 if s.size_bytes == 0:
                     self._serve(items[i], s, torch.empty(0, dtype=torch.uint8), planner)
-            windows = plan_reads([(i, s.offset, s.size_bytes) for i, s in enumerate(stored) if s.size_bytes],
-                                 window_bytes=self.options.buffer_bytes, align_bytes=self.options.align_bytes,
-                                 file_size_bytes=expected)
-            WindowReader(fd, self.options).run(windows, lambda i, data: self._serve(items[i], stored[i], data,
-                                                                                     planner))
+            self._stream(fd, items, stored, expected, planner)
         except OSError as err:
             raise io_error("reading", path, err) from None
         finally:
@@ -173,6 +171,36 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         with ThreadPoolExecutor(len(streams), thread_name_prefix="ckpt-trace-read") as pool:
             for future in [pool.submit(read, stream) for stream in streams]:
                 future.result()
+
+    def _stream(self, fd: int, items: list, stored: list[StoredItem], file_size_bytes: int,
+                planner: LoadPlanner) -> None:
+        """O_DIRECT: the file's items as one stream of aligned reads (``staging.StreamReader``), each read's
+        bytes copied into the destination tensors where they fit as stored, else into a scratch tensor
+        served whole once its last byte has landed."""
+        destinations: dict[int, tuple[torch.Tensor, torch.Tensor, bool]] = {}  # i -> (bytes, target, in place)
+
+        def destination(i: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+            if i not in destinations:
+                item, s = items[i], stored[i]
+                target = planner.resolve_tensor(item).detach() if item.type != LoadItemType.BYTE_IO else None
+                if target is not None and _fits_as_stored(item, s, target):
+                    destinations[i] = (target.reshape(-1).view(torch.uint8), target, True)
+                else:
+                    destinations[i] = (torch.empty(s.size_bytes, dtype=torch.uint8), target, False)
+            return destinations[i]
+
+        def sink(i: int, offset: int, data: torch.Tensor) -> None:
+            destination(i)[0][offset:offset + len(data)].copy_(data)
+
+        def done(i: int) -> None:
+            memory, target, in_place = destinations.pop(i)
+            if in_place:
+                planner.commit_tensor(items[i], target)
+            else:
+                self._serve(items[i], stored[i], memory, planner)
+
+        StreamReader(fd, self.options).run([(i, s.offset, s.size_bytes) for i, s in enumerate(stored)],
+                                           file_size_bytes, sink, done)
 
     @staticmethod
     def _serve(item, stored: StoredItem, data: torch.Tensor, planner: LoadPlanner) -> None:

@@ -29,7 +29,9 @@ class WriterOptions:
     - ``load_direct_io``: how ``CheckpointReader`` reads. False (default):
       buffered reads, in file order, straight into each destination tensor's
       memory (no copy-out), so the kernel's read-ahead streams the file; True:
-      O_DIRECT windows of ``buffer_bytes`` through io_uring, copied out. Which
+      the file as a stream of O_DIRECT reads of ``buffer_bytes`` through
+      io_uring into a fixed arena, copied out into the destinations while later
+      reads are in flight (no page cache filled). Which
       wins depends on the device: ``benchmarks/restore.py`` measures both
       against fio's buffered and O_DIRECT read limits.
     - ``load_streams``: buffered loads: threads reading one data file, each a

@@ -14,9 +14,10 @@ Call order: ``put(offset, src)`` for each item in offset order, then
 ``close()`` (last buffer zero-padded, every write reaped, fsync); ``abort()``
 on failure removes the file.
 
-``WindowReader`` (one reader thread, one data file): reads a file's wanted
-items in aligned windows (``layout.plan_reads``) through one ring, and hands
-each window's items to ``serve`` once all its requests landed.
+``StreamReader`` (one reader thread, one data file): reads a file's wanted
+byte ranges as one stream of aligned O_DIRECT reads (``layout.plan_stream``)
+into a fixed arena through one ring, and copies each read's bytes out to the
+items it overlaps while later reads are in flight.
 
 Both run on the I/O layer (``iolayer.ring.Ring``, ``AlignedBuffer``,
 ``files.open_file`` with its O_DIRECT fallback).
@@ -24,8 +25,10 @@ Both run on the I/O layer (``iolayer.ring.Ring``, ``AlignedBuffer``,
 
 from __future__ import annotations
 
+import bisect
 import errno
 import os
+from collections.abc import Callable, Hashable
 
 import torch
 
@@ -33,7 +36,7 @@ from ckpt_trace.iolayer.buffers import AlignedBuffer
 from ckpt_trace.iolayer.files import open_file
 from ckpt_trace.iolayer.ring import Ring
 
-from .layout import FileLayout, ReadWindow, align_up
+from .layout import FileLayout, align_up, plan_stream
 from .options import WriterOptions
 
 
@@ -169,73 +172,70 @@ class StagedFile:
             buffer.close()
 
 
-class WindowReader:
-    """Reads windows of one file through one ring; each window's items are served once all its requests land.
+class StreamReader:
+    """Reads wanted byte ranges of one file with O_DIRECT as a stream of aligned reads, through one ring, into
+    one arena of ``queue_depth`` slots of ``buffer_bytes`` allocated and faulted in once per file.
 
-    Windows are read into buffers of a whole number of ``buffer_bytes``,
-    kept in a free list by size and reused (same-shaped tensors reuse the
-    same memory, so its pages are faulted in once). Windows start while at
-    most ``queue_depth`` requests are in flight and the buffers in use stay
-    within ``queue_depth * buffer_bytes`` (or hold a single window).
+    Call order (``CheckpointReader``, one thread): ``run(wanted, file_size_bytes, sink, done)``. For each
+    read that lands, ``sink(key, item_offset, data)`` is called for every wanted item it overlaps, with
+    ``data`` (a uint8 tensor over the slot, valid only during the call) holding the item's bytes from
+    ``item_offset`` on; the slot's next read is submitted after that. ``done(key)`` follows an item's last
+    ``sink``. Reads land in any order, so an item's pieces may come out of order. The copies of one read
+    overlap the reads still in flight; no memory is allocated per read (fresh pages fault in, and on a
+    virtual machine that reports free pages, fault on the host too). Raises OSError for a failed read, or
+    one that ends before the bytes an item needs (the file is shorter than its metadata says).
     """
 
     def __init__(self, fd: int, options: WriterOptions) -> None:
         self.fd, self.options = fd, options
-        self.free: dict[int, list[AlignedBuffer]] = {}
-        self.budget_bytes = options.queue_depth * options.buffer_bytes
-        self.in_use_bytes = 0
 
-    def run(self, windows: list[ReadWindow], serve) -> None:
-        ring = Ring(self.options.queue_depth)
-        pending: dict[int, list] = {}  # window index -> [buffer, view, requests left]
-        queue = [(w, offset, size) for w, window in enumerate(windows)
-                 for offset, size in window.requests(self.options.buffer_bytes)]
+    def run(self, wanted: list[tuple[Hashable, int, int]], file_size_bytes: int,
+            sink: Callable[[Hashable, int, torch.Tensor], None], done: Callable[[Hashable], None]) -> None:
+        items = sorted((offset, size, key) for key, offset, size in wanted if size > 0)
+        if not items:
+            return
+        piece = self.options.buffer_bytes
+        reads = plan_stream([(offset, size) for offset, size, _ in items], piece_bytes=piece,
+                            align_bytes=self.options.align_bytes, file_size_bytes=file_size_bytes)
+        ends = [offset + size for offset, size, _ in items]
+        left = {key: size for _, size, key in items}
+        slots = min(self.options.queue_depth, len(reads))
+        arena = AlignedBuffer(slots * piece).prefault()
         try:
-            position = 0
-            while position < len(queue) or ring.pending:
-                while position < len(queue) and ring.has_room:
-                    w, offset, size = queue[position]
-                    if w not in pending:
-                        if pending and self.in_use_bytes + self._size(windows[w]) > self.budget_bytes:
-                            break
-                        pending[w] = self._start(windows[w])
-                    buffer = pending[w][0]
-                    ring.submit("read", self.fd, buffer.ptr + offset - windows[w].start, size, offset, tag=w)
-                    position += 1
-                w = ring.wait().tag
-                pending[w][2] -= 1
-                if pending[w][2] == 0:
-                    self._finish(windows[w], pending.pop(w), serve)
+            memory = torch.frombuffer(arena.mmap, dtype=torch.uint8)
+            ring = Ring(slots)
+            try:
+                free, position = list(range(slots)), 0
+                while position < len(reads) or ring.pending:
+                    while position < len(reads) and free:
+                        slot = free.pop()
+                        offset, size = reads[position]
+                        ring.submit("read", self.fd, arena.ptr + slot * piece, size, offset, tag=slot)
+                        position += 1
+                    request, moved = ring.wait_result()
+                    self._serve(request.offset, request.size_bytes, moved, request.tag * piece, memory, items,
+                                ends, left, sink, done)
+                    free.append(request.tag)
+            finally:
+                ring.close()  # waits for what is still in flight, so the arena is no longer written
+                del memory
         finally:
-            ring.close()
-            for buffer, view, _ in pending.values():
-                self._release(buffer, view)
-            for buffers in self.free.values():
-                for buffer in buffers:
-                    buffer.close()
+            arena.close()
 
-    def _size(self, window: ReadWindow) -> int:
-        return align_up(window.size_bytes, self.options.buffer_bytes)
-
-    def _start(self, window: ReadWindow) -> list:
-        size = self._size(window)
-        spare = self.free.get(size)
-        buffer = spare.pop() if spare else AlignedBuffer(size)
-        self.in_use_bytes += size
-        view = torch.frombuffer(buffer.mmap, dtype=torch.uint8)
-        return [buffer, view, len(window.requests(self.options.buffer_bytes))]
-
-    def _finish(self, window: ReadWindow, entry: list, serve) -> None:
-        buffer, view, _ = entry
-        for key, offset, size in window.members:
-            serve(key, view[offset - window.start:offset - window.start + size])
-        self._release(buffer, view)
-
-    def _release(self, buffer: AlignedBuffer, view: torch.Tensor) -> None:
-        del view
-        self.in_use_bytes -= buffer.size_bytes
-        spare = self.free.setdefault(buffer.size_bytes, [])
-        if sum(b.size_bytes for bs in self.free.values() for b in bs) + buffer.size_bytes <= self.budget_bytes:
-            spare.append(buffer)
-        else:
-            buffer.close()
+    @staticmethod
+    def _serve(start: int, requested: int, landed: int, base: int, memory: torch.Tensor, items: list,
+               ends: list[int], left: dict, sink, done) -> None:
+        """Hand out the items overlapping the read of [start, start + requested), whose first ``landed`` bytes
+        arrived and sit at ``base`` of ``memory``."""
+        i = bisect.bisect_right(ends, start)  # the first item ending after start
+        while i < len(items) and items[i][0] < start + requested:
+            offset, size, key = items[i]
+            lo, hi = max(start, offset), min(offset + size, start + requested)
+            if hi > start + landed:
+                raise OSError(errno.EIO, f"read ended at {start + landed:,} bytes, inside an item of {size:,} "
+                                         f"bytes at {offset:,}")
+            sink(key, lo - offset, memory[base + lo - start:base + hi - start])
+            left[key] -= hi - lo
+            if left[key] == 0:
+                done(key)
+            i += 1

@@ -154,7 +154,7 @@ class Ring:
         self._sqes_address = ctypes.addressof(ctypes.c_char.from_buffer(self._sqes))
         self._cqes = np.zeros(self.entries * 2, dtype=_CQE_DTYPE)
         self._buffers: list = []
-        self._done: list[Request] = []
+        self._done: list[tuple[Request, int]] = []  # completed, not yet returned: (request, result)
 
     # -- request by request ------------------------------------------------
     @property
@@ -176,7 +176,7 @@ class Ring:
         Completions of earlier requests may raise here, as from ``wait``.
         """
         while not self.has_room:
-            self._done.extend(request for request, _ in self._reap(1))
+            self._done.extend(self._reap(1))
         user_data = self._next
         self._next += 1
         request = Request(kind, fd, offset, size_bytes, key, tag)
@@ -228,10 +228,15 @@ class Ring:
     def wait(self) -> Request:
         """Return one completed request, waiting for a completion when none is at hand. Raises OSError for a
         failed or short write, and RuntimeError when nothing is pending."""
+        return self.wait_result()[0]
+
+    def wait_result(self) -> tuple[Request, int]:
+        """``wait``, with the request's result: bytes moved (a read may return fewer than it asked for at
+        the end of the file; the caller judges)."""
         while not self._done:
             if not (self.in_flight or self._staged):
                 raise RuntimeError("Ring.wait() with no request pending")
-            self._done.extend(request for request, _ in self._reap(1))
+            self._done.extend(self._reap(1))
         return self._done.pop(0)
 
     def drain(self, key: object = ...) -> None:
@@ -240,10 +245,10 @@ class Ring:
         first: OSError | None = None
         while (self.in_flight or self._staged) and (key is ... or self.by_key[key] > 0):
             try:
-                self._done.extend(request for request, _ in self._reap(1))
+                self._done.extend(self._reap(1))
             except OSError as err:
                 first = first or err
-        self._done = [] if key is ... else [request for request in self._done if request.key != key]
+        self._done = [] if key is ... else [(request, res) for request, res in self._done if request.key != key]
         if first is not None:
             raise first
 
