@@ -5,9 +5,10 @@ state, float32, one process. It is saved once per checkpoint format (the
 emitted writer, DCP's FileSystemWriter, torch.save, safetensors save_file,
 each fsynced), then each loader reads it ``--runs`` times, every time in a
 fresh process after the page cache was dropped (root): the emitted reader
-(``ckpt_trace.writer.CheckpointReader``: by default buffered reads straight
-into the destination tensors; ``(O_DIRECT)``: a stream of ``--buffer-size``
-O_DIRECT reads at ``--queue-depth`` into a fixed arena, copied out), DCP's
+(``ckpt_trace.writer.CheckpointReader``: by default a stream of
+``--buffer-size`` O_DIRECT reads at ``--queue-depth`` into a fixed arena,
+copied out; ``(buffered)``: buffered reads straight into the destination
+tensors, ``--load-streams`` threads), DCP's
 FileSystemReader, ``torch.load``, ``torch.load(mmap=True)`` and safetensors
 ``load_file`` (which maps the file). Loaders that fill a state in place (DCP's) get it allocated and
 zeroed before the clock starts. The clock stops when every tensor has
@@ -72,7 +73,7 @@ from ckpt_trace.writer.options import WriterOptions
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 #: loader -> the format it reads (emitted_writer's engine names)
-LOADERS = {"emitted": "emitted", "emitted (O_DIRECT)": "emitted", "dcp": "dcp-t1", "torch.load": "torch.save", "torch.load(mmap)": "torch.save",
+LOADERS = {"emitted": "emitted", "emitted (buffered)": "emitted", "dcp": "dcp-t1", "torch.load": "torch.save", "torch.load(mmap)": "torch.save",
            "safetensors": "safetensors"}
 PAGE_FLOATS = 1024  # float32 elements per 4 KiB page
 
@@ -92,12 +93,12 @@ def _load(loader: str, directory: Path, module, target) -> dict:
 
 def _reader_module(engine: str, queue_depth: int, buffer_bytes: int, load_streams: int):
     """make_writer/make_reader of the emitted writer with these options: it saves with O_DIRECT; it loads
-    with its default, buffered reads into the destination tensors, or, for ``(O_DIRECT)``, its O_DIRECT stream."""
+    with its default, the O_DIRECT stream, or, for ``(buffered)``, buffered reads into the destination tensors."""
     from types import SimpleNamespace
 
     from ckpt_trace.writer import CheckpointReader, CheckpointWriter
 
-    options = WriterOptions(queue_depth=queue_depth, buffer_bytes=buffer_bytes, load_direct_io="O_DIRECT" in engine,
+    options = WriterOptions(queue_depth=queue_depth, buffer_bytes=buffer_bytes, load_direct_io="buffered" not in engine,
                             load_streams=load_streams)
     return SimpleNamespace(make_writer=lambda path: CheckpointWriter(path, options),
                            make_reader=lambda path: CheckpointReader(path, options))
@@ -162,7 +163,7 @@ def main() -> None:
     parser.add_argument("--scratch", type=Path, default=None, help="directory on the storage to measure")
     parser.add_argument("--loaders", default=",".join(LOADERS))
     parser.add_argument("--queue-depth", type=int, default=32, help="the emitted reader's queue depth")
-    parser.add_argument("--buffer-size", type=int, default=4 << 20, help="the emitted reader's window, bytes")
+    parser.add_argument("--buffer-size", type=int, default=4 << 20, help="the emitted reader's O_DIRECT read size, bytes")
     parser.add_argument("--load-streams", type=int, default=WriterOptions.load_streams,
                         help="the emitted reader's threads per file (buffered loads)")
     args = parse_or_run_child(parser, child)

@@ -72,14 +72,16 @@ def _reader(path, **options):
     return CheckpointReader(path, WriterOptions(**options))
 
 
-def _round_trip(path: Path, **options):
+def _round_trip(path: Path, direct_load: bool | None = None, **options):
+    """Save and load ``plain_state()`` with these options; the load went through O_DIRECT when
+    ``direct_load`` (default: as the options ask)."""
     state = plain_state()
     writer = _writer(path, **options)
     dcp.save(state, storage_writer=writer)
     target = zeros_like_state(state)
     reader = _reader(path, **options)
     dcp.load(target, storage_reader=reader)
-    assert reader.last_load_direct_io == options.get("load_direct_io", False)
+    assert reader.last_load_direct_io == (options.get("load_direct_io", True) if direct_load is None else direct_load)
     return state, target, writer
 
 
@@ -97,7 +99,7 @@ def test_buffered_loads_fill_the_destination_tensors_in_place(tmp_path, torch_in
     target = {"w": torch.zeros(300, 70), "t": torch.zeros(48, 64).t(), "b": torch.zeros(1000, dtype=torch.int64),
               "step": 0}
     pointers = {name: target[name].data_ptr() for name in ("w", "t", "b")}
-    reader = _reader(path)
+    reader = _reader(path, load_direct_io=False)
     dcp.load(target, storage_reader=reader)
     assert reader.last_load_direct_io is False
     assert {name: target[name].data_ptr() for name in pointers} == pointers
@@ -114,10 +116,10 @@ def test_buffered_loads_fill_the_destination_tensors_in_place(tmp_path, torch_in
     {"buffer_bytes": 8192, "queue_depth": 2},
     {"buffer_bytes": 16384, "queue_depth": 3, "writer_threads": 3},
     {"direct_io": False, "preallocate": False},
-    {"load_direct_io": True, "buffer_bytes": 8192, "queue_depth": 2},
-    {"load_streams": 1},
-    {"load_streams": 5, "writer_threads": 2},
-], ids=["defaults", "tiny-buffers", "three-threads", "buffered", "o_direct-loads", "one-load-stream", "five-load-streams"])
+    {"load_direct_io": False, "buffer_bytes": 8192, "queue_depth": 2},
+    {"load_direct_io": False, "load_streams": 1},
+    {"load_direct_io": False, "load_streams": 5, "writer_threads": 2},
+], ids=["defaults", "tiny-buffers", "three-threads", "buffered", "buffered-loads", "one-load-stream", "five-load-streams"])
 def test_save_then_load_is_bit_identical(tmp_path, torch_installed, io_uring, options):
     state, target, writer = _round_trip(tmp_path / "ckpt", **options)
     assert objects_equal_bitwise(state, target)
@@ -231,7 +233,7 @@ def test_refused_o_direct_falls_back_to_buffered_and_says_so(tmp_path, torch_ins
     monkeypatch.setattr(files.os, "open", no_direct)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        state, target, writer = _round_trip(tmp_path / "ckpt")
+        state, target, writer = _round_trip(tmp_path / "ckpt", direct_load=False)  # loaded buffered
     assert any("O_DIRECT refused" in str(w.message) for w in caught)
     assert writer.last_save.direct_io is False
     assert objects_equal_bitwise(state, target)
@@ -261,7 +263,7 @@ def test_emitted_module_is_tuned_from_the_replay_and_round_trips(tmp_path, torch
     proc = cli("emit", str(GOLDEN_DCP), "--from-results", str(results), "-o", str(module_path), "--json")
     chosen = json.loads(proc.stdout)
     assert chosen["options"] == {"buffer_bytes": 2 << 20, "queue_depth": 5, "direct_io": True, "writer_threads": 1,
-                                 "align_bytes": 4096, "preallocate": True, "load_direct_io": False,
+                                 "align_bytes": 4096, "preallocate": True, "load_direct_io": True,
                                  "load_streams": 2}
     text = module_path.read_text()
     assert str(GOLDEN_DCP) in text and str(results) in text and "aggregated" in text

@@ -16,9 +16,9 @@ write (``emit``); no torch is imported here. The choice, per parameter:
   trace, at most ``os.cpu_count()``.
 - ``load_direct_io`` (the reader): from a replay of a recorded *load* (the
   winner read more than it wrote), on when an O_DIRECT strategy read fastest,
-  off when a buffered one did; otherwise off, buffered reads straight into the
-  destination tensors (``benchmarks/restore.py`` measured them against
-  the O_DIRECT stream and fio's read limits).
+  off when a buffered one did; otherwise on, the O_DIRECT stream
+  (``benchmarks/restore.py`` measured it against buffered reads into the
+  destination tensors and fio's read limits).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from ckpt_trace.version import __version__
 from .options import WriterOptions
 
 _DIRECT = {"uring-direct": True, "aggregated": True, "posix": False, "uring-buffered": False}
-_LOAD_DEFAULT = ("no replayed load: buffered reads into the destination tensors, which rode the kernel's "
-                 "read-ahead past O_DIRECT in benchmarks/restore.py")
+_LOAD_DEFAULT = ("no replayed load: the O_DIRECT stream, which read at fio's O_DIRECT limit, above "
+                 "buffered reads, in benchmarks/restore.py")
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,13 @@ DCP calls, in order: ``reset``, ``read_metadata`` (``format.read_metadata``),
 ``set_up_storage_reader``, ``prepare_local_plan``, ``prepare_global_plan``,
 ``read_data``. How a data file is read (``WriterOptions.load_direct_io``):
 
-- buffered (default): its items in file order, each tensor read by
-  preadv(2) straight into its destination's memory where the destination is a
+- buffered (``load_direct_io=False``, or where O_DIRECT is refused): its
+  items in file order, each tensor read by preadv(2) straight into its
+  destination's memory where the destination is a
   contiguous CPU tensor of the stored dtype and shape (what DCP's in-place
   load hands over), else into a scratch tensor copied from; the kernel's
   read-ahead keeps the device streaming and nothing is copied twice;
-- O_DIRECT: the file as one stream of aligned reads of ``buffer_bytes``
+- O_DIRECT (default): the file as one stream of aligned reads of ``buffer_bytes``
   through io_uring into a fixed arena (``staging.StreamReader``), each read's
   bytes copied into the destination tensors (where they fit as stored, else
   a scratch tensor) while later reads are in flight; no page cache is
