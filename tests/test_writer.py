@@ -135,6 +135,30 @@ def test_save_then_load_is_bit_identical(tmp_path, torch_installed, io_uring, op
 
 @pytest.mark.torch
 @pytest.mark.io_uring
+def test_an_o_direct_load_of_three_files_faults_in_one_arena(tmp_path, torch_installed, io_uring, monkeypatch):
+    from ckpt_trace.writer import staging
+
+    path = tmp_path / "ckpt"
+    state = plain_state()
+    dcp.save(state, storage_writer=_writer(path, writer_threads=3, buffer_bytes=16384, queue_depth=3))
+    assert len(list(path.glob("*.data"))) == 3
+    arenas = []
+
+    class Counted(staging.AlignedBuffer):
+        def __init__(self, size_bytes: int) -> None:
+            super().__init__(size_bytes)
+            arenas.append(size_bytes)
+
+    monkeypatch.setattr(staging, "AlignedBuffer", Counted)
+    target = zeros_like_state(state)
+    reader = _reader(path, buffer_bytes=16384, queue_depth=3)
+    dcp.load(target, storage_reader=reader)
+    assert reader.last_load_direct_io is True and objects_equal_bitwise(state, target)
+    assert arenas == [3 * 16384]  # allocated once, reused by the three files
+
+
+@pytest.mark.torch
+@pytest.mark.io_uring
 def test_four_ranks_save_and_load_their_shards(tmp_path, torch_installed, io_uring):
     from writer_state import save_and_load_rank
 

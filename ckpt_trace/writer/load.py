@@ -95,14 +95,17 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         for i, item in enumerate(plan.items):
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(i)
         direct = True
-        for relative_path, indices in per_file.items():
-            direct &= self._read_file(relative_path, [plan.items[i] for i in indices], planner)
+        largest = max((s.offset + s.size_bytes for s in (self.storage_data[item.storage_index] for item in plan.items)),
+                      default=0)
+        with StreamReader(self.options, largest) as stream:  # one O_DIRECT arena for every file of this load
+            for relative_path, indices in per_file.items():
+                direct &= self._read_file(relative_path, [plan.items[i] for i in indices], planner, stream)
         self.last_load_direct_io = direct
         future: Future[None] = Future()
         future.set_result(None)
         return future
 
-    def _read_file(self, relative_path: str, items: list, planner: LoadPlanner) -> bool:
+    def _read_file(self, relative_path: str, items: list, planner: LoadPlanner, stream: StreamReader) -> bool:
         path = self.path / relative_path
         stored = [self.storage_data[item.storage_index] for item in items]
         expected = max(s.file_size_bytes for s in stored)
@@ -130,7 +133,7 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             for i, s in enumerate(stored):
                 if s.size_bytes == 0:
                     self._serve(items[i], s, torch.empty(0, dtype=torch.uint8), planner)
-            self._stream(fd, items, stored, expected, planner)
+            self._stream(stream, fd, items, stored, expected, planner)
         except OSError as err:
             raise io_error("reading", path, err) from None
         finally:
@@ -173,7 +176,7 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             for future in [pool.submit(read, stream) for stream in streams]:
                 future.result()
 
-    def _stream(self, fd: int, items: list, stored: list[StoredItem], file_size_bytes: int,
+    def _stream(self, stream: StreamReader, fd: int, items: list, stored: list[StoredItem], file_size_bytes: int,
                 planner: LoadPlanner) -> None:
         """O_DIRECT: the file's items as one stream of aligned reads (``staging.StreamReader``), each read's
         bytes copied into the destination tensors where they fit as stored, else into a scratch tensor
@@ -200,8 +203,7 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             else:
                 self._serve(items[i], stored[i], memory, planner)
 
-        StreamReader(fd, self.options).run([(i, s.offset, s.size_bytes) for i, s in enumerate(stored)],
-                                           file_size_bytes, sink, done)
+        stream.run(fd, [(i, s.offset, s.size_bytes) for i, s in enumerate(stored)], file_size_bytes, sink, done)
 
     @staticmethod
     def _serve(item, stored: StoredItem, data: torch.Tensor, planner: LoadPlanner) -> None:

@@ -173,23 +173,47 @@ class StagedFile:
 
 
 class StreamReader:
-    """Reads wanted byte ranges of one file with O_DIRECT as a stream of aligned reads, through one ring, into
-    one arena of ``queue_depth`` slots of ``buffer_bytes`` allocated and faulted in once per file.
+    """Reads wanted byte ranges of data files with O_DIRECT as a stream of aligned reads, through one ring per
+    file, into one arena of ``queue_depth`` slots of ``buffer_bytes``, allocated and faulted in once and
+    reused for every file of the load.
 
-    Call order (``CheckpointReader``, one thread): ``run(wanted, file_size_bytes, sink, done)``. For each
-    read that lands, ``sink(key, item_offset, data)`` is called for every wanted item it overlaps, with
-    ``data`` (a uint8 tensor over the slot, valid only during the call) holding the item's bytes from
-    ``item_offset`` on; the slot's next read is submitted after that. ``done(key)`` follows an item's last
-    ``sink``. Reads land in any order, so an item's pieces may come out of order. The copies of one read
-    overlap the reads still in flight; no memory is allocated per read (fresh pages fault in, and on a
-    virtual machine that reports free pages, fault on the host too). Raises OSError for a failed read, or
-    one that ends before the bytes an item needs (the file is shorter than its metadata says).
+    Call order (``CheckpointReader.read_data``, one thread): construct with the largest file's size (the
+    arena holds no more slots than that file has reads), ``run(fd, wanted, file_size_bytes, sink, done)``
+    for each file, ``close()``. For each read that lands, ``sink(key, item_offset, data)`` is
+    called for every wanted item it overlaps, with ``data`` (a uint8 tensor over the slot, valid only during
+    the call) holding the item's bytes from ``item_offset`` on; the slot's next read is submitted after
+    that. ``done(key)`` follows an item's last ``sink``. Reads land in any order, so an item's pieces may
+    come out of order. The copies of one read overlap the reads still in flight; no memory is allocated per
+    read (fresh pages fault in, and on a virtual machine that reports free pages, fault on the host too).
+    Raises OSError for a failed read, or one that ends before the bytes an item needs (the file is shorter
+    than its metadata says).
     """
 
-    def __init__(self, fd: int, options: WriterOptions) -> None:
-        self.fd, self.options = fd, options
+    def __init__(self, options: WriterOptions, largest_file_bytes: int) -> None:
+        self.options = options
+        reads = -(-align_up(largest_file_bytes, options.align_bytes) // options.buffer_bytes)
+        self.arena_bytes = max(1, min(options.queue_depth, reads)) * options.buffer_bytes
+        self.arena: AlignedBuffer | None = None
 
-    def run(self, wanted: list[tuple[Hashable, int, int]], file_size_bytes: int,
+    def close(self) -> None:
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+
+    def __enter__(self) -> StreamReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _arena(self, size_bytes: int) -> AlignedBuffer:
+        """The arena, allocated and faulted in at the first file (grown, should a file need more)."""
+        if self.arena is None or self.arena.size_bytes < size_bytes:
+            self.close()
+            self.arena = AlignedBuffer(max(size_bytes, self.arena_bytes)).prefault()
+        return self.arena
+
+    def run(self, fd: int, wanted: list[tuple[Hashable, int, int]], file_size_bytes: int,
             sink: Callable[[Hashable, int, torch.Tensor], None], done: Callable[[Hashable], None]) -> None:
         items = sorted((offset, size, key) for key, offset, size in wanted if size > 0)
         if not items:
@@ -200,27 +224,24 @@ class StreamReader:
         ends = [offset + size for offset, size, _ in items]
         left = {key: size for _, size, key in items}
         slots = min(self.options.queue_depth, len(reads))
-        arena = AlignedBuffer(slots * piece).prefault()
+        arena = self._arena(slots * piece)
+        memory = torch.frombuffer(arena.mmap, dtype=torch.uint8)
+        ring = Ring(slots)
         try:
-            memory = torch.frombuffer(arena.mmap, dtype=torch.uint8)
-            ring = Ring(slots)
-            try:
-                free, position = list(range(slots)), 0
-                while position < len(reads) or ring.pending:
-                    while position < len(reads) and free:
-                        slot = free.pop()
-                        offset, size = reads[position]
-                        ring.submit("read", self.fd, arena.ptr + slot * piece, size, offset, tag=slot)
-                        position += 1
-                    request, moved = ring.wait_result()
-                    self._serve(request.offset, request.size_bytes, moved, request.tag * piece, memory, items,
-                                ends, left, sink, done)
-                    free.append(request.tag)
-            finally:
-                ring.close()  # waits for what is still in flight, so the arena is no longer written
-                del memory
+            free, position = list(range(slots)), 0
+            while position < len(reads) or ring.pending:
+                while position < len(reads) and free:
+                    slot = free.pop()
+                    offset, size = reads[position]
+                    ring.submit("read", fd, arena.ptr + slot * piece, size, offset, tag=slot)
+                    position += 1
+                request, moved = ring.wait_result()
+                self._serve(request.offset, request.size_bytes, moved, request.tag * piece, memory, items,
+                            ends, left, sink, done)
+                free.append(request.tag)
         finally:
-            arena.close()
+            ring.close()  # waits for what is still in flight, so the arena is no longer written
+            del memory
 
     @staticmethod
     def _serve(start: int, requested: int, landed: int, base: int, memory: torch.Tensor, items: list,
