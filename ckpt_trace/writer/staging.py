@@ -206,11 +206,10 @@ class StreamReader:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _arena(self, size_bytes: int) -> AlignedBuffer:
-        """The arena, allocated and faulted in at the first file (grown, should a file need more)."""
-        if self.arena is None or self.arena.size_bytes < size_bytes:
-            self.close()
-            self.arena = AlignedBuffer(max(size_bytes, self.arena_bytes)).prefault()
+    def _arena(self) -> AlignedBuffer:
+        """The arena, allocated and faulted in at the first file that reads through it."""
+        if self.arena is None:
+            self.arena = AlignedBuffer(self.arena_bytes).prefault()
         return self.arena
 
     def run(self, fd: int, wanted: list[tuple[Hashable, int, int]], file_size_bytes: int,
@@ -223,8 +222,8 @@ class StreamReader:
                             align_bytes=self.options.align_bytes, file_size_bytes=file_size_bytes)
         ends = [offset + size for offset, size, _ in items]
         left = {key: size for _, size, key in items}
-        slots = min(self.options.queue_depth, len(reads))
-        arena = self._arena(slots * piece)
+        arena = self._arena()
+        slots = min(len(reads), arena.size_bytes // piece)
         memory = torch.frombuffer(arena.mmap, dtype=torch.uint8)
         ring = Ring(slots)
         try:

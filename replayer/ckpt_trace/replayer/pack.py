@@ -29,8 +29,13 @@ import dataclasses
 import os
 from types import MappingProxyType
 
+import numpy as np
+
+from ckpt_trace.formats import is_any_of
 from ckpt_trace.iolayer import pattern
 
+from .aggregate import split_extent
+from .optable import KIND
 from .plan import DATA_KINDS, MAPPING_KINDS, PlanChecks, PlanOp, ReplayPlan, WorkerPlan, plan_from_ops
 
 PACK_DIR = "ckpt-trace-packs"
@@ -72,13 +77,16 @@ def _named_elsewhere(plan: ReplayPlan, by_file: dict[int, list[tuple[int, PlanOp
         for _, op in by_file[fid]:
             if op.kind == "open" and op.path is not None:
                 names.setdefault(op.path, set()).add(fid)
-    path_ops = sorted(((op.seq, index, op) for index, worker in enumerate(plan.workers) for op in worker.ops
-                       if op.kind in ("rename", "unlink")), key=lambda item: item[0])
-    for _, _, op in path_ops:  # follow the names through renames, in trace order
+    table = plan.ops
+    rows = np.flatnonzero(is_any_of(table.kind, (KIND["rename"], KIND["unlink"])))
+    rows = rows[np.argsort(table.seq[rows], kind="stable")]  # trace order
+    workers = np.searchsorted([w.start for w in plan.workers], rows, side="right") - 1
+    path_ops = [(int(index), table.op(int(row))) for row, index in zip(rows, workers)]
+    for _, op in path_ops:  # follow the names through renames
         if op.kind == "rename" and op.path in names:
             names.setdefault(op.new_path, set()).update(names[op.path])
     out: set[int] = set()
-    for _, index, op in path_ops:
+    for index, op in path_ops:
         named = names.get(op.path, set()) | (names.get(op.new_path, set()) if op.kind == "rename" else set())
         out |= {fid for fid in named if op.seq in plan.awaited or by_file[fid][0][0] != index}
     return out
@@ -157,11 +165,10 @@ class _WorkerPacker:
         Every offset stays block aligned: the run starts at a padded offset and buffers are whole blocks."""
         if len(run) < 2:
             return run
-        start, end = run[0].offset, run[-1].offset + run[-1].size
         deps = tuple(sorted({dep for op in run for dep in op.deps}))
-        return [dataclasses.replace(run[0], offset=offset, size=min(self.buffer_bytes, end - offset),
-                                    pattern_offset=offset, deps=deps)
-                for offset in range(start, end, self.buffer_bytes)]
+        pieces = split_extent(run[0].offset, run[-1].offset + run[-1].size, self.buffer_bytes, self.block_bytes)
+        return [dataclasses.replace(run[0], offset=offset, size=size, pattern_offset=offset, deps=deps)
+                for offset, size in pieces]
 
     def _rewrite(self, op: PlanOp) -> PlanOp | None:
         fid = self.plan.files.handle_files.get(op.handle) if op.handle is not None else None
@@ -195,10 +202,10 @@ def pack_plan(plan: ReplayPlan, *, block_bytes: int = 4096, buffer_bytes: int = 
     checks = plan.checks
     workers, index, verify, expected, saved = [], {}, dict(checks.verify_ranges), dict(checks.expected_sizes), 0
     pack_verify = []
-    packed_opens = {op.seq for fid in packable for _, op in by_file[fid] if op.kind == "open"}
-    preallocate = {seq: size for seq, size in plan.preallocate.items() if seq not in packed_opens}
     if not packable:
         return plan
+    packed_opens = {op.seq for fid in packable for _, op in by_file[fid] if op.kind == "open"}
+    preallocate = {seq: size for seq, size in plan.preallocate.items() if seq not in packed_opens}
     for number, worker in enumerate(plan.workers):
         fids = {fid for fid in packable if by_file[fid][0][0] == number}
         if not fids:
