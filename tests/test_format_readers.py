@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -10,8 +11,10 @@ import sys
 import pytest
 from conftest import REPO, cli
 
+from ckpt_trace.formats import read_trace
+
 README = REPO / "formats" / "README.md"
-GOLDEN = REPO / "traces" / "golden" / "v2-dcp-gpt2-tiny-2ranks-bcc.arrow"
+GOLDEN = REPO / "traces" / "golden" / "v4-dcp-gpt2-tiny-2ranks-bcc.arrow"
 SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 NEEDS = {"pandas": "pandas", "polars": "polars", "duckdb": "duckdb"}
 
@@ -47,3 +50,22 @@ def test_snippet_runs(workdir, code):
         pytest.skip(f"{missing} is not installed (pip install 'ckpt-trace[readers]')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_pandas_recipe_decodes_every_column_as_ckpt_trace_does(workdir):
+    """The README's pandas snippet, run on the golden trace, gives ckpt-trace's own decoded tid, offset and ret."""
+    pd = pytest.importorskip("pandas")
+    code = next(code for code in SNIPPETS if "import pandas" in code)
+    namespace: dict = {}
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        exec(compile(code, "formats/README.md", "exec"), namespace)
+    finally:
+        os.chdir(cwd)
+    expected = read_trace(workdir / "trace.arrow").table
+    df = namespace["df"]
+    assert expected["offset"].null_count < expected.num_rows and (expected["ret"].to_pylist() != expected["size"].to_pylist())
+    for name in ("tid", "offset", "ret"):
+        got = [None if pd.isna(value) else int(value) for value in df[name].tolist()]
+        assert got == expected[name].to_pylist(), name

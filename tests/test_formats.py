@@ -21,6 +21,8 @@ from ckpt_trace.formats import (
     table_from_columns,
     write_trace,
 )
+from ckpt_trace.formats.encoding import Encoder
+from ckpt_trace.formats.schema import STORED_SCHEMA
 
 META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"], "backend": "strace",
         "start_wall_time_ns": 1, "filesystems": {"/": {"type": "ext4", "block_size": 4096}}, "lost_events": 3,
@@ -50,9 +52,9 @@ def test_file_is_plain_arrow_ipc_with_zstd(tmp_path):
     table = table_from_columns(rows(20000))
     path = write_trace(tmp_path / "t.arrow", table, META)
     reader = ipc.open_file(str(path))
-    assert reader.schema.remove_metadata().equals(SCHEMA.remove_metadata())
+    assert reader.schema.remove_metadata().equals(STORED_SCHEMA.remove_metadata())
     assert json.loads(reader.schema.metadata[METADATA_KEY])["backend"] == "strace"
-    _write_raw(tmp_path / "plain.arrow", table, {**META, "format_version": FORMAT_VERSION})
+    _write_raw(tmp_path / "plain.arrow", table, {**META, "format_version": 3})
     assert path.stat().st_size * 4 < (tmp_path / "plain.arrow").stat().st_size  # batches are compressed
 
 
@@ -76,19 +78,26 @@ def test_corrupt_files_give_one_line_errors(tmp_path, damage):
 
 
 def _write_raw(path, table, meta):
+    """Write ``table`` as it is (no encoding, no checks) with ``meta`` as the trace metadata."""
     schema = table.schema.with_metadata({METADATA_KEY: json.dumps(meta).encode()} if meta is not None else {})
     with ipc.new_file(str(path), schema) as writer:
         writer.write_table(table.replace_schema_metadata(schema.metadata))
 
 
+def _stored(table: pa.Table) -> pa.Table:
+    """``table`` (of SCHEMA) as version 4 stores it."""
+    return pa.Table.from_batches([Encoder().encode(table.combine_chunks().to_batches()[0], STORED_SCHEMA)])
+
+
+@pytest.mark.parametrize("version", [3, 4])
 @pytest.mark.parametrize("index", [-1, 1, 7])
-def test_dictionary_indices_outside_the_dictionary_are_refused_by_every_reader(tmp_path, index):
+def test_dictionary_indices_outside_the_dictionary_are_refused_by_every_reader(tmp_path, index, version):
     table = table_from_columns(rows(70_000))  # two batches of scan's 65,536 rows: the bad index in the second
     op = table["op"].combine_chunks()
     indices = pa.array([0] * 69_999 + [index], pa.int32())
     bad = pa.DictionaryArray.from_arrays(indices, op.dictionary, safe=False)  # dictionary: ["write"]
     table = table.set_column(table.schema.get_field_index("op"), table.schema.field("op"), bad)
-    _write_raw(tmp_path / "d.arrow", table, {**META, "format_version": FORMAT_VERSION})
+    _write_raw(tmp_path / "d.arrow", _stored(table) if version == 4 else table, {**META, "format_version": version})
     with pytest.raises(TraceFormatError, match="corrupt") as info:
         read_trace(tmp_path / "d.arrow")
     assert "\n" not in str(info.value)
@@ -118,11 +127,19 @@ def test_foreign_arrow_file_is_named(tmp_path):
         read_trace(tmp_path / "f.arrow")
 
 
-def test_missing_column_is_named(tmp_path):
-    table = table_from_columns(rows()).drop_columns(["offset"])
-    _write_raw(tmp_path / "c.arrow", table, {**META, "format_version": FORMAT_VERSION})
-    with pytest.raises(TraceFormatError, match="column 'offset' missing"):
+@pytest.mark.parametrize(("version", "column"), [(3, "offset"), (4, "offset_delta"), (4, "size")])
+def test_missing_column_is_named(tmp_path, version, column):
+    table = table_from_columns(rows())
+    table = (_stored(table) if version == 4 else table).drop_columns([column])
+    _write_raw(tmp_path / "c.arrow", table, {**META, "format_version": version})
+    with pytest.raises(TraceFormatError, match=f"column '{column}' missing"):
         read_trace(tmp_path / "c.arrow")
+
+
+def test_a_version_3_file_reads_as_it_was_written(tmp_path):
+    table = table_from_columns(rows(100))
+    _write_raw(tmp_path / "v3.arrow", table, {**META, "format_version": 3})
+    assert read_trace(tmp_path / "v3.arrow").table.equals(table.replace_schema_metadata(None))
 
 
 def test_missing_file_is_named(tmp_path):

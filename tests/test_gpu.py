@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pytest
 from conftest import REPO, cli
 
-from ckpt_trace.formats import read_trace, table_from_columns, vocabulary, write_trace
+from ckpt_trace.formats import FORMAT_VERSION, read_trace, table_from_columns, vocabulary, write_trace
 from ckpt_trace.tracer import gpu
 
 GOLDEN = REPO / "traces" / "golden" / "v3-gpu-dcp-gpt2-tiny-1rank-strace.arrow"
@@ -73,7 +73,7 @@ def _records(pid: int) -> np.ndarray:
 
 def test_copy_records_become_rows_on_the_trace_clock(tmp_path):
     """Every field of a CUPTI record lands in its column; monotonic timestamps shift by the trace's start
-    (bcc) or by the realtime offset first (strace); the trace reads back valid, as format version 3."""
+    (bcc) or by the realtime offset first (strace); the trace reads back valid, in the current format version."""
     records = _records(pid=4242)
     cols = gpu.copy_columns(records, start_ns=900, realtime_offset_ns=None, ranks={4242: 3}, comms={4242: "python"})
     assert cols["ts_ns"] == [4_100, 100, 8_100, 11_100]
@@ -87,7 +87,7 @@ def test_copy_records_become_rows_on_the_trace_clock(tmp_path):
     assert shifted["ts_ns"][1] == 1_000 + 9_500 - 10_000 and shifted["rank"] == [-1] * 4
     path = write_trace(tmp_path / "t.arrow", table_from_columns(cols), _metadata())
     trace = read_trace(path)
-    assert trace.metadata["format_version"] == 3
+    assert trace.metadata["format_version"] == FORMAT_VERSION
     assert trace.table.column("device").to_pylist() == [0] * 4
     assert pc.sum(trace.table.column("size")).as_py() == 4096 + (1 << 20) + 512 + 64
 

@@ -1,7 +1,9 @@
 """Reading and writing trace files (Arrow IPC file format, zstd batches).
 
 A trace file is readable without ckpt-trace: ``pyarrow.ipc.open_file``,
-``pandas.read_feather``, ``polars.read_ipc`` and DuckDB all open it.
+``pandas.read_feather``, ``polars.read_ipc`` and DuckDB all open it. Since
+version 4, three columns are stored as differences (``encoding``): this
+module writes them encoded and hands readers the decoded ``SCHEMA``.
 
 Writing is atomic: rows go to a hidden temporary file beside the target,
 which is fsynced and renamed over the final name, then the directory is
@@ -24,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
+from .encoding import Decoder, Encoder, stored_columns
 from .errors import CkptTraceError, TraceFormatError
 from .schema import (
     COLUMNS,
@@ -34,12 +37,21 @@ from .schema import (
     SCHEMA,
     SCHEMA_V1,
     SCHEMAS,
+    STORED_SCHEMA,
     SUPPORTED_VERSIONS,
     TEXT_COLUMNS,
     upgrade,
 )
 
 DEFAULT_BATCH_ROWS = 65536
+
+# zstd level of every record batch written. Level 6 against the library default 3: 7.5 against 8.0 bytes
+# per row on the demo trace, about 0.2 s more per million rows written (benchmarks/trace_bytes.py).
+ZSTD_LEVEL = 6
+
+
+def _write_options(**kwargs: Any) -> ipc.IpcWriteOptions:
+    return ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=ZSTD_LEVEL), **kwargs)
 
 
 @dataclass(frozen=True)
@@ -178,17 +190,18 @@ def write_trace(
     missing = [key for key in REQUIRED_METADATA_KEYS if key not in meta]
     if missing:
         raise TraceFormatError(f"trace metadata lacks key {missing[0]!r}")
-    schema = SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+    schema = STORED_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
     try:
-        table = conform(table).replace_schema_metadata(schema.metadata)
+        table = conform(table).combine_chunks()
     except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
         raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
     tmp = _temporary_name(path)
-    options = ipc.IpcWriteOptions(compression="zstd")
+    encoder = Encoder()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, schema, options=options) as writer:
-            writer.write_table(table, max_chunksize=max(1, batch_rows))
+        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, schema, options=_write_options()) as writer:
+            for batch in table.to_batches(max_chunksize=max(1, batch_rows)):
+                writer.write_batch(encoder.encode(batch, STORED_SCHEMA))
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -284,9 +297,18 @@ def read_trace(path: str | os.PathLike) -> Trace:
     version = meta["format_version"]
     _check_columns(path, reader.schema, version)
     try:
-        table = reader.read_all()
-        _validate(table)  # offsets, lengths and dictionary indices checked: no later compute reads out of bounds
-        table = upgrade(table.select(list(SCHEMAS[version].names)), version)
+        if version >= 4:
+            decoder = Decoder()
+            batches = []
+            for index in range(reader.num_record_batches):
+                batch = reader.get_batch(index)
+                _validate(batch)
+                batches.append(decoder.decode(batch, list(COLUMNS), SCHEMA))
+            table = pa.Table.from_batches(batches, schema=SCHEMA)
+        else:
+            table = reader.read_all()
+            _validate(table)  # offsets, lengths and dictionary indices checked: no later compute reads out of bounds
+            table = upgrade(table.select(list(SCHEMAS[version].names)), version)
     except (pa.ArrowException, OSError) as err:
         raise TraceFormatError(f"{path}: record batches are corrupt ({_first_line(err)})") from None
     _check_values(path, table)
@@ -320,7 +342,8 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
     columns asked for (``IpcReadOptions.included_fields``), the next file batch on a helper thread while
     this one is worked on; a file batch longer than ``batch_rows`` comes in zero-copy slices. (pyarrow 26's
     dataset scanner over IPC files crashed the process now and then.) Version 1 batches come upgraded to
-    the current schema; each batch's values are checked as ``read_trace`` checks them. Raises
+    the current schema, version 4 batches decoded (``encoding``: the columns a decoded one needs are read
+    too); each batch's values are checked as ``read_trace`` checks them. Raises
     TraceFormatError (at once for the file, the metadata
     and the columns; while iterating for a corrupt batch). ``on_batch(done, count)`` is called once each
     of the file's ``count`` record batches has been handed out (a progress bar's feed).
@@ -332,22 +355,36 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
     unknown = [name for name in wanted if name not in COLUMNS]
     if unknown:
         raise TraceFormatError(f"no column {unknown[0]!r} in the trace schema")
-    present = [name for name in wanted if name in SCHEMAS[version].names]
-    missing = [name for name in wanted if name not in present]  # added after the file's version
+    if version >= 4:
+        present, missing, stored = wanted, [], stored_columns(wanted)
+    else:
+        present = [name for name in wanted if name in SCHEMAS[version].names]
+        missing = [name for name in wanted if name not in present]  # added after the file's version
+        stored = present
 
     def batches() -> Iterator[pa.RecordBatch]:
+        decoder = Decoder() if version >= 4 else None
         try:
             with pa.OSFile(str(path)) as source:
                 names = ipc.open_file(source).schema.names
-                options = ipc.IpcReadOptions(included_fields=[names.index(name) for name in present])
+                options = ipc.IpcReadOptions(included_fields=sorted(names.index(name) for name in stored))
                 reader = ipc.open_file(source, options=options)
                 count = reader.num_record_batches
+
+                def load(index: int) -> pa.RecordBatch:
+                    whole = reader.get_batch(index)
+                    if decoder is None:
+                        return whole
+                    _validate(whole)  # before decoding reads it
+                    return decoder.decode(whole, wanted, SCHEMA)  # in file order: one worker, one batch ahead
+
                 with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-trace-scan") as pool:
-                    ahead = pool.submit(reader.get_batch, 0) if count else None
+                    ahead = pool.submit(load, 0) if count else None
                     for index in range(count):
                         whole = ahead.result()  # the next one decompresses while this one is worked on
-                        ahead = pool.submit(reader.get_batch, index + 1) if index + 1 < count else None
-                        yield from _slices(path, whole, present, batch_rows, missing, version, wanted)
+                        ahead = pool.submit(load, index + 1) if index + 1 < count else None
+                        yield from _slices(path, whole, present, batch_rows, missing, version, wanted,
+                                           validated=decoder is not None)
                         if on_batch is not None:
                             on_batch(index + 1, count)
         except (pa.ArrowException, OSError) as err:
@@ -357,12 +394,13 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
 
 
 def _slices(path: Path, whole: pa.RecordBatch, present: list[str], batch_rows: int, missing: list[str],
-            version: int, wanted: list[str]) -> Iterator[pa.RecordBatch]:
+            version: int, wanted: list[str], *, validated: bool = False) -> Iterator[pa.RecordBatch]:
     """A file's record batch in checked slices of at most ``batch_rows`` rows (zero-copy)."""
     for start in range(0, max(whole.num_rows, 1), batch_rows):
         batch = whole.slice(start, batch_rows).select(present)
-        _validate(batch)
-        if missing or version != FORMAT_VERSION:
+        if not validated:
+            _validate(batch)
+        if missing or version < 3:
             batch = _upgrade_batch(batch, version, wanted)
         _check_values(path, batch)
         yield batch
@@ -418,7 +456,10 @@ class TraceWriter:
     Text columns are encoded against one dictionary per column that grows
     as values arrive; each batch carries the dictionary so far and the file
     stores only what is new (IPC dictionary deltas, which the file format
-    allows). The metadata is known only at the end, so the schema is written
+    allows). Rows are held until a whole batch of ``batch_rows`` has come
+    (zstd compresses a full batch better than many small ones), so memory
+    stays bounded by a batch; each batch is stored as version 4 encodes it
+    (``encoding.Encoder``). The metadata is known only at the end, so the schema is written
     with a fixed-size placeholder that ``close`` overwrites in place, in the
     schema message and in the footer; metadata longer than the placeholder
     is written by copying the file once more, batch by batch.
@@ -444,12 +485,15 @@ class TraceWriter:
         # replacement, which the file format refuses, where a non-empty prefix makes a delta.
         self._values: dict[str, list[str]] = {name: [""] for name in TEXT_COLUMNS}
         self._index: dict[str, dict[str, int]] = {name: {"": 0} for name in TEXT_COLUMNS}
-        schema = SCHEMA.with_metadata({METADATA_KEY: self._placeholder})
+        self._pending: list[pa.Table] = []  # rows not yet written: fewer than batch_rows, text as strings
+        self._pending_rows = 0
+        self._encoder = Encoder()
+        schema = STORED_SCHEMA.with_metadata({METADATA_KEY: self._placeholder})
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._sink = pa.OSFile(str(self._tmp), "wb")
-            self._writer = ipc.new_file(self._sink, schema, options=ipc.IpcWriteOptions(
-                compression="zstd", emit_dictionary_deltas=True, unify_dictionaries=False))
+            self._writer = ipc.new_file(self._sink, schema, options=_write_options(
+                emit_dictionary_deltas=True, unify_dictionaries=False))
         except OSError as err:
             self._tmp.unlink(missing_ok=True)
             raise CkptTraceError(f"cannot write trace {self.path}: {err.strerror or err}") from None
@@ -481,17 +525,33 @@ class TraceWriter:
             table = pa.Table.from_batches([table])
         table = _with_all_columns(table)
         try:
-            arrays = [self._encode(f.name, table[f.name]) if f.name in TEXT_COLUMNS
-                      else table[f.name].combine_chunks().cast(f.type) for f in SCHEMA]
-            batch_table = pa.Table.from_arrays(arrays, schema=SCHEMA)
+            arrays = [table[f.name].cast(pa.string()) if f.name in TEXT_COLUMNS else table[f.name].cast(f.type)
+                      for f in SCHEMA]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
+            raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
+        self._pending.append(pa.Table.from_arrays(arrays, names=list(COLUMNS)))
+        self._pending_rows += table.num_rows
+        self.rows += table.num_rows
+        while self._pending_rows >= self.batch_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write up to ``batch_rows`` of the pending rows as one record batch."""
+        pending = pa.concat_tables(self._pending)
+        head, rest = pending.slice(0, self.batch_rows), pending.slice(self.batch_rows)
+        try:
+            arrays = [self._encode(f.name, head[f.name]) if f.name in TEXT_COLUMNS else head[f.name].combine_chunks()
+                      for f in SCHEMA]
+            batch = self._encoder.encode(pa.RecordBatch.from_arrays(arrays, schema=SCHEMA), STORED_SCHEMA)
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
             raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
         try:
-            self._writer.write_table(batch_table, max_chunksize=self.batch_rows)
+            self._writer.write_batch(batch)
         except OSError as err:
             self.abort()
             raise CkptTraceError(f"cannot write trace {self.path}: {err.strerror or err}") from None
-        self.rows += table.num_rows
+        self._pending = [rest] if rest.num_rows else []
+        self._pending_rows = rest.num_rows
 
     def close(self, metadata: Mapping[str, Any]) -> Path:
         """Finish the file with ``metadata`` (every ``REQUIRED_METADATA_KEYS`` key but ``format_version``),
@@ -502,6 +562,8 @@ class TraceWriter:
         if missing:
             self.abort()
             raise TraceFormatError(f"trace metadata lacks key {missing[0]!r}")
+        if self._pending_rows:
+            self._flush()
         try:
             self._writer.close()
             self._sink.close()
@@ -544,10 +606,10 @@ class TraceWriter:
     def _rewrite(self, meta: dict) -> None:
         """Copy the rows into a new file whose schema carries ``meta`` (metadata too long to patch)."""
         final_tmp = self._tmp.with_name(self._tmp.name + "-meta")
-        schema = SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+        schema = STORED_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
         reader = ipc.open_file(pa.memory_map(str(self._tmp), "r"))
-        with pa.OSFile(str(final_tmp), "wb") as sink, ipc.new_file(sink, schema, options=ipc.IpcWriteOptions(
-                compression="zstd", emit_dictionary_deltas=True)) as writer:
+        with pa.OSFile(str(final_tmp), "wb") as sink, ipc.new_file(sink, schema, options=_write_options(
+                emit_dictionary_deltas=True)) as writer:
             for i in range(reader.num_record_batches):
                 writer.write_batch(reader.get_batch(i))
         os.replace(final_tmp, self._tmp)

@@ -12,14 +12,21 @@ module is the machine-readable copy. Version history:
 - 3: host<->device copies of CUDA programs (interface ``cuda``, ops
   ``copy_d2h``, ``copy_h2d``...): columns ``device`` and ``memory_kind``.
   Version 1 and 2 files are read as version 3, those columns null.
+- 4: the same logical columns (``SCHEMA``), stored more compactly: ``tid``,
+  ``offset`` and ``ret`` as the stored columns ``tid_delta``,
+  ``offset_delta`` and ``ret_delta``, differences from what the trace
+  predicts (``encoding``), and zstd at level 6. Readers decode them;
+  ``STORED_SCHEMA`` is the file's own schema.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-FORMAT_VERSION = 3
-SUPPORTED_VERSIONS = (1, 2, 3)
+from .encoding import STORED_AS
+
+FORMAT_VERSION = 4
+SUPPORTED_VERSIONS = (1, 2, 3, 4)
 
 # The one schema-metadata key; its value is a UTF-8 JSON object.
 METADATA_KEY = b"ckpt_trace"
@@ -102,7 +109,12 @@ SCHEMA = pa.schema(
     ]
 )
 
-SCHEMAS = {1: SCHEMA_V1, 2: SCHEMA_V2, 3: SCHEMA}
+# Version 4 stores three of SCHEMA's columns as differences (``encoding.STORED_AS``), in the same places.
+STORED_SCHEMA = pa.schema([pa.field(STORED_AS.get(field.name, field.name), field.type, field.nullable)
+                           for field in SCHEMA])
+
+# The file schema of each version (version 4's logical schema is SCHEMA, like version 3's).
+SCHEMAS = {1: SCHEMA_V1, 2: SCHEMA_V2, 3: SCHEMA, 4: STORED_SCHEMA}
 COLUMNS = tuple(SCHEMA.names)
 TEXT_COLUMNS = tuple(field.name for field in SCHEMA if pa.types.is_dictionary(field.type))
 
@@ -110,8 +122,8 @@ TEXT_COLUMNS = tuple(field.name for field in SCHEMA if pa.types.is_dictionary(fi
 def upgrade(table: pa.Table, version: int) -> pa.Table:
     """A table of format ``version`` as the current ``SCHEMA``: version 1 gains the request and mapping
     columns (``interface`` 'syscall', the others null) and dictionary-encoded text; versions 1 and 2 gain
-    the copy columns (null)."""
-    if version == FORMAT_VERSION:
+    the copy columns (null); versions 3 and 4 (decoded) are returned as they are."""
+    if version >= 3:
         return table
     rows = table.num_rows
     extra = {"interface": pa.array(["syscall"] * rows, pa.string())}
