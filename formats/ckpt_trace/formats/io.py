@@ -45,8 +45,9 @@ from .schema import (
 
 DEFAULT_BATCH_ROWS = 65536
 
-# zstd level of every record batch written. Level 6 against the library default 3: 7.5 against 8.0 bytes
-# per row on the demo trace, about 0.2 s more per million rows written (benchmarks/trace_bytes.py).
+# zstd level of every record batch written, rather than Arrow's default (1): the demo trace's stored rows
+# take 7.4 bytes per row at level 6 against 8.0 at levels 1 and 3, 7.2 at 9 (ad hoc, one run); writing a
+# million rows takes about 0.2 s more than version 3 did (0.29 against 0.10 s, encoding included).
 ZSTD_LEVEL = 6
 
 
