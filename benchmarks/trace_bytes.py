@@ -10,10 +10,11 @@ per row:
   plain, Arrow IPC, zstd at Arrow's default level, 1, 65,536-row batches);
 - ``version 4``: the rows written by ``formats.write_trace`` now, with the
   trace's own metadata (``tid``, ``offset`` and ``ret`` stored as
-  differences, ``formats/ckpt_trace/formats/encoding.py``; zstd level 6), read
+  differences, ``formats/ckpt_trace/formats/encoding.py``; zstd level 19 for a
+  file of one batch, 6 otherwise), read
   back and compared with the rows, then the same at zstd 19;
 - each column's share of version 4: the bytes the stored rows lose when
-  that column is left out;
+  that column is left out (at the level the writer would choose);
 - ``estimate``: for ``ts_ns`` (the gaps between rows) and ``dur_ns``, a
   per-row estimate of the information they carry: the entropy of each
   value's power-of-two bucket (its leading bit) plus the bits below the
@@ -24,7 +25,8 @@ per row:
     python benchmarks/trace_bytes.py [TRACE ...] [--generate-rows 1000000]
 
 With no TRACE: the demo trace (``traces/demo-dcp.arrow``, a recording of
-DCP saves, made by ``replay_strategies.py``) and a generated trace of
+DCP saves made by ``make demo``, or by ``replay_strategies.py`` when none
+is there) and a generated trace of
 ``--generate-rows`` rows (``tracegen.py``, 64 ranks, DCP-like mix; its
 timestamps and offsets are far more regular than a recording's). Each trace
 is read whole into memory. Prints a table and writes
@@ -49,7 +51,7 @@ from tracegen import generate
 
 from ckpt_trace.formats import SCHEMA, read_trace, write_trace
 from ckpt_trace.formats.encoding import LOGICAL_OF, Encoder
-from ckpt_trace.formats.io import DEFAULT_BATCH_ROWS, ZSTD_LEVEL
+from ckpt_trace.formats.io import DEFAULT_BATCH_ROWS, ZSTD_LEVEL, ZSTD_LEVEL_ONE_BATCH
 from ckpt_trace.formats.schema import STORED_SCHEMA
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -92,8 +94,9 @@ def measure(path: Path, scratch: Path) -> dict:
     if any(back[name].to_pylist() != table[name].to_pylist() for name in table.column_names):
         raise SystemExit(f"trace_bytes.py: {path} written as version 4 does not read back to its rows")
     v4 = stored(table)
-    whole = ipc_bytes(v4, ZSTD_LEVEL)
-    columns = {LOGICAL_OF.get(name, name): (whole - ipc_bytes(v4.drop_columns([name]), ZSTD_LEVEL)) / n
+    level = ZSTD_LEVEL_ONE_BATCH if n <= DEFAULT_BATCH_ROWS else ZSTD_LEVEL  # the writer's choice
+    whole = ipc_bytes(v4, level)
+    columns = {LOGICAL_OF.get(name, name): (whole - ipc_bytes(v4.drop_columns([name]), level)) / n
                for name in v4.column_names}
     ts = table["ts_ns"].to_numpy()
     return {

@@ -15,6 +15,7 @@ from ckpt_trace.formats import (
     METADATA_KEY,
     SCHEMA,
     TraceFormatError,
+    TraceWriter,
     read_metadata,
     read_trace,
     scan,
@@ -167,3 +168,23 @@ def test_text_columns_are_dictionary_encoded_and_small(tmp_path):
                for name in ("comm", "syscall", "op", "path", "offset_source", "interface"))
     assert path.stat().st_size / 100_000 < 8  # bytes per row (each batch refers to the one dictionary)
     assert read_trace(path).table["op"].to_pylist()[-1] == "write"
+
+
+@pytest.mark.parametrize(("n", "extra_bytes"), [(50, 0), (250, 0), (250, 20_000)], ids=["one-batch", "patched", "copied"])
+def test_trace_writer_stores_the_metadata_it_is_closed_with(tmp_path, n, extra_bytes):
+    """One batch: written whole at close. Several: the placeholder patched in place, or the file copied once
+    more when the metadata outgrows it. Each way the rows and every metadata key read back, and no temporary
+    file is left."""
+    writer = TraceWriter(tmp_path / "t.arrow", batch_rows=100)
+    table = table_from_columns(rows(n))
+    for start in range(0, n, 30):
+        writer.write(table.slice(start, 30))
+    meta = {**META, "note": "x" * extra_bytes}
+    path = writer.close(meta)
+    trace = read_trace(path)
+    assert trace.table["offset"].to_pylist() == table["offset"].to_pylist()
+    assert trace.metadata["note"] == meta["note"] and trace.metadata["lost_events"] == 3
+    assert ipc.open_file(str(path)).num_record_batches == -(-n // 100)
+    assert [p.name for p in tmp_path.iterdir()] == ["t.arrow"]
+    if n <= 100:  # no placeholder (which the schema and the footer would both hold): rows and metadata only
+        assert path.stat().st_size < 2 * TraceWriter._RESERVED_BYTES

@@ -29,8 +29,8 @@ the state the previous ones left (``Decoder``); a whole-table reader
 (pandas, polars) decodes with a group-by and a cumulative sum
 (``formats/README.md`` shows it).
 
-Measured on the demo trace (DCP saves, half of its rows ``lseek``): 11.7
-bytes per row as version 3 stored it, 7.6 as version 4 (``benchmarks/trace_bytes.py``).
+Measured on the trace ``make demo`` records (DCP saves, half of its rows ``lseek``): 12.5
+bytes per row as version 3 stored it, 7.9 as version 4 (``benchmarks/trace_bytes.py``).
 """
 
 from __future__ import annotations

@@ -45,14 +45,19 @@ from .schema import (
 
 DEFAULT_BATCH_ROWS = 65536
 
-# zstd level of every record batch written, rather than Arrow's default (1): the demo trace's stored rows
-# take 7.4 bytes per row at level 6 against 8.0 at levels 1 and 3, 7.2 at 9 (ad hoc, one run); writing a
-# million rows takes about 0.2 s more than version 3 did (0.29 against 0.10 s, encoding included).
+# zstd level of the record batches of a file of several batches, rather than Arrow's default (1): the demo
+# trace's stored rows take 7.4 bytes per row at level 6 against 8.0 at levels 1 and 3 (ad hoc, one run);
+# writing a million rows takes about 0.2 s more than version 3 did (0.29 against 0.10 s, encoding included).
 ZSTD_LEVEL = 6
+# A file of one batch (at most DEFAULT_BATCH_ROWS rows: a small trace) pays a fixed cost of about 7.5 KB
+# (the schema and the metadata, twice; the dictionaries) that a 7,000-row trace feels as a byte per row, and
+# compressing one batch at level 19 costs at most about 0.8 s (12 us per row, ad hoc): 6.7 against 7.2
+# bytes per row on the 7,310-row trace `make demo` records.
+ZSTD_LEVEL_ONE_BATCH = 19
 
 
-def _write_options(**kwargs: Any) -> ipc.IpcWriteOptions:
-    return ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=ZSTD_LEVEL), **kwargs)
+def _write_options(level: int, **kwargs: Any) -> ipc.IpcWriteOptions:
+    return ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=level), **kwargs)
 
 
 @dataclass(frozen=True)
@@ -198,9 +203,10 @@ def write_trace(
         raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
     tmp = _temporary_name(path)
     encoder = Encoder()
+    options = _write_options(ZSTD_LEVEL_ONE_BATCH if table.num_rows <= max(1, batch_rows) else ZSTD_LEVEL)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, schema, options=_write_options()) as writer:
+        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, schema, options=options) as writer:
             for batch in table.to_batches(max_chunksize=max(1, batch_rows)):
                 writer.write_batch(encoder.encode(batch, STORED_SCHEMA))
         fd = os.open(tmp, os.O_RDONLY)
@@ -460,8 +466,10 @@ class TraceWriter:
     allows). Rows are held until a whole batch of ``batch_rows`` has come
     (zstd compresses a full batch better than many small ones), so memory
     stays bounded by a batch; each batch is stored as version 4 encodes it
-    (``encoding.Encoder``). The metadata is known only at the end, so the schema is written
-    with a fixed-size placeholder that ``close`` overwrites in place, in the
+    (``encoding.Encoder``). A trace of one batch is written whole by
+    ``close``, metadata and all, at zstd level ``ZSTD_LEVEL_ONE_BATCH``. For
+    a longer one the metadata is known only at the end, so the schema is written
+    with a fixed-size placeholder (8 KiB) that ``close`` overwrites in place, in the
     schema message and in the footer; metadata longer than the placeholder
     is written by copying the file once more, batch by batch.
 
@@ -470,7 +478,7 @@ class TraceWriter:
     not fit the schema or metadata that lacks a required key.
     """
 
-    _RESERVED_BYTES = 1 << 16
+    _RESERVED_BYTES = 8 << 10  # metadata that does not fit costs one more copy of the file (``_rewrite``)
 
     def __init__(self, path: str | os.PathLike, *, overwrite: bool = False,
                  batch_rows: int = DEFAULT_BATCH_ROWS) -> None:
@@ -489,15 +497,20 @@ class TraceWriter:
         self._pending: list[pa.Table] = []  # rows not yet written: fewer than batch_rows, text as strings
         self._pending_rows = 0
         self._encoder = Encoder()
-        schema = STORED_SCHEMA.with_metadata({METADATA_KEY: self._placeholder})
+        self._writer: ipc.RecordBatchFileWriter | None = None  # opened by the first batch, or by close
+        self._level = ZSTD_LEVEL
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._sink = pa.OSFile(str(self._tmp), "wb")
-            self._writer = ipc.new_file(self._sink, schema, options=_write_options(
-                emit_dictionary_deltas=True, unify_dictionaries=False))
         except OSError as err:
             self._tmp.unlink(missing_ok=True)
             raise CkptTraceError(f"cannot write trace {self.path}: {err.strerror or err}") from None
+
+    def _open(self, metadata: bytes, level: int) -> None:
+        self._level = level
+        self._writer = ipc.new_file(self._sink, STORED_SCHEMA.with_metadata({METADATA_KEY: metadata}),
+                                    options=_write_options(level, emit_dictionary_deltas=True,
+                                                           unify_dictionaries=False))
 
     @staticmethod
     def _padded(obj: dict, size: int) -> bytes:
@@ -547,6 +560,8 @@ class TraceWriter:
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
             raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
         try:
+            if self._writer is None:  # more rows than one batch: the metadata comes at close, into a placeholder
+                self._open(self._placeholder, ZSTD_LEVEL)
             self._writer.write_batch(batch)
         except OSError as err:
             self.abort()
@@ -563,15 +578,18 @@ class TraceWriter:
         if missing:
             self.abort()
             raise TraceFormatError(f"trace metadata lacks key {missing[0]!r}")
-        if self._pending_rows:
-            self._flush()
         try:
+            one_batch = self._writer is None  # every row is pending: the file is one batch, the metadata known
+            if one_batch:
+                self._open(json.dumps(meta, sort_keys=True).encode(), ZSTD_LEVEL_ONE_BATCH)
+            if self._pending_rows:
+                self._flush()
             self._writer.close()
             self._sink.close()
             final = self._padded(meta, self._RESERVED_BYTES)
-            if len(final) == len(self._placeholder):
+            if not one_batch and len(final) == len(self._placeholder):
                 self._patch(final)
-            else:
+            elif not one_batch:
                 self._rewrite(meta)
             fd = os.open(self._tmp, os.O_RDONLY)
             try:
@@ -610,7 +628,7 @@ class TraceWriter:
         schema = STORED_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
         reader = ipc.open_file(pa.memory_map(str(self._tmp), "r"))
         with pa.OSFile(str(final_tmp), "wb") as sink, ipc.new_file(sink, schema, options=_write_options(
-                emit_dictionary_deltas=True)) as writer:
+                self._level, emit_dictionary_deltas=True)) as writer:
             for i in range(reader.num_record_batches):
                 writer.write_batch(reader.get_batch(i))
         os.replace(final_tmp, self._tmp)
@@ -618,7 +636,8 @@ class TraceWriter:
     def abort(self) -> None:
         """Remove what this writer wrote (never ``path`` itself)."""
         try:
-            self._writer.close()
+            if self._writer is not None:
+                self._writer.close()
         except (pa.ArrowException, OSError):
             pass
         try:
