@@ -70,13 +70,7 @@ def _filled(column: pa.Array) -> np.ndarray:
     """An integer column (or a dictionary column's indices) as int64 numpy, nulls as 0."""
     if column.null_count:
         column = pc.fill_null(column, 0)
-    if column.null_count == len(column) and len(column):  # an all-null column Arrow keeps without values
-        return np.zeros(len(column), np.int64)
     return int_values(column).astype(np.int64)
-
-
-def _valid(column: pa.Array) -> np.ndarray:
-    return validity(column)
 
 
 class _Streams:
@@ -109,7 +103,7 @@ class _Streams:
         self._dictionary = dictionary
         indices = path.indices
         ids = self._dictionary_ids[_filled(indices)] if len(self._dictionary_ids) else np.zeros(len(path), np.int64)
-        return np.where(_valid(indices), ids, 0)
+        return np.where(validity(indices), ids, 0)
 
     def order(self, pid: pa.Array, path: pa.Array, has_offset: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rows with an offset in stream order, their stream keys, whether each is its stream's first row
@@ -122,21 +116,26 @@ class _Streams:
         first[1:] = key[1:] != key[:-1]
         return rows, key, first
 
-    def carried(self, keys: np.ndarray) -> np.ndarray:
-        """Where each stream of ``keys`` ended in earlier batches (0 for a new stream)."""
+    def _find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(where each of ``keys`` is or would go among the known streams, whether it is known)."""
         at = np.searchsorted(self._keys, keys)
         hit = at < len(self._keys)
         hit[hit] = self._keys[at[hit]] == keys[hit]
-        return np.where(hit, self._ends[np.minimum(at, max(len(self._keys) - 1, 0))] if len(self._keys) else 0, 0)
+        return at, hit
+
+    def carried(self, keys: np.ndarray) -> np.ndarray:
+        """Where each stream of ``keys`` ended in earlier batches (0 for a new stream)."""
+        at, hit = self._find(keys)
+        out = np.zeros(len(keys), np.int64)
+        out[hit] = self._ends[at[hit]]
+        return out
 
     def update(self, key: np.ndarray, first: np.ndarray, end: np.ndarray) -> None:
         """Remember each stream's last end in this batch (``key``, ``end`` in stream order)."""
         last = np.ones(len(key), bool)
         last[:-1] = first[1:]
         keys, ends = key[last], end[last]
-        at = np.searchsorted(self._keys, keys)
-        hit = at < len(self._keys)
-        hit[hit] = self._keys[at[hit]] == keys[hit]
+        at, hit = self._find(keys)
         self._ends[at[hit]] = ends[hit]
         if (~hit).any():
             merged_keys = np.concatenate([self._keys, keys[~hit]])
@@ -169,7 +168,7 @@ class Encoder:
         with np.errstate(over="ignore"):
             pid = batch.column("pid")
             offset_column, size_column = batch.column("offset"), batch.column("size")
-            has_offset, has_size = _valid(offset_column), _valid(size_column)
+            has_offset, has_size = validity(offset_column), validity(size_column)
             offset, size = _filled(offset_column), _filled(size_column)
             rows, key, first = self._streams.order(pid, batch.column("path"), has_offset)
             end = offset[rows] + size[rows]
@@ -201,12 +200,11 @@ class Decoder:
     def decode(self, batch: pa.RecordBatch, wanted: list[str], schema: pa.Schema) -> pa.RecordBatch:
         """The logical columns ``wanted`` (fields of ``schema``) of a stored batch holding at least
         ``stored_columns(wanted)``."""
-        names = set(batch.schema.names)
         out: dict[str, pa.Array] = {}
         with np.errstate(over="ignore"):
             if "offset" in wanted or "ret" in wanted:
                 delta_column, size_column = batch.column("offset_delta"), batch.column("size")
-                has_offset, has_size = _valid(delta_column), _valid(size_column)
+                has_offset, has_size = validity(delta_column), validity(size_column)
                 delta, size = _filled(delta_column), _filled(size_column)
                 rows, key, first = self._streams.order(batch.column("pid"), batch.column("path"), has_offset)
                 # offset_k = delta_k + offset_(k-1) + size_(k-1) in a stream: a cumulative sum per stream
@@ -225,7 +223,4 @@ class Decoder:
                 tid = (_filled(batch.column("tid_delta")) + _filled(batch.column("pid"))).astype(np.int32)
                 out["tid"] = pa.array(tid, pa.int32())
         arrays = [out[name] if name in out else batch.column(name) for name in wanted]
-        missing = [name for name in wanted if name not in out and name not in names]
-        if missing:
-            raise KeyError(missing[0])
         return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([schema.field(name) for name in wanted]))

@@ -306,12 +306,8 @@ def read_trace(path: str | os.PathLike) -> Trace:
     try:
         if version >= 4:
             decoder = Decoder()
-            batches = []
-            for index in range(reader.num_record_batches):
-                batch = reader.get_batch(index)
-                _validate(batch)
-                batches.append(decoder.decode(batch, list(COLUMNS), SCHEMA))
-            table = pa.Table.from_batches(batches, schema=SCHEMA)
+            table = pa.Table.from_batches([_decoded(reader.get_batch(index), decoder, list(COLUMNS))
+                                           for index in range(reader.num_record_batches)], schema=SCHEMA)
         else:
             table = reader.read_all()
             _validate(table)  # offsets, lengths and dictionary indices checked: no later compute reads out of bounds
@@ -378,12 +374,9 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
                 reader = ipc.open_file(source, options=options)
                 count = reader.num_record_batches
 
-                def load(index: int) -> pa.RecordBatch:
+                def load(index: int) -> pa.RecordBatch:  # in file order: one worker, one batch ahead
                     whole = reader.get_batch(index)
-                    if decoder is None:
-                        return whole
-                    _validate(whole)  # before decoding reads it
-                    return decoder.decode(whole, wanted, SCHEMA)  # in file order: one worker, one batch ahead
+                    return whole if decoder is None else _decoded(whole, decoder, wanted)
 
                 with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-trace-scan") as pool:
                     ahead = pool.submit(load, 0) if count else None
@@ -398,6 +391,12 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
             raise TraceFormatError(f"{path}: record batches are corrupt ({_first_line(err)})") from None
 
     return meta, batches()
+
+
+def _decoded(batch: pa.RecordBatch, decoder: Decoder, wanted: list[str]) -> pa.RecordBatch:
+    """A version 4 file batch, validated (before decoding reads it), as the logical columns ``wanted``."""
+    _validate(batch)
+    return decoder.decode(batch, wanted, SCHEMA)
 
 
 def _slices(path: Path, whole: pa.RecordBatch, present: list[str], batch_rows: int, missing: list[str],
