@@ -221,14 +221,14 @@ def size_mismatches(root: TargetRoot, plan: ReplayPlan) -> tuple[SizeMismatch, .
     found = []
     for rel, expected in sorted(plan.checks.expected_sizes.items()):
         try:
-            actual = os.stat(os.path.join(root.root, rel)).st_size
+            actual = root.lstat(rel).st_size
         except OSError:
             actual = None
         if actual != expected:
             found.append(SizeMismatch(plan.strategy, rel, expected, actual))
     for rel, entry in sorted(plan.pack_index.items()):
         try:
-            room = os.stat(os.path.join(root.root, entry["pack"])).st_size - entry["offset"]
+            room = root.lstat(entry["pack"]).st_size - entry["offset"]
         except OSError:
             room = None
         if room is None or room < entry["size_bytes"]:
@@ -310,7 +310,8 @@ def replay(
     check_queue_depth(queue_depth, [plan.strategy for plan in plans])
     made_target = not target.exists()
     prepare_target(target, force)
-    claims = [Claim(target / plan.strategy if strategy == "all" else target, plan) for plan in plans]
+    claims = [Claim(target / plan.strategy if strategy == "all" else target, plan, fresh=strategy == "all")
+              for plan in plans]
     try:
         for claim in claims:
             claim.refuse_conflicts((trace.path, *protect))
@@ -395,8 +396,8 @@ def _run_plans(plans, claims, queue_depth, count: RunCount, timing, progress, du
         runs = []
         while count.more([r.elapsed_s for r in runs]):
             if runs:
-                claim.release()
-            root = prepare_target(claim.directory, force=True)
+                claim.release(keep_directory=True)
+            root = claim.root()
             executor = make_executor(plan.strategy, root, queue_depth)
             executor.gpu_copies = gpu_copies
             executor.prepare(plan)
