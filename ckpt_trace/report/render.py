@@ -45,6 +45,17 @@ def _left_out(console: Console, names: list[str]) -> None:
         console.print(f"(not shown at this width: {', '.join(names)}; --wide or --json show them)", highlight=False)
 
 
+def _ranges(values: list[int]) -> str:
+    """0-3,8 for [0, 1, 2, 3, 8]; none for []."""
+    out, values = [], sorted(values)
+    for value in values:
+        if out and value == out[-1][1] + 1:
+            out[-1][1] = value
+        else:
+            out.append([value, value])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in out) or "none"
+
+
 def render_summary(console: Console, summary: dict[str, Any]) -> None:
     overview = _table(console, "Trace summary")
     overview.add_column("what")
@@ -68,7 +79,23 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
         ("lost events", str(summary["lost_events"])),
     ):
         overview.add_row(name, value)
+    for label, key in (("slowest rank (I/O time)", "slowest_rank"), ("slowest save (1st to last write)", "slowest_save")):
+        who = summary.get(key)
+        if who:
+            where = f" on {who['host']}" if who.get("host") and len(summary.get("hosts") or {}) > 1 else ""
+            overview.add_row(label, f"rank {who['rank']}{where}: {human_ns(who['io_time_ns'])} I/O, save "
+                             f"{human_ns(who['save_time_ns']) if who['save_time_ns'] is not None else '-'}")
     console.print(overview)
+    hosts = summary.get("hosts") or {}
+    if len(hosts) > 1:
+        table = _table(console, "Hosts")
+        for column in ("host", "ranks", "written", "read", "I/O time", "save span"):
+            table.add_column(column, justify="left" if column in ("host", "ranks") else "right")
+        for host, entry in hosts.items():
+            table.add_row(host, _ranges(entry.get("ranks", [])), human_bytes(entry["bytes_written"]),
+                          human_bytes(entry["bytes_read"]), human_ns(entry["io_time_ns"]),
+                          human_ns(entry["save_time_ns"]) if entry["save_time_ns"] is not None else "-")
+        console.print(table)
 
     ops = _table(console, "Operations")
     for column in ("op", "count", "bytes", "time"):
