@@ -125,6 +125,7 @@ def record(
     force: bool = typer.Option(False, help="Overwrite an existing trace file."),
     as_json: bool = typer.Option(False, "--json", help="Print the recording's numbers as JSON on stdout."),
     gpu: Literal["auto", "on", "off"] = typer.Option("auto", "--gpu", help="Host<->device copies of CUDA programs (CUPTI): auto (when libcupti is found), on, off."),
+    host: Optional[str] = typer.Option(None, "--host", help="Name this node in the trace (default: the host name), for `merge` where nodes share a host name."),
 ) -> None:
     """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code."""
     from ckpt_trace.iolayer.outputs import check_output_file
@@ -144,7 +145,7 @@ def record(
     for limit in capture_limits(choice):
         err.print(f"ckpt-trace: note: {escape(limit)}", highlight=False)
     result = record_trace(list(cmd), output, choice=choice, path_filters=path_filter, strict=strict, overwrite=force,
-                          gpu_plan=gpu_plan)
+                          gpu_plan=gpu_plan, host=host)
     for pid, why in (result.gpu.get("errors") or {}).items():
         err.print(f"[yellow]ckpt-trace: warning: process {pid}'s GPU copies are not in the trace: {escape(why)}[/]",
                   highlight=False)
