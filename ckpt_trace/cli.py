@@ -278,6 +278,30 @@ def summary(
 
 
 @app.command()
+def merge(
+    traces: list[Path] = typer.Argument(..., help="The traces of the job's nodes (one `record` per node)."),
+    output: Path = typer.Option(..., "-o", "--output", help="The job's trace to write (.arrow)."),
+    clock_offset: list[str] = typer.Option([], "--clock-offset", help="HOST=NS: add NS nanoseconds to HOST's realtime clock (a known error; repeatable)."),
+    force: bool = typer.Option(False, help="Overwrite an existing output."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was merged as JSON."),
+) -> None:
+    """One trace of a job from its nodes' traces: rows in global time order, a host column, ranks as recorded."""
+    from .analysis.merge import merge_traces, parse_clock_offsets
+
+    offsets = parse_clock_offsets(clock_offset)
+    with _steps("merge") as progress:
+        data = merge_traces(traces, output, clock_offsets=offsets, overwrite=force, progress=progress)
+    if as_json:
+        _write_json(None, data)
+    else:
+        bound = data["alignment_error_ns"]
+        err.print(f"ckpt-trace: merged {data['traces']} traces ({len(data['hosts'])} hosts, {len(data['ranks'])} "
+                  f"ranks) into {data['rows']:,} rows in {output}; clocks aligned within "
+                  f"{'an unknown bound (a trace without anchors)' if bound is None else f'{bound / 1e3:,.1f} us'}",
+                  highlight=False)
+
+
+@app.command()
 def export(
     trace: Path = typer.Argument(..., help="Trace file."),
     fmt: Literal["perfetto", "parquet"] = typer.Option("perfetto", "--format", help="perfetto: Chrome trace-event JSON; parquet: a directory, by rank."),
