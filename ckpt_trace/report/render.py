@@ -164,11 +164,13 @@ def render_results(console: Console, results: list[dict[str, Any]], fio_bytes_pe
             human_rate(r["write_throughput_bytes_per_s"]), human_bytes(r["bytes_read"]),
             human_rate(r["read_throughput_bytes_per_s"]), f"{r['data_ops']:,}", f"{r['metadata_ops']:,}",
             human_ns(lat.get("mean", 0)), human_ns(lat["p99"]), f"{r['cpu_user_s']:.2f} s", f"{r['cpu_sys_s']:.2f} s",
-            f"{r.get('unaligned_ops', 0):,}", f"{speedup:.2f}x" if speedup else "-",
+            f"{r.get('unaligned_ops', 0):,}", _speedup_cell(r, speedup),
         ])
     table, left_out = _fitted(console, "Replay results", columns, rows, wide)
     console.print(table)
     _left_out(console, left_out)
+    for line in verdict_lines(results):
+        console.print(line, highlight=False, soft_wrap=True)
     for r in results:
         if r.get("off_named_path"):
             for line in path_footnote(r):
@@ -177,6 +179,30 @@ def render_results(console: Console, results: list[dict[str, Any]], fio_bytes_pe
         shares = ", ".join(f"{r['strategy']} {_moved_rate(r) / fio_bytes_per_s:.0%}" for r in results)
         console.print(f"fio's sequential O_DIRECT write limit here: {human_rate(fio_bytes_per_s)}; reached: {shares}",
                       highlight=False)
+
+
+def _speedup_cell(result: dict[str, Any], speedup: float | None) -> str:
+    if not speedup:
+        return "-"
+    noise = (result.get("speedup") or {}).get("verdict") == "within noise"
+    return f"{speedup:.2f}x" + ("~" if noise else "")
+
+
+def verdict_lines(results: list[dict[str, Any]]) -> list[str]:
+    """One line per strategy compared with posix over paired rounds: the median speed-up, its interval and
+    coverage, the verdict ("within noise" where the interval includes 1.0 or covers under 90 %)."""
+    lines = []
+    for r in results:
+        entry = r.get("speedup")
+        if not entry or entry.get("verdict") == "reference" or not entry.get("n"):
+            continue
+        interval = (f"{entry['low']:.2f}-{entry['high']:.2f}x, {entry['coverage']:.0%} interval over "
+                    f"{entry['n']} rounds")
+        verdict = entry["verdict"] if entry["verdict"] == "within noise" else f"{entry['verdict']} than posix"
+        lines.append(f"{r['strategy']}: {entry['median']:.2f}x ({interval}): {verdict}")
+    if any("~" in _speedup_cell(r, r.get("speedup_vs_posix")) for r in results):
+        lines.append("~ within noise: its interval includes 1.0x, or under 5 rounds")
+    return lines
 
 
 def path_footnote(result: dict[str, Any]) -> list[str]:
