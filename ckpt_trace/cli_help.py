@@ -76,10 +76,10 @@ METAVARS = {
     "path_filter": "PREFIX", "queue_depth": "N", "repeat": "N", "ranks": "N", "shards": "N", "max_processes": "N",
     "min_seconds": "SECONDS", "strategy": "STRATEGY", "rank": "RANKS", "pid": "PIDS", "path": "GLOB", "op": "OPS",
     "time_window": "START..END", "engine": "ENGINE", "max_ops": "N", "chosen_rank": "RANK",
-    "direction": "write|read|both",
+    "direction": "write|read|both", "host": "LABEL", "clock_offset": "HOST=NS",
 }
 OUTPUT_METAVARS = {"record": "TRACE", "replay": "FILE", "export": "PATH", "report": "FILE", "baseline": "FILE",
-                   "emit": "FILE", "bench": "DIR", "filter": "TRACE"}
+                   "emit": "FILE", "bench": "DIR", "filter": "TRACE", "merge": "TRACE"}
 
 EPILOG_NOTE = ("Sizes: IEC units (4KiB, 4.5MiB, 1TiB; K, M, G, T the same), or decimal ones (4MB = 4,000,000 "
                "bytes); rates in decimal MB/s.")
