@@ -313,6 +313,7 @@ def program_text(path_filters: list[str] | None = None, view: KernelView | None 
     cases = "\n".join(_enter_case(nr, name) for nr, name in enumerate(_NAMES))
     text = (base.replace("__PATH_BYTES__", str(config.BPF_PATH_BYTES))
                 .replace("__MAX_IOVECS__", str(config.BPF_MAX_IOVECS))
+                .replace("__MAX_IOCBS__", str(max(1, config.BPF_MAX_IOCBS)))
                 .replace("__RINGBUF_PAGES__", str(config.BPF_RINGBUF_PAGES))
                 .replace("__AUX_PAGES__", str(config.BPF_AUX_RINGBUF_PAGES))
                 .replace("__COMPACT_PAGES__", str(config.BPF_COMPACT_RINGBUF_PAGES))
@@ -459,6 +460,10 @@ def decode_aux(records: np.ndarray) -> list[AuxEvent]:
                  depth, fixed, vec), comm in zip(zip(*columns), comms)]
 
 
+#: What each slot of the BPF ``lost`` array counts (bcc_program.c), as the metadata's ``lost_reasons`` names it.
+LOST_REASONS = ("syscall_events", "aux_events", "io_uring_table_full", "iocbs_unread", "io_events_unread")
+
+
 @dataclass
 class BccRecording:
     """What a bcc recording produced besides its events, which went to ``feeder``: counts, the root
@@ -468,6 +473,7 @@ class BccRecording:
     unseen: dict = field(default_factory=dict)
     uring_other_ops: dict = field(default_factory=dict)
     lost_events: int = 0
+    lost_reasons: dict = field(default_factory=dict)
     truncated_paths: int = 0
     root_pid: int = -1
     exit_code: int = 0
@@ -699,7 +705,9 @@ class BccTracer:
         if rec.exit_code < 0:
             rec.exit_signal = -rec.exit_code
             rec.exit_code = 128 + rec.exit_signal
-        rec.lost_events = sum(int(bpf["lost"][ctypes.c_int(i)].value) for i in range(3))
+        lost = [int(bpf["lost"][ctypes.c_int(i)].value) for i in range(len(LOST_REASONS))]
+        rec.lost_events = sum(lost)
+        rec.lost_reasons = {reason: count for reason, count in zip(LOST_REASONS, lost) if count}
         if self.view.uring is None:
             other = bpf["uring_other"]
             rec.uring_other_ops = {vocabulary.URING_OPCODE_NAMES.get(i, str(i)): int(other[ctypes.c_int(i)].value)

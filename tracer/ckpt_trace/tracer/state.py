@@ -140,7 +140,8 @@ class AioState:
     """A Linux AIO context: its ``queue_id`` and the submitted iocbs not yet reaped (in submission order)."""
 
     queue_id: int
-    pending: dict = field(default_factory=dict)  # (obj or a sequence number) -> row values
+    pending: dict = field(default_factory=dict)  # submission number -> (iocb address or 0, row values)
+    serial: int = 0
 
 
 @dataclass(slots=True)
@@ -387,11 +388,15 @@ class TraceBuilder:
         """After the last event: requests submitted and never reaped are rows too (``ret`` -ECANCELED),
         counted in ``unreaped_requests``."""
         for (tgid, _), state in self.aio.items():
-            proc = self.procs.get(tgid)
-            for values in list(state.pending.values()):
-                self.unreaped_requests += 1
-                self._emit_request(proc, values, ret=-125, end_ns=values["ts_ns"])
-            state.pending.clear()
+            self._unreaped(self.procs.get(tgid), state)
+
+    def _unreaped(self, proc: Process | None, state: AioState) -> None:
+        """Rows (``ret`` -ECANCELED) of the iocbs of ``state`` submitted and never seen reaped."""
+        for _, values in list(state.pending.values()):
+            self.unreaped_requests += 1
+            values.pop("desc", None)
+            self._emit_request(proc, values, ret=-125, end_ns=values["ts_ns"])
+        state.pending.clear()
 
     def columns(self) -> dict[str, list]:
         """The rows emitted since the last ``take_rows`` (all of them, if never taken), column by column."""
@@ -798,6 +803,7 @@ class TraceBuilder:
         op = sc.SYSCALLS[ev.name].op
         if op == v.IO_DESTROY and state is not None and ev.ret == 0:
             self.aio.pop((proc.tgid, int(ev.args["ctx"])))
+            self._unreaped(proc, state)  # their completions can no longer be seen
         self._emit(proc, ev, op, interface=v.LIBAIO, queue_id=state.queue_id if state else None,
                    size=int(ev.args["nr"]) if "nr" in ev.args else None)
 
@@ -814,14 +820,15 @@ class TraceBuilder:
                           size=None if ev.vectored else ev.length, iov_count=ev.length if ev.vectored else None)
         if desc is None:
             self.unattributed["requests"] += 1
-        state.pending[ev.obj or ("seq", ev.ts_ns, len(state.pending), ev.user_data)] = values
+        state.serial += 1
+        state.pending[state.serial] = (ev.obj, values)  # in submission order: the oldest match is the first
 
     def _on_aio_event(self, proc: Process, ev: AuxEvent) -> None:
         state = self._aio_state(proc, ev.ctx)
-        key = ev.obj if ev.obj in state.pending else self._aio_match(state, ev.user_data)
-        values = state.pending.pop(key, None) if key is not None else None
-        if values is None:
+        key = self._aio_match(state, ev.obj, ev.user_data)
+        if key is None:
             return
+        values = state.pending.pop(key)[1]
         desc = values.pop("desc")
         if desc is None:
             return
@@ -830,13 +837,21 @@ class TraceBuilder:
         self._emit_request(proc, values, ret=ev.res, end_ns=ev.ts_ns)
 
     @staticmethod
-    def _aio_match(state: AioState, data: int):
-        """The pending iocb an io_event answers when its address is not known (strace prints iocbs, not their
-        addresses): the oldest one carrying the event's aio_data."""
-        for key, values in state.pending.items():
-            if values["request_id"] == _signed64(data):
+    def _aio_match(state: AioState, obj: int, data: int):
+        """The pending iocb an io_event answers: the oldest carrying both its iocb address and its aio_data
+        (bcc reads both; a program may reuse an iocb, or an aio_data, while an earlier one is in flight),
+        else, where submissions carry no address (strace prints iocbs, not their addresses), the oldest
+        carrying its aio_data."""
+        data = _signed64(data)
+        by_data = None
+        for key, (address, values) in state.pending.items():
+            if values["request_id"] != data:
+                continue
+            if address and address == obj:
                 return key
-        return None
+            if by_data is None and not address:
+                by_data = key
+        return by_data
 
     # -- file mappings ----------------------------------------------------------------------
     def _mapping_row(self, proc: Process, ev: SyscallEvent, op: str, mapping: Mapping, address: int,
