@@ -69,3 +69,6 @@ BENCH_FREE_SPACE_MARGIN_BYTES = _int_env("BENCH_FREE_SPACE_MARGIN_BYTES", 16 << 
 BENCH_TOP_ROWS = _int_env("BENCH_TOP_ROWS", 8)  # fastest configurations listed
 BENCH_NEAR_BEST_PERCENT = _int_env("BENCH_NEAR_BEST_PERCENT", 5)  # points this close to the best are counted as ties
 BENCH_READ_MEMORY_FRACTION = 0.8  # share of the available memory read points may fill with their destinations
+
+# Longest the checkpoint layout may take to build after `record` (and in `annotate`); files left are unknown.
+LAYOUT_TIME_LIMIT_S = _int_env("LAYOUT_TIME_LIMIT_S", 60)

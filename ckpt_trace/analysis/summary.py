@@ -362,7 +362,11 @@ def summarize(trace: Trace) -> dict[str, Any]:
     for batch in trace.table.to_batches():
         acc.add(batch)
     gpu = copy_summary(trace.table) if acc.copies else {"copies": 0}
-    return summary_document(trace.path, trace.metadata, acc.result(), gpu)
+    document = summary_document(trace.path, trace.metadata, acc.result(), gpu)
+    from .layout import layout_summary  # it builds on this module's helpers
+
+    document["layout"] = layout_summary(trace.path) if trace.path.is_file() else None
+    return document
 
 
 Progress = Callable[[str, int, int], None]
@@ -382,7 +386,11 @@ def summarize_file(path, *, batch_rows: int = 1 << 20, progress: Progress | None
     pass. Raises TraceFormatError for a bad trace."""
     meta, batches = scan(path, SUMMARY_COLUMNS, batch_rows=batch_rows, on_batch=on_batch(progress, "reading"))
     acc = accumulate(batches)
-    return summary_document(path, meta, acc.result(), gpu_summary(path, acc, batch_rows))
+    document = summary_document(path, meta, acc.result(), gpu_summary(path, acc, batch_rows))
+    from .layout import layout_summary  # it builds on this module's helpers
+
+    document["layout"] = layout_summary(path)  # None without a layout
+    return document
 
 
 #: Threads folding batches in (``accumulate``): numpy and Arrow compute release the GIL for most of the work.
