@@ -286,7 +286,10 @@ def count_rows(path: str | os.PathLike) -> int:
     path = Path(path)
     try:
         with pa.OSFile(str(path)) as source:
-            return ipc.open_file(source, options=ipc.IpcReadOptions(included_fields=[0])).count_rows()
+            reader = ipc.open_file(source, options=ipc.IpcReadOptions(included_fields=[0]))
+            if hasattr(reader, "count_rows"):  # pyarrow >= 17
+                return reader.count_rows()
+            return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
     except (pa.ArrowException, OSError) as err:
         raise TraceFormatError(f"{path}: not a readable trace ({_first_line(err)})") from None
 

@@ -398,7 +398,7 @@ def replay_distributed(
     force: bool = False,
     queue_depth: int = 32,
     buffer_bytes: int = 4 << 20,
-    repeat: int = 1,
+    repeat: int | None = 1,
     drop_caches: bool = False,
     durable: bool = False,
     verify: bool = False,
@@ -416,6 +416,7 @@ def replay_distributed(
     ``replay`` raises (in this process or any other: every process raises),
     when torch is missing or the job cannot be joined; Interrupted on Ctrl-C.
     """
+    repeat = repeat or config.REPLAY_MIN_ROUNDS  # rounds are interleaved in a single process's replay only
     check_options(strategy, timing, gpu_copies, repeat, min_seconds, drop_caches)
     trace = _trace_file(trace_path)
     target = Path(target)

@@ -164,7 +164,8 @@ def _run_traced(choice: BackendChoice, cmd: list[str], builder_args: dict, spool
         feeder = rec.feeder
         feeder.finish()
         spool.add(feeder.builder.take_rows())
-        extra = {"lost_events": rec.lost_events, "truncated_paths": rec.truncated_paths, "exit_code": rec.exit_code,
+        extra = {"lost_events": rec.lost_events, **({"lost_reasons": rec.lost_reasons} if rec.lost_reasons else {}),
+                 "truncated_paths": rec.truncated_paths, "exit_code": rec.exit_code,
                  "exit_signal": rec.exit_signal, "command_elapsed_ns": rec.command_elapsed_ns,
                  "recorder_cpu_ns": rec.recorder_cpu_ns,
                  **({"bpf_run_ns": rec.bpf_run_ns} if rec.bpf_run_ns is not None else {}),
