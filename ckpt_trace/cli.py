@@ -213,7 +213,7 @@ def replay(
     world = launched()  # None unless one of several processes torchrun launched
     speaks = world is None or world.rank == 0  # under torchrun, global rank 0 writes and prints
     if output is not None and speaks:
-        check_output_file(output, force)
+        check_output_file(output, force, inputs=(trace,))
     if dry_run:
         if not speaks:  # rank 0 plans the whole trace and prints the dry run
             return
@@ -375,7 +375,7 @@ def baseline(
     from .check.baseline import make_baseline, write_json
     from .units import parse_size
 
-    check_output_file(output, force)
+    check_output_file(output, force, inputs=traces)
     buffer_bytes = parse_size(buffer_size, what="--buffer-size")
     with _progress() as progress:
         data = make_baseline(traces, target=target, strategies=strategy, repeat=repeat, min_seconds=min_seconds,
@@ -416,7 +416,7 @@ def check(
     _wide(wide)
     allowed = parse_tolerance(tolerance)
     if junit is not None:
-        check_output_file(junit, force)
+        check_output_file(junit, force, inputs=(*traces, baseline_file))
     data = load_baseline(baseline_file)
     with _progress() as progress:
         rows = run_check(traces, data, target=target, tolerance=allowed, repeat=repeat, min_seconds=min_seconds,
@@ -586,7 +586,7 @@ def filter_cmd(
     from .analysis.filter import Conditions, filter_trace
 
     conditions = Conditions(ranks=rank, pids=pid, path_glob=path, ops=op, time=time_window)
-    check_output_file(output, force)
+    check_output_file(output, force, inputs=(trace,))
     with _steps("filter") as progress:
         result = filter_trace(trace, output, conditions, overwrite=force, progress=progress)
     if as_json:
