@@ -125,6 +125,7 @@ def record(
     force: bool = typer.Option(False, help="Overwrite an existing trace file."),
     as_json: bool = typer.Option(False, "--json", help="Print the recording's numbers as JSON on stdout."),
     gpu: Literal["auto", "on", "off"] = typer.Option("auto", "--gpu", help="Host<->device copies of CUDA programs (CUPTI): auto (when libcupti is found), on, off."),
+    host: Optional[str] = typer.Option(None, "--host", help="Name this node in the trace (default: the host name), for `merge` where nodes share a host name."),
 ) -> None:
     """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code."""
     from ckpt_trace.iolayer.outputs import check_output_file
@@ -144,7 +145,7 @@ def record(
     for limit in capture_limits(choice):
         err.print(f"ckpt-trace: note: {escape(limit)}", highlight=False)
     result = record_trace(list(cmd), output, choice=choice, path_filters=path_filter, strict=strict, overwrite=force,
-                          gpu_plan=gpu_plan)
+                          gpu_plan=gpu_plan, host=host)
     for pid, why in (result.gpu.get("errors") or {}).items():
         err.print(f"[yellow]ckpt-trace: warning: process {pid}'s GPU copies are not in the trace: {escape(why)}[/]",
                   highlight=False)
@@ -185,7 +186,7 @@ def replay(
     queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
     buffer_size: str = typer.Option("4MiB", "--buffer-size", help="aggregated: aligned buffer size, 1-64 MiB (e.g. 4MiB)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each plan's operation counts, sizes and alignment; do no I/O."),
-    repeat: int = typer.Option(1, "--repeat", help="Runs per strategy; report the median run and min-max."),
+    repeat: Optional[int] = typer.Option(None, "--repeat", help="Rounds (each strategy once a round, interleaved); default: 3-10 rounds, until the strategies are told apart or 60 s of runs."),
     drop_caches: bool = typer.Option(False, "--drop-caches", help="Drop the page cache before each run (root)."),
     durable: bool = typer.Option(False, "--durable", help="fsync every written file before the clock stops."),
     verify: bool = typer.Option(False, "--verify", help="Read the files back and check their content pattern."),
@@ -274,6 +275,30 @@ def summary(
     with _steps("summary") as progress:
         data = summarize_file(trace, progress=progress)
     _show(data, as_json, render_summary)
+
+
+@app.command()
+def merge(
+    traces: list[Path] = typer.Argument(..., help="The traces of the job's nodes (one `record` per node)."),
+    output: Path = typer.Option(..., "-o", "--output", help="The job's trace to write (.arrow)."),
+    clock_offset: list[str] = typer.Option([], "--clock-offset", help="HOST=NS: add NS nanoseconds to HOST's realtime clock (a known error; repeatable)."),
+    force: bool = typer.Option(False, help="Overwrite an existing output."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was merged as JSON."),
+) -> None:
+    """One trace of a job from its nodes' traces: rows in global time order, a host column, ranks as recorded."""
+    from .analysis.merge import merge_traces, parse_clock_offsets
+
+    offsets = parse_clock_offsets(clock_offset)
+    with _steps("merge") as progress:
+        data = merge_traces(traces, output, clock_offsets=offsets, overwrite=force, progress=progress)
+    if as_json:
+        _write_json(None, data)
+    else:
+        bound = data["alignment_error_ns"]
+        err.print(f"ckpt-trace: merged {data['traces']} traces ({len(data['hosts'])} hosts, {len(data['ranks'])} "
+                  f"ranks) into {data['rows']:,} rows in {output}; clocks aligned within "
+                  f"{'an unknown bound (a trace without anchors)' if bound is None else f'{bound / 1e3:,.1f} us'}",
+                  highlight=False)
 
 
 @app.command()

@@ -130,6 +130,10 @@ class SummaryDoc(TypedDict):
     filesystems: dict[str, Any]
     interfaces: dict[str, Any]
     unseen: dict[str, Any]
+    rank_times: dict[str, Any]  # per rank (analysis.ranks): rows, io_time_ns, bytes, first_write_ns, save_time_ns
+    hosts: dict[str, Any]  # the same per host (a merged trace's host column; else the trace's host), with ranks
+    slowest_rank: dict[str, Any] | None  # most time in I/O calls (Darshan): rank, host, io_time_ns, save_time_ns
+    slowest_save: dict[str, Any] | None  # longest first-to-last write (MLPerf Storage): rank, host, save_time_ns
 
 
 class PlanDoc(TypedDict):

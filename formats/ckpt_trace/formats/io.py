@@ -35,6 +35,7 @@ from .schema import (
     FORMAT_VERSION,
     METADATA_DEFAULTS,
     METADATA_KEY,
+    OPTIONAL_COLUMNS,
     REQUIRED_METADATA_KEYS,
     SCHEMA,
     SCHEMA_V1,
@@ -302,7 +303,10 @@ def count_rows(path: str | os.PathLike) -> int:
     path = Path(path)
     try:
         with pa.OSFile(str(path)) as source:
-            return ipc.open_file(source, options=ipc.IpcReadOptions(included_fields=[0])).count_rows()
+            reader = ipc.open_file(source, options=ipc.IpcReadOptions(included_fields=[0]))
+            if hasattr(reader, "count_rows"):  # pyarrow >= 17
+                return reader.count_rows()
+            return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
     except (pa.ArrowException, OSError) as err:
         raise TraceFormatError(f"{path}: not a readable trace ({_first_line(err)})") from None
 
@@ -371,16 +375,22 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
     path = Path(path)
     meta = read_metadata(path)
     version = meta["format_version"]
-    wanted = list(columns) if columns is not None else list(COLUMNS)
-    unknown = [name for name in wanted if name not in COLUMNS]
+    asked = list(columns) if columns is not None else list(COLUMNS)
+    unknown = [name for name in asked if name not in COLUMNS and name not in OPTIONAL_COLUMNS]
     if unknown:
         raise TraceFormatError(f"no column {unknown[0]!r} in the trace schema")
+    optional = [name for name in asked if name in OPTIONAL_COLUMNS]  # read as stored, null where absent
+    wanted = [name for name in asked if name not in OPTIONAL_COLUMNS]
     if version >= 4:
         present, missing, stored = wanted, [], stored_columns(wanted)
     else:
         present = [name for name in wanted if name in SCHEMAS[version].names]
         missing = [name for name in wanted if name not in present]  # added after the file's version
         stored = present
+    if optional and version >= 4:
+        file_names = _open_reader(path).schema.names
+        stored = stored + [name for name in optional if name in file_names]
+        present = present + optional  # appended to each decoded batch by _with_optional
 
     def batches() -> Iterator[pa.RecordBatch]:
         decoder = Decoder() if version >= 4 else None
@@ -393,21 +403,48 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
 
                 def load(index: int) -> pa.RecordBatch:  # in file order: one worker, one batch ahead
                     whole = reader.get_batch(index)
-                    return whole if decoder is None else _decoded(whole, decoder, wanted)
+                    return whole if decoder is None else _with_optional(_decoded(whole, decoder, wanted), whole,
+                                                                        optional)
 
                 with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-trace-scan") as pool:
                     ahead = pool.submit(load, 0) if count else None
                     for index in range(count):
                         whole = ahead.result()  # the next one decompresses while this one is worked on
                         ahead = pool.submit(load, index + 1) if index + 1 < count else None
-                        yield from _slices(path, whole, present, batch_rows, missing, version, wanted,
-                                           validated=decoder is not None)
+                        for batch in _slices(path, whole, present, batch_rows, missing, version, wanted,
+                                             validated=decoder is not None):
+                            yield _ordered(batch, asked) if optional else batch
                         if on_batch is not None:
                             on_batch(index + 1, count)
         except (pa.ArrowException, OSError) as err:
             raise TraceFormatError(f"{path}: record batches are corrupt ({_first_line(err)})") from None
 
     return meta, batches()
+
+
+def _with_optional(batch: pa.RecordBatch, whole: pa.RecordBatch, optional: list[str]) -> pa.RecordBatch:
+    """``batch`` with the ``optional`` columns of the file batch ``whole`` appended (null where it lacks one)."""
+    for name in optional:
+        kind = OPTIONAL_COLUMNS[name]
+        if name in whole.schema.names:
+            column = whole.column(name)
+            if pa.types.is_dictionary(column.type):
+                _validate(pa.RecordBatch.from_arrays([column], names=[name]))
+        else:
+            column = pa.nulls(whole.num_rows, kind.value_type if pa.types.is_dictionary(kind) else kind).cast(kind)
+        batch = batch.append_column(pa.field(name, kind), column)
+    return batch
+
+
+def _ordered(batch: pa.RecordBatch, asked: list[str]) -> pa.RecordBatch:
+    """``batch`` with the columns ``asked`` in that order; an optional column it lacks (a file older than
+    version 5 batches) null."""
+    out = batch
+    for name in asked:
+        if name not in out.schema.names:
+            kind = OPTIONAL_COLUMNS[name]
+            out = out.append_column(pa.field(name, kind), pa.nulls(out.num_rows, kind.value_type).cast(kind))
+    return out.select(asked)
 
 
 def _decoded(batch: pa.RecordBatch, decoder: Decoder, wanted: list[str]) -> pa.RecordBatch:
@@ -497,8 +534,16 @@ class TraceWriter:
     _RESERVED_BYTES = 8 << 10  # metadata that does not fit costs one more copy of the file (``_rewrite``)
 
     def __init__(self, path: str | os.PathLike, *, overwrite: bool = False,
-                 batch_rows: int = DEFAULT_BATCH_ROWS, temporary: str | os.PathLike | None = None) -> None:
+                 batch_rows: int = DEFAULT_BATCH_ROWS, optional_columns: tuple[str, ...] = (),
+                 temporary: str | os.PathLike | None = None) -> None:
         self.path = Path(path)
+        unknown = [name for name in optional_columns if name not in OPTIONAL_COLUMNS]
+        if unknown:
+            raise TraceFormatError(f"no optional column {unknown[0]!r} in the trace schema")
+        # Optional columns (version 5 additions) go after SCHEMA's, stored as they are.
+        self._optional = [pa.field(name, OPTIONAL_COLUMNS[name]) for name in optional_columns]
+        self._stored_schema = pa.schema(list(STORED_SCHEMA) + self._optional)
+        self._text = TEXT_COLUMNS + tuple(f.name for f in self._optional if pa.types.is_dictionary(f.type))
         if self.path.exists() and not overwrite:
             raise CkptTraceError(f"{self.path} already exists (use --force to overwrite it)")
         self.batch_rows = max(1, batch_rows)
@@ -507,8 +552,8 @@ class TraceWriter:
         self._placeholder = self._padded({"pending": self._marker}, self._RESERVED_BYTES)
         # Each dictionary starts with "": Arrow takes an empty dictionary followed by a longer one for a
         # replacement, which the file format refuses, where a non-empty prefix makes a delta.
-        self._values: dict[str, list[str]] = {name: [""] for name in TEXT_COLUMNS}
-        self._index: dict[str, dict[str, int]] = {name: {"": 0} for name in TEXT_COLUMNS}
+        self._values: dict[str, list[str]] = {name: [""] for name in self._text}
+        self._index: dict[str, dict[str, int]] = {name: {"": 0} for name in self._text}
         self._pending: list[pa.Table] = []  # rows not yet written: fewer than batch_rows, text as strings
         self._pending_rows = 0
         self._encoder = Encoder()
@@ -532,7 +577,7 @@ class TraceWriter:
 
     def _open(self, metadata: bytes, level: int) -> None:
         self._level = level
-        self._writer = ipc.new_file(self._sink, STORED_SCHEMA.with_metadata({METADATA_KEY: metadata}),
+        self._writer = ipc.new_file(self._sink, self._stored_schema.with_metadata({METADATA_KEY: metadata}),
                                     options=_write_options(level, emit_dictionary_deltas=True,
                                                            unify_dictionaries=False))
 
@@ -562,12 +607,13 @@ class TraceWriter:
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
         table = _with_all_columns(table)
+        fields = list(SCHEMA) + self._optional
         try:
-            arrays = [table[f.name].cast(pa.string()) if f.name in TEXT_COLUMNS else table[f.name].cast(f.type)
-                      for f in SCHEMA]
+            arrays = [table[f.name].cast(pa.string()) if f.name in self._text else table[f.name].cast(f.type)
+                      for f in fields]
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
             raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
-        self._pending.append(pa.Table.from_arrays(arrays, names=list(COLUMNS)))
+        self._pending.append(pa.Table.from_arrays(arrays, names=[f.name for f in fields]))
         self._pending_rows += table.num_rows
         self.rows += table.num_rows
         while self._pending_rows >= self.batch_rows:
@@ -581,6 +627,10 @@ class TraceWriter:
             arrays = [self._encode(f.name, head[f.name]) if f.name in TEXT_COLUMNS else head[f.name].combine_chunks()
                       for f in SCHEMA]
             batch = self._encoder.encode(pa.RecordBatch.from_arrays(arrays, schema=SCHEMA), STORED_SCHEMA)
+            for f in self._optional:
+                column = head[f.name]
+                batch = batch.append_column(f, self._encode(f.name, column) if f.name in self._text
+                                            else column.combine_chunks())
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
             raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
         try:
@@ -645,7 +695,7 @@ class TraceWriter:
     def _rewrite(self, meta: dict) -> None:
         """Copy the rows into a new file whose schema carries ``meta`` (metadata too long to patch)."""
         final = AtomicFile(self.path, what="trace")
-        schema = STORED_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+        schema = self._stored_schema.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
         try:
             reader = ipc.open_file(pa.memory_map(self._output.sink_path, "r"))
             with pa.OSFile(final.sink_path, "wb") as sink, ipc.new_file(sink, schema, options=_write_options(

@@ -381,7 +381,10 @@ def _job_result(strategy: str, per_process: list[ReplayResult]) -> ReplayResult:
         cpu_sys_s=sum(r.cpu_sys_s for r in per_process), skipped_ops=skipped,
         unaligned_ops=sum(r.unaligned_ops for r in per_process), notes=notes,
         metadata_ops_saved=sum(r.metadata_ops_saved for r in per_process),
-        preallocated_files=sum(r.preallocated_files for r in per_process))
+        preallocated_files=sum(r.preallocated_files for r in per_process),
+        data_paths={name: {key: sum(r.data_paths.get(name, {}).get(key, 0) for r in per_process)
+                           for key in ("ops", "bytes")}
+                    for name in dict.fromkeys(n for r in per_process for n in r.data_paths)})
 
 
 def replay_distributed(
@@ -395,7 +398,7 @@ def replay_distributed(
     force: bool = False,
     queue_depth: int = 32,
     buffer_bytes: int = 4 << 20,
-    repeat: int = 1,
+    repeat: int | None = 1,
     drop_caches: bool = False,
     durable: bool = False,
     verify: bool = False,
@@ -413,6 +416,7 @@ def replay_distributed(
     ``replay`` raises (in this process or any other: every process raises),
     when torch is missing or the job cannot be joined; Interrupted on Ctrl-C.
     """
+    repeat = repeat or config.REPLAY_MIN_ROUNDS  # rounds are interleaved in a single process's replay only
     check_options(strategy, timing, gpu_copies, repeat, min_seconds, drop_caches)
     trace = _trace_file(trace_path)
     target = Path(target)
