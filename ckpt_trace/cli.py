@@ -196,6 +196,7 @@ def replay(
     fio: bool = typer.Option(False, "--fio", help="Also measure fio's sequential O_DIRECT write limit in TARGET, for reference."),
     gpu_copies: Literal["recorded", "pinned", "skip"] = typer.Option("recorded", "--gpu-copies", help="Host<->device copy rows: as recorded, with pinned host staging, or skipped (always, without a GPU)."),
     wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
+    placement: Literal["host", "spread"] = typer.Option("host", "--placement", help="Under torchrun: host keeps each recorded host's ranks on one node (a merged trace); spread cuts the ranks into blocks over all processes."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the results document (JSON) to this file."),
     force: bool = typer.Option(False, help="Allow a non-empty target and overwrite an existing -o file (the replay still writes only files it creates)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results document as JSON on stdout."),
@@ -234,7 +235,8 @@ def replay(
                                         strip_prefix=strip_prefix, timing=timing, force=force,
                                         queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
                                         drop_caches=drop_caches, durable=durable, verify=verify, progress=progress,
-                                        protect=(output,) if output is not None else (), gpu_copies=gpu_copies)
+                                        protect=(output,) if output is not None else (), gpu_copies=gpu_copies,
+                                        placement=placement)
         if not speaks:
             return
         job = report.to_json()["distributed"]
