@@ -201,6 +201,7 @@ def replay(
     fio: bool = typer.Option(False, "--fio", help="Also measure fio's sequential O_DIRECT write limit in TARGET, for reference."),
     gpu_copies: Literal["recorded", "pinned", "skip"] = typer.Option("recorded", "--gpu-copies", help="Host<->device copy rows: as recorded, with pinned host staging, or skipped (always, without a GPU)."),
     wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
+    placement: Literal["host", "spread"] = typer.Option("host", "--placement", help="Under torchrun: host keeps each recorded host's ranks on one node (a merged trace); spread cuts the ranks into blocks over all processes."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the results document (JSON) to this file."),
     force: bool = typer.Option(False, help="Allow a non-empty target and overwrite an existing -o file (the replay still writes only files it creates)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results document as JSON on stdout."),
@@ -219,7 +220,7 @@ def replay(
     world = launched()  # None unless one of several processes torchrun launched
     speaks = world is None or world.rank == 0  # under torchrun, global rank 0 writes and prints
     if output is not None and speaks:
-        check_output_file(output, force)
+        check_output_file(output, force, inputs=(trace,))
     if dry_run:
         if not speaks:  # rank 0 plans the whole trace and prints the dry run
             return
@@ -239,7 +240,8 @@ def replay(
                                         strip_prefix=strip_prefix, timing=timing, force=force,
                                         queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
                                         drop_caches=drop_caches, durable=durable, verify=verify, progress=progress,
-                                        protect=(output,) if output is not None else (), gpu_copies=gpu_copies)
+                                        protect=(output,) if output is not None else (), gpu_copies=gpu_copies,
+                                        placement=placement)
         if not speaks:
             return
         job = report.to_json()["distributed"]
@@ -405,7 +407,7 @@ def baseline(
     from .check.baseline import make_baseline, write_json
     from .units import parse_size
 
-    check_output_file(output, force)
+    check_output_file(output, force, inputs=traces)
     buffer_bytes = parse_size(buffer_size, what="--buffer-size")
     with _progress() as progress:
         data = make_baseline(traces, target=target, strategies=strategy, repeat=repeat, min_seconds=min_seconds,
@@ -446,7 +448,7 @@ def check(
     _wide(wide)
     allowed = parse_tolerance(tolerance)
     if junit is not None:
-        check_output_file(junit, force)
+        check_output_file(junit, force, inputs=(*traces, baseline_file))
     data = load_baseline(baseline_file)
     with _progress() as progress:
         rows = run_check(traces, data, target=target, tolerance=allowed, repeat=repeat, min_seconds=min_seconds,
@@ -665,7 +667,7 @@ def filter_cmd(
     from .analysis.filter import Conditions, filter_trace
 
     conditions = Conditions(ranks=rank, pids=pid, path_glob=path, ops=op, time=time_window)
-    check_output_file(output, force)
+    check_output_file(output, force, inputs=(trace,))
     with _steps("filter") as progress:
         result = filter_trace(trace, output, conditions, overwrite=force, progress=progress)
     if as_json:
