@@ -495,7 +495,7 @@ def workload(
     out_dir: Path = typer.Option(..., "--out", help="Checkpoint directory to write (or, with --load, to read)."),
     ranks: int = typer.Option(1, help="Processes (dcp and emitted)."),
     model: Literal["gpt2-tiny", "gpt2-deep-tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"] = typer.Option("gpt2-small", help="GPT-2 shape (parameters: 0.5 M to 1.6 G)."),
-    with_optimizer: bool = typer.Option(False, "--with-optimizer", help="Add Adam state (exp_avg, exp_avg_sq)."),
+    with_optimizer: bool = typer.Option(False, "--with-optimizer", help="Add Adam state (exp_avg, exp_avg_sq; dcp and emitted: a real torch.optim.Adam after one step, through get_state_dict)."),
     file_per_layer: bool = typer.Option(False, "--file-per-layer", help="torch-save: one file per transformer block."),
     load: bool = typer.Option(False, "--load", help="Load the checkpoint this workload saved in --out and check every tensor."),
     mmap: bool = typer.Option(False, "--mmap", help="torch-save --load: torch.load(mmap=True)."),
