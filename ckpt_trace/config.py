@@ -68,6 +68,8 @@ WRITER_QUEUE_DEPTH = _int_env("WRITER_QUEUE_DEPTH", 8)  # io_uring requests in f
 WRITER_THREADS = _int_env("WRITER_THREADS", 1)  # writer threads per rank, one data file each
 WRITER_ALIGN_BYTES = _int_env("WRITER_ALIGN_BYTES", 4096)  # O_DIRECT offset/size/address alignment
 WRITER_ITEM_ALIGN_BYTES = _int_env("WRITER_ITEM_ALIGN_BYTES", 64)  # each tensor starts at a multiple of this
+# Page-locked staging kept between saves (writer.staging.PINNED_POOL): 8 x 4 MiB x 8 threads by default.
+PINNED_POOL_BYTES = _int_env("PINNED_POOL_BYTES", 256 << 20)
 
 # Micro-benchmark (ckpt-trace bench)
 BENCH_SETUP_TIMEOUT_S = _int_env("BENCH_SETUP_TIMEOUT_S", 120)  # longest a point's processes may take to start
@@ -75,3 +77,6 @@ BENCH_FREE_SPACE_MARGIN_BYTES = _int_env("BENCH_FREE_SPACE_MARGIN_BYTES", 16 << 
 BENCH_TOP_ROWS = _int_env("BENCH_TOP_ROWS", 8)  # fastest configurations listed
 BENCH_NEAR_BEST_PERCENT = _int_env("BENCH_NEAR_BEST_PERCENT", 5)  # points this close to the best are counted as ties
 BENCH_READ_MEMORY_FRACTION = 0.8  # share of the available memory read points may fill with their destinations
+
+# Longest the checkpoint layout may take to build after `record` (and in `annotate`); files left are unknown.
+LAYOUT_TIME_LIMIT_S = _int_env("LAYOUT_TIME_LIMIT_S", 60)

@@ -45,6 +45,17 @@ def _left_out(console: Console, names: list[str]) -> None:
         console.print(f"(not shown at this width: {', '.join(names)}; --wide or --json show them)", highlight=False)
 
 
+def _ranges(values: list[int]) -> str:
+    """0-3,8 for [0, 1, 2, 3, 8]; none for []."""
+    out, values = [], sorted(values)
+    for value in values:
+        if out and value == out[-1][1] + 1:
+            out[-1][1] = value
+        else:
+            out.append([value, value])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in out) or "none"
+
+
 def render_summary(console: Console, summary: dict[str, Any]) -> None:
     overview = _table(console, "Trace summary")
     overview.add_column("what")
@@ -68,7 +79,23 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
         ("lost events", str(summary["lost_events"])),
     ):
         overview.add_row(name, value)
+    for label, key in (("slowest rank (I/O time)", "slowest_rank"), ("slowest save (1st to last write)", "slowest_save")):
+        who = summary.get(key)
+        if who:
+            where = f" on {who['host']}" if who.get("host") and len(summary.get("hosts") or {}) > 1 else ""
+            overview.add_row(label, f"rank {who['rank']}{where}: {human_ns(who['io_time_ns'])} I/O, save "
+                             f"{human_ns(who['save_time_ns']) if who['save_time_ns'] is not None else '-'}")
     console.print(overview)
+    hosts = summary.get("hosts") or {}
+    if len(hosts) > 1:
+        table = _table(console, "Hosts")
+        for column in ("host", "ranks", "written", "read", "I/O time", "save span"):
+            table.add_column(column, justify="left" if column in ("host", "ranks") else "right")
+        for host, entry in hosts.items():
+            table.add_row(host, _ranges(entry.get("ranks", [])), human_bytes(entry["bytes_written"]),
+                          human_bytes(entry["bytes_read"]), human_ns(entry["io_time_ns"]),
+                          human_ns(entry["save_time_ns"]) if entry["save_time_ns"] is not None else "-")
+        console.print(table)
 
     ops = _table(console, "Operations")
     for column in ("op", "count", "bytes", "time"):
@@ -112,6 +139,39 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
         hist.add_row(human_bytes(entry["bucket_bytes"]), f"{entry['write']:,}", f"{entry['read']:,}",
                      human_bytes(entry["bytes"]))
     console.print(hist)
+    if summary.get("layout"):
+        render_layout(console, summary["layout"])
+
+
+def render_layout(console: Console, layout: dict[str, Any]) -> None:
+    """``summary``'s checkpoint layout: the split by kind and by object size class, the costliest objects."""
+    for title, key, label in (("Checkpoint objects by kind", "by_kind", "kind"),
+                              ("Checkpoint objects by size", "by_size_class", "size_class")):
+        table = _table(console, title)
+        for column in (label.replace("_", " "), "objects", "size", "written", "read", "ops", "time"):
+            table.add_column(column, justify="left" if column in ("kind", "size class") else "right")
+        for entry in layout[key]:
+            table.add_row(entry[label], f"{entry['objects']:,}", human_bytes(entry["object_bytes"]),
+                          human_bytes(entry["bytes_written"]), human_bytes(entry["bytes_read"]),
+                          f"{entry['write_ops'] + entry['read_ops']:,}", human_ns(entry["time_ns"]))
+        console.print(table)
+    costliest = _table(console, "Costliest checkpoint objects")
+    for column in ("object", "kind", "size", "moved", "time"):
+        costliest.add_column(column, justify="left" if column in ("object", "kind") else "right")
+    for entry in layout["costliest"][:5]:
+        costliest.add_row(entry["name"] or entry["path"], entry["kind"], human_bytes(entry["length"]),
+                          human_bytes(entry["bytes_written"] + entry["bytes_read"]), human_ns(entry["time_ns"]))
+    console.print(costliest)
+    moved = layout["bytes_written"] + layout["bytes_read"]
+    attributed = layout["attributed_bytes_written"] + layout["attributed_bytes_read"]
+    console.print(f"layout: {layout['objects']:,} objects in {layout['files']} files "
+                  f"({', '.join(layout['formats'])}); {human_bytes(attributed)} of {human_bytes(moved)} moved are "
+                  f"attributed to objects; {layout['small_object_time_share']:.0%} of their time on objects under "
+                  f"{human_bytes(layout['small_object_bytes'])}", highlight=False)
+    if layout["unknown_files"]:
+        shown = ", ".join(layout["unknown_files"][:5])
+        more = len(layout["unknown_files"]) - 5
+        console.print(f"layout: unknown files: {shown}{f' and {more} more' if more > 0 else ''}", highlight=False)
 
 
 def render_results(console: Console, results: list[dict[str, Any]], fio_bytes_per_s: float | None = None,

@@ -118,6 +118,10 @@ def choose(threads_per_rank: int, results: dict | None, cpu_count: int | None = 
                    "load_direct_io": _LOAD_DEFAULT}
         return Choice(WriterOptions(writer_threads=threads).validate(), reasons, None)
     entries = results["results"]
+    fastest = _winner(results)
+    if fastest["strategy"].removesuffix("+pack-files") not in _DIRECT:
+        raise CheckpointError(f"the fastest result's strategy {fastest['strategy']!r} is not one ckpt-trace replays "
+                              f"({', '.join(_DIRECT)}, optionally +pack-files); emit tunes only from those")
     reference = next((r for r in entries if r["strategy"] == "posix"), entries[0])
     load = reference.get("bytes_read", 0) > reference.get("bytes_written", 0)  # a replayed load
     best, why = verdict(results)
@@ -183,9 +187,31 @@ def _results_lines(results_path: Path, results: dict) -> list[str]:
     return lines
 
 
+def docstring_literal(text: str) -> str:
+    """``text`` as a triple-quoted Python string literal that evaluates to exactly ``text``, whatever it holds
+    (quotes, backslashes, control characters, undecodable path bytes): backslash and double quote are
+    escaped, every character but newline and printable ones written as an escape. Text from data (paths,
+    strategy names, options) thus never becomes code (Python reference, "String and Bytes literals")."""
+    parts = []
+    for char in text:
+        if char in '\\"':
+            parts.append("\\" + char)
+        elif char == "\n" or (char.isprintable() and not 0xD800 <= ord(char) <= 0xDFFF):
+            parts.append(char)
+        else:
+            code = ord(char)
+            parts.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000
+                         else f"\\U{code:08x}")
+    return '"""' + "".join(parts) + '\n"""'
+
+
 def render_module(trace_path: Path, digest: str, summary: dict, choice: Choice, results_path: Path | None,
-                  results: dict | None, today: datetime.date | None = None) -> str:
-    """The emitted module's source: a docstring saying what chose what, the pinned options, the factories."""
+                  results: dict | None, today: datetime.date | None = None, module: str = "{module}") -> str:
+    """The emitted module's source: a docstring saying what chose what, the pinned options, the factories.
+
+    Every value taken from the trace or the results appears only inside the docstring, escaped
+    (``docstring_literal``), or as a validated integer or flag; ``module`` is the name the usage example
+    imports. Raises CheckpointError for an option that is not an integer or a flag."""
     today = today or datetime.date.today()
     header = [f"Checkpoint writer emitted by ckpt-trace {__version__} on {today.isoformat()}.", "", "Chosen from:"]
     lines = _trace_lines(trace_path, digest, summary)
@@ -205,8 +231,12 @@ def render_module(trace_path: Path, digest: str, summary: dict, choice: Choice, 
                "    from {module} import make_reader, make_writer",
                "    dcp.save(state_dict, storage_writer=make_writer('/checkpoints/step-1000'))",
                "    dcp.load(state_dict, storage_reader=make_reader('/checkpoints/step-1000'))"]
+    for name, value in values.items():  # only numbers and flags become code
+        if type(value) not in (int, bool):
+            raise CheckpointError(f"writer option {name} = {value!r} is not an integer or a flag")
     args = "\n".join(f"    {name}={values[name]!r}," for name in values)
-    return (f'"""{chr(10).join(header)}\n"""\n\n'
+    docstring = docstring_literal("\n".join(header).replace("{module}", module))
+    return (f"{docstring}\n\n"
             "from ckpt_trace.writer import CheckpointReader, CheckpointWriter, WriterOptions\n\n"
             f"OPTIONS = WriterOptions(\n{args}\n)\n\n\n"
             "def make_writer(path):\n"
@@ -229,7 +259,7 @@ def emit(trace_path: str | os.PathLike, output: str | os.PathLike, *, results_pa
     output = Path(output)
     if output.suffix != ".py":
         raise CheckpointError(f"{output} must be a .py file, to be imported")
-    check_output_file(output, force)
+    check_output_file(output, force, inputs=(trace_path, results_path))
     trace_path = Path(trace_path)
     summary = summarize_file(trace_path)  # in record batches: any trace size
     digest = sha256_file(trace_path)
@@ -240,6 +270,6 @@ def emit(trace_path: str | os.PathLike, output: str | os.PathLike, *, results_pa
     results = load_replay_results(results_path, digest, str(trace_path)) if results_path is not None else None
     choice = choose(summary["writer_threads_per_rank"], results)
     text = render_module(trace_path, digest, summary, choice, Path(results_path) if results_path else None,
-                         results)
-    write_bytes_atomic(output, text.replace("{module}", output.stem).encode())
+                         results, module=output.stem)
+    write_bytes_atomic(output, text.encode("utf-8"))
     return choice
