@@ -215,3 +215,78 @@ def test_gpu_async_save_returns_after_the_copies_and_keeps_the_values_at_the_cal
     assert all(torch.equal(target[k], expected[k]) for k in state)
     print(f"async_save returned in {returned_s * 1e3:.1f} ms; device-to-host copies {copy_s * 1e3:.1f} ms")
     assert returned_s <= 1.2 * copy_s + 0.05  # + 50 ms: DCP's own bookkeeping (planning is not staged)
+
+
+GOLDEN_ODD = sorted((__import__("pathlib").Path(__file__).resolve().parent.parent / "traces" / "golden").glob(
+    "*odd-pattern*strace*.arrow"))
+
+
+def test_gds_without_a_gpu_or_kvikio_is_one_line_and_a_failure(tmp_path):
+    """Where gds cannot run, ``replay --strategy gds`` says why in one line and exits non-zero, creating
+    nothing in the target."""
+    from conftest import cli
+
+    if _has_gpu():
+        pytest.skip("this machine has a GPU: test_gds_replays_through_cufile covers it")
+    proc = cli("replay", str(GOLDEN_ODD[-1]), "--strategy", "gds", "--target", str(tmp_path / "t"), check=False)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "gds" in lines[0] and ("GPU" in lines[0] or "KvikIO" in lines[0])
+    assert not (tmp_path / "t").exists() or not any((tmp_path / "t").iterdir())
+
+
+class _FakeKvikio:
+    """KvikIO's settings as the probe reads them, for each combination of the machine's state."""
+
+    __version__ = "26.10.0"
+
+    def __init__(self, compat: str, gds: bool) -> None:
+        import types
+
+        self.defaults = types.SimpleNamespace(get=lambda name: f"CompatMode.{compat}")
+        self.cufile_driver = types.SimpleNamespace(get=lambda name: gds)
+
+
+@pytest.mark.parametrize(("compat", "gds", "nvidia_fs", "true_gds"), [
+    ("OFF", True, True, True), ("AUTO", True, True, True), ("AUTO", False, True, False), ("ON", True, True, False),
+    ("OFF", True, False, False)])
+def test_gds_mode_is_true_gds_only_when_kvikio_cufile_and_nvidia_fs_agree(monkeypatch, compat, gds, nvidia_fs,
+                                                                          true_gds):
+    from ckpt_trace.replayer import gds as gds_module
+
+    fake = _FakeKvikio(compat, gds)
+    monkeypatch.setattr(gds_module.glob, "glob", lambda pattern: ["/dev/nvidia-fs0"] if nvidia_fs else [])
+    mode = gds_module._mode(fake)
+    assert mode.true_gds is true_gds
+    assert mode.label.startswith("true GDS" if true_gds else "compatibility mode, not true GDS")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gds_replays_through_cufile_and_says_which_mode(tmp_path):
+    """On a GPU with KvikIO: ``replay --strategy gds --verify`` leaves the files posix leaves, every data byte
+    through cuFile, and the results say whether it was true GDS or compatibility mode."""
+    import json
+
+    from conftest import cli
+
+    try:
+        import kvikio  # noqa: F401
+    except ImportError:
+        pytest.skip("KvikIO is not installed")
+    trace = GOLDEN_ODD[-1]
+    sizes = {}
+    for strategy in ("posix", "gds"):
+        out = tmp_path / f"{strategy}.json"
+        cli("replay", str(trace), "--strategy", strategy, "--target", str(tmp_path / strategy), "--verify",
+            "--json", "-o", str(out))
+        result = json.loads(out.read_text())["results"][0]
+        root = tmp_path / strategy
+        sizes[strategy] = {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()
+                           and not p.name.startswith(".ckpt-trace")}
+        if strategy == "gds":
+            assert any(note.startswith("gds: ") for note in result["notes"]), result["notes"]
+            print(next(note for note in result["notes"] if note.startswith("gds: ")))
+            moved = sum(p["bytes"] for p in result["data_paths"].values())
+            assert result["data_paths"]["cufile"]["bytes"] == moved > 0
+    assert sizes["gds"] == sizes["posix"]
