@@ -290,3 +290,57 @@ def test_gds_replays_through_cufile_and_says_which_mode(tmp_path):
             moved = sum(p["bytes"] for p in result["data_paths"].values())
             assert result["data_paths"]["cufile"]["bytes"] == moved > 0
     assert sizes["gds"] == sizes["posix"]
+
+
+def _link_table():
+    """A save as the emitted writer records it with bcc: device-to-host copies into two page-locked staging
+    buffers (A and B), io_uring write requests from them, one write from an unrelated buffer, one copy of
+    another process into buffer A's range, and a plain write syscall (no buffer address)."""
+    from ckpt_trace.formats import table_from_columns
+
+    A, B, OTHER = 0x7F00_0000_0000, 0x7F00_0040_0000, 0x5555_0000_0000
+    rows = [  # (ts_ns, dur_ns, pid, op, interface, address, size)
+        (100, 10, 7, "copy_d2h", "cuda", A, 1 << 20),
+        (120, 10, 7, "copy_d2h", "cuda", A + (1 << 20), 3 << 20),
+        (130, 5, 9, "copy_d2h", "cuda", A, 4 << 20),  # another process: never feeds pid 7's writes
+        (140, 50, 7, "write", "io_uring", A, 4 << 20),  # fed by both copies into A; the latest one is named
+        (150, 10, 7, "copy_d2h", "cuda", B, 4 << 20),
+        (145, 50, 7, "write", "io_uring", B, 4 << 20),  # starts before B's copy ended: not fed by it
+        (200, 50, 7, "write", "io_uring", B, 4 << 20),  # fed by B's copy
+        (210, 50, 7, "write", "io_uring", OTHER, 4096),  # a buffer no copy filled
+        (220, 50, 7, "write", "syscall", None, 4096),  # no address: unknown, never linked
+    ]
+    columns = {name: [row[i] for row in rows] for i, name in enumerate(
+        ("ts_ns", "dur_ns", "pid", "op", "interface", "address", "size"))}
+    n = len(rows)
+    columns.update(tid=columns["pid"], rank=[0] * n, syscall=["x"] * n, ret=columns["size"], comm=["python"] * n,
+                   fd=[3] * n, path=["/ckpt/0.data" if op == "write" else None for op in columns["op"]], new_path=[None] * n,
+                   offset=[0] * n, offset_source=[None] * n, flags=[None] * n, iov_count=[None] * n,
+                   memory_kind=["pinned" if op == "copy_d2h" else None for op in columns["op"]])
+    return table_from_columns(columns)
+
+
+def test_copy_to_write_links_name_the_copy_that_filled_the_written_buffer():
+    from ckpt_trace.analysis.gpu import copy_summary, copy_write_links
+
+    table = _link_table()
+    writes, copies = copy_write_links(table, block_rows=2)
+    assert dict(zip(writes.tolist(), copies.tolist())) == {3: 1, 6: 4}
+    rank = copy_summary(table)["ranks"][0]
+    assert (rank["fed_writes"], rank["fed_write_bytes"], rank["writes_with_buffer"]) == (2, 8 << 20, 4)
+
+
+def test_summary_says_how_many_writes_a_copy_fed(tmp_path):
+    from conftest import cli
+
+    from ckpt_trace.formats import write_trace
+
+    path = tmp_path / "links.arrow"
+    write_trace(path, _link_table(), {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k",
+                                      "command": ["save"], "backend": "bcc", "start_wall_time_ns": 0,
+                                      "filesystems": {}, "lost_events": 0, "arch": "x86_64"})
+    summary = __import__("json").loads(cli("summary", str(path), "--json").stdout)
+    rank = summary["gpu"]["ranks"]["0"]
+    assert rank["fed_writes"] == 2 and rank["writes_with_buffer"] == 4
+    text = cli("summary", str(path)).stdout
+    assert "2 of 4 writes with a known host buffer were fed by a device-to-host copy" in " ".join(text.split())
