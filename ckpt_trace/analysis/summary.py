@@ -365,7 +365,11 @@ def summarize(trace: Trace) -> dict[str, Any]:
         acc.add(batch)
         times.add(batch)
     gpu = copy_summary(trace.table) if acc.copies else {"copies": 0}
-    return {**summary_document(trace.path, trace.metadata, acc.result(), gpu), **times.result()}
+    document = {**summary_document(trace.path, trace.metadata, acc.result(), gpu), **times.result()}
+    from .layout import layout_summary  # it builds on this module's helpers
+
+    document["layout"] = layout_summary(trace.path) if trace.path.is_file() else None
+    return document
 
 
 Progress = Callable[[str, int, int], None]
@@ -388,7 +392,11 @@ def summarize_file(path, *, batch_rows: int = 1 << 20, progress: Progress | None
                          on_batch=on_batch(progress, "reading"))
     times = RankTimes(default_host=str(meta.get("host")))
     acc = accumulate(_folded(batches, times))
-    return {**summary_document(path, meta, acc.result(), gpu_summary(path, acc, batch_rows)), **times.result()}
+    document = {**summary_document(path, meta, acc.result(), gpu_summary(path, acc, batch_rows)), **times.result()}
+    from .layout import layout_summary  # it builds on this module's helpers
+
+    document["layout"] = layout_summary(path)  # None without a layout
+    return document
 
 
 def _folded(batches, times: RankTimes):
