@@ -40,6 +40,7 @@ TRACE_BATCH_ROWS = _int_env("TRACE_BATCH_ROWS", 65536)
 RECORD_RUN_ROWS = _int_env("RECORD_RUN_ROWS", 1 << 18)  # rows the recorder holds before spilling a sorted run
 RECORD_RAW_BYTES = _int_env("RECORD_RAW_BYTES", 64 << 20)  # raw BPF records held before compressing them to disk
 RECORD_REORDER_SLACK_NS = _int_env("RECORD_REORDER_SLACK_NS", 1_000_000_000)  # see state.EffectOrderFeeder
+RECORD_RENAME_HELD_ROWS = _int_env("RECORD_RENAME_HELD_ROWS", 1 << 20)  # rows held for --path-filter's renames (tracer.renames)
 RECORD_DECODE_EVENTS = _int_env("RECORD_DECODE_EVENTS", 65536)  # events decoded and fed at a time
 RECORD_RELEASE_EVERY = _int_env("RECORD_RELEASE_EVERY", 4096)  # events between two re-ordered feedings
 
