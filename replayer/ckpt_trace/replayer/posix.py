@@ -69,7 +69,7 @@ _ALL = np.iinfo(np.uint64).max  # REQUEST_DTYPE "off" meaning the file position
 #: The ways a read or write reaches the file, indexes of ``_RunState.path_counts``: system call or io_uring
 #: request, each through the page cache or with O_DIRECT (the descriptor's flags, fcntl(F_GETFL)); pages
 #: touched through a mapping.
-DATA_PATHS = ("syscall_buffered", "syscall_direct", "io_uring_buffered", "io_uring_direct", "mapped")
+DATA_PATHS = ("syscall_buffered", "syscall_direct", "io_uring_buffered", "io_uring_direct", "mapped", "cufile")
 _MAPPED = 4
 
 
@@ -108,6 +108,7 @@ class PosixExecutor:
     maps_files = True  # mapped I/O through mappings (others replay it as reads and writes)
     queues_as_recorded = True  # request rows through a ring per recorded queue (others: their own submission)
     batch_key_kind = False  # whether runs must not mix reads and writes (concurrent submission)
+    data_path_code: int | None = None  # DATA_PATHS index of every one-at-a-time data op (None: by its fd)
 
     def __init__(self, root: TargetRoot, max_io_bytes: int) -> None:
         self.root = root
@@ -462,7 +463,9 @@ class PosixExecutor:
         moved = self._execute(op, ctx.state, ctx.write_view, ctx.read_view, ctx.write_buf, ctx.read_buf)
         if op.kind in DATA_KINDS:
             ctx.state.add_one(time.perf_counter_ns() - started, moved, op.kind == "write")
-            ctx.state.add_path_one(_MAPPED if mapped else int(ctx.state.is_direct(ctx.state.fds[op.handle])),
+            code = self.data_path_code if self.data_path_code is not None else \
+                int(ctx.state.is_direct(ctx.state.fds[op.handle]))
+            ctx.state.add_path_one(_MAPPED if mapped else code,
                                    moved, int(ctx.plan.ops.path[row]), op.kind == "write")
             if ctx.progress is not None:
                 ctx.progress.advance(moved)

@@ -42,7 +42,9 @@ from .verdicts import Rounds, versus_all
 from .verify import verify_content
 
 STRATEGIES = ("posix", "uring-buffered", "uring-direct", "aggregated")
-CHOICES = STRATEGIES + ("all",)
+# Strategies run only when named: they need hardware most machines lack (gds: a GPU and KvikIO).
+OPTIONAL_STRATEGIES = ("gds",)
+CHOICES = STRATEGIES + OPTIONAL_STRATEGIES + ("all",)
 TIMINGS = ("asap", "original")
 CACHE_STATES = ("recorded", "cold", "warm")
 
@@ -97,7 +99,7 @@ def build_plan(table, strategy: str, strip_prefix: str | None = None, *, buffer_
     (``replayer.pack``). Raises ReplayError for an unknown strategy or a
     buffer size outside 1-64 MiB.
     """
-    if strategy not in STRATEGIES:
+    if strategy not in STRATEGIES + OPTIONAL_STRATEGIES:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
     return derive_plan(build_posix_plan(table, strip_prefix, arch=arch), strategy, buffer_bytes=buffer_bytes,
                        block_bytes=block_bytes, pack_files=pack_files)
@@ -161,6 +163,14 @@ def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> PosixExe
     """The executor of ``strategy``. Raises ReplayError when io_uring is unavailable for a uring strategy."""
     if strategy == "posix":
         return PosixExecutor(root, config.REPLAY_MAX_IO_BYTES)
+    if strategy == "gds":
+        from .gds import GdsExecutor
+        from .gds import probe as gds_probe
+
+        problem, mode = gds_probe()
+        if problem:
+            raise ReplayError(f"strategy gds: {problem}")
+        return GdsExecutor(root, config.REPLAY_MAX_IO_BYTES, mode)
     problem = io_uring_available()
     if problem:
         raise ReplayError(f"strategy {strategy} needs io_uring: {problem}")
