@@ -187,7 +187,7 @@ def record(
 def replay(
     trace: Path = typer.Argument(..., help="Trace file to replay."),
     target: Path = typer.Option(..., "--target", help="Directory to replay into; nothing outside it is touched."),
-    strategy: Literal["posix", "uring-buffered", "uring-direct", "aggregated", "all"] = typer.Option("posix", help="all: each into TARGET/<strategy>/."),
+    strategy: Literal["posix", "uring-buffered", "uring-direct", "aggregated", "gds", "all"] = typer.Option("posix", help="all: each into TARGET/<strategy>/ (gds only when named: GPU + KvikIO)."),
     queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
     buffer_size: str = typer.Option("4MiB", "--buffer-size", help="aggregated: aligned buffer size, 1-64 MiB (e.g. 4MiB)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each plan's operation counts, sizes and alignment; do no I/O."),
@@ -200,6 +200,7 @@ def replay(
     timing: Literal["asap", "original"] = typer.Option("asap", help="asap: as fast as possible; original: keep the recorded gaps."),
     fio: bool = typer.Option(False, "--fio", help="Also measure fio's sequential O_DIRECT write limit in TARGET, for reference."),
     gpu_copies: Literal["recorded", "pinned", "skip"] = typer.Option("recorded", "--gpu-copies", help="Host<->device copy rows: as recorded, with pinned host staging, or skipped (always, without a GPU)."),
+    cache: Literal["recorded", "cold", "warm"] = typer.Option("recorded", "--cache", help="Page cache of the files the trace finds when each run starts: recorded (cold where the trace does not say), cold, warm."),
     wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
     placement: Literal["host", "spread"] = typer.Option("host", "--placement", help="Under torchrun: host keeps each recorded host's ranks on one node (a merged trace); spread cuts the ranks into blocks over all processes."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the results document (JSON) to this file."),
@@ -256,7 +257,7 @@ def replay(
                                 force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
                                 drop_caches=drop_caches, durable=durable, verify=verify, pack_files=pack_files,
                                 progress=progress, protect=(output,) if output is not None else (), fio=fio,
-                                gpu_copies=gpu_copies)
+                                gpu_copies=gpu_copies, cache=cache)
     data = report.to_json()
     if output is not None:
         _write_json(output, data)
