@@ -78,7 +78,7 @@ def test_an_iocb_the_tracer_cannot_read_is_counted_as_lost(bcc_backend, tmp_path
 
 # -- in-kernel copies --------------------------------------------------------------------------------------------
 
-_COPY_LINE = re.compile(r"^\d+ (sendfile|copy_file_range|splice|ioctl)\((.*)\) += (-?\d+)")
+_COPY_LINE = re.compile(r"^\d+\s+(sendfile|copy_file_range|splice|ioctl)\((.*)\) += (-?\d+)")
 _FD = re.compile(r"(?:src_fd=)?\d+<([^>]*)>")
 
 
