@@ -133,11 +133,68 @@ def load_writer_module(path: str):
     return module
 
 
-def _dcp_state(torch, mesh, cfg, rank: int, world: int, with_optimizer: bool, empty: bool,
-               device: str = "cpu") -> dict:
-    """This rank's state dict of DTensor row shards (zeros of the same shapes when ``empty``, a load target)."""
+def _module(torch, names: list[str]):
+    """An ``nn.Module`` whose submodules spell ``names`` (``h.0.attn.c_attn.weight``...), parameters unset."""
+    root = torch.nn.Module()
+    for name in names:
+        *path, _ = name.split(".")
+        module = root
+        for part in path:
+            if not hasattr(module, part):
+                module.add_module(part, torch.nn.Module())
+            module = getattr(module, part)
+    return root
+
+
+def _adam_state(torch, mesh, cfg, rank: int, world: int, device: str = "cpu") -> dict:
+    """This rank's ``{"model": ..., "optim": ...}`` after one real ``torch.optim.Adam`` step: a module of the
+    model's DTensor row shards (the drawn weights), gradients the drawn ``exp_avg`` values, one step, then
+    ``torch.distributed.checkpoint.state_dict.get_state_dict`` (FQN-keyed model and optimizer state, the
+    optimizer's ``step``, ``exp_avg``, ``exp_avg_sq`` and ``param_groups``), as a training job saves."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.tensor import DTensor, Shard
 
+    shapes = parameter_shapes(cfg)
+    local = local_state(cfg, rank, world, True, device=device)
+    module = _module(torch, list(shapes))
+
+    def dtensor(name, tensor):
+        shape = shapes[name]
+        stride = torch.empty(shape, device="meta").stride()
+        return DTensor.from_local(tensor, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape), stride=stride)
+
+    for name in shapes:
+        *path, leaf = name.split(".")
+        owner = module.get_submodule(".".join(path)) if path else module
+        parameter = torch.nn.Parameter(dtensor(name, local["model"][name]))
+        parameter.grad = dtensor(name, local["exp_avg"][name])
+        owner.register_parameter(leaf, parameter)
+    group = _optimizer_groups()[0]
+    optimizer = torch.optim.Adam(module.parameters(), lr=group["lr"], betas=group["betas"], eps=group["eps"],
+                                 weight_decay=group["weight_decay"], foreach=False)
+    optimizer.step()
+    model_state, optim_state = get_state_dict(module, optimizer)
+    return {"model": model_state, "optim": optim_state}
+
+
+def _zeros_like(torch, value):
+    """``value`` with every tensor zeroed (same type, shape, sharding): a load target."""
+    if isinstance(value, dict):
+        return {key: _zeros_like(torch, item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_zeros_like(torch, item) for item in value]
+    return torch.zeros_like(value) if isinstance(value, torch.Tensor) else value
+
+
+def _dcp_state(torch, mesh, cfg, rank: int, world: int, with_optimizer: bool, empty: bool,
+               device: str = "cpu") -> dict:
+    """This rank's state dict of DTensor row shards (zeros of the same shapes when ``empty``, a load target);
+    with ``with_optimizer``, the model and a real Adam state after one step (``_adam_state``)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if with_optimizer:
+        state = _adam_state(torch, mesh, cfg, rank, world, device)
+        return _zeros_like(torch, state) if empty else state
     shapes = parameter_shapes(cfg)
     local = local_state(cfg, rank, world, with_optimizer, device=device)
     if empty:
@@ -290,13 +347,52 @@ def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
         raise WorkloadError(f"rank {first}: {why}{others}")
 
 
+def torchrun_rank(env: dict | None = None) -> tuple[int, int] | None:
+    """(RANK, WORLD_SIZE) when this process is one rank of a job torchrun launched (torchrun's agent sets
+    ``TORCHELASTIC_RUN_ID`` with ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``), else None."""
+    env = os.environ if env is None else env
+    if not env.get("TORCHELASTIC_RUN_ID") or "RANK" not in env or "WORLD_SIZE" not in env:
+        return None
+    try:
+        return int(env["RANK"]), int(env["WORLD_SIZE"])
+    except ValueError:
+        raise WorkloadError("torchrun's RANK or WORLD_SIZE is not a number") from None
+
+
+class _Timings:
+    """``_dcp_rank``'s timing sink in this process (rank 0 puts its seconds; other ranks time nothing)."""
+
+    seconds = 0.0
+
+    def put(self, seconds: float) -> None:
+        self.seconds = seconds
+
+
 def run_dcp(out: Path, ranks: int, model: str, with_optimizer: bool, kind: str = "dcp", load: bool = False,
             writer: str | None = None, device: str = "cpu") -> float:
     """Save (or ``load`` and check) with torch.distributed.checkpoint from ``ranks`` spawned gloo processes in
-    ``out``; ``kind`` dcp uses FileSystemWriter/Reader, emitted the emitted writer (``writer``: its module).
+    ``out`` (under torchrun, ``torchrun_rank``: as this one rank of the launched job, which is what
+    ``ckpt-trace record -- torchrun ... -m ckpt_trace.cli workload dcp`` records on each node); ``kind`` dcp uses FileSystemWriter/Reader, emitted the emitted writer (``writer``: its module).
     Returns the seconds of the save or load itself (barrier to barrier)."""
     import torch.multiprocessing as mp
 
+    launched = torchrun_rank()
+    if launched is not None:  # one rank of a job torchrun launched (on this node or another): this process
+        rank, world = launched
+        if ranks not in (1, world):
+            raise WorkloadError(f"--ranks {ranks}: under torchrun the job has WORLD_SIZE={world} ranks (one per "
+                                "process); leave --ranks out")
+        timings = _Timings()
+        try:
+            _dcp_rank(rank, world, str(out), model, with_optimizer, kind, load, writer, timings, device)
+        except WorkloadError:
+            raise
+        except BaseException as err:  # noqa: BLE001 - torch's own errors, as _rank_main reports them
+            if isinstance(err, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise WorkloadError(f"{'load' if load else 'save'} with {kind} failed: rank {rank}: "
+                                f"{_last_line(err)}") from None
+        return timings.seconds
     timings = mp.get_context("spawn").SimpleQueue()
     try:
         spawn_ranks(_dcp_rank, ranks, (str(out), model, with_optimizer, kind, load, writer, timings, device))

@@ -13,6 +13,7 @@ leaves either no file or a complete one under the final name.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
+from .atomic import AtomicFile, fsync_directory, make_temporary
 from .encoding import Decoder, Encoder, stored_columns
 from .errors import CkptTraceError, TraceFormatError
 from .schema import (
@@ -33,6 +35,7 @@ from .schema import (
     FORMAT_VERSION,
     METADATA_DEFAULTS,
     METADATA_KEY,
+    OPTIONAL_COLUMNS,
     REQUIRED_METADATA_KEYS,
     SCHEMA,
     SCHEMA_V1,
@@ -76,51 +79,63 @@ class Trace:
         return self.table.num_rows
 
 
-def fsync_directory(directory: str | os.PathLike) -> None:
-    """fsync(2) a directory, so a rename or a new entry in it survives a crash. Raises OSError."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+RESERVE_BYTES = 16 << 20  # record: space set aside beside the trace before the command starts
 
 
-def _temporary_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
-def reserve_temporary(path: str | os.PathLike) -> Path:
-    """Create (empty, exclusively) the temporary file ``write_trace`` and ``write_bytes_atomic`` will write
-    for ``path``, so a long job finds out before it starts that its output cannot be written.
+def reserve_temporary(path: str | os.PathLike, reserve_bytes: int = 0) -> Path:
+    """Create (empty, exclusively, under a random name) the temporary file a ``TraceWriter(path,
+    temporary=...)`` will write, so a long job finds out before it starts that its output cannot be
+    written. ``reserve_bytes`` are allocated in it with posix_fallocate(3), so a file system without that
+    much free space is refused now (creating an empty file succeeds on a full disk); the writer truncates
+    the file when it starts writing.
 
     Returns the temporary path (remove it if the job fails). Raises CkptTraceError with the reason.
     """
     path = Path(path)
-    tmp = _temporary_name(path)
     try:
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+        fd, tmp = make_temporary(path)
+    except FileNotFoundError:
+        raise CkptTraceError(f"cannot write {path}: directory {path.parent} does not exist") from None
     except OSError as err:
         raise CkptTraceError(f"cannot write {path}: {err.strerror}") from None
+    try:
+        if reserve_bytes:
+            os.posix_fallocate(fd, 0, reserve_bytes)
+    except OSError as err:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            free = _free_bytes(path.parent)
+            raise CkptTraceError(f"cannot write {path}: {err.strerror} ({free / 2**20:.1f} MiB free in "
+                                 f"{path.parent or '.'}; the trace needs at least {reserve_bytes >> 20} MiB)") from None
+        if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # file systems without fallocate: not checked
+            raise CkptTraceError(f"cannot write {path}: {err.strerror}") from None
+    else:
+        os.close(fd)
     return tmp
 
 
+def _free_bytes(directory: Path) -> int:
+    try:
+        info = os.statvfs(directory if str(directory) else ".")
+    except OSError:
+        return 0
+    return info.f_bavail * info.f_frsize
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temporary file, fsync, rename, directory fsync).
+    """Write ``data`` to ``path`` atomically (a new temporary file beside it, fsync, rename, directory fsync;
+    ``atomic.AtomicFile``).
 
     Raises CkptTraceError with a one-line reason on failure; ``path`` is then untouched.
     """
-    path = Path(path)
-    tmp = _temporary_name(path)
+    output = AtomicFile(path)
     try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        fsync_directory(path.parent)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise CkptTraceError(f"cannot write {path}: {err.strerror or err}") from None
+        output.write(data)
+    except BaseException:
+        output.discard()
+        raise
+    output.commit()
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -178,11 +193,15 @@ def write_trace(
     *,
     overwrite: bool = False,
     batch_rows: int = DEFAULT_BATCH_ROWS,
+    temporary: str | os.PathLike | None = None,
 ) -> Path:
     """Write ``table`` (of ``SCHEMA``) and ``metadata`` atomically to ``path``.
 
     ``metadata`` must hold every key of ``REQUIRED_METADATA_KEYS`` except
     ``format_version``, which is set here. Returns the final path.
+
+    ``temporary`` is a file ``reserve_temporary(path)`` made (written and
+    renamed instead of a new one).
 
     Raises CkptTraceError when ``path`` exists and ``overwrite`` is false,
     when a metadata key is missing, or when the file system refuses the
@@ -201,25 +220,24 @@ def write_trace(
         table = conform(table).combine_chunks()
     except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
         raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
-    tmp = _temporary_name(path)
     encoder = Encoder()
     options = _write_options(ZSTD_LEVEL_ONE_BATCH if table.num_rows <= max(1, batch_rows) else ZSTD_LEVEL)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, schema, options=options) as writer:
+    except OSError as err:
+        raise CkptTraceError(f"cannot write trace {path}: {err.strerror or err}") from None
+    output = AtomicFile(path, temporary=temporary, what="trace")  # ``temporary``: reserve_temporary's
+    try:
+        with pa.OSFile(output.sink_path, "wb") as sink, ipc.new_file(sink, schema, options=options) as writer:
             for batch in table.to_batches(max_chunksize=max(1, batch_rows)):
                 writer.write_batch(encoder.encode(batch, STORED_SCHEMA))
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_directory(path.parent)
     except OSError as err:
-        tmp.unlink(missing_ok=True)
+        output.discard()
         raise CkptTraceError(f"cannot write trace {path}: {err.strerror or err}") from None
-    return path
+    except BaseException:
+        output.discard()
+        raise
+    return output.commit()
 
 
 def _decode_metadata(path: Path, schema: pa.Schema) -> dict:
@@ -285,7 +303,10 @@ def count_rows(path: str | os.PathLike) -> int:
     path = Path(path)
     try:
         with pa.OSFile(str(path)) as source:
-            return ipc.open_file(source, options=ipc.IpcReadOptions(included_fields=[0])).count_rows()
+            reader = ipc.open_file(source, options=ipc.IpcReadOptions(included_fields=[0]))
+            if hasattr(reader, "count_rows"):  # pyarrow >= 17
+                return reader.count_rows()
+            return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
     except (pa.ArrowException, OSError) as err:
         raise TraceFormatError(f"{path}: not a readable trace ({_first_line(err)})") from None
 
@@ -354,16 +375,22 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
     path = Path(path)
     meta = read_metadata(path)
     version = meta["format_version"]
-    wanted = list(columns) if columns is not None else list(COLUMNS)
-    unknown = [name for name in wanted if name not in COLUMNS]
+    asked = list(columns) if columns is not None else list(COLUMNS)
+    unknown = [name for name in asked if name not in COLUMNS and name not in OPTIONAL_COLUMNS]
     if unknown:
         raise TraceFormatError(f"no column {unknown[0]!r} in the trace schema")
+    optional = [name for name in asked if name in OPTIONAL_COLUMNS]  # read as stored, null where absent
+    wanted = [name for name in asked if name not in OPTIONAL_COLUMNS]
     if version >= 4:
         present, missing, stored = wanted, [], stored_columns(wanted)
     else:
         present = [name for name in wanted if name in SCHEMAS[version].names]
         missing = [name for name in wanted if name not in present]  # added after the file's version
         stored = present
+    if optional and version >= 4:
+        file_names = _open_reader(path).schema.names
+        stored = stored + [name for name in optional if name in file_names]
+        present = present + optional  # appended to each decoded batch by _with_optional
 
     def batches() -> Iterator[pa.RecordBatch]:
         decoder = Decoder() if version >= 4 else None
@@ -376,21 +403,48 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
 
                 def load(index: int) -> pa.RecordBatch:  # in file order: one worker, one batch ahead
                     whole = reader.get_batch(index)
-                    return whole if decoder is None else _decoded(whole, decoder, wanted)
+                    return whole if decoder is None else _with_optional(_decoded(whole, decoder, wanted), whole,
+                                                                        optional)
 
                 with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-trace-scan") as pool:
                     ahead = pool.submit(load, 0) if count else None
                     for index in range(count):
                         whole = ahead.result()  # the next one decompresses while this one is worked on
                         ahead = pool.submit(load, index + 1) if index + 1 < count else None
-                        yield from _slices(path, whole, present, batch_rows, missing, version, wanted,
-                                           validated=decoder is not None)
+                        for batch in _slices(path, whole, present, batch_rows, missing, version, wanted,
+                                             validated=decoder is not None):
+                            yield _ordered(batch, asked) if optional else batch
                         if on_batch is not None:
                             on_batch(index + 1, count)
         except (pa.ArrowException, OSError) as err:
             raise TraceFormatError(f"{path}: record batches are corrupt ({_first_line(err)})") from None
 
     return meta, batches()
+
+
+def _with_optional(batch: pa.RecordBatch, whole: pa.RecordBatch, optional: list[str]) -> pa.RecordBatch:
+    """``batch`` with the ``optional`` columns of the file batch ``whole`` appended (null where it lacks one)."""
+    for name in optional:
+        kind = OPTIONAL_COLUMNS[name]
+        if name in whole.schema.names:
+            column = whole.column(name)
+            if pa.types.is_dictionary(column.type):
+                _validate(pa.RecordBatch.from_arrays([column], names=[name]))
+        else:
+            column = pa.nulls(whole.num_rows, kind.value_type if pa.types.is_dictionary(kind) else kind).cast(kind)
+        batch = batch.append_column(pa.field(name, kind), column)
+    return batch
+
+
+def _ordered(batch: pa.RecordBatch, asked: list[str]) -> pa.RecordBatch:
+    """``batch`` with the columns ``asked`` in that order; an optional column it lacks (a file older than
+    version 5 batches) null."""
+    out = batch
+    for name in asked:
+        if name not in out.schema.names:
+            kind = OPTIONAL_COLUMNS[name]
+            out = out.append_column(pa.field(name, kind), pa.nulls(out.num_rows, kind.value_type).cast(kind))
+    return out.select(asked)
 
 
 def _decoded(batch: pa.RecordBatch, decoder: Decoder, wanted: list[str]) -> pa.RecordBatch:
@@ -480,19 +534,26 @@ class TraceWriter:
     _RESERVED_BYTES = 8 << 10  # metadata that does not fit costs one more copy of the file (``_rewrite``)
 
     def __init__(self, path: str | os.PathLike, *, overwrite: bool = False,
-                 batch_rows: int = DEFAULT_BATCH_ROWS) -> None:
+                 batch_rows: int = DEFAULT_BATCH_ROWS, optional_columns: tuple[str, ...] = (),
+                 temporary: str | os.PathLike | None = None) -> None:
         self.path = Path(path)
+        unknown = [name for name in optional_columns if name not in OPTIONAL_COLUMNS]
+        if unknown:
+            raise TraceFormatError(f"no optional column {unknown[0]!r} in the trace schema")
+        # Optional columns (version 5 additions) go after SCHEMA's, stored as they are.
+        self._optional = [pa.field(name, OPTIONAL_COLUMNS[name]) for name in optional_columns]
+        self._stored_schema = pa.schema(list(STORED_SCHEMA) + self._optional)
+        self._text = TEXT_COLUMNS + tuple(f.name for f in self._optional if pa.types.is_dictionary(f.type))
         if self.path.exists() and not overwrite:
             raise CkptTraceError(f"{self.path} already exists (use --force to overwrite it)")
         self.batch_rows = max(1, batch_rows)
         self.rows = 0
-        self._tmp = _temporary_name(self.path)
         self._marker = os.urandom(12).hex()
         self._placeholder = self._padded({"pending": self._marker}, self._RESERVED_BYTES)
         # Each dictionary starts with "": Arrow takes an empty dictionary followed by a longer one for a
         # replacement, which the file format refuses, where a non-empty prefix makes a delta.
-        self._values: dict[str, list[str]] = {name: [""] for name in TEXT_COLUMNS}
-        self._index: dict[str, dict[str, int]] = {name: {"": 0} for name in TEXT_COLUMNS}
+        self._values: dict[str, list[str]] = {name: [""] for name in self._text}
+        self._index: dict[str, dict[str, int]] = {name: {"": 0} for name in self._text}
         self._pending: list[pa.Table] = []  # rows not yet written: fewer than batch_rows, text as strings
         self._pending_rows = 0
         self._encoder = Encoder()
@@ -500,14 +561,23 @@ class TraceWriter:
         self._level = ZSTD_LEVEL
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._sink = pa.OSFile(str(self._tmp), "wb")
         except OSError as err:
-            self._tmp.unlink(missing_ok=True)
             raise CkptTraceError(f"cannot write trace {self.path}: {err.strerror or err}") from None
+        self._output = AtomicFile(self.path, temporary=temporary, what="trace")  # ``temporary``: reserve_temporary's
+        try:
+            self._sink = pa.OSFile(self._output.sink_path, "wb")
+        except OSError as err:
+            self._output.discard()
+            raise CkptTraceError(f"cannot write trace {self.path}: {err.strerror or err}") from None
+
+    @property
+    def _tmp(self) -> Path:
+        """The temporary file being written (renamed over ``path`` by ``close``)."""
+        return self._output.tmp
 
     def _open(self, metadata: bytes, level: int) -> None:
         self._level = level
-        self._writer = ipc.new_file(self._sink, STORED_SCHEMA.with_metadata({METADATA_KEY: metadata}),
+        self._writer = ipc.new_file(self._sink, self._stored_schema.with_metadata({METADATA_KEY: metadata}),
                                     options=_write_options(level, emit_dictionary_deltas=True,
                                                            unify_dictionaries=False))
 
@@ -537,12 +607,13 @@ class TraceWriter:
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
         table = _with_all_columns(table)
+        fields = list(SCHEMA) + self._optional
         try:
-            arrays = [table[f.name].cast(pa.string()) if f.name in TEXT_COLUMNS else table[f.name].cast(f.type)
-                      for f in SCHEMA]
+            arrays = [table[f.name].cast(pa.string()) if f.name in self._text else table[f.name].cast(f.type)
+                      for f in fields]
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
             raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
-        self._pending.append(pa.Table.from_arrays(arrays, names=list(COLUMNS)))
+        self._pending.append(pa.Table.from_arrays(arrays, names=[f.name for f in fields]))
         self._pending_rows += table.num_rows
         self.rows += table.num_rows
         while self._pending_rows >= self.batch_rows:
@@ -556,6 +627,10 @@ class TraceWriter:
             arrays = [self._encode(f.name, head[f.name]) if f.name in TEXT_COLUMNS else head[f.name].combine_chunks()
                       for f in SCHEMA]
             batch = self._encoder.encode(pa.RecordBatch.from_arrays(arrays, schema=SCHEMA), STORED_SCHEMA)
+            for f in self._optional:
+                column = head[f.name]
+                batch = batch.append_column(f, self._encode(f.name, column) if f.name in self._text
+                                            else column.combine_chunks())
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
             raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
         try:
@@ -590,22 +665,18 @@ class TraceWriter:
                 self._patch(final)
             elif not one_batch:
                 self._rewrite(meta)
-            fd = os.open(self._tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(self._tmp, self.path)
-            fsync_directory(self.path.parent)
         except OSError as err:
-            self._tmp.unlink(missing_ok=True)
+            self._output.discard()
             raise CkptTraceError(f"cannot write trace {self.path}: {err.strerror or err}") from None
-        return self.path
+        except BaseException:
+            self._output.discard()
+            raise
+        return self._output.commit()
 
     def _patch(self, final: bytes) -> None:
         """Overwrite the placeholder where the file holds it: the schema message and the footer."""
-        size = self._tmp.stat().st_size
-        with open(self._tmp, "r+b") as handle:
+        size = os.fstat(self._output.fd).st_size
+        with open(self._output.sink_path, "r+b") as handle:
             found = 0
             for start, length in ((0, min(size, 4 * self._RESERVED_BYTES)),
                                   (max(0, size - 4 * self._RESERVED_BYTES), min(size, 4 * self._RESERVED_BYTES))):
@@ -623,14 +694,19 @@ class TraceWriter:
 
     def _rewrite(self, meta: dict) -> None:
         """Copy the rows into a new file whose schema carries ``meta`` (metadata too long to patch)."""
-        final_tmp = self._tmp.with_name(self._tmp.name + "-meta")
-        schema = STORED_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
-        reader = ipc.open_file(pa.memory_map(str(self._tmp), "r"))
-        with pa.OSFile(str(final_tmp), "wb") as sink, ipc.new_file(sink, schema, options=_write_options(
-                self._level, emit_dictionary_deltas=True)) as writer:
-            for i in range(reader.num_record_batches):
-                writer.write_batch(reader.get_batch(i))
-        os.replace(final_tmp, self._tmp)
+        final = AtomicFile(self.path, what="trace")
+        schema = self._stored_schema.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+        try:
+            reader = ipc.open_file(pa.memory_map(self._output.sink_path, "r"))
+            with pa.OSFile(final.sink_path, "wb") as sink, ipc.new_file(sink, schema, options=_write_options(
+                    self._level, emit_dictionary_deltas=True)) as writer:
+                for i in range(reader.num_record_batches):
+                    writer.write_batch(reader.get_batch(i))
+        except BaseException:
+            final.discard()
+            raise
+        self._output.discard()
+        self._output = final
 
     def abort(self) -> None:
         """Remove what this writer wrote (never ``path`` itself)."""
@@ -643,7 +719,7 @@ class TraceWriter:
             self._sink.close()
         except (pa.ArrowException, OSError):
             pass
-        self._tmp.unlink(missing_ok=True)
+        self._output.discard()
 
 
 def _first_line(err: Exception) -> str:

@@ -118,6 +118,11 @@ SCHEMAS = {1: SCHEMA_V1, 2: SCHEMA_V2, 3: SCHEMA, 4: STORED_SCHEMA}
 COLUMNS = tuple(SCHEMA.names)
 TEXT_COLUMNS = tuple(field.name for field in SCHEMA if pa.types.is_dictionary(field.type))
 
+# Optional columns (version 5 additions): stored after SCHEMA's columns by writers that are asked for them
+# (``TraceWriter(optional_columns=...)``), read by ``scan`` when asked for by name (null where a trace lacks
+# them); every other reader ignores them. ``host``: the node a row was recorded on (``ckpt-trace merge``).
+OPTIONAL_COLUMNS = {"host": _TEXT}
+
 
 def upgrade(table: pa.Table, version: int) -> pa.Table:
     """A table of format ``version`` as the current ``SCHEMA``: version 1 gains the request and mapping

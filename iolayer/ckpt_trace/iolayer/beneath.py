@@ -50,8 +50,9 @@ _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
-_libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint] \
-    if hasattr(_libc, "renameat2") else None
+_renameat2 = getattr(_libc, "renameat2", None)  # glibc 2.28+
+if _renameat2 is not None:
+    _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
 
 
 class _OpenHow(ctypes.Structure):
@@ -297,9 +298,9 @@ class Root:
             new_parent, new_name = self._parent(new)
             try:
                 if flags:
-                    if _libc.renameat2.argtypes is None:
+                    if _renameat2 is None:
                         raise OSError(errno.ENOSYS, "renameat2 is not in this libc", old)
-                    if _libc.renameat2(old_parent, os.fsencode(old_name), new_parent, os.fsencode(new_name),
+                    if _renameat2(old_parent, os.fsencode(old_name), new_parent, os.fsencode(new_name),
                                        flags) != 0:
                         err = ctypes.get_errno()
                         raise OSError(err, os.strerror(err), old)

@@ -24,23 +24,29 @@ from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
 from ckpt_trace.formats import count_rows, read_metadata, scan, sha256_file
 from ckpt_trace.iolayer import host
 from ckpt_trace.iolayer.fio import fio_bytes_per_s
+from ckpt_trace.ranges import merge_grouped_ranges
 from ckpt_trace.stats import median_index
 from ckpt_trace.version import __version__
 
 from .aggregate import alignment_counts, build_aggregated_plan
+
 from .optable import READ, WRITE
 from .ownership import Claim
 from .pack import pack_plan
 from .paths import TargetRoot
 from .plan import PLAN_COLUMNS, ReplayPlan, build_posix_plan
-from .posix import PosixExecutor, Progress
+from .posix import PosixExecutor, Progress, files_moved
 from .results import ReplayResult
 from .uring import UringExecutor, io_uring_available
+from .verdicts import Rounds, versus_all
 from .verify import verify_content
 
 STRATEGIES = ("posix", "uring-buffered", "uring-direct", "aggregated")
-CHOICES = STRATEGIES + ("all",)
+# Strategies run only when named: they need hardware most machines lack (gds: a GPU and KvikIO).
+OPTIONAL_STRATEGIES = ("gds",)
+CHOICES = STRATEGIES + OPTIONAL_STRATEGIES + ("all",)
 TIMINGS = ("asap", "original")
+CACHE_STATES = ("recorded", "cold", "warm")
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ def build_plan(table, strategy: str, strip_prefix: str | None = None, *, buffer_
     (``replayer.pack``). Raises ReplayError for an unknown strategy or a
     buffer size outside 1-64 MiB.
     """
-    if strategy not in STRATEGIES:
+    if strategy not in STRATEGIES + OPTIONAL_STRATEGIES:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
     return derive_plan(build_posix_plan(table, strip_prefix, arch=arch), strategy, buffer_bytes=buffer_bytes,
                        block_bytes=block_bytes, pack_files=pack_files)
@@ -157,6 +163,14 @@ def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> PosixExe
     """The executor of ``strategy``. Raises ReplayError when io_uring is unavailable for a uring strategy."""
     if strategy == "posix":
         return PosixExecutor(root, config.REPLAY_MAX_IO_BYTES)
+    if strategy == "gds":
+        from .gds import GdsExecutor
+        from .gds import probe as gds_probe
+
+        problem, mode = gds_probe()
+        if problem:
+            raise ReplayError(f"strategy gds: {problem}")
+        return GdsExecutor(root, config.REPLAY_MAX_IO_BYTES, mode)
     problem = io_uring_available()
     if problem:
         raise ReplayError(f"strategy {strategy} needs io_uring: {problem}")
@@ -246,7 +260,7 @@ def replay(
     force: bool = False,
     queue_depth: int = 32,
     buffer_bytes: int = 4 << 20,
-    repeat: int = 1,
+    repeat: int | None = 1,
     drop_caches: bool = False,
     durable: bool = False,
     verify: bool = False,
@@ -257,13 +271,20 @@ def replay(
     max_runs: int | None = None,
     fio: bool = False,
     gpu_copies: str = "recorded",
+    cache: str = "recorded",
 ) -> ReplayReport:
     """Replay the trace at ``trace_path`` into ``target`` with ``strategy`` (or every strategy: ``all``).
 
     ``buffer_bytes`` is the aggregated strategy's buffer size (1-64 MiB).
-    ``repeat`` runs each strategy that many times (what the previous run
-    created is removed between runs, nothing else) and reports the run of
-    median elapsed time with every run's time; with ``min_seconds`` a
+    ``repeat`` runs each strategy that many times, in rounds interleaved
+    across strategies (``replayer.verdicts``; what a strategy's previous run
+    created is removed before its next, nothing else) and reports the run of
+    median elapsed time with every run's time and each speed-up's interval
+    from the paired rounds; ``repeat=None`` (the CLI's default) runs 3-10
+    rounds until the strategies are told apart or the time budget is spent
+    (``verdicts.Rounds``). With ``strategy="all"``, a trace whose reads and
+    writes move fewer than ``config.REPLAY_MIN_JUDGE_BYTES`` (and any trace
+    without rows) raises NothingToJudge. With ``min_seconds`` a
     strategy keeps running (at least ``repeat`` times, at most ``max_runs``,
     default ``config.REPLAY_MAX_RUNS``) until its runs' measured time adds up
     to ``min_seconds``, so a short trace is measured often enough to compare;
@@ -280,6 +301,16 @@ def replay(
     target (``iolayer.fio``; as much data as the replay writes, at most
     1 GiB, removed afterwards): the results carry it, so each strategy reads
     as a share of what the device gives.
+
+    ``cache`` is the page-cache state of the files that exist before the
+    trace (pre-created, so reads find them) when each run's clock starts:
+    ``cold`` (each fsynced, then dropped with posix_fadvise(2)
+    POSIX_FADV_DONTNEED: reads go to the device), ``warm`` (each read once:
+    reads are served from memory) or ``recorded``: as the trace says, and a
+    trace that does not say which reads hit the page cache (none does yet:
+    neither strace nor the bcc backend records it) replays cold, with a note.
+    Pre-creation and this preparation are setup, never inside the clock; so
+    is ``durable``'s sync of files the run did not write.
 
     ``gpu_copies`` says what the trace's host<->device copy rows become:
     ``recorded`` (each copy re-executed with its recorded size, direction
@@ -300,6 +331,8 @@ def replay(
     a run; Interrupted on Ctrl-C.
     """
     check_options(strategy, timing, gpu_copies, repeat, min_seconds, drop_caches)
+    if cache not in CACHE_STATES:
+        raise ReplayError(f"unknown --cache {cache!r} (choose from {', '.join(CACHE_STATES)})")
     trace = _trace_file(trace_path)
     target = Path(target)
     refuse_target_holding(target, trace.path)
@@ -307,6 +340,8 @@ def replay(
     plans = _plans(trace, strategy, strip_prefix, verify_ranges=verify, buffer_bytes=buffer_bytes,
                    block_bytes=host.block_bytes(target), pack_files=pack_files)
     trace_sha256 = digest.result()  # before any run: the hashing never shares the CPU with a measured run
+    check_judgeable(plans[0], judging=strategy == "all")
+    check_same_coverage(plans)
     check_queue_depth(queue_depth, [plan.strategy for plan in plans])
     made_target = not target.exists()
     prepare_target(target, force)
@@ -321,9 +356,10 @@ def replay(
         raise
     try:
         fio_limit = _fio_limit(target, plans[0]) if fio else None
-        runs = RunCount(repeat, min_seconds, max_runs or config.REPLAY_MAX_RUNS)
+        runs = Rounds(repeat, min_seconds, max_runs or config.REPLAY_MAX_RUNS)
+        cache_state, cache_note = resolve_cache(cache, plans[0])
         results, mismatches = _run_plans(plans, claims, queue_depth, runs, timing, progress, durable, drop_caches,
-                                         verify, gpu_copies)
+                                         verify, gpu_copies, cache_state)
     except (ReplayError, KeyboardInterrupt) as err:
         _release(claims, target, made_target)
         if isinstance(err, KeyboardInterrupt):
@@ -333,8 +369,12 @@ def replay(
         raise
     _add_speedups(results)
     options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": pack_files, "repeat": repeat,
+               "rounds": len(results[0].runs_elapsed_s), "rounds_rule": runs.describe(),
                "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
-               "gpu_copies": gpu_copies}
+               "gpu_copies": gpu_copies, "cache": cache, "cache_state": cache_state}
+    if cache_note:
+        for result in results:
+            result.notes.append(cache_note)
     return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), options,
                         trace_sha256=trace_sha256, environment=host.environment(target),
                         claims=tuple(claims), made_target=made_target, fio_write_bytes_per_s=fio_limit)
@@ -357,7 +397,7 @@ def _digest_soon(path: Path) -> Future:
     return future
 
 
-def check_options(strategy: str, timing: str, gpu_copies: str, repeat: int, min_seconds: float,
+def check_options(strategy: str, timing: str, gpu_copies: str, repeat: int | None, min_seconds: float,
                   drop_caches: bool) -> None:
     """Refuse, before anything is read, options ``replay`` cannot take. Raises ReplayError."""
     if timing not in TIMINGS:
@@ -366,7 +406,7 @@ def check_options(strategy: str, timing: str, gpu_copies: str, repeat: int, min_
         raise ReplayError(f"unknown --gpu-copies {gpu_copies!r} (choose from {', '.join(GPU_COPY_MODES)})")
     if strategy not in CHOICES:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
-    if repeat < 1:
+    if repeat is not None and repeat < 1:
         raise ReplayError("--repeat must be at least 1")
     if min_seconds < 0:
         raise ReplayError("--min-seconds cannot be negative")
@@ -388,27 +428,171 @@ class RunCount:
         return done < self.repeat or (sum(elapsed_s) < self.min_seconds and done < max(self.max_runs, self.repeat))
 
 
-def _run_plans(plans, claims, queue_depth, count: RunCount, timing, progress, durable, drop_caches,
-               verify, gpu_copies: str = "recorded") -> tuple[list[ReplayResult], list[SizeMismatch]]:
-    """Run every plan as ``count`` says (releasing the previous run's files in between); the median runs."""
-    results, mismatches = [], []
-    for plan, claim in zip(plans, claims):
-        runs = []
-        while count.more([r.elapsed_s for r in runs]):
-            if runs:
+def _run_plans(plans, claims, queue_depth, count: Rounds, timing, progress, durable, drop_caches,
+               verify, gpu_copies: str = "recorded", cache_state: str = "cold"
+               ) -> tuple[list[ReplayResult], list[SizeMismatch]]:
+    """Run the plans in rounds (``replayer.verdicts``): each round runs every plan once, starting one plan later
+    than the round before, releasing that plan's previous run's files first; then each plan's median run, with
+    every run's time and its paired speed-ups over the others."""
+    runs: list[list[ReplayResult]] = [[] for _ in plans]
+    roots: list[TargetRoot | None] = [None] * len(plans)
+    names = [plan.strategy for plan in plans]
+    while count.more({name: [r.elapsed_s for r in mine] for name, mine in zip(names, runs)}):
+        first = len(runs[0]) % len(plans)
+        for index in [*range(first, len(plans)), *range(first)]:
+            plan, claim = plans[index], claims[index]
+            if runs[index]:
                 claim.release(keep_directory=True)
-            root = claim.root()
+            root = roots[index] = claim.root()
             executor = make_executor(plan.strategy, root, queue_depth)
             executor.gpu_copies = gpu_copies
             executor.prepare(plan)
+            prepare_cache(root, plan, cache_state)
             if drop_caches:
                 drop_page_cache()
-            runs.append(executor.run(plan, timing=timing, progress=progress, durable=durable))
-        results.append(_median_run(runs))
+            runs[index].append(executor.run(plan, timing=timing, progress=progress, durable=durable))
+            check_file_bytes(plan, runs[index][-1])
+    results, mismatches = [], []
+    for plan, root, mine in zip(plans, roots, runs):
+        results.append(_median_run(mine))
         mismatches.extend(size_mismatches(root, plan))
         if verify:
             results[-1].verified_files = _verify(root, plan)
+    _add_verdicts(results, {name: [r.elapsed_s for r in mine] for name, mine in zip(names, runs)})
     return results, mismatches
+
+
+def _add_verdicts(results: list[ReplayResult], elapsed: dict[str, list[float]]) -> None:
+    """Each result's spread and paired speed-ups (``verdicts.versus_all``); ``speedup_vs_posix`` the median of
+    its rounds' ratios over posix."""
+    versus = versus_all(elapsed)
+    for result in results:
+        result.versus = versus.get(result.strategy, {})
+        if "posix" in result.versus:
+            result.speedup = result.versus["posix"]
+        elif result.strategy == "posix" and len(results) > 1:
+            result.speedup = {"median": 1.0, "low": 1.0, "high": 1.0, "coverage": 1.0,
+                              "n": len(elapsed["posix"]), "verdict": "reference"}
+
+
+def resolve_cache(cache: str, plan: ReplayPlan) -> tuple[str, str | None]:
+    """The page-cache state a replay prepares (cold or warm) and a note when ``recorded`` had to choose: no
+    trace says yet, per read, whether its pages were in memory."""
+    if cache != "recorded":
+        return cache, None
+    t = plan.ops
+    reads = bool(((t.kind == READ) & (t.size > 0)).any()) and bool(plan.precreate_files)
+    note = ("page cache: the trace does not say which reads hit the page cache, so the files it reads were "
+            "replayed cold (--cache warm replays them warm)") if reads else None
+    return "cold", note
+
+
+def prepare_cache(root: TargetRoot, plan: ReplayPlan, state: str) -> None:
+    """Before the clock: the pre-created files cold (fsync(2), then posix_fadvise(2) POSIX_FADV_DONTNEED,
+    which drops clean pages) or warm (read once, whole). Raises ReplayError on an I/O error."""
+    chunk = bytearray(4 << 20)
+    for rel, size in plan.precreate_files:
+        try:
+            fd = root.open(rel, os.O_RDONLY)
+        except FileNotFoundError:  # a distributed share's file another process creates
+            continue
+        except OSError as err:
+            raise ReplayError(f"cannot prepare the page cache of {rel}: {err.strerror}") from None
+        try:
+            if state == "cold":
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            else:
+                while os.readv(fd, [chunk]) > 0:
+                    pass
+        except OSError as err:
+            raise ReplayError(f"cannot prepare the page cache of {rel}: {err.strerror}") from None
+        finally:
+            os.close(fd)
+
+
+class NothingToJudge(ReplayError):
+    """The trace moves too few bytes (or has no rows) for strategies to be told apart."""
+
+
+def data_bytes(plan: ReplayPlan) -> int:
+    """The bytes ``plan``'s reads and writes move. Pure."""
+    t = plan.ops
+    return int(np.maximum(t.size[(t.kind == READ) | (t.kind == WRITE)], 0).sum())
+
+
+def check_judgeable(plan: ReplayPlan, judging: bool = True) -> None:
+    """Raise NothingToJudge for a plan without operations, or (``judging``: strategies are compared) one whose
+    reads and writes move fewer than ``config.REPLAY_MIN_JUDGE_BYTES``."""
+    moved = data_bytes(plan)
+    if len(plan.ops) == 0 or (judging and moved < config.REPLAY_MIN_JUDGE_BYTES):
+        ops = int(((plan.ops.kind == READ) | (plan.ops.kind == WRITE)).sum())
+        raise NothingToJudge(f"nothing to judge: the trace's {ops:,} reads and writes move {moved:,} B, under "
+                             f"{config.REPLAY_MIN_JUDGE_BYTES:,} B (CKPT_TRACE_REPLAY_MIN_JUDGE_BYTES)")
+
+
+def planned_file_bytes(plan: ReplayPlan) -> dict[str, tuple[int, int]]:
+    """The bytes ``plan`` writes and reads per file path (the sum of its operations' sizes). Pure."""
+    t = plan.ops
+    size = max(len(t.paths), 1)
+    per_path = np.zeros((2, size), np.int64)
+    for row, kind in ((0, WRITE), (1, READ)):
+        mine = (t.kind == kind) & (t.path >= 0)
+        per_path[row] = np.bincount(t.path[mine], weights=np.maximum(t.size[mine], 0), minlength=size)[:size]
+    return files_moved(plan, per_path)
+
+
+def covered_file_bytes(plan: ReplayPlan) -> dict[str, tuple[int, int]]:
+    """The distinct bytes ``plan`` writes and reads per file path (the union of its operations' byte ranges:
+    an aggregated plan merges overlapping operations, so sums differ where coverage does not). Pure."""
+    t = plan.ops
+    size = max(len(t.paths), 1)
+    per_path = np.zeros((2, size), np.int64)
+    for row, kind in ((0, WRITE), (1, READ)):
+        mine = (t.kind == kind) & (t.path >= 0) & (t.offset >= 0) & (t.size > 0)
+        groups, starts, ends = merge_grouped_ranges(t.path[mine].astype(np.int64), t.offset[mine],
+                                                    t.offset[mine] + t.size[mine])
+        per_path[row] = np.bincount(groups, weights=ends - starts, minlength=size)[:size]
+    return files_moved(plan, per_path)
+
+
+def check_same_coverage(plans: list[ReplayPlan]) -> None:
+    """Refuse plans that would not write and read the same bytes of the same files as the first (the trace as
+    recorded): a strategy that moves other bytes cannot be compared with it. Plans with packed files (whose
+    bytes live in packs) are left out. Raises ReplayError naming the first file that differs."""
+    reference = None
+    for plan in plans:
+        if plan.pack_index:
+            continue
+        coverage = covered_file_bytes(plan)
+        if reference is None:
+            reference = (plan.strategy, coverage)
+            continue
+        if coverage != reference[1]:
+            name = next(p for p in sorted(set(coverage) | set(reference[1]))
+                        if coverage.get(p, (0, 0)) != reference[1].get(p, (0, 0)))
+            ours, theirs = coverage.get(name, (0, 0)), reference[1].get(name, (0, 0))
+            raise ReplayError(f"the {plan.strategy} plan would write {ours[0]:,} B and read {ours[1]:,} B of {name}, "
+                              f"{reference[0]} {theirs[0]:,} B and {theirs[1]:,} B: the strategies would not move "
+                              "the same bytes (a planner bug; please report it)")
+
+
+def check_file_bytes(plan: ReplayPlan, result: ReplayResult) -> None:
+    """After a run: every file got exactly the bytes its plan writes and reads (``result.file_bytes``); a short
+    read or write, or an operation that reached another file, would make the strategies incomparable. Raises
+    ReplayError naming the first file that differs."""
+    if plan.pack_index:
+        return
+    expected = planned_file_bytes(plan)
+    moved = result.file_bytes
+    if moved == expected:
+        return
+    for name in sorted(set(expected) | set(moved)):
+        want, got = expected.get(name, (0, 0)), moved.get(name, (0, 0))
+        if want != got:
+            raise ReplayError(f"{plan.strategy} wrote {got[0]:,} B and read {got[1]:,} B of {name}, its plan "
+                              f"{want[0]:,} B and {want[1]:,} B (the rows it replays): the run moved other bytes "
+                              "than the trace, so its figures cannot be compared")
 
 
 def _release(claims: list[Claim], target: Path, made_target: bool) -> None:
@@ -478,8 +662,13 @@ def _median_run(runs: list[ReplayResult]) -> ReplayResult:
 
 
 def _add_speedups(results: list[ReplayResult]) -> None:
+    """``speedup_vs_posix``: the median of the paired rounds' ratios where they were measured, else (a
+    distributed replay) posix's elapsed time over this one's."""
     posix = next((r for r in results if r.strategy == "posix"), None)
     if posix is None:
         return
     for result in results:
-        result.speedup_vs_posix = posix.elapsed_s / result.elapsed_s if result.elapsed_s > 0 else None
+        if result.speedup:
+            result.speedup_vs_posix = result.speedup["median"]
+        else:
+            result.speedup_vs_posix = posix.elapsed_s / result.elapsed_s if result.elapsed_s > 0 else None

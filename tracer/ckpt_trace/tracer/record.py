@@ -23,11 +23,12 @@ from pathlib import Path
 from ckpt_trace import config
 from ckpt_trace.errors import CommandNotFound, TracerError
 from ckpt_trace.formats import reserve_temporary, vocabulary
+from ckpt_trace.formats.io import RESERVE_BYTES
 from ckpt_trace.iolayer.host import filesystems_of
 from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.version import __version__
 
-from . import bcc_backend, gpu, strace_backend
+from . import bcc_backend, clock, gpu, strace_backend
 from .spool import RowSpool
 from .state import EffectOrderFeeder, TraceBuilder, rank_from_environ
 
@@ -164,7 +165,8 @@ def _run_traced(choice: BackendChoice, cmd: list[str], builder_args: dict, spool
         feeder = rec.feeder
         feeder.finish()
         spool.add(feeder.builder.take_rows())
-        extra = {"lost_events": rec.lost_events, "truncated_paths": rec.truncated_paths, "exit_code": rec.exit_code,
+        extra = {"lost_events": rec.lost_events, **({"lost_reasons": rec.lost_reasons} if rec.lost_reasons else {}),
+                 "truncated_paths": rec.truncated_paths, "exit_code": rec.exit_code,
                  "exit_signal": rec.exit_signal, "command_elapsed_ns": rec.command_elapsed_ns,
                  "recorder_cpu_ns": rec.recorder_cpu_ns,
                  **({"bpf_run_ns": rec.bpf_run_ns} if rec.bpf_run_ns is not None else {}),
@@ -226,6 +228,7 @@ def record(
     strict: bool = False,
     overwrite: bool = False,
     gpu_plan: gpu.GpuPlan | None = None,
+    host: str | None = None,
 ) -> RecordResult:
     """Run ``cmd`` (and every descendant) traced; write the trace to ``output``.
 
@@ -239,6 +242,9 @@ def record(
     initialises CUDA loads the CUPTI subscriber and its host<->device copies
     become rows of the trace (interface ``cuda``), on the trace's clock.
 
+    ``host``: the name stored as the trace's host (default: the host name); the trace also carries the boot
+    id, the clock anchors and the job id (``clock``), so the traces of a job's nodes merge.
+
     Returns the command's exit code with the counts. Raises TracerError when
     the command is empty, the backend fails, or ``strict`` and events were
     lost (no trace is written then); CkptTraceError for an unusable output.
@@ -249,19 +255,25 @@ def record(
     output = check_output_file(output, overwrite)
     filters = [normalize_filter(p) for p in path_filters]
     builder_args = {"cwd": os.getcwd(), "path_filters": filters}
-    reserved = reserve_temporary(output)
+    reserved = reserve_temporary(output, RESERVE_BYTES)  # a full file system is refused now, not after the job
     capture = gpu.GpuCapture(gpu_plan) if gpu_plan is not None and gpu_plan.enabled else None
     spool = RowSpool(output, run_rows=config.RECORD_RUN_ROWS)
     try:
         start_wall_ns = time.time_ns()
         started = time.monotonic()
+        anchors = {name: clock.anchor(name) for name in clock.CLOCK_IDS}  # the backend is known only after
         builder, extra, choice = _run_backend(choice, cmd, builder_args, spool, capture)
+        tracer_clock = clock.backend_clock(choice.name)
+        extra = {**extra, "host": clock.host_label(host), "boot_id": clock.boot_id(),
+                 "clock": clock.clock_metadata(tracer_clock, builder.start_ns, anchors[tracer_clock],
+                                               clock.anchor(tracer_clock)),
+                 **({"job": job} if (job := clock.job_of(os.environ, cmd)) else {})}
         copies = _copies(capture, builder, choice) if capture is not None else None
         elapsed_s = time.monotonic() - started
         if strict and extra["lost_events"]:
             raise TracerError(f"{extra['lost_events']} events were lost (--strict); no trace written")
         result = _write(output, cmd, choice, builder, spool, extra, filters, start_wall_ns, elapsed_s, overwrite,
-                        copies, gpu_plan)
+                        copies, gpu_plan, temporary=reserved)
     except BaseException:
         reserved.unlink(missing_ok=True)
         raise
@@ -294,6 +306,16 @@ def unseen_counts(counts: dict, reasons: dict) -> dict:
             if counts.get(capture)}
 
 
+def _filter_counts(builder: TraceBuilder, filters: list[str]) -> dict:
+    """What the path filters left out (``filtered_rows``) and kept by following renames
+    (``rename_followed_rows``; ``tracer.renames``), with the rows past its bound (``rename_held_rows_dropped``)."""
+    if not filters:
+        return {}
+    follow = builder.follow
+    return {"filtered_rows": builder.filtered_rows, "rename_followed_rows": follow.followed if follow else 0,
+            "rename_held_rows_dropped": follow.dropped if follow else 0}
+
+
 def normalize_filter(prefix: str) -> str:
     """An absolute path filter: relative ones are resolved against the current directory; a trailing
     slash (a directory, not a name prefix) is kept."""
@@ -303,7 +325,8 @@ def normalize_filter(prefix: str) -> str:
 
 def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBuilder, spool: RowSpool,
            extra: dict, filters: list[str], start_wall_ns: int, elapsed_s: float, overwrite: bool,
-           copies: tuple[dict, dict] | None = None, gpu_plan: gpu.GpuPlan | None = None) -> RecordResult:
+           copies: tuple[dict, dict] | None = None, gpu_plan: gpu.GpuPlan | None = None,
+           temporary: Path | None = None) -> RecordResult:
     gpu_summary = {"captured": False, "reason": gpu_plan.reason if gpu_plan else "not asked"}
     if copies is not None:
         rows, summary = copies
@@ -317,7 +340,7 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
     metadata = {
         "creator": "ckpt-trace",
         "creator_version": __version__,
-        "host": socket.gethostname(),
+        "host": extra.get("host") or socket.gethostname(),
         "kernel": os.uname().release,
         "arch": vocabulary.host_arch(),
         "command": list(cmd),
@@ -327,6 +350,7 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
         "elapsed_ns": int(elapsed_s * 1e9),
         "filesystems": filesystems_of(spool.paths),
         "path_filters": filters,
+        **_filter_counts(builder, filters),
         "untracked_fd_ops": builder.untracked_fd_ops,
         "unattributed": builder.unattributed,
         "unreaped_requests": builder.unreaped_requests,
@@ -334,7 +358,7 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
         "spilled_runs": spool.spilled_runs,
         **extra,
     }
-    rows = spool.write(output, metadata, overwrite=overwrite, batch_rows=config.TRACE_BATCH_ROWS)
+    rows = spool.write(output, metadata, overwrite=overwrite, batch_rows=config.TRACE_BATCH_ROWS, temporary=temporary)
     return RecordResult(output, extra["exit_code"], choice.name, choice.reason, rows, extra["lost_events"],
-                        elapsed_s, exit_signal=extra.get("exit_signal"), filtered_ops=builder.filtered_ops,
+                        elapsed_s, exit_signal=extra.get("exit_signal"), filtered_ops=builder.filtered_rows,
                         unseen=extra["unseen"], gpu=gpu_summary)

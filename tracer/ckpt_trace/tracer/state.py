@@ -35,6 +35,7 @@ from ckpt_trace.formats import vocabulary as v
 from ckpt_trace.formats.vocabulary import IO_URING_PATH, SPECIAL_PATHS, SPECIAL_PREFIXES
 
 from . import syscalls as sc
+from .renames import RenameFollower
 
 
 @dataclass(slots=True)
@@ -140,7 +141,8 @@ class AioState:
     """A Linux AIO context: its ``queue_id`` and the submitted iocbs not yet reaped (in submission order)."""
 
     queue_id: int
-    pending: dict = field(default_factory=dict)  # (obj or a sequence number) -> row values
+    pending: dict = field(default_factory=dict)  # submission number -> (iocb address or 0, row values)
+    serial: int = 0
 
 
 @dataclass(slots=True)
@@ -337,6 +339,8 @@ class TraceBuilder:
         self.sizes: dict[str, int] = {}
         self.untracked_fd_ops = 0
         self.filtered_ops = 0
+        # With path filters, rows of files that may yet be renamed into them are held (``tracer.renames``).
+        self.follow = RenameFollower(self.path_filters) if self.path_filters else None
         self.rings: dict[int, RingState] = {}  # kernel ctx -> ring (bcc)
         self.ring_of_fd: dict[tuple[int, int], RingState] = {}  # (tgid, ring fd) -> ring
         self.aio: dict[tuple[int, int], AioState] = {}  # (tgid, aio context id) -> context
@@ -387,11 +391,17 @@ class TraceBuilder:
         """After the last event: requests submitted and never reaped are rows too (``ret`` -ECANCELED),
         counted in ``unreaped_requests``."""
         for (tgid, _), state in self.aio.items():
-            proc = self.procs.get(tgid)
-            for values in list(state.pending.values()):
-                self.unreaped_requests += 1
-                self._emit_request(proc, values, ret=-125, end_ns=values["ts_ns"])
-            state.pending.clear()
+            self._unreaped(self.procs.get(tgid), state)
+        if self.follow is not None:
+            self.follow.finish()  # candidates never renamed into the filters: left out
+
+    def _unreaped(self, proc: Process | None, state: AioState) -> None:
+        """Rows (``ret`` -ECANCELED) of the iocbs of ``state`` submitted and never seen reaped."""
+        for _, values in list(state.pending.values()):
+            self.unreaped_requests += 1
+            values.pop("desc", None)
+            self._emit_request(proc, values, ret=-125, end_ns=values["ts_ns"])
+        state.pending.clear()
 
     def columns(self) -> dict[str, list]:
         """The rows emitted since the last ``take_rows`` (all of them, if never taken), column by column."""
@@ -456,7 +466,9 @@ class TraceBuilder:
     def _emit(self, proc: Process, ev: SyscallEvent, op: str, **values: Any) -> None:
         path, new_path = values.get("path"), values.get("new_path")
         if not (self._keep(path, op) or (new_path is not None and self._keep(new_path, op))):
-            self.filtered_ops += 1
+            if not (self.follow is not None and self.follow.hold(
+                    new_path if op == "rename" else path, self._held_row(proc, ev, op, values))):
+                self.filtered_ops += 1
             return
         cols = self._cols
         cols["ts_ns"].append(max(0, ev.ts_ns - self.start_ns))
@@ -477,7 +489,10 @@ class TraceBuilder:
         """``_emit`` of a read or write row, its values positional: the row most traces are made of, at a
         third of the generic path's cost (no keyword dict, one bound append per column)."""
         if not self._keep(path, op):
-            self.filtered_ops += 1
+            if not (self.follow is not None and self.follow.hold(path, self._held_row(proc, ev, op, {
+                    "fd": fd, "path": path, "offset": offset, "offset_source": offset_source, "size": size,
+                    "iov_count": iov_count}))):
+                self.filtered_ops += 1
             return
         (ts_ns, dur_ns, pid, tid, comm, rank, syscall, op_, ret, interface, fd_, path_, offset_, offset_source_,
          size_, iov_count_) = self._data_appends
@@ -501,6 +516,27 @@ class TraceBuilder:
         for append in self._null_appends:
             append(None)
 
+    def _held_row(self, proc: Process, ev: SyscallEvent, op: str, values: dict) -> dict:
+        """The row ``_emit`` would append, as a dict (for ``tracer.renames`` to hold)."""
+        row = {name: values.get(name) for name in _OPTIONAL_COLUMNS}
+        row.update(ts_ns=max(0, ev.ts_ns - self.start_ns), dur_ns=max(0, ev.dur_ns), pid=proc.tgid, tid=ev.tid,
+                   comm=ev.comm or proc.comm, rank=proc.rank, syscall=ev.name, op=op, ret=ev.ret,
+                   interface=values.get("interface", v.SYSCALL))
+        return row
+
+    def _release_held(self, rows: list[dict]) -> None:
+        """Rows a rename brought into the path filters, appended (the spool sorts by start time)."""
+        cols = self._cols
+        for row in rows:
+            for name in _COLUMN_NAMES:
+                cols[name].append(row.get(name))
+
+    @property
+    def filtered_rows(self) -> int:
+        """Rows the path filters left out (so far, and held rows given up or dropped)."""
+        follow = self.follow
+        return self.filtered_ops + (follow.dropped + follow.given_up if follow is not None else 0)
+
     def _desc(self, proc: Process, fd: int) -> Description | None:
         desc = proc.table.fds.get(fd)
         if desc is None:
@@ -515,6 +551,8 @@ class TraceBuilder:
     def _on_open(self, proc: Process, ev: SyscallEvent) -> None:
         flags = sc.O_CREAT | sc.O_WRONLY | sc.O_TRUNC if ev.name == "creat" else int(ev.args.get("flags", 0))
         path = self._resolve(proc, ev.args.get("dirfd"), ev.args.get("path"))
+        if ev.ret >= 0 and self.follow is not None and flags & (sc.O_ACCMODE | sc.O_CREAT):
+            self.follow.start(path)  # written or created outside the filters: may yet be renamed into them
         if ev.ret >= 0:
             proc.table.install(ev.ret, Description(path, flags, 0), bool(flags & sc.O_CLOEXEC))
             writable = flags & sc.O_ACCMODE != 0
@@ -625,6 +663,8 @@ class TraceBuilder:
         new = self._resolve(proc, ev.args.get("dirfd2"), ev.args.get("path2"))
         if ev.ret == 0 and old is not None and new is not None:
             self._rename_open_files(old, new)
+            if self.follow is not None:
+                self._release_held(self.follow.rename(old, new))
         flags = ev.args.get("flags")
         self._emit(proc, ev, "rename", path=old, new_path=new, flags=int(flags) if flags is not None else None)
 
@@ -633,6 +673,11 @@ class TraceBuilder:
         op = sc.SYSCALLS[ev.name].op
         if op == "unlink" and ev.ret == 0 and path is not None:
             self.sizes.pop(path, None)
+        if self.follow is not None and ev.ret == 0:
+            if op == "mkdir":
+                self.follow.start(path)
+            else:  # a candidate unlinked: its rows, and this one, are left out
+                self.follow.unlink(path)
         if op == "mkdir":
             self._emit(proc, ev, op, path=path)
         else:
@@ -670,12 +715,82 @@ class TraceBuilder:
 
     def _on_ioctl(self, proc: Process, ev: SyscallEvent) -> None:
         cmd, fd = int(ev.args["cmd"]) & 0xFFFFFFFF, int(ev.args["fd"])
+        if cmd in (sc.FICLONE, sc.FICLONERANGE):
+            self._on_clone_ioctl(proc, ev, cmd, fd)
+            return
         if ev.ret != 0 or fd not in proc.table.fds:
             return
         if cmd == sc.FIOCLEX:
             proc.table.cloexec.add(fd)
         elif cmd == sc.FIONCLEX:
             proc.table.cloexec.discard(fd)
+
+    # -- in-kernel copies: a read row on the source, a write row on the destination ------------------------
+    def _copy_file(self, proc: Process, fd: int) -> Description | None:
+        """The description a copy reads or writes through, when it is a file a row may name (not a pipe,
+        socket or pseudo file, which the trace leaves out)."""
+        desc = proc.table.fds.get(fd)
+        if desc is None or desc.path is None:
+            return None
+        if not self.keep_special and (desc.path in SPECIAL_PATHS or desc.path.startswith(SPECIAL_PREFIXES)):
+            return None
+        return desc
+
+    def _copy_rows(self, proc: Process, ev: SyscallEvent, interface: str, sides: tuple, size: int | None,
+                   moved: int) -> None:
+        """Rows of one in-kernel copy of ``moved`` bytes. ``sides``: (fd, description or None, offset argument,
+        moves the file position) for the source, then the destination; an offset argument of None means the
+        file position (-2: unreadable, the offset unknown), which advances by ``moved``."""
+        (src_fd, src, _, _), (dst_fd, dst, _, _) = sides
+        if src is None and dst is None:
+            self.untracked_fd_ops += 1
+            return
+        for (fd, desc, explicit, moves), op, other in zip(sides, (v.READ, v.WRITE), (dst, src)):
+            if desc is None:
+                continue
+            if explicit is None:
+                if op == v.WRITE and desc.flags & sc.O_APPEND:
+                    offset = self.sizes.get(desc.path)
+                    source = v.OFFSET_APPEND if offset is not None else v.OFFSET_UNKNOWN
+                else:
+                    offset, source = desc.pos, (v.OFFSET_POSITION if desc.pos is not None else v.OFFSET_UNKNOWN)
+                if moves and ev.ret >= 0:
+                    desc.pos = offset + moved if offset is not None else None
+            elif explicit < 0:
+                offset, source = None, v.OFFSET_UNKNOWN
+            else:
+                offset, source = explicit, v.OFFSET_EXPLICIT
+            if op == v.WRITE and offset is not None and moved:
+                self._grow(desc.path, offset + moved)
+            self._emit(proc, ev, op, fd=fd, path=desc.path, new_path=other.path if other is not None else None,
+                       offset=offset, offset_source=source, size=size, interface=interface)
+
+    def _on_copy(self, proc: Process, ev: SyscallEvent) -> None:
+        """sendfile(2), copy_file_range(2), splice(2): ``count`` bytes asked, ``ret`` moved."""
+        src_fd, dst_fd = int(ev.args["in_fd"]), int(ev.args["out_fd"])
+        src, dst = self._copy_file(proc, src_fd), self._copy_file(proc, dst_fd)
+        src_offset, dst_offset = ev.args.get("in_offset"), ev.args.get("out_offset")
+        sides = ((src_fd, src, src_offset, True), (dst_fd, dst, dst_offset, True))
+        self._copy_rows(proc, ev, ev.name, sides, int(ev.args.get("count", 0)), max(ev.ret, 0))
+
+    def _on_clone_ioctl(self, proc: Process, ev: SyscallEvent, cmd: int, fd: int) -> None:
+        """ioctl FICLONE (the whole source file, ``arg`` its descriptor) and FICLONERANGE (a range): a reflink,
+        recorded as a copy with interface ``ficlone`` and ``ret`` the ioctl's (0). ``size``: the range's
+        length, or for a whole file (length 0) the source's size when the trace knows it, else null."""
+        if cmd == sc.FICLONE:
+            src_fd, src_offset, length, dst_offset = int(ev.args.get("arg", -1)), 0, 0, 0
+        elif "src_fd" in ev.args:
+            src_fd, src_offset = int(ev.args["src_fd"]), int(ev.args["src_offset"])
+            length, dst_offset = int(ev.args["src_length"]), int(ev.args["dest_offset"])
+        else:
+            src_fd, src_offset, length, dst_offset = -1, None, 0, None
+        src, dst = self._copy_file(proc, src_fd), self._copy_file(proc, fd)
+        if length == 0 and src is not None and src_offset is not None:
+            known = self.sizes.get(src.path)
+            length = known - src_offset if known is not None and known >= src_offset else None
+        sides = ((src_fd, src, -2 if src_offset is None else src_offset, False),
+                 (fd, dst, -2 if dst_offset is None else dst_offset, False))
+        self._copy_rows(proc, ev, v.FICLONE, sides, length, (length or 0) if ev.ret == 0 else 0)
 
     def _on_io_uring(self, proc: Process, ev: SyscallEvent) -> None:
         if ev.name == "io_uring_setup":
@@ -798,6 +913,7 @@ class TraceBuilder:
         op = sc.SYSCALLS[ev.name].op
         if op == v.IO_DESTROY and state is not None and ev.ret == 0:
             self.aio.pop((proc.tgid, int(ev.args["ctx"])))
+            self._unreaped(proc, state)  # their completions can no longer be seen
         self._emit(proc, ev, op, interface=v.LIBAIO, queue_id=state.queue_id if state else None,
                    size=int(ev.args["nr"]) if "nr" in ev.args else None)
 
@@ -814,14 +930,15 @@ class TraceBuilder:
                           size=None if ev.vectored else ev.length, iov_count=ev.length if ev.vectored else None)
         if desc is None:
             self.unattributed["requests"] += 1
-        state.pending[ev.obj or ("seq", ev.ts_ns, len(state.pending), ev.user_data)] = values
+        state.serial += 1
+        state.pending[state.serial] = (ev.obj, values)  # in submission order: the oldest match is the first
 
     def _on_aio_event(self, proc: Process, ev: AuxEvent) -> None:
         state = self._aio_state(proc, ev.ctx)
-        key = ev.obj if ev.obj in state.pending else self._aio_match(state, ev.user_data)
-        values = state.pending.pop(key, None) if key is not None else None
-        if values is None:
+        key = self._aio_match(state, ev.obj, ev.user_data)
+        if key is None:
             return
+        values = state.pending.pop(key)[1]
         desc = values.pop("desc")
         if desc is None:
             return
@@ -830,13 +947,21 @@ class TraceBuilder:
         self._emit_request(proc, values, ret=ev.res, end_ns=ev.ts_ns)
 
     @staticmethod
-    def _aio_match(state: AioState, data: int):
-        """The pending iocb an io_event answers when its address is not known (strace prints iocbs, not their
-        addresses): the oldest one carrying the event's aio_data."""
-        for key, values in state.pending.items():
-            if values["request_id"] == _signed64(data):
+    def _aio_match(state: AioState, obj: int, data: int):
+        """The pending iocb an io_event answers: the oldest carrying both its iocb address and its aio_data
+        (bcc reads both; a program may reuse an iocb, or an aio_data, while an earlier one is in flight),
+        else, where submissions carry no address (strace prints iocbs, not their addresses), the oldest
+        carrying its aio_data."""
+        data = _signed64(data)
+        by_data = None
+        for key, (address, values) in state.pending.items():
+            if values["request_id"] != data:
+                continue
+            if address and address == obj:
                 return key
-        return None
+            if by_data is None and not address:
+                by_data = key
+        return by_data
 
     # -- file mappings ----------------------------------------------------------------------
     def _mapping_row(self, proc: Process, ev: SyscallEvent, op: str, mapping: Mapping, address: int,
@@ -986,7 +1111,8 @@ def _handlers() -> dict:
         if call.op is not None:
             table[name] = by_op[call.op]
     table.update(
-        close_range=TraceBuilder._on_close_range, ioctl=TraceBuilder._on_ioctl, clone=TraceBuilder._on_clone, clone3=TraceBuilder._on_clone,
+        close_range=TraceBuilder._on_close_range, ioctl=TraceBuilder._on_ioctl, sendfile=TraceBuilder._on_copy,
+        copy_file_range=TraceBuilder._on_copy, splice=TraceBuilder._on_copy, clone=TraceBuilder._on_clone, clone3=TraceBuilder._on_clone,
         fork=TraceBuilder._on_clone, vfork=TraceBuilder._on_clone, execve=TraceBuilder._on_execve,
         execveat=TraceBuilder._on_execve, chdir=TraceBuilder._on_chdir, fchdir=TraceBuilder._on_chdir,
     )
