@@ -63,7 +63,7 @@ def resolver(request, monkeypatch):
 
 
 def _trace(tmp_path: Path) -> Path:
-    return synthetic(tmp_path / "t.arrow", {"/ck/a": 4096, "/ck/b": 8192})
+    return synthetic(tmp_path / "t.arrow", {"/ck/a": 40960, "/ck/b": 40960})
 
 
 def _row_of_open(trace: Path, strategy: str, path: str) -> int:
