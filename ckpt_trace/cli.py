@@ -496,7 +496,7 @@ def workload(
     out_dir: Path = typer.Option(..., "--out", help="Checkpoint directory to write (or, with --load, to read)."),
     ranks: int = typer.Option(1, help="Processes (dcp and emitted)."),
     model: Literal["gpt2-tiny", "gpt2-deep-tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"] = typer.Option("gpt2-small", help="GPT-2 shape (parameters: 0.5 M to 1.6 G)."),
-    with_optimizer: bool = typer.Option(False, "--with-optimizer", help="Add Adam state (exp_avg, exp_avg_sq)."),
+    with_optimizer: bool = typer.Option(False, "--with-optimizer", help="Add Adam state (exp_avg, exp_avg_sq; dcp and emitted: a real torch.optim.Adam after one step, through get_state_dict)."),
     file_per_layer: bool = typer.Option(False, "--file-per-layer", help="torch-save: one file per transformer block."),
     load: bool = typer.Option(False, "--load", help="Load the checkpoint this workload saved in --out and check every tensor."),
     mmap: bool = typer.Option(False, "--mmap", help="torch-save --load: torch.load(mmap=True)."),
@@ -546,6 +546,41 @@ def workload(
         verb = "loaded and checked" if load else "wrote"
         err.print(f"ckpt-trace: {engine} {verb} {data['files']} files, {data['bytes']:,} bytes in {path}: "
                   f"{io_s:.2f} s of I/O, {elapsed_s:.1f} s in all", highlight=False)
+
+
+@app.command()
+def synth(
+    engine: Literal["dcp"] = typer.Option("dcp", "--engine", help="The checkpoint engine whose save is synthesised: dcp (FileSystemWriter)."),
+    model: str = typer.Option(..., "--model", help="llama3-8b, llama3-70b, llama3-405b, or a GPT-2 shape of `workload` (gpt2-tiny ... gpt2-xl)."),
+    ranks: int = typer.Option(..., "--ranks", help="Ranks of the simulated job."),
+    optimizer: Literal["none", "adam"] = typer.Option("none", "--optimizer", help="adam: add fp32 exp_avg, exp_avg_sq and step per parameter."),
+    ckpt_path: Path = typer.Option(Path("/checkpoint"), "--path", help="The checkpoint directory the trace's files are in (replay maps it under --target)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (.arrow)."),
+    force: bool = typer.Option(False, help="Overwrite an existing trace file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures and the arithmetic as JSON."),
+) -> None:
+    """The trace of a DCP save of a model too large to run here, from DCP's own planner and writer."""
+    from ckpt_trace.iolayer.outputs import check_output_file
+    from ckpt_trace.workloads.synth import buffer_bytes_at, synthesize_dcp, write_synthesis
+
+    if engine != "dcp":
+        raise CkptTraceError(f"synth knows the dcp engine only, not {engine!r}")
+    check_output_file(output, force)
+    result = synthesize_dcp(model, ranks, optimizer, out=str(ckpt_path.absolute()),
+                            buffer_bytes=buffer_bytes_at(ckpt_path))
+    rows = write_synthesis(result, output, command=["ckpt-trace", "synth", "--model", model, "--ranks", str(ranks),
+                                                    "--optimizer", optimizer], overwrite=force)
+    figures = {**result.figures, "trace": str(output), "rows": rows}
+    if as_json:
+        _write_json(None, figures)
+        return
+    a = figures["arithmetic"]
+    err.print(f"ckpt-trace: synthesised {model} saved by {ranks} ranks: {len(figures['files'])} files, "
+              f"{figures['data_bytes']:,} data bytes in {rows:,} rows to {output} ({figures['elapsed_s']:.1f} s)",
+              highlight=False)
+    err.print(f"ckpt-trace: arithmetic: {a['formula']} = {a['expected_bytes']:,} B; tensors {figures['tensor_bytes']:,} B"
+              f" + torch.save framing {figures['serialisation_overhead_bytes']:,} B "
+              f"({figures['difference_from_arithmetic']:+.4%} vs the arithmetic)", highlight=False)
 
 
 @app.command()
