@@ -208,6 +208,8 @@ def render_results(console: Console, results: list[dict[str, Any]], fio_bytes_pe
     table, left_out = _fitted(console, "Replay results", columns, rows, wide)
     console.print(table)
     _left_out(console, left_out)
+    for line in timing_lines(results):
+        console.print(line, highlight=False, soft_wrap=True)
     for line in verdict_lines(results):
         console.print(line, highlight=False, soft_wrap=True)
     for r in results:
@@ -225,6 +227,22 @@ def _speedup_cell(result: dict[str, Any], speedup: float | None) -> str:
         return "-"
     noise = (result.get("speedup") or {}).get("verdict") == "within noise"
     return f"{speedup:.2f}x" + ("~" if noise else "")
+
+
+def timing_lines(results: list[dict[str, Any]]) -> list[str]:
+    """``--timing original``'s accuracy per strategy: start error (median, p99) as a share of the recorded I/O
+    window, and the slowest rank's replayed window against its recorded one."""
+    lines = []
+    for r in results:
+        timing = r.get("timing")
+        if not timing or timing.get("start_error_share_p50") is None:
+            continue
+        worst = max(timing["ranks"].items(), key=lambda kv: abs(kv[1]["window_error"] or 0))
+        lines.append(f"{r['strategy']} paced: start error {timing['start_error_share_p50']:.1%} median, "
+                     f"{timing['start_error_share_p99']:.1%} p99 of the I/O window; rank {worst[0]}: "
+                     f"{worst[1]['replayed_window_s']:.3f} s for {worst[1]['recorded_window_s']:.3f} s recorded "
+                     f"({worst[1]['window_error']:+.1%})")
+    return lines
 
 
 def verdict_lines(results: list[dict[str, Any]]) -> list[str]:

@@ -278,7 +278,7 @@ class PosixExecutor:
             preallocated_files=state.preallocated, gpu_copies=gpu_copies,
             data_paths={name: {"ops": int(ops), "bytes": int(moved)}
                         for name, (ops, moved) in zip(DATA_PATHS, state.path_counts.tolist())},
-            file_bytes=files_moved(plan, state.file_bytes),
+            file_bytes=files_moved(plan, state.file_bytes), timing=state.timing_figures(),
         )
 
     @staticmethod
@@ -338,13 +338,21 @@ class PosixExecutor:
         return min(max(largest, PAGE_BYTES), self.max_io_bytes)
 
     @staticmethod
-    def _pace(ts_ns: int, state: _RunState, timing: str) -> None:
-        """With ``--timing original``, wait until the operation's recorded start (a failure or Ctrl-C ends
-        the wait at once)."""
-        if timing == "original":
-            delay_ns = state.start_ns + ts_ns - time.monotonic_ns()
-            if delay_ns > 0:
-                state.stopped.wait(delay_ns / 1e9)
+    def _pace(ts_ns: int, state: _RunState, timing: str, ctx: _WorkerContext | None = None) -> None:
+        """With ``--timing original``, wait until the operation's recorded start relative to its rank's first
+        operation (a failure or Ctrl-C ends the wait at once), by an Event wait; the
+        start error (actual start minus target, ns) is kept in ``ctx.start_errors``."""
+        if timing != "original":
+            return
+        base = ctx.pace_base_ns if ctx is not None else 0
+        target = (state.pace_start_ns or state.start_ns) + ts_ns - base
+        delay_ns = target - time.monotonic_ns()
+        if delay_ns > 0:  # no spin: a spinning thread would hold the GIL from the other workers
+            state.stopped.wait(delay_ns / 1e9)
+        if ctx is not None:
+            now = time.monotonic_ns()
+            ctx.start_errors.append(now - target)
+            ctx.started_ns.append(now - (state.pace_start_ns or state.start_ns))
 
     def _worker(self, index: int, worker: WorkerPlan, plan: ReplayPlan, state: _RunState, timing: str,
                 progress: Progress | None) -> None:
@@ -352,16 +360,23 @@ class PosixExecutor:
         size = self._buffer_bytes(plan, worker)
         ctx = _WorkerContext(self, plan, state, size, progress)
         ctx.index = index
+        ctx.pace_base_ns = state.rank_first_ts.get(worker.rank, 0) if timing == "original" else 0
+        if timing == "original" and state.pace_barrier is not None:  # every worker set up: the paced clock starts
+            try:
+                if state.pace_barrier.wait() == 0:
+                    state.pace_start_ns = time.monotonic_ns()
+                state.pace_barrier.wait()
+            except threading.BrokenBarrierError:
+                return
         segments = self._segments.get(index) or self.segments(plan, worker)
         row = None
         try:
             for start, stop, batched in zip(segments.starts.tolist(), segments.stops.tolist(),
                                             segments.batched.tolist()):
-                if batched:
+                if batched and timing != "original":  # original timing paces every operation: no runs
                     row = start
                     if not state.wait(t.deps_of(start)):
                         return
-                    self._pace(int(t.ts_ns[start]), state, timing)
                     self._run(ctx, start, stop)
                     state.done_many(t.seq[start:stop])
                     continue
@@ -369,7 +384,7 @@ class PosixExecutor:
                     op = t.op(row)
                     if not state.wait(op.deps):
                         return
-                    self._pace(op.ts_ns, state, timing)
+                    self._pace(op.ts_ns, state, timing, ctx)
                     self._one(ctx, op, row)
                     state.done(op.seq)
             ctx.drain()
@@ -663,6 +678,9 @@ class _WorkerContext:
         self.rings: dict[int, Ring | None] = {}
         self.index = 0  # the worker's index in the plan
         self.via_uring = False  # whether the last run went through io_uring (set by ``_submit``)
+        self.pace_base_ns = 0  # --timing original: the recorded start of this worker's rank's first operation
+        self.start_errors: list[int] = []  # --timing original: actual minus target start of each operation (ns)
+        self.started_ns: list[int] = []  # and when each started, from the run's start (ns)
 
     def fds_of(self, handles: np.ndarray) -> np.ndarray:
         fds = self.state.fd_array[handles]
@@ -684,6 +702,8 @@ class _WorkerContext:
         """Wait for what is still in flight (nothing, after ``run``: hook for executors that keep requests)."""
 
     def close(self) -> None:
+        if self.start_errors:
+            self.state.add_timing(self.plan.workers[self.index].rank, self.start_errors, self.started_ns)
         for ring in self.rings.values():
             if ring is not None:
                 ring.close()
@@ -741,6 +761,18 @@ class _RunState:
         self.start_ns = 0
         self.notes: set[str] = set()
         self.path_counts = np.zeros((len(DATA_PATHS), 2), np.int64)  # (ops, bytes) per DATA_PATHS entry
+        self.rank_first_ts: dict[int, int] = {}  # --timing original: each rank's first recorded start (ns)
+        self.rank_last_ts: dict[int, int] = {}
+        for worker in plan.workers:
+            if worker.stop > worker.start:
+                first, last = int(plan.ops.ts_ns[worker.start:worker.stop].min()), int(plan.ops.ts_ns[worker.start:worker.stop].max())
+                self.rank_first_ts[worker.rank] = min(first, self.rank_first_ts.get(worker.rank, first))
+                self.rank_last_ts[worker.rank] = max(last, self.rank_last_ts.get(worker.rank, last))
+        self.timing_errors: dict[int, list[np.ndarray]] = {}
+        #: --timing original: the workers meet once set up (buffers, rings), and the paced clock starts then
+        self.pace_barrier = threading.Barrier(len(plan.workers)) if plan.workers else None
+        self.pace_start_ns = 0
+        self.timing_started: dict[int, list[np.ndarray]] = {}
         self._direct_fds: set[int] = set()
         self._direct_array = np.zeros(0, np.int64)
         #: bytes moved per file of the plan's table (``ops.paths`` index): row 0 written, row 1 read
@@ -759,6 +791,38 @@ class _RunState:
                 self._direct_fds.discard(fd)
                 self._direct_array = np.fromiter(self._direct_fds, np.int64, len(self._direct_fds))
         return fd
+
+    def add_timing(self, rank: int, errors: list[int], started: list[int]) -> None:
+        with self.lock:
+            self.timing_errors.setdefault(rank, []).append(np.asarray(errors, np.int64))
+            self.timing_started.setdefault(rank, []).append(np.asarray(started, np.int64))
+
+    def timing_figures(self) -> dict | None:
+        """``--timing original``'s accuracy: per-operation start error (actual minus recorded start, each rank's
+        first operation at the paced clock's start, once every worker is set up) as median and p99 of its
+        absolute value, as a share of the job's recorded I/O window (the longest rank's, first to last
+        operation start) and in ns per rank; per rank, the replayed window against the recorded one (None
+        under 1 ms). None when nothing was paced."""
+        if not self.timing_errors:
+            return None
+        ranks, errors_all = {}, []
+        window_ns = max(self.rank_last_ts[r] - self.rank_first_ts[r] for r in self.timing_errors)
+        for rank, parts in sorted(self.timing_errors.items()):
+            errors = np.abs(np.concatenate(parts))
+            errors_all.append(errors)
+            started = np.concatenate(self.timing_started[rank])
+            recorded_ns = self.rank_last_ts[rank] - self.rank_first_ts[rank]
+            replayed_ns = int(started.max() - started.min()) if len(started) else 0
+            judged = recorded_ns >= 1_000_000  # a window under 1 ms (a launcher's few calls) has no error share
+            ranks[str(rank)] = {"ops": int(len(errors)), "recorded_window_s": recorded_ns / 1e9,
+                                "replayed_window_s": replayed_ns / 1e9,
+                                "window_error": (replayed_ns - recorded_ns) / recorded_ns if judged else None,
+                                "start_error_p50_ns": int(np.percentile(errors, 50)),
+                                "start_error_p99_ns": int(np.percentile(errors, 99))}
+        share = np.concatenate(errors_all) / window_ns if window_ns > 0 else np.zeros(0)
+        return {"start_error_share_p50": float(np.percentile(share, 50)) if len(share) else None,
+                "start_error_share_p99": float(np.percentile(share, 99)) if len(share) else None,
+                "ranks": ranks}
 
     def mark_direct(self, fd: int) -> None:
         """Note whether ``fd`` is open with O_DIRECT now (its status flags, fcntl(2) F_GETFL): after an open,
@@ -834,6 +898,8 @@ class _RunState:
             if first:
                 self.error = error
         self.stopped.set()
+        if self.pace_barrier is not None:
+            self.pace_barrier.abort()  # workers waiting to start a paced run stop
         for event in self.events.values():
             event.set()
         if first and tell_others and self.signals is not None:
