@@ -65,11 +65,13 @@ def choose(threads_per_rank: int, results: dict | None, cpu_count: int | None = 
                    "writer_threads": f"{threads} thread(s) wrote per rank in the trace",
                    "load_direct_io": _LOAD_DEFAULT}
         return Choice(WriterOptions(writer_threads=threads).validate(), reasons, None)
+    unknown = next((r["strategy"] for r in results["results"]
+                    if r["strategy"].removesuffix("+pack-files") not in _DIRECT), None)
+    if unknown is not None:
+        raise CheckpointError(f"the results hold strategy {unknown[:60]!r}, not one ckpt-trace replays "
+                              f"({', '.join(_DIRECT)}, optionally +pack-files); emit tunes only from those")
     best = _winner(results)
     strategy = best["strategy"].removesuffix("+pack-files")
-    if strategy not in _DIRECT:
-        raise CheckpointError(f"the fastest result's strategy {best['strategy']!r} is not one ckpt-trace replays "
-                              f"({', '.join(_DIRECT)}, optionally +pack-files); emit tunes only from those")
     options = results.get("options", {})
     packed = options.get("pack_files", False) and strategy == "aggregated"
     direct = _DIRECT.get(strategy, True)
