@@ -134,6 +134,43 @@ class SummaryDoc(TypedDict):
     hosts: dict[str, Any]  # the same per host (a merged trace's host column; else the trace's host), with ranks
     slowest_rank: dict[str, Any] | None  # most time in I/O calls (Darshan): rank, host, io_time_ns, save_time_ns
     slowest_save: dict[str, Any] | None  # longest first-to-last write (MLPerf Storage): rank, host, save_time_ns
+    layout: LayoutSummaryDoc | None  # the checkpoint's layout joined to the rows (null without a layout)
+
+
+class LayoutKindDoc(TypedDict):
+    """One kind (or size class) of objects in ``summary``'s ``layout``."""
+
+    objects: int
+    object_bytes: int
+    bytes_written: int
+    bytes_read: int
+    write_ops: int
+    read_ops: int
+    time_ns: int
+
+
+class LayoutSummaryDoc(TypedDict):
+    """``summary --json``'s ``layout`` (``analysis.layout.LayoutJoin.result``): the rows joined to the
+    checkpoint's layout; null when the trace has no layout."""
+
+    objects: int
+    files: int
+    formats: list[str]
+    unknown_files: list[str]
+    bytes_written: int
+    bytes_read: int
+    attributed_bytes_written: int
+    attributed_bytes_read: int
+    unattributed_bytes_written: int
+    unattributed_bytes_read: int
+    outside_layout_bytes_written: int
+    outside_layout_bytes_read: int
+    by_kind: list[LayoutKindDoc]
+    by_size_class: list[LayoutKindDoc]
+    small_object_bytes: int
+    small_object_time_share: float
+    largest: list[dict[str, Any]]
+    costliest: list[dict[str, Any]]
 
 
 class PlanDoc(TypedDict):
@@ -290,6 +327,17 @@ def conforms(document: Any, definition: type) -> str | None:
 # -- documents read back (results, baselines): what the readers take, validated before use ------------------
 
 
+class PairedIn(TypedDict, total=False):
+    """A paired speed-up (``replayer.verdicts.paired_interval``) as read back."""
+
+    median: float | None
+    low: float | None
+    high: float | None
+    coverage: float | None
+    n: int
+    verdict: str
+
+
 class ResultIn(TypedDict, total=False):
     """One result of a results file as ``emit`` and ``report`` read it: ``strategy`` and ``elapsed_s`` are
     required; the other keys, where present, must have these types (benchmark files lack some)."""
@@ -313,6 +361,9 @@ class ResultIn(TypedDict, total=False):
     notes: list[str]
     write_throughput_bytes_per_s: float
     read_throughput_bytes_per_s: float
+    versus: dict[str, PairedIn]
+    speedup: PairedIn | None
+    o_direct_bytes_share: float | None
 
 
 class ReplayOptionsIn(TypedDict, total=False):
