@@ -23,7 +23,7 @@ from ckpt_trace.formats import (
     write_trace,
 )
 from ckpt_trace.formats.encoding import Encoder
-from ckpt_trace.formats.schema import STORED_SCHEMA
+from ckpt_trace.formats.schema import STORED_SCHEMA_V4
 
 META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"], "backend": "strace",
         "start_wall_time_ns": 1, "filesystems": {"/": {"type": "ext4", "block_size": 4096}}, "lost_events": 3,
@@ -53,8 +53,10 @@ def test_file_is_plain_arrow_ipc_with_zstd(tmp_path):
     table = table_from_columns(rows(20000))
     path = write_trace(tmp_path / "t.arrow", table, META)
     reader = ipc.open_file(str(path))
-    assert reader.schema.remove_metadata().equals(STORED_SCHEMA.remove_metadata())
+    assert reader.schema.remove_metadata().equals(SCHEMA.remove_metadata())  # version 5: every column plain
+    assert not [name for name in reader.schema.names if name.endswith("_delta")]
     assert json.loads(reader.schema.metadata[METADATA_KEY])["backend"] == "strace"
+    assert reader.read_all().replace_schema_metadata(None).equals(read_trace(path).table)
     _write_raw(tmp_path / "plain.arrow", table, {**META, "format_version": 3})
     assert path.stat().st_size * 4 < (tmp_path / "plain.arrow").stat().st_size  # batches are compressed
 
@@ -87,10 +89,10 @@ def _write_raw(path, table, meta):
 
 def _stored(table: pa.Table) -> pa.Table:
     """``table`` (of SCHEMA) as version 4 stores it."""
-    return pa.Table.from_batches([Encoder().encode(table.combine_chunks().to_batches()[0], STORED_SCHEMA)])
+    return pa.Table.from_batches([Encoder().encode(table.combine_chunks().to_batches()[0], STORED_SCHEMA_V4)])
 
 
-@pytest.mark.parametrize("version", [3, 4])
+@pytest.mark.parametrize("version", [3, 4, 5])
 @pytest.mark.parametrize("index", [-1, 1, 7])
 def test_dictionary_indices_outside_the_dictionary_are_refused_by_every_reader(tmp_path, index, version):
     table = table_from_columns(rows(70_000))  # two batches of scan's 65,536 rows: the bad index in the second
@@ -128,7 +130,8 @@ def test_foreign_arrow_file_is_named(tmp_path):
         read_trace(tmp_path / "f.arrow")
 
 
-@pytest.mark.parametrize(("version", "column"), [(3, "offset"), (4, "offset_delta"), (4, "size")])
+@pytest.mark.parametrize(("version", "column"), [(3, "offset"), (4, "offset_delta"), (4, "size"), (5, "offset"),
+                                                  (5, "ret")])
 def test_missing_column_is_named(tmp_path, version, column):
     table = table_from_columns(rows())
     table = (_stored(table) if version == 4 else table).drop_columns([column])

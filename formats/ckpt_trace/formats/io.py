@@ -1,9 +1,10 @@
 """Reading and writing trace files (Arrow IPC file format, zstd batches).
 
 A trace file is readable without ckpt-trace: ``pyarrow.ipc.open_file``,
-``pandas.read_feather``, ``polars.read_ipc`` and DuckDB all open it. Since
-version 4, three columns are stored as differences (``encoding``): this
-module writes them encoded and hands readers the decoded ``SCHEMA``.
+``pandas.read_feather``, ``polars.read_ipc`` and DuckDB all open it and,
+since version 5, read every column as it is meant (version 4 stored three
+as differences, ``encoding``: this module still decodes them and upgrades
+older versions, handing readers ``SCHEMA``).
 
 Writing is atomic: rows go to a hidden temporary file beside the target,
 which is fsynced and renamed over the final name, then the directory is
@@ -26,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from .encoding import Decoder, Encoder, stored_columns
+from .encoding import Decoder, stored_columns
 from .errors import CkptTraceError, TraceFormatError
 from .schema import (
     COLUMNS,
@@ -37,7 +38,6 @@ from .schema import (
     SCHEMA,
     SCHEMA_V1,
     SCHEMAS,
-    STORED_SCHEMA,
     SUPPORTED_VERSIONS,
     TEXT_COLUMNS,
     upgrade,
@@ -45,15 +45,16 @@ from .schema import (
 
 DEFAULT_BATCH_ROWS = 65536
 
-# zstd level of the record batches of a file of several batches, rather than Arrow's default (1): the demo
-# trace's stored rows take 7.4 bytes per row at level 6 against 8.0 at levels 1 and 3 (ad hoc, one run);
-# writing a million rows takes about 0.2 s more than version 3 did (0.29 against 0.10 s, encoding included).
-ZSTD_LEVEL = 6
-# A file of one batch (at most DEFAULT_BATCH_ROWS rows: a small trace) pays a fixed cost of about 7.5 KB
-# (the schema and the metadata, twice; the dictionaries) that a 7,000-row trace feels as a byte per row, and
-# compressing one batch at level 19 costs at most about 0.8 s (12 us per row, ad hoc): 6.7 against 7.2
-# bytes per row on the 7,310-row trace `make demo` records.
-ZSTD_LEVEL_ONE_BATCH = 19
+# zstd levels, chosen by measurement (formats/README.md, "Compression level"; one run each, version 5's
+# plain columns): a file of more than one batch is written at level 1, Arrow's default: on a generated
+# 1 M-row DCP-like trace level 1 is the smallest of 1, 3, 6 and 9 but for 9 (12.1 against 11.8 bytes per
+# row) and the fastest (0.3 against 1.6 us per row), and `record` writes the file after the command ends,
+# so a 10 M-row trace would wait 13 s more at level 9.
+ZSTD_LEVEL = 1
+# A file of one batch (at most DEFAULT_BATCH_ROWS rows: a small trace) is written at level 9: on the
+# 7,211-row trace `make demo` records, 11.6 bytes per row against 12.8 at level 1, for 0.07 s against
+# 0.02 s (level 19: 11.3 for 1.3 s).
+ZSTD_LEVEL_ONE_BATCH = 9
 
 
 def _write_options(level: int, **kwargs: Any) -> ipc.IpcWriteOptions:
@@ -196,19 +197,18 @@ def write_trace(
     missing = [key for key in REQUIRED_METADATA_KEYS if key not in meta]
     if missing:
         raise TraceFormatError(f"trace metadata lacks key {missing[0]!r}")
-    schema = STORED_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+    schema = SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
     try:
         table = conform(table).combine_chunks()
     except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
         raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
     tmp = _temporary_name(path)
-    encoder = Encoder()
     options = _write_options(ZSTD_LEVEL_ONE_BATCH if table.num_rows <= max(1, batch_rows) else ZSTD_LEVEL)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, schema, options=options) as writer:
             for batch in table.to_batches(max_chunksize=max(1, batch_rows)):
-                writer.write_batch(encoder.encode(batch, STORED_SCHEMA))
+                writer.write_batch(batch)
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -304,7 +304,7 @@ def read_trace(path: str | os.PathLike) -> Trace:
     version = meta["format_version"]
     _check_columns(path, reader.schema, version)
     try:
-        if version >= 4:
+        if version == 4:
             decoder = Decoder()
             table = pa.Table.from_batches([_decoded(reader.get_batch(index), decoder, list(COLUMNS))
                                            for index in range(reader.num_record_batches)], schema=SCHEMA)
@@ -358,7 +358,7 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
     unknown = [name for name in wanted if name not in COLUMNS]
     if unknown:
         raise TraceFormatError(f"no column {unknown[0]!r} in the trace schema")
-    if version >= 4:
+    if version == 4:
         present, missing, stored = wanted, [], stored_columns(wanted)
     else:
         present = [name for name in wanted if name in SCHEMAS[version].names]
@@ -366,7 +366,7 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
         stored = present
 
     def batches() -> Iterator[pa.RecordBatch]:
-        decoder = Decoder() if version >= 4 else None
+        decoder = Decoder() if version == 4 else None
         try:
             with pa.OSFile(str(path)) as source:
                 names = ipc.open_file(source).schema.names
@@ -464,8 +464,7 @@ class TraceWriter:
     stores only what is new (IPC dictionary deltas, which the file format
     allows). Rows are held until a whole batch of ``batch_rows`` has come
     (zstd compresses a full batch better than many small ones), so memory
-    stays bounded by a batch; each batch is stored as version 4 encodes it
-    (``encoding.Encoder``). A trace of one batch is written whole by
+    stays bounded by a batch. A trace of one batch is written whole by
     ``close``, metadata and all, at zstd level ``ZSTD_LEVEL_ONE_BATCH``. For
     a longer one the metadata is known only at the end, so the schema is written
     with a fixed-size placeholder (8 KiB) that ``close`` overwrites in place, in the
@@ -495,7 +494,6 @@ class TraceWriter:
         self._index: dict[str, dict[str, int]] = {name: {"": 0} for name in TEXT_COLUMNS}
         self._pending: list[pa.Table] = []  # rows not yet written: fewer than batch_rows, text as strings
         self._pending_rows = 0
-        self._encoder = Encoder()
         self._writer: ipc.RecordBatchFileWriter | None = None  # opened by the first batch, or by close
         self._level = ZSTD_LEVEL
         try:
@@ -507,7 +505,7 @@ class TraceWriter:
 
     def _open(self, metadata: bytes, level: int) -> None:
         self._level = level
-        self._writer = ipc.new_file(self._sink, STORED_SCHEMA.with_metadata({METADATA_KEY: metadata}),
+        self._writer = ipc.new_file(self._sink, SCHEMA.with_metadata({METADATA_KEY: metadata}),
                                     options=_write_options(level, emit_dictionary_deltas=True,
                                                            unify_dictionaries=False))
 
@@ -555,7 +553,7 @@ class TraceWriter:
         try:
             arrays = [self._encode(f.name, head[f.name]) if f.name in TEXT_COLUMNS else head[f.name].combine_chunks()
                       for f in SCHEMA]
-            batch = self._encoder.encode(pa.RecordBatch.from_arrays(arrays, schema=SCHEMA), STORED_SCHEMA)
+            batch = pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
             raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
         try:
@@ -624,7 +622,7 @@ class TraceWriter:
     def _rewrite(self, meta: dict) -> None:
         """Copy the rows into a new file whose schema carries ``meta`` (metadata too long to patch)."""
         final_tmp = self._tmp.with_name(self._tmp.name + "-meta")
-        schema = STORED_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+        schema = SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
         reader = ipc.open_file(pa.memory_map(str(self._tmp), "r"))
         with pa.OSFile(str(final_tmp), "wb") as sink, ipc.new_file(sink, schema, options=_write_options(
                 self._level, emit_dictionary_deltas=True)) as writer:
