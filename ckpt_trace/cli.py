@@ -125,6 +125,7 @@ def record(
     force: bool = typer.Option(False, help="Overwrite an existing trace file."),
     as_json: bool = typer.Option(False, "--json", help="Print the recording's numbers as JSON on stdout."),
     gpu: Literal["auto", "on", "off"] = typer.Option("auto", "--gpu", help="Host<->device copies of CUDA programs (CUPTI): auto (when libcupti is found), on, off."),
+    host: Optional[str] = typer.Option(None, "--host", help="Name this node in the trace (default: the host name), for `merge` where nodes share a host name."),
 ) -> None:
     """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code."""
     from ckpt_trace.iolayer.outputs import check_output_file
@@ -144,7 +145,7 @@ def record(
     for limit in capture_limits(choice):
         err.print(f"ckpt-trace: note: {escape(limit)}", highlight=False)
     result = record_trace(list(cmd), output, choice=choice, path_filters=path_filter, strict=strict, overwrite=force,
-                          gpu_plan=gpu_plan)
+                          gpu_plan=gpu_plan, host=host)
     for pid, why in (result.gpu.get("errors") or {}).items():
         err.print(f"[yellow]ckpt-trace: warning: process {pid}'s GPU copies are not in the trace: {escape(why)}[/]",
                   highlight=False)
@@ -274,6 +275,30 @@ def summary(
     with _steps("summary") as progress:
         data = summarize_file(trace, progress=progress)
     _show(data, as_json, render_summary)
+
+
+@app.command()
+def merge(
+    traces: list[Path] = typer.Argument(..., help="The traces of the job's nodes (one `record` per node)."),
+    output: Path = typer.Option(..., "-o", "--output", help="The job's trace to write (.arrow)."),
+    clock_offset: list[str] = typer.Option([], "--clock-offset", help="HOST=NS: add NS nanoseconds to HOST's realtime clock (a known error; repeatable)."),
+    force: bool = typer.Option(False, help="Overwrite an existing output."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was merged as JSON."),
+) -> None:
+    """One trace of a job from its nodes' traces: rows in global time order, a host column, ranks as recorded."""
+    from .analysis.merge import merge_traces, parse_clock_offsets
+
+    offsets = parse_clock_offsets(clock_offset)
+    with _steps("merge") as progress:
+        data = merge_traces(traces, output, clock_offsets=offsets, overwrite=force, progress=progress)
+    if as_json:
+        _write_json(None, data)
+    else:
+        bound = data["alignment_error_ns"]
+        err.print(f"ckpt-trace: merged {data['traces']} traces ({len(data['hosts'])} hosts, {len(data['ranks'])} "
+                  f"ranks) into {data['rows']:,} rows in {output}; clocks aligned within "
+                  f"{'an unknown bound (a trace without anchors)' if bound is None else f'{bound / 1e3:,.1f} us'}",
+                  highlight=False)
 
 
 @app.command()
@@ -566,6 +591,28 @@ def bench(
     if not as_json:
         err.print(f"ckpt-trace: wrote {written['table']} and {len(written['heatmaps'])} heat maps in "
                   f"{metadata['elapsed_s']:.0f} s", highlight=False)
+
+
+@app.command()
+def upgrade(
+    trace: Path = typer.Argument(..., help="Trace file of an older format version (1 to 4)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write, in the current version."),
+    force: bool = typer.Option(False, help="Overwrite an existing output (never the input)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    """Rewrite TRACE in the current trace format version (every column plain), metadata kept and the original's
+    version and sha256 added (``upgraded_from``); TRACE itself is never changed."""
+    from ckpt_trace.formats.convert import upgrade_trace
+
+    with _steps("upgrade") as progress:
+        result = upgrade_trace(trace, output, overwrite=force,
+                               on_batch=None if progress is None else lambda done, count: progress("rows", done, count))
+    if as_json:
+        _write_json(None, result)
+    else:
+        err.print(f"ckpt-trace: wrote {result['rows']:,} rows of {trace} (version {result['from_version']}) to "
+                  f"{output} as version {result['to_version']} ({result['input_bytes']:,} -> "
+                  f"{result['output_bytes']:,} bytes)", highlight=False)
 
 
 @app.command(name="filter")

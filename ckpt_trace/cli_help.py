@@ -12,7 +12,9 @@ SHORT = {
     "record": "Trace a command's checkpoint I/O (and GPU copies) into a trace.",
     "replay": "Re-execute a trace under I/O strategies and measure them.",
     "summary": "What a trace holds: operations, bytes, sizes, ranks, copies.",
+    "merge": "One trace of a job from the traces of its nodes.",
     "filter": "A smaller trace: some ranks, files, operations or a window.",
+    "upgrade": "Rewrite an older trace in the current format version.",
     "export": "Export a trace for Perfetto or as Parquet by rank.",
     "report": "One self-contained HTML report of a trace and its replays.",
     "diff": "What changed between two recordings.",
@@ -35,6 +37,14 @@ EXAMPLES = {
         "torchrun --nproc-per-node 8 -m ckpt_trace.cli replay save.arrow --target /lustre/r -o r.json",
     ],
     "summary": ["ckpt-trace summary save.arrow", "ckpt-trace summary save.arrow --json | jq .gpu"],
+    "merge": [
+        "ckpt-trace merge node0.arrow node1.arrow -o job.arrow",
+        "ckpt-trace merge n*.arrow -o job.arrow --clock-offset node3=-250000 --json",
+    ],
+    "upgrade": [
+        "ckpt-trace upgrade old-v4.arrow -o save.arrow",
+        "ckpt-trace upgrade old.arrow -o save.arrow --force --json",
+    ],
     "filter": [
         "ckpt-trace filter save.arrow -o rank0.arrow --rank 0",
         "ckpt-trace filter save.arrow -o phase.arrow --time 10s..20s --op write,fsync --path '*/__*_0.distcp'",
@@ -71,10 +81,11 @@ METAVARS = {
     "path_filter": "PREFIX", "queue_depth": "N", "repeat": "N", "ranks": "N", "shards": "N", "max_processes": "N",
     "min_seconds": "SECONDS", "strategy": "STRATEGY", "rank": "RANKS", "pid": "PIDS", "path": "GLOB", "op": "OPS",
     "time_window": "START..END", "engine": "ENGINE", "max_ops": "N", "chosen_rank": "RANK",
-    "direction": "write|read|both",
+    "direction": "write|read|both", "host": "LABEL", "clock_offset": "HOST=NS",
 }
 OUTPUT_METAVARS = {"record": "TRACE", "replay": "FILE", "export": "PATH", "report": "FILE", "baseline": "FILE",
-                   "emit": "FILE", "bench": "DIR", "filter": "TRACE"}
+                   "emit": "FILE", "bench": "DIR", "filter": "TRACE", "merge": "TRACE",
+                   "upgrade": "TRACE"}
 
 EPILOG_NOTE = ("Sizes: IEC units (4KiB, 4.5MiB, 1TiB; K, M, G, T the same), or decimal ones (4MB = 4,000,000 "
                "bytes); rates in decimal MB/s.")

@@ -45,6 +45,7 @@ RECORD_RELEASE_EVERY = _int_env("RECORD_RELEASE_EVERY", 4096)  # events between 
 # Replay
 REPLAY_MAX_IO_BYTES = _int_env("REPLAY_MAX_IO_BYTES", 64 << 20)  # largest single synthetic buffer
 REPLAY_FREE_SPACE_MARGIN_BYTES = _int_env("REPLAY_FREE_SPACE_MARGIN_BYTES", 64 << 20)
+REPLAY_NAMED_PATH_MIN_SHARE = 0.9  # a strategy whose named data path carried less of the bytes is flagged
 REPLAY_MAX_RUNS = _int_env("REPLAY_MAX_RUNS", 200)  # most runs --min-seconds may ask of one strategy
 
 # Regression checks (baseline / check): each figure is the median of at least CHECK_MIN_RUNS runs adding up to

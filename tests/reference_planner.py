@@ -645,4 +645,52 @@ def build_posix_plan(table: pa.Table, strip_prefix: str | None = None, *, arch: 
     columns = {name: table.column(name).to_pylist() for name in _PLAN_COLUMNS}
     for seq in range(table.num_rows):
         planner.add(seq, {name: columns[name][seq] for name in _PLAN_COLUMNS})
-    return planner.finish("posix")
+    return _cross_worker_order(planner.finish("posix"))
+
+
+_ORDERED = {"close", "munmap", "lseek", "fcntl", "ftruncate", "fallocate", "fsync", "fdatasync", "sync_file_range",
+            "msync"}
+
+
+def _cross_worker_order(plan: ReplayPlan) -> ReplayPlan:
+    """Handles used by several workers keep their recorded happens-before, one operation at a time: an
+    ordered use (``_ORDERED``, or a read or write at the file position) waits for each other worker's last
+    earlier use of the handle; another use, for the last earlier ordered use when another worker's."""
+    everything = sorted(((op.seq, i, k) for i, w in enumerate(plan.workers) for k, op in enumerate(w.ops)))
+    uses: dict[int, list[tuple[int, int, bool]]] = defaultdict(list)  # handle -> (seq, worker, ordered)
+    for seq, i, k in everything:
+        op = plan.workers[i].ops[k]
+        if op.handle is not None:
+            uses[op.handle].append((seq, i, op.kind in _ORDERED
+                                    or (op.kind in ("read", "write") and op.offset is None and not op.mapped)))
+        if op.kind == "dup" and op.source_handle is not None:
+            uses[op.source_handle].append((seq, i, False))
+    workers_of = {h: {w for _, w, _ in u} for h, u in uses.items()}
+    extra: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for seq, i, k in everything:
+        op = plan.workers[i].ops[k]
+        handles = ([(op.handle, op.kind in _ORDERED or (op.kind in ("read", "write") and op.offset is None
+                                                         and not op.mapped))] if op.handle is not None else [])
+        if op.kind == "dup" and op.source_handle is not None:
+            handles.append((op.source_handle, False))
+        for handle, ordered in handles:
+            if len(workers_of[handle]) < 2:
+                continue
+            before = [u for u in uses[handle] if u[0] < seq]
+            if ordered:
+                last: dict[int, int] = {}
+                for s, w, _ in before:
+                    if w != i:
+                        last[w] = s
+                extra[(i, k)].update(last.values())
+            else:
+                marks = [(s, w) for s, w, o in before if o]
+                if marks and marks[-1][1] != i:
+                    extra[(i, k)].add(marks[-1][0])
+    if not extra:
+        return plan
+    workers = tuple(dataclasses.replace(w, ops=tuple(
+        dataclasses.replace(op, deps=tuple(sorted(set(op.deps) | extra[(i, k)]))) if extra.get((i, k)) else op
+        for k, op in enumerate(w.ops))) for i, w in enumerate(plan.workers))
+    awaited = set(plan.awaited) | {s for deps in extra.values() for s in deps}
+    return dataclasses.replace(plan, workers=workers, awaited=frozenset(awaited))

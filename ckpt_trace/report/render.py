@@ -133,7 +133,7 @@ def render_results(console: Console, results: list[dict[str, Any]], fio_bytes_pe
         runs = r.get("runs_elapsed_s") or []
         elapsed = f"{r['elapsed_s']:.3f} s" + (f" ({min(runs):.3f}-{max(runs):.3f})" if len(runs) > 1 else "")
         rows.append([
-            r["strategy"], elapsed, human_bytes(r["bytes_written"]),
+            r["strategy"] + ("*" if r.get("off_named_path") else ""), elapsed, human_bytes(r["bytes_written"]),
             human_rate(r["write_throughput_bytes_per_s"]), human_bytes(r["bytes_read"]),
             human_rate(r["read_throughput_bytes_per_s"]), f"{r['data_ops']:,}", f"{r['metadata_ops']:,}",
             human_ns(lat.get("mean", 0)), human_ns(lat["p99"]), f"{r['cpu_user_s']:.2f} s", f"{r['cpu_sys_s']:.2f} s",
@@ -142,10 +142,26 @@ def render_results(console: Console, results: list[dict[str, Any]], fio_bytes_pe
     table, left_out = _fitted(console, "Replay results", columns, rows, wide)
     console.print(table)
     _left_out(console, left_out)
+    for r in results:
+        if r.get("off_named_path"):
+            for line in path_footnote(r):
+                console.print(line, highlight=False, soft_wrap=True)
     if fio_bytes_per_s:
         shares = ", ".join(f"{r['strategy']} {_moved_rate(r) / fio_bytes_per_s:.0%}" for r in results)
         console.print(f"fio's sequential O_DIRECT write limit here: {human_rate(fio_bytes_per_s)}; reached: {shares}",
                       highlight=False)
+
+
+def path_footnote(result: dict[str, Any]) -> list[str]:
+    """Two short lines on what carried a strategy's bytes when its named path carried too few of them."""
+    shares = {name: entry["bytes"] for name, entry in (result.get("data_paths") or {}).items() if entry["bytes"]}
+    total = sum(shares.values()) or 1
+    carried = ", ".join(f"{name.replace('_', ' ').replace('io uring', 'io_uring')} {moved / total:.0%}"
+                        for name, moved in sorted(shares.items(), key=lambda kv: -kv[1]))
+    named = result.get("named_path_bytes_share") or 0.0
+    why = f" ({result['unaligned_ops']:,} ops unaligned)" if result.get("unaligned_ops") else ""
+    return [f"* {result['strategy']}: {result.get('named_path')} carried {named:.0%} of the bytes{why};",
+            f"  they went by {carried}"]
 
 
 def _moved_rate(result: dict[str, Any]) -> float:

@@ -124,7 +124,6 @@ SCHEMAS = {1: SCHEMA_V1, 2: SCHEMA_V2, 3: SCHEMA, 4: STORED_SCHEMA_V4, 5: SCHEMA
 COLUMNS = tuple(SCHEMA.names)
 TEXT_COLUMNS = tuple(field.name for field in SCHEMA if pa.types.is_dictionary(field.type))
 
-
 @dataclass(frozen=True)
 class OptionalColumn:
     """A column a version 5 trace may carry after ``SCHEMA``'s: always nullable, of ``type`` (text columns
@@ -134,18 +133,24 @@ class OptionalColumn:
     doc: str
 
 
-# Optional additions of version 5 (formats/README.md, "Optional additions in version 5"). Writers may
-# include any of these columns (after SCHEMA's, in any order); readers accept them absent: ``read_trace``
-# and ``scan`` (all columns) return those present, ``scan`` asked for one the file lacks returns it null.
-# A column not in SCHEMA nor here is not read (a newer writer's addition: ignored, not refused); a column
-# here of another type is refused. Add an entry per new column: name -> OptionalColumn(type, doc); a
-# column keeps its meaning forever.
-OPTIONAL_COLUMNS: dict[str, OptionalColumn] = {}
+# Optional columns, additions of version 5 (formats/README.md, "Optional additions in version 5"). Writers
+# may store any of them after SCHEMA's columns (``TraceWriter(optional_columns=...)``, or ``write_trace``
+# for those its table holds); readers accept them absent: ``read_trace`` and ``scan`` with no column list
+# return those the file holds, ``scan`` asked for one by name returns it, null where the file lacks it. A
+# column in neither SCHEMA nor here is not read (a newer writer's addition: ignored, not refused); one of
+# these of another type is refused. Add an entry per new column: name -> OptionalColumn(type, doc), the
+# type nullable, text as ``TEXT``; a column keeps its meaning forever.
+OPTIONAL_COLUMNS: dict[str, OptionalColumn] = {
+    "host": OptionalColumn(_TEXT, "the node a row was recorded on: the `host` of the trace it came from "
+                                  "(`record --host LABEL` or the host name); written by `ckpt-trace merge`"),
+}
 
 # Optional metadata keys of version 5, stored beside the required ones in the one JSON object under
 # METADATA_KEY (readers accept them absent; ``read_extra_metadata`` returns those present). Add an entry
 # per new key: name -> what it holds (type, units, since when).
 EXTRA_METADATA: dict[str, str] = {
+    "merged": "written by `ckpt-trace merge`: the inputs, what each host's traces lost, the clock alignment's "
+              "error bound (formats/README.md, optional columns)",
     "upgraded_from": "the trace was converted by `ckpt-trace upgrade`: {\"format_version\": int, \"sha256\": "
                      "hex SHA-256 of the original file}",
 }
@@ -153,9 +158,16 @@ EXTRA_METADATA: dict[str, str] = {
 TEXT = _TEXT  # the type of a text column (optional ones included): dictionary<int32, string>
 
 
+def optional_type(name: str) -> pa.DataType:
+    """The Arrow type of optional column ``name`` (KeyError when ``OPTIONAL_COLUMNS`` has none); an entry
+    given as a bare type is taken as its type."""
+    entry = OPTIONAL_COLUMNS[name]
+    return entry.type if isinstance(entry, OptionalColumn) else entry
+
+
 def optional_field(name: str) -> pa.Field:
     """The Arrow field of optional column ``name`` (KeyError when ``OPTIONAL_COLUMNS`` has none)."""
-    return pa.field(name, OPTIONAL_COLUMNS[name].type, nullable=True)
+    return pa.field(name, optional_type(name), nullable=True)
 
 
 def file_schema(optional: list[str] | tuple[str, ...] = ()) -> pa.Schema:

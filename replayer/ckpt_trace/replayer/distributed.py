@@ -381,7 +381,10 @@ def _job_result(strategy: str, per_process: list[ReplayResult]) -> ReplayResult:
         cpu_sys_s=sum(r.cpu_sys_s for r in per_process), skipped_ops=skipped,
         unaligned_ops=sum(r.unaligned_ops for r in per_process), notes=notes,
         metadata_ops_saved=sum(r.metadata_ops_saved for r in per_process),
-        preallocated_files=sum(r.preallocated_files for r in per_process))
+        preallocated_files=sum(r.preallocated_files for r in per_process),
+        data_paths={name: {key: sum(r.data_paths.get(name, {}).get(key, 0) for r in per_process)
+                           for key in ("ops", "bytes")}
+                    for name in dict.fromkeys(n for r in per_process for n in r.data_paths)})
 
 
 def replay_distributed(

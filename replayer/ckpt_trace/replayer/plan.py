@@ -15,8 +15,9 @@ trace does not record) aliases a live handle of the same path.
 Cross-worker ordering: an operation on a handle another worker created
 waits for that open/dup; an operation naming a path (open, rename, unlink,
 mkdir) waits for the previous such operation on that path by another
-worker, and for the mkdir of its parent directories. Within a worker,
-recorded order is kept.
+worker, and for the mkdir of its parent directories; a handle used by
+several workers keeps its recorded happens-before (a close after every use,
+``replayer.ordering``). Within a worker, recorded order is kept.
 
 Open flags are converted here, once, from the recording's architecture (the
 trace's ``arch``) to this machine's (``formats.vocabulary.translate_open_flags``),
@@ -58,6 +59,7 @@ from ckpt_trace.iolayer.pattern import file_key
 from ckpt_trace.ranges import merge_grouped_ranges
 
 from .optable import KINDS, NONE, READ, WRITE, OpTable, PlanOp, interleave_columns
+from .ordering import with_cross_worker_order
 from .paths import relative_target_path
 
 DATA_KINDS = v.DATA_OPS
@@ -855,6 +857,9 @@ def build_posix_plan(trace: pa.Table | Iterable[pa.RecordBatch], strip_prefix: s
     skipped.update(planner.skipped)
     del control, data, ring, failed, op, ret, interface
     plan = _finish(rows, planner, data_rows, handles, skipped, strip_prefix, verify_ranges)
+    table, awaited = with_cross_worker_order(plan.ops, plan.awaited)  # descriptors that cross threads
+    if table is not plan.ops:
+        plan = plan.with_ops(table, awaited=awaited)
     return _renumbered(plan, rows.cols[GLOBAL_ROW]) if GLOBAL_ROW in rows.cols else plan
 
 

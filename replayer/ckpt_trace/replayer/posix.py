@@ -66,6 +66,11 @@ _LSEEK = KIND["lseek"]
 _COPY = KIND["copy"]
 _METADATA_CODES = np.array([KIND[k] for k in METADATA_KINDS if k in KIND], np.int8)
 _ALL = np.iinfo(np.uint64).max  # REQUEST_DTYPE "off" meaning the file position
+#: The ways a read or write reaches the file, indexes of ``_RunState.path_counts``: system call or io_uring
+#: request, each through the page cache or with O_DIRECT (the descriptor's flags, fcntl(F_GETFL)); pages
+#: touched through a mapping.
+DATA_PATHS = ("syscall_buffered", "syscall_direct", "io_uring_buffered", "io_uring_direct", "mapped")
+_MAPPED = 4
 
 
 class Progress(Protocol):
@@ -270,6 +275,9 @@ class PosixExecutor:
             skipped_ops=dict(plan.skipped_ops), unaligned_ops=state.unaligned_ops,
             metadata_ops_saved=plan.metadata_ops_saved, notes=sorted(state.notes),
             preallocated_files=state.preallocated, gpu_copies=gpu_copies,
+            data_paths={name: {"ops": int(ops), "bytes": int(moved)}
+                        for name, (ops, moved) in zip(DATA_PATHS, state.path_counts.tolist())},
+            file_bytes=files_moved(plan, state.file_bytes),
         )
 
     @staticmethod
@@ -384,17 +392,22 @@ class PosixExecutor:
             raise _Failed(int(data[owner[i]]), err)
         moved = np.maximum(results, 0)
         is_write = requests["opcode"] == rings.OP_WRITE
+        ctx.state.add_paths(ctx.via_uring, requests["fd"], moved, np.r_[True, owner[1:] != owner[:-1]],
+                            t.path[data[owner]], is_write)
         written, read = int(moved[is_write].sum()), int(moved[~is_write].sum())
         ctx.state.add_run(latencies, written, read, len(data), int(is_any_of(kinds, _METADATA_CODES).sum()))
         if ctx.progress is not None:
             ctx.progress.advance(written + read)
 
     def _submit(self, ctx: _WorkerContext, requests: np.ndarray, queue: int):
-        """(results, latencies) of a run: the recorded queue's ring at its depth, or the POSIX C loop."""
+        """(results, latencies) of a run: the recorded queue's ring at its depth, or the POSIX C loop;
+        ``ctx.via_uring`` says which ran it."""
         if queue != NONE and self.queues_as_recorded:
             ring = ctx.queue_ring(queue)
             if ring is not None:
+                ctx.via_uring = True
                 return ring.run(requests)
+        ctx.via_uring = False
         return rings.pio_run(requests)
 
     def requests(self, ctx: _WorkerContext, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -436,9 +449,12 @@ class PosixExecutor:
             if ring is not None:
                 self._one_request(ctx, op, row, ring)
                 return
+        mapped = op.mapped and self.maps_files and op.handle in ctx.state.mappings
         moved = self._execute(op, ctx.state, ctx.write_view, ctx.read_view, ctx.write_buf, ctx.read_buf)
         if op.kind in DATA_KINDS:
             ctx.state.add_one(time.perf_counter_ns() - started, moved, op.kind == "write")
+            ctx.state.add_path_one(_MAPPED if mapped else int(ctx.state.is_direct(ctx.state.fds[op.handle])),
+                                   moved, int(ctx.plan.ops.path[row]), op.kind == "write")
             if ctx.progress is not None:
                 ctx.progress.advance(moved)
         elif op.kind in METADATA_KINDS:
@@ -460,6 +476,8 @@ class PosixExecutor:
         moved = int(np.maximum(results, 0).sum())
         if op.kind in DATA_KINDS:
             ctx.state.add_run(latencies, moved if op.kind == "write" else 0, 0 if op.kind == "write" else moved, 1, 0)
+            ctx.state.add_paths(True, requests["fd"], np.maximum(results, 0), np.r_[True, np.zeros(len(requests) - 1, bool)],
+                                np.full(len(requests), ctx.plan.ops.path[row]), requests["opcode"] == rings.OP_WRITE)
             if ctx.progress is not None:
                 ctx.progress.advance(moved)
         else:
@@ -545,6 +563,7 @@ class PosixExecutor:
             files.fallocate(fd, op.offset, op.size, op.flags or 0)
         elif kind == "fcntl" and op.flags is not None:
             fcntl.fcntl(fd, fcntl.F_SETFL, op.flags)
+            state.mark_direct(fd)
         elif kind == "rename":
             os.rename(self.root.resolve(op.path), self.root.resolve(op.new_path))
             self.root.forget(op.path)
@@ -605,6 +624,16 @@ class PosixExecutor:
         return done
 
 
+def files_moved(plan: ReplayPlan, per_path: np.ndarray) -> dict[str, tuple[int, int]]:
+    """(bytes written, bytes read) per file path from per-path-index counts (``_RunState.file_bytes``)."""
+    moved: dict[str, tuple[int, int]] = {}
+    for index in np.flatnonzero(per_path.any(axis=0)).tolist():
+        name = plan.ops.paths[index]
+        written, read = moved.get(name, (0, 0))
+        moved[name] = (written + int(per_path[0, index]), read + int(per_path[1, index]))
+    return moved
+
+
 class _Failed(OSError):
     """A request of a run failed: the row it came from, and the error."""
 
@@ -624,6 +653,7 @@ class _WorkerContext:
         self.write_view, self.read_view = self.write_buf.view(), self.read_buf.view()
         self.rings: dict[int, Ring | None] = {}
         self.index = 0  # the worker's index in the plan
+        self.via_uring = False  # whether the last run went through io_uring (set by ``_submit``)
 
     def fds_of(self, handles: np.ndarray) -> np.ndarray:
         fds = self.state.fd_array[handles]
@@ -701,14 +731,63 @@ class _RunState:
         self.stopped = threading.Event()
         self.start_ns = 0
         self.notes: set[str] = set()
+        self.path_counts = np.zeros((len(DATA_PATHS), 2), np.int64)  # (ops, bytes) per DATA_PATHS entry
+        self._direct_fds: set[int] = set()
+        self._direct_array = np.zeros(0, np.int64)
+        #: bytes moved per file of the plan's table (``ops.paths`` index): row 0 written, row 1 read
+        self.file_bytes = np.zeros((2, max(len(plan.ops.paths), 1)), np.int64)
 
     def set_fd(self, handle: int, fd: int) -> None:
         self.fds[handle] = fd
         self.fd_array[handle] = fd
+        self.mark_direct(fd)
 
     def pop_fd(self, handle: int) -> int:
         self.fd_array[handle] = -1
-        return self.fds.pop(handle)
+        fd = self.fds.pop(handle)
+        if fd in self._direct_fds:
+            with self.lock:
+                self._direct_fds.discard(fd)
+                self._direct_array = np.fromiter(self._direct_fds, np.int64, len(self._direct_fds))
+        return fd
+
+    def mark_direct(self, fd: int) -> None:
+        """Note whether ``fd`` is open with O_DIRECT now (its status flags, fcntl(2) F_GETFL): after an open,
+        a dup, or an F_SETFL."""
+        direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
+        if direct != (fd in self._direct_fds):
+            with self.lock:
+                (self._direct_fds.add if direct else self._direct_fds.discard)(fd)
+                self._direct_array = np.fromiter(self._direct_fds, np.int64, len(self._direct_fds))
+
+    def is_direct(self, fd: int) -> bool:
+        return fd in self._direct_fds
+
+    def add_paths(self, uring: bool, fds: np.ndarray, moved: np.ndarray, first: np.ndarray, paths: np.ndarray,
+                  is_write: np.ndarray) -> None:
+        """Count requests by data path: ``fds``/``moved``/``paths``/``is_write`` per request, ``first`` marks
+        each operation's first request (an operation cut into pieces counts once)."""
+        code = np.isin(fds, self._direct_array).astype(np.int64) + (2 if uring else 0)
+        moved = np.asarray(moved, np.int64)
+        n = len(DATA_PATHS)
+        ops = np.bincount(code[first], minlength=n)
+        moved_by = np.bincount(code, weights=moved, minlength=n).astype(np.int64)
+        size = self.file_bytes.shape[1]
+        written = np.bincount(paths[is_write], weights=moved[is_write], minlength=size).astype(np.int64)
+        read = np.bincount(paths[~is_write], weights=moved[~is_write], minlength=size).astype(np.int64)
+        with self.lock:
+            self.path_counts[:, 0] += ops
+            self.path_counts[:, 1] += moved_by
+            self.file_bytes[0] += written[:size]
+            self.file_bytes[1] += read[:size]
+
+    def add_path_one(self, code: int, moved: int, path: int, is_write: bool) -> None:
+        """Count one operation run as a system call (``code`` 0 buffered, 1 O_DIRECT) or through a mapping."""
+        with self.lock:
+            self.path_counts[code, 0] += 1
+            self.path_counts[code, 1] += moved
+            if path >= 0:
+                self.file_bytes[0 if is_write else 1, path] += moved
 
     def note(self, text: str) -> None:
         with self.lock:

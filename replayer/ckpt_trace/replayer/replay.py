@@ -24,16 +24,18 @@ from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
 from ckpt_trace.formats import count_rows, read_metadata, scan, sha256_file
 from ckpt_trace.iolayer import host
 from ckpt_trace.iolayer.fio import fio_bytes_per_s
+from ckpt_trace.ranges import merge_grouped_ranges
 from ckpt_trace.stats import median_index
 from ckpt_trace.version import __version__
 
 from .aggregate import alignment_counts, build_aggregated_plan
+
 from .optable import READ, WRITE
 from .ownership import Claim
 from .pack import pack_plan
 from .paths import TargetRoot
 from .plan import PLAN_COLUMNS, ReplayPlan, build_posix_plan
-from .posix import PosixExecutor, Progress
+from .posix import PosixExecutor, Progress, files_moved
 from .results import ReplayResult
 from .uring import UringExecutor, io_uring_available
 from .verify import verify_content
@@ -307,6 +309,7 @@ def replay(
     plans = _plans(trace, strategy, strip_prefix, verify_ranges=verify, buffer_bytes=buffer_bytes,
                    block_bytes=host.block_bytes(target), pack_files=pack_files)
     trace_sha256 = digest.result()  # before any run: the hashing never shares the CPU with a measured run
+    check_same_coverage(plans)
     check_queue_depth(queue_depth, [plan.strategy for plan in plans])
     made_target = not target.exists()
     prepare_target(target, force)
@@ -403,11 +406,76 @@ def _run_plans(plans, claims, queue_depth, count: RunCount, timing, progress, du
             if drop_caches:
                 drop_page_cache()
             runs.append(executor.run(plan, timing=timing, progress=progress, durable=durable))
+            check_file_bytes(plan, runs[-1])
         results.append(_median_run(runs))
         mismatches.extend(size_mismatches(root, plan))
         if verify:
             results[-1].verified_files = _verify(root, plan)
     return results, mismatches
+
+
+def planned_file_bytes(plan: ReplayPlan) -> dict[str, tuple[int, int]]:
+    """The bytes ``plan`` writes and reads per file path (the sum of its operations' sizes). Pure."""
+    t = plan.ops
+    size = max(len(t.paths), 1)
+    per_path = np.zeros((2, size), np.int64)
+    for row, kind in ((0, WRITE), (1, READ)):
+        mine = (t.kind == kind) & (t.path >= 0)
+        per_path[row] = np.bincount(t.path[mine], weights=np.maximum(t.size[mine], 0), minlength=size)[:size]
+    return files_moved(plan, per_path)
+
+
+def covered_file_bytes(plan: ReplayPlan) -> dict[str, tuple[int, int]]:
+    """The distinct bytes ``plan`` writes and reads per file path (the union of its operations' byte ranges:
+    an aggregated plan merges overlapping operations, so sums differ where coverage does not). Pure."""
+    t = plan.ops
+    size = max(len(t.paths), 1)
+    per_path = np.zeros((2, size), np.int64)
+    for row, kind in ((0, WRITE), (1, READ)):
+        mine = (t.kind == kind) & (t.path >= 0) & (t.offset >= 0) & (t.size > 0)
+        groups, starts, ends = merge_grouped_ranges(t.path[mine].astype(np.int64), t.offset[mine],
+                                                    t.offset[mine] + t.size[mine])
+        per_path[row] = np.bincount(groups, weights=ends - starts, minlength=size)[:size]
+    return files_moved(plan, per_path)
+
+
+def check_same_coverage(plans: list[ReplayPlan]) -> None:
+    """Refuse plans that would not write and read the same bytes of the same files as the first (the trace as
+    recorded): a strategy that moves other bytes cannot be compared with it. Plans with packed files (whose
+    bytes live in packs) are left out. Raises ReplayError naming the first file that differs."""
+    reference = None
+    for plan in plans:
+        if plan.pack_index:
+            continue
+        coverage = covered_file_bytes(plan)
+        if reference is None:
+            reference = (plan.strategy, coverage)
+            continue
+        if coverage != reference[1]:
+            name = next(p for p in sorted(set(coverage) | set(reference[1]))
+                        if coverage.get(p, (0, 0)) != reference[1].get(p, (0, 0)))
+            ours, theirs = coverage.get(name, (0, 0)), reference[1].get(name, (0, 0))
+            raise ReplayError(f"the {plan.strategy} plan would write {ours[0]:,} B and read {ours[1]:,} B of {name}, "
+                              f"{reference[0]} {theirs[0]:,} B and {theirs[1]:,} B: the strategies would not move "
+                              "the same bytes (a planner bug; please report it)")
+
+
+def check_file_bytes(plan: ReplayPlan, result: ReplayResult) -> None:
+    """After a run: every file got exactly the bytes its plan writes and reads (``result.file_bytes``); a short
+    read or write, or an operation that reached another file, would make the strategies incomparable. Raises
+    ReplayError naming the first file that differs."""
+    if plan.pack_index:
+        return
+    expected = planned_file_bytes(plan)
+    moved = result.file_bytes
+    if moved == expected:
+        return
+    for name in sorted(set(expected) | set(moved)):
+        want, got = expected.get(name, (0, 0)), moved.get(name, (0, 0))
+        if want != got:
+            raise ReplayError(f"{plan.strategy} wrote {got[0]:,} B and read {got[1]:,} B of {name}, its plan "
+                              f"{want[0]:,} B and {want[1]:,} B (the rows it replays): the run moved other bytes "
+                              "than the trace, so its figures cannot be compared")
 
 
 def _release(claims: list[Claim], target: Path, made_target: bool) -> None:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass, field
 
+from ckpt_trace import config
 from ckpt_trace.stats import LatencyHistogram
+
+#: The data path each strategy's name promises (posix replays as recorded: no promise).
+NAMED_PATHS = {"uring-buffered": "io_uring", "uring-direct": "io_uring+O_DIRECT", "aggregated": "io_uring+O_DIRECT"}
+NAMED_PATH_MEMBERS = {"io_uring": ("io_uring_buffered", "io_uring_direct"), "io_uring+O_DIRECT": ("io_uring_direct",)}
 
 
 @dataclass
@@ -31,7 +36,14 @@ class ReplayResult:
     copying (inside ``elapsed_s``), ``skipped_why``; None without copy rows.
     ``latency_histogram`` (``stats.LatencyHistogram``, not in the JSON form)
     is kept by runs of a distributed replay, whose processes merge their
-    latencies through it.
+    latencies through it. ``data_paths``: operations and bytes by the way
+    they reached the file (``posix.DATA_PATHS``: system call or io_uring,
+    page cache or O_DIRECT by the descriptor's status flags, or a mapping);
+    the JSON form adds the shares through io_uring, through O_DIRECT and
+    through the path the strategy's name promises (``NAMED_PATHS``), and
+    ``off_named_path`` when that path carried less than
+    ``config.REPLAY_NAMED_PATH_MIN_SHARE`` of the bytes. ``file_bytes``
+    (internal): (written, read) bytes per file path, checked after each run.
     """
 
     strategy: str
@@ -54,6 +66,36 @@ class ReplayResult:
     preallocated_files: int = 0
     gpu_copies: dict | None = None
     latency_histogram: LatencyHistogram | None = field(default=None, repr=False, compare=False)
+    data_paths: dict[str, dict[str, int]] = field(default_factory=dict)
+    file_bytes: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def named_path(self) -> str | None:
+        """The data path the strategy's name promises (``NAMED_PATHS``), None for posix (as recorded)."""
+        return NAMED_PATHS.get(self.strategy)
+
+    def path_shares(self) -> dict[str, float | None]:
+        """Shares of operations and bytes through io_uring, through O_DIRECT, and through the named path
+        (None where nothing moved)."""
+        paths = self.data_paths
+        ops = sum(p["ops"] for p in paths.values())
+        moved = sum(p["bytes"] for p in paths.values())
+
+        def share(names: tuple[str, ...], key: str, total: int) -> float | None:
+            return sum(paths.get(n, {}).get(key, 0) for n in names) / total if total else None
+
+        uring, direct = ("io_uring_buffered", "io_uring_direct"), ("syscall_direct", "io_uring_direct")
+        named = NAMED_PATH_MEMBERS.get(self.named_path, ())
+        return {"io_uring_ops_share": share(uring, "ops", ops), "io_uring_bytes_share": share(uring, "bytes", moved),
+                "o_direct_ops_share": share(direct, "ops", ops), "o_direct_bytes_share": share(direct, "bytes", moved),
+                "named_path_ops_share": share(named, "ops", ops) if named else None,
+                "named_path_bytes_share": share(named, "bytes", moved) if named else None}
+
+    @property
+    def off_named_path(self) -> bool:
+        """Whether the named path carried less than ``config.REPLAY_NAMED_PATH_MIN_SHARE`` of the bytes."""
+        share = self.path_shares()["named_path_bytes_share"]
+        return share is not None and share < config.REPLAY_NAMED_PATH_MIN_SHARE
 
     @property
     def write_throughput_bytes_per_s(self) -> float:
@@ -66,6 +108,10 @@ class ReplayResult:
     def to_json(self) -> dict:
         data = asdict(dataclasses.replace(self, latency_histogram=None))
         data.pop("latency_histogram")  # internal: how processes of a distributed replay merge latencies
+        data.pop("file_bytes")  # internal: checked after each run (``replay.check_file_bytes``)
+        data["named_path"] = self.named_path
+        data.update(self.path_shares())
+        data["off_named_path"] = self.off_named_path
         data["write_throughput_bytes_per_s"] = self.write_throughput_bytes_per_s
         data["read_throughput_bytes_per_s"] = self.read_throughput_bytes_per_s
         return data

@@ -12,12 +12,17 @@ at the file position.
 
 ``direct=True`` (uring-direct, aggregated) opens files with O_DIRECT (and
 without O_APPEND: every request names its offset) and submits from
-page-aligned buffers. An operation whose offset or size is not
+page-aligned buffers. A request whose offset, size or buffer address is not
 a multiple of the file system's block size (statvfs f_bsize) cannot go
-through O_DIRECT; it is written or read with a buffered pwrite/pread on a
-second descriptor of the same file, between runs, and is counted in
+through O_DIRECT; it stays an io_uring request, in the same run, on a second,
+buffered descriptor of the same file (io_uring buffered: the strategy's
+interface, not a system call), and its operation is counted in
 ``unaligned_ops`` (the kernel keeps the page cache coherent with direct I/O
-around it).
+around it: a direct request writes back and invalidates the cached pages it
+covers). Reads and writes whose offset the trace did not know are submitted
+at the descriptor's position (lseek(2) SEEK_CUR), which is then advanced
+past the bytes moved. Every result says which path carried what
+(``ReplayResult.data_paths``).
 
 Memory-mapped I/O is replayed as the reads and writes it amounts to: a
 mapping's file is opened (``mmap``) and closed (``munmap``), its pages read
@@ -31,11 +36,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-import time
 
 import numpy as np
 
 from ckpt_trace.errors import ReplayError
+from ckpt_trace.iolayer import pattern
 from ckpt_trace.iolayer import ring as rings
 from ckpt_trace.iolayer.ring import Ring
 from ckpt_trace.iolayer.ring import probe as probe_ring
@@ -76,10 +81,24 @@ class UringExecutor(PosixExecutor):
     def batchable(self, plan: ReplayPlan, rows: slice) -> np.ndarray:
         t = plan.ops
         kind = t.kind[rows]
-        ok = ((kind == READ) | (kind == WRITE)) & (t.offset[rows] >= 0)
+        return ((kind == READ) | (kind == WRITE)) & (t.offset[rows] >= 0)
+
+    def requests(self, ctx: _WorkerContext, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``PosixExecutor.requests``; under O_DIRECT, the requests it cannot take (offset, size or buffer
+        address off the block size) on the file's buffered descriptor, their operations counted unaligned."""
+        requests, owner = super().requests(ctx, data)
         if self.direct:
-            ok &= (t.offset[rows] % self.block_bytes == 0) & (np.maximum(t.size[rows], 0) % self.block_bytes == 0)
-        return ok
+            block = self.block_bytes
+            off = requests["off"].astype(np.int64)
+            bad = (off % block != 0) | (requests["len"] % block != 0) | (requests["addr"] % block != 0)
+            if bad.any():
+                handles = ctx.plan.ops.handle[data[owner[bad]]]
+                unique, inverse = np.unique(handles, return_inverse=True)
+                buffered = np.array([self._buffered_fd_of(int(h), ctx.state) for h in unique.tolist()], np.int32)
+                requests["fd"][bad] = buffered[inverse]
+                for _ in range(len(np.unique(owner[bad]))):
+                    ctx.state.add_unaligned()
+        return requests, owner
 
     def _open(self, op: PlanOp, state: _RunState) -> int:
         if self.direct and not (op.flags or 0) & os.O_DIRECTORY:
@@ -111,6 +130,7 @@ class UringExecutor(PosixExecutor):
         ring = ctx.rings.get(-1)
         if ring is None:
             ring = ctx.rings[-1] = Ring(self.queue_depth)
+        ctx.via_uring = True
         return ring.run(requests)
 
     def _one(self, ctx: _WorkerContext, op: PlanOp, row: int) -> None:
@@ -122,33 +142,56 @@ class UringExecutor(PosixExecutor):
                     os.close(buffered)
             super()._one(ctx, op, row)
             return
-        started = time.perf_counter_ns()
-        fd = ctx.state.fds[op.handle]
-        aligned = not self.direct or (op.offset is not None and op.offset % self.block_bytes == 0
-                                      and (op.size or 0) % self.block_bytes == 0)
-        if op.offset is not None and not aligned:
-            ctx.state.add_unaligned()
-            fd = self._buffered_fd(op, ctx.state)
-        if op.offset is not None and aligned:  # a lone request (a run of one): one ring submission
-            requests, _ = self.requests(ctx, np.array([row]))
-            results, latencies = self._submit(ctx, requests, -1)
-            moved = int(np.maximum(results, 0).sum())
-            failure = rings.first_failure(requests, results)
-            if failure is not None:
-                raise failure[1]
-            ctx.state.add_run(latencies, moved if op.kind == "write" else 0, 0 if op.kind == "write" else moved, 1, 0)
+        if op.offset is None:  # at the file position: known here, so the request can name it
+            position = os.lseek(ctx.state.fds[op.handle], 0, os.SEEK_CUR)
+            requests, owner = self._requests_at(ctx, row, position)
         else:
-            moved = self._write(fd, op, ctx.write_view) if op.kind == "write" else self._read(fd, op, ctx.read_view)
-            ctx.state.add_one(time.perf_counter_ns() - started, moved, op.kind == "write")
+            requests, owner = self.requests(ctx, np.array([row]))
+        results, latencies = self._submit(ctx, requests, -1)
+        failure = rings.first_failure(requests, results)
+        if failure is not None:
+            raise failure[1]
+        moved_each = np.maximum(results, 0)
+        moved = int(moved_each.sum())
+        is_write = requests["opcode"] == rings.OP_WRITE
+        ctx.state.add_paths(True, requests["fd"], moved_each, np.r_[True, owner[1:] != owner[:-1]],
+                            np.full(len(requests), ctx.plan.ops.path[row]), is_write)
+        if op.offset is None:
+            os.lseek(ctx.state.fds[op.handle], position + moved, os.SEEK_SET)
+        ctx.state.add_run(latencies, moved if op.kind == "write" else 0, 0 if op.kind == "write" else moved, 1, 0)
         if ctx.progress is not None:
             ctx.progress.advance(moved)
 
-    def _buffered_fd(self, op: PlanOp, state: _RunState) -> int:
-        """A second, buffered descriptor of the handle's file, for operations O_DIRECT cannot take."""
+    def _requests_at(self, ctx: _WorkerContext, row: int, position: int) -> tuple[np.ndarray, np.ndarray]:
+        """The requests of a read or write the trace recorded at the file position, at ``position``."""
+        t = ctx.plan.ops
+        size = max(int(t.size[row]), 0)
+        chunk = ctx.chunk
+        pieces = max(1, -(-size // chunk))
+        done = np.arange(pieces, dtype=np.int64) * chunk
+        write = t.kind[row] == WRITE
+        requests = rings.batch(pieces)
+        requests["opcode"] = rings.OP_WRITE if write else rings.OP_READ
+        requests["fd"] = ctx.state.fds[int(t.handle[row])]
+        requests["addr"] = (ctx.write_buf.ptr + (position + done + pattern.PAGE * int(t.pattern_key[row]))
+                            % pattern.PERIOD) if write else ctx.read_buf.ptr
+        requests["len"] = np.minimum(chunk, size - done)
+        requests["off"] = position + done
+        owner = np.zeros(pieces, np.int64)
+        if self.direct:
+            block = self.block_bytes
+            bad = ((position + done) % block != 0) | (requests["len"] % block != 0) | (requests["addr"] % block != 0)
+            if bad.any():
+                requests["fd"][bad] = self._buffered_fd_of(int(t.handle[row]), ctx.state)
+                ctx.state.add_unaligned()
+        return requests, owner
+
+    def _buffered_fd_of(self, handle: int, state: _RunState) -> int:
+        """A second, buffered descriptor of the handle's file, for requests O_DIRECT cannot take."""
         with self._lock:
-            fd = self._buffered_fds.get(op.handle)
+            fd = self._buffered_fds.get(handle)
             if fd is None:
-                path = os.readlink(f"/proc/self/fd/{state.fds[op.handle]}")
+                path = os.readlink(f"/proc/self/fd/{state.fds[handle]}")
                 fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-                self._buffered_fds[op.handle] = fd
+                self._buffered_fds[handle] = fd
             return fd

@@ -27,7 +27,7 @@ from ckpt_trace.iolayer.host import filesystems_of
 from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.version import __version__
 
-from . import bcc_backend, gpu, strace_backend
+from . import bcc_backend, clock, gpu, strace_backend
 from .spool import RowSpool
 from .state import EffectOrderFeeder, TraceBuilder, rank_from_environ
 
@@ -226,6 +226,7 @@ def record(
     strict: bool = False,
     overwrite: bool = False,
     gpu_plan: gpu.GpuPlan | None = None,
+    host: str | None = None,
 ) -> RecordResult:
     """Run ``cmd`` (and every descendant) traced; write the trace to ``output``.
 
@@ -238,6 +239,9 @@ def record(
     ``gpu_plan`` (``gpu.plan_capture``): when enabled, every process that
     initialises CUDA loads the CUPTI subscriber and its host<->device copies
     become rows of the trace (interface ``cuda``), on the trace's clock.
+
+    ``host``: the name stored as the trace's host (default: the host name); the trace also carries the boot
+    id, the clock anchors and the job id (``clock``), so the traces of a job's nodes merge.
 
     Returns the command's exit code with the counts. Raises TracerError when
     the command is empty, the backend fails, or ``strict`` and events were
@@ -255,7 +259,13 @@ def record(
     try:
         start_wall_ns = time.time_ns()
         started = time.monotonic()
+        anchors = {name: clock.anchor(name) for name in clock.CLOCK_IDS}  # the backend is known only after
         builder, extra, choice = _run_backend(choice, cmd, builder_args, spool, capture)
+        tracer_clock = clock.backend_clock(choice.name)
+        extra = {**extra, "host": clock.host_label(host), "boot_id": clock.boot_id(),
+                 "clock": clock.clock_metadata(tracer_clock, builder.start_ns, anchors[tracer_clock],
+                                               clock.anchor(tracer_clock)),
+                 **({"job": job} if (job := clock.job_of(os.environ, cmd)) else {})}
         copies = _copies(capture, builder, choice) if capture is not None else None
         elapsed_s = time.monotonic() - started
         if strict and extra["lost_events"]:
@@ -317,7 +327,7 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
     metadata = {
         "creator": "ckpt-trace",
         "creator_version": __version__,
-        "host": socket.gethostname(),
+        "host": extra.get("host") or socket.gethostname(),
         "kernel": os.uname().release,
         "arch": vocabulary.host_arch(),
         "command": list(cmd),
