@@ -126,8 +126,12 @@ def record(
     as_json: bool = typer.Option(False, "--json", help="Print the recording's numbers as JSON on stdout."),
     gpu: Literal["auto", "on", "off"] = typer.Option("auto", "--gpu", help="Host<->device copies of CUDA programs (CUPTI): auto (when libcupti is found), on, off."),
     host: Optional[str] = typer.Option(None, "--host", help="Name this node in the trace (default: the host name), for `merge` where nodes share a host name."),
+    no_layout: bool = typer.Option(False, "--no-layout", help="Do not add the layout of the checkpoint files the command left (see annotate)."),
 ) -> None:
-    """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code."""
+    """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code.
+
+    When the command read or wrote checkpoint files ckpt-trace recognises (DCP, safetensors, torch.save,
+    Hugging Face index), their layout (which bytes are which tensor) is added to the trace, within 60 s."""
     from ckpt_trace.iolayer.outputs import check_output_file
     from ckpt_trace.tracer import capture_limits, choose_backend, resolve_command
     from ckpt_trace.tracer import record as record_trace
@@ -167,9 +171,10 @@ def record(
                   f"{', '.join(map(escape, path_filter))} ({result.filtered_ops:,} were left out)[/]", highlight=False)
     if result.exit_code != 0:
         err.print(f"[yellow]ckpt-trace: the command {result.ended}; its trace is written[/]", highlight=False)
+    layout = _layout_after_record(result.trace_path, no_layout)
     summary = {"trace": str(result.trace_path), "backend": result.backend, "rows": result.rows,
                "lost_events": result.lost_events, "exit_code": result.exit_code, "exit_signal": result.exit_signal,
-               "ended": result.ended, "elapsed_s": result.elapsed_s, "gpu": result.gpu}
+               "ended": result.ended, "elapsed_s": result.elapsed_s, "gpu": result.gpu, "layout": layout}
     if as_json:
         _write_json(None, summary)
     else:
@@ -186,7 +191,7 @@ def replay(
     queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
     buffer_size: str = typer.Option("4MiB", "--buffer-size", help="aggregated: aligned buffer size, 1-64 MiB (e.g. 4MiB)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each plan's operation counts, sizes and alignment; do no I/O."),
-    repeat: int = typer.Option(1, "--repeat", help="Runs per strategy; report the median run and min-max."),
+    repeat: Optional[int] = typer.Option(None, "--repeat", help="Rounds (each strategy once a round, interleaved); default: 3-10 rounds, until the strategies are told apart or 60 s of runs."),
     drop_caches: bool = typer.Option(False, "--drop-caches", help="Drop the page cache before each run (root)."),
     durable: bool = typer.Option(False, "--durable", help="fsync every written file before the clock stops."),
     verify: bool = typer.Option(False, "--verify", help="Read the files back and check their content pattern."),
@@ -196,6 +201,7 @@ def replay(
     fio: bool = typer.Option(False, "--fio", help="Also measure fio's sequential O_DIRECT write limit in TARGET, for reference."),
     gpu_copies: Literal["recorded", "pinned", "skip"] = typer.Option("recorded", "--gpu-copies", help="Host<->device copy rows: as recorded, with pinned host staging, or skipped (always, without a GPU)."),
     wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
+    placement: Literal["host", "spread"] = typer.Option("host", "--placement", help="Under torchrun: host keeps each recorded host's ranks on one node (a merged trace); spread cuts the ranks into blocks over all processes."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the results document (JSON) to this file."),
     force: bool = typer.Option(False, help="Allow a non-empty target and overwrite an existing -o file (the replay still writes only files it creates)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results document as JSON on stdout."),
@@ -214,7 +220,7 @@ def replay(
     world = launched()  # None unless one of several processes torchrun launched
     speaks = world is None or world.rank == 0  # under torchrun, global rank 0 writes and prints
     if output is not None and speaks:
-        check_output_file(output, force)
+        check_output_file(output, force, inputs=(trace,))
     if dry_run:
         if not speaks:  # rank 0 plans the whole trace and prints the dry run
             return
@@ -234,7 +240,8 @@ def replay(
                                         strip_prefix=strip_prefix, timing=timing, force=force,
                                         queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
                                         drop_caches=drop_caches, durable=durable, verify=verify, progress=progress,
-                                        protect=(output,) if output is not None else (), gpu_copies=gpu_copies)
+                                        protect=(output,) if output is not None else (), gpu_copies=gpu_copies,
+                                        placement=placement)
         if not speaks:
             return
         job = report.to_json()["distributed"]
@@ -400,7 +407,7 @@ def baseline(
     from .check.baseline import make_baseline, write_json
     from .units import parse_size
 
-    check_output_file(output, force)
+    check_output_file(output, force, inputs=traces)
     buffer_bytes = parse_size(buffer_size, what="--buffer-size")
     with _progress() as progress:
         data = make_baseline(traces, target=target, strategies=strategy, repeat=repeat, min_seconds=min_seconds,
@@ -441,7 +448,7 @@ def check(
     _wide(wide)
     allowed = parse_tolerance(tolerance)
     if junit is not None:
-        check_output_file(junit, force)
+        check_output_file(junit, force, inputs=(*traces, baseline_file))
     data = load_baseline(baseline_file)
     with _progress() as progress:
         rows = run_check(traces, data, target=target, tolerance=allowed, repeat=repeat, min_seconds=min_seconds,
@@ -593,6 +600,55 @@ def bench(
                   f"{metadata['elapsed_s']:.0f} s", highlight=False)
 
 
+def _layout_after_record(trace: Path, skip: bool) -> dict | None:
+    """``record``'s layout step: the layout of the checkpoint files the command touched, added to the trace;
+    a failure is a warning (the trace is already whole)."""
+    if skip:
+        return None
+    from .analysis.layout import annotate_recording
+    from .config import LAYOUT_TIME_LIMIT_S
+
+    try:
+        done = annotate_recording(trace, time_limit_s=LAYOUT_TIME_LIMIT_S)
+    except CkptTraceError as error:
+        err.print(f"[yellow]ckpt-trace: warning: no layout added: {escape(str(error))}[/]", highlight=False)
+        return None
+    if done["stored"]:
+        formats = ", ".join(sorted(set(done["files"].values())))
+        err.print(f"ckpt-trace: layout: {done['objects']:,} objects of {len(done['files'])} checkpoint files "
+                  f"({formats}) in {done['elapsed_s']:.2f} s"
+                  f"{'' if done['complete'] else f' (stopped at the {LAYOUT_TIME_LIMIT_S:g} s bound)'}", highlight=False)
+    else:
+        err.print(f"ckpt-trace: layout: no checkpoint file recognised ({done['elapsed_s']:.2f} s)", highlight=False)
+    return done
+
+
+@app.command()
+def annotate(
+    trace: Path = typer.Argument(..., help="Trace file."),
+    checkpoint: list[Path] = typer.Option(..., "--checkpoint", help="Checkpoint directory or file (repeatable)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the annotated trace here (default: replace TRACE)."),
+    force: bool = typer.Option(False, help="Overwrite an existing output."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was added as JSON."),
+) -> None:
+    """Add the layout of a checkpoint (which byte ranges hold which tensor, of which kind) to a trace.
+
+    Read from the checkpoint's own index data (DCP .metadata, safetensors headers, torch.save's data.pkl,
+    Hugging Face *.index.json) without running code from it; other files are listed as unknown."""
+    from .analysis.layout import annotate as annotate_trace
+    from .config import LAYOUT_TIME_LIMIT_S
+
+    data = annotate_trace(trace, checkpoint, output, overwrite=force, time_limit_s=LAYOUT_TIME_LIMIT_S)
+    if as_json:
+        _write_json(None, data)
+    else:
+        formats = ", ".join(sorted(set(data["files"].values()))) or "none recognised"
+        err.print(f"ckpt-trace: wrote {data['trace']}: {data['objects']:,} objects of {len(data['files'])} checkpoint "
+                  f"files ({formats}), {len(data['unknown'])} unknown, in {data['elapsed_s']:.2f} s", highlight=False)
+        for path, why in data["errors"].items():
+            err.print(f"[yellow]ckpt-trace: warning: {escape(why)}[/]", highlight=False)
+
+
 @app.command()
 def upgrade(
     trace: Path = typer.Argument(..., help="Trace file of an older format version (1 to 4)."),
@@ -633,7 +689,7 @@ def filter_cmd(
     from .analysis.filter import Conditions, filter_trace
 
     conditions = Conditions(ranks=rank, pids=pid, path_glob=path, ops=op, time=time_window)
-    check_output_file(output, force)
+    check_output_file(output, force, inputs=(trace,))
     with _steps("filter") as progress:
         result = filter_trace(trace, output, conditions, overwrite=force, progress=progress)
     if as_json:

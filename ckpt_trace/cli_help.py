@@ -24,6 +24,7 @@ SHORT = {
     "workload": "Save (or load and check) a real GPT-2-shaped checkpoint.",
     "bench": "Sweep sizes, queue depths, O_DIRECT, aggregation on a storage.",
     "version": "Print the version.",
+    "annotate": "Add a checkpoint's layout (which bytes are which tensor) to a trace.",
 }
 
 EXAMPLES = {
@@ -59,6 +60,8 @@ EXAMPLES = {
         "ckpt-trace report save.arrow -o report.html --rank 7",
     ],
     "diff": ["ckpt-trace diff before.arrow after.arrow"],
+    "annotate": ["ckpt-trace annotate save.arrow --checkpoint /scratch/ckpt/step100",
+                 "ckpt-trace annotate save.arrow --checkpoint ckpt/ -o annotated.arrow --json"],
     "baseline": ["ckpt-trace baseline save.arrow --target /scratch/b -o baseline.json --repeat 5"],
     "check": ["ckpt-trace check save.arrow --baseline baseline.json --target /scratch/c --junit check.xml"],
     "emit": ["ckpt-trace emit save.arrow --from-results results.json -o my_writer.py"],

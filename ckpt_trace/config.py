@@ -29,6 +29,7 @@ BPF_COMPACT_RINGBUF_PAGES = _int_env("BPF_COMPACT_RINGBUF_PAGES", 16384)  # 64 M
 BPF_AUX_RINGBUF_PAGES = _int_env("BPF_AUX_RINGBUF_PAGES", 8192)  # 32 MiB for requests and mapped pages
 BPF_URING_INFLIGHT_ENTRIES = _int_env("BPF_URING_INFLIGHT_ENTRIES", 65536)  # io_uring requests tracked at once
 BPF_MAX_IOVECS = _int_env("BPF_MAX_IOVECS", 64)  # iovecs summed in BPF for readv/writev sizes
+BPF_MAX_IOCBS = _int_env("BPF_MAX_IOCBS", 128)  # iocbs (io_events) read per io_submit (io_getevents); more: lost
 BPF_INFLIGHT_ENTRIES = _int_env("BPF_INFLIGHT_ENTRIES", 65536)  # concurrent syscalls tracked
 BPF_IGNORED_FDS = _int_env("BPF_IGNORED_FDS", 262144)  # (tgid, fd) pairs filtered in the kernel
 BPF_POLL_MS = _int_env("BPF_POLL_MS", 50)
@@ -46,6 +47,11 @@ RECORD_RELEASE_EVERY = _int_env("RECORD_RELEASE_EVERY", 4096)  # events between 
 REPLAY_MAX_IO_BYTES = _int_env("REPLAY_MAX_IO_BYTES", 64 << 20)  # largest single synthetic buffer
 REPLAY_FREE_SPACE_MARGIN_BYTES = _int_env("REPLAY_FREE_SPACE_MARGIN_BYTES", 64 << 20)
 REPLAY_NAMED_PATH_MIN_SHARE = 0.9  # a strategy whose named data path carried less of the bytes is flagged
+REPLAY_MIN_ROUNDS = _int_env("REPLAY_MIN_ROUNDS", 3)  # a replay's default rounds (each strategy once per round): at least,
+REPLAY_MAX_ROUNDS = _int_env("REPLAY_MAX_ROUNDS", 10)  # at most,
+REPLAY_BUDGET_S = float(_int_env("REPLAY_BUDGET_S", 60))  # and no new round once the runs' measured time reached this (replayer.verdicts)
+REPLAY_VERDICT_MIN_COVERAGE = 0.9  # an interval covering less (fewer than 5 rounds) is "within noise"
+REPLAY_MIN_JUDGE_BYTES = _int_env("REPLAY_MIN_JUDGE_BYTES", 64 << 10)  # data bytes under which nothing is judged
 REPLAY_MAX_RUNS = _int_env("REPLAY_MAX_RUNS", 200)  # most runs --min-seconds may ask of one strategy
 
 # Regression checks (baseline / check): each figure is the median of at least CHECK_MIN_RUNS runs adding up to
@@ -62,6 +68,8 @@ WRITER_QUEUE_DEPTH = _int_env("WRITER_QUEUE_DEPTH", 8)  # io_uring requests in f
 WRITER_THREADS = _int_env("WRITER_THREADS", 1)  # writer threads per rank, one data file each
 WRITER_ALIGN_BYTES = _int_env("WRITER_ALIGN_BYTES", 4096)  # O_DIRECT offset/size/address alignment
 WRITER_ITEM_ALIGN_BYTES = _int_env("WRITER_ITEM_ALIGN_BYTES", 64)  # each tensor starts at a multiple of this
+# Page-locked staging kept between saves (writer.staging.PINNED_POOL): 8 x 4 MiB x 8 threads by default.
+PINNED_POOL_BYTES = _int_env("PINNED_POOL_BYTES", 256 << 20)
 
 # Micro-benchmark (ckpt-trace bench)
 BENCH_SETUP_TIMEOUT_S = _int_env("BENCH_SETUP_TIMEOUT_S", 120)  # longest a point's processes may take to start
@@ -69,3 +77,6 @@ BENCH_FREE_SPACE_MARGIN_BYTES = _int_env("BENCH_FREE_SPACE_MARGIN_BYTES", 16 << 
 BENCH_TOP_ROWS = _int_env("BENCH_TOP_ROWS", 8)  # fastest configurations listed
 BENCH_NEAR_BEST_PERCENT = _int_env("BENCH_NEAR_BEST_PERCENT", 5)  # points this close to the best are counted as ties
 BENCH_READ_MEMORY_FRACTION = 0.8  # share of the available memory read points may fill with their destinations
+
+# Longest the checkpoint layout may take to build after `record` (and in `annotate`); files left are unknown.
+LAYOUT_TIME_LIMIT_S = _int_env("LAYOUT_TIME_LIMIT_S", 60)

@@ -105,3 +105,26 @@ def relative_spread(values: Sequence[float]) -> float:
     median = float(np.median(data))
     q1, q3 = np.percentile(data, [25, 75])
     return float((q3 - q1) / abs(median)) if median else 0.0
+
+
+def median_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> dict:
+    """The median of ``values`` and a distribution-free interval for it: the order statistics
+    ``[x_(k), x_(n+1-k)]`` of the sign test, whose coverage is ``1 - 2 * P(Binomial(n, 1/2) <= k - 1)``
+    whatever the distribution (Conover, *Practical Nonparametric Statistics*, 3rd ed., section 3.2). ``k``
+    is the largest with coverage at least ``confidence``; with too few values for it (fewer than 6 at 95 %),
+    ``k = 1`` (the range) and its smaller coverage (75 % at 3 values, 94 % at 5). Returns ``median``,
+    ``low``, ``high``, ``coverage`` (0-1) and ``n``; NaNs where ``values`` is empty."""
+    from math import comb
+
+    x = np.sort(np.asarray(values, np.float64))
+    n = len(x)
+    if not n:
+        return {"median": float("nan"), "low": float("nan"), "high": float("nan"), "coverage": 0.0, "n": 0}
+    cdf = np.cumsum([comb(n, i) for i in range(n + 1)]) / 2.0 ** n  # P(B <= i)
+    k = 1
+    for candidate in range(1, n // 2 + 1):
+        if 1 - 2 * cdf[candidate - 1] >= confidence:
+            k = candidate
+    coverage = float(1 - 2 * cdf[k - 1]) if n > 1 else 0.0
+    return {"median": float(np.median(x)), "low": float(x[k - 1]), "high": float(x[n - k]), "coverage": coverage,
+            "n": n}

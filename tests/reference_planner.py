@@ -44,6 +44,7 @@ import pyarrow as pa
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats import vocabulary as v
 from ckpt_trace.iolayer.pattern import file_key
+from ckpt_trace.replayer import entries
 from ckpt_trace.replayer.paths import relative_target_path
 
 DATA_KINDS = v.DATA_OPS
@@ -194,6 +195,7 @@ class _Planner:
         self.next_handle = 0
         self.last_path_op: dict[str, tuple[int, tuple[int, int]]] = {}
         self.mkdir_seq: dict[str, tuple[int, tuple[int, int]]] = {}
+        self.dir_paths: set[str] = set()  # paths some path operation named a path below
         self.sizes: dict[str, int | None] = {}
         self.first_touch: dict[str, bool] = {}
         self.read_extent: dict[str, int] = {}
@@ -236,6 +238,7 @@ class _Planner:
             self._dep(self.last_path_op.get(path), worker, deps)
             for parent in _ancestors(path):
                 self._dep(self.mkdir_seq.get(parent), worker, deps)
+                self.dir_paths.add(parent)
             self.last_path_op[path] = (seq, worker)
         return tuple(sorted(set(deps)))
 
@@ -514,18 +517,23 @@ class _Planner:
             self.skipped["no_path"] += 1
             return
         self.named.update((old, new))
-        if old != new:  # what the destination held is gone, replaced by the source
-            for table in (self.sizes, self.file_of_path):
-                for path in [p for p in table if p == new or p.startswith(new + "/")]:
-                    table.pop(path)
-        prefix = old + "/"
-        for path in [p for p in self.sizes if p == old or p.startswith(prefix)]:
-            self.sizes[new + path[len(old):]] = self.sizes.pop(path)
-        for path in [p for p in self.file_of_path if p == old or p.startswith(prefix)]:
-            self.file_of_path[new + path[len(old):]] = self.file_of_path.pop(path)
-        self.first_touch.setdefault(new, True)
+        flags = row["flags"] or 0
+        entries.move((self.sizes, self.file_of_path), old, new, flags)  # subtrees move (``replayer.entries``)
+        deps: list[int] = []
+        if old != new:
+            for path in entries.arrived(self.first_touch, self.file_of_path, old, new, flags):
+                if path in (new, old):  # came into being by the rename: never made before the clock
+                    self.made_dirs.add(path)
+            # A directory's rename waits for every other worker's last operation on a path below either name
+            # (a pool thread's open of a file in step.tmp/); later ones below the new name wait for the rename.
+            for origin in entries.take_subtree(self.last_path_op, self.dir_paths, old, new):
+                self._dep(origin, worker, deps)
+            self.mkdir_seq[new] = (seq, worker)
+            if flags & entries.RENAME_EXCHANGE:
+                self.mkdir_seq[old] = (seq, worker)
+        deps = sorted(set(deps) | set(self.path_deps(seq, worker, old, new)))
         self.ops[worker].append(PlanOp(seq=seq, kind="rename", ts_ns=row["ts_ns"], path=old, new_path=new,
-                                       flags=row["flags"], deps=self.path_deps(seq, worker, old, new)))
+                                 flags=row["flags"], deps=tuple(deps)))
 
     def _row_unlink(self, seq, worker, row) -> None:
         path = self.rel(row["path"])
@@ -533,6 +541,9 @@ class _Planner:
             self.skipped["no_path"] += 1
             return
         self.named.add(path)
+        if (row["flags"] or 0) & v.AT_REMOVEDIR:  # rmdir: a directory, made before the clock if never seen
+            if path not in self.first_touch and not self._under_made_dir(path):
+                self.opened_dirs.add(path)
         self.first_touch.setdefault(path, False)
         self.sizes.pop(path, None)
         self.file_of_path.pop(path, None)

@@ -223,12 +223,7 @@ def test_a_trace_writer_that_fails_leaves_nothing(tmp_path):
         writer.close(bad)
     assert list(tmp_path.iterdir()) == []
     target = tmp_path / "u.arrow"
-    writer = TraceWriter(target, batch_rows=10)
-    writer.write(table_from_columns(rows(55)))
-    target.write_bytes(b"appeared meanwhile")  # not replaced: link(2) refuses an existing name
-    with pytest.raises(CkptTraceError, match="already exists"):
-        writer.close(META)
-    assert target.read_bytes() == b"appeared meanwhile" and [p.name for p in tmp_path.iterdir()] == ["u.arrow"]
+    target.write_bytes(b"an earlier file")
     writer = TraceWriter(target, batch_rows=10, overwrite=True)
     writer.write(table_from_columns(rows(55)))
     assert read_trace(writer.close(META)).num_rows == 55 and [p.name for p in tmp_path.iterdir()] == ["u.arrow"]
@@ -253,8 +248,7 @@ print("closed", flush=True)
 @pytest.mark.parametrize("kill_after", ["batch 0", "batch 7", "batch 39", "closing", "closed"])
 def test_a_writer_killed_at_any_point_leaves_no_file_or_a_whole_one(tmp_path, kill_after):
     """SIGKILL (no cleanup runs) while rows are spooled, while the file is written at close, after it: the
-    output is absent or reads whole, and nothing else is left in the directory (the spool and the file
-    being written have no name)."""
+    output is absent or reads whole; while spooling nothing at all is left (the spool has no name)."""
     import signal
     import subprocess
     import sys
@@ -269,9 +263,13 @@ def test_a_writer_killed_at_any_point_leaves_no_file_or_a_whole_one(tmp_path, ki
             proc.send_signal(signal.SIGKILL)
             break
     proc.wait()
-    names = [p.name for p in out.parent.iterdir()]
-    assert names in ([], ["t.arrow"])
-    if names:
+    names = sorted(p.name for p in out.parent.iterdir())
+    if out.exists():
         assert read_trace(out).num_rows == 40 * 500
+    left = [name for name in names if name != "t.arrow"]
+    if kill_after.startswith("batch"):
+        assert names == []  # rows were only spooled, into a file without a name
+    else:  # a kill inside close's write may leave its random-named temporary file, never a partial trace
+        assert all(name.startswith(".t.arrow.") and name.endswith(".tmp") for name in left), left
     if kill_after == "closed":
         assert names == ["t.arrow"]

@@ -64,13 +64,14 @@ T0 = 1_700_000_000_000_000_000  # CLOCK_REALTIME ns at the first anchor of both 
 MS = 1_000_000
 
 
-def _node_trace(path, host, boot, clock_at_t0, first_row_ns, rank, pid, *, lost=0, rows=5, spacing=2 * MS):
+def _node_trace(path, host, boot, clock_at_t0, first_row_ns, rank, pid, *, lost=0, rows=5, spacing=2 * MS,
+                dur=1000):
     """A trace of one node: ``rows`` writes by ``rank`` every ``spacing`` ns from realtime T0 +
     ``first_row_ns``, on a monotonic clock that reads ``clock_at_t0`` at T0 (another boot, another origin)."""
     from ckpt_trace.formats import table_from_columns, write_trace
 
     n = rows
-    columns = {"ts_ns": [i * spacing for i in range(n)], "dur_ns": [1000] * n, "pid": [pid] * n, "tid": [pid] * n,
+    columns = {"ts_ns": [i * spacing for i in range(n)], "dur_ns": [dur] * n, "pid": [pid] * n, "tid": [pid] * n,
                "comm": ["python"] * n, "rank": [rank] * n, "syscall": ["pwrite64"] * n, "op": ["write"] * n,
                "fd": [5] * n, "path": [f"/ck/__{rank}_0.distcp"] * n, "new_path": [None] * n,
                "offset": [i * 4096 for i in range(n)], "offset_source": ["explicit"] * n, "size": [4096] * n,
@@ -146,3 +147,24 @@ def test_a_rank_in_two_traces_is_refused_naming_both(tmp_path):
     assert proc.returncode != 0 and not (tmp_path / "j.arrow").exists()
     assert "rank 3" in proc.stderr and str(a) in proc.stderr and str(b) in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_summary_and_report_of_a_merged_trace_show_hosts_and_the_slowest_rank(tmp_path):
+    import json
+
+    a = _node_trace(tmp_path / "a.arrow", "a", "boot-a", 10**12, 0, rank=0, pid=1, dur=1000)
+    b = _node_trace(tmp_path / "b.arrow", "b", "boot-b", 3 * 10**12, MS, rank=1, pid=2, dur=5000, rows=3)
+    cli("merge", str(a), str(b), "-o", str(tmp_path / "j.arrow"))
+    data = json.loads(cli("summary", str(tmp_path / "j.arrow"), "--json").stdout)
+    assert sorted(data["hosts"]) == ["a", "b"]
+    assert data["hosts"]["a"]["ranks"] == [0] and data["hosts"]["b"]["ranks"] == [1]
+    assert data["hosts"]["b"]["bytes_written"] == 3 * 4096
+    # rank 1: 3 writes of 5 us, 2 ms apart; rank 0: 5 writes of 1 us
+    assert data["slowest_rank"] == {"rank": 1, "host": "b", "io_time_ns": 15000, "save_time_ns": 4 * MS + 5000}
+    assert data["slowest_save"] == {"rank": 0, "host": "a", "save_time_ns": 8 * MS + 1000, "io_time_ns": 5000}
+    assert data["rank_times"]["0"]["first_write_ns"] == 0 and data["rank_times"]["1"]["first_write_ns"] == MS
+    text = cli("summary", str(tmp_path / "j.arrow")).stdout
+    assert "Hosts" in text and "slowest rank" in text
+    report = json.loads(cli("report", str(tmp_path / "j.arrow"), "-o", str(tmp_path / "r.html"), "--json").stdout)
+    page = (tmp_path / "r.html").read_text()
+    assert "<h3>Hosts</h3>" in page and "first to last checkpoint write" in page and report["slowest"]

@@ -20,10 +20,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ckpt_trace.formats import Trace, distinct, int_values, scan, validity
+from ckpt_trace.formats import Trace, distinct, int_values, read_metadata, scan, validity
 from ckpt_trace.stats import LatencyHistogram
 
 from .gpu import copy_summary
+from .ranks import RankTimes
 
 ALIGNMENT_BYTES = 4096
 DATA_OPS = ("read", "write")
@@ -359,10 +360,16 @@ def summarize(trace: Trace) -> dict[str, Any]:
     per I/O interface, and the GPU copies per rank (``analysis.gpu``). Works batch by batch
     (``summarize_file`` reads a trace file that way without loading it)."""
     acc = Accumulator()
+    times = RankTimes(default_host=str(trace.metadata.get("host")))
     for batch in trace.table.to_batches():
         acc.add(batch)
+        times.add(batch)
     gpu = copy_summary(trace.table) if acc.copies else {"copies": 0}
-    return summary_document(trace.path, trace.metadata, acc.result(), gpu)
+    document = {**summary_document(trace.path, trace.metadata, acc.result(), gpu), **times.result()}
+    from .layout import layout_summary  # it builds on this module's helpers
+
+    document["layout"] = layout_summary(trace.path) if trace.path.is_file() else None
+    return document
 
 
 Progress = Callable[[str, int, int], None]
@@ -380,9 +387,23 @@ def summarize_file(path, *, batch_rows: int = 1 << 20, progress: Progress | None
     summary's own state, never the whole trace. Traces with GPU copies are read a second time for the data
     operations of the ranks that copied (the copy/I/O overlap). ``progress`` (``Progress``) sees the first
     pass. Raises TraceFormatError for a bad trace."""
-    meta, batches = scan(path, SUMMARY_COLUMNS, batch_rows=batch_rows, on_batch=on_batch(progress, "reading"))
-    acc = accumulate(batches)
-    return summary_document(path, meta, acc.result(), gpu_summary(path, acc, batch_rows))
+    merged = "merged" in read_metadata(path)  # a merged trace's host column (an optional column)
+    meta, batches = scan(path, SUMMARY_COLUMNS + (("host",) if merged else ()), batch_rows=batch_rows,
+                         on_batch=on_batch(progress, "reading"))
+    times = RankTimes(default_host=str(meta.get("host")))
+    acc = accumulate(_folded(batches, times))
+    document = {**summary_document(path, meta, acc.result(), gpu_summary(path, acc, batch_rows)), **times.result()}
+    from .layout import layout_summary  # it builds on this module's helpers
+
+    document["layout"] = layout_summary(path)  # None without a layout
+    return document
+
+
+def _folded(batches, times: RankTimes):
+    """``batches``, each folded into ``times`` (per rank and per host: ``analysis.ranks``) on its way."""
+    for batch in batches:
+        times.add(batch)
+        yield batch
 
 
 #: Threads folding batches in (``accumulate``): numpy and Arrow compute release the GIL for most of the work.

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ckpt_trace.analysis.profile import KINDS, TOP_FILES, format_ranges, profile_file
+from ckpt_trace.analysis.ranks import rank_times_file
 from ckpt_trace.documents import load_replay_results
 from ckpt_trace.formats import sha256_file, write_bytes_atomic
 from ckpt_trace.iolayer.outputs import check_output_file
@@ -434,10 +435,28 @@ def _ranks_html(profile: dict, figures: dict) -> str:
     rows = [_owner_row("slowest", by_id[profile["slowest"]])]
     if profile["chosen"] != profile["slowest"]:
         rows.append(_owner_row("chosen", by_id[profile["chosen"]]))
+    times = profile.get("rank_times") or {}
+    save = times.get("slowest_save")
+    if save:  # MLPerf Storage's figure beside Darshan's slowest rank
+        where = f" on {save['host']}" if save.get("host") and len(times.get("hosts") or {}) > 1 else ""
+        spread.append(("slowest save (first to last checkpoint write)",
+                       f"rank {save['rank']}{where}: {human_ns(save['save_time_ns'])}"))
+    slowest = times.get("slowest_rank")
+    if slowest and slowest.get("save_time_ns") is not None:
+        spread.append((f"save time of the slowest rank (rank {slowest['rank']})", human_ns(slowest["save_time_ns"])))
+    hosts = times.get("hosts") or {}
+    host_table = ""
+    if len(hosts) > 1:
+        host_rows = [[str(h), format_ranges(e.get("ranks", [])), human_bytes(e["bytes_written"]),
+                      human_bytes(e["bytes_read"]), human_ns(e["io_time_ns"]),
+                      human_ns(e["save_time_ns"]) if e["save_time_ns"] is not None else "-"]
+                     for h, e in hosts.items()]
+        host_table = "<h3>Hosts</h3>" + _table(("host", "ranks", "written", "read", "I/O time",
+                                                "first to last write"), host_rows)
     return ("<h2 id='ranks'>Ranks over time</h2>" + figures["Heat map"] + figures["Throughput over time"]
             + _facts(spread)
             + _table(("", "who", "written", "read", "data ops", "I/O time", "first to last op"), rows)
-            + figures["I/O time per rank"] + figures["Timeline"])
+            + host_table + figures["I/O time per rank"] + figures["Timeline"])
 
 
 def _results_html(results: list[dict], fio: float | None) -> str:
@@ -556,9 +575,10 @@ def write_report(trace_path: str | os.PathLike, output: str | os.PathLike, *, re
     "figures", "slowest", "chosen"}. Raises TraceFormatError for a bad trace, CkptTraceError for bad results,
     an unknown rank, an existing output without ``overwrite``, or missing matplotlib.
     """
-    output = check_output_file(output, overwrite)
+    output = check_output_file(output, overwrite, inputs=(trace_path, *results_paths))
     results, fio = load_results(results_paths, trace_path)
     profile = profile_file(trace_path, rank=rank, progress=progress)
+    profile["rank_times"] = rank_times_file(trace_path)  # per host, and the slowest rank's save time
     data = build_report(profile, results, fio_limit_bytes_per_s or fio, str(trace_path)).encode()
     write_bytes_atomic(output, data)
     labels = profile["owner_labels"]

@@ -45,6 +45,17 @@ def _left_out(console: Console, names: list[str]) -> None:
         console.print(f"(not shown at this width: {', '.join(names)}; --wide or --json show them)", highlight=False)
 
 
+def _ranges(values: list[int]) -> str:
+    """0-3,8 for [0, 1, 2, 3, 8]; none for []."""
+    out, values = [], sorted(values)
+    for value in values:
+        if out and value == out[-1][1] + 1:
+            out[-1][1] = value
+        else:
+            out.append([value, value])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in out) or "none"
+
+
 def render_summary(console: Console, summary: dict[str, Any]) -> None:
     overview = _table(console, "Trace summary")
     overview.add_column("what")
@@ -68,7 +79,23 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
         ("lost events", str(summary["lost_events"])),
     ):
         overview.add_row(name, value)
+    for label, key in (("slowest rank (I/O time)", "slowest_rank"), ("slowest save (1st to last write)", "slowest_save")):
+        who = summary.get(key)
+        if who:
+            where = f" on {who['host']}" if who.get("host") and len(summary.get("hosts") or {}) > 1 else ""
+            overview.add_row(label, f"rank {who['rank']}{where}: {human_ns(who['io_time_ns'])} I/O, save "
+                             f"{human_ns(who['save_time_ns']) if who['save_time_ns'] is not None else '-'}")
     console.print(overview)
+    hosts = summary.get("hosts") or {}
+    if len(hosts) > 1:
+        table = _table(console, "Hosts")
+        for column in ("host", "ranks", "written", "read", "I/O time", "save span"):
+            table.add_column(column, justify="left" if column in ("host", "ranks") else "right")
+        for host, entry in hosts.items():
+            table.add_row(host, _ranges(entry.get("ranks", [])), human_bytes(entry["bytes_written"]),
+                          human_bytes(entry["bytes_read"]), human_ns(entry["io_time_ns"]),
+                          human_ns(entry["save_time_ns"]) if entry["save_time_ns"] is not None else "-")
+        console.print(table)
 
     ops = _table(console, "Operations")
     for column in ("op", "count", "bytes", "time"):
@@ -112,6 +139,39 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
         hist.add_row(human_bytes(entry["bucket_bytes"]), f"{entry['write']:,}", f"{entry['read']:,}",
                      human_bytes(entry["bytes"]))
     console.print(hist)
+    if summary.get("layout"):
+        render_layout(console, summary["layout"])
+
+
+def render_layout(console: Console, layout: dict[str, Any]) -> None:
+    """``summary``'s checkpoint layout: the split by kind and by object size class, the costliest objects."""
+    for title, key, label in (("Checkpoint objects by kind", "by_kind", "kind"),
+                              ("Checkpoint objects by size", "by_size_class", "size_class")):
+        table = _table(console, title)
+        for column in (label.replace("_", " "), "objects", "size", "written", "read", "ops", "time"):
+            table.add_column(column, justify="left" if column in ("kind", "size class") else "right")
+        for entry in layout[key]:
+            table.add_row(entry[label], f"{entry['objects']:,}", human_bytes(entry["object_bytes"]),
+                          human_bytes(entry["bytes_written"]), human_bytes(entry["bytes_read"]),
+                          f"{entry['write_ops'] + entry['read_ops']:,}", human_ns(entry["time_ns"]))
+        console.print(table)
+    costliest = _table(console, "Costliest checkpoint objects")
+    for column in ("object", "kind", "size", "moved", "time"):
+        costliest.add_column(column, justify="left" if column in ("object", "kind") else "right")
+    for entry in layout["costliest"][:5]:
+        costliest.add_row(entry["name"] or entry["path"], entry["kind"], human_bytes(entry["length"]),
+                          human_bytes(entry["bytes_written"] + entry["bytes_read"]), human_ns(entry["time_ns"]))
+    console.print(costliest)
+    moved = layout["bytes_written"] + layout["bytes_read"]
+    attributed = layout["attributed_bytes_written"] + layout["attributed_bytes_read"]
+    console.print(f"layout: {layout['objects']:,} objects in {layout['files']} files "
+                  f"({', '.join(layout['formats'])}); {human_bytes(attributed)} of {human_bytes(moved)} moved are "
+                  f"attributed to objects; {layout['small_object_time_share']:.0%} of their time on objects under "
+                  f"{human_bytes(layout['small_object_bytes'])}", highlight=False)
+    if layout["unknown_files"]:
+        shown = ", ".join(layout["unknown_files"][:5])
+        more = len(layout["unknown_files"]) - 5
+        console.print(f"layout: unknown files: {shown}{f' and {more} more' if more > 0 else ''}", highlight=False)
 
 
 def render_results(console: Console, results: list[dict[str, Any]], fio_bytes_per_s: float | None = None,
@@ -137,11 +197,13 @@ def render_results(console: Console, results: list[dict[str, Any]], fio_bytes_pe
             human_rate(r["write_throughput_bytes_per_s"]), human_bytes(r["bytes_read"]),
             human_rate(r["read_throughput_bytes_per_s"]), f"{r['data_ops']:,}", f"{r['metadata_ops']:,}",
             human_ns(lat.get("mean", 0)), human_ns(lat["p99"]), f"{r['cpu_user_s']:.2f} s", f"{r['cpu_sys_s']:.2f} s",
-            f"{r.get('unaligned_ops', 0):,}", f"{speedup:.2f}x" if speedup else "-",
+            f"{r.get('unaligned_ops', 0):,}", _speedup_cell(r, speedup),
         ])
     table, left_out = _fitted(console, "Replay results", columns, rows, wide)
     console.print(table)
     _left_out(console, left_out)
+    for line in verdict_lines(results):
+        console.print(line, highlight=False, soft_wrap=True)
     for r in results:
         if r.get("off_named_path"):
             for line in path_footnote(r):
@@ -150,6 +212,30 @@ def render_results(console: Console, results: list[dict[str, Any]], fio_bytes_pe
         shares = ", ".join(f"{r['strategy']} {_moved_rate(r) / fio_bytes_per_s:.0%}" for r in results)
         console.print(f"fio's sequential O_DIRECT write limit here: {human_rate(fio_bytes_per_s)}; reached: {shares}",
                       highlight=False)
+
+
+def _speedup_cell(result: dict[str, Any], speedup: float | None) -> str:
+    if not speedup:
+        return "-"
+    noise = (result.get("speedup") or {}).get("verdict") == "within noise"
+    return f"{speedup:.2f}x" + ("~" if noise else "")
+
+
+def verdict_lines(results: list[dict[str, Any]]) -> list[str]:
+    """One line per strategy compared with posix over paired rounds: the median speed-up, its interval and
+    coverage, the verdict ("within noise" where the interval includes 1.0 or covers under 90 %)."""
+    lines = []
+    for r in results:
+        entry = r.get("speedup")
+        if not entry or entry.get("verdict") == "reference" or not entry.get("n"):
+            continue
+        interval = (f"{entry['low']:.2f}-{entry['high']:.2f}x, {entry['coverage']:.0%} interval over "
+                    f"{entry['n']} rounds")
+        verdict = entry["verdict"] if entry["verdict"] == "within noise" else f"{entry['verdict']} than posix"
+        lines.append(f"{r['strategy']}: {entry['median']:.2f}x ({interval}): {verdict}")
+    if any("~" in _speedup_cell(r, r.get("speedup_vs_posix")) for r in results):
+        lines.append("~ within noise: its interval includes 1.0x, or under 5 rounds")
+    return lines
 
 
 def path_footnote(result: dict[str, Any]) -> list[str]:

@@ -290,13 +290,52 @@ def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
         raise WorkloadError(f"rank {first}: {why}{others}")
 
 
+def torchrun_rank(env: dict | None = None) -> tuple[int, int] | None:
+    """(RANK, WORLD_SIZE) when this process is one rank of a job torchrun launched (torchrun's agent sets
+    ``TORCHELASTIC_RUN_ID`` with ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``), else None."""
+    env = os.environ if env is None else env
+    if not env.get("TORCHELASTIC_RUN_ID") or "RANK" not in env or "WORLD_SIZE" not in env:
+        return None
+    try:
+        return int(env["RANK"]), int(env["WORLD_SIZE"])
+    except ValueError:
+        raise WorkloadError("torchrun's RANK or WORLD_SIZE is not a number") from None
+
+
+class _Timings:
+    """``_dcp_rank``'s timing sink in this process (rank 0 puts its seconds; other ranks time nothing)."""
+
+    seconds = 0.0
+
+    def put(self, seconds: float) -> None:
+        self.seconds = seconds
+
+
 def run_dcp(out: Path, ranks: int, model: str, with_optimizer: bool, kind: str = "dcp", load: bool = False,
             writer: str | None = None, device: str = "cpu") -> float:
     """Save (or ``load`` and check) with torch.distributed.checkpoint from ``ranks`` spawned gloo processes in
-    ``out``; ``kind`` dcp uses FileSystemWriter/Reader, emitted the emitted writer (``writer``: its module).
+    ``out`` (under torchrun, ``torchrun_rank``: as this one rank of the launched job, which is what
+    ``ckpt-trace record -- torchrun ... -m ckpt_trace.cli workload dcp`` records on each node); ``kind`` dcp uses FileSystemWriter/Reader, emitted the emitted writer (``writer``: its module).
     Returns the seconds of the save or load itself (barrier to barrier)."""
     import torch.multiprocessing as mp
 
+    launched = torchrun_rank()
+    if launched is not None:  # one rank of a job torchrun launched (on this node or another): this process
+        rank, world = launched
+        if ranks not in (1, world):
+            raise WorkloadError(f"--ranks {ranks}: under torchrun the job has WORLD_SIZE={world} ranks (one per "
+                                "process); leave --ranks out")
+        timings = _Timings()
+        try:
+            _dcp_rank(rank, world, str(out), model, with_optimizer, kind, load, writer, timings, device)
+        except WorkloadError:
+            raise
+        except BaseException as err:  # noqa: BLE001 - torch's own errors, as _rank_main reports them
+            if isinstance(err, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise WorkloadError(f"{'load' if load else 'save'} with {kind} failed: rank {rank}: "
+                                f"{_last_line(err)}") from None
+        return timings.seconds
     timings = mp.get_context("spawn").SimpleQueue()
     try:
         spawn_ranks(_dcp_rank, ranks, (str(out), model, with_optimizer, kind, load, writer, timings, device))

@@ -42,7 +42,7 @@ from ckpt_trace.iolayer.files import open_file
 from .format import StoredItem, io_error, read_metadata
 from .options import WriterOptions
 from .save import DirectoryCheckpoint
-from .staging import StreamReader
+from .staging import Copier, CudaCopier, StreamReader
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -97,9 +97,15 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         direct = True
         largest = max((s.offset + s.size_bytes for s in (self.storage_data[item.storage_index] for item in plan.items)),
                       default=0)
+        self._copier = None  # made at the first GPU destination (``_device_copier``)
         with StreamReader(self.options, largest) as stream:  # one O_DIRECT arena for every file of this load
-            for relative_path, indices in per_file.items():
-                direct &= self._read_file(relative_path, [plan.items[i] for i in indices], planner, stream)
+            try:
+                for relative_path, indices in per_file.items():
+                    direct &= self._read_file(relative_path, [plan.items[i] for i in indices], planner, stream)
+            finally:
+                if self._copier:
+                    self._copier.close()  # unregisters the arena before the reader frees it
+                self._copier = None
         self.last_load_direct_io = direct
         future: Future[None] = Future()
         future.set_result(None)
@@ -179,22 +185,20 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
     def _stream(self, stream: StreamReader, fd: int, items: list, stored: list[StoredItem], file_size_bytes: int,
                 planner: LoadPlanner) -> None:
         """O_DIRECT: the file's items as one stream of aligned reads (``staging.StreamReader``), each read's
-        bytes copied into the destination tensors where they fit as stored, else into a scratch tensor
-        served whole once its last byte has landed."""
+        bytes copied into the destination tensors where they fit as stored (a GPU tensor too: asynchronous
+        host-to-device copies out of the page-locked arena, ``staging.CudaCopier``), else into a scratch
+        tensor served whole once its last byte has landed."""
         destinations: dict[int, tuple[torch.Tensor, torch.Tensor, bool]] = {}  # i -> (bytes, target, in place)
 
         def destination(i: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
             if i not in destinations:
                 item, s = items[i], stored[i]
                 target = planner.resolve_tensor(item).detach() if item.type != LoadItemType.BYTE_IO else None
-                if target is not None and _fits_as_stored(item, s, target):
+                if target is not None and _fits_as_stored(item, s, target, self._device_copier(stream, target)):
                     destinations[i] = (target.reshape(-1).view(torch.uint8), target, True)
                 else:
                     destinations[i] = (torch.empty(s.size_bytes, dtype=torch.uint8), target, False)
             return destinations[i]
-
-        def sink(i: int, offset: int, data: torch.Tensor) -> None:
-            destination(i)[0][offset:offset + len(data)].copy_(data)
 
         def done(i: int) -> None:
             memory, target, in_place = destinations.pop(i)
@@ -203,7 +207,21 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             else:
                 self._serve(items[i], stored[i], memory, planner)
 
-        stream.run(fd, [(i, s.offset, s.size_bytes) for i, s in enumerate(stored)], file_size_bytes, sink, done)
+        stream.run(fd, [(i, s.offset, s.size_bytes) for i, s in enumerate(stored)], file_size_bytes,
+                   lambda i: destination(i)[0], done, _LoadCopier(self))
+
+    def _device_copier(self, stream: StreamReader, target: torch.Tensor):
+        """The copier for a destination on ``target``'s device: None for a CPU target; for a GPU target the
+        load's ``CudaCopier`` (made at the first GPU target; False where its device differs or CUDA refused
+        to page-lock the arena, so the item goes through a scratch tensor)."""
+        if not target.is_cuda:
+            return None
+        if self._copier is None:
+            self._copier = stream.cuda_copier(target.device)
+        copier = self._copier
+        if not isinstance(copier, CudaCopier) or copier.stream.device != target.device:
+            return False
+        return copier
 
     @staticmethod
     def _serve(item, stored: StoredItem, data: torch.Tensor, planner: LoadPlanner) -> None:
@@ -224,10 +242,34 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
 _CHUNK_BYTES = 64 << 20  # one preadv(2) at most: Ctrl-C is seen between chunks; Linux caps one read below 2 GiB
 
 
-def _fits_as_stored(item, stored: StoredItem, target: torch.Tensor) -> bool:
-    """Whether the stored bytes are exactly ``target``'s memory: a whole, contiguous CPU tensor of the
-    stored dtype and shape."""
-    return (target.device.type == "cpu" and target.is_contiguous() and stored.shape is not None
+class _LoadCopier(Copier):
+    """The copier of one file of a load: the load's ``CudaCopier`` once a GPU destination made one, else
+    synchronous copies (the copier is only known after the first destination is resolved)."""
+
+    def __init__(self, reader: CheckpointReader) -> None:
+        self.reader = reader
+
+    def _target(self) -> Copier:
+        return self.reader._copier or _SYNC
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, slot: int) -> None:
+        self._target().copy(dst, src, slot)
+
+    def wait(self, slot: int) -> None:
+        self._target().wait(slot)
+
+    def wait_all(self) -> None:
+        self._target().wait_all()
+
+
+_SYNC = Copier()
+
+
+def _fits_as_stored(item, stored: StoredItem, target: torch.Tensor, device_copier=None) -> bool:
+    """Whether the stored bytes are exactly ``target``'s memory: a whole, contiguous tensor of the stored
+    dtype and shape, on the CPU (``device_copier`` None) or on a GPU the load's copier serves."""
+    on_device = device_copier is None if target.device.type == "cpu" else bool(device_copier)
+    return (on_device and target.is_contiguous() and stored.shape is not None
             and str(target.dtype) == stored.dtype and tuple(target.shape) == tuple(stored.shape)
             and not any(item.storage_offsets) and target.numel() * target.element_size() == stored.size_bytes)
 

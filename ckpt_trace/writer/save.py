@@ -14,6 +14,14 @@ DCP calls, in order (see torch's ``StorageWriter``):
    (``format``: metadata last, through a renamed temporary file), then
    removes only this writer's stale files.
 
+``dcp.async_save(state_dict, storage_writer=writer)`` first calls
+``writer.stage(state_dict)`` (the writer is DCP's ``AsyncStager``): every
+tensor is copied into host memory (GPU tensors into page-locked memory kept
+between saves, by DCP's own ``DefaultStager``), and the call returns once
+those copies are done; the state may then change while steps 0-5 write the
+staged copy in the background (the DataStates-LLM and DCP ``async_save``
+contract).
+
 Each rank's tensors are copied raw into the staging buffers (no per-tensor
 torch.save round trip; non-tensor values arrive from the planner already
 pickled). Errors: ``CheckpointError``; inside ``dcp.save`` torch wraps it in
@@ -34,6 +42,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
@@ -88,7 +97,18 @@ class DirectoryCheckpoint:
         return isinstance(checkpoint_id, (str, os.PathLike)) and "://" not in str(checkpoint_id)
 
 
-class CheckpointWriter(DirectoryCheckpoint, StorageWriter):
+def _has_cuda_tensor(value: Any) -> bool:
+    """Whether a (nested) state dict holds a tensor on a CUDA device."""
+    if isinstance(value, torch.Tensor):
+        return value.is_cuda
+    if isinstance(value, dict):
+        return any(_has_cuda_tensor(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_cuda_tensor(v) for v in value)
+    return False
+
+
+class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
     """DCP StorageWriter writing aggregated, aligned io_uring (O_DIRECT) writes; see the module docstring.
 
     ``path`` is the checkpoint directory (created if missing); it may hold an
@@ -104,6 +124,28 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter):
         self.save_id = uuid.uuid4().hex
         self.rank = 0
         self.last_save: SaveStats | None = None
+        self._stagers: dict[bool, DefaultStager] = {}  # on a GPU? -> DCP's stager, kept for its cached memory
+
+    _synchronize_after_execute = False  # stage() returns once every copy is done
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """``dcp.async_save``'s staging step: a copy of ``state_dict`` in host memory, returned once every
+        device-to-host copy completed (GPU tensors: non-blocking copies into page-locked memory, which DCP's
+        ``DefaultStager`` caches for the next save; CPU tensors: a plain copy). The caller may change the
+        state as soon as this returns."""
+        on_gpu = _has_cuda_tensor(state_dict) and torch.cuda.is_available()
+        stager = self._stagers.get(on_gpu)
+        if stager is None:
+            options = StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False, use_async_staging=False,
+                                     use_non_blocking_copy=on_gpu)
+            stager = self._stagers[on_gpu] = DefaultStager(options)
+        return stager.stage(state_dict)
+
+    def close(self) -> None:
+        """Free the staging memory ``stage`` kept (page-locked host copies of the state dict)."""
+        for stager in self._stagers.values():
+            stager.close()
+        self._stagers.clear()
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:

@@ -17,7 +17,16 @@ on failure removes the file.
 ``StreamReader`` (one reader thread, one data file): reads a file's wanted
 byte ranges as one stream of aligned O_DIRECT reads (``layout.plan_stream``)
 into a fixed arena through one ring, and copies each read's bytes out to the
-items it overlaps while later reads are in flight.
+items it overlaps while later reads are in flight. Items whose destination
+is a GPU tensor are copied host-to-device asynchronously from the arena
+(page-locked for the load) on the reader's own CUDA stream (``CudaCopier``);
+an arena slot is read into again only once the copies out of it completed,
+so the copies of one read overlap the reads after it (as the Run:ai streamer
+and fastsafetensors overlap reads with device copies).
+
+GPU staging memory is page-locked once per process and reused by every later
+save (``PINNED_POOL``): cudaHostRegister costs about as much as copying the
+buffer, so a job that saves every N steps pays it once.
 
 Both run on the I/O layer (``iolayer.ring.Ring``, ``AlignedBuffer``,
 ``files.open_file`` with its O_DIRECT fallback).
@@ -26,12 +35,15 @@ Both run on the I/O layer (``iolayer.ring.Ring``, ``AlignedBuffer``,
 from __future__ import annotations
 
 import bisect
+import collections
 import errno
 import os
+import threading
 from collections.abc import Callable, Hashable
 
 import torch
 
+from ckpt_trace import config
 from ckpt_trace.iolayer.buffers import AlignedBuffer
 from ckpt_trace.iolayer.files import open_file
 from ckpt_trace.iolayer.ring import Ring
@@ -55,9 +67,9 @@ class StagedFile:
         self.current: int | None = None
         self.fill = 0  # bytes staged in the current buffer
         self.file_offset = 0  # file offset of the current buffer's first byte
-        self.pinned: set[int] = set()  # staging buffers page-locked for the GPU (cudaHostRegister)
-        self.copying: set[int] = set()  # buffers with device-to-host copies still in flight
-        self.copy_stream = None  # the stream the copies were queued on
+        self.pinned: set[int] = set()  # staging buffers page-locked for the GPU (from PINNED_POOL)
+        self.copying: dict[int, tuple] = {}  # buffer -> (CUDA event after its copies, the sources kept alive)
+        self.copy_stream = None  # this file's own CUDA stream for device-to-host copies
         opened = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, direct=options.direct_io)
         self.fd, self.direct = opened.fd, opened.direct
         try:
@@ -91,20 +103,38 @@ class StagedFile:
         return self.free.pop()
 
     def _pin(self, index: int) -> bool:
-        """Page-lock staging buffer ``index`` for asynchronous device-to-host copies; False if CUDA refuses."""
-        if index not in self.pinned:
-            buffer = self.buffers[index]
-            try:
-                torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(buffer.ptr, buffer.size_bytes, 0))
-            except RuntimeError:
-                return False
-            self.pinned.add(index)
+        """Make staging buffer ``index`` page-locked for asynchronous device-to-host copies: swapped for a
+        buffer of ``PINNED_POOL`` (registered once per process, reused by later saves). False if CUDA
+        refuses to register memory (the copies then stay synchronous)."""
+        if index in self.pinned:
+            return True
+        pinned = PINNED_POOL.take(self.options.buffer_bytes)
+        if pinned is None:
+            return False
+        view = torch.frombuffer(pinned.mmap, dtype=torch.uint8)
+        if index == self.current and self.fill:
+            view[:self.fill].copy_(self.views[index][:self.fill])  # what this buffer staged so far
+        self.buffers[index].close()
+        self.buffers[index], self.views[index] = pinned, view
+        self.pinned.add(index)
         return True
 
+    def _copy_stream(self, device: torch.device):
+        """This file's CUDA stream for device-to-host copies, ordered after the work the caller queued on its
+        current stream (the tensors' producers); the caller's stream is never blocked by our copies."""
+        if self.copy_stream is None:
+            self.copy_stream = torch.cuda.Stream(device)
+        self.copy_stream.wait_stream(torch.cuda.current_stream(device))
+        return self.copy_stream
+
+    def _wait_copies(self, index: int) -> None:
+        """Block until the device-to-host copies into buffer ``index`` completed (its CUDA event)."""
+        pending = self.copying.pop(index, None)
+        if pending is not None:
+            pending[0].synchronize()
+
     def _flush(self) -> None:
-        if self.current in self.copying:  # its bytes are still on their way from the GPU
-            self.copy_stream.synchronize()
-            self.copying.clear()
+        self._wait_copies(self.current)  # its bytes may still be on their way from the GPU
         size = align_up(self.fill, self.options.align_bytes)
         view = self.views[self.current]
         if size > self.fill:
@@ -118,8 +148,7 @@ class StagedFile:
         gap = offset - (self.file_offset + self.fill)
         position, total = 0, src.numel()
         on_gpu = src.is_cuda
-        if on_gpu:
-            self.copy_stream = torch.cuda.current_stream(src.device)
+        stream = self._copy_stream(src.device) if on_gpu else None
         while gap > 0 or position < total:
             if self.current is None:
                 self.current = self._take_buffer()
@@ -132,9 +161,16 @@ class StagedFile:
             else:
                 step = min(total - position, room)
                 asynchronous = on_gpu and self._pin(self.current)
-                view[self.fill:self.fill + step].copy_(src[position:position + step], non_blocking=asynchronous)
+                view = self.views[self.current]
                 if asynchronous:
-                    self.copying.add(self.current)
+                    with torch.cuda.stream(stream):
+                        view[self.fill:self.fill + step].copy_(src[position:position + step], non_blocking=True)
+                        event = torch.cuda.Event()
+                        event.record(stream)
+                    kept = self.copying.get(self.current, (None, ()))[1]
+                    self.copying[self.current] = (event, (*kept, src))  # src lives until its copy is done
+                else:
+                    view[self.fill:self.fill + step].copy_(src[position:position + step])
                 position += step
             self.fill += step
             if self.fill == self.options.buffer_bytes:
@@ -158,18 +194,133 @@ class StagedFile:
     def _release(self) -> None:
         if self.fd < 0:
             return
-        if self.copying:
-            self.copy_stream.synchronize()  # no copy may land in a buffer about to be freed
-            self.copying.clear()
+        for index in list(self.copying):
+            self._wait_copies(index)  # no copy may land in a buffer about to be reused or freed
         self.ring.close()
         os.close(self.fd)
         self.fd = -1
         self.views.clear()
-        for index in self.pinned:
-            torch.cuda.cudart().cudaHostUnregister(self.buffers[index].ptr)
+        for index, buffer in enumerate(self.buffers):
+            if index in self.pinned:
+                PINNED_POOL.give(buffer)  # page-locked: kept for the next save
+            else:
+                buffer.close()
         self.pinned.clear()
-        for buffer in self.buffers:
+        self.buffers.clear()
+
+
+class PinnedPool:
+    """Page-locked staging buffers kept for the life of the process (thread-safe).
+
+    ``take(size_bytes)`` returns an ``AlignedBuffer`` registered with
+    cudaHostRegister (reused if one of that size is free, else allocated and
+    registered), or None where CUDA refuses; ``give(buffer)`` returns it for
+    the next save. At most ``limit_bytes`` of free buffers are kept (default
+    ``config.PINNED_POOL_BYTES``); beyond it a returned buffer is unregistered
+    and freed. ``clear()`` frees every free buffer. ``registered`` counts the
+    cudaHostRegister calls made (a repeated save makes none).
+    """
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self.free: dict[int, list[AlignedBuffer]] = {}
+        self.registered = 0
+        self.lock = threading.Lock()
+
+    def take(self, size_bytes: int) -> AlignedBuffer | None:
+        with self.lock:
+            kept = self.free.get(size_bytes)
+            if kept:
+                return kept.pop()
+        buffer = AlignedBuffer(size_bytes)
+        try:
+            torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(buffer.ptr, buffer.size_bytes, 0))
+        except RuntimeError:
             buffer.close()
+            return None
+        with self.lock:
+            self.registered += 1
+        return buffer
+
+    def give(self, buffer: AlignedBuffer) -> None:
+        with self.lock:
+            kept = sum(size * len(buffers) for size, buffers in self.free.items())
+            if kept + buffer.size_bytes <= self.limit_bytes:
+                self.free.setdefault(buffer.size_bytes, []).append(buffer)
+                return
+        _unregister(buffer)
+
+    def clear(self) -> None:
+        with self.lock:
+            buffers = [b for kept in self.free.values() for b in kept]
+            self.free.clear()
+        for buffer in buffers:
+            _unregister(buffer)
+
+
+def _unregister(buffer: AlignedBuffer) -> None:
+    torch.cuda.cudart().cudaHostUnregister(buffer.ptr)
+    buffer.close()
+
+
+PINNED_POOL = PinnedPool(config.PINNED_POOL_BYTES)
+
+
+class Copier:
+    """Copies a landed read out of the reader's arena into a destination tensor (the CPU case: at once).
+
+    Call order (``StreamReader.run``): ``copy(dst, src, slot)`` for each piece
+    of arena slot ``slot`` handed out, then ``wait(slot)`` before the slot is
+    read into again, ``wait_all()`` at the end of a file. ``CudaCopier``
+    makes ``copy`` asynchronous for GPU destinations.
+    """
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, slot: int) -> None:
+        dst.copy_(src)
+
+    def wait(self, slot: int) -> None:
+        pass
+
+    def wait_all(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class CudaCopier(Copier):
+    """Host-to-device copies out of an arena page-locked for the load (cudaHostRegister), queued on the
+    reader's own CUDA stream with one event per slot: ``wait(slot)`` blocks only on that slot's copies.
+    Copies to CPU destinations stay synchronous. Raises RuntimeError if the arena cannot be registered."""
+
+    def __init__(self, arena: AlignedBuffer, device: torch.device) -> None:
+        torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(arena.ptr, arena.size_bytes, 0))
+        self.arena = arena
+        self.stream = torch.cuda.Stream(device)
+        self.events: dict[int, torch.cuda.Event] = {}
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, slot: int) -> None:
+        if not dst.is_cuda:
+            dst.copy_(src)
+            return
+        with torch.cuda.stream(self.stream):
+            dst.copy_(src, non_blocking=True)
+            event = self.events.get(slot) or torch.cuda.Event()
+            event.record(self.stream)
+        self.events[slot] = event
+
+    def wait(self, slot: int) -> None:
+        event = self.events.pop(slot, None)
+        if event is not None:
+            event.synchronize()
+
+    def wait_all(self) -> None:
+        self.stream.synchronize()
+        self.events.clear()
+
+    def close(self) -> None:
+        self.wait_all()
+        torch.cuda.cudart().cudaHostUnregister(self.arena.ptr)
 
 
 class StreamReader:
@@ -178,11 +329,12 @@ class StreamReader:
     reused for every file of the load.
 
     Call order (``CheckpointReader.read_data``, one thread): construct with the largest file's size (the
-    arena holds no more slots than that file has reads), ``run(fd, wanted, file_size_bytes, sink, done)``
-    for each file, ``close()``. For each read that lands, ``sink(key, item_offset, data)`` is
-    called for every wanted item it overlaps, with ``data`` (a uint8 tensor over the slot, valid only during
-    the call) holding the item's bytes from ``item_offset`` on; the slot's next read is submitted after
-    that. ``done(key)`` follows an item's last ``sink``. Reads land in any order, so an item's pieces may
+    arena holds no more slots than that file has reads), ``run(fd, wanted, file_size_bytes, destination, done, copier)``
+    for each file, ``close()``. ``destination(key)`` gives the 1-D uint8 tensor an item's bytes go to
+    (any device ``copier`` serves); for each read that lands, the bytes of every wanted item it overlaps
+    are copied there with ``copier.copy(dst, src, slot)`` (``src`` a view of arena slot ``slot``, valid
+    until ``copier.wait(slot)``, which the reader calls before reading into that slot again; ``Copier``
+    copies at once). ``done(key)`` follows the completion of an item's last copy. Reads land in any order, so an item's pieces may
     come out of order. The copies of one read overlap the reads still in flight; no memory is allocated per
     read (fresh pages fault in, and on a virtual machine that reports free pages, fault on the host too).
     Raises OSError for a failed read, or one that ends before the bytes an item needs (the file is shorter
@@ -206,6 +358,14 @@ class StreamReader:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def cuda_copier(self, device: torch.device) -> Copier:
+        """A ``CudaCopier`` over this reader's arena (page-locked until its ``close``), or the synchronous
+        ``Copier`` where CUDA refuses to register it."""
+        try:
+            return CudaCopier(self._arena(), device)
+        except RuntimeError:
+            return Copier()
+
     def _arena(self) -> AlignedBuffer:
         """The arena, allocated and faulted in at the first file that reads through it."""
         if self.arena is None:
@@ -213,10 +373,12 @@ class StreamReader:
         return self.arena
 
     def run(self, fd: int, wanted: list[tuple[Hashable, int, int]], file_size_bytes: int,
-            sink: Callable[[Hashable, int, torch.Tensor], None], done: Callable[[Hashable], None]) -> None:
+            destination: Callable[[Hashable], torch.Tensor], done: Callable[[Hashable], None],
+            copier: Copier | None = None) -> None:
         items = sorted((offset, size, key) for key, offset, size in wanted if size > 0)
         if not items:
             return
+        copier = copier or Copier()
         piece = self.options.buffer_bytes
         reads = plan_stream([(offset, size) for offset, size, _ in items], piece_bytes=piece,
                             align_bytes=self.options.align_bytes, file_size_bytes=file_size_bytes)
@@ -227,26 +389,42 @@ class StreamReader:
         memory = torch.frombuffer(arena.mmap, dtype=torch.uint8)
         ring = Ring(slots)
         try:
-            free, position = list(range(slots)), 0
+            # A served slot waits in ``copying`` until the copies out of it are done; it is read into again
+            # only when no slot is free, oldest first, so copies overlap the reads submitted after them.
+            # An item is done once the copies out of the slot holding its last bytes are (``finished``).
+            free, copying, position = list(range(slots)), collections.deque(), 0
+            finished: dict[int, list[Hashable]] = {}
             while position < len(reads) or ring.pending:
-                while position < len(reads) and free:
-                    slot = free.pop()
+                while position < len(reads) and (free or copying):
+                    if free:
+                        slot = free.pop()
+                    else:
+                        slot = copying.popleft()
+                        copier.wait(slot)
+                        for key in finished.pop(slot, ()):
+                            done(key)
                     offset, size = reads[position]
                     ring.submit("read", fd, arena.ptr + slot * piece, size, offset, tag=slot)
                     position += 1
                 request, moved = ring.wait_result()
-                self._serve(request.offset, request.size_bytes, moved, request.tag * piece, memory, items,
-                            ends, left, sink, done)
-                free.append(request.tag)
+                finished[request.tag] = self._serve(request.offset, request.size_bytes, moved, request.tag, piece,
+                                                    memory, items, ends, left, destination, copier)
+                copying.append(request.tag)
+            copier.wait_all()
+            for slot in copying:
+                for key in finished.pop(slot, ()):
+                    done(key)
         finally:
             ring.close()  # waits for what is still in flight, so the arena is no longer written
             del memory
 
     @staticmethod
-    def _serve(start: int, requested: int, landed: int, base: int, memory: torch.Tensor, items: list,
-               ends: list[int], left: dict, sink, done) -> None:
-        """Hand out the items overlapping the read of [start, start + requested), whose first ``landed`` bytes
-        arrived and sit at ``base`` of ``memory``."""
+    def _serve(start: int, requested: int, landed: int, slot: int, piece: int, memory: torch.Tensor,
+               items: list, ends: list[int], left: dict, destination, copier: Copier) -> list[Hashable]:
+        """Copy out the items overlapping the read of [start, start + requested) into arena ``slot``, whose
+        first ``landed`` bytes arrived; returns the keys of the items whose last bytes these were."""
+        base = slot * piece
+        finished = []
         i = bisect.bisect_right(ends, start)  # the first item ending after start
         while i < len(items) and items[i][0] < start + requested:
             offset, size, key = items[i]
@@ -254,8 +432,9 @@ class StreamReader:
             if hi > start + landed:
                 raise OSError(errno.EIO, f"read ended at {start + landed:,} bytes, inside an item of {size:,} "
                                          f"bytes at {offset:,}")
-            sink(key, lo - offset, memory[base + lo - start:base + hi - start])
+            copier.copy(destination(key)[lo - offset:hi - offset], memory[base + lo - start:base + hi - start], slot)
             left[key] -= hi - lo
             if left[key] == 0:
-                done(key)
+                finished.append(key)
             i += 1
+        return finished

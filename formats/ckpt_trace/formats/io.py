@@ -7,14 +7,13 @@ as differences, ``encoding``: this module still decodes them, and upgrades
 older versions, handing readers ``SCHEMA``).
 
 Writing is atomic: a file is written whole, with its final metadata, into a
-private file of the target's directory that has no name (O_TMPFILE; where
-the file system lacks it, a random name created O_EXCL|O_NOFOLLOW), which
-is fsynced, then linked under the final name (link(2), or rename(2) over
-it when overwriting), then the directory is fsynced. A writer killed at any
-point therefore leaves no file or a complete one under the final name, and
-(but in the fallback) nothing else. ``TraceWriter`` spools its record
-batches to a private unnamed file while rows arrive and writes the trace at
-``close`` in one streaming pass (no metadata placeholder patched in place).
+temporary file of a random name beside the target, made O_EXCL|O_NOFOLLOW
+and written through its descriptor (``atomic.AtomicFile``), which is
+fsynced and renamed over the final name, then the directory is fsynced. A
+writer killed at any point therefore leaves no file or a complete one under
+the final name. ``TraceWriter`` spools its record batches to a private file
+without a name while rows arrive and writes the trace at ``close`` in one
+streaming pass (no metadata placeholder patched in place).
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import errno
 import hashlib
 import json
 import os
-import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
+from .atomic import AtomicFile, fsync_directory, make_temporary
 from .encoding import Decoder, stored_columns
 from .errors import CkptTraceError, TraceFormatError
 from .schema import (
@@ -91,17 +90,63 @@ class Trace:
         return self.table.num_rows
 
 
-def fsync_directory(directory: str | os.PathLike) -> None:
-    """fsync(2) a directory, so a rename or a new entry in it survives a crash. Raises OSError."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+RESERVE_BYTES = 16 << 20  # record: space set aside beside the trace before the command starts
+
+
+def reserve_temporary(path: str | os.PathLike, reserve_bytes: int = 0) -> Path:
+    """Create (empty, exclusively, under a random name) the temporary file a ``TraceWriter(path,
+    temporary=...)`` will write, so a long job finds out before it starts that its output cannot be
+    written. ``reserve_bytes`` are allocated in it with posix_fallocate(3), so a file system without that
+    much free space is refused now (creating an empty file succeeds on a full disk); the writer truncates
+    the file when it starts writing.
+
+    Returns the temporary path (remove it if the job fails). Raises CkptTraceError with the reason.
+    """
+    path = Path(path)
     try:
-        os.fsync(fd)
-    finally:
+        fd, tmp = make_temporary(path)
+    except FileNotFoundError:
+        raise CkptTraceError(f"cannot write {path}: directory {path.parent} does not exist") from None
+    except OSError as err:
+        raise CkptTraceError(f"cannot write {path}: {err.strerror}") from None
+    try:
+        if reserve_bytes:
+            os.posix_fallocate(fd, 0, reserve_bytes)
+    except OSError as err:
         os.close(fd)
+        tmp.unlink(missing_ok=True)
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            free = _free_bytes(path.parent)
+            raise CkptTraceError(f"cannot write {path}: {err.strerror} ({free / 2**20:.1f} MiB free in "
+                                 f"{path.parent or '.'}; the trace needs at least {reserve_bytes >> 20} MiB)") from None
+        if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # file systems without fallocate: not checked
+            raise CkptTraceError(f"cannot write {path}: {err.strerror}") from None
+    else:
+        os.close(fd)
+    return tmp
 
 
-def _temporary_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+def _free_bytes(directory: Path) -> int:
+    try:
+        info = os.statvfs(directory if str(directory) else ".")
+    except OSError:
+        return 0
+    return info.f_bavail * info.f_frsize
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (a new temporary file beside it, fsync, rename, directory fsync;
+    ``atomic.AtomicFile``).
+
+    Raises CkptTraceError with a one-line reason on failure; ``path`` is then untouched.
+    """
+    output = AtomicFile(path)
+    try:
+        output.write(data)
+    except BaseException:
+        output.discard()
+        raise
+    output.commit()
 
 
 _PROC_FD = Path("/proc/self/fd")
@@ -111,9 +156,9 @@ def _private_file(directory: Path, name: str, mode: int) -> tuple[int, Path | No
     """A new empty file in ``directory`` that only this process holds: (read-write descriptor, its name).
 
     Made with O_TMPFILE (open(2)): it has no name, so nothing is left behind if the process dies (name
-    None). Where the file system (or a missing /proc, needed to link it later) rules that out: a random
-    name ``.NAME.RANDOM`` created O_EXCL|O_NOFOLLOW (never an existing file, nor through a planted link),
-    which the caller removes. Raises OSError.
+    None). Where the file system rules that out: a random name made O_EXCL|O_NOFOLLOW
+    (``atomic.make_temporary``: never an existing file, nor through a planted link), which the caller
+    unlinks. Raises OSError.
     """
     if _PROC_FD.is_dir():
         try:
@@ -121,110 +166,11 @@ def _private_file(directory: Path, name: str, mode: int) -> tuple[int, Path | No
         except OSError as err:
             if err.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
                 raise
-    path = directory / f".{name}.{secrets.token_hex(8)}"
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode), path
-
-
-class _Output:
-    """Where a trace is written before it takes its final name (``_private_file``, mode 0666 less the umask):
-    ``sink`` to write to, then ``commit()`` (fsync; link(2) under the final name, which fails rather than
-    replace a file that appeared meanwhile, or when overwriting rename(2) over it; fsync of the directory)
-    or ``discard()`` (nothing left). Raises OSError."""
-
-    def __init__(self, path: Path, overwrite: bool) -> None:
-        self.path, self.overwrite = path, overwrite
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd, self._named = _private_file(path.parent, path.name, 0o666)
-        self.sink = pa.PythonFile(os.fdopen(os.dup(self._fd), "wb", buffering=1 << 20), mode="w")
-
-    def commit(self) -> Path:
-        self.sink.close()
-        os.fsync(self._fd)
-        directory = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            name = self.path.name
-            if self._named is not None:
-                if not self.overwrite and os.path.lexists(self.path):
-                    raise FileExistsError(errno.EEXIST, "exists", str(self.path))
-                os.replace(self._named, self.path)
-                self._named = None
-            elif not self.overwrite:
-                os.link(_PROC_FD / str(self._fd), name, dst_dir_fd=directory)  # linkat(AT_SYMLINK_FOLLOW)
-            else:
-                temporary = f".{name}.{secrets.token_hex(8)}"
-                os.link(_PROC_FD / str(self._fd), temporary, dst_dir_fd=directory)
-                try:
-                    os.replace(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
-                except OSError:
-                    os.unlink(temporary, dir_fd=directory)
-                    raise
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-        self.discard()
-        return self.path
-
-    def discard(self) -> None:
-        try:
-            self.sink.close()
-        except (OSError, pa.ArrowException, ValueError):
-            pass
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        if self._named is not None:
-            self._named.unlink(missing_ok=True)
-            self._named = None
-
-
-def _output(path: Path, overwrite: bool) -> _Output:
-    try:
-        return _Output(path, overwrite)
-    except OSError as err:
-        raise CkptTraceError(f"cannot write trace {path}: {err.strerror or err}") from None
+    return make_temporary(directory / name, mode)
 
 
 def _refusal(path: Path, err: OSError) -> CkptTraceError:
-    if isinstance(err, FileExistsError):
-        return CkptTraceError(f"{path} already exists (use --force to overwrite it)")
     return CkptTraceError(f"cannot write trace {path}: {err.strerror or err}")
-
-
-def reserve_temporary(path: str | os.PathLike) -> Path:
-    """Check, before a long job starts, that a trace can be written for ``path``: a private file is created
-    in its directory (as ``write_trace`` and ``TraceWriter`` make theirs) and removed at once.
-
-    Returns a path that no longer exists (kept for callers that remove it on failure). Raises
-    CkptTraceError with the reason.
-    """
-    path = Path(path)
-    try:
-        fd, named = _private_file(path.parent, path.name, 0o600)
-        os.close(fd)
-        if named is not None:
-            named.unlink()
-    except OSError as err:
-        raise CkptTraceError(f"cannot write {path}: {err.strerror}") from None
-    return _temporary_name(path)
-
-
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temporary file, fsync, rename, directory fsync).
-
-    Raises CkptTraceError with a one-line reason on failure; ``path`` is then untouched.
-    """
-    path = Path(path)
-    tmp = _temporary_name(path)
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        fsync_directory(path.parent)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise CkptTraceError(f"cannot write {path}: {err.strerror or err}") from None
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -311,17 +257,20 @@ def write_trace(
     overwrite: bool = False,
     batch_rows: int = DEFAULT_BATCH_ROWS,
     other_keys: Mapping[bytes, bytes] | None = None,
+    temporary: str | os.PathLike | None = None,
 ) -> Path:
     """Write ``table`` (of ``SCHEMA``, and any ``OPTIONAL_COLUMNS`` it holds) and ``metadata`` atomically to
     ``path``, as the current format version.
 
     ``metadata`` must hold every key of ``REQUIRED_METADATA_KEYS`` except
     ``format_version``, which is set here. ``other_keys``: schema-metadata
-    keys stored beside ``METADATA_KEY`` (a layout, say). Returns the final path.
+    keys stored beside ``METADATA_KEY`` (a layout, say). ``temporary`` is a
+    file ``reserve_temporary(path)`` made (written and renamed instead of a
+    new one). Returns the final path.
 
     Raises CkptTraceError when ``path`` exists and ``overwrite`` is false,
     when a metadata key is missing, or when the file system refuses the
-    write (full disk, permissions); nothing is left behind then.
+    write (full disk, permissions); the temporary file is removed then.
     """
     path = Path(path)
     if path.exists() and not overwrite:
@@ -332,18 +281,23 @@ def write_trace(
     except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
         raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
     options = _write_options(ZSTD_LEVEL_ONE_BATCH if table.num_rows <= max(1, batch_rows) else ZSTD_LEVEL)
-    out = _output(path, overwrite)
     try:
-        with ipc.new_file(out.sink, table.schema.with_metadata(keys), options=options) as writer:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise _refusal(path, err) from None
+    output = AtomicFile(path, temporary=temporary, what="trace")  # ``temporary``: reserve_temporary's
+    try:
+        with pa.OSFile(output.sink_path, "wb") as sink, \
+                ipc.new_file(sink, table.schema.with_metadata(keys), options=options) as writer:
             for batch in table.to_batches(max_chunksize=max(1, batch_rows)):
                 writer.write_batch(batch)
-        return out.commit()
     except OSError as err:
-        out.discard()
+        output.discard()
         raise _refusal(path, err) from None
     except BaseException:
-        out.discard()
+        output.discard()
         raise
+    return output.commit()
 
 
 def _decode_metadata(path: Path, schema: pa.Schema) -> dict:
@@ -411,7 +365,10 @@ def count_rows(path: str | os.PathLike) -> int:
     path = Path(path)
     try:
         with pa.OSFile(str(path)) as source:
-            return ipc.open_file(source, options=ipc.IpcReadOptions(included_fields=[0])).count_rows()
+            reader = ipc.open_file(source, options=ipc.IpcReadOptions(included_fields=[0]))
+            if hasattr(reader, "count_rows"):  # pyarrow >= 17
+                return reader.count_rows()
+            return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
     except (pa.ArrowException, OSError) as err:
         raise TraceFormatError(f"{path}: not a readable trace ({_first_line(err)})") from None
 
@@ -621,14 +578,15 @@ class TraceWriter:
     ``close`` writes the trace in one streaming pass, batch by batch out of
     the spool, with the metadata it is given written once (no placeholder),
     every text column's batches referring to its one final dictionary (no
-    dictionary deltas, which polars refuses), and links it under ``path`` as
-    ``write_trace`` does. A trace of at most one batch never touches the
+    dictionary deltas, which polars refuses), into a temporary file renamed
+    over ``path`` as ``write_trace`` does. A trace of at most one batch never touches the
     spool and is written at zstd level ``ZSTD_LEVEL_ONE_BATCH``, a longer one
     at ``ZSTD_LEVEL``.
 
     ``optional_columns``: the ``OPTIONAL_COLUMNS`` the file stores, in that
     order (None: those the first rows written hold); rows lacking one store
-    null.
+    null. ``temporary``: the file ``reserve_temporary(path)`` made, which
+    ``close`` writes and renames (``abort`` removes it).
 
     Raises CkptTraceError when ``path`` exists and ``overwrite`` is false, or
     when the file system refuses the write; TraceFormatError for rows that do
@@ -637,8 +595,10 @@ class TraceWriter:
     """
 
     def __init__(self, path: str | os.PathLike, *, overwrite: bool = False,
-                 batch_rows: int = DEFAULT_BATCH_ROWS, optional_columns: Iterable[str] | None = None) -> None:
+                 batch_rows: int = DEFAULT_BATCH_ROWS, optional_columns: Iterable[str] | None = None,
+                 temporary: str | os.PathLike | None = None) -> None:
         self.path = Path(path)
+        self._temporary = temporary  # reserve_temporary's file, written and renamed by close
         self._schema: pa.Schema | None = None
         if optional_columns is not None:
             optional_columns = tuple(optional_columns)
@@ -763,7 +723,7 @@ class TraceWriter:
 
     def close(self, metadata: Mapping[str, Any], *, other_keys: Mapping[bytes, bytes] | None = None) -> Path:
         """Write the file with ``metadata`` (every ``REQUIRED_METADATA_KEYS`` key but ``format_version``) and
-        ``other_keys`` (schema-metadata keys stored beside ``METADATA_KEY``), fsync it and link it under
+        ``other_keys`` (schema-metadata keys stored beside ``METADATA_KEY``), fsync it and rename it over
         ``path``. Returns the final path."""
         try:
             keys = _schema_metadata(metadata, other_keys)
@@ -772,7 +732,7 @@ class TraceWriter:
             raise
         if self._schema is None:
             self._set_schema(())
-        out = None
+        output = None
         try:
             if self._spooled:
                 while self._pending_rows:
@@ -783,27 +743,31 @@ class TraceWriter:
                 level, batches = ZSTD_LEVEL, self._unspooled()
             else:  # at most one batch: written straight
                 level, batches = ZSTD_LEVEL_ONE_BATCH, [self._next_batch()] if self._pending_rows else []
-            out = _output(self.path, self.overwrite)
-            with ipc.new_file(out.sink, self._schema.with_metadata(keys), options=_write_options(level)) as writer:
+            output = AtomicFile(self.path, temporary=self._temporary, what="trace")
+            self._temporary = None  # AtomicFile's now
+            with pa.OSFile(output.sink_path, "wb") as sink, ipc.new_file(
+                    sink, self._schema.with_metadata(keys), options=_write_options(level)) as writer:
                 for batch in batches:
                     writer.write_batch(batch)
-            out.commit()
         except OSError as err:
-            if out is not None:
-                out.discard()
+            if output is not None:
+                output.discard()
             self.abort()
             raise _refusal(self.path, err) from None
         except BaseException:
-            if out is not None:
-                out.discard()
+            if output is not None:
+                output.discard()
             self.abort()
             raise
         self.abort()  # the spool's descriptor
-        return self.path
+        return output.commit()
 
     def abort(self) -> None:
         """Remove what this writer wrote (never ``path`` itself): its spool, which has no name, goes with
-        its descriptor."""
+        its descriptor; the reserved ``temporary`` file, if ``close`` did not take it."""
+        if self._temporary is not None:
+            Path(self._temporary).unlink(missing_ok=True)
+            self._temporary = None
         if self._spool_writer is not None:
             try:
                 self._spool_writer.close()

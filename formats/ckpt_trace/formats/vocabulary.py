@@ -51,7 +51,11 @@ IO_URING = "io_uring"  # one io_uring request (SQE), from its submission to its 
 LIBAIO = "libaio"  # one Linux AIO request (iocb of io_submit), completed by io_getevents
 MMAP = "mmap"  # a file mapping (mmap, munmap, msync, madvise, mremap) or the pages touched through one
 CUDA = "cuda"  # one host<->device copy, as CUPTI's activity API reported it (format version 3)
-INTERFACES = (SYSCALL, IO_URING, LIBAIO, MMAP, CUDA)
+# In-kernel copies between two descriptors (optional additions, ckpt-trace 0.3): each call is a read row on its
+# source and a write row on its destination, each naming the other file in ``new_path``.
+SENDFILE, COPY_FILE_RANGE, SPLICE, FICLONE = "sendfile", "copy_file_range", "splice", "ficlone"
+COPY_INTERFACES = (SENDFILE, COPY_FILE_RANGE, SPLICE, FICLONE)
+INTERFACES = (SYSCALL, IO_URING, LIBAIO, MMAP, CUDA) + COPY_INTERFACES
 
 # -- memory kinds (the ``memory_kind`` column of copy rows: the host side's memory) ------------
 MEMORY_PAGEABLE, MEMORY_PINNED, MEMORY_DEVICE, MEMORY_MANAGED, MEMORY_UNKNOWN = (

@@ -66,7 +66,7 @@ import pyarrow.compute as pc
 
 from ckpt_trace import config
 from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
-from ckpt_trace.formats import scan, sha256_file
+from ckpt_trace.formats import read_metadata, scan, sha256_file
 from ckpt_trace.iolayer import host
 from ckpt_trace.stats import LatencyHistogram
 from ckpt_trace.version import __version__
@@ -110,6 +110,9 @@ class World:
     rank: int
     size: int
     local_rank: int
+    node: int = 0  # torchrun's GROUP_RANK: which node (agent) this process runs on
+    nodes: int = 1  # GROUP_WORLD_SIZE: how many nodes
+    local_size: int = 0  # LOCAL_WORLD_SIZE: processes on this node (0: unknown)
 
 
 def launched(env: Mapping[str, str] | None = None) -> World | None:
@@ -120,9 +123,51 @@ def launched(env: Mapping[str, str] | None = None) -> World | None:
         size = int(env.get("WORLD_SIZE", "1"))
         if size <= 1:
             return None
-        return World(rank=int(env["RANK"]), size=size, local_rank=int(env.get("LOCAL_RANK", "0")))
+        return World(rank=int(env["RANK"]), size=size, local_rank=int(env.get("LOCAL_RANK", "0")),
+                     node=int(env.get("GROUP_RANK", "0")), nodes=int(env.get("GROUP_WORLD_SIZE", "1")),
+                     local_size=int(env.get("LOCAL_WORLD_SIZE", "0")))
     except (KeyError, ValueError):
         raise ReplayError("WORLD_SIZE > 1 but RANK is missing or malformed: launch with torchrun") from None
+
+
+PLACEMENTS = ("host", "spread")
+
+
+def owner_hosts(trace: str | os.PathLike) -> dict[int, str]:
+    """owner (``owner_keys``) -> the host its rows were recorded on, from a merged trace's ``host`` column
+    (empty for a trace of one node: no such column)."""
+    if "merged" not in read_metadata(trace):
+        return {}
+    _, batches = scan(trace, ["rank", "pid", "host"])
+    out: dict[int, str] = {}
+    for batch in batches:
+        keys = owner_keys(batch.column("rank").to_numpy(zero_copy_only=False),
+                          batch.column("pid").to_numpy(zero_copy_only=False))
+        hosts = batch.column("host").cast(pa.string()).to_numpy(zero_copy_only=False)
+        first = np.unique(keys, return_index=True)
+        for key, row in zip(first[0].tolist(), first[1].tolist()):
+            out.setdefault(key, hosts[row])
+    return out
+
+
+def placed_share(all_owners: np.ndarray, hosts: Mapping[int, str], world: World, placement: str) -> frozenset[int]:
+    """This process's owners. ``spread``: ``share_of`` over every process. ``host`` (the default): each
+    recorded host's owners stay together on one node: the hosts (in order of their lowest owner) are cut
+    into ``world.nodes`` contiguous blocks, one per node, and a node's owners into contiguous blocks over its
+    processes; where the trace has fewer hosts than the job has nodes (or no host column, or torchrun did
+    not say how many processes each node runs), ``spread``. Raises ReplayError for an unknown placement."""
+    if placement not in PLACEMENTS:
+        raise ReplayError(f"unknown placement {placement!r} (choose from {', '.join(PLACEMENTS)})")
+    names: list[str] = []
+    for key in all_owners.tolist():
+        name = hosts.get(key)
+        if name is not None and name not in names:
+            names.append(name)
+    if placement == "spread" or len(names) < world.nodes or world.nodes <= 1 or world.local_size <= 0:
+        return share_of(all_owners, world.rank, world.size)
+    mine = set(names[world.node * len(names) // world.nodes:(world.node + 1) * len(names) // world.nodes])
+    node_owners = np.array([key for key in all_owners.tolist() if hosts.get(key, names[0]) in mine], np.int64)
+    return share_of(node_owners, world.local_rank, world.local_size)
 
 
 # -- shares ------------------------------------------------------------------------------------------------------
@@ -398,7 +443,7 @@ def replay_distributed(
     force: bool = False,
     queue_depth: int = 32,
     buffer_bytes: int = 4 << 20,
-    repeat: int = 1,
+    repeat: int | None = 1,
     drop_caches: bool = False,
     durable: bool = False,
     verify: bool = False,
@@ -407,15 +452,18 @@ def replay_distributed(
     min_seconds: float = 0.0,
     max_runs: int | None = None,
     gpu_copies: str = "recorded",
+    placement: str = "host",
 ) -> DistributedReport:
     """``replay.replay`` run by one of ``world``'s processes (see the module docstring); every process
     of the job calls it with the same arguments. Options mean what they mean there; ``--fio`` and
-    ``--pack-files`` are not available here.
+    ``--pack-files`` are not available here. ``placement`` (``placed_share``): ``host`` keeps each recorded
+    host's ranks on one node (a merged trace), ``spread`` cuts the ranks into blocks over every process.
 
     Raises TraceFormatError for a bad trace; ReplayError for the errors
     ``replay`` raises (in this process or any other: every process raises),
     when torch is missing or the job cannot be joined; Interrupted on Ctrl-C.
     """
+    repeat = repeat or config.REPLAY_MIN_ROUNDS  # rounds are interleaved in a single process's replay only
     check_options(strategy, timing, gpu_copies, repeat, min_seconds, drop_caches)
     trace = _trace_file(trace_path)
     target = Path(target)
@@ -427,7 +475,8 @@ def replay_distributed(
     try:
         error: BaseException | None = None
         try:
-            share = share_of(owners(trace.path), world.rank, world.size)
+            share = placed_share(owners(trace.path), owner_hosts(trace.path) if placement == "host" else {},
+                                 world, placement)
             base = build_posix_plan(share_batches(trace.path, share), strip_prefix, arch=trace.metadata["arch"],
                                     verify_ranges=verify)
             mine = share_plan(base, share)
@@ -481,12 +530,12 @@ def replay_distributed(
         if isinstance(err, KeyboardInterrupt):
             raise Interrupted(f"interrupted; the replay's files under {target} were removed") from None
         raise
-    docs = group.gather({"process": world.rank, "host": platform.node(), "owners": sorted(share),
+    docs = group.gather({"process": world.rank, "host": platform.node(), "node": world.node, "owners": sorted(share),
                          "results": [r.to_json() for r in per_process]})
     group.close()
     options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": False, "repeat": repeat,
                "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
-               "gpu_copies": gpu_copies, "world_size": world.size}
+               "gpu_copies": gpu_copies, "world_size": world.size, "placement": placement}
     return DistributedReport(trace.path, target, world, tuple(results), docs, tuple(mismatches), options,
                              trace_sha256=sha256_file(trace.path), environment=host.environment(target),
                              claims=tuple(claims))

@@ -55,6 +55,14 @@ class TargetRoot:
             raise ReplayError(f"refusing to follow symbolic link {full} inside the target")
         return full
 
+    def resolve_entry(self, rel: str) -> str:
+        """The full path of the entry ``rel`` itself, for calls that act on an entry without following it
+        (rename, unlink, rmdir, symlink, link): only the directories on the way are checked; a symbolic link
+        at ``rel`` is the entry."""
+        full = os.path.join(self.root, rel)
+        self._check_parent(os.path.dirname(full))
+        return full
+
     def _check_parent(self, directory: str) -> None:
         if directory in self._safe_dirs:
             return

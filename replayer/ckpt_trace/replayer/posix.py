@@ -47,7 +47,6 @@ import numpy as np
 
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats import is_any_of
-from ckpt_trace.formats.vocabulary import AT_REMOVEDIR
 from ckpt_trace.iolayer import files, gpu, pattern
 from ckpt_trace.iolayer import ring as rings
 from ckpt_trace.iolayer.buffers import PAGE_BYTES, AlignedBuffer, pattern_buffer
@@ -55,6 +54,7 @@ from ckpt_trace.iolayer.mapping import MAP_SHARED, PROT_WRITE, FileMapping
 from ckpt_trace.iolayer.ring import Ring, RingUnavailable
 from ckpt_trace.stats import LatencyHistogram, percentiles_ns
 
+from . import entries
 from .optable import KIND, NONE, READ, WRITE, OpTable, PlanOp
 from .pack import INDEX_PATH
 from .paths import TargetRoot
@@ -565,12 +565,9 @@ class PosixExecutor:
             fcntl.fcntl(fd, fcntl.F_SETFL, op.flags)
             state.mark_direct(fd)
         elif kind == "rename":
-            os.rename(self.root.resolve(op.path), self.root.resolve(op.new_path))
-            self.root.forget(op.path)
+            entries.rename_entry(self.root, op.path, op.new_path, op.flags)
         elif kind == "unlink":
-            target = self.root.resolve(op.path)
-            os.rmdir(target) if (op.flags or 0) & AT_REMOVEDIR else os.unlink(target)
-            self.root.forget(op.path)
+            entries.remove_entry(self.root, op.path, op.flags)
         elif kind == "mkdir":
             try:
                 os.mkdir(self.root.resolve(op.path), 0o755)

@@ -38,6 +38,7 @@ from .plan import PLAN_COLUMNS, ReplayPlan, build_posix_plan
 from .posix import PosixExecutor, Progress, files_moved
 from .results import ReplayResult
 from .uring import UringExecutor, io_uring_available
+from .verdicts import Rounds, versus_all
 from .verify import verify_content
 
 STRATEGIES = ("posix", "uring-buffered", "uring-direct", "aggregated")
@@ -248,7 +249,7 @@ def replay(
     force: bool = False,
     queue_depth: int = 32,
     buffer_bytes: int = 4 << 20,
-    repeat: int = 1,
+    repeat: int | None = 1,
     drop_caches: bool = False,
     durable: bool = False,
     verify: bool = False,
@@ -263,9 +264,15 @@ def replay(
     """Replay the trace at ``trace_path`` into ``target`` with ``strategy`` (or every strategy: ``all``).
 
     ``buffer_bytes`` is the aggregated strategy's buffer size (1-64 MiB).
-    ``repeat`` runs each strategy that many times (what the previous run
-    created is removed between runs, nothing else) and reports the run of
-    median elapsed time with every run's time; with ``min_seconds`` a
+    ``repeat`` runs each strategy that many times, in rounds interleaved
+    across strategies (``replayer.verdicts``; what a strategy's previous run
+    created is removed before its next, nothing else) and reports the run of
+    median elapsed time with every run's time and each speed-up's interval
+    from the paired rounds; ``repeat=None`` (the CLI's default) runs 3-10
+    rounds until the strategies are told apart or the time budget is spent
+    (``verdicts.Rounds``). With ``strategy="all"``, a trace whose reads and
+    writes move fewer than ``config.REPLAY_MIN_JUDGE_BYTES`` (and any trace
+    without rows) raises NothingToJudge. With ``min_seconds`` a
     strategy keeps running (at least ``repeat`` times, at most ``max_runs``,
     default ``config.REPLAY_MAX_RUNS``) until its runs' measured time adds up
     to ``min_seconds``, so a short trace is measured often enough to compare;
@@ -309,6 +316,7 @@ def replay(
     plans = _plans(trace, strategy, strip_prefix, verify_ranges=verify, buffer_bytes=buffer_bytes,
                    block_bytes=host.block_bytes(target), pack_files=pack_files)
     trace_sha256 = digest.result()  # before any run: the hashing never shares the CPU with a measured run
+    check_judgeable(plans[0], judging=strategy == "all")
     check_same_coverage(plans)
     check_queue_depth(queue_depth, [plan.strategy for plan in plans])
     made_target = not target.exists()
@@ -323,7 +331,7 @@ def replay(
         raise
     try:
         fio_limit = _fio_limit(target, plans[0]) if fio else None
-        runs = RunCount(repeat, min_seconds, max_runs or config.REPLAY_MAX_RUNS)
+        runs = Rounds(repeat, min_seconds, max_runs or config.REPLAY_MAX_RUNS)
         results, mismatches = _run_plans(plans, claims, queue_depth, runs, timing, progress, durable, drop_caches,
                                          verify, gpu_copies)
     except (ReplayError, KeyboardInterrupt) as err:
@@ -335,6 +343,7 @@ def replay(
         raise
     _add_speedups(results)
     options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": pack_files, "repeat": repeat,
+               "rounds": len(results[0].runs_elapsed_s), "rounds_rule": runs.describe(),
                "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
                "gpu_copies": gpu_copies}
     return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), options,
@@ -359,7 +368,7 @@ def _digest_soon(path: Path) -> Future:
     return future
 
 
-def check_options(strategy: str, timing: str, gpu_copies: str, repeat: int, min_seconds: float,
+def check_options(strategy: str, timing: str, gpu_copies: str, repeat: int | None, min_seconds: float,
                   drop_caches: bool) -> None:
     """Refuse, before anything is read, options ``replay`` cannot take. Raises ReplayError."""
     if timing not in TIMINGS:
@@ -368,7 +377,7 @@ def check_options(strategy: str, timing: str, gpu_copies: str, repeat: int, min_
         raise ReplayError(f"unknown --gpu-copies {gpu_copies!r} (choose from {', '.join(GPU_COPY_MODES)})")
     if strategy not in CHOICES:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
-    if repeat < 1:
+    if repeat is not None and repeat < 1:
         raise ReplayError("--repeat must be at least 1")
     if min_seconds < 0:
         raise ReplayError("--min-seconds cannot be negative")
@@ -390,28 +399,69 @@ class RunCount:
         return done < self.repeat or (sum(elapsed_s) < self.min_seconds and done < max(self.max_runs, self.repeat))
 
 
-def _run_plans(plans, claims, queue_depth, count: RunCount, timing, progress, durable, drop_caches,
+def _run_plans(plans, claims, queue_depth, count: Rounds, timing, progress, durable, drop_caches,
                verify, gpu_copies: str = "recorded") -> tuple[list[ReplayResult], list[SizeMismatch]]:
-    """Run every plan as ``count`` says (releasing the previous run's files in between); the median runs."""
-    results, mismatches = [], []
-    for plan, claim in zip(plans, claims):
-        runs = []
-        while count.more([r.elapsed_s for r in runs]):
-            if runs:
+    """Run the plans in rounds (``replayer.verdicts``): each round runs every plan once, starting one plan later
+    than the round before, releasing that plan's previous run's files first; then each plan's median run, with
+    every run's time and its paired speed-ups over the others."""
+    runs: list[list[ReplayResult]] = [[] for _ in plans]
+    roots: list[TargetRoot | None] = [None] * len(plans)
+    names = [plan.strategy for plan in plans]
+    while count.more({name: [r.elapsed_s for r in mine] for name, mine in zip(names, runs)}):
+        first = len(runs[0]) % len(plans)
+        for index in [*range(first, len(plans)), *range(first)]:
+            plan, claim = plans[index], claims[index]
+            if runs[index]:
                 claim.release()
-            root = prepare_target(claim.directory, force=True)
+            root = roots[index] = prepare_target(claim.directory, force=True)
             executor = make_executor(plan.strategy, root, queue_depth)
             executor.gpu_copies = gpu_copies
             executor.prepare(plan)
             if drop_caches:
                 drop_page_cache()
-            runs.append(executor.run(plan, timing=timing, progress=progress, durable=durable))
-            check_file_bytes(plan, runs[-1])
-        results.append(_median_run(runs))
+            runs[index].append(executor.run(plan, timing=timing, progress=progress, durable=durable))
+            check_file_bytes(plan, runs[index][-1])
+    results, mismatches = [], []
+    for plan, root, mine in zip(plans, roots, runs):
+        results.append(_median_run(mine))
         mismatches.extend(size_mismatches(root, plan))
         if verify:
             results[-1].verified_files = _verify(root, plan)
+    _add_verdicts(results, {name: [r.elapsed_s for r in mine] for name, mine in zip(names, runs)})
     return results, mismatches
+
+
+def _add_verdicts(results: list[ReplayResult], elapsed: dict[str, list[float]]) -> None:
+    """Each result's spread and paired speed-ups (``verdicts.versus_all``); ``speedup_vs_posix`` the median of
+    its rounds' ratios over posix."""
+    versus = versus_all(elapsed)
+    for result in results:
+        result.versus = versus.get(result.strategy, {})
+        if "posix" in result.versus:
+            result.speedup = result.versus["posix"]
+        elif result.strategy == "posix" and len(results) > 1:
+            result.speedup = {"median": 1.0, "low": 1.0, "high": 1.0, "coverage": 1.0,
+                              "n": len(elapsed["posix"]), "verdict": "reference"}
+
+
+class NothingToJudge(ReplayError):
+    """The trace moves too few bytes (or has no rows) for strategies to be told apart."""
+
+
+def data_bytes(plan: ReplayPlan) -> int:
+    """The bytes ``plan``'s reads and writes move. Pure."""
+    t = plan.ops
+    return int(np.maximum(t.size[(t.kind == READ) | (t.kind == WRITE)], 0).sum())
+
+
+def check_judgeable(plan: ReplayPlan, judging: bool = True) -> None:
+    """Raise NothingToJudge for a plan without operations, or (``judging``: strategies are compared) one whose
+    reads and writes move fewer than ``config.REPLAY_MIN_JUDGE_BYTES``."""
+    moved = data_bytes(plan)
+    if len(plan.ops) == 0 or (judging and moved < config.REPLAY_MIN_JUDGE_BYTES):
+        ops = int(((plan.ops.kind == READ) | (plan.ops.kind == WRITE)).sum())
+        raise NothingToJudge(f"nothing to judge: the trace's {ops:,} reads and writes move {moved:,} B, under "
+                             f"{config.REPLAY_MIN_JUDGE_BYTES:,} B (CKPT_TRACE_REPLAY_MIN_JUDGE_BYTES)")
 
 
 def planned_file_bytes(plan: ReplayPlan) -> dict[str, tuple[int, int]]:
@@ -545,8 +595,13 @@ def _median_run(runs: list[ReplayResult]) -> ReplayResult:
 
 
 def _add_speedups(results: list[ReplayResult]) -> None:
+    """``speedup_vs_posix``: the median of the paired rounds' ratios where they were measured, else (a
+    distributed replay) posix's elapsed time over this one's."""
     posix = next((r for r in results if r.strategy == "posix"), None)
     if posix is None:
         return
     for result in results:
-        result.speedup_vs_posix = posix.elapsed_s / result.elapsed_s if result.elapsed_s > 0 else None
+        if result.speedup:
+            result.speedup_vs_posix = result.speedup["median"]
+        else:
+            result.speedup_vs_posix = posix.elapsed_s / result.elapsed_s if result.elapsed_s > 0 else None

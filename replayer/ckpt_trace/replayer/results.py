@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from ckpt_trace import config
 from ckpt_trace.stats import LatencyHistogram
 
@@ -44,6 +46,9 @@ class ReplayResult:
     ``off_named_path`` when that path carried less than
     ``config.REPLAY_NAMED_PATH_MIN_SHARE`` of the bytes. ``file_bytes``
     (internal): (written, read) bytes per file path, checked after each run.
+    ``speedup``: over posix, from paired rounds (``replayer.verdicts``:
+    median, low, high, coverage, n, verdict), None without posix;
+    ``versus``: the same over every other strategy of the replay, by name.
     """
 
     strategy: str
@@ -67,6 +72,8 @@ class ReplayResult:
     gpu_copies: dict | None = None
     latency_histogram: LatencyHistogram | None = field(default=None, repr=False, compare=False)
     data_paths: dict[str, dict[str, int]] = field(default_factory=dict)
+    speedup: dict | None = None
+    versus: dict[str, dict] = field(default_factory=dict)
     file_bytes: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -112,6 +119,9 @@ class ReplayResult:
         data["named_path"] = self.named_path
         data.update(self.path_shares())
         data["off_named_path"] = self.off_named_path
+        runs = self.runs_elapsed_s or [self.elapsed_s]
+        data["elapsed_spread_s"] = {"median": float(np.median(runs)), "min": min(runs), "max": max(runs),
+                                    "runs": len(runs)}
         data["write_throughput_bytes_per_s"] = self.write_throughput_bytes_per_s
         data["read_throughput_bytes_per_s"] = self.read_throughput_bytes_per_s
         return data

@@ -57,7 +57,8 @@ from .state import AuxEvent, EffectOrderFeeder, SyscallEvent, rank_from_environ
 TRACEFS = Path("/sys/kernel/tracing")
 _EVENTS = TRACEFS / "events" / "raw_syscalls"
 _NAMES = list(sc.SYSCALLS)
-_POINTER_ARGS = {"path", "path2", "iov", "how", "uargs", "argv", "envp", "buf", "params", "sig", "stack", "ptid", "ctid", "tls"}
+_POINTER_ARGS = {"path", "path2", "iov", "how", "uargs", "argv", "envp", "buf", "params", "sig", "stack", "ptid", "ctid", "tls",
+                  "offset_ptr", "off_in_ptr", "off_out_ptr"}
 
 
 def _mount_tracefs() -> None:
@@ -116,7 +117,7 @@ def excluded_body(path_filters: list[str]) -> str:
     return "\n".join([f"    if ({_literal_test(p)}) return 1;" for p in _SPECIAL_PREFIXES] + ["    return 0;"])
 
 
-_SIGNED32 = frozenset({"fd", "dirfd", "dirfd2", "newfd"})
+_SIGNED32 = frozenset({"fd", "dirfd", "dirfd2", "newfd", "in_fd", "out_fd"})
 _UNSIGNED32 = frozenset({"flags", "rwflags", "mode", "cmd", "whence", "iov_count"})
 
 
@@ -132,7 +133,10 @@ def _early_checks(name: str, arg: dict[str, str]) -> list[str]:
     """C statements run before an event is started: drop calls the builder would not record."""
     lines = []
     if name == "ioctl":
-        lines.append(f"if ({arg['cmd']} != {sc.FIOCLEX} && {arg['cmd']} != {sc.FIONCLEX}) return 0;")
+        cmds = (sc.FIOCLEX, sc.FIONCLEX, sc.FICLONE, sc.FICLONERANGE)
+        lines.append("if (" + " && ".join(f"{arg['cmd']} != {c}" for c in cmds) + ") return 0;")
+    if name in sc.COPY_CALLS:  # a copy between two ignored descriptors (a file outside the filters: no row)
+        lines.append(f"if (fd_marked(tgid, {arg['in_fd']}) && fd_marked(tgid, {arg['out_fd']})) return 0;")
     if name == "fcntl":
         wanted = (sc.F_DUPFD, sc.F_DUPFD_CLOEXEC, sc.F_SETFD, sc.F_SETFL)
         lines.append("if (" + " && ".join(f"{arg['cmd']} != {c}" for c in wanted) + ") return 0;")
@@ -167,10 +171,36 @@ def _late_checks(name: str, arg: dict[str, str]) -> list[str]:
     return lines
 
 
-# Extra C for some calls' entries: io_uring_register's fixed-file tables (include/uapi/linux/io_uring.h:
+_COPY_OFFSETS = """
+e->extra = -1;
+if (a[__IN__] && bpf_probe_read_user(&e->extra, 8, (const void *)a[__IN__]) != 0)
+    e->extra = -2;
+"""
+# Extra C for some calls' entries. In-kernel copies: the offsets their pointers point to, read before the call
+# moves them: *off_in into e->extra, *off_out into e->size (-1: NULL, -2: unreadable). ioctl FICLONERANGE: its
+# struct file_clone_range (include/uapi/linux/fs.h: src_fd, src_offset, src_length, dest_offset) into e->extra
+# and e->a[3..5], which ioctl's three arguments leave free. io_uring_register's fixed-file tables (include/uapi/linux/io_uring.h:
 # IORING_REGISTER_FILES takes an int array, FILES_UPDATE a struct io_uring_files_update, FILES2 an
 # io_uring_rsrc_register, FILES_UPDATE2 an io_uring_rsrc_update2), up to MAX_FIXED_FDS descriptors into e->path.
 _ENTER_EXTRA = {
+    "sendfile": _COPY_OFFSETS.replace("__IN__", "2"),
+    "copy_file_range": _COPY_OFFSETS.replace("__IN__", "1") + """
+if (a[3] && bpf_probe_read_user(&e->size, 8, (const void *)a[3]) != 0)
+    e->size = -2;
+""",
+    "ioctl": f"""
+if ((u32)a[1] == {sc.FICLONERANGE}) {{
+    u64 range[4] = {{}};
+    if (bpf_probe_read_user(range, sizeof(range), (const void *)a[2]) == 0) {{
+        e->extra = range[0];
+        e->a[3] = range[1];
+        e->a[4] = range[2];
+        e->a[5] = range[3];
+    }} else {{
+        e->extra = -1;
+    }}
+}}
+""",
     "io_uring_register": """
 u64 fds = 0;
 u32 count = 0;
@@ -200,6 +230,9 @@ if (fds) {
 }
 """,
 }
+
+
+_ENTER_EXTRA["splice"] = _ENTER_EXTRA["copy_file_range"]  # the same arguments
 
 
 def _enter_case(nr: int, name: str) -> str:
@@ -313,6 +346,7 @@ def program_text(path_filters: list[str] | None = None, view: KernelView | None 
     cases = "\n".join(_enter_case(nr, name) for nr, name in enumerate(_NAMES))
     text = (base.replace("__PATH_BYTES__", str(config.BPF_PATH_BYTES))
                 .replace("__MAX_IOVECS__", str(config.BPF_MAX_IOVECS))
+                .replace("__MAX_IOCBS__", str(max(1, config.BPF_MAX_IOCBS)))
                 .replace("__RINGBUF_PAGES__", str(config.BPF_RINGBUF_PAGES))
                 .replace("__AUX_PAGES__", str(config.BPF_AUX_RINGBUF_PAGES))
                 .replace("__COMPACT_PAGES__", str(config.BPF_COMPACT_RINGBUF_PAGES))
@@ -410,7 +444,7 @@ def decode_events(records: np.ndarray, ranks: dict[int, int | None]) -> list[Sys
     return events
 
 
-_EXTRA_ARGS = frozenset({"openat2", "clone3", "io_setup", "mmap", "io_uring_register"})
+_EXTRA_ARGS = frozenset({"openat2", "clone3", "io_setup", "mmap", "io_uring_register", "ioctl"}) | sc.COPY_CALLS
 
 
 def _extra_args(name: str, records: np.ndarray) -> list[dict]:
@@ -427,6 +461,17 @@ def _extra_args(name: str, records: np.ndarray) -> list[dict]:
             out.append({"ctx_id": extra & 0xFFFFFFFFFFFFFFFF})
         elif name == "mmap":
             out.append({"ino": int(record["ino"]), "dev": int(record["dev"])} if record["ino"] else {})
+        elif name in sc.COPY_CALLS:
+            offsets = {"in_offset": None if extra == -1 else extra}
+            if name != "sendfile":
+                out_offset = int(record["size"])
+                offsets["out_offset"] = None if out_offset == -1 else out_offset
+            out.append(offsets)
+        elif name == "ioctl":
+            regs = record["a"]
+            out.append({"src_fd": extra, "src_offset": int(regs[3]), "src_length": int(regs[4]),
+                        "dest_offset": int(regs[5])}
+                       if int(regs[1]) & 0xFFFFFFFF == sc.FICLONERANGE and extra != -1 else {})
         else:  # io_uring_register
             nfds = int(record["nfds"])
             count = min(nfds, config.BPF_PATH_BYTES // 4)
@@ -459,6 +504,10 @@ def decode_aux(records: np.ndarray) -> list[AuxEvent]:
                  depth, fixed, vec), comm in zip(zip(*columns), comms)]
 
 
+#: What each slot of the BPF ``lost`` array counts (bcc_program.c), as the metadata's ``lost_reasons`` names it.
+LOST_REASONS = ("syscall_events", "aux_events", "io_uring_table_full", "iocbs_unread", "io_events_unread")
+
+
 @dataclass
 class BccRecording:
     """What a bcc recording produced besides its events, which went to ``feeder``: counts, the root
@@ -468,6 +517,7 @@ class BccRecording:
     unseen: dict = field(default_factory=dict)
     uring_other_ops: dict = field(default_factory=dict)
     lost_events: int = 0
+    lost_reasons: dict = field(default_factory=dict)
     truncated_paths: int = 0
     root_pid: int = -1
     exit_code: int = 0
@@ -699,7 +749,9 @@ class BccTracer:
         if rec.exit_code < 0:
             rec.exit_signal = -rec.exit_code
             rec.exit_code = 128 + rec.exit_signal
-        rec.lost_events = sum(int(bpf["lost"][ctypes.c_int(i)].value) for i in range(3))
+        lost = [int(bpf["lost"][ctypes.c_int(i)].value) for i in range(len(LOST_REASONS))]
+        rec.lost_events = sum(lost)
+        rec.lost_reasons = {reason: count for reason, count in zip(LOST_REASONS, lost) if count}
         if self.view.uring is None:
             other = bpf["uring_other"]
             rec.uring_other_ops = {vocabulary.URING_OPCODE_NAMES.get(i, str(i)): int(other[ctypes.c_int(i)].value)

@@ -35,7 +35,7 @@
 #define MAX_IOVECS __MAX_IOVECS__
 #define URING __URING__
 #define MAPPED __MAPPED__
-#define MAX_IOCBS 32
+#define MAX_IOCBS __MAX_IOCBS__
 #define MAX_FIXED_FDS (PATH_BYTES / 4)
 
 struct event_t {
@@ -121,7 +121,9 @@ BPF_HASH(mapped_inodes, u64, u8, 65536);
 BPF_HASH(traced, u32, u8, 65536);
 BPF_HASH(inflight, u32, struct event_t, __INFLIGHT__);
 BPF_PERCPU_ARRAY(scratch, struct event_t, 1);
-BPF_ARRAY(lost, u64, 3);  // [0] syscall events, [1] aux events, [2] io_uring requests not tracked (table full)
+// [0] syscall events, [1] aux events, [2] io_uring requests not tracked (table full), [3] iocbs of io_submit not
+// read (beyond MAX_IOCBS, or unreadable), [4] io_events of io_getevents not read (the same); bcc_backend.LOST_REASONS
+BPF_ARRAY(lost, u64, 8);
 
 struct fdkey_t {
     u32 tgid;
@@ -254,26 +256,40 @@ static __always_inline void aux_send(struct aux_t *a) {
 
 // libaio (include/uapi/linux/aio_abi.h, a user-space ABI): each iocb io_submit accepted, each io_event
 // io_getevents returned, read at the syscall's exit.
+static __always_inline void count_lost_at(int index, u64 count) {
+    u64 *value = lost.lookup(&index);
+    if (value)
+        __sync_fetch_and_add(value, count);
+}
+
+// Every iocb of the batch up to MAX_IOCBS; what cannot be read (a longer batch, an unreadable pointer or iocb)
+// is counted in lost[3], never sent as a guess.
 static __always_inline void aio_submitted(struct event_t *e, long ret) {
     const u64 *iocbpp = (const u64 *)e->a[2];
+    if (ret > MAX_IOCBS)
+        count_lost_at(3, ret - MAX_IOCBS);
     for (int i = 0; i < MAX_IOCBS; i++) {
         if (i >= ret)
             break;
         u64 iocb = 0;
-        bpf_probe_read_user(&iocb, sizeof(iocb), &iocbpp[i]);
         struct aux_t a;
         aux_begin(&a, AUX_AIO_SUBMIT, e);
         a.ts_ns = e->ts_ns;
         a.ctx = e->a[0];
-        a.obj = iocb;
         u16 opcode = 0;
         u32 fildes = 0;
-        bpf_probe_read_user(&a.user_data, 8, (const void *)(iocb + 0));
-        bpf_probe_read_user(&opcode, 2, (const void *)(iocb + 16));
-        bpf_probe_read_user(&fildes, 4, (const void *)(iocb + 20));
-        bpf_probe_read_user(&a.addr, 8, (const void *)(iocb + 24));
-        bpf_probe_read_user(&a.len, 8, (const void *)(iocb + 32));
-        bpf_probe_read_user(&a.offset, 8, (const void *)(iocb + 40));
+        // struct iocb: aio_data 0, aio_lio_opcode 16, aio_fildes 20, aio_buf 24, aio_nbytes 32, aio_offset 40
+        if (bpf_probe_read_user(&iocb, sizeof(iocb), &iocbpp[i]) != 0 || !iocb ||
+            bpf_probe_read_user(&a.user_data, 8, (const void *)(iocb + 0)) != 0 ||
+            bpf_probe_read_user(&opcode, 2, (const void *)(iocb + 16)) != 0 ||
+            bpf_probe_read_user(&fildes, 4, (const void *)(iocb + 20)) != 0 ||
+            bpf_probe_read_user(&a.addr, 8, (const void *)(iocb + 24)) != 0 ||
+            bpf_probe_read_user(&a.len, 8, (const void *)(iocb + 32)) != 0 ||
+            bpf_probe_read_user(&a.offset, 8, (const void *)(iocb + 40)) != 0) {
+            count_lost_at(3, 1);
+            continue;
+        }
+        a.obj = iocb;
         a.opcode = opcode;
         a.fd = fildes;
         a.vectored = opcode == 7 || opcode == 8;  // IOCB_CMD_PREADV, IOCB_CMD_PWRITEV: len counts iovecs
@@ -283,6 +299,8 @@ static __always_inline void aio_submitted(struct event_t *e, long ret) {
 
 static __always_inline void aio_reaped(struct event_t *e, long ret) {
     const u64 *events = (const u64 *)e->a[3];
+    if (ret > MAX_IOCBS)
+        count_lost_at(4, ret - MAX_IOCBS);
     for (int i = 0; i < MAX_IOCBS; i++) {
         if (i >= ret)
             break;
@@ -290,9 +308,14 @@ static __always_inline void aio_reaped(struct event_t *e, long ret) {
         aux_begin(&a, AUX_AIO_EVENT, e);
         a.ts_ns = e->ts_ns + e->dur_ns;
         a.ctx = e->a[0];
-        bpf_probe_read_user(&a.user_data, 8, &events[4 * i]);
-        bpf_probe_read_user(&a.obj, 8, &events[4 * i + 1]);
-        bpf_probe_read_user(&a.res, 8, &events[4 * i + 2]);
+        u64 event[3] = {};  // struct io_event: data, obj, res (, res2)
+        if (bpf_probe_read_user(event, sizeof(event), &events[4 * i]) != 0) {
+            count_lost_at(4, 1);
+            continue;
+        }
+        a.user_data = event[0];
+        a.obj = event[1];
+        a.res = (s64)event[2];
         aux_send(&a);
     }
 }

@@ -23,6 +23,7 @@ from pathlib import Path
 from ckpt_trace import config
 from ckpt_trace.errors import CommandNotFound, TracerError
 from ckpt_trace.formats import reserve_temporary, vocabulary
+from ckpt_trace.formats.io import RESERVE_BYTES
 from ckpt_trace.iolayer.host import filesystems_of
 from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.version import __version__
@@ -164,7 +165,8 @@ def _run_traced(choice: BackendChoice, cmd: list[str], builder_args: dict, spool
         feeder = rec.feeder
         feeder.finish()
         spool.add(feeder.builder.take_rows())
-        extra = {"lost_events": rec.lost_events, "truncated_paths": rec.truncated_paths, "exit_code": rec.exit_code,
+        extra = {"lost_events": rec.lost_events, **({"lost_reasons": rec.lost_reasons} if rec.lost_reasons else {}),
+                 "truncated_paths": rec.truncated_paths, "exit_code": rec.exit_code,
                  "exit_signal": rec.exit_signal, "command_elapsed_ns": rec.command_elapsed_ns,
                  "recorder_cpu_ns": rec.recorder_cpu_ns,
                  **({"bpf_run_ns": rec.bpf_run_ns} if rec.bpf_run_ns is not None else {}),
@@ -253,7 +255,7 @@ def record(
     output = check_output_file(output, overwrite)
     filters = [normalize_filter(p) for p in path_filters]
     builder_args = {"cwd": os.getcwd(), "path_filters": filters}
-    reserved = reserve_temporary(output)
+    reserved = reserve_temporary(output, RESERVE_BYTES)  # a full file system is refused now, not after the job
     capture = gpu.GpuCapture(gpu_plan) if gpu_plan is not None and gpu_plan.enabled else None
     spool = RowSpool(output, run_rows=config.RECORD_RUN_ROWS)
     try:
@@ -271,7 +273,7 @@ def record(
         if strict and extra["lost_events"]:
             raise TracerError(f"{extra['lost_events']} events were lost (--strict); no trace written")
         result = _write(output, cmd, choice, builder, spool, extra, filters, start_wall_ns, elapsed_s, overwrite,
-                        copies, gpu_plan)
+                        copies, gpu_plan, temporary=reserved)
     except BaseException:
         reserved.unlink(missing_ok=True)
         raise
@@ -313,7 +315,8 @@ def normalize_filter(prefix: str) -> str:
 
 def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBuilder, spool: RowSpool,
            extra: dict, filters: list[str], start_wall_ns: int, elapsed_s: float, overwrite: bool,
-           copies: tuple[dict, dict] | None = None, gpu_plan: gpu.GpuPlan | None = None) -> RecordResult:
+           copies: tuple[dict, dict] | None = None, gpu_plan: gpu.GpuPlan | None = None,
+           temporary: Path | None = None) -> RecordResult:
     gpu_summary = {"captured": False, "reason": gpu_plan.reason if gpu_plan else "not asked"}
     if copies is not None:
         rows, summary = copies
@@ -344,7 +347,7 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
         "spilled_runs": spool.spilled_runs,
         **extra,
     }
-    rows = spool.write(output, metadata, overwrite=overwrite, batch_rows=config.TRACE_BATCH_ROWS)
+    rows = spool.write(output, metadata, overwrite=overwrite, batch_rows=config.TRACE_BATCH_ROWS, temporary=temporary)
     return RecordResult(output, extra["exit_code"], choice.name, choice.reason, rows, extra["lost_events"],
                         elapsed_s, exit_signal=extra.get("exit_signal"), filtered_ops=builder.filtered_ops,
                         unseen=extra["unseen"], gpu=gpu_summary)

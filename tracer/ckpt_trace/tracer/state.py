@@ -140,7 +140,8 @@ class AioState:
     """A Linux AIO context: its ``queue_id`` and the submitted iocbs not yet reaped (in submission order)."""
 
     queue_id: int
-    pending: dict = field(default_factory=dict)  # (obj or a sequence number) -> row values
+    pending: dict = field(default_factory=dict)  # submission number -> (iocb address or 0, row values)
+    serial: int = 0
 
 
 @dataclass(slots=True)
@@ -387,11 +388,15 @@ class TraceBuilder:
         """After the last event: requests submitted and never reaped are rows too (``ret`` -ECANCELED),
         counted in ``unreaped_requests``."""
         for (tgid, _), state in self.aio.items():
-            proc = self.procs.get(tgid)
-            for values in list(state.pending.values()):
-                self.unreaped_requests += 1
-                self._emit_request(proc, values, ret=-125, end_ns=values["ts_ns"])
-            state.pending.clear()
+            self._unreaped(self.procs.get(tgid), state)
+
+    def _unreaped(self, proc: Process | None, state: AioState) -> None:
+        """Rows (``ret`` -ECANCELED) of the iocbs of ``state`` submitted and never seen reaped."""
+        for _, values in list(state.pending.values()):
+            self.unreaped_requests += 1
+            values.pop("desc", None)
+            self._emit_request(proc, values, ret=-125, end_ns=values["ts_ns"])
+        state.pending.clear()
 
     def columns(self) -> dict[str, list]:
         """The rows emitted since the last ``take_rows`` (all of them, if never taken), column by column."""
@@ -670,12 +675,82 @@ class TraceBuilder:
 
     def _on_ioctl(self, proc: Process, ev: SyscallEvent) -> None:
         cmd, fd = int(ev.args["cmd"]) & 0xFFFFFFFF, int(ev.args["fd"])
+        if cmd in (sc.FICLONE, sc.FICLONERANGE):
+            self._on_clone_ioctl(proc, ev, cmd, fd)
+            return
         if ev.ret != 0 or fd not in proc.table.fds:
             return
         if cmd == sc.FIOCLEX:
             proc.table.cloexec.add(fd)
         elif cmd == sc.FIONCLEX:
             proc.table.cloexec.discard(fd)
+
+    # -- in-kernel copies: a read row on the source, a write row on the destination ------------------------
+    def _copy_file(self, proc: Process, fd: int) -> Description | None:
+        """The description a copy reads or writes through, when it is a file a row may name (not a pipe,
+        socket or pseudo file, which the trace leaves out)."""
+        desc = proc.table.fds.get(fd)
+        if desc is None or desc.path is None:
+            return None
+        if not self.keep_special and (desc.path in SPECIAL_PATHS or desc.path.startswith(SPECIAL_PREFIXES)):
+            return None
+        return desc
+
+    def _copy_rows(self, proc: Process, ev: SyscallEvent, interface: str, sides: tuple, size: int | None,
+                   moved: int) -> None:
+        """Rows of one in-kernel copy of ``moved`` bytes. ``sides``: (fd, description or None, offset argument,
+        moves the file position) for the source, then the destination; an offset argument of None means the
+        file position (-2: unreadable, the offset unknown), which advances by ``moved``."""
+        (src_fd, src, _, _), (dst_fd, dst, _, _) = sides
+        if src is None and dst is None:
+            self.untracked_fd_ops += 1
+            return
+        for (fd, desc, explicit, moves), op, other in zip(sides, (v.READ, v.WRITE), (dst, src)):
+            if desc is None:
+                continue
+            if explicit is None:
+                if op == v.WRITE and desc.flags & sc.O_APPEND:
+                    offset = self.sizes.get(desc.path)
+                    source = v.OFFSET_APPEND if offset is not None else v.OFFSET_UNKNOWN
+                else:
+                    offset, source = desc.pos, (v.OFFSET_POSITION if desc.pos is not None else v.OFFSET_UNKNOWN)
+                if moves and ev.ret >= 0:
+                    desc.pos = offset + moved if offset is not None else None
+            elif explicit < 0:
+                offset, source = None, v.OFFSET_UNKNOWN
+            else:
+                offset, source = explicit, v.OFFSET_EXPLICIT
+            if op == v.WRITE and offset is not None and moved:
+                self._grow(desc.path, offset + moved)
+            self._emit(proc, ev, op, fd=fd, path=desc.path, new_path=other.path if other is not None else None,
+                       offset=offset, offset_source=source, size=size, interface=interface)
+
+    def _on_copy(self, proc: Process, ev: SyscallEvent) -> None:
+        """sendfile(2), copy_file_range(2), splice(2): ``count`` bytes asked, ``ret`` moved."""
+        src_fd, dst_fd = int(ev.args["in_fd"]), int(ev.args["out_fd"])
+        src, dst = self._copy_file(proc, src_fd), self._copy_file(proc, dst_fd)
+        src_offset, dst_offset = ev.args.get("in_offset"), ev.args.get("out_offset")
+        sides = ((src_fd, src, src_offset, True), (dst_fd, dst, dst_offset, True))
+        self._copy_rows(proc, ev, ev.name, sides, int(ev.args.get("count", 0)), max(ev.ret, 0))
+
+    def _on_clone_ioctl(self, proc: Process, ev: SyscallEvent, cmd: int, fd: int) -> None:
+        """ioctl FICLONE (the whole source file, ``arg`` its descriptor) and FICLONERANGE (a range): a reflink,
+        recorded as a copy with interface ``ficlone`` and ``ret`` the ioctl's (0). ``size``: the range's
+        length, or for a whole file (length 0) the source's size when the trace knows it, else null."""
+        if cmd == sc.FICLONE:
+            src_fd, src_offset, length, dst_offset = int(ev.args.get("arg", -1)), 0, 0, 0
+        elif "src_fd" in ev.args:
+            src_fd, src_offset = int(ev.args["src_fd"]), int(ev.args["src_offset"])
+            length, dst_offset = int(ev.args["src_length"]), int(ev.args["dest_offset"])
+        else:
+            src_fd, src_offset, length, dst_offset = -1, None, 0, None
+        src, dst = self._copy_file(proc, src_fd), self._copy_file(proc, fd)
+        if length == 0 and src is not None and src_offset is not None:
+            known = self.sizes.get(src.path)
+            length = known - src_offset if known is not None and known >= src_offset else None
+        sides = ((src_fd, src, -2 if src_offset is None else src_offset, False),
+                 (fd, dst, -2 if dst_offset is None else dst_offset, False))
+        self._copy_rows(proc, ev, v.FICLONE, sides, length, (length or 0) if ev.ret == 0 else 0)
 
     def _on_io_uring(self, proc: Process, ev: SyscallEvent) -> None:
         if ev.name == "io_uring_setup":
@@ -798,6 +873,7 @@ class TraceBuilder:
         op = sc.SYSCALLS[ev.name].op
         if op == v.IO_DESTROY and state is not None and ev.ret == 0:
             self.aio.pop((proc.tgid, int(ev.args["ctx"])))
+            self._unreaped(proc, state)  # their completions can no longer be seen
         self._emit(proc, ev, op, interface=v.LIBAIO, queue_id=state.queue_id if state else None,
                    size=int(ev.args["nr"]) if "nr" in ev.args else None)
 
@@ -814,14 +890,15 @@ class TraceBuilder:
                           size=None if ev.vectored else ev.length, iov_count=ev.length if ev.vectored else None)
         if desc is None:
             self.unattributed["requests"] += 1
-        state.pending[ev.obj or ("seq", ev.ts_ns, len(state.pending), ev.user_data)] = values
+        state.serial += 1
+        state.pending[state.serial] = (ev.obj, values)  # in submission order: the oldest match is the first
 
     def _on_aio_event(self, proc: Process, ev: AuxEvent) -> None:
         state = self._aio_state(proc, ev.ctx)
-        key = ev.obj if ev.obj in state.pending else self._aio_match(state, ev.user_data)
-        values = state.pending.pop(key, None) if key is not None else None
-        if values is None:
+        key = self._aio_match(state, ev.obj, ev.user_data)
+        if key is None:
             return
+        values = state.pending.pop(key)[1]
         desc = values.pop("desc")
         if desc is None:
             return
@@ -830,13 +907,21 @@ class TraceBuilder:
         self._emit_request(proc, values, ret=ev.res, end_ns=ev.ts_ns)
 
     @staticmethod
-    def _aio_match(state: AioState, data: int):
-        """The pending iocb an io_event answers when its address is not known (strace prints iocbs, not their
-        addresses): the oldest one carrying the event's aio_data."""
-        for key, values in state.pending.items():
-            if values["request_id"] == _signed64(data):
+    def _aio_match(state: AioState, obj: int, data: int):
+        """The pending iocb an io_event answers: the oldest carrying both its iocb address and its aio_data
+        (bcc reads both; a program may reuse an iocb, or an aio_data, while an earlier one is in flight),
+        else, where submissions carry no address (strace prints iocbs, not their addresses), the oldest
+        carrying its aio_data."""
+        data = _signed64(data)
+        by_data = None
+        for key, (address, values) in state.pending.items():
+            if values["request_id"] != data:
+                continue
+            if address and address == obj:
                 return key
-        return None
+            if by_data is None and not address:
+                by_data = key
+        return by_data
 
     # -- file mappings ----------------------------------------------------------------------
     def _mapping_row(self, proc: Process, ev: SyscallEvent, op: str, mapping: Mapping, address: int,
@@ -986,7 +1071,8 @@ def _handlers() -> dict:
         if call.op is not None:
             table[name] = by_op[call.op]
     table.update(
-        close_range=TraceBuilder._on_close_range, ioctl=TraceBuilder._on_ioctl, clone=TraceBuilder._on_clone, clone3=TraceBuilder._on_clone,
+        close_range=TraceBuilder._on_close_range, ioctl=TraceBuilder._on_ioctl, sendfile=TraceBuilder._on_copy,
+        copy_file_range=TraceBuilder._on_copy, splice=TraceBuilder._on_copy, clone=TraceBuilder._on_clone, clone3=TraceBuilder._on_clone,
         fork=TraceBuilder._on_clone, vfork=TraceBuilder._on_clone, execve=TraceBuilder._on_execve,
         execveat=TraceBuilder._on_execve, chdir=TraceBuilder._on_chdir, fchdir=TraceBuilder._on_chdir,
     )

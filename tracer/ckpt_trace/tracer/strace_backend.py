@@ -42,7 +42,7 @@ _RESUMED = re.compile(r"^<\.\.\. ([a-z_0-9]+) resumed>(.*)$")
 _RESULT = re.compile(r"^(?P<args>.*)\)\s+=\s+(?P<ret>-?\w+|\?)(?P<rest>.*?)(?:\s+<(?P<dur>\d+\.\d+)>)?\s*$")
 _KEY = re.compile(r"([a-z_][a-z_0-9]*)=")
 _UNFINISHED = " <unfinished ...>"
-_ERRNO = {name: code for code, name in errno.errorcode.items()}
+_ERRNO = {name: getattr(errno, name) for name in dir(errno) if name.startswith("E")}  # aliases too (EOPNOTSUPP)
 
 
 def available() -> str | None:
@@ -290,7 +290,17 @@ def _decode(name: str, values: list[Any], named: dict[str, Any]) -> tuple[dict[s
             args["files_offset"] = _as_int(argument.get("offset"))
             fds = argument.get("fds", argument.get("data"))
             args["fds"] = [fd for fd in fds if isinstance(fd, int)] if isinstance(fds, list) else []
+    if name in sc.COPY_CALLS:  # "[0] => [1048576]" parses as [0], what was passed in; NULL as 0
+        for pointer, key in (("offset_ptr", "in_offset"), ("off_in_ptr", "in_offset"), ("off_out_ptr", "out_offset")):
+            if pointer in args:
+                value = args.pop(pointer)
+                args[key] = _as_int(value[0]) if isinstance(value, list) and value else None
+    if name == "ioctl" and isinstance(args.get("arg"), dict):  # FICLONERANGE's struct file_clone_range
+        args.update({key: _as_int(args["arg"].get(key)) for key in ("src_fd", "src_offset", "src_length",
+                                                                   "dest_offset")})
     for key in ("argv", "envp", "buf", "how", "params", "sig", "ctxp", "arg", "iocbpp", "events", "timeout", "usig"):
+        if key == "arg" and name == "ioctl" and isinstance(args.get(key), int):
+            continue  # FICLONE's source descriptor, FIOCLEX's nothing
         args.pop(key, None)
     return args, size, rank
 

@@ -72,6 +72,12 @@ SYSCALLS: dict[str, Syscall] = _table(
     Syscall("dup3", "dup", ("fd", "newfd", "flags")),
     Syscall("fcntl", "fcntl", ("fd", "cmd", "arg")),
     Syscall("ioctl", None, ("fd", "cmd", "arg")),
+    # In-kernel copies (op None: each is a read row and a write row). The *_ptr arguments point to offsets:
+    # backends decode them as ``in_offset``/``out_offset`` (absent or None: NULL, the file position; -2:
+    # unreadable).
+    Syscall("sendfile", None, ("out_fd", "in_fd", "offset_ptr", "count")),
+    Syscall("copy_file_range", None, ("in_fd", "off_in_ptr", "out_fd", "off_out_ptr", "count", "flags")),
+    Syscall("splice", None, ("in_fd", "off_in_ptr", "out_fd", "off_out_ptr", "count", "flags")),
     Syscall("io_uring_setup", "io_uring_setup", ("entries", "params")),
     Syscall("io_uring_enter", "io_uring_enter", ("fd", "to_submit", "min_complete", "flags", "sig", "sigsz")),
     Syscall("io_uring_register", "io_uring_register", ("fd", "opcode", "arg", "nr_args")),
@@ -118,6 +124,10 @@ F_DUPFD_CLOEXEC = 1030
 FD_CLOEXEC = 1
 FIONCLEX = 0x5450
 FIOCLEX = 0x5451
+FICLONE = 0x40049409  # include/uapi/linux/fs.h: _IOW(0x94, 9, int)
+FICLONERANGE = 0x4020940D  # _IOW(0x94, 13, struct file_clone_range)
+COPY_CALLS = frozenset({"sendfile", "copy_file_range", "splice"})
+OFFSET_UNREADABLE = -2  # an in_offset/out_offset the tracer could not read
 CLONE_FILES = 0x400
 CLONE_FS = 0x200
 CLONE_THREAD = 0x10000

@@ -1,0 +1,136 @@
+"""Directory entries as first-class: renames of files and directories (renameat2 flags), removal of trees,
+and their replay without resolving a path through a symbolic link.
+
+Checkpoint engines commit by naming: Orbax writes a step into
+``step.orbax-checkpoint-tmp/`` and renames the directory to ``step/``; others
+rename files across directories, take O_CREAT|O_EXCL lock files, remove old
+steps with ``shutil.rmtree`` (unlinkat per file, then AT_REMOVEDIR per
+directory). The planner follows every entry through these operations:
+
+- ``move``: what the planner knows under a renamed path (sizes, file
+  identities, first sightings) moves with it, for a directory its whole
+  subtree; RENAME_EXCHANGE swaps the two subtrees; a destination that comes
+  into being by the rename (and everything under it) is never made before
+  the clock (a pre-made ``step/`` would make the rename fail with ENOTEMPTY).
+- ``rename_entry``, ``remove_entry``: the executor's side: renameat2(2) with
+  the recorded flags (RENAME_NOREPLACE, RENAME_EXCHANGE; RENAME_WHITEOUT is
+  an overlayfs detail and is dropped), unlink or rmdir. Both act on the
+  entry itself: the final component is never followed (rename(2) and
+  unlink(2) do not follow it either), and every directory on the way is
+  checked to stay inside the target (``TargetRoot.resolve_entry``).
+
+Sources: rename(2) (renameat2 flags, include/uapi/linux/fs.h), unlink(2),
+rmdir(2).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+from collections.abc import Iterable, MutableMapping
+
+from ckpt_trace.formats import vocabulary as v
+
+from .paths import TargetRoot
+
+__all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "RENAME_WHITEOUT", "arrived", "move", "remove_entry",
+           "rename_entry", "take_subtree", "under"]
+
+RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT = 1, 2, 4  # include/uapi/linux/fs.h
+_AT_FDCWD = -100
+
+
+def under(paths: Iterable[str], top: str) -> list[str]:
+    """The paths of ``paths`` that are ``top`` or lie below it."""
+    prefix = top + "/"
+    return [p for p in paths if p == top or p.startswith(prefix)]
+
+
+def move(tables: Iterable[MutableMapping[str, object]], old: str, new: str, flags: int = 0) -> None:
+    """Rename ``old`` to ``new`` in each of ``tables`` (path -> what is known of it): entries at or below
+    ``old`` move below ``new``; what was at or below ``new`` is gone (replaced), or, with RENAME_EXCHANGE,
+    moves below ``old``."""
+    if old == new:
+        return
+    exchange = bool(flags & RENAME_EXCHANGE)
+    for table in tables:
+        source = {p: table.pop(p) for p in under(list(table), old)}
+        replaced = {p: table.pop(p) for p in under(list(table), new)}
+        table.update({new + p[len(old):]: value for p, value in source.items()})
+        if exchange:
+            table.update({old + p[len(new):]: value for p, value in replaced.items()})
+
+
+def arrived(first_touch: MutableMapping[str, bool], now: Iterable[str], old: str, new: str,
+            flags: int = 0) -> list[str]:
+    """After renaming ``old`` to ``new``: each path the rename brought into being (``new`` and the paths of
+    ``now``, the files known to exist after the rename, below it; with RENAME_EXCHANGE, ``old`` and below it
+    too) is first seen as created, unless seen before. Returns the paths first seen now."""
+    now = list(now)
+    pairs = [new, *under(now, new)]
+    if flags & RENAME_EXCHANGE:
+        pairs += [old, *under(now, old)]
+    fresh = [p for p in dict.fromkeys(pairs) if p not in first_touch]
+    for p in fresh:
+        first_touch[p] = True
+    return fresh
+
+
+# -- execution --------------------------------------------------------------------------------------------------
+
+_libc = None
+
+
+def _renameat2(old: str, new: str, flags: int) -> None:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if _libc.renameat2(_AT_FDCWD, os.fsencode(old), _AT_FDCWD, os.fsencode(new), ctypes.c_uint(flags)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), old)
+
+
+def rename_entry(root: TargetRoot, old: str, new: str, flags: int | None = None) -> None:
+    """Rename the target's entry ``old`` to ``new`` (target-relative) with the recorded renameat2 ``flags``
+    (RENAME_WHITEOUT dropped), without following either final component. Raises OSError as rename(2)."""
+    source, dest = root.resolve_entry(old), root.resolve_entry(new)
+    wanted = (flags or 0) & (RENAME_NOREPLACE | RENAME_EXCHANGE)
+    if wanted:
+        try:
+            _renameat2(source, dest, wanted)
+        except OSError as err:
+            if err.errno not in (errno.ENOSYS, errno.EINVAL) or wanted & RENAME_EXCHANGE:
+                raise
+            if os.path.lexists(dest):  # a file system without renameat2 flags: NOREPLACE by hand
+                raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), dest) from None
+            os.rename(source, dest)
+    else:
+        os.rename(source, dest)
+    root.forget(old)
+    root.forget(new)
+
+
+def remove_entry(root: TargetRoot, path: str, flags: int | None = None) -> None:
+    """unlink(2) the target's entry ``path``, or rmdir(2) it when ``flags`` hold AT_REMOVEDIR; a symbolic
+    link is removed itself, never followed. Raises OSError as they do."""
+    full = root.resolve_entry(path)
+    if (flags or 0) & v.AT_REMOVEDIR:
+        os.rmdir(full)
+    else:
+        os.unlink(full)
+    root.forget(path)
+
+
+def take_subtree(last_op: MutableMapping[str, tuple], dirs: set[str], *tops: str) -> list[tuple]:
+    """The last operations recorded (``last_op``: path -> origin) on paths strictly below each of ``tops``,
+    removed from ``last_op`` (a later operation below a renamed directory waits for the rename instead).
+    Only a top in ``dirs`` (paths something was named below) is scanned, so a file's rename costs nothing."""
+    found = []
+    for top in tops:
+        if top in dirs:
+            for path in under(list(last_op), top):
+                if path != top:
+                    found.append(last_op.pop(path))
+    return found

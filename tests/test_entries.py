@@ -1,0 +1,148 @@
+"""Directory entries as first-class (``replayer.entries``): a directory-rename commit, files renamed across
+directories, lock files, trees removed and renameat2's flags replay to the recorded tree under every
+strategy."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import cli
+from test_replay import CREATE, make_trace
+
+from ckpt_trace.formats import read_trace
+from ckpt_trace.replayer import build_posix_plan, replay
+from ckpt_trace.replayer.entries import RENAME_EXCHANGE, RENAME_NOREPLACE
+from ckpt_trace.replayer.replay import STRATEGIES
+
+# Orbax's commit and its neighbours: each step is written by three threads into step_N.orbax-checkpoint-tmp/
+# (a tree), a lock file is taken with O_CREAT|O_EXCL, the metadata is written beside and renamed across
+# directories into the step, the step directory is renamed to its final name and the lock released; then
+# the older step is removed with shutil.rmtree and a new directory takes its name.
+PROGRAM = textwrap.dedent("""
+    import os, sys, shutil, threading
+    root = sys.argv[1]
+    def save(step, size):
+        tmp = os.path.join(root, f"step_{step}.orbax-checkpoint-tmp")
+        os.makedirs(os.path.join(tmp, "state", "shards"))
+        def shard(i):
+            with open(os.path.join(tmp, "state", "shards", f"s{i}.bin"), "wb") as f:
+                f.write(bytes([i]) * (size + i))
+        ts = [threading.Thread(target=shard, args=(i,)) for i in range(3)]
+        [t.start() for t in ts]; [t.join() for t in ts]
+        lock = os.path.join(root, "commit.lock")
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644); os.write(fd, b"1234"); os.close(fd)
+        meta = os.path.join(root, "tmp", f"meta.{step}")
+        os.makedirs(os.path.dirname(meta), exist_ok=True)
+        with open(meta, "w") as f:
+            f.write("m" * (100 + step))
+        os.rename(meta, os.path.join(tmp, "_METADATA"))
+        os.rename(tmp, os.path.join(root, f"step_{step}"))
+        os.unlink(lock)
+    save(1, 50000)
+    save(2, 70000)
+    shutil.rmtree(os.path.join(root, "step_1"))
+    os.makedirs(os.path.join(root, "step_1"))
+    with open(os.path.join(root, "step_1", "x"), "wb") as f:
+        f.write(b"x" * 10)
+""")
+
+
+def tree(root: Path) -> dict[str, int | None]:
+    """Every entry below ``root``: a file's size, None for a directory."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        out[str(path.relative_to(root))] = None if path.is_dir() else path.stat().st_size
+    return out
+
+
+def record_commit(backend: str, tmp_path: Path, path_filter: str | None = None) -> tuple[Path, Path]:
+    out = tmp_path / f"ck-{backend}"
+    out.mkdir()
+    program = tmp_path / "commit.py"
+    program.write_text(PROGRAM)
+    trace = tmp_path / f"{backend}.arrow"
+    cli("record", "--backend", backend, "--path-filter", path_filter or str(out), "-o", str(trace), "--",
+        sys.executable, str(program), str(out))
+    return trace, out
+
+
+def assert_replays_to(trace: Path, out: Path, tmp_path: Path, runs: int = 3) -> None:
+    recorded = tree(out)
+    for run in range(runs):
+        target = tmp_path / f"replay-{out.name}-{run}"
+        report = replay(trace, target=target, strategy="all", strip_prefix=str(out), verify=True)
+        assert not report.size_mismatches
+        for strategy in STRATEGIES:
+            assert tree(target / strategy) == recorded, (run, strategy)
+        report.release()
+
+
+@pytest.mark.parametrize("backend_name", ["strace", "bcc"])
+def test_a_directory_rename_commit_replays_to_the_recorded_tree(backend_name, request, tmp_path, io_uring):
+    backend = request.getfixturevalue(f"{backend_name}_backend")
+    trace, out = record_commit(backend, tmp_path)
+    assert tree(out) == {"step_1": None, "step_1/x": 10, "step_2": None, "step_2/_METADATA": 102,
+                         "step_2/state": None, "step_2/state/shards": None, "step_2/state/shards/s0.bin": 70000,
+                         "step_2/state/shards/s1.bin": 70001, "step_2/state/shards/s2.bin": 70002, "tmp": None}
+    plan = build_posix_plan(read_trace(trace).table, strip_prefix=str(out))
+    assert not any(d.startswith(("step_", "tmp")) for d in plan.precreate_dirs)  # all made by the trace
+    assert not plan.precreate_files
+    assert_replays_to(trace, out, tmp_path)
+
+
+def test_a_directory_rename_waits_for_other_threads_work_inside_it(tmp_path):
+    trace = make_trace(tmp_path / "t.arrow", [
+        {"op": "mkdir", "path": "/c/s.tmp"},
+        {"op": "open", "path": "/c/s.tmp/a", "fd": 3, "flags": CREATE, "ret": 3, "tid": 2},
+        {"op": "write", "path": "/c/s.tmp/a", "fd": 3, "offset": 0, "size": 5, "ret": 5, "tid": 2},
+        {"op": "close", "path": "/c/s.tmp/a", "fd": 3, "tid": 2},
+        {"op": "rename", "path": "/c/s.tmp", "new_path": "/c/s"},
+        {"op": "open", "path": "/c/s/a", "fd": 3, "flags": os.O_RDONLY, "ret": 3, "tid": 3},
+        {"op": "read", "path": "/c/s/a", "fd": 3, "offset": 0, "size": 5, "ret": 5, "tid": 3},
+    ])
+    plan = build_posix_plan(read_trace(trace).table)
+    ops = {(op.kind, op.path): op for w in plan.workers for op in w.ops}
+    assert ops[("rename", "c/s.tmp")].deps == (1,)  # the other thread's open inside the directory
+    assert ops[("open", "c/s/a")].deps == (4,)  # the reader waits for the rename
+    assert plan.precreate_files == () and plan.precreate_dirs == ("c",)
+    assert dict(plan.checks.expected_sizes) == {"c/s/a": 5}
+
+
+def test_renameat2_exchange_and_noreplace(tmp_path):
+    trace = make_trace(tmp_path / "t.arrow", [
+        {"op": "mkdir", "path": "/c/a"},
+        {"op": "open", "path": "/c/a/f", "fd": 3, "flags": CREATE, "ret": 3},
+        {"op": "write", "path": "/c/a/f", "fd": 3, "offset": 0, "size": 7, "ret": 7},
+        {"op": "close", "path": "/c/a/f", "fd": 3},
+        {"op": "open", "path": "/c/b", "fd": 3, "flags": CREATE, "ret": 3},
+        {"op": "write", "path": "/c/b", "fd": 3, "offset": 0, "size": 3, "ret": 3},
+        {"op": "close", "path": "/c/b", "fd": 3},
+        {"op": "rename", "path": "/c/a", "new_path": "/c/b", "flags": RENAME_EXCHANGE},  # a file and a dir swap
+        {"op": "rename", "path": "/c/a", "new_path": "/c/z", "flags": RENAME_NOREPLACE},
+    ])
+    plan = build_posix_plan(read_trace(trace).table)
+    assert dict(plan.checks.expected_sizes) == {"c/b/f": 7, "c/z": 3}
+    for strategy in ("posix", "uring-buffered"):
+        target = tmp_path / f"r-{strategy}"
+        report = replay(trace, target=target, strategy=strategy, verify=True)
+        assert not report.size_mismatches
+        assert tree(target) == {"c": None, "c/b": None, "c/b/f": 7, "c/z": 3}
+
+
+def test_a_rename_onto_an_entry_the_replay_must_not_replace_fails_as_recorded(tmp_path):
+    """RENAME_NOREPLACE is kept: where the target already holds the destination (a file the plan made before
+    the clock), the replay fails rather than replace it."""
+    trace = make_trace(tmp_path / "t.arrow", [
+        {"op": "open", "path": "/c/keep", "fd": 3, "flags": os.O_RDONLY, "ret": 3},
+        {"op": "read", "path": "/c/keep", "fd": 3, "offset": 0, "size": 4, "ret": 4},
+        {"op": "close", "path": "/c/keep", "fd": 3},
+        {"op": "open", "path": "/c/new", "fd": 3, "flags": CREATE, "ret": 3},
+        {"op": "close", "path": "/c/new", "fd": 3},
+        {"op": "rename", "path": "/c/new", "new_path": "/c/keep", "flags": RENAME_NOREPLACE},
+    ])
+    with pytest.raises(Exception, match="File exists"):
+        replay(trace, target=tmp_path / "r", strategy="posix")
