@@ -187,11 +187,11 @@ def record(
 def replay(
     trace: Path = typer.Argument(..., help="Trace file to replay."),
     target: Path = typer.Option(..., "--target", help="Directory to replay into; nothing outside it is touched."),
-    strategy: Literal["posix", "uring-buffered", "uring-direct", "aggregated", "all"] = typer.Option("posix", help="all: each into TARGET/<strategy>/."),
+    strategy: Literal["posix", "uring-buffered", "uring-direct", "aggregated", "gds", "all"] = typer.Option("posix", help="all: each into TARGET/<strategy>/ (gds only when named: GPU + KvikIO)."),
     queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
     buffer_size: str = typer.Option("4MiB", "--buffer-size", help="aggregated: aligned buffer size, 1-64 MiB (e.g. 4MiB)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each plan's operation counts, sizes and alignment; do no I/O."),
-    repeat: Optional[int] = typer.Option(None, "--repeat", help="Rounds (each strategy once a round, interleaved); default: 3-10 rounds, until the strategies are told apart or 60 s of runs."),
+    repeat: Optional[int] = typer.Option(None, "--repeat", help="Rounds (each strategy once a round, interleaved); default: 3-20 rounds, until the strategies are told apart or 60 s of runs."),
     drop_caches: bool = typer.Option(False, "--drop-caches", help="Drop the page cache before each run (root)."),
     durable: bool = typer.Option(False, "--durable", help="fsync every written file before the clock stops."),
     verify: bool = typer.Option(False, "--verify", help="Read the files back and check their content pattern."),
@@ -200,6 +200,7 @@ def replay(
     timing: Literal["asap", "original"] = typer.Option("asap", help="asap: as fast as possible; original: keep the recorded gaps."),
     fio: bool = typer.Option(False, "--fio", help="Also measure fio's sequential O_DIRECT write limit in TARGET, for reference."),
     gpu_copies: Literal["recorded", "pinned", "skip"] = typer.Option("recorded", "--gpu-copies", help="Host<->device copy rows: as recorded, with pinned host staging, or skipped (always, without a GPU)."),
+    cache: Literal["recorded", "cold", "warm"] = typer.Option("recorded", "--cache", help="Page cache of the files the trace finds when each run starts: recorded (cold where the trace does not say), cold, warm."),
     wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
     placement: Literal["host", "spread"] = typer.Option("host", "--placement", help="Under torchrun: host keeps each recorded host's ranks on one node (a merged trace); spread cuts the ranks into blocks over all processes."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the results document (JSON) to this file."),
@@ -256,7 +257,7 @@ def replay(
                                 force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
                                 drop_caches=drop_caches, durable=durable, verify=verify, pack_files=pack_files,
                                 progress=progress, protect=(output,) if output is not None else (), fio=fio,
-                                gpu_copies=gpu_copies)
+                                gpu_copies=gpu_copies, cache=cache)
     data = report.to_json()
     if output is not None:
         _write_json(output, data)
@@ -495,7 +496,7 @@ def workload(
     out_dir: Path = typer.Option(..., "--out", help="Checkpoint directory to write (or, with --load, to read)."),
     ranks: int = typer.Option(1, help="Processes (dcp and emitted)."),
     model: Literal["gpt2-tiny", "gpt2-deep-tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"] = typer.Option("gpt2-small", help="GPT-2 shape (parameters: 0.5 M to 1.6 G)."),
-    with_optimizer: bool = typer.Option(False, "--with-optimizer", help="Add Adam state (exp_avg, exp_avg_sq)."),
+    with_optimizer: bool = typer.Option(False, "--with-optimizer", help="Add Adam state (exp_avg, exp_avg_sq; dcp and emitted: a real torch.optim.Adam after one step, through get_state_dict)."),
     file_per_layer: bool = typer.Option(False, "--file-per-layer", help="torch-save: one file per transformer block."),
     load: bool = typer.Option(False, "--load", help="Load the checkpoint this workload saved in --out and check every tensor."),
     mmap: bool = typer.Option(False, "--mmap", help="torch-save --load: torch.load(mmap=True)."),
@@ -545,6 +546,41 @@ def workload(
         verb = "loaded and checked" if load else "wrote"
         err.print(f"ckpt-trace: {engine} {verb} {data['files']} files, {data['bytes']:,} bytes in {path}: "
                   f"{io_s:.2f} s of I/O, {elapsed_s:.1f} s in all", highlight=False)
+
+
+@app.command()
+def synth(
+    engine: Literal["dcp"] = typer.Option("dcp", "--engine", help="The checkpoint engine whose save is synthesised: dcp (FileSystemWriter)."),
+    model: str = typer.Option(..., "--model", help="llama3-8b, llama3-70b, llama3-405b, or a GPT-2 shape of `workload` (gpt2-tiny ... gpt2-xl)."),
+    ranks: int = typer.Option(..., "--ranks", help="Ranks of the simulated job."),
+    optimizer: Literal["none", "adam"] = typer.Option("none", "--optimizer", help="adam: add fp32 exp_avg, exp_avg_sq and step per parameter."),
+    ckpt_path: Path = typer.Option(Path("/checkpoint"), "--path", help="The checkpoint directory the trace's files are in (replay maps it under --target)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (.arrow)."),
+    force: bool = typer.Option(False, help="Overwrite an existing trace file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures and the arithmetic as JSON."),
+) -> None:
+    """The trace of a DCP save of a model too large to run here, from DCP's own planner and writer."""
+    from ckpt_trace.iolayer.outputs import check_output_file
+    from ckpt_trace.workloads.synth import buffer_bytes_at, synthesize_dcp, write_synthesis
+
+    if engine != "dcp":
+        raise CkptTraceError(f"synth knows the dcp engine only, not {engine!r}")
+    check_output_file(output, force)
+    result = synthesize_dcp(model, ranks, optimizer, out=str(ckpt_path.absolute()),
+                            buffer_bytes=buffer_bytes_at(ckpt_path))
+    rows = write_synthesis(result, output, command=["ckpt-trace", "synth", "--model", model, "--ranks", str(ranks),
+                                                    "--optimizer", optimizer], overwrite=force)
+    figures = {**result.figures, "trace": str(output), "rows": rows}
+    if as_json:
+        _write_json(None, figures)
+        return
+    a = figures["arithmetic"]
+    err.print(f"ckpt-trace: synthesised {model} saved by {ranks} ranks: {len(figures['files'])} files, "
+              f"{figures['data_bytes']:,} data bytes in {rows:,} rows to {output} ({figures['elapsed_s']:.1f} s)",
+              highlight=False)
+    err.print(f"ckpt-trace: arithmetic: {a['formula']} = {a['expected_bytes']:,} B; tensors {figures['tensor_bytes']:,} B"
+              f" + torch.save framing {figures['serialisation_overhead_bytes']:,} B "
+              f"({figures['difference_from_arithmetic']:+.4%} vs the arithmetic)", highlight=False)
 
 
 @app.command()

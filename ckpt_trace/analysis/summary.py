@@ -125,7 +125,7 @@ _POWERS = 1 << np.arange(63, dtype=np.int64)  # bucket b (index k) holds sizes i
 
 
 SUMMARY_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "rank", "op", "path", "offset", "size", "ret", "interface",
-                   "in_flight", "memory_kind")
+                   "in_flight", "memory_kind", "address")
 
 
 class Accumulator:
@@ -442,7 +442,8 @@ def gpu_summary(path, acc: Accumulator, batch_rows: int = 1 << 20) -> dict[str, 
         return {"copies": 0}
     copies = pa.concat_tables(acc.copies)
     ranks = pa.array(sorted(set(copies["rank"].to_pylist())), pa.int32())
-    columns = ["ts_ns", "dur_ns", "rank", "op", "interface", "memory_kind", "size"]
+    columns = ["ts_ns", "dur_ns", "rank", "op", "interface", "memory_kind", "size", "pid", "address"]
+    columns = [c for c in columns if c in copies.column_names]
     _, again = scan(path, columns, batch_rows=batch_rows)
     parts = [b.filter(pc.and_(pc.is_in(b.column("rank"), value_set=ranks),
                               names_in(b.column("op"), DATA_OPS)))

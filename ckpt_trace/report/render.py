@@ -131,6 +131,12 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
                            human_ns(int(entry["write_time_s"] * 1e9)),
                            human_ns(int(entry["copy_io_overlap_s"] * 1e9)))
         console.print(copies)
+        for rank, entry in gpu["ranks"].items():
+            if "fed_writes" in entry:
+                console.print(f"rank {rank}: {entry['fed_writes']:,} of {entry['writes_with_buffer']:,} writes with a "
+                              f"known host buffer were fed by a device-to-host copy "
+                              f"({human_bytes(entry['fed_write_bytes'])}); plain write syscalls carry no buffer "
+                              f"address", highlight=False)
 
     hist = _table(console, "Request sizes (power-of-two buckets)")
     for column in ("size ≥", "writes", "reads", "bytes"):

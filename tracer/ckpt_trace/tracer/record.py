@@ -306,6 +306,16 @@ def unseen_counts(counts: dict, reasons: dict) -> dict:
             if counts.get(capture)}
 
 
+def _filter_counts(builder: TraceBuilder, filters: list[str]) -> dict:
+    """What the path filters left out (``filtered_rows``) and kept by following renames
+    (``rename_followed_rows``; ``tracer.renames``), with the rows past its bound (``rename_held_rows_dropped``)."""
+    if not filters:
+        return {}
+    follow = builder.follow
+    return {"filtered_rows": builder.filtered_rows, "rename_followed_rows": follow.followed if follow else 0,
+            "rename_held_rows_dropped": follow.dropped if follow else 0}
+
+
 def normalize_filter(prefix: str) -> str:
     """An absolute path filter: relative ones are resolved against the current directory; a trailing
     slash (a directory, not a name prefix) is kept."""
@@ -340,6 +350,7 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
         "elapsed_ns": int(elapsed_s * 1e9),
         "filesystems": filesystems_of(spool.paths),
         "path_filters": filters,
+        **_filter_counts(builder, filters),
         "untracked_fd_ops": builder.untracked_fd_ops,
         "unattributed": builder.unattributed,
         "unreaped_requests": builder.unreaped_requests,
@@ -349,5 +360,5 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
     }
     rows = spool.write(output, metadata, overwrite=overwrite, batch_rows=config.TRACE_BATCH_ROWS, temporary=temporary)
     return RecordResult(output, extra["exit_code"], choice.name, choice.reason, rows, extra["lost_events"],
-                        elapsed_s, exit_signal=extra.get("exit_signal"), filtered_ops=builder.filtered_ops,
+                        elapsed_s, exit_signal=extra.get("exit_signal"), filtered_ops=builder.filtered_rows,
                         unseen=extra["unseen"], gpu=gpu_summary)
