@@ -685,6 +685,28 @@ def annotate(
             err.print(f"[yellow]ckpt-trace: warning: {escape(why)}[/]", highlight=False)
 
 
+@app.command()
+def upgrade(
+    trace: Path = typer.Argument(..., help="Trace file of an older format version (1 to 4)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write, in the current version."),
+    force: bool = typer.Option(False, help="Overwrite an existing output (never the input)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    """Rewrite TRACE in the current trace format version (every column plain), metadata kept and the original's
+    version and sha256 added (``upgraded_from``); TRACE itself is never changed."""
+    from ckpt_trace.formats.convert import upgrade_trace
+
+    with _steps("upgrade") as progress:
+        result = upgrade_trace(trace, output, overwrite=force,
+                               on_batch=None if progress is None else lambda done, count: progress("rows", done, count))
+    if as_json:
+        _write_json(None, result)
+    else:
+        err.print(f"ckpt-trace: wrote {result['rows']:,} rows of {trace} (version {result['from_version']}) to "
+                  f"{output} as version {result['to_version']} ({result['input_bytes']:,} -> "
+                  f"{result['output_bytes']:,} bytes)", highlight=False)
+
+
 @app.command(name="filter")
 def filter_cmd(
     trace: Path = typer.Argument(..., help="Trace file to filter."),
