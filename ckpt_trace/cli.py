@@ -126,8 +126,12 @@ def record(
     as_json: bool = typer.Option(False, "--json", help="Print the recording's numbers as JSON on stdout."),
     gpu: Literal["auto", "on", "off"] = typer.Option("auto", "--gpu", help="Host<->device copies of CUDA programs (CUPTI): auto (when libcupti is found), on, off."),
     host: Optional[str] = typer.Option(None, "--host", help="Name this node in the trace (default: the host name), for `merge` where nodes share a host name."),
+    no_layout: bool = typer.Option(False, "--no-layout", help="Do not add the layout of the checkpoint files the command left (see annotate)."),
 ) -> None:
-    """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code."""
+    """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code.
+
+    When the command read or wrote checkpoint files ckpt-trace recognises (DCP, safetensors, torch.save,
+    Hugging Face index), their layout (which bytes are which tensor) is added to the trace, within 60 s."""
     from ckpt_trace.iolayer.outputs import check_output_file
     from ckpt_trace.tracer import capture_limits, choose_backend, resolve_command
     from ckpt_trace.tracer import record as record_trace
@@ -172,9 +176,10 @@ def record(
                   f"{', '.join(map(escape, path_filter))} ({result.filtered_ops:,} were left out)[/]", highlight=False)
     if result.exit_code != 0:
         err.print(f"[yellow]ckpt-trace: the command {result.ended}; its trace is written[/]", highlight=False)
+    layout = _layout_after_record(result.trace_path, no_layout)
     summary = {"trace": str(result.trace_path), "backend": result.backend, "rows": result.rows,
                "lost_events": result.lost_events, "exit_code": result.exit_code, "exit_signal": result.exit_signal,
-               "ended": result.ended, "elapsed_s": result.elapsed_s, "gpu": result.gpu}
+               "ended": result.ended, "elapsed_s": result.elapsed_s, "gpu": result.gpu, "layout": layout}
     if as_json:
         _write_json(None, summary)
     else:
@@ -187,7 +192,7 @@ def record(
 def replay(
     trace: Path = typer.Argument(..., help="Trace file to replay."),
     target: Path = typer.Option(..., "--target", help="Directory to replay into; nothing outside it is touched."),
-    strategy: Literal["posix", "uring-buffered", "uring-direct", "aggregated", "all"] = typer.Option("posix", help="all: each into TARGET/<strategy>/."),
+    strategy: Literal["posix", "uring-buffered", "uring-direct", "aggregated", "gds", "all"] = typer.Option("posix", help="all: each into TARGET/<strategy>/ (gds only when named: GPU + KvikIO)."),
     queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
     buffer_size: str = typer.Option("4MiB", "--buffer-size", help="aggregated: aligned buffer size, 1-64 MiB (e.g. 4MiB)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each plan's operation counts, sizes and alignment; do no I/O."),
@@ -200,6 +205,7 @@ def replay(
     timing: Literal["asap", "original"] = typer.Option("asap", help="asap: as fast as possible; original: keep the recorded gaps."),
     fio: bool = typer.Option(False, "--fio", help="Also measure fio's sequential O_DIRECT write limit in TARGET, for reference."),
     gpu_copies: Literal["recorded", "pinned", "skip"] = typer.Option("recorded", "--gpu-copies", help="Host<->device copy rows: as recorded, with pinned host staging, or skipped (always, without a GPU)."),
+    cache: Literal["recorded", "cold", "warm"] = typer.Option("recorded", "--cache", help="Page cache of the files the trace finds when each run starts: recorded (cold where the trace does not say), cold, warm."),
     wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
     placement: Literal["host", "spread"] = typer.Option("host", "--placement", help="Under torchrun: host keeps each recorded host's ranks on one node (a merged trace); spread cuts the ranks into blocks over all processes."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the results document (JSON) to this file."),
@@ -220,7 +226,7 @@ def replay(
     world = launched()  # None unless one of several processes torchrun launched
     speaks = world is None or world.rank == 0  # under torchrun, global rank 0 writes and prints
     if output is not None and speaks:
-        check_output_file(output, force)
+        check_output_file(output, force, inputs=(trace,))
     if dry_run:
         if not speaks:  # rank 0 plans the whole trace and prints the dry run
             return
@@ -256,7 +262,7 @@ def replay(
                                 force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
                                 drop_caches=drop_caches, durable=durable, verify=verify, pack_files=pack_files,
                                 progress=progress, protect=(output,) if output is not None else (), fio=fio,
-                                gpu_copies=gpu_copies)
+                                gpu_copies=gpu_copies, cache=cache)
     data = report.to_json()
     if output is not None:
         _write_json(output, data)
@@ -407,7 +413,7 @@ def baseline(
     from .check.baseline import make_baseline, write_json
     from .units import parse_size
 
-    check_output_file(output, force)
+    check_output_file(output, force, inputs=traces)
     buffer_bytes = parse_size(buffer_size, what="--buffer-size")
     with _progress() as progress:
         data = make_baseline(traces, target=target, strategies=strategy, repeat=repeat, min_seconds=min_seconds,
@@ -448,7 +454,7 @@ def check(
     _wide(wide)
     allowed = parse_tolerance(tolerance)
     if junit is not None:
-        check_output_file(junit, force)
+        check_output_file(junit, force, inputs=(*traces, baseline_file))
     data = load_baseline(baseline_file)
     with _progress() as progress:
         rows = run_check(traces, data, target=target, tolerance=allowed, repeat=repeat, min_seconds=min_seconds,
@@ -495,7 +501,7 @@ def workload(
     out_dir: Path = typer.Option(..., "--out", help="Checkpoint directory to write (or, with --load, to read)."),
     ranks: int = typer.Option(1, help="Processes (dcp and emitted)."),
     model: Literal["gpt2-tiny", "gpt2-deep-tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"] = typer.Option("gpt2-small", help="GPT-2 shape (parameters: 0.5 M to 1.6 G)."),
-    with_optimizer: bool = typer.Option(False, "--with-optimizer", help="Add Adam state (exp_avg, exp_avg_sq)."),
+    with_optimizer: bool = typer.Option(False, "--with-optimizer", help="Add Adam state (exp_avg, exp_avg_sq; dcp and emitted: a real torch.optim.Adam after one step, through get_state_dict)."),
     file_per_layer: bool = typer.Option(False, "--file-per-layer", help="torch-save: one file per transformer block."),
     load: bool = typer.Option(False, "--load", help="Load the checkpoint this workload saved in --out and check every tensor."),
     mmap: bool = typer.Option(False, "--mmap", help="torch-save --load: torch.load(mmap=True)."),
@@ -545,6 +551,41 @@ def workload(
         verb = "loaded and checked" if load else "wrote"
         err.print(f"ckpt-trace: {engine} {verb} {data['files']} files, {data['bytes']:,} bytes in {path}: "
                   f"{io_s:.2f} s of I/O, {elapsed_s:.1f} s in all", highlight=False)
+
+
+@app.command()
+def synth(
+    engine: Literal["dcp"] = typer.Option("dcp", "--engine", help="The checkpoint engine whose save is synthesised: dcp (FileSystemWriter)."),
+    model: str = typer.Option(..., "--model", help="llama3-8b, llama3-70b, llama3-405b, or a GPT-2 shape of `workload` (gpt2-tiny ... gpt2-xl)."),
+    ranks: int = typer.Option(..., "--ranks", help="Ranks of the simulated job."),
+    optimizer: Literal["none", "adam"] = typer.Option("none", "--optimizer", help="adam: add fp32 exp_avg, exp_avg_sq and step per parameter."),
+    ckpt_path: Path = typer.Option(Path("/checkpoint"), "--path", help="The checkpoint directory the trace's files are in (replay maps it under --target)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (.arrow)."),
+    force: bool = typer.Option(False, help="Overwrite an existing trace file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures and the arithmetic as JSON."),
+) -> None:
+    """The trace of a DCP save of a model too large to run here, from DCP's own planner and writer."""
+    from ckpt_trace.iolayer.outputs import check_output_file
+    from ckpt_trace.workloads.synth import buffer_bytes_at, synthesize_dcp, write_synthesis
+
+    if engine != "dcp":
+        raise CkptTraceError(f"synth knows the dcp engine only, not {engine!r}")
+    check_output_file(output, force)
+    result = synthesize_dcp(model, ranks, optimizer, out=str(ckpt_path.absolute()),
+                            buffer_bytes=buffer_bytes_at(ckpt_path))
+    rows = write_synthesis(result, output, command=["ckpt-trace", "synth", "--model", model, "--ranks", str(ranks),
+                                                    "--optimizer", optimizer], overwrite=force)
+    figures = {**result.figures, "trace": str(output), "rows": rows}
+    if as_json:
+        _write_json(None, figures)
+        return
+    a = figures["arithmetic"]
+    err.print(f"ckpt-trace: synthesised {model} saved by {ranks} ranks: {len(figures['files'])} files, "
+              f"{figures['data_bytes']:,} data bytes in {rows:,} rows to {output} ({figures['elapsed_s']:.1f} s)",
+              highlight=False)
+    err.print(f"ckpt-trace: arithmetic: {a['formula']} = {a['expected_bytes']:,} B; tensors {figures['tensor_bytes']:,} B"
+              f" + torch.save framing {figures['serialisation_overhead_bytes']:,} B "
+              f"({figures['difference_from_arithmetic']:+.4%} vs the arithmetic)", highlight=False)
 
 
 @app.command()
@@ -600,6 +641,55 @@ def bench(
                   f"{metadata['elapsed_s']:.0f} s", highlight=False)
 
 
+def _layout_after_record(trace: Path, skip: bool) -> dict | None:
+    """``record``'s layout step: the layout of the checkpoint files the command touched, added to the trace;
+    a failure is a warning (the trace is already whole)."""
+    if skip:
+        return None
+    from .analysis.layout import annotate_recording
+    from .config import LAYOUT_TIME_LIMIT_S
+
+    try:
+        done = annotate_recording(trace, time_limit_s=LAYOUT_TIME_LIMIT_S)
+    except CkptTraceError as error:
+        err.print(f"[yellow]ckpt-trace: warning: no layout added: {escape(str(error))}[/]", highlight=False)
+        return None
+    if done["stored"]:
+        formats = ", ".join(sorted(set(done["files"].values())))
+        err.print(f"ckpt-trace: layout: {done['objects']:,} objects of {len(done['files'])} checkpoint files "
+                  f"({formats}) in {done['elapsed_s']:.2f} s"
+                  f"{'' if done['complete'] else f' (stopped at the {LAYOUT_TIME_LIMIT_S:g} s bound)'}", highlight=False)
+    else:
+        err.print(f"ckpt-trace: layout: no checkpoint file recognised ({done['elapsed_s']:.2f} s)", highlight=False)
+    return done
+
+
+@app.command()
+def annotate(
+    trace: Path = typer.Argument(..., help="Trace file."),
+    checkpoint: list[Path] = typer.Option(..., "--checkpoint", help="Checkpoint directory or file (repeatable)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the annotated trace here (default: replace TRACE)."),
+    force: bool = typer.Option(False, help="Overwrite an existing output."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was added as JSON."),
+) -> None:
+    """Add the layout of a checkpoint (which byte ranges hold which tensor, of which kind) to a trace.
+
+    Read from the checkpoint's own index data (DCP .metadata, safetensors headers, torch.save's data.pkl,
+    Hugging Face *.index.json) without running code from it; other files are listed as unknown."""
+    from .analysis.layout import annotate as annotate_trace
+    from .config import LAYOUT_TIME_LIMIT_S
+
+    data = annotate_trace(trace, checkpoint, output, overwrite=force, time_limit_s=LAYOUT_TIME_LIMIT_S)
+    if as_json:
+        _write_json(None, data)
+    else:
+        formats = ", ".join(sorted(set(data["files"].values()))) or "none recognised"
+        err.print(f"ckpt-trace: wrote {data['trace']}: {data['objects']:,} objects of {len(data['files'])} checkpoint "
+                  f"files ({formats}), {len(data['unknown'])} unknown, in {data['elapsed_s']:.2f} s", highlight=False)
+        for path, why in data["errors"].items():
+            err.print(f"[yellow]ckpt-trace: warning: {escape(why)}[/]", highlight=False)
+
+
 @app.command(name="filter")
 def filter_cmd(
     trace: Path = typer.Argument(..., help="Trace file to filter."),
@@ -618,7 +708,7 @@ def filter_cmd(
     from .analysis.filter import Conditions, filter_trace
 
     conditions = Conditions(ranks=rank, pids=pid, path_glob=path, ops=op, time=time_window)
-    check_output_file(output, force)
+    check_output_file(output, force, inputs=(trace,))
     with _steps("filter") as progress:
         result = filter_trace(trace, output, conditions, overwrite=force, progress=progress)
     if as_json:

@@ -21,8 +21,10 @@ SHORT = {
     "check": "Replay a baseline's traces; exit 1 on a regression.",
     "emit": "Write a DCP writer/reader tuned from a trace.",
     "workload": "Save (or load and check) a real GPT-2-shaped checkpoint.",
+    "synth": "The trace of a DCP save of a model too big to run here.",
     "bench": "Sweep sizes, queue depths, O_DIRECT, aggregation on a storage.",
     "version": "Print the version.",
+    "annotate": "Add a checkpoint's layout (which bytes are which tensor) to a trace.",
 }
 
 EXAMPLES = {
@@ -54,6 +56,8 @@ EXAMPLES = {
         "ckpt-trace report save.arrow -o report.html --rank 7",
     ],
     "diff": ["ckpt-trace diff before.arrow after.arrow"],
+    "annotate": ["ckpt-trace annotate save.arrow --checkpoint /scratch/ckpt/step100",
+                 "ckpt-trace annotate save.arrow --checkpoint ckpt/ -o annotated.arrow --json"],
     "baseline": ["ckpt-trace baseline save.arrow --target /scratch/b -o baseline.json --repeat 5"],
     "check": ["ckpt-trace check save.arrow --baseline baseline.json --target /scratch/c --junit check.xml"],
     "emit": ["ckpt-trace emit save.arrow --from-results results.json -o my_writer.py"],
@@ -61,6 +65,10 @@ EXAMPLES = {
         "ckpt-trace workload dcp --ranks 4 --model gpt2-small --with-optimizer --out /scratch/ck",
         "ckpt-trace workload dcp --out /scratch/ck --load --drop-caches",
         "ckpt-trace workload torch-save --device cuda --model gpt2-medium --out /scratch/ts",
+    ],
+    "synth": [
+        "ckpt-trace synth --engine dcp --model llama3-8b --ranks 8 --optimizer adam -o llama8b.arrow",
+        "ckpt-trace synth --model llama3-405b --ranks 512 --path /lustre/ck -o l405.arrow --json",
     ],
     "bench": ["ckpt-trace bench --target /scratch/bench --quick --fio",
               "ckpt-trace bench --target /scratch/bench --quick --direction both -o restore-bench"],
@@ -76,10 +84,10 @@ METAVARS = {
     "path_filter": "PREFIX", "queue_depth": "N", "repeat": "N", "ranks": "N", "shards": "N", "max_processes": "N",
     "min_seconds": "SECONDS", "strategy": "STRATEGY", "rank": "RANKS", "pid": "PIDS", "path": "GLOB", "op": "OPS",
     "time_window": "START..END", "engine": "ENGINE", "max_ops": "N", "chosen_rank": "RANK",
-    "direction": "write|read|both", "host": "LABEL", "clock_offset": "HOST=NS",
+    "direction": "write|read|both", "host": "LABEL", "clock_offset": "HOST=NS", "model": "MODEL", "ckpt_path": "DIR",
 }
 OUTPUT_METAVARS = {"record": "TRACE", "replay": "FILE", "export": "PATH", "report": "FILE", "baseline": "FILE",
-                   "emit": "FILE", "bench": "DIR", "filter": "TRACE", "merge": "TRACE"}
+                   "emit": "FILE", "bench": "DIR", "filter": "TRACE", "merge": "TRACE", "synth": "TRACE"}
 
 EPILOG_NOTE = ("Sizes: IEC units (4KiB, 4.5MiB, 1TiB; K, M, G, T the same), or decimal ones (4MB = 4,000,000 "
                "bytes); rates in decimal MB/s.")

@@ -41,6 +41,7 @@ TRACE_BATCH_ROWS = _int_env("TRACE_BATCH_ROWS", 65536)
 RECORD_RUN_ROWS = _int_env("RECORD_RUN_ROWS", 1 << 18)  # rows the recorder holds before spilling a sorted run
 RECORD_RAW_BYTES = _int_env("RECORD_RAW_BYTES", 64 << 20)  # raw BPF records held before compressing them to disk
 RECORD_REORDER_SLACK_NS = _int_env("RECORD_REORDER_SLACK_NS", 1_000_000_000)  # see state.EffectOrderFeeder
+RECORD_RENAME_HELD_ROWS = _int_env("RECORD_RENAME_HELD_ROWS", 1 << 20)  # rows held for --path-filter's renames (tracer.renames)
 RECORD_DECODE_EVENTS = _int_env("RECORD_DECODE_EVENTS", 65536)  # events decoded and fed at a time
 RECORD_RELEASE_EVERY = _int_env("RECORD_RELEASE_EVERY", 4096)  # events between two re-ordered feedings
 
@@ -48,8 +49,8 @@ RECORD_RELEASE_EVERY = _int_env("RECORD_RELEASE_EVERY", 4096)  # events between 
 REPLAY_MAX_IO_BYTES = _int_env("REPLAY_MAX_IO_BYTES", 64 << 20)  # largest single synthetic buffer
 REPLAY_FREE_SPACE_MARGIN_BYTES = _int_env("REPLAY_FREE_SPACE_MARGIN_BYTES", 64 << 20)
 REPLAY_NAMED_PATH_MIN_SHARE = 0.9  # a strategy whose named data path carried less of the bytes is flagged
-REPLAY_MIN_ROUNDS = 3  # a replay's default rounds (each strategy once per round): at least,
-REPLAY_MAX_ROUNDS = 10  # at most,
+REPLAY_MIN_ROUNDS = _int_env("REPLAY_MIN_ROUNDS", 3)  # a replay's default rounds (each strategy once per round): at least,
+REPLAY_MAX_ROUNDS = _int_env("REPLAY_MAX_ROUNDS", 10)  # at most,
 REPLAY_BUDGET_S = float(_int_env("REPLAY_BUDGET_S", 60))  # and no new round once the runs' measured time reached this (replayer.verdicts)
 REPLAY_VERDICT_MIN_COVERAGE = 0.9  # an interval covering less (fewer than 5 rounds) is "within noise"
 REPLAY_MIN_JUDGE_BYTES = _int_env("REPLAY_MIN_JUDGE_BYTES", 64 << 10)  # data bytes under which nothing is judged
@@ -78,3 +79,6 @@ BENCH_FREE_SPACE_MARGIN_BYTES = _int_env("BENCH_FREE_SPACE_MARGIN_BYTES", 16 << 
 BENCH_TOP_ROWS = _int_env("BENCH_TOP_ROWS", 8)  # fastest configurations listed
 BENCH_NEAR_BEST_PERCENT = _int_env("BENCH_NEAR_BEST_PERCENT", 5)  # points this close to the best are counted as ties
 BENCH_READ_MEMORY_FRACTION = 0.8  # share of the available memory read points may fill with their destinations
+
+# Longest the checkpoint layout may take to build after `record` (and in `annotate`); files left are unknown.
+LAYOUT_TIME_LIMIT_S = _int_env("LAYOUT_TIME_LIMIT_S", 60)

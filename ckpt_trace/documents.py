@@ -134,6 +134,43 @@ class SummaryDoc(TypedDict):
     hosts: dict[str, Any]  # the same per host (a merged trace's host column; else the trace's host), with ranks
     slowest_rank: dict[str, Any] | None  # most time in I/O calls (Darshan): rank, host, io_time_ns, save_time_ns
     slowest_save: dict[str, Any] | None  # longest first-to-last write (MLPerf Storage): rank, host, save_time_ns
+    layout: LayoutSummaryDoc | None  # the checkpoint's layout joined to the rows (null without a layout)
+
+
+class LayoutKindDoc(TypedDict):
+    """One kind (or size class) of objects in ``summary``'s ``layout``."""
+
+    objects: int
+    object_bytes: int
+    bytes_written: int
+    bytes_read: int
+    write_ops: int
+    read_ops: int
+    time_ns: int
+
+
+class LayoutSummaryDoc(TypedDict):
+    """``summary --json``'s ``layout`` (``analysis.layout.LayoutJoin.result``): the rows joined to the
+    checkpoint's layout; null when the trace has no layout."""
+
+    objects: int
+    files: int
+    formats: list[str]
+    unknown_files: list[str]
+    bytes_written: int
+    bytes_read: int
+    attributed_bytes_written: int
+    attributed_bytes_read: int
+    unattributed_bytes_written: int
+    unattributed_bytes_read: int
+    outside_layout_bytes_written: int
+    outside_layout_bytes_read: int
+    by_kind: list[LayoutKindDoc]
+    by_size_class: list[LayoutKindDoc]
+    small_object_bytes: int
+    small_object_time_share: float
+    largest: list[dict[str, Any]]
+    costliest: list[dict[str, Any]]
 
 
 class PlanDoc(TypedDict):

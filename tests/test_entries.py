@@ -146,3 +146,78 @@ def test_a_rename_onto_an_entry_the_replay_must_not_replace_fails_as_recorded(tm
     ])
     with pytest.raises(Exception, match="File exists"):
         replay(trace, target=tmp_path / "r", strategy="posix")
+
+
+# Written outside the filter, renamed into it: a step directory made under tmp/ and renamed into ckpts/, a file
+# renamed through two temporary names, metadata written in staging/ and renamed into the step; a scratch file
+# never renamed in. Each write the program makes is logged by the program itself (path at the time, bytes).
+RENAMED_IN = textwrap.dedent("""
+    import json, os, sys
+    root = sys.argv[1]
+    log = []
+    def write(path, data):
+        with open(path, "wb") as f:
+            f.write(data)
+        log.append((path, len(data)))
+    for d in ("tmp/step_1.tmp/shards", "staging", "ckpts"):
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+    for i in range(3):
+        write(os.path.join(root, "tmp/step_1.tmp/shards", f"s{i}"), bytes([i]) * (30000 + i))
+    write(os.path.join(root, "staging/meta"), b"m" * 123)
+    os.rename(os.path.join(root, "staging/meta"), os.path.join(root, "tmp/step_1.tmp/_METADATA"))
+    os.rename(os.path.join(root, "tmp/step_1.tmp"), os.path.join(root, "ckpts/step_1"))
+    write(os.path.join(root, "a.tmp"), b"a" * 777)
+    os.rename(os.path.join(root, "a.tmp"), os.path.join(root, "b.tmp"))
+    os.rename(os.path.join(root, "b.tmp"), os.path.join(root, "ckpts/latest.txt"))
+    write(os.path.join(root, "scratch.bin"), b"s" * 55)
+    json.dump(log, open(sys.argv[2], "w"))
+""")
+
+
+def _strace_writes(log: Path, root: Path) -> list[tuple[str, int]]:
+    """(path, bytes) of each successful write(2) under ``root`` in strace's own log (-y prints paths)."""
+    import re
+
+    found = []
+    for line in log.read_text().splitlines():
+        m = re.search(r'\b(?:write|pwrite64)\((\d+)<([^>]*)>, .*\) = (\d+)$', line)
+        if m and m.group(2).startswith(str(root) + "/"):
+            found.append((m.group(2), int(m.group(3))))
+    return found
+
+
+@pytest.mark.parametrize("backend_name", ["strace", "bcc"])
+def test_path_filter_keeps_a_file_renamed_into_it(backend_name, request, tmp_path, io_uring):
+    from collections import Counter
+
+    backend = request.getfixturevalue(f"{backend_name}_backend")
+    root = tmp_path / "run"
+    root.mkdir()
+    program = tmp_path / "renamed_in.py"
+    program.write_text(RENAMED_IN)
+    trace, own_log, strace_log = tmp_path / "t.arrow", tmp_path / "writes.json", tmp_path / "strace.log"
+    command = [sys.executable, str(program), str(root), str(own_log)]
+    if backend == "bcc":  # strace's own log of the same run, as the reference
+        command = ["strace", "-f", "-y", "-qq", "-e", "trace=write,pwrite64", "-o", str(strace_log), *command]
+    cli("record", "--backend", backend, "--path-filter", str(root / "ckpts"), "-o", str(trace), "--", *command)
+    import json
+
+    written = [(p, n) for p, n in json.loads(own_log.read_text()) if not p.endswith("scratch.bin")]
+    if backend == "bcc":
+        assert Counter(p for p in _strace_writes(strace_log, root) if not p[0].endswith("scratch.bin")) \
+            == Counter(written)
+    recorded = read_trace(trace)
+    rows = recorded.table.to_pylist()
+    kept = Counter((r["path"], r["ret"]) for r in rows if r["op"] == "write")
+    assert kept == Counter(written)  # every write of every file that ended in ckpts/, none of scratch.bin
+    assert recorded.metadata["rename_followed_rows"] > 0
+    assert recorded.metadata["filtered_rows"] > 0 and recorded.metadata["rename_held_rows_dropped"] == 0
+    recorded_tree = tree(root / "ckpts")
+    assert recorded_tree["step_1/_METADATA"] == 123 and recorded_tree["latest.txt"] == 777
+    for run in range(3):
+        target = tmp_path / f"replay-{run}"
+        report = replay(trace, target=target, strategy="all", strip_prefix=str(root), verify=True)
+        assert not report.size_mismatches
+        for strategy in STRATEGIES:
+            assert tree(target / strategy / "ckpts") == recorded_tree, (run, strategy)
+        report.release()

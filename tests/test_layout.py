@@ -218,3 +218,21 @@ def test_classify_names_kinds_by_key_path():
     assert classify("model.layer._extra_state".split("."), tensor=False) == "extra"
     assert classify(("lr_scheduler", "last_epoch"), tensor=False) == "extra"
     assert classify("optim.exp_avg_sq.wte.weight".split("."), tensor=True) == "optimizer.exp_avg_sq"
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_workload_dcp_with_optimizer_saves_a_real_adam_state_after_one_step(saved, tmp_path):
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(saved / "dcp"), str(tmp_path / "full.pt"))  # torch's own reader, one process
+    state = torch.load(tmp_path / "full.pt", weights_only=False)
+    group = state["optim"]["param_groups"][0]
+    assert group["betas"] == (0.9, 0.95) and "maximize" in group and "fused" in group  # torch.optim.Adam's own keys
+    assert "wte.weight" in group["params"]  # get_state_dict keys optimizer state by FQN
+    entry = state["optim"]["state"]["wte.weight"]
+    assert float(entry["step"]) == 1.0
+    gradient = entry["exp_avg"] / (1 - 0.9)  # one step: exp_avg = (1 - beta1) g, exp_avg_sq = (1 - beta2) g^2
+    assert torch.allclose(entry["exp_avg_sq"], (1 - 0.95) * gradient ** 2, rtol=1e-4, atol=1e-12)
+    assert state["model"]["wte.weight"].shape == (1024, 128)

@@ -38,14 +38,17 @@ def test_paired_rounds_give_a_verdict_only_beyond_noise():
 
 def test_rounds_stop_at_the_forced_count_or_when_told_apart_or_at_the_cap():
     assert Rounds(forced=2).more({"posix": [1.0]}) and not Rounds(forced=2).more({"posix": [1.0, 1.0]})
-    auto = Rounds(budget_s=1e9)
+    auto = Rounds(budget_s=1e9, min_rounds=3, max_rounds=10)
     assert auto.more({"posix": [1.0] * 2, "aggregated": [0.5] * 2})
     assert not auto.more({"posix": [1.0] * 3})  # nothing to compare: the minimum
     assert auto.more({"posix": [1.0] * 4, "aggregated": [0.5] * 4})  # 4 rounds cover 87.5 %: one more
     assert not auto.more({"posix": [1.0] * 5, "aggregated": [0.5] * 5})  # told apart at 94 %
     same = {"posix": [1.0, 1.1, 0.9] * 4, "aggregated": [1.1, 0.9, 1.0] * 4}
     assert not auto.more({k: v[:10] for k, v in same.items()})  # the cap
-    assert not Rounds(budget_s=5).more({"posix": [1.0] * 3, "aggregated": [1.0] * 3})  # the budget
+    assert not Rounds(budget_s=5, min_rounds=3).more({"posix": [1.0] * 3, "aggregated": [1.0] * 3})  # the budget
+    from ckpt_trace import config
+
+    assert (Rounds().min_rounds, Rounds().max_rounds) == (config.REPLAY_MIN_ROUNDS, config.REPLAY_MAX_ROUNDS)
 
 
 def test_all_runs_interleaved_rounds_and_reports_spread_and_intervals(io_uring, tmp_path):

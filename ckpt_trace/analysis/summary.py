@@ -125,7 +125,7 @@ _POWERS = 1 << np.arange(63, dtype=np.int64)  # bucket b (index k) holds sizes i
 
 
 SUMMARY_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "rank", "op", "path", "offset", "size", "ret", "interface",
-                   "in_flight", "memory_kind")
+                   "in_flight", "memory_kind", "address")
 
 
 class Accumulator:
@@ -372,7 +372,11 @@ def summarize(trace: Trace) -> dict[str, Any]:
         acc.add(batch)
         times.add(batch)
     gpu = copy_summary(trace.table) if acc.copies else {"copies": 0}
-    return {**summary_document(trace.path, trace.metadata, acc.result(), gpu), **times.result()}
+    document = {**summary_document(trace.path, trace.metadata, acc.result(), gpu), **times.result()}
+    from .layout import layout_summary  # it builds on this module's helpers
+
+    document["layout"] = layout_summary(trace.path) if trace.path.is_file() else None
+    return document
 
 
 Progress = Callable[[str, int, int], None]
@@ -395,7 +399,11 @@ def summarize_file(path, *, batch_rows: int = 1 << 20, progress: Progress | None
                          on_batch=on_batch(progress, "reading"))
     times = RankTimes(default_host=str(meta.get("host")))
     acc = accumulate(_folded(batches, times))
-    return {**summary_document(path, meta, acc.result(), gpu_summary(path, acc, batch_rows)), **times.result()}
+    document = {**summary_document(path, meta, acc.result(), gpu_summary(path, acc, batch_rows)), **times.result()}
+    from .layout import layout_summary  # it builds on this module's helpers
+
+    document["layout"] = layout_summary(path)  # None without a layout
+    return document
 
 
 def _folded(batches, times: RankTimes):
@@ -441,7 +449,8 @@ def gpu_summary(path, acc: Accumulator, batch_rows: int = 1 << 20) -> dict[str, 
         return {"copies": 0}
     copies = pa.concat_tables(acc.copies)
     ranks = pa.array(sorted(set(copies["rank"].to_pylist())), pa.int32())
-    columns = ["ts_ns", "dur_ns", "rank", "op", "interface", "memory_kind", "size"]
+    columns = ["ts_ns", "dur_ns", "rank", "op", "interface", "memory_kind", "size", "pid", "address"]
+    columns = [c for c in columns if c in copies.column_names]
     _, again = scan(path, columns, batch_rows=batch_rows)
     parts = [b.filter(pc.and_(pc.is_in(b.column("rank"), value_set=ranks),
                               names_in(b.column("op"), DATA_OPS)))

@@ -41,6 +41,7 @@ from ckpt_trace.analysis.filter import Conditions, batch_mask
 from ckpt_trace.analysis.summary import Progress, on_batch
 from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.formats import COLUMNS, scan, write_bytes_atomic
+from ckpt_trace.formats.atomic import AtomicFile, make_temporary_directory, refuse_input
 from ckpt_trace.iolayer.outputs import check_output_dir, check_output_file
 
 FORMATS = ("perfetto", "parquet")
@@ -127,7 +128,7 @@ def export_perfetto(trace_path: str | os.PathLike, output: str | os.PathLike, *,
     than ``max_ops`` operations (counted before anything is written), or on a write failure (the temporary
     file is removed; ``output`` is untouched); TraceFormatError for a bad trace.
     """
-    output = check_output_file(output, overwrite)
+    output = check_output_file(output, overwrite, inputs=(trace_path,))
     batch_mask(conditions)  # parse errors first
     selected_rows = count_selected(trace_path, conditions, progress)
     if selected_rows > max_ops:
@@ -137,16 +138,16 @@ def export_perfetto(trace_path: str | os.PathLike, output: str | os.PathLike, *,
                              f"{selected_rows * 400 / 1e9:,.1f} GB of JSON); a browser opens about "
                              f"{max_ops:,}: {how}, or raise --max-ops; --format parquet takes any size")
     meta, selected = _selected(Path(trace_path), _PERFETTO_COLUMNS, conditions, progress)
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    sink = AtomicFile(output)
     try:
-        with open(tmp, "w") as handle:
+        with open(sink.sink_path, "w") as handle:
             count = _write_perfetto(meta, selected, handle)
-        os.replace(tmp, output)
     except BaseException as err:
-        tmp.unlink(missing_ok=True)
+        sink.discard()
         if isinstance(err, OSError):
             raise CkptTraceError(f"cannot write {output}: {err.strerror}") from None
         raise
+    sink.commit()
     return count
 
 
@@ -173,7 +174,10 @@ def export_parquet(trace_path: str | os.PathLike, output: str | os.PathLike, *,
                                  "this one's: choose a new directory")
         return _write_partitions(trace_path, conditions, output, output, cleanup_root=False, progress=progress)
     check_output_dir(output.parent if str(output.parent) else Path("."), True, create=False)
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    try:
+        tmp = make_temporary_directory(output)  # a new, random name: nothing planted there is adopted
+    except OSError as err:
+        raise CkptTraceError(f"cannot write {output}: {err.strerror}") from None
     count = _write_partitions(trace_path, conditions, tmp, output, cleanup_root=True, progress=progress)
     try:
         os.replace(tmp, output)

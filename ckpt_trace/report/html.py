@@ -575,7 +575,7 @@ def write_report(trace_path: str | os.PathLike, output: str | os.PathLike, *, re
     "figures", "slowest", "chosen"}. Raises TraceFormatError for a bad trace, CkptTraceError for bad results,
     an unknown rank, an existing output without ``overwrite``, or missing matplotlib.
     """
-    output = check_output_file(output, overwrite)
+    output = check_output_file(output, overwrite, inputs=(trace_path, *results_paths))
     results, fio = load_results(results_paths, trace_path)
     profile = profile_file(trace_path, rank=rank, progress=progress)
     profile["rank_times"] = rank_times_file(trace_path)  # per host, and the slowest rank's save time

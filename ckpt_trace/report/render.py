@@ -136,6 +136,12 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
                            human_ns(int(entry["write_time_s"] * 1e9)),
                            human_ns(int(entry["copy_io_overlap_s"] * 1e9)))
         console.print(copies)
+        for rank, entry in gpu["ranks"].items():
+            if "fed_writes" in entry:
+                console.print(f"rank {rank}: {entry['fed_writes']:,} of {entry['writes_with_buffer']:,} writes with a "
+                              f"known host buffer were fed by a device-to-host copy "
+                              f"({human_bytes(entry['fed_write_bytes'])}); plain write syscalls carry no buffer "
+                              f"address", highlight=False)
 
     hist = _table(console, "Request sizes (power-of-two buckets)")
     for column in ("size ≥", "writes", "reads", "bytes"):
@@ -144,6 +150,39 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
         hist.add_row(human_bytes(entry["bucket_bytes"]), f"{entry['write']:,}", f"{entry['read']:,}",
                      human_bytes(entry["bytes"]))
     console.print(hist)
+    if summary.get("layout"):
+        render_layout(console, summary["layout"])
+
+
+def render_layout(console: Console, layout: dict[str, Any]) -> None:
+    """``summary``'s checkpoint layout: the split by kind and by object size class, the costliest objects."""
+    for title, key, label in (("Checkpoint objects by kind", "by_kind", "kind"),
+                              ("Checkpoint objects by size", "by_size_class", "size_class")):
+        table = _table(console, title)
+        for column in (label.replace("_", " "), "objects", "size", "written", "read", "ops", "time"):
+            table.add_column(column, justify="left" if column in ("kind", "size class") else "right")
+        for entry in layout[key]:
+            table.add_row(entry[label], f"{entry['objects']:,}", human_bytes(entry["object_bytes"]),
+                          human_bytes(entry["bytes_written"]), human_bytes(entry["bytes_read"]),
+                          f"{entry['write_ops'] + entry['read_ops']:,}", human_ns(entry["time_ns"]))
+        console.print(table)
+    costliest = _table(console, "Costliest checkpoint objects")
+    for column in ("object", "kind", "size", "moved", "time"):
+        costliest.add_column(column, justify="left" if column in ("object", "kind") else "right")
+    for entry in layout["costliest"][:5]:
+        costliest.add_row(entry["name"] or entry["path"], entry["kind"], human_bytes(entry["length"]),
+                          human_bytes(entry["bytes_written"] + entry["bytes_read"]), human_ns(entry["time_ns"]))
+    console.print(costliest)
+    moved = layout["bytes_written"] + layout["bytes_read"]
+    attributed = layout["attributed_bytes_written"] + layout["attributed_bytes_read"]
+    console.print(f"layout: {layout['objects']:,} objects in {layout['files']} files "
+                  f"({', '.join(layout['formats'])}); {human_bytes(attributed)} of {human_bytes(moved)} moved are "
+                  f"attributed to objects; {layout['small_object_time_share']:.0%} of their time on objects under "
+                  f"{human_bytes(layout['small_object_bytes'])}", highlight=False)
+    if layout["unknown_files"]:
+        shown = ", ".join(layout["unknown_files"][:5])
+        more = len(layout["unknown_files"]) - 5
+        console.print(f"layout: unknown files: {shown}{f' and {more} more' if more > 0 else ''}", highlight=False)
 
 
 def render_results(console: Console, results: list[dict[str, Any]], fio_bytes_per_s: float | None = None,

@@ -19,6 +19,14 @@ write (``emit``); no torch is imported here. The choice, per parameter:
   off when a buffered one did; otherwise on, the O_DIRECT stream
   (``benchmarks/restore.py`` measured it against buffered reads into the
   destination tensors and fio's read limits).
+
+All of these come from a *verdict* only (``verdict``): the strategy of least
+median time is taken when its paired speed-up over every other replayed
+strategy is clear of 1.0 (``replayer.verdicts``); otherwise every parameter
+keeps its default and the module's header says why. A load trace tunes only
+the reader, a save only the writer. "Page cache bypassed" is what the
+winner's bytes did (``o_direct_bytes_share``), not its name. A trace moving
+fewer than ``config.REPLAY_MIN_JUDGE_BYTES`` has nothing to judge.
 """
 
 from __future__ import annotations
@@ -28,11 +36,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckpt_trace import config
 from ckpt_trace.documents import load_replay_results
 from ckpt_trace.errors import CheckpointError
 from ckpt_trace.formats import sha256_file, write_bytes_atomic
 from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.version import __version__
+
+from ckpt_trace.replayer.replay import NothingToJudge
 
 from .options import WriterOptions
 
@@ -54,9 +65,50 @@ def _winner(results: dict) -> dict:
     return min(results["results"], key=lambda r: r["elapsed_s"] if r["elapsed_s"] > 0 else float("inf"))
 
 
+def verdict(results: dict) -> tuple[dict | None, str]:
+    """The strategy the replay's verdict names, or None, and one line saying why.
+
+    The candidate is the strategy of least median elapsed time (``elapsed_s``
+    is its median run); it is taken only when its speed-up over every other
+    replayed strategy, from paired rounds (``versus``, ``replayer.verdicts``),
+    is ``faster``: an interval clear of 1.0. A lone strategy is taken as given
+    (nothing was compared); results without paired rounds are not a verdict.
+    """
+    entries = results["results"]
+    best = _winner(results)
+    if len(entries) == 1:
+        return best, f"{best['strategy']}, the only strategy replayed (nothing compared)"
+    versus = best.get("versus")
+    if not versus:
+        return None, "the results have no paired rounds (replayed by an older ckpt-trace): no verdict"
+    unclear = {other: entry for other, entry in versus.items() if entry.get("verdict") != "faster"}
+    if unclear:
+        other, entry = min(unclear.items(), key=lambda kv: kv[1]["median"])
+        return None, (f"no strategy clear of the others: the fastest median, {best['strategy']}, is "
+                      f"{entry['median']:.2f}x {other} ({entry['low']:.2f}-{entry['high']:.2f}x over "
+                      f"{entry['n']} rounds, {entry['verdict']})")
+    low = min(entry["low"] for entry in versus.values())
+    rounds = min(entry["n"] for entry in versus.values())
+    return best, (f"{best['strategy']} was faster than every other strategy (by {low:.2f}x or more at the "
+                  f"interval's low end, {rounds} paired rounds)")
+
+
+def _bypasses_cache(entry: dict) -> bool:
+    """Whether a strategy's bytes went with O_DIRECT (its measured ``o_direct_bytes_share`` where the results
+    carry it: a uring-direct whose writes were all unaligned ran buffered), else by its name."""
+    share = entry.get("o_direct_bytes_share")
+    if share is not None:
+        return share >= 0.9
+    return _DIRECT.get(entry["strategy"].removesuffix("+pack-files"), True)
+
+
 def choose(threads_per_rank: int, results: dict | None, cpu_count: int | None = None) -> Choice:
     """The writer's parameters for a trace whose ranks wrote from at most ``threads_per_rank`` threads (the
-    summary's ``writer_threads_per_rank``) and (optionally) its replay results; see the module docstring."""
+    summary's ``writer_threads_per_rank``) and (optionally) its replay results; see the module docstring.
+
+    With results, only the direction the trace moved (a load: the reader's ``load_direct_io``; a save: the
+    writer's parameters) is tuned, and only from a verdict (``verdict``); every other parameter keeps its
+    default, and ``Choice.reasons`` says which came from the verdict and why."""
     defaults = WriterOptions()
     threads = min(threads_per_rank, cpu_count or os.cpu_count() or 1)
     if results is None:
@@ -65,32 +117,53 @@ def choose(threads_per_rank: int, results: dict | None, cpu_count: int | None = 
                    "writer_threads": f"{threads} thread(s) wrote per rank in the trace",
                    "load_direct_io": _LOAD_DEFAULT}
         return Choice(WriterOptions(writer_threads=threads).validate(), reasons, None)
-    best = _winner(results)
-    strategy = best["strategy"].removesuffix("+pack-files")
+    entries = results["results"]
+    fastest = _winner(results)
+    if fastest["strategy"].removesuffix("+pack-files") not in _DIRECT:
+        raise CheckpointError(f"the fastest result's strategy {fastest['strategy']!r} is not one ckpt-trace replays "
+                              f"({', '.join(_DIRECT)}, optionally +pack-files); emit tunes only from those")
+    reference = next((r for r in entries if r["strategy"] == "posix"), entries[0])
+    load = reference.get("bytes_read", 0) > reference.get("bytes_written", 0)  # a replayed load
+    best, why = verdict(results)
     options = results.get("options", {})
-    packed = options.get("pack_files", False) and strategy == "aggregated"
-    direct = _DIRECT.get(strategy, True)
-    queue_depth = int(options.get("queue_depth", defaults.queue_depth)) if strategy != "posix" else defaults.queue_depth
-    buffer_bytes = int(options.get("buffer_bytes", defaults.buffer_bytes)) if strategy == "aggregated" \
-        else defaults.buffer_bytes
-    threads = 1 if packed else threads
-    durable_note = "" if options.get("durable") else "; the replay was not --durable, which favours the page cache"
-    reasons = {
-        "direct_io": f"fastest replay was {best['strategy']} ({'page cache bypassed' if direct else 'buffered'})"
-                     + durable_note,
-        "queue_depth": "the replay's --queue-depth" if strategy != "posix" and "queue_depth" in options else "default",
-        "buffer_bytes": "the replay's --buffer-size" if strategy == "aggregated" else "default",
-        "writer_threads": "one file per rank: --pack-files won" if packed
-                          else f"{threads} thread(s) wrote per rank in the trace",
-    }
-    load = best.get("bytes_read", 0) > best.get("bytes_written", 0)  # results of a replayed load
-    load_direct = direct if load else defaults.load_direct_io
-    reasons["load_direct_io"] = (f"the fastest replay of this load was {best['strategy']} "
-                                 f"({'page cache bypassed' if direct else 'buffered'})" if load else _LOAD_DEFAULT)
+    durable_note = "" if options.get("durable") or load else "; the replay was not --durable, which favours the page cache"
+    reasons = {"verdict": why + durable_note}
+    if best is None or load:
+        kept = "a load tunes only the reader" if load else "no verdict"
+        reasons.update({"direct_io": f"default ({kept})", "queue_depth": f"default ({kept})",
+                        "buffer_bytes": f"default ({kept})",
+                        "writer_threads": f"{threads} thread(s) wrote per rank in the trace"})
+        direct, queue_depth, buffer_bytes = defaults.direct_io, defaults.queue_depth, defaults.buffer_bytes
+    else:
+        strategy = best["strategy"].removesuffix("+pack-files")
+        direct = _bypasses_cache(best)
+        packed = options.get("pack_files", False) and strategy == "aggregated"
+        queue_depth = int(options.get("queue_depth", defaults.queue_depth)) if strategy != "posix" \
+            else defaults.queue_depth
+        buffer_bytes = int(options.get("buffer_bytes", defaults.buffer_bytes)) if strategy == "aggregated" \
+            else defaults.buffer_bytes
+        threads = 1 if packed else threads
+        reasons.update({
+            "direct_io": f"from the verdict: {best['strategy']} ({'page cache bypassed' if direct else 'buffered'})",
+            "queue_depth": "from the verdict: the replay's --queue-depth" if strategy != "posix"
+                           and "queue_depth" in options else "default",
+            "buffer_bytes": "from the verdict: the replay's --buffer-size" if strategy == "aggregated" else "default",
+            "writer_threads": "from the verdict: one file per rank (--pack-files won)" if packed
+                              else f"{threads} thread(s) wrote per rank in the trace",
+        })
+    if not load:
+        load_direct = defaults.load_direct_io
+        reasons["load_direct_io"] = "default (a save tunes only the writer): " + _LOAD_DEFAULT
+    elif best is None:
+        load_direct = defaults.load_direct_io
+        reasons["load_direct_io"] = "default (no verdict on this load): " + _LOAD_DEFAULT
+    else:
+        load_direct = _bypasses_cache(best)
+        reasons["load_direct_io"] = (f"from the verdict: {best['strategy']} read this load fastest "
+                                     f"({'page cache bypassed' if load_direct else 'buffered'})")
     chosen = WriterOptions(buffer_bytes=buffer_bytes, queue_depth=queue_depth, direct_io=direct,
                            writer_threads=threads, load_direct_io=load_direct)
-    return Choice(chosen.validate(), reasons, best["strategy"])
-
+    return Choice(chosen.validate(), reasons, best["strategy"] if best is not None else None)
 
 
 def _trace_lines(trace_path: Path, digest: str, summary: dict) -> list[str]:
@@ -108,23 +181,47 @@ def _results_lines(results_path: Path, results: dict) -> list[str]:
              f"         {'strategy':<24}{'write MB/s':>12}{'elapsed s':>11}{'vs posix':>10}"]
     for entry in results["results"]:
         speedup = entry.get("speedup_vs_posix")
+        noise = "~" if (entry.get("speedup") or {}).get("verdict") == "within noise" else ""
         lines.append(f"         {entry['strategy']:<24}{entry.get('write_throughput_bytes_per_s', 0) / 1e6:>12,.0f}"
-                     f"{entry['elapsed_s']:>11.3f}{f'{speedup:.2f}x' if speedup else '-':>10}")
+                     f"{entry['elapsed_s']:>11.3f}{f'{speedup:.2f}x{noise}' if speedup else '-':>10}")
     return lines
 
 
+def docstring_literal(text: str) -> str:
+    """``text`` as a triple-quoted Python string literal that evaluates to exactly ``text``, whatever it holds
+    (quotes, backslashes, control characters, undecodable path bytes): backslash and double quote are
+    escaped, every character but newline and printable ones written as an escape. Text from data (paths,
+    strategy names, options) thus never becomes code (Python reference, "String and Bytes literals")."""
+    parts = []
+    for char in text:
+        if char in '\\"':
+            parts.append("\\" + char)
+        elif char == "\n" or (char.isprintable() and not 0xD800 <= ord(char) <= 0xDFFF):
+            parts.append(char)
+        else:
+            code = ord(char)
+            parts.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000
+                         else f"\\U{code:08x}")
+    return '"""' + "".join(parts) + '\n"""'
+
+
 def render_module(trace_path: Path, digest: str, summary: dict, choice: Choice, results_path: Path | None,
-                  results: dict | None, today: datetime.date | None = None) -> str:
-    """The emitted module's source: a docstring saying what chose what, the pinned options, the factories."""
+                  results: dict | None, today: datetime.date | None = None, module: str = "{module}") -> str:
+    """The emitted module's source: a docstring saying what chose what, the pinned options, the factories.
+
+    Every value taken from the trace or the results appears only inside the docstring, escaped
+    (``docstring_literal``), or as a validated integer or flag; ``module`` is the name the usage example
+    imports. Raises CheckpointError for an option that is not an integer or a flag."""
     today = today or datetime.date.today()
     header = [f"Checkpoint writer emitted by ckpt-trace {__version__} on {today.isoformat()}.", "", "Chosen from:"]
     lines = _trace_lines(trace_path, digest, summary)
     if results is not None and results_path is not None:
-        lines += _results_lines(results_path, results) + [f"         fastest: {choice.winner}"]
+        lines += _results_lines(results_path, results) + [f"verdict: {choice.reasons.get('verdict', '-')}"]
     else:
         lines.append("replay:  none given (ckpt-trace emit --from-results REPLAY_JSON tunes from measurements)")
     header += [f"    {line}" for line in lines]
-    header += ["", "Parameters:"]
+    from_verdict = [n for n, why in choice.reasons.items() if why.startswith("from the verdict")]
+    header += ["", "Parameters (from the verdict: " + (", ".join(from_verdict) or "none") + "):"]
     values = choice.options.to_json()
     for name in ("buffer_bytes", "queue_depth", "direct_io", "writer_threads", "load_direct_io"):
         header.append(f"    {name} = {values[name]!r}: {choice.reasons[name]}")
@@ -134,8 +231,12 @@ def render_module(trace_path: Path, digest: str, summary: dict, choice: Choice, 
                "    from {module} import make_reader, make_writer",
                "    dcp.save(state_dict, storage_writer=make_writer('/checkpoints/step-1000'))",
                "    dcp.load(state_dict, storage_reader=make_reader('/checkpoints/step-1000'))"]
+    for name, value in values.items():  # only numbers and flags become code
+        if type(value) not in (int, bool):
+            raise CheckpointError(f"writer option {name} = {value!r} is not an integer or a flag")
     args = "\n".join(f"    {name}={values[name]!r}," for name in values)
-    return (f'"""{chr(10).join(header)}\n"""\n\n'
+    docstring = docstring_literal("\n".join(header).replace("{module}", module))
+    return (f"{docstring}\n\n"
             "from ckpt_trace.writer import CheckpointReader, CheckpointWriter, WriterOptions\n\n"
             f"OPTIONS = WriterOptions(\n{args}\n)\n\n\n"
             "def make_writer(path):\n"
@@ -158,13 +259,17 @@ def emit(trace_path: str | os.PathLike, output: str | os.PathLike, *, results_pa
     output = Path(output)
     if output.suffix != ".py":
         raise CheckpointError(f"{output} must be a .py file, to be imported")
-    check_output_file(output, force)
+    check_output_file(output, force, inputs=(trace_path, results_path))
     trace_path = Path(trace_path)
     summary = summarize_file(trace_path)  # in record batches: any trace size
     digest = sha256_file(trace_path)
+    if summary["rows"] == 0 or summary["bytes_written"] + summary["bytes_read"] < config.REPLAY_MIN_JUDGE_BYTES:
+        raise NothingToJudge(f"nothing to judge: the trace's reads and writes move "
+                             f"{summary['bytes_written'] + summary['bytes_read']:,} B, under "
+                             f"{config.REPLAY_MIN_JUDGE_BYTES:,} B (CKPT_TRACE_REPLAY_MIN_JUDGE_BYTES); no module written")
     results = load_replay_results(results_path, digest, str(trace_path)) if results_path is not None else None
     choice = choose(summary["writer_threads_per_rank"], results)
     text = render_module(trace_path, digest, summary, choice, Path(results_path) if results_path else None,
-                         results)
-    write_bytes_atomic(output, text.replace("{module}", output.stem).encode())
+                         results, module=output.stem)
+    write_bytes_atomic(output, text.encode("utf-8"))
     return choice

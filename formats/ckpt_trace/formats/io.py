@@ -13,6 +13,7 @@ leaves either no file or a complete one under the final name.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
+from .atomic import AtomicFile, fsync_directory, make_temporary
 from .encoding import Decoder, Encoder, stored_columns
 from .errors import CkptTraceError, TraceFormatError
 from .schema import (
@@ -77,51 +79,63 @@ class Trace:
         return self.table.num_rows
 
 
-def fsync_directory(directory: str | os.PathLike) -> None:
-    """fsync(2) a directory, so a rename or a new entry in it survives a crash. Raises OSError."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+RESERVE_BYTES = 16 << 20  # record: space set aside beside the trace before the command starts
 
 
-def _temporary_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
-def reserve_temporary(path: str | os.PathLike) -> Path:
-    """Create (empty, exclusively) the temporary file ``write_trace`` and ``write_bytes_atomic`` will write
-    for ``path``, so a long job finds out before it starts that its output cannot be written.
+def reserve_temporary(path: str | os.PathLike, reserve_bytes: int = 0) -> Path:
+    """Create (empty, exclusively, under a random name) the temporary file a ``TraceWriter(path,
+    temporary=...)`` will write, so a long job finds out before it starts that its output cannot be
+    written. ``reserve_bytes`` are allocated in it with posix_fallocate(3), so a file system without that
+    much free space is refused now (creating an empty file succeeds on a full disk); the writer truncates
+    the file when it starts writing.
 
     Returns the temporary path (remove it if the job fails). Raises CkptTraceError with the reason.
     """
     path = Path(path)
-    tmp = _temporary_name(path)
     try:
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+        fd, tmp = make_temporary(path)
+    except FileNotFoundError:
+        raise CkptTraceError(f"cannot write {path}: directory {path.parent} does not exist") from None
     except OSError as err:
         raise CkptTraceError(f"cannot write {path}: {err.strerror}") from None
+    try:
+        if reserve_bytes:
+            os.posix_fallocate(fd, 0, reserve_bytes)
+    except OSError as err:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            free = _free_bytes(path.parent)
+            raise CkptTraceError(f"cannot write {path}: {err.strerror} ({free / 2**20:.1f} MiB free in "
+                                 f"{path.parent or '.'}; the trace needs at least {reserve_bytes >> 20} MiB)") from None
+        if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # file systems without fallocate: not checked
+            raise CkptTraceError(f"cannot write {path}: {err.strerror}") from None
+    else:
+        os.close(fd)
     return tmp
 
 
+def _free_bytes(directory: Path) -> int:
+    try:
+        info = os.statvfs(directory if str(directory) else ".")
+    except OSError:
+        return 0
+    return info.f_bavail * info.f_frsize
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temporary file, fsync, rename, directory fsync).
+    """Write ``data`` to ``path`` atomically (a new temporary file beside it, fsync, rename, directory fsync;
+    ``atomic.AtomicFile``).
 
     Raises CkptTraceError with a one-line reason on failure; ``path`` is then untouched.
     """
-    path = Path(path)
-    tmp = _temporary_name(path)
+    output = AtomicFile(path)
     try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        fsync_directory(path.parent)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise CkptTraceError(f"cannot write {path}: {err.strerror or err}") from None
+        output.write(data)
+    except BaseException:
+        output.discard()
+        raise
+    output.commit()
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -179,11 +193,15 @@ def write_trace(
     *,
     overwrite: bool = False,
     batch_rows: int = DEFAULT_BATCH_ROWS,
+    temporary: str | os.PathLike | None = None,
 ) -> Path:
     """Write ``table`` (of ``SCHEMA``) and ``metadata`` atomically to ``path``.
 
     ``metadata`` must hold every key of ``REQUIRED_METADATA_KEYS`` except
     ``format_version``, which is set here. Returns the final path.
+
+    ``temporary`` is a file ``reserve_temporary(path)`` made (written and
+    renamed instead of a new one).
 
     Raises CkptTraceError when ``path`` exists and ``overwrite`` is false,
     when a metadata key is missing, or when the file system refuses the
@@ -202,25 +220,24 @@ def write_trace(
         table = conform(table).combine_chunks()
     except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
         raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
-    tmp = _temporary_name(path)
     encoder = Encoder()
     options = _write_options(ZSTD_LEVEL_ONE_BATCH if table.num_rows <= max(1, batch_rows) else ZSTD_LEVEL)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, schema, options=options) as writer:
+    except OSError as err:
+        raise CkptTraceError(f"cannot write trace {path}: {err.strerror or err}") from None
+    output = AtomicFile(path, temporary=temporary, what="trace")  # ``temporary``: reserve_temporary's
+    try:
+        with pa.OSFile(output.sink_path, "wb") as sink, ipc.new_file(sink, schema, options=options) as writer:
             for batch in table.to_batches(max_chunksize=max(1, batch_rows)):
                 writer.write_batch(encoder.encode(batch, STORED_SCHEMA))
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_directory(path.parent)
     except OSError as err:
-        tmp.unlink(missing_ok=True)
+        output.discard()
         raise CkptTraceError(f"cannot write trace {path}: {err.strerror or err}") from None
-    return path
+    except BaseException:
+        output.discard()
+        raise
+    return output.commit()
 
 
 def _decode_metadata(path: Path, schema: pa.Schema) -> dict:
@@ -517,7 +534,8 @@ class TraceWriter:
     _RESERVED_BYTES = 8 << 10  # metadata that does not fit costs one more copy of the file (``_rewrite``)
 
     def __init__(self, path: str | os.PathLike, *, overwrite: bool = False,
-                 batch_rows: int = DEFAULT_BATCH_ROWS, optional_columns: tuple[str, ...] = ()) -> None:
+                 batch_rows: int = DEFAULT_BATCH_ROWS, optional_columns: tuple[str, ...] = (),
+                 temporary: str | os.PathLike | None = None) -> None:
         self.path = Path(path)
         unknown = [name for name in optional_columns if name not in OPTIONAL_COLUMNS]
         if unknown:
@@ -530,7 +548,6 @@ class TraceWriter:
             raise CkptTraceError(f"{self.path} already exists (use --force to overwrite it)")
         self.batch_rows = max(1, batch_rows)
         self.rows = 0
-        self._tmp = _temporary_name(self.path)
         self._marker = os.urandom(12).hex()
         self._placeholder = self._padded({"pending": self._marker}, self._RESERVED_BYTES)
         # Each dictionary starts with "": Arrow takes an empty dictionary followed by a longer one for a
@@ -544,10 +561,19 @@ class TraceWriter:
         self._level = ZSTD_LEVEL
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._sink = pa.OSFile(str(self._tmp), "wb")
         except OSError as err:
-            self._tmp.unlink(missing_ok=True)
             raise CkptTraceError(f"cannot write trace {self.path}: {err.strerror or err}") from None
+        self._output = AtomicFile(self.path, temporary=temporary, what="trace")  # ``temporary``: reserve_temporary's
+        try:
+            self._sink = pa.OSFile(self._output.sink_path, "wb")
+        except OSError as err:
+            self._output.discard()
+            raise CkptTraceError(f"cannot write trace {self.path}: {err.strerror or err}") from None
+
+    @property
+    def _tmp(self) -> Path:
+        """The temporary file being written (renamed over ``path`` by ``close``)."""
+        return self._output.tmp
 
     def _open(self, metadata: bytes, level: int) -> None:
         self._level = level
@@ -639,22 +665,18 @@ class TraceWriter:
                 self._patch(final)
             elif not one_batch:
                 self._rewrite(meta)
-            fd = os.open(self._tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(self._tmp, self.path)
-            fsync_directory(self.path.parent)
         except OSError as err:
-            self._tmp.unlink(missing_ok=True)
+            self._output.discard()
             raise CkptTraceError(f"cannot write trace {self.path}: {err.strerror or err}") from None
-        return self.path
+        except BaseException:
+            self._output.discard()
+            raise
+        return self._output.commit()
 
     def _patch(self, final: bytes) -> None:
         """Overwrite the placeholder where the file holds it: the schema message and the footer."""
-        size = self._tmp.stat().st_size
-        with open(self._tmp, "r+b") as handle:
+        size = os.fstat(self._output.fd).st_size
+        with open(self._output.sink_path, "r+b") as handle:
             found = 0
             for start, length in ((0, min(size, 4 * self._RESERVED_BYTES)),
                                   (max(0, size - 4 * self._RESERVED_BYTES), min(size, 4 * self._RESERVED_BYTES))):
@@ -672,14 +694,19 @@ class TraceWriter:
 
     def _rewrite(self, meta: dict) -> None:
         """Copy the rows into a new file whose schema carries ``meta`` (metadata too long to patch)."""
-        final_tmp = self._tmp.with_name(self._tmp.name + "-meta")
+        final = AtomicFile(self.path, what="trace")
         schema = self._stored_schema.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
-        reader = ipc.open_file(pa.memory_map(str(self._tmp), "r"))
-        with pa.OSFile(str(final_tmp), "wb") as sink, ipc.new_file(sink, schema, options=_write_options(
-                self._level, emit_dictionary_deltas=True)) as writer:
-            for i in range(reader.num_record_batches):
-                writer.write_batch(reader.get_batch(i))
-        os.replace(final_tmp, self._tmp)
+        try:
+            reader = ipc.open_file(pa.memory_map(self._output.sink_path, "r"))
+            with pa.OSFile(final.sink_path, "wb") as sink, ipc.new_file(sink, schema, options=_write_options(
+                    self._level, emit_dictionary_deltas=True)) as writer:
+                for i in range(reader.num_record_batches):
+                    writer.write_batch(reader.get_batch(i))
+        except BaseException:
+            final.discard()
+            raise
+        self._output.discard()
+        self._output = final
 
     def abort(self) -> None:
         """Remove what this writer wrote (never ``path`` itself)."""
@@ -692,7 +719,7 @@ class TraceWriter:
             self._sink.close()
         except (pa.ArrowException, OSError):
             pass
-        self._tmp.unlink(missing_ok=True)
+        self._output.discard()
 
 
 def _first_line(err: Exception) -> str:

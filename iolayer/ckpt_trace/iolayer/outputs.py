@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from ckpt_trace.errors import CkptTraceError
+from ckpt_trace.formats.atomic import refuse_input
 
 
 def probe_writable(directory: str | os.PathLike) -> None:
@@ -29,10 +31,12 @@ def probe_writable(directory: str | os.PathLike) -> None:
     os.unlink(name)
 
 
-def check_output_file(path: str | os.PathLike, force: bool) -> Path:
-    """An output file about to be written: refused when it exists (unless ``force``) or is a directory,
-    when its directory is missing, or when that directory is not writable. Returns it as a Path."""
+def check_output_file(path: str | os.PathLike, force: bool, inputs: Iterable[str | os.PathLike | None] = ()) -> Path:
+    """An output file about to be written: refused when it is one of ``inputs`` (the same file through any
+    link, whatever ``force`` says), when it exists (unless ``force``) or is a directory, when its directory
+    is missing, or when that directory is not writable. Returns it as a Path."""
     path = Path(path)
+    refuse_input(path, inputs)
     if path.is_dir():
         raise CkptTraceError(f"{path} is a directory; name a file")
     if path.exists() and not force:

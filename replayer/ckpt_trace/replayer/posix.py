@@ -55,7 +55,7 @@ from ckpt_trace.iolayer.ring import Ring, RingUnavailable
 from ckpt_trace.stats import LatencyHistogram, percentiles_ns
 
 from . import entries
-from .optable import KIND, NONE, READ, WRITE, OpTable, PlanOp
+from .optable import KIND, NO_FLAGS, NONE, READ, WRITE, OpTable, PlanOp
 from .pack import INDEX_PATH
 from .paths import TargetRoot
 from .plan import DATA_KINDS, METADATA_KINDS, ReplayPlan, WorkerPlan
@@ -69,7 +69,7 @@ _ALL = np.iinfo(np.uint64).max  # REQUEST_DTYPE "off" meaning the file position
 #: The ways a read or write reaches the file, indexes of ``_RunState.path_counts``: system call or io_uring
 #: request, each through the page cache or with O_DIRECT (the descriptor's flags, fcntl(F_GETFL)); pages
 #: touched through a mapping.
-DATA_PATHS = ("syscall_buffered", "syscall_direct", "io_uring_buffered", "io_uring_direct", "mapped")
+DATA_PATHS = ("syscall_buffered", "syscall_direct", "io_uring_buffered", "io_uring_direct", "mapped", "cufile")
 _MAPPED = 4
 
 
@@ -108,6 +108,7 @@ class PosixExecutor:
     maps_files = True  # mapped I/O through mappings (others replay it as reads and writes)
     queues_as_recorded = True  # request rows through a ring per recorded queue (others: their own submission)
     batch_key_kind = False  # whether runs must not mix reads and writes (concurrent submission)
+    data_path_code: int | None = None  # DATA_PATHS index of every one-at-a-time data op (None: by its fd)
 
     def __init__(self, root: TargetRoot, max_io_bytes: int) -> None:
         self.root = root
@@ -312,7 +313,16 @@ class PosixExecutor:
             os.close(fd)
 
     def _fsync_all(self, plan: ReplayPlan) -> None:
+        """``--durable``: fsync every file the plan leaves behind, except pre-created files it never writes
+        (their sync is setup, not the replay's work: a load's files would otherwise be timed)."""
+        t = plan.ops
+        changes = np.isin(t.kind, [WRITE, KIND["ftruncate"], KIND["fallocate"], KIND["rename"]]) \
+            | ((t.kind == KIND["open"]) & (t.flags != NO_FLAGS) & ((t.flags & (os.O_CREAT | os.O_TRUNC)) != 0))
+        touched = {t.paths[i] for i in np.unique(np.r_[t.path[changes], t.new_path[changes]]).tolist() if i >= 0}
+        untouched = {rel for rel, _ in plan.precreate_files} - touched
         for rel in plan.checks.expected_sizes:
+            if rel in untouched:
+                continue
             fd = os.open(self.root.resolve(rel), os.O_RDONLY | O_NOFOLLOW)
             try:
                 os.fsync(fd)
@@ -453,7 +463,9 @@ class PosixExecutor:
         moved = self._execute(op, ctx.state, ctx.write_view, ctx.read_view, ctx.write_buf, ctx.read_buf)
         if op.kind in DATA_KINDS:
             ctx.state.add_one(time.perf_counter_ns() - started, moved, op.kind == "write")
-            ctx.state.add_path_one(_MAPPED if mapped else int(ctx.state.is_direct(ctx.state.fds[op.handle])),
+            code = self.data_path_code if self.data_path_code is not None else \
+                int(ctx.state.is_direct(ctx.state.fds[op.handle]))
+            ctx.state.add_path_one(_MAPPED if mapped else code,
                                    moved, int(ctx.plan.ops.path[row]), op.kind == "write")
             if ctx.progress is not None:
                 ctx.progress.advance(moved)

@@ -42,8 +42,11 @@ from .verdicts import Rounds, versus_all
 from .verify import verify_content
 
 STRATEGIES = ("posix", "uring-buffered", "uring-direct", "aggregated")
-CHOICES = STRATEGIES + ("all",)
+# Strategies run only when named: they need hardware most machines lack (gds: a GPU and KvikIO).
+OPTIONAL_STRATEGIES = ("gds",)
+CHOICES = STRATEGIES + OPTIONAL_STRATEGIES + ("all",)
 TIMINGS = ("asap", "original")
+CACHE_STATES = ("recorded", "cold", "warm")
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ def build_plan(table, strategy: str, strip_prefix: str | None = None, *, buffer_
     (``replayer.pack``). Raises ReplayError for an unknown strategy or a
     buffer size outside 1-64 MiB.
     """
-    if strategy not in STRATEGIES:
+    if strategy not in STRATEGIES + OPTIONAL_STRATEGIES:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
     return derive_plan(build_posix_plan(table, strip_prefix, arch=arch), strategy, buffer_bytes=buffer_bytes,
                        block_bytes=block_bytes, pack_files=pack_files)
@@ -160,6 +163,14 @@ def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> PosixExe
     """The executor of ``strategy``. Raises ReplayError when io_uring is unavailable for a uring strategy."""
     if strategy == "posix":
         return PosixExecutor(root, config.REPLAY_MAX_IO_BYTES)
+    if strategy == "gds":
+        from .gds import GdsExecutor
+        from .gds import probe as gds_probe
+
+        problem, mode = gds_probe()
+        if problem:
+            raise ReplayError(f"strategy gds: {problem}")
+        return GdsExecutor(root, config.REPLAY_MAX_IO_BYTES, mode)
     problem = io_uring_available()
     if problem:
         raise ReplayError(f"strategy {strategy} needs io_uring: {problem}")
@@ -260,6 +271,7 @@ def replay(
     max_runs: int | None = None,
     fio: bool = False,
     gpu_copies: str = "recorded",
+    cache: str = "recorded",
 ) -> ReplayReport:
     """Replay the trace at ``trace_path`` into ``target`` with ``strategy`` (or every strategy: ``all``).
 
@@ -290,6 +302,16 @@ def replay(
     1 GiB, removed afterwards): the results carry it, so each strategy reads
     as a share of what the device gives.
 
+    ``cache`` is the page-cache state of the files that exist before the
+    trace (pre-created, so reads find them) when each run's clock starts:
+    ``cold`` (each fsynced, then dropped with posix_fadvise(2)
+    POSIX_FADV_DONTNEED: reads go to the device), ``warm`` (each read once:
+    reads are served from memory) or ``recorded``: as the trace says, and a
+    trace that does not say which reads hit the page cache (none does yet:
+    neither strace nor the bcc backend records it) replays cold, with a note.
+    Pre-creation and this preparation are setup, never inside the clock; so
+    is ``durable``'s sync of files the run did not write.
+
     ``gpu_copies`` says what the trace's host<->device copy rows become:
     ``recorded`` (each copy re-executed with its recorded size, direction
     and host memory kind, before the I/O that followed it), ``pinned`` (the
@@ -309,6 +331,8 @@ def replay(
     a run; Interrupted on Ctrl-C.
     """
     check_options(strategy, timing, gpu_copies, repeat, min_seconds, drop_caches)
+    if cache not in CACHE_STATES:
+        raise ReplayError(f"unknown --cache {cache!r} (choose from {', '.join(CACHE_STATES)})")
     trace = _trace_file(trace_path)
     target = Path(target)
     refuse_target_holding(target, trace.path)
@@ -332,8 +356,9 @@ def replay(
     try:
         fio_limit = _fio_limit(target, plans[0]) if fio else None
         runs = Rounds(repeat, min_seconds, max_runs or config.REPLAY_MAX_RUNS)
+        cache_state, cache_note = resolve_cache(cache, plans[0])
         results, mismatches = _run_plans(plans, claims, queue_depth, runs, timing, progress, durable, drop_caches,
-                                         verify, gpu_copies)
+                                         verify, gpu_copies, cache_state)
     except (ReplayError, KeyboardInterrupt) as err:
         _release(claims, target, made_target)
         if isinstance(err, KeyboardInterrupt):
@@ -345,7 +370,10 @@ def replay(
     options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": pack_files, "repeat": repeat,
                "rounds": len(results[0].runs_elapsed_s), "rounds_rule": runs.describe(),
                "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
-               "gpu_copies": gpu_copies}
+               "gpu_copies": gpu_copies, "cache": cache, "cache_state": cache_state}
+    if cache_note:
+        for result in results:
+            result.notes.append(cache_note)
     return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), options,
                         trace_sha256=trace_sha256, environment=host.environment(target),
                         claims=tuple(claims), made_target=made_target, fio_write_bytes_per_s=fio_limit)
@@ -400,7 +428,8 @@ class RunCount:
 
 
 def _run_plans(plans, claims, queue_depth, count: Rounds, timing, progress, durable, drop_caches,
-               verify, gpu_copies: str = "recorded") -> tuple[list[ReplayResult], list[SizeMismatch]]:
+               verify, gpu_copies: str = "recorded", cache_state: str = "cold"
+               ) -> tuple[list[ReplayResult], list[SizeMismatch]]:
     """Run the plans in rounds (``replayer.verdicts``): each round runs every plan once, starting one plan later
     than the round before, releasing that plan's previous run's files first; then each plan's median run, with
     every run's time and its paired speed-ups over the others."""
@@ -417,6 +446,7 @@ def _run_plans(plans, claims, queue_depth, count: Rounds, timing, progress, dura
             executor = make_executor(plan.strategy, root, queue_depth)
             executor.gpu_copies = gpu_copies
             executor.prepare(plan)
+            prepare_cache(root, plan, cache_state)
             if drop_caches:
                 drop_page_cache()
             runs[index].append(executor.run(plan, timing=timing, progress=progress, durable=durable))
@@ -442,6 +472,42 @@ def _add_verdicts(results: list[ReplayResult], elapsed: dict[str, list[float]]) 
         elif result.strategy == "posix" and len(results) > 1:
             result.speedup = {"median": 1.0, "low": 1.0, "high": 1.0, "coverage": 1.0,
                               "n": len(elapsed["posix"]), "verdict": "reference"}
+
+
+def resolve_cache(cache: str, plan: ReplayPlan) -> tuple[str, str | None]:
+    """The page-cache state a replay prepares (cold or warm) and a note when ``recorded`` had to choose: no
+    trace says yet, per read, whether its pages were in memory."""
+    if cache != "recorded":
+        return cache, None
+    t = plan.ops
+    reads = bool(((t.kind == READ) & (t.size > 0)).any()) and bool(plan.precreate_files)
+    note = ("page cache: the trace does not say which reads hit the page cache, so the files it reads were "
+            "replayed cold (--cache warm replays them warm)") if reads else None
+    return "cold", note
+
+
+def prepare_cache(root: TargetRoot, plan: ReplayPlan, state: str) -> None:
+    """Before the clock: the pre-created files cold (fsync(2), then posix_fadvise(2) POSIX_FADV_DONTNEED,
+    which drops clean pages) or warm (read once, whole). Raises ReplayError on an I/O error."""
+    chunk = bytearray(4 << 20)
+    for rel, size in plan.precreate_files:
+        try:
+            fd = os.open(root.resolve(rel), os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:  # a distributed share's file another process creates
+            continue
+        except OSError as err:
+            raise ReplayError(f"cannot prepare the page cache of {rel}: {err.strerror}") from None
+        try:
+            if state == "cold":
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            else:
+                while os.readv(fd, [chunk]) > 0:
+                    pass
+        except OSError as err:
+            raise ReplayError(f"cannot prepare the page cache of {rel}: {err.strerror}") from None
+        finally:
+            os.close(fd)
 
 
 class NothingToJudge(ReplayError):

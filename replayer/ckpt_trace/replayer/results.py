@@ -11,8 +11,10 @@ from ckpt_trace import config
 from ckpt_trace.stats import LatencyHistogram
 
 #: The data path each strategy's name promises (posix replays as recorded: no promise).
-NAMED_PATHS = {"uring-buffered": "io_uring", "uring-direct": "io_uring+O_DIRECT", "aggregated": "io_uring+O_DIRECT"}
-NAMED_PATH_MEMBERS = {"io_uring": ("io_uring_buffered", "io_uring_direct"), "io_uring+O_DIRECT": ("io_uring_direct",)}
+NAMED_PATHS = {"uring-buffered": "io_uring", "uring-direct": "io_uring+O_DIRECT", "aggregated": "io_uring+O_DIRECT",
+               "gds": "cuFile"}
+NAMED_PATH_MEMBERS = {"io_uring": ("io_uring_buffered", "io_uring_direct"), "io_uring+O_DIRECT": ("io_uring_direct",),
+                      "cuFile": ("cufile",)}
 
 
 @dataclass

@@ -158,7 +158,9 @@ def _late_checks(name: str, arg: dict[str, str]) -> list[str]:
 
     ``check`` selects the one shared path test after the switch (bcc_program.c):
     1 marks an open of an excluded path, 2 drops an unlink/mkdir of one, 3 drops
-    a rename between two.
+    a rename between two. With path filters (FOLLOW_RENAMES), opens for writing
+    or creating are not marked and 2 and 3 drop nothing: a rename may yet bring
+    such a file into the filters (``tracer.renames``).
     """
     lines = []
     if name in _DUPS:
@@ -168,6 +170,9 @@ def _late_checks(name: str, arg: dict[str, str]) -> list[str]:
         lines.append(f"e->ignore = ({cmd} == {sc.F_DUPFD} || {cmd} == {sc.F_DUPFD_CLOEXEC}) && fd_marked(tgid, {arg['fd']});")
     if name in _PATH_CHECK:
         lines.append(f"check = {_PATH_CHECK[name]};")
+    if name in _OPENS:  # (openat2's flags: the first field of its struct open_how, read into e->extra)
+        flags = "1" if name == "creat" else "e->extra" if name == "openat2" else arg["flags"]
+        lines.append(f"writes = ({flags}) & {sc.O_ACCMODE | sc.O_CREAT};")
     return lines
 
 
@@ -389,6 +394,7 @@ def program_text(path_filters: list[str] | None = None, view: KernelView | None 
                 .replace("__URING_INFLIGHT__", str(config.BPF_URING_INFLIGHT_ENTRIES))
                 .replace("__IGNORED_ENTRIES__", str(config.BPF_IGNORED_FDS))
                 .replace("__EXCLUDED_BODY__", excluded_body(list(path_filters or [])))
+                .replace("__FOLLOW_RENAMES__", "1" if path_filters else "0")
                 .replace("__INDEX_DEFINES__", "\n".join(f"#define IDX_{name} {index}"
                                                         for index, name in enumerate(_NAMES)))
                 .replace("__ENTER_CASES__", cases))

@@ -41,6 +41,7 @@
 #define OMIT_MAP_PAGES __OMIT_MAP_PAGES__
 #define OMIT_DIRTY __OMIT_DIRTY__
 #define MAX_IOCBS __MAX_IOCBS__
+#define FOLLOW_RENAMES __FOLLOW_RENAMES__  // path filters follow renames (tracer/renames.py): keep candidates
 #define MAX_FIXED_FDS (PATH_BYTES / 4)
 
 struct event_t {
@@ -446,6 +447,7 @@ TRACEPOINT_PROBE(raw_syscalls, sys_enter) {
     a[5] = args->args[5];
     struct event_t *e = 0;
     int check = 0;
+    u64 writes = 0;  // an open for writing or creating (a rename may yet bring its file into the filters)
     const void *iov = 0;
     u64 iov_count = 0;
     switch (args->id) {
@@ -461,10 +463,10 @@ __ENTER_CASES__
     if (check) {
         int path_excluded = excluded(e->path);
         if (check == 1)
-            e->ignore = path_excluded;
-        else if (check == 2 && path_excluded)
+            e->ignore = path_excluded && !(FOLLOW_RENAMES && writes);
+        else if (check == 2 && path_excluded && !FOLLOW_RENAMES)
             return 0;
-        else if (check == 3 && path_excluded && excluded(e->path2))
+        else if (check == 3 && path_excluded && excluded(e->path2) && !FOLLOW_RENAMES)
             return 0;
     }
     return enter_end(e);

@@ -23,6 +23,7 @@ from pathlib import Path
 from ckpt_trace import config
 from ckpt_trace.errors import CommandNotFound, TracerError
 from ckpt_trace.formats import reserve_temporary, vocabulary
+from ckpt_trace.formats.io import RESERVE_BYTES
 from ckpt_trace.iolayer.host import filesystems_of
 from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.version import __version__
@@ -257,7 +258,7 @@ def record(
     output = check_output_file(output, overwrite)
     filters = [normalize_filter(p) for p in path_filters]
     builder_args = {"cwd": os.getcwd(), "path_filters": filters}
-    reserved = reserve_temporary(output)
+    reserved = reserve_temporary(output, RESERVE_BYTES)  # a full file system is refused now, not after the job
     capture = gpu.GpuCapture(gpu_plan) if gpu_plan is not None and gpu_plan.enabled else None
     spool = RowSpool(output, run_rows=config.RECORD_RUN_ROWS)
     try:
@@ -278,7 +279,7 @@ def record(
             raise TracerError(f"{extra['mapped_uncovered_bytes']:,} bytes mapped from files are covered by no row "
                               "(--strict); no trace written")
         result = _write(output, cmd, choice, builder, spool, extra, filters, start_wall_ns, elapsed_s, overwrite,
-                        copies, gpu_plan)
+                        copies, gpu_plan, temporary=reserved)
     except BaseException:
         reserved.unlink(missing_ok=True)
         raise
@@ -311,6 +312,16 @@ def unseen_counts(counts: dict, reasons: dict) -> dict:
             if counts.get(capture)}
 
 
+def _filter_counts(builder: TraceBuilder, filters: list[str]) -> dict:
+    """What the path filters left out (``filtered_rows``) and kept by following renames
+    (``rename_followed_rows``; ``tracer.renames``), with the rows past its bound (``rename_held_rows_dropped``)."""
+    if not filters:
+        return {}
+    follow = builder.follow
+    return {"filtered_rows": builder.filtered_rows, "rename_followed_rows": follow.followed if follow else 0,
+            "rename_held_rows_dropped": follow.dropped if follow else 0}
+
+
 def normalize_filter(prefix: str) -> str:
     """An absolute path filter: relative ones are resolved against the current directory; a trailing
     slash (a directory, not a name prefix) is kept."""
@@ -320,7 +331,8 @@ def normalize_filter(prefix: str) -> str:
 
 def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBuilder, spool: RowSpool,
            extra: dict, filters: list[str], start_wall_ns: int, elapsed_s: float, overwrite: bool,
-           copies: tuple[dict, dict] | None = None, gpu_plan: gpu.GpuPlan | None = None) -> RecordResult:
+           copies: tuple[dict, dict] | None = None, gpu_plan: gpu.GpuPlan | None = None,
+           temporary: Path | None = None) -> RecordResult:
     gpu_summary = {"captured": False, "reason": gpu_plan.reason if gpu_plan else "not asked"}
     if copies is not None:
         rows, summary = copies
@@ -344,6 +356,7 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
         "elapsed_ns": int(elapsed_s * 1e9),
         "filesystems": filesystems_of(spool.paths),
         "path_filters": filters,
+        **_filter_counts(builder, filters),
         "untracked_fd_ops": builder.untracked_fd_ops,
         "unattributed": builder.unattributed,
         "unreaped_requests": builder.unreaped_requests,
@@ -351,8 +364,8 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
         "spilled_runs": spool.spilled_runs,
         **extra,
     }
-    rows = spool.write(output, metadata, overwrite=overwrite, batch_rows=config.TRACE_BATCH_ROWS)
+    rows = spool.write(output, metadata, overwrite=overwrite, batch_rows=config.TRACE_BATCH_ROWS, temporary=temporary)
     return RecordResult(output, extra["exit_code"], choice.name, choice.reason, rows, extra["lost_events"],
-                        elapsed_s, exit_signal=extra.get("exit_signal"), filtered_ops=builder.filtered_ops,
+                        elapsed_s, exit_signal=extra.get("exit_signal"), filtered_ops=builder.filtered_rows,
                         unseen=extra["unseen"], gpu=gpu_summary,
                         mapped_uncovered_bytes=extra.get("mapped_uncovered_bytes"))

@@ -94,15 +94,15 @@ class RowSpool:
         self._runs.append(path)
 
     def write(self, output: str | os.PathLike, metadata: Mapping[str, Any], *, overwrite: bool,
-              batch_rows: int) -> int:
+              batch_rows: int, temporary: str | os.PathLike | None = None) -> int:
         """Write every row, in start-time order, with ``metadata``, atomically to ``output``; return the
-        number of rows. Raises CkptTraceError/TraceFormatError as ``formats.write_trace`` does."""
+        number of rows (``temporary``: the file ``formats.reserve_temporary`` made for it). Raises CkptTraceError/TraceFormatError as ``formats.write_trace`` does."""
         if not self._runs:
             table = (pa.concat_tables(self._parts).drop_columns([_SEQ]) if self._parts
                      else table_from_columns({name: [] for name in COLUMNS}))
-            write_trace(output, table, metadata, overwrite=overwrite, batch_rows=batch_rows)
+            write_trace(output, table, metadata, overwrite=overwrite, batch_rows=batch_rows, temporary=temporary)
             return table.num_rows
-        writer = TraceWriter(output, overwrite=overwrite, batch_rows=batch_rows)
+        writer = TraceWriter(output, overwrite=overwrite, batch_rows=batch_rows, temporary=temporary)
         try:
             for table in self._merged():
                 writer.write(table)

@@ -35,6 +35,7 @@ from ckpt_trace.formats import vocabulary as v
 from ckpt_trace.formats.vocabulary import IO_URING_PATH, SPECIAL_PATHS, SPECIAL_PREFIXES
 
 from . import syscalls as sc
+from .renames import RenameFollower
 
 
 @dataclass(slots=True)
@@ -341,6 +342,8 @@ class TraceBuilder:
         self.sizes: dict[str, int] = {}
         self.untracked_fd_ops = 0
         self.filtered_ops = 0
+        # With path filters, rows of files that may yet be renamed into them are held (``tracer.renames``).
+        self.follow = RenameFollower(self.path_filters) if self.path_filters else None
         self.rings: dict[int, RingState] = {}  # kernel ctx -> ring (bcc)
         self.ring_of_fd: dict[tuple[int, int], RingState] = {}  # (tgid, ring fd) -> ring
         self.aio: dict[tuple[int, int], AioState] = {}  # (tgid, aio context id) -> context
@@ -402,6 +405,8 @@ class TraceBuilder:
             self._pmd_row(tid)
         if self._file_rss:
             self.mapped_uncovered_bytes = self._uncovered()
+        if self.follow is not None:
+            self.follow.finish()  # candidates never renamed into the filters: left out
 
     def _unreaped(self, proc: Process | None, state: AioState) -> None:
         """Rows (``ret`` -ECANCELED) of the iocbs of ``state`` submitted and never seen reaped."""
@@ -474,7 +479,9 @@ class TraceBuilder:
     def _emit(self, proc: Process, ev: SyscallEvent, op: str, **values: Any) -> None:
         path, new_path = values.get("path"), values.get("new_path")
         if not (self._keep(path, op) or (new_path is not None and self._keep(new_path, op))):
-            self.filtered_ops += 1
+            if not (self.follow is not None and self.follow.hold(
+                    new_path if op == "rename" else path, self._held_row(proc, ev, op, values))):
+                self.filtered_ops += 1
             return
         cols = self._cols
         cols["ts_ns"].append(max(0, ev.ts_ns - self.start_ns))
@@ -495,7 +502,10 @@ class TraceBuilder:
         """``_emit`` of a read or write row, its values positional: the row most traces are made of, at a
         third of the generic path's cost (no keyword dict, one bound append per column)."""
         if not self._keep(path, op):
-            self.filtered_ops += 1
+            if not (self.follow is not None and self.follow.hold(path, self._held_row(proc, ev, op, {
+                    "fd": fd, "path": path, "offset": offset, "offset_source": offset_source, "size": size,
+                    "iov_count": iov_count}))):
+                self.filtered_ops += 1
             return
         (ts_ns, dur_ns, pid, tid, comm, rank, syscall, op_, ret, interface, fd_, path_, offset_, offset_source_,
          size_, iov_count_) = self._data_appends
@@ -519,6 +529,27 @@ class TraceBuilder:
         for append in self._null_appends:
             append(None)
 
+    def _held_row(self, proc: Process, ev: SyscallEvent, op: str, values: dict) -> dict:
+        """The row ``_emit`` would append, as a dict (for ``tracer.renames`` to hold)."""
+        row = {name: values.get(name) for name in _OPTIONAL_COLUMNS}
+        row.update(ts_ns=max(0, ev.ts_ns - self.start_ns), dur_ns=max(0, ev.dur_ns), pid=proc.tgid, tid=ev.tid,
+                   comm=ev.comm or proc.comm, rank=proc.rank, syscall=ev.name, op=op, ret=ev.ret,
+                   interface=values.get("interface", v.SYSCALL))
+        return row
+
+    def _release_held(self, rows: list[dict]) -> None:
+        """Rows a rename brought into the path filters, appended (the spool sorts by start time)."""
+        cols = self._cols
+        for row in rows:
+            for name in _COLUMN_NAMES:
+                cols[name].append(row.get(name))
+
+    @property
+    def filtered_rows(self) -> int:
+        """Rows the path filters left out (so far, and held rows given up or dropped)."""
+        follow = self.follow
+        return self.filtered_ops + (follow.dropped + follow.given_up if follow is not None else 0)
+
     def _desc(self, proc: Process, fd: int) -> Description | None:
         desc = proc.table.fds.get(fd)
         if desc is None:
@@ -533,6 +564,8 @@ class TraceBuilder:
     def _on_open(self, proc: Process, ev: SyscallEvent) -> None:
         flags = sc.O_CREAT | sc.O_WRONLY | sc.O_TRUNC if ev.name == "creat" else int(ev.args.get("flags", 0))
         path = self._resolve(proc, ev.args.get("dirfd"), ev.args.get("path"))
+        if ev.ret >= 0 and self.follow is not None and flags & (sc.O_ACCMODE | sc.O_CREAT):
+            self.follow.start(path)  # written or created outside the filters: may yet be renamed into them
         if ev.ret >= 0:
             proc.table.install(ev.ret, Description(path, flags, 0), bool(flags & sc.O_CLOEXEC))
             writable = flags & sc.O_ACCMODE != 0
@@ -643,6 +676,8 @@ class TraceBuilder:
         new = self._resolve(proc, ev.args.get("dirfd2"), ev.args.get("path2"))
         if ev.ret == 0 and old is not None and new is not None:
             self._rename_open_files(old, new)
+            if self.follow is not None:
+                self._release_held(self.follow.rename(old, new))
         flags = ev.args.get("flags")
         self._emit(proc, ev, "rename", path=old, new_path=new, flags=int(flags) if flags is not None else None)
 
@@ -651,6 +686,11 @@ class TraceBuilder:
         op = sc.SYSCALLS[ev.name].op
         if op == "unlink" and ev.ret == 0 and path is not None:
             self.sizes.pop(path, None)
+        if self.follow is not None and ev.ret == 0:
+            if op == "mkdir":
+                self.follow.start(path)
+            else:  # a candidate unlinked: its rows, and this one, are left out
+                self.follow.unlink(path)
         if op == "mkdir":
             self._emit(proc, ev, op, path=path)
         else:

@@ -1,0 +1,85 @@
+"""emit decides from the verdict: a strategy only when its paired interval is clear of every other's, one
+direction only (a load tunes the reader), the winner's measured data path, and nothing from an empty trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import cli
+
+from ckpt_trace.writer.emit import choose
+from ckpt_trace.writer.options import WriterOptions
+
+
+def entry(low: float, high: float, n: int = 6) -> dict:
+    verdict = "faster" if low > 1 else "slower" if high < 1 else "within noise"
+    return {"median": (low + high) / 2, "low": low, "high": high, "coverage": 0.97, "n": n, "verdict": verdict}
+
+
+def results(versus_aggregated: dict, *, read: bool = False, direct_share: float = 1.0) -> dict:
+    moved = {"bytes_read": 1 << 30, "bytes_written": 0} if read else {"bytes_read": 0, "bytes_written": 1 << 30}
+    names = ["posix", "uring-buffered", "aggregated"]
+    docs = []
+    for name in names:
+        elapsed = 0.5 if name == "aggregated" else 1.0
+        versus = versus_aggregated if name == "aggregated" else {"aggregated": entry(0.4, 0.6)}
+        docs.append({"strategy": name, "elapsed_s": elapsed, "versus": versus, **moved,
+                     "o_direct_bytes_share": direct_share if name == "aggregated" else 0.0})
+    return {"results": docs, "options": {"queue_depth": 16, "buffer_bytes": 2 << 20, "durable": True}}
+
+
+def test_a_clear_winner_tunes_the_writer_and_says_it_came_from_the_verdict():
+    choice = choose(2, results({"posix": entry(1.6, 2.2), "uring-buffered": entry(1.3, 1.9)}), cpu_count=8)
+    assert choice.winner == "aggregated"
+    assert (choice.options.queue_depth, choice.options.buffer_bytes, choice.options.direct_io) == (16, 2 << 20, True)
+    assert choice.reasons["queue_depth"].startswith("from the verdict")
+    assert "faster than every other strategy (by 1.30x" in choice.reasons["verdict"]
+    assert choice.reasons["load_direct_io"].startswith("default (a save tunes only the writer)")
+
+
+def test_within_noise_keeps_the_defaults_and_says_why():
+    choice = choose(2, results({"posix": entry(1.6, 2.2), "uring-buffered": entry(0.9, 1.4)}), cpu_count=8)
+    defaults = WriterOptions()
+    assert choice.winner is None
+    assert (choice.options.queue_depth, choice.options.buffer_bytes) == (defaults.queue_depth, defaults.buffer_bytes)
+    assert "no strategy clear of the others" in choice.reasons["verdict"] and "uring-buffered" in choice.reasons["verdict"]
+    assert choice.reasons["direct_io"] == "default (no verdict)"
+
+
+def test_a_load_tunes_only_the_reader_from_the_measured_path():
+    clear = {"posix": entry(1.6, 2.2), "uring-buffered": entry(1.3, 1.9)}
+    choice = choose(2, results(clear, read=True, direct_share=0.0), cpu_count=8)
+    defaults = WriterOptions()
+    assert choice.options.load_direct_io is False  # the winner's bytes went through the page cache
+    assert (choice.options.direct_io, choice.options.queue_depth) == (defaults.direct_io, defaults.queue_depth)
+    assert choice.reasons["queue_depth"] == "default (a load tunes only the reader)"
+
+
+def test_results_without_rounds_are_no_verdict():
+    docs = results({})
+    for doc in docs["results"]:
+        doc.pop("versus")
+    assert choose(1, docs, cpu_count=8).winner is None
+
+
+def test_emit_on_a_trace_too_small_to_judge_is_one_line(tmp_path):
+    from test_replay import make_trace
+
+    trace = make_trace(tmp_path / "t.arrow", [{"op": "open", "path": "/ck/a", "fd": 3, "flags": 0o101, "ret": 3},
+                                              {"op": "write", "path": "/ck/a", "fd": 3, "offset": 0, "size": 10,
+                                               "ret": 10}])
+    proc = cli("emit", str(trace), "-o", str(tmp_path / "w.py"), check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "nothing to judge" in proc.stderr
+    assert not (tmp_path / "w.py").exists()
+
+
+@pytest.mark.io_uring
+def test_emit_header_names_the_verdict(io_uring, tmp_path):
+    golden = Path(__file__).resolve().parent.parent / "traces" / "golden" / "v4-dcp-gpt2-tiny-2ranks-bcc.arrow"
+    out = tmp_path / "r.json"
+    cli("replay", str(golden), "--strategy", "all", "--target", str(tmp_path / "t"), "--repeat", "3", "-o", str(out))
+    cli("emit", str(golden), "--from-results", str(out), "-o", str(tmp_path / "w.py"))
+    text = (tmp_path / "w.py").read_text()
+    assert "verdict: no strategy clear of the others" in text  # 3 rounds never tell strategies apart
+    assert "Parameters (from the verdict: none):" in text
