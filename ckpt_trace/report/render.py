@@ -117,6 +117,11 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
         what = {"io_uring_requests": f"{entry['count']:,} io_uring requests",
                 "mapped_pages": f"pages touched through {entry['count']:,} file mappings"}.get(capture, capture)
         console.print(f"warning: {what} are not in this trace: {entry['reason']}", highlight=False)
+    if summary.get("mapped_uncovered_bytes"):
+        from ckpt_trace.analysis.summary import mapped_uncovered_line
+
+        console.print(f"warning: {mapped_uncovered_line(summary['mapped_uncovered_bytes'])}", highlight=False,
+                      soft_wrap=True)
 
     gpu = summary.get("gpu") or {}
     if gpu.get("copies"):
