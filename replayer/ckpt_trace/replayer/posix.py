@@ -279,6 +279,7 @@ class PosixExecutor:
             data_paths={name: {"ops": int(ops), "bytes": int(moved)}
                         for name, (ops, moved) in zip(DATA_PATHS, state.path_counts.tolist())},
             file_bytes=files_moved(plan, state.file_bytes), timing=state.timing_figures(),
+            phases=state.phase_figures(),
         )
 
     @staticmethod
@@ -377,7 +378,10 @@ class PosixExecutor:
                     row = start
                     if not state.wait(t.deps_of(start)):
                         return
+                    began = time.monotonic_ns()
                     self._run(ctx, start, stop)
+                    kinds = t.kind[start:stop]
+                    ctx.phase_span(bool((kinds == WRITE).any()), bool((kinds == READ).any()), began)
                     state.done_many(t.seq[start:stop])
                     continue
                 for row in range(start, stop):
@@ -385,7 +389,10 @@ class PosixExecutor:
                     if not state.wait(op.deps):
                         return
                     self._pace(op.ts_ns, state, timing, ctx)
+                    began = time.monotonic_ns()
                     self._one(ctx, op, row)
+                    if op.kind in DATA_KINDS:
+                        ctx.phase_span(op.kind == "write", op.kind == "read", began)
                     state.done(op.seq)
             ctx.drain()
         except _Failed as err:
@@ -681,6 +688,7 @@ class _WorkerContext:
         self.pace_base_ns = 0  # --timing original: the recorded start of this worker's rank's first operation
         self.start_errors: list[int] = []  # --timing original: actual minus target start of each operation (ns)
         self.started_ns: list[int] = []  # and when each started, from the run's start (ns)
+        self.spans: dict[str, list[int]] = {}  # phase (save, load) -> [first start, last end] of its data ops (ns)
 
     def fds_of(self, handles: np.ndarray) -> np.ndarray:
         fds = self.state.fd_array[handles]
@@ -701,7 +709,21 @@ class _WorkerContext:
     def drain(self) -> None:
         """Wait for what is still in flight (nothing, after ``run``: hook for executors that keep requests)."""
 
+    def phase_span(self, wrote: bool, read: bool, began_ns: int) -> None:
+        """Extend the save (writes) and load (reads) phases' spans of this worker to a run or operation that
+        began at ``began_ns`` and ended now."""
+        ended = time.monotonic_ns()
+        for phase, present in (("save", wrote), ("load", read)):
+            if present:
+                span = self.spans.get(phase)
+                if span is None:
+                    self.spans[phase] = [began_ns, ended]
+                else:
+                    span[1] = ended
+
     def close(self) -> None:
+        if self.spans:
+            self.state.add_spans(self.plan.workers[self.index].rank, self.spans)
         if self.start_errors:
             self.state.add_timing(self.plan.workers[self.index].rank, self.start_errors, self.started_ns)
         for ring in self.rings.values():
@@ -769,6 +791,7 @@ class _RunState:
                 self.rank_first_ts[worker.rank] = min(first, self.rank_first_ts.get(worker.rank, first))
                 self.rank_last_ts[worker.rank] = max(last, self.rank_last_ts.get(worker.rank, last))
         self.timing_errors: dict[int, list[np.ndarray]] = {}
+        self.phase_spans: dict[str, dict[int, list[int]]] = {}  # phase -> rank -> [first start, last end] ns
         #: --timing original: the workers meet once set up (buffers, rings), and the paced clock starts then
         self.pace_barrier = threading.Barrier(len(plan.workers)) if plan.workers else None
         self.pace_start_ns = 0
@@ -791,6 +814,44 @@ class _RunState:
                 self._direct_fds.discard(fd)
                 self._direct_array = np.fromiter(self._direct_fds, np.int64, len(self._direct_fds))
         return fd
+
+    def add_spans(self, rank: int, spans: dict[str, list[int]]) -> None:
+        with self.lock:
+            for phase, (first, last) in spans.items():
+                mine = self.phase_spans.setdefault(phase, {}).get(rank)
+                self.phase_spans[phase][rank] = [first, last] if mine is None else [min(mine[0], first),
+                                                                                   max(mine[1], last)]
+
+    def phase_figures(self) -> dict:
+        """Per phase (save: the writes, load: the reads), per rank: bytes (the plan's, which each run moves
+        exactly) and the time from its first such operation's start to its last one's end; the phase's time
+        (first start to last end over all ranks), its throughput, and the slowest rank with its time."""
+        t = self.plan.ops
+        figures = {}
+        for phase, kind in (("save", WRITE), ("load", READ)):
+            spans = self.phase_spans.get(phase)
+            if not spans:
+                continue
+            ranks = {}
+            for worker in self.plan.workers:
+                if worker.rank not in spans:
+                    continue
+                rows = slice(worker.start, worker.stop)
+                moved = int(np.maximum(t.size[rows][t.kind[rows] == kind], 0).sum())
+                entry = ranks.setdefault(str(worker.rank), {"bytes": 0, "elapsed_s": 0.0})
+                entry["bytes"] += moved
+                first, last = spans[worker.rank]
+                entry["elapsed_s"] = (last - first) / 1e9
+                entry["finished_s"] = (last - self.start_ns) / 1e9
+            first = min(span[0] for span in spans.values())
+            last = max(span[1] for span in spans.values())
+            elapsed = (last - first) / 1e9
+            total = sum(entry["bytes"] for entry in ranks.values())
+            slowest = max(ranks, key=lambda r: ranks[r]["elapsed_s"])
+            figures[phase] = {"bytes": total, "elapsed_s": elapsed,
+                              "throughput_bytes_per_s": total / elapsed if elapsed > 0 else None,
+                              "slowest_rank": slowest, "slowest_rank_s": ranks[slowest]["elapsed_s"], "ranks": ranks}
+        return figures
 
     def add_timing(self, rank: int, errors: list[int], started: list[int]) -> None:
         with self.lock:
