@@ -161,6 +161,11 @@ def record(
                   highlight=False)
     if result.lost_events:
         err.print(f"[yellow]ckpt-trace: warning: {result.lost_events} events were lost; the trace is incomplete[/]")
+    if result.mapped_uncovered_bytes:
+        from ckpt_trace.analysis.summary import mapped_uncovered_line
+
+        err.print(f"[yellow]ckpt-trace: warning: {escape(mapped_uncovered_line(result.mapped_uncovered_bytes))}[/]",
+                  highlight=False, soft_wrap=True)
     for capture, entry in result.unseen.items():
         what = {"io_uring_requests": f"{entry['count']:,} io_uring requests",
                 "mapped_pages": f"the pages touched through {entry['count']:,} file mappings"}.get(capture, capture)
@@ -191,7 +196,7 @@ def replay(
     queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
     buffer_size: str = typer.Option("4MiB", "--buffer-size", help="aggregated: aligned buffer size, 1-64 MiB (e.g. 4MiB)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each plan's operation counts, sizes and alignment; do no I/O."),
-    repeat: Optional[int] = typer.Option(None, "--repeat", help="Rounds (each strategy once a round, interleaved); default: 3-10 rounds, until the strategies are told apart or 60 s of runs."),
+    repeat: Optional[int] = typer.Option(None, "--repeat", help="Rounds (each strategy once a round, interleaved); default: 3-20 rounds, until the strategies are told apart or 60 s of runs."),
     drop_caches: bool = typer.Option(False, "--drop-caches", help="Drop the page cache before each run (root)."),
     durable: bool = typer.Option(False, "--durable", help="fsync every written file before the clock stops."),
     verify: bool = typer.Option(False, "--verify", help="Read the files back and check their content pattern."),
@@ -683,6 +688,28 @@ def annotate(
                   f"files ({formats}), {len(data['unknown'])} unknown, in {data['elapsed_s']:.2f} s", highlight=False)
         for path, why in data["errors"].items():
             err.print(f"[yellow]ckpt-trace: warning: {escape(why)}[/]", highlight=False)
+
+
+@app.command()
+def upgrade(
+    trace: Path = typer.Argument(..., help="Trace file of an older format version (1 to 4)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write, in the current version."),
+    force: bool = typer.Option(False, help="Overwrite an existing output (never the input)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    """Rewrite TRACE in the current trace format version (every column plain), metadata kept and the original's
+    version and sha256 added (``upgraded_from``); TRACE itself is never changed."""
+    from ckpt_trace.formats.convert import upgrade_trace
+
+    with _steps("upgrade") as progress:
+        result = upgrade_trace(trace, output, overwrite=force,
+                               on_batch=None if progress is None else lambda done, count: progress("rows", done, count))
+    if as_json:
+        _write_json(None, result)
+    else:
+        err.print(f"ckpt-trace: wrote {result['rows']:,} rows of {trace} (version {result['from_version']}) to "
+                  f"{output} as version {result['to_version']} ({result['input_bytes']:,} -> "
+                  f"{result['output_bytes']:,} bytes)", highlight=False)
 
 
 @app.command(name="filter")

@@ -14,6 +14,7 @@ SHORT = {
     "summary": "What a trace holds: operations, bytes, sizes, ranks, copies.",
     "merge": "One trace of a job from the traces of its nodes.",
     "filter": "A smaller trace: some ranks, files, operations or a window.",
+    "upgrade": "Rewrite an older trace in the current format version.",
     "export": "Export a trace for Perfetto or as Parquet by rank.",
     "report": "One self-contained HTML report of a trace and its replays.",
     "diff": "What changed between two recordings.",
@@ -41,6 +42,10 @@ EXAMPLES = {
     "merge": [
         "ckpt-trace merge node0.arrow node1.arrow -o job.arrow",
         "ckpt-trace merge n*.arrow -o job.arrow --clock-offset node3=-250000 --json",
+    ],
+    "upgrade": [
+        "ckpt-trace upgrade old-v4.arrow -o save.arrow",
+        "ckpt-trace upgrade old.arrow -o save.arrow --force --json",
     ],
     "filter": [
         "ckpt-trace filter save.arrow -o rank0.arrow --rank 0",
@@ -87,7 +92,8 @@ METAVARS = {
     "direction": "write|read|both", "host": "LABEL", "clock_offset": "HOST=NS", "model": "MODEL", "ckpt_path": "DIR",
 }
 OUTPUT_METAVARS = {"record": "TRACE", "replay": "FILE", "export": "PATH", "report": "FILE", "baseline": "FILE",
-                   "emit": "FILE", "bench": "DIR", "filter": "TRACE", "merge": "TRACE", "synth": "TRACE"}
+                   "emit": "FILE", "bench": "DIR", "filter": "TRACE", "merge": "TRACE", "synth": "TRACE",
+                   "upgrade": "TRACE"}
 
 EPILOG_NOTE = ("Sizes: IEC units (4KiB, 4.5MiB, 1TiB; K, M, G, T the same), or decimal ones (4MB = 4,000,000 "
                "bytes); rates in decimal MB/s.")

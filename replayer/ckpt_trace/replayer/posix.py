@@ -284,7 +284,8 @@ class PosixExecutor:
             preallocated_files=state.preallocated, gpu_copies=gpu_copies,
             data_paths={name: {"ops": int(ops), "bytes": int(moved)}
                         for name, (ops, moved) in zip(DATA_PATHS, state.path_counts.tolist())},
-            file_bytes=files_moved(plan, state.file_bytes),
+            file_bytes=files_moved(plan, state.file_bytes), timing=state.timing_figures(),
+            phases=state.phase_figures(),
         )
 
     @staticmethod
@@ -345,13 +346,21 @@ class PosixExecutor:
         return min(max(largest, PAGE_BYTES), self.max_io_bytes)
 
     @staticmethod
-    def _pace(ts_ns: int, state: _RunState, timing: str) -> None:
-        """With ``--timing original``, wait until the operation's recorded start (a failure or Ctrl-C ends
-        the wait at once)."""
-        if timing == "original":
-            delay_ns = state.start_ns + ts_ns - time.monotonic_ns()
-            if delay_ns > 0:
-                state.stopped.wait(delay_ns / 1e9)
+    def _pace(ts_ns: int, state: _RunState, timing: str, ctx: _WorkerContext | None = None) -> None:
+        """With ``--timing original``, wait until the operation's recorded start relative to its rank's first
+        operation (a failure or Ctrl-C ends the wait at once), by an Event wait; the
+        start error (actual start minus target, ns) is kept in ``ctx.start_errors``."""
+        if timing != "original":
+            return
+        base = ctx.pace_base_ns if ctx is not None else 0
+        target = (state.pace_start_ns or state.start_ns) + ts_ns - base
+        delay_ns = target - time.monotonic_ns()
+        if delay_ns > 0:  # no spin: a spinning thread would hold the GIL from the other workers
+            state.stopped.wait(delay_ns / 1e9)
+        if ctx is not None:
+            now = time.monotonic_ns()
+            ctx.start_errors.append(now - target)
+            ctx.started_ns.append(now - (state.pace_start_ns or state.start_ns))
 
     def _worker(self, index: int, worker: WorkerPlan, plan: ReplayPlan, state: _RunState, timing: str,
                 progress: Progress | None) -> None:
@@ -359,6 +368,14 @@ class PosixExecutor:
         size = self._buffer_bytes(plan, worker)
         ctx = _WorkerContext(self, plan, state, size, progress)
         ctx.index = index
+        ctx.pace_base_ns = state.rank_first_ts.get(worker.rank, 0) if timing == "original" else 0
+        if timing == "original" and state.pace_barrier is not None:  # every worker set up: the paced clock starts
+            try:
+                if state.pace_barrier.wait() == 0:
+                    state.pace_start_ns = time.monotonic_ns()
+                state.pace_barrier.wait()
+            except threading.BrokenBarrierError:
+                return
         segments = self._segments.get(index) or self.segments(plan, worker)
         row = None
         try:
@@ -368,20 +385,25 @@ class PosixExecutor:
                     _pause_here(self._pause[1])
                     if state.stopped.is_set():
                         return
-                if batched:
+                if batched and timing != "original":  # original timing paces every operation: no runs
                     row = start
                     if not state.wait(t.deps_of(start)):
                         return
-                    self._pace(int(t.ts_ns[start]), state, timing)
+                    began = time.monotonic_ns()
                     self._run(ctx, start, stop)
+                    kinds = t.kind[start:stop]
+                    ctx.phase_span(bool((kinds == WRITE).any()), bool((kinds == READ).any()), began)
                     state.done_many(t.seq[start:stop])
                     continue
                 for row in range(start, stop):
                     op = t.op(row)
                     if not state.wait(op.deps):
                         return
-                    self._pace(op.ts_ns, state, timing)
+                    self._pace(op.ts_ns, state, timing, ctx)
+                    began = time.monotonic_ns()
                     self._one(ctx, op, row)
+                    if op.kind in DATA_KINDS:
+                        ctx.phase_span(op.kind == "write", op.kind == "read", began)
                     state.done(op.seq)
             ctx.drain()
         except _Failed as err:
@@ -717,6 +739,10 @@ class _WorkerContext:
         self.rings: dict[int, Ring | None] = {}
         self.index = 0  # the worker's index in the plan
         self.via_uring = False  # whether the last run went through io_uring (set by ``_submit``)
+        self.pace_base_ns = 0  # --timing original: the recorded start of this worker's rank's first operation
+        self.start_errors: list[int] = []  # --timing original: actual minus target start of each operation (ns)
+        self.started_ns: list[int] = []  # and when each started, from the run's start (ns)
+        self.spans: dict[str, list[int]] = {}  # phase (save, load) -> [first start, last end] of its data ops (ns)
 
     def fds_of(self, handles: np.ndarray) -> np.ndarray:
         fds = self.state.fd_array[handles]
@@ -737,7 +763,23 @@ class _WorkerContext:
     def drain(self) -> None:
         """Wait for what is still in flight (nothing, after ``run``: hook for executors that keep requests)."""
 
+    def phase_span(self, wrote: bool, read: bool, began_ns: int) -> None:
+        """Extend the save (writes) and load (reads) phases' spans of this worker to a run or operation that
+        began at ``began_ns`` and ended now."""
+        ended = time.monotonic_ns()
+        for phase, present in (("save", wrote), ("load", read)):
+            if present:
+                span = self.spans.get(phase)
+                if span is None:
+                    self.spans[phase] = [began_ns, ended]
+                else:
+                    span[1] = ended
+
     def close(self) -> None:
+        if self.spans:
+            self.state.add_spans(self.plan.workers[self.index].rank, self.spans)
+        if self.start_errors:
+            self.state.add_timing(self.plan.workers[self.index].rank, self.start_errors, self.started_ns)
         for ring in self.rings.values():
             if ring is not None:
                 ring.close()
@@ -796,6 +838,19 @@ class _RunState:
         self.start_ns = 0
         self.notes: set[str] = set()
         self.path_counts = np.zeros((len(DATA_PATHS), 2), np.int64)  # (ops, bytes) per DATA_PATHS entry
+        self.rank_first_ts: dict[int, int] = {}  # --timing original: each rank's first recorded start (ns)
+        self.rank_last_ts: dict[int, int] = {}
+        for worker in plan.workers:
+            if worker.stop > worker.start:
+                first, last = int(plan.ops.ts_ns[worker.start:worker.stop].min()), int(plan.ops.ts_ns[worker.start:worker.stop].max())
+                self.rank_first_ts[worker.rank] = min(first, self.rank_first_ts.get(worker.rank, first))
+                self.rank_last_ts[worker.rank] = max(last, self.rank_last_ts.get(worker.rank, last))
+        self.timing_errors: dict[int, list[np.ndarray]] = {}
+        self.phase_spans: dict[str, dict[int, list[int]]] = {}  # phase -> rank -> [first start, last end] ns
+        #: --timing original: the workers meet once set up (buffers, rings), and the paced clock starts then
+        self.pace_barrier = threading.Barrier(len(plan.workers)) if plan.workers else None
+        self.pace_start_ns = 0
+        self.timing_started: dict[int, list[np.ndarray]] = {}
         self._direct_fds: set[int] = set()
         self._direct_array = np.zeros(0, np.int64)
         #: bytes moved per file of the plan's table (``ops.paths`` index): row 0 written, row 1 read
@@ -814,6 +869,76 @@ class _RunState:
                 self._direct_fds.discard(fd)
                 self._direct_array = np.fromiter(self._direct_fds, np.int64, len(self._direct_fds))
         return fd
+
+    def add_spans(self, rank: int, spans: dict[str, list[int]]) -> None:
+        with self.lock:
+            for phase, (first, last) in spans.items():
+                mine = self.phase_spans.setdefault(phase, {}).get(rank)
+                self.phase_spans[phase][rank] = [first, last] if mine is None else [min(mine[0], first),
+                                                                                   max(mine[1], last)]
+
+    def phase_figures(self) -> dict:
+        """Per phase (save: the writes, load: the reads), per rank: bytes (the plan's, which each run moves
+        exactly) and the time from its first such operation's start to its last one's end; the phase's time
+        (first start to last end over all ranks), its throughput, and the slowest rank with its time."""
+        t = self.plan.ops
+        figures = {}
+        for phase, kind in (("save", WRITE), ("load", READ)):
+            spans = self.phase_spans.get(phase)
+            if not spans:
+                continue
+            ranks = {}
+            for worker in self.plan.workers:
+                if worker.rank not in spans:
+                    continue
+                rows = slice(worker.start, worker.stop)
+                moved = int(np.maximum(t.size[rows][t.kind[rows] == kind], 0).sum())
+                entry = ranks.setdefault(str(worker.rank), {"bytes": 0, "elapsed_s": 0.0})
+                entry["bytes"] += moved
+                first, last = spans[worker.rank]
+                entry["elapsed_s"] = (last - first) / 1e9
+                entry["finished_s"] = (last - self.start_ns) / 1e9
+            first = min(span[0] for span in spans.values())
+            last = max(span[1] for span in spans.values())
+            elapsed = (last - first) / 1e9
+            total = sum(entry["bytes"] for entry in ranks.values())
+            slowest = max(ranks, key=lambda r: ranks[r]["elapsed_s"])
+            figures[phase] = {"bytes": total, "elapsed_s": elapsed,
+                              "throughput_bytes_per_s": total / elapsed if elapsed > 0 else None,
+                              "slowest_rank": slowest, "slowest_rank_s": ranks[slowest]["elapsed_s"], "ranks": ranks}
+        return figures
+
+    def add_timing(self, rank: int, errors: list[int], started: list[int]) -> None:
+        with self.lock:
+            self.timing_errors.setdefault(rank, []).append(np.asarray(errors, np.int64))
+            self.timing_started.setdefault(rank, []).append(np.asarray(started, np.int64))
+
+    def timing_figures(self) -> dict | None:
+        """``--timing original``'s accuracy: per-operation start error (actual minus recorded start, each rank's
+        first operation at the paced clock's start, once every worker is set up) as median and p99 of its
+        absolute value, as a share of the job's recorded I/O window (the longest rank's, first to last
+        operation start) and in ns per rank; per rank, the replayed window against the recorded one (None
+        under 1 ms). None when nothing was paced."""
+        if not self.timing_errors:
+            return None
+        ranks, errors_all = {}, []
+        window_ns = max(self.rank_last_ts[r] - self.rank_first_ts[r] for r in self.timing_errors)
+        for rank, parts in sorted(self.timing_errors.items()):
+            errors = np.abs(np.concatenate(parts))
+            errors_all.append(errors)
+            started = np.concatenate(self.timing_started[rank])
+            recorded_ns = self.rank_last_ts[rank] - self.rank_first_ts[rank]
+            replayed_ns = int(started.max() - started.min()) if len(started) else 0
+            judged = recorded_ns >= 1_000_000  # a window under 1 ms (a launcher's few calls) has no error share
+            ranks[str(rank)] = {"ops": int(len(errors)), "recorded_window_s": recorded_ns / 1e9,
+                                "replayed_window_s": replayed_ns / 1e9,
+                                "window_error": (replayed_ns - recorded_ns) / recorded_ns if judged else None,
+                                "start_error_p50_ns": int(np.percentile(errors, 50)),
+                                "start_error_p99_ns": int(np.percentile(errors, 99))}
+        share = np.concatenate(errors_all) / window_ns if window_ns > 0 else np.zeros(0)
+        return {"start_error_share_p50": float(np.percentile(share, 50)) if len(share) else None,
+                "start_error_share_p99": float(np.percentile(share, 99)) if len(share) else None,
+                "ranks": ranks}
 
     def mark_direct(self, fd: int) -> None:
         """Note whether ``fd`` is open with O_DIRECT now (its status flags, fcntl(2) F_GETFL): after an open,
@@ -889,6 +1014,8 @@ class _RunState:
             if first:
                 self.error = error
         self.stopped.set()
+        if self.pace_barrier is not None:
+            self.pace_barrier.abort()  # workers waiting to start a paced run stop
         for event in self.events.values():
             event.set()
         if first and tell_others and self.signals is not None:
