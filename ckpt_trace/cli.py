@@ -170,6 +170,11 @@ def record(
                   highlight=False)
     if result.lost_events:
         err.print(f"[yellow]ckpt-trace: warning: {result.lost_events} events were lost; the trace is incomplete[/]")
+    if result.mapped_uncovered_bytes:
+        from ckpt_trace.analysis.summary import mapped_uncovered_line
+
+        err.print(f"[yellow]ckpt-trace: warning: {escape(mapped_uncovered_line(result.mapped_uncovered_bytes))}[/]",
+                  highlight=False, soft_wrap=True)
     for capture, entry in result.unseen.items():
         what = {"io_uring_requests": f"{entry['count']:,} io_uring requests",
                 "mapped_pages": f"the pages touched through {entry['count']:,} file mappings"}.get(capture, capture)
