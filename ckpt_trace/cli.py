@@ -214,6 +214,7 @@ def replay(
     timing: Literal["asap", "original"] = typer.Option("asap", help="asap: as fast as possible; original: keep the recorded gaps."),
     fio: bool = typer.Option(False, "--fio", help="Also measure fio's sequential O_DIRECT write limit in TARGET, for reference."),
     gpu_copies: Literal["recorded", "pinned", "skip"] = typer.Option("recorded", "--gpu-copies", help="Host<->device copy rows: as recorded, with pinned host staging, or skipped (always, without a GPU)."),
+    strict: bool = typer.Option(False, "--strict", help="Fail if a strategy's named path (io_uring, O_DIRECT) carried under 90 % of the bytes."),
     cache: Literal["recorded", "cold", "warm"] = typer.Option("recorded", "--cache", help="Page cache of the files the trace finds when each run starts: recorded (cold where the trace does not say), cold, warm."),
     wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
     placement: Literal["host", "spread"] = typer.Option("host", "--placement", help="Under torchrun: host keeps each recorded host's ranks on one node (a merged trace); spread cuts the ranks into blocks over all processes."),
@@ -271,7 +272,7 @@ def replay(
                                 force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
                                 drop_caches=drop_caches, durable=durable, verify=verify, pack_files=pack_files,
                                 progress=progress, protect=(output,) if output is not None else (), fio=fio,
-                                gpu_copies=gpu_copies, cache=cache)
+                                gpu_copies=gpu_copies, cache=cache, strict=strict)
     data = report.to_json()
     if output is not None:
         _write_json(output, data)

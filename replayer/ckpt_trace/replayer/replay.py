@@ -272,6 +272,7 @@ def replay(
     fio: bool = False,
     gpu_copies: str = "recorded",
     cache: str = "recorded",
+    strict: bool = False,
 ) -> ReplayReport:
     """Replay the trace at ``trace_path`` into ``target`` with ``strategy`` (or every strategy: ``all``).
 
@@ -311,6 +312,11 @@ def replay(
     neither strace nor the bcc backend records it) replays cold, with a note.
     Pre-creation and this preparation are setup, never inside the clock; so
     is ``durable``'s sync of files the run did not write.
+
+    ``strict`` makes a replay that did not run as named an error: a
+    strategy whose named data path carried under
+    ``config.REPLAY_NAMED_PATH_MIN_SHARE`` of the bytes (after its runs;
+    the replay's files are removed).
 
     ``gpu_copies`` says what the trace's host<->device copy rows become:
     ``recorded`` (each copy re-executed with its recorded size, direction
@@ -368,10 +374,17 @@ def replay(
             raise ReplayError(f"{err}; the replay's files under {target} were removed") from None
         raise
     _add_speedups(results)
+    off_path = [r for r in results if r.off_named_path]
+    if strict and off_path:
+        _release(claims, target, made_target)
+        first = off_path[0]
+        raise ReplayError(f"--strict: {first.strategy}'s named path ({first.named_path}) carried "
+                          f"{first.path_shares()['named_path_bytes_share']:.0%} of the bytes, under "
+                          f"{config.REPLAY_NAMED_PATH_MIN_SHARE:.0%}; the replay's files under {target} were removed")
     options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": pack_files, "repeat": repeat,
                "rounds": len(results[0].runs_elapsed_s), "rounds_rule": runs.describe(),
                "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
-               "gpu_copies": gpu_copies, "cache": cache, "cache_state": cache_state}
+               "gpu_copies": gpu_copies, "cache": cache, "cache_state": cache_state, "strict": strict}
     if cache_note:
         for result in results:
             result.notes.append(cache_note)
