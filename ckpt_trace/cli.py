@@ -55,6 +55,15 @@ def _write_json(path: Path | None, data: dict) -> None:
     write_bytes_atomic(path, text.encode())
 
 
+def _finite_number(value: float, flag: str, given: Any, positive: bool = False) -> None:
+    """Refuse NaN, infinities and negative values (zero too when ``positive``) of a numeric option."""
+    import math
+
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        need = "a positive number" if positive else "a finite number, 0 or more"
+        raise CkptTraceError(f"{flag} takes {need}, not {given!r}")
+
+
 def _show(data: dict, as_json: bool, render) -> None:
     """Print ``data`` as JSON on stdout, or render it for a person."""
     if as_json:
@@ -368,6 +377,7 @@ def report(
             limit = float(fio_limit) * 1e6
         except ValueError:
             raise CkptTraceError(f"--fio-limit takes MB/s, not {fio_limit!r}") from None
+        _finite_number(limit, "--fio-limit", fio_limit, positive=True)
     with _steps("report") as progress:
         data = write_report(trace, output, results_paths=results or [], fio_limit_bytes_per_s=limit,
                             rank=chosen_rank, overwrite=force, progress=progress)
@@ -414,6 +424,7 @@ def baseline(
     from .units import parse_size
 
     check_output_file(output, force, inputs=traces)
+    _finite_number(min_seconds, "--min-seconds", min_seconds)
     buffer_bytes = parse_size(buffer_size, what="--buffer-size")
     with _progress() as progress:
         data = make_baseline(traces, target=target, strategies=strategy, repeat=repeat, min_seconds=min_seconds,
@@ -452,6 +463,8 @@ def check(
     from .report.render import render_check
 
     _wide(wide)
+    if min_seconds is not None:
+        _finite_number(min_seconds, "--min-seconds", min_seconds)
     allowed = parse_tolerance(tolerance)
     if junit is not None:
         check_output_file(junit, force, inputs=(*traces, baseline_file))

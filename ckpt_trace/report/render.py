@@ -213,6 +213,8 @@ def render_results(console: Console, results: list[dict[str, Any]], fio_bytes_pe
     table, left_out = _fitted(console, "Replay results", columns, rows, wide)
     console.print(table)
     _left_out(console, left_out)
+    for line in phase_lines(results):
+        console.print(line, highlight=False, soft_wrap=True)
     for line in timing_lines(results):
         console.print(line, highlight=False, soft_wrap=True)
     for line in verdict_lines(results):
@@ -232,6 +234,21 @@ def _speedup_cell(result: dict[str, Any], speedup: float | None) -> str:
         return "-"
     noise = (result.get("speedup") or {}).get("verdict") == "within noise"
     return f"{speedup:.2f}x" + ("~" if noise else "")
+
+
+def phase_lines(results: list[dict[str, Any]]) -> list[str]:
+    """Per strategy, each phase (save: the writes, load: the reads) apart, with its slowest rank's time; only
+    where a result has two phases or several ranks (otherwise the table says it all)."""
+    if not any(len(r.get("phases") or {}) > 1 or any(len(p["ranks"]) > 1 for p in (r.get("phases") or {}).values())
+               for r in results):
+        return []
+    lines = []
+    for r in results:
+        parts = [f"{phase} {human_bytes(p['bytes'])} in {p['elapsed_s']:.3f} s, slowest rank {p['slowest_rank']} "
+                 f"{p['slowest_rank_s']:.3f} s" for phase, p in (r.get("phases") or {}).items()]
+        if parts:
+            lines.append(f"{r['strategy']}: " + "; ".join(parts))
+    return lines
 
 
 def timing_lines(results: list[dict[str, Any]]) -> list[str]:
@@ -328,6 +345,8 @@ def render_diff(console: Console, data: dict[str, Any]) -> None:
             shown = ", ".join(files[:8]) + (f" and {len(files) - 8} more" if len(files) > 8 else "")
             console.print(f"files only in {side.upper()}: {shown}", highlight=False)
     console.print(written_verdict(data["data_written"]), highlight=False)
+    if "data_read" in data:
+        console.print(written_verdict(data["data_read"], "read"), highlight=False)
 
 
 def render_check(console: Console, rows: list[dict[str, Any]], tolerance: float, wide: bool = False) -> None:

@@ -235,14 +235,14 @@ def size_mismatches(root: TargetRoot, plan: ReplayPlan) -> tuple[SizeMismatch, .
     found = []
     for rel, expected in sorted(plan.checks.expected_sizes.items()):
         try:
-            actual = os.stat(os.path.join(root.root, rel)).st_size
+            actual = root.lstat(rel).st_size
         except OSError:
             actual = None
         if actual != expected:
             found.append(SizeMismatch(plan.strategy, rel, expected, actual))
     for rel, entry in sorted(plan.pack_index.items()):
         try:
-            room = os.stat(os.path.join(root.root, entry["pack"])).st_size - entry["offset"]
+            room = root.lstat(entry["pack"]).st_size - entry["offset"]
         except OSError:
             room = None
         if room is None or room < entry["size_bytes"]:
@@ -345,7 +345,8 @@ def replay(
     check_queue_depth(queue_depth, [plan.strategy for plan in plans])
     made_target = not target.exists()
     prepare_target(target, force)
-    claims = [Claim(target / plan.strategy if strategy == "all" else target, plan) for plan in plans]
+    claims = [Claim(target / plan.strategy if strategy == "all" else target, plan, fresh=strategy == "all")
+              for plan in plans]
     try:
         for claim in claims:
             claim.refuse_conflicts((trace.path, *protect))
@@ -441,8 +442,8 @@ def _run_plans(plans, claims, queue_depth, count: Rounds, timing, progress, dura
         for index in [*range(first, len(plans)), *range(first)]:
             plan, claim = plans[index], claims[index]
             if runs[index]:
-                claim.release()
-            root = roots[index] = prepare_target(claim.directory, force=True)
+                claim.release(keep_directory=True)
+            root = roots[index] = claim.root()
             executor = make_executor(plan.strategy, root, queue_depth)
             executor.gpu_copies = gpu_copies
             executor.prepare(plan)
@@ -492,7 +493,7 @@ def prepare_cache(root: TargetRoot, plan: ReplayPlan, state: str) -> None:
     chunk = bytearray(4 << 20)
     for rel, size in plan.precreate_files:
         try:
-            fd = os.open(root.resolve(rel), os.O_RDONLY | os.O_NOFOLLOW)
+            fd = root.open(rel, os.O_RDONLY)
         except FileNotFoundError:  # a distributed share's file another process creates
             continue
         except OSError as err:
