@@ -345,6 +345,8 @@ def render_diff(console: Console, data: dict[str, Any]) -> None:
             shown = ", ".join(files[:8]) + (f" and {len(files) - 8} more" if len(files) > 8 else "")
             console.print(f"files only in {side.upper()}: {shown}", highlight=False)
     console.print(written_verdict(data["data_written"]), highlight=False)
+    if "data_read" in data:
+        console.print(written_verdict(data["data_read"], "read"), highlight=False)
 
 
 def render_check(console: Console, rows: list[dict[str, Any]], tolerance: float, wide: bool = False) -> None:

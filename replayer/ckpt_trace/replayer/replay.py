@@ -274,6 +274,7 @@ def replay(
     fio: bool = False,
     gpu_copies: str = "recorded",
     cache: str = "recorded",
+    strict: bool = False,
 ) -> ReplayReport:
     """Replay the trace at ``trace_path`` into ``target`` with ``strategy`` (or every strategy: ``all``).
 
@@ -313,6 +314,11 @@ def replay(
     neither strace nor the bcc backend records it) replays cold, with a note.
     Pre-creation and this preparation are setup, never inside the clock; so
     is ``durable``'s sync of files the run did not write.
+
+    ``strict`` makes a replay that did not run as named an error: a
+    strategy whose named data path carried under
+    ``config.REPLAY_NAMED_PATH_MIN_SHARE`` of the bytes (after its runs;
+    the replay's files are removed).
 
     ``gpu_copies`` says what the trace's host<->device copy rows become:
     ``recorded`` (each copy re-executed with its recorded size, direction
@@ -372,10 +378,18 @@ def replay(
                 raise ReplayError(f"{err}; the replay's files under {target} were removed") from None
             raise
         _add_speedups(results)
+        off_path = [r for r in results if r.off_named_path]
+        if strict and off_path:
+            _release(claims, target, made_target, lock)
+            first = off_path[0]
+            raise ReplayError(f"--strict: {first.strategy}'s named path ({first.named_path}) carried "
+                              f"{first.path_shares()['named_path_bytes_share']:.0%} of the bytes, under "
+                              f"{config.REPLAY_NAMED_PATH_MIN_SHARE:.0%}; the replay's files under {target} were "
+                              "removed")
         options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": pack_files, "repeat": repeat,
                    "rounds": len(results[0].runs_elapsed_s), "rounds_rule": runs.describe(),
                    "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
-                   "gpu_copies": gpu_copies, "cache": cache, "cache_state": cache_state}
+                   "gpu_copies": gpu_copies, "cache": cache, "cache_state": cache_state, "strict": strict}
         if cache_note:
             for result in results:
                 result.notes.append(cache_note)
@@ -584,9 +598,12 @@ def check_same_coverage(plans: list[ReplayPlan]) -> None:
 
 
 def check_file_bytes(plan: ReplayPlan, result: ReplayResult) -> None:
-    """After a run: every file got exactly the bytes its plan writes and reads (``result.file_bytes``); a short
-    read or write, or an operation that reached another file, would make the strategies incomparable. Raises
-    ReplayError naming the first file that differs."""
+    """After a run: every file got exactly the bytes its plan writes, and no more than the bytes its plan's
+    reads ask for (``result.file_bytes``): a read asks for what the recorded read asked for, and one that
+    met the end of the file then (``read(2)`` returning less, or 0) meets it again in the replay, since the
+    file is laid out as the trace saw it. A short write, a read past what was asked, or an operation that
+    reached another file would make the strategies incomparable. Raises ReplayError naming the first file
+    that differs."""
     if plan.pack_index:
         return
     expected = planned_file_bytes(plan)
@@ -595,7 +612,7 @@ def check_file_bytes(plan: ReplayPlan, result: ReplayResult) -> None:
         return
     for name in sorted(set(expected) | set(moved)):
         want, got = expected.get(name, (0, 0)), moved.get(name, (0, 0))
-        if want != got:
+        if want[0] != got[0] or got[1] > want[1]:
             raise ReplayError(f"{plan.strategy} wrote {got[0]:,} B and read {got[1]:,} B of {name}, its plan "
                               f"{want[0]:,} B and {want[1]:,} B (the rows it replays): the run moved other bytes "
                               "than the trace, so its figures cannot be compared")
