@@ -295,7 +295,8 @@ def replay(
     fsyncs every file left behind inside the timed region, so strategies that
     stop at the page cache and those that reach the device compare fairly.
     ``verify`` reads every written file back after each strategy's run and
-    raises ReplayError on the first content mismatch. ``pack_files`` packs
+    raises ReplayError on the first content mismatch, short read or size
+    difference from the recording. ``pack_files`` packs
     small files for the aggregated strategy.
     With ``all``, each strategy replays into ``target/<strategy>/`` and each
     result carries ``speedup_vs_posix``.
@@ -667,7 +668,18 @@ def _verify(root: TargetRoot, plan: ReplayPlan) -> int:
         first = found[0]
         raise ReplayError(f"verification failed for {plan.strategy}: {len(found)} file(s) differ from the pattern, "
                           f"first {first.path} at byte {first.offset}")
+    sizes = size_mismatches(root, plan)  # an extended or truncated file is wrong even where its ranges hold
+    if sizes:
+        first = sizes[0]
+        raise ReplayError(f"verification failed for {plan.strategy}: {len(sizes)} file(s) differ in size from the "
+                          f"recording, first {first.path}: {size_words(first.actual_bytes)}, recorded "
+                          f"{first.expected_bytes:,} B")
     return len(plan.checks.verify_ranges)
+
+
+def size_words(size_bytes: int | None) -> str:
+    """A replayed file's size for a message: ``1,024 B``, or ``missing`` (never "None bytes")."""
+    return "missing" if size_bytes is None else f"{size_bytes:,} B"
 
 
 def drop_page_cache() -> None:
