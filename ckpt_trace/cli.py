@@ -191,7 +191,7 @@ def replay(
     queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
     buffer_size: str = typer.Option("4MiB", "--buffer-size", help="aggregated: aligned buffer size, 1-64 MiB (e.g. 4MiB)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each plan's operation counts, sizes and alignment; do no I/O."),
-    repeat: Optional[int] = typer.Option(None, "--repeat", help="Rounds (each strategy once a round, interleaved); default: 3-10 rounds, until the strategies are told apart or 60 s of runs."),
+    repeat: Optional[int] = typer.Option(None, "--repeat", help="Rounds (each strategy once a round, interleaved); default: 3-20 rounds, until the strategies are told apart or 60 s of runs."),
     drop_caches: bool = typer.Option(False, "--drop-caches", help="Drop the page cache before each run (root)."),
     durable: bool = typer.Option(False, "--durable", help="fsync every written file before the clock stops."),
     verify: bool = typer.Option(False, "--verify", help="Read the files back and check their content pattern."),
@@ -549,6 +549,41 @@ def workload(
 
 
 @app.command()
+def synth(
+    engine: Literal["dcp"] = typer.Option("dcp", "--engine", help="The checkpoint engine whose save is synthesised: dcp (FileSystemWriter)."),
+    model: str = typer.Option(..., "--model", help="llama3-8b, llama3-70b, llama3-405b, or a GPT-2 shape of `workload` (gpt2-tiny ... gpt2-xl)."),
+    ranks: int = typer.Option(..., "--ranks", help="Ranks of the simulated job."),
+    optimizer: Literal["none", "adam"] = typer.Option("none", "--optimizer", help="adam: add fp32 exp_avg, exp_avg_sq and step per parameter."),
+    ckpt_path: Path = typer.Option(Path("/checkpoint"), "--path", help="The checkpoint directory the trace's files are in (replay maps it under --target)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (.arrow)."),
+    force: bool = typer.Option(False, help="Overwrite an existing trace file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures and the arithmetic as JSON."),
+) -> None:
+    """The trace of a DCP save of a model too large to run here, from DCP's own planner and writer."""
+    from ckpt_trace.iolayer.outputs import check_output_file
+    from ckpt_trace.workloads.synth import buffer_bytes_at, synthesize_dcp, write_synthesis
+
+    if engine != "dcp":
+        raise CkptTraceError(f"synth knows the dcp engine only, not {engine!r}")
+    check_output_file(output, force)
+    result = synthesize_dcp(model, ranks, optimizer, out=str(ckpt_path.absolute()),
+                            buffer_bytes=buffer_bytes_at(ckpt_path))
+    rows = write_synthesis(result, output, command=["ckpt-trace", "synth", "--model", model, "--ranks", str(ranks),
+                                                    "--optimizer", optimizer], overwrite=force)
+    figures = {**result.figures, "trace": str(output), "rows": rows}
+    if as_json:
+        _write_json(None, figures)
+        return
+    a = figures["arithmetic"]
+    err.print(f"ckpt-trace: synthesised {model} saved by {ranks} ranks: {len(figures['files'])} files, "
+              f"{figures['data_bytes']:,} data bytes in {rows:,} rows to {output} ({figures['elapsed_s']:.1f} s)",
+              highlight=False)
+    err.print(f"ckpt-trace: arithmetic: {a['formula']} = {a['expected_bytes']:,} B; tensors {figures['tensor_bytes']:,} B"
+              f" + torch.save framing {figures['serialisation_overhead_bytes']:,} B "
+              f"({figures['difference_from_arithmetic']:+.4%} vs the arithmetic)", highlight=False)
+
+
+@app.command()
 def bench(
     target: Path = typer.Option(..., "--target", help="Directory on the storage to measure; only a scratch directory made there is written, then removed."),
     quick: bool = typer.Option(False, "--quick", help="The small matrix: 4 sizes, queue depths 1/8/32, 256 MiB per point (about a minute)."),
@@ -648,6 +683,28 @@ def annotate(
                   f"({formats}), {len(data['unknown'])} unknown, in {data['elapsed_s']:.2f} s", highlight=False)
         for path, why in data["errors"].items():
             err.print(f"[yellow]ckpt-trace: warning: {escape(why)}[/]", highlight=False)
+
+
+@app.command()
+def upgrade(
+    trace: Path = typer.Argument(..., help="Trace file of an older format version (1 to 4)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write, in the current version."),
+    force: bool = typer.Option(False, help="Overwrite an existing output (never the input)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    """Rewrite TRACE in the current trace format version (every column plain), metadata kept and the original's
+    version and sha256 added (``upgraded_from``); TRACE itself is never changed."""
+    from ckpt_trace.formats.convert import upgrade_trace
+
+    with _steps("upgrade") as progress:
+        result = upgrade_trace(trace, output, overwrite=force,
+                               on_batch=None if progress is None else lambda done, count: progress("rows", done, count))
+    if as_json:
+        _write_json(None, result)
+    else:
+        err.print(f"ckpt-trace: wrote {result['rows']:,} rows of {trace} (version {result['from_version']}) to "
+                  f"{output} as version {result['to_version']} ({result['input_bytes']:,} -> "
+                  f"{result['output_bytes']:,} bytes)", highlight=False)
 
 
 @app.command(name="filter")

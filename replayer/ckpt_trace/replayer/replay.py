@@ -280,7 +280,7 @@ def replay(
     across strategies (``replayer.verdicts``; what a strategy's previous run
     created is removed before its next, nothing else) and reports the run of
     median elapsed time with every run's time and each speed-up's interval
-    from the paired rounds; ``repeat=None`` (the CLI's default) runs 3-10
+    from the paired rounds; ``repeat=None`` (the CLI's default) runs 3-20
     rounds until the strategies are told apart or the time budget is spent
     (``verdicts.Rounds``). With ``strategy="all"``, a trace whose reads and
     writes move fewer than ``config.REPLAY_MIN_JUDGE_BYTES`` (and any trace
