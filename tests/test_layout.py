@@ -179,16 +179,17 @@ def test_unrecognised_files_are_unknown_and_listed(tmp_path):
     assert {r["kind"] for r in rows} == {"unknown"} and sum(r["length"] for r in rows) == 1000 + 64 + 2
 
 
-def test_the_layout_rides_in_the_trace_and_every_reader_gets_it(tmp_path):
+@pytest.mark.parametrize("golden", [GOLDEN, GOLDEN.with_name("v5-dcp-gpt2-tiny-2ranks-bcc.arrow")], ids=["v4", "v5"])
+def test_the_layout_rides_in_the_trace_and_every_reader_gets_it(tmp_path, golden):
     (tmp_path / "a.bin").write_bytes(b"x" * 10)
     layout = build_layout([str(tmp_path / "a.bin")])
     out = tmp_path / "annotated.arrow"
-    add_layout(GOLDEN, layout.table, layout.info(), out)
-    before, after = read_trace(GOLDEN), read_trace(out)
+    add_layout(golden, layout.table, layout.info(), out)
+    before, after = read_trace(golden), read_trace(out)
     assert after.table.equals(before.table) and dict(after.metadata) == dict(before.metadata)
     table, info = read_layout(out)
     assert table.equals(layout.table) and info["unknown"] == [str(tmp_path / "a.bin")]
-    assert read_layout(GOLDEN) is None
+    assert read_layout(golden) is None
     # The documented one-liners (formats/README.md).
     schema = ipc.open_file(str(out)).schema
     plain = pa.ipc.open_stream(base64.b64decode(schema.metadata[b"ckpt_trace_layout"])).read_all()
@@ -201,12 +202,12 @@ def test_the_layout_rides_in_the_trace_and_every_reader_gets_it(tmp_path):
     assert duckdb.sql("select sum(length) from plain").fetchall() == [(10,)]
     # In place: the trace itself is replaced atomically, nothing else left in its directory.
     copy = tmp_path / "copy.arrow"
-    shutil.copy(GOLDEN, copy)
+    shutil.copy(golden, copy)
     add_layout(copy, layout.table, layout.info())
     assert read_layout(copy)[0].num_rows == 1 and read_trace(copy).table.equals(before.table)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "annotated.arrow", "copy.arrow"]
     with pytest.raises(Exception, match="already exists"):
-        add_layout(GOLDEN, layout.table, layout.info(), out)
+        add_layout(golden, layout.table, layout.info(), out)
 
 
 def test_classify_names_kinds_by_key_path():
