@@ -118,9 +118,10 @@ def choose(threads_per_rank: int, results: dict | None, cpu_count: int | None = 
                    "load_direct_io": _LOAD_DEFAULT}
         return Choice(WriterOptions(writer_threads=threads).validate(), reasons, None)
     entries = results["results"]
-    fastest = _winner(results)
-    if fastest["strategy"].removesuffix("+pack-files") not in _DIRECT:
-        raise CheckpointError(f"the fastest result's strategy {fastest['strategy']!r} is not one ckpt-trace replays "
+    unknown = next((r["strategy"] for r in entries if r["strategy"].removesuffix("+pack-files") not in _DIRECT),
+                   None)
+    if unknown is not None:
+        raise CheckpointError(f"the results hold strategy {unknown[:60]!r}, not one ckpt-trace replays "
                               f"({', '.join(_DIRECT)}, optionally +pack-files); emit tunes only from those")
     reference = next((r for r in entries if r["strategy"] == "posix"), entries[0])
     load = reference.get("bytes_read", 0) > reference.get("bytes_written", 0)  # a replayed load

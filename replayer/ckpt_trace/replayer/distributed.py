@@ -73,7 +73,6 @@ from ckpt_trace.version import __version__
 
 from .optable import WRITE
 from .ownership import Claim
-from .paths import TargetRoot
 from .plan import GLOBAL_ROW, PLAN_COLUMNS, ReplayPlan, build_posix_plan
 from .posix import Progress
 from .replay import (
@@ -496,7 +495,8 @@ def replay_distributed(
         plan = _finish_share(mine, base, infos, leaders, world.rank, exported, sizes)
         plans = [derive_plan(plan, name, buffer_bytes=buffer_bytes, block_bytes=host.block_bytes(target))
                  for name in names]
-        claims = [Claim(target / p.strategy if strategy == "all" else target, p) for p in plans]
+        claims = [Claim(target / p.strategy if strategy == "all" else target, p, fresh=strategy == "all", adopt=True)
+                  for p in plans]
         try:
             for claim in claims:
                 claim.refuse_conflicts((trace.path, *protect))
@@ -513,7 +513,7 @@ def replay_distributed(
             job, mine_runs = _run_strategy(group, p, claim, exported, mine.remote, runs, queue_depth, timing,
                                            progress, durable, drop_caches, gpu_copies)
             if verify:
-                found = verify_content(TargetRoot(claim.directory), p)
+                found = verify_content(claim.root(), p)
                 group.agree(ReplayError(f"verification failed for {p.strategy}: {len(found)} file(s) differ from "
                                         f"the pattern, first {found[0].path} at byte {found[0].offset}")
                             if found else None)
@@ -586,9 +586,9 @@ def _run_strategy(group: _Group, plan: ReplayPlan, claim: Claim, exported: froze
         mine = None
         try:
             if runs:
-                claim.release()
+                claim.release(keep_directory=True)
             group.barrier()  # every release is done before anyone precreates
-            root = prepare_target(claim.directory, force=True)
+            root = claim.root()
             executor = make_executor(plan.strategy, root, queue_depth)
             executor.gpu_copies = gpu_copies
             executor.prepare(plan)
@@ -625,5 +625,5 @@ def _size_mismatches(group: _Group, plans: list[ReplayPlan], claims: list[Claim]
     if leaders[group.world.rank] == group.world.rank:
         for plan, claim in zip(plans, claims):
             whole = dataclasses.replace(plan, checks=dataclasses.replace(plan.checks, expected_sizes=sizes))
-            found.extend(size_mismatches(TargetRoot(claim.directory), whole))
+            found.extend(size_mismatches(claim.root(), whole))
     return [m for part in group.gather(found) for m in part]

@@ -36,21 +36,22 @@ def verify_content(root: TargetRoot, plan: ReplayPlan) -> list[ContentMismatch]:
         raise ReplayError("this plan was made without the ranges --verify checks (plan with verify_ranges=True)")
     found = []
     for rel, ranges in plan.checks.verify_ranges.items():
-        mismatch = _check_file(os.path.join(root.root, rel), ranges, pattern.file_key(rel))
+        mismatch = _check_file(root, rel, ranges, pattern.file_key(rel))
         if mismatch is not None:
             found.append(ContentMismatch(rel, mismatch))
     for pack, rel, base, ranges in plan.checks.pack_verify:
-        mismatch = _check_file(os.path.join(root.root, pack), ranges, pattern.file_key(pack), base)
+        mismatch = _check_file(root, pack, ranges, pattern.file_key(pack), base)
         if mismatch is not None:
             found.append(ContentMismatch(f"{rel} (in {pack})", mismatch))
     return found
 
 
-def _check_file(path: str, ranges: tuple[tuple[int, int], ...], key: int, base: int = 0) -> int | None:
+def _check_file(root: TargetRoot, path: str, ranges: tuple[tuple[int, int], ...], key: int,
+                base: int = 0) -> int | None:
     """First offset (in the original file's coordinates) where ``path`` differs from the pattern of ``key``;
     ``base``: where the original file starts in ``path`` (the pattern is ``path``'s, at its own offsets)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = root.open(path, os.O_RDONLY)
     except OSError:
         return 0
     try:
