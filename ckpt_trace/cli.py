@@ -282,8 +282,9 @@ def replay(
         for note in result.notes:
             err.print(f"[yellow]ckpt-trace: note: {result.strategy}: {escape(note)}[/]", highlight=False)
     for mismatch in report.size_mismatches[:5]:
-        err.print(f"[yellow]ckpt-trace: warning: {mismatch.strategy}: {escape(mismatch.path)} is {mismatch.actual_bytes} bytes, "
-                  f"recorded {mismatch.expected_bytes}[/]", highlight=False)
+        actual = "missing" if mismatch.actual_bytes is None else f"{mismatch.actual_bytes:,} B"
+        err.print(f"[yellow]ckpt-trace: warning: {mismatch.strategy}: {escape(mismatch.path)} is {actual}, "
+                  f"recorded {mismatch.expected_bytes:,} B[/]", highlight=False)
 
 
 @app.command()
