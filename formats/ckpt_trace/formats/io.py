@@ -322,7 +322,39 @@ def _decode_metadata(path: Path, schema: pa.Schema) -> dict:
     if version not in SUPPORTED_VERSIONS:
         supported = ", ".join(str(v) for v in SUPPORTED_VERSIONS)
         raise TraceFormatError(f"{path}: trace format version {version!r} is not supported (supported: {supported})")
+    _check_metadata_types(path, meta)
     return meta
+
+
+# The type of each metadata key readers use (``None`` allowed where listed); counts are never negative.
+_METADATA_TYPES: dict[str, tuple[type, ...]] = {
+    "creator": (str,), "creator_version": (str,), "host": (str,), "kernel": (str,), "arch": (str,),
+    "backend": (str,), "backend_reason": (str,), "command": (list, type(None)), "start_wall_time_ns": (int,),
+    "filesystems": (dict,), "lost_events": (int,), "elapsed_ns": (int,), "command_elapsed_ns": (int,),
+    "path_filters": (list,), "spilled_runs": (int,), "truncated_paths": (int,), "untracked_fd_ops": (int,),
+    "unreaped_requests": (int,), "late_events": (int,), "exit_code": (int,), "exit_signal": (int, type(None)),
+    "gpu": (dict,), "unseen": (dict,), "unattributed": (dict,), "provenance": (list,),
+    "interrupted": (str, type(None)),
+}
+_METADATA_COUNTS = ("lost_events", "elapsed_ns", "spilled_runs", "truncated_paths", "untracked_fd_ops",
+                    "unreaped_requests", "late_events")
+_TYPE_WORDS = {str: "a string", int: "an integer", list: "a list", dict: "an object", type(None): "null"}
+
+
+def _check_metadata_types(path: Path, meta: dict) -> None:
+    """Raise TraceFormatError naming the key when a metadata value has the wrong type (``_METADATA_TYPES``),
+    so a reader never fails later inside its arithmetic."""
+    for key, kinds in _METADATA_TYPES.items():
+        if key not in meta:
+            continue
+        value = meta[key]
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            words = " or ".join(_TYPE_WORDS[kind] for kind in kinds)
+            raise TraceFormatError(f"{path}: metadata key {key!r} is {json.dumps(value)[:40]}, not {words}")
+        if key in _METADATA_COUNTS and value < 0:
+            raise TraceFormatError(f"{path}: metadata key {key!r} is {value}, a negative count")
+    if isinstance(meta.get("command"), list) and not all(isinstance(word, str) for word in meta["command"]):
+        raise TraceFormatError(f"{path}: metadata key 'command' is not a list of strings")
 
 
 def _check_columns(path: Path, schema: pa.Schema, version: int) -> None:
