@@ -214,6 +214,7 @@ def replay(
     timing: Literal["asap", "original"] = typer.Option("asap", help="asap: as fast as possible; original: keep the recorded gaps."),
     fio: bool = typer.Option(False, "--fio", help="Also measure fio's sequential O_DIRECT write limit in TARGET, for reference."),
     gpu_copies: Literal["recorded", "pinned", "skip"] = typer.Option("recorded", "--gpu-copies", help="Host<->device copy rows: as recorded, with pinned host staging, or skipped (always, without a GPU)."),
+    strict: bool = typer.Option(False, "--strict", help="Fail if a strategy's named path (io_uring, O_DIRECT) carried under 90 % of the bytes."),
     cache: Literal["recorded", "cold", "warm"] = typer.Option("recorded", "--cache", help="Page cache of the files the trace finds when each run starts: recorded (cold where the trace does not say), cold, warm."),
     wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
     placement: Literal["host", "spread"] = typer.Option("host", "--placement", help="Under torchrun: host keeps each recorded host's ranks on one node (a merged trace); spread cuts the ranks into blocks over all processes."),
@@ -271,7 +272,7 @@ def replay(
                                 force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
                                 drop_caches=drop_caches, durable=durable, verify=verify, pack_files=pack_files,
                                 progress=progress, protect=(output,) if output is not None else (), fio=fio,
-                                gpu_copies=gpu_copies, cache=cache)
+                                gpu_copies=gpu_copies, cache=cache, strict=strict)
     data = report.to_json()
     if output is not None:
         _write_json(output, data)
@@ -281,8 +282,9 @@ def replay(
         for note in result.notes:
             err.print(f"[yellow]ckpt-trace: note: {result.strategy}: {escape(note)}[/]", highlight=False)
     for mismatch in report.size_mismatches[:5]:
-        err.print(f"[yellow]ckpt-trace: warning: {mismatch.strategy}: {escape(mismatch.path)} is {mismatch.actual_bytes} bytes, "
-                  f"recorded {mismatch.expected_bytes}[/]", highlight=False)
+        actual = "missing" if mismatch.actual_bytes is None else f"{mismatch.actual_bytes:,} B"
+        err.print(f"[yellow]ckpt-trace: warning: {mismatch.strategy}: {escape(mismatch.path)} is {actual}, "
+                  f"recorded {mismatch.expected_bytes:,} B[/]", highlight=False)
 
 
 @app.command()
@@ -669,7 +671,7 @@ def _layout_after_record(trace: Path, skip: bool) -> dict | None:
         return None
     if done["stored"]:
         formats = ", ".join(sorted(set(done["files"].values())))
-        err.print(f"ckpt-trace: layout: {done['objects']:,} objects of {len(done['files'])} checkpoint files "
+        err.print(f"ckpt-trace: layout: {done['objects']:,} objects in {done['covered_files']} files "
                   f"({formats}) in {done['elapsed_s']:.2f} s"
                   f"{'' if done['complete'] else f' (stopped at the {LAYOUT_TIME_LIMIT_S:g} s bound)'}", highlight=False)
     else:
@@ -697,8 +699,8 @@ def annotate(
         _write_json(None, data)
     else:
         formats = ", ".join(sorted(set(data["files"].values()))) or "none recognised"
-        err.print(f"ckpt-trace: wrote {data['trace']}: {data['objects']:,} objects of {len(data['files'])} checkpoint "
-                  f"files ({formats}), {len(data['unknown'])} unknown, in {data['elapsed_s']:.2f} s", highlight=False)
+        err.print(f"ckpt-trace: wrote {data['trace']}: {data['objects']:,} objects in {data['covered_files']} files "
+                  f"({formats}), {len(data['unknown'])} unknown, in {data['elapsed_s']:.2f} s", highlight=False)
         for path, why in data["errors"].items():
             err.print(f"[yellow]ckpt-trace: warning: {escape(why)}[/]", highlight=False)
 
