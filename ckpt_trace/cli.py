@@ -282,8 +282,9 @@ def replay(
         for note in result.notes:
             err.print(f"[yellow]ckpt-trace: note: {result.strategy}: {escape(note)}[/]", highlight=False)
     for mismatch in report.size_mismatches[:5]:
-        err.print(f"[yellow]ckpt-trace: warning: {mismatch.strategy}: {escape(mismatch.path)} is {mismatch.actual_bytes} bytes, "
-                  f"recorded {mismatch.expected_bytes}[/]", highlight=False)
+        actual = "missing" if mismatch.actual_bytes is None else f"{mismatch.actual_bytes:,} B"
+        err.print(f"[yellow]ckpt-trace: warning: {mismatch.strategy}: {escape(mismatch.path)} is {actual}, "
+                  f"recorded {mismatch.expected_bytes:,} B[/]", highlight=False)
 
 
 @app.command()
@@ -670,7 +671,7 @@ def _layout_after_record(trace: Path, skip: bool) -> dict | None:
         return None
     if done["stored"]:
         formats = ", ".join(sorted(set(done["files"].values())))
-        err.print(f"ckpt-trace: layout: {done['objects']:,} objects of {len(done['files'])} checkpoint files "
+        err.print(f"ckpt-trace: layout: {done['objects']:,} objects in {done['covered_files']} files "
                   f"({formats}) in {done['elapsed_s']:.2f} s"
                   f"{'' if done['complete'] else f' (stopped at the {LAYOUT_TIME_LIMIT_S:g} s bound)'}", highlight=False)
     else:
@@ -698,8 +699,8 @@ def annotate(
         _write_json(None, data)
     else:
         formats = ", ".join(sorted(set(data["files"].values()))) or "none recognised"
-        err.print(f"ckpt-trace: wrote {data['trace']}: {data['objects']:,} objects of {len(data['files'])} checkpoint "
-                  f"files ({formats}), {len(data['unknown'])} unknown, in {data['elapsed_s']:.2f} s", highlight=False)
+        err.print(f"ckpt-trace: wrote {data['trace']}: {data['objects']:,} objects in {data['covered_files']} files "
+                  f"({formats}), {len(data['unknown'])} unknown, in {data['elapsed_s']:.2f} s", highlight=False)
         for path, why in data["errors"].items():
             err.print(f"[yellow]ckpt-trace: warning: {escape(why)}[/]", highlight=False)
 
