@@ -42,16 +42,21 @@ def node_metadata(index: int) -> dict:
             "clock": {"name": "CLOCK_MONOTONIC", "origin_ns": clock_at_t0 + index * 1000, "anchors": anchors}}
 
 
-def make_traces(directory: Path, traces: int, rows: int, ranks: int) -> tuple[list[Path], float]:
-    """The node traces (made once, reused when already there) and the seconds making them took."""
+def _make_one(path: Path, rows: int, ranks: int, index: int) -> None:
+    tracegen.generate(path, rows, ranks, seed=index, rank_base=index * ranks, node=node_metadata(index))
+
+
+def make_traces(directory: Path, traces: int, rows: int, ranks: int, jobs: int = 1) -> tuple[list[Path], float]:
+    """The node traces (made once, reused when already there; ``jobs`` processes) and the seconds it took."""
+    from concurrent.futures import ProcessPoolExecutor
+
     directory.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    paths = []
-    for index in range(traces):
-        path = directory / f"node{index:03d}-{rows}.arrow"
-        if not path.exists():
-            tracegen.generate(path, rows, ranks, seed=index, rank_base=index * ranks, node=node_metadata(index))
-        paths.append(path)
+    paths = [directory / f"node{index:03d}-{rows}.arrow" for index in range(traces)]
+    missing = [(path, index) for index, path in enumerate(paths) if not path.exists()]
+    with ProcessPoolExecutor(max(1, jobs)) as pool:
+        for future in [pool.submit(_make_one, path, rows, ranks, index) for path, index in missing]:
+            future.result()
     return paths, time.monotonic() - started
 
 
@@ -62,8 +67,9 @@ def main() -> None:
     parser.add_argument("--ranks-per-trace", type=int, default=8)
     parser.add_argument("--dir", type=Path, required=True, help="where the traces and the merge are written")
     parser.add_argument("--json", type=Path, help="write the figures here too")
+    parser.add_argument("--jobs", type=int, default=1, help="processes generating the node traces")
     args = parser.parse_args()
-    paths, made_s = make_traces(args.dir, args.traces, args.rows, args.ranks_per_trace)
+    paths, made_s = make_traces(args.dir, args.traces, args.rows, args.ranks_per_trace, args.jobs)
     out = args.dir / f"job-{args.traces}x{args.rows}.arrow"
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "ckpt_trace.cli", "merge", *map(str, paths), "-o", str(out),
