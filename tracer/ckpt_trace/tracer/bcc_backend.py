@@ -50,6 +50,7 @@ from ckpt_trace.errors import TracerError
 from ckpt_trace.formats import vocabulary
 
 from . import btf
+from .children import set_parent_death_signal
 from . import syscalls as sc
 from .ringbuf import RingReader, sample_dtype
 from .state import AuxEvent, EffectOrderFeeder, SyscallEvent, rank_from_environ
@@ -345,6 +346,9 @@ def kernel_view() -> KernelView:
                                                     + kernel.offset("xarray", "xa_head"))
             macros["__PG_HEAD__"] = str(kernel.enum_value("PG_head"))
             macros["__FOLIOS__"] = "1"
+            macros["__OFF_TASK_MM__"] = str(kernel.offset("task_struct", "mm"))
+            macros["__OFF_MM_FILE_PAGES__"] = str(kernel.offset("mm_struct", "rss_stat")
+                                                  + kernel.offset("percpu_counter", "count"))  # [MM_FILEPAGES = 0]
             macros["__RSS__"] = str(int(all((TRACEFS / "events" / name).is_dir() for name in _RSS_EVENTS)))
         except btf.BtfMissing:
             pass
@@ -681,6 +685,7 @@ class BccTracer:
         pid = os.fork()
         if pid == 0:
             os.close(gate_w)
+            set_parent_death_signal()  # SIGKILL when the recorder dies, even by SIGKILL (children.py)
             os.read(gate_r, 1)
             try:
                 os.execvpe(cmd[0], cmd, env)
