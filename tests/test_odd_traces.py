@@ -147,3 +147,10 @@ def test_too_many_open_files_says_to_raise_ulimit(tmp_path):
 
     err = _op_error(PlanOp(seq=0, kind="open", ts_ns=0, path="ck/a"), OSError(errno.EMFILE, os.strerror(errno.EMFILE)))
     assert "Too many open files" in str(err) and "ulimit -n" in str(err)
+
+
+def test_a_path_used_as_a_file_and_a_directory_is_named_before_any_io(tmp_path):
+    rows = file_rows("/ck/a", 1 << 17) + file_rows("/ck/a/b", 1 << 17, fd=4)  # as if "a/b" were one name
+    with pytest.raises(ReplayError, match="opens ck/a as a file and names files below it.*'/' inside a recorded"):
+        replay(trace_of(tmp_path / "t.arrow", rows), target=tmp_path / "t")
+    assert not (tmp_path / "t").exists()

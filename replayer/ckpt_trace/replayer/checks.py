@@ -25,6 +25,7 @@ in include/linux/fs.h), open(2), the trace format's row order
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
@@ -32,6 +33,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ckpt_trace.errors import ReplayError
+from ckpt_trace.formats import is_any_of
+
+from .optable import KIND, NO_FLAGS
 
 MAX_RW_BYTES = 0x7FFFF000  # MAX_RW_COUNT: the most one read/write/readv/writev moves on Linux
 BY_DESIGN = frozenset({"failed", "queue_calls"})  # rows not replayed on purpose (see the module docstring)
@@ -45,7 +49,7 @@ _WHY = {
     "synced_without_mapping": "they sync a mapping never recorded",
 }
 
-__all__ = ["MAX_RW_BYTES", "checked_batches", "refuse_skips", "skip_notes"]
+__all__ = ["MAX_RW_BYTES", "checked_batches", "refuse_file_and_directory", "refuse_skips", "skip_notes"]
 
 
 def _refuse(row: int, column: str, value, why: str) -> ReplayError:
@@ -145,3 +149,23 @@ def refuse_skips(skipped_ops: Mapping[str, int]) -> None:
     if notes:
         more = f" (and {len(notes) - 1} more kind(s))" if len(notes) > 1 else ""
         raise ReplayError(f"--strict: {notes[0]}{more}; the replay would differ from the recording")
+
+
+def refuse_file_and_directory(plan) -> None:
+    """Raise ReplayError when ``plan`` opens a path as a file that it must also make, before the clock, as
+    a directory (files are named below it) and never renames or removes: the replay would fail with "Is a
+    directory" halfway. The usual cause is a ``/`` inside a recorded file name (an edited trace)."""
+    dirs = set(plan.precreate_dirs)
+    if not dirs:
+        return
+    t = plan.ops
+    opens = t.kind == KIND["open"]
+    as_file = opens & ((t.flags == NO_FLAGS) | ((t.flags & os.O_DIRECTORY) == 0))
+    moved = is_any_of(t.kind, [KIND["rename"], KIND["unlink"]])
+    renamed = {t.paths[i] for i in np.unique(np.r_[t.path[moved], t.new_path[moved]]).tolist() if i >= 0}
+    for index in np.unique(t.path[as_file]).tolist():
+        path = t.paths[index] if index >= 0 else None
+        if path in dirs and path not in renamed:
+            raise ReplayError(f"the trace opens {path} as a file and names files below it, so it must also be a "
+                              "directory: a '/' inside a recorded file name, or an edited trace? (replay refused "
+                              "before any I/O)")

@@ -31,7 +31,7 @@ from ckpt_trace.version import __version__
 from .aggregate import alignment_counts, build_aggregated_plan
 
 from .optable import READ, WRITE
-from .checks import checked_batches, refuse_skips, skip_notes
+from .checks import checked_batches, refuse_file_and_directory, refuse_skips, skip_notes
 from .lock import LOCK_NAME, TargetLock, job_id, refuse_held
 from .ownership import Claim
 from .pack import pack_plan
@@ -355,6 +355,7 @@ def replay(
     check_judgeable(plans[0], judging=strategy == "all")
     check_same_coverage(plans)
     check_queue_depth(queue_depth, [plan.strategy for plan in plans])
+    refuse_file_and_directory(plans[0])
     skips = skip_notes(plans[0].skipped_ops)  # rows the replay leaves out, said (replayer.checks)
     if strict:
         refuse_skips(plans[0].skipped_ops)
