@@ -130,7 +130,9 @@ class Root:
     def __init__(self, path: str | os.PathLike, created: set[Identity] | None = None, *, fd: int | None = None) -> None:
         """Hold the directory ``path`` open (named by the user: resolved as any path), or adopt ``fd``, a
         descriptor of it. Raises OSError."""
-        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if fd is None else fd
+        # opened as "path/": a tracer's path filter "path/" then sees this open, and the descriptor every
+        # later call is relative to, inside it (ckpt-trace's own bcc filter compares the raw string)
+        self.fd = os.open(os.path.join(path, ""), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if fd is None else fd
         self.path = os.fspath(path)
         self.created: set[Identity] = created if created is not None else set()
         self.identity = Identity.of(os.fstat(self.fd))

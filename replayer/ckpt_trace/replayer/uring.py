@@ -186,12 +186,30 @@ class UringExecutor(PosixExecutor):
                 ctx.state.add_unaligned()
         return requests, owner
 
+    def _reopen(self, direct_fd: int) -> int:
+        """The open file of ``direct_fd`` again, buffered: by its path beneath the target (what a tracer of
+        this replay sees, and records, as the file), checked to be the same inode; else through the
+        descriptor's magic link (the inode, never a path)."""
+        magic = f"/proc/self/fd/{direct_fd}"
+        base = os.path.join(os.path.realpath(self.root.path), "")
+        try:
+            current = os.readlink(magic)
+            if current.startswith(base):
+                fd = self.root.open(current[len(base):], os.O_RDWR)
+                same = os.fstat(fd)
+                mine = os.fstat(direct_fd)
+                if (same.st_dev, same.st_ino) == (mine.st_dev, mine.st_ino):
+                    return fd
+                os.close(fd)
+        except OSError:
+            pass
+        return os.open(magic, os.O_RDWR | os.O_CLOEXEC)
+
     def _buffered_fd_of(self, handle: int, state: _RunState) -> int:
         """A second, buffered descriptor of the handle's file, for requests O_DIRECT cannot take."""
         with self._lock:
             fd = self._buffered_fds.get(handle)
             if fd is None:
-                # the same open file again through its descriptor's magic link: the inode, never a path
-                fd = os.open(f"/proc/self/fd/{state.fds[handle]}", os.O_RDWR | os.O_CLOEXEC)
+                fd = self._reopen(state.fds[handle])
                 self._buffered_fds[handle] = fd
             return fd
