@@ -19,8 +19,11 @@ directory). The planner follows every entry through these operations:
   unlink(2) do not follow it either), and every directory on the way is
   checked to stay inside the target (``TargetRoot.resolve_entry``).
 
+- ``link_entry``, ``symlink_entry``: a second name of a file; a symbolic
+  link holding its recorded content, made as an entry and never followed.
+
 Sources: rename(2) (renameat2 flags, include/uapi/linux/fs.h), unlink(2),
-rmdir(2).
+rmdir(2), link(2), symlink(2).
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from ckpt_trace.formats import vocabulary as v
 
 from .paths import TargetRoot
 
-__all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "RENAME_WHITEOUT", "arrived", "move", "remove_entry",
-           "rename_entry", "take_subtree", "under"]
+__all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "RENAME_WHITEOUT", "arrived", "link_entry", "move",
+           "remove_entry", "rename_entry", "symlink_entry", "take_subtree", "under"]
 
 RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT = 1, 2, 4  # include/uapi/linux/fs.h
 _AT_FDCWD = -100
@@ -121,6 +124,19 @@ def remove_entry(root: TargetRoot, path: str, flags: int | None = None) -> None:
     else:
         os.unlink(full)
     root.forget(path)
+
+
+def link_entry(root: TargetRoot, old: str, new: str) -> None:
+    """link(2) the target's entry ``old`` to the new name ``new`` (a symbolic link at ``old`` is linked
+    itself, not followed). Raises OSError as link(2)."""
+    os.link(root.resolve_entry(old), root.resolve_entry(new), follow_symlinks=False)
+
+
+def symlink_entry(root: TargetRoot, content: str, new: str) -> None:
+    """symlink(2): the target's entry ``new`` becomes a symbolic link holding ``content`` exactly as recorded
+    (absolute or relative; the replay never resolves a path through it: ``TargetRoot`` refuses every
+    symbolic link on the way). Raises OSError as symlink(2)."""
+    os.symlink(content, root.resolve_entry(new))
 
 
 def take_subtree(last_op: MutableMapping[str, tuple], dirs: set[str], *tops: str) -> list[tuple]:

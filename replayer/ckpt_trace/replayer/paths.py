@@ -70,6 +70,8 @@ class TargetRoot:
         root = str(self.root)
         if real != root and not real.startswith(root + os.sep):
             raise ReplayError(f"path {directory} escapes the target {root} (symbolic link)")
+        if real != os.path.normpath(directory):  # a symbolic link on the way, even one inside the target
+            raise ReplayError(f"refusing to resolve {directory} through a symbolic link inside the target")
         self._safe_dirs.add(directory)
 
     def forget(self, rel: str) -> None:

@@ -191,7 +191,8 @@ class UringExecutor(PosixExecutor):
         with self._lock:
             fd = self._buffered_fds.get(handle)
             if fd is None:
-                path = os.readlink(f"/proc/self/fd/{state.fds[handle]}")
-                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+                # Through the descriptor itself (procfs), not its name: another worker may have renamed the
+                # file or its directory since (a step.tmp/ renamed to step/ while this worker still writes).
+                fd = os.open(f"/proc/self/fd/{state.fds[handle]}", os.O_RDWR)
                 self._buffered_fds[handle] = fd
             return fd
