@@ -55,6 +55,15 @@ def _write_json(path: Path | None, data: dict) -> None:
     write_bytes_atomic(path, text.encode())
 
 
+def _finite_number(value: float, flag: str, given: Any, positive: bool = False) -> None:
+    """Refuse NaN, infinities and negative values (zero too when ``positive``) of a numeric option."""
+    import math
+
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        need = "a positive number" if positive else "a finite number, 0 or more"
+        raise CkptTraceError(f"{flag} takes {need}, not {given!r}")
+
+
 def _show(data: dict, as_json: bool, render) -> None:
     """Print ``data`` as JSON on stdout, or render it for a person."""
     if as_json:
@@ -161,6 +170,11 @@ def record(
                   highlight=False)
     if result.lost_events:
         err.print(f"[yellow]ckpt-trace: warning: {result.lost_events} events were lost; the trace is incomplete[/]")
+    if result.mapped_uncovered_bytes:
+        from ckpt_trace.analysis.summary import mapped_uncovered_line
+
+        err.print(f"[yellow]ckpt-trace: warning: {escape(mapped_uncovered_line(result.mapped_uncovered_bytes))}[/]",
+                  highlight=False, soft_wrap=True)
     for capture, entry in result.unseen.items():
         what = {"io_uring_requests": f"{entry['count']:,} io_uring requests",
                 "mapped_pages": f"the pages touched through {entry['count']:,} file mappings"}.get(capture, capture)
@@ -187,11 +201,11 @@ def record(
 def replay(
     trace: Path = typer.Argument(..., help="Trace file to replay."),
     target: Path = typer.Option(..., "--target", help="Directory to replay into; nothing outside it is touched."),
-    strategy: Literal["posix", "uring-buffered", "uring-direct", "aggregated", "all"] = typer.Option("posix", help="all: each into TARGET/<strategy>/."),
+    strategy: Literal["posix", "uring-buffered", "uring-direct", "aggregated", "gds", "all"] = typer.Option("posix", help="all: each into TARGET/<strategy>/ (gds only when named: GPU + KvikIO)."),
     queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
     buffer_size: str = typer.Option("4MiB", "--buffer-size", help="aggregated: aligned buffer size, 1-64 MiB (e.g. 4MiB)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each plan's operation counts, sizes and alignment; do no I/O."),
-    repeat: Optional[int] = typer.Option(None, "--repeat", help="Rounds (each strategy once a round, interleaved); default: 3-10 rounds, until the strategies are told apart or 60 s of runs."),
+    repeat: Optional[int] = typer.Option(None, "--repeat", help="Rounds (each strategy once a round, interleaved); default: 3-20 rounds, until the strategies are told apart or 60 s of runs."),
     drop_caches: bool = typer.Option(False, "--drop-caches", help="Drop the page cache before each run (root)."),
     durable: bool = typer.Option(False, "--durable", help="fsync every written file before the clock stops."),
     verify: bool = typer.Option(False, "--verify", help="Read the files back and check their content pattern."),
@@ -200,6 +214,8 @@ def replay(
     timing: Literal["asap", "original"] = typer.Option("asap", help="asap: as fast as possible; original: keep the recorded gaps."),
     fio: bool = typer.Option(False, "--fio", help="Also measure fio's sequential O_DIRECT write limit in TARGET, for reference."),
     gpu_copies: Literal["recorded", "pinned", "skip"] = typer.Option("recorded", "--gpu-copies", help="Host<->device copy rows: as recorded, with pinned host staging, or skipped (always, without a GPU)."),
+    strict: bool = typer.Option(False, "--strict", help="Fail if a strategy's named path (io_uring, O_DIRECT) carried under 90 % of the bytes."),
+    cache: Literal["recorded", "cold", "warm"] = typer.Option("recorded", "--cache", help="Page cache of the files the trace finds when each run starts: recorded (cold where the trace does not say), cold, warm."),
     wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
     placement: Literal["host", "spread"] = typer.Option("host", "--placement", help="Under torchrun: host keeps each recorded host's ranks on one node (a merged trace); spread cuts the ranks into blocks over all processes."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the results document (JSON) to this file."),
@@ -256,7 +272,7 @@ def replay(
                                 force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
                                 drop_caches=drop_caches, durable=durable, verify=verify, pack_files=pack_files,
                                 progress=progress, protect=(output,) if output is not None else (), fio=fio,
-                                gpu_copies=gpu_copies)
+                                gpu_copies=gpu_copies, cache=cache, strict=strict)
     data = report.to_json()
     if output is not None:
         _write_json(output, data)
@@ -266,8 +282,9 @@ def replay(
         for note in result.notes:
             err.print(f"[yellow]ckpt-trace: note: {result.strategy}: {escape(note)}[/]", highlight=False)
     for mismatch in report.size_mismatches[:5]:
-        err.print(f"[yellow]ckpt-trace: warning: {mismatch.strategy}: {escape(mismatch.path)} is {mismatch.actual_bytes} bytes, "
-                  f"recorded {mismatch.expected_bytes}[/]", highlight=False)
+        actual = "missing" if mismatch.actual_bytes is None else f"{mismatch.actual_bytes:,} B"
+        err.print(f"[yellow]ckpt-trace: warning: {mismatch.strategy}: {escape(mismatch.path)} is {actual}, "
+                  f"recorded {mismatch.expected_bytes:,} B[/]", highlight=False)
 
 
 @app.command()
@@ -362,6 +379,7 @@ def report(
             limit = float(fio_limit) * 1e6
         except ValueError:
             raise CkptTraceError(f"--fio-limit takes MB/s, not {fio_limit!r}") from None
+        _finite_number(limit, "--fio-limit", fio_limit, positive=True)
     with _steps("report") as progress:
         data = write_report(trace, output, results_paths=results or [], fio_limit_bytes_per_s=limit,
                             rank=chosen_rank, overwrite=force, progress=progress)
@@ -408,6 +426,7 @@ def baseline(
     from .units import parse_size
 
     check_output_file(output, force, inputs=traces)
+    _finite_number(min_seconds, "--min-seconds", min_seconds)
     buffer_bytes = parse_size(buffer_size, what="--buffer-size")
     with _progress() as progress:
         data = make_baseline(traces, target=target, strategies=strategy, repeat=repeat, min_seconds=min_seconds,
@@ -446,6 +465,8 @@ def check(
     from .report.render import render_check
 
     _wide(wide)
+    if min_seconds is not None:
+        _finite_number(min_seconds, "--min-seconds", min_seconds)
     allowed = parse_tolerance(tolerance)
     if junit is not None:
         check_output_file(junit, force, inputs=(*traces, baseline_file))
@@ -495,7 +516,7 @@ def workload(
     out_dir: Path = typer.Option(..., "--out", help="Checkpoint directory to write (or, with --load, to read)."),
     ranks: int = typer.Option(1, help="Processes (dcp and emitted)."),
     model: Literal["gpt2-tiny", "gpt2-deep-tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"] = typer.Option("gpt2-small", help="GPT-2 shape (parameters: 0.5 M to 1.6 G)."),
-    with_optimizer: bool = typer.Option(False, "--with-optimizer", help="Add Adam state (exp_avg, exp_avg_sq)."),
+    with_optimizer: bool = typer.Option(False, "--with-optimizer", help="Add Adam state (exp_avg, exp_avg_sq; dcp and emitted: a real torch.optim.Adam after one step, through get_state_dict)."),
     file_per_layer: bool = typer.Option(False, "--file-per-layer", help="torch-save: one file per transformer block."),
     load: bool = typer.Option(False, "--load", help="Load the checkpoint this workload saved in --out and check every tensor."),
     mmap: bool = typer.Option(False, "--mmap", help="torch-save --load: torch.load(mmap=True)."),
@@ -545,6 +566,41 @@ def workload(
         verb = "loaded and checked" if load else "wrote"
         err.print(f"ckpt-trace: {engine} {verb} {data['files']} files, {data['bytes']:,} bytes in {path}: "
                   f"{io_s:.2f} s of I/O, {elapsed_s:.1f} s in all", highlight=False)
+
+
+@app.command()
+def synth(
+    engine: Literal["dcp"] = typer.Option("dcp", "--engine", help="The checkpoint engine whose save is synthesised: dcp (FileSystemWriter)."),
+    model: str = typer.Option(..., "--model", help="llama3-8b, llama3-70b, llama3-405b, or a GPT-2 shape of `workload` (gpt2-tiny ... gpt2-xl)."),
+    ranks: int = typer.Option(..., "--ranks", help="Ranks of the simulated job."),
+    optimizer: Literal["none", "adam"] = typer.Option("none", "--optimizer", help="adam: add fp32 exp_avg, exp_avg_sq and step per parameter."),
+    ckpt_path: Path = typer.Option(Path("/checkpoint"), "--path", help="The checkpoint directory the trace's files are in (replay maps it under --target)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (.arrow)."),
+    force: bool = typer.Option(False, help="Overwrite an existing trace file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures and the arithmetic as JSON."),
+) -> None:
+    """The trace of a DCP save of a model too large to run here, from DCP's own planner and writer."""
+    from ckpt_trace.iolayer.outputs import check_output_file
+    from ckpt_trace.workloads.synth import buffer_bytes_at, synthesize_dcp, write_synthesis
+
+    if engine != "dcp":
+        raise CkptTraceError(f"synth knows the dcp engine only, not {engine!r}")
+    check_output_file(output, force)
+    result = synthesize_dcp(model, ranks, optimizer, out=str(ckpt_path.absolute()),
+                            buffer_bytes=buffer_bytes_at(ckpt_path))
+    rows = write_synthesis(result, output, command=["ckpt-trace", "synth", "--model", model, "--ranks", str(ranks),
+                                                    "--optimizer", optimizer], overwrite=force)
+    figures = {**result.figures, "trace": str(output), "rows": rows}
+    if as_json:
+        _write_json(None, figures)
+        return
+    a = figures["arithmetic"]
+    err.print(f"ckpt-trace: synthesised {model} saved by {ranks} ranks: {len(figures['files'])} files, "
+              f"{figures['data_bytes']:,} data bytes in {rows:,} rows to {output} ({figures['elapsed_s']:.1f} s)",
+              highlight=False)
+    err.print(f"ckpt-trace: arithmetic: {a['formula']} = {a['expected_bytes']:,} B; tensors {figures['tensor_bytes']:,} B"
+              f" + torch.save framing {figures['serialisation_overhead_bytes']:,} B "
+              f"({figures['difference_from_arithmetic']:+.4%} vs the arithmetic)", highlight=False)
 
 
 @app.command()
@@ -615,7 +671,7 @@ def _layout_after_record(trace: Path, skip: bool) -> dict | None:
         return None
     if done["stored"]:
         formats = ", ".join(sorted(set(done["files"].values())))
-        err.print(f"ckpt-trace: layout: {done['objects']:,} objects of {len(done['files'])} checkpoint files "
+        err.print(f"ckpt-trace: layout: {done['objects']:,} objects in {done['covered_files']} files "
                   f"({formats}) in {done['elapsed_s']:.2f} s"
                   f"{'' if done['complete'] else f' (stopped at the {LAYOUT_TIME_LIMIT_S:g} s bound)'}", highlight=False)
     else:
@@ -643,10 +699,32 @@ def annotate(
         _write_json(None, data)
     else:
         formats = ", ".join(sorted(set(data["files"].values()))) or "none recognised"
-        err.print(f"ckpt-trace: wrote {data['trace']}: {data['objects']:,} objects of {len(data['files'])} checkpoint "
-                  f"files ({formats}), {len(data['unknown'])} unknown, in {data['elapsed_s']:.2f} s", highlight=False)
+        err.print(f"ckpt-trace: wrote {data['trace']}: {data['objects']:,} objects in {data['covered_files']} files "
+                  f"({formats}), {len(data['unknown'])} unknown, in {data['elapsed_s']:.2f} s", highlight=False)
         for path, why in data["errors"].items():
             err.print(f"[yellow]ckpt-trace: warning: {escape(why)}[/]", highlight=False)
+
+
+@app.command()
+def upgrade(
+    trace: Path = typer.Argument(..., help="Trace file of an older format version (1 to 4)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write, in the current version."),
+    force: bool = typer.Option(False, help="Overwrite an existing output (never the input)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    """Rewrite TRACE in the current trace format version (every column plain), metadata kept and the original's
+    version and sha256 added (``upgraded_from``); TRACE itself is never changed."""
+    from ckpt_trace.formats.convert import upgrade_trace
+
+    with _steps("upgrade") as progress:
+        result = upgrade_trace(trace, output, overwrite=force,
+                               on_batch=None if progress is None else lambda done, count: progress("rows", done, count))
+    if as_json:
+        _write_json(None, result)
+    else:
+        err.print(f"ckpt-trace: wrote {result['rows']:,} rows of {trace} (version {result['from_version']}) to "
+                  f"{output} as version {result['to_version']} ({result['input_bytes']:,} -> "
+                  f"{result['output_bytes']:,} bytes)", highlight=False)
 
 
 @app.command(name="filter")

@@ -14,6 +14,7 @@ SHORT = {
     "summary": "What a trace holds: operations, bytes, sizes, ranks, copies.",
     "merge": "One trace of a job from the traces of its nodes.",
     "filter": "A smaller trace: some ranks, files, operations or a window.",
+    "upgrade": "Rewrite an older trace in the current format version.",
     "export": "Export a trace for Perfetto or as Parquet by rank.",
     "report": "One self-contained HTML report of a trace and its replays.",
     "diff": "What changed between two recordings.",
@@ -21,6 +22,7 @@ SHORT = {
     "check": "Replay a baseline's traces; exit 1 on a regression.",
     "emit": "Write a DCP writer/reader tuned from a trace.",
     "workload": "Save (or load and check) a real GPT-2-shaped checkpoint.",
+    "synth": "The trace of a DCP save of a model too big to run here.",
     "bench": "Sweep sizes, queue depths, O_DIRECT, aggregation on a storage.",
     "version": "Print the version.",
     "annotate": "Add a checkpoint's layout (which bytes are which tensor) to a trace.",
@@ -40,6 +42,10 @@ EXAMPLES = {
     "merge": [
         "ckpt-trace merge node0.arrow node1.arrow -o job.arrow",
         "ckpt-trace merge n*.arrow -o job.arrow --clock-offset node3=-250000 --json",
+    ],
+    "upgrade": [
+        "ckpt-trace upgrade old-v4.arrow -o save.arrow",
+        "ckpt-trace upgrade old.arrow -o save.arrow --force --json",
     ],
     "filter": [
         "ckpt-trace filter save.arrow -o rank0.arrow --rank 0",
@@ -65,6 +71,10 @@ EXAMPLES = {
         "ckpt-trace workload dcp --out /scratch/ck --load --drop-caches",
         "ckpt-trace workload torch-save --device cuda --model gpt2-medium --out /scratch/ts",
     ],
+    "synth": [
+        "ckpt-trace synth --engine dcp --model llama3-8b --ranks 8 --optimizer adam -o llama8b.arrow",
+        "ckpt-trace synth --model llama3-405b --ranks 512 --path /lustre/ck -o l405.arrow --json",
+    ],
     "bench": ["ckpt-trace bench --target /scratch/bench --quick --fio",
               "ckpt-trace bench --target /scratch/bench --quick --direction both -o restore-bench"],
     "version": ["ckpt-trace --version"],
@@ -79,10 +89,11 @@ METAVARS = {
     "path_filter": "PREFIX", "queue_depth": "N", "repeat": "N", "ranks": "N", "shards": "N", "max_processes": "N",
     "min_seconds": "SECONDS", "strategy": "STRATEGY", "rank": "RANKS", "pid": "PIDS", "path": "GLOB", "op": "OPS",
     "time_window": "START..END", "engine": "ENGINE", "max_ops": "N", "chosen_rank": "RANK",
-    "direction": "write|read|both", "host": "LABEL", "clock_offset": "HOST=NS",
+    "direction": "write|read|both", "host": "LABEL", "clock_offset": "HOST=NS", "model": "MODEL", "ckpt_path": "DIR",
 }
 OUTPUT_METAVARS = {"record": "TRACE", "replay": "FILE", "export": "PATH", "report": "FILE", "baseline": "FILE",
-                   "emit": "FILE", "bench": "DIR", "filter": "TRACE", "merge": "TRACE"}
+                   "emit": "FILE", "bench": "DIR", "filter": "TRACE", "merge": "TRACE", "synth": "TRACE",
+                   "upgrade": "TRACE"}
 
 EPILOG_NOTE = ("Sizes: IEC units (4KiB, 4.5MiB, 1TiB; K, M, G, T the same), or decimal ones (4MB = 4,000,000 "
                "bytes); rates in decimal MB/s.")

@@ -13,7 +13,7 @@ import pytest
 
 UNDER_CI = os.environ.get("CI") == "true"
 # Replays of the tests' small traces need no verdict: one round unless a test asks (--repeat, or
-# test_verdicts' explicit Rounds); the default 3-10 rounds would multiply the suite's time.
+# test_verdicts' explicit Rounds); the default 3-20 rounds would multiply the suite's time.
 os.environ.setdefault("CKPT_TRACE_REPLAY_MIN_ROUNDS", "1")
 os.environ.setdefault("CKPT_TRACE_REPLAY_MAX_ROUNDS", "3")
 REPO = Path(__file__).resolve().parent.parent

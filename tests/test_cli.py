@@ -54,7 +54,8 @@ def test_replay_json_to_stdout_is_pure_json(odd_strace, tmp_path):
     assert data["results"][0]["strategy"] == "posix" and data["trace"] == str(trace)
 
 
-COMMANDS = ("record", "replay", "summary", "merge", "filter", "export", "report", "diff", "baseline", "check", "emit",
+COMMANDS = ("record", "replay", "summary", "merge", "synth", "filter", "upgrade", "export", "report", "diff", "baseline",
+            "check", "emit",
             "workload", "bench", "version")
 
 
@@ -76,7 +77,7 @@ def test_every_help_has_an_example_and_names_values_not_python_types():
         assert examples and all(line.strip().startswith("ckpt-trace ") for line in examples[:1]), command
         assert not re.search(r"<(str|int|float|path|list\[[a-z]+\])>|\{[a-z_]+\}", text), (command, text)
     replay = cli("replay", "--help").stdout
-    assert "<posix|uring-buffered|uring-direct|aggregated|all>" in replay and "--target DIR" in replay
+    assert "<posix|uring-buffered|uring-direct|aggregated|gds|all>" in replay and "--target DIR" in replay
 
 
 def test_replay_table_fits_80_columns_when_piped(odd_strace, tmp_path):

@@ -1,71 +1,86 @@
-"""formats/README.md's snippets for pyarrow, pandas, polars and DuckDB run as written, on a golden trace."""
+"""formats/README.md's one-line readers (pyarrow, pandas, polars, DuckDB) run as written and read the same
+``offset``, ``tid`` and ``ret`` as ``ckpt_trace.formats.read_trace``, with no decoding code: on every
+version 5 golden trace, and on every older golden trace after ``ckpt-trace upgrade``. A snippet that read a
+column of another meaning (version 4's differences, say) or none would fail here."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO, cli
 
-from ckpt_trace.formats import read_trace
+from ckpt_trace.formats import FORMAT_VERSION, read_metadata, read_trace
 
 README = REPO / "formats" / "README.md"
-GOLDEN = REPO / "traces" / "golden" / "v4-dcp-gpt2-tiny-2ranks-bcc.arrow"
-SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-NEEDS = {"pandas": "pandas", "polars": "polars", "duckdb": "duckdb"}
+GOLDEN = sorted((REPO / "traces" / "golden").glob("v*.arrow"))
+SNIPPETS = {re.split(r"[^A-Za-z]", code.splitlines()[0].lstrip("# "))[0]: code
+            for code in re.findall(r"```python\n(.*?)```", README.read_text(), re.S)}
+READERS = ("pyarrow", "pandas", "polars", "DuckDB")
+CHECKED = ("offset", "tid", "ret")
 
 
-def _missing(code: str) -> str | None:
-    for name in NEEDS.values():
-        if f"import {name}" in code:
-            try:
-                __import__(name)
-            except ImportError:
-                return name
-    return None
+def _as_int(value) -> int | None:
+    import pandas as pd
+
+    return None if value is None or pd.isna(value) else int(value)
+
+
+def _values(reader: str, namespace: dict) -> dict[str, list]:
+    """The checked columns of what the snippet left in its namespace, as Python ints and None."""
+    if reader == "pyarrow":
+        table = namespace["table"]
+        return {name: table[name].to_pylist() for name in CHECKED}
+    if reader == "pandas":
+        df = namespace["df"]
+        return {name: [_as_int(value) for value in df[name].tolist()] for name in CHECKED}
+    if reader == "polars":
+        df = namespace["df"]
+        return {name: df[name].to_list() for name in CHECKED}
+    rows = namespace["rows"].fetchall()  # DuckDB keeps a projection's row order (preserve_insertion_order)
+    return {name: [_as_int(row[i]) for row in rows] for i, name in enumerate(CHECKED)}
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    where = tmp_path_factory.mktemp("readers")
-    shutil.copy(GOLDEN, where / "trace.arrow")
-    cli("export", str(where / "trace.arrow"), "--format", "parquet", "-o", str(where / "trace.parquet"))
-    return where
+def trace_files(tmp_path_factory) -> dict[str, Path]:
+    """Per golden trace, a directory holding it as ``trace.arrow``: as it is (version 5), or upgraded."""
+    out = {}
+    for path in GOLDEN:
+        where = tmp_path_factory.mktemp(path.stem)
+        if read_metadata(path)["format_version"] == FORMAT_VERSION:
+            shutil.copy(path, where / "trace.arrow")
+        else:
+            cli("upgrade", str(path), "-o", str(where / "trace.arrow"))
+        out[path.name] = where
+    return out
 
 
-def test_the_readme_has_a_snippet_per_reader():
-    assert len(SNIPPETS) >= 4
-    for name in ("pyarrow", "pandas", "polars", "duckdb"):
-        assert any(f"import {name}" in code for code in SNIPPETS), name
+def test_the_readme_has_a_short_snippet_per_reader():
+    assert set(SNIPPETS) >= set(READERS)
+    for reader in READERS:
+        code = [line for line in SNIPPETS[reader].splitlines() if line and not line.startswith(("#", "import "))]
+        assert len(code) <= 2, (reader, code)  # no decoding recipe
+    assert any(path.name.startswith(f"v{FORMAT_VERSION}-") for path in GOLDEN)
 
 
-@pytest.mark.parametrize("code", SNIPPETS, ids=lambda code: code.splitlines()[0].lstrip("# ").split(":")[0])
-def test_snippet_runs(workdir, code):
-    missing = _missing(code)
-    if missing:
-        pytest.skip(f"{missing} is not installed (pip install 'ckpt-trace[readers]')")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-
-
-def test_the_pandas_recipe_decodes_every_column_as_ckpt_trace_does(workdir):
-    """The README's pandas snippet, run on the golden trace, gives ckpt-trace's own decoded tid, offset and ret."""
-    pd = pytest.importorskip("pandas")
-    code = next(code for code in SNIPPETS if "import pandas" in code)
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("golden", GOLDEN, ids=lambda p: p.name)
+def test_snippet_reads_what_ckpt_trace_reads(trace_files, golden, reader):
+    code = SNIPPETS[reader]
+    for module in ("pandas", "polars", "duckdb"):
+        if f"import {module}" in code:
+            pytest.importorskip(module, reason="pip install 'ckpt-trace[readers]'")
     namespace: dict = {}
     cwd = os.getcwd()
-    os.chdir(workdir)
+    os.chdir(trace_files[golden.name])
     try:
         exec(compile(code, "formats/README.md", "exec"), namespace)
     finally:
         os.chdir(cwd)
-    expected = read_trace(workdir / "trace.arrow").table
-    df = namespace["df"]
-    assert expected["offset"].null_count < expected.num_rows and (expected["ret"].to_pylist() != expected["size"].to_pylist())
-    for name in ("tid", "offset", "ret"):
-        got = [None if pd.isna(value) else int(value) for value in df[name].tolist()]
-        assert got == expected[name].to_pylist(), name
+    expected = read_trace(golden).table  # the original, read (decoded, upgraded) by ckpt_trace.formats
+    got = _values(reader, namespace)
+    for name in CHECKED:
+        assert got[name] == expected[name].to_pylist(), (reader, name)

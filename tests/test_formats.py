@@ -23,7 +23,7 @@ from ckpt_trace.formats import (
     write_trace,
 )
 from ckpt_trace.formats.encoding import Encoder
-from ckpt_trace.formats.schema import STORED_SCHEMA
+from ckpt_trace.formats.schema import STORED_SCHEMA_V4
 
 META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"], "backend": "strace",
         "start_wall_time_ns": 1, "filesystems": {"/": {"type": "ext4", "block_size": 4096}}, "lost_events": 3,
@@ -53,8 +53,10 @@ def test_file_is_plain_arrow_ipc_with_zstd(tmp_path):
     table = table_from_columns(rows(20000))
     path = write_trace(tmp_path / "t.arrow", table, META)
     reader = ipc.open_file(str(path))
-    assert reader.schema.remove_metadata().equals(STORED_SCHEMA.remove_metadata())
+    assert reader.schema.remove_metadata().equals(SCHEMA.remove_metadata())  # version 5: every column plain
+    assert not [name for name in reader.schema.names if name.endswith("_delta")]
     assert json.loads(reader.schema.metadata[METADATA_KEY])["backend"] == "strace"
+    assert reader.read_all().replace_schema_metadata(None).equals(read_trace(path).table)
     _write_raw(tmp_path / "plain.arrow", table, {**META, "format_version": 3})
     assert path.stat().st_size * 4 < (tmp_path / "plain.arrow").stat().st_size  # batches are compressed
 
@@ -87,10 +89,10 @@ def _write_raw(path, table, meta):
 
 def _stored(table: pa.Table) -> pa.Table:
     """``table`` (of SCHEMA) as version 4 stores it."""
-    return pa.Table.from_batches([Encoder().encode(table.combine_chunks().to_batches()[0], STORED_SCHEMA)])
+    return pa.Table.from_batches([Encoder().encode(table.combine_chunks().to_batches()[0], STORED_SCHEMA_V4)])
 
 
-@pytest.mark.parametrize("version", [3, 4])
+@pytest.mark.parametrize("version", [3, 4, 5])
 @pytest.mark.parametrize("index", [-1, 1, 7])
 def test_dictionary_indices_outside_the_dictionary_are_refused_by_every_reader(tmp_path, index, version):
     table = table_from_columns(rows(70_000))  # two batches of scan's 65,536 rows: the bad index in the second
@@ -128,7 +130,8 @@ def test_foreign_arrow_file_is_named(tmp_path):
         read_trace(tmp_path / "f.arrow")
 
 
-@pytest.mark.parametrize(("version", "column"), [(3, "offset"), (4, "offset_delta"), (4, "size")])
+@pytest.mark.parametrize(("version", "column"), [(3, "offset"), (4, "offset_delta"), (4, "size"), (5, "offset"),
+                                                  (5, "ret")])
 def test_missing_column_is_named(tmp_path, version, column):
     table = table_from_columns(rows())
     table = (_stored(table) if version == 4 else table).drop_columns([column])
@@ -170,15 +173,17 @@ def test_text_columns_are_dictionary_encoded_and_small(tmp_path):
     assert read_trace(path).table["op"].to_pylist()[-1] == "write"
 
 
-@pytest.mark.parametrize(("n", "extra_bytes"), [(50, 0), (250, 0), (250, 20_000)], ids=["one-batch", "patched", "copied"])
+@pytest.mark.parametrize(("n", "extra_bytes"), [(50, 0), (100, 0), (250, 0), (250, 20_000)],
+                         ids=["one-batch", "one-full-batch", "spooled", "spooled-long-metadata"])
 def test_trace_writer_stores_the_metadata_it_is_closed_with(tmp_path, n, extra_bytes):
-    """One batch: written whole at close. Several: the placeholder patched in place, or the file copied once
-    more when the metadata outgrows it. Each way the rows and every metadata key read back, and no temporary
-    file is left."""
+    """At most one batch: written straight at close. More: spooled, then written at close in one pass.
+    Each way the rows and every metadata key read back, the metadata is written once (the schema message
+    and the footer, no placeholder), and nothing but the trace is left in the directory."""
     writer = TraceWriter(tmp_path / "t.arrow", batch_rows=100)
     table = table_from_columns(rows(n))
     for start in range(0, n, 30):
         writer.write(table.slice(start, 30))
+        assert list(tmp_path.iterdir()) == []  # the spool has no name
     meta = {**META, "note": "x" * extra_bytes}
     path = writer.close(meta)
     trace = read_trace(path)
@@ -186,5 +191,85 @@ def test_trace_writer_stores_the_metadata_it_is_closed_with(tmp_path, n, extra_b
     assert trace.metadata["note"] == meta["note"] and trace.metadata["lost_events"] == 3
     assert ipc.open_file(str(path)).num_record_batches == -(-n // 100)
     assert [p.name for p in tmp_path.iterdir()] == ["t.arrow"]
-    if n <= 100:  # no placeholder (which the schema and the footer would both hold): rows and metadata only
-        assert path.stat().st_size < 2 * TraceWriter._RESERVED_BYTES
+    stored = json.dumps({**meta, "format_version": FORMAT_VERSION}, sort_keys=True).encode()
+    assert path.read_bytes().count(stored) == 2  # the schema message and the footer, each once
+    assert path.stat().st_size < 2 * len(stored) + 8 * 1024 + 30 * n  # no 8 KiB placeholder
+
+
+def test_a_spooled_trace_has_one_dictionary_per_text_column_so_polars_reads_it(tmp_path):
+    """Text values first seen in later batches are in the file's one dictionary (no dictionary deltas:
+    polars refuses them, "delta dictionary batches not supported")."""
+    table = table_from_columns(rows(1000))
+    table = table.set_column(table.schema.get_field_index("path"), "path",
+                             pa.array([f"/d/f{i // 100}" for i in range(1000)]))
+    writer = TraceWriter(tmp_path / "t.arrow", batch_rows=128)
+    for start in range(0, 1000, 90):
+        writer.write(table.slice(start, 90))
+    path = writer.close(META)
+    reader = ipc.open_file(str(path))
+    reader.read_all()  # the reader counts dictionary messages as it reads them
+    assert reader.num_record_batches == 8 and reader.stats.num_dictionary_deltas == 0
+    assert reader.stats.num_dictionary_batches == len([f for f in SCHEMA if pa.types.is_dictionary(f.type)])
+    polars = pytest.importorskip("polars")
+    assert polars.read_ipc(str(path))["path"].cast(polars.String).to_list() == table["path"].to_pylist()
+    assert read_trace(path).table["path"].to_pylist() == table["path"].to_pylist()
+
+
+def test_a_trace_writer_that_fails_leaves_nothing(tmp_path):
+    writer = TraceWriter(tmp_path / "t.arrow", batch_rows=10)
+    writer.write(table_from_columns(rows(55)))
+    bad = {key: value for key, value in META.items() if key != "arch"}
+    with pytest.raises(TraceFormatError, match="lacks key 'arch'"):
+        writer.close(bad)
+    assert list(tmp_path.iterdir()) == []
+    target = tmp_path / "u.arrow"
+    target.write_bytes(b"an earlier file")
+    writer = TraceWriter(target, batch_rows=10, overwrite=True)
+    writer.write(table_from_columns(rows(55)))
+    assert read_trace(writer.close(META)).num_rows == 55 and [p.name for p in tmp_path.iterdir()] == ["u.arrow"]
+
+
+_KILLED_WRITER = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_formats import META, rows
+from ckpt_trace.formats import TraceWriter, table_from_columns
+writer = TraceWriter(sys.argv[1], batch_rows=2000)
+table = table_from_columns(rows(500))
+for i in range(int(sys.argv[2])):
+    writer.write(table)
+    print("batch", i, flush=True)
+print("closing", flush=True)
+writer.close(META)
+print("closed", flush=True)
+"""
+
+
+@pytest.mark.parametrize("kill_after", ["batch 0", "batch 7", "batch 39", "closing", "closed"])
+def test_a_writer_killed_at_any_point_leaves_no_file_or_a_whole_one(tmp_path, kill_after):
+    """SIGKILL (no cleanup runs) while rows are spooled, while the file is written at close, after it: the
+    output is absent or reads whole; while spooling nothing at all is left (the spool has no name)."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "out" / "t.arrow"
+    out.parent.mkdir()
+    code = _KILLED_WRITER.format(tests=str(Path(__file__).parent))
+    proc = subprocess.Popen([sys.executable, "-c", code, str(out), "40"], stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.strip() == kill_after:
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait()
+    names = sorted(p.name for p in out.parent.iterdir())
+    if out.exists():
+        assert read_trace(out).num_rows == 40 * 500
+    left = [name for name in names if name != "t.arrow"]
+    if kill_after.startswith("batch"):
+        assert names == []  # rows were only spooled, into a file without a name
+    else:  # a kill inside close's write may leave its random-named temporary file, never a partial trace
+        assert all(name.startswith(".t.arrow.") and name.endswith(".tmp") for name in left), left
+    if kill_after == "closed":
+        assert names == ["t.arrow"]

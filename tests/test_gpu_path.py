@@ -144,7 +144,10 @@ def test_async_save_returns_a_staged_copy_that_later_changes_do_not_reach(tmp_pa
         if isinstance(value, torch.Tensor) and value.numel() and value.dtype.is_floating_point:
             value.add_(1.0)  # training goes on
     future.result()
-    writer.close()
+    writer.close()  # as some torch releases do after each async save: staging survives it
+    state2 = plain_state(seed=1)
+    dcp.async_save(state2, storage_writer=writer, checkpoint_id=str(tmp_path / "again")).result()
+    writer.release_staging()
     target = zeros_like_state(expected)
     dcp.load(target, storage_reader=_reader(path))
     assert objects_equal_bitwise(expected, target)
@@ -209,9 +212,138 @@ def test_gpu_async_save_returns_after_the_copies_and_keeps_the_values_at_the_cal
     for value in state.values():
         value.add_(1.0)
     future.result()
-    writer.close()
+    writer.release_staging()
     target = {k: torch.zeros_like(v) for k, v in state.items()}
     dcp.load(target, storage_reader=_reader(tmp_path / "second"))
     assert all(torch.equal(target[k], expected[k]) for k in state)
     print(f"async_save returned in {returned_s * 1e3:.1f} ms; device-to-host copies {copy_s * 1e3:.1f} ms")
     assert returned_s <= 1.2 * copy_s + 0.05  # + 50 ms: DCP's own bookkeeping (planning is not staged)
+
+
+GOLDEN_ODD = sorted((__import__("pathlib").Path(__file__).resolve().parent.parent / "traces" / "golden").glob(
+    "*odd-pattern*strace*.arrow"))
+
+
+def test_gds_without_a_gpu_or_kvikio_is_one_line_and_a_failure(tmp_path):
+    """Where gds cannot run, ``replay --strategy gds`` says why in one line and exits non-zero, creating
+    nothing in the target."""
+    from conftest import cli
+
+    if _has_gpu():
+        pytest.skip("this machine has a GPU: test_gds_replays_through_cufile covers it")
+    proc = cli("replay", str(GOLDEN_ODD[-1]), "--strategy", "gds", "--target", str(tmp_path / "t"), check=False)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "gds" in lines[0] and ("GPU" in lines[0] or "KvikIO" in lines[0])
+    assert not (tmp_path / "t").exists() or not any((tmp_path / "t").iterdir())
+
+
+class _FakeKvikio:
+    """KvikIO's settings as the probe reads them, for each combination of the machine's state."""
+
+    __version__ = "26.10.0"
+
+    def __init__(self, compat: str, gds: bool) -> None:
+        import types
+
+        self.defaults = types.SimpleNamespace(get=lambda name: f"CompatMode.{compat}")
+        self.cufile_driver = types.SimpleNamespace(get=lambda name: gds)
+
+
+@pytest.mark.parametrize(("compat", "gds", "nvidia_fs", "true_gds"), [
+    ("OFF", True, True, True), ("AUTO", True, True, True), ("AUTO", False, True, False), ("ON", True, True, False),
+    ("OFF", True, False, False)])
+def test_gds_mode_is_true_gds_only_when_kvikio_cufile_and_nvidia_fs_agree(monkeypatch, compat, gds, nvidia_fs,
+                                                                          true_gds):
+    from ckpt_trace.replayer import gds as gds_module
+
+    fake = _FakeKvikio(compat, gds)
+    monkeypatch.setattr(gds_module.glob, "glob", lambda pattern: ["/dev/nvidia-fs0"] if nvidia_fs else [])
+    mode = gds_module._mode(fake)
+    assert mode.true_gds is true_gds
+    assert mode.label.startswith("true GDS" if true_gds else "compatibility mode, not true GDS")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gds_replays_through_cufile_and_says_which_mode(tmp_path):
+    """On a GPU with KvikIO: ``replay --strategy gds --verify`` leaves the files posix leaves, every data byte
+    through cuFile, and the results say whether it was true GDS or compatibility mode."""
+    import json
+
+    from conftest import cli
+
+    try:
+        import kvikio  # noqa: F401
+    except ImportError:
+        pytest.skip("KvikIO is not installed")
+    trace = GOLDEN_ODD[-1]
+    sizes = {}
+    for strategy in ("posix", "gds"):
+        out = tmp_path / f"{strategy}.json"
+        cli("replay", str(trace), "--strategy", strategy, "--target", str(tmp_path / strategy), "--verify",
+            "--json", "-o", str(out))
+        result = json.loads(out.read_text())["results"][0]
+        root = tmp_path / strategy
+        sizes[strategy] = {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()
+                           and not p.name.startswith(".ckpt-trace")}
+        if strategy == "gds":
+            assert any(note.startswith("gds: ") for note in result["notes"]), result["notes"]
+            print(next(note for note in result["notes"] if note.startswith("gds: ")))
+            moved = sum(p["bytes"] for p in result["data_paths"].values())
+            assert result["data_paths"]["cufile"]["bytes"] == moved > 0
+    assert sizes["gds"] == sizes["posix"]
+
+
+def _link_table():
+    """A save as the emitted writer records it with bcc: device-to-host copies into two page-locked staging
+    buffers (A and B), io_uring write requests from them, one write from an unrelated buffer, one copy of
+    another process into buffer A's range, and a plain write syscall (no buffer address)."""
+    from ckpt_trace.formats import table_from_columns
+
+    A, B, OTHER = 0x7F00_0000_0000, 0x7F00_0040_0000, 0x5555_0000_0000
+    rows = [  # (ts_ns, dur_ns, pid, op, interface, address, size)
+        (100, 10, 7, "copy_d2h", "cuda", A, 1 << 20),
+        (120, 10, 7, "copy_d2h", "cuda", A + (1 << 20), 3 << 20),
+        (130, 5, 9, "copy_d2h", "cuda", A, 4 << 20),  # another process: never feeds pid 7's writes
+        (140, 50, 7, "write", "io_uring", A, 4 << 20),  # fed by both copies into A; the latest one is named
+        (150, 10, 7, "copy_d2h", "cuda", B, 4 << 20),
+        (145, 50, 7, "write", "io_uring", B, 4 << 20),  # starts before B's copy ended: not fed by it
+        (200, 50, 7, "write", "io_uring", B, 4 << 20),  # fed by B's copy
+        (210, 50, 7, "write", "io_uring", OTHER, 4096),  # a buffer no copy filled
+        (220, 50, 7, "write", "syscall", None, 4096),  # no address: unknown, never linked
+    ]
+    columns = {name: [row[i] for row in rows] for i, name in enumerate(
+        ("ts_ns", "dur_ns", "pid", "op", "interface", "address", "size"))}
+    n = len(rows)
+    columns.update(tid=columns["pid"], rank=[0] * n, syscall=["x"] * n, ret=columns["size"], comm=["python"] * n,
+                   fd=[3] * n, path=["/ckpt/0.data" if op == "write" else None for op in columns["op"]], new_path=[None] * n,
+                   offset=[0] * n, offset_source=[None] * n, flags=[None] * n, iov_count=[None] * n,
+                   memory_kind=["pinned" if op == "copy_d2h" else None for op in columns["op"]])
+    return table_from_columns(columns)
+
+
+def test_copy_to_write_links_name_the_copy_that_filled_the_written_buffer():
+    from ckpt_trace.analysis.gpu import copy_summary, copy_write_links
+
+    table = _link_table()
+    writes, copies = copy_write_links(table, block_rows=2)
+    assert dict(zip(writes.tolist(), copies.tolist())) == {3: 1, 6: 4}
+    rank = copy_summary(table)["ranks"][0]
+    assert (rank["fed_writes"], rank["fed_write_bytes"], rank["writes_with_buffer"]) == (2, 8 << 20, 4)
+
+
+def test_summary_says_how_many_writes_a_copy_fed(tmp_path):
+    from conftest import cli
+
+    from ckpt_trace.formats import write_trace
+
+    path = tmp_path / "links.arrow"
+    write_trace(path, _link_table(), {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k",
+                                      "command": ["save"], "backend": "bcc", "start_wall_time_ns": 0,
+                                      "filesystems": {}, "lost_events": 0, "arch": "x86_64"})
+    summary = __import__("json").loads(cli("summary", str(path), "--json").stdout)
+    rank = summary["gpu"]["ranks"]["0"]
+    assert rank["fed_writes"] == 2 and rank["writes_with_buffer"] == 4
+    text = cli("summary", str(path)).stdout
+    assert "2 of 4 writes with a known host buffer were fed by a device-to-host copy" in " ".join(text.split())

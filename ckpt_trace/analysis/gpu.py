@@ -8,6 +8,12 @@ how much of the copy time overlapped file I/O of the same rank: the length
 of the intersection of the union of copy intervals with the union of data
 operation intervals, [ts_ns, ts_ns + dur_ns). Vectorised per rank; rows
 are few (one per tensor copied), so the union is computed by sorting.
+
+``copy_write_links(table)`` says which device-to-host copy fed which write: a write whose host buffer
+(``address``, known for io_uring and libaio requests) overlaps the host range a device-to-host copy of
+the same process filled (``address`` .. ``address + size``) before the write started is fed by the latest
+such copy. Writes through plain syscalls carry no buffer address in the trace and are never linked (the
+summary counts the writes whose buffer is known, so an absent link is not mistaken for none).
 """
 
 from __future__ import annotations
@@ -45,6 +51,43 @@ def _overlap_ns(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarra
             total += max(0, min(e, int(b_e[k])) - max(s, int(b_s[k])))
             k += 1
     return total
+
+
+def copy_write_links(table: pa.Table, block_rows: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """(write row indices, copy row indices) of ``table``: each write fed by a device-to-host copy, with
+    the copy that fed it (see the module docstring). Needs the columns pid, ts_ns, dur_ns, op, address,
+    size, interface; compares writes with copies in blocks of ``block_rows`` writes (memory
+    ``block_rows`` x copies)."""
+    none = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    if "address" not in table.column_names or table.num_rows == 0:
+        return none
+    op = table["op"].cast(pa.string())
+    address = table["address"]
+    has_address = pc.fill_null(pc.is_valid(address), False)
+    is_copy = pc.and_(pc.equal(op, v.COPY_D2H), has_address)
+    is_write = pc.and_(pc.and_(pc.equal(op, v.WRITE), has_address),
+                       pc.invert(pc.fill_null(pc.equal(table["interface"].cast(pa.string()), v.CUDA), False)))
+    c_rows = np.flatnonzero(is_copy.to_numpy(zero_copy_only=False))
+    w_rows = np.flatnonzero(is_write.to_numpy(zero_copy_only=False))
+    if len(c_rows) == 0 or len(w_rows) == 0:
+        return none
+    pid = table["pid"].to_numpy()
+    ts = table["ts_ns"].to_numpy()
+    end = ts + table["dur_ns"].to_numpy()
+    addr = address.fill_null(0).to_numpy()
+    size = table["size"].fill_null(0).to_numpy()
+    c_lo, c_hi, c_end, c_pid = addr[c_rows], addr[c_rows] + size[c_rows], end[c_rows], pid[c_rows]
+    fed_w, fed_c = [], []
+    for start in range(0, len(w_rows), block_rows):
+        w = w_rows[start:start + block_rows]
+        lo, hi = addr[w][:, None], (addr[w] + size[w])[:, None]
+        ok = ((c_pid[None, :] == pid[w][:, None]) & (c_lo[None, :] < hi) & (c_hi[None, :] > lo)
+              & (c_end[None, :] <= ts[w][:, None]))
+        any_ok = ok.any(axis=1)
+        latest = np.where(ok, c_end[None, :], np.iinfo(np.int64).min).argmax(axis=1)
+        fed_w.append(w[any_ok])
+        fed_c.append(c_rows[latest[any_ok]])
+    return np.concatenate(fed_w), np.concatenate(fed_c)
 
 
 def copy_summary(table: pa.Table) -> dict[str, Any]:
@@ -89,4 +132,23 @@ def copy_summary(table: pa.Table) -> dict[str, Any]:
         entry["copy_wall_s"] = float((copy_union[1] - copy_union[0]).sum()) / 1e9
         entry["copy_io_overlap_s"] = _overlap_ns(copy_union, io_union) / 1e9
         out[int(rank)] = entry
+    _add_links(table, out)
     return {"copies": copies.num_rows, "ranks": out}
+
+
+def _add_links(table: pa.Table, out: dict[int, dict[str, Any]]) -> None:
+    """Per rank of ``out``: ``writes_with_buffer`` (writes whose host buffer the trace knows),
+    ``fed_writes`` and ``fed_write_bytes`` (those fed by a device-to-host copy, ``copy_write_links``)."""
+    needed = {"pid", "address", "size", "op", "ts_ns", "dur_ns", "interface", "rank"}
+    if not needed <= set(table.column_names):
+        return
+    fed, _ = copy_write_links(table)
+    rank = table["rank"].to_numpy()
+    size = table["size"].fill_null(0).to_numpy()
+    known = pc.and_(pc.equal(table["op"].cast(pa.string()), v.WRITE),
+                    pc.fill_null(pc.is_valid(table["address"]), False)).to_numpy(zero_copy_only=False)
+    for r, entry in out.items():
+        entry["writes_with_buffer"] = int((known & (rank == r)).sum())
+        mine = fed[rank[fed] == r]
+        entry["fed_writes"] = len(mine)
+        entry["fed_write_bytes"] = int(size[mine].sum())

@@ -125,7 +125,7 @@ _POWERS = 1 << np.arange(63, dtype=np.int64)  # bucket b (index k) holds sizes i
 
 
 SUMMARY_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "rank", "op", "path", "offset", "size", "ret", "interface",
-                   "in_flight", "memory_kind")
+                   "in_flight", "memory_kind", "address")
 
 
 class Accumulator:
@@ -352,7 +352,14 @@ def _depth_figures(counts: np.ndarray) -> dict[str, Any]:
 def summary_document(path, md: dict, figures: dict, gpu: dict) -> dict[str, Any]:
     return {"trace": str(path), "backend": md.get("backend"), "command": md.get("command"), **figures,
             "lost_events": int(md.get("lost_events", 0)), "filesystems": md.get("filesystems", {}),
-            "unseen": md.get("unseen", {}), "gpu": gpu}
+            "unseen": md.get("unseen", {}), "gpu": gpu,
+            **({"mapped_uncovered_bytes": int(md["mapped_uncovered_bytes"])} if "mapped_uncovered_bytes" in md else {})}
+
+
+def mapped_uncovered_line(uncovered_bytes: int) -> str:
+    """The one line ``record`` and ``summary`` print when bytes mapped from files are covered by no row."""
+    return (f"{uncovered_bytes:,} bytes ({uncovered_bytes / 2**20:.1f} MiB) mapped from files are covered by no "
+            "row: this kernel's page tracepoints did not show how they were touched (mapped_uncovered_bytes)")
 
 
 def summarize(trace: Trace) -> dict[str, Any]:
@@ -442,7 +449,8 @@ def gpu_summary(path, acc: Accumulator, batch_rows: int = 1 << 20) -> dict[str, 
         return {"copies": 0}
     copies = pa.concat_tables(acc.copies)
     ranks = pa.array(sorted(set(copies["rank"].to_pylist())), pa.int32())
-    columns = ["ts_ns", "dur_ns", "rank", "op", "interface", "memory_kind", "size"]
+    columns = ["ts_ns", "dur_ns", "rank", "op", "interface", "memory_kind", "size", "pid", "address"]
+    columns = [c for c in columns if c in copies.column_names]
     _, again = scan(path, columns, batch_rows=batch_rows)
     parts = [b.filter(pc.and_(pc.is_in(b.column("rank"), value_set=ranks),
                               names_in(b.column("op"), DATA_OPS)))

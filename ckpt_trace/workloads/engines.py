@@ -133,11 +133,68 @@ def load_writer_module(path: str):
     return module
 
 
-def _dcp_state(torch, mesh, cfg, rank: int, world: int, with_optimizer: bool, empty: bool,
-               device: str = "cpu") -> dict:
-    """This rank's state dict of DTensor row shards (zeros of the same shapes when ``empty``, a load target)."""
+def _module(torch, names: list[str]):
+    """An ``nn.Module`` whose submodules spell ``names`` (``h.0.attn.c_attn.weight``...), parameters unset."""
+    root = torch.nn.Module()
+    for name in names:
+        *path, _ = name.split(".")
+        module = root
+        for part in path:
+            if not hasattr(module, part):
+                module.add_module(part, torch.nn.Module())
+            module = getattr(module, part)
+    return root
+
+
+def _adam_state(torch, mesh, cfg, rank: int, world: int, device: str = "cpu") -> dict:
+    """This rank's ``{"model": ..., "optim": ...}`` after one real ``torch.optim.Adam`` step: a module of the
+    model's DTensor row shards (the drawn weights), gradients the drawn ``exp_avg`` values, one step, then
+    ``torch.distributed.checkpoint.state_dict.get_state_dict`` (FQN-keyed model and optimizer state, the
+    optimizer's ``step``, ``exp_avg``, ``exp_avg_sq`` and ``param_groups``), as a training job saves."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.tensor import DTensor, Shard
 
+    shapes = parameter_shapes(cfg)
+    local = local_state(cfg, rank, world, True, device=device)
+    module = _module(torch, list(shapes))
+
+    def dtensor(name, tensor):
+        shape = shapes[name]
+        stride = torch.empty(shape, device="meta").stride()
+        return DTensor.from_local(tensor, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape), stride=stride)
+
+    for name in shapes:
+        *path, leaf = name.split(".")
+        owner = module.get_submodule(".".join(path)) if path else module
+        parameter = torch.nn.Parameter(dtensor(name, local["model"][name]))
+        parameter.grad = dtensor(name, local["exp_avg"][name])
+        owner.register_parameter(leaf, parameter)
+    group = _optimizer_groups()[0]
+    optimizer = torch.optim.Adam(module.parameters(), lr=group["lr"], betas=group["betas"], eps=group["eps"],
+                                 weight_decay=group["weight_decay"], foreach=False)
+    optimizer.step()
+    model_state, optim_state = get_state_dict(module, optimizer)
+    return {"model": model_state, "optim": optim_state}
+
+
+def _zeros_like(torch, value):
+    """``value`` with every tensor zeroed (same type, shape, sharding): a load target."""
+    if isinstance(value, dict):
+        return {key: _zeros_like(torch, item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_zeros_like(torch, item) for item in value]
+    return torch.zeros_like(value) if isinstance(value, torch.Tensor) else value
+
+
+def _dcp_state(torch, mesh, cfg, rank: int, world: int, with_optimizer: bool, empty: bool,
+               device: str = "cpu") -> dict:
+    """This rank's state dict of DTensor row shards (zeros of the same shapes when ``empty``, a load target);
+    with ``with_optimizer``, the model and a real Adam state after one step (``_adam_state``)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if with_optimizer:
+        state = _adam_state(torch, mesh, cfg, rank, world, device)
+        return _zeros_like(torch, state) if empty else state
     shapes = parameter_shapes(cfg)
     local = local_state(cfg, rank, world, with_optimizer, device=device)
     if empty:

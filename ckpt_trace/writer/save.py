@@ -125,6 +125,7 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
         self.rank = 0
         self.last_save: SaveStats | None = None
         self._stagers: dict[bool, DefaultStager] = {}  # on a GPU? -> DCP's stager, kept for its cached memory
+        self._stage_lock = threading.Lock()
 
     _synchronize_after_execute = False  # stage() returns once every copy is done
 
@@ -134,18 +135,28 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
         ``DefaultStager`` caches for the next save; CPU tensors: a plain copy). The caller may change the
         state as soon as this returns."""
         on_gpu = _has_cuda_tensor(state_dict) and torch.cuda.is_available()
-        stager = self._stagers.get(on_gpu)
-        if stager is None:
-            options = StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False, use_async_staging=False,
-                                     use_non_blocking_copy=on_gpu)
-            stager = self._stagers[on_gpu] = DefaultStager(options)
-        return stager.stage(state_dict)
+        with self._stage_lock:
+            stager = self._stagers.get(on_gpu)
+            if stager is None:
+                options = StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False, use_async_staging=False,
+                                         use_non_blocking_copy=on_gpu)
+                stager = self._stagers[on_gpu] = DefaultStager(options)
+            return stager.stage(state_dict)
 
     def close(self) -> None:
-        """Free the staging memory ``stage`` kept (page-locked host copies of the state dict)."""
-        for stager in self._stagers.values():
+        """Nothing to release between saves: some torch releases call ``close()`` on a storage writer that
+        stages (``AsyncStager``) after each ``async_save``, and the page-locked copies ``stage`` keeps are
+        what makes the next save's staging cheap (torch 2.11 on an H100: a stager closed that way failed the
+        next save with ``KeyError: <class 'type'>``). ``release_staging()`` frees them."""
+
+    def release_staging(self) -> None:
+        """Free the staging memory ``stage`` kept (page-locked host copies of the state dict); the next
+        ``async_save`` allocates it again. Call it when the job saves no more."""
+        with self._stage_lock:
+            stagers = list(self._stagers.values())
+            self._stagers.clear()
+        for stager in stagers:
             stager.close()
-        self._stagers.clear()
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:

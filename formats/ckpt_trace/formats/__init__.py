@@ -11,6 +11,7 @@ from .io import (
     TraceWriter,
     count_rows,
     fsync_directory,
+    read_extra_metadata,
     read_metadata,
     read_trace,
     reserve_temporary,
@@ -20,15 +21,27 @@ from .io import (
     write_bytes_atomic,
     write_trace,
 )
-from .schema import COLUMNS, FORMAT_VERSION, METADATA_KEY, SCHEMA, SUPPORTED_VERSIONS
+from .schema import (
+    COLUMNS,
+    EXTRA_METADATA,
+    FORMAT_VERSION,
+    METADATA_KEY,
+    OPTIONAL_COLUMNS,
+    SCHEMA,
+    SUPPORTED_VERSIONS,
+    OptionalColumn,
+)
 from .vocabulary import OFFSET_SOURCES
 
 __all__ = [
     "COLUMNS",
+    "EXTRA_METADATA",
     "CkptTraceError",
     "FORMAT_VERSION",
     "METADATA_KEY",
+    "OPTIONAL_COLUMNS",
     "OFFSET_SOURCES",
+    "OptionalColumn",
     "SCHEMA",
     "SUPPORTED_VERSIONS",
     "Trace",
@@ -39,6 +52,7 @@ __all__ = [
     "fsync_directory",
     "int_values",
     "is_any_of",
+    "read_extra_metadata",
     "read_metadata",
     "read_trace",
     "reserve_temporary",

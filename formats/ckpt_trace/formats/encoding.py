@@ -1,5 +1,9 @@
 """Version 4's stored columns: ``tid``, ``offset`` and ``ret`` kept as differences from what the trace predicts.
 
+Read only: version 5 stores these columns plain again (readers that did not decode the differences read
+wrong values without noticing, issue 32); ``Decoder`` reads version 4 files, ``Encoder`` remains to write
+version 4 files for the tests and the size benchmark.
+
 A recorded trace repeats itself: a thread's ``tid`` is usually its process's
 ``pid``; a read or write usually starts where the same process's previous
 operation on the same file ended; a read or write usually moves every byte

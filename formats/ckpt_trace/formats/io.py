@@ -1,14 +1,19 @@
 """Reading and writing trace files (Arrow IPC file format, zstd batches).
 
 A trace file is readable without ckpt-trace: ``pyarrow.ipc.open_file``,
-``pandas.read_feather``, ``polars.read_ipc`` and DuckDB all open it. Since
-version 4, three columns are stored as differences (``encoding``): this
-module writes them encoded and hands readers the decoded ``SCHEMA``.
+``pandas.read_feather``, ``polars.read_ipc`` and DuckDB all open it and,
+since version 5, read every column as it is meant (version 4 stored three
+as differences, ``encoding``: this module still decodes them, and upgrades
+older versions, handing readers ``SCHEMA``).
 
-Writing is atomic: rows go to a hidden temporary file beside the target,
-which is fsynced and renamed over the final name, then the directory is
-fsynced (rename(2), fsync(2)). A writer killed at any point therefore
-leaves either no file or a complete one under the final name.
+Writing is atomic: a file is written whole, with its final metadata, into a
+temporary file of a random name beside the target, made O_EXCL|O_NOFOLLOW
+and written through its descriptor (``atomic.AtomicFile``), which is
+fsynced and renamed over the final name, then the directory is fsynced. A
+writer killed at any point therefore leaves no file or a complete one under
+the final name. ``TraceWriter`` spools its record batches to a private file
+without a name while rows arrive and writes the trace at ``close`` in one
+streaming pass (no metadata placeholder patched in place).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import errno
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +33,11 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from .atomic import AtomicFile, fsync_directory, make_temporary
-from .encoding import Decoder, Encoder, stored_columns
+from .encoding import Decoder, stored_columns
 from .errors import CkptTraceError, TraceFormatError
 from .schema import (
     COLUMNS,
+    EXTRA_METADATA,
     FORMAT_VERSION,
     METADATA_DEFAULTS,
     METADATA_KEY,
@@ -40,23 +46,27 @@ from .schema import (
     SCHEMA,
     SCHEMA_V1,
     SCHEMAS,
-    STORED_SCHEMA,
     SUPPORTED_VERSIONS,
     TEXT_COLUMNS,
+    file_schema,
+    optional_field,
     upgrade,
 )
 
 DEFAULT_BATCH_ROWS = 65536
 
-# zstd level of the record batches of a file of several batches, rather than Arrow's default (1): the demo
-# trace's stored rows take 7.4 bytes per row at level 6 against 8.0 at levels 1 and 3 (ad hoc, one run);
-# writing a million rows takes about 0.2 s more than version 3 did (0.29 against 0.10 s, encoding included).
-ZSTD_LEVEL = 6
-# A file of one batch (at most DEFAULT_BATCH_ROWS rows: a small trace) pays a fixed cost of about 7.5 KB
-# (the schema and the metadata, twice; the dictionaries) that a 7,000-row trace feels as a byte per row, and
-# compressing one batch at level 19 costs at most about 0.8 s (12 us per row, ad hoc): 6.7 against 7.2
-# bytes per row on the 7,310-row trace `make demo` records.
-ZSTD_LEVEL_ONE_BATCH = 19
+# zstd levels, chosen by measurement (formats/README.md, "Compression level"; `benchmarks/trace_bytes.py
+# --levels`, one run each, version 5's plain columns). A file of more than one batch is written at level 1,
+# Arrow's default: on a generated 1 M-row DCP-like trace it is smaller than levels 3 and 6 and within 3 % of
+# level 9 (12.1 against 11.8 bytes per row) at a fifth of its time (0.3 against 1.6 us per row), and
+# `record` writes the file after the traced command ended (a 10 M-row trace would wait 13 s more at 9).
+ZSTD_LEVEL = 1
+# A file of one batch (at most DEFAULT_BATCH_ROWS rows: a small trace) is written at level 9: on the
+# 7,211-row trace `make demo` records, 11.6 bytes per row against 12.8 at level 1, for 0.07 s against
+# 0.02 s (level 19: 11.3 for 1.3 s).
+ZSTD_LEVEL_ONE_BATCH = 9
+# The spool TraceWriter keeps while rows arrive is read back once: the cheapest level.
+SPOOL_ZSTD_LEVEL = 1
 
 
 def _write_options(level: int, **kwargs: Any) -> ipc.IpcWriteOptions:
@@ -65,7 +75,8 @@ def _write_options(level: int, **kwargs: Any) -> ipc.IpcWriteOptions:
 
 @dataclass(frozen=True)
 class Trace:
-    """A validated trace: ``table`` has exactly the columns of ``SCHEMA``.
+    """A validated trace: ``table`` has the columns of ``SCHEMA``, then the optional ones
+    (``OPTIONAL_COLUMNS``) the file holds.
 
     ``metadata`` is the decoded JSON object stored under ``METADATA_KEY``.
     """
@@ -138,6 +149,30 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     output.commit()
 
 
+_PROC_FD = Path("/proc/self/fd")
+
+
+def _private_file(directory: Path, name: str, mode: int) -> tuple[int, Path | None]:
+    """A new empty file in ``directory`` that only this process holds: (read-write descriptor, its name).
+
+    Made with O_TMPFILE (open(2)): it has no name, so nothing is left behind if the process dies (name
+    None). Where the file system rules that out: a random name made O_EXCL|O_NOFOLLOW
+    (``atomic.make_temporary``: never an existing file, nor through a planted link), which the caller
+    unlinks. Raises OSError.
+    """
+    if _PROC_FD.is_dir():
+        try:
+            return os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, mode), None
+        except OSError as err:
+            if err.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
+    return make_temporary(directory / name, mode)
+
+
+def _refusal(path: Path, err: OSError) -> CkptTraceError:
+    return CkptTraceError(f"cannot write trace {path}: {err.strerror or err}")
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     """Hex SHA-256 of a file's bytes (identifies a trace whatever its name)."""
     digest = hashlib.sha256()
@@ -167,11 +202,22 @@ def table_from_columns(columns: Mapping[str, list]) -> pa.Table:
 
 
 def conform(table: pa.Table) -> pa.Table:
-    """``table`` as ``SCHEMA``: the columns in order, cast, and every text column's chunks sharing one
+    """``table`` as a version 5 file holds it: ``SCHEMA``'s columns in order, cast, then the optional
+    columns (``OPTIONAL_COLUMNS``) it holds, cast to their types; every text column's chunks sharing one
     dictionary (the IPC file format allows one dictionary per column; Arrow columnar format, "Dictionary
-    Messages"). Version-1-shaped tables gain the version 2 columns."""
+    Messages"). Version-1-shaped tables gain the version 2 columns; other columns are left out."""
+    optional = _optional_in(table.schema)
+    extra = {name: table[name] for name in optional}
     table = _with_all_columns(table)
-    return table.select(list(COLUMNS)).cast(SCHEMA).unify_dictionaries()
+    for name, column in extra.items():
+        if name not in table.column_names:
+            table = table.append_column(name, column)
+    return table.select(list(COLUMNS) + optional).cast(file_schema(optional)).unify_dictionaries()
+
+
+def _optional_in(schema: pa.Schema) -> list[str]:
+    """The optional columns ``schema`` holds, in its order."""
+    return [name for name in schema.names if name in OPTIONAL_COLUMNS]
 
 
 def _with_all_columns(table: pa.Table) -> pa.Table:
@@ -186,6 +232,23 @@ def _with_all_columns(table: pa.Table) -> pa.Table:
     return table
 
 
+def _final_metadata(metadata: Mapping[str, Any]) -> bytes:
+    """The JSON text stored under ``METADATA_KEY``: ``metadata`` with ``format_version`` set. Raises
+    TraceFormatError when a required key is missing."""
+    meta = dict(metadata)
+    meta["format_version"] = FORMAT_VERSION
+    missing = [key for key in REQUIRED_METADATA_KEYS if key not in meta]
+    if missing:
+        raise TraceFormatError(f"trace metadata lacks key {missing[0]!r}")
+    return json.dumps(meta, sort_keys=True).encode()
+
+
+def _schema_metadata(metadata: Mapping[str, Any], other_keys: Mapping[bytes, bytes] | None) -> dict[bytes, bytes]:
+    keys = dict(other_keys or {})
+    keys.pop(METADATA_KEY, None)
+    return {METADATA_KEY: _final_metadata(metadata), **keys}
+
+
 def write_trace(
     path: str | os.PathLike,
     table: pa.Table,
@@ -193,15 +256,17 @@ def write_trace(
     *,
     overwrite: bool = False,
     batch_rows: int = DEFAULT_BATCH_ROWS,
+    other_keys: Mapping[bytes, bytes] | None = None,
     temporary: str | os.PathLike | None = None,
 ) -> Path:
-    """Write ``table`` (of ``SCHEMA``) and ``metadata`` atomically to ``path``.
+    """Write ``table`` (of ``SCHEMA``, and any ``OPTIONAL_COLUMNS`` it holds) and ``metadata`` atomically to
+    ``path``, as the current format version.
 
     ``metadata`` must hold every key of ``REQUIRED_METADATA_KEYS`` except
-    ``format_version``, which is set here. Returns the final path.
-
-    ``temporary`` is a file ``reserve_temporary(path)`` made (written and
-    renamed instead of a new one).
+    ``format_version``, which is set here. ``other_keys``: schema-metadata
+    keys stored beside ``METADATA_KEY`` (a layout, say). ``temporary`` is a
+    file ``reserve_temporary(path)`` made (written and renamed instead of a
+    new one). Returns the final path.
 
     Raises CkptTraceError when ``path`` exists and ``overwrite`` is false,
     when a metadata key is missing, or when the file system refuses the
@@ -210,30 +275,25 @@ def write_trace(
     path = Path(path)
     if path.exists() and not overwrite:
         raise CkptTraceError(f"{path} already exists (use --force to overwrite it)")
-    meta = dict(metadata)
-    meta["format_version"] = FORMAT_VERSION
-    missing = [key for key in REQUIRED_METADATA_KEYS if key not in meta]
-    if missing:
-        raise TraceFormatError(f"trace metadata lacks key {missing[0]!r}")
-    schema = STORED_SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+    keys = _schema_metadata(metadata, other_keys)
     try:
         table = conform(table).combine_chunks()
     except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
         raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
-    encoder = Encoder()
     options = _write_options(ZSTD_LEVEL_ONE_BATCH if table.num_rows <= max(1, batch_rows) else ZSTD_LEVEL)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise CkptTraceError(f"cannot write trace {path}: {err.strerror or err}") from None
+        raise _refusal(path, err) from None
     output = AtomicFile(path, temporary=temporary, what="trace")  # ``temporary``: reserve_temporary's
     try:
-        with pa.OSFile(output.sink_path, "wb") as sink, ipc.new_file(sink, schema, options=options) as writer:
+        with pa.OSFile(output.sink_path, "wb") as sink, \
+                ipc.new_file(sink, table.schema.with_metadata(keys), options=options) as writer:
             for batch in table.to_batches(max_chunksize=max(1, batch_rows)):
-                writer.write_batch(encoder.encode(batch, STORED_SCHEMA))
+                writer.write_batch(batch)
     except OSError as err:
         output.discard()
-        raise CkptTraceError(f"cannot write trace {path}: {err.strerror or err}") from None
+        raise _refusal(path, err) from None
     except BaseException:
         output.discard()
         raise
@@ -260,11 +320,45 @@ def _decode_metadata(path: Path, schema: pa.Schema) -> dict:
     if version not in SUPPORTED_VERSIONS:
         supported = ", ".join(str(v) for v in SUPPORTED_VERSIONS)
         raise TraceFormatError(f"{path}: trace format version {version!r} is not supported (supported: {supported})")
+    _check_metadata_types(path, meta)
     return meta
 
 
+# The type of each metadata key readers use (``None`` allowed where listed); counts are never negative.
+_METADATA_TYPES: dict[str, tuple[type, ...]] = {
+    "creator": (str,), "creator_version": (str,), "host": (str,), "kernel": (str,), "arch": (str,),
+    "backend": (str,), "backend_reason": (str,), "command": (list, type(None)), "start_wall_time_ns": (int,),
+    "filesystems": (dict,), "lost_events": (int,), "elapsed_ns": (int,), "command_elapsed_ns": (int,),
+    "path_filters": (list,), "spilled_runs": (int,), "truncated_paths": (int,), "untracked_fd_ops": (int,),
+    "unreaped_requests": (int,), "late_events": (int,), "exit_code": (int,), "exit_signal": (int, type(None)),
+    "gpu": (dict,), "unseen": (dict,), "unattributed": (dict,), "provenance": (list,),
+    "interrupted": (str, type(None)),
+}
+_METADATA_COUNTS = ("lost_events", "elapsed_ns", "spilled_runs", "truncated_paths", "untracked_fd_ops",
+                    "unreaped_requests", "late_events")
+_TYPE_WORDS = {str: "a string", int: "an integer", list: "a list", dict: "an object", type(None): "null"}
+
+
+def _check_metadata_types(path: Path, meta: dict) -> None:
+    """Raise TraceFormatError naming the key when a metadata value has the wrong type (``_METADATA_TYPES``),
+    so a reader never fails later inside its arithmetic."""
+    for key, kinds in _METADATA_TYPES.items():
+        if key not in meta:
+            continue
+        value = meta[key]
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            words = " or ".join(_TYPE_WORDS[kind] for kind in kinds)
+            raise TraceFormatError(f"{path}: metadata key {key!r} is {json.dumps(value)[:40]}, not {words}")
+        if key in _METADATA_COUNTS and value < 0:
+            raise TraceFormatError(f"{path}: metadata key {key!r} is {value}, a negative count")
+    if isinstance(meta.get("command"), list) and not all(isinstance(word, str) for word in meta["command"]):
+        raise TraceFormatError(f"{path}: metadata key 'command' is not a list of strings")
+
+
 def _check_columns(path: Path, schema: pa.Schema, version: int) -> None:
-    for field in SCHEMAS[version]:
+    fields = list(SCHEMAS[version]) + ([optional_field(name) for name in _optional_in(schema)]
+                                       if version >= 5 else [])
+    for field in fields:
         index = schema.get_field_index(field.name)
         if index < 0:
             raise TraceFormatError(f"{path}: column {field.name!r} missing")
@@ -311,8 +405,16 @@ def count_rows(path: str | os.PathLike) -> int:
         raise TraceFormatError(f"{path}: not a readable trace ({_first_line(err)})") from None
 
 
+def read_extra_metadata(path: str | os.PathLike) -> dict:
+    """The optional metadata keys (``EXTRA_METADATA``) the trace at ``path`` holds, {key: value}; those it
+    lacks are absent. Reads the schema only. Raises TraceFormatError as ``read_metadata`` does."""
+    meta = read_metadata(path)
+    return {key: meta[key] for key in EXTRA_METADATA if key in meta}
+
+
 def read_trace(path: str | os.PathLike) -> Trace:
-    """Read and validate the trace at ``path``.
+    """Read and validate the trace at ``path``: ``SCHEMA``'s columns, then the optional columns
+    (``OPTIONAL_COLUMNS``) the file holds.
 
     Raises TraceFormatError with a one-line message naming what is wrong:
     a missing file, a file that is not Arrow IPC (corrupt or truncated),
@@ -324,15 +426,18 @@ def read_trace(path: str | os.PathLike) -> Trace:
     meta = _decode_metadata(path, reader.schema)
     version = meta["format_version"]
     _check_columns(path, reader.schema, version)
+    optional = _optional_in(reader.schema) if version >= 5 else []
     try:
-        if version >= 4:
+        if version == 4:
             decoder = Decoder()
             table = pa.Table.from_batches([_decoded(reader.get_batch(index), decoder, list(COLUMNS))
                                            for index in range(reader.num_record_batches)], schema=SCHEMA)
         else:
             table = reader.read_all()
             _validate(table)  # offsets, lengths and dictionary indices checked: no later compute reads out of bounds
-            table = upgrade(table.select(list(SCHEMAS[version].names)), version)
+            names = list(SCHEMAS[version].names)
+            table = upgrade(table.select(names + optional), version) if version < 3 else \
+                table.select(names + optional).replace_schema_metadata(None)
     except (pa.ArrowException, OSError) as err:
         raise TraceFormatError(f"{path}: record batches are corrupt ({_first_line(err)})") from None
     _check_values(path, table)
@@ -360,14 +465,16 @@ def _check_values(path: Path, table: pa.Table | pa.RecordBatch) -> None:
 def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = None, *,
          batch_rows: int = DEFAULT_BATCH_ROWS,
          on_batch: Callable[[int, int], None] | None = None) -> tuple[dict, Iterator[pa.RecordBatch]]:
-    """(metadata, record batches) of the trace at ``path``, reading only ``columns`` (all when None) one batch
-    at a time: memory is bounded by a batch, not by the trace. The file is read, not mapped (mapped pages
+    """(metadata, record batches) of the trace at ``path``, reading only ``columns`` one batch at a time:
+    memory is bounded by a batch, not by the trace. ``columns`` None: ``SCHEMA``'s, then the optional
+    columns the file holds; an optional column asked for by name comes null where the file lacks it.
+    The file is read, not mapped (mapped pages
     would count as the reader's memory), by Arrow's IPC file reader, which reads and decompresses only the
     columns asked for (``IpcReadOptions.included_fields``), the next file batch on a helper thread while
     this one is worked on; a file batch longer than ``batch_rows`` comes in zero-copy slices. (pyarrow 26's
-    dataset scanner over IPC files crashed the process now and then.) Version 1 batches come upgraded to
-    the current schema, version 4 batches decoded (``encoding``: the columns a decoded one needs are read
-    too); each batch's values are checked as ``read_trace`` checks them. Raises
+    dataset scanner over IPC files crashed the process now and then.) Batches of versions 1 to 3 come
+    upgraded to the current schema, version 4 batches decoded (``encoding``: the columns a decoded one
+    needs are read too); each batch's values are checked as ``read_trace`` checks them. Raises
     TraceFormatError (at once for the file, the metadata
     and the columns; while iterating for a corrupt batch). ``on_batch(done, count)`` is called once each
     of the file's ``count`` record batches has been handed out (a progress bar's feed).
@@ -375,25 +482,25 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
     path = Path(path)
     meta = read_metadata(path)
     version = meta["format_version"]
-    asked = list(columns) if columns is not None else list(COLUMNS)
+    file_names = _open_reader(path).schema.names
+    in_file = [name for name in file_names if name in OPTIONAL_COLUMNS] if version >= 5 else []
+    asked = list(columns) if columns is not None else list(COLUMNS) + in_file
     unknown = [name for name in asked if name not in COLUMNS and name not in OPTIONAL_COLUMNS]
     if unknown:
         raise TraceFormatError(f"no column {unknown[0]!r} in the trace schema")
-    optional = [name for name in asked if name in OPTIONAL_COLUMNS]  # read as stored, null where absent
     wanted = [name for name in asked if name not in OPTIONAL_COLUMNS]
-    if version >= 4:
-        present, missing, stored = wanted, [], stored_columns(wanted)
+    if version == 4:
+        present, stored = list(wanted), stored_columns(wanted)
     else:
         present = [name for name in wanted if name in SCHEMAS[version].names]
-        missing = [name for name in wanted if name not in present]  # added after the file's version
-        stored = present
-    if optional and version >= 4:
-        file_names = _open_reader(path).schema.names
-        stored = stored + [name for name in optional if name in file_names]
-        present = present + optional  # appended to each decoded batch by _with_optional
+        stored = list(present)
+    optional_present = [name for name in asked if name in in_file]
+    stored += optional_present
+    present += optional_present
+    missing = [name for name in asked if name not in present]  # added after the file's version, or absent
 
     def batches() -> Iterator[pa.RecordBatch]:
-        decoder = Decoder() if version >= 4 else None
+        decoder = Decoder() if version == 4 else None
         try:
             with pa.OSFile(str(path)) as source:
                 names = ipc.open_file(source).schema.names
@@ -403,48 +510,21 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
 
                 def load(index: int) -> pa.RecordBatch:  # in file order: one worker, one batch ahead
                     whole = reader.get_batch(index)
-                    return whole if decoder is None else _with_optional(_decoded(whole, decoder, wanted), whole,
-                                                                        optional)
+                    return whole if decoder is None else _decoded(whole, decoder, wanted)
 
                 with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-trace-scan") as pool:
                     ahead = pool.submit(load, 0) if count else None
                     for index in range(count):
                         whole = ahead.result()  # the next one decompresses while this one is worked on
                         ahead = pool.submit(load, index + 1) if index + 1 < count else None
-                        for batch in _slices(path, whole, present, batch_rows, missing, version, wanted,
-                                             validated=decoder is not None):
-                            yield _ordered(batch, asked) if optional else batch
+                        yield from _slices(path, whole, [n for n in present if n in whole.schema.names],
+                                           batch_rows, missing, version, asked, validated=decoder is not None)
                         if on_batch is not None:
                             on_batch(index + 1, count)
         except (pa.ArrowException, OSError) as err:
             raise TraceFormatError(f"{path}: record batches are corrupt ({_first_line(err)})") from None
 
     return meta, batches()
-
-
-def _with_optional(batch: pa.RecordBatch, whole: pa.RecordBatch, optional: list[str]) -> pa.RecordBatch:
-    """``batch`` with the ``optional`` columns of the file batch ``whole`` appended (null where it lacks one)."""
-    for name in optional:
-        kind = OPTIONAL_COLUMNS[name]
-        if name in whole.schema.names:
-            column = whole.column(name)
-            if pa.types.is_dictionary(column.type):
-                _validate(pa.RecordBatch.from_arrays([column], names=[name]))
-        else:
-            column = pa.nulls(whole.num_rows, kind.value_type if pa.types.is_dictionary(kind) else kind).cast(kind)
-        batch = batch.append_column(pa.field(name, kind), column)
-    return batch
-
-
-def _ordered(batch: pa.RecordBatch, asked: list[str]) -> pa.RecordBatch:
-    """``batch`` with the columns ``asked`` in that order; an optional column it lacks (a file older than
-    version 5 batches) null."""
-    out = batch
-    for name in asked:
-        if name not in out.schema.names:
-            kind = OPTIONAL_COLUMNS[name]
-            out = out.append_column(pa.field(name, kind), pa.nulls(out.num_rows, kind.value_type).cast(kind))
-    return out.select(asked)
 
 
 def _decoded(batch: pa.RecordBatch, decoder: Decoder, wanted: list[str]) -> pa.RecordBatch:
@@ -485,15 +565,21 @@ def _validate(data: pa.RecordBatch | pa.Table) -> None:
                                           f"for {len(chunk.dictionary)} values)")
 
 
+def _field(name: str) -> pa.Field:
+    """The field of a column of ``SCHEMA`` or of ``OPTIONAL_COLUMNS``."""
+    return SCHEMA.field(name) if name in COLUMNS else optional_field(name)
+
+
 def _upgrade_batch(batch: pa.RecordBatch, version: int, wanted: list[str]) -> pa.RecordBatch:
-    """A batch of an older version with the current types and the columns ``wanted``, in that order."""
+    """A batch of an older version (or lacking optional columns) with the current types and the columns
+    ``wanted``, in that order: those it lacks as their version-1 defaults or null."""
     full = upgrade(pa.Table.from_batches([batch]).select(
         [name for name in SCHEMAS[version].names if name in batch.schema.names] or []), version) \
         if all(name in batch.schema.names for name in SCHEMAS[version].names) else None
     columns = []
     for name in wanted:
-        field = SCHEMA.field(name)
-        if full is not None:
+        field = _field(name)
+        if full is not None and name in full.column_names:
             columns.append(full[name].combine_chunks())
         elif name in batch.schema.names:
             columns.append(batch.column(name).cast(field.type))
@@ -502,89 +588,87 @@ def _upgrade_batch(batch: pa.RecordBatch, version: int, wanted: list[str]) -> pa
         else:
             columns.append(pa.nulls(batch.num_rows, field.type.value_type if pa.types.is_dictionary(field.type)
                                     else field.type).cast(field.type))
-    return pa.RecordBatch.from_arrays(columns, schema=pa.schema([SCHEMA.field(name) for name in wanted]))
+    return pa.RecordBatch.from_arrays(columns, schema=pa.schema([_field(name) for name in wanted]))
 
 
 class TraceWriter:
     """Writes a trace batch by batch in bounded memory, atomically like ``write_trace``.
 
-    Call order: ``TraceWriter(path, overwrite=...)``, ``write(table)`` any
-    number of times (tables or batches of ``SCHEMA``'s columns, text columns
-    as strings or dictionaries), then ``close(metadata)``, which returns the
-    final path; ``abort()`` after a failure removes what was written.
+    Call order: ``TraceWriter(path, overwrite=..., optional_columns=...)``,
+    ``write(table)`` any number of times (tables or batches of ``SCHEMA``'s
+    columns, text columns as strings or dictionaries), then
+    ``close(metadata)``, which returns the final path; ``abort()`` after a
+    failure removes what was written (never ``path`` itself).
 
-    Text columns are encoded against one dictionary per column that grows
-    as values arrive; each batch carries the dictionary so far and the file
-    stores only what is new (IPC dictionary deltas, which the file format
-    allows). Rows are held until a whole batch of ``batch_rows`` has come
-    (zstd compresses a full batch better than many small ones), so memory
-    stays bounded by a batch; each batch is stored as version 4 encodes it
-    (``encoding.Encoder``). A trace of one batch is written whole by
-    ``close``, metadata and all, at zstd level ``ZSTD_LEVEL_ONE_BATCH``. For
-    a longer one the metadata is known only at the end, so the schema is written
-    with a fixed-size placeholder (8 KiB) that ``close`` overwrites in place, in the
-    schema message and in the footer; metadata longer than the placeholder
-    is written by copying the file once more, batch by batch.
+    Rows are held until more than a batch of ``batch_rows`` has come (zstd
+    compresses a full batch better than many small ones); each full batch is
+    then spooled: appended, as an Arrow IPC stream at zstd level
+    ``SPOOL_ZSTD_LEVEL``, to a private file of the output's directory that
+    has no name (``_private_file``), so memory stays bounded by a batch and
+    a writer killed at any point leaves nothing behind. Text columns are
+    encoded against one dictionary per column that grows as values arrive.
+    ``close`` writes the trace in one streaming pass, batch by batch out of
+    the spool, with the metadata it is given written once (no placeholder),
+    every text column's batches referring to its one final dictionary (no
+    dictionary deltas, which polars refuses), into a temporary file renamed
+    over ``path`` as ``write_trace`` does. A trace of at most one batch never touches the
+    spool and is written at zstd level ``ZSTD_LEVEL_ONE_BATCH``, a longer one
+    at ``ZSTD_LEVEL``.
+
+    ``optional_columns``: the ``OPTIONAL_COLUMNS`` the file stores, in that
+    order (None: those the first rows written hold); rows lacking one store
+    null. ``temporary``: the file ``reserve_temporary(path)`` made, which
+    ``close`` writes and renames (``abort`` removes it).
 
     Raises CkptTraceError when ``path`` exists and ``overwrite`` is false, or
     when the file system refuses the write; TraceFormatError for rows that do
-    not fit the schema or metadata that lacks a required key.
+    not fit the schema (or hold an optional column the file does not store)
+    or metadata that lacks a required key.
     """
 
-    _RESERVED_BYTES = 8 << 10  # metadata that does not fit costs one more copy of the file (``_rewrite``)
-
     def __init__(self, path: str | os.PathLike, *, overwrite: bool = False,
-                 batch_rows: int = DEFAULT_BATCH_ROWS, optional_columns: tuple[str, ...] = (),
+                 batch_rows: int = DEFAULT_BATCH_ROWS, optional_columns: Iterable[str] | None = None,
                  temporary: str | os.PathLike | None = None) -> None:
         self.path = Path(path)
-        unknown = [name for name in optional_columns if name not in OPTIONAL_COLUMNS]
-        if unknown:
-            raise TraceFormatError(f"no optional column {unknown[0]!r} in the trace schema")
-        # Optional columns (version 5 additions) go after SCHEMA's, stored as they are.
-        self._optional = [pa.field(name, OPTIONAL_COLUMNS[name]) for name in optional_columns]
-        self._stored_schema = pa.schema(list(STORED_SCHEMA) + self._optional)
-        self._text = TEXT_COLUMNS + tuple(f.name for f in self._optional if pa.types.is_dictionary(f.type))
+        self._temporary = temporary  # reserve_temporary's file, written and renamed by close
+        self._schema: pa.Schema | None = None
+        if optional_columns is not None:
+            optional_columns = tuple(optional_columns)
+            unknown = [name for name in optional_columns if name not in OPTIONAL_COLUMNS]
+            if unknown:
+                raise TraceFormatError(f"no optional column {unknown[0]!r} in the trace schema")
         if self.path.exists() and not overwrite:
             raise CkptTraceError(f"{self.path} already exists (use --force to overwrite it)")
+        self.overwrite = overwrite
         self.batch_rows = max(1, batch_rows)
         self.rows = 0
-        self._marker = os.urandom(12).hex()
-        self._placeholder = self._padded({"pending": self._marker}, self._RESERVED_BYTES)
-        # Each dictionary starts with "": Arrow takes an empty dictionary followed by a longer one for a
-        # replacement, which the file format refuses, where a non-empty prefix makes a delta.
-        self._values: dict[str, list[str]] = {name: [""] for name in self._text}
-        self._index: dict[str, dict[str, int]] = {name: {"": 0} for name in self._text}
-        self._pending: list[pa.Table] = []  # rows not yet written: fewer than batch_rows, text as strings
+        self._text: tuple[str, ...] = ()
+        self._values: dict[str, list[str]] = {}
+        self._index: dict[str, dict[str, int]] = {}
+        self._pending: list[pa.Table] = []  # rows not yet spooled, text as strings
         self._pending_rows = 0
-        self._encoder = Encoder()
-        self._writer: ipc.RecordBatchFileWriter | None = None  # opened by the first batch, or by close
-        self._level = ZSTD_LEVEL
+        self._spooled = 0  # batches in the spool
+        self._spool_writer: ipc.RecordBatchStreamWriter | None = None
+        self._spool_sink: pa.PythonFile | None = None
+        self._spool_fd = -1
+        if optional_columns is not None:
+            self._set_schema(optional_columns)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._spool_fd, named = _private_file(self.path.parent, self.path.name, 0o600)
+            if named is not None:
+                named.unlink()  # read back through the descriptor: the spool needs no name
         except OSError as err:
-            raise CkptTraceError(f"cannot write trace {self.path}: {err.strerror or err}") from None
-        self._output = AtomicFile(self.path, temporary=temporary, what="trace")  # ``temporary``: reserve_temporary's
-        try:
-            self._sink = pa.OSFile(self._output.sink_path, "wb")
-        except OSError as err:
-            self._output.discard()
+            self.abort()
             raise CkptTraceError(f"cannot write trace {self.path}: {err.strerror or err}") from None
 
-    @property
-    def _tmp(self) -> Path:
-        """The temporary file being written (renamed over ``path`` by ``close``)."""
-        return self._output.tmp
-
-    def _open(self, metadata: bytes, level: int) -> None:
-        self._level = level
-        self._writer = ipc.new_file(self._sink, self._stored_schema.with_metadata({METADATA_KEY: metadata}),
-                                    options=_write_options(level, emit_dictionary_deltas=True,
-                                                           unify_dictionaries=False))
-
-    @staticmethod
-    def _padded(obj: dict, size: int) -> bytes:
-        text = json.dumps(obj, sort_keys=True).encode()
-        return text + b" " * (size - len(text)) if len(text) <= size else text
+    def _set_schema(self, optional: Iterable[str]) -> None:
+        self._schema = file_schema(tuple(optional))
+        self._text = tuple(field.name for field in self._schema if pa.types.is_dictionary(field.type))
+        # Each dictionary starts with "": Arrow takes an empty dictionary followed by a longer one for a
+        # replacement, where a non-empty prefix makes a delta (the spool's stream carries deltas).
+        self._values = {name: [""] for name in self._text}
+        self._index = {name: {"": 0} for name in self._text}
 
     def _encode(self, name: str, column: pa.ChunkedArray | pa.Array) -> pa.Array:
         """``column`` as indices into this writer's growing dictionary of ``name``."""
@@ -603,123 +687,134 @@ class TraceWriter:
         return pa.DictionaryArray.from_arrays(indices, dictionary)
 
     def write(self, table: pa.Table | pa.RecordBatch) -> None:
-        """Append rows (of ``SCHEMA``'s columns; rows of an older version's shape gain the later columns' defaults)."""
+        """Append rows (of ``SCHEMA``'s columns and the file's optional ones; rows of an older version's
+        shape gain the later columns' defaults)."""
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
+        optional = _optional_in(table.schema)
+        if self._schema is None:
+            self._set_schema(optional)
+        undeclared = [name for name in optional if self._schema.get_field_index(name) < 0]
+        if undeclared:
+            raise TraceFormatError(f"rows hold optional column {undeclared[0]!r}, which this trace does not store "
+                                   "(TraceWriter(optional_columns=...))")
+        extra = {name: table[name] for name in optional}
         table = _with_all_columns(table)
-        fields = list(SCHEMA) + self._optional
+        arrays = []
         try:
-            arrays = [table[f.name].cast(pa.string()) if f.name in self._text else table[f.name].cast(f.type)
-                      for f in fields]
+            for field in self._schema:
+                column = table[field.name] if field.name in table.column_names else extra.get(field.name)
+                if column is None:
+                    plain = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
+                    column = pa.nulls(table.num_rows, plain)
+                arrays.append(column.cast(pa.string()) if field.name in self._text else column.cast(field.type))
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
             raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
-        self._pending.append(pa.Table.from_arrays(arrays, names=[f.name for f in fields]))
+        self._pending.append(pa.Table.from_arrays(arrays, names=self._schema.names))
         self._pending_rows += table.num_rows
         self.rows += table.num_rows
-        while self._pending_rows >= self.batch_rows:
-            self._flush()
+        while self._pending_rows > self.batch_rows:
+            self._spool(self._next_batch())
 
-    def _flush(self) -> None:
-        """Write up to ``batch_rows`` of the pending rows as one record batch."""
+    def _next_batch(self) -> pa.RecordBatch:
+        """Up to ``batch_rows`` of the pending rows as one record batch of the file's schema."""
         pending = pa.concat_tables(self._pending)
         head, rest = pending.slice(0, self.batch_rows), pending.slice(self.batch_rows)
         try:
-            arrays = [self._encode(f.name, head[f.name]) if f.name in TEXT_COLUMNS else head[f.name].combine_chunks()
-                      for f in SCHEMA]
-            batch = self._encoder.encode(pa.RecordBatch.from_arrays(arrays, schema=SCHEMA), STORED_SCHEMA)
-            for f in self._optional:
-                column = head[f.name]
-                batch = batch.append_column(f, self._encode(f.name, column) if f.name in self._text
-                                            else column.combine_chunks())
+            arrays = [self._encode(f.name, head[f.name]) if f.name in self._text else head[f.name].combine_chunks()
+                      for f in self._schema]
+            batch = pa.RecordBatch.from_arrays(arrays, schema=self._schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
             raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
-        try:
-            if self._writer is None:  # more rows than one batch: the metadata comes at close, into a placeholder
-                self._open(self._placeholder, ZSTD_LEVEL)
-            self._writer.write_batch(batch)
-        except OSError as err:
-            self.abort()
-            raise CkptTraceError(f"cannot write trace {self.path}: {err.strerror or err}") from None
         self._pending = [rest] if rest.num_rows else []
         self._pending_rows = rest.num_rows
+        return batch
 
-    def close(self, metadata: Mapping[str, Any]) -> Path:
-        """Finish the file with ``metadata`` (every ``REQUIRED_METADATA_KEYS`` key but ``format_version``),
-        fsync it and rename it over ``path``. Returns the final path."""
-        meta = dict(metadata)
-        meta["format_version"] = FORMAT_VERSION
-        missing = [key for key in REQUIRED_METADATA_KEYS if key not in meta]
-        if missing:
-            self.abort()
-            raise TraceFormatError(f"trace metadata lacks key {missing[0]!r}")
+    def _spool(self, batch: pa.RecordBatch) -> None:
         try:
-            one_batch = self._writer is None  # every row is pending: the file is one batch, the metadata known
-            if one_batch:
-                self._open(json.dumps(meta, sort_keys=True).encode(), ZSTD_LEVEL_ONE_BATCH)
-            if self._pending_rows:
-                self._flush()
-            self._writer.close()
-            self._sink.close()
-            final = self._padded(meta, self._RESERVED_BYTES)
-            if not one_batch and len(final) == len(self._placeholder):
-                self._patch(final)
-            elif not one_batch:
-                self._rewrite(meta)
+            if self._spool_writer is None:
+                self._spool_sink = pa.PythonFile(os.fdopen(os.dup(self._spool_fd), "wb", buffering=1 << 20), mode="w")
+                self._spool_writer = ipc.new_stream(self._spool_sink, self._schema, options=_write_options(
+                    SPOOL_ZSTD_LEVEL, emit_dictionary_deltas=True, unify_dictionaries=False))
+            self._spool_writer.write_batch(batch)
         except OSError as err:
-            self._output.discard()
+            self.abort()
             raise CkptTraceError(f"cannot write trace {self.path}: {err.strerror or err}") from None
-        except BaseException:
-            self._output.discard()
-            raise
-        return self._output.commit()
+        self._spooled += 1
 
-    def _patch(self, final: bytes) -> None:
-        """Overwrite the placeholder where the file holds it: the schema message and the footer."""
-        size = os.fstat(self._output.fd).st_size
-        with open(self._output.sink_path, "r+b") as handle:
-            found = 0
-            for start, length in ((0, min(size, 4 * self._RESERVED_BYTES)),
-                                  (max(0, size - 4 * self._RESERVED_BYTES), min(size, 4 * self._RESERVED_BYTES))):
-                handle.seek(start)
-                window = handle.read(length)
-                at = window.find(self._placeholder)
-                while at >= 0:
-                    handle.seek(start + at)
-                    handle.write(final)
-                    found += 1
-                    window = window[:at] + final + window[at + len(final):]
-                    at = window.find(self._placeholder)
-            if found < 2:  # the schema message and the footer both hold it; anything else is a surprise
-                raise OSError(5, "trace metadata placeholder not found where Arrow writes the schema")
+    def _unspooled(self) -> Iterator[pa.RecordBatch]:
+        """The spooled batches in order, each text column over its final dictionary (one per column)."""
+        dictionaries = {name: pa.array(self._values[name], pa.string()) for name in self._text}
+        os.lseek(self._spool_fd, 0, os.SEEK_SET)
+        with os.fdopen(os.dup(self._spool_fd), "rb", buffering=1 << 20) as handle:
+            for batch in ipc.open_stream(pa.PythonFile(handle, mode="r")):
+                # a batch's indices point into a prefix of the final dictionary (dictionaries only grow)
+                arrays = [pa.DictionaryArray.from_arrays(column.indices, dictionaries[field.name])
+                          if field.name in dictionaries else column for field, column in zip(self._schema, batch.columns)]
+                yield pa.RecordBatch.from_arrays(arrays, schema=self._schema)
 
-    def _rewrite(self, meta: dict) -> None:
-        """Copy the rows into a new file whose schema carries ``meta`` (metadata too long to patch)."""
-        final = AtomicFile(self.path, what="trace")
-        schema = self._stored_schema.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+    def close(self, metadata: Mapping[str, Any], *, other_keys: Mapping[bytes, bytes] | None = None) -> Path:
+        """Write the file with ``metadata`` (every ``REQUIRED_METADATA_KEYS`` key but ``format_version``) and
+        ``other_keys`` (schema-metadata keys stored beside ``METADATA_KEY``), fsync it and rename it over
+        ``path``. Returns the final path."""
         try:
-            reader = ipc.open_file(pa.memory_map(self._output.sink_path, "r"))
-            with pa.OSFile(final.sink_path, "wb") as sink, ipc.new_file(sink, schema, options=_write_options(
-                    self._level, emit_dictionary_deltas=True)) as writer:
-                for i in range(reader.num_record_batches):
-                    writer.write_batch(reader.get_batch(i))
-        except BaseException:
-            final.discard()
+            keys = _schema_metadata(metadata, other_keys)
+        except TraceFormatError:
+            self.abort()
             raise
-        self._output.discard()
-        self._output = final
+        if self._schema is None:
+            self._set_schema(())
+        output = None
+        try:
+            if self._spooled:
+                while self._pending_rows:
+                    self._spool(self._next_batch())
+                self._spool_writer.close()
+                self._spool_sink.close()  # flushed: read back through another descriptor
+                self._spool_writer = self._spool_sink = None
+                level, batches = ZSTD_LEVEL, self._unspooled()
+            else:  # at most one batch: written straight
+                level, batches = ZSTD_LEVEL_ONE_BATCH, [self._next_batch()] if self._pending_rows else []
+            output = AtomicFile(self.path, temporary=self._temporary, what="trace")
+            self._temporary = None  # AtomicFile's now
+            with pa.OSFile(output.sink_path, "wb") as sink, ipc.new_file(
+                    sink, self._schema.with_metadata(keys), options=_write_options(level)) as writer:
+                for batch in batches:
+                    writer.write_batch(batch)
+        except OSError as err:
+            if output is not None:
+                output.discard()
+            self.abort()
+            raise _refusal(self.path, err) from None
+        except BaseException:
+            if output is not None:
+                output.discard()
+            self.abort()
+            raise
+        self.abort()  # the spool's descriptor
+        return output.commit()
 
     def abort(self) -> None:
-        """Remove what this writer wrote (never ``path`` itself)."""
-        try:
-            if self._writer is not None:
-                self._writer.close()
-        except (pa.ArrowException, OSError):
-            pass
-        try:
-            self._sink.close()
-        except (pa.ArrowException, OSError):
-            pass
-        self._output.discard()
+        """Remove what this writer wrote (never ``path`` itself): its spool, which has no name, goes with
+        its descriptor; the reserved ``temporary`` file, if ``close`` did not take it."""
+        if self._temporary is not None:
+            Path(self._temporary).unlink(missing_ok=True)
+            self._temporary = None
+        if self._spool_writer is not None:
+            try:
+                self._spool_writer.close()
+            except (pa.ArrowException, OSError):
+                pass
+            self._spool_writer = None
+        if self._spool_sink is not None:
+            try:
+                self._spool_sink.close()
+            except (pa.ArrowException, OSError, ValueError):
+                pass
+            self._spool_sink = None
+        if self._spool_fd >= 0:
+            os.close(self._spool_fd)
+            self._spool_fd = -1
 
 
 def _first_line(err: Exception) -> str:

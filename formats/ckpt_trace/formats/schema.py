@@ -16,17 +16,23 @@ module is the machine-readable copy. Version history:
   ``offset`` and ``ret`` as the stored columns ``tid_delta``,
   ``offset_delta`` and ``ret_delta``, differences from what the trace
   predicts (``encoding``), and zstd at level 6 (19 for a file of one batch). Readers decode them;
-  ``STORED_SCHEMA`` is the file's own schema.
+  ``STORED_SCHEMA_V4`` is the file's own schema.
+- 5: ``tid``, ``offset`` and ``ret`` stored plain again (the file's schema is ``SCHEMA``, as in version 3),
+  so any Arrow reader gets every value right with no decoding; the optional additions ``OPTIONAL_COLUMNS``
+  and ``EXTRA_METADATA`` (documented here and in ``formats/README.md``) that writers may add and readers
+  accept absent. Version 4 files are decoded (``encoding``), older ones upgraded, all read as version 5.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pyarrow as pa
 
 from .encoding import STORED_AS
 
-FORMAT_VERSION = 4
-SUPPORTED_VERSIONS = (1, 2, 3, 4)
+FORMAT_VERSION = 5
+SUPPORTED_VERSIONS = (1, 2, 3, 4, 5)
 
 # The one schema-metadata key; its value is a UTF-8 JSON object.
 METADATA_KEY = b"ckpt_trace"
@@ -109,19 +115,64 @@ SCHEMA = pa.schema(
     ]
 )
 
-# Version 4 stores three of SCHEMA's columns as differences (``encoding.STORED_AS``), in the same places.
-STORED_SCHEMA = pa.schema([pa.field(STORED_AS.get(field.name, field.name), field.type, field.nullable)
-                           for field in SCHEMA])
+# Version 4 stored three of SCHEMA's columns as differences (``encoding.STORED_AS``), in the same places.
+STORED_SCHEMA_V4 = pa.schema([pa.field(STORED_AS.get(field.name, field.name), field.type, field.nullable)
+                              for field in SCHEMA])
 
-# The file schema of each version (version 4's logical schema is SCHEMA, like version 3's).
-SCHEMAS = {1: SCHEMA_V1, 2: SCHEMA_V2, 3: SCHEMA, 4: STORED_SCHEMA}
+# The file schema of each version (version 4's logical schema is SCHEMA, like versions 3 and 5's).
+SCHEMAS = {1: SCHEMA_V1, 2: SCHEMA_V2, 3: SCHEMA, 4: STORED_SCHEMA_V4, 5: SCHEMA}
 COLUMNS = tuple(SCHEMA.names)
 TEXT_COLUMNS = tuple(field.name for field in SCHEMA if pa.types.is_dictionary(field.type))
 
-# Optional columns (version 5 additions): stored after SCHEMA's columns by writers that are asked for them
-# (``TraceWriter(optional_columns=...)``), read by ``scan`` when asked for by name (null where a trace lacks
-# them); every other reader ignores them. ``host``: the node a row was recorded on (``ckpt-trace merge``).
-OPTIONAL_COLUMNS = {"host": _TEXT}
+@dataclass(frozen=True)
+class OptionalColumn:
+    """A column a version 5 trace may carry after ``SCHEMA``'s: always nullable, of ``type`` (text columns
+    ``TEXT``, dictionary-encoded), its meaning in ``doc`` (units in the name, as every column)."""
+
+    type: pa.DataType
+    doc: str
+
+
+# Optional columns, additions of version 5 (formats/README.md, "Optional additions in version 5"). Writers
+# may store any of them after SCHEMA's columns (``TraceWriter(optional_columns=...)``, or ``write_trace``
+# for those its table holds); readers accept them absent: ``read_trace`` and ``scan`` with no column list
+# return those the file holds, ``scan`` asked for one by name returns it, null where the file lacks it. A
+# column in neither SCHEMA nor here is not read (a newer writer's addition: ignored, not refused); one of
+# these of another type is refused. Add an entry per new column: name -> OptionalColumn(type, doc), the
+# type nullable, text as ``TEXT``; a column keeps its meaning forever.
+OPTIONAL_COLUMNS: dict[str, OptionalColumn] = {
+    "host": OptionalColumn(_TEXT, "the node a row was recorded on: the `host` of the trace it came from "
+                                  "(`record --host LABEL` or the host name); written by `ckpt-trace merge`"),
+}
+
+# Optional metadata keys of version 5, stored beside the required ones in the one JSON object under
+# METADATA_KEY (readers accept them absent; ``read_extra_metadata`` returns those present). Add an entry
+# per new key: name -> what it holds (type, units, since when).
+EXTRA_METADATA: dict[str, str] = {
+    "merged": "written by `ckpt-trace merge`: the inputs, what each host's traces lost, the clock alignment's "
+              "error bound (formats/README.md, optional columns)",
+    "upgraded_from": "the trace was converted by `ckpt-trace upgrade`: {\"format_version\": int, \"sha256\": "
+                     "hex SHA-256 of the original file}",
+}
+
+TEXT = _TEXT  # the type of a text column (optional ones included): dictionary<int32, string>
+
+
+def optional_type(name: str) -> pa.DataType:
+    """The Arrow type of optional column ``name`` (KeyError when ``OPTIONAL_COLUMNS`` has none); an entry
+    given as a bare type is taken as its type."""
+    entry = OPTIONAL_COLUMNS[name]
+    return entry.type if isinstance(entry, OptionalColumn) else entry
+
+
+def optional_field(name: str) -> pa.Field:
+    """The Arrow field of optional column ``name`` (KeyError when ``OPTIONAL_COLUMNS`` has none)."""
+    return pa.field(name, optional_type(name), nullable=True)
+
+
+def file_schema(optional: list[str] | tuple[str, ...] = ()) -> pa.Schema:
+    """A version 5 file's schema: ``SCHEMA``, then the optional columns ``optional`` in that order."""
+    return pa.schema(list(SCHEMA) + [optional_field(name) for name in optional])
 
 
 def upgrade(table: pa.Table, version: int) -> pa.Table:

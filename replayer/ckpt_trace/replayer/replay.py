@@ -31,6 +31,7 @@ from ckpt_trace.version import __version__
 from .aggregate import alignment_counts, build_aggregated_plan
 
 from .optable import READ, WRITE
+from .lock import LOCK_NAME, TargetLock, job_id, refuse_held
 from .ownership import Claim
 from .pack import pack_plan
 from .paths import TargetRoot
@@ -42,8 +43,11 @@ from .verdicts import Rounds, versus_all
 from .verify import verify_content
 
 STRATEGIES = ("posix", "uring-buffered", "uring-direct", "aggregated")
-CHOICES = STRATEGIES + ("all",)
+# Strategies run only when named: they need hardware most machines lack (gds: a GPU and KvikIO).
+OPTIONAL_STRATEGIES = ("gds",)
+CHOICES = STRATEGIES + OPTIONAL_STRATEGIES + ("all",)
 TIMINGS = ("asap", "original")
+CACHE_STATES = ("recorded", "cold", "warm")
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,7 @@ def build_plan(table, strategy: str, strip_prefix: str | None = None, *, buffer_
     (``replayer.pack``). Raises ReplayError for an unknown strategy or a
     buffer size outside 1-64 MiB.
     """
-    if strategy not in STRATEGIES:
+    if strategy not in STRATEGIES + OPTIONAL_STRATEGIES:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
     return derive_plan(build_posix_plan(table, strip_prefix, arch=arch), strategy, buffer_bytes=buffer_bytes,
                        block_bytes=block_bytes, pack_files=pack_files)
@@ -160,6 +164,14 @@ def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> PosixExe
     """The executor of ``strategy``. Raises ReplayError when io_uring is unavailable for a uring strategy."""
     if strategy == "posix":
         return PosixExecutor(root, config.REPLAY_MAX_IO_BYTES)
+    if strategy == "gds":
+        from .gds import GdsExecutor
+        from .gds import probe as gds_probe
+
+        problem, mode = gds_probe()
+        if problem:
+            raise ReplayError(f"strategy gds: {problem}")
+        return GdsExecutor(root, config.REPLAY_MAX_IO_BYTES, mode)
     problem = io_uring_available()
     if problem:
         raise ReplayError(f"strategy {strategy} needs io_uring: {problem}")
@@ -206,7 +218,8 @@ def prepare_target(target: Path, force: bool) -> TargetRoot:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ReplayError(f"cannot create target {target}: {err.strerror}") from None
-    if not force and any(target.iterdir()):
+    refuse_held(target, job_id())
+    if not force and any(p.name != LOCK_NAME for p in target.iterdir()):
         raise ReplayError(f"target {target} is not empty (use --force to replay into it)")
     return TargetRoot(target)
 
@@ -224,14 +237,14 @@ def size_mismatches(root: TargetRoot, plan: ReplayPlan) -> tuple[SizeMismatch, .
     found = []
     for rel, expected in sorted(plan.checks.expected_sizes.items()):
         try:
-            actual = os.stat(os.path.join(root.root, rel)).st_size
+            actual = root.lstat(rel).st_size
         except OSError:
             actual = None
         if actual != expected:
             found.append(SizeMismatch(plan.strategy, rel, expected, actual))
     for rel, entry in sorted(plan.pack_index.items()):
         try:
-            room = os.stat(os.path.join(root.root, entry["pack"])).st_size - entry["offset"]
+            room = root.lstat(entry["pack"]).st_size - entry["offset"]
         except OSError:
             room = None
         if room is None or room < entry["size_bytes"]:
@@ -260,6 +273,8 @@ def replay(
     max_runs: int | None = None,
     fio: bool = False,
     gpu_copies: str = "recorded",
+    cache: str = "recorded",
+    strict: bool = False,
 ) -> ReplayReport:
     """Replay the trace at ``trace_path`` into ``target`` with ``strategy`` (or every strategy: ``all``).
 
@@ -268,7 +283,7 @@ def replay(
     across strategies (``replayer.verdicts``; what a strategy's previous run
     created is removed before its next, nothing else) and reports the run of
     median elapsed time with every run's time and each speed-up's interval
-    from the paired rounds; ``repeat=None`` (the CLI's default) runs 3-10
+    from the paired rounds; ``repeat=None`` (the CLI's default) runs 3-20
     rounds until the strategies are told apart or the time budget is spent
     (``verdicts.Rounds``). With ``strategy="all"``, a trace whose reads and
     writes move fewer than ``config.REPLAY_MIN_JUDGE_BYTES`` (and any trace
@@ -280,7 +295,8 @@ def replay(
     fsyncs every file left behind inside the timed region, so strategies that
     stop at the page cache and those that reach the device compare fairly.
     ``verify`` reads every written file back after each strategy's run and
-    raises ReplayError on the first content mismatch. ``pack_files`` packs
+    raises ReplayError on the first content mismatch, short read or size
+    difference from the recording. ``pack_files`` packs
     small files for the aggregated strategy.
     With ``all``, each strategy replays into ``target/<strategy>/`` and each
     result carries ``speedup_vs_posix``.
@@ -289,6 +305,21 @@ def replay(
     target (``iolayer.fio``; as much data as the replay writes, at most
     1 GiB, removed afterwards): the results carry it, so each strategy reads
     as a share of what the device gives.
+
+    ``cache`` is the page-cache state of the files that exist before the
+    trace (pre-created, so reads find them) when each run's clock starts:
+    ``cold`` (each fsynced, then dropped with posix_fadvise(2)
+    POSIX_FADV_DONTNEED: reads go to the device), ``warm`` (each read once:
+    reads are served from memory) or ``recorded``: as the trace says, and a
+    trace that does not say which reads hit the page cache (none does yet:
+    neither strace nor the bcc backend records it) replays cold, with a note.
+    Pre-creation and this preparation are setup, never inside the clock; so
+    is ``durable``'s sync of files the run did not write.
+
+    ``strict`` makes a replay that did not run as named an error: a
+    strategy whose named data path carried under
+    ``config.REPLAY_NAMED_PATH_MIN_SHARE`` of the bytes (after its runs;
+    the replay's files are removed).
 
     ``gpu_copies`` says what the trace's host<->device copy rows become:
     ``recorded`` (each copy re-executed with its recorded size, direction
@@ -309,6 +340,8 @@ def replay(
     a run; Interrupted on Ctrl-C.
     """
     check_options(strategy, timing, gpu_copies, repeat, min_seconds, drop_caches)
+    if cache not in CACHE_STATES:
+        raise ReplayError(f"unknown --cache {cache!r} (choose from {', '.join(CACHE_STATES)})")
     trace = _trace_file(trace_path)
     target = Path(target)
     refuse_target_holding(target, trace.path)
@@ -321,34 +354,51 @@ def replay(
     check_queue_depth(queue_depth, [plan.strategy for plan in plans])
     made_target = not target.exists()
     prepare_target(target, force)
-    claims = [Claim(target / plan.strategy if strategy == "all" else target, plan) for plan in plans]
+    lock = TargetLock.acquire(target)  # one replay job per target (replayer.lock)
     try:
-        for claim in claims:
-            claim.refuse_conflicts((trace.path, *protect))
-        check_free_space(target, plans[0], copies=len(plans))
-    except ReplayError:
-        _release([], target, made_target)  # nothing was written: only a target this call made goes
-        raise
-    try:
-        fio_limit = _fio_limit(target, plans[0]) if fio else None
-        runs = Rounds(repeat, min_seconds, max_runs or config.REPLAY_MAX_RUNS)
-        results, mismatches = _run_plans(plans, claims, queue_depth, runs, timing, progress, durable, drop_caches,
-                                         verify, gpu_copies)
-    except (ReplayError, KeyboardInterrupt) as err:
-        _release(claims, target, made_target)
-        if isinstance(err, KeyboardInterrupt):
-            raise Interrupted(f"interrupted; the replay's files under {target} were removed") from None
-        if any(claim.files for claim in claims) and target.exists():
-            raise ReplayError(f"{err}; the replay's files under {target} were removed") from None
-        raise
-    _add_speedups(results)
-    options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": pack_files, "repeat": repeat,
-               "rounds": len(results[0].runs_elapsed_s), "rounds_rule": runs.describe(),
-               "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
-               "gpu_copies": gpu_copies}
-    return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), options,
-                        trace_sha256=trace_sha256, environment=host.environment(target),
-                        claims=tuple(claims), made_target=made_target, fio_write_bytes_per_s=fio_limit)
+        claims = [Claim(target / plan.strategy if strategy == "all" else target, plan, fresh=strategy == "all")
+                  for plan in plans]
+        try:
+            for claim in claims:
+                claim.refuse_conflicts((trace.path, *protect))
+            check_free_space(target, plans[0], copies=len(plans))
+        except ReplayError:
+            _release([], target, made_target, lock)  # nothing was written: only a target this call made goes
+            raise
+        try:
+            fio_limit = _fio_limit(target, plans[0]) if fio else None
+            runs = Rounds(repeat, min_seconds, max_runs or config.REPLAY_MAX_RUNS)
+            cache_state, cache_note = resolve_cache(cache, plans[0])
+            results, mismatches = _run_plans(plans, claims, queue_depth, runs, timing, progress, durable, drop_caches,
+                                             verify, gpu_copies, cache_state)
+        except (ReplayError, KeyboardInterrupt) as err:
+            _release(claims, target, made_target, lock)
+            if isinstance(err, KeyboardInterrupt):
+                raise Interrupted(f"interrupted; the replay's files under {target} were removed") from None
+            if any(claim.files for claim in claims) and target.exists():
+                raise ReplayError(f"{err}; the replay's files under {target} were removed") from None
+            raise
+        _add_speedups(results)
+        off_path = [r for r in results if r.off_named_path]
+        if strict and off_path:
+            _release(claims, target, made_target, lock)
+            first = off_path[0]
+            raise ReplayError(f"--strict: {first.strategy}'s named path ({first.named_path}) carried "
+                              f"{first.path_shares()['named_path_bytes_share']:.0%} of the bytes, under "
+                              f"{config.REPLAY_NAMED_PATH_MIN_SHARE:.0%}; the replay's files under {target} were "
+                              "removed")
+        options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": pack_files, "repeat": repeat,
+                   "rounds": len(results[0].runs_elapsed_s), "rounds_rule": runs.describe(),
+                   "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
+                   "gpu_copies": gpu_copies, "cache": cache, "cache_state": cache_state, "strict": strict}
+        if cache_note:
+            for result in results:
+                result.notes.append(cache_note)
+        return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), options,
+                            trace_sha256=trace_sha256, environment=host.environment(target),
+                            claims=tuple(claims), made_target=made_target, fio_write_bytes_per_s=fio_limit)
+    finally:
+        lock.release()
 
 
 def _digest_soon(path: Path) -> Future:
@@ -400,7 +450,8 @@ class RunCount:
 
 
 def _run_plans(plans, claims, queue_depth, count: Rounds, timing, progress, durable, drop_caches,
-               verify, gpu_copies: str = "recorded") -> tuple[list[ReplayResult], list[SizeMismatch]]:
+               verify, gpu_copies: str = "recorded", cache_state: str = "cold"
+               ) -> tuple[list[ReplayResult], list[SizeMismatch]]:
     """Run the plans in rounds (``replayer.verdicts``): each round runs every plan once, starting one plan later
     than the round before, releasing that plan's previous run's files first; then each plan's median run, with
     every run's time and its paired speed-ups over the others."""
@@ -412,11 +463,12 @@ def _run_plans(plans, claims, queue_depth, count: Rounds, timing, progress, dura
         for index in [*range(first, len(plans)), *range(first)]:
             plan, claim = plans[index], claims[index]
             if runs[index]:
-                claim.release()
-            root = roots[index] = prepare_target(claim.directory, force=True)
+                claim.release(keep_directory=True)
+            root = roots[index] = claim.root()
             executor = make_executor(plan.strategy, root, queue_depth)
             executor.gpu_copies = gpu_copies
             executor.prepare(plan)
+            prepare_cache(root, plan, cache_state)
             if drop_caches:
                 drop_page_cache()
             runs[index].append(executor.run(plan, timing=timing, progress=progress, durable=durable))
@@ -442,6 +494,42 @@ def _add_verdicts(results: list[ReplayResult], elapsed: dict[str, list[float]]) 
         elif result.strategy == "posix" and len(results) > 1:
             result.speedup = {"median": 1.0, "low": 1.0, "high": 1.0, "coverage": 1.0,
                               "n": len(elapsed["posix"]), "verdict": "reference"}
+
+
+def resolve_cache(cache: str, plan: ReplayPlan) -> tuple[str, str | None]:
+    """The page-cache state a replay prepares (cold or warm) and a note when ``recorded`` had to choose: no
+    trace says yet, per read, whether its pages were in memory."""
+    if cache != "recorded":
+        return cache, None
+    t = plan.ops
+    reads = bool(((t.kind == READ) & (t.size > 0)).any()) and bool(plan.precreate_files)
+    note = ("page cache: the trace does not say which reads hit the page cache, so the files it reads were "
+            "replayed cold (--cache warm replays them warm)") if reads else None
+    return "cold", note
+
+
+def prepare_cache(root: TargetRoot, plan: ReplayPlan, state: str) -> None:
+    """Before the clock: the pre-created files cold (fsync(2), then posix_fadvise(2) POSIX_FADV_DONTNEED,
+    which drops clean pages) or warm (read once, whole). Raises ReplayError on an I/O error."""
+    chunk = bytearray(4 << 20)
+    for rel, size in plan.precreate_files:
+        try:
+            fd = root.open(rel, os.O_RDONLY)
+        except FileNotFoundError:  # a distributed share's file another process creates
+            continue
+        except OSError as err:
+            raise ReplayError(f"cannot prepare the page cache of {rel}: {err.strerror}") from None
+        try:
+            if state == "cold":
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            else:
+                while os.readv(fd, [chunk]) > 0:
+                    pass
+        except OSError as err:
+            raise ReplayError(f"cannot prepare the page cache of {rel}: {err.strerror}") from None
+        finally:
+            os.close(fd)
 
 
 class NothingToJudge(ReplayError):
@@ -511,9 +599,12 @@ def check_same_coverage(plans: list[ReplayPlan]) -> None:
 
 
 def check_file_bytes(plan: ReplayPlan, result: ReplayResult) -> None:
-    """After a run: every file got exactly the bytes its plan writes and reads (``result.file_bytes``); a short
-    read or write, or an operation that reached another file, would make the strategies incomparable. Raises
-    ReplayError naming the first file that differs."""
+    """After a run: every file got exactly the bytes its plan writes, and no more than the bytes its plan's
+    reads ask for (``result.file_bytes``): a read asks for what the recorded read asked for, and one that
+    met the end of the file then (``read(2)`` returning less, or 0) meets it again in the replay, since the
+    file is laid out as the trace saw it. A short write, a read past what was asked, or an operation that
+    reached another file would make the strategies incomparable. Raises ReplayError naming the first file
+    that differs."""
     if plan.pack_index:
         return
     expected = planned_file_bytes(plan)
@@ -522,15 +613,17 @@ def check_file_bytes(plan: ReplayPlan, result: ReplayResult) -> None:
         return
     for name in sorted(set(expected) | set(moved)):
         want, got = expected.get(name, (0, 0)), moved.get(name, (0, 0))
-        if want != got:
+        if want[0] != got[0] or got[1] > want[1]:
             raise ReplayError(f"{plan.strategy} wrote {got[0]:,} B and read {got[1]:,} B of {name}, its plan "
                               f"{want[0]:,} B and {want[1]:,} B (the rows it replays): the run moved other bytes "
                               "than the trace, so its figures cannot be compared")
 
 
-def _release(claims: list[Claim], target: Path, made_target: bool) -> None:
+def _release(claims: list[Claim], target: Path, made_target: bool, lock: TargetLock | None = None) -> None:
     for claim in claims:
         claim.release()
+    if lock is not None:
+        lock.release()
     if made_target:
         try:
             target.rmdir()
@@ -575,7 +668,18 @@ def _verify(root: TargetRoot, plan: ReplayPlan) -> int:
         first = found[0]
         raise ReplayError(f"verification failed for {plan.strategy}: {len(found)} file(s) differ from the pattern, "
                           f"first {first.path} at byte {first.offset}")
+    sizes = size_mismatches(root, plan)  # an extended or truncated file is wrong even where its ranges hold
+    if sizes:
+        first = sizes[0]
+        raise ReplayError(f"verification failed for {plan.strategy}: {len(sizes)} file(s) differ in size from the "
+                          f"recording, first {first.path}: {size_words(first.actual_bytes)}, recorded "
+                          f"{first.expected_bytes:,} B")
     return len(plan.checks.verify_ranges)
+
+
+def size_words(size_bytes: int | None) -> str:
+    """A replayed file's size for a message: ``1,024 B``, or ``missing`` (never "None bytes")."""
+    return "missing" if size_bytes is None else f"{size_bytes:,} B"
 
 
 def drop_page_cache() -> None:

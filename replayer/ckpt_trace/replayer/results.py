@@ -11,8 +11,10 @@ from ckpt_trace import config
 from ckpt_trace.stats import LatencyHistogram
 
 #: The data path each strategy's name promises (posix replays as recorded: no promise).
-NAMED_PATHS = {"uring-buffered": "io_uring", "uring-direct": "io_uring+O_DIRECT", "aggregated": "io_uring+O_DIRECT"}
-NAMED_PATH_MEMBERS = {"io_uring": ("io_uring_buffered", "io_uring_direct"), "io_uring+O_DIRECT": ("io_uring_direct",)}
+NAMED_PATHS = {"uring-buffered": "io_uring", "uring-direct": "io_uring+O_DIRECT", "aggregated": "io_uring+O_DIRECT",
+               "gds": "cuFile"}
+NAMED_PATH_MEMBERS = {"io_uring": ("io_uring_buffered", "io_uring_direct"), "io_uring+O_DIRECT": ("io_uring_direct",),
+                      "cuFile": ("cufile",)}
 
 
 @dataclass
@@ -49,6 +51,14 @@ class ReplayResult:
     ``speedup``: over posix, from paired rounds (``replayer.verdicts``:
     median, low, high, coverage, n, verdict), None without posix;
     ``versus``: the same over every other strategy of the replay, by name.
+    ``timing`` (``--timing original``): the per-operation start error's
+    median and p99 as a share of the rank's recorded I/O window, and per rank
+    the replayed window against the recorded one (``_RunState.timing_figures``).
+    ``phases``: ``save`` (the writes) and ``load`` (the reads), each with its
+    bytes, its time from the first such operation's start to the last one's
+    end, its throughput, and per rank the same with the slowest rank and its
+    time (``_RunState.phase_figures``): a trace holding a save and a load
+    reports each apart, and the slowest rank's save time as MLPerf Storage does.
     """
 
     strategy: str
@@ -73,6 +83,8 @@ class ReplayResult:
     latency_histogram: LatencyHistogram | None = field(default=None, repr=False, compare=False)
     data_paths: dict[str, dict[str, int]] = field(default_factory=dict)
     speedup: dict | None = None
+    timing: dict | None = None
+    phases: dict = field(default_factory=dict)
     versus: dict[str, dict] = field(default_factory=dict)
     file_bytes: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
 

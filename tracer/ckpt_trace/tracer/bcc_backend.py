@@ -273,6 +273,27 @@ _MAPPED_OFFSETS = (("__OFF_TASK_FILES__", "task_struct", "files"), ("__OFF_FILES
                    ("__OFF_SB_DEV__", "super_block", "s_dev"))
 
 
+_FOLIO_OFFSETS = (("__OFF_MAPPING_HOST__", "address_space", "host"), ("__OFF_XA_NODE_SHIFT__", "xa_node", "shift"),
+                  ("__OFF_XA_NODE_SLOTS__", "xa_node", "slots"), ("__OFF_FOLIO_FLAGS__", "folio", "flags"),
+                  ("__OFF_FOLIO_FLAGS1__", "folio", "_flags_1"), ("__OFF_FOLIO_INDEX__", "folio", "index"))
+#: The page tracepoints a recording may leave out (``CKPT_TRACE_BPF_OMIT_TRACEPOINTS``, comma-separated), as an
+#: older kernel without them would: the trace then counts what it could not cover (``mapped_uncovered_bytes``).
+OMITTABLE = {"mm_filemap_fault": "__OMIT_FAULT__", "mm_filemap_map_pages": "__OMIT_MAP_PAGES__",
+             "writeback_dirty_folio": "__OMIT_DIRTY__"}
+_RSS_EVENTS = ("exceptions/page_fault_user", "kmem/rss_stat")
+
+
+def omitted_tracepoints() -> list[str]:
+    """The page tracepoints ``CKPT_TRACE_BPF_OMIT_TRACEPOINTS`` leaves out (names of ``OMITTABLE``, with or
+    without their category). Raises TracerError for a name it does not know."""
+    names = [name.strip().rpartition(":")[2] for name in config.BPF_OMIT_TRACEPOINTS.split(",") if name.strip()]
+    unknown = [name for name in names if name not in OMITTABLE]
+    if unknown:
+        raise TracerError(f"CKPT_TRACE_BPF_OMIT_TRACEPOINTS: unknown tracepoint {unknown[0]!r} "
+                          f"(choose from {', '.join(OMITTABLE)})")
+    return names
+
+
 @dataclass(frozen=True)
 class KernelView:
     """What the BPF program can read on this kernel: the C macros of the offsets it uses, and for each
@@ -287,7 +308,8 @@ class KernelView:
 def kernel_view() -> KernelView:
     """Offsets for the BPF program from the running kernel's BTF (``tracer.btf``), never from headers.
     Computed once per process."""
-    macros = {"__URING__": "0", "__MAPPED__": "0"}
+    macros = {"__URING__": "0", "__MAPPED__": "0", "__FOLIOS__": "0", "__RSS__": "0",
+              **dict.fromkeys(OMITTABLE.values(), "0")}
     try:
         kernel = btf.kernel()
     except btf.BtfMissing as err:
@@ -315,6 +337,17 @@ def kernel_view() -> KernelView:
         macros["__MAPPED__"] = "1"
     except btf.BtfMissing as err:
         mapped = f"pages touched through mappings are not recorded: {err}"
+    if mapped is None:
+        try:  # whole folios (raw tracepoints): else the formatted events' page indices alone
+            for macro, *where in _FOLIO_OFFSETS:
+                macros[macro] = str(kernel.offset(*where))
+            macros["__OFF_MAPPING_XA_HEAD__"] = str(kernel.offset("address_space", "i_pages")
+                                                    + kernel.offset("xarray", "xa_head"))
+            macros["__PG_HEAD__"] = str(kernel.enum_value("PG_head"))
+            macros["__FOLIOS__"] = "1"
+            macros["__RSS__"] = str(int(all((TRACEFS / "events" / name).is_dir() for name in _RSS_EVENTS)))
+        except btf.BtfMissing:
+            pass
     return KernelView(macros, uring, mapped)
 
 
@@ -367,6 +400,8 @@ def program_text(path_filters: list[str] | None = None, view: KernelView | None 
                 .replace("__ENTER_CASES__", cases))
     for macro, value in (view or kernel_view()).macros.items():
         text = text.replace(macro, value)
+    for name in omitted_tracepoints():
+        text = text.replace(f"#define {OMITTABLE[name].strip('_')} 0", f"#define {OMITTABLE[name].strip('_')} 1")
     return text
 
 

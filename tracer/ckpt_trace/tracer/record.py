@@ -63,6 +63,7 @@ class RecordResult:
     filtered_ops: int = 0
     unseen: dict = field(default_factory=dict)
     gpu: dict = field(default_factory=dict)
+    mapped_uncovered_bytes: int | None = None
 
     @property
     def ended(self) -> str:
@@ -172,6 +173,8 @@ def _run_traced(choice: BackendChoice, cmd: list[str], builder_args: dict, spool
                  **({"bpf_run_ns": rec.bpf_run_ns} if rec.bpf_run_ns is not None else {}),
                  "unseen": rec.unseen, "io_uring_unrecorded_ops": rec.uring_other_ops,
                  "late_events": feeder.late_events, "spilled_raw_bytes": rec.spilled_raw_bytes}
+        if feeder.builder.mapped_uncovered_bytes is not None:
+            extra["mapped_uncovered_bytes"] = feeder.builder.mapped_uncovered_bytes
         return feeder.builder, extra, choice
     with tempfile.TemporaryDirectory(prefix="ckpt-trace-strace-") as scratch:
         log = Path(scratch) / "strace.log"
@@ -272,6 +275,9 @@ def record(
         elapsed_s = time.monotonic() - started
         if strict and extra["lost_events"]:
             raise TracerError(f"{extra['lost_events']} events were lost (--strict); no trace written")
+        if strict and extra.get("mapped_uncovered_bytes"):
+            raise TracerError(f"{extra['mapped_uncovered_bytes']:,} bytes mapped from files are covered by no row "
+                              "(--strict); no trace written")
         result = _write(output, cmd, choice, builder, spool, extra, filters, start_wall_ns, elapsed_s, overwrite,
                         copies, gpu_plan, temporary=reserved)
     except BaseException:
@@ -361,4 +367,5 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
     rows = spool.write(output, metadata, overwrite=overwrite, batch_rows=config.TRACE_BATCH_ROWS, temporary=temporary)
     return RecordResult(output, extra["exit_code"], choice.name, choice.reason, rows, extra["lost_events"],
                         elapsed_s, exit_signal=extra.get("exit_signal"), filtered_ops=builder.filtered_rows,
-                        unseen=extra["unseen"], gpu=gpu_summary)
+                        unseen=extra["unseen"], gpu=gpu_summary,
+                        mapped_uncovered_bytes=extra.get("mapped_uncovered_bytes"))

@@ -1,0 +1,181 @@
+"""The ``gds`` strategy: the recorded reads and writes moved between the file and GPU memory through cuFile
+(GPUDirect Storage), by KvikIO.
+
+Each data operation is one ``CuFile.pwrite``/``pread`` of the recorded size and offset, from a device buffer
+holding the file's synthetic pattern (the same bytes every other strategy writes, so ``--verify`` holds) or
+into a device scratch buffer. Opens, closes, fsyncs and metadata run as posix does. The file is handed to
+KvikIO as ``/proc/self/fd/N`` of the descriptor the replay opened beneath the target, so no path is resolved
+again.
+
+Whether the bytes really went storage<->GPU without a bounce through host memory depends on the machine:
+KvikIO runs in its own compatibility mode (POSIX reads and writes through a host bounce buffer) when
+libcufile cannot be loaded, and cuFile in its compatibility mode when the nvidia-fs kernel driver is absent
+(``/dev/nvidia-fs*``) or the file system cannot do GDS. ``probe()`` says which; the result's notes carry it,
+so a compatibility-mode figure is never mistaken for true GDS. Sources: KvikIO's runtime settings
+(``KVIKIO_COMPAT_MODE``, docs.rapids.ai/api/kvikio) and NVIDIA's cuFile API reference, "cuFile
+compatibility mode".
+
+Call order (``replay``): ``probe()`` before planning (None, or why gds cannot run here), then the
+executor's ``prepare``/``run`` as every executor's.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ckpt_trace.iolayer import pattern
+from ckpt_trace.iolayer.buffers import pattern_buffer
+
+from .plan import PlanOp, ReplayPlan
+from .posix import DATA_PATHS, PosixExecutor
+
+
+@dataclass(frozen=True)
+class GdsMode:
+    """What ``gds`` runs as here: ``true_gds`` only when KvikIO uses cuFile, cuFile reports GDS available and
+    the nvidia-fs driver is loaded; ``label`` says it in a few words for the results."""
+
+    true_gds: bool
+    label: str
+
+
+def probe() -> tuple[str | None, GdsMode | None]:
+    """(None, mode) when the gds strategy can run here, else (why not, None)."""
+    try:
+        import torch
+    except ImportError:
+        return "gds needs torch with a CUDA GPU (torch is not installed)", None
+    if not torch.cuda.is_available():
+        return "gds needs a CUDA GPU (torch.cuda.is_available() is false)", None
+    try:
+        import kvikio
+        import kvikio.defaults
+    except ImportError:
+        return "gds needs KvikIO (pip install kvikio-cu12 or kvikio-cu13)", None
+    return None, _mode(kvikio)
+
+
+def _mode(kvikio) -> GdsMode:
+    compat = "unknown"
+    try:
+        compat = str(kvikio.defaults.get("compat_mode"))
+    except Exception:  # noqa: BLE001 - older KvikIO: compat_mode() instead of get()
+        try:
+            compat = str(kvikio.defaults.compat_mode())
+        except Exception:  # noqa: BLE001
+            pass
+    gds_available = None
+    try:
+        importlib.import_module("kvikio.cufile_driver")  # makes kvikio.cufile_driver an attribute
+    except ImportError:
+        pass
+    try:
+        gds_available = bool(kvikio.cufile_driver.get("is_gds_available"))
+    except Exception:  # noqa: BLE001 - older KvikIO: DriverProperties
+        try:
+            gds_available = bool(kvikio.DriverProperties().is_gds_available)
+        except Exception:  # noqa: BLE001
+            pass
+    nvidia_fs = bool(glob.glob("/dev/nvidia-fs*"))
+    kvikio_compat = compat.upper().endswith("ON") or (compat.upper().endswith("AUTO") and not gds_available)
+    if not kvikio_compat and gds_available and nvidia_fs:
+        return GdsMode(True, f"true GDS (KvikIO {kvikio.__version__}, cuFile, nvidia-fs loaded)")
+    reasons = []
+    if kvikio_compat:
+        reasons.append(f"KvikIO compat_mode {compat}: POSIX through a host bounce buffer")
+    if not gds_available:
+        reasons.append("cuFile reports GDS unavailable")
+    if not nvidia_fs:
+        reasons.append("no nvidia-fs driver (/dev/nvidia-fs*)")
+    return GdsMode(False, f"compatibility mode, not true GDS (KvikIO {kvikio.__version__}: {'; '.join(reasons)})")
+
+
+class GdsExecutor(PosixExecutor):
+    """Reads and writes through KvikIO's ``CuFile`` between the file and GPU memory; see the module
+    docstring. Every data operation runs alone (no batching into runs)."""
+
+    strategy = "gds"
+    data_path_code = DATA_PATHS.index("cufile")
+    maps_files = False  # mapped I/O is replayed as reads and writes through cuFile
+    queues_as_recorded = False
+
+    def __init__(self, root, max_io_bytes: int, mode: GdsMode) -> None:
+        super().__init__(root, max_io_bytes)
+        self.mode = mode
+        self._files: dict[tuple[int, int, str], object] = {}
+        self._device_pattern = None
+        self._device_scratch = None
+
+    def prepare(self, plan: ReplayPlan) -> None:
+        import torch
+
+        super().prepare(plan)
+        host = pattern_buffer(self.max_io_bytes + pattern.PERIOD)
+        try:
+            self._device_pattern = torch.frombuffer(host.mmap, dtype=torch.uint8).cuda()
+        finally:
+            host.close()
+        self._device_scratch = torch.empty(self.max_io_bytes, dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+
+    def batchable(self, plan: ReplayPlan, rows: slice) -> np.ndarray:
+        return np.zeros(rows.stop - rows.start, dtype=bool)
+
+    def run(self, plan: ReplayPlan, **options):
+        try:
+            result = super().run(plan, **options)
+        finally:
+            for handle in self._files.values():
+                handle.close()
+            self._files.clear()
+        result.notes.append(f"gds: {self.mode.label}")
+        return result
+
+    def _cufile(self, fd: int, write: bool):
+        import kvikio
+
+        st = os.fstat(fd)
+        flags = "r+" if write else "r"
+        key = (st.st_dev, st.st_ino, flags)
+        handle = self._files.get(key)
+        if handle is None:
+            handle = self._files[key] = kvikio.CuFile(f"/proc/self/fd/{fd}", flags)
+        return handle
+
+    def _position(self, fd: int, op: PlanOp) -> int:
+        return op.offset if op.offset is not None else os.lseek(fd, 0, os.SEEK_CUR)
+
+    def _write(self, fd: int, op: PlanOp, view: memoryview) -> int:
+        size, done = op.size or 0, 0
+        offset = self._position(fd, op)
+        handle = self._cufile(fd, write=True)
+        while done < size:
+            base = op.pattern_offset if op.pattern_offset is not None else offset
+            first = pattern.start(base + done, op.pattern_key)
+            n = min(self.max_io_bytes, size - done)
+            moved = handle.pwrite(self._device_pattern[first:first + n], n, offset + done).get()
+            if moved <= 0:
+                break
+            done += moved
+        if op.offset is None:
+            os.lseek(fd, offset + done, os.SEEK_SET)
+        return done
+
+    def _read(self, fd: int, op: PlanOp, view: memoryview) -> int:
+        size, done = op.size or 0, 0
+        offset = self._position(fd, op)
+        handle = self._cufile(fd, write=False)
+        while done < size:
+            n = min(self.max_io_bytes, size - done)
+            moved = handle.pread(self._device_scratch[:n], n, offset + done).get()
+            if moved <= 0:
+                break
+            done += moved
+        if op.offset is None:
+            os.lseek(fd, offset + done, os.SEEK_SET)
+        return done

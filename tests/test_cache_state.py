@@ -1,0 +1,83 @@
+"""The page cache as recorded: the files a trace reads are cold when the clock starts (unless --cache warm),
+and setup (pre-creation, its sync) stays outside the clock."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from conftest import cli
+
+from ckpt_trace.replayer import build_plan, replay
+from ckpt_trace.replayer.paths import TargetRoot
+from ckpt_trace.replayer.posix import PosixExecutor
+from ckpt_trace.replayer.replay import prepare_cache
+
+SIZE = 8 << 20
+
+
+def resident_bytes(path) -> int:
+    """Bytes of ``path`` in the page cache, by util-linux fincore(1) (mincore(2))."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)], check=True,
+                         capture_output=True, text=True).stdout
+    return int(out.split()[0])
+
+
+@pytest.fixture
+def load_trace(tmp_path):
+    from test_replay import make_trace
+
+    if shutil.which("fincore") is None:
+        pytest.skip("fincore (util-linux) not installed")
+    ops = [{"op": "open", "path": "/ck/model.bin", "fd": 3, "flags": 0, "ret": 3},
+           *({"op": "read", "path": "/ck/model.bin", "fd": 3, "offset": i << 20, "size": 1 << 20, "ret": 1 << 20}
+             for i in range(SIZE >> 20)),
+           {"op": "close", "path": "/ck/model.bin", "fd": 3}]
+    return make_trace(tmp_path / "load.arrow", ops)
+
+
+@pytest.mark.parametrize("state", ["cold", "warm"])
+def test_the_read_files_are_cold_or_warm_when_the_clock_starts(load_trace, tmp_path, state):
+    from ckpt_trace.formats import read_trace
+
+    plan = build_plan(read_trace(load_trace).table, "posix")
+    (tmp_path / "t").mkdir()
+    root = TargetRoot(tmp_path / "t")
+    PosixExecutor(root, 1 << 20).prepare(plan)
+    path = tmp_path / "t" / "ck" / "model.bin"
+    assert path.stat().st_size == SIZE and resident_bytes(path) == SIZE  # just written: all in memory
+    prepare_cache(root, plan, state)
+    assert resident_bytes(path) == (0 if state == "cold" else SIZE)
+
+
+def test_a_load_replays_cold_by_default_and_says_why(load_trace, tmp_path):
+    report = replay(load_trace, target=tmp_path / "t", durable=True)
+    result = report.results[0]
+    assert report.options["cache_state"] == "cold" and result.bytes_read == SIZE
+    assert any("does not say which reads hit the page cache" in note for note in result.notes)
+    warm = replay(load_trace, target=tmp_path / "w", cache="warm").results[0]
+    assert not any("page cache" in note for note in warm.notes)
+    proc = cli("replay", str(load_trace), "--target", str(tmp_path / "c"), "--cache", "bogus", check=False)
+    assert proc.returncode == 2 and "--cache" in proc.stderr
+
+
+def test_durable_does_not_sync_files_the_load_never_wrote(load_trace, tmp_path, monkeypatch):
+    import os
+
+    synced = []
+    real = os.fsync
+
+    def spy(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd)
+
+    from ckpt_trace.formats import read_trace
+
+    plan = build_plan(read_trace(load_trace).table, "posix")
+    (tmp_path / "t").mkdir()
+    executor = PosixExecutor(TargetRoot(tmp_path / "t"), 1 << 20)
+    executor.prepare(plan)
+    monkeypatch.setattr(os, "fsync", spy)
+    executor.run(plan, durable=True)
+    assert synced == []  # the load's file was pre-created: its sync is setup
