@@ -214,7 +214,7 @@ def replay(
     timing: Literal["asap", "original"] = typer.Option("asap", help="asap: as fast as possible; original: keep the recorded gaps."),
     fio: bool = typer.Option(False, "--fio", help="Also measure fio's sequential O_DIRECT write limit in TARGET, for reference."),
     gpu_copies: Literal["recorded", "pinned", "skip"] = typer.Option("recorded", "--gpu-copies", help="Host<->device copy rows: as recorded, with pinned host staging, or skipped (always, without a GPU)."),
-    strict: bool = typer.Option(False, "--strict", help="Fail if a strategy's named path (io_uring, O_DIRECT) carried under 90 % of the bytes."),
+    strict: bool = typer.Option(False, "--strict", help="Fail if a strategy's named path (io_uring, O_DIRECT) carried under 90 % of the bytes, or if the replay would skip trace rows (an unknown operation, a path naming nothing under the target)."),
     cache: Literal["recorded", "cold", "warm"] = typer.Option("recorded", "--cache", help="Page cache of the files the trace finds when each run starts: recorded (cold where the trace does not say), cold, warm."),
     wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
     placement: Literal["host", "spread"] = typer.Option("host", "--placement", help="Under torchrun: host keeps each recorded host's ranks on one node (a merged trace); spread cuts the ranks into blocks over all processes."),

@@ -242,7 +242,7 @@ def test_workload_dcp_with_optimizer_saves_a_real_adam_state_after_one_step(save
 @pytest.mark.torch
 def test_a_torchsnapshot_manifest_maps_every_tensor(tmp_path):
     torch = pytest.importorskip("torch")
-    torchsnapshot = pytest.importorskip("torchsnapshot")  # pip install 'ckpt-trace[snapshot]'
+    torchsnapshot = pytest.importorskip("torchsnapshot")  # pip install 'ckpt-trace[layout]'
 
     model = torch.nn.Linear(64, 32)
     optimizer = torch.optim.Adam(model.parameters())

@@ -198,3 +198,25 @@ def test_report_diff_and_emit_use_the_layout(tmp_path):
     assert "objects under 64 KiB" in header
     cli("emit", str(GOLDEN), "-o", str(tmp_path / "plain.py"))
     assert "no checkpoint layout" in (tmp_path / "plain.py").read_text()
+
+
+@pytest.mark.torch
+@pytest.mark.strace
+@pytest.mark.slow
+def test_a_recorded_hugging_face_save_pretrained(torch_installed, strace_backend, tmp_path):
+    pytest.importorskip("transformers")  # pip install 'ckpt-trace[layout]'
+    out = tmp_path / "hf"
+    script = ("from transformers import GPT2Config, GPT2LMHeadModel\n"
+              "config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=64)\n"
+              f"GPT2LMHeadModel(config).save_pretrained({str(out)!r}, max_shard_size='100KB')\n")
+    trace = tmp_path / "hf.arrow"
+    cli("record", "--backend", "strace", "--gpu", "off", "--path-filter", f"{out}/", "-o", str(trace), "--",
+        "python", "-c", script, timeout=900)
+    table, info = read_layout(trace)
+    shards = sorted(str(p) for p in out.glob("*.safetensors"))
+    assert len(shards) > 1 and set(info["files"]) == set(shards) | {str(out / "model.safetensors.index.json")}
+    assert sorted(info["unknown"]) == sorted(str(out / n) for n in ("config.json", "generation_config.json"))
+    layout = _all_attributed(trace, shards, "write")
+    kinds = {k["kind"]: k for k in layout["by_kind"]}
+    assert set(kinds) == {"model", "metadata", "index", "unknown"}
+    assert kinds["unknown"]["bytes_written"] == sum(os.path.getsize(p) for p in info["unknown"])

@@ -215,17 +215,17 @@ class _Source:
             self.table, self.ts = table, ts
 
     def take(self, stop: int) -> pa.Table:
-        """The held rows before ``stop`` (a row count), as plain columns with the ``host`` column."""
+        """The held rows before ``stop`` (a row count), with the ``host`` column."""
         head = self.table.slice(0, stop)
         self.table, self.ts = self.table.slice(stop), self.ts[stop:]
-        columns = [head[name].cast(pa.string()) if name in TEXT else head[name] for name in COLUMNS]
+        columns = [head[name] for name in COLUMNS]  # text stays dictionary-encoded (TraceWriter renumbers it)
         columns.append(pa.DictionaryArray.from_arrays(pa.array(np.zeros(head.num_rows, np.int32)),
-                                                      pa.array([self.item.host])).cast(pa.string()))
+                                                      pa.array([self.item.host])))
         return pa.Table.from_arrays(columns, names=list(COLUMNS) + ["host"])
 
 
 def merged_rows(plan: MergePlan, *, batch_rows: int = 65536) -> Iterator[pa.Table]:
-    """The rows of every input in global time order, as tables of ``COLUMNS`` plus ``host`` (text plain),
+    """The rows of every input in global time order, as tables of ``COLUMNS`` plus ``host`` (text as dictionaries),
     in bounded memory (module docstring)."""
     sources = [_Source(i, item, plan.origin_ns, batch_rows) for i, item in enumerate(plan.inputs)]
     while True:

@@ -345,6 +345,9 @@ def kernel_view() -> KernelView:
                                                     + kernel.offset("xarray", "xa_head"))
             macros["__PG_HEAD__"] = str(kernel.enum_value("PG_head"))
             macros["__FOLIOS__"] = "1"
+            macros["__OFF_TASK_MM__"] = str(kernel.offset("task_struct", "mm"))
+            macros["__OFF_MM_FILE_PAGES__"] = str(kernel.offset("mm_struct", "rss_stat")
+                                                  + kernel.offset("percpu_counter", "count"))  # [MM_FILEPAGES = 0]
             macros["__RSS__"] = str(int(all((TRACEFS / "events" / name).is_dir() for name in _RSS_EVENTS)))
         except btf.BtfMissing:
             pass

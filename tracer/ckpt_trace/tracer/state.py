@@ -87,7 +87,7 @@ class AuxEvent:
     ``index``..``last_index`` of inode ``ino`` (device ``dev``, kernel
     encoding; 0 when unknown) faulted in, mapped by fault-around, or dirtied (bcc widens them to the whole
     folios the kernel mapped or dirtied). ``AUX_RSS``: the process's file pages mapped changed to ``res``
-    bytes (kmem:rss_stat MM_FILEPAGES; ``ctx`` the kernel's mm id), ``addr`` the user fault that changed it
+    pages (kmem:rss_stat MM_FILEPAGES; ``ctx`` the kernel's mm), ``addr`` the user fault that changed it
     (0: inside a traced system call).
     """
 
@@ -1090,7 +1090,9 @@ class TraceBuilder:
         mapping holding the fault's address (the first change seen of a process only sets the base)."""
         key = (proc.tgid, ev.ctx)
         before = self._file_rss.get(key)
-        self._file_rss[key] = ev.res
+        self._file_rss[key] = ev.res * self.page_bytes
+        ev = AuxEvent(ev.kind, ev.ts_ns, pid=ev.pid, tid=ev.tid, ctx=ev.ctx, res=ev.res * self.page_bytes, addr=ev.addr,
+                      comm=ev.comm)
         if self._pmd_maps:
             self._pmd_row(ev.tid)
         if before is None or ev.res <= before or not ev.addr:
