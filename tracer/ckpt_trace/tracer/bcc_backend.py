@@ -50,6 +50,7 @@ from ckpt_trace.errors import TracerError
 from ckpt_trace.formats import vocabulary
 
 from . import btf
+from .children import set_parent_death_signal
 from . import syscalls as sc
 from .ringbuf import RingReader, sample_dtype
 from .state import AuxEvent, EffectOrderFeeder, SyscallEvent, rank_from_environ
@@ -684,6 +685,7 @@ class BccTracer:
         pid = os.fork()
         if pid == 0:
             os.close(gate_w)
+            set_parent_death_signal()  # SIGKILL when the recorder dies, even by SIGKILL (children.py)
             os.read(gate_r, 1)
             try:
                 os.execvpe(cmd[0], cmd, env)
