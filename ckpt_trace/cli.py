@@ -150,6 +150,13 @@ def record(
         raise CkptTraceError("no command to record (put it after --)")
     resolve_command(list(cmd))
     check_output_file(output, force)
+    from ckpt_trace.tracer.leftovers import find as find_leftovers
+
+    left = find_leftovers(output)
+    if left:
+        err.print(f"[yellow]ckpt-trace: note: a recording that was killed left {len(left)} scratch file(s) or "
+                  f"director(ies): {escape(', '.join(map(str, left[:5])))}{' ...' if len(left) > 5 else ''} "
+                  "(remove them once you do not need them)[/]", highlight=False)
     choice = choose_backend(backend)
     gpu_plan = plan_capture(gpu)
     err.print(f"ckpt-trace: backend {choice.name} ({choice.reason})", highlight=False)

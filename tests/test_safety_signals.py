@@ -96,3 +96,18 @@ def test_the_strace_process_and_a_bcc_command_get_a_parent_death_signal():
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_killed_recordings_leftovers_are_named_by_the_next_one(tmp_path, strace_backend):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a process id that is gone
+    trace = tmp_path / "t.arrow"
+    left = [tmp_path / f".t.arrow.{dead.pid}-abcd1234.tmp", tmp_path / f".t.arrow.runs-{dead.pid}-x1"]
+    left[0].write_bytes(b"partial")
+    left[1].mkdir()
+    live = tmp_path / f".t.arrow.{os.getpid()}-live.tmp"  # a running process's file is not named
+    live.write_bytes(b"")
+    proc = cli("record", "-o", str(trace), "--backend", "strace", "--", "true")
+    assert "killed left 2" in proc.stderr and all(str(p) in proc.stderr for p in left), proc.stderr
+    assert str(live) not in proc.stderr
+    assert all(p.exists() for p in left)  # named, never deleted
