@@ -28,7 +28,7 @@ import pyarrow as pa
 from ckpt_trace.formats import int_values, scan
 from ckpt_trace.formats.layout import KINDS, read_layout
 
-from .summary import _codes, _ints, _lut
+from .summary import _codes, _group_sums, _ints, _lut
 
 SIZE_CLASSES = (("<64 KiB", 64 << 10), ("64 KiB-1 MiB", (1 << 20) + 1), ("1-64 MiB", (64 << 20) + 1),
                 (">64 MiB", None))  # (label, exclusive upper bound)
@@ -118,11 +118,12 @@ class LayoutJoin:
             offset, known = offset[rows], known[rows]
             path_codes, path_names = _codes(batch.column("path"))
             path_codes = path_codes[rows]
-            for code in np.unique(path_codes).tolist():
-                in_path = path_codes == code
-                for mask, final in self._final(path_names[code], ts[in_path]):
-                    picked = np.flatnonzero(in_path)[mask]
-                    self._join(direction, final, picked, offset, known, moved, dur)
+            order = np.argsort(path_codes, kind="stable")  # one sort, then each path's rows are a slice
+            bounds = np.flatnonzero(np.diff(path_codes[order])) + 1
+            for group in np.split(order, bounds) if len(order) else []:
+                code = int(path_codes[group[0]])
+                for mask, final in self._final(path_names[code], ts[group]):
+                    self._join(direction, final, group[mask], offset, known, moved, dur)
 
     def _join(self, direction: str, path: str | None, picked: np.ndarray, offset: np.ndarray, known: np.ndarray,
               moved: np.ndarray, dur: np.ndarray) -> None:
@@ -147,10 +148,11 @@ class LayoutJoin:
         local = first[rep] + within
         overlap = np.minimum(row_end[rep], ends[local]) - np.maximum(row_start[rep], starts[local])
         share = overlap / moved[picked][rep]
-        objects = local + first_object
-        np.add.at(self.bytes[direction], objects, overlap)
-        np.add.at(self.ops[direction], objects, 1)
-        np.add.at(self.time_ns[direction], objects, dur[picked][rep] * share)
+        span = stop - first_object
+        self.bytes[direction][first_object:stop] += _group_sums(local, overlap, span)
+        self.ops[direction][first_object:stop] += np.bincount(local, minlength=span)
+        self.time_ns[direction][first_object:stop] += np.bincount(local, weights=dur[picked][rep] * share,
+                                                                  minlength=span)
         covered = np.bincount(rep, weights=overlap, minlength=len(picked)).astype(np.int64)
         left = moved[picked] - covered
         self.unattributed[direction] += int(left.sum())

@@ -31,6 +31,7 @@ from ckpt_trace.version import __version__
 from .aggregate import alignment_counts, build_aggregated_plan
 
 from .optable import READ, WRITE
+from .checks import checked_batches, refuse_skips, skip_notes
 from .lock import LOCK_NAME, TargetLock, job_id, refuse_held
 from .ownership import Claim
 from .pack import pack_plan
@@ -151,10 +152,12 @@ def _each_plan(trace, strategy: str, strip_prefix: str | None, *, verify_ranges:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
     arch = trace.metadata["arch"]
     if trace.table is None:  # a trace file: planned from record batches of the planner's columns only
-        _, batches = scan(trace.path, PLAN_COLUMNS)
-        base = build_posix_plan(batches, strip_prefix, arch=arch, verify_ranges=verify_ranges,
+        _, batches = scan(trace.path, (*PLAN_COLUMNS, "dur_ns"))  # dur_ns: checked only (replayer.checks)
+        base = build_posix_plan(checked_batches(batches), strip_prefix, arch=arch, verify_ranges=verify_ranges,
                                 num_rows=count_rows(trace.path))
     else:
+        for _ in checked_batches(trace.table.to_batches()):
+            pass
         base = build_posix_plan(trace.table, strip_prefix, arch=arch, verify_ranges=verify_ranges)
     for name in STRATEGIES if strategy == "all" else (strategy,):
         yield derive_plan(base, name, **options)
@@ -352,6 +355,9 @@ def replay(
     check_judgeable(plans[0], judging=strategy == "all")
     check_same_coverage(plans)
     check_queue_depth(queue_depth, [plan.strategy for plan in plans])
+    skips = skip_notes(plans[0].skipped_ops)  # rows the replay leaves out, said (replayer.checks)
+    if strict:
+        refuse_skips(plans[0].skipped_ops)
     made_target = not target.exists()
     prepare_target(target, force)
     lock = TargetLock.acquire(target)  # one replay job per target (replayer.lock)
@@ -391,9 +397,9 @@ def replay(
                    "rounds": len(results[0].runs_elapsed_s), "rounds_rule": runs.describe(),
                    "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
                    "gpu_copies": gpu_copies, "cache": cache, "cache_state": cache_state, "strict": strict}
-        if cache_note:
-            for result in results:
-                result.notes.append(cache_note)
+        for result in results:
+            result.notes.extend([cache_note] if cache_note else [])
+            result.notes.extend(skips)
         return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), options,
                             trace_sha256=trace_sha256, environment=host.environment(target),
                             claims=tuple(claims), made_target=made_target, fio_write_bytes_per_s=fio_limit)
