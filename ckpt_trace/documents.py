@@ -372,13 +372,13 @@ class ReplayOptionsIn(TypedDict, total=False):
     queue_depth: int
     buffer_bytes: int
     pack_files: bool
-    repeat: int
-    min_seconds: float
+    repeat: int | None
+    min_seconds: float | None
     durable: bool
     drop_caches: bool
     timing: str
     gpu_copies: str
-    world_size: int
+    world_size: int | None
 
 
 class ResultsIn(TypedDict, total=False):

@@ -15,18 +15,23 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
+import platform
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from test_safety import synthetic
+from conftest import cli
+from test_safety import one_line, synthetic
 
 from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
 from ckpt_trace.formats import read_trace
 from ckpt_trace.iolayer import beneath
+from ckpt_trace.replayer.lock import LOCK_NAME, TargetLock, job_id
 from ckpt_trace.replayer.replay import build_plan, replay
 
 RUNS = int(os.environ.get("CONFINEMENT_RUNS", "20"))
@@ -192,3 +197,48 @@ def test_the_component_walk_refuses_links_on_the_way_and_at_the_end(tmp_path, ca
     root.rename("d/new", "d/renamed")
     assert root.remove_created("d/renamed") == 1 and not (root_dir / "d" / "renamed").exists()
     root.close()
+
+
+# -- finding 15: one replay job per target --------------------------------------------------------------------
+
+def test_a_second_replay_on_a_target_in_use_refuses_naming_the_holder(tmp_path, monkeypatch):
+    trace, fifo = _setup(tmp_path, monkeypatch, "posix")
+    target = tmp_path / "t"
+    outcome: list = []
+    first = threading.Thread(target=lambda: outcome.append(replay(trace, target=target)))
+    first.start()
+    fd = _wait_paused(fifo, first)  # the first replay stands between two operations, ck/a written
+    try:
+        monkeypatch.delenv("CKPT_TRACE_TEST_PAUSE")
+        proc = cli("replay", str(trace), "--target", str(target), "--force", check=False)
+        assert proc.returncode == 2
+        line = one_line(proc)
+        assert f"target {target} is in use by replay pid {os.getpid()}" in line and LOCK_NAME in line, line
+        assert (target / "ck" / "a").stat().st_size == 40960  # the second replay removed nothing of the first's
+    finally:
+        os.close(fd)
+    first.join(60)
+    assert outcome and outcome[0].results[0].bytes_written == 2 * 40960
+    assert not (target / LOCK_NAME).exists()
+
+
+def test_a_lock_left_by_a_killed_replay_is_taken_over_and_one_job_shares_its_lock(tmp_path, monkeypatch):
+    target = tmp_path / "t"
+    target.mkdir()
+    proc = subprocess.Popen(["true"])  # a pid that ran and ended
+    proc.wait()
+    (target / LOCK_NAME).write_text(json.dumps({"pid": proc.pid, "host": platform.node(), "job": None,
+                                                "started": 0}))
+    report = replay(_trace(tmp_path), target=target, force=True)
+    assert report.results[0].bytes_written == 2 * 40960 and not (target / LOCK_NAME).exists()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
+    held = TargetLock.acquire(target, job_id())
+    shared = TargetLock.acquire(target, job_id())  # another process of the same torchrun job
+    assert held.owner and not shared.owner
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-2")
+    with pytest.raises(ReplayError, match="in use by replay pid .* job torchelastic:job-1"):
+        TargetLock.acquire(target, job_id())
+    shared.release()
+    assert (target / LOCK_NAME).exists()
+    held.release()
+    assert not (target / LOCK_NAME).exists()

@@ -214,4 +214,12 @@ def diff_files(path_a: str | os.PathLike, path_b: str | os.PathLike, *, batch_ro
         "files_only_in_a": sorted(paths_a - paths_b), "files_only_in_b": sorted(paths_b - paths_a),
         "data_written": compare_written(written_a, written_b),
         "data_read": compare_written(read_a, read_b),
+        "layout": _layout_diff(path_a, path_b),
     }
+
+
+def _layout_diff(path_a, path_b) -> dict[str, Any] | None:
+    """``analysis.layout.diff_layouts``: which checkpoint objects moved differently (None without layouts)."""
+    from .layout import diff_layouts  # it builds on analysis.summary, as this module does
+
+    return diff_layouts(path_a, path_b)

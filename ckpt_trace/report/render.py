@@ -77,6 +77,8 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
         ("unaligned sizes (4 KiB)", f"{summary['alignment']['unaligned_size_share']:.1%}"),
         ("failed ops", str(summary["failed_ops"])),
         ("lost events", str(summary["lost_events"])),
+        *((("interrupted", f"[yellow]{summary['interrupted']} cut the recording: the trace is partial[/]"),)
+          if summary.get("interrupted") else ()),
     ):
         overview.add_row(name, value)
     for label, key in (("slowest rank (I/O time)", "slowest_rank"), ("slowest save (1st to last write)", "slowest_save")):
@@ -343,6 +345,40 @@ def render_diff(console: Console, data: dict[str, Any]) -> None:
     console.print(written_verdict(data["data_written"]), highlight=False)
     if "data_read" in data:
         console.print(written_verdict(data["data_read"], "read"), highlight=False)
+    if data.get("layout"):
+        render_layout_diff(console, data["layout"])
+
+
+def render_layout_diff(console: Console, layout: dict[str, Any]) -> None:
+    """``diff``'s checkpoint objects: per kind, then the objects that moved differently."""
+    if layout["missing"]:
+        console.print(f"layout: only in {'B' if layout['missing'] == ['a'] else 'A'} (annotate the other trace "
+                      "to compare objects)", highlight=False)
+        return
+    kinds = _table(console, "Checkpoint objects by kind (A -> B)")
+    for column in ("kind", "objects", "bytes", "ops", "time"):
+        kinds.add_column(column, justify="left" if column == "kind" else "right")
+    for kind, sides in layout["by_kind"].items():
+        a, b = sides["a"], sides["b"]
+        kinds.add_row(kind, f"{a['objects']:,} -> {b['objects']:,}", f"{human_bytes(a['bytes'])} -> {human_bytes(b['bytes'])}",
+                      f"{a['ops']:,} -> {b['ops']:,}", f"{human_ns(a['time_ns'])} -> {human_ns(b['time_ns'])}")
+    console.print(kinds)
+    if layout["moved_differently_count"]:
+        moved = _table(console, f"Objects that moved differently ({layout['moved_differently_count']:,})")
+        for column in ("object", "kind", "bytes A -> B", "ops A -> B", "time A -> B"):
+            moved.add_column(column, justify="left" if column in ("object", "kind") else "right")
+        for entry in layout["moved_differently"][:10]:
+            a, b = entry["a"], entry["b"]
+            moved.add_row(entry["name"], entry["kind"], f"{human_bytes(a['bytes'])} -> {human_bytes(b['bytes'])}",
+                          f"{a['ops']:,} -> {b['ops']:,}", f"{human_ns(a['time_ns'])} -> {human_ns(b['time_ns'])}")
+        console.print(moved)
+    else:
+        console.print("layout: every object common to both moved the same bytes in the same number of operations",
+                      highlight=False)
+    for side in ("a", "b"):
+        if layout[f"only_in_{side}_count"]:
+            console.print(f"objects only in {side.upper()}: {layout[f'only_in_{side}_count']:,} "
+                          f"({', '.join(layout[f'only_in_{side}'][:5])})", highlight=False)
 
 
 def render_check(console: Console, rows: list[dict[str, Any]], tolerance: float, wide: bool = False) -> None:

@@ -4,7 +4,9 @@ DCP calls, in order: ``reset``, ``read_metadata`` (``format.read_metadata``),
 ``set_up_storage_reader``, ``prepare_local_plan``, ``prepare_global_plan``,
 ``read_data``. How a data file is read (``WriterOptions.load_direct_io``):
 
-- buffered (``load_direct_io=False``, or where O_DIRECT is refused): its
+- buffered (``load_direct_io=False``, where O_DIRECT is refused, or, with
+  ``load_cache_aware``, where the page cache already holds the file: cachestat(2)
+  asked first, ``iolayer.pagecache``): its
   items in file order, each tensor read by preadv(2) straight into its
   destination's memory where the destination is a
   contiguous CPU tensor of the stored dtype and shape (what DCP's in-place
@@ -36,9 +38,12 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
+from ckpt_trace import config
 from ckpt_trace.errors import CheckpointError
 from ckpt_trace.iolayer.files import open_file
+from ckpt_trace.iolayer.pagecache import resident_share
 
+from .checksum import checksum
 from .format import StoredItem, io_error, read_metadata
 from .options import WriterOptions
 from .save import DirectoryCheckpoint
@@ -67,6 +72,9 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         self.storage_data: dict[MetadataIndex, StoredItem] = {}
         self.load_id = uuid.uuid4().hex
         self.last_load_direct_io: bool | None = None
+        # Which way the last load read its files: counts and bytes, O_DIRECT or buffered, and what the page
+        # cache held when asked (``load_cache_aware``).
+        self.last_load_stats: dict = {}
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         self.storage_data = {}
@@ -98,6 +106,8 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         largest = max((s.offset + s.size_bytes for s in (self.storage_data[item.storage_index] for item in plan.items)),
                       default=0)
         self._copier = None  # made at the first GPU destination (``_device_copier``)
+        self.last_load_stats = {"files": 0, "direct_files": 0, "buffered_files": 0, "direct_bytes": 0,
+                                "buffered_bytes": 0, "resident_bytes": 0, "cache_probe": None}
         with StreamReader(self.options, largest) as stream:  # one O_DIRECT arena for every file of this load
             try:
                 for relative_path, indices in per_file.items():
@@ -122,11 +132,17 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         if actual < expected:
             raise CheckpointError(f"checkpoint data file truncated: {path} has {actual:,} bytes, the metadata "
                                   f"records {expected:,}")
+        if actual > expected and self.options.checksums and any(s.checksum is not None for s in stored):
+            raise CheckpointError(f"checkpoint data file extended: {path} has {actual:,} bytes, the metadata "
+                                  f"records {expected:,} (pass checksums=False in the reader's options to load it)")
         try:
-            opened = open_file(path, os.O_RDONLY, direct=self.options.load_direct_io)
-            fd, direct = opened.fd, opened.direct
+            fd, direct = self._open_data(path, actual)
         except OSError as err:
             raise io_error("opening", path, err) from None
+        stats = self.last_load_stats
+        stats["files"] += 1
+        stats["direct_files" if direct else "buffered_files"] += 1
+        stats["direct_bytes" if direct else "buffered_bytes"] += actual
         if not direct:
             try:
                 self._read_in_place(fd, path, items, stored, planner)
@@ -139,12 +155,30 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             for i, s in enumerate(stored):
                 if s.size_bytes == 0:
                     self._serve(items[i], s, torch.empty(0, dtype=torch.uint8), planner)
-            self._stream(stream, fd, items, stored, expected, planner)
+            self._stream(stream, fd, items, stored, expected, planner, path)
         except OSError as err:
             raise io_error("reading", path, err) from None
         finally:
             os.close(fd)
         return direct
+
+    def _open_data(self, path: Path, size_bytes: int) -> tuple[int, bool]:
+        """(fd, O_DIRECT?) of a data file: O_DIRECT as the options ask, unless ``load_cache_aware`` finds the
+        file warm (``iolayer.pagecache``): then the buffered descriptor it asked through."""
+        if self.options.load_direct_io and self.options.load_cache_aware:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                share, method = resident_share(fd, size_bytes)
+            except OSError:
+                os.close(fd)
+                raise
+            self.last_load_stats["cache_probe"] = method
+            self.last_load_stats["resident_bytes"] += int(share * size_bytes)
+            if share >= config.READER_WARM_SHARE:
+                return fd, False
+            os.close(fd)
+        opened = open_file(path, os.O_RDONLY, direct=self.options.load_direct_io)
+        return opened.fd, opened.direct
 
     def _read_in_place(self, fd: int, path: Path, items: list, stored: list[StoredItem],
                        planner: LoadPlanner) -> None:
@@ -169,10 +203,12 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
                     target = planner.resolve_tensor(item).detach()
                     if _fits_as_stored(item, s, target):
                         _pread_into(fd, path, target, s.offset)
+                        self._check(item, s, target, path)
                         planner.commit_tensor(item, target)
                         continue
                 scratch = torch.empty(s.size_bytes, dtype=torch.uint8)
                 _pread_into(fd, path, scratch, s.offset)
+                self._check(item, s, scratch, path)
                 self._serve(item, s, scratch, planner)
 
         if len(streams) == 1:
@@ -182,8 +218,19 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             for future in [pool.submit(read, stream) for stream in streams]:
                 future.result()
 
+    def _check(self, item, stored: StoredItem, data: torch.Tensor, path: Path) -> None:
+        """Raise CheckpointError naming the item and the file when ``data`` (the bytes that landed) does not
+        have the stored checksum; nothing when the options say ``checksums=False`` or none was stored."""
+        if stored.checksum is None or not self.options.checksums or not stored.size_bytes:
+            return
+        found = checksum(data, stored.checksum_kind)
+        if found is not None and found != stored.checksum:
+            name = item.storage_index.fqn if hasattr(item, "storage_index") else "an item"
+            raise CheckpointError(f"checkpoint item {name} in {path} (bytes {stored.offset:,}+{stored.size_bytes:,}) "
+                                  f"is corrupt: {stored.checksum_kind} {found:08x}, recorded {stored.checksum:08x}")
+
     def _stream(self, stream: StreamReader, fd: int, items: list, stored: list[StoredItem], file_size_bytes: int,
-                planner: LoadPlanner) -> None:
+                planner: LoadPlanner, path: Path | None = None) -> None:
         """O_DIRECT: the file's items as one stream of aligned reads (``staging.StreamReader``), each read's
         bytes copied into the destination tensors where they fit as stored (a GPU tensor too: asynchronous
         host-to-device copies out of the page-locked arena, ``staging.CudaCopier``), else into a scratch
@@ -202,6 +249,8 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
 
         def done(i: int) -> None:
             memory, target, in_place = destinations.pop(i)
+            if memory.device.type == "cpu":  # a GPU destination's bytes are checked nowhere on the host
+                self._check(items[i], stored[i], memory, path)
             if in_place:
                 planner.commit_tensor(items[i], target)
             else:

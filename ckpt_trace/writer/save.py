@@ -50,6 +50,8 @@ from ckpt_trace import config
 from ckpt_trace.errors import CheckpointError
 from ckpt_trace.formats import fsync_directory
 
+from .checksum import KIND as CHECKSUM_KIND
+from .checksum import checksum
 from .format import METADATA_NAME, RankFiles, StoredItem, io_error, stale_files, write_metadata
 from .layout import FileLayout, plan_files
 from .options import WriterOptions
@@ -225,8 +227,11 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
         try:
             for placement in layout.placements:
                 item = plan.items[placement.key]
-                staged.put(placement.offset, self._item_bytes(item, planner, pickled.get(placement.key)))
-                results.append(self._result(item, name, placement.offset, placement.size_bytes, layout.size_bytes))
+                data = self._item_bytes(item, planner, pickled.get(placement.key))
+                crc = checksum(data) if self.options.checksums else None  # while the bytes are in cache
+                staged.put(placement.offset, data)
+                results.append(self._result(item, name, placement.offset, placement.size_bytes, layout.size_bytes,
+                                            crc))
             staged.close()
         except OSError as err:
             raise io_error("writing", path, err) from None
@@ -244,12 +249,14 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
         return data
 
     @staticmethod
-    def _result(item: WriteItem, name: str, offset: int, size_bytes: int, file_size_bytes: int) -> WriteResult:
+    def _result(item: WriteItem, name: str, offset: int, size_bytes: int, file_size_bytes: int,
+                crc: int | None = None) -> WriteResult:
+        kind = CHECKSUM_KIND if crc is not None else None
         if item.type == WriteItemType.BYTE_IO:
-            stored = StoredItem(name, offset, size_bytes, file_size_bytes)
+            stored = StoredItem(name, offset, size_bytes, file_size_bytes, checksum=crc, checksum_kind=kind)
         else:
             stored = StoredItem(name, offset, size_bytes, file_size_bytes, str(item.tensor_data.properties.dtype),
-                                tuple(item.tensor_data.chunk.sizes))
+                                tuple(item.tensor_data.chunk.sizes), checksum=crc, checksum_kind=kind)
         return WriteResult(index=item.index, size_in_bytes=size_bytes, storage_data=stored)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:

@@ -72,6 +72,7 @@ from ckpt_trace.stats import LatencyHistogram
 from ckpt_trace.version import __version__
 
 from .optable import WRITE
+from .lock import TargetLock, job_id
 from .ownership import Claim
 from .plan import GLOBAL_ROW, PLAN_COLUMNS, ReplayPlan, build_posix_plan
 from .posix import Progress
@@ -471,6 +472,7 @@ def replay_distributed(
     claims: list[Claim] = []
     owned: list[Claim] = []
     made_target = False
+    lock: TargetLock | None = None
     try:
         error: BaseException | None = None
         try:
@@ -483,6 +485,7 @@ def replay_distributed(
             check_queue_depth(queue_depth, names)
             made_target = not target.exists()
             prepare_target(target, force)
+            lock = TargetLock.acquire(target, job_id())  # the job's processes share it (replayer.lock)
         except (CkptTraceError, KeyboardInterrupt) as err:
             error = Interrupted("interrupted") if isinstance(err, KeyboardInterrupt) else err
         group.agree(error)
@@ -525,7 +528,7 @@ def replay_distributed(
         mismatches = _size_mismatches(group, plans, claims, sizes, leaders)
         _add_speedups(results)
     except (ReplayError, Interrupted, KeyboardInterrupt) as err:
-        _release(owned, target, made_target)  # nothing before the conflicts were refused everywhere
+        _release(owned, target, made_target, lock)  # nothing before the conflicts were refused everywhere
         group.close()
         if isinstance(err, KeyboardInterrupt):
             raise Interrupted(f"interrupted; the replay's files under {target} were removed") from None
@@ -533,6 +536,8 @@ def replay_distributed(
     docs = group.gather({"process": world.rank, "host": platform.node(), "node": world.node, "owners": sorted(share),
                          "results": [r.to_json() for r in per_process]})
     group.close()
+    if lock is not None:
+        lock.release()
     options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": False, "repeat": repeat,
                "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
                "gpu_copies": gpu_copies, "world_size": world.size, "placement": placement}

@@ -83,6 +83,11 @@ class Progress(Protocol):
 def _op_error(op: PlanOp, err: OSError) -> ReplayError:
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         return ReplayError(f"target file system is full ({op.kind} of {op.path}); replay stopped")
+    if err.errno in (errno.EMFILE, errno.ENFILE):
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return ReplayError(f"replay failed at {op.kind} {op.path or ''}: {err.strerror} (the trace holds more files "
+                           f"open at once than this process may: raise the limit, e.g. ulimit -n {max(soft * 4, 65536)}"
+                           f"; it is {soft})")
     if err.errno in (errno.ELOOP, errno.EXDEV):
         return ReplayError(f"replay refused {op.kind} {op.path or ''}: a symbolic link on its way (a replay never "
                            "resolves a path through one, so nothing outside the target is touched)")
@@ -613,6 +618,10 @@ class PosixExecutor:
             entries.rename_entry(self.root, op.path, op.new_path, op.flags)
         elif kind == "unlink":
             entries.remove_entry(self.root, op.path, op.flags)
+        elif kind == "link":
+            entries.link_entry(self.root, op.path, op.new_path)
+        elif kind == "symlink":
+            entries.symlink_entry(self.root, op.path, op.new_path)
         elif kind == "mkdir":
             try:
                 self.root.mkdir(op.path, 0o755)

@@ -31,6 +31,8 @@ from ckpt_trace.version import __version__
 from .aggregate import alignment_counts, build_aggregated_plan
 
 from .optable import READ, WRITE
+from .checks import checked_batches, refuse_skips, skip_notes
+from .lock import LOCK_NAME, TargetLock, job_id, refuse_held
 from .ownership import Claim
 from .pack import pack_plan
 from .paths import TargetRoot
@@ -150,10 +152,12 @@ def _each_plan(trace, strategy: str, strip_prefix: str | None, *, verify_ranges:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
     arch = trace.metadata["arch"]
     if trace.table is None:  # a trace file: planned from record batches of the planner's columns only
-        _, batches = scan(trace.path, PLAN_COLUMNS)
-        base = build_posix_plan(batches, strip_prefix, arch=arch, verify_ranges=verify_ranges,
+        _, batches = scan(trace.path, (*PLAN_COLUMNS, "dur_ns"))  # dur_ns: checked only (replayer.checks)
+        base = build_posix_plan(checked_batches(batches), strip_prefix, arch=arch, verify_ranges=verify_ranges,
                                 num_rows=count_rows(trace.path))
     else:
+        for _ in checked_batches(trace.table.to_batches()):
+            pass
         base = build_posix_plan(trace.table, strip_prefix, arch=arch, verify_ranges=verify_ranges)
     for name in STRATEGIES if strategy == "all" else (strategy,):
         yield derive_plan(base, name, **options)
@@ -217,7 +221,8 @@ def prepare_target(target: Path, force: bool) -> TargetRoot:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ReplayError(f"cannot create target {target}: {err.strerror}") from None
-    if not force and any(target.iterdir()):
+    refuse_held(target, job_id())
+    if not force and any(p.name != LOCK_NAME for p in target.iterdir()):
         raise ReplayError(f"target {target} is not empty (use --force to replay into it)")
     return TargetRoot(target)
 
@@ -293,7 +298,8 @@ def replay(
     fsyncs every file left behind inside the timed region, so strategies that
     stop at the page cache and those that reach the device compare fairly.
     ``verify`` reads every written file back after each strategy's run and
-    raises ReplayError on the first content mismatch. ``pack_files`` packs
+    raises ReplayError on the first content mismatch, short read or size
+    difference from the recording. ``pack_files`` packs
     small files for the aggregated strategy.
     With ``all``, each strategy replays into ``target/<strategy>/`` and each
     result carries ``speedup_vs_posix``.
@@ -349,48 +355,56 @@ def replay(
     check_judgeable(plans[0], judging=strategy == "all")
     check_same_coverage(plans)
     check_queue_depth(queue_depth, [plan.strategy for plan in plans])
+    skips = skip_notes(plans[0].skipped_ops)  # rows the replay leaves out, said (replayer.checks)
+    if strict:
+        refuse_skips(plans[0].skipped_ops)
     made_target = not target.exists()
     prepare_target(target, force)
-    claims = [Claim(target / plan.strategy if strategy == "all" else target, plan, fresh=strategy == "all")
-              for plan in plans]
+    lock = TargetLock.acquire(target)  # one replay job per target (replayer.lock)
     try:
-        for claim in claims:
-            claim.refuse_conflicts((trace.path, *protect))
-        check_free_space(target, plans[0], copies=len(plans))
-    except ReplayError:
-        _release([], target, made_target)  # nothing was written: only a target this call made goes
-        raise
-    try:
-        fio_limit = _fio_limit(target, plans[0]) if fio else None
-        runs = Rounds(repeat, min_seconds, max_runs or config.REPLAY_MAX_RUNS)
-        cache_state, cache_note = resolve_cache(cache, plans[0])
-        results, mismatches = _run_plans(plans, claims, queue_depth, runs, timing, progress, durable, drop_caches,
-                                         verify, gpu_copies, cache_state)
-    except (ReplayError, KeyboardInterrupt) as err:
-        _release(claims, target, made_target)
-        if isinstance(err, KeyboardInterrupt):
-            raise Interrupted(f"interrupted; the replay's files under {target} were removed") from None
-        if any(claim.files for claim in claims) and target.exists():
-            raise ReplayError(f"{err}; the replay's files under {target} were removed") from None
-        raise
-    _add_speedups(results)
-    off_path = [r for r in results if r.off_named_path]
-    if strict and off_path:
-        _release(claims, target, made_target)
-        first = off_path[0]
-        raise ReplayError(f"--strict: {first.strategy}'s named path ({first.named_path}) carried "
-                          f"{first.path_shares()['named_path_bytes_share']:.0%} of the bytes, under "
-                          f"{config.REPLAY_NAMED_PATH_MIN_SHARE:.0%}; the replay's files under {target} were removed")
-    options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": pack_files, "repeat": repeat,
-               "rounds": len(results[0].runs_elapsed_s), "rounds_rule": runs.describe(),
-               "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
-               "gpu_copies": gpu_copies, "cache": cache, "cache_state": cache_state, "strict": strict}
-    if cache_note:
+        claims = [Claim(target / plan.strategy if strategy == "all" else target, plan, fresh=strategy == "all")
+                  for plan in plans]
+        try:
+            for claim in claims:
+                claim.refuse_conflicts((trace.path, *protect))
+            check_free_space(target, plans[0], copies=len(plans))
+        except ReplayError:
+            _release([], target, made_target, lock)  # nothing was written: only a target this call made goes
+            raise
+        try:
+            fio_limit = _fio_limit(target, plans[0]) if fio else None
+            runs = Rounds(repeat, min_seconds, max_runs or config.REPLAY_MAX_RUNS)
+            cache_state, cache_note = resolve_cache(cache, plans[0])
+            results, mismatches = _run_plans(plans, claims, queue_depth, runs, timing, progress, durable, drop_caches,
+                                             verify, gpu_copies, cache_state)
+        except (ReplayError, KeyboardInterrupt) as err:
+            _release(claims, target, made_target, lock)
+            if isinstance(err, KeyboardInterrupt):
+                raise Interrupted(f"interrupted; the replay's files under {target} were removed") from None
+            if any(claim.files for claim in claims) and target.exists():
+                raise ReplayError(f"{err}; the replay's files under {target} were removed") from None
+            raise
+        _add_speedups(results)
+        off_path = [r for r in results if r.off_named_path]
+        if strict and off_path:
+            _release(claims, target, made_target, lock)
+            first = off_path[0]
+            raise ReplayError(f"--strict: {first.strategy}'s named path ({first.named_path}) carried "
+                              f"{first.path_shares()['named_path_bytes_share']:.0%} of the bytes, under "
+                              f"{config.REPLAY_NAMED_PATH_MIN_SHARE:.0%}; the replay's files under {target} were "
+                              "removed")
+        options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": pack_files, "repeat": repeat,
+                   "rounds": len(results[0].runs_elapsed_s), "rounds_rule": runs.describe(),
+                   "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
+                   "gpu_copies": gpu_copies, "cache": cache, "cache_state": cache_state, "strict": strict}
         for result in results:
-            result.notes.append(cache_note)
-    return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), options,
-                        trace_sha256=trace_sha256, environment=host.environment(target),
-                        claims=tuple(claims), made_target=made_target, fio_write_bytes_per_s=fio_limit)
+            result.notes.extend([cache_note] if cache_note else [])
+            result.notes.extend(skips)
+        return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), options,
+                            trace_sha256=trace_sha256, environment=host.environment(target),
+                            claims=tuple(claims), made_target=made_target, fio_write_bytes_per_s=fio_limit)
+    finally:
+        lock.release()
 
 
 def _digest_soon(path: Path) -> Future:
@@ -611,9 +625,11 @@ def check_file_bytes(plan: ReplayPlan, result: ReplayResult) -> None:
                               "than the trace, so its figures cannot be compared")
 
 
-def _release(claims: list[Claim], target: Path, made_target: bool) -> None:
+def _release(claims: list[Claim], target: Path, made_target: bool, lock: TargetLock | None = None) -> None:
     for claim in claims:
         claim.release()
+    if lock is not None:
+        lock.release()
     if made_target:
         try:
             target.rmdir()
@@ -658,7 +674,18 @@ def _verify(root: TargetRoot, plan: ReplayPlan) -> int:
         first = found[0]
         raise ReplayError(f"verification failed for {plan.strategy}: {len(found)} file(s) differ from the pattern, "
                           f"first {first.path} at byte {first.offset}")
+    sizes = size_mismatches(root, plan)  # an extended or truncated file is wrong even where its ranges hold
+    if sizes:
+        first = sizes[0]
+        raise ReplayError(f"verification failed for {plan.strategy}: {len(sizes)} file(s) differ in size from the "
+                          f"recording, first {first.path}: {size_words(first.actual_bytes)}, recorded "
+                          f"{first.expected_bytes:,} B")
     return len(plan.checks.verify_ranges)
+
+
+def size_words(size_bytes: int | None) -> str:
+    """A replayed file's size for a message: ``1,024 B``, or ``missing`` (never "None bytes")."""
+    return "missing" if size_bytes is None else f"{size_bytes:,} B"
 
 
 def drop_page_cache() -> None:

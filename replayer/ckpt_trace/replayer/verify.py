@@ -1,7 +1,8 @@
 """``--verify``: read replayed files back and compare them with the pattern they must hold.
 
 Every byte range a plan leaves written (``PlanChecks.verify_ranges``) must
-hold ``iolayer.pattern`` for its file; a packed file's ranges
+hold ``iolayer.pattern`` for its file, every byte of it (a short read is a
+mismatch at the first byte missing); a packed file's ranges
 (``PlanChecks.pack_verify``), read at their offset in the pack, hold the
 pack's pattern there (``replayer.pack``); files written at offsets the trace
 did not know are not checked (``PlanChecks.unverifiable``).
@@ -58,9 +59,12 @@ def _check_file(root: TargetRoot, path: str, ranges: tuple[tuple[int, int], ...]
         for start, end in ranges:
             for offset in range(start, end, CHUNK_BYTES):
                 size = min(CHUNK_BYTES, end - offset)
-                differs = pattern.first_difference(os.pread(fd, size, base + offset), base + offset, key)
+                data = os.pread(fd, size, base + offset)
+                differs = pattern.first_difference(data, base + offset, key)
                 if differs is not None:
                     return differs - base
+                if len(data) < size:  # a short read: the file ends before the range does (truncated)
+                    return offset + len(data)
     finally:
         os.close(fd)
     return None
