@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from ..errors import CkptTraceError, TraceFormatError
-from ..io import fsync_directory, read_metadata
+from ..io import ZSTD_LEVEL, ZSTD_LEVEL_ONE_BATCH, fsync_directory, read_metadata
 from .table import LAYOUT_SCHEMA
 
 LAYOUT_METADATA_KEY = b"ckpt_trace_layout"
@@ -85,7 +85,7 @@ def add_layout(trace: str | os.PathLike, table: pa.Table, info: dict | None = No
     metadata = dict(reader.schema.metadata or {})
     metadata[LAYOUT_METADATA_KEY] = blob
     schema = reader.schema.with_metadata(metadata)
-    level = 19 if reader.num_record_batches <= 1 else 6  # as ckpt_trace.formats.io writes traces
+    level = ZSTD_LEVEL_ONE_BATCH if reader.num_record_batches <= 1 else ZSTD_LEVEL  # as io writes traces
     options = ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=level), emit_dictionary_deltas=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=str(target.parent))
