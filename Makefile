@@ -15,7 +15,7 @@ DEMO_RANKS ?= 4
 DEMO_MODEL ?= gpt2-small
 PYTEST_ARGS ?=
 
-.PHONY: setup system venv demo test test-fast bench clean
+.PHONY: setup system venv demo test test-fast test-engines bench clean
 
 setup: system venv
 
@@ -43,6 +43,16 @@ test: setup
 # The fast lane: every test not marked slow (no recordings, no process trees, no big I/O).
 test-fast: setup
 	$(PY) -m pytest -q -rs -m "not slow" $(PYTEST_ARGS)
+
+# The engine conformance suite (tests/engines): every engine recorded on both backends, compared with
+# strace's (and perf's) own log, replayed under every strategy. Installs the engines first; minutes.
+ENGINES_REPORT ?= $(CURDIR)/.scratch/engines.jsonl
+test-engines: setup
+	mkdir -p .scratch && printf 'torch==2.13.0\n' > .scratch/torch-pin.txt
+	$(PY) -m pip install -q -c .scratch/torch-pin.txt -e '.[torch,test,readers,engines,engines-deepspeed]'
+	mkdir -p $(dir $(ENGINES_REPORT)) && rm -f $(ENGINES_REPORT)
+	CKPT_TRACE_ENGINES=1 CKPT_TRACE_ENGINES_REPORT=$(ENGINES_REPORT) $(PY) -m pytest -q -rs tests/engines $(PYTEST_ARGS)
+	$(PY) scripts/engines_table.py $(ENGINES_REPORT)
 
 bench: setup
 	$(PY) benchmarks/tracer_overhead.py

@@ -287,7 +287,7 @@ def main() -> int:
             report["rounds"] = report["rounds"][:round_index] + [entry]
             json_path.write_text(json.dumps(report, indent=1))
     if engines.async_writer is not None:
-        engines.async_writer.close()
+        engines.async_writer.release_staging()
     shutil.rmtree(work, ignore_errors=True)
     summarize(report)
     json_path.write_text(json.dumps(report, indent=1))

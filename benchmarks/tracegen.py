@@ -49,8 +49,10 @@ def _sizes(rng: np.random.Generator, count: int, mix: str) -> np.ndarray:
     return sizes
 
 
-def _round_block(first: int, last: int, ranks: int, per_rank: int, rng, mix: str, positions: np.ndarray) -> pa.Table:
-    """Rows ``first``..``last``-1 of every rank, round by round (row i of rank 0, of rank 1, ...)."""
+def _round_block(first: int, last: int, ranks: int, per_rank: int, rng, mix: str, positions: np.ndarray,
+                 rank_base: int = 0) -> pa.Table:
+    """Rows ``first``..``last``-1 of every rank, round by round (row i of rank 0, of rank 1, ...); ranks
+    (pids, files) numbered from ``rank_base``."""
     rounds = np.arange(first, last, dtype=np.int64)
     i = np.repeat(rounds, ranks)
     rank = np.tile(np.arange(ranks, dtype=np.int32), len(rounds))
@@ -76,12 +78,12 @@ def _round_block(first: int, last: int, ranks: int, per_rank: int, rng, mix: str
     np.add.at(positions, write_rank, write_sizes)
     op = np.where(is_open, "open", np.where(is_fsync, "fsync", np.where(is_close, "close", "write")))
     syscall = np.where(is_open, "openat", op)
-    pid = 100000 + rank
-    paths = np.array([f"{ROOT}/__{r}_0.distcp" for r in range(ranks)], dtype=object)[rank]
+    pid = 100000 + rank_base + rank
+    paths = np.array([f"{ROOT}/__{r + rank_base}_0.distcp" for r in range(ranks)], dtype=object)[rank]
     ret = np.where(is_open, FD, np.where(is_write, sizes, 0))
     return pa.table({
         "ts_ns": ts, "dur_ns": np.where(is_write, 2000 + sizes // 1000, 1500).astype(np.int64),
-        "pid": pid, "tid": pid, "comm": pa.array(["python"] * n), "rank": rank,
+        "pid": pid, "tid": pid, "comm": pa.array(["python"] * n), "rank": rank + rank_base,
         "syscall": pa.array(syscall.astype(str)), "op": pa.array(op.astype(str)),
         "fd": np.full(n, FD, np.int32), "path": pa.array(paths, pa.string()),
         "new_path": pa.nulls(n, pa.string()),
@@ -117,9 +119,12 @@ def _metadata_rows(ts: int) -> pa.Table:
 
 
 def generate(path: str | os.PathLike, rows: int, ranks: int, *, mix: str = "dcp", seed: int = 0,
-             batch_rows: int = 1 << 20, overwrite: bool = False) -> Path:
+             batch_rows: int = 1 << 20, overwrite: bool = False, rank_base: int = 0,
+             node: dict | None = None) -> Path:
     """Write a synthetic trace of about ``rows`` rows (a multiple of ``ranks``, plus rank 0's commit) to
-    ``path``; returns it. Memory stays near ``batch_rows`` rows whatever ``rows`` is."""
+    ``path``; returns it. Memory stays near ``batch_rows`` rows whatever ``rows`` is. ``rank_base``: the
+    first rank (one node's trace of a bigger job: only the job's rank 0 commits); ``node``: metadata keys
+    of a node's recording (``host``, ``boot_id``, ``clock``) for ``merge``."""
     per_rank = max(4, rows // ranks)
     rng = np.random.default_rng(seed)
     positions = np.zeros(ranks, np.int64)
@@ -128,8 +133,9 @@ def generate(path: str | os.PathLike, rows: int, ranks: int, *, mix: str = "dcp"
     try:
         for first in range(0, per_rank, rounds_per_batch):
             writer.write(_round_block(first, min(per_rank, first + rounds_per_batch), ranks, per_rank, rng, mix,
-                                      positions))
-        writer.write(_metadata_rows(per_rank * STEP_NS + STEP_NS))
+                                      positions, rank_base))
+        if rank_base == 0:
+            writer.write(_metadata_rows(per_rank * STEP_NS + STEP_NS))
     except BaseException:
         writer.abort()
         raise
@@ -137,7 +143,7 @@ def generate(path: str | os.PathLike, rows: int, ranks: int, *, mix: str = "dcp"
                          "kernel": "synthetic", "command": ["benchmarks/tracegen.py", str(rows), str(ranks), mix],
                          "backend": "synthetic", "start_wall_time_ns": time.time_ns(),
                          "filesystems": {"/scratch": {"type": "ext4", "block_size": 4096}}, "lost_events": 0,
-                         "arch": "x86_64"})
+                         "arch": "x86_64", **(node or {})})
 
 
 def main() -> None:

@@ -55,6 +55,15 @@ def _write_json(path: Path | None, data: dict) -> None:
     write_bytes_atomic(path, text.encode())
 
 
+def _finite_number(value: float, flag: str, given: Any, positive: bool = False) -> None:
+    """Refuse NaN, infinities and negative values (zero too when ``positive``) of a numeric option."""
+    import math
+
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        need = "a positive number" if positive else "a finite number, 0 or more"
+        raise CkptTraceError(f"{flag} takes {need}, not {given!r}")
+
+
 def _show(data: dict, as_json: bool, render) -> None:
     """Print ``data`` as JSON on stdout, or render it for a person."""
     if as_json:
@@ -141,6 +150,13 @@ def record(
         raise CkptTraceError("no command to record (put it after --)")
     resolve_command(list(cmd))
     check_output_file(output, force)
+    from ckpt_trace.tracer.leftovers import find as find_leftovers
+
+    left = find_leftovers(output)
+    if left:
+        err.print(f"[yellow]ckpt-trace: note: a recording that was killed left {len(left)} scratch file(s) or "
+                  f"director(ies): {escape(', '.join(map(str, left[:5])))}{' ...' if len(left) > 5 else ''} "
+                  "(remove them once you do not need them)[/]", highlight=False)
     choice = choose_backend(backend)
     gpu_plan = plan_capture(gpu)
     err.print(f"ckpt-trace: backend {choice.name} ({choice.reason})", highlight=False)
@@ -161,6 +177,11 @@ def record(
                   highlight=False)
     if result.lost_events:
         err.print(f"[yellow]ckpt-trace: warning: {result.lost_events} events were lost; the trace is incomplete[/]")
+    if result.mapped_uncovered_bytes:
+        from ckpt_trace.analysis.summary import mapped_uncovered_line
+
+        err.print(f"[yellow]ckpt-trace: warning: {escape(mapped_uncovered_line(result.mapped_uncovered_bytes))}[/]",
+                  highlight=False, soft_wrap=True)
     for capture, entry in result.unseen.items():
         what = {"io_uring_requests": f"{entry['count']:,} io_uring requests",
                 "mapped_pages": f"the pages touched through {entry['count']:,} file mappings"}.get(capture, capture)
@@ -171,16 +192,20 @@ def record(
                   f"{', '.join(map(escape, path_filter))} ({result.filtered_ops:,} were left out)[/]", highlight=False)
     if result.exit_code != 0:
         err.print(f"[yellow]ckpt-trace: the command {result.ended}; its trace is written[/]", highlight=False)
+    if result.interrupted:
+        err.print(f"[yellow]ckpt-trace: {result.interrupted} cut the recording (the command got it too); the trace "
+                  "holds what happened until then and says it was interrupted[/]", highlight=False)
     layout = _layout_after_record(result.trace_path, no_layout)
     summary = {"trace": str(result.trace_path), "backend": result.backend, "rows": result.rows,
                "lost_events": result.lost_events, "exit_code": result.exit_code, "exit_signal": result.exit_signal,
-               "ended": result.ended, "elapsed_s": result.elapsed_s, "gpu": result.gpu, "layout": layout}
+               "ended": result.ended, "elapsed_s": result.elapsed_s, "gpu": result.gpu, "layout": layout,
+               "interrupted": result.interrupted}
     if as_json:
         _write_json(None, summary)
     else:
         err.print(f"ckpt-trace: wrote {result.rows:,} rows to {result.trace_path} in {result.elapsed_s:.1f} s",
                   highlight=False)
-    raise typer.Exit(result.exit_code)
+    raise typer.Exit(128 + signal.Signals[result.interrupted].value if result.interrupted else result.exit_code)
 
 
 @app.command()
@@ -200,6 +225,7 @@ def replay(
     timing: Literal["asap", "original"] = typer.Option("asap", help="asap: as fast as possible; original: keep the recorded gaps."),
     fio: bool = typer.Option(False, "--fio", help="Also measure fio's sequential O_DIRECT write limit in TARGET, for reference."),
     gpu_copies: Literal["recorded", "pinned", "skip"] = typer.Option("recorded", "--gpu-copies", help="Host<->device copy rows: as recorded, with pinned host staging, or skipped (always, without a GPU)."),
+    strict: bool = typer.Option(False, "--strict", help="Fail if a strategy's named path (io_uring, O_DIRECT) carried under 90 % of the bytes, or if the replay would skip trace rows (an unknown operation, a path naming nothing under the target)."),
     cache: Literal["recorded", "cold", "warm"] = typer.Option("recorded", "--cache", help="Page cache of the files the trace finds when each run starts: recorded (cold where the trace does not say), cold, warm."),
     wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
     placement: Literal["host", "spread"] = typer.Option("host", "--placement", help="Under torchrun: host keeps each recorded host's ranks on one node (a merged trace); spread cuts the ranks into blocks over all processes."),
@@ -257,7 +283,7 @@ def replay(
                                 force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
                                 drop_caches=drop_caches, durable=durable, verify=verify, pack_files=pack_files,
                                 progress=progress, protect=(output,) if output is not None else (), fio=fio,
-                                gpu_copies=gpu_copies, cache=cache)
+                                gpu_copies=gpu_copies, cache=cache, strict=strict)
     data = report.to_json()
     if output is not None:
         _write_json(output, data)
@@ -266,9 +292,16 @@ def replay(
     for result in report.results:
         for note in result.notes:
             err.print(f"[yellow]ckpt-trace: note: {result.strategy}: {escape(note)}[/]", highlight=False)
+    from ckpt_trace.formats import read_metadata
+
+    cut = read_metadata(trace).get("interrupted")
+    if cut:
+        err.print(f"[yellow]ckpt-trace: note: {escape(str(cut))} cut this trace's recording: the replay holds only "
+                  "what was recorded until then[/]", highlight=False)
     for mismatch in report.size_mismatches[:5]:
-        err.print(f"[yellow]ckpt-trace: warning: {mismatch.strategy}: {escape(mismatch.path)} is {mismatch.actual_bytes} bytes, "
-                  f"recorded {mismatch.expected_bytes}[/]", highlight=False)
+        actual = "missing" if mismatch.actual_bytes is None else f"{mismatch.actual_bytes:,} B"
+        err.print(f"[yellow]ckpt-trace: warning: {mismatch.strategy}: {escape(mismatch.path)} is {actual}, "
+                  f"recorded {mismatch.expected_bytes:,} B[/]", highlight=False)
 
 
 @app.command()
@@ -363,6 +396,7 @@ def report(
             limit = float(fio_limit) * 1e6
         except ValueError:
             raise CkptTraceError(f"--fio-limit takes MB/s, not {fio_limit!r}") from None
+        _finite_number(limit, "--fio-limit", fio_limit, positive=True)
     with _steps("report") as progress:
         data = write_report(trace, output, results_paths=results or [], fio_limit_bytes_per_s=limit,
                             rank=chosen_rank, overwrite=force, progress=progress)
@@ -409,6 +443,7 @@ def baseline(
     from .units import parse_size
 
     check_output_file(output, force, inputs=traces)
+    _finite_number(min_seconds, "--min-seconds", min_seconds)
     buffer_bytes = parse_size(buffer_size, what="--buffer-size")
     with _progress() as progress:
         data = make_baseline(traces, target=target, strategies=strategy, repeat=repeat, min_seconds=min_seconds,
@@ -447,6 +482,8 @@ def check(
     from .report.render import render_check
 
     _wide(wide)
+    if min_seconds is not None:
+        _finite_number(min_seconds, "--min-seconds", min_seconds)
     allowed = parse_tolerance(tolerance)
     if junit is not None:
         check_output_file(junit, force, inputs=(*traces, baseline_file))
@@ -651,7 +688,7 @@ def _layout_after_record(trace: Path, skip: bool) -> dict | None:
         return None
     if done["stored"]:
         formats = ", ".join(sorted(set(done["files"].values())))
-        err.print(f"ckpt-trace: layout: {done['objects']:,} objects of {len(done['files'])} checkpoint files "
+        err.print(f"ckpt-trace: layout: {done['objects']:,} objects in {done['covered_files']} files "
                   f"({formats}) in {done['elapsed_s']:.2f} s"
                   f"{'' if done['complete'] else f' (stopped at the {LAYOUT_TIME_LIMIT_S:g} s bound)'}", highlight=False)
     else:
@@ -679,8 +716,8 @@ def annotate(
         _write_json(None, data)
     else:
         formats = ", ".join(sorted(set(data["files"].values()))) or "none recognised"
-        err.print(f"ckpt-trace: wrote {data['trace']}: {data['objects']:,} objects of {len(data['files'])} checkpoint "
-                  f"files ({formats}), {len(data['unknown'])} unknown, in {data['elapsed_s']:.2f} s", highlight=False)
+        err.print(f"ckpt-trace: wrote {data['trace']}: {data['objects']:,} objects in {data['covered_files']} files "
+                  f"({formats}), {len(data['unknown'])} unknown, in {data['elapsed_s']:.2f} s", highlight=False)
         for path, why in data["errors"].items():
             err.print(f"[yellow]ckpt-trace: warning: {escape(why)}[/]", highlight=False)
 
@@ -794,7 +831,8 @@ def main(argv: list[str] | None = None) -> None:
         signal.default_int_handler(signum, frame)
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, on_sigint)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGTERM, SIGHUP: as Ctrl-C, cleanup included
+            signal.signal(signum, on_sigint)
     try:
         args = sys.argv[1:] if argv is None else argv
         command = decorate(typer.main.get_command(app))
@@ -807,7 +845,7 @@ def main(argv: list[str] | None = None) -> None:
             raise KeyboardInterrupt
     except typer.Abort:
         err.print("[red]ckpt-trace: interrupted[/]")
-        sys.exit(130)
+        sys.exit(128 + (interrupted[0] if interrupted else signal.SIGINT))
     except typer.Exit as done:
         sys.exit(done.exit_code)
     except Interrupted as error:
@@ -818,7 +856,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
         err.print("[red]ckpt-trace: interrupted[/]")
-        sys.exit(130)
+        sys.exit(128 + (interrupted[0] if interrupted else signal.SIGINT))
     except OSError as error:
         where = f" ({error.filename})" if error.filename else ""
         err.print(f"[red]ckpt-trace: error: {escape(str(error.strerror or error) + where)}[/]", highlight=False)

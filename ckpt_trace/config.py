@@ -29,6 +29,7 @@ BPF_COMPACT_RINGBUF_PAGES = _int_env("BPF_COMPACT_RINGBUF_PAGES", 16384)  # 64 M
 BPF_AUX_RINGBUF_PAGES = _int_env("BPF_AUX_RINGBUF_PAGES", 8192)  # 32 MiB for requests and mapped pages
 BPF_URING_INFLIGHT_ENTRIES = _int_env("BPF_URING_INFLIGHT_ENTRIES", 65536)  # io_uring requests tracked at once
 BPF_MAX_IOVECS = _int_env("BPF_MAX_IOVECS", 64)  # iovecs summed in BPF for readv/writev sizes
+BPF_OMIT_TRACEPOINTS = _str_env("BPF_OMIT_TRACEPOINTS", "")  # page tracepoints left out (tests: an older kernel)
 BPF_MAX_IOCBS = _int_env("BPF_MAX_IOCBS", 128)  # iocbs (io_events) read per io_submit (io_getevents); more: lost
 BPF_INFLIGHT_ENTRIES = _int_env("BPF_INFLIGHT_ENTRIES", 65536)  # concurrent syscalls tracked
 BPF_IGNORED_FDS = _int_env("BPF_IGNORED_FDS", 262144)  # (tgid, fd) pairs filtered in the kernel

@@ -324,13 +324,152 @@ def conforms(document: Any, definition: type) -> str | None:
     return None
 
 
+# -- documents read back (results, baselines): what the readers take, validated before use ------------------
+
+
+class PairedIn(TypedDict, total=False):
+    """A paired speed-up (``replayer.verdicts.paired_interval``) as read back."""
+
+    median: float | None
+    low: float | None
+    high: float | None
+    coverage: float | None
+    n: int
+    verdict: str
+
+
+class ResultIn(TypedDict, total=False):
+    """One result of a results file as ``emit`` and ``report`` read it: ``strategy`` and ``elapsed_s`` are
+    required; the other keys, where present, must have these types (benchmark files lack some)."""
+
+    strategy: str
+    elapsed_s: float
+    bytes_written: int
+    bytes_read: int
+    data_ops: int
+    metadata_ops: int
+    latency_ns: dict[str, float]
+    cpu_user_s: float
+    cpu_sys_s: float
+    skipped_ops: dict[str, int]
+    unaligned_ops: int
+    speedup_vs_posix: float | None
+    runs_elapsed_s: list[float]
+    runs_p99_latency_ns: list[float]
+    verified_files: int | None
+    metadata_ops_saved: int
+    notes: list[str]
+    write_throughput_bytes_per_s: float
+    read_throughput_bytes_per_s: float
+    versus: dict[str, PairedIn]
+    speedup: PairedIn | None
+    o_direct_bytes_share: float | None
+
+
+class ReplayOptionsIn(TypedDict, total=False):
+    """The ``options`` of a results file (``replay`` writes them all; each is checked where present)."""
+
+    queue_depth: int
+    buffer_bytes: int
+    pack_files: bool
+    repeat: int | None
+    min_seconds: float | None
+    durable: bool
+    drop_caches: bool
+    timing: str
+    gpu_copies: str
+    world_size: int | None
+
+
+class ResultsIn(TypedDict, total=False):
+    """A results file as read back (``ReplayDoc``'s keys that readers use; ``results`` required)."""
+
+    trace: str
+    trace_sha256: str
+    target: str
+    environment: dict[str, Any]
+    options: ReplayOptionsIn
+    fio_write_bytes_per_s: float | None
+    results: list[ResultIn]
+
+
+class _BaselineOptionsOptional(TypedDict, total=False):
+    min_seconds: float
+
+
+class BaselineOptionsIn(_BaselineOptionsOptional):
+    """A baseline's ``options`` (``check.baseline``'s module docstring)."""
+
+    strategies: list[str]
+    repeat: int
+    queue_depth: int
+    buffer_bytes: int
+    durable: bool
+
+
+class BaselineResultIn(TypedDict, total=False):
+    """One strategy's figures for one trace in a baseline."""
+
+    throughput_bytes_per_s: float
+    p99_latency_ns: float
+    elapsed_s: float
+    runs_elapsed_s: list[float]
+    runs_p99_latency_ns: list[float]
+    throughput_noise: float
+    p99_noise: float
+    bytes_written: int
+    bytes_read: int
+
+
+class _BaselineTraceOptional(TypedDict, total=False):
+    path: str
+
+
+class BaselineTraceIn(_BaselineTraceOptional):
+    name: str
+    sha256: str
+    results: dict[str, BaselineResultIn]
+
+
+class BaselineIn(TypedDict):
+    """A baseline file as ``check`` reads it."""
+
+    environment: dict[str, Any]
+    options: BaselineOptionsIn
+    traces: list[BaselineTraceIn]
+
+
+def _not_finite(value: Any, where: str = "") -> str | None:
+    """The first NaN or infinite number in parsed JSON (Python's json reads NaN and Infinity), as a path."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where or 'value'}: {value!r} is not a finite number"
+    if isinstance(value, dict):
+        return next((r for k, v in value.items() if (r := _not_finite(v, f"{where}.{k}" if where else str(k)))), None)
+    if isinstance(value, list):
+        return next((r for i, v in enumerate(value) if (r := _not_finite(v, f"{where}[{i}]"))), None)
+    return None
+
+
+def check_document(document: Any, definition: type, where: str, error: type[Exception] | None = None) -> None:
+    """Raise ``error`` (default CkptTraceError) with one line naming the key when ``document`` does not fit
+    the TypedDict ``definition`` (``conforms``) or holds a NaN or infinite number."""
+    from ckpt_trace.errors import CkptTraceError
+
+    problem = conforms(document, definition) or _not_finite(document)
+    if problem:
+        raise (error or CkptTraceError)(f"{where}: {problem}")
+
+
 def load_replay_results(path, trace_sha256: str | None = None, trace_name: str = "the trace") -> dict:
     """Read a ``replay -o`` results file, and tie it to the trace whose sha256 is ``trace_sha256``.
 
-    Raises CkptTraceError (one line) for a missing or unreadable file, one
-    without results (each needs ``strategy`` and ``elapsed_s``), or, when
-    ``trace_sha256`` is given, results of another trace or of an unknown one
-    (no ``trace_sha256``): tuning or reporting from them would be silently wrong.
+    The document is validated against ``ResultsIn`` (types of every key a reader uses, finite numbers,
+    non-negative times and sizes). Raises CkptTraceError (one line, naming the key) for a missing or
+    unreadable file, one without results (each needs ``strategy`` and ``elapsed_s``), a value of the wrong
+    type, or, when ``trace_sha256`` is given, results of another trace or of an unknown one (no
+    ``trace_sha256``): tuning or reporting from them would be silently wrong.
     """
     import json
     from pathlib import Path
@@ -344,12 +483,24 @@ def load_replay_results(path, trace_sha256: str | None = None, trace_name: str =
         raise CkptTraceError(f"replay results not found: {path}") from None
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise CkptTraceError(f"{path} is not a replay results file: {err}") from None
-    results = data.get("results") if isinstance(data, dict) else None
-    if not isinstance(results, list) or not results:
+    if not isinstance(data, dict) or "results" not in data:
         raise CkptTraceError(f"{path} is not a replay results file: missing key 'results'")
-    for entry in results:
-        if not isinstance(entry, dict) or "strategy" not in entry or "elapsed_s" not in entry:
-            raise CkptTraceError(f"{path}: each result needs 'strategy' and 'elapsed_s'")
+    if not isinstance(data["results"], list) or not data["results"]:
+        raise CkptTraceError(f"{path} is not a replay results file: key 'results' is "
+                             f"{'empty' if data['results'] == [] else 'not a list of results'}")
+    check_document(data, ResultsIn, str(path))
+    for index, entry in enumerate(data["results"]):
+        if "strategy" not in entry or "elapsed_s" not in entry:
+            raise CkptTraceError(f"{path}: results[{index}]: each result needs 'strategy' and 'elapsed_s'")
+        negative = next((key for key, value in entry.items() if isinstance(value, (int, float))
+                         and not isinstance(value, bool) and value < 0 and key != "speedup_vs_posix"), None)
+        if negative:
+            raise CkptTraceError(f"{path}: results[{index}].{negative}: {entry[negative]!r} is negative")
+    options = data.get("options", {})
+    negative = next((key for key, value in options.items() if isinstance(value, (int, float))
+                     and not isinstance(value, bool) and value < 0), None)
+    if negative:
+        raise CkptTraceError(f"{path}: options.{negative}: {options[negative]!r} is negative")
     if trace_sha256 is not None:
         recorded = data.get("trace_sha256")
         if recorded is None:

@@ -121,3 +121,12 @@ def test_results_json_carries_the_shares(io_uring, tmp_path):
         assert key in result
     assert "file_bytes" not in result
     assert os.path.exists(out)
+
+
+def test_strict_makes_a_strategy_off_its_named_path_an_error(io_uring, tmp_path):
+    target = tmp_path / "t"
+    proc = cli("replay", str(DCP), "--strategy", "uring-direct", "--target", str(target), "--strict", check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "--strict: uring-direct's named path (io_uring+O_DIRECT) carried 0% of the bytes" in proc.stderr
+    assert not target.exists()  # the replay's files (and the target it made) were removed
+    cli("replay", str(DCP), "--strategy", "uring-buffered", "--target", str(tmp_path / "b"), "--strict")

@@ -179,16 +179,17 @@ def test_unrecognised_files_are_unknown_and_listed(tmp_path):
     assert {r["kind"] for r in rows} == {"unknown"} and sum(r["length"] for r in rows) == 1000 + 64 + 2
 
 
-def test_the_layout_rides_in_the_trace_and_every_reader_gets_it(tmp_path):
+@pytest.mark.parametrize("golden", [GOLDEN, GOLDEN.with_name("v5-dcp-gpt2-tiny-2ranks-bcc.arrow")], ids=["v4", "v5"])
+def test_the_layout_rides_in_the_trace_and_every_reader_gets_it(tmp_path, golden):
     (tmp_path / "a.bin").write_bytes(b"x" * 10)
     layout = build_layout([str(tmp_path / "a.bin")])
     out = tmp_path / "annotated.arrow"
-    add_layout(GOLDEN, layout.table, layout.info(), out)
-    before, after = read_trace(GOLDEN), read_trace(out)
+    add_layout(golden, layout.table, layout.info(), out)
+    before, after = read_trace(golden), read_trace(out)
     assert after.table.equals(before.table) and dict(after.metadata) == dict(before.metadata)
     table, info = read_layout(out)
     assert table.equals(layout.table) and info["unknown"] == [str(tmp_path / "a.bin")]
-    assert read_layout(GOLDEN) is None
+    assert read_layout(golden) is None
     # The documented one-liners (formats/README.md).
     schema = ipc.open_file(str(out)).schema
     plain = pa.ipc.open_stream(base64.b64decode(schema.metadata[b"ckpt_trace_layout"])).read_all()
@@ -201,12 +202,12 @@ def test_the_layout_rides_in_the_trace_and_every_reader_gets_it(tmp_path):
     assert duckdb.sql("select sum(length) from plain").fetchall() == [(10,)]
     # In place: the trace itself is replaced atomically, nothing else left in its directory.
     copy = tmp_path / "copy.arrow"
-    shutil.copy(GOLDEN, copy)
+    shutil.copy(golden, copy)
     add_layout(copy, layout.table, layout.info())
     assert read_layout(copy)[0].num_rows == 1 and read_trace(copy).table.equals(before.table)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "annotated.arrow", "copy.arrow"]
     with pytest.raises(Exception, match="already exists"):
-        add_layout(GOLDEN, layout.table, layout.info(), out)
+        add_layout(golden, layout.table, layout.info(), out)
 
 
 def test_classify_names_kinds_by_key_path():
@@ -236,3 +237,42 @@ def test_workload_dcp_with_optimizer_saves_a_real_adam_state_after_one_step(save
     gradient = entry["exp_avg"] / (1 - 0.9)  # one step: exp_avg = (1 - beta1) g, exp_avg_sq = (1 - beta2) g^2
     assert torch.allclose(entry["exp_avg_sq"], (1 - 0.95) * gradient ** 2, rtol=1e-4, atol=1e-12)
     assert state["model"]["wte.weight"].shape == (1024, 128)
+
+
+@pytest.mark.torch
+def test_a_torchsnapshot_manifest_maps_every_tensor(tmp_path):
+    torch = pytest.importorskip("torch")
+    torchsnapshot = pytest.importorskip("torchsnapshot")  # pip install 'ckpt-trace[layout]'
+
+    model = torch.nn.Linear(64, 32)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 64)).sum().backward()
+    optimizer.step()
+    torchsnapshot.Snapshot.take(path=str(tmp_path / "snap"),
+                                app_state={"model": model, "optim": optimizer})
+    layout = build_layout([str(tmp_path / "snap")])
+    assert set(layout.files.values()) == {"torchsnapshot"} and not layout.unknown and not layout.errors
+    rows = {r["name"]: r for r in layout.table.to_pylist()}
+    expected = {"0/model/weight": model.weight, "0/model/bias": model.bias,
+                "0/optim/state/0/exp_avg": optimizer.state[model.weight]["exp_avg"],
+                "0/optim/state/0/exp_avg_sq": optimizer.state[model.weight]["exp_avg_sq"]}
+    for name, tensor in expected.items():
+        row = rows[name]
+        data = Path(row["path"]).read_bytes()[row["offset"]:row["offset"] + row["length"]]
+        assert data == tensor.detach().numpy().tobytes(), name
+        assert row["shape"] == list(tensor.shape) and row["dtype"] == "float32"
+    assert rows["0/model/weight"]["kind"] == "model"
+    assert rows["0/optim/state/0/exp_avg_sq"]["kind"] == "optimizer.exp_avg_sq"
+    assert rows["0/optim/state/0/step"]["kind"] == "optimizer.step"
+    for path in {r["path"] for r in rows.values()}:
+        _covered_exactly(layout.table, path)
+
+
+def test_the_time_bound_stops_parsing_and_says_so(tmp_path):
+    header = b'{"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}'
+    for i in range(3):
+        (tmp_path / f"m{i}.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 8)
+    assert build_layout([str(tmp_path)]).complete
+    layout = build_layout([str(tmp_path)], time_limit_s=0.0)
+    assert not layout.complete and not layout.info()["complete"]
+    assert len(layout.unknown) == 3 and all("time bound" in why for why in layout.errors.values())

@@ -128,6 +128,9 @@ def test_torch_save_and_its_load_and_a_safetensors_save(torch_installed, strace_
     tensors = [o for o in objects if o["kind"] != "metadata"]
     assert tensors and all(o["bytes_read"] >= o["length"] for o in tensors)  # torch.load reads every storage
     assert join.unattributed["read"] == 0
+    diff = json.loads(cli("diff", str(save), str(load), "--json").stdout)["layout"]
+    assert 0 < diff["by_kind"]["model"]["a"]["bytes"] <= diff["by_kind"]["model"]["b"]["bytes"]  # each storage written once, read at least once
+    assert diff["objects_a"] == diff["objects_b"] and not diff["only_in_a_count"]
     st = tmp_path / "st"
     saved = _record(tmp_path, "st", "safetensors", "--out", str(st), "--model", "gpt2-tiny", "--with-optimizer",
                     "--shards", "2")
@@ -153,3 +156,67 @@ def test_unknown_files_say_unknown_and_nothing_breaks(strace_backend, tmp_path):
     assert str(target) in layout["unknown_files"]
     assert layout["by_kind"][0]["kind"] == "unknown" and any(k["bytes_written"] == 12345 for k in layout["by_kind"])
     assert "unknown files" in cli("summary", str(tmp_path / "a.arrow")).stdout
+
+
+GOLDEN = Path(__file__).resolve().parent.parent / "traces/golden/v4-dcp-gpt2-tiny-2ranks-bcc.arrow"
+
+
+def _synthetic_layout(trace: Path, object_bytes: int) -> "pa.Table":
+    """Objects of ``object_bytes`` tiling every file the trace wrote, up to the end of its last write."""
+    table = read_trace(trace).table.to_pandas()
+    writes = table[(table["op"] == "write") & (table["ret"] > 0) & table["offset"].notna()]
+    ends = (writes["offset"] + writes["ret"]).groupby(writes["path"], observed=True).max()
+    entries = []
+    for path, end in ends.items():
+        for i, start in enumerate(range(0, int(end), object_bytes)):
+            entries.append(Entry(str(path), start, min(object_bytes, int(end) - start), f"{Path(path).name}.t{i}",
+                                 "model" if i % 2 else "optimizer.exp_avg", "dcp"))
+    return to_table(entries)
+
+
+@pytest.mark.slow
+def test_report_diff_and_emit_use_the_layout(tmp_path):
+    from ckpt_trace.formats.layout import add_layout
+
+    a, b = tmp_path / "a.arrow", tmp_path / "b.arrow"
+    add_layout(GOLDEN, _synthetic_layout(GOLDEN, 48 << 10), {"unknown": []}, a)
+    add_layout(GOLDEN, _synthetic_layout(GOLDEN, 1 << 20), {"unknown": []}, b)
+    cli("report", str(a), "-o", str(tmp_path / "r.html"))
+    page = (tmp_path / "r.html").read_text()
+    assert "Checkpoint objects" in page and "__0_0.distcp.t1" in page and "Objects by kind" in page
+    same = json.loads(cli("diff", str(a), str(a), "--json").stdout)["layout"]
+    assert same["moved_differently_count"] == 0 and same["objects_a"] == same["objects_b"] > 0
+    other = json.loads(cli("diff", str(a), str(b), "--json").stdout)["layout"]
+    assert other["only_in_a_count"] > 0 and other["moved_differently_count"] > 0  # t0 is 48 KiB in A, 1 MiB in B
+    changed = {entry["name"]: entry for entry in other["moved_differently"]}
+    assert any(name.endswith(".t0") and c["a"]["bytes"] < c["b"]["bytes"] for name, c in changed.items())
+    assert "Objects that moved differently" in cli("diff", str(a), str(b)).stdout
+    assert json.loads(cli("diff", str(GOLDEN), str(GOLDEN), "--json").stdout)["layout"] is None
+    cli("emit", str(a), "-o", str(tmp_path / "w.py"))
+    header = (tmp_path / "w.py").read_text()
+    assert "Small objects: every object smaller than a staging buffer (threshold buffer_bytes" in header
+    assert "objects under 64 KiB" in header
+    cli("emit", str(GOLDEN), "-o", str(tmp_path / "plain.py"))
+    assert "no checkpoint layout" in (tmp_path / "plain.py").read_text()
+
+
+@pytest.mark.torch
+@pytest.mark.strace
+@pytest.mark.slow
+def test_a_recorded_hugging_face_save_pretrained(torch_installed, strace_backend, tmp_path):
+    pytest.importorskip("transformers")  # pip install 'ckpt-trace[layout]'
+    out = tmp_path / "hf"
+    script = ("from transformers import GPT2Config, GPT2LMHeadModel\n"
+              "config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=64)\n"
+              f"GPT2LMHeadModel(config).save_pretrained({str(out)!r}, max_shard_size='100KB')\n")
+    trace = tmp_path / "hf.arrow"
+    cli("record", "--backend", "strace", "--gpu", "off", "--path-filter", f"{out}/", "-o", str(trace), "--",
+        "python", "-c", script, timeout=900)
+    table, info = read_layout(trace)
+    shards = sorted(str(p) for p in out.glob("*.safetensors"))
+    assert len(shards) > 1 and set(info["files"]) == set(shards) | {str(out / "model.safetensors.index.json")}
+    assert sorted(info["unknown"]) == sorted(str(out / n) for n in ("config.json", "generation_config.json"))
+    layout = _all_attributed(trace, shards, "write")
+    kinds = {k["kind"]: k for k in layout["by_kind"]}
+    assert set(kinds) == {"model", "metadata", "index", "unknown"}
+    assert kinds["unknown"]["bytes_written"] == sum(os.path.getsize(p) for p in info["unknown"])

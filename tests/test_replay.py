@@ -189,3 +189,20 @@ def test_a_full_disk_stops_the_replay_with_one_line(tmp_path, monkeypatch):
             replay(trace, target=small / "t")
     finally:
         subprocess.run(["umount", str(small)])
+
+
+def test_reads_that_met_the_end_of_the_file_replay_under_every_strategy(tmp_path):
+    """A program reading a small file in larger chunks asks for more than the file holds (read(2) returns
+    less, then 0): the replay meets the end of the file where the program did, and every strategy's run is
+    accepted (a read may move less than it asked for; never more)."""
+    trace = make_trace(tmp_path / "t.arrow", [
+        {"op": "open", "path": "/etc/small.conf", "fd": 3, "flags": sc.O_RDONLY, "ret": 3},
+        {"op": "read", "fd": 3, "offset": 0, "size": 8192, "ret": 92},  # the file position, as tracers record it
+        {"op": "read", "fd": 3, "offset": 92, "size": 8192, "ret": 0},
+        {"op": "close", "fd": 3, "ret": 0},
+    ])
+    for strategy in ("posix", "uring-buffered", "aggregated"):
+        report = replay(trace, strategy=strategy, target=tmp_path / strategy, repeat=1)
+        result = report.results[0]
+        assert result.bytes_read == 92, strategy
+    assert (tmp_path / "posix" / "etc" / "small.conf").stat().st_size == 92

@@ -288,7 +288,7 @@ def test_emitted_module_is_tuned_from_the_replay_and_round_trips(tmp_path, torch
     chosen = json.loads(proc.stdout)
     assert chosen["options"] == {"buffer_bytes": 2 << 20, "queue_depth": 5, "direct_io": True, "writer_threads": 1,
                                  "align_bytes": 4096, "preallocate": True, "load_direct_io": True,
-                                 "load_streams": 2}
+                                 "load_streams": 2, "checksums": True}
     text = module_path.read_text()
     assert str(GOLDEN_DCP) in text and str(results) in text and "aggregated" in text
     module = _import_module(module_path)

@@ -5,7 +5,7 @@ For "what did the framework upgrade change": both traces are summarised
 path, after removing each trace's longest common directory so two runs into
 different scratch directories line up.
 
-The data written is compared too, by what ends up where rather than by
+The data written and the data read are compared too, by what ends up where rather than by
 calls: per file, the union of the byte ranges its successful writes covered
 (requests, system calls and pages written back through mappings alike). Two
 recordings of the same save match when every file got the same ranges, so a
@@ -36,7 +36,8 @@ class _Written:
     held as (file, start, end) until COMPACT_ROWS of them, then merged with the unions so far, so memory
     grows with the disjoint ranges, not the writes."""
 
-    def __init__(self) -> None:
+    def __init__(self, op: str = "write") -> None:
+        self.op = op  # "write": the ranges written; "read": those read (bytes returned)
         self.ids: dict[str, int] = {}
         self.pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.pending_rows = 0
@@ -44,7 +45,7 @@ class _Written:
 
     def add(self, batch: pa.RecordBatch) -> None:
         get = batch.column
-        keep = pc.and_(pc.and_(names_in(get("op"), ("write",)), pc.greater(get("ret"), 0)),
+        keep = pc.and_(pc.and_(names_in(get("op"), (self.op,)), pc.greater(get("ret"), 0)),
                        pc.and_(pc.is_valid(get("offset")), pc.is_valid(get("path"))))
         rows = batch.select(["path", "offset", "ret"]).filter(keep)  # only the columns used are filtered
         if rows.num_rows == 0:
@@ -107,17 +108,19 @@ class _Paths:
 
 
 def _read(path, batch_rows: int, progress: Progress | None = None,
-          label: str = "") -> tuple[dict[str, Any], set[str], dict[str, np.ndarray]]:
-    """One pass over the trace file in record batches: (its summary, its relative paths, its written ranges)."""
+          label: str = "") -> tuple[dict[str, Any], set[str], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """One pass over the trace file in record batches: (its summary, its relative paths, its written ranges,
+    its read ranges)."""
     meta, batches = scan(path, (*SUMMARY_COLUMNS, "new_path"), batch_rows=batch_rows,
                          on_batch=on_batch(progress, label))
-    acc, paths, written = Accumulator(), _Paths(), _Written()
+    acc, paths, written, read = Accumulator(), _Paths(), _Written(), _Written("read")
     for batch in batches:
         acc.add(batch)
         paths.add(batch)
         written.add(batch)
+        read.add(batch)
     summary = summary_document(path, meta, acc.result(), gpu_summary(path, acc, batch_rows))
-    return summary, paths.relative(), written.result()
+    return summary, paths.relative(), written.result(), read.result()
 
 
 def _relative(ranges: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -138,9 +141,7 @@ def compare_written(written_a: dict[str, np.ndarray], written_b: dict[str, np.nd
     for path in sorted(set(ra) & set(rb)):
         x, y = ra[path], rb[path]
         if x.shape != y.shape or not np.array_equal(x, y):
-            n = min(len(x), len(y))
-            parted = np.flatnonzero(np.any(x[:n] != y[:n], axis=1))
-            at = int(min(x[parted[0]][0], y[parted[0]][0])) if len(parted) else int(x[n - 1][1] if n else 0)
+            at = first_difference(x, y)
             differing.append({"path": path, "bytes_a": int((x[:, 1] - x[:, 0]).sum()),
                               "bytes_b": int((y[:, 1] - y[:, 0]).sum()), "first_difference": at})
     only_a, only_b = sorted(set(ra) - set(rb)), sorted(set(rb) - set(ra))
@@ -151,10 +152,28 @@ def compare_written(written_a: dict[str, np.ndarray], written_b: dict[str, np.nd
             "written_only_in_a": only_a, "written_only_in_b": only_b}
 
 
-def written_verdict(entry: dict[str, Any]) -> str:
-    """The one line ``diff`` says about the data written."""
+def first_difference(x: np.ndarray, y: np.ndarray) -> int:
+    """The first byte offset covered by one of two sets of sorted, disjoint [start, end) ranges (rows) and not
+    by the other: where their coverage parts (not where the first differing range starts: [0, 100) and
+    [0, 50) part at byte 50). Raises ValueError when they cover the same bytes."""
+    points = np.unique(np.concatenate([x.ravel(), y.ravel()]))
+
+    def covered(ranges: np.ndarray) -> np.ndarray:
+        if not len(ranges):
+            return np.zeros(len(points), bool)
+        index = np.searchsorted(ranges[:, 0], points, side="right") - 1
+        return (index >= 0) & (points < ranges[np.maximum(index, 0), 1])
+
+    parted = np.flatnonzero(covered(x) != covered(y))
+    if not len(parted):
+        raise ValueError("the ranges cover the same bytes")
+    return int(points[parted[0]])
+
+
+def written_verdict(entry: dict[str, Any], what: str = "written") -> str:
+    """The one line ``diff`` says about the data written (``what="read"``: read)."""
     if entry["match"]:
-        return (f"data written: the same in A and B: {entry['files_a']:,} files, {entry['bytes_a']:,} bytes, "
+        return (f"data {what}: the same in A and B: {entry['files_a']:,} files, {entry['bytes_a']:,} bytes, "
                 "at the same offsets")
     parts = []
     if entry["differing"]:
@@ -164,8 +183,8 @@ def written_verdict(entry: dict[str, Any]) -> str:
     for side in ("a", "b"):
         only = entry[f"written_only_in_{side}"]
         if only:
-            parts.append(f"{len(only)} written only in {side.upper()} ({only[0]}{', ...' if len(only) > 1 else ''})")
-    return f"data written: different: {'; '.join(parts)}"
+            parts.append(f"{len(only)} {what} only in {side.upper()} ({only[0]}{', ...' if len(only) > 1 else ''})")
+    return f"data {what}: different: {'; '.join(parts)}"
 
 
 def _change(old: float, new: float) -> dict[str, Any]:
@@ -177,8 +196,8 @@ def diff_files(path_a: str | os.PathLike, path_b: str | os.PathLike, *, batch_ro
     """Figures of the traces at ``path_a`` and ``path_b`` side by side: totals, ops by type, request sizes,
     files, and the data written. Each file is read once, in record batches of ``batch_rows`` rows: memory
     grows with the distinct paths and the disjoint written ranges, not the rows. Raises TraceFormatError."""
-    sa, paths_a, written_a = _read(path_a, batch_rows, progress, "reading A")
-    sb, paths_b, written_b = _read(path_b, batch_rows, progress, "reading B")
+    sa, paths_a, written_a, read_a = _read(path_a, batch_rows, progress, "reading A")
+    sb, paths_b, written_b, read_b = _read(path_b, batch_rows, progress, "reading B")
     totals = {key: _change(sa[key], sb[key]) for key in
               ("rows", "duration_ns", "bytes_written", "bytes_read", "files", "processes", "threads", "data_ops",
                "metadata_ops", "data_time_ns", "metadata_time_ns", "failed_ops", "lost_events")}
@@ -194,4 +213,13 @@ def diff_files(path_a: str | os.PathLike, path_b: str | os.PathLike, *, batch_ro
                                           sb["alignment"]["unaligned_offset_share"]),
         "files_only_in_a": sorted(paths_a - paths_b), "files_only_in_b": sorted(paths_b - paths_a),
         "data_written": compare_written(written_a, written_b),
+        "data_read": compare_written(read_a, read_b),
+        "layout": _layout_diff(path_a, path_b),
     }
+
+
+def _layout_diff(path_a, path_b) -> dict[str, Any] | None:
+    """``analysis.layout.diff_layouts``: which checkpoint objects moved differently (None without layouts)."""
+    from .layout import diff_layouts  # it builds on analysis.summary, as this module does
+
+    return diff_layouts(path_a, path_b)

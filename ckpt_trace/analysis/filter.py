@@ -83,20 +83,62 @@ def glob_regex(pattern: str) -> str:
     return "".join(out) + "$"
 
 
-def parse_ints(text: str, what: str) -> list[int]:
-    """'0-3,8,-1' -> [0, 1, 2, 3, 8, -1]. Raises CkptTraceError."""
-    values: list[int] = []
+INT32_BOUNDS = (-(2**31), 2**31 - 1)  # the rank and pid columns' type (formats.SCHEMA: int32)
+
+
+def parse_intervals(text: str, what: str, bounds: tuple[int, int] = INT32_BOUNDS) -> list[tuple[int, int]]:
+    """'0-3,8,-1' -> [(-1, -1), (0, 3), (8, 8)]: closed intervals, merged and sorted, cut to ``bounds`` (the
+    column's type), never expanded into their values (``--rank 0-100000000`` is one interval). Raises
+    CkptTraceError for text that is not a list, a range whose end is before its start, or a value wholly
+    outside ``bounds`` (no row can hold it)."""
+    low, high = bounds
+    intervals: list[tuple[int, int]] = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        match = re.fullmatch(r"(-?\d+)(?:-(\d+))?", part)
+        match = re.fullmatch(r"(-?\d{1,30})(?:-(\d{1,30}))?", part)
         if not match:
             raise CkptTraceError(f"not a {what} list: {text!r} (use e.g. 0-7,12)")
         first, last = int(match.group(1)), int(match.group(2) or match.group(1))
         if last < first:
             raise CkptTraceError(f"not a {what} range: {part!r} (the end is before the start)")
-        values.extend(range(first, last + 1))
-    if not values:
+        if last < low or first > high:
+            raise CkptTraceError(f"no {what} can be {part} (a {what} is between {low:,} and {high:,})")
+        intervals.append((max(first, low), min(last, high)))
+    if not intervals:
         raise CkptTraceError(f"no {what} given in {text!r}")
-    return values
+    intervals.sort()
+    merged = [intervals[0]]
+    for first, last in intervals[1:]:
+        if first <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+        else:
+            merged.append((first, last))
+    return merged
+
+
+def parse_ints(text: str, what: str) -> list[int]:
+    """'0-3,8,-1' -> [-1, 0, 1, 2, 3, 8] (for short lists; ``parse_intervals`` for conditions). Raises
+    CkptTraceError, also for lists of more than a million values."""
+    intervals = parse_intervals(text, what)
+    if sum(last - first + 1 for first, last in intervals) > 1_000_000:
+        raise CkptTraceError(f"{what} list {text!r} holds more than a million values")
+    return [value for first, last in intervals for value in range(first, last + 1)]
+
+
+def interval_mask(intervals: list[tuple[int, int]]) -> Callable[[pa.Array], pa.Array]:
+    """A function: column -> boolean mask of the values inside any of ``intervals`` (vectorised: one is_in
+    over the single values, one comparison pair per wider interval)."""
+    singles = pa.array([first for first, last in intervals if first == last], pa.int64())
+    spans = [(first, last) for first, last in intervals if first != last]
+
+    def mask(column: pa.Array) -> pa.Array:
+        keep = pc.is_in(column, value_set=singles.cast(column.type)) if len(singles) else None
+        for first, last in spans:
+            inside = pc.and_(pc.greater_equal(column, pa.scalar(first, column.type)),
+                             pc.less_equal(column, pa.scalar(last, column.type)))
+            keep = inside if keep is None else pc.or_(keep, inside)
+        return pc.fill_null(keep, False)
+
+    return mask
 
 
 @dataclass(frozen=True)
@@ -130,11 +172,11 @@ def batch_mask(conditions: Conditions) -> Callable[[pa.RecordBatch], pa.Array]:
     Raises CkptTraceError for a condition that does not parse."""
     tests: list[Callable[[pa.RecordBatch], pa.Array]] = []
     if conditions.ranks is not None:
-        ranks = pa.array(parse_ints(conditions.ranks, "rank"), pa.int32())
-        tests.append(lambda b: pc.is_in(b.column("rank"), value_set=ranks))
+        ranks = interval_mask(parse_intervals(conditions.ranks, "rank"))
+        tests.append(lambda b: ranks(b.column("rank")))
     if conditions.pids is not None:
-        pids = pa.array(parse_ints(conditions.pids, "pid"), pa.int32())
-        tests.append(lambda b: pc.is_in(b.column("pid"), value_set=pids))
+        pids = interval_mask(parse_intervals(conditions.pids, "pid"))
+        tests.append(lambda b: pids(b.column("pid")))
     if conditions.ops is not None:
         names = [name.strip() for name in conditions.ops.split(",") if name.strip()]
         unknown = [name for name in names if name not in vocabulary.OPS]

@@ -28,7 +28,7 @@ import pyarrow as pa
 from ckpt_trace.formats import int_values, scan
 from ckpt_trace.formats.layout import KINDS, read_layout
 
-from .summary import _codes, _ints, _lut
+from .summary import _codes, _group_sums, _ints, _lut
 
 SIZE_CLASSES = (("<64 KiB", 64 << 10), ("64 KiB-1 MiB", (1 << 20) + 1), ("1-64 MiB", (64 << 20) + 1),
                 (">64 MiB", None))  # (label, exclusive upper bound)
@@ -118,11 +118,12 @@ class LayoutJoin:
             offset, known = offset[rows], known[rows]
             path_codes, path_names = _codes(batch.column("path"))
             path_codes = path_codes[rows]
-            for code in np.unique(path_codes).tolist():
-                in_path = path_codes == code
-                for mask, final in self._final(path_names[code], ts[in_path]):
-                    picked = np.flatnonzero(in_path)[mask]
-                    self._join(direction, final, picked, offset, known, moved, dur)
+            order = np.argsort(path_codes, kind="stable")  # one sort, then each path's rows are a slice
+            bounds = np.flatnonzero(np.diff(path_codes[order])) + 1
+            for group in np.split(order, bounds) if len(order) else []:
+                code = int(path_codes[group[0]])
+                for mask, final in self._final(path_names[code], ts[group]):
+                    self._join(direction, final, group[mask], offset, known, moved, dur)
 
     def _join(self, direction: str, path: str | None, picked: np.ndarray, offset: np.ndarray, known: np.ndarray,
               moved: np.ndarray, dur: np.ndarray) -> None:
@@ -147,10 +148,11 @@ class LayoutJoin:
         local = first[rep] + within
         overlap = np.minimum(row_end[rep], ends[local]) - np.maximum(row_start[rep], starts[local])
         share = overlap / moved[picked][rep]
-        objects = local + first_object
-        np.add.at(self.bytes[direction], objects, overlap)
-        np.add.at(self.ops[direction], objects, 1)
-        np.add.at(self.time_ns[direction], objects, dur[picked][rep] * share)
+        span = stop - first_object
+        self.bytes[direction][first_object:stop] += _group_sums(local, overlap, span)
+        self.ops[direction][first_object:stop] += np.bincount(local, minlength=span)
+        self.time_ns[direction][first_object:stop] += np.bincount(local, weights=dur[picked][rep] * share,
+                                                                  minlength=span)
         covered = np.bincount(rep, weights=overlap, minlength=len(picked)).astype(np.int64)
         left = moved[picked] - covered
         self.unattributed[direction] += int(left.sum())
@@ -284,7 +286,8 @@ def annotate(trace: str | Path, checkpoint: Iterable[str | Path], output: str | 
             raise CkptTraceError(f"--checkpoint {path}: no such file or directory")
     layout = build_layout(paths, time_limit_s=time_limit_s)
     written = add_layout(trace, layout.table, layout.info(), output, overwrite=overwrite)
-    return {"trace": str(written), "objects": layout.table.num_rows, **layout.info()}
+    return {"trace": str(written), "objects": layout.table.num_rows,
+            "covered_files": len(set(layout.table.column("path").to_pylist())), **layout.info()}
 
 
 def annotate_recording(trace: str | Path, *, time_limit_s: float = 60.0) -> dict[str, Any] | None:
@@ -301,7 +304,8 @@ def annotate_recording(trace: str | Path, *, time_limit_s: float = 60.0) -> dict
     layout = build_layout(files, time_limit_s=max(0.0, time_limit_s - (_time.monotonic() - started)),
                           expand_dirs=False)
     if not layout.files:
-        return {"trace": str(trace), "stored": False, "objects": 0, "elapsed_s": _time.monotonic() - started,
+        return {"trace": str(trace), "stored": False, "objects": 0, "covered_files": 0,
+                "elapsed_s": _time.monotonic() - started,
                 "files": {}, "unknown": [], "errors": layout.errors, "complete": layout.complete}
     directories = {str(Path(p).parent) for p in layout.files}
     keep = pa.array([str(Path(p).parent) in directories for p in layout.table.column("path").to_pylist()])
@@ -309,4 +313,80 @@ def annotate_recording(trace: str | Path, *, time_limit_s: float = 60.0) -> dict
     layout.unknown = [p for p in layout.unknown if str(Path(p).parent) in directories]
     layout.elapsed_s = _time.monotonic() - started
     add_layout(trace, table, layout.info())
-    return {"trace": str(trace), "stored": True, "objects": table.num_rows, **layout.info()}
+    return {"trace": str(trace), "stored": True, "objects": table.num_rows,
+            "covered_files": len(set(table.column("path").to_pylist())), **layout.info()}
+
+
+def layout_report(trace: str | Path, paths: Iterable[str], objects_per_file: int = 12) -> dict[str, Any] | None:
+    """The report's view of the layout: ``summary`` (``LayoutJoin.result``) and ``files`` {path: its objects
+    with their figures, the ``objects_per_file`` that moved most bytes, in file order; ``more`` counts the
+    rest}; None without a layout."""
+    stored = read_layout(trace)
+    if stored is None:
+        return None
+    table, info = stored
+    join = join_trace(trace, table)
+    files = {}
+    for path, objects in objects_of_files(join, paths).items():
+        ranked = sorted(objects, key=lambda o: -(o["bytes_written"] + o["bytes_read"]))
+        kept = sorted(ranked[:objects_per_file], key=lambda o: o["offset"])
+        files[path] = {"objects": kept, "more": len(objects) - len(kept), "count": len(objects)}
+    return {"summary": join.result(info), "files": files}
+
+
+def _per_object(join: LayoutJoin) -> dict[tuple, dict[str, Any]]:
+    """{(name, chunk offsets): figures summed over the files holding it} of the named objects of ``join``."""
+    found: dict[tuple, dict[str, Any]] = {}
+    for row in join.objects().select(["name", "kind", "chunk_offsets", "length", "bytes_written", "bytes_read",
+                                       "write_ops", "read_ops", "time_ns"]).to_pylist():
+        if row["name"] is None:
+            continue
+        key = (row["name"], tuple(row["chunk_offsets"] or ()))
+        mine = found.setdefault(key, {"name": row["name"], "chunk_offsets": list(key[1]) or None, "kind": row["kind"],
+                                      "length": 0, "bytes": 0, "ops": 0, "time_ns": 0})
+        mine["length"] += row["length"]
+        mine["bytes"] += row["bytes_written"] + row["bytes_read"]
+        mine["ops"] += row["write_ops"] + row["read_ops"]
+        mine["time_ns"] += row["time_ns"]
+    return found
+
+
+def diff_layouts(path_a: str | Path, path_b: str | Path, top: int = 20) -> dict[str, Any] | None:
+    """Which objects moved differently between two traces of the same model: objects matched by name and chunk
+    offsets (whatever their files are called); ``moved_differently`` lists those whose bytes moved or
+    operations differ (most bytes first, at most ``top``; ``moved_differently_count`` counts them all), with
+    each side's bytes, operations and time; ``by_kind`` the bytes, operations and time per kind on each side;
+    ``only_in_a``/``only_in_b`` objects one layout lacks. None when neither trace has a layout; a side without
+    one is named in ``missing``."""
+    joins = {side: join_trace(path) for side, path in (("a", path_a), ("b", path_b))}
+    if all(join is None for join in joins.values()):
+        return None
+    missing = [side for side, join in joins.items() if join is None]
+    if missing:
+        return {"missing": missing}
+    a, b = _per_object(joins["a"]), _per_object(joins["b"])
+    changed = []
+    for key in sorted(set(a) & set(b)):
+        x, y = a[key], b[key]
+        if x["bytes"] != y["bytes"] or x["ops"] != y["ops"]:
+            changed.append({"name": x["name"], "chunk_offsets": x["chunk_offsets"], "kind": x["kind"],
+                            "length": x["length"],
+                            "a": {k: x[k] for k in ("bytes", "ops", "time_ns")},
+                            "b": {k: y[k] for k in ("bytes", "ops", "time_ns")}})
+    changed.sort(key=lambda c: (-abs(c["b"]["bytes"] - c["a"]["bytes"]), -abs(c["b"]["ops"] - c["a"]["ops"]),
+                                c["name"]))
+    by_kind = {}
+    for kind in KINDS:
+        sides = {}
+        for side, objects in (("a", a), ("b", b)):
+            mine = [o for o in objects.values() if o["kind"] == kind]
+            sides[side] = {"objects": len(mine), "bytes": sum(o["bytes"] for o in mine),
+                           "ops": sum(o["ops"] for o in mine), "time_ns": sum(o["time_ns"] for o in mine)}
+        if sides["a"]["objects"] or sides["b"]["objects"]:
+            by_kind[kind] = sides
+    only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+    return {"missing": [], "objects_a": len(a), "objects_b": len(b),
+            "moved_differently_count": len(changed), "moved_differently": changed[:top],
+            "only_in_a": [a[k]["name"] for k in only_a[:top]], "only_in_a_count": len(only_a),
+            "only_in_b": [b[k]["name"] for k in only_b[:top]], "only_in_b_count": len(only_b),
+            "by_kind": by_kind}

@@ -352,7 +352,14 @@ def _depth_figures(counts: np.ndarray) -> dict[str, Any]:
 def summary_document(path, md: dict, figures: dict, gpu: dict) -> dict[str, Any]:
     return {"trace": str(path), "backend": md.get("backend"), "command": md.get("command"), **figures,
             "lost_events": int(md.get("lost_events", 0)), "filesystems": md.get("filesystems", {}),
-            "unseen": md.get("unseen", {}), "gpu": gpu}
+            "unseen": md.get("unseen", {}), "gpu": gpu, "interrupted": md.get("interrupted"),
+            **({"mapped_uncovered_bytes": int(md["mapped_uncovered_bytes"])} if "mapped_uncovered_bytes" in md else {})}
+
+
+def mapped_uncovered_line(uncovered_bytes: int) -> str:
+    """The one line ``record`` and ``summary`` print when bytes mapped from files are covered by no row."""
+    return (f"{uncovered_bytes:,} bytes ({uncovered_bytes / 2**20:.1f} MiB) mapped from files are covered by no "
+            "row: this kernel's page tracepoints did not show how they were touched (mapped_uncovered_bytes)")
 
 
 def summarize(trace: Trace) -> dict[str, Any]:

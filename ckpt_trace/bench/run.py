@@ -69,11 +69,14 @@ class PointOutcome:
 
 
 def check_target(target: Path) -> int:
-    """Create ``target`` if missing; return its block size (statvfs f_bsize). Raises BenchError."""
+    """Create ``target`` if missing (its parent must exist: a mistyped path is refused, not built); return its
+    block size (statvfs f_bsize). Raises BenchError."""
     if target.exists() and not target.is_dir():
         raise BenchError(f"target {target} exists and is not a directory")
+    if not target.exists() and not target.parent.is_dir():
+        raise BenchError(f"cannot use target {target}: directory {target.parent} does not exist")
     try:
-        target.mkdir(parents=True, exist_ok=True)
+        target.mkdir(exist_ok=True)
         return os.statvfs(target).f_bsize
     except OSError as err:
         raise BenchError(f"cannot use target {target}: {err.strerror}") from None

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ckpt_trace import config
+from ckpt_trace.documents import BaselineIn, check_document
 from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.formats import sha256_file, write_bytes_atomic
 from ckpt_trace.iolayer.host import environment
@@ -156,6 +157,13 @@ def load_baseline(path: str | os.PathLike) -> dict:
     for key in ("environment", "options", "traces"):
         if key not in data:
             raise RegressionError(f"{path} is missing key {key!r}")
+    check_document(data, BaselineIn, str(path), RegressionError)  # one line naming the key, never a crash later
+    options = data["options"]
+    for key in ("repeat", "queue_depth", "buffer_bytes"):
+        if options[key] < 1:
+            raise RegressionError(f"{path}: options.{key}: {options[key]!r} is not positive")
+    if options.get("min_seconds", 0) < 0:
+        raise RegressionError(f"{path}: options.min_seconds: {options['min_seconds']!r} is negative")
     return data
 
 

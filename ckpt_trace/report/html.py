@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ckpt_trace.analysis.layout import layout_report
 from ckpt_trace.analysis.profile import KINDS, TOP_FILES, format_ranges, profile_file
 from ckpt_trace.analysis.ranks import rank_times_file
 from ckpt_trace.documents import load_replay_results
@@ -327,7 +328,9 @@ def _job_html(profile: dict) -> str:
                      f"({html.escape(entry['reason'])})</p>" for capture, entry in summary.get("unseen", {}).items())
     lost = (f"<p class='warning'>{summary['lost_events']:,} events were lost while recording: the figures below "
             "undercount</p>") if summary["lost_events"] else ""
-    return _facts(facts) + unseen + lost
+    cut = (f"<p class='warning'>{html.escape(str(summary['interrupted']))} cut the recording: the trace holds only "
+           "what happened until then</p>") if summary.get("interrupted") else ""
+    return _facts(facts) + unseen + lost + cut
 
 
 def _gpu_html(summary: dict) -> str:
@@ -386,8 +389,41 @@ def _calls_html(profile: dict, figures: dict) -> str:
                   ("offsets unknown", f"{alignment['ops_with_unknown_offset']:,}")])
         + "</div></div>"
         + _files_html(profile)
+        + _layout_html(profile.get("layout"))
         + figures["Offset versus time"]
     )
+
+
+def _layout_html(layout: dict | None) -> str:
+    """The checkpoint's objects (``analysis.layout.layout_report``): by kind, by size, and inside each file."""
+    if not layout:
+        return ""
+    summary = layout["summary"]
+    groups = []
+    for title, key, label in (("by kind", "by_kind", "kind"), ("by object size", "by_size_class", "size_class")):
+        rows = [(e[label], f"{e['objects']:,}", human_bytes(e["object_bytes"]), human_bytes(e["bytes_written"]),
+                 human_bytes(e["bytes_read"]), f"{e['write_ops'] + e['read_ops']:,}", human_ns(e["time_ns"]))
+                for e in summary[key]]
+        groups.append(f"<h4>Objects {title}</h4>" + _table((label.replace("_", " "), "objects", "size", "written",
+                                                            "read", "ops", "time"), rows, "files"))
+    per_file = []
+    for path, entry in layout["files"].items():
+        rows = [(_short(o["name"] or "(unknown)"), o["kind"], f"{o['offset']:,}", human_bytes(o["length"]),
+                 human_bytes(o["bytes_written"]), human_bytes(o["bytes_read"]),
+                 f"{o['write_ops'] + o['read_ops']:,}", human_ns(o["time_ns"])) for o in entry["objects"]]
+        more = f" ({entry['more']:,} more not shown)" if entry["more"] else ""
+        per_file.append(f"<h4>{html.escape(_short(path))}: {entry['count']:,} objects{more}</h4>"
+                        + _table(("object", "kind", "offset", "size", "written", "read", "ops", "time"), rows,
+                                 "files"))
+    unknown = summary["unknown_files"]
+    return ("<h3>Checkpoint objects</h3>"
+            f"<p>The checkpoint's layout ({html.escape(', '.join(summary['formats']))}): "
+            f"{summary['objects']:,} objects in {summary['files']:,} files; "
+            f"{human_bytes(summary['attributed_bytes_written'] + summary['attributed_bytes_read'])} of the bytes moved "
+            f"are attributed to objects, {summary['small_object_time_share']:.0%} of their time to objects under "
+            f"{human_bytes(summary['small_object_bytes'])}. A row spanning several objects counts its bytes to each."
+            + (f" Unknown files: {html.escape(', '.join(unknown[:5]))}{' ...' if len(unknown) > 5 else ''}." if unknown else "")
+            + "</p>" + "".join(groups) + "".join(per_file))
 
 
 def _share(part: int, whole: int) -> str:
@@ -579,6 +615,7 @@ def write_report(trace_path: str | os.PathLike, output: str | os.PathLike, *, re
     results, fio = load_results(results_paths, trace_path)
     profile = profile_file(trace_path, rank=rank, progress=progress)
     profile["rank_times"] = rank_times_file(trace_path)  # per host, and the slowest rank's save time
+    profile["layout"] = layout_report(trace_path, [f["path"] for f in profile["files"][:TOP_FILE_ROWS]])
     data = build_report(profile, results, fio_limit_bytes_per_s or fio, str(trace_path)).encode()
     write_bytes_atomic(output, data)
     labels = profile["owner_labels"]

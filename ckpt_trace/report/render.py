@@ -77,6 +77,8 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
         ("unaligned sizes (4 KiB)", f"{summary['alignment']['unaligned_size_share']:.1%}"),
         ("failed ops", str(summary["failed_ops"])),
         ("lost events", str(summary["lost_events"])),
+        *((("interrupted", f"[yellow]{summary['interrupted']} cut the recording: the trace is partial[/]"),)
+          if summary.get("interrupted") else ()),
     ):
         overview.add_row(name, value)
     for label, key in (("slowest rank (I/O time)", "slowest_rank"), ("slowest save (1st to last write)", "slowest_save")):
@@ -117,6 +119,11 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
         what = {"io_uring_requests": f"{entry['count']:,} io_uring requests",
                 "mapped_pages": f"pages touched through {entry['count']:,} file mappings"}.get(capture, capture)
         console.print(f"warning: {what} are not in this trace: {entry['reason']}", highlight=False)
+    if summary.get("mapped_uncovered_bytes"):
+        from ckpt_trace.analysis.summary import mapped_uncovered_line
+
+        console.print(f"warning: {mapped_uncovered_line(summary['mapped_uncovered_bytes'])}", highlight=False,
+                      soft_wrap=True)
 
     gpu = summary.get("gpu") or {}
     if gpu.get("copies"):
@@ -208,6 +215,10 @@ def render_results(console: Console, results: list[dict[str, Any]], fio_bytes_pe
     table, left_out = _fitted(console, "Replay results", columns, rows, wide)
     console.print(table)
     _left_out(console, left_out)
+    for line in phase_lines(results):
+        console.print(line, highlight=False, soft_wrap=True)
+    for line in timing_lines(results):
+        console.print(line, highlight=False, soft_wrap=True)
     for line in verdict_lines(results):
         console.print(line, highlight=False, soft_wrap=True)
     for r in results:
@@ -225,6 +236,37 @@ def _speedup_cell(result: dict[str, Any], speedup: float | None) -> str:
         return "-"
     noise = (result.get("speedup") or {}).get("verdict") == "within noise"
     return f"{speedup:.2f}x" + ("~" if noise else "")
+
+
+def phase_lines(results: list[dict[str, Any]]) -> list[str]:
+    """Per strategy, each phase (save: the writes, load: the reads) apart, with its slowest rank's time; only
+    where a result has two phases or several ranks (otherwise the table says it all)."""
+    if not any(len(r.get("phases") or {}) > 1 or any(len(p["ranks"]) > 1 for p in (r.get("phases") or {}).values())
+               for r in results):
+        return []
+    lines = []
+    for r in results:
+        parts = [f"{phase} {human_bytes(p['bytes'])} in {p['elapsed_s']:.3f} s, slowest rank {p['slowest_rank']} "
+                 f"{p['slowest_rank_s']:.3f} s" for phase, p in (r.get("phases") or {}).items()]
+        if parts:
+            lines.append(f"{r['strategy']}: " + "; ".join(parts))
+    return lines
+
+
+def timing_lines(results: list[dict[str, Any]]) -> list[str]:
+    """``--timing original``'s accuracy per strategy: start error (median, p99) as a share of the recorded I/O
+    window, and the slowest rank's replayed window against its recorded one."""
+    lines = []
+    for r in results:
+        timing = r.get("timing")
+        if not timing or timing.get("start_error_share_p50") is None:
+            continue
+        worst = max(timing["ranks"].items(), key=lambda kv: abs(kv[1]["window_error"] or 0))
+        lines.append(f"{r['strategy']} paced: start error {timing['start_error_share_p50']:.1%} median, "
+                     f"{timing['start_error_share_p99']:.1%} p99 of the I/O window; rank {worst[0]}: "
+                     f"{worst[1]['replayed_window_s']:.3f} s for {worst[1]['recorded_window_s']:.3f} s recorded "
+                     f"({worst[1]['window_error']:+.1%})")
+    return lines
 
 
 def verdict_lines(results: list[dict[str, Any]]) -> list[str]:
@@ -305,6 +347,42 @@ def render_diff(console: Console, data: dict[str, Any]) -> None:
             shown = ", ".join(files[:8]) + (f" and {len(files) - 8} more" if len(files) > 8 else "")
             console.print(f"files only in {side.upper()}: {shown}", highlight=False)
     console.print(written_verdict(data["data_written"]), highlight=False)
+    if "data_read" in data:
+        console.print(written_verdict(data["data_read"], "read"), highlight=False)
+    if data.get("layout"):
+        render_layout_diff(console, data["layout"])
+
+
+def render_layout_diff(console: Console, layout: dict[str, Any]) -> None:
+    """``diff``'s checkpoint objects: per kind, then the objects that moved differently."""
+    if layout["missing"]:
+        console.print(f"layout: only in {'B' if layout['missing'] == ['a'] else 'A'} (annotate the other trace "
+                      "to compare objects)", highlight=False)
+        return
+    kinds = _table(console, "Checkpoint objects by kind (A -> B)")
+    for column in ("kind", "objects", "bytes", "ops", "time"):
+        kinds.add_column(column, justify="left" if column == "kind" else "right")
+    for kind, sides in layout["by_kind"].items():
+        a, b = sides["a"], sides["b"]
+        kinds.add_row(kind, f"{a['objects']:,} -> {b['objects']:,}", f"{human_bytes(a['bytes'])} -> {human_bytes(b['bytes'])}",
+                      f"{a['ops']:,} -> {b['ops']:,}", f"{human_ns(a['time_ns'])} -> {human_ns(b['time_ns'])}")
+    console.print(kinds)
+    if layout["moved_differently_count"]:
+        moved = _table(console, f"Objects that moved differently ({layout['moved_differently_count']:,})")
+        for column in ("object", "kind", "bytes A -> B", "ops A -> B", "time A -> B"):
+            moved.add_column(column, justify="left" if column in ("object", "kind") else "right")
+        for entry in layout["moved_differently"][:10]:
+            a, b = entry["a"], entry["b"]
+            moved.add_row(entry["name"], entry["kind"], f"{human_bytes(a['bytes'])} -> {human_bytes(b['bytes'])}",
+                          f"{a['ops']:,} -> {b['ops']:,}", f"{human_ns(a['time_ns'])} -> {human_ns(b['time_ns'])}")
+        console.print(moved)
+    else:
+        console.print("layout: every object common to both moved the same bytes in the same number of operations",
+                      highlight=False)
+    for side in ("a", "b"):
+        if layout[f"only_in_{side}_count"]:
+            console.print(f"objects only in {side.upper()}: {layout[f'only_in_{side}_count']:,} "
+                          f"({', '.join(layout[f'only_in_{side}'][:5])})", highlight=False)
 
 
 def render_check(console: Console, rows: list[dict[str, Any]], tolerance: float, wide: bool = False) -> None:

@@ -264,9 +264,20 @@ def _state(mesh, shapes: dict, dtype_name: str, optimizer: str, device: str) -> 
         state["optim"] = {
             "state": {name: {"step": torch.tensor(1.0), "exp_avg": dtensor(shape, torch.float32),
                              "exp_avg_sq": dtensor(shape, torch.float32)} for name, shape in shapes.items()},
-            "param_groups": _optimizer_groups(),
+            "param_groups": _param_groups(torch, list(shapes), _optimizer_groups()[0]),
         }
     return state
+
+
+def _param_groups(torch, names: list[str], group: dict) -> list[dict]:
+    """The ``param_groups`` a training job's ``get_state_dict`` saves for Adam (``workload dcp
+    --with-optimizer``: ``torch.optim.Adam(..., foreach=False)``): every option Adam keeps, then the
+    parameters' FQNs."""
+    probe = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=group["lr"], betas=group["betas"],
+                             eps=group["eps"], weight_decay=group["weight_decay"], foreach=False)
+    saved = dict(probe.state_dict()["param_groups"][0])
+    saved["params"] = list(names)
+    return [saved]
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ class StoredItem:
     """Where one item's bytes are: ``relative_path``, ``offset`` and ``size_bytes`` in that data file.
 
     ``file_size_bytes`` is the data file's size when written (a truncated file
-    is detected against it). ``dtype`` ("torch.float32") and ``shape`` are set
+    is detected against it, and so is a longer one). ``checksum`` (of
+    ``checksum_kind``) is the item's bytes' checksum, checked by the reader. ``dtype`` ("torch.float32") and ``shape`` are set
     for tensors: their bytes are the raw contiguous elements. Byte items
     (non-tensor values) hold ``torch.save`` output.
     """
@@ -48,6 +49,8 @@ class StoredItem:
     file_size_bytes: int
     dtype: str | None = None
     shape: tuple[int, ...] | None = None
+    checksum: int | None = None  # of the item's bytes (``checksum.py``), None: not computed (a GPU item)
+    checksum_kind: str | None = None  # "crc32c" or "crc32"
 
 
 @dataclasses.dataclass(frozen=True)

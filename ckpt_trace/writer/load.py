@@ -39,6 +39,7 @@ from torch.futures import Future
 from ckpt_trace.errors import CheckpointError
 from ckpt_trace.iolayer.files import open_file
 
+from .checksum import checksum
 from .format import StoredItem, io_error, read_metadata
 from .options import WriterOptions
 from .save import DirectoryCheckpoint
@@ -122,6 +123,9 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         if actual < expected:
             raise CheckpointError(f"checkpoint data file truncated: {path} has {actual:,} bytes, the metadata "
                                   f"records {expected:,}")
+        if actual > expected and self.options.checksums and any(s.checksum is not None for s in stored):
+            raise CheckpointError(f"checkpoint data file extended: {path} has {actual:,} bytes, the metadata "
+                                  f"records {expected:,} (pass checksums=False in the reader's options to load it)")
         try:
             opened = open_file(path, os.O_RDONLY, direct=self.options.load_direct_io)
             fd, direct = opened.fd, opened.direct
@@ -139,7 +143,7 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             for i, s in enumerate(stored):
                 if s.size_bytes == 0:
                     self._serve(items[i], s, torch.empty(0, dtype=torch.uint8), planner)
-            self._stream(stream, fd, items, stored, expected, planner)
+            self._stream(stream, fd, items, stored, expected, planner, path)
         except OSError as err:
             raise io_error("reading", path, err) from None
         finally:
@@ -169,10 +173,12 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
                     target = planner.resolve_tensor(item).detach()
                     if _fits_as_stored(item, s, target):
                         _pread_into(fd, path, target, s.offset)
+                        self._check(item, s, target, path)
                         planner.commit_tensor(item, target)
                         continue
                 scratch = torch.empty(s.size_bytes, dtype=torch.uint8)
                 _pread_into(fd, path, scratch, s.offset)
+                self._check(item, s, scratch, path)
                 self._serve(item, s, scratch, planner)
 
         if len(streams) == 1:
@@ -182,8 +188,19 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             for future in [pool.submit(read, stream) for stream in streams]:
                 future.result()
 
+    def _check(self, item, stored: StoredItem, data: torch.Tensor, path: Path) -> None:
+        """Raise CheckpointError naming the item and the file when ``data`` (the bytes that landed) does not
+        have the stored checksum; nothing when the options say ``checksums=False`` or none was stored."""
+        if stored.checksum is None or not self.options.checksums or not stored.size_bytes:
+            return
+        found = checksum(data, stored.checksum_kind)
+        if found is not None and found != stored.checksum:
+            name = item.storage_index.fqn if hasattr(item, "storage_index") else "an item"
+            raise CheckpointError(f"checkpoint item {name} in {path} (bytes {stored.offset:,}+{stored.size_bytes:,}) "
+                                  f"is corrupt: {stored.checksum_kind} {found:08x}, recorded {stored.checksum:08x}")
+
     def _stream(self, stream: StreamReader, fd: int, items: list, stored: list[StoredItem], file_size_bytes: int,
-                planner: LoadPlanner) -> None:
+                planner: LoadPlanner, path: Path | None = None) -> None:
         """O_DIRECT: the file's items as one stream of aligned reads (``staging.StreamReader``), each read's
         bytes copied into the destination tensors where they fit as stored (a GPU tensor too: asynchronous
         host-to-device copies out of the page-locked arena, ``staging.CudaCopier``), else into a scratch
@@ -202,6 +219,8 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
 
         def done(i: int) -> None:
             memory, target, in_place = destinations.pop(i)
+            if memory.device.type == "cpu":  # a GPU destination's bytes are checked nowhere on the host
+                self._check(items[i], stored[i], memory, path)
             if in_place:
                 planner.commit_tensor(items[i], target)
             else:

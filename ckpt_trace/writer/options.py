@@ -41,6 +41,9 @@ class WriterOptions:
       consecutive stretch of about equal bytes (2 matched ``torch.load(mmap=True)``
       on the 2-core machine of ``benchmarks/restore.py``, where one thread
       did not: the copies out of the page cache need a core each).
+    - ``checksums``: the writer stores each item's checksum (CRC32C, ``checksum.py``) in the metadata and
+      the reader checks every item it loads, and that each data file has exactly its recorded size
+      (True, the default); False: neither (a reader with False loads without checking).
 
     Raises CheckpointError from ``validate()`` for values out of range.
     """
@@ -53,6 +56,7 @@ class WriterOptions:
     preallocate: bool = True
     load_direct_io: bool = True
     load_streams: int = 2
+    checksums: bool = True
 
     def validate(self) -> WriterOptions:
         if self.align_bytes < 512 or self.align_bytes & (self.align_bytes - 1):

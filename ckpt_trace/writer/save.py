@@ -50,6 +50,8 @@ from ckpt_trace import config
 from ckpt_trace.errors import CheckpointError
 from ckpt_trace.formats import fsync_directory
 
+from .checksum import KIND as CHECKSUM_KIND
+from .checksum import checksum
 from .format import METADATA_NAME, RankFiles, StoredItem, io_error, stale_files, write_metadata
 from .layout import FileLayout, plan_files
 from .options import WriterOptions
@@ -125,6 +127,7 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
         self.rank = 0
         self.last_save: SaveStats | None = None
         self._stagers: dict[bool, DefaultStager] = {}  # on a GPU? -> DCP's stager, kept for its cached memory
+        self._stage_lock = threading.Lock()
 
     _synchronize_after_execute = False  # stage() returns once every copy is done
 
@@ -134,18 +137,28 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
         ``DefaultStager`` caches for the next save; CPU tensors: a plain copy). The caller may change the
         state as soon as this returns."""
         on_gpu = _has_cuda_tensor(state_dict) and torch.cuda.is_available()
-        stager = self._stagers.get(on_gpu)
-        if stager is None:
-            options = StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False, use_async_staging=False,
-                                     use_non_blocking_copy=on_gpu)
-            stager = self._stagers[on_gpu] = DefaultStager(options)
-        return stager.stage(state_dict)
+        with self._stage_lock:
+            stager = self._stagers.get(on_gpu)
+            if stager is None:
+                options = StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False, use_async_staging=False,
+                                         use_non_blocking_copy=on_gpu)
+                stager = self._stagers[on_gpu] = DefaultStager(options)
+            return stager.stage(state_dict)
 
     def close(self) -> None:
-        """Free the staging memory ``stage`` kept (page-locked host copies of the state dict)."""
-        for stager in self._stagers.values():
+        """Nothing to release between saves: some torch releases call ``close()`` on a storage writer that
+        stages (``AsyncStager``) after each ``async_save``, and the page-locked copies ``stage`` keeps are
+        what makes the next save's staging cheap (torch 2.11 on an H100: a stager closed that way failed the
+        next save with ``KeyError: <class 'type'>``). ``release_staging()`` frees them."""
+
+    def release_staging(self) -> None:
+        """Free the staging memory ``stage`` kept (page-locked host copies of the state dict); the next
+        ``async_save`` allocates it again. Call it when the job saves no more."""
+        with self._stage_lock:
+            stagers = list(self._stagers.values())
+            self._stagers.clear()
+        for stager in stagers:
             stager.close()
-        self._stagers.clear()
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:
@@ -214,8 +227,11 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
         try:
             for placement in layout.placements:
                 item = plan.items[placement.key]
-                staged.put(placement.offset, self._item_bytes(item, planner, pickled.get(placement.key)))
-                results.append(self._result(item, name, placement.offset, placement.size_bytes, layout.size_bytes))
+                data = self._item_bytes(item, planner, pickled.get(placement.key))
+                crc = checksum(data) if self.options.checksums else None  # while the bytes are in cache
+                staged.put(placement.offset, data)
+                results.append(self._result(item, name, placement.offset, placement.size_bytes, layout.size_bytes,
+                                            crc))
             staged.close()
         except OSError as err:
             raise io_error("writing", path, err) from None
@@ -233,12 +249,14 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
         return data
 
     @staticmethod
-    def _result(item: WriteItem, name: str, offset: int, size_bytes: int, file_size_bytes: int) -> WriteResult:
+    def _result(item: WriteItem, name: str, offset: int, size_bytes: int, file_size_bytes: int,
+                crc: int | None = None) -> WriteResult:
+        kind = CHECKSUM_KIND if crc is not None else None
         if item.type == WriteItemType.BYTE_IO:
-            stored = StoredItem(name, offset, size_bytes, file_size_bytes)
+            stored = StoredItem(name, offset, size_bytes, file_size_bytes, checksum=crc, checksum_kind=kind)
         else:
             stored = StoredItem(name, offset, size_bytes, file_size_bytes, str(item.tensor_data.properties.dtype),
-                                tuple(item.tensor_data.chunk.sizes))
+                                tuple(item.tensor_data.chunk.sizes), checksum=crc, checksum_kind=kind)
         return WriteResult(index=item.index, size_in_bytes=size_bytes, storage_data=stored)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:

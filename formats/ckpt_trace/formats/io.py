@@ -28,11 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from .atomic import AtomicFile, fsync_directory, make_temporary
+from .arrays import int_values, validity
 from .encoding import Decoder, stored_columns
 from .errors import CkptTraceError, TraceFormatError
 from .schema import (
@@ -320,7 +322,39 @@ def _decode_metadata(path: Path, schema: pa.Schema) -> dict:
     if version not in SUPPORTED_VERSIONS:
         supported = ", ".join(str(v) for v in SUPPORTED_VERSIONS)
         raise TraceFormatError(f"{path}: trace format version {version!r} is not supported (supported: {supported})")
+    _check_metadata_types(path, meta)
     return meta
+
+
+# The type of each metadata key readers use (``None`` allowed where listed); counts are never negative.
+_METADATA_TYPES: dict[str, tuple[type, ...]] = {
+    "creator": (str,), "creator_version": (str,), "host": (str,), "kernel": (str,), "arch": (str,),
+    "backend": (str,), "backend_reason": (str,), "command": (list, type(None)), "start_wall_time_ns": (int,),
+    "filesystems": (dict,), "lost_events": (int,), "elapsed_ns": (int,), "command_elapsed_ns": (int,),
+    "path_filters": (list,), "spilled_runs": (int,), "truncated_paths": (int,), "untracked_fd_ops": (int,),
+    "unreaped_requests": (int,), "late_events": (int,), "exit_code": (int,), "exit_signal": (int, type(None)),
+    "gpu": (dict,), "unseen": (dict,), "unattributed": (dict,), "provenance": (list,),
+    "interrupted": (str, type(None)),
+}
+_METADATA_COUNTS = ("lost_events", "elapsed_ns", "spilled_runs", "truncated_paths", "untracked_fd_ops",
+                    "unreaped_requests", "late_events")
+_TYPE_WORDS = {str: "a string", int: "an integer", list: "a list", dict: "an object", type(None): "null"}
+
+
+def _check_metadata_types(path: Path, meta: dict) -> None:
+    """Raise TraceFormatError naming the key when a metadata value has the wrong type (``_METADATA_TYPES``),
+    so a reader never fails later inside its arithmetic."""
+    for key, kinds in _METADATA_TYPES.items():
+        if key not in meta:
+            continue
+        value = meta[key]
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            words = " or ".join(_TYPE_WORDS[kind] for kind in kinds)
+            raise TraceFormatError(f"{path}: metadata key {key!r} is {json.dumps(value)[:40]}, not {words}")
+        if key in _METADATA_COUNTS and value < 0:
+            raise TraceFormatError(f"{path}: metadata key {key!r} is {value}, a negative count")
+    if isinstance(meta.get("command"), list) and not all(isinstance(word, str) for word in meta["command"]):
+        raise TraceFormatError(f"{path}: metadata key 'command' is not a list of strings")
 
 
 def _check_columns(path: Path, schema: pa.Schema, version: int) -> None:
@@ -637,22 +671,42 @@ class TraceWriter:
         # replacement, where a non-empty prefix makes a delta (the spool's stream carries deltas).
         self._values = {name: [""] for name in self._text}
         self._index = {name: {"": 0} for name in self._text}
+        self._luts: dict[str, tuple] = {}  # per text column: the last chunk dictionary's numbers (``_encode``)
 
     def _encode(self, name: str, column: pa.ChunkedArray | pa.Array) -> pa.Array:
-        """``column`` as indices into this writer's growing dictionary of ``name``."""
-        if isinstance(column, pa.ChunkedArray):
-            column = column.combine_chunks()
-        if pa.types.is_dictionary(column.type):
-            column = column.dictionary_decode()
-        column = column.cast(pa.string())
+        """``column`` (dictionary chunks, ``write`` made them so) as indices into this writer's growing
+        dictionary of ``name``: each chunk's dictionary is looked up once (a table of its values' numbers,
+        kept while the next chunk brings the same dictionary) and its indices renumbered through it, so no
+        value is decoded row by row."""
+        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
         index, values = self._index[name], self._values[name]
-        for value in pc.unique(column.drop_null()).to_pylist():
-            if value not in index:
-                index[value] = len(values)
-                values.append(value)
-        dictionary = pa.array(values, pa.string())
-        indices = pc.index_in(column, value_set=dictionary).cast(pa.int32())
-        return pa.DictionaryArray.from_arrays(indices, dictionary)
+        parts = []
+        for chunk in chunks:
+            if not pa.types.is_dictionary(chunk.type):
+                chunk = pc.dictionary_encode(chunk.cast(pa.string()))
+            words = chunk.dictionary
+            key = (words.buffers()[-1].address if words.buffers()[-1] is not None else 0, len(words), words.offset)
+            cached = self._luts.get(name)
+            if cached is None or cached[0] != key or not cached[2].equals(words):
+                lut = np.empty(len(words), np.int64)
+                for i, word in enumerate(words.cast(pa.string()).to_pylist()):
+                    if word is None:
+                        lut[i] = -1
+                        continue
+                    number = index.get(word)
+                    if number is None:
+                        number = index[word] = len(values)
+                        values.append(word)
+                    lut[i] = number
+                self._luts[name] = cached = (key, lut, words)
+            lut = cached[1]
+            valid = validity(chunk.indices)
+            numbers = lut[int_values(chunk.indices.fill_null(0)).astype(np.int64)] if len(lut) else \
+                np.full(len(chunk), -1, np.int64)
+            numbers = np.where(valid, numbers, -1)
+            parts.append(pa.array(numbers.astype(np.int32), pa.int32(), mask=numbers < 0))
+        indices = pa.concat_arrays(parts) if parts else pa.array([], pa.int32())
+        return pa.DictionaryArray.from_arrays(indices, pa.array(values, pa.string()))
 
     def write(self, table: pa.Table | pa.RecordBatch) -> None:
         """Append rows (of ``SCHEMA``'s columns and the file's optional ones; rows of an older version's
@@ -675,7 +729,7 @@ class TraceWriter:
                 if column is None:
                     plain = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
                     column = pa.nulls(table.num_rows, plain)
-                arrays.append(column.cast(pa.string()) if field.name in self._text else column.cast(field.type))
+                arrays.append(_as_dictionary(column) if field.name in self._text else column.cast(field.type))
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
             raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
         self._pending.append(pa.Table.from_arrays(arrays, names=self._schema.names))
@@ -783,6 +837,17 @@ class TraceWriter:
         if self._spool_fd >= 0:
             os.close(self._spool_fd)
             self._spool_fd = -1
+
+
+_TEXT_DICTIONARY = pa.dictionary(pa.int32(), pa.string())
+
+
+def _as_dictionary(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """A text column as ``dictionary<int32, string>`` (dictionary input kept, its chunks' dictionaries as they
+    are; plain text dictionary-encoded), so pending rows never decode their text."""
+    if pa.types.is_dictionary(column.type):
+        return column.cast(_TEXT_DICTIONARY)
+    return pc.dictionary_encode(column.cast(pa.string())).cast(_TEXT_DICTIONARY)
 
 
 def _first_line(err: Exception) -> str:

@@ -72,8 +72,8 @@ from ckpt_trace.stats import LatencyHistogram
 from ckpt_trace.version import __version__
 
 from .optable import WRITE
+from .lock import TargetLock, job_id
 from .ownership import Claim
-from .paths import TargetRoot
 from .plan import GLOBAL_ROW, PLAN_COLUMNS, ReplayPlan, build_posix_plan
 from .posix import Progress
 from .replay import (
@@ -472,6 +472,7 @@ def replay_distributed(
     claims: list[Claim] = []
     owned: list[Claim] = []
     made_target = False
+    lock: TargetLock | None = None
     try:
         error: BaseException | None = None
         try:
@@ -484,6 +485,7 @@ def replay_distributed(
             check_queue_depth(queue_depth, names)
             made_target = not target.exists()
             prepare_target(target, force)
+            lock = TargetLock.acquire(target, job_id())  # the job's processes share it (replayer.lock)
         except (CkptTraceError, KeyboardInterrupt) as err:
             error = Interrupted("interrupted") if isinstance(err, KeyboardInterrupt) else err
         group.agree(error)
@@ -496,7 +498,8 @@ def replay_distributed(
         plan = _finish_share(mine, base, infos, leaders, world.rank, exported, sizes)
         plans = [derive_plan(plan, name, buffer_bytes=buffer_bytes, block_bytes=host.block_bytes(target))
                  for name in names]
-        claims = [Claim(target / p.strategy if strategy == "all" else target, p) for p in plans]
+        claims = [Claim(target / p.strategy if strategy == "all" else target, p, fresh=strategy == "all", adopt=True)
+                  for p in plans]
         try:
             for claim in claims:
                 claim.refuse_conflicts((trace.path, *protect))
@@ -513,7 +516,7 @@ def replay_distributed(
             job, mine_runs = _run_strategy(group, p, claim, exported, mine.remote, runs, queue_depth, timing,
                                            progress, durable, drop_caches, gpu_copies)
             if verify:
-                found = verify_content(TargetRoot(claim.directory), p)
+                found = verify_content(claim.root(), p)
                 group.agree(ReplayError(f"verification failed for {p.strategy}: {len(found)} file(s) differ from "
                                         f"the pattern, first {found[0].path} at byte {found[0].offset}")
                             if found else None)
@@ -525,7 +528,7 @@ def replay_distributed(
         mismatches = _size_mismatches(group, plans, claims, sizes, leaders)
         _add_speedups(results)
     except (ReplayError, Interrupted, KeyboardInterrupt) as err:
-        _release(owned, target, made_target)  # nothing before the conflicts were refused everywhere
+        _release(owned, target, made_target, lock)  # nothing before the conflicts were refused everywhere
         group.close()
         if isinstance(err, KeyboardInterrupt):
             raise Interrupted(f"interrupted; the replay's files under {target} were removed") from None
@@ -533,6 +536,8 @@ def replay_distributed(
     docs = group.gather({"process": world.rank, "host": platform.node(), "node": world.node, "owners": sorted(share),
                          "results": [r.to_json() for r in per_process]})
     group.close()
+    if lock is not None:
+        lock.release()
     options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": False, "repeat": repeat,
                "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
                "gpu_copies": gpu_copies, "world_size": world.size, "placement": placement}
@@ -586,9 +591,9 @@ def _run_strategy(group: _Group, plan: ReplayPlan, claim: Claim, exported: froze
         mine = None
         try:
             if runs:
-                claim.release()
+                claim.release(keep_directory=True)
             group.barrier()  # every release is done before anyone precreates
-            root = prepare_target(claim.directory, force=True)
+            root = claim.root()
             executor = make_executor(plan.strategy, root, queue_depth)
             executor.gpu_copies = gpu_copies
             executor.prepare(plan)
@@ -625,5 +630,5 @@ def _size_mismatches(group: _Group, plans: list[ReplayPlan], claims: list[Claim]
     if leaders[group.world.rank] == group.world.rank:
         for plan, claim in zip(plans, claims):
             whole = dataclasses.replace(plan, checks=dataclasses.replace(plan.checks, expected_sizes=sizes))
-            found.extend(size_mismatches(TargetRoot(claim.directory), whole))
+            found.extend(size_mismatches(claim.root(), whole))
     return [m for part in group.gather(found) for m in part]

@@ -17,16 +17,18 @@ directory). The planner follows every entry through these operations:
   an overlayfs detail and is dropped), unlink or rmdir. Both act on the
   entry itself: the final component is never followed (rename(2) and
   unlink(2) do not follow it either), and every directory on the way is
-  checked to stay inside the target (``TargetRoot.resolve_entry``).
+  reached beneath the target's descriptor, never through a link
+  (``TargetRoot``, ``iolayer.beneath``).
+
+- ``link_entry``, ``symlink_entry``: a second name of a file; a symbolic
+  link holding its recorded content, made as an entry and never followed.
 
 Sources: rename(2) (renameat2 flags, include/uapi/linux/fs.h), unlink(2),
-rmdir(2).
+rmdir(2), link(2), symlink(2).
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import os
 from collections.abc import Iterable, MutableMapping
@@ -35,11 +37,10 @@ from ckpt_trace.formats import vocabulary as v
 
 from .paths import TargetRoot
 
-__all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "RENAME_WHITEOUT", "arrived", "move", "remove_entry",
-           "rename_entry", "take_subtree", "under"]
+__all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "RENAME_WHITEOUT", "arrived", "link_entry", "move",
+           "remove_entry", "rename_entry", "symlink_entry", "take_subtree", "under"]
 
 RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT = 1, 2, 4  # include/uapi/linux/fs.h
-_AT_FDCWD = -100
 
 
 def under(paths: Iterable[str], top: str) -> list[str]:
@@ -80,47 +81,44 @@ def arrived(first_touch: MutableMapping[str, bool], now: Iterable[str], old: str
 
 # -- execution --------------------------------------------------------------------------------------------------
 
-_libc = None
-
-
-def _renameat2(old: str, new: str, flags: int) -> None:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    if _libc.renameat2(_AT_FDCWD, os.fsencode(old), _AT_FDCWD, os.fsencode(new), ctypes.c_uint(flags)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), old)
-
-
 def rename_entry(root: TargetRoot, old: str, new: str, flags: int | None = None) -> None:
     """Rename the target's entry ``old`` to ``new`` (target-relative) with the recorded renameat2 ``flags``
-    (RENAME_WHITEOUT dropped), without following either final component. Raises OSError as rename(2)."""
-    source, dest = root.resolve_entry(old), root.resolve_entry(new)
+    (RENAME_WHITEOUT dropped), beneath the target's descriptor (``iolayer.beneath``: no link on the way is
+    followed, nor either final component). Raises OSError as rename(2)."""
     wanted = (flags or 0) & (RENAME_NOREPLACE | RENAME_EXCHANGE)
     if wanted:
         try:
-            _renameat2(source, dest, wanted)
+            root.rename(old, new, wanted)
         except OSError as err:
             if err.errno not in (errno.ENOSYS, errno.EINVAL) or wanted & RENAME_EXCHANGE:
                 raise
-            if os.path.lexists(dest):  # a file system without renameat2 flags: NOREPLACE by hand
-                raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), dest) from None
-            os.rename(source, dest)
+            if root.exists(new):  # a file system without renameat2 flags: NOREPLACE by hand
+                raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), new) from None
+            root.rename(old, new)
     else:
-        os.rename(source, dest)
-    root.forget(old)
-    root.forget(new)
+        root.rename(old, new)
 
 
 def remove_entry(root: TargetRoot, path: str, flags: int | None = None) -> None:
-    """unlink(2) the target's entry ``path``, or rmdir(2) it when ``flags`` hold AT_REMOVEDIR; a symbolic
-    link is removed itself, never followed. Raises OSError as they do."""
-    full = root.resolve_entry(path)
+    """unlink(2) the target's entry ``path``, or rmdir(2) it when ``flags`` hold AT_REMOVEDIR, beneath the
+    target's descriptor; a symbolic link is removed itself, never followed. Raises OSError as they do."""
     if (flags or 0) & v.AT_REMOVEDIR:
-        os.rmdir(full)
+        root.rmdir(path)
     else:
-        os.unlink(full)
-    root.forget(path)
+        root.unlink(path)
+
+
+def link_entry(root: TargetRoot, old: str, new: str) -> None:
+    """link(2) the target's entry ``old`` to the new name ``new`` beneath the target's descriptor (a symbolic
+    link at ``old`` is linked itself, not followed). Raises OSError as link(2)."""
+    root.link(old, new)
+
+
+def symlink_entry(root: TargetRoot, content: str, new: str) -> None:
+    """symlink(2): the target's entry ``new`` becomes a symbolic link holding ``content`` exactly as recorded
+    (absolute or relative), beneath the target's descriptor; the replay never resolves a path through it
+    (``iolayer.beneath``: RESOLVE_NO_SYMLINKS). Raises OSError as symlink(2)."""
+    root.symlink(content, new)
 
 
 def take_subtree(last_op: MutableMapping[str, tuple], dirs: set[str], *tops: str) -> list[tuple]:

@@ -22,6 +22,7 @@ executor's ``prepare``/``run`` as every executor's.
 from __future__ import annotations
 
 import glob
+import importlib
 import os
 from dataclasses import dataclass
 
@@ -70,7 +71,7 @@ def _mode(kvikio) -> GdsMode:
             pass
     gds_available = None
     try:
-        import kvikio.cufile_driver  # noqa: F401 - binds kvikio.cufile_driver
+        importlib.import_module("kvikio.cufile_driver")  # makes kvikio.cufile_driver an attribute
     except ImportError:
         pass
     try:

@@ -3,9 +3,9 @@
 A recorded path is mapped to a path *relative* to the target: an optional
 prefix is stripped, then ``..`` components are folded at the root (POSIX
 path resolution folds ``/..`` to ``/``), so a hostile trace cannot climb
-out. Symbolic links are defused at execution time by ``TargetRoot``:
-every directory on the way is checked to resolve inside the target, and
-files are opened with O_NOFOLLOW.
+out. Symbolic links are defused at execution time by ``TargetRoot``
+(``iolayer.beneath``): every operation is relative to a descriptor of the
+target and never resolves through a link.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import posixpath
 from pathlib import Path
 
 from ckpt_trace.errors import ReplayError
+from ckpt_trace.iolayer.beneath import Root
 
 
 def relative_target_path(recorded: str, strip_prefix: str | None = None) -> str | None:
@@ -36,43 +37,14 @@ def relative_target_path(recorded: str, strip_prefix: str | None = None) -> str 
     return rel or None
 
 
-class TargetRoot:
-    """The replay target directory and the safe mapping of relative paths into it.
-
-    Call order: construct (the directory must exist), then ``resolve`` for each
-    relative path an operation names; ``resolve`` checks the parent chain once
-    per directory and caches it. Raises ReplayError on a path that escapes.
+class TargetRoot(Root):
+    """The replay target directory, held open: every operation of a replay runs beneath it
+    (``iolayer.beneath.Root``: openat2 with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS, or a walk with
+    O_NOFOLLOW on every component), so neither a planted link nor a rename race moves a write, create or
+    unlink outside it. ``root`` is the directory's path (for messages and statvfs-like questions only).
+    Raises OSError when the directory cannot be opened.
     """
 
-    def __init__(self, root: Path) -> None:
-        self.root = Path(os.path.realpath(root))
-        self._safe_dirs: set[str] = {str(self.root)}
-
-    def resolve(self, rel: str) -> str:
-        full = os.path.join(self.root, rel)
-        self._check_parent(os.path.dirname(full))
-        if os.path.islink(full):
-            raise ReplayError(f"refusing to follow symbolic link {full} inside the target")
-        return full
-
-    def resolve_entry(self, rel: str) -> str:
-        """The full path of the entry ``rel`` itself, for calls that act on an entry without following it
-        (rename, unlink, rmdir, symlink, link): only the directories on the way are checked; a symbolic link
-        at ``rel`` is the entry."""
-        full = os.path.join(self.root, rel)
-        self._check_parent(os.path.dirname(full))
-        return full
-
-    def _check_parent(self, directory: str) -> None:
-        if directory in self._safe_dirs:
-            return
-        real = os.path.realpath(directory)
-        root = str(self.root)
-        if real != root and not real.startswith(root + os.sep):
-            raise ReplayError(f"path {directory} escapes the target {root} (symbolic link)")
-        self._safe_dirs.add(directory)
-
-    def forget(self, rel: str) -> None:
-        """Drop cached checks under ``rel`` (after a directory rename or unlink)."""
-        full = os.path.join(self.root, rel)
-        self._safe_dirs = {d for d in self._safe_dirs if d != full and not d.startswith(full + os.sep)}
+    @property
+    def root(self) -> Path:
+        return Path(self.path)

@@ -61,7 +61,6 @@ from .paths import TargetRoot
 from .plan import DATA_KINDS, METADATA_KINDS, ReplayPlan, WorkerPlan
 from .results import ReplayResult
 
-O_NOFOLLOW = os.O_NOFOLLOW
 _LSEEK = KIND["lseek"]
 _COPY = KIND["copy"]
 _METADATA_CODES = np.array([KIND[k] for k in METADATA_KINDS if k in KIND], np.int8)
@@ -84,6 +83,14 @@ class Progress(Protocol):
 def _op_error(op: PlanOp, err: OSError) -> ReplayError:
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         return ReplayError(f"target file system is full ({op.kind} of {op.path}); replay stopped")
+    if err.errno in (errno.EMFILE, errno.ENFILE):
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return ReplayError(f"replay failed at {op.kind} {op.path or ''}: {err.strerror} (the trace holds more files "
+                           f"open at once than this process may: raise the limit, e.g. ulimit -n {max(soft * 4, 65536)}"
+                           f"; it is {soft})")
+    if err.errno in (errno.ELOOP, errno.EXDEV):
+        return ReplayError(f"replay refused {op.kind} {op.path or ''}: a symbolic link on its way (a replay never "
+                           "resolves a path through one, so nothing outside the target is touched)")
     return ReplayError(f"replay failed at {op.kind} {op.path or ''}: {err.strerror or err}".replace("  ", " "))
 
 
@@ -117,21 +124,19 @@ class PosixExecutor:
         self.gpu_copies = "recorded"  # recorded | pinned | skip: what copy operations become (set by replay)
         self._copiers: dict[int, gpu.DeviceCopier] = {}
         self._copies_skipped_why: str | None = None
+        self._pause = _test_pause()
 
     # -- before the clock ----------------------------------------------
     def prepare(self, plan: ReplayPlan) -> None:
         try:
-            for rel in plan.precreate_dirs:
-                path = self.root.resolve(rel)
-                if not os.path.isdir(path):
-                    try:
-                        os.mkdir(path, 0o755)
-                    except FileExistsError:  # another process of a distributed replay made it meanwhile
-                        if not os.path.isdir(path):
-                            raise
+            for rel in plan.precreate_dirs:  # exist_ok: another process of a distributed replay made it
+                self.root.mkdir(rel, 0o755, exist_ok=True)
             for rel, size in plan.precreate_files:
-                self._precreate(self.root.resolve(rel), size, plan.pattern_keys.get(rel, 0))
+                self._precreate(rel, size, plan.pattern_keys.get(rel, 0))
         except OSError as err:
+            if err.errno in (errno.ELOOP, errno.EXDEV):
+                raise ReplayError(f"cannot prepare the target: {err.filename} is a symbolic link or lies behind one "
+                                  "(a replay never follows one)") from None
             raise ReplayError(f"cannot prepare the target: {err.strerror or err} ({err.filename})") from None
         self._segments = {index: self.segments(plan, worker) for index, worker in enumerate(plan.workers)}
         self._prepare_copies(plan)
@@ -158,10 +163,15 @@ class PosixExecutor:
                     raise ReplayError(f"cannot stage host<->device copies of {largest} B: {str(err).splitlines()[0]}"
                                       ) from None
 
-    def _precreate(self, path: str, size: int, key: int) -> None:
+    def _precreate(self, rel: str, size: int, key: int) -> None:
         buf = pattern_buffer(min(size, self.max_io_bytes) or PAGE_BYTES)
         view = buf.view()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_NOFOLLOW, 0o644)
+        try:
+            fd = self.root.open(rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError:
+            view.release()
+            buf.close()
+            raise
         try:
             done = 0
             while done < size:
@@ -232,15 +242,16 @@ class PosixExecutor:
             progress.start(int(np.maximum(t.size[data], 0).sum()), self.strategy)
         usage0 = resource.getrusage(resource.RUSAGE_SELF)
         state.start_ns = time.monotonic_ns()
-        for thread in threads:
-            thread.start()
-        try:
+        try:  # the starts inside: a Ctrl-C between two starts still stops the workers already going
+            for thread in threads:
+                thread.start()
             for thread in threads:
                 thread.join()
         except KeyboardInterrupt:  # Ctrl-C: every worker stops before its next operation, then we go
             state.fail(ReplayError("interrupted"))
-            for thread in threads:
-                thread.join()
+            for index, thread in enumerate(threads):  # not join: Python 3.11's join, once interrupted, may
+                if thread.ident is not None:          # return at once later (the worker still running)
+                    state.exited[index].wait()
             self._close_all(state)
             raise
         if plan.pack_index and state.error is None:
@@ -278,7 +289,8 @@ class PosixExecutor:
             preallocated_files=state.preallocated, gpu_copies=gpu_copies,
             data_paths={name: {"ops": int(ops), "bytes": int(moved)}
                         for name, (ops, moved) in zip(DATA_PATHS, state.path_counts.tolist())},
-            file_bytes=files_moved(plan, state.file_bytes),
+            file_bytes=files_moved(plan, state.file_bytes), timing=state.timing_figures(),
+            phases=state.phase_figures(),
         )
 
     @staticmethod
@@ -300,11 +312,12 @@ class PosixExecutor:
         except Exception as err:  # noqa: BLE001 - a worker must never die silently with a partial result
             detail = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
             state.fail(ReplayError(f"a replay worker failed ({type(err).__name__}: {detail})"))
+        finally:
+            state.exited[index].set()
 
     def _write_pack_index(self, plan: ReplayPlan, durable: bool) -> None:
         """Write the --pack-files index (final path -> pack, offset, size) inside the timed region."""
-        path = self.root.resolve(INDEX_PATH)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_NOFOLLOW, 0o644)
+        fd = self.root.open(INDEX_PATH, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.write(fd, json.dumps({k: dict(v) for k, v in plan.pack_index.items()}, indent=1).encode())
             if durable:
@@ -323,7 +336,7 @@ class PosixExecutor:
         for rel in plan.checks.expected_sizes:
             if rel in untouched:
                 continue
-            fd = os.open(self.root.resolve(rel), os.O_RDONLY | O_NOFOLLOW)
+            fd = self.root.open(rel, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
@@ -338,13 +351,21 @@ class PosixExecutor:
         return min(max(largest, PAGE_BYTES), self.max_io_bytes)
 
     @staticmethod
-    def _pace(ts_ns: int, state: _RunState, timing: str) -> None:
-        """With ``--timing original``, wait until the operation's recorded start (a failure or Ctrl-C ends
-        the wait at once)."""
-        if timing == "original":
-            delay_ns = state.start_ns + ts_ns - time.monotonic_ns()
-            if delay_ns > 0:
-                state.stopped.wait(delay_ns / 1e9)
+    def _pace(ts_ns: int, state: _RunState, timing: str, ctx: _WorkerContext | None = None) -> None:
+        """With ``--timing original``, wait until the operation's recorded start relative to its rank's first
+        operation (a failure or Ctrl-C ends the wait at once), by an Event wait; the
+        start error (actual start minus target, ns) is kept in ``ctx.start_errors``."""
+        if timing != "original":
+            return
+        base = ctx.pace_base_ns if ctx is not None else 0
+        target = (state.pace_start_ns or state.start_ns) + ts_ns - base
+        delay_ns = target - time.monotonic_ns()
+        if delay_ns > 0:  # no spin: a spinning thread would hold the GIL from the other workers
+            state.stopped.wait(delay_ns / 1e9)
+        if ctx is not None:
+            now = time.monotonic_ns()
+            ctx.start_errors.append(now - target)
+            ctx.started_ns.append(now - (state.pace_start_ns or state.start_ns))
 
     def _worker(self, index: int, worker: WorkerPlan, plan: ReplayPlan, state: _RunState, timing: str,
                 progress: Progress | None) -> None:
@@ -352,25 +373,42 @@ class PosixExecutor:
         size = self._buffer_bytes(plan, worker)
         ctx = _WorkerContext(self, plan, state, size, progress)
         ctx.index = index
+        ctx.pace_base_ns = state.rank_first_ts.get(worker.rank, 0) if timing == "original" else 0
+        if timing == "original" and state.pace_barrier is not None:  # every worker set up: the paced clock starts
+            try:
+                if state.pace_barrier.wait() == 0:
+                    state.pace_start_ns = time.monotonic_ns()
+                state.pace_barrier.wait()
+            except threading.BrokenBarrierError:
+                return
         segments = self._segments.get(index) or self.segments(plan, worker)
         row = None
         try:
             for start, stop, batched in zip(segments.starts.tolist(), segments.stops.tolist(),
                                             segments.batched.tolist()):
-                if batched:
+                if self._pause is not None and start <= self._pause[0] < stop:
+                    _pause_here(self._pause[1])
+                    if state.stopped.is_set():
+                        return
+                if batched and timing != "original":  # original timing paces every operation: no runs
                     row = start
                     if not state.wait(t.deps_of(start)):
                         return
-                    self._pace(int(t.ts_ns[start]), state, timing)
+                    began = time.monotonic_ns()
                     self._run(ctx, start, stop)
+                    kinds = t.kind[start:stop]
+                    ctx.phase_span(bool((kinds == WRITE).any()), bool((kinds == READ).any()), began)
                     state.done_many(t.seq[start:stop])
                     continue
                 for row in range(start, stop):
                     op = t.op(row)
                     if not state.wait(op.deps):
                         return
-                    self._pace(op.ts_ns, state, timing)
+                    self._pace(op.ts_ns, state, timing, ctx)
+                    began = time.monotonic_ns()
                     self._one(ctx, op, row)
+                    if op.kind in DATA_KINDS:
+                        ctx.phase_span(op.kind == "write", op.kind == "read", began)
                     state.done(op.seq)
             ctx.drain()
         except _Failed as err:
@@ -525,7 +563,7 @@ class PosixExecutor:
         if op.kind == "mmap":
             prot = op.prot or 0
             writable = prot & PROT_WRITE and (op.flags or MAP_SHARED) & MAP_SHARED
-            fd = files.open_file(self.root.resolve(op.path), os.O_RDWR if writable else os.O_RDONLY).fd
+            fd = self.root.open(op.path, os.O_RDWR if writable else os.O_RDONLY)
             state.set_fd(op.handle, fd)
             if self.maps_files:
                 state.mappings[op.handle] = FileMapping(fd, op.size or 0, op.offset or 0, prot, op.flags or 0)
@@ -580,9 +618,13 @@ class PosixExecutor:
             entries.rename_entry(self.root, op.path, op.new_path, op.flags)
         elif kind == "unlink":
             entries.remove_entry(self.root, op.path, op.flags)
+        elif kind == "link":
+            entries.link_entry(self.root, op.path, op.new_path)
+        elif kind == "symlink":
+            entries.symlink_entry(self.root, op.path, op.new_path)
         elif kind == "mkdir":
             try:
-                os.mkdir(self.root.resolve(op.path), 0o755)
+                self.root.mkdir(op.path, 0o755)
             except FileExistsError:
                 pass
 
@@ -590,7 +632,7 @@ class PosixExecutor:
         """Open as recorded (host flags); where the target refuses O_DIRECT, without it, noted once. A file
         the plan preallocates is reserved at its final size when this open creates it."""
         flags = op.flags or 0
-        opened = files.open_file(self.root.resolve(op.path), flags & ~os.O_DIRECT, direct=bool(flags & os.O_DIRECT))
+        opened = open_beneath(self.root, op.path, flags & ~os.O_DIRECT, direct=bool(flags & os.O_DIRECT))
         if opened.fallback:
             state.note(f"{opened.fallback}: files opened with O_DIRECT were opened buffered")
         size = state.plan.preallocate.get(op.seq)
@@ -633,6 +675,49 @@ class PosixExecutor:
         return done
 
 
+def open_beneath(root: TargetRoot, rel: str, flags: int, mode: int = 0o644, *, direct: bool = False) -> files.Opened:
+    """``files.open_file`` beneath ``root`` (``iolayer.beneath``): with O_DIRECT when ``direct``, and without it
+    where the file system refuses it (said in ``fallback``). Raises OSError."""
+    if not direct:
+        return files.Opened(root.open(rel, flags, mode), False)
+    existed = bool(flags & os.O_CREAT) and root.exists(rel)
+    try:
+        return files.Opened(root.open(rel, flags | os.O_DIRECT, mode), True)
+    except OSError as err:
+        if err.errno not in files.DIRECT_REFUSED:
+            raise
+        reason = f"O_DIRECT refused by the file system ({errno.errorcode[err.errno]})"
+    made = bool(flags & os.O_CREAT) and not existed and root.exists(rel)  # the refused open created it
+    if made and flags & os.O_EXCL:
+        root.unlink(rel)
+        made = False
+    fd = root.open(rel, flags & ~os.O_CREAT if made else flags, mode)
+    if made:
+        root.remember(fd)
+    return files.Opened(fd, False, reason)
+
+
+def _test_pause() -> tuple[int, str] | None:
+    """``CKPT_TRACE_TEST_PAUSE=ROW:FIFO`` (tests only): (plan row, FIFO path) to pause before, or None."""
+    value = os.environ.get("CKPT_TRACE_TEST_PAUSE")
+    if not value:
+        return None
+    row, _, fifo = value.partition(":")
+    return int(row), fifo
+
+
+def _pause_here(fifo: str) -> None:
+    """The test hook's pause: open ``fifo`` for reading (which blocks until the test opens it for writing:
+    the test then knows the replay stands here) and read it to its end (the test closes it to let the replay
+    go on). So a race test provably acts between two operations."""
+    fd = os.open(fifo, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        while os.read(fd, 4096):
+            pass
+    finally:
+        os.close(fd)
+
+
 def files_moved(plan: ReplayPlan, per_path: np.ndarray) -> dict[str, tuple[int, int]]:
     """(bytes written, bytes read) per file path from per-path-index counts (``_RunState.file_bytes``)."""
     moved: dict[str, tuple[int, int]] = {}
@@ -663,6 +748,10 @@ class _WorkerContext:
         self.rings: dict[int, Ring | None] = {}
         self.index = 0  # the worker's index in the plan
         self.via_uring = False  # whether the last run went through io_uring (set by ``_submit``)
+        self.pace_base_ns = 0  # --timing original: the recorded start of this worker's rank's first operation
+        self.start_errors: list[int] = []  # --timing original: actual minus target start of each operation (ns)
+        self.started_ns: list[int] = []  # and when each started, from the run's start (ns)
+        self.spans: dict[str, list[int]] = {}  # phase (save, load) -> [first start, last end] of its data ops (ns)
 
     def fds_of(self, handles: np.ndarray) -> np.ndarray:
         fds = self.state.fd_array[handles]
@@ -683,7 +772,23 @@ class _WorkerContext:
     def drain(self) -> None:
         """Wait for what is still in flight (nothing, after ``run``: hook for executors that keep requests)."""
 
+    def phase_span(self, wrote: bool, read: bool, began_ns: int) -> None:
+        """Extend the save (writes) and load (reads) phases' spans of this worker to a run or operation that
+        began at ``began_ns`` and ended now."""
+        ended = time.monotonic_ns()
+        for phase, present in (("save", wrote), ("load", read)):
+            if present:
+                span = self.spans.get(phase)
+                if span is None:
+                    self.spans[phase] = [began_ns, ended]
+                else:
+                    span[1] = ended
+
     def close(self) -> None:
+        if self.spans:
+            self.state.add_spans(self.plan.workers[self.index].rank, self.spans)
+        if self.start_errors:
+            self.state.add_timing(self.plan.workers[self.index].rank, self.start_errors, self.started_ns)
         for ring in self.rings.values():
             if ring is not None:
                 ring.close()
@@ -738,9 +843,23 @@ class _RunState:
         self.copies_executed = self.copy_bytes = self.copy_ns = 0
         self.error: ReplayError | None = None
         self.stopped = threading.Event()
+        self.exited = [threading.Event() for _ in plan.workers]  # set by each worker thread as it ends
         self.start_ns = 0
         self.notes: set[str] = set()
         self.path_counts = np.zeros((len(DATA_PATHS), 2), np.int64)  # (ops, bytes) per DATA_PATHS entry
+        self.rank_first_ts: dict[int, int] = {}  # --timing original: each rank's first recorded start (ns)
+        self.rank_last_ts: dict[int, int] = {}
+        for worker in plan.workers:
+            if worker.stop > worker.start:
+                first, last = int(plan.ops.ts_ns[worker.start:worker.stop].min()), int(plan.ops.ts_ns[worker.start:worker.stop].max())
+                self.rank_first_ts[worker.rank] = min(first, self.rank_first_ts.get(worker.rank, first))
+                self.rank_last_ts[worker.rank] = max(last, self.rank_last_ts.get(worker.rank, last))
+        self.timing_errors: dict[int, list[np.ndarray]] = {}
+        self.phase_spans: dict[str, dict[int, list[int]]] = {}  # phase -> rank -> [first start, last end] ns
+        #: --timing original: the workers meet once set up (buffers, rings), and the paced clock starts then
+        self.pace_barrier = threading.Barrier(len(plan.workers)) if plan.workers else None
+        self.pace_start_ns = 0
+        self.timing_started: dict[int, list[np.ndarray]] = {}
         self._direct_fds: set[int] = set()
         self._direct_array = np.zeros(0, np.int64)
         #: bytes moved per file of the plan's table (``ops.paths`` index): row 0 written, row 1 read
@@ -759,6 +878,76 @@ class _RunState:
                 self._direct_fds.discard(fd)
                 self._direct_array = np.fromiter(self._direct_fds, np.int64, len(self._direct_fds))
         return fd
+
+    def add_spans(self, rank: int, spans: dict[str, list[int]]) -> None:
+        with self.lock:
+            for phase, (first, last) in spans.items():
+                mine = self.phase_spans.setdefault(phase, {}).get(rank)
+                self.phase_spans[phase][rank] = [first, last] if mine is None else [min(mine[0], first),
+                                                                                   max(mine[1], last)]
+
+    def phase_figures(self) -> dict:
+        """Per phase (save: the writes, load: the reads), per rank: bytes (the plan's, which each run moves
+        exactly) and the time from its first such operation's start to its last one's end; the phase's time
+        (first start to last end over all ranks), its throughput, and the slowest rank with its time."""
+        t = self.plan.ops
+        figures = {}
+        for phase, kind in (("save", WRITE), ("load", READ)):
+            spans = self.phase_spans.get(phase)
+            if not spans:
+                continue
+            ranks = {}
+            for worker in self.plan.workers:
+                if worker.rank not in spans:
+                    continue
+                rows = slice(worker.start, worker.stop)
+                moved = int(np.maximum(t.size[rows][t.kind[rows] == kind], 0).sum())
+                entry = ranks.setdefault(str(worker.rank), {"bytes": 0, "elapsed_s": 0.0})
+                entry["bytes"] += moved
+                first, last = spans[worker.rank]
+                entry["elapsed_s"] = (last - first) / 1e9
+                entry["finished_s"] = (last - self.start_ns) / 1e9
+            first = min(span[0] for span in spans.values())
+            last = max(span[1] for span in spans.values())
+            elapsed = (last - first) / 1e9
+            total = sum(entry["bytes"] for entry in ranks.values())
+            slowest = max(ranks, key=lambda r: ranks[r]["elapsed_s"])
+            figures[phase] = {"bytes": total, "elapsed_s": elapsed,
+                              "throughput_bytes_per_s": total / elapsed if elapsed > 0 else None,
+                              "slowest_rank": slowest, "slowest_rank_s": ranks[slowest]["elapsed_s"], "ranks": ranks}
+        return figures
+
+    def add_timing(self, rank: int, errors: list[int], started: list[int]) -> None:
+        with self.lock:
+            self.timing_errors.setdefault(rank, []).append(np.asarray(errors, np.int64))
+            self.timing_started.setdefault(rank, []).append(np.asarray(started, np.int64))
+
+    def timing_figures(self) -> dict | None:
+        """``--timing original``'s accuracy: per-operation start error (actual minus recorded start, each rank's
+        first operation at the paced clock's start, once every worker is set up) as median and p99 of its
+        absolute value, as a share of the job's recorded I/O window (the longest rank's, first to last
+        operation start) and in ns per rank; per rank, the replayed window against the recorded one (None
+        under 1 ms). None when nothing was paced."""
+        if not self.timing_errors:
+            return None
+        ranks, errors_all = {}, []
+        window_ns = max(self.rank_last_ts[r] - self.rank_first_ts[r] for r in self.timing_errors)
+        for rank, parts in sorted(self.timing_errors.items()):
+            errors = np.abs(np.concatenate(parts))
+            errors_all.append(errors)
+            started = np.concatenate(self.timing_started[rank])
+            recorded_ns = self.rank_last_ts[rank] - self.rank_first_ts[rank]
+            replayed_ns = int(started.max() - started.min()) if len(started) else 0
+            judged = recorded_ns >= 1_000_000  # a window under 1 ms (a launcher's few calls) has no error share
+            ranks[str(rank)] = {"ops": int(len(errors)), "recorded_window_s": recorded_ns / 1e9,
+                                "replayed_window_s": replayed_ns / 1e9,
+                                "window_error": (replayed_ns - recorded_ns) / recorded_ns if judged else None,
+                                "start_error_p50_ns": int(np.percentile(errors, 50)),
+                                "start_error_p99_ns": int(np.percentile(errors, 99))}
+        share = np.concatenate(errors_all) / window_ns if window_ns > 0 else np.zeros(0)
+        return {"start_error_share_p50": float(np.percentile(share, 50)) if len(share) else None,
+                "start_error_share_p99": float(np.percentile(share, 99)) if len(share) else None,
+                "ranks": ranks}
 
     def mark_direct(self, fd: int) -> None:
         """Note whether ``fd`` is open with O_DIRECT now (its status flags, fcntl(2) F_GETFL): after an open,
@@ -834,6 +1023,8 @@ class _RunState:
             if first:
                 self.error = error
         self.stopped.set()
+        if self.pace_barrier is not None:
+            self.pace_barrier.abort()  # workers waiting to start a paced run stop
         for event in self.events.values():
             event.set()
         if first and tell_others and self.signals is not None:

@@ -31,6 +31,8 @@ from ckpt_trace.version import __version__
 from .aggregate import alignment_counts, build_aggregated_plan
 
 from .optable import READ, WRITE
+from .checks import checked_batches, refuse_skips, skip_notes
+from .lock import LOCK_NAME, TargetLock, job_id, refuse_held
 from .ownership import Claim
 from .pack import pack_plan
 from .paths import TargetRoot
@@ -150,10 +152,12 @@ def _each_plan(trace, strategy: str, strip_prefix: str | None, *, verify_ranges:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
     arch = trace.metadata["arch"]
     if trace.table is None:  # a trace file: planned from record batches of the planner's columns only
-        _, batches = scan(trace.path, PLAN_COLUMNS)
-        base = build_posix_plan(batches, strip_prefix, arch=arch, verify_ranges=verify_ranges,
+        _, batches = scan(trace.path, (*PLAN_COLUMNS, "dur_ns"))  # dur_ns: checked only (replayer.checks)
+        base = build_posix_plan(checked_batches(batches), strip_prefix, arch=arch, verify_ranges=verify_ranges,
                                 num_rows=count_rows(trace.path))
     else:
+        for _ in checked_batches(trace.table.to_batches()):
+            pass
         base = build_posix_plan(trace.table, strip_prefix, arch=arch, verify_ranges=verify_ranges)
     for name in STRATEGIES if strategy == "all" else (strategy,):
         yield derive_plan(base, name, **options)
@@ -217,7 +221,8 @@ def prepare_target(target: Path, force: bool) -> TargetRoot:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ReplayError(f"cannot create target {target}: {err.strerror}") from None
-    if not force and any(target.iterdir()):
+    refuse_held(target, job_id())
+    if not force and any(p.name != LOCK_NAME for p in target.iterdir()):
         raise ReplayError(f"target {target} is not empty (use --force to replay into it)")
     return TargetRoot(target)
 
@@ -235,14 +240,14 @@ def size_mismatches(root: TargetRoot, plan: ReplayPlan) -> tuple[SizeMismatch, .
     found = []
     for rel, expected in sorted(plan.checks.expected_sizes.items()):
         try:
-            actual = os.stat(os.path.join(root.root, rel)).st_size
+            actual = root.lstat(rel).st_size
         except OSError:
             actual = None
         if actual != expected:
             found.append(SizeMismatch(plan.strategy, rel, expected, actual))
     for rel, entry in sorted(plan.pack_index.items()):
         try:
-            room = os.stat(os.path.join(root.root, entry["pack"])).st_size - entry["offset"]
+            room = root.lstat(entry["pack"]).st_size - entry["offset"]
         except OSError:
             room = None
         if room is None or room < entry["size_bytes"]:
@@ -272,6 +277,7 @@ def replay(
     fio: bool = False,
     gpu_copies: str = "recorded",
     cache: str = "recorded",
+    strict: bool = False,
 ) -> ReplayReport:
     """Replay the trace at ``trace_path`` into ``target`` with ``strategy`` (or every strategy: ``all``).
 
@@ -292,7 +298,8 @@ def replay(
     fsyncs every file left behind inside the timed region, so strategies that
     stop at the page cache and those that reach the device compare fairly.
     ``verify`` reads every written file back after each strategy's run and
-    raises ReplayError on the first content mismatch. ``pack_files`` packs
+    raises ReplayError on the first content mismatch, short read or size
+    difference from the recording. ``pack_files`` packs
     small files for the aggregated strategy.
     With ``all``, each strategy replays into ``target/<strategy>/`` and each
     result carries ``speedup_vs_posix``.
@@ -311,6 +318,11 @@ def replay(
     neither strace nor the bcc backend records it) replays cold, with a note.
     Pre-creation and this preparation are setup, never inside the clock; so
     is ``durable``'s sync of files the run did not write.
+
+    ``strict`` makes a replay that did not run as named an error: a
+    strategy whose named data path carried under
+    ``config.REPLAY_NAMED_PATH_MIN_SHARE`` of the bytes (after its runs;
+    the replay's files are removed).
 
     ``gpu_copies`` says what the trace's host<->device copy rows become:
     ``recorded`` (each copy re-executed with its recorded size, direction
@@ -343,40 +355,56 @@ def replay(
     check_judgeable(plans[0], judging=strategy == "all")
     check_same_coverage(plans)
     check_queue_depth(queue_depth, [plan.strategy for plan in plans])
+    skips = skip_notes(plans[0].skipped_ops)  # rows the replay leaves out, said (replayer.checks)
+    if strict:
+        refuse_skips(plans[0].skipped_ops)
     made_target = not target.exists()
     prepare_target(target, force)
-    claims = [Claim(target / plan.strategy if strategy == "all" else target, plan) for plan in plans]
+    lock = TargetLock.acquire(target)  # one replay job per target (replayer.lock)
     try:
-        for claim in claims:
-            claim.refuse_conflicts((trace.path, *protect))
-        check_free_space(target, plans[0], copies=len(plans))
-    except ReplayError:
-        _release([], target, made_target)  # nothing was written: only a target this call made goes
-        raise
-    try:
-        fio_limit = _fio_limit(target, plans[0]) if fio else None
-        runs = Rounds(repeat, min_seconds, max_runs or config.REPLAY_MAX_RUNS)
-        cache_state, cache_note = resolve_cache(cache, plans[0])
-        results, mismatches = _run_plans(plans, claims, queue_depth, runs, timing, progress, durable, drop_caches,
-                                         verify, gpu_copies, cache_state)
-    except (ReplayError, KeyboardInterrupt) as err:
-        _release(claims, target, made_target)
-        if isinstance(err, KeyboardInterrupt):
-            raise Interrupted(f"interrupted; the replay's files under {target} were removed") from None
-        if any(claim.files for claim in claims) and target.exists():
-            raise ReplayError(f"{err}; the replay's files under {target} were removed") from None
-        raise
-    _add_speedups(results)
-    options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": pack_files, "repeat": repeat,
-               "rounds": len(results[0].runs_elapsed_s), "rounds_rule": runs.describe(),
-               "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
-               "gpu_copies": gpu_copies, "cache": cache, "cache_state": cache_state}
-    if cache_note:
+        claims = [Claim(target / plan.strategy if strategy == "all" else target, plan, fresh=strategy == "all")
+                  for plan in plans]
+        try:
+            for claim in claims:
+                claim.refuse_conflicts((trace.path, *protect))
+            check_free_space(target, plans[0], copies=len(plans))
+        except ReplayError:
+            _release([], target, made_target, lock)  # nothing was written: only a target this call made goes
+            raise
+        try:
+            fio_limit = _fio_limit(target, plans[0]) if fio else None
+            runs = Rounds(repeat, min_seconds, max_runs or config.REPLAY_MAX_RUNS)
+            cache_state, cache_note = resolve_cache(cache, plans[0])
+            results, mismatches = _run_plans(plans, claims, queue_depth, runs, timing, progress, durable, drop_caches,
+                                             verify, gpu_copies, cache_state)
+        except (ReplayError, KeyboardInterrupt) as err:
+            _release(claims, target, made_target, lock)
+            if isinstance(err, KeyboardInterrupt):
+                raise Interrupted(f"interrupted; the replay's files under {target} were removed") from None
+            if any(claim.files for claim in claims) and target.exists():
+                raise ReplayError(f"{err}; the replay's files under {target} were removed") from None
+            raise
+        _add_speedups(results)
+        off_path = [r for r in results if r.off_named_path]
+        if strict and off_path:
+            _release(claims, target, made_target, lock)
+            first = off_path[0]
+            raise ReplayError(f"--strict: {first.strategy}'s named path ({first.named_path}) carried "
+                              f"{first.path_shares()['named_path_bytes_share']:.0%} of the bytes, under "
+                              f"{config.REPLAY_NAMED_PATH_MIN_SHARE:.0%}; the replay's files under {target} were "
+                              "removed")
+        options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": pack_files, "repeat": repeat,
+                   "rounds": len(results[0].runs_elapsed_s), "rounds_rule": runs.describe(),
+                   "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
+                   "gpu_copies": gpu_copies, "cache": cache, "cache_state": cache_state, "strict": strict}
         for result in results:
-            result.notes.append(cache_note)
-    return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), options,
-                        trace_sha256=trace_sha256, environment=host.environment(target),
-                        claims=tuple(claims), made_target=made_target, fio_write_bytes_per_s=fio_limit)
+            result.notes.extend([cache_note] if cache_note else [])
+            result.notes.extend(skips)
+        return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), options,
+                            trace_sha256=trace_sha256, environment=host.environment(target),
+                            claims=tuple(claims), made_target=made_target, fio_write_bytes_per_s=fio_limit)
+    finally:
+        lock.release()
 
 
 def _digest_soon(path: Path) -> Future:
@@ -441,8 +469,8 @@ def _run_plans(plans, claims, queue_depth, count: Rounds, timing, progress, dura
         for index in [*range(first, len(plans)), *range(first)]:
             plan, claim = plans[index], claims[index]
             if runs[index]:
-                claim.release()
-            root = roots[index] = prepare_target(claim.directory, force=True)
+                claim.release(keep_directory=True)
+            root = roots[index] = claim.root()
             executor = make_executor(plan.strategy, root, queue_depth)
             executor.gpu_copies = gpu_copies
             executor.prepare(plan)
@@ -492,7 +520,7 @@ def prepare_cache(root: TargetRoot, plan: ReplayPlan, state: str) -> None:
     chunk = bytearray(4 << 20)
     for rel, size in plan.precreate_files:
         try:
-            fd = os.open(root.resolve(rel), os.O_RDONLY | os.O_NOFOLLOW)
+            fd = root.open(rel, os.O_RDONLY)
         except FileNotFoundError:  # a distributed share's file another process creates
             continue
         except OSError as err:
@@ -577,9 +605,12 @@ def check_same_coverage(plans: list[ReplayPlan]) -> None:
 
 
 def check_file_bytes(plan: ReplayPlan, result: ReplayResult) -> None:
-    """After a run: every file got exactly the bytes its plan writes and reads (``result.file_bytes``); a short
-    read or write, or an operation that reached another file, would make the strategies incomparable. Raises
-    ReplayError naming the first file that differs."""
+    """After a run: every file got exactly the bytes its plan writes, and no more than the bytes its plan's
+    reads ask for (``result.file_bytes``): a read asks for what the recorded read asked for, and one that
+    met the end of the file then (``read(2)`` returning less, or 0) meets it again in the replay, since the
+    file is laid out as the trace saw it. A short write, a read past what was asked, or an operation that
+    reached another file would make the strategies incomparable. Raises ReplayError naming the first file
+    that differs."""
     if plan.pack_index:
         return
     expected = planned_file_bytes(plan)
@@ -588,15 +619,17 @@ def check_file_bytes(plan: ReplayPlan, result: ReplayResult) -> None:
         return
     for name in sorted(set(expected) | set(moved)):
         want, got = expected.get(name, (0, 0)), moved.get(name, (0, 0))
-        if want != got:
+        if want[0] != got[0] or got[1] > want[1]:
             raise ReplayError(f"{plan.strategy} wrote {got[0]:,} B and read {got[1]:,} B of {name}, its plan "
                               f"{want[0]:,} B and {want[1]:,} B (the rows it replays): the run moved other bytes "
                               "than the trace, so its figures cannot be compared")
 
 
-def _release(claims: list[Claim], target: Path, made_target: bool) -> None:
+def _release(claims: list[Claim], target: Path, made_target: bool, lock: TargetLock | None = None) -> None:
     for claim in claims:
         claim.release()
+    if lock is not None:
+        lock.release()
     if made_target:
         try:
             target.rmdir()
@@ -641,7 +674,18 @@ def _verify(root: TargetRoot, plan: ReplayPlan) -> int:
         first = found[0]
         raise ReplayError(f"verification failed for {plan.strategy}: {len(found)} file(s) differ from the pattern, "
                           f"first {first.path} at byte {first.offset}")
+    sizes = size_mismatches(root, plan)  # an extended or truncated file is wrong even where its ranges hold
+    if sizes:
+        first = sizes[0]
+        raise ReplayError(f"verification failed for {plan.strategy}: {len(sizes)} file(s) differ in size from the "
+                          f"recording, first {first.path}: {size_words(first.actual_bytes)}, recorded "
+                          f"{first.expected_bytes:,} B")
     return len(plan.checks.verify_ranges)
+
+
+def size_words(size_bytes: int | None) -> str:
+    """A replayed file's size for a message: ``1,024 B``, or ``missing`` (never "None bytes")."""
+    return "missing" if size_bytes is None else f"{size_bytes:,} B"
 
 
 def drop_page_cache() -> None:

@@ -51,6 +51,14 @@ class ReplayResult:
     ``speedup``: over posix, from paired rounds (``replayer.verdicts``:
     median, low, high, coverage, n, verdict), None without posix;
     ``versus``: the same over every other strategy of the replay, by name.
+    ``timing`` (``--timing original``): the per-operation start error's
+    median and p99 as a share of the rank's recorded I/O window, and per rank
+    the replayed window against the recorded one (``_RunState.timing_figures``).
+    ``phases``: ``save`` (the writes) and ``load`` (the reads), each with its
+    bytes, its time from the first such operation's start to the last one's
+    end, its throughput, and per rank the same with the slowest rank and its
+    time (``_RunState.phase_figures``): a trace holding a save and a load
+    reports each apart, and the slowest rank's save time as MLPerf Storage does.
     """
 
     strategy: str
@@ -75,6 +83,8 @@ class ReplayResult:
     latency_histogram: LatencyHistogram | None = field(default=None, repr=False, compare=False)
     data_paths: dict[str, dict[str, int]] = field(default_factory=dict)
     speedup: dict | None = None
+    timing: dict | None = None
+    phases: dict = field(default_factory=dict)
     versus: dict[str, dict] = field(default_factory=dict)
     file_bytes: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
 

@@ -74,7 +74,7 @@ class UringExecutor(PosixExecutor):
         self.queue_depth = queue_depth
         self.direct = direct
         self.strategy = strategy or ("uring-direct" if direct else "uring-buffered")
-        self.block_bytes = os.statvfs(root.root).f_bsize if direct else 1  # the target's O_DIRECT alignment
+        self.block_bytes = os.fstatvfs(root.fd).f_bsize if direct else 1  # the target's O_DIRECT alignment
         self._buffered_fds: dict[int, int] = {}
         self._lock = threading.Lock()
 
@@ -191,7 +191,7 @@ class UringExecutor(PosixExecutor):
         with self._lock:
             fd = self._buffered_fds.get(handle)
             if fd is None:
-                path = os.readlink(f"/proc/self/fd/{state.fds[handle]}")
-                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+                # the same open file again through its descriptor's magic link: the inode, never a path
+                fd = os.open(f"/proc/self/fd/{state.fds[handle]}", os.O_RDWR | os.O_CLOEXEC)
                 self._buffered_fds[handle] = fd
             return fd

@@ -1,7 +1,8 @@
 """``--verify``: read replayed files back and compare them with the pattern they must hold.
 
 Every byte range a plan leaves written (``PlanChecks.verify_ranges``) must
-hold ``iolayer.pattern`` for its file; a packed file's ranges
+hold ``iolayer.pattern`` for its file, every byte of it (a short read is a
+mismatch at the first byte missing); a packed file's ranges
 (``PlanChecks.pack_verify``), read at their offset in the pack, hold the
 pack's pattern there (``replayer.pack``); files written at offsets the trace
 did not know are not checked (``PlanChecks.unverifiable``).
@@ -36,30 +37,34 @@ def verify_content(root: TargetRoot, plan: ReplayPlan) -> list[ContentMismatch]:
         raise ReplayError("this plan was made without the ranges --verify checks (plan with verify_ranges=True)")
     found = []
     for rel, ranges in plan.checks.verify_ranges.items():
-        mismatch = _check_file(os.path.join(root.root, rel), ranges, pattern.file_key(rel))
+        mismatch = _check_file(root, rel, ranges, pattern.file_key(rel))
         if mismatch is not None:
             found.append(ContentMismatch(rel, mismatch))
     for pack, rel, base, ranges in plan.checks.pack_verify:
-        mismatch = _check_file(os.path.join(root.root, pack), ranges, pattern.file_key(pack), base)
+        mismatch = _check_file(root, pack, ranges, pattern.file_key(pack), base)
         if mismatch is not None:
             found.append(ContentMismatch(f"{rel} (in {pack})", mismatch))
     return found
 
 
-def _check_file(path: str, ranges: tuple[tuple[int, int], ...], key: int, base: int = 0) -> int | None:
+def _check_file(root: TargetRoot, path: str, ranges: tuple[tuple[int, int], ...], key: int,
+                base: int = 0) -> int | None:
     """First offset (in the original file's coordinates) where ``path`` differs from the pattern of ``key``;
     ``base``: where the original file starts in ``path`` (the pattern is ``path``'s, at its own offsets)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = root.open(path, os.O_RDONLY)
     except OSError:
         return 0
     try:
         for start, end in ranges:
             for offset in range(start, end, CHUNK_BYTES):
                 size = min(CHUNK_BYTES, end - offset)
-                differs = pattern.first_difference(os.pread(fd, size, base + offset), base + offset, key)
+                data = os.pread(fd, size, base + offset)
+                differs = pattern.first_difference(data, base + offset, key)
                 if differs is not None:
                     return differs - base
+                if len(data) < size:  # a short read: the file ends before the range does (truncated)
+                    return offset + len(data)
     finally:
         os.close(fd)
     return None

@@ -50,6 +50,7 @@ from ckpt_trace.errors import TracerError
 from ckpt_trace.formats import vocabulary
 
 from . import btf
+from .children import set_parent_death_signal
 from . import syscalls as sc
 from .ringbuf import RingReader, sample_dtype
 from .state import AuxEvent, EffectOrderFeeder, SyscallEvent, rank_from_environ
@@ -87,8 +88,8 @@ def probe() -> str | None:
 
 _OPENS = frozenset({"open", "openat", "openat2", "creat"})
 _DUPS = frozenset({"dup", "dup2", "dup3"})
-_PATH_ONLY = frozenset({"unlink", "unlinkat", "mkdir", "mkdirat"})
-_RENAMES = frozenset({"rename", "renameat", "renameat2"})
+_PATH_ONLY = frozenset({"unlink", "unlinkat", "mkdir", "mkdirat", "rmdir"})
+_RENAMES = frozenset({"rename", "renameat", "renameat2", "link", "linkat", "symlink", "symlinkat"})  # two paths
 # Calls with an fd argument that must reach the builder even on an ignored descriptor
 # (or that _early_checks handles itself).
 _KEEP_ON_MARKED_FD = frozenset({"fchdir", "close_range", "io_uring_enter", "fcntl", "close"}) | _DUPS
@@ -273,6 +274,27 @@ _MAPPED_OFFSETS = (("__OFF_TASK_FILES__", "task_struct", "files"), ("__OFF_FILES
                    ("__OFF_SB_DEV__", "super_block", "s_dev"))
 
 
+_FOLIO_OFFSETS = (("__OFF_MAPPING_HOST__", "address_space", "host"), ("__OFF_XA_NODE_SHIFT__", "xa_node", "shift"),
+                  ("__OFF_XA_NODE_SLOTS__", "xa_node", "slots"), ("__OFF_FOLIO_FLAGS__", "folio", "flags"),
+                  ("__OFF_FOLIO_FLAGS1__", "folio", "_flags_1"), ("__OFF_FOLIO_INDEX__", "folio", "index"))
+#: The page tracepoints a recording may leave out (``CKPT_TRACE_BPF_OMIT_TRACEPOINTS``, comma-separated), as an
+#: older kernel without them would: the trace then counts what it could not cover (``mapped_uncovered_bytes``).
+OMITTABLE = {"mm_filemap_fault": "__OMIT_FAULT__", "mm_filemap_map_pages": "__OMIT_MAP_PAGES__",
+             "writeback_dirty_folio": "__OMIT_DIRTY__"}
+_RSS_EVENTS = ("exceptions/page_fault_user", "kmem/rss_stat")
+
+
+def omitted_tracepoints() -> list[str]:
+    """The page tracepoints ``CKPT_TRACE_BPF_OMIT_TRACEPOINTS`` leaves out (names of ``OMITTABLE``, with or
+    without their category). Raises TracerError for a name it does not know."""
+    names = [name.strip().rpartition(":")[2] for name in config.BPF_OMIT_TRACEPOINTS.split(",") if name.strip()]
+    unknown = [name for name in names if name not in OMITTABLE]
+    if unknown:
+        raise TracerError(f"CKPT_TRACE_BPF_OMIT_TRACEPOINTS: unknown tracepoint {unknown[0]!r} "
+                          f"(choose from {', '.join(OMITTABLE)})")
+    return names
+
+
 @dataclass(frozen=True)
 class KernelView:
     """What the BPF program can read on this kernel: the C macros of the offsets it uses, and for each
@@ -287,7 +309,8 @@ class KernelView:
 def kernel_view() -> KernelView:
     """Offsets for the BPF program from the running kernel's BTF (``tracer.btf``), never from headers.
     Computed once per process."""
-    macros = {"__URING__": "0", "__MAPPED__": "0"}
+    macros = {"__URING__": "0", "__MAPPED__": "0", "__FOLIOS__": "0", "__RSS__": "0",
+              **dict.fromkeys(OMITTABLE.values(), "0")}
     try:
         kernel = btf.kernel()
     except btf.BtfMissing as err:
@@ -315,6 +338,20 @@ def kernel_view() -> KernelView:
         macros["__MAPPED__"] = "1"
     except btf.BtfMissing as err:
         mapped = f"pages touched through mappings are not recorded: {err}"
+    if mapped is None:
+        try:  # whole folios (raw tracepoints): else the formatted events' page indices alone
+            for macro, *where in _FOLIO_OFFSETS:
+                macros[macro] = str(kernel.offset(*where))
+            macros["__OFF_MAPPING_XA_HEAD__"] = str(kernel.offset("address_space", "i_pages")
+                                                    + kernel.offset("xarray", "xa_head"))
+            macros["__PG_HEAD__"] = str(kernel.enum_value("PG_head"))
+            macros["__FOLIOS__"] = "1"
+            macros["__OFF_TASK_MM__"] = str(kernel.offset("task_struct", "mm"))
+            macros["__OFF_MM_FILE_PAGES__"] = str(kernel.offset("mm_struct", "rss_stat")
+                                                  + kernel.offset("percpu_counter", "count"))  # [MM_FILEPAGES = 0]
+            macros["__RSS__"] = str(int(all((TRACEFS / "events" / name).is_dir() for name in _RSS_EVENTS)))
+        except btf.BtfMissing:
+            pass
     return KernelView(macros, uring, mapped)
 
 
@@ -367,6 +404,8 @@ def program_text(path_filters: list[str] | None = None, view: KernelView | None 
                 .replace("__ENTER_CASES__", cases))
     for macro, value in (view or kernel_view()).macros.items():
         text = text.replace(macro, value)
+    for name in omitted_tracepoints():
+        text = text.replace(f"#define {OMITTABLE[name].strip('_')} 0", f"#define {OMITTABLE[name].strip('_')} 1")
     return text
 
 
@@ -646,6 +685,7 @@ class BccTracer:
         pid = os.fork()
         if pid == 0:
             os.close(gate_w)
+            set_parent_death_signal()  # SIGKILL when the recorder dies, even by SIGKILL (children.py)
             os.read(gate_r, 1)
             try:
                 os.execvpe(cmd[0], cmd, env)

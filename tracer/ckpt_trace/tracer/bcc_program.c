@@ -35,6 +35,11 @@
 #define MAX_IOVECS __MAX_IOVECS__
 #define URING __URING__
 #define MAPPED __MAPPED__
+#define FOLIOS __FOLIOS__
+#define RSS __RSS__
+#define OMIT_FAULT __OMIT_FAULT__
+#define OMIT_MAP_PAGES __OMIT_MAP_PAGES__
+#define OMIT_DIRTY __OMIT_DIRTY__
 #define MAX_IOCBS __MAX_IOCBS__
 #define FOLLOW_RENAMES __FOLLOW_RENAMES__  // path filters follow renames (tracer/renames.py): keep candidates
 #define MAX_FIXED_FDS (PATH_BYTES / 4)
@@ -69,6 +74,7 @@ struct event_t {
 #define AUX_FAULT 5
 #define AUX_MAP_PAGES 6
 #define AUX_DIRTY 7
+#define AUX_RSS 8
 
 struct aux_t {
     u64 ts_ns;
@@ -649,6 +655,168 @@ static __always_inline int page_event(u32 kind, u64 ino, u32 dev, u64 index, u64
     return 0;
 }
 
+#if FOLIOS
+// Raw tracepoints (their arguments are the kernel's own pointers): a row covers the whole folios the kernel
+// mapped or dirtied, not the page index the formatted events carry. On kernels with large folios (ext4 since
+// 6.x) one fault-around maps whole folios past its window, and one dirtied folio is megabytes. Layouts from BTF.
+static __always_inline u64 mapping_inode(void *mapping, u32 *dev) {
+    void *inode = 0, *sb = 0;
+    u64 ino = 0;
+    bpf_probe_read_kernel(&inode, 8, mapping + __OFF_MAPPING_HOST__);
+    if (!inode)
+        return 0;
+    bpf_probe_read_kernel(&ino, 8, inode + __OFF_INODE_INO__);
+    bpf_probe_read_kernel(&sb, 8, inode + __OFF_INODE_SB__);
+    if (sb)
+        bpf_probe_read_kernel(dev, 4, sb + __OFF_SB_DEV__);
+    return ino;
+}
+
+// Pages of a folio (1 << order): order 0 unless PG_head is set (include/linux/mm.h folio_order()).
+static __always_inline u64 folio_pages(void *folio) {
+    u64 flags = 0, flags1 = 0;
+    bpf_probe_read_kernel(&flags, 8, folio + __OFF_FOLIO_FLAGS__);
+    if (!(flags & (1ULL << __PG_HEAD__)))
+        return 1;
+    bpf_probe_read_kernel(&flags1, 8, folio + __OFF_FOLIO_FLAGS1__);
+    return 1ULL << (flags1 & 0xff);
+}
+
+// The folio holding page `index` of `mapping` (lib/xarray.c's walk, read only: mapping->i_pages; internal
+// entries are nodes, (pointer | 2), or siblings, (slot << 2 | 2) below 256), or 0 when none is cached.
+static __always_inline void *cached_folio(void *mapping, u64 index) {
+    void *entry = 0;
+    bpf_probe_read_kernel(&entry, 8, mapping + __OFF_MAPPING_XA_HEAD__);
+    for (int level = 0; level < 8; level++) {
+        u64 value = (u64)entry;
+        if ((value & 3) != 2 || value < 4096)
+            break;
+        void *node = (void *)(value - 2);
+        u8 shift = 0;
+        bpf_probe_read_kernel(&shift, 1, node + __OFF_XA_NODE_SHIFT__);
+        u64 slot = (index >> (shift & 63)) & 63;
+        bpf_probe_read_kernel(&entry, 8, node + __OFF_XA_NODE_SLOTS__ + 8 * slot);
+        value = (u64)entry;
+        if ((value & 3) == 2 && value < 256) {  // a sibling: the folio is in an earlier slot of this node
+            slot = (value >> 2) & 63;
+            bpf_probe_read_kernel(&entry, 8, node + __OFF_XA_NODE_SLOTS__ + 8 * slot);
+        }
+    }
+    u64 value = (u64)entry;
+    if (!value || (value & 3))
+        return 0;  // empty, a value entry (shadow of an evicted page) or a retry entry
+    return entry;
+}
+
+// [first, last] widened to the folios holding them (each folio's index and size read from the folio).
+static __always_inline void folio_span(void *mapping, u64 *first, u64 *last) {
+    void *folio = cached_folio(mapping, *first);
+    if (folio) {
+        u64 index = 0, pages = folio_pages(folio);
+        bpf_probe_read_kernel(&index, 8, folio + __OFF_FOLIO_INDEX__);
+        if (index <= *first && *first < index + pages)
+            *first = index;
+    }
+    folio = cached_folio(mapping, *last);
+    if (folio) {
+        u64 index = 0, pages = folio_pages(folio);
+        bpf_probe_read_kernel(&index, 8, folio + __OFF_FOLIO_INDEX__);
+        if (index <= *last && *last < index + pages)
+            *last = index + pages - 1;
+    }
+}
+
+#if !OMIT_FAULT
+RAW_TRACEPOINT_PROBE(mm_filemap_fault) {  // (struct address_space *mapping, pgoff_t index)
+    if (!traced_tgid())
+        return 0;
+    void *mapping = (void *)ctx->args[0];
+    u64 first = ctx->args[1], last = first;
+    u32 dev = 0;
+    u64 ino = mapping_inode(mapping, &dev);
+    if (!mapped_inodes.lookup(&ino))
+        return 0;
+    folio_span(mapping, &first, &last);  // cached already (a fault after readahead): the folio is mapped whole
+    return page_event(AUX_FAULT, ino, dev, first, last);
+}
+#endif
+
+#if !OMIT_MAP_PAGES
+RAW_TRACEPOINT_PROBE(mm_filemap_map_pages) {  // (mapping, pgoff_t start, pgoff_t last)
+    if (!traced_tgid())
+        return 0;
+    void *mapping = (void *)ctx->args[0];
+    u64 first = ctx->args[1], last = ctx->args[2];
+    u32 dev = 0;
+    u64 ino = mapping_inode(mapping, &dev);
+    if (!mapped_inodes.lookup(&ino))
+        return 0;
+    folio_span(mapping, &first, &last);
+    return page_event(AUX_MAP_PAGES, ino, dev, first, last);
+}
+#endif
+
+#if !OMIT_DIRTY
+RAW_TRACEPOINT_PROBE(writeback_dirty_folio) {  // (const struct folio *folio, struct address_space *mapping)
+    if (!traced_tgid())
+        return 0;
+    void *folio = (void *)ctx->args[0];
+    void *mapping = (void *)ctx->args[1];
+    u32 dev = 0;
+    u64 ino = mapping_inode(mapping, &dev), index = 0;
+    if (!mapped_inodes.lookup(&ino))
+        return 0;
+    bpf_probe_read_kernel(&index, 8, folio + __OFF_FOLIO_INDEX__);
+    return page_event(AUX_DIRTY, ino, 0, index, index + folio_pages(folio) - 1);
+}
+#endif
+
+// What the kernel mapped, to count what no row covers: a user fault's address (exceptions:page_fault_user,
+// kept per thread, no record), then each change of the faulting process's file-page count (kmem:rss_stat,
+// MM_FILEPAGES, in pages) goes out with that address; a change inside a traced system call carries none.
+// Raw tracepoints: both fire for every process of the machine, and the formatted events cost a buffer each.
+#if RSS
+BPF_HASH(fault_address, u32, u64, 65536);
+
+RAW_TRACEPOINT_PROBE(page_fault_user) {  // (unsigned long address, struct pt_regs *regs, unsigned long error_code)
+    if (!traced_tgid())
+        return 0;
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    u64 address = ctx->args[0];
+    fault_address.update(&tid, &address);
+    return 0;
+}
+
+RAW_TRACEPOINT_PROBE(rss_stat) {  // (struct mm_struct *mm, int member)
+    if ((int)ctx->args[1] != 0)  // MM_FILEPAGES
+        return 0;
+    u32 tgid = traced_tgid();
+    if (!tgid)
+        return 0;
+    void *mm = (void *)ctx->args[0], *own = 0;
+    bpf_probe_read_kernel(&own, 8, (void *)bpf_get_current_task() + __OFF_TASK_MM__);
+    if (mm != own)  // another process's counter (fork copying, a remote unmap)
+        return 0;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    struct aux_t a = {};
+    a.kind = AUX_RSS;
+    a.ts_ns = bpf_ktime_get_ns();
+    a.pid = tgid;
+    a.tid = tid;
+    a.ctx = (u64)mm;
+    bpf_probe_read_kernel(&a.res, 8, mm + __OFF_MM_FILE_PAGES__);  // percpu_counter.count, as get_mm_counter()
+    if (!inflight.lookup(&tid)) {
+        u64 *address = fault_address.lookup(&tid);
+        if (address)
+            a.addr = *address;
+    }
+    if (aux.ringbuf_output(&a, sizeof(a), wake_flags()) != 0)
+        count_aux_lost();
+    return 0;
+}
+#endif
+#else
 TRACEPOINT_PROBE(filemap, mm_filemap_fault) {
     return page_event(AUX_FAULT, args->i_ino, args->s_dev, args->index, args->index);
 }
@@ -660,4 +828,5 @@ TRACEPOINT_PROBE(filemap, mm_filemap_map_pages) {
 TRACEPOINT_PROBE(writeback, writeback_dirty_folio) {
     return page_event(AUX_DIRTY, args->ino, 0, args->index, args->index);
 }
+#endif
 #endif

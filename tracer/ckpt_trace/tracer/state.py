@@ -64,7 +64,7 @@ class SyscallEvent:
 
 
 # AuxEvent.kind (bcc_program.c's AUX_*): what the kernel reports beside system calls.
-AUX_URING_REQ, AUX_URING_CREATE, AUX_AIO_SUBMIT, AUX_AIO_EVENT, AUX_FAULT, AUX_MAP_PAGES, AUX_DIRTY = range(1, 8)
+AUX_URING_REQ, AUX_URING_CREATE, AUX_AIO_SUBMIT, AUX_AIO_EVENT, AUX_FAULT, AUX_MAP_PAGES, AUX_DIRTY, AUX_RSS = range(1, 9)
 
 
 @dataclass(slots=True)
@@ -85,7 +85,10 @@ class AuxEvent:
     io_event of io_getevents (``ts_ns`` when reaped, ``obj``, ``user_data``,
     ``res``). ``AUX_FAULT``/``AUX_MAP_PAGES``/``AUX_DIRTY``: file pages
     ``index``..``last_index`` of inode ``ino`` (device ``dev``, kernel
-    encoding; 0 when unknown) faulted in, mapped by fault-around, or dirtied.
+    encoding; 0 when unknown) faulted in, mapped by fault-around, or dirtied (bcc widens them to the whole
+    folios the kernel mapped or dirtied). ``AUX_RSS``: the process's file pages mapped changed to ``res``
+    pages (kmem:rss_stat MM_FILEPAGES; ``ctx`` the kernel's mm), ``addr`` the user fault that changed it
+    (0: inside a traced system call).
     """
 
     kind: int
@@ -347,6 +350,10 @@ class TraceBuilder:
         self.queues = 0
         self.unattributed = {"requests": 0, "pages": 0}
         self.unreaped_requests = 0
+        self.mapped_uncovered_bytes: int | None = None  # set by finish() when file-page counts came (bcc)
+        self._file_rss: dict[tuple[int, int], int] = {}  # (tgid, mm id) -> bytes of file pages mapped
+        self._mapped: dict[int, list] = {}  # id(Mapping) -> [mapping, bytes the kernel mapped, ranges rows cover]
+        self._pmd_maps: dict[int, tuple] = {}  # tid -> (process, mapping, fault AuxEvent): a PMD map not yet shown
         self.page_bytes = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         self._root_template = Process(
             tgid=-1,
@@ -382,6 +389,8 @@ class TraceBuilder:
             proc = self._process_of(SyscallEvent(ev.ts_ns, 0, ev.tid, "", {}, 0, pid=ev.pid))
             _AUX_HANDLERS[ev.kind](self, proc, ev)
             return
+        if self._pmd_maps:
+            self._pmd_row(ev.tid)
         proc = self._process_of(ev)
         handler = _HANDLERS.get(ev.name)
         if handler is not None:
@@ -392,6 +401,10 @@ class TraceBuilder:
         counted in ``unreaped_requests``."""
         for (tgid, _), state in self.aio.items():
             self._unreaped(self.procs.get(tgid), state)
+        for tid in list(self._pmd_maps):
+            self._pmd_row(tid)
+        if self._file_rss:
+            self.mapped_uncovered_bytes = self._uncovered()
         if self.follow is not None:
             self.follow.finish()  # candidates never renamed into the filters: left out
 
@@ -668,6 +681,19 @@ class TraceBuilder:
         flags = ev.args.get("flags")
         self._emit(proc, ev, "rename", path=old, new_path=new, flags=int(flags) if flags is not None else None)
 
+    def _on_link(self, proc: Process, ev: SyscallEvent) -> None:
+        """link(2)/linkat(2): a second name of a file; symlink(2)/symlinkat(2): a symbolic link whose content
+        (``path``) is kept exactly as passed, never resolved (a relative target is relative to the link)."""
+        new = self._resolve(proc, ev.args.get("dirfd2"), ev.args.get("path2"))
+        if ev.name.startswith("symlink"):
+            self._emit(proc, ev, "symlink", path=ev.args.get("path"), new_path=new)
+            return
+        old = self._resolve(proc, ev.args.get("dirfd"), ev.args.get("path"))
+        if ev.ret == 0 and self.follow is not None and self.follow.is_candidate(old):
+            self.follow.start(new)
+        flags = ev.args.get("flags")
+        self._emit(proc, ev, "link", path=old, new_path=new, flags=int(flags) if flags else None)
+
     def _on_path_only(self, proc: Process, ev: SyscallEvent) -> None:
         path = self._resolve(proc, ev.args.get("dirfd"), ev.args.get("path"))
         op = sc.SYSCALLS[ev.name].op
@@ -680,8 +706,9 @@ class TraceBuilder:
                 self.follow.unlink(path)
         if op == "mkdir":
             self._emit(proc, ev, op, path=path)
-        else:
-            self._emit(proc, ev, op, path=path, flags=int(ev.args.get("flags", 0)) or None)
+        else:  # (rmdir(2) is unlinkat's AT_REMOVEDIR)
+            flags = v.AT_REMOVEDIR if ev.name == "rmdir" else int(ev.args.get("flags", 0))
+            self._emit(proc, ev, op, path=path, flags=flags or None)
 
     def _dup(self, proc: Process, ev: SyscallEvent, cloexec: bool, syscall_flags: int | None) -> None:
         fd = int(ev.args["fd"])
@@ -1026,6 +1053,8 @@ class TraceBuilder:
 
     def _on_pages(self, proc: Process, ev: AuxEvent) -> None:
         """Pages faulted in, mapped by fault-around, or dirtied through a mapping of the process."""
+        if self._pmd_maps:
+            self._pmd_row(ev.tid, ev)
         dirty = ev.kind == AUX_DIRTY
         first, last = ev.index, max(ev.index, ev.last_index)
         page = self.page_bytes
@@ -1041,6 +1070,7 @@ class TraceBuilder:
             size = end - start
             event = SyscallEvent(ev.ts_ns, 0, ev.tid, "", {}, size, pid=proc.tgid, comm=ev.comm)
             event.name = {AUX_FAULT: v.PAGE_FAULT, AUX_MAP_PAGES: v.FAULT_AROUND, AUX_DIRTY: v.PAGE_DIRTY}[ev.kind]
+            self._mapped_entry(mapping)[2].append((start, end))
             self._emit(proc, event, v.WRITE if dirty else v.READ, path=mapping.path, offset=start,
                        offset_source=v.OFFSET_PAGE, size=size, interface=v.MMAP,
                        address=mapping.address + start - mapping.file_offset)
@@ -1048,6 +1078,66 @@ class TraceBuilder:
                 self._grow(mapping.path, end)
             return
         self.unattributed["pages"] += 1
+
+    def _mapped_entry(self, mapping: Mapping) -> list:
+        entry = self._mapped.get(id(mapping))
+        if entry is None:
+            entry = self._mapped[id(mapping)] = [mapping, 0, []]
+        return entry
+
+    def _on_rss(self, proc: Process, ev: AuxEvent) -> None:
+        """A change of the process's file pages mapped: a rise in a user fault is what the kernel mapped for the
+        mapping holding the fault's address (the first change seen of a process only sets the base)."""
+        key = (proc.tgid, ev.ctx)
+        before = self._file_rss.get(key)
+        self._file_rss[key] = ev.res * self.page_bytes
+        ev = AuxEvent(ev.kind, ev.ts_ns, pid=ev.pid, tid=ev.tid, ctx=ev.ctx, res=ev.res * self.page_bytes, addr=ev.addr,
+                      comm=ev.comm)
+        if self._pmd_maps:
+            self._pmd_row(ev.tid)
+        if before is None or ev.res <= before or not ev.addr:
+            return
+        for mapping in proc.mappings:
+            if mapping.address <= ev.addr < mapping.address + mapping.length:
+                if self._keep(mapping.path, v.READ):
+                    self._mapped_entry(mapping)[1] += ev.res - before
+                    if ev.res - before == self.page_bytes * self.page_bytes // 8:  # one PMD (2 MiB of 4 KiB pages)
+                        self._pmd_maps[ev.tid] = (proc, mapping, ev)
+                return
+
+    def _pmd_row(self, tid: int, pages: AuxEvent | None = None) -> None:
+        """A fault that mapped one PMD's worth of file pages with no page event of its own (filemap_map_pages
+        maps a PMD-sized folio whole through do_set_pmd and returns before its tracepoint) becomes a
+        ``page_fault`` row of the PMD-aligned range holding the fault's address, unless the thread's next
+        event is a page event covering that address (fault-around of as many small pages)."""
+        held = self._pmd_maps.pop(tid, None)
+        if held is None:
+            return
+        proc, mapping, ev = held
+        pmd = self.page_bytes * self.page_bytes // 8
+        start = max(ev.addr - ev.addr % pmd, mapping.address)
+        end = min(start + pmd, mapping.address + mapping.length)
+        offset = mapping.file_offset + start - mapping.address
+        if pages is not None and pages.ino == mapping.ino and \
+                pages.index * self.page_bytes <= offset + ev.addr - start <= pages.last_index * self.page_bytes:
+            return
+        event = SyscallEvent(ev.ts_ns, 0, ev.tid, v.PAGE_FAULT, {}, end - start, pid=proc.tgid, comm=ev.comm)
+        self._emit(proc, event, v.READ, path=mapping.path, offset=offset, offset_source=v.OFFSET_PAGE,
+                   size=end - start, interface=v.MMAP, address=start)
+        self._mapped_entry(mapping)[2].append((offset, offset + end - start))
+
+    def _uncovered(self) -> int:
+        """Bytes the kernel mapped into the kept file mappings beyond what their page rows cover, summed over
+        mappings (each mapping's rows merged first)."""
+        total = 0
+        for _, mapped, ranges in self._mapped.values():
+            covered, end = 0, -1
+            for start, stop in sorted(ranges):
+                if stop > end:
+                    covered += stop - max(start, end)
+                    end = stop
+            total += max(0, mapped - covered)
+        return total
 
     def _on_clone(self, proc: Process, ev: SyscallEvent) -> None:
         if ev.ret <= 0:
@@ -1099,6 +1189,7 @@ def _handlers() -> dict:
         "fdatasync": TraceBuilder._on_fd_only, "sync_file_range": TraceBuilder._on_fd_only,
         "ftruncate": TraceBuilder._on_fd_only, "fallocate": TraceBuilder._on_fd_only,
         "rename": TraceBuilder._on_rename, "unlink": TraceBuilder._on_path_only,
+        "link": TraceBuilder._on_link, "symlink": TraceBuilder._on_link,
         "mkdir": TraceBuilder._on_path_only, "dup": TraceBuilder._on_dup, "fcntl": TraceBuilder._on_fcntl,
         "io_uring_setup": TraceBuilder._on_io_uring, "io_uring_enter": TraceBuilder._on_io_uring,
         "io_uring_register": TraceBuilder._on_io_uring, "io_setup": TraceBuilder._on_io_setup,
@@ -1123,7 +1214,7 @@ _HANDLERS = _handlers()
 _AUX_HANDLERS = {AUX_URING_REQ: TraceBuilder._on_uring_request, AUX_URING_CREATE: TraceBuilder._on_uring_create,
                  AUX_AIO_SUBMIT: TraceBuilder._on_aio_submit, AUX_AIO_EVENT: TraceBuilder._on_aio_event,
                  AUX_FAULT: TraceBuilder._on_pages, AUX_MAP_PAGES: TraceBuilder._on_pages,
-                 AUX_DIRTY: TraceBuilder._on_pages}
+                 AUX_DIRTY: TraceBuilder._on_pages, AUX_RSS: TraceBuilder._on_rss}
 _URING_OPS = {"READ": v.READ, "READ_FIXED": v.READ, "READV": v.READ, "WRITE": v.WRITE, "WRITE_FIXED": v.WRITE,
               "WRITEV": v.WRITE, "FSYNC": v.FSYNC, "SYNC_FILE_RANGE": v.SYNC_FILE_RANGE, "FALLOCATE": v.FALLOCATE}
 _AIO_OPS = {"PREAD": v.READ, "PREADV": v.READ, "PWRITE": v.WRITE, "PWRITEV": v.WRITE, "FSYNC": v.FSYNC,

@@ -55,10 +55,14 @@ def candidate_files(paths: Iterable[str]) -> list[str]:
         directory = os.path.dirname(path)
         if path.endswith(".distcp") and os.path.isfile(os.path.join(directory, ".metadata")):
             files.add(os.path.join(directory, ".metadata"))
-        for up in (directory, os.path.dirname(directory), os.path.dirname(os.path.dirname(directory))):
+        up = directory
+        for _ in range(8):  # torchsnapshot's files lie up to a few levels under its manifest (<rank>/<key path>)
             if os.path.isfile(os.path.join(up, SNAPSHOT_METADATA)):
                 files.add(os.path.join(up, SNAPSHOT_METADATA))
                 break
+            if os.path.dirname(up) == up:
+                break
+            up = os.path.dirname(up)
     return sorted(files)
 
 

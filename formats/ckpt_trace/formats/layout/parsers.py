@@ -201,6 +201,9 @@ def parse_torch_save(path: str) -> list[Entry]:
         if not pickles:
             raise LayoutError(f"{path}: a zip without */data.pkl is not a torch.save file")
         root = pickles[0].filename[: -len("data.pkl")]
+        for info in infos:  # before anything is read: a compressed entry could inflate without bound
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise LayoutError(f"{path}: entry {info.filename} is compressed (torch.save stores entries)")
         try:
             state = safe_loads(archive.read(pickles[0]), strict=False)
         except UnsafePickleError as err:
@@ -209,8 +212,6 @@ def parse_torch_save(path: str) -> list[Entry]:
         _tensor_paths(state, (), found)
         entries = []
         for info in infos:
-            if info.compress_type != zipfile.ZIP_STORED:
-                raise LayoutError(f"{path}: entry {info.filename} is compressed (torch.save stores entries)")
             start = _zip_data_offset(handle, info)
             key = info.filename[len(root) + len("data/"):] if info.filename.startswith(root + "data/") else None
             if key is not None and key in found:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import base64
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from ..errors import CkptTraceError, TraceFormatError
+from ..atomic import fd_path, make_temporary
 from ..io import ZSTD_LEVEL, ZSTD_LEVEL_ONE_BATCH, fsync_directory, read_metadata
 from .table import LAYOUT_SCHEMA
 
@@ -67,7 +67,7 @@ def add_layout(trace: str | os.PathLike, table: pa.Table, info: dict | None = No
                output: str | os.PathLike | None = None, *, overwrite: bool = False) -> Path:
     """Write ``trace`` with ``table`` stored as its layout (replacing any layout it had) to ``output``
     (default: ``trace`` itself, replaced). The record batches are copied as they are stored; the file is
-    written to a temporary file made by mkstemp in the output's directory, fsynced and renamed over the
+    written to a temporary file beside the output (``atomic.make_temporary``: a random name, O_EXCL, O_NOFOLLOW), fsynced and renamed over the
     output, then the directory is fsynced, so a crash leaves the old file or the new one.
 
     Raises CkptTraceError when ``output`` exists (other than ``trace``) and ``overwrite`` is false, or when
@@ -88,22 +88,19 @@ def add_layout(trace: str | os.PathLike, table: pa.Table, info: dict | None = No
     level = ZSTD_LEVEL_ONE_BATCH if reader.num_record_batches <= 1 else ZSTD_LEVEL  # as io writes traces
     options = ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=level), emit_dictionary_deltas=True)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=str(target.parent))
-    tmp = Path(tmp_name)
+    fd, tmp = make_temporary(target)  # random name beside the target, O_EXCL | O_NOFOLLOW
     try:
-        os.close(fd)
-        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, schema, options=options) as writer:
+        with pa.OSFile(fd_path(fd, tmp), "wb") as sink, ipc.new_file(sink, schema, options=options) as writer:
             for index in range(reader.num_record_batches):
                 writer.write_batch(reader.get_batch(index))
-        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.chmod(tmp, 0o644)
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
         os.replace(tmp, target)
         fsync_directory(target.parent)
     except (OSError, pa.ArrowException) as err:
+        if fd >= 0:
+            os.close(fd)
         tmp.unlink(missing_ok=True)
         raise CkptTraceError(f"cannot write {target}: {getattr(err, 'strerror', None) or err}") from None
     return target

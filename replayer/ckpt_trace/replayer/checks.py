@@ -1,0 +1,147 @@
+"""Before planning: every row's columns in their range; after planning: what the plan skips, said.
+
+A well-formed trace can still hold values no system call produces (a hand
+edit, a bit flip, another tool's export): a negative offset, size, duration
+or queue depth, a read or write larger than Linux moves in one call, open
+flags of -1, rows out of start-time order. ``checked_batches`` refuses them
+as the planner reads each record batch (no extra pass over the file), with
+one line naming the row, the column and the value, instead of a kernel error
+or a silent change halfway through the replay.
+
+Rows the planner cannot replay (an operation it does not know, a path that
+maps to nothing under the target: empty, ``/``, a rename to ``/..``, a
+``--strip-prefix`` equal to a recorded file, a descriptor never opened) are
+counted in the plan's ``skipped_ops``; ``skip_notes`` turns those counts into
+the results' notes, and ``--strict`` makes any of them an error
+(``refuse_skips``). Rows skipped by design are not changes and never count:
+failed calls (``failed``: replayed as what they did, nothing) and the
+submission calls of recorded queues (``queue_calls``: their requests are
+rows of their own).
+
+Sources: read(2)/write(2) (at most 0x7ffff000 bytes per call, MAX_RW_COUNT
+in include/linux/fs.h), open(2), the trace format's row order
+(``formats/README.md``: rows in start-time order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ckpt_trace.errors import ReplayError
+
+MAX_RW_BYTES = 0x7FFFF000  # MAX_RW_COUNT: the most one read/write/readv/writev moves on Linux
+BY_DESIGN = frozenset({"failed", "queue_calls"})  # rows not replayed on purpose (see the module docstring)
+_WHY = {
+    "no_path": "their path names nothing under the target (empty, '/', a rename to '/..', or a --strip-prefix "
+               "equal to the file)",
+    "unknown_fd": "their descriptor was never opened in the trace",
+    "implicit_opens": "they use a descriptor opened before the recording began",
+    "pages_outside_a_mapping": "their pages lie outside any recorded mapping",
+    "unmapped_without_mapping": "they unmap a mapping never recorded",
+    "synced_without_mapping": "they sync a mapping never recorded",
+}
+
+__all__ = ["MAX_RW_BYTES", "checked_batches", "refuse_skips", "skip_notes"]
+
+
+def _refuse(row: int, column: str, value, why: str) -> ReplayError:
+    return ReplayError(f"trace row {row}: {column} {value} {why}; the trace was edited or damaged (replay refused "
+                       "before any I/O)")
+
+
+def _first(mask: np.ndarray) -> int | None:
+    hits = np.flatnonzero(mask)
+    return int(hits[0]) if len(hits) else None
+
+
+def _ints(batch: pa.RecordBatch, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(values, valid) of an integer column of ``batch``, or None when the batch lacks it."""
+    if name not in batch.schema.names:
+        return None
+    column = batch.column(name)
+    valid = ~np.asarray(column.is_null().to_numpy(zero_copy_only=False), bool)
+    values = np.asarray(column.fill_null(0).to_numpy(zero_copy_only=False))
+    return values, valid
+
+
+def _ops(batch: pa.RecordBatch, names: tuple[str, ...]) -> np.ndarray:
+    column = batch.column("op")
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    return np.asarray(pc.is_in(column, pa.array(list(names))).fill_null(False).to_numpy(zero_copy_only=False), bool)
+
+
+def check_batch(batch: pa.RecordBatch, first_row: int, last_ts_ns: int | None) -> int | None:
+    """Refuse (ReplayError) a batch of trace rows (``first_row``: the trace row of its first) holding a value out
+    of its column's range; return its last ``ts_ns`` (for the next batch's order check)."""
+    ts = _ints(batch, "ts_ns")
+    if ts is not None and len(ts[0]):
+        values, _ = ts
+        bad = _first(values < 0)
+        if bad is not None:
+            raise _refuse(first_row + bad, "ts_ns", int(values[bad]), "is negative")
+        back = np.r_[values[:1] < last_ts_ns if last_ts_ns is not None else np.zeros(1, bool),
+                     values[1:] < values[:-1]]
+        bad = _first(back)
+        if bad is not None:
+            before = last_ts_ns if bad == 0 else int(values[bad - 1])
+            raise _refuse(first_row + bad, "ts_ns", int(values[bad]),
+                          f"goes back in time (the row before starts at {before}; a trace's rows are in start-time "
+                          "order)")
+        last_ts_ns = int(values[-1])
+    for name in ("dur_ns", "in_flight", "size", "offset"):
+        column = _ints(batch, name)
+        if column is None:
+            continue
+        values, valid = column
+        bad = _first(valid & (values < 0))
+        if bad is not None:
+            raise _refuse(first_row + bad, name, int(values[bad]), "is negative")
+    size = _ints(batch, "size")
+    if size is not None and "op" in batch.schema.names:
+        data = _ops(batch, ("read", "write"))
+        bad = _first(data & size[1] & (size[0] > MAX_RW_BYTES))
+        if bad is not None:
+            raise _refuse(first_row + bad, "size", int(size[0][bad]),
+                          f"is more than one read or write moves on Linux ({MAX_RW_BYTES:,} B)")
+    flags = _ints(batch, "flags")
+    if flags is not None and "op" in batch.schema.names:
+        bad = _first(_ops(batch, ("open",)) & flags[1] & (flags[0] < 0))
+        if bad is not None:
+            raise _refuse(first_row + bad, "flags", int(flags[0][bad]), "are not open(2) flags")
+    return last_ts_ns
+
+
+def checked_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``batches``, each checked (``check_batch``) as it passes. Raises ReplayError on the first bad value."""
+    row, last = 0, None
+    for batch in batches:
+        last = check_batch(batch, row, last)
+        row += batch.num_rows
+        yield batch
+
+
+def skip_notes(skipped_ops: Mapping[str, int]) -> list[str]:
+    """One note per kind of row a plan does not replay (``BY_DESIGN`` kinds aside): how many, and why."""
+    notes = []
+    for kind, count in sorted(skipped_ops.items()):
+        if kind in BY_DESIGN or not count:
+            continue
+        if kind.startswith("unsupported_"):
+            why = f"the operation {kind[len('unsupported_'):]!r} is not one the replayer knows"
+        else:
+            why = _WHY.get(kind, kind.replace("_", " "))
+        notes.append(f"{count} trace row(s) not replayed ({kind}): {why}")
+    return notes
+
+
+def refuse_skips(skipped_ops: Mapping[str, int]) -> None:
+    """``--strict``: raise ReplayError when the plan skips any row not skipped by design."""
+    notes = skip_notes(skipped_ops)
+    if notes:
+        more = f" (and {len(notes) - 1} more kind(s))" if len(notes) > 1 else ""
+        raise ReplayError(f"--strict: {notes[0]}{more}; the replay would differ from the recording")

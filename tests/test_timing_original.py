@@ -1,0 +1,39 @@
+"""--timing original paces every operation of each thread against its recorded start (relative to its
+rank's first operation) and reports how closely: start error and window error per rank."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckpt_trace.replayer import replay
+
+
+def paced_trace(tmp_path, gap_ns: int = 5_000_000, writes: int = 40):
+    from test_replay import CREATE, make_trace
+
+    ops = [{"op": "open", "path": "/ck/a.bin", "fd": 3, "flags": CREATE, "ret": 3, "ts_ns": 0}]
+    for i in range(writes):  # back-to-back offsets: the replayer would otherwise batch them into one run
+        ops.append({"op": "write", "path": "/ck/a.bin", "fd": 3, "offset": i * 4096, "size": 4096, "ret": 4096,
+                    "ts_ns": (i + 1) * gap_ns})
+    ops.append({"op": "close", "path": "/ck/a.bin", "fd": 3, "ts_ns": (writes + 1) * gap_ns})
+    return make_trace(tmp_path / "paced.arrow", ops)
+
+
+@pytest.mark.parametrize("strategy", ["posix", "uring-buffered"])
+def test_every_operation_is_paced_and_its_error_reported(tmp_path, strategy, request):
+    if strategy != "posix":
+        request.getfixturevalue("io_uring")
+    trace = paced_trace(tmp_path)
+    result = replay(trace, target=tmp_path / "t", strategy=strategy, timing="original").results[0]
+    timing = result.timing
+    assert timing is not None and timing["ranks"]["-1"]["ops"] == 42  # open, 40 writes, close
+    window = timing["ranks"]["-1"]
+    assert window["recorded_window_s"] == pytest.approx(0.205)
+    assert abs(window["window_error"]) < 0.05  # within 5 % of the recorded window
+    assert timing["start_error_share_p50"] < 0.05
+    assert result.elapsed_s >= 0.2  # the gaps were kept: back to back it takes a few ms
+
+
+def test_asap_reports_no_timing(tmp_path):
+    result = replay(paced_trace(tmp_path), target=tmp_path / "t").results[0]
+    assert result.timing is None and result.elapsed_s < 0.2
