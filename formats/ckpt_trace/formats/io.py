@@ -703,8 +703,9 @@ class TraceWriter:
             valid = validity(chunk.indices)
             numbers = lut[int_values(chunk.indices.fill_null(0)).astype(np.int64)] if len(lut) else \
                 np.full(len(chunk), -1, np.int64)
-            numbers = np.where(valid, numbers, -1)
-            parts.append(pa.array(numbers.astype(np.int32), pa.int32(), mask=numbers < 0))
+            null = ~valid | (numbers < 0)
+            # 0, not -1, under a null: Arrow ignores it, but polars refuses any index outside the dictionary
+            parts.append(pa.array(np.where(null, 0, numbers).astype(np.int32), pa.int32(), mask=null))
         indices = pa.concat_arrays(parts) if parts else pa.array([], pa.int32())
         return pa.DictionaryArray.from_arrays(indices, pa.array(values, pa.string()))
 
