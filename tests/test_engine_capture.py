@@ -8,6 +8,7 @@ the project does not produce: strace's own log of the same run and the program's
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -165,6 +166,7 @@ def test_a_posix_replay_leaves_each_copy_whole(bcc_backend, tmp_path):
 # -- mapped I/O ------------------------------------------------------------------------------------------------
 
 _MAPPED_FILES = {"shared.bin": "write", "cold.bin": "read", "warm.bin": "read"}
+_COUNTER_SLACK_BYTES = 2 * (os.cpu_count() or 1) * max(32, 2 * (os.cpu_count() or 1)) * 4096
 
 
 def _covered(rows: list[dict], path: str, op: str | None) -> int:
@@ -201,8 +203,11 @@ def test_mapped_reads_cold_and_warm_and_shared_writes_are_covered_by_rows(bcc_ba
         name = Path(path).name
         covered = _covered(rows, path, _MAPPED_FILES[name])
         assert offset == 0 and covered >= 0.99 * size, f"{phase}: {covered / size:.1%} of {size:,} bytes"
-    assert data.metadata["mapped_uncovered_bytes"] == 0
-    assert "covered by no row" not in proc.stderr
+    # The kernel's file-page count is a per-CPU counter read without its per-CPU parts: what it adds up can be
+    # off by what those hold (fewer than percpu_counter_batch pages per CPU, 32 x 4 KiB here).
+    slack = _COUNTER_SLACK_BYTES
+    assert data.metadata["mapped_uncovered_bytes"] <= slack
+    assert ("covered by no row" in proc.stderr) == bool(data.metadata["mapped_uncovered_bytes"])
 
 
 def test_an_omitted_page_tracepoint_leaves_uncovered_bytes_stated_exactly(bcc_backend, tmp_path):
@@ -215,9 +220,47 @@ def test_an_omitted_page_tracepoint_leaves_uncovered_bytes_stated_exactly(bcc_ba
     expected = sum(size - _covered(rows, str(out / name), None) for name in _MAPPED_FILES)
     assert expected > size  # the warm reads are all fault-around: none of them is a row now
     uncovered = read_trace(trace).metadata["mapped_uncovered_bytes"]
-    assert uncovered == expected
+    assert abs(uncovered - expected) <= _COUNTER_SLACK_BYTES, (uncovered, expected)
     line = [line for line in proc.stderr.splitlines() if "covered by no row" in line]
     assert len(line) == 1 and f"{uncovered:,} bytes" in line[0]
     shown = cli("summary", str(trace)).stdout
     assert len([line for line in shown.splitlines() if "covered by no row" in line and f"{uncovered:,}" in line]) == 1
     assert json.loads(cli("summary", str(trace), "--json").stdout)["mapped_uncovered_bytes"] == uncovered
+
+
+@pytest.fixture
+def reflink_dir(tmp_path):
+    """A directory on a fresh XFS with reflinks (a loop-mounted image; root and mkfs.xfs), unmounted after."""
+    import os
+    import subprocess
+    if os.geteuid() != 0 or shutil.which("mkfs.xfs") is None:
+        pytest.skip("a reflink file system needs root and mkfs.xfs (apt-get install xfsprogs)")
+    image, mount = tmp_path / "xfs.img", tmp_path / "xfs"
+    with open(image, "wb") as handle:
+        handle.truncate(320 << 20)
+    mount.mkdir()
+    subprocess.run(["mkfs.xfs", "-q", "-m", "reflink=1", str(image)], check=True)
+    if subprocess.run(["mount", "-o", "loop", str(image), str(mount)], capture_output=True).returncode != 0:
+        pytest.skip("cannot loop-mount an image here")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.mark.parametrize("backend_name", ["bcc", "strace"])
+def test_a_reflink_is_a_ficlone_copy_of_the_whole_range(request, reflink_dir, tmp_path, backend_name):
+    request.getfixturevalue(f"{backend_name}_backend")
+    out, log, trace = reflink_dir / "c", tmp_path / "own.json", tmp_path / "t.arrow"
+    cli("record", "--backend", backend_name, "-o", str(trace), "--path-filter", f"{out}/", "--", sys.executable,
+        "-m", "ckpt_trace.workloads.copies", str(out), str(log))
+    own = json.loads(log.read_text())
+    assert own[-2][-1] == own[-1][-1] == 0, "the reflinks succeeded"
+    assert (out / "ficlone.bin").stat().st_size == 1 << 20 and (out / "ficlonerange.bin").stat().st_size == 65536
+    rows = [r for r in read_trace(trace).table.to_pylist() if r["interface"] == "ficlone"]
+    source = str(out / "source.bin")
+    assert [(r["op"], r["path"], r["new_path"], r["offset"], r["size"], r["ret"]) for r in rows] == [
+        ("read", source, str(out / "ficlone.bin"), 0, 1 << 20, 0),
+        ("write", str(out / "ficlone.bin"), source, 0, 1 << 20, 0),
+        ("read", source, str(out / "ficlonerange.bin"), 0, 65536, 0),
+        ("write", str(out / "ficlonerange.bin"), source, 0, 65536, 0)]

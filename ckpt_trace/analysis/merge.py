@@ -15,7 +15,8 @@ themselves (NTP, PTP) is taken as given, which ``merge.note`` says.
 Rows: a k-way merge over record batches with a watermark. Each input holds one batch; the watermark is
 the smallest last timestamp among the held batches; every held row before it (and, from the batch that
 sets it, every row at it) is in its final place, since each trace is sorted by start time; rows of one
-time keep the order of the inputs. Those rows are
+time keep the order of the inputs. When more than a batch of rows is ready, only those before the
+batch's worth of earliest times go out (the sort and the writer copy one batch at a time). Those rows are
 sorted (stable: ties keep the inputs' order) and written, and only drained inputs read their next batch,
 so memory is bounded by one batch per input (and one the scan reads ahead), not by the traces' length.
 
@@ -240,10 +241,22 @@ def merged_rows(plan: MergePlan, *, batch_rows: int = 65536) -> Iterator[pa.Tabl
         # one, which drains, and those whose later rows all come after the watermark).
         ending = [s.index for s in live if int(s.ts[-1]) == watermark]
         tie_limit = ending[1] if len(ending) > 1 else len(sources)
+        # At most about batch_rows rows go out at once (the merge's own copies stay one batch): when more are
+        # before the watermark, only those before the batch_rows-th smallest time (strictly: ties wait).
+        heads = [s.ts[:int(np.searchsorted(s.ts, watermark, side="right"))] for s in live]
+        ready = sum(len(h) for h in heads)
+        cut = None
+        if ready > batch_rows:
+            cut = int(np.partition(np.concatenate(heads), batch_rows)[batch_rows])
+            if all(len(h) == 0 or int(h[0]) >= cut for h in heads):
+                cut = None  # every ready row at one time: the watermark rule, whatever the count
         pieces, times = [], []
         for source in live:
-            side = "right" if source.index < tie_limit else "left"
-            stop = int(np.searchsorted(source.ts, watermark, side=side))
+            if cut is not None:
+                stop = int(np.searchsorted(source.ts, cut, side="left"))
+            else:
+                side = "right" if source.index < tie_limit else "left"
+                stop = int(np.searchsorted(source.ts, watermark, side=side))
             if stop:
                 times.append(source.ts[:stop])
                 pieces.append(source.take(stop))

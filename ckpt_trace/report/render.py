@@ -77,6 +77,8 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
         ("unaligned sizes (4 KiB)", f"{summary['alignment']['unaligned_size_share']:.1%}"),
         ("failed ops", str(summary["failed_ops"])),
         ("lost events", str(summary["lost_events"])),
+        *((("interrupted", f"[yellow]{summary['interrupted']} cut the recording: the trace is partial[/]"),)
+          if summary.get("interrupted") else ()),
     ):
         overview.add_row(name, value)
     for label, key in (("slowest rank (I/O time)", "slowest_rank"), ("slowest save (1st to last write)", "slowest_save")):

@@ -773,24 +773,29 @@ RAW_TRACEPOINT_PROBE(writeback_dirty_folio) {  // (const struct folio *folio, st
 
 // What the kernel mapped, to count what no row covers: a user fault's address (exceptions:page_fault_user,
 // kept per thread, no record), then each change of the faulting process's file-page count (kmem:rss_stat,
-// MM_FILEPAGES, bytes) goes out with that address; a change inside a traced system call carries none.
+// MM_FILEPAGES, in pages) goes out with that address; a change inside a traced system call carries none.
+// Raw tracepoints: both fire for every process of the machine, and the formatted events cost a buffer each.
 #if RSS
 BPF_HASH(fault_address, u32, u64, 65536);
 
-TRACEPOINT_PROBE(exceptions, page_fault_user) {
+RAW_TRACEPOINT_PROBE(page_fault_user) {  // (unsigned long address, struct pt_regs *regs, unsigned long error_code)
     if (!traced_tgid())
         return 0;
     u32 tid = (u32)bpf_get_current_pid_tgid();
-    u64 address = args->address;
+    u64 address = ctx->args[0];
     fault_address.update(&tid, &address);
     return 0;
 }
 
-TRACEPOINT_PROBE(kmem, rss_stat) {
-    if (!args->curr || args->member != 0)  // MM_FILEPAGES of the current task's own mm
+RAW_TRACEPOINT_PROBE(rss_stat) {  // (struct mm_struct *mm, int member)
+    if ((int)ctx->args[1] != 0)  // MM_FILEPAGES
         return 0;
     u32 tgid = traced_tgid();
     if (!tgid)
+        return 0;
+    void *mm = (void *)ctx->args[0], *own = 0;
+    bpf_probe_read_kernel(&own, 8, (void *)bpf_get_current_task() + __OFF_TASK_MM__);
+    if (mm != own)  // another process's counter (fork copying, a remote unmap)
         return 0;
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
@@ -799,8 +804,8 @@ TRACEPOINT_PROBE(kmem, rss_stat) {
     a.ts_ns = bpf_ktime_get_ns();
     a.pid = tgid;
     a.tid = tid;
-    a.ctx = args->mm_id;
-    a.res = args->size;
+    a.ctx = (u64)mm;
+    bpf_probe_read_kernel(&a.res, 8, mm + __OFF_MM_FILE_PAGES__);  // percpu_counter.count, as get_mm_counter()
     if (!inflight.lookup(&tid)) {
         u64 *address = fault_address.lookup(&tid);
         if (address)
