@@ -744,6 +744,27 @@ def upgrade(
                   f"{result['output_bytes']:,} bytes)", highlight=False)
 
 
+@app.command()
+def anonymize(
+    trace: Path = typer.Argument(..., help="Trace file to anonymize."),
+    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write."),
+    key: Optional[str] = typer.Option(None, "--key", help="Secret for the hashes: the same key gives the same names across traces (default: random, not stored)."),
+    force: bool = typer.Option(False, help="Overwrite an existing output."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was replaced and kept as JSON."),
+) -> None:
+    """Write a copy of TRACE that can be shared: paths, command line, process, host and user names replaced
+    by stable hashes (the I/O pattern, sizes and times kept)."""
+    from .analysis.anonymize import anonymize_trace
+
+    with _steps("anonymize") as progress:
+        result = anonymize_trace(trace, output, key=key, overwrite=force, progress=progress)
+    if as_json:
+        _write_json(None, result)
+    else:
+        err.print(f"ckpt-trace: wrote {result['rows']:,} rows to {output}: replaced {', '.join(result['replaced'])}; "
+                  f"kept {', '.join(result['kept'])}", highlight=False)
+
+
 @app.command(name="filter")
 def filter_cmd(
     trace: Path = typer.Argument(..., help="Trace file to filter."),
@@ -850,7 +871,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(done.exit_code)
     except Interrupted as error:
         err.print(f"[red]ckpt-trace: {escape(str(error))}[/]", highlight=False)
-        sys.exit(error.exit_code)
+        sys.exit(128 + interrupted[0] if interrupted else error.exit_code)  # 143 for SIGTERM, 129 for SIGHUP
     except CkptTraceError as error:
         err.print(f"[red]ckpt-trace: error: {escape(str(error))}[/]", highlight=False)
         sys.exit(error.exit_code)
