@@ -250,13 +250,9 @@ def phase_lines(results: list[dict[str, Any]]) -> list[str]:
     if not any(len(r.get("phases") or {}) > 1 or any(len(p["ranks"]) > 1 for p in (r.get("phases") or {}).values())
                for r in results):
         return []
-    lines = []
-    for r in results:
-        parts = [f"{phase} {human_bytes(p['bytes'])} in {p['elapsed_s']:.3f} s, slowest rank {p['slowest_rank']} "
-                 f"{p['slowest_rank_s']:.3f} s" for phase, p in (r.get("phases") or {}).items()]
-        if parts:
-            lines.append(f"{r['strategy']}: " + "; ".join(parts))
-    return lines
+    return [f"{r['strategy']} {phase}: {human_bytes(p['bytes'])} in {p['elapsed_s']:.3f} s, slowest rank "
+            f"{p['slowest_rank']}: {p['slowest_rank_s']:.3f} s"
+            for r in results for phase, p in (r.get("phases") or {}).items()]
 
 
 def timing_lines(results: list[dict[str, Any]]) -> list[str]:
