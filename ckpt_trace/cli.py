@@ -150,6 +150,13 @@ def record(
         raise CkptTraceError("no command to record (put it after --)")
     resolve_command(list(cmd))
     check_output_file(output, force)
+    from ckpt_trace.tracer.leftovers import find as find_leftovers
+
+    left = find_leftovers(output)
+    if left:
+        err.print(f"[yellow]ckpt-trace: note: a recording that was killed left {len(left)} scratch file(s) or "
+                  f"director(ies): {escape(', '.join(map(str, left[:5])))}{' ...' if len(left) > 5 else ''} "
+                  "(remove them once you do not need them)[/]", highlight=False)
     choice = choose_backend(backend)
     gpu_plan = plan_capture(gpu)
     err.print(f"ckpt-trace: backend {choice.name} ({choice.reason})", highlight=False)
@@ -185,16 +192,20 @@ def record(
                   f"{', '.join(map(escape, path_filter))} ({result.filtered_ops:,} were left out)[/]", highlight=False)
     if result.exit_code != 0:
         err.print(f"[yellow]ckpt-trace: the command {result.ended}; its trace is written[/]", highlight=False)
+    if result.interrupted:
+        err.print(f"[yellow]ckpt-trace: {result.interrupted} cut the recording (the command got it too); the trace "
+                  "holds what happened until then and says it was interrupted[/]", highlight=False)
     layout = _layout_after_record(result.trace_path, no_layout)
     summary = {"trace": str(result.trace_path), "backend": result.backend, "rows": result.rows,
                "lost_events": result.lost_events, "exit_code": result.exit_code, "exit_signal": result.exit_signal,
-               "ended": result.ended, "elapsed_s": result.elapsed_s, "gpu": result.gpu, "layout": layout}
+               "ended": result.ended, "elapsed_s": result.elapsed_s, "gpu": result.gpu, "layout": layout,
+               "interrupted": result.interrupted}
     if as_json:
         _write_json(None, summary)
     else:
         err.print(f"ckpt-trace: wrote {result.rows:,} rows to {result.trace_path} in {result.elapsed_s:.1f} s",
                   highlight=False)
-    raise typer.Exit(result.exit_code)
+    raise typer.Exit(128 + signal.Signals[result.interrupted].value if result.interrupted else result.exit_code)
 
 
 @app.command()
@@ -281,6 +292,12 @@ def replay(
     for result in report.results:
         for note in result.notes:
             err.print(f"[yellow]ckpt-trace: note: {result.strategy}: {escape(note)}[/]", highlight=False)
+    from ckpt_trace.formats import read_metadata
+
+    cut = read_metadata(trace).get("interrupted")
+    if cut:
+        err.print(f"[yellow]ckpt-trace: note: {escape(str(cut))} cut this trace's recording: the replay holds only "
+                  "what was recorded until then[/]", highlight=False)
     for mismatch in report.size_mismatches[:5]:
         actual = "missing" if mismatch.actual_bytes is None else f"{mismatch.actual_bytes:,} B"
         err.print(f"[yellow]ckpt-trace: warning: {mismatch.strategy}: {escape(mismatch.path)} is {actual}, "
@@ -666,7 +683,7 @@ def _layout_after_record(trace: Path, skip: bool) -> dict | None:
 
     try:
         done = annotate_recording(trace, time_limit_s=LAYOUT_TIME_LIMIT_S)
-    except CkptTraceError as error:
+    except (CkptTraceError, OSError) as error:  # a file gone or unreadable since the command touched it
         err.print(f"[yellow]ckpt-trace: warning: no layout added: {escape(str(error))}[/]", highlight=False)
         return None
     if done["stored"]:
@@ -725,6 +742,27 @@ def upgrade(
         err.print(f"ckpt-trace: wrote {result['rows']:,} rows of {trace} (version {result['from_version']}) to "
                   f"{output} as version {result['to_version']} ({result['input_bytes']:,} -> "
                   f"{result['output_bytes']:,} bytes)", highlight=False)
+
+
+@app.command()
+def anonymize(
+    trace: Path = typer.Argument(..., help="Trace file to anonymize."),
+    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write."),
+    key: Optional[str] = typer.Option(None, "--key", help="Secret for the hashes: the same key gives the same names across traces (default: random, not stored)."),
+    force: bool = typer.Option(False, help="Overwrite an existing output."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was replaced and kept as JSON."),
+) -> None:
+    """Write a copy of TRACE that can be shared: paths, command line, process, host and user names replaced
+    by stable hashes (the I/O pattern, sizes and times kept)."""
+    from .analysis.anonymize import anonymize_trace
+
+    with _steps("anonymize") as progress:
+        result = anonymize_trace(trace, output, key=key, overwrite=force, progress=progress)
+    if as_json:
+        _write_json(None, result)
+    else:
+        err.print(f"ckpt-trace: wrote {result['rows']:,} rows to {output}: replaced {', '.join(result['replaced'])}; "
+                  f"kept {', '.join(result['kept'])}", highlight=False)
 
 
 @app.command(name="filter")
@@ -814,7 +852,8 @@ def main(argv: list[str] | None = None) -> None:
         signal.default_int_handler(signum, frame)
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, on_sigint)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGTERM, SIGHUP: as Ctrl-C, cleanup included
+            signal.signal(signum, on_sigint)
     try:
         args = sys.argv[1:] if argv is None else argv
         command = decorate(typer.main.get_command(app))
@@ -827,18 +866,18 @@ def main(argv: list[str] | None = None) -> None:
             raise KeyboardInterrupt
     except typer.Abort:
         err.print("[red]ckpt-trace: interrupted[/]")
-        sys.exit(130)
+        sys.exit(128 + (interrupted[0] if interrupted else signal.SIGINT))
     except typer.Exit as done:
         sys.exit(done.exit_code)
     except Interrupted as error:
         err.print(f"[red]ckpt-trace: {escape(str(error))}[/]", highlight=False)
-        sys.exit(error.exit_code)
+        sys.exit(128 + interrupted[0] if interrupted else error.exit_code)  # 143 for SIGTERM, 129 for SIGHUP
     except CkptTraceError as error:
         err.print(f"[red]ckpt-trace: error: {escape(str(error))}[/]", highlight=False)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
         err.print("[red]ckpt-trace: interrupted[/]")
-        sys.exit(130)
+        sys.exit(128 + (interrupted[0] if interrupted else signal.SIGINT))
     except OSError as error:
         where = f" ({error.filename})" if error.filename else ""
         err.print(f"[red]ckpt-trace: error: {escape(str(error.strerror or error) + where)}[/]", highlight=False)

@@ -352,7 +352,7 @@ def _depth_figures(counts: np.ndarray) -> dict[str, Any]:
 def summary_document(path, md: dict, figures: dict, gpu: dict) -> dict[str, Any]:
     return {"trace": str(path), "backend": md.get("backend"), "command": md.get("command"), **figures,
             "lost_events": int(md.get("lost_events", 0)), "filesystems": md.get("filesystems", {}),
-            "unseen": md.get("unseen", {}), "gpu": gpu,
+            "unseen": md.get("unseen", {}), "gpu": gpu, "interrupted": md.get("interrupted"),
             **({"mapped_uncovered_bytes": int(md["mapped_uncovered_bytes"])} if "mapped_uncovered_bytes" in md else {})}
 
 

@@ -328,7 +328,9 @@ def _job_html(profile: dict) -> str:
                      f"({html.escape(entry['reason'])})</p>" for capture, entry in summary.get("unseen", {}).items())
     lost = (f"<p class='warning'>{summary['lost_events']:,} events were lost while recording: the figures below "
             "undercount</p>") if summary["lost_events"] else ""
-    return _facts(facts) + unseen + lost
+    cut = (f"<p class='warning'>{html.escape(str(summary['interrupted']))} cut the recording: the trace holds only "
+           "what happened until then</p>") if summary.get("interrupted") else ""
+    return _facts(facts) + unseen + lost + cut
 
 
 def _gpu_html(summary: dict) -> str:

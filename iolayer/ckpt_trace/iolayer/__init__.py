@@ -10,6 +10,9 @@
 - ``host``: mounts, block size, free space, device, the environment a
   measurement records, dropping the page cache.
 - ``outputs``: the checks every command runs on its outputs before it starts.
+- ``beneath``: a directory held open and every file operation beneath it
+  (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS, or an O_NOFOLLOW walk);
+  cleanup by (device, inode) of what it created.
 
 Imports only the exception family (``ckpt_trace.errors``) and ``formats``.
 """

@@ -23,7 +23,10 @@ fdatasync, sync_file_range, msync, and reads and writes at the file position
   close"; a write at the file position for the uses that moved it);
 - any other use (a read or write at a known offset, a dup of the handle)
   waits for the last earlier ordered use by another worker (so a write after
-  another thread's lseek or ftruncate runs after it).
+  another thread's lseek or ftruncate runs after it);
+- a read at a known offset also waits for each other worker's last earlier
+  write (it reads what they wrote: a copy thread reading a file the main
+  thread just wrote must not find it short).
 
 Edges point from later to earlier recorded start times and each worker runs
 its operations in that order, so the waits cannot deadlock. Uses at known
@@ -112,6 +115,16 @@ def cross_worker_edges(table: OpTable) -> tuple[np.ndarray, np.ndarray]:
                 hit = last >= 0
                 out_rows.append(r[waiters[hit]])
                 out_seqs.append(s[of_u[last[hit]]])
+        reads = np.flatnonzero(~o & (kind[lo:hi] == READ))
+        if len(reads):  # a read waits for each other worker's last write before it (it reads what they wrote)
+            writes = kind[lo:hi] == WRITE
+            for u in _distinct_small(w[writes]):
+                of_u = np.flatnonzero(writes & (w == u))
+                waiters = reads[w[reads] != u]
+                last = np.searchsorted(of_u, waiters) - 1
+                hit = last >= 0
+                out_rows.append(r[waiters[hit]])
+                out_seqs.append(s[of_u[last[hit]]])
         free = np.flatnonzero(~o)
         if len(free) and len(at):
             last = np.searchsorted(at, free) - 1  # the last ordered use before each
@@ -127,6 +140,8 @@ def cross_worker_edges(table: OpTable) -> tuple[np.ndarray, np.ndarray]:
 
 def _distinct_small(values: np.ndarray) -> list[int]:
     """The distinct values of a small-alphabet array (the workers sharing one handle), ascending."""
+    if not len(values):
+        return []
     ordered = np.sort(values)
     return ordered[np.r_[True, ordered[1:] != ordered[:-1]]].tolist()
 

@@ -50,6 +50,7 @@ from ckpt_trace.errors import TracerError
 from ckpt_trace.formats import vocabulary
 
 from . import btf
+from .children import set_parent_death_signal
 from . import syscalls as sc
 from .ringbuf import RingReader, sample_dtype
 from .state import AuxEvent, EffectOrderFeeder, SyscallEvent, rank_from_environ
@@ -87,8 +88,8 @@ def probe() -> str | None:
 
 _OPENS = frozenset({"open", "openat", "openat2", "creat"})
 _DUPS = frozenset({"dup", "dup2", "dup3"})
-_PATH_ONLY = frozenset({"unlink", "unlinkat", "mkdir", "mkdirat"})
-_RENAMES = frozenset({"rename", "renameat", "renameat2"})
+_PATH_ONLY = frozenset({"unlink", "unlinkat", "mkdir", "mkdirat", "rmdir"})
+_RENAMES = frozenset({"rename", "renameat", "renameat2", "link", "linkat", "symlink", "symlinkat"})  # two paths
 # Calls with an fd argument that must reach the builder even on an ignored descriptor
 # (or that _early_checks handles itself).
 _KEEP_ON_MARKED_FD = frozenset({"fchdir", "close_range", "io_uring_enter", "fcntl", "close"}) | _DUPS
@@ -684,6 +685,7 @@ class BccTracer:
         pid = os.fork()
         if pid == 0:
             os.close(gate_w)
+            set_parent_death_signal()  # SIGKILL when the recorder dies, even by SIGKILL (children.py)
             os.read(gate_r, 1)
             try:
                 os.execvpe(cmd[0], cmd, env)

@@ -29,6 +29,8 @@ from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.version import __version__
 
 from . import bcc_backend, clock, gpu, strace_backend
+from . import leftovers
+from .children import forwarding
 from .spool import RowSpool
 from .state import EffectOrderFeeder, TraceBuilder, rank_from_environ
 
@@ -60,6 +62,7 @@ class RecordResult:
     lost_events: int
     elapsed_s: float
     exit_signal: int | None = None
+    interrupted: str | None = None  # SIGTERM or SIGHUP cut the recording (the command got it too)
     filtered_ops: int = 0
     unseen: dict = field(default_factory=dict)
     gpu: dict = field(default_factory=dict)
@@ -137,8 +140,11 @@ def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict, spoo
                  capture: gpu.GpuCapture | None = None) -> tuple[TraceBuilder, dict, BackendChoice]:
     """Run the command under the backend; its rows go to ``spool`` as they accumulate (``RowSpool``),
     the builder keeping at most ``config.RECORD_RUN_ROWS`` of them."""
-    with _collector_paused():
-        return _run_traced(choice, cmd, builder_args, spool, capture)
+    with _collector_paused(), forwarding(skip_children=choice.name == "strace") as received:
+        builder, extra, choice = _run_traced(choice, cmd, builder_args, spool, capture)
+    if received:  # SIGTERM or SIGHUP cut the recording: the command got it, the trace says so
+        extra = {**extra, "interrupted": signal.Signals(received[0]).name}
+    return builder, extra, choice
 
 
 def _run_traced(choice: BackendChoice, cmd: list[str], builder_args: dict, spool: RowSpool,
@@ -176,7 +182,7 @@ def _run_traced(choice: BackendChoice, cmd: list[str], builder_args: dict, spool
         if feeder.builder.mapped_uncovered_bytes is not None:
             extra["mapped_uncovered_bytes"] = feeder.builder.mapped_uncovered_bytes
         return feeder.builder, extra, choice
-    with tempfile.TemporaryDirectory(prefix="ckpt-trace-strace-") as scratch:
+    with tempfile.TemporaryDirectory(prefix=leftovers.scratch_prefix("strace")) as scratch:
         log = Path(scratch) / "strace.log"
         start_ns = time.time_ns()
         status = strace_backend.run(cmd, log, env)
@@ -366,6 +372,6 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
     }
     rows = spool.write(output, metadata, overwrite=overwrite, batch_rows=config.TRACE_BATCH_ROWS, temporary=temporary)
     return RecordResult(output, extra["exit_code"], choice.name, choice.reason, rows, extra["lost_events"],
-                        elapsed_s, exit_signal=extra.get("exit_signal"), filtered_ops=builder.filtered_rows,
+                        elapsed_s, exit_signal=extra.get("exit_signal"), interrupted=extra.get("interrupted"), filtered_ops=builder.filtered_rows,
                         unseen=extra["unseen"], gpu=gpu_summary,
                         mapped_uncovered_bytes=extra.get("mapped_uncovered_bytes"))

@@ -24,6 +24,7 @@ from ckpt_trace import config
 from ckpt_trace.errors import TracerError
 
 from . import syscalls as sc
+from .children import set_parent_death_signal
 from .state import AUX_AIO_EVENT, AUX_AIO_SUBMIT, AuxEvent, SyscallEvent, rank_from_environ
 
 # strace folds the 64-bit position of the p*v calls into one argument.
@@ -71,7 +72,7 @@ def run(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> in
     """Run ``cmd`` under strace, writing the log to ``log_path``; return the command's exit code."""
     argv = strace_command(cmd, log_path)
     try:
-        proc = subprocess.Popen(argv, env=env)
+        proc = subprocess.Popen(argv, env=env, preexec_fn=set_parent_death_signal)  # strace dies with us
     except OSError as err:
         raise TracerError(f"cannot start strace: {err.strerror}") from None
     # Ctrl-C reaches strace and the command through the terminal; keep recording what they did.

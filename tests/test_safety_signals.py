@@ -1,0 +1,133 @@
+"""SIGTERM and SIGHUP end a recording cleanly (issue 38, finding 11): the traced command is stopped at once,
+the partial trace is written, readable and flagged, and nothing is left behind.
+
+Before: SIGTERM killed the recorder as SIGKILL would; the command ran on untraced, re-parented to init
+(strace too), a temporary file and the strace log stayed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import cli
+
+from ckpt_trace.formats import read_trace
+
+JOB = """
+import os, sys, time
+out = sys.argv[1]
+for i in range(3):
+    with open(os.path.join(out, f"part-{i}"), "wb") as handle:
+        handle.write(b"x" * 4096)
+open(os.path.join(out, "pid"), "w").write(str(os.getpid()))
+time.sleep(10)
+open(os.path.join(out, "finished"), "w").write("the job ran to its end")
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_to_record_stops_the_command_and_keeps_a_flagged_trace(tmp_path, backend, signum):
+    work = tmp_path / "work"
+    work.mkdir()
+    trace = tmp_path / "t.arrow"
+    scratch = tmp_path / "tmp"  # the recorder's TMPDIR: its strace log directory goes there
+    scratch.mkdir()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "TMPDIR": str(scratch)}
+    recorder = subprocess.Popen([sys.executable, "-m", "ckpt_trace.cli", "record", "-o", str(trace), "--backend",
+                                 backend, "--", sys.executable, "-c", JOB, str(work)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not (work / "pid").exists() and time.monotonic() < deadline and recorder.poll() is None:
+        time.sleep(0.01)
+    assert (work / "pid").exists(), recorder.communicate()[1]
+    time.sleep(0.05)
+    command = int((work / "pid").read_text())
+    os.kill(recorder.pid, signum)
+    sent = time.monotonic()
+    while _alive(command) and time.monotonic() - sent < 1.0:
+        time.sleep(0.01)
+    assert not _alive(command), "the traced command outlived the recorder's signal by a second"
+    _, stderr = recorder.communicate(timeout=120)
+    assert recorder.returncode == 128 + signum, stderr
+    assert signal.Signals(signum).name in stderr and "Traceback" not in stderr, stderr
+    assert not (work / "finished").exists()
+    written = read_trace(trace)
+    assert written.metadata["interrupted"] == signal.Signals(signum).name
+    paths = set(written.table.column("path").to_pylist())
+    assert {str(work / f"part-{i}") for i in range(3)} <= paths
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.arrow", "tmp", "work"]  # no temporary file
+    assert list(scratch.iterdir()) == []  # no strace log directory, no spill
+    summary = json.loads(cli("summary", str(trace), "--json").stdout)
+    assert summary["interrupted"] == signal.Signals(signum).name
+    assert signal.Signals(signum).name in cli("summary", str(trace)).stdout
+    replayed = cli("replay", str(trace), "--target", str(tmp_path / "r"), "--strip-prefix", str(work))
+    assert "cut this trace's recording" in replayed.stderr
+
+
+def test_the_strace_process_and_a_bcc_command_get_a_parent_death_signal():
+    from ckpt_trace.tracer.children import descendants, set_parent_death_signal
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                             preexec_fn=set_parent_death_signal)
+    try:
+        with open(f"/proc/{child.pid}/status") as handle:
+            assert child.pid in descendants(os.getpid())
+        # PR_GET_PDEATHSIG of another process is not exported; the child asks itself
+        probe = subprocess.run([sys.executable, "-c",
+                                "import ctypes, signal; v = ctypes.c_int(); "
+                                "ctypes.CDLL(None).prctl(2, ctypes.byref(v), 0, 0, 0); print(v.value)"],
+                               preexec_fn=set_parent_death_signal, capture_output=True, text=True, check=True)
+        assert int(probe.stdout) == signal.SIGKILL
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_killed_recordings_leftovers_are_named_by_the_next_one(tmp_path, strace_backend):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a process id that is gone
+    trace = tmp_path / "t.arrow"
+    left = [tmp_path / f".t.arrow.{dead.pid}-abcd1234.tmp", tmp_path / f".t.arrow.runs-{dead.pid}-x1"]
+    left[0].write_bytes(b"partial")
+    left[1].mkdir()
+    live = tmp_path / f".t.arrow.{os.getpid()}-live.tmp"  # a running process's file is not named
+    live.write_bytes(b"")
+    proc = cli("record", "-o", str(trace), "--backend", "strace", "--", "true")
+    assert "killed left 2" in proc.stderr and all(str(p) in proc.stderr for p in left), proc.stderr
+    assert str(live) not in proc.stderr
+    assert all(p.exists() for p in left)  # named, never deleted
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_to_a_replay_removes_its_files_like_ctrl_c(tmp_path, signum):
+    from test_safety import synthetic
+
+    trace = synthetic(tmp_path / "t.arrow", {"/ck/a.bin": 10, "/ck/b.bin": 10}, gap_ns=10_000_000_000)
+    target = tmp_path / "t"
+    proc = subprocess.Popen([sys.executable, "-m", "ckpt_trace.cli", "replay", str(trace), "--target", str(target),
+                             "--timing", "original"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (target / "ck" / "a.bin").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(proc.pid, signum)  # the replay alone, as a job scheduler or a closed terminal sends it
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, stderr
+    assert stderr.strip().splitlines() == [f"ckpt-trace: interrupted; the replay's files under {target} were removed"]
+    assert not target.exists()
+    again = cli("replay", str(trace), "--target", str(target))  # the next replay into that target is not refused
+    assert again.returncode == 0
