@@ -871,7 +871,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(done.exit_code)
     except Interrupted as error:
         err.print(f"[red]ckpt-trace: {escape(str(error))}[/]", highlight=False)
-        sys.exit(error.exit_code)
+        sys.exit(128 + interrupted[0] if interrupted else error.exit_code)  # 143 for SIGTERM, 129 for SIGHUP
     except CkptTraceError as error:
         err.print(f"[red]ckpt-trace: error: {escape(str(error))}[/]", highlight=False)
         sys.exit(error.exit_code)

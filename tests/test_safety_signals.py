@@ -111,3 +111,23 @@ def test_a_killed_recordings_leftovers_are_named_by_the_next_one(tmp_path, strac
     assert "killed left 2" in proc.stderr and all(str(p) in proc.stderr for p in left), proc.stderr
     assert str(live) not in proc.stderr
     assert all(p.exists() for p in left)  # named, never deleted
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_to_a_replay_removes_its_files_like_ctrl_c(tmp_path, signum):
+    from test_safety import synthetic
+
+    trace = synthetic(tmp_path / "t.arrow", {"/ck/a.bin": 10, "/ck/b.bin": 10}, gap_ns=10_000_000_000)
+    target = tmp_path / "t"
+    proc = subprocess.Popen([sys.executable, "-m", "ckpt_trace.cli", "replay", str(trace), "--target", str(target),
+                             "--timing", "original"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (target / "ck" / "a.bin").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(proc.pid, signum)  # the replay alone, as a job scheduler or a closed terminal sends it
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, stderr
+    assert stderr.strip().splitlines() == [f"ckpt-trace: interrupted; the replay's files under {target} were removed"]
+    assert not target.exists()
+    again = cli("replay", str(trace), "--target", str(target))  # the next replay into that target is not refused
+    assert again.returncode == 0

@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 
 from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.formats import TraceWriter, scan, sha256_file, vocabulary
+from ckpt_trace.formats.layout import add_layout, read_layout
 
 from .summary import Progress, on_batch
 
@@ -234,4 +235,7 @@ def filter_trace(trace_path: str | os.PathLike, output: str | os.PathLike, condi
     except BaseException:
         writer.abort()
         raise
+    layout = read_layout(trace_path)
+    if layout is not None:  # the same checkpoint's files: the filtered rows keep their meaning
+        add_layout(path, *layout)
     return {"output": str(path), "rows_in": rows_in, "rows_out": rows_out, "conditions": conditions.to_json()}
