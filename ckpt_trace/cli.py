@@ -683,7 +683,7 @@ def _layout_after_record(trace: Path, skip: bool) -> dict | None:
 
     try:
         done = annotate_recording(trace, time_limit_s=LAYOUT_TIME_LIMIT_S)
-    except CkptTraceError as error:
+    except (CkptTraceError, OSError) as error:  # a file gone or unreadable since the command touched it
         err.print(f"[yellow]ckpt-trace: warning: no layout added: {escape(str(error))}[/]", highlight=False)
         return None
     if done["stored"]:

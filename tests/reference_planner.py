@@ -719,10 +719,12 @@ def _cross_worker_order(plan: ReplayPlan) -> ReplayPlan:
             if len(workers_of[handle]) < 2:
                 continue
             before = [u for u in uses[handle] if u[0] < seq]
-            if ordered:
+            if ordered:  # each other worker's last use from the previous ordered use on (that one included)
+                marks = [s for s, w, o in before if o]
+                since = marks[-1] if marks else -1
                 last: dict[int, int] = {}
                 for s, w, _ in before:
-                    if w != i:
+                    if w != i and s >= since:
                         last[w] = s
                 extra[(i, k)].update(last.values())
             else:
