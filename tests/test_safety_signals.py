@@ -131,3 +131,23 @@ def test_sigterm_or_sighup_to_a_replay_removes_its_files_like_ctrl_c(tmp_path, s
     assert not target.exists()
     again = cli("replay", str(trace), "--target", str(target))  # the next replay into that target is not refused
     assert again.returncode == 0
+
+
+def test_sigterm_to_a_workload_stops_its_ranks(tmp_path, torch_installed):
+    out = tmp_path / "ckpt"
+    proc = subprocess.Popen([sys.executable, "-m", "ckpt_trace.cli", "workload", "dcp", "--out", str(out), "--ranks", "2",
+                             "--model", "gpt2-medium"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    from ckpt_trace.tracer.children import descendants
+
+    deadline = time.monotonic() + 120
+    while len(descendants(proc.pid)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ranks = descendants(proc.pid)
+    assert ranks, "the workload started no rank"
+    os.kill(proc.pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in stderr, stderr
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in ranks)
