@@ -113,7 +113,7 @@ def test_a_directory_rename_waits_for_other_threads_work_inside_it(tmp_path):
     ])
     plan = build_posix_plan(read_trace(trace).table)
     ops = {(op.kind, op.path): op for w in plan.workers for op in w.ops}
-    assert ops[("rename", "c/s.tmp")].deps == (1,)  # the other thread's open inside the directory
+    assert ops[("rename", "c/s.tmp")].deps == (3,)  # the other thread's close of its file inside (after its open)
     assert ops[("open", "c/s/a")].deps == (4,)  # the reader waits for the rename
     assert plan.precreate_files == () and plan.precreate_dirs == ("c",)
     assert dict(plan.checks.expected_sizes) == {"c/s/a": 5}

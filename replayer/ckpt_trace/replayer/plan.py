@@ -529,8 +529,12 @@ class _Planner:
         self.slots.pop((row["pid"], row["fd"]), None)
         self.bind(row["pid"], row["fd"], seq, None)
         self.handle_refs[handle] -= 1
+        path = self.handle_path[handle]  # a later open, rename or unlink of its file by another worker waits
+        if self.file_of_path.get(path) == self.handle_file[handle]:  # (and joins the path's chain of waits)
+            self._dep(self.last_path_op.get(path), worker, deps)
+            self.last_path_op[path] = (seq, worker)
         self.emit(worker, PlanOp(seq=seq, kind="close", ts_ns=row["ts_ns"], handle=handle,
-                                 release=self.handle_refs[handle] <= 0, deps=tuple(deps)))
+                                 release=self.handle_refs[handle] <= 0, deps=tuple(sorted(set(deps)))))
 
     def _request(self, row) -> dict:
         """The queue of a request row (and its recorded depth), as PlanOp fields."""
