@@ -42,16 +42,9 @@ import sys
 import time
 from pathlib import Path
 
+from common import drop_caches  # noqa: E402 - benchmarks/ is the script's folder
+
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def drop_caches() -> bool:
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        return False
-    return True
 
 
 def gpu_state(torch, model: str) -> dict:

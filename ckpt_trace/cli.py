@@ -150,6 +150,13 @@ def record(
         raise CkptTraceError("no command to record (put it after --)")
     resolve_command(list(cmd))
     check_output_file(output, force)
+    from ckpt_trace.tracer.leftovers import find as find_leftovers
+
+    left = find_leftovers(output)
+    if left:
+        err.print(f"[yellow]ckpt-trace: note: a recording that was killed left {len(left)} scratch file(s) or "
+                  f"director(ies): {escape(', '.join(map(str, left[:5])))}{' ...' if len(left) > 5 else ''} "
+                  "(remove them once you do not need them)[/]", highlight=False)
     choice = choose_backend(backend)
     gpu_plan = plan_capture(gpu)
     err.print(f"ckpt-trace: backend {choice.name} ({choice.reason})", highlight=False)
@@ -676,7 +683,7 @@ def _layout_after_record(trace: Path, skip: bool) -> dict | None:
 
     try:
         done = annotate_recording(trace, time_limit_s=LAYOUT_TIME_LIMIT_S)
-    except CkptTraceError as error:
+    except (CkptTraceError, OSError) as error:  # a file gone or unreadable since the command touched it
         err.print(f"[yellow]ckpt-trace: warning: no layout added: {escape(str(error))}[/]", highlight=False)
         return None
     if done["stored"]:
@@ -735,6 +742,27 @@ def upgrade(
         err.print(f"ckpt-trace: wrote {result['rows']:,} rows of {trace} (version {result['from_version']}) to "
                   f"{output} as version {result['to_version']} ({result['input_bytes']:,} -> "
                   f"{result['output_bytes']:,} bytes)", highlight=False)
+
+
+@app.command()
+def anonymize(
+    trace: Path = typer.Argument(..., help="Trace file to anonymize."),
+    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write."),
+    key: Optional[str] = typer.Option(None, "--key", help="Secret for the hashes: the same key gives the same names across traces (default: random, not stored)."),
+    force: bool = typer.Option(False, help="Overwrite an existing output."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was replaced and kept as JSON."),
+) -> None:
+    """Write a copy of TRACE that can be shared: paths, command line, process, host and user names replaced
+    by stable hashes (the I/O pattern, sizes and times kept)."""
+    from .analysis.anonymize import anonymize_trace
+
+    with _steps("anonymize") as progress:
+        result = anonymize_trace(trace, output, key=key, overwrite=force, progress=progress)
+    if as_json:
+        _write_json(None, result)
+    else:
+        err.print(f"ckpt-trace: wrote {result['rows']:,} rows to {output}: replaced {', '.join(result['replaced'])}; "
+                  f"kept {', '.join(result['kept'])}", highlight=False)
 
 
 @app.command(name="filter")
@@ -843,7 +871,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(done.exit_code)
     except Interrupted as error:
         err.print(f"[red]ckpt-trace: {escape(str(error))}[/]", highlight=False)
-        sys.exit(error.exit_code)
+        sys.exit(128 + interrupted[0] if interrupted else error.exit_code)  # 143 for SIGTERM, 129 for SIGHUP
     except CkptTraceError as error:
         err.print(f"[red]ckpt-trace: error: {escape(str(error))}[/]", highlight=False)
         sys.exit(error.exit_code)

@@ -14,6 +14,7 @@ SHORT = {
     "summary": "What a trace holds: operations, bytes, sizes, ranks, copies.",
     "merge": "One trace of a job from the traces of its nodes.",
     "filter": "A smaller trace: some ranks, files, operations or a window.",
+    "anonymize": "A copy of a trace to share: names hashed, the pattern kept.",
     "upgrade": "Rewrite an older trace in the current format version.",
     "export": "Export a trace for Perfetto or as Parquet by rank.",
     "report": "One self-contained HTML report of a trace and its replays.",
@@ -46,6 +47,10 @@ EXAMPLES = {
     "upgrade": [
         "ckpt-trace upgrade old-v4.arrow -o save.arrow",
         "ckpt-trace upgrade old.arrow -o save.arrow --force --json",
+    ],
+    "anonymize": [
+        "ckpt-trace anonymize save.arrow -o shared.arrow",
+        "ckpt-trace anonymize save.arrow -o shared.arrow --key \"$SECRET\" --json",
     ],
     "filter": [
         "ckpt-trace filter save.arrow -o rank0.arrow --rank 0",

@@ -72,6 +72,8 @@ WRITER_ALIGN_BYTES = _int_env("WRITER_ALIGN_BYTES", 4096)  # O_DIRECT offset/siz
 WRITER_ITEM_ALIGN_BYTES = _int_env("WRITER_ITEM_ALIGN_BYTES", 64)  # each tensor starts at a multiple of this
 # Page-locked staging kept between saves (writer.staging.PINNED_POOL): 8 x 4 MiB x 8 threads by default.
 PINNED_POOL_BYTES = _int_env("PINNED_POOL_BYTES", 256 << 20)
+# The share of a data file's pages in the page cache from which the reader reads it buffered (warm).
+READER_WARM_SHARE = float(os.environ.get("CKPT_TRACE_READER_WARM_SHARE") or 0.9)
 
 # Micro-benchmark (ckpt-trace bench)
 BENCH_SETUP_TIMEOUT_S = _int_env("BENCH_SETUP_TIMEOUT_S", 120)  # longest a point's processes may take to start

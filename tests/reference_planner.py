@@ -354,8 +354,12 @@ class _Planner:
         handle, deps = found
         self.slots.pop((row["pid"], row["fd"]), None)
         self.handle_refs[handle] -= 1
+        path = self.handle_path[handle]  # a later open, rename or unlink of its file by another worker waits
+        if self.file_of_path.get(path) == self.handle_file[handle]:  # (and joins the path's chain of waits)
+            self._dep(self.last_path_op.get(path), worker, deps)
+            self.last_path_op[path] = (seq, worker)
         self.ops[worker].append(PlanOp(seq=seq, kind="close", ts_ns=row["ts_ns"], handle=handle,
-                                       release=self.handle_refs[handle] <= 0, deps=tuple(deps)))
+                                       release=self.handle_refs[handle] <= 0, deps=tuple(sorted(set(deps)))))
 
     def _request(self, row) -> dict:
         """The queue of a request row (and its recorded depth), as PlanOp fields."""
@@ -535,6 +539,36 @@ class _Planner:
         self.ops[worker].append(PlanOp(seq=seq, kind="rename", ts_ns=row["ts_ns"], path=old, new_path=new,
                                  flags=row["flags"], deps=tuple(deps)))
 
+    def _row_link(self, seq, worker, row) -> None:
+        """A second name of a file (link(2)): both names are the one file (sizes, content) from now on."""
+        old, new = self.rel(row["path"]), self.rel(row["new_path"])
+        if old is None or new is None:
+            self.skipped["no_path"] += 1
+            return
+        self.named.update((old, new))
+        self.touch(old, creating=False)
+        self.first_touch.setdefault(new, True)
+        self.file_of_path[new] = self.file(old)
+        if old in self.sizes:
+            self.sizes[new] = self.sizes[old]
+        self.ops[worker].append(PlanOp(seq=seq, kind="link", ts_ns=row["ts_ns"], path=old, new_path=new, flags=row["flags"],
+                                 deps=self.path_deps(seq, worker, old, new)))
+
+    def _row_symlink(self, seq, worker, row) -> None:
+        """A symbolic link made (symlink(2)): an entry holding the recorded content, which the replay never
+        follows; ``path`` is that content, not a path of the target."""
+        new = self.rel(row["new_path"])
+        if new is None or row["path"] is None:
+            self.skipped["no_path"] += 1
+            return
+        if "\0" in row["path"]:
+            raise ReplayError("trace holds a symbolic link with a NUL byte")
+        self.named.add(new)
+        self.first_touch.setdefault(new, True)
+        self.made_dirs.add(new)  # (an entry the trace makes: nothing is made at its name before the clock)
+        self.ops[worker].append(PlanOp(seq=seq, kind="symlink", ts_ns=row["ts_ns"], path=row["path"], new_path=new,
+                                 deps=self.path_deps(seq, worker, new)))
+
     def _row_unlink(self, seq, worker, row) -> None:
         path = self.rel(row["path"])
         if path is None:
@@ -606,7 +640,7 @@ class _Planner:
                 verify_ranges=MappingProxyType({
                     path: _clipped(merge_ranges(self.coverage[fid]), expected[path])
                     for path, fid in sorted(self.file_of_path.items())
-                    if fid not in self.unverifiable and path in expected
+                    if fid not in self.unverifiable and path in expected and final_path[fid] == path
                 }),
                 unverifiable=tuple(sorted(p for p, fid in self.file_of_path.items() if fid in self.unverifiable)),
             ),
@@ -677,6 +711,7 @@ def _cross_worker_order(plan: ReplayPlan) -> ReplayPlan:
         if op.kind == "dup" and op.source_handle is not None:
             uses[op.source_handle].append((seq, i, False))
     workers_of = {h: {w for _, w, _ in u} for h, u in uses.items()}
+    kind_of = {(seq, i): plan.workers[i].ops[k].kind for seq, i, k in everything}
     extra: dict[tuple[int, int], set[int]] = defaultdict(set)
     for seq, i, k in everything:
         op = plan.workers[i].ops[k]
@@ -688,16 +723,24 @@ def _cross_worker_order(plan: ReplayPlan) -> ReplayPlan:
             if len(workers_of[handle]) < 2:
                 continue
             before = [u for u in uses[handle] if u[0] < seq]
-            if ordered:
+            if ordered:  # each other worker's last use from the previous ordered use on (that one included)
+                marks = [s for s, w, o in before if o]
+                since = marks[-1] if marks else -1
                 last: dict[int, int] = {}
                 for s, w, _ in before:
-                    if w != i:
+                    if w != i and s >= since:
                         last[w] = s
                 extra[(i, k)].update(last.values())
             else:
                 marks = [(s, w) for s, w, o in before if o]
                 if marks and marks[-1][1] != i:
                     extra[(i, k)].add(marks[-1][0])
+                if op.kind == "read" and handle == op.handle:  # the last write of each other worker before it
+                    last_write: dict[int, int] = {}
+                    for s, w, _ in before:
+                        if w != i and kind_of[(s, w)] == "write":
+                            last_write[w] = s
+                    extra[(i, k)].update(last_write.values())
     if not extra:
         return plan
     workers = tuple(dataclasses.replace(w, ops=tuple(

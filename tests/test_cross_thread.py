@@ -21,11 +21,25 @@ from ckpt_trace.replayer.replay import STRATEGIES, build_plan
 # A program whose descriptors cross threads, as torchsnapshot's and DeepSpeed's pools hand them on:
 # A opens, B writes (at known offsets and at the file position), C closes; D dups a descriptor the main
 # thread opened, the main thread closes its own after the dup, D writes through the dup and closes it;
-# E and F write files of their own. Every hand-over waits for the step before it (events, joins).
+# E and F write files of their own; before them, a forked child writes through an inherited descriptor the
+# parent closes later, and execs, closing a close-on-exec one. Every hand-over waits for the step before it.
 PROGRAM = textwrap.dedent("""
     import os, sys, threading
     out = sys.argv[1]
     box = {}
+    # Fork inheritance: the child writes through the parent's descriptor, the parent closes it afterwards;
+    # a close-on-exec descriptor is closed in a child by its exec, the parent still writes through it.
+    inherited = os.open(os.path.join(out, "forked.bin"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    cloexec = os.open(os.path.join(out, "cloexec.bin"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    child = os.fork()
+    if child == 0:
+        os.pwrite(inherited, b"c" * 200000, 0)
+        os.execv("/bin/true", ["true"])
+    os.waitpid(child, 0)
+    os.pwrite(inherited, b"p" * 1000, 200000)
+    os.close(inherited)
+    os.pwrite(cloexec, b"e" * 5000, 0)
+    os.close(cloexec)
     def a():
         box["fd"] = os.open(os.path.join(out, "shared.bin"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     def b():
@@ -55,7 +69,8 @@ PROGRAM = textwrap.dedent("""
     ts = [threading.Thread(target=own, args=(f"own{i}.bin", 100000 + i)) for i in range(2)]
     [t.start() for t in ts]; [t.join() for t in ts]
 """)
-SIZES = {"shared.bin": 16 * 65536 + 4 * 4000, "dup.bin": 300000, "own0.bin": 100000, "own1.bin": 100001}
+SIZES = {"shared.bin": 16 * 65536 + 4 * 4000, "dup.bin": 300000, "own0.bin": 100000, "own1.bin": 100001,
+         "forked.bin": 201000, "cloexec.bin": 5000}
 
 
 def _record(backend: str, tmp_path: Path) -> tuple[Path, Path]:
@@ -88,6 +103,11 @@ def test_a_descriptor_crossing_threads_replays_under_every_strategy(backend_name
     last_write = max(r_seq for r_seq, r in enumerate(sorted(rows, key=lambda r: r["ts_ns"]))
                      if r["path"] == str(out / "shared.bin") and r["op"] == "write")
     assert last_write in close.deps  # the close waits for the other thread's last write
+    forked = [op for w in plan.workers for op in w.ops
+              if op.handle is not None and plan.files.file_paths.get(plan.files.handle_files[op.handle]) == "forked.bin"]
+    child_write = next(op for op in forked if op.kind == "write" and op.size == 200000)
+    parent_close = next(op for op in forked if op.kind == "close")
+    assert child_write.seq in parent_close.deps  # the parent's close after the child's write, across processes
     for run in range(10):
         target = tmp_path / f"replay-{run}"
         report = replay(trace, target=target, strategy="all", strip_prefix=str(out), verify=True)

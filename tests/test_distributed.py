@@ -82,10 +82,12 @@ def test_shares_split_the_ranks_and_name_operations_as_the_whole_plan_does(tmp_p
     assert seqs == sorted(by_seq)
     for c in cut:
         assert all(by_seq[int(s)] == k for s, k in zip(c.plan.ops.seq, c.plan.ops.kind))
-    # Rank 5 opens shared.bin after rank 2 created it, in another process: a remote wait on that open.
-    open_2 = next(op.seq for w in whole.workers if w.rank == 2 for op in w.ops
-                  if op.kind == "open" and op.path == "ck/shared.bin")
-    assert open_2 in cut[3].remote and open_2 not in cut[1].remote
+    # Rank 5 opens shared.bin after rank 2 created, wrote and closed it, in another process: a remote wait on
+    # that close (``replayer.plan``: a path's next open waits for another worker's close of its file).
+    ops_2 = [op for w in whole.workers if w.rank == 2 for op in w.ops]
+    open_2 = next(op.handle for op in ops_2 if op.kind == "open" and op.path == "ck/shared.bin")
+    close_2 = next(op.seq for op in ops_2 if op.kind == "close" and op.handle == open_2)
+    assert close_2 in cut[3].remote and close_2 not in cut[1].remote
     # Rank 0's mkdir is waited for by every other process's first open.
     assert all(0 in c.remote for c in cut[1:])
     assert cut[1].precreate == {"data/base.bin": 3000} and cut[3].precreate == {"data/base.bin": 7000}

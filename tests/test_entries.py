@@ -51,12 +51,19 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def tree(root: Path) -> dict[str, int | None]:
-    """Every entry below ``root``: a file's size, None for a directory."""
+def tree(root: Path) -> dict[str, int | str | None]:
+    """Every entry below ``root``: a file's size, None for a directory, "-> content" for a symbolic link
+    (never followed)."""
     out = {}
-    for path in sorted(root.rglob("*")):
-        out[str(path.relative_to(root))] = None if path.is_dir() else path.stat().st_size
-    return out
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(top) / name
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                out[rel] = "-> " + os.readlink(path)
+            else:
+                out[rel] = None if path.is_dir() else path.lstat().st_size
+    return dict(sorted(out.items()))
 
 
 def record_commit(backend: str, tmp_path: Path, path_filter: str | None = None) -> tuple[Path, Path]:
@@ -106,7 +113,7 @@ def test_a_directory_rename_waits_for_other_threads_work_inside_it(tmp_path):
     ])
     plan = build_posix_plan(read_trace(trace).table)
     ops = {(op.kind, op.path): op for w in plan.workers for op in w.ops}
-    assert ops[("rename", "c/s.tmp")].deps == (1,)  # the other thread's open inside the directory
+    assert ops[("rename", "c/s.tmp")].deps == (3,)  # the other thread's close of its file inside (after its open)
     assert ops[("open", "c/s/a")].deps == (4,)  # the reader waits for the rename
     assert plan.precreate_files == () and plan.precreate_dirs == ("c",)
     assert dict(plan.checks.expected_sizes) == {"c/s/a": 5}
@@ -221,3 +228,56 @@ def test_path_filter_keeps_a_file_renamed_into_it(backend_name, request, tmp_pat
         for strategy in STRATEGIES:
             assert tree(target / strategy / "ckpts") == recorded_tree, (run, strategy)
         report.release()
+
+
+LINKS = textwrap.dedent("""
+    import os, sys
+    root = sys.argv[1]
+    os.makedirs(os.path.join(root, "step_2"))
+    with open(os.path.join(root, "step_2", "w.bin"), "wb") as f:
+        f.write(b"w" * 200000)
+    os.link(os.path.join(root, "step_2", "w.bin"), os.path.join(root, "step_2", "w.hard"))
+    os.symlink("step_2", os.path.join(root, "latest.tmp"))
+    os.rename(os.path.join(root, "latest.tmp"), os.path.join(root, "latest"))  # a link updated atomically
+    os.symlink("/nonexistent/abs/target", os.path.join(root, "abs_link"))
+    os.mkdir(os.path.join(root, "gone"))
+    os.rmdir(os.path.join(root, "gone"))
+""")
+
+
+@pytest.mark.parametrize("backend_name", ["strace", "bcc"])
+def test_links_and_symbolic_links_replay_as_entries(backend_name, request, tmp_path, io_uring):
+    backend = request.getfixturevalue(f"{backend_name}_backend")
+    out = tmp_path / "ck"
+    out.mkdir()
+    program = tmp_path / "links.py"
+    program.write_text(LINKS)
+    trace = tmp_path / "t.arrow"
+    cli("record", "--backend", backend, "--path-filter", str(out), "-o", str(trace), "--",
+        sys.executable, str(program), str(out))
+    rows = read_trace(trace).table.to_pylist()
+    made = {(r["op"], r["syscall"], r["path"], r["new_path"]) for r in rows if r["op"] in ("link", "symlink")}
+    assert made == {("link", "link", f"{out}/step_2/w.bin", f"{out}/step_2/w.hard"),
+                    ("symlink", "symlink", "step_2", f"{out}/latest.tmp"),
+                    ("symlink", "symlink", "/nonexistent/abs/target", f"{out}/abs_link")}
+    assert any(r["op"] == "unlink" and r["syscall"] == "rmdir" and r["flags"] == 0x200 for r in rows)
+    assert tree(out) == {"abs_link": "-> /nonexistent/abs/target", "latest": "-> step_2", "step_2": None,
+                         "step_2/w.bin": 200000, "step_2/w.hard": 200000}
+    assert_replays_to(trace, out, tmp_path)
+    target = tmp_path / "one"
+    replay(trace, target=target, strategy="posix", strip_prefix=str(out))
+    assert os.path.samefile(target / "step_2/w.bin", target / "step_2/w.hard")  # one file, two names
+
+
+def test_the_replay_never_resolves_a_path_through_a_symbolic_link(tmp_path):
+    """A link the trace made, even one pointing inside the target, is an entry: a later path through it
+    is refused with one line, and nothing is written through it."""
+    trace = make_trace(tmp_path / "t.arrow", [
+        {"op": "mkdir", "path": "/c/real"},
+        {"op": "symlink", "path": "real", "new_path": "/c/via"},
+        {"op": "open", "path": "/c/via/x", "fd": 3, "flags": CREATE, "ret": 3},
+        {"op": "write", "path": "/c/via/x", "fd": 3, "offset": 0, "size": 10, "ret": 10},
+    ])
+    with pytest.raises(Exception, match="symbolic link"):
+        replay(trace, target=tmp_path / "r", strategy="posix")
+    assert not (tmp_path / "r").exists() or not list((tmp_path / "r").rglob("x"))

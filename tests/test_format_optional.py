@@ -57,6 +57,8 @@ def test_optional_columns_round_trip_through_both_writers_and_every_reader(tmp_p
         assert got.column_names == ["offset", extra_column] and got[extra_column].to_pylist() == values
         _, batches = scan(path)
         assert pa.Table.from_batches(list(batches)).column_names == list(SCHEMA.names) + [extra_column, "host"]
+        _, batches = scan(path, ["host", "ts_ns", extra_column], batch_rows=1000)
+        assert pa.Table.from_batches(list(batches)).column_names == ["host", "ts_ns", extra_column]
 
 
 def test_a_trace_without_them_reads_as_before_and_scan_gives_them_null(tmp_path, extra_column):

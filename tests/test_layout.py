@@ -208,6 +208,10 @@ def test_the_layout_rides_in_the_trace_and_every_reader_gets_it(tmp_path, golden
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "annotated.arrow", "copy.arrow"]
     with pytest.raises(Exception, match="already exists"):
         add_layout(golden, layout.table, layout.info(), out)
+    from ckpt_trace.formats.convert import upgrade_trace
+
+    upgrade_trace(out, tmp_path / "upgraded.arrow")  # the layout rides along an upgrade
+    assert read_layout(tmp_path / "upgraded.arrow")[0].equals(layout.table)
 
 
 def test_classify_names_kinds_by_key_path():

@@ -220,3 +220,16 @@ def test_a_recorded_hugging_face_save_pretrained(torch_installed, strace_backend
     kinds = {k["kind"]: k for k in layout["by_kind"]}
     assert set(kinds) == {"model", "metadata", "index", "unknown"}
     assert kinds["unknown"]["bytes_written"] == sum(os.path.getsize(p) for p in info["unknown"])
+
+
+def test_a_filtered_trace_keeps_the_layout(tmp_path):
+    from ckpt_trace.formats.layout import add_layout
+
+    annotated = tmp_path / "a.arrow"
+    layout = _synthetic_layout(GOLDEN, 48 << 10)
+    add_layout(GOLDEN, layout, {"unknown": []}, annotated)
+    cli("filter", str(annotated), "-o", str(tmp_path / "rank0.arrow"), "--rank", "0")
+    table, _ = read_layout(tmp_path / "rank0.arrow")
+    assert table.equals(layout)
+    whole, part = layout_summary(annotated), layout_summary(tmp_path / "rank0.arrow")
+    assert 0 < part["attributed_bytes_written"] < whole["attributed_bytes_written"]

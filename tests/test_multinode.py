@@ -103,6 +103,9 @@ def test_two_nodes_recorded_merged_and_replayed_as_one_node(tmp_path, torch_inst
     for process in doc["distributed"]["processes"]:
         nodes.setdefault(process["node"], set()).update(o for o in process["owners"] if o >= 0)
     assert sorted(map(sorted, nodes.values())) == sorted(map(sorted, hosts.values()))
+    per_host = doc["distributed"]["recorded_hosts"]  # each recorded host: its processes, one node, its time
+    assert sorted(per_host) == ["node0", "node1"] and all(len(e["nodes"]) == 1 for e in per_host.values())
+    assert all(e["elapsed_s"]["posix"] > 0 for e in per_host.values())
 
 
 def test_placement_keeps_each_recorded_hosts_ranks_on_one_node():

@@ -67,8 +67,8 @@ def test_cross_worker_path_operations_wait_for_each_other(tmp_path):
     plan = build_posix_plan(read_trace(trace).table)
     by_kind = {op.kind: op for worker in plan.workers for op in worker.ops}
     assert by_kind["open"].deps == (0,)  # waits for the mkdir of its directory
-    assert by_kind["rename"].deps == (1,)  # waits for the other thread's open of x.tmp
-    assert plan.awaited == {0, 1}
+    assert by_kind["rename"].deps == (2,)  # waits for the other thread's close of x.tmp (after its open)
+    assert plan.awaited == {0, 2}
 
 
 def test_hostile_paths_stay_inside_the_target(tmp_path):

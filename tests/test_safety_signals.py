@@ -96,3 +96,58 @@ def test_the_strace_process_and_a_bcc_command_get_a_parent_death_signal():
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_killed_recordings_leftovers_are_named_by_the_next_one(tmp_path, strace_backend):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a process id that is gone
+    trace = tmp_path / "t.arrow"
+    left = [tmp_path / f".t.arrow.{dead.pid}-abcd1234.tmp", tmp_path / f".t.arrow.runs-{dead.pid}-x1"]
+    left[0].write_bytes(b"partial")
+    left[1].mkdir()
+    live = tmp_path / f".t.arrow.{os.getpid()}-live.tmp"  # a running process's file is not named
+    live.write_bytes(b"")
+    proc = cli("record", "-o", str(trace), "--backend", "strace", "--", "true")
+    assert "killed left 2" in proc.stderr and all(str(p) in proc.stderr for p in left), proc.stderr
+    assert str(live) not in proc.stderr
+    assert all(p.exists() for p in left)  # named, never deleted
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_to_a_replay_removes_its_files_like_ctrl_c(tmp_path, signum):
+    from test_safety import synthetic
+
+    trace = synthetic(tmp_path / "t.arrow", {"/ck/a.bin": 10, "/ck/b.bin": 10}, gap_ns=10_000_000_000)
+    target = tmp_path / "t"
+    proc = subprocess.Popen([sys.executable, "-m", "ckpt_trace.cli", "replay", str(trace), "--target", str(target),
+                             "--timing", "original"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (target / "ck" / "a.bin").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(proc.pid, signum)  # the replay alone, as a job scheduler or a closed terminal sends it
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, stderr
+    assert stderr.strip().splitlines() == [f"ckpt-trace: interrupted; the replay's files under {target} were removed"]
+    assert not target.exists()
+    again = cli("replay", str(trace), "--target", str(target))  # the next replay into that target is not refused
+    assert again.returncode == 0
+
+
+def test_sigterm_to_a_workload_stops_its_ranks(tmp_path, torch_installed):
+    out = tmp_path / "ckpt"
+    proc = subprocess.Popen([sys.executable, "-m", "ckpt_trace.cli", "workload", "dcp", "--out", str(out), "--ranks", "2",
+                             "--model", "gpt2-medium"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    from ckpt_trace.tracer.children import descendants
+
+    deadline = time.monotonic() + 120
+    while len(descendants(proc.pid)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ranks = descendants(proc.pid)
+    assert ranks, "the workload started no rank"
+    os.kill(proc.pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in stderr, stderr
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in ranks)

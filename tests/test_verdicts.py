@@ -82,3 +82,8 @@ def test_an_empty_trace_has_nothing_to_judge(tmp_path):
     proc = cli("replay", str(trace), "--strategy", "all", "--target", str(tmp_path / "t2"), check=False)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "nothing to judge" in proc.stderr
     assert not (tmp_path / "t2").exists()
+
+
+def test_results_say_which_data_ran(tmp_path):
+    report = replay(GOLDEN / "v4-odd-pattern-strace.arrow", target=tmp_path / "t")
+    assert report.options["data"].startswith("pattern: a 1 MiB table")

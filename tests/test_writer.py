@@ -81,7 +81,10 @@ def _round_trip(path: Path, direct_load: bool | None = None, **options):
     target = zeros_like_state(state)
     reader = _reader(path, **options)
     dcp.load(target, storage_reader=reader)
-    assert reader.last_load_direct_io == (options.get("load_direct_io", True) if direct_load is None else direct_load)
+    if direct_load is None:  # a buffered save leaves its pages in the page cache: the cache-aware reader uses them
+        direct_load = options.get("load_direct_io", True) and (options.get("direct_io", True)
+                                                               or not options.get("load_cache_aware", True))
+    assert reader.last_load_direct_io == direct_load
     return state, target, writer
 
 
@@ -288,7 +291,7 @@ def test_emitted_module_is_tuned_from_the_replay_and_round_trips(tmp_path, torch
     chosen = json.loads(proc.stdout)
     assert chosen["options"] == {"buffer_bytes": 2 << 20, "queue_depth": 5, "direct_io": True, "writer_threads": 1,
                                  "align_bytes": 4096, "preallocate": True, "load_direct_io": True,
-                                 "load_streams": 2, "checksums": True}
+                                 "load_streams": 2, "load_cache_aware": True, "checksums": True}
     text = module_path.read_text()
     assert str(GOLDEN_DCP) in text and str(results) in text and "aggregated" in text
     module = _import_module(module_path)
@@ -325,3 +328,42 @@ def test_a_rank_with_nothing_to_write_writes_no_file(tmp_path, torch_installed):
     writer.prepare_local_plan(SavePlan([]))
     assert writer.write_data(SavePlan([]), planner=None).wait() == []
     assert writer.last_save.files == 0 and list((tmp_path / "ckpt").iterdir()) == []
+
+
+@pytest.mark.torch
+@pytest.mark.io_uring
+def test_a_warm_file_is_read_from_the_page_cache_and_a_cold_one_with_o_direct(tmp_path, torch_installed, io_uring):
+    """The cache-aware reader asks the page cache first (cachestat(2)): a checkpoint whose pages it holds is
+    read buffered, the same one after its pages are dropped (POSIX_FADV_DONTNEED) with O_DIRECT; both
+    loads are bit-identical, and the stats say which way the file went."""
+    from ckpt_trace.iolayer import pagecache
+
+    path = tmp_path / "ckpt"
+    state = plain_state()
+    dcp.save(state, storage_writer=_writer(path))  # O_DIRECT: nothing left in the page cache
+    data = next(path.glob("*.data"))
+    ways = {}
+    for warm in (False, True):
+        fd = os.open(data, os.O_RDONLY)
+        try:
+            if warm:
+                while os.read(fd, 1 << 20):  # fill the page cache
+                    pass
+            else:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            share, method = pagecache.resident_share(fd, data.stat().st_size)
+        finally:
+            os.close(fd)
+        assert (share >= 0.99) if warm else (share <= 0.05), (warm, share, method)
+        target = zeros_like_state(state)
+        reader = _reader(path)
+        dcp.load(target, storage_reader=reader)
+        assert objects_equal_bitwise(state, target)
+        ways[warm] = (reader.last_load_direct_io, reader.last_load_stats["buffered_files"],
+                      reader.last_load_stats["cache_probe"])
+    assert ways[False][:2] == (True, 0) and ways[True][:2] == (False, 1)
+    assert ways[True][2] in ("cachestat", "nowait")
+    reader = _reader(path, load_cache_aware=False)  # asked not to look: O_DIRECT even when warm
+    dcp.load(zeros_like_state(state), storage_reader=reader)
+    assert reader.last_load_direct_io is True

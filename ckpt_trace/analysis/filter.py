@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 
 from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.formats import TraceWriter, scan, sha256_file, vocabulary
+from ckpt_trace.formats.layout import LAYOUT_METADATA_KEY, encode_layout, read_layout
 
 from .summary import Progress, on_batch
 
@@ -230,7 +231,9 @@ def filter_trace(trace_path: str | os.PathLike, output: str | os.PathLike, condi
         provenance = {"filtered_from": str(trace_path), "source_sha256": sha256_file(trace_path),
                       "conditions": conditions.to_json(), "rows_in": rows_in, "rows_out": rows_out}
         metadata = {**meta, "provenance": [*meta.get("provenance", []), provenance]}
-        path = writer.close(metadata)
+        layout = read_layout(trace_path)  # the same checkpoint's files: the filtered rows keep their meaning
+        other_keys = {LAYOUT_METADATA_KEY: encode_layout(*layout)} if layout is not None else None
+        path = writer.close(metadata, other_keys=other_keys)
     except BaseException:
         writer.abort()
         raise

@@ -158,21 +158,27 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
 
 def render_layout(console: Console, layout: dict[str, Any]) -> None:
     """``summary``'s checkpoint layout: the split by kind and by object size class, the costliest objects."""
+    directions = [(name, key) for name, key in (("written", "bytes_written"), ("read", "bytes_read"))
+                  if layout[f"attributed_{key}"]] or [("written", "bytes_written")]  # only what moved: 80 columns
     for title, key, label in (("Checkpoint objects by kind", "by_kind", "kind"),
                               ("Checkpoint objects by size", "by_size_class", "size_class")):
         table = _table(console, title)
-        for column in (label.replace("_", " "), "objects", "size", "written", "read", "ops", "time"):
-            table.add_column(column, justify="left" if column in ("kind", "size class") else "right")
+        # never cut the kind: exp_avg and exp_avg_sq must stay apart
+        table.add_column(label.replace("_", " "), justify="left", no_wrap=True, min_width=len("optimizer.exp_avg_sq"))
+        for column in ("objects", "size", *(name for name, _ in directions), "ops", "time"):
+            table.add_column(column, justify="right", no_wrap=True)
         for entry in layout[key]:
             table.add_row(entry[label], f"{entry['objects']:,}", human_bytes(entry["object_bytes"]),
-                          human_bytes(entry["bytes_written"]), human_bytes(entry["bytes_read"]),
+                          *(human_bytes(entry[field]) for _, field in directions),
                           f"{entry['write_ops'] + entry['read_ops']:,}", human_ns(entry["time_ns"]))
         console.print(table)
     costliest = _table(console, "Costliest checkpoint objects")
-    for column in ("object", "kind", "size", "moved", "time"):
-        costliest.add_column(column, justify="left" if column in ("object", "kind") else "right")
+    costliest.add_column("object", justify="left", overflow="fold")
+    costliest.add_column("kind", justify="left", no_wrap=True, min_width=len("optimizer.exp_avg_sq"))
+    for column in ("moved", "time"):
+        costliest.add_column(column, justify="right", no_wrap=True)
     for entry in layout["costliest"][:5]:
-        costliest.add_row(entry["name"] or entry["path"], entry["kind"], human_bytes(entry["length"]),
+        costliest.add_row(entry["name"] or entry["path"], entry["kind"],
                           human_bytes(entry["bytes_written"] + entry["bytes_read"]), human_ns(entry["time_ns"]))
     console.print(costliest)
     moved = layout["bytes_written"] + layout["bytes_read"]
@@ -244,13 +250,9 @@ def phase_lines(results: list[dict[str, Any]]) -> list[str]:
     if not any(len(r.get("phases") or {}) > 1 or any(len(p["ranks"]) > 1 for p in (r.get("phases") or {}).values())
                for r in results):
         return []
-    lines = []
-    for r in results:
-        parts = [f"{phase} {human_bytes(p['bytes'])} in {p['elapsed_s']:.3f} s, slowest rank {p['slowest_rank']} "
-                 f"{p['slowest_rank_s']:.3f} s" for phase, p in (r.get("phases") or {}).items()]
-        if parts:
-            lines.append(f"{r['strategy']}: " + "; ".join(parts))
-    return lines
+    return [f"{r['strategy']} {phase}: {human_bytes(p['bytes'])} in {p['elapsed_s']:.3f} s, slowest rank "
+            f"{p['slowest_rank']}: {p['slowest_rank_s']:.3f} s"
+            for r in results for phase, p in (r.get("phases") or {}).items()]
 
 
 def timing_lines(results: list[dict[str, Any]]) -> list[str]:

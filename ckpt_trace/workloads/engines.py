@@ -277,7 +277,10 @@ def _rank_main(target, errors, rank: int, ranks: int, *args) -> None:
     handed to the parent (``errors``), which reports it in one line."""
     import logging
 
+    from ckpt_trace.tracer.children import set_parent_death_signal
+
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    set_parent_death_signal()  # a workload killed outright takes its ranks with it (SIGTERM: the parent kills them)
     logging.getLogger("torch.distributed.checkpoint").setLevel(logging.CRITICAL)  # its tracebacks: ours to report
     try:
         target(rank, ranks, *args)

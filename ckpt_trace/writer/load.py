@@ -4,7 +4,9 @@ DCP calls, in order: ``reset``, ``read_metadata`` (``format.read_metadata``),
 ``set_up_storage_reader``, ``prepare_local_plan``, ``prepare_global_plan``,
 ``read_data``. How a data file is read (``WriterOptions.load_direct_io``):
 
-- buffered (``load_direct_io=False``, or where O_DIRECT is refused): its
+- buffered (``load_direct_io=False``, where O_DIRECT is refused, or, with
+  ``load_cache_aware``, where the page cache already holds the file: cachestat(2)
+  asked first, ``iolayer.pagecache``): its
   items in file order, each tensor read by preadv(2) straight into its
   destination's memory where the destination is a
   contiguous CPU tensor of the stored dtype and shape (what DCP's in-place
@@ -36,8 +38,10 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
+from ckpt_trace import config
 from ckpt_trace.errors import CheckpointError
 from ckpt_trace.iolayer.files import open_file
+from ckpt_trace.iolayer.pagecache import resident_share
 
 from .checksum import checksum
 from .format import StoredItem, io_error, read_metadata
@@ -68,6 +72,9 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         self.storage_data: dict[MetadataIndex, StoredItem] = {}
         self.load_id = uuid.uuid4().hex
         self.last_load_direct_io: bool | None = None
+        # Which way the last load read its files: counts and bytes, O_DIRECT or buffered, and what the page
+        # cache held when asked (``load_cache_aware``).
+        self.last_load_stats: dict = {}
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         self.storage_data = {}
@@ -99,6 +106,8 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         largest = max((s.offset + s.size_bytes for s in (self.storage_data[item.storage_index] for item in plan.items)),
                       default=0)
         self._copier = None  # made at the first GPU destination (``_device_copier``)
+        self.last_load_stats = {"files": 0, "direct_files": 0, "buffered_files": 0, "direct_bytes": 0,
+                                "buffered_bytes": 0, "resident_bytes": 0, "cache_probe": None}
         with StreamReader(self.options, largest) as stream:  # one O_DIRECT arena for every file of this load
             try:
                 for relative_path, indices in per_file.items():
@@ -127,10 +136,13 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             raise CheckpointError(f"checkpoint data file extended: {path} has {actual:,} bytes, the metadata "
                                   f"records {expected:,} (pass checksums=False in the reader's options to load it)")
         try:
-            opened = open_file(path, os.O_RDONLY, direct=self.options.load_direct_io)
-            fd, direct = opened.fd, opened.direct
+            fd, direct = self._open_data(path, actual)
         except OSError as err:
             raise io_error("opening", path, err) from None
+        stats = self.last_load_stats
+        stats["files"] += 1
+        stats["direct_files" if direct else "buffered_files"] += 1
+        stats["direct_bytes" if direct else "buffered_bytes"] += actual
         if not direct:
             try:
                 self._read_in_place(fd, path, items, stored, planner)
@@ -149,6 +161,24 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         finally:
             os.close(fd)
         return direct
+
+    def _open_data(self, path: Path, size_bytes: int) -> tuple[int, bool]:
+        """(fd, O_DIRECT?) of a data file: O_DIRECT as the options ask, unless ``load_cache_aware`` finds the
+        file warm (``iolayer.pagecache``): then the buffered descriptor it asked through."""
+        if self.options.load_direct_io and self.options.load_cache_aware:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                share, method = resident_share(fd, size_bytes)
+            except OSError:
+                os.close(fd)
+                raise
+            self.last_load_stats["cache_probe"] = method
+            self.last_load_stats["resident_bytes"] += int(share * size_bytes)
+            if share >= config.READER_WARM_SHARE:
+                return fd, False
+            os.close(fd)
+        opened = open_file(path, os.O_RDONLY, direct=self.options.load_direct_io)
+        return opened.fd, opened.direct
 
     def _read_in_place(self, fd: int, path: Path, items: list, stored: list[StoredItem],
                        planner: LoadPlanner) -> None:

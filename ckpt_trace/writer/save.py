@@ -51,7 +51,6 @@ from ckpt_trace.errors import CheckpointError
 from ckpt_trace.formats import fsync_directory
 
 from .checksum import KIND as CHECKSUM_KIND
-from .checksum import checksum
 from .format import METADATA_NAME, RankFiles, StoredItem, io_error, stale_files, write_metadata
 from .layout import FileLayout, plan_files
 from .options import WriterOptions
@@ -228,8 +227,7 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
             for placement in layout.placements:
                 item = plan.items[placement.key]
                 data = self._item_bytes(item, planner, pickled.get(placement.key))
-                crc = checksum(data) if self.options.checksums else None  # while the bytes are in cache
-                staged.put(placement.offset, data)
+                crc = staged.put(placement.offset, data, checksum=self.options.checksums)  # while in cache
                 results.append(self._result(item, name, placement.offset, placement.size_bytes, layout.size_bytes,
                                             crc))
             staged.close()

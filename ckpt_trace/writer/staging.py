@@ -48,6 +48,7 @@ from ckpt_trace.iolayer.buffers import AlignedBuffer
 from ckpt_trace.iolayer.files import open_file
 from ckpt_trace.iolayer.ring import Ring
 
+from .checksum import update as update_checksum
 from .layout import FileLayout, align_up, plan_stream
 from .options import WriterOptions
 
@@ -143,10 +144,13 @@ class StagedFile:
         self.file_offset += self.options.buffer_bytes
         self.current, self.fill = None, 0
 
-    def put(self, offset: int, src: torch.Tensor) -> None:
-        """Stage ``src`` (1-D uint8, any device) at file ``offset`` (>= the previous item's end)."""
+    def put(self, offset: int, src: torch.Tensor, checksum: bool = False) -> int | None:
+        """Stage ``src`` (1-D uint8, any device) at file ``offset`` (>= the previous item's end). With
+        ``checksum``, return its ``checksum.KIND`` value, computed over each piece right after it is copied
+        into a staging buffer (in cache); None without, or when a piece was copied asynchronously (GPU)."""
         gap = offset - (self.file_offset + self.fill)
         position, total = 0, src.numel()
+        crc: int | None = 0 if checksum else None
         on_gpu = src.is_cuda
         stream = self._copy_stream(src.device) if on_gpu else None
         while gap > 0 or position < total:
@@ -169,12 +173,16 @@ class StagedFile:
                         event.record(stream)
                     kept = self.copying.get(self.current, (None, ()))[1]
                     self.copying[self.current] = (event, (*kept, src))  # src lives until its copy is done
+                    crc = None
                 else:
                     view[self.fill:self.fill + step].copy_(src[position:position + step])
+                    if crc is not None:
+                        crc = update_checksum(crc, view[self.fill:self.fill + step])
                 position += step
             self.fill += step
             if self.fill == self.options.buffer_bytes:
                 self._flush()
+        return crc
 
     def close(self) -> None:
         """Write the last buffer (zero-padded to the alignment), wait for every write, fsync and close."""

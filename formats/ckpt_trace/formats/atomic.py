@@ -32,8 +32,9 @@ TEMPORARY_SUFFIX = ".tmp"
 
 
 def temporary_prefix(path: str | os.PathLike) -> str:
-    """The prefix of ``path``'s temporary names: ``.NAME.`` (``.NAME.XXXXXXXX.tmp`` in all)."""
-    return f".{Path(path).name}."
+    """The prefix of ``path``'s temporary names: ``.NAME.PID-`` (``.NAME.PID-XXXXXXXX.tmp`` in all; the
+    process id lets a later run tell a killed run's leftovers from a live one's files)."""
+    return f".{Path(path).name}.{os.getpid()}-"
 
 
 def make_temporary(path: str | os.PathLike, mode: int = 0o644) -> tuple[int, Path]:

@@ -57,15 +57,15 @@ from .schema import (
 
 DEFAULT_BATCH_ROWS = 65536
 
-# zstd levels, chosen by measurement (formats/README.md, "Compression level"; `benchmarks/trace_bytes.py
-# --levels`, one run each, version 5's plain columns). A file of more than one batch is written at level 1,
-# Arrow's default: on a generated 1 M-row DCP-like trace it is smaller than levels 3 and 6 and within 3 % of
-# level 9 (12.1 against 11.8 bytes per row) at a fifth of its time (0.3 against 1.6 us per row), and
-# `record` writes the file after the traced command ended (a 10 M-row trace would wait 13 s more at 9).
+# zstd levels, chosen by measurement (formats/README.md, "Compression level": `benchmarks/trace_bytes.py
+# --levels`, one run, version 5's plain columns, metadata included). A file of more than one batch is
+# written at level 1, Arrow's default: on a generated 1 M-row DCP-like trace it is smaller than levels 3
+# and 6 and within 3 % of level 9 (12.09 against 11.77 bytes per row) in a tenth of its time, which
+# `record` spends after the traced command has ended.
 ZSTD_LEVEL = 1
 # A file of one batch (at most DEFAULT_BATCH_ROWS rows: a small trace) is written at level 9: on the
-# 7,211-row trace `make demo` records, 11.6 bytes per row against 12.8 at level 1, for 0.07 s against
-# 0.02 s (level 19: 11.3 for 1.3 s).
+# 7,211-row trace `make demo` records, 12.04 bytes per row against 13.21 at level 1, for hundredths of a
+# second (level 19: 11.71 for over a second).
 ZSTD_LEVEL_ONE_BATCH = 9
 # The spool TraceWriter keeps while rows arrive is read back once: the cheapest level.
 SPOOL_ZSTD_LEVEL = 1
@@ -498,7 +498,7 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
         stored = list(present)
     optional_present = [name for name in asked if name in in_file]
     stored += optional_present
-    present += optional_present
+    present = [name for name in asked if name in set(present + optional_present)]  # in the order asked
     missing = [name for name in asked if name not in present]  # added after the file's version, or absent
 
     def batches() -> Iterator[pa.RecordBatch]:
@@ -703,8 +703,9 @@ class TraceWriter:
             valid = validity(chunk.indices)
             numbers = lut[int_values(chunk.indices.fill_null(0)).astype(np.int64)] if len(lut) else \
                 np.full(len(chunk), -1, np.int64)
-            numbers = np.where(valid, numbers, -1)
-            parts.append(pa.array(numbers.astype(np.int32), pa.int32(), mask=numbers < 0))
+            null = ~valid | (numbers < 0)
+            # 0, not -1, under a null: Arrow ignores it, but polars refuses any index outside the dictionary
+            parts.append(pa.array(np.where(null, 0, numbers).astype(np.int32), pa.int32(), mask=null))
         indices = pa.concat_arrays(parts) if parts else pa.array([], pa.int32())
         return pa.DictionaryArray.from_arrays(indices, pa.array(values, pa.string()))
 

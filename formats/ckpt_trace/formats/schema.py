@@ -149,6 +149,9 @@ OPTIONAL_COLUMNS: dict[str, OptionalColumn] = {
 # METADATA_KEY (readers accept them absent; ``read_extra_metadata`` returns those present). Add an entry
 # per new key: name -> what it holds (type, units, since when).
 EXTRA_METADATA: dict[str, str] = {
+    "boot_id": "the recording machine's /proc/sys/kernel/random/boot_id (formats/README.md, schema metadata)",
+    "clock": "the clock ts_ns is measured on, its value at ts_ns 0 and realtime anchor pairs (schema metadata)",
+    "job": "the job a launcher named: {launcher, variable, id} (schema metadata)",
     "merged": "written by `ckpt-trace merge`: the inputs, what each host's traces lost, the clock alignment's "
               "error bound (formats/README.md, optional columns)",
     "upgraded_from": "the trace was converted by `ckpt-trace upgrade`: {\"format_version\": int, \"sha256\": "

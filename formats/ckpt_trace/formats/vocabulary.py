@@ -21,6 +21,9 @@ OPEN, CLOSE, READ, WRITE, LSEEK = "open", "close", "read", "write", "lseek"
 FSYNC, FDATASYNC, SYNC_FILE_RANGE = "fsync", "fdatasync", "sync_file_range"
 FTRUNCATE, FALLOCATE, RENAME, UNLINK, MKDIR, DUP, FCNTL = (
     "ftruncate", "fallocate", "rename", "unlink", "mkdir", "dup", "fcntl")
+#: link(2)/linkat(2): ``path`` the existing name, ``new_path`` the new one; symlink(2)/symlinkat(2): ``path`` the
+#: link's content exactly as the program passed it (never resolved), ``new_path`` the link made.
+LINK, SYMLINK = "link", "symlink"
 IO_URING_SETUP, IO_URING_ENTER, IO_URING_REGISTER = "io_uring_setup", "io_uring_enter", "io_uring_register"
 IO_SETUP, IO_DESTROY, IO_SUBMIT, IO_GETEVENTS = "io_setup", "io_destroy", "io_submit", "io_getevents"
 MMAP_OP, MUNMAP, MSYNC, MADVISE, MREMAP = "mmap", "munmap", "msync", "madvise", "mremap"
@@ -28,12 +31,12 @@ MMAP_OP, MUNMAP, MSYNC, MADVISE, MREMAP = "mmap", "munmap", "msync", "madvise", 
 DATA_OPS = frozenset({READ, WRITE})
 SYNC_OPS = frozenset({FSYNC, FDATASYNC, SYNC_FILE_RANGE})
 #: Operations that name paths rather than descriptors.
-PATH_OPS = frozenset({OPEN, RENAME, UNLINK, MKDIR})
+PATH_OPS = frozenset({OPEN, RENAME, UNLINK, MKDIR, LINK, SYMLINK})
 #: Operations on a descriptor.
 FD_OPS = frozenset({CLOSE, READ, WRITE, LSEEK, FSYNC, FDATASYNC, SYNC_FILE_RANGE, FTRUNCATE, FALLOCATE, DUP, FCNTL})
 #: File-system operations that move no data: what the paper counts as metadata operations.
 METADATA_OPS = frozenset({OPEN, CLOSE, LSEEK, FSYNC, FDATASYNC, SYNC_FILE_RANGE, FTRUNCATE, FALLOCATE, RENAME,
-                          UNLINK, MKDIR, DUP, FCNTL})
+                          UNLINK, MKDIR, DUP, FCNTL, LINK, SYMLINK})
 #: Rows of an io_uring instance or a Linux AIO context itself: the queue, not the data.
 RING_OPS = frozenset({IO_URING_SETUP, IO_URING_ENTER, IO_URING_REGISTER, IO_SETUP, IO_DESTROY, IO_SUBMIT,
                       IO_GETEVENTS})

@@ -42,7 +42,7 @@ from .plan import ReplayPlan, merge_grouped_ranges, merge_ranges
 
 MIN_BUFFER_BYTES = 1 << 20
 MAX_BUFFER_BYTES = 64 << 20
-_GLOBAL = np.array([KIND[k] for k in ("open", "rename", "unlink", "mkdir")], np.int8)  # name paths: flush all
+_GLOBAL = np.array([KIND[k] for k in ("open", "rename", "unlink", "mkdir", "link", "symlink")], np.int8)  # name paths: flush all
 _LSEEK = KIND["lseek"]
 
 merge_extents = merge_ranges  # union of half-open byte ranges, sorted; touching ranges merge

@@ -396,15 +396,25 @@ class DistributedReport:
         ``distributed``: the world size, each process's host, owners and results, and the slowest process
         per strategy."""
         slowest = {}
+        hosts: dict[str, dict] = {}  # per recorded host (a merged trace): its processes and their slowest time
         for i, result in enumerate(self.results):
             times = [p["results"][i]["elapsed_s"] for p in self.processes]
             slowest[result.strategy] = int(np.argmax(times)) if times else 0
+            for process in self.processes:
+                for name in process.get("recorded_hosts", []):
+                    entry = hosts.setdefault(name, {"processes": [], "nodes": [], "elapsed_s": {}})
+                    if process["process"] not in entry["processes"]:
+                        entry["processes"].append(process["process"])
+                    if process.get("node") not in entry["nodes"]:
+                        entry["nodes"].append(process.get("node"))
+                    entry["elapsed_s"][result.strategy] = max(entry["elapsed_s"].get(result.strategy, 0.0),
+                                                              process["results"][i]["elapsed_s"])
         return {"trace": str(self.trace), "trace_sha256": self.trace_sha256, "target": str(self.target),
                 "creator": "ckpt-trace", "creator_version": __version__, "environment": self.environment,
                 "options": self.options, "fio_write_bytes_per_s": None,
                 "results": [result.to_json() for result in self.results],
                 "distributed": {"world_size": self.world.size, "processes": self.processes,
-                                "slowest_process": slowest}}
+                                "slowest_process": slowest, "recorded_hosts": hosts}}
 
 
 def _job_result(strategy: str, per_process: list[ReplayResult]) -> ReplayResult:
@@ -476,8 +486,8 @@ def replay_distributed(
     try:
         error: BaseException | None = None
         try:
-            share = placed_share(owners(trace.path), owner_hosts(trace.path) if placement == "host" else {},
-                                 world, placement)
+            hosts_of = owner_hosts(trace.path)
+            share = placed_share(owners(trace.path), hosts_of if placement == "host" else {}, world, placement)
             base = build_posix_plan(share_batches(trace.path, share), strip_prefix, arch=trace.metadata["arch"],
                                     verify_ranges=verify)
             mine = share_plan(base, share)
@@ -534,6 +544,7 @@ def replay_distributed(
             raise Interrupted(f"interrupted; the replay's files under {target} were removed") from None
         raise
     docs = group.gather({"process": world.rank, "host": platform.node(), "node": world.node, "owners": sorted(share),
+                         "recorded_hosts": sorted({hosts_of[o] for o in share if o in hosts_of}),
                          "results": [r.to_json() for r in per_process]})
     group.close()
     if lock is not None:

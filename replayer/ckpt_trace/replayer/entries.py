@@ -20,8 +20,11 @@ directory). The planner follows every entry through these operations:
   reached beneath the target's descriptor, never through a link
   (``TargetRoot``, ``iolayer.beneath``).
 
+- ``link_entry``, ``symlink_entry``: a second name of a file; a symbolic
+  link holding its recorded content, made as an entry and never followed.
+
 Sources: rename(2) (renameat2 flags, include/uapi/linux/fs.h), unlink(2),
-rmdir(2).
+rmdir(2), link(2), symlink(2).
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from ckpt_trace.formats import vocabulary as v
 
 from .paths import TargetRoot
 
-__all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "RENAME_WHITEOUT", "arrived", "move", "remove_entry",
-           "rename_entry", "take_subtree", "under"]
+__all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "RENAME_WHITEOUT", "arrived", "link_entry", "move",
+           "remove_entry", "rename_entry", "symlink_entry", "take_subtree", "under"]
 
 RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT = 1, 2, 4  # include/uapi/linux/fs.h
 
@@ -103,6 +106,19 @@ def remove_entry(root: TargetRoot, path: str, flags: int | None = None) -> None:
         root.rmdir(path)
     else:
         root.unlink(path)
+
+
+def link_entry(root: TargetRoot, old: str, new: str) -> None:
+    """link(2) the target's entry ``old`` to the new name ``new`` beneath the target's descriptor (a symbolic
+    link at ``old`` is linked itself, not followed). Raises OSError as link(2)."""
+    root.link(old, new)
+
+
+def symlink_entry(root: TargetRoot, content: str, new: str) -> None:
+    """symlink(2): the target's entry ``new`` becomes a symbolic link holding ``content`` exactly as recorded
+    (absolute or relative), beneath the target's descriptor; the replay never resolves a path through it
+    (``iolayer.beneath``: RESOLVE_NO_SYMLINKS). Raises OSError as symlink(2)."""
+    root.symlink(content, new)
 
 
 def take_subtree(last_op: MutableMapping[str, tuple], dirs: set[str], *tops: str) -> list[tuple]:

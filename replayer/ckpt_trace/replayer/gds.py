@@ -151,28 +151,25 @@ class GdsExecutor(PosixExecutor):
         return op.offset if op.offset is not None else os.lseek(fd, 0, os.SEEK_CUR)
 
     def _write(self, fd: int, op: PlanOp, view: memoryview) -> int:
-        size, done = op.size or 0, 0
-        offset = self._position(fd, op)
-        handle = self._cufile(fd, write=True)
-        while done < size:
-            base = op.pattern_offset if op.pattern_offset is not None else offset
-            first = pattern.start(base + done, op.pattern_key)
-            n = min(self.max_io_bytes, size - done)
-            moved = handle.pwrite(self._device_pattern[first:first + n], n, offset + done).get()
-            if moved <= 0:
-                break
-            done += moved
-        if op.offset is None:
-            os.lseek(fd, offset + done, os.SEEK_SET)
-        return done
+        return self._transfer(fd, op, write=True)
 
     def _read(self, fd: int, op: PlanOp, view: memoryview) -> int:
+        return self._transfer(fd, op, write=False)
+
+    def _transfer(self, fd: int, op: PlanOp, write: bool) -> int:
+        """``op.size`` bytes between the file at ``op.offset`` (or the descriptor's position, which is then
+        moved on) and GPU memory: the file's pattern written from the device buffer, or read into scratch."""
         size, done = op.size or 0, 0
         offset = self._position(fd, op)
-        handle = self._cufile(fd, write=False)
+        handle = self._cufile(fd, write=write)
         while done < size:
             n = min(self.max_io_bytes, size - done)
-            moved = handle.pread(self._device_scratch[:n], n, offset + done).get()
+            if write:
+                base = op.pattern_offset if op.pattern_offset is not None else offset
+                first = pattern.start(base + done, op.pattern_key)
+                moved = handle.pwrite(self._device_pattern[first:first + n], n, offset + done).get()
+            else:
+                moved = handle.pread(self._device_scratch[:n], n, offset + done).get()
             if moved <= 0:
                 break
             done += moved

@@ -17,7 +17,7 @@ import numpy as np
 
 #: Plan operation kinds; ``OpTable.kind`` holds indexes into this tuple.
 KINDS = ("open", "close", "read", "write", "lseek", "fsync", "fdatasync", "sync_file_range", "ftruncate", "fallocate",
-         "rename", "unlink", "mkdir", "dup", "fcntl", "mmap", "munmap", "msync", "copy")
+         "rename", "unlink", "mkdir", "dup", "fcntl", "mmap", "munmap", "msync", "copy", "link", "symlink")
 KIND = {name: code for code, name in enumerate(KINDS)}
 READ, WRITE = KIND["read"], KIND["write"]
 NONE = -1  # "no value" in the integer columns (handles, paths, offsets, sizes, queues, prot, pattern offsets)
@@ -49,7 +49,8 @@ class PlanOp:
     and ``flags`` (MAP_*); ``munmap`` unmaps and closes it; ``msync`` syncs
     ``size`` bytes from file offset ``offset``. Kind ``copy`` is a host<->device
     copy of ``size`` bytes, its direction and host memory kind in ``flags``
-    (``iolayer.gpu.encode``).
+    (``iolayer.gpu.encode``). Kind ``link`` makes ``new_path`` a second name of ``path``; ``symlink`` makes
+    ``new_path`` a symbolic link holding ``path`` exactly as recorded (never resolved: ``replayer.entries``).
     """
 
     seq: int

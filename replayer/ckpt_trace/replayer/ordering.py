@@ -19,11 +19,16 @@ fdatasync, sync_file_range, msync, and reads and writes at the file position
 (offset unknown to the trace). Then, in recorded (start-time) order:
 
 - an ordered use waits for the last earlier use of the handle by each other
-  worker (so a close waits for every use before it: "every use before
-  close"; a write at the file position for the uses that moved it);
+  worker since the previous ordered use, and for that one (so a close waits
+  for every use before it: "every use before close"; a write at the file
+  position for the uses that moved it; what the previous ordered use waited
+  for is not repeated);
 - any other use (a read or write at a known offset, a dup of the handle)
   waits for the last earlier ordered use by another worker (so a write after
-  another thread's lseek or ftruncate runs after it).
+  another thread's lseek or ftruncate runs after it);
+- a read at a known offset also waits for each other worker's last earlier
+  write (it reads what they wrote: a copy thread reading a file the main
+  thread just wrote must not find it short).
 
 Edges point from later to earlier recorded start times and each worker runs
 its operations in that order, so the waits cannot deadlock. Uses at known
@@ -105,10 +110,26 @@ def cross_worker_edges(table: OpTable) -> tuple[np.ndarray, np.ndarray]:
         w, s, r, o = worker[lo:hi], seq[lo:hi], rows[lo:hi], ordered[lo:hi]
         at = np.flatnonzero(o)  # the ordered uses (positions in this handle's uses)
         if len(at):
+            # The previous ordered use already waited for everything before it (or, by the waiter's own
+            # worker, precedes it in program order): only the uses since count, so a chain of ordered uses
+            # (writes at the file position from a pool) gains about one edge each, not one per worker.
+            previous = np.r_[-1, at[:-1]]
             for u in _distinct_small(w):
                 of_u = np.flatnonzero(w == u)
-                waiters = at[w[at] != u]
+                mine = w[at] != u
+                waiters, since = at[mine], previous[mine]
                 last = np.searchsorted(of_u, waiters) - 1  # u's last use before each waiter
+                hit = last >= 0
+                hit[hit] = of_u[last[hit]] >= since[hit]  # (the previous ordered use itself, when u's)
+                out_rows.append(r[waiters[hit]])
+                out_seqs.append(s[of_u[last[hit]]])
+        reads = np.flatnonzero(~o & (kind[lo:hi] == READ))
+        if len(reads):  # a read waits for each other worker's last write before it (it reads what they wrote)
+            writes = kind[lo:hi] == WRITE
+            for u in _distinct_small(w[writes]):
+                of_u = np.flatnonzero(writes & (w == u))
+                waiters = reads[w[reads] != u]
+                last = np.searchsorted(of_u, waiters) - 1
                 hit = last >= 0
                 out_rows.append(r[waiters[hit]])
                 out_seqs.append(s[of_u[last[hit]]])
@@ -127,6 +148,8 @@ def cross_worker_edges(table: OpTable) -> tuple[np.ndarray, np.ndarray]:
 
 def _distinct_small(values: np.ndarray) -> list[int]:
     """The distinct values of a small-alphabet array (the workers sharing one handle), ascending."""
+    if not len(values):
+        return []
     ordered = np.sort(values)
     return ordered[np.r_[True, ordered[1:] != ordered[:-1]]].tolist()
 

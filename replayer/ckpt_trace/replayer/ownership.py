@@ -41,7 +41,8 @@ def plan_paths(plan: ReplayPlan) -> tuple[frozenset[str], frozenset[str]]:
     """(files, directories) the plan may create, relative to its directory. Pure."""
     files, dirs = {path for path, _ in plan.precreate_files}, set(plan.precreate_dirs)
     ops = plan.ops
-    naming = np.flatnonzero(is_any_of(ops.kind, [KIND[k] for k in ("open", "rename", "unlink", "mkdir", "mmap")]))
+    naming = np.flatnonzero(is_any_of(ops.kind, [KIND[k] for k in ("open", "rename", "unlink", "mkdir", "mmap", "link",
+                                                                "symlink")]))
     for row in naming.tolist():  # the few rows that name paths: opens, renames, unlinks, mkdirs
         kind, path, new_path = KINDS[ops.kind[row]], int(ops.path[row]), int(ops.new_path[row])
         path = ops.paths[path] if path >= 0 else None
@@ -49,8 +50,10 @@ def plan_paths(plan: ReplayPlan) -> tuple[frozenset[str], frozenset[str]]:
         if kind == "open" and path:
             flags = int(ops.flags[row])
             (dirs if flags != NO_FLAGS and flags & os.O_DIRECTORY else files).add(path)
-        elif kind in ("rename", "unlink"):
+        elif kind in ("rename", "unlink", "link"):
             files.update(p for p in (path, new_path) if p)
+        elif kind == "symlink" and new_path:  # (its path is the link's content, not a path of the target)
+            files.add(new_path)
         elif kind == "mkdir" and path:
             dirs.add(path)
     if plan.pack_index:

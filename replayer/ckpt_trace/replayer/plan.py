@@ -529,8 +529,12 @@ class _Planner:
         self.slots.pop((row["pid"], row["fd"]), None)
         self.bind(row["pid"], row["fd"], seq, None)
         self.handle_refs[handle] -= 1
+        path = self.handle_path[handle]  # a later open, rename or unlink of its file by another worker waits
+        if self.file_of_path.get(path) == self.handle_file[handle]:  # (and joins the path's chain of waits)
+            self._dep(self.last_path_op.get(path), worker, deps)
+            self.last_path_op[path] = (seq, worker)
         self.emit(worker, PlanOp(seq=seq, kind="close", ts_ns=row["ts_ns"], handle=handle,
-                                 release=self.handle_refs[handle] <= 0, deps=tuple(deps)))
+                                 release=self.handle_refs[handle] <= 0, deps=tuple(sorted(set(deps)))))
 
     def _request(self, row) -> dict:
         """The queue of a request row (and its recorded depth), as PlanOp fields."""
@@ -681,6 +685,36 @@ class _Planner:
         deps = sorted(set(deps) | set(self.path_deps(seq, worker, old, new)))
         self.emit(worker, PlanOp(seq=seq, kind="rename", ts_ns=row["ts_ns"], path=old, new_path=new,
                                  flags=row["flags"], deps=tuple(deps)))
+
+    def _row_link(self, seq, worker, row) -> None:
+        """A second name of a file (link(2)): both names are the one file (sizes, content) from now on."""
+        old, new = self.rel(row["path"]), self.rel(row["new_path"])
+        if old is None or new is None:
+            self.skipped["no_path"] += 1
+            return
+        self.named.update((old, new))
+        self.touch(old, creating=False)
+        self.first_touch.setdefault(new, True)
+        self.file_of_path[new] = self.file(old)
+        if old in self.sizes:
+            self.sizes[new] = self.sizes[old]
+        self.emit(worker, PlanOp(seq=seq, kind="link", ts_ns=row["ts_ns"], path=old, new_path=new, flags=row["flags"],
+                                 deps=self.path_deps(seq, worker, old, new)))
+
+    def _row_symlink(self, seq, worker, row) -> None:
+        """A symbolic link made (symlink(2)): an entry holding the recorded content, which the replay never
+        follows; ``path`` is that content, not a path of the target."""
+        new = self.rel(row["new_path"])
+        if new is None or row["path"] is None:
+            self.skipped["no_path"] += 1
+            return
+        if "\0" in row["path"]:
+            raise ReplayError("trace holds a symbolic link with a NUL byte")
+        self.named.add(new)
+        self.first_touch.setdefault(new, True)
+        self.made_dirs.add(new)  # (an entry the trace makes: nothing is made at its name before the clock)
+        self.emit(worker, PlanOp(seq=seq, kind="symlink", ts_ns=row["ts_ns"], path=row["path"], new_path=new,
+                                 deps=self.path_deps(seq, worker, new)))
 
     def _row_unlink(self, seq, worker, row) -> None:
         path = self.rel(row["path"])
@@ -1119,7 +1153,8 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
             expected_sizes=MappingProxyType(expected),
             verify_ranges=MappingProxyType({
                 path: _clipped(covered.get(f, []), expected[path]) for path, f in sorted(p.file_of_path.items())
-                if f not in unverifiable and path in expected} if verify_ranges else {}),
+                if f not in unverifiable and path in expected and final_path[f] == path}  # (one name of a linked file)
+                if verify_ranges else {}),
             unverifiable=tuple(sorted(path for path, f in p.file_of_path.items() if f in unverifiable)),
             ranges_planned=verify_ranges,
         ),

@@ -618,6 +618,10 @@ class PosixExecutor:
             entries.rename_entry(self.root, op.path, op.new_path, op.flags)
         elif kind == "unlink":
             entries.remove_entry(self.root, op.path, op.flags)
+        elif kind == "link":
+            entries.link_entry(self.root, op.path, op.new_path)
+        elif kind == "symlink":
+            entries.symlink_entry(self.root, op.path, op.new_path)
         elif kind == "mkdir":
             try:
                 self.root.mkdir(op.path, 0o755)

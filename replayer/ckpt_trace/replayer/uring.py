@@ -76,6 +76,7 @@ class UringExecutor(PosixExecutor):
         self.strategy = strategy or ("uring-direct" if direct else "uring-buffered")
         self.block_bytes = os.fstatvfs(root.fd).f_bsize if direct else 1  # the target's O_DIRECT alignment
         self._buffered_fds: dict[int, int] = {}
+        self._paths: dict[int, tuple[str, int]] = {}  # handle -> (target-relative path, access mode) of direct opens
         self._lock = threading.Lock()
 
     def batchable(self, plan: ReplayPlan, rows: slice) -> np.ndarray:
@@ -103,6 +104,10 @@ class UringExecutor(PosixExecutor):
     def _open(self, op: PlanOp, state: _RunState) -> int:
         if self.direct and not (op.flags or 0) & os.O_DIRECTORY:
             op = dataclasses.replace(op, flags=self._direct_flags(op.flags or 0))
+            fd = super()._open(op, state)
+            with self._lock:
+                self._paths[op.handle] = (op.path, (op.flags or 0) & os.O_ACCMODE)
+            return fd
         return super()._open(op, state)
 
     def _metadata(self, op: PlanOp, state: _RunState) -> None:
@@ -125,6 +130,7 @@ class UringExecutor(PosixExecutor):
             for fd in self._buffered_fds.values():
                 os.close(fd)
             self._buffered_fds.clear()
+            self._paths.clear()
 
     def _submit(self, ctx: _WorkerContext, requests: np.ndarray, queue: int):
         ring = ctx.rings.get(-1)
@@ -138,6 +144,7 @@ class UringExecutor(PosixExecutor):
             if op.kind in ("close", "munmap") and op.release:
                 with self._lock:
                     buffered = self._buffered_fds.pop(op.handle, None)
+                    self._paths.pop(op.handle, None)
                 if buffered is not None:
                     os.close(buffered)
             super()._one(ctx, op, row)
@@ -186,30 +193,30 @@ class UringExecutor(PosixExecutor):
                 ctx.state.add_unaligned()
         return requests, owner
 
-    def _reopen(self, direct_fd: int) -> int:
-        """The open file of ``direct_fd`` again, buffered: by its path beneath the target (what a tracer of
-        this replay sees, and records, as the file), checked to be the same inode; else through the
-        descriptor's magic link (the inode, never a path)."""
-        magic = f"/proc/self/fd/{direct_fd}"
-        base = os.path.join(os.path.realpath(self.root.path), "")
-        try:
-            current = os.readlink(magic)
-            if current.startswith(base):
-                fd = self.root.open(current[len(base):], os.O_RDWR)
-                same = os.fstat(fd)
-                mine = os.fstat(direct_fd)
-                if (same.st_dev, same.st_ino) == (mine.st_dev, mine.st_ino):
-                    return fd
-                os.close(fd)
-        except OSError:
-            pass
-        return os.open(magic, os.O_RDWR | os.O_CLOEXEC)
-
     def _buffered_fd_of(self, handle: int, state: _RunState) -> int:
         """A second, buffered descriptor of the handle's file, for requests O_DIRECT cannot take."""
         with self._lock:
             fd = self._buffered_fds.get(handle)
             if fd is None:
-                fd = self._reopen(state.fds[handle])
+                fd = self._reopen(handle, state.fds[handle])
                 self._buffered_fds[handle] = fd
             return fd
+
+    def _reopen(self, handle: int, main_fd: int) -> int:
+        """The handle's file opened again without O_DIRECT: by the path it was opened at, beneath the target (so
+        a tracer recording the replay sees an open of that file, and the requests on it: bcc ignores
+        descriptors opened through /proc) when that path still names the same inode, else through the
+        descriptor's magic link (the inode, never another file)."""
+        known = self._paths.get(handle)
+        if known is not None:
+            path, mode = known
+            try:
+                fd = self.root.open(path, mode | os.O_CLOEXEC)
+            except OSError:
+                fd = -1
+            if fd >= 0:
+                mine, main = os.fstat(fd), os.fstat(main_fd)
+                if (mine.st_dev, mine.st_ino) == (main.st_dev, main.st_ino):
+                    return fd
+                os.close(fd)
+        return os.open(f"/proc/self/fd/{main_fd}", os.O_RDWR | os.O_CLOEXEC)

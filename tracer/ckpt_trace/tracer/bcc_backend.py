@@ -88,8 +88,8 @@ def probe() -> str | None:
 
 _OPENS = frozenset({"open", "openat", "openat2", "creat"})
 _DUPS = frozenset({"dup", "dup2", "dup3"})
-_PATH_ONLY = frozenset({"unlink", "unlinkat", "mkdir", "mkdirat"})
-_RENAMES = frozenset({"rename", "renameat", "renameat2"})
+_PATH_ONLY = frozenset({"unlink", "unlinkat", "mkdir", "mkdirat", "rmdir"})
+_RENAMES = frozenset({"rename", "renameat", "renameat2", "link", "linkat", "symlink", "symlinkat"})  # two paths
 # Calls with an fd argument that must reach the builder even on an ignored descriptor
 # (or that _early_checks handles itself).
 _KEEP_ON_MARKED_FD = frozenset({"fchdir", "close_range", "io_uring_enter", "fcntl", "close"}) | _DUPS

@@ -167,7 +167,7 @@ class GpuCapture:
     """One recording's capture directory; ``env`` before the command, ``collect`` after it."""
 
     plan: GpuPlan
-    directory: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ckpt-trace-gpu-")))
+    directory: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix=f"ckpt-trace-gpu-{os.getpid()}-")))
 
     def env(self) -> dict[str, str]:
         """Variables to add to the command's environment."""

@@ -29,6 +29,7 @@ from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.version import __version__
 
 from . import bcc_backend, clock, gpu, strace_backend
+from . import leftovers
 from .children import forwarding
 from .spool import RowSpool
 from .state import EffectOrderFeeder, TraceBuilder, rank_from_environ
@@ -181,7 +182,7 @@ def _run_traced(choice: BackendChoice, cmd: list[str], builder_args: dict, spool
         if feeder.builder.mapped_uncovered_bytes is not None:
             extra["mapped_uncovered_bytes"] = feeder.builder.mapped_uncovered_bytes
         return feeder.builder, extra, choice
-    with tempfile.TemporaryDirectory(prefix="ckpt-trace-strace-") as scratch:
+    with tempfile.TemporaryDirectory(prefix=leftovers.scratch_prefix("strace")) as scratch:
         log = Path(scratch) / "strace.log"
         start_ns = time.time_ns()
         status = strace_backend.run(cmd, log, env)

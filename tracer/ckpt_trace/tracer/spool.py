@@ -82,7 +82,7 @@ class RowSpool:
 
     def _spill(self, part: pa.Table) -> None:
         if self._scratch is None:
-            self._scratch = Path(tempfile.mkdtemp(prefix=f".{self.output.name}.runs-", dir=self.output.parent))
+            self._scratch = Path(tempfile.mkdtemp(prefix=f".{self.output.name}.runs-{os.getpid()}-", dir=self.output.parent))
         path = self._scratch / f"run-{len(self._runs):06d}.arrow"
         try:
             with pa.OSFile(str(path), "wb") as sink, ipc.new_file(

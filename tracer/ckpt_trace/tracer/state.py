@@ -681,6 +681,19 @@ class TraceBuilder:
         flags = ev.args.get("flags")
         self._emit(proc, ev, "rename", path=old, new_path=new, flags=int(flags) if flags is not None else None)
 
+    def _on_link(self, proc: Process, ev: SyscallEvent) -> None:
+        """link(2)/linkat(2): a second name of a file; symlink(2)/symlinkat(2): a symbolic link whose content
+        (``path``) is kept exactly as passed, never resolved (a relative target is relative to the link)."""
+        new = self._resolve(proc, ev.args.get("dirfd2"), ev.args.get("path2"))
+        if ev.name.startswith("symlink"):
+            self._emit(proc, ev, "symlink", path=ev.args.get("path"), new_path=new)
+            return
+        old = self._resolve(proc, ev.args.get("dirfd"), ev.args.get("path"))
+        if ev.ret == 0 and self.follow is not None and self.follow.is_candidate(old):
+            self.follow.start(new)
+        flags = ev.args.get("flags")
+        self._emit(proc, ev, "link", path=old, new_path=new, flags=int(flags) if flags else None)
+
     def _on_path_only(self, proc: Process, ev: SyscallEvent) -> None:
         path = self._resolve(proc, ev.args.get("dirfd"), ev.args.get("path"))
         op = sc.SYSCALLS[ev.name].op
@@ -693,8 +706,9 @@ class TraceBuilder:
                 self.follow.unlink(path)
         if op == "mkdir":
             self._emit(proc, ev, op, path=path)
-        else:
-            self._emit(proc, ev, op, path=path, flags=int(ev.args.get("flags", 0)) or None)
+        else:  # (rmdir(2) is unlinkat's AT_REMOVEDIR)
+            flags = v.AT_REMOVEDIR if ev.name == "rmdir" else int(ev.args.get("flags", 0))
+            self._emit(proc, ev, op, path=path, flags=flags or None)
 
     def _dup(self, proc: Process, ev: SyscallEvent, cloexec: bool, syscall_flags: int | None) -> None:
         fd = int(ev.args["fd"])
@@ -1175,6 +1189,7 @@ def _handlers() -> dict:
         "fdatasync": TraceBuilder._on_fd_only, "sync_file_range": TraceBuilder._on_fd_only,
         "ftruncate": TraceBuilder._on_fd_only, "fallocate": TraceBuilder._on_fd_only,
         "rename": TraceBuilder._on_rename, "unlink": TraceBuilder._on_path_only,
+        "link": TraceBuilder._on_link, "symlink": TraceBuilder._on_link,
         "mkdir": TraceBuilder._on_path_only, "dup": TraceBuilder._on_dup, "fcntl": TraceBuilder._on_fcntl,
         "io_uring_setup": TraceBuilder._on_io_uring, "io_uring_enter": TraceBuilder._on_io_uring,
         "io_uring_register": TraceBuilder._on_io_uring, "io_setup": TraceBuilder._on_io_setup,

@@ -65,6 +65,11 @@ SYSCALLS: dict[str, Syscall] = _table(
     Syscall("renameat2", "rename", ("dirfd", "path", "dirfd2", "path2", "flags")),
     Syscall("unlink", "unlink", ("path",)),
     Syscall("unlinkat", "unlink", ("dirfd", "path", "flags")),
+    Syscall("rmdir", "unlink", ("path",)),  # recorded as unlinkat(AT_REMOVEDIR) is
+    Syscall("link", "link", ("path", "path2")),
+    Syscall("linkat", "link", ("dirfd", "path", "dirfd2", "path2", "flags")),
+    Syscall("symlink", "symlink", ("path", "path2")),  # path: the link's content, a string never resolved
+    Syscall("symlinkat", "symlink", ("path", "dirfd2", "path2")),
     Syscall("mkdir", "mkdir", ("path", "mode")),
     Syscall("mkdirat", "mkdir", ("dirfd", "path", "mode")),
     Syscall("dup", "dup", ("fd",)),

@@ -112,8 +112,13 @@ def build_layout(paths: Iterable[str], *, time_limit_s: float = 60.0, expand_dir
             layout.errors[path] = f"{path}: unreadable as a checkpoint file ({type(err).__name__}: {err})"
     for path in files:
         if path not in covered:
+            try:
+                size = os.path.getsize(path)
+            except OSError as err:  # gone since it was listed
+                layout.errors[path] = f"{path}: {err.strerror or err}"
+                continue
             layout.unknown.append(path)
-            entries.append(Entry(path, 0, os.path.getsize(path), None, "unknown", "unknown"))
+            entries.append(Entry(path, 0, size, None, "unknown", "unknown"))
     layout.files = {path: fmt for path, fmt in layout.files.items() if fmt != "hf_shard"}
     layout.elapsed_s = time.monotonic() - started
     layout.table = to_table(entries)
