@@ -348,11 +348,11 @@ def render_diff(console: Console, data: dict[str, Any]) -> None:
         if files:
             shown = ", ".join(files[:8]) + (f" and {len(files) - 8} more" if len(files) > 8 else "")
             console.print(f"files only in {side.upper()}: {shown}", highlight=False)
-    console.print(written_verdict(data["data_written"]), highlight=False)
-    if "data_read" in data:
-        console.print(written_verdict(data["data_read"], "read"), highlight=False)
     if data.get("layout"):
         render_layout_diff(console, data["layout"])
+    console.print(written_verdict(data["data_written"]), highlight=False)  # the verdicts end the output
+    if "data_read" in data:
+        console.print(written_verdict(data["data_read"], "read"), highlight=False)
 
 
 def render_layout_diff(console: Console, layout: dict[str, Any]) -> None:
