@@ -280,3 +280,24 @@ def test_the_time_bound_stops_parsing_and_says_so(tmp_path):
     layout = build_layout([str(tmp_path)], time_limit_s=0.0)
     assert not layout.complete and not layout.info()["complete"]
     assert len(layout.unknown) == 3 and all("time bound" in why for why in layout.errors.values())
+
+
+class _Pickled:
+    """An object of a class the layout table does not know, pickled as DeepSpeed's are (NEWOBJ, then BUILD)."""
+
+    def __init__(self) -> None:
+        self.step = 3
+
+
+def test_unknown_objects_made_by_newobj_and_state_dicts_with_attributes_read_inertly():
+    """DeepSpeed's torch.save files hold objects of its own classes (protocol 2: NEWOBJ then BUILD) and
+    state dicts (OrderedDicts carrying ``_metadata``): both read as inert records, nothing imported."""
+    import collections
+
+    state = collections.OrderedDict(w=1)
+    state._metadata = {"": {"version": 1}}
+    payload = pickle.dumps({"state": state, "obj": _Pickled()}, protocol=2)
+    loaded = safe_loads(payload, strict=False)
+    assert dict(loaded["state"]) == {"w": 1} and loaded["state"]._metadata == {"": {"version": 1}}
+    assert type(loaded["obj"]).__name__ == "Opaque" and loaded["obj"].step == 3
+    assert type(loaded["obj"])._name == "_Pickled"

@@ -54,16 +54,14 @@ def _record_class(module: str, name: str) -> type:
 
 
 class Opaque(Record):
-    """A global not in the table (lenient mode): its name, and what the pickle called it with. Never run."""
+    """What a global not in the table becomes (lenient mode): a class of this module standing for it
+    (``_module``, ``_name``), so that the pickle may call it (REDUCE), instantiate it (NEWOBJ, as for the
+    objects DeepSpeed pickles) and set its state (BUILD); each only records what the pickle gave. Nothing
+    of the named global is imported or run."""
 
-    def __init__(self, module: str, name: str) -> None:
-        super().__init__()
-        self.__dict__.update(module=module, name=name)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> "Opaque":
-        result = Opaque(self.__dict__["module"], self.__dict__["name"])
-        result.__dict__["args"] = args
-        return result
+def _opaque_class(module: str, name: str) -> type:
+    return type("Opaque", (Opaque,), {"_module": module, "_name": name})
 
 
 class Dtype(str):
@@ -120,8 +118,13 @@ def _rebuild_parameter(data: Any, requires_grad: Any = False, hooks: Any = None,
     return data
 
 
+class _StateDict(dict):
+    """An ``OrderedDict`` as unpickled here: a dict that also takes attributes (a state dict's
+    ``_metadata``, set by the pickle's BUILD)."""
+
+
 def _ordered_dict(*args: Any) -> dict:
-    return dict(*args)
+    return _StateDict(*args)
 
 
 _DCP = "torch.distributed.checkpoint.metadata"
@@ -167,7 +170,7 @@ class SafeUnpickler(pickle.Unpickler):
         if self.strict:
             raise UnsafePickleError(f"refused to load global {module}.{name}: not a known checkpoint metadata class")
         self.refused.append(f"{module}.{name}")
-        return Opaque(module, name)
+        return _opaque_class(module, name)
 
     def persistent_load(self, pid: Any) -> Any:  # noqa: D102 (pickle's hook)
         if isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage":
