@@ -14,7 +14,6 @@ trace is compared with (io_submit(2), io_getevents(2); include/uapi/linux/aio_ab
 from __future__ import annotations
 
 import ctypes
-import json
 import mmap
 import os
 import random
@@ -22,6 +21,8 @@ import sys
 import threading
 
 from ckpt_trace.iolayer import aio
+
+from .logged import run_logged
 
 BLOCK_BYTES = 4096
 
@@ -97,13 +98,7 @@ def run(out: str, iocbs_per_thread: int = 192, threads: int = 2) -> list[list]:
 
 
 def main(argv: list[str]) -> int:
-    out, log_path = argv[0], argv[1]
-    per_thread = int(argv[2]) if len(argv) > 2 else 192
-    os.makedirs(out, exist_ok=True)
-    log = run(out, per_thread)
-    with open(log_path, "w") as handle:
-        json.dump(log, handle)
-    return 0
+    return run_logged(argv, run, 192)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import struct
 import sys
+
+from .logged import run_logged
 
 FICLONE = 0x40049409
 FICLONERANGE = 0x4020940D
@@ -113,13 +114,7 @@ def run(out: str, size: int = 1 << 20) -> list[list]:
 
 
 def main(argv: list[str]) -> int:
-    out, log_path = argv[0], argv[1]
-    size = int(argv[2]) if len(argv) > 2 else 1 << 20
-    os.makedirs(out, exist_ok=True)
-    log = run(out, size)
-    with open(log_path, "w") as handle:
-        json.dump(log, handle)
-    return 0
+    return run_logged(argv, run, 1 << 20)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,11 @@ touched through a mapping (mmap(2), msync(2), posix_fadvise(2)).
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import sys
+
+from .logged import run_logged
 
 PAGE_BYTES = mmap.PAGESIZE
 
@@ -67,13 +68,7 @@ def run(out: str, size: int = 64 << 20) -> list[list]:
 
 
 def main(argv: list[str]) -> int:
-    out, log_path = argv[0], argv[1]
-    size = int(argv[2]) if len(argv) > 2 else 64 << 20
-    os.makedirs(out, exist_ok=True)
-    log = run(out, size)
-    with open(log_path, "w") as handle:
-        json.dump(log, handle)
-    return 0
+    return run_logged(argv, run, 64 << 20)
 
 
 if __name__ == "__main__":
