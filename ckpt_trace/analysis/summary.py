@@ -125,7 +125,7 @@ _POWERS = 1 << np.arange(63, dtype=np.int64)  # bucket b (index k) holds sizes i
 
 
 SUMMARY_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "rank", "op", "path", "offset", "size", "ret", "interface",
-                   "in_flight", "memory_kind", "address")
+                   "in_flight", "memory_kind")
 
 
 class Accumulator:
@@ -443,19 +443,16 @@ def accumulate(batches, threads: int = SUMMARY_THREADS) -> Accumulator:
 
 
 def gpu_summary(path, acc: Accumulator, batch_rows: int = 1 << 20) -> dict[str, Any]:
-    """``copy_summary`` of the copies ``acc`` collected from the trace file at ``path``, with the data
-    operations of the ranks that copied (read again in batches): {"copies": 0} when there were none."""
+    """``copy_summary`` of the copies ``acc`` found in the trace file at ``path``: the copies and the data
+    operations of the ranks that copied are read again in batches, with the columns only this needs (the
+    host buffers' ``pid``/``address``, for copy-to-write links), so a trace without copies never reads
+    them: {"copies": 0} when there were none."""
     if not acc.copies:
         return {"copies": 0}
-    copies = pa.concat_tables(acc.copies)
-    ranks = pa.array(sorted(set(copies["rank"].to_pylist())), pa.int32())
+    ranks = pa.array(sorted({r for table in acc.copies for r in table["rank"].to_pylist()}), pa.int32())
     columns = ["ts_ns", "dur_ns", "rank", "op", "interface", "memory_kind", "size", "pid", "address"]
-    columns = [c for c in columns if c in copies.column_names]
     _, again = scan(path, columns, batch_rows=batch_rows)
     parts = [b.filter(pc.and_(pc.is_in(b.column("rank"), value_set=ranks),
-                              names_in(b.column("op"), DATA_OPS)))
+                              pc.or_(names_in(b.column("op"), DATA_OPS), names_in(b.column("interface"), ("cuda",)))))
              for b in again]
-    io = pa.Table.from_batches(parts) if parts else None
-    both = pa.concat_tables([copies.select(columns)] + ([io.select(columns)] if io is not None else []),
-                            promote_options="permissive")
-    return copy_summary(both)
+    return copy_summary(pa.Table.from_batches(parts))
