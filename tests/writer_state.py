@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from ckpt_trace.workloads.engines import init_rank_group, leave_process_group
+
 
 def objects_equal_bitwise(a, b) -> bool:
     """True when two (nested) states hold the same objects, tensors compared byte for byte with dtype and shape."""
@@ -85,7 +87,7 @@ def save_and_load_rank(rank: int, world: int, path: str, buffer_bytes: int, queu
     from ckpt_trace.writer import CheckpointReader, CheckpointWriter, WriterOptions
 
     options = WriterOptions(buffer_bytes=buffer_bytes, queue_depth=queue_depth)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_rank_group("gloo", rank, world)
     try:
         state = _sharded_state(rank, world)
         dcp.save(state, storage_writer=CheckpointWriter(path, options))
@@ -102,8 +104,10 @@ def save_and_load_rank(rank: int, world: int, path: str, buffer_bytes: int, queu
         if not objects_equal_bitwise(state, target):
             raise SystemExit(f"rank {rank}: loaded state differs from the saved one")
         Path(path, f"ok-{rank}").write_text("ok")
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave_process_group()
 
 
 def _kill_after(planner_cls, calls: int):

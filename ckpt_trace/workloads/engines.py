@@ -29,7 +29,6 @@ import json
 import math
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -226,10 +225,15 @@ def _same(torch, loaded, saved, where: str = "") -> None:
     if isinstance(saved, torch.Tensor):
         a = loaded.to_local() if hasattr(loaded, "to_local") else loaded
         b = saved.to_local() if hasattr(saved, "to_local") else saved
-        if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
-                                                                       b.contiguous().reshape(-1).view(torch.uint8)):
-            raise WorkloadError(f"loaded {where} differs from what was saved (saved with the same --model and "
-                                "--with-optimizer?)")
+        if a.dtype != b.dtype or a.shape != b.shape:
+            raise WorkloadError(f"loaded {where} differs from what was saved: {a.dtype} {tuple(a.shape)} against "
+                                f"{b.dtype} {tuple(b.shape)} (saved with the same --model and --with-optimizer?)")
+        bytes_a, bytes_b = a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)
+        if not torch.equal(bytes_a, bytes_b):
+            wrong = (bytes_a.cpu() != bytes_b.cpu()).nonzero().reshape(-1)
+            raise WorkloadError(f"loaded {where} differs from what was saved: {wrong.numel():,} of "
+                                f"{bytes_a.numel():,} bytes, the first at byte {int(wrong[0]):,}, the last at "
+                                f"{int(wrong[-1]):,} (saved with the same --model and --with-optimizer?)")
     elif loaded != saved:
         raise WorkloadError(f"loaded {where} differs from what was saved")
 
@@ -245,7 +249,7 @@ def _dcp_rank(rank: int, world: int, out: str, model: str, with_optimizer: bool,
     torch = _torch()
     if device == "cuda":
         torch.cuda.set_device(_rank_device(torch, rank))
-    dist.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
+    init_rank_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo", rank, world)
     try:
         mesh = init_device_mesh(device, (world,))
         cfg = model_config(model)
@@ -262,20 +266,71 @@ def _dcp_rank(rank: int, world: int, out: str, model: str, with_optimizer: bool,
             timings.put(time.perf_counter() - started)
         if load:
             _same(torch, state, _dcp_state(torch, mesh, cfg, rank, world, with_optimizer, empty=False, device=device))
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+_EXIT_GATE = None  # in a rank that ``spawn_ranks`` started: the barrier every rank passes before it exits
+_STORE_TIMEOUT_S = 1800  # torch.distributed's default for gloo groups
 
 
-def _rank_main(target, errors, rank: int, ranks: int, *args) -> None:
+def init_rank_group(backend: str, rank: int, world: int) -> None:
+    """Join the job's default process group (``torch.distributed.init_process_group``).
+
+    Under ``spawn_ranks`` the rendezvous store is the one the parent holds at MASTER_ADDR:MASTER_PORT
+    (bound before any rank started, for the job's whole life, so no other job can take the port between
+    its choice and its use); elsewhere (torchrun) the environment's rendezvous (``env://``)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if _EXIT_GATE is None:
+        dist.init_process_group(backend, rank=rank, world_size=world)
+        return
+    timeout = datetime.timedelta(seconds=_STORE_TIMEOUT_S)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, False, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+
+
+def leave_process_group() -> None:
+    """End this rank's part in the default process group once its work succeeded.
+
+    Under ``spawn_ranks``: wait until every rank got here (a barrier through the parent, not through gloo),
+    then leave the process at once (``os._exit(0)``, output flushed) without tearing gloo down: a rank that
+    destroys its group or finalizes the interpreter while a peer is still closing its connections may
+    abort in gloo's threads ("terminate called without an active exception", SIGABRT; seen about once in
+    a few hundred 2-rank runs; pytorch#190489 and the abandoned pytorch#179291 describe the teardown races).
+    Elsewhere (torchrun, one process): ``torch.distributed.destroy_process_group()``. A barrier broken by
+    a failed peer (which the parent reports) is no error here."""
+    import threading
+
+    import torch.distributed as dist
+
+    if _EXIT_GATE is None:
+        dist.destroy_process_group()
+        return
+    try:
+        _EXIT_GATE.wait()
+    except threading.BrokenBarrierError:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
+
+
+def _rank_main(target, errors, gate, rank: int, ranks: int, *args) -> None:
     """A rank process: Ctrl-C ends it quietly (SIGINT's default action, no traceback); a ckpt-trace error is
-    handed to the parent (``errors``), which reports it in one line."""
+    handed to the parent (``errors``), which reports it in one line; ``gate`` is the exit barrier of
+    ``leave_process_group``."""
     import logging
+
+    global _EXIT_GATE
+    _EXIT_GATE = gate
 
     from ckpt_trace.tracer.children import set_parent_death_signal
 
@@ -305,22 +360,35 @@ def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
 
     Each process's environment carries RANK, LOCAL_RANK, WORLD_SIZE,
     MASTER_ADDR and MASTER_PORT (a free local port). ``target`` must be
-    importable by module path. Raises WorkloadError naming the ranks that
-    exited non-zero; on Ctrl-C every rank is stopped before KeyboardInterrupt
-    propagates.
+    importable by module path; one that joins a process group does so with
+    ``init_rank_group`` (the rendezvous store is held by this process) and
+    ends it with ``leave_process_group()`` once its work succeeded (the
+    ranks then leave together). Raises WorkloadError naming the ranks that exited non-zero;
+    on Ctrl-C every rank is stopped before KeyboardInterrupt propagates.
     """
     _torch()
+    from multiprocessing.connection import wait as wait_for
+
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
+    gate = ctx.Barrier(ranks)
+    import datetime
+
+    import torch.distributed as dist
+
+    # The job's rendezvous store, held here for the job's life: its port (chosen by the kernel at bind) is
+    # never free between its choice and the ranks' use of it, so two jobs on one host cannot meet in it.
+    store = dist.TCPStore("127.0.0.1", 0, ranks, True, timeout=datetime.timedelta(seconds=_STORE_TIMEOUT_S),
+                          wait_for_workers=False)
     saved_env = {key: os.environ.get(key) for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
-    os.environ.update(WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    os.environ.update(WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
     procs = []
     try:
         for rank in range(ranks):
             os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
-            proc = ctx.Process(target=_rank_main, args=(target, errors, rank, ranks, *args))
+            proc = ctx.Process(target=_rank_main, args=(target, errors, gate, rank, ranks, *args))
             proc.start()
             procs.append(proc)
     finally:
@@ -330,8 +398,13 @@ def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
             else:
                 os.environ[key] = value
     try:
-        for proc in procs:
-            proc.join()
+        running = {proc.sentinel: proc for proc in procs}
+        while running:
+            for sentinel in wait_for(list(running)):
+                proc = running.pop(sentinel)
+                proc.join()
+                if proc.exitcode != 0:
+                    gate.abort()  # the ranks waiting to exit together go now (the parent reports the failure)
     except KeyboardInterrupt:
         for proc in procs:
             proc.kill()
