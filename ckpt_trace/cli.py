@@ -167,7 +167,7 @@ def record(
     result = record_trace(list(cmd), output, choice=choice, path_filters=path_filter, strict=strict, overwrite=force,
                           gpu_plan=gpu_plan, host=host)
     for pid, why in (result.gpu.get("errors") or {}).items():
-        err.print(f"[yellow]ckpt-trace: warning: process {pid}'s GPU copies are not in the trace: {escape(why)}[/]",
+        err.print(f"[yellow]ckpt-trace: warning: process {pid}'s GPU copies are not all in the trace: {escape(why)}[/]",
                   highlight=False)
     if result.gpu.get("dropped"):
         err.print(f"[yellow]ckpt-trace: warning: CUPTI dropped {result.gpu['dropped']:,} copy records[/]",

@@ -19,12 +19,16 @@ SOURCE = Path("iolayer/ckpt_trace/iolayer/_ring.c")
 LIBRARY = "libckpt_ring.so.1"
 
 
-def compile_ring(root: str | os.PathLike) -> Path:
-    """Compile _ring.c beside itself; return the library's path. Raises RuntimeError with the compiler's reason."""
+def compile_ring(root: str | os.PathLike, output: str | os.PathLike | None = None,
+                 defines: dict[str, str] | None = None) -> Path:
+    """Compile _ring.c beside itself (or into ``output``); return the library's path. ``defines``: extra
+    ``-D`` macros (the tests build a library of another ABI version with ``CKR_ABI_VERSION``). Raises
+    RuntimeError with the compiler's reason."""
     source = Path(root) / SOURCE
-    output = source.with_name(LIBRARY)
-    command = [*shlex.split(os.environ.get("CC", "cc")), "-O2", "-Wall", "-shared", "-fPIC", "-o", str(output),
-               str(source)]
+    output = Path(output) if output is not None else source.with_name(LIBRARY)
+    macros = [f"-D{name}={value}" for name, value in (defines or {}).items()]
+    command = [*shlex.split(os.environ.get("CC", "cc")), "-O2", "-Wall", "-shared", "-fPIC", *macros, "-o",
+               str(output), str(source)]
     try:
         subprocess.run(command, check=True, capture_output=True, text=True)
     except FileNotFoundError:
