@@ -47,6 +47,20 @@ def test_a_library_of_another_abi_version_is_refused_in_one_line(tmp_path):
 
 
 @needs_cc
+def test_a_stale_library_beside_its_source_is_rebuilt(tmp_path, monkeypatch):
+    """Where _ring.c sits beside the library (a source tree, an editable install), ``library`` rebuilds a
+    stale one in place and loads the new one, even though the stale one was loaded (and refused) first."""
+    shutil.copy(REPO / "iolayer" / "ckpt_trace" / "iolayer" / "_ring.c", tmp_path / "_ring.c")
+    stale = _compile(tmp_path / "libckpt_ring.so.1", CKR_ABI_VERSION=rings.ABI_VERSION + 7)
+    monkeypatch.setattr(rings, "_LIBRARY", stale)
+    monkeypatch.setattr(rings, "_lib", None)
+    lib = rings.library()
+    assert lib.ckr_abi_version() == rings.ABI_VERSION
+    assert rings.load_library(stale).ckr_abi_version() == rings.ABI_VERSION  # the file itself was replaced
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left
+
+
+@needs_cc
 def test_a_library_built_before_the_version_check_is_refused(tmp_path):
     """A library without ckr_abi_version at all (every build before it existed) is refused too."""
     source = tmp_path / "old.c"

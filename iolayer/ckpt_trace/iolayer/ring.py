@@ -30,6 +30,7 @@ io_uring_register(2); include/uapi/linux/io_uring.h for the opcodes.
 
 from __future__ import annotations
 
+import _ctypes
 import ctypes
 import errno
 import os
@@ -42,6 +43,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+
+from . import ring_build
 
 # include/uapi/linux/io_uring.h, enum io_uring_op (stable ABI).
 OP_NOP, OP_READV, OP_WRITEV, OP_FSYNC, OP_READ_FIXED, OP_WRITE_FIXED = 0, 1, 2, 3, 4, 5
@@ -62,10 +65,10 @@ _SQE = struct.Struct("<BBHiQIIQQ")  # REQUEST_DTYPE, packed one by one on the re
 assert _SQE.size == REQUEST_DTYPE.itemsize
 _KINDS = {"read": OP_READ, "write": OP_WRITE, "fsync": OP_FSYNC, "fdatasync": OP_FSYNC}
 
-_LIBRARY = Path(__file__).with_name("libckpt_ring.so.1")  # built from _ring.c by scripts/build_ring.py
+_LIBRARY = Path(__file__).with_name(ring_build.LIBRARY_NAME)  # built from _ring.c by ring_build
 #: The interface version this module binds: ``CKR_ABI_VERSION`` of ``_ring.c``; bumped with it whenever a
 #: signature or ``ckr_req`` changes. A library reporting another version (or none: built before the
-#: check existed) is refused by ``library``.
+#: check existed) is rebuilt from the source beside it, or refused (``library``).
 ABI_VERSION = 2
 _REBUILD = "rebuild it: 'python scripts/build_ring.py' or reinstall ckpt-trace; it needs cc and linux-libc-dev"
 _lib: ctypes.CDLL | None = None
@@ -78,18 +81,31 @@ class RingUnavailable(OSError):
 def library() -> ctypes.CDLL:
     """The compiled ``_ring.c`` (``libckpt_ring.so.1``), bound once per process.
 
-    Raises RingUnavailable (one line) when it was not built, or when it was
-    built from another version of ``_ring.c`` than this module's
-    ``ABI_VERSION`` (a stale build: calling it could corrupt memory).
+    A library that is missing, or was built from another version of
+    ``_ring.c`` than this module's ``ABI_VERSION`` (stale: calling it could
+    corrupt memory), is rebuilt from the ``_ring.c`` beside it
+    (``ring_build``). Raises RingUnavailable (one line) when that cannot be
+    done: no source, no compiler, a read-only install.
     """
     global _lib
     if _lib is None:
-        _lib = load_library(_LIBRARY)
+        try:
+            _lib = load_library(_LIBRARY)
+        except RingUnavailable as err:
+            source = _LIBRARY.with_name(ring_build.SOURCE_NAME)
+            if not source.exists():
+                raise
+            try:
+                ring_build.compile_library(source, _LIBRARY)
+            except (ring_build.BuildFailed, OSError) as build:
+                raise RingUnavailable(err.errno, f"{err.strerror}; rebuilding it failed: {build}") from None
+            _lib = load_library(_LIBRARY)
     return _lib
 
 
 def load_library(path: Path) -> ctypes.CDLL:
-    """Load and bind the ring library at ``path`` after checking its ABI version (see ``library``)."""
+    """Load and bind the ring library at ``path`` after checking its ABI version. Raises RingUnavailable
+    when the file is missing or reports another ABI version than ``ABI_VERSION`` (it is unloaded again)."""
     if not path.exists():
         raise RingUnavailable(errno.ENOENT, f"{path.name} is not built ({_REBUILD})")
     lib = ctypes.CDLL(str(path), use_errno=True)
@@ -101,6 +117,7 @@ def load_library(path: Path) -> ctypes.CDLL:
         version_of.argtypes, version_of.restype = [], ctypes.c_int
         version = version_of()
     if version != ABI_VERSION:
+        _ctypes.dlclose(lib._handle)  # so that a rebuilt library of the same name loads afresh
         raise RingUnavailable(errno.ELIBBAD, f"{path} is stale: built for ring ABI version "
                                              f"{'1 or older' if version is None else version}, this ckpt-trace "
                                              f"needs version {ABI_VERSION} ({_REBUILD})")
