@@ -188,7 +188,7 @@ def record(
         err.print(f"ckpt-trace: detached from {found['pid']} ({found['stopped_by']}; "
                   f"{len(found['checkpoint_files'])} checkpoint file(s) in the trace)", highlight=False)
     for pid, why in (result.gpu.get("errors") or {}).items():
-        err.print(f"[yellow]ckpt-trace: warning: process {pid}'s GPU copies are not in the trace: {escape(why)}[/]",
+        err.print(f"[yellow]ckpt-trace: warning: process {pid}'s GPU copies are not all in the trace: {escape(why)}[/]",
                   highlight=False)
     if result.gpu.get("dropped"):
         err.print(f"[yellow]ckpt-trace: warning: CUPTI dropped {result.gpu['dropped']:,} copy records[/]",
