@@ -120,8 +120,9 @@ def cached_view(btf_path: str | os.PathLike, compute: Callable[[], tuple[dict, s
 def prewarm_in_background() -> None:
     """Import, in a daemon thread, what writing the trace will import anyway: pyarrow builds its first array
     from Python lists only after importing pandas when it is installed (0.6-0.7 s here), which otherwise
-    falls after the command's exit, into ``finish_s``. Called while bcc compiles its program (clang runs in
-    a foreign call, without the GIL), so the import takes a second core, not the command's time."""
+    falls after the command's exit, into ``finish_s``. Called before the backend starts: under bcc it runs
+    while clang compiles the program (a foreign call, without the GIL), so it costs no time at all; under
+    strace, while strace starts and the command runs (0.6 s of one core, once)."""
     import importlib.util
     import threading
 

@@ -170,7 +170,6 @@ def _run_traced(choice: BackendChoice, cmd: list[str], builder_args: dict, spool
 
     tracer = None
     if choice.name == "bcc":
-        costs.prewarm_in_background()  # alongside clang, not after the command
         tracer, choice = _load_bcc(choice, builder_args["path_filters"])
     if tracer is not None:
         rec = tracer.run(cmd, env, make_feeder, spool.output.parent)
@@ -288,6 +287,7 @@ def record(
         start_wall_ns = time.time_ns()
         started = time.monotonic()
         anchors = {name: clock.anchor(name) for name in clock.CLOCK_IDS}  # the backend is known only after
+        costs.prewarm_in_background()  # alongside clang or the command, not after the command's exit
         if attach is not None:
             with _collector_paused():
                 builder, extra, choice = attach_mod.run_attached(choice, attach, builder_args, spool, _load_bcc)
