@@ -126,7 +126,7 @@ def _steps(command: str) -> Iterator:
 
 @app.command(context_settings={"allow_interspersed_args": False})
 def record(
-    cmd: list[str] = typer.Argument(..., help="The command to trace, after --.", metavar="-- CMD [ARGS]..."),
+    cmd: Optional[list[str]] = typer.Argument(None, help="The command to trace, after -- (or --pid).", metavar="-- CMD [ARGS]..."),
     output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (.arrow)."),
     backend: Literal["auto", "bcc", "strace"] = typer.Option("auto", help="auto: bcc (eBPF) where the kernel allows, else strace."),
     path_filter: list[str] = typer.Option([], "--path-filter", help="Keep only paths starting with PREFIX (repeatable)."),
@@ -136,8 +136,14 @@ def record(
     gpu: Literal["auto", "on", "off"] = typer.Option("auto", "--gpu", help="Host<->device copies of CUDA programs (CUPTI): auto (when libcupti is found), on, off."),
     host: Optional[str] = typer.Option(None, "--host", help="Name this node in the trace (default: the host name), for `merge` where nodes share a host name."),
     no_layout: bool = typer.Option(False, "--no-layout", help="Do not add the layout of the checkpoint files the command left (see annotate)."),
+    pid: Optional[int] = typer.Option(None, "--pid", help="Trace this running process and its descendants instead of starting CMD; detach when done, leaving it running."),
+    duration: Optional[float] = typer.Option(None, "--duration", help="With --pid: stop after SECONDS."),
+    until_checkpoints: Optional[int] = typer.Option(None, "--until-checkpoints", help="With --pid: stop once N checkpoint files were written (opened for writing after the attach, written, closed)."),
 ) -> None:
     """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code.
+
+    With --pid PID, trace a job that is already running (its process tree) until --duration, --until-checkpoints,
+    its end or Ctrl-C, then detach: the job runs on untouched, and the exit code is 0.
 
     When the command read or wrote checkpoint files ckpt-trace recognises (DCP, safetensors, torch.save,
     Hugging Face index), their layout (which bytes are which tensor) is added to the trace, within 60 s."""
@@ -146,9 +152,20 @@ def record(
     from ckpt_trace.tracer import record as record_trace
     from ckpt_trace.tracer.gpu import plan_capture
 
-    if not cmd:
+    attach = None
+    if pid is not None:
+        from ckpt_trace.tracer.attach import AttachPlan, check_plan
+
+        if cmd:
+            raise CkptTraceError("--pid traces a running job: give no command after --")
+        attach = AttachPlan(pid, duration, until_checkpoints)
+        check_plan(attach)
+    elif duration is not None or until_checkpoints is not None:
+        raise CkptTraceError("--duration and --until-checkpoints go with --pid")
+    elif not cmd:
         raise CkptTraceError("no command to record (put it after --)")
-    resolve_command(list(cmd))
+    else:
+        resolve_command(list(cmd))
     check_output_file(output, force)
     from ckpt_trace.tracer.leftovers import find as find_leftovers
 
@@ -158,16 +175,20 @@ def record(
                   f"director(ies): {escape(', '.join(map(str, left[:5])))}{' ...' if len(left) > 5 else ''} "
                   "(remove them once you do not need them)[/]", highlight=False)
     choice = choose_backend(backend)
-    gpu_plan = plan_capture(gpu)
+    gpu_plan = plan_capture("off" if attach is not None else gpu)  # a running job's CUDA is already set up
     err.print(f"ckpt-trace: backend {choice.name} ({choice.reason})", highlight=False)
     if gpu_plan.enabled:
         err.print(f"ckpt-trace: GPU copies: {escape(gpu_plan.reason)}", highlight=False)
     for limit in capture_limits(choice):
         err.print(f"ckpt-trace: note: {escape(limit)}", highlight=False)
-    result = record_trace(list(cmd), output, choice=choice, path_filters=path_filter, strict=strict, overwrite=force,
-                          gpu_plan=gpu_plan, host=host)
+    result = record_trace(list(cmd or []), output, choice=choice, path_filters=path_filter, strict=strict,
+                          overwrite=force, gpu_plan=gpu_plan, host=host, attach=attach)
+    if result.attached:
+        found = result.attached
+        err.print(f"ckpt-trace: detached from {found['pid']} ({found['stopped_by']}; "
+                  f"{len(found['checkpoint_files'])} checkpoint file(s) in the trace)", highlight=False)
     for pid, why in (result.gpu.get("errors") or {}).items():
-        err.print(f"[yellow]ckpt-trace: warning: process {pid}'s GPU copies are not in the trace: {escape(why)}[/]",
+        err.print(f"[yellow]ckpt-trace: warning: process {pid}'s GPU copies are not all in the trace: {escape(why)}[/]",
                   highlight=False)
     if result.gpu.get("dropped"):
         err.print(f"[yellow]ckpt-trace: warning: CUPTI dropped {result.gpu['dropped']:,} copy records[/]",
@@ -199,7 +220,8 @@ def record(
     summary = {"trace": str(result.trace_path), "backend": result.backend, "rows": result.rows,
                "lost_events": result.lost_events, "exit_code": result.exit_code, "exit_signal": result.exit_signal,
                "ended": result.ended, "elapsed_s": result.elapsed_s, "gpu": result.gpu, "layout": layout,
-               "interrupted": result.interrupted}
+               "interrupted": result.interrupted, "start_s": result.start_s, **({"attached": result.attached} if result.attached else {}),
+               "finish_s": None if result.exited_s is None else round(time.monotonic() - result.exited_s, 3)}
     if as_json:
         _write_json(None, summary)
     else:

@@ -33,6 +33,7 @@ EXAMPLES = {
     "record": [
         "ckpt-trace record -o save.arrow --path-filter /scratch/ckpt/ -- torchrun --nproc-per-node 4 train.py",
         "ckpt-trace record --backend strace --gpu off -o t.arrow -- python save.py",
+        "ckpt-trace record --pid 4242 --until-checkpoints 1 --path-filter /scratch/ckpt/ -o one.arrow",
     ],
     "replay": [
         "ckpt-trace replay save.arrow --strategy all --target /scratch/replay --durable -o results.json",

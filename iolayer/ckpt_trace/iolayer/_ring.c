@@ -16,7 +16,15 @@
  * ckr_pio_run for the same batch through plain pread(2)/pwrite(2)/fsync(2).
  *
  * Memory ordering follows io_uring(7): the SQ tail and CQ head are published
- * with release stores, the SQ head and CQ tail read with acquire loads.
+ * with release stores, the SQ head and CQ tail read with acquire loads. The
+ * same two operations are exported for Python readers of other shared rings
+ * (ckr_load_acquire_u64, ckr_store_release_u64, ckr_fence_acquire: the BPF
+ * ring buffer reader, ckpt_trace.tracer.ringbuf), which numpy cannot order.
+ *
+ * ABI: ckr_abi_version() returns CKR_ABI_VERSION, which ring.py compares with
+ * its own ABI_VERSION before binding anything, so a library built from an older
+ * source is refused with one line instead of being called with the wrong
+ * argument types. Bump both together whenever a signature or a struct changes.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -28,6 +36,20 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+/* The version of the interface below (function signatures, ckr_req): ring.py's ABI_VERSION.
+ * Overridable with -DCKR_ABI_VERSION=N only so that the test can build a mismatched library. */
+#ifndef CKR_ABI_VERSION
+#define CKR_ABI_VERSION 3
+#endif
+
+int ckr_abi_version(void) { return CKR_ABI_VERSION; }
+
+/* Acquire load, release store and acquire fence for memory shared with another producer (a BPF
+ * ring buffer's producer_pos and consumer_pos, Documentation/bpf/ringbuf.rst), as callable functions. */
+uint64_t ckr_load_acquire_u64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+void ckr_store_release_u64(uint64_t *p, uint64_t value) { __atomic_store_n(p, value, __ATOMIC_RELEASE); }
+void ckr_fence_acquire(void) { __atomic_thread_fence(__ATOMIC_ACQUIRE); }
 
 #ifndef __NR_io_uring_setup
 #define __NR_io_uring_setup 425
@@ -342,10 +364,10 @@ static int is_write(uint8_t opcode) {
  * index. With `stop_on_error`, the first failed request or short write stops further submission;
  * what is in flight is still reaped. Returns how many requests completed, or -errno when the ring
  * itself failed (requests then in flight are lost to the caller: close the ring). */
-static long run_impl(ckr_ring *r, const ckr_req *reqs, size_t n, unsigned depth, int32_t *res, int64_t *lat_ns,
+static long run_impl(ckr_ring *r, const ckr_req *reqs, size_t n, unsigned depth, int64_t *res, int64_t *lat_ns,
                      int stop_on_error, const ckr_gen *gen);
 
-long ckr_run(ckr_ring *r, const ckr_req *reqs, size_t n, unsigned depth, int32_t *res, int64_t *lat_ns,
+long ckr_run(ckr_ring *r, const ckr_req *reqs, size_t n, unsigned depth, int64_t *res, int64_t *lat_ns,
              int stop_on_error) {
     return run_impl(r, reqs, n, depth, res, lat_ns, stop_on_error, NULL);
 }
@@ -354,14 +376,14 @@ long ckr_run(ckr_ring *r, const ckr_req *reqs, size_t n, unsigned depth, int32_t
  * each is queued: such a request's `addr` is its content offset and `user_data` its content key, and it is
  * written from one of gen->nslots slots of gen->slot_bytes (>= its len) at gen->slots, taken while it is in
  * flight (so at most nslots of them are). Returns as ckr_run; -EINVAL when a flagged request exceeds a slot. */
-long ckr_run_gen(ckr_ring *r, const ckr_req *reqs, size_t n, unsigned depth, int32_t *res, int64_t *lat_ns,
+long ckr_run_gen(ckr_ring *r, const ckr_req *reqs, size_t n, unsigned depth, int64_t *res, int64_t *lat_ns,
                  int stop_on_error, const ckr_gen *gen) {
     return run_impl(r, reqs, n, depth, res, lat_ns, stop_on_error, gen);
 }
 
 #define SLOT_SHIFT 48 /* an SQE's user_data: request index | (slot + 1) << SLOT_SHIFT */
 
-static long run_impl(ckr_ring *r, const ckr_req *reqs, size_t n, unsigned depth, int32_t *res, int64_t *lat_ns,
+static long run_impl(ckr_ring *r, const ckr_req *reqs, size_t n, unsigned depth, int64_t *res, int64_t *lat_ns,
                      int stop_on_error, const ckr_gen *gen) {
     size_t next = 0, done = 0;
     unsigned in_flight = 0;
@@ -449,17 +471,19 @@ static long run_impl(ckr_ring *r, const ckr_req *reqs, size_t n, unsigned depth,
 /* The same batch through synchronous syscalls, one at a time (the POSIX engine): READ and WRITE
  * loop until `len` bytes moved (a read stops early at end of file), off == -1 uses read(2)/write(2)
  * at the file position; FSYNC is fsync(2), or fdatasync(2) with IORING_FSYNC_DATASYNC. Returns how
- * many requests ran; res[i] is the bytes moved or -errno, lat_ns[i] the call's duration. */
-long ckr_pio_run_gen(const ckr_req *reqs, size_t n, int32_t *res, int64_t *lat_ns, int stop_on_error,
+ * many requests ran; res[i] is the bytes moved or -errno, lat_ns[i] the call's duration. res is 64-bit:
+ * one request of up to 4 GiB - 1 moves more than INT32_MAX bytes over several calls (Linux moves at
+ * most MAX_RW_COUNT, 2 GiB - 4 KiB, per read(2)/write(2)). */
+long ckr_pio_run_gen(const ckr_req *reqs, size_t n, int64_t *res, int64_t *lat_ns, int stop_on_error,
                      const ckr_gen *gen);
 
-long ckr_pio_run(const ckr_req *reqs, size_t n, int32_t *res, int64_t *lat_ns, int stop_on_error) {
+long ckr_pio_run(const ckr_req *reqs, size_t n, int64_t *res, int64_t *lat_ns, int stop_on_error) {
     return ckr_pio_run_gen(reqs, n, res, lat_ns, stop_on_error, NULL);
 }
 
 /* ckr_pio_run, where the requests flagged in gen->flags are writes of generated bytes, as in ckr_run_gen:
  * each is filled into the first slot just before its call (outside lat_ns). -EINVAL for one larger than a slot. */
-long ckr_pio_run_gen(const ckr_req *reqs, size_t n, int32_t *res, int64_t *lat_ns, int stop_on_error,
+long ckr_pio_run_gen(const ckr_req *reqs, size_t n, int64_t *res, int64_t *lat_ns, int stop_on_error,
                      const ckr_gen *gen) {
     if (gen)
         for (size_t i = 0; i < n; i++)
@@ -475,7 +499,8 @@ long ckr_pio_run_gen(const ckr_req *reqs, size_t n, int32_t *res, int64_t *lat_n
             q = &filled;
         }
         int64_t t0 = now_ns();
-        long moved = 0, ret = 0;
+        int64_t moved = 0;
+        ssize_t ret = 0;
         switch (q->opcode) {
         case IORING_OP_WRITE:
         case IORING_OP_WRITE_FIXED:
@@ -483,7 +508,7 @@ long ckr_pio_run_gen(const ckr_req *reqs, size_t n, int32_t *res, int64_t *lat_n
         case IORING_OP_READ_FIXED: {
             int writing = q->opcode == IORING_OP_WRITE || q->opcode == IORING_OP_WRITE_FIXED;
             char *buf = (char *)(uintptr_t)q->addr;
-            while (moved < (long)q->len) {
+            while (moved < (int64_t)q->len) {
                 size_t want = q->len - moved;
                 if (q->off == (uint64_t)-1)
                     ret = writing ? write(q->fd, buf + moved, want) : read(q->fd, buf + moved, want);
@@ -498,7 +523,7 @@ long ckr_pio_run_gen(const ckr_req *reqs, size_t n, int32_t *res, int64_t *lat_n
             }
             if (ret < 0 && moved == 0)
                 moved = -errno;
-            else if (ret == 0 && writing && moved < (long)q->len)
+            else if (ret == 0 && writing && moved < (int64_t)q->len)
                 moved = moved ? moved : -ENOSPC;
             break;
         }
@@ -511,10 +536,10 @@ long ckr_pio_run_gen(const ckr_req *reqs, size_t n, int32_t *res, int64_t *lat_n
         default:
             moved = -EINVAL;
         }
-        res[i] = (int32_t)moved;
+        res[i] = moved;
         lat_ns[i] = now_ns() - t0;
         if (stop_on_error && (moved < 0 || ((q->opcode == IORING_OP_WRITE || q->opcode == IORING_OP_WRITE_FIXED) &&
-                                            moved < (long)q->len)))
+                                            moved < (int64_t)q->len)))
             return (long)(i + 1);
     }
     return (long)n;

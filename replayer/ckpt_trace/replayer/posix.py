@@ -54,7 +54,7 @@ from ckpt_trace.iolayer import ring as rings
 from ckpt_trace.iolayer.buffers import PAGE_BYTES, AlignedBuffer
 from ckpt_trace.iolayer.mapping import MAP_SHARED, PROT_WRITE, FileMapping
 from ckpt_trace.iolayer.ring import Ring, RingUnavailable, Slots
-from ckpt_trace.stats import LatencyHistogram, percentiles_ns
+from ckpt_trace.stats import LatencyHistogram
 
 from . import entries
 from .optable import KIND, NO_FLAGS, NONE, READ, WRITE, OpTable, PlanOp
@@ -278,14 +278,12 @@ class PosixExecutor:
             if skipped:
                 state.notes.add(f"{skipped} host<->device copy rows skipped: {self._copies_skipped_why}")
         latencies = np.concatenate(state.latencies) if state.latencies else np.zeros(0, np.int64)
-        histogram = None
-        if signals is not None:
-            histogram = LatencyHistogram()
-            histogram.add(latencies)
+        histogram = LatencyHistogram()  # the percentiles the report computes from the same durations
+        histogram.add(latencies)
         return ReplayResult(
             strategy=self.strategy, elapsed_s=elapsed_s, bytes_written=state.bytes_written,
             bytes_read=state.bytes_read, data_ops=state.data_ops, metadata_ops=state.metadata_ops,
-            latency_ns=percentiles_ns(latencies), latency_histogram=histogram,
+            latency_ns=histogram.percentiles_ns(), latency_histogram=histogram if signals is not None else None,
             cpu_user_s=usage1.ru_utime - usage0.ru_utime, cpu_sys_s=usage1.ru_stime - usage0.ru_stime,
             skipped_ops=dict(plan.skipped_ops), unaligned_ops=state.unaligned_ops,
             metadata_ops_saved=plan.metadata_ops_saved, notes=sorted(state.notes),
