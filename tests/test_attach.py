@@ -19,23 +19,44 @@ from ckpt_trace.tracer.attach import CheckpointCounter
 
 # A job that saves a 1 MiB checkpoint file about every second (16 writes of 64 KiB, then an empty marker
 # file, which is no checkpoint: no byte written), logging each save's file and bytes, until STOP exists or
-# 300 saves (a bound, never reached by a passing test).
+# 300 saves (a bound, never reached by a passing test). With "fork", each save is made by a new child process
+# (descendants started after the attach).
 SAVER = r"""
 import json, os, sys, time
-out = sys.argv[1]
+out, fork = sys.argv[1], sys.argv[2] == "fork"
+
+def save(i, path):
+    with open(path, "wb") as f:
+        for _ in range(16):
+            f.write(b"x" * 65536)
+    open(os.path.join(out, f"done-{i}"), "w").close()
+
 with open(os.path.join(out, "saves.jsonl"), "a") as log:
     for i in range(300):
         if os.path.exists(os.path.join(out, "STOP")):
             break
         path = os.path.join(out, f"ckpt-{i}.bin")
-        with open(path, "wb") as f:
-            for _ in range(16):
-                f.write(b"x" * 65536)
-        open(os.path.join(out, f"done-{i}"), "w").close()
+        if fork:
+            child = os.fork()
+            if child == 0:
+                save(i, path)
+                os._exit(0)
+            assert os.waitpid(child, 0)[1] == 0
+        else:
+            save(i, path)
         log.write(json.dumps({"path": path, "bytes": 16 * 65536}) + "\n")
         log.flush()
         time.sleep(1)
 """
+
+
+def _job(out: Path, shape: str) -> subprocess.Popen:
+    """The saving job: the saver itself ("plain"), or a shell whose child is the saver, which forks a process
+    per save ("tree": a descendant running at the attach, and descendants started after it)."""
+    saver = [sys.executable, "-c", SAVER, str(out), "fork" if shape == "tree" else "plain"]
+    if shape == "tree":
+        return subprocess.Popen(["sh", "-c", '"$@"; exit $?', "sh", *saver])
+    return subprocess.Popen(saver)
 
 
 def _wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
@@ -51,10 +72,11 @@ def _saves(out: Path) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def test_attach_records_exactly_one_checkpoint_and_the_job_runs_on(backend, tmp_path):
+@pytest.mark.parametrize("shape", ["plain", "tree"])
+def test_attach_records_exactly_one_checkpoint_and_the_job_runs_on(backend, shape, tmp_path):
     out = tmp_path / "job"
     out.mkdir()
-    job = subprocess.Popen([sys.executable, "-c", SAVER, str(out)])
+    job = _job(out, shape)
     try:
         _wait_for(lambda: len(_saves(out)) >= 1, "the job's first save")
         trace = tmp_path / "one.arrow"
@@ -92,7 +114,7 @@ def test_attach_records_exactly_one_checkpoint_and_the_job_runs_on(backend, tmp_
 def test_attach_for_a_duration_detaches_and_the_job_is_unharmed(strace_backend, tmp_path):
     out = tmp_path / "job"
     out.mkdir()
-    job = subprocess.Popen([sys.executable, "-c", SAVER, str(out)])
+    job = _job(out, "plain")
     try:
         _wait_for(lambda: len(_saves(out)) >= 1, "the job's first save")
         trace = tmp_path / "window.arrow"
