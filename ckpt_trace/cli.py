@@ -344,10 +344,15 @@ def _rescaled_trace(trace: Path, ranks: int) -> tuple[Path, dict]:
     scratch = tempfile.mkdtemp(prefix="ckpt-trace-rescale-")
     atexit.register(shutil.rmtree, scratch, ignore_errors=True)
     figures = write_rescaled(trace, ranks, Path(scratch) / "rescaled.arrow")
-    err.print(f"ckpt-trace: rescaled the recorded {figures['recorded_ranks']}-rank DCP save to {ranks} ranks: "
-              f"{len(figures['data_files'])} data files, {figures['data_bytes']:,} data bytes (DCP's planner; "
-              f"the recorded save reproduced at {figures['recorded_ranks']} ranks) in {figures['elapsed_s']:.1f} s",
-              highlight=False)
+    if figures["direction"] == "load":
+        err.print(f"ckpt-trace: rescaled the recorded DCP load to {ranks} ranks: they read "
+                  f"{figures['data_bytes_read']:,} bytes of the {figures['checkpoint_ranks']}-rank checkpoint "
+                  f"(DCP's load planner and reader) in {figures['elapsed_s']:.1f} s", highlight=False)
+    else:
+        err.print(f"ckpt-trace: rescaled the recorded {figures['recorded_ranks']}-rank DCP save to {ranks} ranks: "
+                  f"{len(figures['data_files'])} data files, {figures['data_bytes']:,} data bytes (DCP's planner; "
+                  f"the recorded save reproduced at {figures['recorded_ranks']} ranks) in {figures['elapsed_s']:.1f} s",
+                  highlight=False)
     return Path(scratch) / "rescaled.arrow", figures
 
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 
+import pyarrow as pa
 from conftest import cli
 
 from ckpt_trace.errors import RescaleError
+from ckpt_trace.formats import scan
 
 
 def _data_files(root) -> dict[str, int]:
@@ -70,3 +73,42 @@ def test_rescaling_to_no_ranks_is_refused(tmp_path):
     proc = cli("replay", str(tmp_path / "none.arrow"), "--ranks", "0", "--target", str(target), check=False)
     assert proc.returncode == RescaleError.exit_code and "--ranks must be at least 1" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def _reads(trace, root) -> dict[int, Counter]:
+    """rank -> Counter of (data file, offset, bytes read) of the trace's reads of ``root``'s .distcp files."""
+    _, batches = scan(trace, ["rank", "op", "path", "offset", "ret"])
+    out: dict[int, Counter] = {}
+    for batch in batches:
+        for row in pa.Table.from_batches([batch]).to_pylist():
+            if row["op"] == "read" and row["path"].startswith(f"{root}/") and row["path"].endswith(".distcp"):
+                out.setdefault(row["rank"], Counter())[(row["path"], row["offset"], row["ret"])] += 1
+    return out
+
+
+def test_a_recorded_load_rescaled_reads_what_a_real_load_at_that_many_ranks_reads(tmp_path, torch_installed,
+                                                                                   bcc_backend):
+    """A 4-rank gpt2-tiny + Adam checkpoint loaded by 4 ranks (recorded), rescaled to 3 loading ranks: each
+    rank's reads of the data files (file, offset, bytes: every read call) equal those of a recording of a
+    real 3-rank load of that checkpoint; and the rescaled load replays (the checkpoint's files laid out)."""
+    from ckpt_trace.workloads.rescale import write_rescaled
+
+    ck = tmp_path / "ck"
+    args = ["workload", "dcp", "--model", "gpt2-tiny", "--with-optimizer", "--out", str(ck)]
+    cli(*args, "--ranks", "4")
+    for ranks in (4, 3):
+        cli("record", "--path-filter", f"{ck}/", "-o", str(tmp_path / f"load{ranks}.arrow"), "--", sys.executable,
+            "-m", "ckpt_trace.cli", *args, "--ranks", str(ranks), "--load")
+    figures = write_rescaled(tmp_path / "load4.arrow", 3, tmp_path / "rescaled.arrow")
+    assert figures["direction"] == "load" and figures["checkpoint_ranks"] == 4 and figures["ranks"] == 3
+    real, rescaled = _reads(tmp_path / "load3.arrow", ck), _reads(tmp_path / "rescaled.arrow", ck)
+    assert sorted(rescaled) == [0, 1, 2]
+    assert rescaled == real
+    assert figures["data_bytes_read"] == sum(off_size[2] * n for c in real.values() for off_size, n in c.items())
+    target = tmp_path / "replay"
+    target.mkdir()
+    proc = cli("replay", str(tmp_path / "load4.arrow"), "--ranks", "3", "--target", str(target), "--strip-prefix",
+               str(ck), "--repeat", "1", "--json")
+    doc = json.loads(proc.stdout)
+    assert doc["rescaled"]["data_bytes_read"] == figures["data_bytes_read"]
+    assert "rescaled the recorded DCP load to 3 ranks" in proc.stderr

@@ -25,6 +25,13 @@ process group, ``create_global_plan``, ``FileSystemWriter`` into a recording fil
    (``replay --strip-prefix`` maps it as it maps the recorded trace). Times are ``synth``'s placeholders.
 
 Only the DCP save's own operations are in the rescaled trace (other rows of the recording are not).
+
+A recorded **load** (``rescale_dcp_load``: the trace reads the data files and writes none) is rescaled to
+the resharded load M ranks do of the same checkpoint: steps 1-2 on its layout, the checkpoint's ``Metadata``
+rebuilt from it, DCP's ``DefaultLoadPlanner`` per simulated rank, then ``FileSystemReader.read_data`` run
+for real over a file system that serves each stored chunk as ``torch.save`` of zeros of its shape (the
+recorded length), so each rank makes the reads the real reader makes (DCP 2.13 reads a rank's items in
+plan order, each through a view of a buffered file, ``torch.load`` seeking and reading in it).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import io
 import os
 import re
 import time
+import warnings
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +77,7 @@ class RecoveredSave:
     buffer_bytes: int
     guessed_steps: int
     layout: dict  # {(fqn, chunk offsets or None): (file name, offset, length)} as recorded
+    chunk_sizes: dict  # {(fqn, chunk offsets): chunk sizes} of the stored tensor chunks
 
 
 def chunk_rows(rows: int, rank: int, world: int) -> tuple[int, int]:
@@ -145,8 +154,10 @@ def recover_dcp_save(trace: str | os.PathLike) -> RecoveredSave:
     order, guessed = _recover_order(per_rank, objects, held, ranks)
     layout = {(r["name"], tuple(r["chunk_offsets"]) if r["chunk_offsets"] is not None else None):
               (os.path.basename(r["path"]), r["offset"], r["length"]) for r in rows}
+    sizes = {(r["name"], tuple(r["chunk_offsets"])): tuple(r["chunk_sizes"] or ()) for r in rows
+             if r["chunk_offsets"] is not None}
     return RecoveredSave(directory, ranks, tuple(objects[f] for f in order),
-                         _buffer_bytes(read_metadata(trace), directory), guessed, layout)
+                         _buffer_bytes(read_metadata(trace), directory), guessed, layout, sizes)
 
 
 def _itemsize(dtype: str) -> int:
@@ -370,7 +381,8 @@ def rescale_dcp_save(trace: str | os.PathLike, ranks: int) -> Synthesis:
             name = r.storage_data.relative_path
             files[name] = max(files.get(name, 0), r.storage_data.offset + r.storage_data.length)
     counts = Counter(o.kind for o in save.objects)
-    figures = {"trace": str(trace), "out": save.directory, "recorded_ranks": save.ranks, "ranks": ranks,
+    figures = {"trace": str(trace), "out": save.directory, "direction": "save", "recorded_ranks": save.ranks,
+               "ranks": ranks,
                "objects": dict(counts), "buffer_bytes": save.buffer_bytes, "order_guessed_steps": save.guessed_steps,
                "recorded_save_reproduced": True, "pattern_reproduced": pattern,
                "data_bytes": sum(r.size_in_bytes for rank_results in results for r in rank_results),
@@ -382,9 +394,265 @@ def rescale_dcp_save(trace: str | os.PathLike, ranks: int) -> Synthesis:
 
 def write_rescaled(trace: str | os.PathLike, ranks: int, output: str | os.PathLike, *,
                    overwrite: bool = False) -> dict:
-    """``rescale_dcp_save`` written as a trace at ``output`` (backend ``synth``, the figures under the
+    """``rescale_dcp_load`` (a trace that only reads the checkpoint's data files) or ``rescale_dcp_save``
+    written as a trace at ``output`` (backend ``synth``, the figures under the
     metadata key ``synth``). Returns the figures with ``rows``. Raises RescaleError, CkptTraceError."""
-    result = rescale_dcp_save(trace, ranks)
+    result = rescale_dcp_load(trace, ranks) if is_load(trace) else rescale_dcp_save(trace, ranks)
     rows = write_synthesis(result, output, command=["ckpt-trace", "replay", str(trace), "--ranks", str(ranks)],
                            overwrite=overwrite)
     return {**result.figures, "rows": rows, "rescaled_trace": str(output)}
+
+
+# -- loads ------------------------------------------------------------------------------------------------------
+O_RDONLY_CLOEXEC = os.O_RDONLY | 0o2000000
+
+
+class _Content:
+    """The bytes of the recorded checkpoint's data files as DCP's reader needs them, made on demand: each
+    tensor chunk is ``torch.save`` of zeros of its shape and dtype (the recorded length, else RescaleError),
+    each bytes object zeros (never unpickled: ``load_bytes`` skips it); the last few items are kept."""
+
+    def __init__(self, save: RecoveredSave) -> None:
+        self.save = save
+        self.items: dict[str, list[tuple[int, int, str, tuple | None]]] = {}
+        for (fqn, offsets), (name, offset, length) in save.layout.items():
+            self.items.setdefault(os.path.join(save.directory, name), []).append((offset, length, fqn, offsets))
+        for entries in self.items.values():
+            entries.sort()
+        self.kinds = {o.fqn: o for o in save.objects}
+        self.cache: dict[tuple, bytes] = {}
+
+    def size(self, path: str) -> int:
+        entries = self.items.get(path, [])
+        return max((offset + length for offset, length, _, _ in entries), default=0)
+
+    def _bytes(self, offset: int, length: int, fqn: str, offsets: tuple | None) -> bytes:
+        key = (fqn, offsets)
+        if key not in self.cache:
+            obj = self.kinds[fqn]
+            if obj.kind == "bytes":
+                data = bytes(length)
+            else:
+                import torch
+
+                buffer = io.BytesIO()
+                torch.save(torch.zeros(self.save.chunk_sizes[key], dtype=getattr(torch, obj.dtype)), buffer)
+                data = buffer.getvalue()
+                if len(data) != length:
+                    raise RescaleError(f"{fqn}: torch.save of its chunk is {len(data):,} bytes here, {length:,} "
+                                       "in the recorded checkpoint (another torch version's serialisation)")
+            if len(self.cache) >= 4:
+                self.cache.pop(next(iter(self.cache)))
+            self.cache[key] = data
+        return self.cache[key]
+
+    def read(self, path: str, pos: int, count: int) -> bytes:
+        out = bytearray(count)
+        for offset, length, fqn, offsets in self.items.get(path, []):
+            start, end = max(pos, offset), min(pos + count, offset + length)
+            if start < end:
+                out[start - pos:end - pos] = self._bytes(offset, length, fqn, offsets)[start - offset:end - offset]
+        return bytes(out)
+
+
+class _RecordingReadRaw(io.RawIOBase):
+    """A raw file that serves ``_Content``'s bytes and logs its calls as ``FileIO`` makes them."""
+
+    def __init__(self, log, path: str, content: _Content) -> None:
+        super().__init__()
+        self.log, self.path, self.content, self.pos = log, path, content, 0
+        self.end = content.size(path)
+        self._fd, _ = log.fd(path)
+        log.ops.append(("open", path, None, None, self._fd, O_RDONLY_CLOEXEC, None, self._fd))
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        view = memoryview(b).cast("B")
+        count = max(0, min(len(view), self.end - self.pos, 0x7FFFF000))
+        view[:count] = self.content.read(self.path, self.pos, count)
+        self.log.ops.append(("read", self.path, self.pos, len(view), count, None, None, self._fd))
+        self.pos += count
+        return count
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.end}[whence]
+        self.pos = base + offset
+        self.log.ops.append(("lseek", self.path, self.pos, None, self.pos, whence, None, self._fd))
+        return self.pos
+
+    def tell(self) -> int:
+        return self.seek(0, io.SEEK_CUR)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.log.ops.append(("close", self.path, None, None, 0, None, None, self._fd))
+        super().close()
+
+
+def _reading_fs(log, content: _Content, buffer_bytes: int):
+    """A ``FileSystem`` stand-in for DCP's reader: streams are ``io.BufferedReader``s of ``buffer_bytes``
+    over ``_RecordingReadRaw``."""
+    import contextlib
+
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class ReadingFileSystem(FileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, path, mode):
+            stream = io.BufferedReader(_RecordingReadRaw(log, str(path), content), buffer_size=buffer_bytes)
+            try:
+                yield stream
+            finally:
+                stream.close()
+
+    return ReadingFileSystem()
+
+
+def _metadata(save: RecoveredSave):
+    """DCP's ``Metadata`` of the recorded checkpoint, rebuilt from its layout (key paths flat: one FQN each)."""
+    import torch
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    described: dict[str, Any] = {}
+    storage = {}
+    for obj in save.objects:
+        if obj.kind == "bytes":
+            described[obj.fqn] = BytesStorageMetadata()
+            continue
+        chunks = [ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
+                  for (fqn, offsets), sizes in save.chunk_sizes.items() if fqn == obj.fqn]
+        described[obj.fqn] = TensorStorageMetadata(properties=TensorProperties(dtype=getattr(torch, obj.dtype)),
+                                                   size=torch.Size(obj.shape), chunks=chunks)
+    for (fqn, offsets), (name, offset, length) in save.layout.items():
+        index = MetadataIndex(fqn, torch.Size(offsets) if offsets is not None else None)
+        storage[index] = _StorageInfo(relative_path=name, offset=offset, length=length)
+    return Metadata(state_dict_metadata=described, planner_data={o.fqn: (o.fqn,) for o in save.objects},
+                    storage_data=storage)
+
+
+def _load_planner():
+    """``DefaultLoadPlanner`` that does not unpickle bytes objects (``load_bytes``: their bytes are zeros)."""
+    import torch.distributed.checkpoint as dcp
+
+    class SkipBytesLoadPlanner(dcp.DefaultLoadPlanner):
+        def load_bytes(self, read_item, value) -> None:
+            return None
+
+    return SkipBytesLoadPlanner
+
+
+def _recorded_metadata_reads(trace, metadata_path: str) -> list[tuple]:
+    """The first recorded rank's operations on the checkpoint's ``.metadata`` (open, reads, lseeks, close), as
+    ``_Log`` operations without descriptors."""
+    import pyarrow as pa
+
+    from ckpt_trace.formats import scan
+
+    _, batches = scan(trace, ["rank", "op", "path", "offset", "size", "ret", "flags"])
+    rows = [r for batch in batches for r in pa.Table.from_batches([batch]).to_pylist()
+            if r["path"] == metadata_path and r["op"] in ("open", "read", "lseek", "close")]
+    if not rows:
+        return []
+    first = min(r["rank"] for r in rows if r["rank"] is not None) if any(r["rank"] is not None for r in rows) \
+        else None
+    return [(r["op"], r["path"], r["offset"], r["size"], r["ret"], r["flags"]) for r in rows if r["rank"] == first]
+
+
+def is_load(trace: str | os.PathLike) -> bool:
+    """Whether ``trace`` reads its DCP checkpoint's data files and writes none of them (a load)."""
+    import pyarrow as pa
+
+    from ckpt_trace.formats import scan
+
+    _, batches = scan(trace, ["op", "path"])
+    ops = set()
+    for batch in batches:
+        for row in pa.Table.from_batches([batch]).to_pylist():
+            if row["path"] and row["path"].endswith(".distcp") and row["op"] in ("read", "write"):
+                ops.add(row["op"])
+    return ops == {"read"}
+
+
+def _plan_and_read(ranks, metadata, content, save, state_of, planner_class, recorded_metadata, logs,
+                   local_plans) -> None:
+    """``rescale_dcp_load``'s DCP part: every rank's local load plan on ``meta`` tensors, the global plan, then
+    each rank's ``.metadata`` reads (as recorded) and ``read_data`` into ``logs``."""
+    import torch.distributed.checkpoint as dcp
+
+    from .synth import _fake_rank
+
+    for rank in range(ranks):
+        with _fake_rank(rank, ranks) as mesh:
+            planner = planner_class()
+            planner.set_up_planner(state_of(mesh, "meta"), metadata, rank == 0)
+            local_plans.append(planner.create_local_plan())
+            if rank == 0:
+                coordinator = planner
+    global_plans = coordinator.create_global_plan(local_plans)
+    for rank in range(ranks):
+        log = logs[rank]
+        fd = None
+        for op, path, offset, size, ret, flags in recorded_metadata:
+            if op == "open":
+                fd, _ = log.fd(path)
+            log.ops.append((op, path, offset, size, fd if op == "open" else ret, flags, None, fd))
+        with _fake_rank(rank, ranks) as mesh:
+            planner = planner_class()
+            planner.set_up_planner(state_of(mesh, "cpu"), metadata, rank == 0)
+            reader = dcp.FileSystemReader(save.directory)
+            reader.fs = _reading_fs(log, content, save.buffer_bytes)
+            reader.set_up_storage_reader(metadata, rank == 0)
+            reader.read_data(planner.finish_plan(global_plans[rank]), planner).wait()
+
+
+def rescale_dcp_load(trace: str | os.PathLike, ranks: int) -> Synthesis:
+    """The DCP load recorded in ``trace`` as ``ranks`` ranks would do it, resharding the recorded checkpoint:
+    DCP's ``DefaultLoadPlanner`` per simulated rank (``meta`` DTensors ``Shard(dim)`` at ``ranks``, the
+    checkpoint's ``Metadata`` rebuilt from the layout), then each rank's ``FileSystemReader.read_data`` for
+    real over a recording file system that serves the chunks' bytes (``_Content``), so each rank reads the
+    byte ranges and makes the calls the real reader would; each rank first reads ``.metadata`` as the recorded
+    first rank did. Raises RescaleError as ``recover_dcp_save`` does."""
+    if ranks < 1:
+        raise RescaleError("--ranks must be at least 1")
+    try:
+        import torch.distributed.checkpoint  # noqa: F401
+    except ImportError:
+        from ckpt_trace.errors import WorkloadError
+
+        raise WorkloadError("rescaling needs torch: pip install 'ckpt-trace[torch]'") from None
+    from .synth import _Log
+
+    started = time.perf_counter()
+    save = recover_dcp_save(trace)
+    metadata = _metadata(save)
+    content = _Content(save)
+    planner_class = _load_planner()
+    state_of = _state_of(save.objects)
+    metadata_path = os.path.join(save.directory, ".metadata")
+    recorded_metadata = _recorded_metadata_reads(trace, metadata_path)
+    logs = {rank: _Log() for rank in range(ranks)}
+    local_plans: list = []
+    with warnings.catch_warnings():  # DCP's load planner warns about the fake process group's default device
+        warnings.simplefilter("ignore", UserWarning)
+        _plan_and_read(ranks, metadata, content, save, state_of, planner_class, recorded_metadata, logs, local_plans)
+    read = sum(op[4] for log in logs.values() for op in log.ops if op[0] == "read" and op[1].endswith(".distcp"))
+    figures = {"trace": str(trace), "out": save.directory, "direction": "load", "checkpoint_ranks": save.ranks,
+               "ranks": ranks, "objects": dict(Counter(o.kind for o in save.objects)),
+               "buffer_bytes": save.buffer_bytes, "order_guessed_steps": save.guessed_steps,
+               "data_bytes_read": read, "metadata_ops_per_rank": len(recorded_metadata),
+               "files": sorted({op[1] for log in logs.values() for op in log.ops if op[0] == "open"}),
+               "elapsed_s": time.perf_counter() - started}
+    return Synthesis(logs={rank: log.ops for rank, log in logs.items()}, figures=figures)

@@ -379,7 +379,7 @@ def synthesis_columns(synthesis: Synthesis) -> dict[str, np.ndarray | list]:
                 parts[name].append(value)
     order = np.lexsort((np.asarray(parts["rank"]), np.asarray(parts["ts_ns"])))
     out = {name: [values[i] for i in order] for name, values in parts.items()}
-    syscalls = {"open": "openat", "write": "write", "lseek": "lseek", "close": "close", "fsync": "fsync",
+    syscalls = {"open": "openat", "write": "write", "read": "read", "lseek": "lseek", "close": "close", "fsync": "fsync",
                 "mkdir": "mkdir", "rename": "rename", "unlink": "unlink"}
     n = len(order)
     out["pid"] = [1000 + r for r in out["rank"]]
@@ -387,7 +387,7 @@ def synthesis_columns(synthesis: Synthesis) -> dict[str, np.ndarray | list]:
     out["dur_ns"] = [0] * n
     out["comm"] = ["python"] * n
     out["syscall"] = [syscalls[op] for op in out["op"]]
-    out["offset_source"] = ["position" if op in ("write", "lseek") else None for op in out["op"]]
+    out["offset_source"] = ["position" if op in ("write", "read", "lseek") else None for op in out["op"]]
     out["iov_count"] = [None] * n
     return out
 
