@@ -32,9 +32,15 @@ class Interrupted(CkptTraceError):
     exit_code = 130
 
 
+class RegressionError(CkptTraceError):
+    """``ckpt-trace check``: a baseline is missing, corrupt, or does not match the traces and strategies being
+    checked; a tolerance is malformed."""
+
+
 class CheckpointError(CkptTraceError):
     """The emitted checkpoint writer or reader failed: a missing or truncated file, a full disk, no metadata."""
 
 
-__all__ = ["BenchError", "CheckpointError", "CkptTraceError", "CommandNotFound", "Interrupted", "ReplayError", "TraceFormatError",
+__all__ = ["BenchError", "CheckpointError", "CkptTraceError", "CommandNotFound", "Interrupted", "RegressionError", "ReplayError",
+           "TraceFormatError",
            "TracerError", "WorkloadError"]
