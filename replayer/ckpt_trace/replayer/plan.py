@@ -1050,7 +1050,7 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
 
     # Final paths, pattern keys, sizes.
     final_path = {f: path for path, f in p.file_of_path.items()}
-    key_of = np.zeros(n_files, np.int16)
+    key_of = np.zeros(n_files, np.int64)
     for f, path in final_path.items():
         key_of[f] = file_key(path)
     parents = {a for path in p.first_touch for a in _ancestors(path)}  # a path with files under it is a directory
