@@ -34,6 +34,7 @@ def load_trace(path, read_bytes: int):
         {"op": "close", "path": "/ck/m.bin", "fd": 3}])
 
 
+@pytest.mark.slow
 def test_diff_says_where_reads_part(tmp_path):
     a, b = load_trace(tmp_path / "a.arrow", 8192), load_trace(tmp_path / "b.arrow", 6000)
     data = json.loads(cli("diff", str(a), str(b), "--json").stdout)

@@ -63,6 +63,7 @@ def test_results_without_rounds_are_no_verdict():
     assert choose(1, docs, cpu_count=8).winner is None
 
 
+@pytest.mark.slow
 def test_emit_on_a_trace_too_small_to_judge_is_one_line(tmp_path):
     from test_replay import make_trace
 
@@ -74,6 +75,7 @@ def test_emit_on_a_trace_too_small_to_judge_is_one_line(tmp_path):
     assert not (tmp_path / "w.py").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.io_uring
 def test_emit_header_names_the_verdict(io_uring, tmp_path):
     golden = Path(__file__).resolve().parent.parent / "traces" / "golden" / "v4-dcp-gpt2-tiny-2ranks-bcc.arrow"

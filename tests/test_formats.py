@@ -245,6 +245,7 @@ print("closed", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_after", ["batch 0", "batch 7", "batch 39", "closing", "closed"])
 def test_a_writer_killed_at_any_point_leaves_no_file_or_a_whole_one(tmp_path, kill_after):
     """SIGKILL (no cleanup runs) while rows are spooled, while the file is written at close, after it: the

@@ -48,6 +48,7 @@ def test_odd_pattern_golden_holds_every_operation_exactly(path):
     assert got == Counter((e["op"], e["path"], e["offset"], e["bytes"]) for e in expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", _of("dcp"), ids=lambda p: p.name)
 def test_dcp_golden_replays_to_the_recorded_file_sizes(tmp_path, path):
     sizes = json.loads(path.with_suffix(".sizes.json").read_text())
@@ -79,6 +80,7 @@ def test_requests_golden_holds_every_operation_of_fios_own_iolog(path, engine):
     assert sum(expected.values()) > 0 and got == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", _of("requests"), ids=lambda p: p.name)
 def test_requests_golden_replays_every_strategy_to_the_recorded_sizes_and_content(tmp_path, path, io_uring):
     sizes = json.loads(path.with_suffix(".sizes.json").read_text())
