@@ -36,5 +36,10 @@ class CheckpointError(CkptTraceError):
     """The emitted checkpoint writer or reader failed: a missing or truncated file, a full disk, no metadata."""
 
 
-__all__ = ["BenchError", "CheckpointError", "CkptTraceError", "CommandNotFound", "Interrupted", "ReplayError", "TraceFormatError",
+class RescaleError(CkptTraceError):
+    """A trace that cannot be replayed at another number of ranks (not a DCP save, no layout, a sharding
+    rule rescaling does not know); the message says why."""
+
+
+__all__ = ["BenchError", "CheckpointError", "CkptTraceError", "CommandNotFound", "Interrupted", "ReplayError", "RescaleError", "TraceFormatError",
            "TracerError", "WorkloadError"]

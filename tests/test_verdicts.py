@@ -86,4 +86,4 @@ def test_an_empty_trace_has_nothing_to_judge(tmp_path):
 
 def test_results_say_which_data_ran(tmp_path):
     report = replay(GOLDEN / "v4-odd-pattern-strace.arrow", target=tmp_path / "t")
-    assert report.options["data"].startswith("pattern: a 1 MiB table")
+    assert report.options["data"].startswith("generated: incompressible, unique per 4 KiB block")

@@ -69,7 +69,7 @@ _LIBRARY = Path(__file__).with_name(ring_build.LIBRARY_NAME)  # built from _ring
 #: The interface version this module binds: ``CKR_ABI_VERSION`` of ``_ring.c``; bumped with it whenever a
 #: signature or ``ckr_req`` changes. A library reporting another version (or none: built before the
 #: check existed) is rebuilt from the source beside it, or refused (``library``).
-ABI_VERSION = 2
+ABI_VERSION = 3
 _REBUILD = "rebuild it: 'python scripts/build_ring.py' or reinstall ckpt-trace; it needs cc and linux-libc-dev"
 _lib: ctypes.CDLL | None = None
 
@@ -132,10 +132,44 @@ def load_library(path: Path) -> ctypes.CDLL:
     lib.ckr_reap.argtypes, lib.ckr_reap.restype = [vp, p, u, u], i
     lib.ckr_run.argtypes, lib.ckr_run.restype = [vp, p, sz, u, p, p, i], ctypes.c_long
     lib.ckr_pio_run.argtypes, lib.ckr_pio_run.restype = [p, sz, p, p, i], ctypes.c_long
+    lib.ckr_run_gen.argtypes, lib.ckr_run_gen.restype = [vp, p, sz, u, p, p, i, p], ctypes.c_long
+    lib.ckr_pio_run_gen.argtypes, lib.ckr_pio_run_gen.restype = [p, sz, p, p, i, p], ctypes.c_long
+    u64 = ctypes.c_uint64
+    lib.ckr_fill.argtypes, lib.ckr_fill.restype = [p, u64, u64, u64], None
     lib.ckr_load_acquire_u64.argtypes, lib.ckr_load_acquire_u64.restype = [p], ctypes.c_uint64
     lib.ckr_store_release_u64.argtypes, lib.ckr_store_release_u64.restype = [p, ctypes.c_uint64], None
     lib.ckr_fence_acquire.argtypes, lib.ckr_fence_acquire.restype = [], None
     return lib
+
+
+class _Gen(ctypes.Structure):
+    """``ckr_gen`` of _ring.c."""
+    _fields_ = [("flags", ctypes.c_void_p), ("slots", ctypes.c_void_p), ("slot_bytes", ctypes.c_uint64),
+                ("nslots", ctypes.c_uint32)]
+
+
+class Slots:
+    """Buffers that generated writes are filled into just before they are issued (``run``/``pio_run`` with
+    ``generate``): ``count`` page-aligned buffers of ``slot_bytes`` each (rounded up to whole pages), every page
+    touched at creation (so no first-touch fault falls inside a timed run). A write occupies a slot while it
+    is in flight, so at most ``count`` generated writes are; ``close`` when no run uses them any more."""
+
+    def __init__(self, slot_bytes: int, count: int) -> None:
+        from .buffers import PAGE_BYTES, AlignedBuffer
+        if not 1 <= count < 0xFFFF:
+            raise ValueError(f"slot count {count} outside 1-65534")
+        self.slot_bytes = max(PAGE_BYTES, -(-slot_bytes // PAGE_BYTES) * PAGE_BYTES)
+        self.count = count
+        self.buffer = AlignedBuffer(self.slot_bytes * count).prefault()
+
+    def spec(self, generate: np.ndarray) -> tuple[_Gen, np.ndarray]:
+        """The C description of these slots for requests flagged in ``generate`` (keep the returned flag
+        array alive while the call runs)."""
+        flags = np.ascontiguousarray(generate, dtype=np.uint8)
+        return _Gen(flags.ctypes.data, self.buffer.ptr, self.slot_bytes, self.count), flags
+
+    def close(self) -> None:
+        self.buffer.close()
 
 
 def _check(ret: int, what: str) -> int:
@@ -298,9 +332,15 @@ class Ring:
             raise first
 
     # -- a whole batch -------------------------------------------------------
-    def run(self, requests: np.ndarray, *, stop_on_error: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, requests: np.ndarray, *, stop_on_error: bool = True, generate: np.ndarray | None = None,
+            slots: Slots | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Issue ``requests`` (an array of ``REQUEST_DTYPE``, e.g. from ``batch``) with at most
         ``queue_depth`` in flight; return (result per request, latency ns per request).
+
+        ``generate`` (bool per request, with ``slots``) marks writes whose bytes are generated as they are
+        queued (``pattern.fill``): such a request's ``addr`` is its content offset, ``user_data`` its content
+        key, and it is written from a slot (no more than ``slots.count`` in flight; each ``len`` at most
+        ``slots.slot_bytes``, else OSError EINVAL).
 
         Results (int64) are bytes moved or ``-errno``; with ``stop_on_error`` the first
         failure or short write stops submission and the requests never issued
@@ -312,8 +352,14 @@ class Ring:
         requests = np.ascontiguousarray(requests, dtype=REQUEST_DTYPE)
         results = np.full(count, NOT_ISSUED, dtype=np.int64)
         latencies = np.zeros(count, dtype=np.int64)
-        done = self._lib.ckr_run(self._ring, requests.ctypes.data, count, self.queue_depth, results.ctypes.data,
-                                 latencies.ctypes.data, int(stop_on_error))
+        if generate is None:
+            done = self._lib.ckr_run(self._ring, requests.ctypes.data, count, self.queue_depth, results.ctypes.data,
+                                     latencies.ctypes.data, int(stop_on_error))
+        else:
+            spec, flags = slots.spec(generate)
+            done = self._lib.ckr_run_gen(self._ring, requests.ctypes.data, count, self.queue_depth,
+                                         results.ctypes.data, latencies.ctypes.data, int(stop_on_error),
+                                         ctypes.byref(spec))  # flags: kept alive through the call
         _check(done, "io_uring_enter")
         if self.latency_sink is not None:
             self.latency_sink.extend(latencies[results != NOT_ISSUED].tolist())
@@ -382,16 +428,23 @@ def first_failure(requests: np.ndarray, results: np.ndarray) -> tuple[int, OSErr
                        int(results[i]))
 
 
-def pio_run(requests: np.ndarray, *, stop_on_error: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def pio_run(requests: np.ndarray, *, stop_on_error: bool = True, generate: np.ndarray | None = None,
+            slots: Slots | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Run ``requests`` one by one through pread(2)/pwrite(2)/fsync(2) in C (the POSIX engine);
     returns (result per request, latency ns per request) as ``Ring.run`` does. Results are int64: one
-    request of up to 4 GiB - 1 bytes can move more than 2 GiB (over several calls)."""
+    request of up to 4 GiB - 1 bytes can move more than 2 GiB (over several calls). ``generate`` and
+    ``slots`` as for ``Ring.run`` (each generated write filled into the first slot just before its call)."""
     lib = library()
     count = len(requests)
     requests = np.ascontiguousarray(requests, dtype=REQUEST_DTYPE)
     results = np.full(count, NOT_ISSUED, dtype=np.int64)
     latencies = np.zeros(count, dtype=np.int64)
-    lib.ckr_pio_run(requests.ctypes.data, count, results.ctypes.data, latencies.ctypes.data, int(stop_on_error))
+    if generate is None:
+        lib.ckr_pio_run(requests.ctypes.data, count, results.ctypes.data, latencies.ctypes.data, int(stop_on_error))
+    else:
+        spec, flags = slots.spec(generate)  # flags: kept alive through the call
+        _check(lib.ckr_pio_run_gen(requests.ctypes.data, count, results.ctypes.data, latencies.ctypes.data,
+                                   int(stop_on_error), ctypes.byref(spec)), "pio_run")
     return results, latencies
 
 

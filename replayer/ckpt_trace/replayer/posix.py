@@ -1,8 +1,10 @@
 """POSIX executor: runs a ``ReplayPlan`` with plain syscalls, one thread per recorded thread.
 
-Writes carry the pattern (``iolayer.pattern``) from a page-aligned pattern
-buffer, so files opened with O_DIRECT are written as the application wrote
-them; where the target's file system refuses O_DIRECT the file is opened
+Writes carry the replay data (``iolayer.pattern.fill``: incompressible,
+unique per 4 KiB block of each file), generated into a page-aligned buffer
+just before each write is issued (in the I/O layer's C loop, into a slot
+per write in flight), so files opened with O_DIRECT are written as the
+application wrote them; where the target's file system refuses O_DIRECT the file is opened
 without it and the result notes it. Writes and reads with a known offset use
 pwrite(2)/pread(2) at that offset; those whose offset the trace did not know
 use write(2)/read(2) at the current file position. A vectorised call replays
@@ -49,9 +51,9 @@ from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats import is_any_of
 from ckpt_trace.iolayer import files, gpu, pattern
 from ckpt_trace.iolayer import ring as rings
-from ckpt_trace.iolayer.buffers import PAGE_BYTES, AlignedBuffer, pattern_buffer
+from ckpt_trace.iolayer.buffers import PAGE_BYTES, AlignedBuffer
 from ckpt_trace.iolayer.mapping import MAP_SHARED, PROT_WRITE, FileMapping
-from ckpt_trace.iolayer.ring import Ring, RingUnavailable
+from ckpt_trace.iolayer.ring import Ring, RingUnavailable, Slots
 from ckpt_trace.stats import LatencyHistogram
 
 from . import entries
@@ -164,7 +166,7 @@ class PosixExecutor:
                                       ) from None
 
     def _precreate(self, rel: str, size: int, key: int) -> None:
-        buf = pattern_buffer(min(size, self.max_io_bytes) or PAGE_BYTES)
+        buf = AlignedBuffer(min(size, self.max_io_bytes) or PAGE_BYTES)
         view = buf.view()
         try:
             fd = self.root.open(rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -175,8 +177,9 @@ class PosixExecutor:
         try:
             done = 0
             while done < size:
-                first = pattern.start(done, key)
-                done += os.write(fd, view[first:first + min(buf.size_bytes - pattern.PERIOD, size - done)])
+                n = min(buf.size_bytes, size - done)
+                pattern.fill(buf.ptr, n, key, done)
+                done += os.write(fd, view[:n])
         finally:
             os.close(fd)
             view.release()
@@ -452,9 +455,9 @@ class PosixExecutor:
             ring = ctx.queue_ring(queue)
             if ring is not None:
                 ctx.via_uring = True
-                return ring.run(requests)
+                return ctx.issue(requests, ring, queue)
         ctx.via_uring = False
-        return rings.pio_run(requests)
+        return ctx.issue(requests)
 
     def requests(self, ctx: _WorkerContext, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The request array of the data rows ``data`` (each cut at the buffer size), and the index into
@@ -473,8 +476,10 @@ class PosixExecutor:
         requests = rings.batch(len(r))
         requests["opcode"] = np.where(writes, rings.OP_WRITE, rings.OP_READ)
         requests["fd"] = ctx.fds_of(t.handle[r])
-        requests["addr"] = np.where(writes, ctx.write_buf.ptr + (base + pattern.PAGE * t.pattern_key[r].astype(np.int64))
-                                    % pattern.PERIOD, ctx.read_buf.ptr)
+        # A write's addr is its content offset and user_data its content key: its bytes are generated into a
+        # slot as it is issued (_WorkerContext.issue).
+        requests["addr"] = np.where(writes, base, ctx.read_buf.ptr)
+        requests["user_data"] = np.where(writes, t.pattern_key[r].astype(np.int64), 0).astype(np.uint64)
         requests["len"] = np.minimum(chunk, size[owner] - done)
         requests["off"] = offset
         return requests, owner
@@ -517,7 +522,7 @@ class PosixExecutor:
             requests["opcode"] = rings.OP_FSYNC
             requests["op_flags"] = rings.FSYNC_DATASYNC if op.kind == "fdatasync" else 0
             requests["fd"] = ctx.state.fds[op.handle]
-        results, latencies = ring.run(requests)
+        results, latencies = ctx.issue(requests, ring, op.queue)
         failure = rings.first_failure(requests, results)
         if failure is not None:
             raise failure[1]
@@ -539,7 +544,7 @@ class PosixExecutor:
         if op.mapped and self.maps_files and op.handle in state.mappings:
             return self._mapped(op, state.mappings[op.handle], write_buf, read_buf)
         if kind == "write":
-            return self._write(state.fds[op.handle], op, write_view)
+            return self._write(state.fds[op.handle], op, write_view, write_buf)
         if kind == "read":
             return self._read(state.fds[op.handle], op, read_view)
         if kind in ("mmap", "munmap", "msync"):
@@ -580,13 +585,14 @@ class PosixExecutor:
     def _mapped(self, op: PlanOp, mapping: FileMapping, write_buf: AlignedBuffer, read_buf: AlignedBuffer) -> int:
         """Pages written (the file's pattern copied in) or read (copied out) through ``mapping``."""
         size, done = op.size or 0, 0
-        chunk_max = write_buf.size_bytes - pattern.PERIOD if op.kind == "write" else read_buf.size_bytes
+        chunk_max = write_buf.size_bytes if op.kind == "write" else read_buf.size_bytes
         while done < size:
             chunk = min(chunk_max, size - done)
             offset = op.offset + done
             if op.kind == "write":
                 base = op.pattern_offset if op.pattern_offset is not None else op.offset
-                moved = mapping.touch(offset, chunk, source=write_buf.ptr + pattern.start(base + done, op.pattern_key))
+                pattern.fill(write_buf.ptr, chunk, op.pattern_key, base + done)
+                moved = mapping.touch(offset, chunk, source=write_buf.ptr)
             else:
                 moved = mapping.touch(offset, chunk, sink=read_buf.ptr)
             if moved < chunk:
@@ -645,14 +651,22 @@ class PosixExecutor:
                 state.note("fallocate(2) refused by the target file system: files were not preallocated")
         return opened.fd
 
-    def _write(self, fd: int, op: PlanOp, view: memoryview) -> int:
-        """Write ``op.size`` bytes of the file's pattern from the periodic buffer ``view``."""
+    def _write(self, fd: int, op: PlanOp, view: memoryview, buf: AlignedBuffer | None = None) -> int:
+        """Write ``op.size`` bytes of the file's replay data, generated into ``buf`` (which ``view`` views)
+        piece by piece just before each call (at the file position, where the offset is unknown: the data of
+        the offset where the position is)."""
         size, done = op.size or 0, 0
-        chunk_max = len(view) - pattern.PERIOD
+        chunk_max = len(view)
         while done < size:
             base = op.pattern_offset if op.pattern_offset is not None else op.offset
-            first = pattern.start(base + done, op.pattern_key) if base is not None else 0
-            chunk = view[first:first + min(chunk_max, size - done)]
+            if base is None:
+                try:
+                    base = os.lseek(fd, 0, os.SEEK_CUR) - done
+                except OSError:  # not seekable: no offset to take the data of
+                    base = 0
+            n = min(chunk_max, size - done)
+            pattern.fill(buf.ptr, n, op.pattern_key, base + done)
+            chunk = view[:n]
             if op.offset is None:
                 n = os.write(fd, chunk)
             else:
@@ -734,6 +748,11 @@ class _Failed(OSError):
         self.row = row
 
 
+#: Memory a worker's ring may hold for the generated writes it keeps in flight (one slot of the worker's buffer
+#: size each, at most the ring's depth): a worker whose writes are 64 MiB keeps 4 in flight, 1 MiB ones 32.
+RING_SLOT_BYTES = 256 << 20
+
+
 class _WorkerContext:
     """One worker's buffers and rings for one run of a plan."""
 
@@ -741,7 +760,9 @@ class _WorkerContext:
                  progress: Progress | None) -> None:
         self.executor, self.plan, self.state, self.progress = executor, plan, state, progress
         self.chunk = size
-        self.write_buf, self.read_buf = pattern_buffer(size), AlignedBuffer(size)
+        self.write_slots = Slots(size, 1)  # generated writes issued one at a time (and the Python paths') buffer
+        self.write_buf, self.read_buf = self.write_slots.buffer, AlignedBuffer(size)
+        self.ring_slots: dict[int, Slots] = {}  # a ring's slots, by queue: one per write it keeps in flight
         self.write_view, self.read_view = self.write_buf.view(), self.read_buf.view()
         self.rings: dict[int, Ring | None] = {}
         self.index = 0  # the worker's index in the plan
@@ -767,6 +788,22 @@ class _WorkerContext:
                 self.rings[queue] = None
         return self.rings[queue]
 
+    def issue(self, requests: np.ndarray, ring: Ring | None = None, queue: int = -1):
+        """(results, latencies) of ``requests`` through ``ring`` (else the POSIX C loop), their writes'
+        bytes generated as each is issued (``requests``: a write's addr is its content offset, user_data its
+        key) into slots: one for the C loop, for a ring one per write it keeps in flight, as deep as the ring
+        within ``RING_SLOT_BYTES`` (fewer slots: fewer generated writes in flight)."""
+        generate = requests["opcode"] == rings.OP_WRITE
+        if not generate.any():
+            return ring.run(requests) if ring is not None else rings.pio_run(requests)
+        if ring is None:
+            return rings.pio_run(requests, generate=generate, slots=self.write_slots)
+        slots = self.ring_slots.get(queue)
+        if slots is None:
+            count = max(1, min(ring.queue_depth, RING_SLOT_BYTES // self.chunk))
+            slots = self.ring_slots[queue] = Slots(self.chunk, count)
+        return ring.run(requests, generate=generate, slots=slots)
+
     def drain(self) -> None:
         """Wait for what is still in flight (nothing, after ``run``: hook for executors that keep requests)."""
 
@@ -791,6 +828,9 @@ class _WorkerContext:
             if ring is not None:
                 ring.close()
         self.rings.clear()
+        for slots in self.ring_slots.values():
+            slots.close()
+        self.ring_slots.clear()
         self.write_view.release()
         self.read_view.release()
         self.write_buf.close()

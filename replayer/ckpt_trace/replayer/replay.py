@@ -49,9 +49,10 @@ OPTIONAL_STRATEGIES = ("gds",)
 CHOICES = STRATEGIES + OPTIONAL_STRATEGIES + ("all",)
 TIMINGS = ("asap", "original")
 CACHE_STATES = ("recorded", "cold", "warm")
-#: Which bytes the replay writes (results' ``options["data"]``): not yet a checkpoint's incompressible, unique data.
-DATA_NOTE = ("pattern: a 1 MiB table (251 pages) shifted by whole pages per file (iolayer.pattern); storage that "
-             "deduplicates 4 KiB blocks or compresses sees few unique blocks and may report flattering throughput")
+#: Which bytes the replay writes (results' ``options["data"]``).
+DATA_NOTE = ("generated: incompressible, unique per 4 KiB block and per file (iolayer.pattern.fill, a counter-mode "
+             "generator keyed by the file's path and the offset), generated as each write is issued; gds writes the "
+             "1 MiB table pattern from GPU memory instead")
 
 
 @dataclass(frozen=True)
