@@ -251,6 +251,7 @@ def replay(
     cache: Literal["recorded", "cold", "warm"] = typer.Option("recorded", "--cache", help="Page cache of the files the trace finds when each run starts: recorded (cold where the trace does not say), cold, warm."),
     wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
     placement: Literal["host", "spread"] = typer.Option("host", "--placement", help="Under torchrun: host keeps each recorded host's ranks on one node (a merged trace); spread cuts the ranks into blocks over all processes."),
+    ranks: Optional[int] = typer.Option(None, "--ranks", help="Rescale: replay the recorded DCP save as this many ranks would write it (DCP's planner on the trace's checkpoint layout)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the results document (JSON) to this file."),
     force: bool = typer.Option(False, help="Allow a non-empty target and overwrite an existing -o file (the replay still writes only files it creates)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results document as JSON on stdout."),
@@ -270,10 +271,13 @@ def replay(
     speaks = world is None or world.rank == 0  # under torchrun, global rank 0 writes and prints
     if output is not None and speaks:
         check_output_file(output, force, inputs=(trace,))
+    rescaled = None
+    if ranks is not None:  # the rescaled trace, in a directory of ours removed when the command ends
+        trace, rescaled = _rescaled_trace(trace, ranks)
     if dry_run:
         if not speaks:  # rank 0 plans the whole trace and prints the dry run
             return
-        plans = {"trace": str(trace), "plans": plan_summaries(trace, strategy=strategy, target=target,
+        plans = {"trace": str(trace), **({"rescaled": rescaled} if rescaled else {}), "plans": plan_summaries(trace, strategy=strategy, target=target,
                                                               strip_prefix=strip_prefix, buffer_bytes=buffer_bytes,
                                                               pack_files=pack_files)}
         if output is not None:
@@ -307,6 +311,8 @@ def replay(
                                 progress=progress, protect=(output,) if output is not None else (), fio=fio,
                                 gpu_copies=gpu_copies, cache=cache, strict=strict)
     data = report.to_json()
+    if rescaled:
+        data["rescaled"] = rescaled
     if output is not None:
         _write_json(output, data)
     _show(data, as_json, lambda console, doc: render_results(console, doc["results"], doc["fio_write_bytes_per_s"],
@@ -324,6 +330,25 @@ def replay(
         actual = "missing" if mismatch.actual_bytes is None else f"{mismatch.actual_bytes:,} B"
         err.print(f"[yellow]ckpt-trace: warning: {mismatch.strategy}: {escape(mismatch.path)} is {actual}, "
                   f"recorded {mismatch.expected_bytes:,} B[/]", highlight=False)
+
+
+def _rescaled_trace(trace: Path, ranks: int) -> tuple[Path, dict]:
+    """(path, figures) of ``trace``'s DCP save rescaled to ``ranks`` (``workloads.rescale``), written in a
+    temporary directory that is removed when the process exits."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from ckpt_trace.workloads.rescale import write_rescaled
+
+    scratch = tempfile.mkdtemp(prefix="ckpt-trace-rescale-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    figures = write_rescaled(trace, ranks, Path(scratch) / "rescaled.arrow")
+    err.print(f"ckpt-trace: rescaled the recorded {figures['recorded_ranks']}-rank DCP save to {ranks} ranks: "
+              f"{len(figures['data_files'])} data files, {figures['data_bytes']:,} data bytes (DCP's planner; "
+              f"the recorded save reproduced at {figures['recorded_ranks']} ranks) in {figures['elapsed_s']:.1f} s",
+              highlight=False)
+    return Path(scratch) / "rescaled.arrow", figures
 
 
 @app.command()
@@ -864,6 +889,17 @@ def keep_freed_batches() -> None:
     mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES)
 
 
+#: Keyword arguments of the library whose flag is not the keyword with dashes (CkptTraceError.option -> flag).
+_FLAGS = {"buffer_bytes": "--buffer-size", "overwrite": "--force", "clock_offsets": "--clock-offset",
+          "queue_depths": "--queue-depths"}
+
+
+def flag_of(option: str) -> str:
+    """The command-line flag of a library call's keyword argument ``option`` (an error's ``option``): the CLI,
+    not the library, names flags in error lines."""
+    return _FLAGS.get(option, "--" + option.replace("_", "-"))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app, turning errors into one line and an exit code."""
     keep_freed_batches()
@@ -892,10 +928,10 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as done:
         sys.exit(done.exit_code)
     except Interrupted as error:
-        err.print(f"[red]ckpt-trace: {escape(str(error))}[/]", highlight=False)
+        err.print(f"[red]ckpt-trace: {escape(error.render(flag_of))}[/]", highlight=False)
         sys.exit(128 + interrupted[0] if interrupted else error.exit_code)  # 143 for SIGTERM, 129 for SIGHUP
     except CkptTraceError as error:
-        err.print(f"[red]ckpt-trace: error: {escape(str(error))}[/]", highlight=False)
+        err.print(f"[red]ckpt-trace: error: {escape(error.render(flag_of))}[/]", highlight=False)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
         err.print("[red]ckpt-trace: interrupted[/]")

@@ -39,6 +39,7 @@ EXAMPLES = {
         "ckpt-trace replay save.arrow --strategy all --target /scratch/replay --durable -o results.json",
         "ckpt-trace replay save.arrow --strategy aggregated --buffer-size 4MiB --target /nvme/r --dry-run",
         "torchrun --nproc-per-node 8 -m ckpt_trace.cli replay save.arrow --target /lustre/r -o r.json",
+        "ckpt-trace replay save4.arrow --ranks 8 --target /scratch/r --durable   # a 4-rank DCP save as 8 ranks",
     ],
     "summary": ["ckpt-trace summary save.arrow", "ckpt-trace summary save.arrow --json | jq .gpu"],
     "merge": [

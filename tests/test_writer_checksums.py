@@ -136,3 +136,24 @@ def test_the_verifier_raises_the_first_failure_in_order_and_stops_the_next_submi
     finally:
         verifier.close()
     assert ran[:3] == [0, 1, 2] and 4 not in ran
+
+
+def test_the_benchmark_pairs_verdict_uses_a_distribution_free_interval_of_the_median():
+    import importlib.util
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("emitted_writer_bench", root / "benchmarks" / "emitted_writer.py")
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(root / "benchmarks"))
+    mid, low, high, coverage = bench.median_interval([0.03, -0.02, 0.01, 0.2, 0.04])
+    assert (mid, low, high) == (0.03, -0.02, 0.2) and coverage == pytest.approx(1 - 2 / 32)  # n=5: the range
+    assert bench.verdict(low, high) == "within noise"
+    values = [0.01 * i for i in range(1, 11)]  # n=10: x(2)..x(9), 97.9 % (x(3)..x(8) would cover 89 %)
+    mid, low, high, coverage = bench.median_interval(values)
+    assert (low, high) == (0.02, 0.09) and coverage == pytest.approx(1 - 2 * 11 / 1024)
+    assert bench.verdict(low, high) == "costs" and bench.verdict(-0.05, -0.01) == "faster with checksums"
