@@ -889,6 +889,17 @@ def keep_freed_batches() -> None:
     mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES)
 
 
+#: Keyword arguments of the library whose flag is not the keyword with dashes (CkptTraceError.option -> flag).
+_FLAGS = {"buffer_bytes": "--buffer-size", "overwrite": "--force", "clock_offsets": "--clock-offset",
+          "queue_depths": "--queue-depths"}
+
+
+def flag_of(option: str) -> str:
+    """The command-line flag of a library call's keyword argument ``option`` (an error's ``option``): the CLI,
+    not the library, names flags in error lines."""
+    return _FLAGS.get(option, "--" + option.replace("_", "-"))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app, turning errors into one line and an exit code."""
     keep_freed_batches()
@@ -917,10 +928,10 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as done:
         sys.exit(done.exit_code)
     except Interrupted as error:
-        err.print(f"[red]ckpt-trace: {escape(str(error))}[/]", highlight=False)
+        err.print(f"[red]ckpt-trace: {escape(error.render(flag_of))}[/]", highlight=False)
         sys.exit(128 + interrupted[0] if interrupted else error.exit_code)  # 143 for SIGTERM, 129 for SIGHUP
     except CkptTraceError as error:
-        err.print(f"[red]ckpt-trace: error: {escape(str(error))}[/]", highlight=False)
+        err.print(f"[red]ckpt-trace: error: {escape(error.render(flag_of))}[/]", highlight=False)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
         err.print("[red]ckpt-trace: interrupted[/]")
