@@ -439,7 +439,9 @@ def strace_attach(plan: AttachPlan, scratch, counter: CheckpointCounter, stopper
     tids: dict[int, int] = {}
     try:
         for attempt in range(5):  # a process forked before its parent was attached: another strace for it
-            missing = [pid for pid in process_tree(plan.pid) if pid not in attached and alive(pid)]
+            # not yet attached, and not followed by a strace already (a fork after its parent was attached)
+            missing = [pid for pid in process_tree(plan.pid)
+                       if pid not in attached and alive(pid) and not (procs and _traced_by(pid))]
             if not missing:
                 break
             log = Path(scratch) / f"strace-{attempt}.log"
