@@ -136,9 +136,9 @@ def record(
     gpu: Literal["auto", "on", "off"] = typer.Option("auto", "--gpu", help="Host<->device copies of CUDA programs (CUPTI): auto (when libcupti is found), on, off."),
     host: Optional[str] = typer.Option(None, "--host", help="Name this node in the trace (default: the host name), for `merge` where nodes share a host name."),
     no_layout: bool = typer.Option(False, "--no-layout", help="Do not add the layout of the checkpoint files the command left (see annotate)."),
-    pid: Optional[int] = typer.Option(None, "--pid", help="Trace this running process and its descendants instead of starting CMD; detach when done, leaving it running."),
-    duration: Optional[float] = typer.Option(None, "--duration", help="With --pid: stop after SECONDS."),
-    until_checkpoints: Optional[int] = typer.Option(None, "--until-checkpoints", help="With --pid: stop once N checkpoint files were written (opened for writing after the attach, written, closed)."),
+    pid: Optional[int] = typer.Option(None, "--pid", metavar="PID", help="Trace this running process and its descendants instead of starting CMD; detach when done, leaving it running."),
+    duration: Optional[float] = typer.Option(None, "--duration", metavar="SECONDS", help="With --pid: stop after SECONDS."),
+    until_checkpoints: Optional[int] = typer.Option(None, "--until-checkpoints", metavar="N", help="With --pid: stop once N checkpoint files were written (opened for writing after the attach, written, closed)."),
 ) -> None:
     """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code.
 
