@@ -117,7 +117,7 @@ def test_a_killed_recordings_leftovers_are_named_by_the_next_one(tmp_path, strac
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_or_sighup_to_a_replay_removes_its_files_like_ctrl_c(tmp_path, signum):
-    from test_safety import synthetic
+    from helpers.traces import synthetic
 
     trace = synthetic(tmp_path / "t.arrow", {"/ck/a.bin": 10, "/ck/b.bin": 10}, gap_ns=10_000_000_000)
     target = tmp_path / "t"

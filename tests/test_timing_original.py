@@ -9,7 +9,7 @@ from ckpt_trace.replayer import replay
 
 
 def paced_trace(tmp_path, gap_ns: int = 5_000_000, writes: int = 40):
-    from test_replay import CREATE, make_trace
+    from helpers.traces import CREATE, make_trace
 
     ops = [{"op": "open", "path": "/ck/a.bin", "fd": 3, "flags": CREATE, "ret": 3, "ts_ns": 0}]
     for i in range(writes):  # back-to-back offsets: the replayer would otherwise batch them into one run
