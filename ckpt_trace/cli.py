@@ -136,9 +136,9 @@ def record(
     gpu: Literal["auto", "on", "off"] = typer.Option("auto", "--gpu", help="Host<->device copies of CUDA programs (CUPTI): auto (when libcupti is found), on, off."),
     host: Optional[str] = typer.Option(None, "--host", help="Name this node in the trace (default: the host name), for `merge` where nodes share a host name."),
     no_layout: bool = typer.Option(False, "--no-layout", help="Do not add the layout of the checkpoint files the command left (see annotate)."),
-    pid: Optional[int] = typer.Option(None, "--pid", help="Trace this running process and its descendants instead of starting CMD; detach when done, leaving it running."),
-    duration: Optional[float] = typer.Option(None, "--duration", help="With --pid: stop after SECONDS."),
-    until_checkpoints: Optional[int] = typer.Option(None, "--until-checkpoints", help="With --pid: stop once N checkpoint files were written (opened for writing after the attach, written, closed)."),
+    pid: Optional[int] = typer.Option(None, "--pid", metavar="PID", help="Trace this running process and its descendants instead of starting CMD; detach when done, leaving it running."),
+    duration: Optional[float] = typer.Option(None, "--duration", metavar="SECONDS", help="With --pid: stop after SECONDS."),
+    until_checkpoints: Optional[int] = typer.Option(None, "--until-checkpoints", metavar="N", help="With --pid: stop once N checkpoint files were written (opened for writing after the attach, written, closed)."),
 ) -> None:
     """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code.
 
@@ -770,7 +770,7 @@ def annotate(
         formats = ", ".join(sorted(set(data["files"].values()))) or "none recognised"
         err.print(f"ckpt-trace: wrote {data['trace']}: {data['objects']:,} objects in {data['covered_files']} files "
                   f"({formats}), {len(data['unknown'])} unknown, in {data['elapsed_s']:.2f} s", highlight=False)
-        for path, why in data["errors"].items():
+        for why in data["errors"].values():
             err.print(f"[yellow]ckpt-trace: warning: {escape(why)}[/]", highlight=False)
 
 
@@ -894,6 +894,17 @@ def keep_freed_batches() -> None:
     mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES)
 
 
+#: Keyword arguments of the library whose flag is not the keyword with dashes (CkptTraceError.option -> flag).
+_FLAGS = {"buffer_bytes": "--buffer-size", "overwrite": "--force", "clock_offsets": "--clock-offset",
+          "queue_depths": "--queue-depths"}
+
+
+def flag_of(option: str) -> str:
+    """The command-line flag of a library call's keyword argument ``option`` (an error's ``option``): the CLI,
+    not the library, names flags in error lines."""
+    return _FLAGS.get(option, "--" + option.replace("_", "-"))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app, turning errors into one line and an exit code."""
     keep_freed_batches()
@@ -922,10 +933,10 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as done:
         sys.exit(done.exit_code)
     except Interrupted as error:
-        err.print(f"[red]ckpt-trace: {escape(str(error))}[/]", highlight=False)
+        err.print(f"[red]ckpt-trace: {escape(error.render(flag_of))}[/]", highlight=False)
         sys.exit(128 + interrupted[0] if interrupted else error.exit_code)  # 143 for SIGTERM, 129 for SIGHUP
     except CkptTraceError as error:
-        err.print(f"[red]ckpt-trace: error: {escape(str(error))}[/]", highlight=False)
+        err.print(f"[red]ckpt-trace: error: {escape(error.render(flag_of))}[/]", highlight=False)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
         err.print("[red]ckpt-trace: interrupted[/]")

@@ -32,6 +32,11 @@ class Interrupted(CkptTraceError):
     exit_code = 130
 
 
+class RegressionError(CkptTraceError):
+    """``ckpt-trace check``: a baseline is missing, corrupt, or does not match the traces and strategies being
+    checked; a tolerance is malformed."""
+
+
 class CheckpointError(CkptTraceError):
     """The emitted checkpoint writer or reader failed: a missing or truncated file, a full disk, no metadata."""
 
@@ -41,5 +46,6 @@ class RescaleError(CkptTraceError):
     rule rescaling does not know); the message says why."""
 
 
-__all__ = ["BenchError", "CheckpointError", "CkptTraceError", "CommandNotFound", "Interrupted", "ReplayError", "RescaleError", "TraceFormatError",
+__all__ = ["BenchError", "CheckpointError", "CkptTraceError", "CommandNotFound", "Interrupted", "RegressionError",
+           "ReplayError", "RescaleError", "TraceFormatError",
            "TracerError", "WorkloadError"]

@@ -120,6 +120,7 @@ def _compressed_share(data: bytes) -> dict[str, float]:
     return shares
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["posix", "uring-buffered", "uring-direct", "aggregated"])
 def test_a_replay_writes_incompressible_blocks_that_never_repeat(strategy, tmp_path):
     if strategy != "posix":

@@ -8,6 +8,7 @@ import sys
 from collections import Counter
 
 import pyarrow as pa
+import pytest
 from conftest import cli
 
 from ckpt_trace.errors import RescaleError
@@ -67,6 +68,7 @@ def test_rescaling_refuses_what_it_cannot_rescale(tmp_path, torch_installed):
     assert not any(target.iterdir())
 
 
+@pytest.mark.slow
 def test_rescaling_to_no_ranks_is_refused(tmp_path):
     target = tmp_path / "t"
     target.mkdir()

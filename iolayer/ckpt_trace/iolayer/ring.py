@@ -151,16 +151,19 @@ class _Gen(ctypes.Structure):
 class Slots:
     """Buffers that generated writes are filled into just before they are issued (``run``/``pio_run`` with
     ``generate``): ``count`` page-aligned buffers of ``slot_bytes`` each (rounded up to whole pages), every page
-    touched at creation (so no first-touch fault falls inside a timed run). A write occupies a slot while it
-    is in flight, so at most ``count`` generated writes are; ``close`` when no run uses them any more."""
+    touched at creation with ``prefault`` (else at its first use). A write occupies a slot while it is in
+    flight, so at most ``count`` generated writes are; a freed slot is the next one taken (last in, first
+    out: the few slots a shallow queue uses stay in the CPU's cache). ``close`` when no run uses them."""
 
-    def __init__(self, slot_bytes: int, count: int) -> None:
+    def __init__(self, slot_bytes: int, count: int, *, prefault: bool = True) -> None:
         from .buffers import PAGE_BYTES, AlignedBuffer
         if not 1 <= count < 0xFFFF:
             raise ValueError(f"slot count {count} outside 1-65534")
         self.slot_bytes = max(PAGE_BYTES, -(-slot_bytes // PAGE_BYTES) * PAGE_BYTES)
         self.count = count
-        self.buffer = AlignedBuffer(self.slot_bytes * count).prefault()
+        self.buffer = AlignedBuffer(self.slot_bytes * count)
+        if prefault:
+            self.buffer.prefault()
 
     def spec(self, generate: np.ndarray) -> tuple[_Gen, np.ndarray]:
         """The C description of these slots for requests flagged in ``generate`` (keep the returned flag

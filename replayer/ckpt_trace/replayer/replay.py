@@ -120,7 +120,7 @@ def derive_plan(base: ReplayPlan, strategy: str, *, buffer_bytes: int = 4 << 20,
     try:
         plan = build_aggregated_plan(base, buffer_bytes=buffer_bytes, block_bytes=block_bytes)
     except ValueError as err:
-        raise ReplayError(f"--buffer-size: {err}") from None
+        raise ReplayError(f"{{option}}: {err}", option="buffer_bytes") from None
     return pack_plan(plan, block_bytes=block_bytes, buffer_bytes=buffer_bytes) if pack_files else plan
 
 
@@ -227,7 +227,7 @@ def prepare_target(target: Path, force: bool) -> TargetRoot:
         raise ReplayError(f"cannot create target {target}: {err.strerror}") from None
     refuse_held(target, job_id())
     if not force and any(p.name != LOCK_NAME for p in target.iterdir()):
-        raise ReplayError(f"target {target} is not empty (use --force to replay into it)")
+        raise ReplayError(f"target {target} is not empty (use {{option}} to replay into it)", option="force", switch=True)
     return TargetRoot(target)
 
 
@@ -348,7 +348,7 @@ def replay(
     """
     check_options(strategy, timing, gpu_copies, repeat, min_seconds, drop_caches)
     if cache not in CACHE_STATES:
-        raise ReplayError(f"unknown --cache {cache!r} (choose from {', '.join(CACHE_STATES)})")
+        raise ReplayError(f"unknown {{option}} {cache!r} (choose from {', '.join(CACHE_STATES)})", option="cache")
     trace = _trace_file(trace_path)
     target = Path(target)
     refuse_target_holding(target, trace.path)
@@ -436,15 +436,16 @@ def check_options(strategy: str, timing: str, gpu_copies: str, repeat: int | Non
     if timing not in TIMINGS:
         raise ReplayError(f"unknown timing {timing!r} (choose from {', '.join(TIMINGS)})")
     if gpu_copies not in GPU_COPY_MODES:
-        raise ReplayError(f"unknown --gpu-copies {gpu_copies!r} (choose from {', '.join(GPU_COPY_MODES)})")
+        raise ReplayError(f"unknown {{option}} {gpu_copies!r} (choose from {', '.join(GPU_COPY_MODES)})",
+                          option="gpu_copies")
     if strategy not in CHOICES:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
     if repeat is not None and repeat < 1:
-        raise ReplayError("--repeat must be at least 1")
+        raise ReplayError("{option} must be at least 1", option="repeat")
     if min_seconds < 0:
-        raise ReplayError("--min-seconds cannot be negative")
+        raise ReplayError("{option} cannot be negative", option="min_seconds")
     if drop_caches and os.geteuid() != 0:
-        raise ReplayError("--drop-caches needs root (it writes /proc/sys/vm/drop_caches)")
+        raise ReplayError("{option} needs root (it writes /proc/sys/vm/drop_caches)", option="drop_caches", switch=True)
 
 
 @dataclass(frozen=True)
@@ -651,7 +652,7 @@ def _fio_limit(target: Path, plan: ReplayPlan) -> float:
     except CkptTraceError as err:
         raise ReplayError(str(err)) from None
     if limit is None:
-        raise ReplayError("--fio needs fio on PATH (Debian: apt-get install fio)")
+        raise ReplayError("{option} needs fio on PATH (Debian: apt-get install fio)", option="fio", switch=True)
     return limit
 
 
@@ -666,11 +667,11 @@ def refuse_target_holding(target: Path, trace: Path) -> None:
 def check_queue_depth(queue_depth: int, strategies: list[str]) -> None:
     """Probe a ring of ``queue_depth`` before anything runs, when a strategy uses io_uring. Raises ReplayError."""
     if queue_depth < 1:
-        raise ReplayError("--queue-depth must be at least 1")
+        raise ReplayError("{option} must be at least 1", option="queue_depth")
     if any(name != "posix" for name in strategies):
         problem = io_uring_available(queue_depth)
         if problem:
-            raise ReplayError(f"--queue-depth {queue_depth}: {problem}")
+            raise ReplayError(f"{{option}} {queue_depth}: {problem}", option="queue_depth")
 
 
 def _verify(root: TargetRoot, plan: ReplayPlan) -> int:

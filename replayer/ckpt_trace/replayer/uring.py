@@ -69,7 +69,7 @@ class UringExecutor(PosixExecutor):
                  strategy: str | None = None) -> None:
         super().__init__(root, max_io_bytes)
         if queue_depth < 1:
-            raise ReplayError("--queue-depth must be at least 1")
+            raise ReplayError("{option} must be at least 1", option="queue_depth")
         self.queue_depth = queue_depth
         self.direct = direct
         self.strategy = strategy or ("uring-direct" if direct else "uring-buffered")
