@@ -56,7 +56,6 @@ from .checksum import update as update_checksum
 from .layout import FileLayout, align_up, plan_stream
 from .options import WriterOptions
 
-
 _INLINE_CHECKSUM_BYTES = 64 << 10  # an item this small is checksummed at once: a worker's hand-off costs more
 
 
