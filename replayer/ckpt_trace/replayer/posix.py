@@ -1,9 +1,10 @@
 """POSIX executor: runs a ``ReplayPlan`` with plain syscalls, one thread per recorded thread.
 
 Writes carry the replay data (``iolayer.pattern.fill``: incompressible,
-unique per 4 KiB block of each file), generated into a page-aligned buffer
-just before each write is issued (in the I/O layer's C loop, into a slot
-per write in flight), so files opened with O_DIRECT are written as the
+unique per 4 KiB block of each file), made before the clock in page-aligned
+buffers per file (``replayer.data``) or, where memory does not allow,
+generated just before each write is issued (in the I/O layer's C loop, into
+a slot per write in flight), so files opened with O_DIRECT are written as the
 application wrote them; where the target's file system refuses O_DIRECT the file is opened
 without it and the result notes it. Writes and reads with a known offset use
 pwrite(2)/pread(2) at that offset; those whose offset the trace did not know
