@@ -58,6 +58,7 @@ def test_every_error_class_of_ours_is_in_the_family():
     assert baseline.RegressionError is RegressionError  # defined once, in the errors module
 
 
+@pytest.mark.slow
 def test_python_and_the_cli_word_the_same_error_each_in_its_own_terms(tmp_path):
     """replay(repeat=0) says ``repeat``, ``ckpt-trace replay --repeat 0`` says ``--repeat``; a non-empty target
     says ``force=True`` from Python and ``--force`` from the CLI. One line each, exit status 2."""

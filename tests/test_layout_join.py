@@ -222,6 +222,7 @@ def test_a_recorded_hugging_face_save_pretrained(torch_installed, strace_backend
     assert kinds["unknown"]["bytes_written"] == sum(os.path.getsize(p) for p in info["unknown"])
 
 
+@pytest.mark.slow
 def test_a_filtered_trace_keeps_the_layout(tmp_path):
     from ckpt_trace.formats.layout import add_layout
 

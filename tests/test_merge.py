@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 from conftest import cli
 
 from ckpt_trace.formats import read_trace
@@ -94,6 +95,7 @@ def _merged(path):
     return meta, pa.Table.from_batches(list(batches)).to_pylist()
 
 
+@pytest.mark.slow
 def test_merge_aligns_clocks_that_disagree_by_a_known_offset(tmp_path):
     # node a's monotonic clock reads 1e12 at T0, node b's 5e12 (another boot): 4,000 s apart. b's first row
     # is 1 ms after a's in real time, so the rows interleave a, b, a, b...
@@ -140,6 +142,7 @@ def test_merge_streams_many_batches_in_time_order(tmp_path):
     assert [(r["ts_ns"], r["host"]) for r in rows] == expected
 
 
+@pytest.mark.slow
 def test_a_rank_in_two_traces_is_refused_naming_both(tmp_path):
     a = _node_trace(tmp_path / "a.arrow", "a", "boot-a", 10**12, 0, rank=3, pid=1)
     b = _node_trace(tmp_path / "b.arrow", "b", "boot-b", 10**12, 0, rank=3, pid=2)
@@ -149,6 +152,7 @@ def test_a_rank_in_two_traces_is_refused_naming_both(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_summary_and_report_of_a_merged_trace_show_hosts_and_the_slowest_rank(tmp_path):
     import json
 

@@ -18,7 +18,11 @@ creat), wrote at least one byte to through the write family (write, pwrite64, wr
 that descriptor, and closed. Only such a file is whole in the trace: its open, every write, its close. A
 rename afterwards does not count it again; a file written through a mapping or io_uring only is not
 counted. The trace then ends at that close: events after it (the start of the next save, in the few
-milliseconds before the detach) are left out, so ``--until-checkpoints 1`` holds exactly one file's life.
+milliseconds before the detach) are left out, so ``--until-checkpoints 1`` holds exactly one file's life;
+but for a rename of a counted file seen before the detach, which is kept: the commit of a file written
+under a temporary name (DCP's ``.metadata.tmp`` -> ``.metadata``, right after its close). At the other
+end, a save under way at the attach may leave its tail in the trace (writes, close, rename through a
+descriptor opened before): never its open, and it is not counted.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from .state import Description, FdTable, Process, rank_from_environ
 _SPECIAL = ("/proc/", "/sys/", "/dev/")
 _WRITES = ("write", "pwrite64", "writev", "pwritev", "pwritev2")
 _OPENS = ("open", "openat", "openat2", "creat")
+_RENAMES = ("rename", "renameat", "renameat2")
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,14 @@ class CheckpointCounter:
     @property
     def done(self) -> bool:
         return self.cut_ns is not None
+
+    def counted(self) -> set[str]:
+        """The paths of the files counted up to ``wanted`` (all of them when it is None)."""
+        return {path for path, _ in self.files[:self.wanted]}
+
+    def kept_after_cut(self, name: str, pid: int, path: str | None) -> bool:
+        """Whether an event past ``cut_ns`` stays in the trace: a rename of a counted file (its commit)."""
+        return name in _RENAMES and path is not None and _absolute(pid, path) in self.counted()
 
     def observe(self, opens: list[tuple[int, int, str]], closes: list[tuple[int, int]],
                 write_keys: np.ndarray, write_ends: np.ndarray) -> None:
@@ -524,10 +537,19 @@ def run_attached(choice, plan: AttachPlan, builder_args: dict, spool, load_bcc):
     if choice.name == "bcc":
         tracer, choice = load_bcc(choice, list(filters))
     if tracer is not None:
+        from .bcc_backend import _NAMES
+
+        rename_nrs = np.array([_NAMES.index(name) for name in _RENAMES if name in _NAMES])
+
         def keep(records: np.ndarray) -> np.ndarray:
             if counter.cut_ns is None:
                 return np.ones(len(records), bool)
-            return (records["ts_ns"] + records["dur_ns"]) <= np.uint64(counter.cut_ns)
+            mask = (records["ts_ns"] + records["dur_ns"]) <= np.uint64(counter.cut_ns)
+            if "path" in (records.dtype.names or ()):
+                for i in np.flatnonzero(~mask & np.isin(records["nr"], rename_nrs)).tolist():
+                    path = records["path"][i].tobytes().split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                    mask[i] = counter.kept_after_cut(_NAMES[int(records["nr"][i])], int(records["pid"][i]), path)
+            return mask
 
         seen: list[int] = []
 
@@ -555,6 +577,7 @@ def run_attached(choice, plan: AttachPlan, builder_args: dict, spool, load_bcc):
                  "released_s": rec.released_s, "exited_s": rec.exited_s,
                  "attached": attached_summary(stopper, seen)}
         return feeder.builder, extra, choice
+    tids: dict[int, int] = {}
     with tempfile.TemporaryDirectory(prefix=leftovers.scratch_prefix("strace")) as scratch, \
             Stopper(plan, counter) as stopper:
         start_ns = time.time_ns()
@@ -564,7 +587,8 @@ def run_attached(choice, plan: AttachPlan, builder_args: dict, spool, load_bcc):
         logs = [strace_backend.iter_log(log) for log in got["logs"] if log.exists()]
         events = heapq.merge(*logs, key=lambda event: event.ts_ns)
         if counter.cut_ns is not None:
-            events = (event for event in events if _end_ns(event) <= counter.cut_ns)
+            events = (event for event in events if _end_ns(event) <= counter.cut_ns or counter.kept_after_cut(
+                getattr(event, "name", ""), tgid_of(event.tid, tids), (getattr(event, "args", None) or {}).get("path")))
         while chunk := list(itertools.islice(events, max(1, config.RECORD_DECODE_EVENTS))):
             feeder.add(chunk)
     feeder.finish()
