@@ -6,7 +6,6 @@ that read and that write (the issue's "read+write"), so the copies keep their re
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import cli

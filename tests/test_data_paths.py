@@ -14,8 +14,7 @@ from conftest import cli
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_plan, replay
-from ckpt_trace.replayer.replay import (check_file_bytes, check_same_coverage, covered_file_bytes,
-                                        planned_file_bytes)
+from ckpt_trace.replayer.replay import check_file_bytes, check_same_coverage, covered_file_bytes, planned_file_bytes
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 DCP = GOLDEN / "v4-dcp-gpt2-tiny-2ranks-bcc.arrow"

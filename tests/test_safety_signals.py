@@ -86,7 +86,7 @@ def test_the_strace_process_and_a_bcc_command_get_a_parent_death_signal():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
                              preexec_fn=set_parent_death_signal)
     try:
-        with open(f"/proc/{child.pid}/status") as handle:
+        with open(f"/proc/{child.pid}/status"):
             assert child.pid in descendants(os.getpid())
         # PR_GET_PDEATHSIG of another process is not exported; the child asks itself
         probe = subprocess.run([sys.executable, "-c",
