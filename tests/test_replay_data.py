@@ -103,8 +103,7 @@ def _written_blocks(target: Path, plan) -> list[bytes]:
         data = (target / rel).read_bytes()
         for start, end in ranges:
             first = -(-start // BLOCK) * BLOCK
-            for offset in range(first, end - BLOCK + 1, BLOCK):
-                blocks.append(data[offset:offset + BLOCK])
+            blocks.extend(data[offset:offset + BLOCK] for offset in range(first, end - BLOCK + 1, BLOCK))
     return blocks
 
 
