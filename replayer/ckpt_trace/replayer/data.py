@@ -89,6 +89,20 @@ class Pregenerated:
         covered = (self.keys[i] == keys) & (offsets >= self.low[i]) & (offsets + lengths <= self.high[i])
         return np.where(covered, self.address0[i] + offsets, 0).astype(np.uint64), covered
 
+    def address(self, key: int, offset: int, length: int) -> int | None:
+        """The address of one write's bytes in memory, or None where they are not covered."""
+        addresses, covered = self.addresses(np.array([key], np.int64), np.array([offset], np.int64),
+                                            np.array([length], np.int64))
+        return int(addresses[0]) if covered[0] else None
+
+    def view(self, key: int, offset: int, length: int) -> memoryview | None:
+        """One write's bytes in memory as a memoryview (release it after the call), or None where not covered."""
+        address = self.address(key, offset, length)
+        if address is None:
+            return None
+        start = address - self.buffer.ptr
+        return memoryview(self.buffer.mmap)[start:start + length]
+
     def close(self) -> None:
         if self.buffer is not None:
             self.buffer.close()

@@ -610,8 +610,11 @@ class PosixExecutor:
             offset = op.offset + done
             if op.kind == "write":
                 base = op.pattern_offset if op.pattern_offset is not None else op.offset
-                pattern.fill(write_buf.ptr, chunk, op.pattern_key, base + done)
-                moved = mapping.touch(offset, chunk, source=write_buf.ptr)
+                source = self._data.address(op.pattern_key, base + done, chunk) if self._data is not None else None
+                if source is None:
+                    pattern.fill(write_buf.ptr, chunk, op.pattern_key, base + done)
+                    source = write_buf.ptr
+                moved = mapping.touch(offset, chunk, source=source)
             else:
                 moved = mapping.touch(offset, chunk, sink=read_buf.ptr)
             if moved < chunk:
@@ -671,7 +674,8 @@ class PosixExecutor:
         return opened.fd
 
     def _write(self, fd: int, op: PlanOp, view: memoryview, buf: AlignedBuffer | None = None) -> int:
-        """Write ``op.size`` bytes of the file's replay data, generated into ``buf`` (which ``view`` views)
+        """Write ``op.size`` bytes of the file's replay data: from the bytes made before the clock
+        (``replayer.data``) where they cover the write, else generated into ``buf`` (which ``view`` views)
         piece by piece just before each call (at the file position, where the offset is unknown: the data of
         the offset where the position is)."""
         size, done = op.size or 0, 0
@@ -684,12 +688,14 @@ class PosixExecutor:
                 except OSError:  # not seekable: no offset to take the data of
                     base = 0
             n = min(chunk_max, size - done)
-            pattern.fill(buf.ptr, n, op.pattern_key, base + done)
-            chunk = view[:n]
-            if op.offset is None:
-                n = os.write(fd, chunk)
-            else:
-                n = os.pwrite(fd, chunk, op.offset + done)
+            chunk = self._data.view(op.pattern_key, base + done, n) if self._data is not None else None
+            if chunk is None:
+                pattern.fill(buf.ptr, n, op.pattern_key, base + done)
+                chunk = view[:n]
+            try:
+                n = os.write(fd, chunk) if op.offset is None else os.pwrite(fd, chunk, op.offset + done)
+            finally:
+                chunk.release()
             if n <= 0:
                 break
             done += n
