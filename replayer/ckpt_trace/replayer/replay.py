@@ -51,7 +51,8 @@ TIMINGS = ("asap", "original")
 CACHE_STATES = ("recorded", "cold", "warm")
 #: Which bytes the replay writes (results' ``options["data"]``).
 DATA_NOTE = ("generated: incompressible, unique per 4 KiB block and per file (iolayer.pattern.fill, a counter-mode "
-             "generator keyed by the file's path and the offset), generated as each write is issued; gds writes the "
+             "generator keyed by the file's path and the offset), made before the clock where memory allows "
+             "(replayer.data), else as each write is issued; gds writes the "
              "1 MiB table pattern from GPU memory instead")
 
 
