@@ -765,7 +765,7 @@ def annotate(
         formats = ", ".join(sorted(set(data["files"].values()))) or "none recognised"
         err.print(f"ckpt-trace: wrote {data['trace']}: {data['objects']:,} objects in {data['covered_files']} files "
                   f"({formats}), {len(data['unknown'])} unknown, in {data['elapsed_s']:.2f} s", highlight=False)
-        for path, why in data["errors"].items():
+        for why in data["errors"].values():
             err.print(f"[yellow]ckpt-trace: warning: {escape(why)}[/]", highlight=False)
 
 

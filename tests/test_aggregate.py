@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from helpers.traces import CREATE, make_trace
 from hypothesis import given
 from hypothesis import strategies as st
-from test_replay import CREATE, make_trace
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.ranges import merge_grouped_ranges
@@ -73,6 +74,7 @@ def test_dcp_like_writes_coalesce_into_aligned_buffers_between_barriers(tmp_path
     assert dict(plan.checks.expected_sizes) == {"ck/final": offset + 100}
 
 
+@pytest.mark.slow
 def test_aggregated_replay_reproduces_every_file_size(io_uring, odd_strace, tmp_path):
     trace, _, out = odd_strace
     target = tmp_path / "target"

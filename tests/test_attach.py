@@ -145,6 +145,7 @@ def test_attach_for_a_duration_detaches_and_the_job_is_unharmed(strace_backend, 
     assert 1 <= len(closed) <= 4  # a 2.5 s window of a save per second
 
 
+@pytest.mark.slow
 def test_a_missing_pid_and_wrong_options_fail_in_one_line(tmp_path):
     proc = cli("record", "--backend", "strace", "--pid", "999999999", "-o", str(tmp_path / "t.arrow"), check=False)
     assert proc.returncode != 0 and "no such running process" in proc.stderr

@@ -4,6 +4,7 @@ for the same durations (issue 39: they once said p99 702 µs and 680 µs for the
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from conftest import REPO  # noqa: F401  (the tests' sys.path, as every test module has it)
 
 from ckpt_trace.analysis.profile import profile_file
@@ -40,6 +41,7 @@ def _trace(path, durations: np.ndarray):
     return write_trace(path, table_from_columns(columns), META)
 
 
+@pytest.mark.slow
 def test_the_replay_table_and_the_report_give_the_same_p99_for_the_same_writes(tmp_path, monkeypatch):
     """A trace of 2,000 writes with known durations; the replay of it, its C loop made to report those same
     durations as its latencies; the replay's percentiles, the summary's and the report's are equal, and equal

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
 from conftest import cli
 
 from ckpt_trace.errors import RescaleError
@@ -64,6 +65,7 @@ def test_rescaling_refuses_what_it_cannot_rescale(tmp_path, torch_installed):
     assert not any(target.iterdir())
 
 
+@pytest.mark.slow
 def test_rescaling_to_no_ranks_is_refused(tmp_path):
     target = tmp_path / "t"
     target.mkdir()

@@ -60,6 +60,7 @@ def test_a_stale_library_beside_its_source_is_rebuilt(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left
 
 
+@pytest.mark.slow
 @needs_cc
 def test_a_library_built_before_the_version_check_is_refused(tmp_path):
     """A library without ckr_abi_version at all (every build before it existed) is refused too."""

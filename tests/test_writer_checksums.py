@@ -157,3 +157,36 @@ def test_the_benchmark_pairs_verdict_uses_a_distribution_free_interval_of_the_me
     mid, low, high, coverage = bench.median_interval(values)
     assert (low, high) == (0.02, 0.09) and coverage == pytest.approx(1 - 2 * 11 / 1024)
     assert bench.verdict(low, high) == "costs" and bench.verdict(-0.05, -0.01) == "faster with checksums"
+
+
+@pytest.mark.torch
+def test_the_save_checksums_match_an_independent_crc_of_each_item_while_buffers_are_reused(tmp_path, torch_installed,
+                                                                                          monkeypatch):
+    """Small staging buffers, two of them: each is refilled many times while the checksum thread, slowed to
+    lag behind the copies, still reads earlier pieces; every stored value must still be the CRC32C of the
+    item's own bytes (computed here from the tensor, by the crc32c package directly)."""
+    crc32c = pytest.importorskip("crc32c")
+    import ckpt_trace.writer.staging as staging
+
+    real = staging.update_checksum
+    threads = set()
+
+    def lagging(value, piece):
+        import threading
+
+        threads.add(threading.current_thread().name)
+        for _ in range(20):  # work, not a sleep: the thread falls behind the copies
+            real(0, piece)
+        return real(value, piece)
+
+    monkeypatch.setattr(staging, "update_checksum", lagging)
+    generator = torch.Generator().manual_seed(5)
+    state = {f"t{i}": torch.randn(n, generator=generator) for i, n in enumerate([70_001, 5, 40_000, 123_457, 3])}
+    path = tmp_path / "ckpt"
+    from ckpt_trace.writer import CheckpointWriter, WriterOptions
+
+    dcp.save(state, storage_writer=CheckpointWriter(path, WriterOptions(buffer_bytes=8192, queue_depth=2)))
+    stored = _stored(path)
+    for name, tensor in state.items():
+        assert stored[name].checksum == crc32c.crc32c(tensor.numpy().tobytes()), name
+    assert any(name.startswith("ckpt-trace-crc") for name in threads)  # the large items went through the thread
