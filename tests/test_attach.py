@@ -148,7 +148,10 @@ def test_attach_for_a_duration_detaches_and_the_job_is_unharmed(strace_backend, 
 @pytest.mark.slow
 def test_a_missing_pid_and_wrong_options_fail_in_one_line(tmp_path):
     proc = cli("record", "--backend", "strace", "--pid", "999999999", "-o", str(tmp_path / "t.arrow"), check=False)
-    assert proc.returncode != 0 and "no such running process" in proc.stderr
+    assert proc.returncode != 0 and "--pid 999999999: no such running process" in proc.stderr
+    proc = cli("record", "--backend", "strace", "--pid", str(os.getpid()), "--duration", "0", "-o",
+               str(tmp_path / "t.arrow"), check=False)
+    assert proc.returncode != 0 and "--duration 0.0: must be a positive" in proc.stderr
     proc = cli("record", "--backend", "strace", "--duration", "1", "-o", str(tmp_path / "t.arrow"), "--", "true",
                check=False)
     assert proc.returncode != 0 and "go with --pid" in proc.stderr
