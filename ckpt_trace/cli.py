@@ -765,7 +765,7 @@ def annotate(
         formats = ", ".join(sorted(set(data["files"].values()))) or "none recognised"
         err.print(f"ckpt-trace: wrote {data['trace']}: {data['objects']:,} objects in {data['covered_files']} files "
                   f"({formats}), {len(data['unknown'])} unknown, in {data['elapsed_s']:.2f} s", highlight=False)
-        for path, why in data["errors"].items():
+        for why in data["errors"].values():
             err.print(f"[yellow]ckpt-trace: warning: {escape(why)}[/]", highlight=False)
 
 
@@ -891,7 +891,7 @@ def keep_freed_batches() -> None:
 
 #: Keyword arguments of the library whose flag is not the keyword with dashes (CkptTraceError.option -> flag).
 _FLAGS = {"buffer_bytes": "--buffer-size", "overwrite": "--force", "clock_offsets": "--clock-offset",
-          "queue_depths": "--queue-depths"}
+          "queue_depths": "--queue-depths", "duration_s": "--duration"}
 
 
 def flag_of(option: str) -> str:

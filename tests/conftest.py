@@ -68,6 +68,13 @@ def cli(*args: str, check: bool = True, cwd: str | os.PathLike | None = None, ti
     return proc
 
 
+def one_line(proc) -> str:
+    """The one line a failed command printed on stderr (asserting it is one line and no traceback)."""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
 def record_odd_pattern(backend: str, workdir: Path) -> tuple[Path, list[dict], Path]:
     """Record the odd-pattern workload into workdir; return (trace, kernel-observed ops, output dir)."""
     workdir.mkdir(parents=True, exist_ok=True)

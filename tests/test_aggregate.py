@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.traces import CREATE, make_trace
 from hypothesis import given
 from hypothesis import strategies as st
-from test_replay import CREATE, make_trace
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.ranges import merge_grouped_ranges

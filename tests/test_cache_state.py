@@ -26,7 +26,7 @@ def resident_bytes(path) -> int:
 
 @pytest.fixture
 def load_trace(tmp_path):
-    from test_replay import make_trace
+    from helpers.traces import make_trace
 
     if shutil.which("fincore") is None:
         pytest.skip("fincore (util-linux) not installed")

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import cli
-from test_safety import one_line, synthetic
+from conftest import cli, one_line
+from helpers.traces import synthetic
 
 from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
 from ckpt_trace.formats import read_trace

@@ -6,11 +6,10 @@ that read and that write (the issue's "read+write"), so the copies keep their re
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import cli
-from test_replay import CREATE, make_trace
+from helpers.traces import CREATE, make_trace
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_posix_plan, replay

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import cli
-from test_replay import CREATE, make_trace
+from helpers.traces import CREATE, make_trace
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_posix_plan, replay

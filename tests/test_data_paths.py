@@ -14,8 +14,7 @@ from conftest import cli
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_plan, replay
-from ckpt_trace.replayer.replay import (check_file_bytes, check_same_coverage, covered_file_bytes,
-                                        planned_file_bytes)
+from ckpt_trace.replayer.replay import check_file_bytes, check_same_coverage, covered_file_bytes, planned_file_bytes
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 DCP = GOLDEN / "v4-dcp-gpt2-tiny-2ranks-bcc.arrow"
@@ -53,7 +52,7 @@ def test_uring_direct_on_a_dcp_save_says_its_unaligned_writes_went_through_io_ur
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["uring-direct", "aggregated"])
 def test_an_aligned_write_is_counted_as_io_uring_with_o_direct(io_uring, tmp_path, strategy):
-    from test_replay import CREATE, make_trace
+    from helpers.traces import CREATE, make_trace
 
     ops = [{"op": "open", "path": "/ck/a.bin", "fd": 3, "flags": CREATE, "ret": 3},
            {"op": "write", "path": "/ck/a.bin", "fd": 3, "offset": 0, "size": 65536, "ret": 65536},
@@ -69,7 +68,7 @@ def test_an_aligned_write_is_counted_as_io_uring_with_o_direct(io_uring, tmp_pat
 
 @pytest.mark.slow
 def test_a_write_at_the_file_position_goes_through_the_ring_at_that_position(io_uring, tmp_path):
-    from test_replay import CREATE, make_trace
+    from helpers.traces import CREATE, make_trace
 
     ops = [{"op": "open", "path": "/ck/b.bin", "fd": 3, "flags": CREATE, "ret": 3},
            {"op": "write", "path": "/ck/b.bin", "fd": 3, "size": 1000, "ret": 1000, "offset_source": "unknown"},

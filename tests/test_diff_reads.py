@@ -25,7 +25,7 @@ def test_the_first_difference_is_where_coverage_parts():
 
 
 def load_trace(path, read_bytes: int):
-    from test_replay import CREATE, make_trace
+    from helpers.traces import CREATE, make_trace
 
     return make_trace(path, [
         {"op": "open", "path": "/ck/m.bin", "fd": 3, "flags": CREATE, "ret": 3},

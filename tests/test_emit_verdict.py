@@ -65,7 +65,7 @@ def test_results_without_rounds_are_no_verdict():
 
 @pytest.mark.slow
 def test_emit_on_a_trace_too_small_to_judge_is_one_line(tmp_path):
-    from test_replay import make_trace
+    from helpers.traces import make_trace
 
     trace = make_trace(tmp_path / "t.arrow", [{"op": "open", "path": "/ck/a", "fd": 3, "flags": 0o101, "ret": 3},
                                               {"op": "write", "path": "/ck/a", "fd": 3, "offset": 0, "size": 10,

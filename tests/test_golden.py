@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers.fio import fio_iolog
 
 from ckpt_trace.formats import SUPPORTED_VERSIONS, read_trace
 from ckpt_trace.replayer import replay
@@ -57,16 +58,6 @@ def test_dcp_golden_replays_to_the_recorded_file_sizes(tmp_path, path):
         assert (tmp_path / "t" / name.lstrip("/")).stat().st_size == size
     assert report.size_mismatches == ()
     assert {r for r in read_trace(path).table["rank"].to_pylist()} >= {0, 1}
-
-
-def fio_iolog(path: Path) -> Counter:
-    """(file, direction, offset, bytes) of every read and write in a fio version 3 iolog."""
-    ops = Counter()
-    for line in path.read_text().splitlines()[1:]:
-        parts = line.split()
-        if len(parts) == 5 and parts[2] in ("read", "write"):
-            ops[(parts[1], parts[2], int(parts[3]), int(parts[4]))] += 1
-    return ops
 
 
 @pytest.mark.parametrize("engine", ["uring", "libaio"])

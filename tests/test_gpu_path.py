@@ -4,8 +4,6 @@ load of CUDA tensors end to end."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 try:

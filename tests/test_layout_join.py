@@ -161,7 +161,7 @@ def test_unknown_files_say_unknown_and_nothing_breaks(strace_backend, tmp_path):
 GOLDEN = Path(__file__).resolve().parent.parent / "traces/golden/v4-dcp-gpt2-tiny-2ranks-bcc.arrow"
 
 
-def _synthetic_layout(trace: Path, object_bytes: int) -> "pa.Table":
+def _synthetic_layout(trace: Path, object_bytes: int) -> pa.Table:
     """Objects of ``object_bytes`` tiling every file the trace wrote, up to the end of its last write."""
     table = read_trace(trace).table.to_pandas()
     writes = table[(table["op"] == "write") & (table["ret"] > 0) & table["offset"].notna()]

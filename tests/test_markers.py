@@ -1,7 +1,7 @@
-"""Markers are declared, not inferred: a test that starts a process (the CLI, a subprocess, a recording, a
-replay, a bench) says ``@pytest.mark.slow`` itself (or its module's ``pytestmark`` does, or it asks for a fixture
-conftest marks slow), so ``make test-fast`` (``-m "not slow"``) leaves it out. Checked on the source of every
-test module, whatever this run collected."""
+"""The suite's own habits. Markers are declared, not inferred: a test that starts a process (the CLI, a
+subprocess, a recording, a replay, a bench) says ``@pytest.mark.slow`` itself (or its module's ``pytestmark``
+does, or it asks for a fixture conftest marks slow), so ``make test-fast`` (``-m "not slow"``) leaves it out.
+No test module imports another. Both checked on the source of every test module, whatever this run collected."""
 
 from __future__ import annotations
 
@@ -46,3 +46,15 @@ def _unmarked(path) -> list[str]:
 def test_every_test_that_starts_a_process_is_marked_slow():
     unmarked = [name for path in sorted((REPO / "tests").rglob("test_*.py")) for name in _unmarked(path)]
     assert not unmarked, f"mark these @pytest.mark.slow (they start processes): {unmarked}"
+
+
+def test_no_test_module_imports_another():
+    """Shared helpers live in conftest.py or the tests/helpers package: a test module imported by another runs
+    twice under two names (pytest's and the importer's), fixtures and module state included."""
+    found = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.relative_to(REPO)}: {name}" for name in names if name.split(".")[-1].startswith("test_")]
+    assert not found, found

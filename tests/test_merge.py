@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import cli
@@ -34,7 +35,7 @@ def test_a_trace_carries_its_host_boot_clock_anchors_and_job(backend, tmp_path, 
     loaded = read_trace(trace)
     meta = loaded.metadata
     assert meta["host"] == "node7"
-    assert meta["boot_id"] == open("/proc/sys/kernel/random/boot_id").read().strip()
+    assert meta["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     assert meta["job"] == {"launcher": "slurm", "variable": "SLURM_JOB_ID", "id": "4242"}
     assert meta["clock"]["name"] == ("CLOCK_REALTIME" if backend == "strace" else "CLOCK_MONOTONIC")
     start, end = meta["clock"]["anchors"]
@@ -88,8 +89,9 @@ def _node_trace(path, host, boot, clock_at_t0, first_row_ns, rank, pid, *, lost=
 
 
 def _merged(path):
-    from ckpt_trace.formats import scan
     import pyarrow as pa
+
+    from ckpt_trace.formats import scan
 
     meta, batches = scan(path, ["ts_ns", "host", "rank", "pid", "offset", "size"])
     return meta, pa.Table.from_batches(list(batches)).to_pylist()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_replay import CREATE, make_trace
+from helpers.traces import CREATE, make_trace
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.iolayer import pattern

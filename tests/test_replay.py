@@ -6,32 +6,15 @@ import hashlib
 import json
 import os
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import cli
+from helpers.traces import CREATE, make_trace
 
 from ckpt_trace.errors import ReplayError
-from ckpt_trace.formats import read_trace, table_from_columns, write_trace
+from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_posix_plan, replay
 from ckpt_trace.tracer import syscalls as sc
-
-META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"],
-        "backend": "strace", "start_wall_time_ns": 0, "filesystems": {}, "lost_events": 0, "arch": "x86_64"}
-CREATE = sc.O_WRONLY | sc.O_CREAT | sc.O_TRUNC
-
-
-def make_trace(path: Path, ops: list[dict]) -> Path:
-    """A trace from op dicts (op, path, fd, offset, size, ret, ...), one process unless given."""
-    defaults = {"dur_ns": 1, "pid": 1, "tid": 1, "comm": "t", "rank": -1, "fd": None, "path": None,
-                "new_path": None, "offset": None, "offset_source": None, "size": None, "flags": None, "iov_count": None}
-    columns: dict[str, list] = {}
-    for index, op in enumerate(ops):
-        row = {**defaults, "ts_ns": op.get("ts_ns", index * 1000), "syscall": op["op"], **op}
-        row.setdefault("ret", 0)
-        for key, value in row.items():
-            columns.setdefault(key, []).append(value)
-    return write_trace(path, table_from_columns(columns), META)
 
 
 def test_plan_turns_descriptors_into_handles(tmp_path):

@@ -19,40 +19,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import _missing, cli
+from conftest import _missing, cli, one_line
+from helpers.traces import synthetic
 
-from ckpt_trace.formats import read_trace, table_from_columns, write_trace
+from ckpt_trace.formats import read_trace
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 ODD = GOLDEN / "v1-odd-pattern-strace.arrow"
 DCP = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
-META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"],
-        "backend": "strace", "start_wall_time_ns": 0, "filesystems": {}, "lost_events": 0, "arch": "x86_64"}
-
-
-def one_line(proc) -> str:
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    return lines[0]
-
-
-def synthetic(path: Path, files: dict[str, int], gap_ns: int = 1000) -> Path:
-    """A trace creating each ``files`` path (absolute) with one write of that many bytes."""
-    rows = []
-    for index, (name, size) in enumerate(files.items()):
-        fd = 3 + index
-        rows += [{"op": "open", "path": name, "fd": fd, "ret": fd, "flags": 0o1 | 0o100 | 0o1000},
-                 {"op": "write", "path": name, "fd": fd, "offset": 0, "size": size, "ret": size},
-                 {"op": "close", "path": name, "fd": fd}]
-    defaults = {"dur_ns": 1, "pid": 1, "tid": 1, "comm": "t", "rank": -1, "fd": None, "path": None, "new_path": None,
-                "offset": None, "offset_source": None, "size": None, "flags": None, "iov_count": None, "ret": 0}
-    columns: dict[str, list] = {}
-    for index, row in enumerate(rows):
-        row = {**defaults, "ts_ns": index * gap_ns, "syscall": row["op"], **row}
-        for key, value in row.items():
-            columns.setdefault(key, []).append(value)
-    return write_trace(path, table_from_columns(columns), META)
-
 
 # -- replay: ownership -------------------------------------------------------------------------------------
 

@@ -102,10 +102,9 @@ def test_a_failed_write_leaves_nothing_and_keeps_the_output(tmp_path):
 
     output = tmp_path / "out"
     output.write_bytes(b"old")
-    with pytest.raises(RuntimeError):
-        with AtomicFile(output) as sink:
-            sink.write(b"new")
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), AtomicFile(output) as sink:
+        sink.write(b"new")
+        raise RuntimeError("boom")
     assert output.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["out"]
 
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def big_write_trace(tmp_path: Path) -> Path:
-    from test_replay import CREATE, make_trace
+    from helpers.traces import CREATE, make_trace
 
     ops = [{"op": "open", "path": "/ck/big.bin", "fd": 3, "flags": CREATE, "ret": 3, "ts_ns": 0},
            {"op": "write", "path": "/ck/big.bin", "fd": 3, "offset": 0, "size": BIG, "ret": BIG, "ts_ns": 1_000_000},

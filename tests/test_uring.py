@@ -48,7 +48,7 @@ def test_uring_replay_reproduces_every_file_size(io_uring, odd_strace, tmp_path,
 def test_a_lone_aligned_write_goes_through_o_direct(io_uring, tmp_path, strategy):
     """A file written by one aligned write: a run of one request, submitted on the O_DIRECT descriptor,
     not counted as unaligned (it once went through the buffered descriptor)."""
-    from test_replay import CREATE, make_trace
+    from helpers.traces import CREATE, make_trace
 
     ops = [{"op": "open", "path": "/ck/a.bin", "fd": 3, "flags": CREATE, "ret": 3},
            {"op": "write", "path": "/ck/a.bin", "fd": 3, "offset": 0, "size": 65536, "ret": 65536},

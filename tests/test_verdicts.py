@@ -74,7 +74,7 @@ def test_all_runs_interleaved_rounds_and_reports_spread_and_intervals(io_uring, 
 
 @pytest.mark.slow
 def test_an_empty_trace_has_nothing_to_judge(tmp_path):
-    from test_replay import make_trace
+    from helpers.traces import make_trace
 
     trace = make_trace(tmp_path / "t.arrow", [{"op": "open", "path": "/ck/a", "fd": 3, "flags": 0o101, "ret": 3},
                                               {"op": "write", "path": "/ck/a", "fd": 3, "offset": 0, "size": 10,

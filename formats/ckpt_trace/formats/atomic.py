@@ -182,7 +182,7 @@ class AtomicFile:
         except OSError:
             pass
 
-    def __enter__(self) -> "AtomicFile":
+    def __enter__(self) -> AtomicFile:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:

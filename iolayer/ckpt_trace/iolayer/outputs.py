@@ -1,4 +1,4 @@
-"""Outputs are checked before the work starts: exists? a directory? writable? (DEVELOPERS.md, "Nothing is ever lost").
+"""Outputs are checked before the work starts: exists? a directory? writable? (docs/ARCHITECTURE.md, "Nothing is ever lost").
 
 Every command that writes a file or a directory calls one of these before it
 runs anything, so a read-only directory or an existing file is one line and

@@ -19,8 +19,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from ..errors import CkptTraceError, TraceFormatError
 from ..atomic import fd_path, make_temporary
+from ..errors import CkptTraceError, TraceFormatError
 from ..io import ZSTD_LEVEL, ZSTD_LEVEL_ONE_BATCH, fsync_directory, read_metadata
 from .table import LAYOUT_SCHEMA
 
