@@ -253,7 +253,7 @@ class StagedFile:
         for index in list(self.copying):
             self._wait_copies(index)  # no copy may land in a buffer about to be reused or freed
         if self.checksum_thread is not None:
-            self.checksum_thread.shutdown(wait=True)  # no checksum may read a buffer about to be freed
+            self.checksum_thread.shutdown(wait=True, cancel_futures=True)  # none may read a buffer being freed
             self.checksum_thread = None
         self.checksumming.clear()
         self.ring.close()
