@@ -6,35 +6,44 @@
 2. A synthetic DCP-like save (``benchmarks/tracegen.py --mix dcp``: 2 ranks,
    400 rows, 469 MiB of writes of 64 B-16 MiB) replayed ``--runs`` times per
    strategy, the strategies interleaved, each run a fresh target; elapsed as
-   median (min-max), and the generator's estimated share of it (bytes written
-   / the 64 MiB fill rate / elapsed; an upper bound, since the ring engines
-   fill while earlier writes are in flight).
+   median (min-max). By default the data is made before the clock
+   (``replayer.data``); ``--as-issued`` makes the executors generate it as
+   each write is issued (``CKPT_TRACE_REPLAY_PREGENERATE_BYTES=0``), and then
+   the generator's estimated share of elapsed is given (bytes written / the
+   64 MiB fill rate / elapsed; an upper bound, since the ring engines fill
+   while earlier writes are in flight).
 
 Run the same script with another tree's PYTHONPATH (one without
 ``pattern.fill``) to get the "before" figures: it then skips part 1.
 
-    python benchmarks/replay_data.py [--trace T.arrow] [--scratch DIR] [--runs 5] [--durable]
+    python benchmarks/replay_data.py [--trace T.arrow] [--scratch DIR] [--runs 5] [--durable] [--as-issued]
 
 Measured on the development VM (2 vCPUs shared with about six other jobs,
 virtio disk, not durable, target on the root file system; 2026-11-27), the
-tree before the change (c2fafcd, the 1 MiB table pattern) and after it,
-alternating, 7 rounds each (median (min-max)):
+tree before the change (c2fafcd: a 1 MiB table pattern, cache-hot) and after
+it, alternating, 7 rounds each, median (min-max) of elapsed:
 
     fill 1 MiB 2.8-7.3 GB/s, fill 64 MiB 0.9-3.8 GB/s (per-round medians), memcpy 64 MiB 1.6-2.2 GB/s
-    posix           before 0.92 s (0.76-1.13)  after 1.28 s (1.03-1.79)   fill share 0.10-0.32
-    uring-buffered  before 1.54 s (0.57-2.35)  after 1.48 s (0.96-2.24)   fill share 0.08-0.26
-    aggregated      before 0.38 s (0.35-0.54)  after 0.75 s (0.58-1.33)   fill share 0.15-0.48
+    made before the clock (default):
+      posix           before 1.69 s (0.69-2.54)  after 1.32 s (0.69-1.96)
+      uring-buffered  before 0.61 s (0.50-1.38)  after 0.85 s (0.60-1.73)
+      aggregated      before 0.32 s (0.28-1.28)  after 0.42 s (0.33-0.66)
+    --as-issued (another 7 rounds):
+      posix           before 0.92 s (0.76-1.13)  after 1.28 s (1.03-1.79)   fill share 0.10-0.32
+      uring-buffered  before 1.54 s (0.57-2.35)  after 1.48 s (0.96-2.24)   fill share 0.08-0.26
+      aggregated      before 0.38 s (0.35-0.54)  after 0.75 s (0.58-1.33)   fill share 0.15-0.48
 
-The generator writes about as fast as memory takes a copy here, so a replay
-into the page cache, itself a copy, pays up to about a third of its time for
-data that storage cannot shrink; O_DIRECT writes (aggregated) up to half on
-this 2-vCPU VM, where filling competes with the copies for the same cores.
+Generated as issued, the data costs about a memory copy per byte: up to a
+third of a page-cache replay's time and half of an O_DIRECT one's on this
+VM. Made before the clock, what remains is reading 469 MiB of distinct
+memory instead of one cache-hot MiB, as the traced program did.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -104,7 +113,10 @@ def main() -> int:
     parser.add_argument("--fill-runs", type=int, default=15)
     parser.add_argument("--strategies", default="posix,uring-buffered,aggregated")
     parser.add_argument("--durable", action="store_true")
+    parser.add_argument("--as-issued", action="store_true", help="generate the data as each write is issued")
     args = parser.parse_args()
+    if args.as_issued:
+        os.environ["CKPT_TRACE_REPLAY_PREGENERATE_BYTES"] = "0"
     scratch = Path(tempfile.mkdtemp(prefix="replay-data-", dir=args.scratch))
     try:
         trace = args.trace
@@ -115,7 +127,7 @@ def main() -> int:
         out = {"fill": fill_rates(args.fill_runs),
                "replay": replays(trace, scratch, args.strategies.split(","), args.runs, args.durable)}
         rate = out["fill"].get("fill_64MiB_GBps", {}).get("median")
-        if rate:
+        if rate and args.as_issued:
             for figures in out["replay"].values():
                 figures["fill_share_estimate"] = figures["bytes_written"] / (rate * 1e9) / \
                     figures["elapsed_s"]["median"]

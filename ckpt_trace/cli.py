@@ -896,7 +896,7 @@ def keep_freed_batches() -> None:
 
 #: Keyword arguments of the library whose flag is not the keyword with dashes (CkptTraceError.option -> flag).
 _FLAGS = {"buffer_bytes": "--buffer-size", "overwrite": "--force", "clock_offsets": "--clock-offset",
-          "queue_depths": "--queue-depths"}
+          "queue_depths": "--queue-depths", "duration_s": "--duration"}
 
 
 def flag_of(option: str) -> str:

@@ -148,7 +148,10 @@ def test_attach_for_a_duration_detaches_and_the_job_is_unharmed(strace_backend, 
 @pytest.mark.slow
 def test_a_missing_pid_and_wrong_options_fail_in_one_line(tmp_path):
     proc = cli("record", "--backend", "strace", "--pid", "999999999", "-o", str(tmp_path / "t.arrow"), check=False)
-    assert proc.returncode != 0 and "no such running process" in proc.stderr
+    assert proc.returncode != 0 and "--pid 999999999: no such running process" in proc.stderr
+    proc = cli("record", "--backend", "strace", "--pid", str(os.getpid()), "--duration", "0", "-o",
+               str(tmp_path / "t.arrow"), check=False)
+    assert proc.returncode != 0 and "--duration 0.0: must be a positive" in proc.stderr
     proc = cli("record", "--backend", "strace", "--duration", "1", "-o", str(tmp_path / "t.arrow"), "--", "true",
                check=False)
     assert proc.returncode != 0 and "go with --pid" in proc.stderr
@@ -220,3 +223,78 @@ def test_invocation_time_is_before_now():
 
     assert 0 <= costs.since_invocation_s(time.monotonic()) < time.monotonic()
     assert os.path.exists("/proc/self/stat")
+
+
+DCP_LOOP = r'''
+"""A 2-rank DCP job saving gpt2-tiny every second into OUT/step-N until OUT/STOP (or 200 saves)."""
+import json, os, sys, time
+
+
+def rank_main(rank, world, out):
+    import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+    from torch.distributed.tensor import init_device_mesh
+    from ckpt_trace.workloads import engines
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        state = engines._dcp_state(torch, mesh, engines.model_config("gpt2-tiny"), rank, world, False, empty=False)
+        for i in range(200):
+            stop = torch.tensor([int(os.path.exists(os.path.join(out, "STOP")))])
+            dist.all_reduce(stop)  # every rank stops after the same save
+            if stop.item():
+                break
+            dcp.save(state, checkpoint_id=os.path.join(out, f"step-{i}"))
+            dist.barrier()
+            if rank == 0:
+                with open(os.path.join(out, "saves.jsonl"), "a") as log:
+                    log.write(json.dumps({"step": i}) + "\n")
+            time.sleep(1)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    from ckpt_trace.workloads import engines
+    engines.spawn_ranks(rank_main, 2, (sys.argv[1],))
+'''
+
+
+def test_attach_to_a_two_rank_dcp_job_records_one_save(backend, torch_installed, tmp_path):
+    """The issue's case: a running 2-rank DCP job; one save is 3 checkpoint files (a .distcp per rank, then
+    .metadata written as .metadata.tmp and renamed), so --until-checkpoints 3 records exactly one save."""
+    out = tmp_path / "job"
+    out.mkdir()
+    script = tmp_path / "dcp_loop.py"
+    script.write_text(DCP_LOOP)
+    job = subprocess.Popen([sys.executable, str(script), str(out)])
+    try:
+        _wait_for(lambda: (out / "saves.jsonl").exists() and (out / "saves.jsonl").read_text().strip(),
+                  "the job's first save", timeout_s=300)
+        trace = tmp_path / "dcp.arrow"
+        proc = cli("record", "--backend", backend, "--pid", str(job.pid), "--until-checkpoints", "3",
+                   "--path-filter", f"{out}/", "--json", "-o", str(trace))
+        summary = json.loads(proc.stdout)
+        assert job.poll() is None
+    finally:
+        (out / "STOP").touch()
+        code = job.wait(timeout=300)
+    assert code == 0
+    files = summary["attached"]["checkpoint_files"]
+    (step,) = {Path(path).parent for path in files}
+    assert sorted(Path(path).name for path in files) == [".metadata.tmp", "__0_0.distcp", "__1_0.distcp"]
+    rows = read_trace(trace).table.to_pylist()
+    # one save: every file opened is one of its files (a save under way at the attach may leave a tail, never
+    # an open), and nothing of a later save
+    assert {Path(row["path"]).parent for row in rows if row["op"] == "open"} == {step}
+    number = lambda name: int(name.split("-")[1])  # noqa: E731 - step-N
+    assert all(number(Path(row["path"]).relative_to(out).parts[0]) <= number(step.name)
+               for row in rows if row["path"] and Path(row["path"]) != out)
+    written = Counter()
+    for row in rows:
+        if row["op"] == "write":
+            written[row["path"]] += row["ret"]
+    for name in ("__0_0.distcp", "__1_0.distcp"):
+        assert written[str(step / name)] == (step / name).stat().st_size
+    assert written[str(step / ".metadata.tmp")] == (step / ".metadata").stat().st_size
+    assert [(row["path"], row["new_path"]) for row in rows if row["op"] == "rename"] == [
+        (str(step / ".metadata.tmp"), str(step / ".metadata"))]

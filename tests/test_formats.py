@@ -256,3 +256,16 @@ def test_a_writer_killed_at_any_point_leaves_no_file_or_a_whole_one(tmp_path, ki
         assert all(name.startswith(".t.arrow.") and name.endswith(".tmp") for name in left), left
     if kill_after == "closed":
         assert names == ["t.arrow"]
+
+
+@pytest.mark.parametrize("encoded", [False, True])
+def test_dictionary_codes_map_every_row_to_its_value_and_nulls_past_the_end(encoded):
+    """The one text-column lookup (summary, report): code i is values[i], a null row's code is len(values)."""
+    from ckpt_trace.formats import dictionary_codes
+
+    column = pa.array(["write", None, "read", "write", None, "fsync"])
+    if encoded:
+        column = column.dictionary_encode()
+    codes, values = dictionary_codes(column.slice(1))  # an offset into the buffers, as a batch's slice has
+    names = values.to_pylist() + [None]
+    assert [names[c] for c in codes.tolist()] == [None, "read", "write", None, "fsync"]

@@ -128,7 +128,7 @@ def test_skipped_rows_are_counted_and_named_and_strict_refuses_them(tmp_path):
     assert result.skipped_ops["unsupported_frobnicate"] == 1 and result.skipped_ops["no_path"] == 1
     assert any("1 trace row(s) not replayed (unsupported_frobnicate)" in note for note in result.notes)
     assert any("(no_path)" in note and "rename to '/..'" in note for note in result.notes)
-    with pytest.raises(ReplayError, match=r"--strict: 1 trace row\(s\) not replayed \(no_path\).*1 more kind"):
+    with pytest.raises(ReplayError, match=r"strict=True: 1 trace row\(s\) not replayed \(no_path\).*1 more kind"):
         replay(trace, target=tmp_path / "s", strict=True)
     assert not (tmp_path / "s").exists()
 

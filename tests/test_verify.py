@@ -54,7 +54,7 @@ def test_a_corrupted_byte_is_reported_with_its_offset(tmp_path):
     trace = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
     unverified = replay(trace, target=tmp_path / "u").plan  # planned without the ranges: refused, not passed
     assert not unverified.checks.ranges_planned and not unverified.checks.verify_ranges
-    with pytest.raises(ReplayError, match="made without the ranges --verify checks"):
+    with pytest.raises(ReplayError, match="made without the ranges verification checks"):
         verify_content(TargetRoot(tmp_path / "u"), unverified)
     report = replay(trace, target=tmp_path / "t", verify=True)
     plan = report.plan

@@ -46,9 +46,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from ckpt_trace.formats import scan
+from ckpt_trace.formats import dictionary_codes, scan
 from ckpt_trace.formats import vocabulary as v
 from ckpt_trace.stats import LatencyHistogram
 
@@ -70,11 +69,9 @@ class _Registry(dict):
 
     def codes(self, array: pa.Array) -> np.ndarray:
         """The ids of a (dictionary or plain) string column's values; -1 for nulls."""
-        if not pa.types.is_dictionary(array.type):
-            array = pc.dictionary_encode(array)
-        values = array.dictionary.to_pylist()
-        lut = np.array([self.setdefault(value, len(self)) for value in values] + [-1], dtype=np.int64)
-        return lut[array.indices.fill_null(len(values)).to_numpy().astype(np.int64)]
+        codes, values = dictionary_codes(array)
+        lut = np.array([self.setdefault(value, len(self)) for value in values.to_pylist()] + [-1], dtype=np.int64)
+        return lut[codes]
 
     def mask(self, names) -> np.ndarray:
         """Boolean lookup table over the ids (index -1, the last slot, is a null)."""

@@ -56,7 +56,6 @@ from .checksum import update as update_checksum
 from .layout import FileLayout, align_up, plan_stream
 from .options import WriterOptions
 
-
 _INLINE_CHECKSUM_BYTES = 64 << 10  # an item this small is checksummed at once: a worker's hand-off costs more
 
 
@@ -254,7 +253,7 @@ class StagedFile:
         for index in list(self.copying):
             self._wait_copies(index)  # no copy may land in a buffer about to be reused or freed
         if self.checksum_thread is not None:
-            self.checksum_thread.shutdown(wait=True)  # no checksum may read a buffer about to be freed
+            self.checksum_thread.shutdown(wait=True, cancel_futures=True)  # none may read a buffer being freed
             self.checksum_thread = None
         self.checksumming.clear()
         self.ring.close()

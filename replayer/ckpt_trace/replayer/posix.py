@@ -1,9 +1,10 @@
 """POSIX executor: runs a ``ReplayPlan`` with plain syscalls, one thread per recorded thread.
 
 Writes carry the replay data (``iolayer.pattern.fill``: incompressible,
-unique per 4 KiB block of each file), generated into a page-aligned buffer
-just before each write is issued (in the I/O layer's C loop, into a slot
-per write in flight), so files opened with O_DIRECT are written as the
+unique per 4 KiB block of each file), made before the clock in page-aligned
+buffers per file (``replayer.data``) or, where memory does not allow,
+generated just before each write is issued (in the I/O layer's C loop, into
+a slot per write in flight), so files opened with O_DIRECT are written as the
 application wrote them; where the target's file system refuses O_DIRECT the file is opened
 without it and the result notes it. Writes and reads with a known offset use
 pwrite(2)/pread(2) at that offset; those whose offset the trace did not know
@@ -57,6 +58,7 @@ from ckpt_trace.iolayer.ring import Ring, RingUnavailable, Slots
 from ckpt_trace.stats import LatencyHistogram
 
 from . import entries
+from .data import PREGENERATED, Pregenerated
 from .optable import KIND, NO_FLAGS, NONE, READ, WRITE, OpTable, PlanOp
 from .pack import INDEX_PATH
 from .paths import TargetRoot
@@ -127,6 +129,7 @@ class PosixExecutor:
         self._copiers: dict[int, gpu.DeviceCopier] = {}
         self._copies_skipped_why: str | None = None
         self._pause = _test_pause()
+        self._data: Pregenerated | None = None  # the written bytes, made by prepare (replayer.data)
 
     # -- before the clock ----------------------------------------------
     def prepare(self, plan: ReplayPlan) -> None:
@@ -142,6 +145,7 @@ class PosixExecutor:
             raise ReplayError(f"cannot prepare the target: {err.strerror or err} ({err.filename})") from None
         self._segments = {index: self.segments(plan, worker) for index, worker in enumerate(plan.workers)}
         self._prepare_copies(plan)
+        self._data = Pregenerated(plan.ops)
 
     def _prepare_copies(self, plan: ReplayPlan) -> None:
         """Device and host buffers for the workers that replay host<->device copies, before the clock; or
@@ -237,6 +241,8 @@ class PosixExecutor:
         if not self._segments and plan.workers:
             self._segments = {index: self.segments(plan, worker) for index, worker in enumerate(plan.workers)}
         state = _RunState(plan, signals)
+        if self._data is not None and self._data.note:
+            state.note(self._data.note)
         threads = [threading.Thread(target=self._thread_main, args=(i, w, plan, state, timing, progress), daemon=True)
                    for i, w in enumerate(plan.workers)]
         if progress is not None:
@@ -266,6 +272,9 @@ class PosixExecutor:
         self._close_all(state)
         for copier in self._copiers.values():
             copier.close()
+        if self._data is not None:  # one run per prepare: its bytes are not needed again
+            self._data.close()
+            self._data = None
         if state.error is not None:
             raise state.error
         copies = int((plan.ops.kind == _COPY).sum())
@@ -480,10 +489,17 @@ class PosixExecutor:
         requests["opcode"] = np.where(writes, rings.OP_WRITE, rings.OP_READ)
         requests["fd"] = ctx.fds_of(t.handle[r])
         # A write's addr is its content offset and user_data its content key: its bytes are generated into a
-        # slot as it is issued (_WorkerContext.issue).
+        # slot as it is issued (_WorkerContext.issue); unless they were made before the clock (replayer.data):
+        # then addr is where they are and user_data PREGENERATED.
         requests["addr"] = np.where(writes, base, ctx.read_buf.ptr)
         requests["user_data"] = np.where(writes, t.pattern_key[r].astype(np.int64), 0).astype(np.uint64)
         requests["len"] = np.minimum(chunk, size[owner] - done)
+        made = self._data
+        if made is not None and writes.any():
+            addresses, covered = made.addresses(t.pattern_key[r], base, requests["len"].astype(np.int64))
+            covered &= writes
+            requests["addr"][covered] = addresses[covered]
+            requests["user_data"][covered] = PREGENERATED
         requests["off"] = offset
         return requests, owner
 
@@ -594,8 +610,11 @@ class PosixExecutor:
             offset = op.offset + done
             if op.kind == "write":
                 base = op.pattern_offset if op.pattern_offset is not None else op.offset
-                pattern.fill(write_buf.ptr, chunk, op.pattern_key, base + done)
-                moved = mapping.touch(offset, chunk, source=write_buf.ptr)
+                source = self._data.address(op.pattern_key, base + done, chunk) if self._data is not None else None
+                if source is None:
+                    pattern.fill(write_buf.ptr, chunk, op.pattern_key, base + done)
+                    source = write_buf.ptr
+                moved = mapping.touch(offset, chunk, source=source)
             else:
                 moved = mapping.touch(offset, chunk, sink=read_buf.ptr)
             if moved < chunk:
@@ -655,7 +674,8 @@ class PosixExecutor:
         return opened.fd
 
     def _write(self, fd: int, op: PlanOp, view: memoryview, buf: AlignedBuffer | None = None) -> int:
-        """Write ``op.size`` bytes of the file's replay data, generated into ``buf`` (which ``view`` views)
+        """Write ``op.size`` bytes of the file's replay data: from the bytes made before the clock
+        (``replayer.data``) where they cover the write, else generated into ``buf`` (which ``view`` views)
         piece by piece just before each call (at the file position, where the offset is unknown: the data of
         the offset where the position is)."""
         size, done = op.size or 0, 0
@@ -668,12 +688,14 @@ class PosixExecutor:
                 except OSError:  # not seekable: no offset to take the data of
                     base = 0
             n = min(chunk_max, size - done)
-            pattern.fill(buf.ptr, n, op.pattern_key, base + done)
-            chunk = view[:n]
-            if op.offset is None:
-                n = os.write(fd, chunk)
-            else:
-                n = os.pwrite(fd, chunk, op.offset + done)
+            chunk = self._data.view(op.pattern_key, base + done, n) if self._data is not None else None
+            if chunk is None:
+                pattern.fill(buf.ptr, n, op.pattern_key, base + done)
+                chunk = view[:n]
+            try:
+                n = os.write(fd, chunk) if op.offset is None else os.pwrite(fd, chunk, op.offset + done)
+            finally:
+                chunk.release()
             if n <= 0:
                 break
             done += n
@@ -803,7 +825,7 @@ class _WorkerContext:
         bytes generated as each is issued (``requests``: a write's addr is its content offset, user_data its
         key) into slots: one for the C loop, for a ring one per write it keeps in flight, as deep as the ring
         within ``RING_SLOT_BYTES`` (fewer slots: fewer generated writes in flight)."""
-        generate = requests["opcode"] == rings.OP_WRITE
+        generate = (requests["opcode"] == rings.OP_WRITE) & (requests["user_data"] != PREGENERATED)
         if not generate.any():
             return ring.run(requests) if ring is not None else rings.pio_run(requests)
         if ring is None:

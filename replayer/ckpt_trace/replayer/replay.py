@@ -51,7 +51,8 @@ TIMINGS = ("asap", "original")
 CACHE_STATES = ("recorded", "cold", "warm")
 #: Which bytes the replay writes (results' ``options["data"]``).
 DATA_NOTE = ("generated: incompressible, unique per 4 KiB block and per file (iolayer.pattern.fill, a counter-mode "
-             "generator keyed by the file's path and the offset), generated as each write is issued; gds writes the "
+             "generator keyed by the file's path and the offset), made before the clock where memory allows "
+             "(replayer.data), else as each write is issued; gds writes the "
              "1 MiB table pattern from GPU memory instead")
 
 
@@ -394,10 +395,10 @@ def replay(
         if strict and off_path:
             _release(claims, target, made_target, lock)
             first = off_path[0]
-            raise ReplayError(f"--strict: {first.strategy}'s named path ({first.named_path}) carried "
+            raise ReplayError(f"{{option}}: {first.strategy}'s named path ({first.named_path}) carried "
                               f"{first.path_shares()['named_path_bytes_share']:.0%} of the bytes, under "
                               f"{config.REPLAY_NAMED_PATH_MIN_SHARE:.0%}; the replay's files under {target} were "
-                              "removed")
+                              "removed", option="strict", switch=True)
         options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": pack_files, "repeat": repeat,
                    "rounds": len(results[0].runs_elapsed_s), "rounds_rule": runs.describe(),
                    "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,

@@ -90,7 +90,8 @@ class UringExecutor(PosixExecutor):
         if self.direct:
             block = self.block_bytes
             off = requests["off"].astype(np.int64)
-            bad = (off % block != 0) | (requests["len"] % block != 0)  # buffers: page-aligned slots, read_buf
+            # addr: a generated write's content offset (its slot is page-aligned), else the buffer's address
+            bad = (off % block != 0) | (requests["len"] % block != 0) | (requests["addr"] % block != 0)
             if bad.any():
                 handles = ctx.plan.ops.handle[data[owner[bad]]]
                 unique, inverse = np.unique(handles, return_inverse=True)

@@ -38,7 +38,7 @@ def verify_content(root: TargetRoot, plan: ReplayPlan) -> list[ContentMismatch]:
     """Compare every written range of every file under ``root`` with its pattern; return the mismatches.
     Raises ReplayError for a plan made without its verify ranges (``PlanChecks.ranges_planned``)."""
     if not plan.checks.ranges_planned:
-        raise ReplayError("this plan was made without the ranges --verify checks (plan with verify_ranges=True)")
+        raise ReplayError("this plan was made without the ranges verification checks (plan with verify_ranges=True)")
     found = []
     differs = pattern.first_difference if plan.strategy in TABLE_STRATEGIES else pattern.data_first_difference
     for rel, ranges in plan.checks.verify_ranges.items():

@@ -57,18 +57,20 @@ class AttachPlan:
 
 
 def check_plan(plan: AttachPlan) -> None:
-    """Refuse what cannot be attached to, with why. Raises TracerError."""
+    """Refuse what cannot be attached to, with why, naming the field (``option``: pid, duration_s,
+    until_checkpoints; the CLI says its flag). Raises TracerError."""
     if plan.pid <= 0:
-        raise TracerError(f"--pid {plan.pid}: not a process id")
+        raise TracerError(f"{{option}} {plan.pid}: not a process id", option="pid")
     if plan.duration_s is not None and not plan.duration_s > 0:
-        raise TracerError(f"--duration {plan.duration_s}: must be a positive number of seconds")
+        raise TracerError(f"{{option}} {plan.duration_s}: must be a positive number of seconds", option="duration_s")
     if plan.until_checkpoints is not None and plan.until_checkpoints < 1:
-        raise TracerError(f"--until-checkpoints {plan.until_checkpoints}: must be at least 1")
+        raise TracerError(f"{{option}} {plan.until_checkpoints}: must be at least 1", option="until_checkpoints")
     if not alive(plan.pid):
-        raise TracerError(f"--pid {plan.pid}: no such running process")
+        raise TracerError(f"{{option}} {plan.pid}: no such running process", option="pid")
     mine = os.getpid()
     if plan.pid == mine or mine in process_tree(plan.pid):
-        raise TracerError(f"--pid {plan.pid}: the recorder is part of that job (trace another process)")
+        raise TracerError(f"{{option}} {plan.pid}: the recorder is part of that job (trace another process)",
+                          option="pid")
 
 
 def alive(pid: int) -> bool:

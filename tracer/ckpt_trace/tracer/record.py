@@ -304,10 +304,11 @@ def record(
         copies = _copies(capture, builder, choice) if capture is not None else None
         elapsed_s = time.monotonic() - started
         if strict and extra["lost_events"]:
-            raise TracerError(f"{extra['lost_events']} events were lost (--strict); no trace written")
+            raise TracerError(f"{extra['lost_events']} events were lost ({{option}}); no trace written", option="strict",
+                              switch=True)
         if strict and extra.get("mapped_uncovered_bytes"):
             raise TracerError(f"{extra['mapped_uncovered_bytes']:,} bytes mapped from files are covered by no row "
-                              "(--strict); no trace written")
+                              "({option}); no trace written", option="strict", switch=True)
         result = _write(output, cmd, choice, builder, spool, extra, filters, start_wall_ns, elapsed_s, overwrite,
                         copies, gpu_plan, temporary=reserved, exited_s=exited_s)
     except BaseException:
