@@ -397,6 +397,8 @@ def write_rescaled(trace: str | os.PathLike, ranks: int, output: str | os.PathLi
     """``rescale_dcp_load`` (a trace that only reads the checkpoint's data files) or ``rescale_dcp_save``
     written as a trace at ``output`` (backend ``synth``, the figures under the
     metadata key ``synth``). Returns the figures with ``rows``. Raises RescaleError, CkptTraceError."""
+    if ranks < 1:
+        raise RescaleError("--ranks must be at least 1")
     result = rescale_dcp_load(trace, ranks) if is_load(trace) else rescale_dcp_save(trace, ranks)
     rows = write_synthesis(result, output, command=["ckpt-trace", "replay", str(trace), "--ranks", str(ranks)],
                            overwrite=overwrite)
