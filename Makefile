@@ -28,7 +28,7 @@ $(PY):
 
 # The editable install compiles iolayer's io_uring loop (scripts/build_ring.py) and puts the
 # stage folders on sys.path (a .pth file; ckpt_trace is a PEP 420 namespace over them).
-$(VENV)/.installed: pyproject.toml scripts/build_ring.py iolayer/ckpt_trace/iolayer/_ring.c | $(PY)
+$(VENV)/.installed: pyproject.toml scripts/build_ring.py iolayer/ckpt_trace/iolayer/ring_build.py iolayer/ckpt_trace/iolayer/_ring.c | $(PY)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[torch,test,readers]'
 	touch $@
 

@@ -22,7 +22,13 @@ the DCP workload (issue 13). Workloads (``--workload``, repeatable):
 - ``libaio``: ``ckpt-trace workload libaio`` (FastPersist's way: native AIO);
 - ``storm``: fio ``ioengine=psync``, 500,000 buffered writes of 512 B from 2
   threads (``--thread --numjobs=2``), the system-call storm of issue 13 (goal:
-  no event lost at the default settings, the command at most 3x slower).
+  no event lost at the default settings, the command at most 3x slower);
+- ``true``: ``true(1)``, the recording's fixed cost alone (issue 35).
+
+"start" and "finish" are the recording's fixed costs as ``record --json`` reports them (issue 35):
+``start_s``, from the recorder's invocation to its probes being live, and ``finish_s``, from the
+command's exit to the trace being complete (medians). "paired rec." is the median of each repeat's
+whole-``record`` time over the untraced run just before it.
 
 strace cannot see io_uring requests, so it is measured on ``dcp`` and ``libaio``
 only (``--backend bcc`` leaves it out). Lost events (the trace's ``lost_events``)
@@ -65,12 +71,14 @@ from ckpt_trace.tracer import bcc_backend, strace_backend
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-WORKLOADS = ("dcp", "emitted", "fio-uring-1m", "fio-uring-4k", "libaio", "storm")
+WORKLOADS = ("dcp", "emitted", "fio-uring-1m", "fio-uring-4k", "libaio", "storm", "true")
 FIO_JOBS = {"fio-uring-1m": ("write", "1m", 8, "2g"), "fio-uring-4k": ("randwrite", "4k", 32, "512m")}
 STORM_WRITES, STORM_THREADS = 500_000, 2
 
 
 def workload_cmd(workload: str, out: Path, args) -> list[str]:
+    if workload == "true":
+        return ["true"]
     if workload == "storm":
         return ["fio", "--name=storm", f"--directory={out}", "--ioengine=psync", "--rw=write", "--bs=512",
                 "--thread", f"--numjobs={STORM_THREADS}", f"--size={STORM_WRITES // STORM_THREADS * 512}",
@@ -110,28 +118,32 @@ def bpf_stats():
         BPF_STATS.write_text(before)
 
 
-def run_variant(workload: str, variant: str, scratch: Path, args) -> tuple[float, float, int, float | None,
-                                                                              float | None]:
+def run_variant(workload: str, variant: str, scratch: Path, args) -> tuple:
     """(end-to-end seconds, the workload command's own seconds, lost events, the recorder's CPU seconds
-    while the command ran, the BPF programs' seconds) of one run; the last two None where not known."""
+    while the command ran, the BPF programs' seconds, start_s, finish_s) of one run; None where not known."""
     out = scratch / "ckpt"
     shutil.rmtree(out, ignore_errors=True)  # ours: made under this run's scratch directory
     out.mkdir()
     trace = scratch / f"{variant}.arrow"
     trace.unlink(missing_ok=True)
     cmd = workload_cmd(workload, out, args)
-    if workload not in FIO_JOBS and workload != "storm":
+    if workload not in FIO_JOBS and workload not in ("storm", "true"):
         out.rmdir()  # the workloads make their own directory
     if variant == "untraced":
         elapsed = timed(cmd)
-        return elapsed, elapsed, 0, None, None
+        return elapsed, elapsed, 0, None, None, None, None
     with bpf_stats() if variant == "bcc" else contextlib.nullcontext():
-        elapsed = timed([sys.executable, "-m", "ckpt_trace.cli", "record", "--backend", variant, "-o", str(trace),
-                         "--path-filter", f"{out}/", "--", *cmd])
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "ckpt_trace.cli", "record", "--backend", variant, "--json",
+                               "-o", str(trace), "--path-filter", f"{out}/", "--", *cmd],
+                              check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        elapsed = time.monotonic() - started
+    summary = json.loads(done.stdout)
     meta = read_metadata(trace)
     cpu_ns, bpf_ns = meta.get("recorder_cpu_ns"), meta.get("bpf_run_ns")
     return (elapsed, meta["command_elapsed_ns"] / 1e9, int(meta["lost_events"]),
-            None if cpu_ns is None else cpu_ns / 1e9, None if bpf_ns is None else bpf_ns / 1e9)
+            None if cpu_ns is None else cpu_ns / 1e9, None if bpf_ns is None else bpf_ns / 1e9,
+            summary.get("start_s"), summary.get("finish_s"))
 
 
 def main() -> None:
@@ -162,7 +174,7 @@ def main() -> None:
     rows = []
     try:
         for workload in workloads:
-            variants = ["untraced"] + [b for b in backends if b == "bcc" or workload in ("dcp", "libaio")]
+            variants = ["untraced"] + [b for b in backends if b == "bcc" or workload in ("dcp", "libaio", "true")]
             runs = {v: [] for v in variants}
             for _ in range(args.repeats):  # interleaved: drift hits every variant alike
                 for variant in variants:
@@ -174,6 +186,9 @@ def main() -> None:
                 paired = [c / u[0] - 1.0 for c, u in zip(command, runs["untraced"])]
                 cpu = [r[3] / r[1] for r in runs[variant] if r[3] is not None]
                 bpf = [r[4] / r[1] for r in runs[variant] if r[4] is not None]
+                starts = [r[5] for r in runs[variant] if r[5] is not None]
+                finishes = [r[6] for r in runs[variant] if r[6] is not None]
+                paired_record = [r[0] / u[0] - 1.0 for r, u in zip(runs[variant], runs["untraced"])]
                 rows.append({"workload": workload, "variant": variant, "median_s": statistics.median(total),
                              "min_s": min(total), "max_s": max(total), "runs_s": total,
                              "overhead_ratio": statistics.median(total) / base - 1.0,
@@ -183,24 +198,33 @@ def main() -> None:
                              "command_paired_overhead_runs": paired,
                              "recorder_cpu_ratio": statistics.median(cpu) if cpu else None,
                              "bpf_run_ratio": statistics.median(bpf) if bpf else None,
-                             "lost_events": sum(r[2] for r in runs[variant])})
+                             "lost_events": sum(r[2] for r in runs[variant]),
+                             "start_median_s": statistics.median(starts) if starts else None, "start_runs_s": starts,
+                             "finish_median_s": statistics.median(finishes) if finishes else None,
+                             "finish_runs_s": finishes,
+                             "record_paired_overhead_ratio": statistics.median(paired_record)})
     finally:
         shutil.rmtree(scratch, ignore_errors=True)  # ours: made by mkdtemp above
 
     table = Table(title=f"Tracer overhead (model {args.model}, {args.ranks} ranks, "
                         f"{'with' if args.with_optimizer else 'without'} Adam; median of {args.repeats})")
-    for column in ("workload", "variant", "record", "+", "command", "+ ", "paired", "rec. CPU", "BPF", "lost"):
+    for column in ("workload", "variant", "record", "+", "paired rec.", "start", "finish", "command", "+ ", "paired",
+                   "rec. CPU", "BPF", "lost"):
         table.add_column(column, justify="left" if column in ("workload", "variant") else "right")
     for row in rows:
         untraced = row["variant"] == "untraced"
         table.add_row(row["workload"], row["variant"], f"{row['median_s']:.2f} s",
-                      "-" if untraced else f"{row['overhead_ratio']:+.1%}", f"{row['command_median_s']:.2f} s",
+                      "-" if untraced else f"{row['overhead_ratio']:+.1%}",
+                      "-" if untraced else f"{row['record_paired_overhead_ratio']:+.1%}",
+                      "-" if row["start_median_s"] is None else f"{row['start_median_s']:.2f} s",
+                      "-" if row["finish_median_s"] is None else f"{row['finish_median_s']:.2f} s",
+                      f"{row['command_median_s']:.2f} s",
                       "-" if untraced else f"{row['command_overhead_ratio']:+.1%}",
                       "-" if untraced else f"{row['command_paired_overhead_ratio']:+.1%}",
                       "-" if row["recorder_cpu_ratio"] is None else f"{row['recorder_cpu_ratio']:.1%}",
                       "-" if row["bpf_run_ratio"] is None else f"{row['bpf_run_ratio']:.1%}",
                       "-" if untraced else f"{row['lost_events']:,}")
-    Console(width=None if sys.stdout.isatty() else 100).print(table)
+    Console(width=None if sys.stdout.isatty() else 140).print(table)
     for name, problem in skipped.items():
         print(f"{name}: skipped ({problem})")
     RESULTS.mkdir(exist_ok=True)

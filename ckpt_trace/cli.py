@@ -126,7 +126,7 @@ def _steps(command: str) -> Iterator:
 
 @app.command(context_settings={"allow_interspersed_args": False})
 def record(
-    cmd: list[str] = typer.Argument(..., help="The command to trace, after --.", metavar="-- CMD [ARGS]..."),
+    cmd: Optional[list[str]] = typer.Argument(None, help="The command to trace, after -- (or --pid).", metavar="-- CMD [ARGS]..."),
     output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (.arrow)."),
     backend: Literal["auto", "bcc", "strace"] = typer.Option("auto", help="auto: bcc (eBPF) where the kernel allows, else strace."),
     path_filter: list[str] = typer.Option([], "--path-filter", help="Keep only paths starting with PREFIX (repeatable)."),
@@ -136,8 +136,14 @@ def record(
     gpu: Literal["auto", "on", "off"] = typer.Option("auto", "--gpu", help="Host<->device copies of CUDA programs (CUPTI): auto (when libcupti is found), on, off."),
     host: Optional[str] = typer.Option(None, "--host", help="Name this node in the trace (default: the host name), for `merge` where nodes share a host name."),
     no_layout: bool = typer.Option(False, "--no-layout", help="Do not add the layout of the checkpoint files the command left (see annotate)."),
+    pid: Optional[int] = typer.Option(None, "--pid", metavar="PID", help="Trace this running process and its descendants instead of starting CMD; detach when done, leaving it running."),
+    duration: Optional[float] = typer.Option(None, "--duration", metavar="SECONDS", help="With --pid: stop after SECONDS."),
+    until_checkpoints: Optional[int] = typer.Option(None, "--until-checkpoints", metavar="N", help="With --pid: stop once N checkpoint files were written (opened for writing after the attach, written, closed)."),
 ) -> None:
     """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code.
+
+    With --pid PID, trace a job that is already running (its process tree) until --duration, --until-checkpoints,
+    its end or Ctrl-C, then detach: the job runs on untouched, and the exit code is 0.
 
     When the command read or wrote checkpoint files ckpt-trace recognises (DCP, safetensors, torch.save,
     Hugging Face index), their layout (which bytes are which tensor) is added to the trace, within 60 s."""
@@ -146,9 +152,20 @@ def record(
     from ckpt_trace.tracer import record as record_trace
     from ckpt_trace.tracer.gpu import plan_capture
 
-    if not cmd:
+    attach = None
+    if pid is not None:
+        from ckpt_trace.tracer.attach import AttachPlan, check_plan
+
+        if cmd:
+            raise CkptTraceError("--pid traces a running job: give no command after --")
+        attach = AttachPlan(pid, duration, until_checkpoints)
+        check_plan(attach)
+    elif duration is not None or until_checkpoints is not None:
+        raise CkptTraceError("--duration and --until-checkpoints go with --pid")
+    elif not cmd:
         raise CkptTraceError("no command to record (put it after --)")
-    resolve_command(list(cmd))
+    else:
+        resolve_command(list(cmd))
     check_output_file(output, force)
     from ckpt_trace.tracer.leftovers import find as find_leftovers
 
@@ -158,16 +175,20 @@ def record(
                   f"director(ies): {escape(', '.join(map(str, left[:5])))}{' ...' if len(left) > 5 else ''} "
                   "(remove them once you do not need them)[/]", highlight=False)
     choice = choose_backend(backend)
-    gpu_plan = plan_capture(gpu)
+    gpu_plan = plan_capture("off" if attach is not None else gpu)  # a running job's CUDA is already set up
     err.print(f"ckpt-trace: backend {choice.name} ({choice.reason})", highlight=False)
     if gpu_plan.enabled:
         err.print(f"ckpt-trace: GPU copies: {escape(gpu_plan.reason)}", highlight=False)
     for limit in capture_limits(choice):
         err.print(f"ckpt-trace: note: {escape(limit)}", highlight=False)
-    result = record_trace(list(cmd), output, choice=choice, path_filters=path_filter, strict=strict, overwrite=force,
-                          gpu_plan=gpu_plan, host=host)
+    result = record_trace(list(cmd or []), output, choice=choice, path_filters=path_filter, strict=strict,
+                          overwrite=force, gpu_plan=gpu_plan, host=host, attach=attach)
+    if result.attached:
+        found = result.attached
+        err.print(f"ckpt-trace: detached from {found['pid']} ({found['stopped_by']}; "
+                  f"{len(found['checkpoint_files'])} checkpoint file(s) in the trace)", highlight=False)
     for pid, why in (result.gpu.get("errors") or {}).items():
-        err.print(f"[yellow]ckpt-trace: warning: process {pid}'s GPU copies are not in the trace: {escape(why)}[/]",
+        err.print(f"[yellow]ckpt-trace: warning: process {pid}'s GPU copies are not all in the trace: {escape(why)}[/]",
                   highlight=False)
     if result.gpu.get("dropped"):
         err.print(f"[yellow]ckpt-trace: warning: CUPTI dropped {result.gpu['dropped']:,} copy records[/]",
@@ -199,7 +220,8 @@ def record(
     summary = {"trace": str(result.trace_path), "backend": result.backend, "rows": result.rows,
                "lost_events": result.lost_events, "exit_code": result.exit_code, "exit_signal": result.exit_signal,
                "ended": result.ended, "elapsed_s": result.elapsed_s, "gpu": result.gpu, "layout": layout,
-               "interrupted": result.interrupted}
+               "interrupted": result.interrupted, "start_s": result.start_s, **({"attached": result.attached} if result.attached else {}),
+               "finish_s": None if result.exited_s is None else round(time.monotonic() - result.exited_s, 3)}
     if as_json:
         _write_json(None, summary)
     else:
@@ -229,6 +251,7 @@ def replay(
     cache: Literal["recorded", "cold", "warm"] = typer.Option("recorded", "--cache", help="Page cache of the files the trace finds when each run starts: recorded (cold where the trace does not say), cold, warm."),
     wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
     placement: Literal["host", "spread"] = typer.Option("host", "--placement", help="Under torchrun: host keeps each recorded host's ranks on one node (a merged trace); spread cuts the ranks into blocks over all processes."),
+    ranks: Optional[int] = typer.Option(None, "--ranks", help="Rescale: replay the recorded DCP save as this many ranks would write it (DCP's planner on the trace's checkpoint layout)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the results document (JSON) to this file."),
     force: bool = typer.Option(False, help="Allow a non-empty target and overwrite an existing -o file (the replay still writes only files it creates)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results document as JSON on stdout."),
@@ -248,10 +271,13 @@ def replay(
     speaks = world is None or world.rank == 0  # under torchrun, global rank 0 writes and prints
     if output is not None and speaks:
         check_output_file(output, force, inputs=(trace,))
+    rescaled = None
+    if ranks is not None:  # the rescaled trace, in a directory of ours removed when the command ends
+        trace, rescaled = _rescaled_trace(trace, ranks)
     if dry_run:
         if not speaks:  # rank 0 plans the whole trace and prints the dry run
             return
-        plans = {"trace": str(trace), "plans": plan_summaries(trace, strategy=strategy, target=target,
+        plans = {"trace": str(trace), **({"rescaled": rescaled} if rescaled else {}), "plans": plan_summaries(trace, strategy=strategy, target=target,
                                                               strip_prefix=strip_prefix, buffer_bytes=buffer_bytes,
                                                               pack_files=pack_files)}
         if output is not None:
@@ -285,6 +311,8 @@ def replay(
                                 progress=progress, protect=(output,) if output is not None else (), fio=fio,
                                 gpu_copies=gpu_copies, cache=cache, strict=strict)
     data = report.to_json()
+    if rescaled:
+        data["rescaled"] = rescaled
     if output is not None:
         _write_json(output, data)
     _show(data, as_json, lambda console, doc: render_results(console, doc["results"], doc["fio_write_bytes_per_s"],
@@ -302,6 +330,30 @@ def replay(
         actual = "missing" if mismatch.actual_bytes is None else f"{mismatch.actual_bytes:,} B"
         err.print(f"[yellow]ckpt-trace: warning: {mismatch.strategy}: {escape(mismatch.path)} is {actual}, "
                   f"recorded {mismatch.expected_bytes:,} B[/]", highlight=False)
+
+
+def _rescaled_trace(trace: Path, ranks: int) -> tuple[Path, dict]:
+    """(path, figures) of ``trace``'s DCP save rescaled to ``ranks`` (``workloads.rescale``), written in a
+    temporary directory that is removed when the process exits."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from ckpt_trace.workloads.rescale import write_rescaled
+
+    scratch = tempfile.mkdtemp(prefix="ckpt-trace-rescale-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    figures = write_rescaled(trace, ranks, Path(scratch) / "rescaled.arrow")
+    if figures["direction"] == "load":
+        err.print(f"ckpt-trace: rescaled the recorded DCP load to {ranks} ranks: they read "
+                  f"{figures['data_bytes_read']:,} bytes of the {figures['checkpoint_ranks']}-rank checkpoint "
+                  f"(DCP's load planner and reader) in {figures['elapsed_s']:.1f} s", highlight=False)
+    else:
+        err.print(f"ckpt-trace: rescaled the recorded {figures['recorded_ranks']}-rank DCP save to {ranks} ranks: "
+                  f"{len(figures['data_files'])} data files, {figures['data_bytes']:,} data bytes (DCP's planner; "
+                  f"the recorded save reproduced at {figures['recorded_ranks']} ranks) in {figures['elapsed_s']:.1f} s",
+                  highlight=False)
+    return Path(scratch) / "rescaled.arrow", figures
 
 
 @app.command()
@@ -718,7 +770,7 @@ def annotate(
         formats = ", ".join(sorted(set(data["files"].values()))) or "none recognised"
         err.print(f"ckpt-trace: wrote {data['trace']}: {data['objects']:,} objects in {data['covered_files']} files "
                   f"({formats}), {len(data['unknown'])} unknown, in {data['elapsed_s']:.2f} s", highlight=False)
-        for path, why in data["errors"].items():
+        for why in data["errors"].values():
             err.print(f"[yellow]ckpt-trace: warning: {escape(why)}[/]", highlight=False)
 
 
@@ -842,6 +894,17 @@ def keep_freed_batches() -> None:
     mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES)
 
 
+#: Keyword arguments of the library whose flag is not the keyword with dashes (CkptTraceError.option -> flag).
+_FLAGS = {"buffer_bytes": "--buffer-size", "overwrite": "--force", "clock_offsets": "--clock-offset",
+          "queue_depths": "--queue-depths", "duration_s": "--duration"}
+
+
+def flag_of(option: str) -> str:
+    """The command-line flag of a library call's keyword argument ``option`` (an error's ``option``): the CLI,
+    not the library, names flags in error lines."""
+    return _FLAGS.get(option, "--" + option.replace("_", "-"))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app, turning errors into one line and an exit code."""
     keep_freed_batches()
@@ -870,10 +933,10 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as done:
         sys.exit(done.exit_code)
     except Interrupted as error:
-        err.print(f"[red]ckpt-trace: {escape(str(error))}[/]", highlight=False)
+        err.print(f"[red]ckpt-trace: {escape(error.render(flag_of))}[/]", highlight=False)
         sys.exit(128 + interrupted[0] if interrupted else error.exit_code)  # 143 for SIGTERM, 129 for SIGHUP
     except CkptTraceError as error:
-        err.print(f"[red]ckpt-trace: error: {escape(str(error))}[/]", highlight=False)
+        err.print(f"[red]ckpt-trace: error: {escape(error.render(flag_of))}[/]", highlight=False)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
         err.print("[red]ckpt-trace: interrupted[/]")

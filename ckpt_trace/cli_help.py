@@ -33,11 +33,13 @@ EXAMPLES = {
     "record": [
         "ckpt-trace record -o save.arrow --path-filter /scratch/ckpt/ -- torchrun --nproc-per-node 4 train.py",
         "ckpt-trace record --backend strace --gpu off -o t.arrow -- python save.py",
+        "ckpt-trace record --pid 4242 --until-checkpoints 1 --path-filter /scratch/ckpt/ -o one.arrow",
     ],
     "replay": [
         "ckpt-trace replay save.arrow --strategy all --target /scratch/replay --durable -o results.json",
         "ckpt-trace replay save.arrow --strategy aggregated --buffer-size 4MiB --target /nvme/r --dry-run",
         "torchrun --nproc-per-node 8 -m ckpt_trace.cli replay save.arrow --target /lustre/r -o r.json",
+        "ckpt-trace replay save4.arrow --ranks 8 --target /scratch/r --durable   # a 4-rank DCP save as 8 ranks",
     ],
     "summary": ["ckpt-trace summary save.arrow", "ckpt-trace summary save.arrow --json | jq .gpu"],
     "merge": [

@@ -37,6 +37,8 @@ BPF_POLL_MS = _int_env("BPF_POLL_MS", 50)
 BPF_WAKE_EVERY = _int_env("BPF_WAKE_EVERY", 512)  # records between reader wakeups (at most 1/16 of a ring)
 STRACE_BIN = _str_env("STRACE_BIN", "strace")
 STRACE_STRING_BYTES = _int_env("STRACE_STRING_BYTES", 1024)  # strace -s: bounds iovec arrays and envp strings
+CACHE_DIR = _str_env("CACHE_DIR", os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                                                "ckpt-trace"))  # per-kernel facts the tracer keeps (tracer.costs)
 TRACE_BATCH_ROWS = _int_env("TRACE_BATCH_ROWS", 65536)
 RECORD_RUN_ROWS = _int_env("RECORD_RUN_ROWS", 1 << 18)  # rows the recorder holds before spilling a sorted run
 RECORD_RAW_BYTES = _int_env("RECORD_RAW_BYTES", 64 << 20)  # raw BPF records held before compressing them to disk

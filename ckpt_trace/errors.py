@@ -32,9 +32,20 @@ class Interrupted(CkptTraceError):
     exit_code = 130
 
 
+class RegressionError(CkptTraceError):
+    """``ckpt-trace check``: a baseline is missing, corrupt, or does not match the traces and strategies being
+    checked; a tolerance is malformed."""
+
+
 class CheckpointError(CkptTraceError):
     """The emitted checkpoint writer or reader failed: a missing or truncated file, a full disk, no metadata."""
 
 
-__all__ = ["BenchError", "CheckpointError", "CkptTraceError", "CommandNotFound", "Interrupted", "ReplayError", "TraceFormatError",
+class RescaleError(CkptTraceError):
+    """A trace that cannot be replayed at another number of ranks (not a DCP save, no layout, a sharding
+    rule rescaling does not know); the message says why."""
+
+
+__all__ = ["BenchError", "CheckpointError", "CkptTraceError", "CommandNotFound", "Interrupted", "RegressionError",
+           "ReplayError", "RescaleError", "TraceFormatError",
            "TracerError", "WorkloadError"]

@@ -1,5 +1,14 @@
-"""Unions of byte ranges, vectorised: shared by the replayer (aggregation, ``--verify``'s ranges) and the
-analysis (``diff``'s written ranges)."""
+"""Unions of half-open ranges [start, end) (bytes of a file, nanoseconds of a timeline): the one place they are
+computed, for the replayer (aggregation, coverage, verified ranges), the analysis (``diff``'s written ranges,
+the GPU overlap of copies and I/O) and the tracer (bytes of a mapping its page rows cover).
+
+- ``merge_grouped_ranges``: per group, vectorised (numpy arrays in, arrays out);
+- ``union_ranges``: one group, vectorised;
+- ``merge_ranges``: one group, as a list of (start, end) pairs;
+- ``covered_bytes``: the length of the union.
+
+Touching ranges merge ([0, 4) and [4, 8) make [0, 8)); empty ones are dropped.
+"""
 
 from __future__ import annotations
 
@@ -35,3 +44,24 @@ def merge_grouped_ranges(groups: np.ndarray, starts: np.ndarray,
     first = np.flatnonzero(np.r_[True, ~same | (starts[1:] > reach[:-1])])
     last = np.r_[first[1:] - 1, len(starts) - 1]
     return groups[first], starts[first], reach[last]
+
+
+def union_ranges(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the disjoint, sorted ranges covering the given [start, end) ones (int64 arrays)."""
+    starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+    _, merged_starts, merged_ends = merge_grouped_ranges(np.zeros(len(starts), np.int64), starts, ends)
+    return merged_starts, merged_ends
+
+
+def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Union of half-open ranges [start, end) as a sorted list of disjoint (start, end) pairs."""
+    if not ranges:
+        return []
+    starts, ends = (np.array(column, np.int64) for column in zip(*ranges))
+    merged_starts, merged_ends = union_ranges(starts, ends)
+    return list(zip(merged_starts.tolist(), merged_ends.tolist()))
+
+
+def covered_bytes(ranges: list[tuple[int, int]]) -> int:
+    """How many distinct units (bytes) the ranges [start, end) cover together."""
+    return sum(end - start for start, end in merge_ranges(ranges))

@@ -3,12 +3,17 @@
 - ``percentiles_ns``: mean, p50, p90, p99 and max by the nearest-rank method
   (the p-th percentile is the smallest sample with at least p % of the
   samples at or below it), as fio reports completion latencies.
-- ``LatencyHistogram``: the same figures from a bounded histogram, for
-  traces too big to keep every sample: durations in buckets of 1/64 octave
-  (bucket ``b`` holds ``[2**(b/64), 2**((b+1)/64))`` ns), so a percentile is
-  the lower edge of the bucket the nearest-rank sample falls in, at most
-  1.1 % below the exact one; mean, min and max stay exact. Memory: 4,096
-  counters, whatever the number of samples.
+- ``LatencyHistogram``: the same figures in bounded memory, for traces too
+  big to keep every sample. Up to ``exact_limit`` samples (65,536 by
+  default) it keeps them and answers with ``percentiles_ns`` itself, so the
+  replay's table and the report agree to the nanosecond on the same rows;
+  past that it answers from buckets of 1/64 octave (bucket ``b`` holds
+  ``[2**(b/64), 2**((b+1)/64))`` ns): a percentile is the lower edge of the
+  bucket the nearest-rank sample falls in, at most 1.1 % below the exact
+  one; mean, min and max stay exact. Memory: 4,096 counters and at most
+  ``exact_limit`` samples, whatever the number of samples. Every latency
+  percentile the project reports (replay results, bench, summary, report)
+  comes from one of these two.
 - ``median_index``: which of ``n`` repeated runs is "the median run". A run
   is reported whole (its bytes, latencies and CPU belong together), so for an
   even count it is the faster of the two middle runs, never an average.
@@ -36,20 +41,25 @@ def percentiles_ns(samples: Sequence[int] | np.ndarray) -> dict[str, int]:
 
 
 class LatencyHistogram:
-    """Nanosecond durations gathered batch by batch in 1/64-octave buckets (see the module docstring)."""
+    """Nanosecond durations gathered batch by batch: kept exactly up to ``exact_limit`` samples, always
+    counted in 1/64-octave buckets (see the module docstring)."""
 
     STEPS = 64
     BUCKETS = 64 * STEPS
+    EXACT_LIMIT = 1 << 16
 
-    def __init__(self) -> None:
+    def __init__(self, exact_limit: int = EXACT_LIMIT) -> None:
         self.counts = np.zeros(self.BUCKETS, np.int64)
         self.count = self.total = self.max = 0
         self.min: int | None = None
+        self.exact_limit = exact_limit
+        self.samples: list[np.ndarray] | None = []  # None once more than exact_limit were added
 
     def add(self, samples: np.ndarray) -> None:
         values = np.asarray(samples, dtype=np.int64)
         if not len(values):
             return
+        self._keep([values])
         buckets = np.floor(np.log2(np.maximum(values, 1)) * self.STEPS).astype(np.int64)
         self.counts += np.bincount(np.clip(buckets, 0, self.BUCKETS - 1), minlength=self.BUCKETS)
         self.count += len(values)
@@ -58,8 +68,16 @@ class LatencyHistogram:
         low = int(values.min())
         self.min = low if self.min is None else min(self.min, low)
 
+    def _keep(self, parts: list[np.ndarray] | None) -> None:
+        if self.samples is None or parts is None or \
+                self.count + sum(len(part) for part in parts) > self.exact_limit:
+            self.samples = None
+        else:
+            self.samples.extend(part.copy() for part in parts)
+
     def merge(self, other: LatencyHistogram) -> None:
         """Add ``other``'s durations (histograms of several processes make the job's)."""
+        self._keep(other.samples)
         self.counts += other.counts
         self.count += other.count
         self.total += other.total
@@ -68,7 +86,10 @@ class LatencyHistogram:
             self.min = other.min if self.min is None else min(self.min, other.min)
 
     def percentiles_ns(self) -> dict[str, int]:
-        """mean, p50, p90, p99 and max, as ``percentiles_ns`` names them; zeros when empty."""
+        """mean, p50, p90, p99 and max, as ``percentiles_ns`` names them (and equal to its answer while the
+        samples are kept); zeros when empty."""
+        if self.samples is not None:
+            return percentiles_ns(np.concatenate(self.samples) if self.samples else np.zeros(0, np.int64))
         if not self.count:
             return {"mean": 0, "p50": 0, "p90": 0, "p99": 0, "max": 0}
         cumulative = np.cumsum(self.counts)

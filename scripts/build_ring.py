@@ -3,36 +3,36 @@
 The result is a plain shared library loaded with ctypes (``ckpt_trace.iolayer.ring``), not a
 CPython extension, so one build serves every Python version. It is built next to its source
 (so an editable install finds it on the path) and, for a wheel, packed as
-``ckpt_trace/iolayer/libckpt_ring.so.1``. Needs a C compiler (``CC``, default ``cc``) and
-``<linux/io_uring.h>`` (Debian: linux-libc-dev); without them the build fails with that reason.
+``ckpt_trace/iolayer/libckpt_ring.so.1``. The compiling itself is
+``ckpt_trace/iolayer/ring_build.py`` (loaded here by path: the build environment has no
+ckpt_trace), the same function ``ring.library`` calls when the library is missing or stale.
+Run as a script (``python scripts/build_ring.py``) it rebuilds the library of this tree.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import shlex
-import subprocess
 from pathlib import Path
 
-SOURCE = Path("iolayer/ckpt_trace/iolayer/_ring.c")
-# A versioned name, so Python never takes it for an extension module (it is loaded with ctypes).
+PACKAGE = Path("iolayer/ckpt_trace/iolayer")
+SOURCE = PACKAGE / "_ring.c"
 LIBRARY = "libckpt_ring.so.1"
 
 
-def compile_ring(root: str | os.PathLike) -> Path:
-    """Compile _ring.c beside itself; return the library's path. Raises RuntimeError with the compiler's reason."""
-    source = Path(root) / SOURCE
-    output = source.with_name(LIBRARY)
-    command = [*shlex.split(os.environ.get("CC", "cc")), "-O2", "-Wall", "-shared", "-fPIC", "-o", str(output),
-               str(source)]
-    try:
-        subprocess.run(command, check=True, capture_output=True, text=True)
-    except FileNotFoundError:
-        raise RuntimeError(f"ckpt-trace needs a C compiler to build its io_uring loop ({command[0]} not found; "
-                           "Debian: apt-get install gcc linux-libc-dev)") from None
-    except subprocess.CalledProcessError as err:
-        raise RuntimeError(f"compiling {source} failed:\n{err.stderr}") from None
-    return output
+def _ring_build(root: Path):
+    spec = importlib.util.spec_from_file_location("_ckpt_ring_build", root / PACKAGE / "ring_build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compile_ring(root: str | os.PathLike, output: str | os.PathLike | None = None,
+                 defines: dict[str, str] | None = None) -> Path:
+    """Compile _ring.c beside itself (or into ``output``); return the library's path. Raises RuntimeError
+    (ring_build.BuildFailed) with the compiler's reason."""
+    root = Path(root)
+    return _ring_build(root).compile_library(root / SOURCE, output, defines)
 
 
 try:

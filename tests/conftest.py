@@ -68,6 +68,13 @@ def cli(*args: str, check: bool = True, cwd: str | os.PathLike | None = None, ti
     return proc
 
 
+def one_line(proc) -> str:
+    """The one line a failed command printed on stderr (asserting it is one line and no traceback)."""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
 def record_odd_pattern(backend: str, workdir: Path) -> tuple[Path, list[dict], Path]:
     """Record the odd-pattern workload into workdir; return (trace, kernel-observed ops, output dir)."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -128,18 +135,14 @@ def small_tmpfs(tmp_path):
 
 
 # -- markers ------------------------------------------------------------------------------------------------
-# Capabilities follow from the fixtures a test asks for; ``slow`` from what it starts: a recording, the
-# CLI or another process, torch, a browser, a file system. ``make test-fast`` runs ``-m "not slow"``.
+# Capabilities follow from the fixtures a test asks for (bcc_backend: bcc and root, ...), and so does ``slow``
+# for the fixtures that record, start processes or build file systems. Every other slow test says so itself
+# (``@pytest.mark.slow``): test_markers.py fails, naming it, for a test that starts a process (the CLI, a
+# subprocess, a recording, a replay) without either. ``make test-fast`` runs ``-m "not slow"``.
 _CAPABILITY_MARKERS = {"bcc_backend": ("bcc", "root"), "strace_backend": ("strace",), "io_uring": ("io_uring",),
                        "torch_installed": ("torch",), "small_tmpfs": ("root",), "sector_4k_mount": ("root",)}
 _SLOW_FIXTURES = {"odd_recordings", "backend", "bcc_backend", "strace_backend", "torch_installed", "chromium",
                   "small_tmpfs", "sector_4k_mount", "baseline", "report_page"}
-_SLOW_NAMES = {"cli", "subprocess", "Popen", "record_odd_pattern", "spawn_ranks", "run_bench", "replay"}
-
-
-def _starts_processes(function) -> bool:
-    code = getattr(function, "__code__", None)
-    return code is not None and bool(_SLOW_NAMES & set(code.co_names))
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -149,5 +152,5 @@ def pytest_collection_modifyitems(config, items) -> None:
             if fixture in fixtures:
                 for marker in markers:
                     item.add_marker(marker)
-        if fixtures & _SLOW_FIXTURES or _starts_processes(getattr(item, "function", None)):
+        if fixtures & _SLOW_FIXTURES:
             item.add_marker("slow")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from helpers.traces import CREATE, make_trace
 from hypothesis import given
 from hypothesis import strategies as st
-from test_replay import CREATE, make_trace
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.ranges import merge_grouped_ranges
@@ -28,7 +29,7 @@ def test_merged_extents_cover_exactly_the_union(ranges):
                 max_size=40))
 def test_grouped_unions_equal_each_group_alone(rows):
     # Groups in any order, small ones (sorted as int16) and large ones (as int64), per group the same union
-    # as merge_extents of that group's ranges alone.
+    # as that group's ranges alone, counted byte by byte (merge_extents is this function for one group).
     groups = np.array([g for g, _, _ in rows], np.int64)
     starts = np.array([s for _, s, _ in rows], np.int64)
     ends = starts + np.array([n for _, _, n in rows], np.int64)
@@ -36,8 +37,9 @@ def test_grouped_unions_equal_each_group_alone(rows):
     got: dict[int, list] = {}
     for g, s, e in zip(out_groups.tolist(), out_starts.tolist(), out_ends.tolist()):
         got.setdefault(g, []).append((s, e))
-    expected = {g: merge_extents([(s, s + n) for h, s, n in rows if h == g]) for g in {g for g, _, _ in rows}}
-    assert got == {g: r for g, r in expected.items() if r}
+    expected = {g: {b for h, s, n in rows if h == g for b in range(s, s + n)} for g in {g for g, _, _ in rows}}
+    assert {g: {b for s, e in r for b in range(s, e)} for g, r in got.items()} == {g: b for g, b in expected.items() if b}
+    assert all(a[1] < b[0] for r in got.values() for a, b in zip(r, r[1:]))  # disjoint, sorted, not touching
     assert list(out_groups) == sorted(out_groups)
 
 
@@ -72,6 +74,7 @@ def test_dcp_like_writes_coalesce_into_aligned_buffers_between_barriers(tmp_path
     assert dict(plan.checks.expected_sizes) == {"ck/final": offset + 100}
 
 
+@pytest.mark.slow
 def test_aggregated_replay_reproduces_every_file_size(io_uring, odd_strace, tmp_path):
     trace, _, out = odd_strace
     target = tmp_path / "target"
@@ -97,3 +100,16 @@ def test_merged_writes_keep_their_wait_on_another_workers_open(tmp_path):
     plan = build_plan(read_trace(make_trace(tmp_path / "t.arrow", ops)).table, "aggregated")
     child = next(w for w in plan.workers if w.pid == 2)
     assert [(op.kind, op.offset, op.size, op.deps) for op in child.ops] == [("write", 0, 20, (0,))]
+
+
+@given(st.lists(st.tuples(st.integers(0, 1 << 12), st.integers(0, 300)), max_size=30))
+def test_the_tracers_coverage_and_the_gpu_unions_are_the_same_union(ranges):
+    """ranges.covered_bytes (the tracer's mapped-bytes coverage) and union_ranges (the GPU overlap's
+    timelines) count the bytes the ranges cover, byte by byte."""
+    from ckpt_trace.ranges import covered_bytes, union_ranges
+
+    pairs = [(start, start + length) for start, length in ranges]
+    covered = {b for start, end in pairs for b in range(start, end)}
+    assert covered_bytes(pairs) == len(covered)
+    starts, ends = union_ranges(np.array([s for s, _ in pairs], np.int64), np.array([e for _, e in pairs], np.int64))
+    assert {b for s, e in zip(starts.tolist(), ends.tolist()) for b in range(s, e)} == covered

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import cli
 
 from ckpt_trace.formats import read_metadata, read_trace, table_from_columns, write_trace
@@ -40,6 +41,7 @@ def _trace(path: Path) -> Path:
     return write_trace(path, table_from_columns(columns), meta)
 
 
+@pytest.mark.slow
 def test_an_anonymized_trace_replays_the_same_pattern_and_names_nothing(tmp_path):
     original = _trace(tmp_path / "t.arrow")
     shared = tmp_path / "shared.arrow"
@@ -67,6 +69,7 @@ def test_an_anonymized_trace_replays_the_same_pattern_and_names_nothing(tmp_path
     assert sizes[0] == sizes[1] and len(sizes[0]) == 3
 
 
+@pytest.mark.slow
 def test_the_same_key_gives_the_same_names_and_the_input_is_never_the_output(tmp_path):
     original = _trace(tmp_path / "t.arrow")
     for name in ("a.arrow", "b.arrow"):

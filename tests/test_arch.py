@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -54,6 +55,7 @@ def test_the_trace_records_its_architecture(tmp_path):
     assert read_trace(legacy).metadata["arch"] == v.X86_64  # before the key, every trace was x86-64
 
 
+@pytest.mark.slow
 def test_an_arm64_trace_replays_with_o_direct_here(tmp_path):
     trace = read_trace(synthetic(tmp_path / "arm.arrow", v.AARCH64))
     plan = build_posix_plan(trace.table, arch=trace.metadata["arch"])

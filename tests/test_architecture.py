@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 SOURCE_ROOTS = [REPO, REPO / "formats", REPO / "iolayer", REPO / "tracer", REPO / "replayer"]
 STAGES = {"formats": "formats", "iolayer": "iolayer", "tracer": "tracer", "replayer": "replayer"}
@@ -37,6 +39,7 @@ def test_every_import_name_is_its_path():
         assert any(path.is_relative_to(root) for root in SOURCE_ROOTS), (name, path)
 
 
+@pytest.mark.slow
 def test_the_stage_order_holds():
     """import-linter's contracts in pyproject.toml: formats imports nothing of ours; nothing imports upward."""
     proc = subprocess.run([sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "
@@ -46,6 +49,7 @@ def test_the_stage_order_holds():
     assert "0 broken" in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_violation_is_caught(tmp_path):
     """The check can fail: a contract forbidding an import the replayer really makes is reported broken."""
     config = tmp_path / "contracts.toml"

@@ -209,6 +209,7 @@ def test_read_points_are_never_preallocated_and_their_grids_leave_preallocation_
 
 # -- the command, end to end ------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.io_uring
 def test_bench_writes_table_heat_maps_and_the_best_configuration(tmp_path, io_uring):
     import matplotlib.image
@@ -251,6 +252,7 @@ def test_bench_writes_table_heat_maps_and_the_best_configuration(tmp_path, io_ur
     assert "best write: 64 KiB aligned writes" in plain.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.io_uring
 def test_bench_sweeps_reads_and_writes_with_one_heat_map_set_each(tmp_path, io_uring):
     target, out = tmp_path / "storage", tmp_path / "results"
@@ -323,6 +325,7 @@ def test_4k_sector_device_refuses_misaligned_o_direct_and_aggregation_repairs_it
     assert sorted(p.name for p in sector_4k_mount.iterdir()) == ["lost+found"]
 
 
+@pytest.mark.slow
 @pytest.mark.io_uring
 def test_repeat_keeps_the_median_run_and_a_single_point_matrix_runs_once(tmp_path, io_uring):
     single = {name: (getattr(bm.BASELINE, name),) for name in bm.DIMENSIONS}
@@ -338,6 +341,7 @@ def test_repeat_keeps_the_median_run_and_a_single_point_matrix_runs_once(tmp_pat
 
 # -- failures ---------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.io_uring
 def test_a_killed_writer_process_fails_the_bench_at_once_and_leaves_no_scratch(tmp_path, monkeypatch, io_uring):
     def die(self):
@@ -350,6 +354,7 @@ def test_a_killed_writer_process_fails_the_bench_at_once_and_leaves_no_scratch(t
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(SCRATCH_PREFIX)]
 
 
+@pytest.mark.slow
 @pytest.mark.io_uring
 def test_ctrl_c_stops_the_writers_removes_the_scratch_and_says_one_line(tmp_path, io_uring):
     import sys
@@ -384,6 +389,7 @@ def wait_until_gone(group: int, timeout_s: float) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_nothing_is_overwritten(tmp_path):
     target = tmp_path / "file"
     target.write_text("x")

@@ -26,7 +26,7 @@ def resident_bytes(path) -> int:
 
 @pytest.fixture
 def load_trace(tmp_path):
-    from test_replay import make_trace
+    from helpers.traces import make_trace
 
     if shutil.which("fincore") is None:
         pytest.skip("fincore (util-linux) not installed")
@@ -51,6 +51,7 @@ def test_the_read_files_are_cold_or_warm_when_the_clock_starts(load_trace, tmp_p
     assert resident_bytes(path) == (0 if state == "cold" else SIZE)
 
 
+@pytest.mark.slow
 def test_a_load_replays_cold_by_default_and_says_why(load_trace, tmp_path):
     report = replay(load_trace, target=tmp_path / "t", durable=True)
     result = report.results[0]

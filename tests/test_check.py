@@ -45,10 +45,16 @@ def test_baseline_records_figures_and_the_storage(tmp_path, baseline):
     assert not (tmp_path / "base-target").exists()  # made by the baseline, emptied, removed
 
 
+# The pass cases' tolerance, from a measurement: 5 checks of this trace against one baseline (0.2 s per figure,
+# posix and aggregated, a 2-core VM shared with other jobs) changed by at most p99 latency +111 % (aggregated) and
+# throughput -50 %; 400 % is about 3.6 times the worst, and still a bound (10,000 % would pass anything).
+PASS_TOLERANCE = "400%"
+
+
 def test_check_passes_within_tolerance_and_writes_junit(tmp_path, baseline):
     junit = tmp_path / "check.xml"
     proc = cli("check", str(DCP), "--baseline", str(baseline), "--target", str(tmp_path / "t"), "--tolerance",
-               "10000%", "--junit", str(junit), "--json", check=False)
+               PASS_TOLERANCE, "--junit", str(junit), "--json", check=False)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["regressed"] == 0 and len(data["comparisons"]) == 4  # 2 strategies x (throughput, p99)
@@ -100,7 +106,7 @@ def test_pytest_plugin_fixture_and_marker(tmp_path, baseline, pytester):
     pytester.makepyfile(f"""
         import pytest
 
-        @pytest.mark.ckpt_trace_check([{str(DCP)!r}], {str(baseline)!r}, tolerance="10000%")
+        @pytest.mark.ckpt_trace_check([{str(DCP)!r}], {str(baseline)!r}, tolerance={PASS_TOLERANCE!r})
         def test_marker_passes(storage_check):
             assert len(storage_check.last_rows) == 4
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import cli
 
 
@@ -13,11 +14,13 @@ def one_line_error(proc) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_unknown_flag(tmp_path):
     proc = cli("summary", "--bogus", str(tmp_path), check=False)
     assert proc.returncode == 2 and "--bogus" in one_line_error(proc)
 
 
+@pytest.mark.slow
 def test_corrupt_trace_on_every_reading_command(tmp_path):
     bad = tmp_path / "bad.arrow"
     bad.write_bytes(b"ARROW1\x00\x00garbage")
@@ -27,6 +30,7 @@ def test_corrupt_trace_on_every_reading_command(tmp_path):
     assert not (tmp_path / "t").exists()
 
 
+@pytest.mark.slow
 def test_unknown_strategy_and_workload(odd_strace, tmp_path):
     trace, _, _ = odd_strace
     proc = cli("replay", str(trace), "--strategy", "magic", "--target", str(tmp_path / "t"), check=False)
@@ -36,6 +40,7 @@ def test_unknown_strategy_and_workload(odd_strace, tmp_path):
     assert proc.returncode == 2 and "'nope' is not one of" in one_line_error(proc)
 
 
+@pytest.mark.slow
 def test_summary_json(odd_strace, tmp_path):
     trace, expected, _ = odd_strace
     data = json.loads(cli("summary", str(trace), "--json").stdout)
@@ -47,6 +52,7 @@ def test_summary_json(odd_strace, tmp_path):
     assert data["lost_events"] == 0 and data["backend"] == "strace"
 
 
+@pytest.mark.slow
 def test_replay_json_to_stdout_is_pure_json(odd_strace, tmp_path):
     trace, _, _ = odd_strace
     proc = cli("replay", str(trace), "--target", str(tmp_path / "t"), "--json")
@@ -59,6 +65,7 @@ COMMANDS = ("record", "replay", "summary", "merge", "synth", "filter", "upgrade"
             "workload", "bench", "version")
 
 
+@pytest.mark.slow
 def test_version_flag_and_bare_command():
     from ckpt_trace.version import __version__
 
@@ -68,6 +75,7 @@ def test_version_flag_and_bare_command():
     assert "Commands:" in bare.stdout and "..." not in bare.stdout.split("Commands:")[1]  # short lines, not cut
 
 
+@pytest.mark.slow
 def test_every_help_has_an_example_and_names_values_not_python_types():
     import re
 
@@ -80,6 +88,7 @@ def test_every_help_has_an_example_and_names_values_not_python_types():
     assert "<posix|uring-buffered|uring-direct|aggregated|gds|all>" in replay and "--target DIR" in replay
 
 
+@pytest.mark.slow
 def test_replay_table_fits_80_columns_when_piped(odd_strace, tmp_path):
     """Piped, the results table is plain and at most 80 columns; the columns left out are named, and --wide
     shows them all."""

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import cli
-from test_safety import one_line, synthetic
+from conftest import cli, one_line
+from helpers.traces import synthetic
 
 from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
 from ckpt_trace.formats import read_trace
@@ -133,6 +133,7 @@ def test_a_directory_swapped_for_a_link_mid_replay_writes_nothing_outside(tmp_pa
         assert (target / "ck").is_symlink()  # the attacker's link was not touched either
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_a_swapped_replay_deletes_nothing_outside(tmp_path, monkeypatch, canary, resolver):
     before = tree_digest(canary)
     trace, fifo = _setup(tmp_path, monkeypatch, "posix")
@@ -160,6 +161,7 @@ def test_ctrl_c_during_a_swapped_replay_deletes_nothing_outside(tmp_path, monkey
         assert (target / "ck.moved").is_dir()  # what the replay made and the attacker moved stays (inside)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("planted", ["link", "directory"])
 def test_strategy_all_never_adopts_a_planted_strategy_directory(tmp_path, canary, io_uring, planted):
     before = tree_digest(canary)
@@ -201,6 +203,7 @@ def test_the_component_walk_refuses_links_on_the_way_and_at_the_end(tmp_path, ca
 
 # -- finding 15: one replay job per target --------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_second_replay_on_a_target_in_use_refuses_naming_the_holder(tmp_path, monkeypatch):
     trace, fifo = _setup(tmp_path, monkeypatch, "posix")
     target = tmp_path / "t"
@@ -222,6 +225,7 @@ def test_a_second_replay_on_a_target_in_use_refuses_naming_the_holder(tmp_path, 
     assert not (target / LOCK_NAME).exists()
 
 
+@pytest.mark.slow
 def test_a_lock_left_by_a_killed_replay_is_taken_over_and_one_job_shares_its_lock(tmp_path, monkeypatch):
     target = tmp_path / "t"
     target.mkdir()

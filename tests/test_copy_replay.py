@@ -6,11 +6,10 @@ that read and that write (the issue's "read+write"), so the copies keep their re
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import cli
-from test_replay import CREATE, make_trace
+from helpers.traces import CREATE, make_trace
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_posix_plan, replay
@@ -28,6 +27,7 @@ def _copy(tid: int, interface: str, src: str, src_fd: int, src_off: int, dst: st
             {**common, "op": "write", "path": dst, "fd": dst_fd, "offset": dst_off, "new_path": src}]
 
 
+@pytest.mark.slow
 def test_copy_rows_replay_under_every_strategy_across_threads(tmp_path):
     rows = [
         {"tid": 1, "op": "open", "path": "/c/src", "fd": 3, "flags": sc.O_RDWR | sc.O_CREAT | sc.O_TRUNC, "ret": 3, "ts_ns": 0},

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import cli
-from test_replay import CREATE, make_trace
+from helpers.traces import CREATE, make_trace
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_posix_plan, replay
@@ -89,6 +89,7 @@ def _replayed_sizes(root: Path) -> dict[str, int]:
     return {p.name: p.stat().st_size for p in root.rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", ["strace", "bcc"])
 def test_a_descriptor_crossing_threads_replays_under_every_strategy(backend_name, request, tmp_path, io_uring):
     backend = request.getfixturevalue(f"{backend_name}_backend")

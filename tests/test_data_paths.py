@@ -14,8 +14,7 @@ from conftest import cli
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_plan, replay
-from ckpt_trace.replayer.replay import (check_file_bytes, check_same_coverage, covered_file_bytes,
-                                        planned_file_bytes)
+from ckpt_trace.replayer.replay import check_file_bytes, check_same_coverage, covered_file_bytes, planned_file_bytes
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 DCP = GOLDEN / "v4-dcp-gpt2-tiny-2ranks-bcc.arrow"
@@ -26,6 +25,7 @@ def moved(result) -> int:
     return sum(entry["bytes"] for entry in result.data_paths.values())
 
 
+@pytest.mark.slow
 def test_uring_direct_on_a_dcp_save_says_its_unaligned_writes_went_through_io_uring_buffered(io_uring, tmp_path):
     """DCP's per-tensor headers leave every write unaligned: uring-direct still submits them all through
     io_uring (buffered, not a pwrite on a second descriptor) and its result says that none went with O_DIRECT."""
@@ -49,9 +49,10 @@ def test_uring_direct_on_a_dcp_save_says_its_unaligned_writes_went_through_io_ur
     assert aggregated["named_path_bytes_share"] > 0.99 and not aggregated["off_named_path"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["uring-direct", "aggregated"])
 def test_an_aligned_write_is_counted_as_io_uring_with_o_direct(io_uring, tmp_path, strategy):
-    from test_replay import CREATE, make_trace
+    from helpers.traces import CREATE, make_trace
 
     ops = [{"op": "open", "path": "/ck/a.bin", "fd": 3, "flags": CREATE, "ret": 3},
            {"op": "write", "path": "/ck/a.bin", "fd": 3, "offset": 0, "size": 65536, "ret": 65536},
@@ -65,8 +66,9 @@ def test_an_aligned_write_is_counted_as_io_uring_with_o_direct(io_uring, tmp_pat
     assert (target / "ck" / "a.bin").stat().st_size == 65536 + 100
 
 
+@pytest.mark.slow
 def test_a_write_at_the_file_position_goes_through_the_ring_at_that_position(io_uring, tmp_path):
-    from test_replay import CREATE, make_trace
+    from helpers.traces import CREATE, make_trace
 
     ops = [{"op": "open", "path": "/ck/b.bin", "fd": 3, "flags": CREATE, "ret": 3},
            {"op": "write", "path": "/ck/b.bin", "fd": 3, "size": 1000, "ret": 1000, "offset_source": "unknown"},
@@ -78,6 +80,7 @@ def test_a_write_at_the_file_position_goes_through_the_ring_at_that_position(io_
     assert (target / "ck" / "b.bin").stat().st_size == 1024  # the second write went after the first
 
 
+@pytest.mark.slow
 def test_the_table_flags_a_strategy_off_its_named_path_at_80_columns(io_uring, tmp_path):
     proc = cli("replay", str(DCP), "--strategy", "uring-direct", "--target", str(tmp_path / "t"),
                "--queue-depth", "8")
@@ -102,6 +105,7 @@ def test_plans_that_would_move_other_bytes_are_refused():
         check_same_coverage([posix, short])
 
 
+@pytest.mark.slow
 def test_a_run_that_moved_other_bytes_than_its_plan_is_an_error(io_uring, tmp_path):
     report = replay(GOLDEN / "v4-odd-pattern-strace.arrow", target=tmp_path / "t", strategy="uring-direct")
     plan, result = report.plan, report.results[0]
@@ -112,6 +116,7 @@ def test_a_run_that_moved_other_bytes_than_its_plan_is_an_error(io_uring, tmp_pa
         check_file_bytes(plan, lost)
 
 
+@pytest.mark.slow
 def test_results_json_carries_the_shares(io_uring, tmp_path):
     out = tmp_path / "r.json"
     cli("replay", str(DCP), "--strategy", "aggregated", "--target", str(tmp_path / "t"), "-o", str(out))
@@ -123,6 +128,7 @@ def test_results_json_carries_the_shares(io_uring, tmp_path):
     assert os.path.exists(out)
 
 
+@pytest.mark.slow
 def test_strict_makes_a_strategy_off_its_named_path_an_error(io_uring, tmp_path):
     target = tmp_path / "t"
     proc = cli("replay", str(DCP), "--strategy", "uring-direct", "--target", str(target), "--strict", check=False)

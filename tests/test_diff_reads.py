@@ -25,7 +25,7 @@ def test_the_first_difference_is_where_coverage_parts():
 
 
 def load_trace(path, read_bytes: int):
-    from test_replay import CREATE, make_trace
+    from helpers.traces import CREATE, make_trace
 
     return make_trace(path, [
         {"op": "open", "path": "/ck/m.bin", "fd": 3, "flags": CREATE, "ret": 3},
@@ -34,6 +34,7 @@ def load_trace(path, read_bytes: int):
         {"op": "close", "path": "/ck/m.bin", "fd": 3}])
 
 
+@pytest.mark.slow
 def test_diff_says_where_reads_part(tmp_path):
     a, b = load_trace(tmp_path / "a.arrow", 8192), load_trace(tmp_path / "b.arrow", 6000)
     data = json.loads(cli("diff", str(a), str(b), "--json").stdout)

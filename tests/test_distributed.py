@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from conftest import cli
-from test_replay import CREATE, make_trace
+from helpers.traces import CREATE, make_trace
 
 from ckpt_trace.documents import ReplayDoc, conforms
 from ckpt_trace.formats import read_trace

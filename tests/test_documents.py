@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import cli
 
 from ckpt_trace import documents as d
@@ -27,6 +28,7 @@ def test_the_checker_catches_a_wrong_document():
                                        d.ReplayResultDoc) or "")
 
 
+@pytest.mark.slow
 def test_reading_commands(tmp_path):
     check(json.loads(cli("summary", str(ODD), "--json").stdout), d.SummaryDoc)
     check(json.loads(cli("diff", str(ODD), str(DCP), "--json").stdout), d.DiffDoc)

@@ -63,8 +63,9 @@ def test_results_without_rounds_are_no_verdict():
     assert choose(1, docs, cpu_count=8).winner is None
 
 
+@pytest.mark.slow
 def test_emit_on_a_trace_too_small_to_judge_is_one_line(tmp_path):
-    from test_replay import make_trace
+    from helpers.traces import make_trace
 
     trace = make_trace(tmp_path / "t.arrow", [{"op": "open", "path": "/ck/a", "fd": 3, "flags": 0o101, "ret": 3},
                                               {"op": "write", "path": "/ck/a", "fd": 3, "offset": 0, "size": 10,
@@ -74,6 +75,7 @@ def test_emit_on_a_trace_too_small_to_judge_is_one_line(tmp_path):
     assert not (tmp_path / "w.py").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.io_uring
 def test_emit_header_names_the_verdict(io_uring, tmp_path):
     golden = Path(__file__).resolve().parent.parent / "traces" / "golden" / "v4-dcp-gpt2-tiny-2ranks-bcc.arrow"

@@ -8,9 +8,9 @@ import json
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
+from helpers.format_rows import META, rows
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_formats import META, rows
 
 from ckpt_trace.formats import METADATA_KEY, SCHEMA, TraceWriter, read_trace, scan, table_from_columns, write_trace
 from ckpt_trace.formats.encoding import Encoder

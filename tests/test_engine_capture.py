@@ -33,6 +33,7 @@ def _strace_iocbs(log: Path) -> Counter:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attempt", range(3))
 @pytest.mark.parametrize("backend_name", ["bcc", "strace"])
 def test_every_iocb_of_every_batch_of_two_threads_is_in_the_trace(request, tmp_path, backend_name, attempt):
@@ -112,6 +113,7 @@ def _strace_copy_rows(log: Path, out: Path) -> Counter:
     return rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", ["bcc", "strace"])
 def test_sendfile_copy_file_range_splice_and_ficlone_are_rows_naming_both_files(request, tmp_path, backend_name):
     request.getfixturevalue(f"{backend_name}_backend")
@@ -248,6 +250,7 @@ def reflink_dir(tmp_path):
         subprocess.run(["umount", str(mount)], check=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", ["bcc", "strace"])
 def test_a_reflink_is_a_ficlone_copy_of_the_whole_range(request, reflink_dir, tmp_path, backend_name):
     request.getfixturevalue(f"{backend_name}_backend")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import cli
-from test_replay import CREATE, make_trace
+from helpers.traces import CREATE, make_trace
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_posix_plan, replay
@@ -119,6 +119,7 @@ def test_a_directory_rename_waits_for_other_threads_work_inside_it(tmp_path):
     assert dict(plan.checks.expected_sizes) == {"c/s/a": 5}
 
 
+@pytest.mark.slow
 def test_renameat2_exchange_and_noreplace(tmp_path):
     trace = make_trace(tmp_path / "t.arrow", [
         {"op": "mkdir", "path": "/c/a"},
@@ -140,6 +141,7 @@ def test_renameat2_exchange_and_noreplace(tmp_path):
         assert tree(target) == {"c": None, "c/b": None, "c/b/f": 7, "c/z": 3}
 
 
+@pytest.mark.slow
 def test_a_rename_onto_an_entry_the_replay_must_not_replace_fails_as_recorded(tmp_path):
     """RENAME_NOREPLACE is kept: where the target already holds the destination (a file the plan made before
     the clock), the replay fails rather than replace it."""
@@ -193,6 +195,7 @@ def _strace_writes(log: Path, root: Path) -> list[tuple[str, int]]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", ["strace", "bcc"])
 def test_path_filter_keeps_a_file_renamed_into_it(backend_name, request, tmp_path, io_uring):
     from collections import Counter
@@ -245,6 +248,7 @@ LINKS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", ["strace", "bcc"])
 def test_links_and_symbolic_links_replay_as_entries(backend_name, request, tmp_path, io_uring):
     backend = request.getfixturevalue(f"{backend_name}_backend")
@@ -269,6 +273,7 @@ def test_links_and_symbolic_links_replay_as_entries(backend_name, request, tmp_p
     assert os.path.samefile(target / "step_2/w.bin", target / "step_2/w.hard")  # one file, two names
 
 
+@pytest.mark.slow
 def test_the_replay_never_resolves_a_path_through_a_symbolic_link(tmp_path):
     """A link the trace made, even one pointing inside the target, is an entry: a later path through it
     is refused with one line, and nothing is written through it."""

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pyarrow.dataset as ds
+import pytest
 from conftest import cli
 
 from ckpt_trace.formats import read_trace
@@ -15,6 +16,7 @@ DCP = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
 ODD = GOLDEN / "v1-odd-pattern-strace.arrow"
 
 
+@pytest.mark.slow
 def test_perfetto_export_has_named_tracks_and_paired_async_events(tmp_path):
     out = tmp_path / "trace.json"
     cli("export", str(DCP), "--format", "perfetto", "-o", str(out))
@@ -33,6 +35,7 @@ def test_perfetto_export_has_named_tracks_and_paired_async_events(tmp_path):
     assert data["otherData"]["ckpt_trace"]["backend"] == "bcc"
 
 
+@pytest.mark.slow
 def test_parquet_export_is_partitioned_by_rank_and_complete(tmp_path):
     out = tmp_path / "pq"
     cli("export", str(DCP), "--format", "parquet", "-o", str(out))
@@ -49,6 +52,7 @@ def test_parquet_export_is_partitioned_by_rank_and_complete(tmp_path):
     assert ds.dataset(out, format="parquet", partitioning="hive").count_rows() == original.num_rows
 
 
+@pytest.mark.slow
 def test_parquet_export_into_a_busy_directory_removes_nothing(tmp_path):
     """--force allows a non-empty directory, `-o .` included: the user's files stay, the export is complete."""
     keep = tmp_path / "notes.txt"
@@ -59,6 +63,7 @@ def test_parquet_export_into_a_busy_directory_removes_nothing(tmp_path):
     assert dataset.count_rows() > 0 and (tmp_path / "_ckpt_trace.json").exists()
 
 
+@pytest.mark.slow
 def test_diff_reports_what_changed(tmp_path):
     data = json.loads(cli("diff", str(ODD), str(DCP), "--json").stdout)
     a, b = read_trace(ODD).table, read_trace(DCP).table
@@ -73,6 +78,7 @@ def test_diff_reports_what_changed(tmp_path):
     assert "ops: write" in table and "files only in A" in table
 
 
+@pytest.mark.slow
 def test_perfetto_export_of_a_selection_keeps_trace_row_ids(tmp_path):
     out = tmp_path / "rank1.json"
     data = json.loads(cli("export", str(DCP), "--format", "perfetto", "-o", str(out), "--rank", "1", "--op", "write",
@@ -88,6 +94,7 @@ def test_perfetto_export_of_a_selection_keeps_trace_row_ids(tmp_path):
         assert event["ts"] == row["ts_ns"] / 1000 and event["args"]["offset"] == row["offset"]
 
 
+@pytest.mark.slow
 def test_perfetto_export_refuses_what_a_browser_cannot_open_before_writing(tmp_path):
     out = tmp_path / "all.json"
     rows = read_trace(DCP).num_rows
@@ -97,6 +104,7 @@ def test_perfetto_export_refuses_what_a_browser_cannot_open_before_writing(tmp_p
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_parquet_export_of_a_selection(tmp_path):
     out = tmp_path / "pq"
     cli("export", str(DCP), "--format", "parquet", "-o", str(out), "--rank", "0")

@@ -55,6 +55,7 @@ def test_kept_rows_are_those_a_row_by_row_reading_selects(tmp_path, conditions):
     assert meta["provenance"][-1]["rows_out"] == len(expected)
 
 
+@pytest.mark.slow
 def test_the_cli_filters_one_rank_and_refuses_what_it_cannot_read(tmp_path):
     proc = cli("filter", str(DCP), "-o", str(tmp_path / "r1.arrow"), "--rank", "1", "--op", "write", "--json")
     data = json.loads(proc.stdout)

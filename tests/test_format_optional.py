@@ -6,7 +6,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
-from test_formats import META, _write_raw, rows
+from helpers.format_rows import META, rows
+from helpers.format_rows import write_raw as _write_raw
 
 from ckpt_trace.formats import (
     EXTRA_METADATA,

@@ -8,6 +8,8 @@ import os
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
+from helpers.format_rows import META, rows
+from helpers.format_rows import write_raw as _write_raw
 
 from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.formats import (
@@ -24,19 +26,6 @@ from ckpt_trace.formats import (
 )
 from ckpt_trace.formats.encoding import Encoder
 from ckpt_trace.formats.schema import STORED_SCHEMA_V4
-
-META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"], "backend": "strace",
-        "start_wall_time_ns": 1, "filesystems": {"/": {"type": "ext4", "block_size": 4096}}, "lost_events": 3,
-        "arch": "x86_64"}
-
-
-def rows(n: int = 3) -> dict[str, list]:
-    return {
-        "ts_ns": list(range(n)), "dur_ns": [5] * n, "pid": [10] * n, "tid": [11] * n, "comm": ["python3"] * n,
-        "rank": [0] * n, "syscall": ["pwrite64"] * n, "op": ["write"] * n, "fd": [3] * n, "path": ["/d/f"] * n,
-        "new_path": [None] * n, "offset": [i * 4096 for i in range(n)], "offset_source": ["explicit"] * n,
-        "size": [4096] * n, "ret": [4096] * n, "flags": [None] * n, "iov_count": [None] * n,
-    }
 
 
 def test_round_trip_keeps_rows_and_metadata(tmp_path):
@@ -78,13 +67,6 @@ def test_corrupt_files_give_one_line_errors(tmp_path, damage):
     with pytest.raises(TraceFormatError) as info:
         read_trace(path)
     assert "\n" not in str(info.value) and str(path) in str(info.value)
-
-
-def _write_raw(path, table, meta):
-    """Write ``table`` as it is (no encoding, no checks) with ``meta`` as the trace metadata."""
-    schema = table.schema.with_metadata({METADATA_KEY: json.dumps(meta).encode()} if meta is not None else {})
-    with ipc.new_file(str(path), schema) as writer:
-        writer.write_table(table.replace_schema_metadata(schema.metadata))
 
 
 def _stored(table: pa.Table) -> pa.Table:
@@ -232,7 +214,7 @@ def test_a_trace_writer_that_fails_leaves_nothing(tmp_path):
 _KILLED_WRITER = """
 import sys
 sys.path.insert(0, {tests!r})
-from test_formats import META, rows
+from helpers.format_rows import META, rows
 from ckpt_trace.formats import TraceWriter, table_from_columns
 writer = TraceWriter(sys.argv[1], batch_rows=2000)
 table = table_from_columns(rows(500))
@@ -245,6 +227,7 @@ print("closed", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_after", ["batch 0", "batch 7", "batch 39", "closing", "closed"])
 def test_a_writer_killed_at_any_point_leaves_no_file_or_a_whole_one(tmp_path, kill_after):
     """SIGKILL (no cleanup runs) while rows are spooled, while the file is written at close, after it: the
@@ -273,3 +256,16 @@ def test_a_writer_killed_at_any_point_leaves_no_file_or_a_whole_one(tmp_path, ki
         assert all(name.startswith(".t.arrow.") and name.endswith(".tmp") for name in left), left
     if kill_after == "closed":
         assert names == ["t.arrow"]
+
+
+@pytest.mark.parametrize("encoded", [False, True])
+def test_dictionary_codes_map_every_row_to_its_value_and_nulls_past_the_end(encoded):
+    """The one text-column lookup (summary, report): code i is values[i], a null row's code is len(values)."""
+    from ckpt_trace.formats import dictionary_codes
+
+    column = pa.array(["write", None, "read", "write", None, "fsync"])
+    if encoded:
+        column = column.dictionary_encode()
+    codes, values = dictionary_codes(column.slice(1))  # an offset into the buffers, as a batch's slice has
+    names = values.to_pylist() + [None]
+    assert [names[c] for c in codes.tolist()] == [None, "read", "write", None, "fsync"]

@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers.fio import fio_iolog
 
 from ckpt_trace.formats import SUPPORTED_VERSIONS, read_trace
 from ckpt_trace.replayer import replay
@@ -48,6 +49,7 @@ def test_odd_pattern_golden_holds_every_operation_exactly(path):
     assert got == Counter((e["op"], e["path"], e["offset"], e["bytes"]) for e in expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", _of("dcp"), ids=lambda p: p.name)
 def test_dcp_golden_replays_to_the_recorded_file_sizes(tmp_path, path):
     sizes = json.loads(path.with_suffix(".sizes.json").read_text())
@@ -56,16 +58,6 @@ def test_dcp_golden_replays_to_the_recorded_file_sizes(tmp_path, path):
         assert (tmp_path / "t" / name.lstrip("/")).stat().st_size == size
     assert report.size_mismatches == ()
     assert {r for r in read_trace(path).table["rank"].to_pylist()} >= {0, 1}
-
-
-def fio_iolog(path: Path) -> Counter:
-    """(file, direction, offset, bytes) of every read and write in a fio version 3 iolog."""
-    ops = Counter()
-    for line in path.read_text().splitlines()[1:]:
-        parts = line.split()
-        if len(parts) == 5 and parts[2] in ("read", "write"):
-            ops[(parts[1], parts[2], int(parts[3]), int(parts[4]))] += 1
-    return ops
 
 
 @pytest.mark.parametrize("engine", ["uring", "libaio"])
@@ -79,6 +71,7 @@ def test_requests_golden_holds_every_operation_of_fios_own_iolog(path, engine):
     assert sum(expected.values()) > 0 and got == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", _of("requests"), ids=lambda p: p.name)
 def test_requests_golden_replays_every_strategy_to_the_recorded_sizes_and_content(tmp_path, path, io_uring):
     sizes = json.loads(path.with_suffix(".sizes.json").read_text())

@@ -33,6 +33,7 @@ needs_gpu = pytest.mark.skipif(not _has_gpu(), reason="needs a CUDA GPU (torch.c
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None and not os.environ.get("CC"), reason="no C compiler")
 
 
+@pytest.mark.slow
 @needs_cc
 def test_the_subscriber_builds_and_says_why_it_records_nothing_without_cupti(tmp_path, monkeypatch):
     """The injection library builds with a C compiler alone, exports the driver's entry point, and loaded
@@ -97,6 +98,7 @@ def _metadata() -> dict:
             "backend": "strace", "start_wall_time_ns": 0, "filesystems": {}, "lost_events": 0, "arch": "x86_64"}
 
 
+@pytest.mark.slow
 def test_gpu_on_without_cupti_refuses_before_the_command_runs(tmp_path):
     """``--gpu on`` where no libcupti exists: one line, exit 2, the command never ran, no trace."""
     marker = tmp_path / "ran"
@@ -109,6 +111,7 @@ def test_gpu_on_without_cupti_refuses_before_the_command_runs(tmp_path):
     assert not marker.exists() and not (tmp_path / "t.arrow").exists()
 
 
+@pytest.mark.slow
 def test_the_golden_gpu_trace_reads_and_replays_without_a_gpu(tmp_path):
     """The DCP save recorded on an H100 (traces/golden/README.md): one copy row per tensor, inside the save's
     span, in the same trace as the writes; replayed where torch sees no GPU, the copies are skipped and
@@ -137,6 +140,7 @@ def test_the_golden_gpu_trace_reads_and_replays_without_a_gpu(tmp_path):
         assert (tmp_path / "t" / name.lstrip("/")).stat().st_size == size
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @needs_gpu
 def test_a_recorded_dcp_save_of_gpu_tensors_holds_one_copy_per_tensor(tmp_path):
@@ -162,6 +166,7 @@ def test_a_recorded_dcp_save_of_gpu_tensors_holds_one_copy_per_tensor(tmp_path):
         assert copies["skipped"] == 0 and copies["bytes"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @needs_gpu
 def test_copy_timestamps_fall_between_the_programs_own_clock_reads(tmp_path):
@@ -184,6 +189,7 @@ def test_copy_timestamps_fall_between_the_programs_own_clock_reads(tmp_path):
     assert d2h["dst_kind"].tolist() == [1, 2]  # pageable, then pinned
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @needs_gpu
 def test_the_emitted_writer_stages_gpu_tensors_through_pinned_buffers(tmp_path):

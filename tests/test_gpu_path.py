@@ -4,8 +4,6 @@ load of CUDA tensors end to end."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 try:
@@ -224,6 +222,7 @@ GOLDEN_ODD = sorted((__import__("pathlib").Path(__file__).resolve().parent.paren
     "*odd-pattern*strace*.arrow"))
 
 
+@pytest.mark.slow
 def test_gds_without_a_gpu_or_kvikio_is_one_line_and_a_failure(tmp_path):
     """Where gds cannot run, ``replay --strategy gds`` says why in one line and exits non-zero, creating
     nothing in the target."""
@@ -264,6 +263,7 @@ def test_gds_mode_is_true_gds_only_when_kvikio_cufile_and_nvidia_fs_agree(monkey
     assert mode.label.startswith("true GDS" if true_gds else "compatibility mode, not true GDS")
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @needs_gpu
 def test_gds_replays_through_cufile_and_says_which_mode(tmp_path):
@@ -333,6 +333,7 @@ def test_copy_to_write_links_name_the_copy_that_filled_the_written_buffer():
     assert (rank["fed_writes"], rank["fed_write_bytes"], rank["writes_with_buffer"]) == (2, 8 << 20, 4)
 
 
+@pytest.mark.slow
 def test_summary_says_how_many_writes_a_copy_fed(tmp_path):
     from conftest import cli
 

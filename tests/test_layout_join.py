@@ -161,7 +161,7 @@ def test_unknown_files_say_unknown_and_nothing_breaks(strace_backend, tmp_path):
 GOLDEN = Path(__file__).resolve().parent.parent / "traces/golden/v4-dcp-gpt2-tiny-2ranks-bcc.arrow"
 
 
-def _synthetic_layout(trace: Path, object_bytes: int) -> "pa.Table":
+def _synthetic_layout(trace: Path, object_bytes: int) -> pa.Table:
     """Objects of ``object_bytes`` tiling every file the trace wrote, up to the end of its last write."""
     table = read_trace(trace).table.to_pandas()
     writes = table[(table["op"] == "write") & (table["ret"] > 0) & table["offset"].notna()]
@@ -222,6 +222,7 @@ def test_a_recorded_hugging_face_save_pretrained(torch_installed, strace_backend
     assert kinds["unknown"]["bytes_written"] == sum(os.path.getsize(p) for p in info["unknown"])
 
 
+@pytest.mark.slow
 def test_a_filtered_trace_keeps_the_layout(tmp_path):
     from ckpt_trace.formats.layout import add_layout
 

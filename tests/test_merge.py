@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+import pytest
 from conftest import cli
 
 from ckpt_trace.formats import read_trace
@@ -33,7 +35,7 @@ def test_a_trace_carries_its_host_boot_clock_anchors_and_job(backend, tmp_path, 
     loaded = read_trace(trace)
     meta = loaded.metadata
     assert meta["host"] == "node7"
-    assert meta["boot_id"] == open("/proc/sys/kernel/random/boot_id").read().strip()
+    assert meta["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     assert meta["job"] == {"launcher": "slurm", "variable": "SLURM_JOB_ID", "id": "4242"}
     assert meta["clock"]["name"] == ("CLOCK_REALTIME" if backend == "strace" else "CLOCK_MONOTONIC")
     start, end = meta["clock"]["anchors"]
@@ -87,13 +89,15 @@ def _node_trace(path, host, boot, clock_at_t0, first_row_ns, rank, pid, *, lost=
 
 
 def _merged(path):
-    from ckpt_trace.formats import scan
     import pyarrow as pa
+
+    from ckpt_trace.formats import scan
 
     meta, batches = scan(path, ["ts_ns", "host", "rank", "pid", "offset", "size"])
     return meta, pa.Table.from_batches(list(batches)).to_pylist()
 
 
+@pytest.mark.slow
 def test_merge_aligns_clocks_that_disagree_by_a_known_offset(tmp_path):
     # node a's monotonic clock reads 1e12 at T0, node b's 5e12 (another boot): 4,000 s apart. b's first row
     # is 1 ms after a's in real time, so the rows interleave a, b, a, b...
@@ -140,6 +144,7 @@ def test_merge_streams_many_batches_in_time_order(tmp_path):
     assert [(r["ts_ns"], r["host"]) for r in rows] == expected
 
 
+@pytest.mark.slow
 def test_a_rank_in_two_traces_is_refused_naming_both(tmp_path):
     a = _node_trace(tmp_path / "a.arrow", "a", "boot-a", 10**12, 0, rank=3, pid=1)
     b = _node_trace(tmp_path / "b.arrow", "b", "boot-b", 10**12, 0, rank=3, pid=2)
@@ -149,6 +154,7 @@ def test_a_rank_in_two_traces_is_refused_naming_both(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_summary_and_report_of_a_merged_trace_show_hosts_and_the_slowest_rank(tmp_path):
     import json
 

@@ -91,6 +91,7 @@ def file_rows(name: str, nbytes: int, fd: int = 3, **write) -> list[dict]:
     ({"ts_ns": -1}, "trace row 1: ts_ns -1 is negative"),
     ({"ts_ns": 5_000}, "trace row 2: ts_ns 2000 goes back in time"),
 ])
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["posix", "aggregated"])
 def test_values_out_of_their_range_are_refused_in_one_line_before_any_io(tmp_path, change, message, strategy):
     trace = trace_of(tmp_path / "t.arrow", file_rows("/ck/a", 4096, **change))
@@ -99,6 +100,7 @@ def test_values_out_of_their_range_are_refused_in_one_line_before_any_io(tmp_pat
     assert not (tmp_path / "t").exists()
 
 
+@pytest.mark.slow
 def test_open_flags_of_minus_one_are_refused(tmp_path):
     rows = file_rows("/ck/a", 4096)
     rows[0]["flags"] = -1
@@ -118,6 +120,7 @@ def _skipping_trace(tmp_path: Path) -> Path:
     return trace_of(tmp_path / "t.arrow", rows)
 
 
+@pytest.mark.slow
 def test_skipped_rows_are_counted_and_named_and_strict_refuses_them(tmp_path):
     trace = _skipping_trace(tmp_path)
     report = replay(trace, target=tmp_path / "t")
@@ -125,11 +128,12 @@ def test_skipped_rows_are_counted_and_named_and_strict_refuses_them(tmp_path):
     assert result.skipped_ops["unsupported_frobnicate"] == 1 and result.skipped_ops["no_path"] == 1
     assert any("1 trace row(s) not replayed (unsupported_frobnicate)" in note for note in result.notes)
     assert any("(no_path)" in note and "rename to '/..'" in note for note in result.notes)
-    with pytest.raises(ReplayError, match=r"--strict: 1 trace row\(s\) not replayed \(no_path\).*1 more kind"):
+    with pytest.raises(ReplayError, match=r"strict=True: 1 trace row\(s\) not replayed \(no_path\).*1 more kind"):
         replay(trace, target=tmp_path / "s", strict=True)
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.slow
 def test_a_strip_prefix_equal_to_a_recorded_file_is_a_counted_skip(tmp_path):
     trace = trace_of(tmp_path / "t.arrow", file_rows("/data/ck", 4096) + file_rows("/data/other", 1 << 17, fd=4))
     report = replay(trace, target=tmp_path / "t", strip_prefix="/data/ck")
@@ -149,6 +153,7 @@ def test_too_many_open_files_says_to_raise_ulimit(tmp_path):
     assert "Too many open files" in str(err) and "ulimit -n" in str(err)
 
 
+@pytest.mark.slow
 def test_a_path_used_as_a_file_and_a_directory_is_named_before_any_io(tmp_path):
     rows = file_rows("/ck/a", 1 << 17) + file_rows("/ck/a/b", 1 << 17, fd=4)  # as if "a/b" were one name
     with pytest.raises(ReplayError, match="opens ck/a as a file and names files below it.*'/' inside a recorded"):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from test_replay import CREATE, make_trace
+import pytest
+from helpers.traces import CREATE, make_trace
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.iolayer import pattern
@@ -69,6 +70,7 @@ def test_a_file_another_worker_touches_stays_a_file(tmp_path):
     assert plan.checks.expected_sizes["ck/layer_1.pt"] == 100
 
 
+@pytest.mark.slow
 def test_packed_replay_verifies_and_writes_the_index(io_uring, odd_strace, tmp_path):
     trace, _, _ = odd_strace
     target = tmp_path / "t"
@@ -83,6 +85,7 @@ def test_packed_replay_verifies_and_writes_the_index(io_uring, odd_strace, tmp_p
                if op.kind == "write" and op.pattern_offset is not None)
 
 
+@pytest.mark.slow
 def test_verify_finds_a_changed_byte_of_a_packed_file_at_its_own_offset(io_uring, tmp_path):
     trace = make_trace(tmp_path / "t.arrow", [op for number in range(3) for op in (
         {"op": "open", "path": f"/ck/s{number}", "fd": 3, "flags": CREATE, "ret": 3},
@@ -125,6 +128,7 @@ def test_padded_head_and_tail_rejoin_their_body_and_bodies_stay_within_the_buffe
     assert writes == [(0, mib, 0), (mib, mib, mib), (2 * mib, mib, 2 * mib), (3 * mib, 4096, 3 * mib)]
 
 
+@pytest.mark.slow
 def test_a_file_another_worker_unlinks_stays_a_file(io_uring, tmp_path):
     """Worker 2 unlinks shard_0 after worker 1 renamed it into place: the rename stays (worker 2 waits on
     it; packing once removed it and the replay waited forever), so shard_0 is not packed; shard_1 is."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ckpt_trace.replayer import replay
 
 
+@pytest.mark.slow
 def test_a_save_then_a_load_are_reported_apart(tmp_path):
-    from test_replay import CREATE, make_trace
+    from helpers.traces import CREATE, make_trace
 
     ops = []
     for rank in (0, 1):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 
+import pytest
 from conftest import cli
 
 from ckpt_trace.formats import read_trace
@@ -68,6 +69,7 @@ def test_record_returns_the_commands_exit_code(backend, tmp_path):
     assert writes == [(0, 3)]  # "hi\n" through the descriptor the shell dup2'ed onto stdout
 
 
+@pytest.mark.slow
 def test_existing_trace_is_never_overwritten(tmp_path):
     trace = tmp_path / "t.arrow"
     trace.write_bytes(b"keep me")
@@ -114,6 +116,7 @@ def test_calls_without_strings_go_to_the_compact_ring(bcc_backend, tmp_path, mon
     assert target.stat().st_size == 512 * 20000
 
 
+@pytest.mark.slow
 def test_auto_names_the_backend_and_why(tmp_path):
     proc = cli("record", "-o", str(tmp_path / "t.arrow"), "--", "true")
     assert "backend" in proc.stderr and "(" in proc.stderr.splitlines()[0]

@@ -6,32 +6,15 @@ import hashlib
 import json
 import os
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import cli
+from helpers.traces import CREATE, make_trace
 
 from ckpt_trace.errors import ReplayError
-from ckpt_trace.formats import read_trace, table_from_columns, write_trace
+from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_posix_plan, replay
 from ckpt_trace.tracer import syscalls as sc
-
-META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"],
-        "backend": "strace", "start_wall_time_ns": 0, "filesystems": {}, "lost_events": 0, "arch": "x86_64"}
-CREATE = sc.O_WRONLY | sc.O_CREAT | sc.O_TRUNC
-
-
-def make_trace(path: Path, ops: list[dict]) -> Path:
-    """A trace from op dicts (op, path, fd, offset, size, ret, ...), one process unless given."""
-    defaults = {"dur_ns": 1, "pid": 1, "tid": 1, "comm": "t", "rank": -1, "fd": None, "path": None,
-                "new_path": None, "offset": None, "offset_source": None, "size": None, "flags": None, "iov_count": None}
-    columns: dict[str, list] = {}
-    for index, op in enumerate(ops):
-        row = {**defaults, "ts_ns": op.get("ts_ns", index * 1000), "syscall": op["op"], **op}
-        row.setdefault("ret", 0)
-        for key, value in row.items():
-            columns.setdefault(key, []).append(value)
-    return write_trace(path, table_from_columns(columns), META)
 
 
 def test_plan_turns_descriptors_into_handles(tmp_path):
@@ -71,6 +54,7 @@ def test_cross_worker_path_operations_wait_for_each_other(tmp_path):
     assert plan.awaited == {0, 2}
 
 
+@pytest.mark.slow
 def test_hostile_paths_stay_inside_the_target(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -88,6 +72,7 @@ def test_hostile_paths_stay_inside_the_target(tmp_path):
     assert report.size_mismatches == ()
 
 
+@pytest.mark.slow
 def test_symbolic_links_in_the_target_are_not_followed(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -100,6 +85,7 @@ def test_symbolic_links_in_the_target_are_not_followed(tmp_path):
     assert list(outside.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_non_empty_target_is_refused_and_left_alone(tmp_path):
     target = tmp_path / "target"
     target.mkdir()
@@ -110,6 +96,7 @@ def test_a_non_empty_target_is_refused_and_left_alone(tmp_path):
     assert (target / "precious").read_text() == "keep"
 
 
+@pytest.mark.slow
 def test_too_little_free_space_is_refused(tmp_path, monkeypatch):
     trace = make_trace(tmp_path / "t.arrow", [{"op": "open", "path": "/a", "fd": 3, "flags": CREATE, "ret": 3}])
     monkeypatch.setenv("CKPT_TRACE_REPLAY_FREE_SPACE_MARGIN_BYTES", str(1 << 60))
@@ -117,6 +104,7 @@ def test_too_little_free_space_is_refused(tmp_path, monkeypatch):
     assert proc.returncode == 2 and "free" in proc.stderr
 
 
+@pytest.mark.slow
 def test_reads_read_real_bytes_from_precreated_files(tmp_path):
     trace = make_trace(tmp_path / "t.arrow", [
         {"op": "open", "path": "/data/in", "fd": 3, "flags": sc.O_RDONLY, "ret": 3},
@@ -131,6 +119,7 @@ def test_reads_read_real_bytes_from_precreated_files(tmp_path):
     assert report.trace_sha256 == hashlib.sha256(trace.read_bytes()).hexdigest()  # hashed while it planned
 
 
+@pytest.mark.slow
 def test_original_timing_keeps_the_recorded_gaps(tmp_path):
     trace = make_trace(tmp_path / "t.arrow", [
         {"op": "open", "path": "/a", "fd": 3, "flags": CREATE, "ret": 3, "ts_ns": 0},
@@ -140,6 +129,7 @@ def test_original_timing_keeps_the_recorded_gaps(tmp_path):
     assert timed.elapsed_s >= 0.3
 
 
+@pytest.mark.slow
 def test_replay_of_a_real_recording_reproduces_every_file_size(odd_strace, tmp_path):
     trace, _, out = odd_strace
     target = tmp_path / "target"
@@ -159,6 +149,7 @@ def test_replay_of_a_real_recording_reproduces_every_file_size(odd_strace, tmp_p
     assert "warning" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_strip_prefix_shortens_paths(tmp_path):
     trace = make_trace(tmp_path / "t.arrow", [
         {"op": "open", "path": "/scratch/run1/ck/a", "fd": 3, "flags": CREATE, "ret": 3},
@@ -168,6 +159,7 @@ def test_strip_prefix_shortens_paths(tmp_path):
     assert (tmp_path / "target/ck/a").stat().st_size == 9
 
 
+@pytest.mark.slow
 @pytest.mark.root
 def test_a_full_disk_stops_the_replay_with_one_line(tmp_path, monkeypatch):
     import subprocess
@@ -191,6 +183,7 @@ def test_a_full_disk_stops_the_replay_with_one_line(tmp_path, monkeypatch):
         subprocess.run(["umount", str(small)])
 
 
+@pytest.mark.slow
 def test_reads_that_met_the_end_of_the_file_replay_under_every_strategy(tmp_path):
     """A program reading a small file in larger chunks asks for more than the file holds (read(2) returns
     less, then 0): the replay meets the end of the file where the program did, and every strategy's run is

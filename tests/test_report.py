@@ -220,6 +220,7 @@ def _tracegen():
     return module
 
 
+@pytest.mark.slow
 def test_report_of_1024_ranks_shows_the_spread_the_slowest_and_a_chosen_rank(tmp_path):
     trace = tmp_path / "big.arrow"
     _tracegen().generate(trace, 60_000, 1024)
@@ -234,6 +235,7 @@ def test_report_of_1024_ranks_shows_the_spread_the_slowest_and_a_chosen_rank(tmp
     assert {int(o) for o in np.asarray(profile["timelines"])[:, 0]} <= {profile["slowest"], profile["chosen"]}
 
 
+@pytest.mark.slow
 def test_report_refusals(tmp_path):
     page = tmp_path / "r.html"
     page.write_text("keep me")
@@ -248,6 +250,7 @@ def test_report_refusals(tmp_path):
     assert "Traceback" not in proc.stderr and not (tmp_path / "x.html").exists()
 
 
+@pytest.mark.slow
 def test_summary_and_report_show_each_io_interface(tmp_path):
     golden = GOLDEN / "v2-requests-bcc.arrow"
     text = cli("summary", str(golden)).stdout
@@ -262,6 +265,7 @@ def test_summary_and_report_show_each_io_interface(tmp_path):
     assert "pid " in html  # processes without a rank are labelled by pid
 
 
+@pytest.mark.slow
 def test_report_shows_the_gpu_copies(tmp_path):
     page = tmp_path / "r.html"
     cli("report", str(GOLDEN / "v3-gpu-dcp-gpt2-tiny-1rank-strace.arrow"), "-o", str(page))

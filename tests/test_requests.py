@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import _missing, cli
-from test_golden import fio_iolog
+from helpers.fio import fio_iolog
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import replay

@@ -19,43 +19,18 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import _missing, cli
+from conftest import _missing, cli, one_line
+from helpers.traces import synthetic
 
-from ckpt_trace.formats import read_trace, table_from_columns, write_trace
+from ckpt_trace.formats import read_trace
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 ODD = GOLDEN / "v1-odd-pattern-strace.arrow"
 DCP = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
-META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"],
-        "backend": "strace", "start_wall_time_ns": 0, "filesystems": {}, "lost_events": 0, "arch": "x86_64"}
-
-
-def one_line(proc) -> str:
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    return lines[0]
-
-
-def synthetic(path: Path, files: dict[str, int], gap_ns: int = 1000) -> Path:
-    """A trace creating each ``files`` path (absolute) with one write of that many bytes."""
-    rows = []
-    for index, (name, size) in enumerate(files.items()):
-        fd = 3 + index
-        rows += [{"op": "open", "path": name, "fd": fd, "ret": fd, "flags": 0o1 | 0o100 | 0o1000},
-                 {"op": "write", "path": name, "fd": fd, "offset": 0, "size": size, "ret": size},
-                 {"op": "close", "path": name, "fd": fd}]
-    defaults = {"dur_ns": 1, "pid": 1, "tid": 1, "comm": "t", "rank": -1, "fd": None, "path": None, "new_path": None,
-                "offset": None, "offset_source": None, "size": None, "flags": None, "iov_count": None, "ret": 0}
-    columns: dict[str, list] = {}
-    for index, row in enumerate(rows):
-        row = {**defaults, "ts_ns": index * gap_ns, "syscall": row["op"], **row}
-        for key, value in row.items():
-            columns.setdefault(key, []).append(value)
-    return write_trace(path, table_from_columns(columns), META)
-
 
 # -- replay: ownership -------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_repeat_with_force_removes_only_the_previous_runs_files(tmp_path):
     target = tmp_path / "t"
     target.mkdir()
@@ -69,6 +44,7 @@ def test_repeat_with_force_removes_only_the_previous_runs_files(tmp_path):
     assert (target / "ck" / "a.bin").stat().st_size == 5000 and (target / "ck" / "b.bin").stat().st_size == 300
 
 
+@pytest.mark.slow
 def test_a_target_holding_the_trace_is_refused(tmp_path):
     target = tmp_path / "t"
     target.mkdir()
@@ -79,6 +55,7 @@ def test_a_target_holding_the_trace_is_refused(tmp_path):
     assert trace.read_bytes() == before and sorted(p.name for p in target.iterdir()) == ["t.arrow"]
 
 
+@pytest.mark.slow
 def test_a_replay_path_onto_an_existing_file_or_its_own_output_is_refused(tmp_path):
     target = tmp_path / "t"
     (target / "data").mkdir(parents=True)
@@ -125,6 +102,7 @@ def read_only_dir(tmp_path):
     subprocess.run(["umount", str(mount)], check=True)
 
 
+@pytest.mark.slow
 def test_record_to_a_read_only_directory_fails_before_the_command_runs(read_only_dir, tmp_path):
     marker = tmp_path / "ran"
     proc = cli("record", "-o", str(read_only_dir / "t.arrow"), "--", "touch", str(marker), check=False)
@@ -132,6 +110,7 @@ def test_record_to_a_read_only_directory_fails_before_the_command_runs(read_only
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_record_onto_a_directory_and_replay_results_to_an_unwritable_place_fail_first(read_only_dir, tmp_path):
     existing = tmp_path / "dir"
     existing.mkdir()
@@ -142,6 +121,7 @@ def test_record_onto_a_directory_and_replay_results_to_an_unwritable_place_fail_
     assert not (tmp_path / "t").exists()  # nothing ran
 
 
+@pytest.mark.slow
 def test_existing_results_and_junit_files_are_kept_without_force(tmp_path):
     results = tmp_path / "r.json"
     results.write_text("earlier")
@@ -159,6 +139,7 @@ def test_existing_results_and_junit_files_are_kept_without_force(tmp_path):
 
 # -- limits probed before the clock ------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_queue_depths_the_kernel_refuses_are_one_line_naming_the_flag(tmp_path, io_uring):
     proc = cli("replay", str(ODD), "--target", str(tmp_path / "t"), "--strategy", "all", "--queue-depth", "65536",
                check=False)
@@ -172,6 +153,7 @@ def test_queue_depths_the_kernel_refuses_are_one_line_naming_the_flag(tmp_path, 
     assert proc.returncode == 2 and "--queue-depth 65536" in one_line(proc)
 
 
+@pytest.mark.slow
 def test_a_failing_worker_fails_the_replay_with_one_line(tmp_path, io_uring, monkeypatch):
     """A worker that cannot set up (here: its ring) fails the command, never a result with missing figures."""
     from ckpt_trace.errors import ReplayError
@@ -222,6 +204,7 @@ def test_ctrl_c_in_a_workload_is_one_line_without_rank_tracebacks(tmp_path, torc
 
 # -- results tied to their trace -----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_report_and_emit_refuse_results_of_another_trace(tmp_path):
     results = tmp_path / "odd.json"
     cli("replay", str(ODD), "--target", str(tmp_path / "t"), "-o", str(results))
@@ -249,6 +232,7 @@ def test_verdicts():
     assert verdict(0.05, 0.10, 0.05) == "ok" and verdict(-0.5, 0.10, 0.05) == "ok"
 
 
+@pytest.mark.slow
 def test_a_noisy_figure_is_reported_as_such_not_as_pass_or_fail(tmp_path, io_uring, monkeypatch):
     monkeypatch.setenv("CKPT_TRACE_CHECK_MIN_SECONDS", "0.1")
     baseline = tmp_path / "b.json"
@@ -270,6 +254,7 @@ def test_a_noisy_figure_is_reported_as_such_not_as_pass_or_fail(tmp_path, io_uri
 
 # -- recording a failing command ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_command_that_cannot_start_is_exit_127_and_no_trace(tmp_path):
     for command in ("/no/such/cmd", "no-such-command-ckpt-trace"):
         proc = cli("record", "-o", str(tmp_path / "t.arrow"), "--", command, check=False)

@@ -62,6 +62,7 @@ def test_emit_renders_quotes_backslashes_and_newlines_of_every_field_as_text(tmp
     assert type(module.OPTIONS).__name__ == "WriterOptions"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ['posix"""; import os', "fastest", "aggregated+magic"])
 def test_emit_refuses_strategies_it_does_not_know(tmp_path, strategy):
     results = tmp_path / "r.json"
@@ -82,6 +83,7 @@ def _one_line(proc, *words) -> None:
 
 @pytest.mark.parametrize("key,value", [("lost_events", "many"), ("lost_events", -3), ("command", "rm -rf"),
                                        ("host", 7), ("elapsed_ns", "fast"), ("gpu", [1])])
+@pytest.mark.slow
 def test_malformed_trace_metadata_is_one_line_naming_the_key(tmp_path, key, value):
     trace = read_trace(ODD)
     bad = write_trace(tmp_path / "bad.arrow", trace.table, {**trace.metadata, key: value})
@@ -104,6 +106,7 @@ def test_malformed_trace_metadata_is_one_line_naming_the_key(tmp_path, key, valu
     ("bytes_written=1.5", "bytes_written"),
     ("strategy=3", "strategy"),
 ])
+@pytest.mark.slow
 def test_malformed_results_are_one_line_naming_the_key(tmp_path, change, key):
     data = _results(ODD)
     if isinstance(change, dict):
@@ -121,6 +124,7 @@ def test_malformed_results_are_one_line_naming_the_key(tmp_path, change, key):
 @pytest.mark.parametrize("change,key", [({"options": "x"}, "options"), ("repeat=five", "repeat"),
                                         ("repeat=0", "repeat"), ("durable=1", "durable"), ({"traces": "t"}, "traces"),
                                         ("min_seconds=inf", "min_seconds")])
+@pytest.mark.slow
 def test_malformed_baselines_are_one_line_naming_the_key(tmp_path, change, key):
     from ckpt_trace.check.baseline import BASELINE_FORMAT, BASELINE_VERSION
 
@@ -156,6 +160,7 @@ def test_wide_rank_and_pid_ranges_are_intervals_not_lists(tmp_path):
 
 @pytest.mark.parametrize("rank,kept", [("0-999999999999", 0), ("-1-999999999999", None),
                                        ("99999999999999999999", "error"), ("-1,-1,0-3,2-9", None)])
+@pytest.mark.slow
 def test_ranges_are_cut_to_the_columns_type(tmp_path, rank, kept):
     trace = read_trace(ODD)
     proc = cli("filter", str(ODD), "-o", str(tmp_path / "f.arrow"), "--rank", rank, "--json", check=False)

@@ -31,6 +31,7 @@ def test_record_on_a_full_file_system_refuses_before_the_command_starts(small_tm
     assert not marker.exists() and list(small_tmpfs.iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-5"])
 def test_report_refuses_a_fio_limit_that_is_not_a_positive_number(tmp_path, value):
     proc = cli("report", str(ODD), "-o", str(tmp_path / "r.html"), "--fio-limit", value, check=False)
@@ -38,6 +39,7 @@ def test_report_refuses_a_fio_limit_that_is_not_a_positive_number(tmp_path, valu
     assert not (tmp_path / "r.html").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["baseline", "check"])
 @pytest.mark.parametrize("value", ["nan", "inf", "-1"])
 def test_baseline_and_check_refuse_min_seconds_that_are_not_finite(tmp_path, command, value):
@@ -48,6 +50,7 @@ def test_baseline_and_check_refuse_min_seconds_that_are_not_finite(tmp_path, com
     assert not (tmp_path / "t").exists()
 
 
+@pytest.mark.slow
 def test_bench_refuses_a_target_whose_parent_is_missing(tmp_path):
     target = tmp_path / "missing" / "deeper" / "dir"
     proc = cli("bench", "--quick", "--target", str(target), "-o", str(tmp_path / "out"), check=False)

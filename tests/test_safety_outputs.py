@@ -102,10 +102,9 @@ def test_a_failed_write_leaves_nothing_and_keeps_the_output(tmp_path):
 
     output = tmp_path / "out"
     output.write_bytes(b"old")
-    with pytest.raises(RuntimeError):
-        with AtomicFile(output) as sink:
-            sink.write(b"new")
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), AtomicFile(output) as sink:
+        sink.write(b"new")
+        raise RuntimeError("boom")
     assert output.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
@@ -117,6 +116,7 @@ def test_record_reservation_does_not_say_file_exists_about_a_missing_output(tmp_
     reserved.unlink()
 
 
+@pytest.mark.slow
 def test_record_onto_an_existing_trace_says_it_exists(tmp_path):
     output = tmp_path / "t.arrow"
     output.write_bytes(b"x")
@@ -124,6 +124,7 @@ def test_record_onto_an_existing_trace_says_it_exists(tmp_path):
     assert proc.returncode != 0 and "already exists" in proc.stderr and "File exists" not in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("link", ["same", "symlink", "hardlink"])
 @pytest.mark.parametrize("command", ["replay", "dry-run", "report", "export", "filter", "emit"])
 def test_an_output_that_is_the_input_is_refused_even_with_force(tmp_path, command, link):

@@ -79,13 +79,14 @@ def test_a_signal_to_record_stops_the_command_and_keeps_a_flagged_trace(tmp_path
     assert "cut this trace's recording" in replayed.stderr
 
 
+@pytest.mark.slow
 def test_the_strace_process_and_a_bcc_command_get_a_parent_death_signal():
     from ckpt_trace.tracer.children import descendants, set_parent_death_signal
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
                              preexec_fn=set_parent_death_signal)
     try:
-        with open(f"/proc/{child.pid}/status") as handle:
+        with open(f"/proc/{child.pid}/status"):
             assert child.pid in descendants(os.getpid())
         # PR_GET_PDEATHSIG of another process is not exported; the child asks itself
         probe = subprocess.run([sys.executable, "-c",
@@ -113,9 +114,10 @@ def test_a_killed_recordings_leftovers_are_named_by_the_next_one(tmp_path, strac
     assert all(p.exists() for p in left)  # named, never deleted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_or_sighup_to_a_replay_removes_its_files_like_ctrl_c(tmp_path, signum):
-    from test_safety import synthetic
+    from helpers.traces import synthetic
 
     trace = synthetic(tmp_path / "t.arrow", {"/ck/a.bin": 10, "/ck/b.bin": 10}, gap_ns=10_000_000_000)
     target = tmp_path / "t"

@@ -9,16 +9,17 @@ from ckpt_trace.replayer import replay
 
 
 def paced_trace(tmp_path, gap_ns: int = 5_000_000, writes: int = 40):
-    from test_replay import CREATE, make_trace
+    from helpers.traces import CREATE, make_trace
 
     ops = [{"op": "open", "path": "/ck/a.bin", "fd": 3, "flags": CREATE, "ret": 3, "ts_ns": 0}]
-    for i in range(writes):  # back-to-back offsets: the replayer would otherwise batch them into one run
-        ops.append({"op": "write", "path": "/ck/a.bin", "fd": 3, "offset": i * 4096, "size": 4096, "ret": 4096,
-                    "ts_ns": (i + 1) * gap_ns})
+    # back-to-back offsets: the replayer would otherwise batch them into one run
+    ops += [{"op": "write", "path": "/ck/a.bin", "fd": 3, "offset": i * 4096, "size": 4096, "ret": 4096,
+             "ts_ns": (i + 1) * gap_ns} for i in range(writes)]
     ops.append({"op": "close", "path": "/ck/a.bin", "fd": 3, "ts_ns": (writes + 1) * gap_ns})
     return make_trace(tmp_path / "paced.arrow", ops)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["posix", "uring-buffered"])
 def test_every_operation_is_paced_and_its_error_reported(tmp_path, strategy, request):
     if strategy != "posix":
@@ -34,6 +35,7 @@ def test_every_operation_is_paced_and_its_error_reported(tmp_path, strategy, req
     assert result.elapsed_s >= 0.2  # the gaps were kept: back to back it takes a few ms
 
 
+@pytest.mark.slow
 def test_asap_reports_no_timing(tmp_path):
     result = replay(paced_trace(tmp_path), target=tmp_path / "t").results[0]
     assert result.timing is None and result.elapsed_s < 0.2

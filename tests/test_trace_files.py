@@ -56,6 +56,7 @@ print("done", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("previous", [True, False], ids=["over-a-previous-trace", "new"])
 def test_a_writer_killed_during_the_final_write_leaves_the_previous_file_or_none(tmp_path, previous):
     final = tmp_path / "t.arrow"

@@ -33,6 +33,7 @@ def test_every_older_golden_upgrades_to_the_same_rows(tmp_path, golden):
     assert "offset" in stored and not [name for name in stored if name.endswith("_delta")]
 
 
+@pytest.mark.slow
 def test_upgrade_refuses_its_input_as_output_and_keeps_other_keys(tmp_path):
     original = tmp_path / "old.arrow"
     original.write_bytes(OLDER[-1].read_bytes())

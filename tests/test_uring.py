@@ -20,6 +20,7 @@ def files_and_sizes(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["uring-buffered", "uring-direct"])
 def test_uring_replay_reproduces_every_file_size(io_uring, odd_strace, tmp_path, strategy):
     trace, _, out = odd_strace
@@ -42,11 +43,12 @@ def test_uring_replay_reproduces_every_file_size(io_uring, odd_strace, tmp_path,
         assert result.unaligned_ops == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["uring-direct", "aggregated"])
 def test_a_lone_aligned_write_goes_through_o_direct(io_uring, tmp_path, strategy):
     """A file written by one aligned write: a run of one request, submitted on the O_DIRECT descriptor,
     not counted as unaligned (it once went through the buffered descriptor)."""
-    from test_replay import CREATE, make_trace
+    from helpers.traces import CREATE, make_trace
 
     ops = [{"op": "open", "path": "/ck/a.bin", "fd": 3, "flags": CREATE, "ret": 3},
            {"op": "write", "path": "/ck/a.bin", "fd": 3, "offset": 0, "size": 65536, "ret": 65536},
@@ -58,6 +60,7 @@ def test_a_lone_aligned_write_goes_through_o_direct(io_uring, tmp_path, strategy
     assert (target / "ck" / "a.bin").stat().st_size == 65536
 
 
+@pytest.mark.slow
 def test_all_compares_every_strategy_in_its_own_directory(io_uring, tmp_path):
     sizes = json.loads((GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.sizes.json").read_text())
     out = tmp_path / "results.json"
@@ -81,12 +84,14 @@ def test_all_compares_every_strategy_in_its_own_directory(io_uring, tmp_path):
     assert results[2]["unaligned_ops"] > 0  # DCP's per-tensor headers leave offsets unaligned
 
 
+@pytest.mark.slow
 def test_bad_queue_depth_is_one_line(io_uring, tmp_path):
     proc = cli("replay", str(GOLDEN / "v1-odd-pattern-strace.arrow"), "--strategy", "uring-buffered", "--target",
                str(tmp_path / "t"), "--queue-depth", "0", check=False)
     assert proc.returncode == 2 and "queue-depth" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_repeat_reports_the_median_run_and_every_time(io_uring, tmp_path):
     out = tmp_path / "r.json"
     args = ["replay", str(GOLDEN / "v1-odd-pattern-strace.arrow"), "--strategy", "aggregated", "--target",

@@ -51,6 +51,7 @@ def test_rounds_stop_at_the_forced_count_or_when_told_apart_or_at_the_cap():
     assert (Rounds().min_rounds, Rounds().max_rounds) == (config.REPLAY_MIN_ROUNDS, config.REPLAY_MAX_ROUNDS)
 
 
+@pytest.mark.slow
 def test_all_runs_interleaved_rounds_and_reports_spread_and_intervals(io_uring, tmp_path):
     out = tmp_path / "r.json"
     proc = cli("replay", str(GOLDEN / "v4-dcp-gpt2-tiny-2ranks-bcc.arrow"), "--strategy", "all", "--target",
@@ -71,8 +72,9 @@ def test_all_runs_interleaved_rounds_and_reports_spread_and_intervals(io_uring, 
     assert "within noise" in proc.stdout
 
 
+@pytest.mark.slow
 def test_an_empty_trace_has_nothing_to_judge(tmp_path):
-    from test_replay import make_trace
+    from helpers.traces import make_trace
 
     trace = make_trace(tmp_path / "t.arrow", [{"op": "open", "path": "/ck/a", "fd": 3, "flags": 0o101, "ret": 3},
                                               {"op": "write", "path": "/ck/a", "fd": 3, "offset": 0, "size": 10,
@@ -84,6 +86,7 @@ def test_an_empty_trace_has_nothing_to_judge(tmp_path):
     assert not (tmp_path / "t2").exists()
 
 
+@pytest.mark.slow
 def test_results_say_which_data_ran(tmp_path):
     report = replay(GOLDEN / "v4-odd-pattern-strace.arrow", target=tmp_path / "t")
-    assert report.options["data"].startswith("pattern: a 1 MiB table")
+    assert report.options["data"].startswith("generated: incompressible, unique per 4 KiB block")

@@ -30,6 +30,7 @@ def test_pattern_windows_are_periodic_and_page_aligned_for_aligned_offsets():
     buf.close()
 
 
+@pytest.mark.slow
 def test_every_strategy_verifies_on_a_real_recording(io_uring, odd_strace, tmp_path):
     trace, _, out = odd_strace
     result_file = tmp_path / "r.json"
@@ -41,17 +42,19 @@ def test_every_strategy_verifies_on_a_real_recording(io_uring, odd_strace, tmp_p
     assert str(out / "a.final").lstrip("/") in plan.checks.verify_ranges  # followed through the rename
 
 
+@pytest.mark.slow
 def test_dcp_golden_verifies_under_aggregation(io_uring, tmp_path):
     report = replay(GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow", target=tmp_path / "t", strategy="aggregated",
                     verify=True)
     assert report.results[0].verified_files == 3  # two shards and .metadata
 
 
+@pytest.mark.slow
 def test_a_corrupted_byte_is_reported_with_its_offset(tmp_path):
     trace = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
     unverified = replay(trace, target=tmp_path / "u").plan  # planned without the ranges: refused, not passed
     assert not unverified.checks.ranges_planned and not unverified.checks.verify_ranges
-    with pytest.raises(ReplayError, match="made without the ranges --verify checks"):
+    with pytest.raises(ReplayError, match="made without the ranges verification checks"):
         verify_content(TargetRoot(tmp_path / "u"), unverified)
     report = replay(trace, target=tmp_path / "t", verify=True)
     plan = report.plan
@@ -65,6 +68,7 @@ def test_a_corrupted_byte_is_reported_with_its_offset(tmp_path):
     assert [(m.path, m.offset) for m in found] == [(path, 12345)]
 
 
+@pytest.mark.slow
 def test_verify_failure_raises_with_the_first_mismatch(tmp_path, monkeypatch):
     import sys
 

@@ -303,6 +303,7 @@ def test_emitted_module_is_tuned_from_the_replay_and_round_trips(tmp_path, torch
     assert objects_equal_bitwise(state, target)
 
 
+@pytest.mark.slow
 def test_emit_without_results_and_its_refusals(tmp_path):
     from conftest import cli
 

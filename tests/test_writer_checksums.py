@@ -26,7 +26,12 @@ def _state() -> dict:
             "step": 7, "notes": {"text": "a pickled value"}}
 
 
-def _zeros(state: dict) -> dict:
+def _zeros(state: dict, scratch: bool = False) -> dict:
+    """Destinations for a load; with ``scratch``, tensors the reader cannot fill in place (every other
+    element of a wider tensor: not contiguous), so their bytes land in a scratch tensor first and are copied."""
+    if scratch:
+        return {k: torch.zeros((*v.shape[:-1], 2 * v.shape[-1]), dtype=v.dtype)[..., ::2]
+                if isinstance(v, torch.Tensor) else v for k, v in state.items()}
     return {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
@@ -36,10 +41,10 @@ def _save(path: Path, **options) -> None:
     dcp.save(_state(), storage_writer=CheckpointWriter(path, WriterOptions(**options)))
 
 
-def _load(path: Path, **options) -> dict:
+def _load(path: Path, scratch: bool = False, **options) -> dict:
     from ckpt_trace.writer import CheckpointReader, WriterOptions
 
-    target = _zeros(_state())
+    target = _zeros(_state(), scratch)
     dcp.load(target, storage_reader=CheckpointReader(path, WriterOptions(**options)))
     return target
 
@@ -50,41 +55,138 @@ def _stored(path: Path) -> dict:
     return {index.fqn: item for index, item in metadata.storage_data.items()}
 
 
-def _error(path: Path, **options) -> str:
+def _error(path: Path, scratch: bool = False, **options) -> str:
     with pytest.raises(dcp.api.CheckpointException) as caught:
-        _load(path, **options)
+        _load(path, scratch, **options)
     return str(caught.value)
 
 
-@pytest.mark.torch
-@pytest.mark.parametrize("load_direct_io", [True, False], ids=["o-direct-stream", "buffered-in-place"])
-@pytest.mark.parametrize("victim", ["alpha.weight", "beta.bias", "notes.text"])
-def test_a_flipped_byte_fails_the_load_naming_the_item_and_file(tmp_path, torch_installed, load_direct_io, victim):
-    path = tmp_path / "ckpt"
-    _save(path, load_direct_io=load_direct_io)
-    stored = _stored(path)
-    assert all(item.checksum is not None and item.checksum_kind for item in stored.values())
-    loaded = _load(path, load_direct_io=load_direct_io)
-    assert torch.equal(loaded["alpha.weight"], _state()["alpha.weight"])
-    item = stored[victim]
+def _flip(path: Path, item, at: int) -> Path:
     data = path / item.relative_path
     with open(data, "r+b") as handle:
-        handle.seek(item.offset + item.size_bytes // 2)
+        handle.seek(item.offset + at)
         byte = handle.read(1)
-        handle.seek(item.offset + item.size_bytes // 2)
+        handle.seek(item.offset + at)
         handle.write(bytes([byte[0] ^ 0x10]))
-    message = _error(path, load_direct_io=load_direct_io)
-    assert "corrupt" in message and victim in message and str(data) in message, message
-    _load(path, load_direct_io=load_direct_io, checksums=False)  # the opt-out loads it
+    return data
+
+
+# The reader's paths: the O_DIRECT stream (copied out of the arena into the destination), buffered reads
+# straight into the destination by two threads (load_streams=2, the default), and either of them through a
+# scratch tensor (destinations not contiguous); the checks run on the reader's worker thread (``Verifier``).
+PATHS = {"o-direct-stream": dict(load_direct_io=True), "buffered-in-place": dict(load_direct_io=False),
+         "o-direct-scratch": dict(load_direct_io=True, scratch=True),
+         "buffered-scratch": dict(load_direct_io=False, scratch=True),
+         "buffered-one-stream": dict(load_direct_io=False, load_streams=1)}
 
 
 @pytest.mark.torch
-def test_a_data_file_with_a_mebibyte_appended_fails_the_load(tmp_path, torch_installed):
+@pytest.mark.parametrize("read_path", list(PATHS))
+@pytest.mark.parametrize("victim", ["alpha.weight", "beta.bias", "notes.text"])
+def test_a_flipped_byte_fails_the_load_naming_the_item_and_file(tmp_path, torch_installed, read_path, victim):
     path = tmp_path / "ckpt"
-    _save(path)
-    data = next(path.glob("*.data"))
-    with open(data, "ab") as handle:
-        handle.write(b"\0" * (1 << 20))
-    message = _error(path)
-    assert "extended" in message and str(data) in message, message
-    _load(path, checksums=False)
+    options = dict(PATHS[read_path])
+    scratch = options.pop("scratch", False)
+    _save(path, **options)
+    stored = _stored(path)
+    assert all(item.checksum is not None and item.checksum_kind for item in stored.values())
+    loaded = _load(path, scratch, **options)
+    assert torch.equal(loaded["alpha.weight"], _state()["alpha.weight"])
+    assert torch.equal(loaded["beta.bias"], _state()["beta.bias"])
+    assert scratch != loaded["alpha.weight"].is_contiguous()
+    item = stored[victim]
+    for at in (0, item.size_bytes // 2, item.size_bytes - 1):  # first, middle and last byte
+        data = _flip(path, item, at)
+        message = _error(path, scratch, **options)
+        assert "corrupt" in message and victim in message and str(data) in message, message
+        assert f"(bytes {item.offset:,}+{item.size_bytes:,})" in message, message
+        line = message.strip().splitlines()[-1]  # DCP wraps the error with its traceback: the one line is last
+        assert line.startswith(f"ckpt_trace.errors.CheckpointError: checkpoint item {victim} in {data} "), line
+        if victim != "notes.text":  # (a pickle with a flipped byte may not unpickle)
+            _load(path, scratch, checksums=False, **options)  # the opt-out loads it
+        _flip(path, item, at)  # restored: loads again
+        _load(path, scratch, **options)
+
+
+@pytest.mark.torch
+def test_the_verifier_raises_the_first_failure_in_order_and_stops_the_next_submit():
+    from ckpt_trace.errors import CheckpointError
+    from ckpt_trace.writer.checksum import Verifier
+
+    ran = []
+
+    def check(n, bad):
+        def run():
+            ran.append(n)
+            if bad:
+                raise CheckpointError(f"item {n} is corrupt")
+        return run
+
+    verifier = Verifier(limit_bytes=10)
+    try:
+        verifier.submit(check(0, False))
+        verifier.submit(check(1, True), held_bytes=8)
+        verifier.submit(check(2, True))
+        with pytest.raises(CheckpointError, match="item 1 is corrupt"):  # over the limit: waits for the oldest,
+            verifier.submit(check(3, False), held_bytes=8)               # finds item 1 failed: the load stops
+        with pytest.raises(CheckpointError, match="item 1 is corrupt"):  # item 2 failed too; 1 is reported
+            verifier.finish()
+        with pytest.raises(CheckpointError, match="item 1 is corrupt"):
+            verifier.submit(check(4, False))
+    finally:
+        verifier.close()
+    assert ran[:3] == [0, 1, 2] and 4 not in ran
+
+
+def test_the_benchmark_pairs_verdict_uses_a_distribution_free_interval_of_the_median():
+    import importlib.util
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("emitted_writer_bench", root / "benchmarks" / "emitted_writer.py")
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(root / "benchmarks"))
+    mid, low, high, coverage = bench.median_interval([0.03, -0.02, 0.01, 0.2, 0.04])
+    assert (mid, low, high) == (0.03, -0.02, 0.2) and coverage == pytest.approx(1 - 2 / 32)  # n=5: the range
+    assert bench.verdict(low, high) == "within noise"
+    values = [0.01 * i for i in range(1, 11)]  # n=10: x(2)..x(9), 97.9 % (x(3)..x(8) would cover 89 %)
+    mid, low, high, coverage = bench.median_interval(values)
+    assert (low, high) == (0.02, 0.09) and coverage == pytest.approx(1 - 2 * 11 / 1024)
+    assert bench.verdict(low, high) == "costs" and bench.verdict(-0.05, -0.01) == "faster with checksums"
+
+
+@pytest.mark.torch
+def test_the_save_checksums_match_an_independent_crc_of_each_item_while_buffers_are_reused(tmp_path, torch_installed,
+                                                                                          monkeypatch):
+    """Small staging buffers, two of them: each is refilled many times while the checksum thread, slowed to
+    lag behind the copies, still reads earlier pieces; every stored value must still be the CRC32C of the
+    item's own bytes (computed here from the tensor, by the crc32c package directly)."""
+    crc32c = pytest.importorskip("crc32c")
+    import ckpt_trace.writer.staging as staging
+
+    real = staging.update_checksum
+    threads = set()
+
+    def lagging(value, piece):
+        import threading
+
+        threads.add(threading.current_thread().name)
+        for _ in range(20):  # work, not a sleep: the thread falls behind the copies
+            real(0, piece)
+        return real(value, piece)
+
+    monkeypatch.setattr(staging, "update_checksum", lagging)
+    generator = torch.Generator().manual_seed(5)
+    state = {f"t{i}": torch.randn(n, generator=generator) for i, n in enumerate([70_001, 5, 40_000, 123_457, 3])}
+    path = tmp_path / "ckpt"
+    from ckpt_trace.writer import CheckpointWriter, WriterOptions
+
+    dcp.save(state, storage_writer=CheckpointWriter(path, WriterOptions(buffer_bytes=8192, queue_depth=2)))
+    stored = _stored(path)
+    for name, tensor in state.items():
+        assert stored[name].checksum == crc32c.crc32c(tensor.numpy().tobytes()), name
+    assert any(name.startswith("ckpt-trace-crc") for name in threads)  # the large items went through the thread

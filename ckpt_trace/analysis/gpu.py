@@ -25,18 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ckpt_trace.formats import vocabulary as v
-
-
-def union_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, ends) of the disjoint sorted intervals covering the given [start, end) ones (touching ones
-    merge): a sort by start, then a running maximum of ends."""
-    if len(starts) == 0:
-        return starts, ends
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    reach = np.maximum.accumulate(e)
-    new = np.r_[True, s[1:] > reach[:-1]]
-    return s[new], np.maximum.reduceat(e, np.flatnonzero(new))
+from ckpt_trace.ranges import union_ranges
 
 
 def _overlap_ns(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> int:
@@ -127,8 +116,8 @@ def copy_summary(table: pa.Table) -> dict[str, Any]:
         io = d_rank == rank
         entry["write_time_s"] = float(d_dur[io & (d_op == v.WRITE)].sum()) / 1e9
         entry["read_time_s"] = float(d_dur[io & (d_op == v.READ)].sum()) / 1e9
-        copy_union = union_intervals(c_ts[mine].astype(np.int64), (c_ts[mine] + c_dur[mine]).astype(np.int64))
-        io_union = union_intervals(d_ts[io].astype(np.int64), (d_ts[io] + d_dur[io]).astype(np.int64))
+        copy_union = union_ranges(c_ts[mine].astype(np.int64), (c_ts[mine] + c_dur[mine]).astype(np.int64))
+        io_union = union_ranges(d_ts[io].astype(np.int64), (d_ts[io] + d_dur[io]).astype(np.int64))
         entry["copy_wall_s"] = float((copy_union[1] - copy_union[0]).sum()) / 1e9
         entry["copy_io_overlap_s"] = _overlap_ns(copy_union, io_union) / 1e9
         out[int(rank)] = entry

@@ -283,7 +283,7 @@ def annotate(trace: str | Path, checkpoint: Iterable[str | Path], output: str | 
     paths = [str(Path(p).absolute()) for p in checkpoint]
     for path in paths:
         if not Path(path).exists():
-            raise CkptTraceError(f"--checkpoint {path}: no such file or directory")
+            raise CkptTraceError(f"{{option}} {path}: no such file or directory", option="checkpoint")
     layout = build_layout(paths, time_limit_s=time_limit_s)
     written = add_layout(trace, layout.table, layout.info(), output, overwrite=overwrite)
     return {"trace": str(written), "objects": layout.table.num_rows,

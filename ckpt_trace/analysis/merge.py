@@ -91,8 +91,8 @@ def parse_clock_offsets(items: Sequence[str]) -> dict[str, int]:
                 raise ValueError
             out[host] = int(value)
         except ValueError:
-            raise CkptTraceError(f"--clock-offset takes HOST=NS (nanoseconds, may be negative), not {item!r}") \
-                from None
+            raise CkptTraceError(f"{{option}} takes HOST=NS (nanoseconds, may be negative), not {item!r}",
+                                 option="clock_offsets") from None
     return out
 
 
@@ -137,8 +137,8 @@ def plan_merge(paths: Sequence[str | os.PathLike], clock_offsets: Mapping[str, i
     hosts = [str(m["host"]) for m in metas]
     unknown = sorted(set(offsets) - set(hosts))
     if unknown:
-        raise CkptTraceError(f"--clock-offset names host {unknown[0]!r}, which no trace has (hosts: "
-                             f"{', '.join(sorted(set(hosts)))})")
+        raise CkptTraceError(f"{{option}} names host {unknown[0]!r}, which no trace has (hosts: "
+                             f"{', '.join(sorted(set(hosts)))})", option="clock_offsets")
     owner: dict[int, Path] = {}
     pid_owner: dict[int, int] = {}
     boots: dict[tuple, Mapping] = {}
@@ -327,7 +327,7 @@ def merge_traces(paths: Sequence[str | os.PathLike], output: str | os.PathLike, 
     if any(Path(p).resolve() == output.resolve() for p in paths):
         raise CkptTraceError(f"{output} is one of the traces to merge; write the merge elsewhere")
     if output.exists() and not overwrite:
-        raise CkptTraceError(f"{output} already exists (use --force to overwrite it)")
+        raise CkptTraceError(f"{output} already exists (use {{option}} to overwrite it)", option="overwrite", switch=True)
     plan = plan_merge(paths, clock_offsets)
     total = sum(i.rows for i in plan.inputs)
     writer = TraceWriter(output, overwrite=overwrite, optional_columns=("host",))

@@ -24,9 +24,11 @@ process, labelled ``pid N``):
   *consecutive* when it starts exactly there; the first access counts as
   neither.
 - **request sizes**: the most common exact sizes of data operations.
-- **latency** per op: durations in quarter-octave buckets (bucket ``b`` holds
-  ``[2**(b/4), 2**((b+1)/4))`` ns, so a percentile read from the buckets is
-  within 19 % of the exact one) and the exact maximum.
+- **latency** per op: p50, p90, p99 and max from ``stats.LatencyHistogram``
+  (exact nearest-rank up to its sample limit, as the replay's table and the
+  summary compute them; within 1.1 % past it), and for the chart the
+  durations in quarter-octave buckets (bucket ``b`` holds
+  ``[2**(b/4), 2**((b+1)/4))`` ns).
 - **per time bin** (``TIME_BINS`` over the window, bytes attributed at each
   operation's completion): bytes per owner (the heat map), bytes written and
   read, and for the top files the bytes per (time bin, offset bin).
@@ -44,10 +46,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from ckpt_trace.formats import scan
+from ckpt_trace.formats import dictionary_codes, scan
 from ckpt_trace.formats import vocabulary as v
+from ckpt_trace.stats import LatencyHistogram
 
 from .summary import SUMMARY_COLUMNS, Accumulator, Progress, gpu_summary, on_batch, summary_document
 
@@ -56,7 +58,7 @@ OFFSET_BINS = 120
 TIMELINE_BINS = 1500
 TOP_FILES = 6
 TOP_SIZES = 8
-LATENCY_STEPS = 4  # buckets per power of two
+LATENCY_STEPS = 4  # the chart's buckets per power of two (LatencyHistogram.STEPS must be a multiple)
 LATENCY_BUCKETS = 64 * LATENCY_STEPS
 KINDS = ("write", "read", "fsync", "copy", "other")  # timeline bar kinds (the ``kind`` column of ``timelines``)
 _PASS_TWO = ("ts_ns", "dur_ns", "pid", "tid", "rank", "op", "path", "offset", "size", "ret", "interface")
@@ -67,11 +69,9 @@ class _Registry(dict):
 
     def codes(self, array: pa.Array) -> np.ndarray:
         """The ids of a (dictionary or plain) string column's values; -1 for nulls."""
-        if not pa.types.is_dictionary(array.type):
-            array = pc.dictionary_encode(array)
-        values = array.dictionary.to_pylist()
-        lut = np.array([self.setdefault(value, len(self)) for value in values] + [-1], dtype=np.int64)
-        return lut[array.indices.fill_null(len(values)).to_numpy().astype(np.int64)]
+        codes, values = dictionary_codes(array)
+        lut = np.array([self.setdefault(value, len(self)) for value in values.to_pylist()] + [-1], dtype=np.int64)
+        return lut[codes]
 
     def mask(self, names) -> np.ndarray:
         """Boolean lookup table over the ids (index -1, the last slot, is a null)."""
@@ -220,8 +220,7 @@ class _PassOne:
                           "consecutive", "max_end")
         self.file_owners: set[tuple[int, int]] = set()
         self.sizes = _Counts()
-        self.latency: dict[int, np.ndarray] = {}
-        self.latency_max: dict[int, int] = {}
+        self.latency: dict[int, LatencyHistogram] = {}
         self.start = self.end = self.first_data = None
         self.last_end: dict[int, int] = {}  # (owner, path, direction) key -> end of its last data op
 
@@ -257,12 +256,8 @@ class _PassOne:
         self._pattern(b, on_file & data & b.has_offset, writes)
         # sizes, latency
         self.sizes.add(b.size[data])
-        buckets = np.clip((np.log2(np.maximum(b.dur, 1)) * LATENCY_STEPS).astype(np.int64), 0, LATENCY_BUCKETS - 1)
         for op in np.unique(b.op).tolist():
-            mine = b.op == op
-            counts = np.bincount(buckets[mine], minlength=LATENCY_BUCKETS)
-            self.latency[op] = self.latency.get(op, 0) + counts
-            self.latency_max[op] = max(self.latency_max.get(op, 0), int(b.dur[mine].max()))
+            self.latency.setdefault(op, LatencyHistogram()).add(b.dur[b.op == op])
 
     def _owner_extent(self, b: _Batch, rows: np.ndarray) -> None:
         n = len(self.state.owners)
@@ -375,16 +370,12 @@ def _bucket_ns(bucket: int) -> float:
     return 2 ** ((bucket + 0.5) / LATENCY_STEPS)
 
 
-def _latency_entry(counts: np.ndarray, maximum: int) -> dict[str, Any]:
-    total = int(counts.sum())
-    cumulative = np.cumsum(counts)
-
-    def quantile(q: float) -> int:
-        return min(maximum, int(_bucket_ns(int(np.searchsorted(cumulative, q * total)))))
-
+def _latency_entry(histogram: LatencyHistogram) -> dict[str, Any]:
+    figures = histogram.percentiles_ns()
+    counts = histogram.counts.reshape(LATENCY_BUCKETS, -1).sum(axis=1)  # 1/64-octave buckets, 16 a chart bucket
     nonzero = np.flatnonzero(counts)
-    return {"count": total, "p50_ns": quantile(0.5), "p90_ns": quantile(0.9), "p99_ns": quantile(0.99),
-            "max_ns": maximum,
+    return {"count": histogram.count, "p50_ns": figures["p50"], "p90_ns": figures["p90"], "p99_ns": figures["p99"],
+            "max_ns": figures["max"],
             "buckets": [[round(_bucket_ns(int(b))), int(counts[b])] for b in nonzero.tolist()]}
 
 
@@ -437,8 +428,9 @@ def profile_file(path: str | os.PathLike, *, rank: int | None = None, batch_rows
         "files": [{k: val for k, val in f.items() if k != "id"} | {"path": names[f["id"]]} for f in files],
         "sizes": one.sizes.top(TOP_SIZES),
         "data_ops": one.sizes.total(),
-        "latency": {name: _latency_entry(one.latency[code], one.latency_max[code])
-                    for name, code in sorted(state.ops.items(), key=lambda item: -int(one.latency.get(item[1], np.zeros(1)).sum()))
+        "latency": {name: _latency_entry(one.latency[code])
+                    for name, code in sorted(state.ops.items(),
+                                             key=lambda item: -(one.latency[item[1]].count if item[1] in one.latency else 0))
                     if code in one.latency},
         "heat": two.heat[[o["id"] for o in owners]] if owners else np.zeros((0, TIME_BINS)),
         "throughput": two.direction,

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ckpt_trace.formats import Trace, distinct, int_values, read_metadata, scan, validity
+from ckpt_trace.formats import Trace, dictionary_codes, distinct, int_values, read_metadata, scan, validity
 from ckpt_trace.stats import LatencyHistogram
 
 from .gpu import copy_summary
@@ -68,14 +68,10 @@ def _group_sums(codes: np.ndarray, values: np.ndarray, groups: int) -> np.ndarra
 
 
 def _codes(column: pa.Array) -> tuple[np.ndarray, list]:
-    """(each row's code, the values coded): a dictionary column's own codes and dictionary, else its
-    dictionary encoding; a null row gets the code of a trailing None value."""
-    if not pa.types.is_dictionary(column.type):
-        column = pc.dictionary_encode(column)
-    names = column.dictionary.to_pylist() + [None]
-    indices = column.indices
-    codes = indices.fill_null(len(names) - 1) if indices.null_count else indices
-    return int_values(codes).astype(np.intp, copy=False), names
+    """(each row's code, the values coded) (``formats.dictionary_codes``); a null row gets the code of a
+    trailing None value."""
+    codes, values = dictionary_codes(column)
+    return codes, values.to_pylist() + [None]
 
 
 def _lut(names: list, wanted) -> np.ndarray:

@@ -87,7 +87,8 @@ def check_output(output: Path, force: bool) -> None:
     if output.exists() and not output.is_dir():
         raise BenchError(f"output {output} exists and is not a directory")
     if output.is_dir() and any(output.iterdir()) and not force:
-        raise BenchError(f"output {output} is not empty (pass --force to overwrite its results)")
+        raise BenchError(f"output {output} is not empty (pass {{option}} to overwrite its results)", option="force",
+                         switch=True)
 
 
 def needed_bytes(matrix: Matrix) -> int:
@@ -111,12 +112,12 @@ def run_bench(target: str | os.PathLike, matrix: Matrix, *, repeat: int = 1, fio
     returned wrong bytes), fio missing or failing.
     """
     if repeat < 1:
-        raise BenchError("--repeat must be at least 1")
+        raise BenchError("{option} must be at least 1", option="repeat")
     if "uring" in matrix.values["engine"]:
         for depth in matrix.values["queue_depth"]:
             problem = probe_ring(depth)
             if problem:
-                raise BenchError(f"--queue-depths {depth}: {problem}")
+                raise BenchError(f"{{option}} {depth}: {problem}", option="queue_depths")
     target = Path(target)
     block_bytes = check_target(target)
     if matrix.aggregate_bytes % block_bytes:
@@ -163,7 +164,7 @@ def check_read_memory(matrix: Matrix) -> None:
 def _fio(scratch: Path, volume_bytes: int, rw: str = "write") -> float:
     limit = fio_bytes_per_s(scratch, str(volume_bytes), rw)
     if limit is None:
-        raise BenchError("--fio needs fio on PATH (Debian: apt install fio)")
+        raise BenchError("{option} needs fio on PATH (Debian: apt install fio)", option="fio", switch=True)
     return limit
 
 

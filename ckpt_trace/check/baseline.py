@@ -39,7 +39,7 @@ import numpy as np
 
 from ckpt_trace import config
 from ckpt_trace.documents import BaselineIn, check_document
-from ckpt_trace.errors import CkptTraceError
+from ckpt_trace.errors import RegressionError
 from ckpt_trace.formats import sha256_file, write_bytes_atomic
 from ckpt_trace.iolayer.host import environment
 from ckpt_trace.replayer import replay
@@ -49,10 +49,6 @@ from ckpt_trace.version import __version__
 
 BASELINE_FORMAT = "ckpt-trace-baseline"
 BASELINE_VERSION = 1
-
-
-class RegressionError(CkptTraceError):
-    """A baseline is missing, corrupt, or does not match the traces and strategies being checked."""
 
 
 def parse_tolerance(text: str) -> float:

@@ -299,37 +299,13 @@ def synthesize_dcp(model: str, ranks: int, optimizer: str = "none", *, out: str 
         raise WorkloadError("--ranks must be at least 1")
     shapes, dtype_name = model_layout(model)
     try:
-        import torch.distributed.checkpoint as dcp
+        import torch.distributed.checkpoint  # noqa: F401
     except ImportError:
         raise WorkloadError("synth needs torch: pip install 'ckpt-trace[torch]'") from None
     started = time.perf_counter()
-    logs = {rank: _Log() for rank in range(ranks)}
-    writers, local_plans = [], []
-    with _synthesising(logs):
-        for rank in range(ranks):  # each rank's local plan, on meta tensors
-            with _fake_rank(rank, ranks) as mesh:
-                writer = dcp.FileSystemWriter(out, thread_count=thread_count)
-                writer.fs = _recording_fs(logs[rank], buffer_bytes)
-                planner = dcp.DefaultSavePlanner()
-                planner.set_up_planner(state_dict=_state(mesh, shapes, dtype_name, optimizer, "meta"),
-                                       storage_meta=writer.storage_meta(), is_coordinator=rank == 0)
-                writer.set_up_storage_writer(rank == 0, rank=rank, use_collectives=True)
-                local_plans.append(writer.prepare_local_plan(planner.create_local_plan()))
-                writers.append(writer)
-                if rank == 0:
-                    coordinator = planner
-        planned_s = time.perf_counter() - started
-        global_plans, metadata = coordinator.create_global_plan(local_plans)
-        global_plans = writers[0].prepare_global_plan(global_plans)
-        results = []
-        for rank in range(ranks):  # each rank's writes, on untouched CPU tensors of its shapes
-            with _fake_rank(rank, ranks) as mesh:
-                planner = dcp.DefaultSavePlanner()
-                planner.set_up_planner(state_dict=_state(mesh, shapes, dtype_name, optimizer, "cpu"),
-                                       storage_meta=writers[rank].storage_meta(), is_coordinator=rank == 0)
-                final = planner.finish_plan(global_plans[rank])
-                results.append(writers[rank].write_data(final, planner).value())
-        writers[0].finish(metadata=metadata, results=results)
+    logs, results, metadata, planned_s = plan_and_write(
+        lambda mesh, device: _state(mesh, shapes, dtype_name, optimizer, device), ranks, out=out,
+        buffer_bytes=buffer_bytes, thread_count=thread_count)
     elapsed = time.perf_counter() - started
     data_bytes = sum(r.size_in_bytes for rank_results in results for r in rank_results)
     expected = arithmetic(model, optimizer)
@@ -343,6 +319,46 @@ def synthesize_dcp(model: str, ranks: int, optimizer: str = "none", *, out: str 
                "files": sorted({op[1] for log in logs.values() for op in log.ops if op[0] == "open"}),
                "plan_s": planned_s, "elapsed_s": elapsed}
     return Synthesis(logs={rank: log.ops for rank, log in logs.items()}, figures=figures)
+
+
+def plan_and_write(state_of, ranks: int, *, out: str, buffer_bytes: int, thread_count: int = 1,
+                   planner=None) -> tuple[dict[int, "_Log"], list, Any, float]:
+    """Steps 1 and 2 of the module docstring for any state dict: ``state_of(mesh, device)`` is a simulated
+    rank's state dict (``device`` ``meta`` to plan, ``cpu`` to write); ``planner`` makes the save planner
+    (default ``DefaultSavePlanner``). Returns (each rank's ``_Log``, each rank's ``WriteResult`` list, the
+    checkpoint's ``Metadata``, seconds the local plans took)."""
+    import torch.distributed.checkpoint as dcp
+
+    planner = planner or dcp.DefaultSavePlanner
+    started = time.perf_counter()
+    logs = {rank: _Log() for rank in range(ranks)}
+    writers, local_plans = [], []
+    with _synthesising(logs):
+        for rank in range(ranks):  # each rank's local plan, on meta tensors
+            with _fake_rank(rank, ranks) as mesh:
+                writer = dcp.FileSystemWriter(out, thread_count=thread_count)
+                writer.fs = _recording_fs(logs[rank], buffer_bytes)
+                rank_planner = planner()
+                rank_planner.set_up_planner(state_dict=state_of(mesh, "meta"), storage_meta=writer.storage_meta(),
+                                            is_coordinator=rank == 0)
+                writer.set_up_storage_writer(rank == 0, rank=rank, use_collectives=True)
+                local_plans.append(writer.prepare_local_plan(rank_planner.create_local_plan()))
+                writers.append(writer)
+                if rank == 0:
+                    coordinator = rank_planner
+        planned_s = time.perf_counter() - started
+        global_plans, metadata = coordinator.create_global_plan(local_plans)
+        global_plans = writers[0].prepare_global_plan(global_plans)
+        results = []
+        for rank in range(ranks):  # each rank's writes, on untouched CPU tensors of its shapes
+            with _fake_rank(rank, ranks) as mesh:
+                rank_planner = planner()
+                rank_planner.set_up_planner(state_dict=state_of(mesh, "cpu"),
+                                            storage_meta=writers[rank].storage_meta(), is_coordinator=rank == 0)
+                final = rank_planner.finish_plan(global_plans[rank])
+                results.append(writers[rank].write_data(final, rank_planner).value())
+        writers[0].finish(metadata=metadata, results=results)
+    return logs, results, metadata, planned_s
 
 
 def _itemsize(dtype) -> int:
@@ -363,7 +379,7 @@ def synthesis_columns(synthesis: Synthesis) -> dict[str, np.ndarray | list]:
                 parts[name].append(value)
     order = np.lexsort((np.asarray(parts["rank"]), np.asarray(parts["ts_ns"])))
     out = {name: [values[i] for i in order] for name, values in parts.items()}
-    syscalls = {"open": "openat", "write": "write", "lseek": "lseek", "close": "close", "fsync": "fsync",
+    syscalls = {"open": "openat", "write": "write", "read": "read", "lseek": "lseek", "close": "close", "fsync": "fsync",
                 "mkdir": "mkdir", "rename": "rename", "unlink": "unlink"}
     n = len(order)
     out["pid"] = [1000 + r for r in out["rank"]]
@@ -371,7 +387,7 @@ def synthesis_columns(synthesis: Synthesis) -> dict[str, np.ndarray | list]:
     out["dur_ns"] = [0] * n
     out["comm"] = ["python"] * n
     out["syscall"] = [syscalls[op] for op in out["op"]]
-    out["offset_source"] = ["position" if op in ("write", "lseek") else None for op in out["op"]]
+    out["offset_source"] = ["position" if op in ("write", "read", "lseek") else None for op in out["op"]]
     out["iov_count"] = [None] * n
     return out
 

@@ -43,7 +43,7 @@ from ckpt_trace.errors import CheckpointError
 from ckpt_trace.iolayer.files import open_file
 from ckpt_trace.iolayer.pagecache import resident_share
 
-from .checksum import checksum
+from .checksum import Verifier, checksum
 from .format import StoredItem, io_error, read_metadata
 from .options import WriterOptions
 from .save import DirectoryCheckpoint
@@ -108,11 +108,14 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         self._copier = None  # made at the first GPU destination (``_device_copier``)
         self.last_load_stats = {"files": 0, "direct_files": 0, "buffered_files": 0, "direct_bytes": 0,
                                 "buffered_bytes": 0, "resident_bytes": 0, "cache_probe": None}
+        self._verifier = Verifier()  # the checksums, checked on a worker thread beside the reads (``_check``)
         with StreamReader(self.options, largest) as stream:  # one O_DIRECT arena for every file of this load
             try:
                 for relative_path, indices in per_file.items():
                     direct &= self._read_file(relative_path, [plan.items[i] for i in indices], planner, stream)
+                self._verifier.finish()  # the last items' checks: a corrupt item fails the load before it returns
             finally:
+                self._verifier.close()
                 if self._copier:
                     self._copier.close()  # unregisters the arena before the reader frees it
                 self._copier = None
@@ -203,12 +206,12 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
                     target = planner.resolve_tensor(item).detach()
                     if _fits_as_stored(item, s, target):
                         _pread_into(fd, path, target, s.offset)
-                        self._check(item, s, target, path)
+                        self._check(item, s, target, path, in_place=True)
                         planner.commit_tensor(item, target)
                         continue
                 scratch = torch.empty(s.size_bytes, dtype=torch.uint8)
                 _pread_into(fd, path, scratch, s.offset)
-                self._check(item, s, scratch, path)
+                self._check(item, s, scratch, path, in_place=False)
                 self._serve(item, s, scratch, planner)
 
         if len(streams) == 1:
@@ -218,11 +221,23 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             for future in [pool.submit(read, stream) for stream in streams]:
                 future.result()
 
-    def _check(self, item, stored: StoredItem, data: torch.Tensor, path: Path) -> None:
-        """Raise CheckpointError naming the item and the file when ``data`` (the bytes that landed) does not
-        have the stored checksum; nothing when the options say ``checksums=False`` or none was stored."""
+    def _check(self, item, stored: StoredItem, data: torch.Tensor, path: Path, in_place: bool) -> None:
+        """Queue the check of ``data`` (the bytes that landed: the destination's memory, which nothing writes
+        again during the load, or a scratch tensor, kept alive until checked) on the load's ``Verifier``;
+        it raises CheckpointError (``_verify``) at a later ``_check`` or before ``read_data`` returns.
+        A pickled item's bytes are checked at once, before anything unpickles them.
+        Nothing when the options say ``checksums=False`` or no checksum was stored."""
         if stored.checksum is None or not self.options.checksums or not stored.size_bytes:
             return
+        if item.type == LoadItemType.BYTE_IO:  # a pickle: checked before it is unpickled, here (it is small)
+            self._verify(item, stored, data, path)
+            return
+        self._verifier.submit(lambda: self._verify(item, stored, data, path), 0 if in_place else stored.size_bytes)
+
+    @staticmethod
+    def _verify(item, stored: StoredItem, data: torch.Tensor, path: Path) -> None:
+        """Raise CheckpointError naming the item, the file and the byte range when ``data`` does not have
+        the stored checksum."""
         found = checksum(data, stored.checksum_kind)
         if found is not None and found != stored.checksum:
             name = item.storage_index.fqn if hasattr(item, "storage_index") else "an item"
@@ -250,7 +265,7 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         def done(i: int) -> None:
             memory, target, in_place = destinations.pop(i)
             if memory.device.type == "cpu":  # a GPU destination's bytes are checked nowhere on the host
-                self._check(items[i], stored[i], memory, path)
+                self._check(items[i], stored[i], memory, path, in_place)
             if in_place:
                 planner.commit_tensor(items[i], target)
             else:

@@ -48,7 +48,8 @@ class WriterOptions:
       warm 770 MiB load). True by default; the reader's ``last_load_stats`` says which way each file went.
     - ``checksums``: the writer stores each item's checksum (CRC32C, ``checksum.py``) in the metadata and
       the reader checks every item it loads, and that each data file has exactly its recorded size
-      (True, the default); False: neither (a reader with False loads without checking).
+      (True, the default); False: neither (a reader with False loads without checking). Both sides
+      compute them on a helper thread beside the I/O; what they cost is measured in ``checksum.py``.
 
     Raises CheckpointError from ``validate()`` for values out of range.
     """

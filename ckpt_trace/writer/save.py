@@ -222,18 +222,18 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
             raise io_error("creating", path, err) from None
         with lock:
             written.append(staged)
-        results = []
+        staged_items = []
         try:
             for placement in layout.placements:
                 item = plan.items[placement.key]
                 data = self._item_bytes(item, planner, pickled.get(placement.key))
                 crc = staged.put(placement.offset, data, checksum=self.options.checksums)  # while in cache
-                results.append(self._result(item, name, placement.offset, placement.size_bytes, layout.size_bytes,
-                                            crc))
-            staged.close()
+                staged_items.append((item, placement, crc))
+            staged.close()  # every write and checksum done
         except OSError as err:
             raise io_error("writing", path, err) from None
-        return results
+        return [self._result(item, name, placement.offset, placement.size_bytes, layout.size_bytes,
+                             crc.result() if crc is not None else None) for item, placement, crc in staged_items]
 
     @staticmethod
     def _item_bytes(item: WriteItem, planner: SavePlanner, pickled: bytes | None) -> torch.Tensor:

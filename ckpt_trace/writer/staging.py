@@ -12,7 +12,10 @@ the earlier ones (as DCP's ``per_thread_copy_ahead`` and DataStates-LLM's
 lazy copies do). Where registering fails, copies stay synchronous.
 Call order: ``put(offset, src)`` for each item in offset order, then
 ``close()`` (last buffer zero-padded, every write reaped, fsync); ``abort()``
-on failure removes the file.
+on failure removes the file. With checksums, each piece's CRC is computed
+on the file's own checksum thread right after the piece is staged (in
+cache; the package releases the GIL), beside the next copies and the
+writes; a buffer is refilled only once the checksums reading it are done.
 
 ``StreamReader`` (one reader thread, one data file): reads a file's wanted
 byte ranges as one stream of aligned O_DIRECT reads (``layout.plan_stream``)
@@ -40,6 +43,7 @@ import errno
 import os
 import threading
 from collections.abc import Callable, Hashable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -51,6 +55,27 @@ from ckpt_trace.iolayer.ring import Ring
 from .checksum import update as update_checksum
 from .layout import FileLayout, align_up, plan_stream
 from .options import WriterOptions
+
+_INLINE_CHECKSUM_BYTES = 64 << 10  # an item this small is checksummed at once: a worker's hand-off costs more
+
+
+class ItemChecksum:
+    """The running ``checksum.KIND`` value of one item's staged pieces, extended in order on the file's
+    checksum thread (one thread: its queue keeps the order). ``result()`` (after ``StagedFile.close``) is
+    the value, or None where a piece was copied asynchronously from a GPU (not seen by the CPU)."""
+
+    def __init__(self) -> None:
+        self.value: int | None = 0
+
+    def extend(self, piece: torch.Tensor) -> None:
+        if self.value is not None:
+            self.value = update_checksum(self.value, piece)
+
+    def drop(self) -> None:
+        self.value = None
+
+    def result(self) -> int | None:
+        return self.value
 
 
 class StagedFile:
@@ -71,6 +96,8 @@ class StagedFile:
         self.pinned: set[int] = set()  # staging buffers page-locked for the GPU (from PINNED_POOL)
         self.copying: dict[int, tuple] = {}  # buffer -> (CUDA event after its copies, the sources kept alive)
         self.copy_stream = None  # this file's own CUDA stream for device-to-host copies
+        self.checksum_thread: ThreadPoolExecutor | None = None  # computes the pieces' checksums (``put``)
+        self.checksumming: dict[int, list[Future]] = {}  # buffer -> checksums still reading it
         opened = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, direct=options.direct_io)
         self.fd, self.direct = opened.fd, opened.direct
         try:
@@ -101,7 +128,23 @@ class StagedFile:
             return len(self.buffers) - 1
         while not self.free:
             self.free.append(self.ring.wait().tag)
-        return self.free.pop()
+        index = self.free.pop()
+        self._wait_checksums(index)  # its pieces' checksums may still be reading it
+        return index
+
+    def _wait_checksums(self, index: int) -> None:
+        for future in self.checksumming.pop(index, ()):
+            future.result()
+
+    def _checksum(self, crc: ItemChecksum, piece: torch.Tensor, whole_item: bool) -> None:
+        """Extend ``crc`` by ``piece`` (just staged in buffer ``current``): at once for a small whole item,
+        else on the checksum thread, which reads the buffer beside its write."""
+        if whole_item and piece.numel() <= _INLINE_CHECKSUM_BYTES:
+            crc.extend(piece)
+            return
+        if self.checksum_thread is None:
+            self.checksum_thread = ThreadPoolExecutor(1, thread_name_prefix="ckpt-trace-crc")
+        self.checksumming.setdefault(self.current, []).append(self.checksum_thread.submit(crc.extend, piece))
 
     def _pin(self, index: int) -> bool:
         """Make staging buffer ``index`` page-locked for asynchronous device-to-host copies: swapped for a
@@ -112,6 +155,7 @@ class StagedFile:
         pinned = PINNED_POOL.take(self.options.buffer_bytes)
         if pinned is None:
             return False
+        self._wait_checksums(index)  # the buffer about to be swapped and freed
         view = torch.frombuffer(pinned.mmap, dtype=torch.uint8)
         if index == self.current and self.fill:
             view[:self.fill].copy_(self.views[index][:self.fill])  # what this buffer staged so far
@@ -144,13 +188,14 @@ class StagedFile:
         self.file_offset += self.options.buffer_bytes
         self.current, self.fill = None, 0
 
-    def put(self, offset: int, src: torch.Tensor, checksum: bool = False) -> int | None:
+    def put(self, offset: int, src: torch.Tensor, checksum: bool = False) -> ItemChecksum | None:
         """Stage ``src`` (1-D uint8, any device) at file ``offset`` (>= the previous item's end). With
-        ``checksum``, return its ``checksum.KIND`` value, computed over each piece right after it is copied
-        into a staging buffer (in cache); None without, or when a piece was copied asynchronously (GPU)."""
+        ``checksum``, return its ``ItemChecksum``, extended by each piece right after the piece is copied
+        into a staging buffer (in cache), on the checksum thread; its ``result()`` is known after ``close()``
+        (None when a piece was copied asynchronously from a GPU). Without, None."""
         gap = offset - (self.file_offset + self.fill)
         position, total = 0, src.numel()
-        crc: int | None = 0 if checksum else None
+        crc = ItemChecksum() if checksum else None
         on_gpu = src.is_cuda
         stream = self._copy_stream(src.device) if on_gpu else None
         while gap > 0 or position < total:
@@ -173,11 +218,12 @@ class StagedFile:
                         event.record(stream)
                     kept = self.copying.get(self.current, (None, ()))[1]
                     self.copying[self.current] = (event, (*kept, src))  # src lives until its copy is done
-                    crc = None
+                    if crc is not None:
+                        crc.drop()
                 else:
                     view[self.fill:self.fill + step].copy_(src[position:position + step])
                     if crc is not None:
-                        crc = update_checksum(crc, view[self.fill:self.fill + step])
+                        self._checksum(crc, view[self.fill:self.fill + step], step == total)
                 position += step
             self.fill += step
             if self.fill == self.options.buffer_bytes:
@@ -188,6 +234,8 @@ class StagedFile:
         """Write the last buffer (zero-padded to the alignment), wait for every write, fsync and close."""
         if self.current is not None and self.fill:
             self._flush()
+        for index in list(self.checksumming):
+            self._wait_checksums(index)  # the last pieces' checksums, beside the last writes
         self.ring.drain()
         os.fsync(self.fd)
         self._release()
@@ -204,6 +252,10 @@ class StagedFile:
             return
         for index in list(self.copying):
             self._wait_copies(index)  # no copy may land in a buffer about to be reused or freed
+        if self.checksum_thread is not None:
+            self.checksum_thread.shutdown(wait=True, cancel_futures=True)  # none may read a buffer being freed
+            self.checksum_thread = None
+        self.checksumming.clear()
         self.ring.close()
         os.close(self.fd)
         self.fd = -1

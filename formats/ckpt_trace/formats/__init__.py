@@ -4,7 +4,7 @@ This package imports nothing else of ckpt-trace; see ``formats/README.md``.
 """
 
 from . import vocabulary
-from .arrays import distinct, int_values, is_any_of, validity
+from .arrays import dictionary_codes, distinct, int_values, is_any_of, validity
 from .errors import CkptTraceError, TraceFormatError
 from .io import (
     Trace,
@@ -48,6 +48,7 @@ __all__ = [
     "TraceFormatError",
     "TraceWriter",
     "count_rows",
+    "dictionary_codes",
     "distinct",
     "fsync_directory",
     "int_values",

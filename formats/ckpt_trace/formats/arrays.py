@@ -30,6 +30,20 @@ def validity(column: pa.Array) -> np.ndarray:
     return bits[column.offset:column.offset + len(column)].astype(bool)
 
 
+def dictionary_codes(column: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """(each row's code, the values coded) of a string or dictionary column: a dictionary column's own
+    indices and dictionary, else its dictionary encoding; a null row's code is ``len(values)`` (one past
+    the last value), so a lookup table of ``len(values) + 1`` entries maps every row, its last entry for
+    nulls. The one way every reader (summary, report, planner) turns a text column into integer codes."""
+    if not pa.types.is_dictionary(column.type):
+        column = pc.dictionary_encode(column)
+    indices, values = column.indices, column.dictionary
+    codes = int_values(indices).astype(np.intp, copy=False)
+    if indices.null_count:
+        codes = np.where(validity(indices), codes, len(values))
+    return codes, values
+
+
 def distinct(column: pa.Array | pa.ChunkedArray) -> list:
     """The distinct non-null values of a (dictionary or plain) column, decoding only the dictionary."""
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]

@@ -182,7 +182,7 @@ class AtomicFile:
         except OSError:
             pass
 
-    def __enter__(self) -> "AtomicFile":
+    def __enter__(self) -> AtomicFile:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:
@@ -212,5 +212,5 @@ def refuse_input(output: str | os.PathLike, inputs: Iterable[str | os.PathLike |
     ``--force`` says: an output never replaces what the command reads."""
     for source in inputs:
         if source is not None and same_file(output, source):
-            raise CkptTraceError(f"{output} is the input {source} (the same file); --force replaces an output, "
-                                 "never an input: choose another output")
+            raise CkptTraceError(f"{output} is the input {source} (the same file); an output is never written over "
+                                 "an input, overwriting or not: choose another output")

@@ -276,7 +276,7 @@ def write_trace(
     """
     path = Path(path)
     if path.exists() and not overwrite:
-        raise CkptTraceError(f"{path} already exists (use --force to overwrite it)")
+        raise CkptTraceError(f"{path} already exists (use {{option}} to overwrite it)", option="overwrite", switch=True)
     keys = _schema_metadata(metadata, other_keys)
     try:
         table = conform(table).combine_chunks()
@@ -640,7 +640,8 @@ class TraceWriter:
             if unknown:
                 raise TraceFormatError(f"no optional column {unknown[0]!r} in the trace schema")
         if self.path.exists() and not overwrite:
-            raise CkptTraceError(f"{self.path} already exists (use --force to overwrite it)")
+            raise CkptTraceError(f"{self.path} already exists (use {{option}} to overwrite it)", option="overwrite",
+                                 switch=True)
         self.overwrite = overwrite
         self.batch_rows = max(1, batch_rows)
         self.rows = 0

@@ -16,7 +16,15 @@
  * ckr_pio_run for the same batch through plain pread(2)/pwrite(2)/fsync(2).
  *
  * Memory ordering follows io_uring(7): the SQ tail and CQ head are published
- * with release stores, the SQ head and CQ tail read with acquire loads.
+ * with release stores, the SQ head and CQ tail read with acquire loads. The
+ * same two operations are exported for Python readers of other shared rings
+ * (ckr_load_acquire_u64, ckr_store_release_u64, ckr_fence_acquire: the BPF
+ * ring buffer reader, ckpt_trace.tracer.ringbuf), which numpy cannot order.
+ *
+ * ABI: ckr_abi_version() returns CKR_ABI_VERSION, which ring.py compares with
+ * its own ABI_VERSION before binding anything, so a library built from an older
+ * source is refused with one line instead of being called with the wrong
+ * argument types. Bump both together whenever a signature or a struct changes.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -28,6 +36,20 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+/* The version of the interface below (function signatures, ckr_req): ring.py's ABI_VERSION.
+ * Overridable with -DCKR_ABI_VERSION=N only so that the test can build a mismatched library. */
+#ifndef CKR_ABI_VERSION
+#define CKR_ABI_VERSION 3
+#endif
+
+int ckr_abi_version(void) { return CKR_ABI_VERSION; }
+
+/* Acquire load, release store and acquire fence for memory shared with another producer (a BPF
+ * ring buffer's producer_pos and consumer_pos, Documentation/bpf/ringbuf.rst), as callable functions. */
+uint64_t ckr_load_acquire_u64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+void ckr_store_release_u64(uint64_t *p, uint64_t value) { __atomic_store_n(p, value, __ATOMIC_RELEASE); }
+void ckr_fence_acquire(void) { __atomic_thread_fence(__ATOMIC_ACQUIRE); }
 
 #ifndef __NR_io_uring_setup
 #define __NR_io_uring_setup 425
@@ -274,6 +296,64 @@ int ckr_reap(ckr_ring *r, ckr_cqe *out, unsigned max, unsigned wait_nr) {
     return (int)count;
 }
 
+/* The replay's data: incompressible bytes, unique per 4 KiB block of each file, a pure function of a 64-bit
+ * file key and the file offset (so a write at any offset, aligned or not, and a check reading it back agree).
+ * Counter mode over 8-byte words: word j of block b of key k is mix(seed(k, b) + j * GOLDEN), little-endian,
+ * seed(k, b) = mix(k ^ mix(b * GOLDEN + 1)); mix is SplitMix64's finalizer (Steele, Lea, Flood, "Fast
+ * splittable pseudorandom number generators", OOPSLA 2014), a bijection of 64-bit words. Two blocks share
+ * no word unless their seeds differ by a multiple of GOLDEN under 512 (about 2^-54 for a pair of blocks).
+ * ckpt_trace.iolayer.pattern.data_bytes is the same function in numpy (the reference the tests compare). */
+#define CKR_GOLDEN 0x9E3779B97F4A7C15ULL
+
+static inline uint64_t ckr_mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+/* `count` words mix(v), mix(v + GOLDEN), ... to dst (little-endian on x86-64 and arm64). The loop vectorizes;
+ * on x86-64 a clone for AVX-512 (64-bit multiplies in vector registers) and one for AVX2 are picked at load
+ * time (GCC's target_clones): 2.5x the scalar loop's bytes per second on the development VM. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"), optimize("O3")))
+#endif
+static void fill_words(uint8_t *dst, uint64_t v, uint64_t count) {
+    uint64_t *out = (uint64_t *)(void *)dst;
+    for (uint64_t j = 0; j < count; j++)
+        out[j] = ckr_mix(v + j * CKR_GOLDEN);
+}
+
+/* Fill dst with the `len` bytes of key `key` from file offset `off`. */
+void ckr_fill(uint8_t *dst, uint64_t len, uint64_t key, uint64_t off) {
+    while (len) {
+        uint64_t in = off & 4095, take = 4096 - in < len ? 4096 - in : len;
+        uint64_t seed = ckr_mix(key ^ ckr_mix((off >> 12) * CKR_GOLDEN + 1));
+        uint64_t pos = in, end = in + take;
+        while (pos < end && (pos & 7)) { /* head: bytes of a partly written word */
+            *dst++ = (uint8_t)(ckr_mix(seed + (pos >> 3) * CKR_GOLDEN) >> (8 * (pos & 7)));
+            pos++;
+        }
+        uint64_t words = (end - pos) >> 3;
+        fill_words(dst, seed + (pos >> 3) * CKR_GOLDEN, words);
+        pos += words << 3;
+        dst += words << 3;
+        while (pos < end) { /* tail */
+            *dst++ = (uint8_t)(ckr_mix(seed + (pos >> 3) * CKR_GOLDEN) >> (8 * (pos & 7)));
+            pos++;
+        }
+        off += take;
+        len -= take;
+    }
+}
+
+/* Requests whose bytes are generated (ckr_run_gen, ckr_pio_run_gen): flags[i] != 0 marks request i. */
+typedef struct {
+    const uint8_t *flags;
+    uint8_t *slots;      /* nslots buffers of slot_bytes each, page-aligned when slot_bytes is whole pages */
+    uint64_t slot_bytes;
+    uint32_t nslots;
+} ckr_gen;
+
 static int is_write(uint8_t opcode) {
     return opcode == IORING_OP_WRITE || opcode == IORING_OP_WRITE_FIXED || opcode == IORING_OP_WRITEV;
 }
@@ -284,21 +364,64 @@ static int is_write(uint8_t opcode) {
  * index. With `stop_on_error`, the first failed request or short write stops further submission;
  * what is in flight is still reaped. Returns how many requests completed, or -errno when the ring
  * itself failed (requests then in flight are lost to the caller: close the ring). */
-long ckr_run(ckr_ring *r, const ckr_req *reqs, size_t n, unsigned depth, int32_t *res, int64_t *lat_ns,
+static long run_impl(ckr_ring *r, const ckr_req *reqs, size_t n, unsigned depth, int64_t *res, int64_t *lat_ns,
+                     int stop_on_error, const ckr_gen *gen);
+
+long ckr_run(ckr_ring *r, const ckr_req *reqs, size_t n, unsigned depth, int64_t *res, int64_t *lat_ns,
              int stop_on_error) {
+    return run_impl(r, reqs, n, depth, res, lat_ns, stop_on_error, NULL);
+}
+
+/* ckr_run, where the requests flagged in gen->flags are writes whose bytes are generated (ckr_fill) just before
+ * each is queued: such a request's `addr` is its content offset and `user_data` its content key, and it is
+ * written from one of gen->nslots slots of gen->slot_bytes (>= its len) at gen->slots, taken while it is in
+ * flight (so at most nslots of them are). Returns as ckr_run; -EINVAL when a flagged request exceeds a slot. */
+long ckr_run_gen(ckr_ring *r, const ckr_req *reqs, size_t n, unsigned depth, int64_t *res, int64_t *lat_ns,
+                 int stop_on_error, const ckr_gen *gen) {
+    return run_impl(r, reqs, n, depth, res, lat_ns, stop_on_error, gen);
+}
+
+#define SLOT_SHIFT 48 /* an SQE's user_data: request index | (slot + 1) << SLOT_SHIFT */
+
+static long run_impl(ckr_ring *r, const ckr_req *reqs, size_t n, unsigned depth, int64_t *res, int64_t *lat_ns,
+                     int stop_on_error, const ckr_gen *gen) {
     size_t next = 0, done = 0;
     unsigned in_flight = 0;
     int failed = 0;
     ckr_cqe batch[64];
+    unsigned *free_slots = NULL, n_free = 0;
     if (depth == 0)
         depth = 1;
     if (depth > r->sq_entries)
         depth = r->sq_entries;
+    if (gen) {
+        if (gen->nslots == 0 || gen->nslots >= 0xFFFF)
+            return -EINVAL;
+        for (size_t i = 0; i < n; i++)
+            if (gen->flags[i] && reqs[i].len > gen->slot_bytes)
+                return -EINVAL;
+        free_slots = malloc(gen->nslots * sizeof(unsigned));
+        if (!free_slots)
+            return -ENOMEM;
+        for (unsigned s = gen->nslots; s > 0; s--)
+            free_slots[n_free++] = s - 1;
+    }
     while (done < next || (next < n && !failed)) {
         unsigned tail = *r->sq_tail, queued = 0;
         size_t first = next;
         while (next < n && !failed && in_flight + queued < depth) {
-            prep(r, &reqs[next], (uint64_t)next, &tail);
+            if (gen && gen->flags[next]) {
+                if (n_free == 0)
+                    break;
+                unsigned slot = free_slots[--n_free];
+                ckr_req q = reqs[next];
+                uint8_t *buf = gen->slots + (uint64_t)slot * gen->slot_bytes;
+                ckr_fill(buf, q.len, q.user_data, q.addr);
+                q.addr = (uint64_t)(uintptr_t)buf;
+                prep(r, &q, (uint64_t)next | ((uint64_t)(slot + 1) << SLOT_SHIFT), &tail);
+            } else {
+                prep(r, &reqs[next], (uint64_t)next, &tail);
+            }
             next++;
             queued++;
         }
@@ -310,18 +433,27 @@ long ckr_run(ckr_ring *r, const ckr_req *reqs, size_t n, unsigned depth, int32_t
         }
         in_flight += queued;
         unsigned full = in_flight >= depth || next >= n || failed;
+        if (gen && next < n && !failed && gen->flags[next] && n_free == 0)
+            full = 1; /* every slot is in flight: wait for one */
         int ret = enter(r, sq_pending(r), full && in_flight ? 1 : 0);
-        if (ret < 0)
+        if (ret < 0) {
+            free(free_slots);
             return ret;
+        }
         for (;;) {
             int got = ckr_reap(r, batch, 64, 0);
-            if (got < 0)
+            if (got < 0) {
+                free(free_slots);
                 return got;
+            }
             if (got == 0)
                 break;
             int64_t t = now_ns();
             for (int k = 0; k < got; k++) {
-                size_t i = (size_t)batch[k].user_data;
+                size_t i = (size_t)(batch[k].user_data & ((1ULL << SLOT_SHIFT) - 1));
+                unsigned slot = (unsigned)(batch[k].user_data >> SLOT_SHIFT);
+                if (slot)
+                    free_slots[n_free++] = slot - 1;
                 res[i] = batch[k].res;
                 lat_ns[i] = t - lat_ns[i];
                 in_flight--;
@@ -332,18 +464,43 @@ long ckr_run(ckr_ring *r, const ckr_req *reqs, size_t n, unsigned depth, int32_t
             }
         }
     }
+    free(free_slots);
     return (long)done;
 }
 
 /* The same batch through synchronous syscalls, one at a time (the POSIX engine): READ and WRITE
  * loop until `len` bytes moved (a read stops early at end of file), off == -1 uses read(2)/write(2)
  * at the file position; FSYNC is fsync(2), or fdatasync(2) with IORING_FSYNC_DATASYNC. Returns how
- * many requests ran; res[i] is the bytes moved or -errno, lat_ns[i] the call's duration. */
-long ckr_pio_run(const ckr_req *reqs, size_t n, int32_t *res, int64_t *lat_ns, int stop_on_error) {
+ * many requests ran; res[i] is the bytes moved or -errno, lat_ns[i] the call's duration. res is 64-bit:
+ * one request of up to 4 GiB - 1 moves more than INT32_MAX bytes over several calls (Linux moves at
+ * most MAX_RW_COUNT, 2 GiB - 4 KiB, per read(2)/write(2)). */
+long ckr_pio_run_gen(const ckr_req *reqs, size_t n, int64_t *res, int64_t *lat_ns, int stop_on_error,
+                     const ckr_gen *gen);
+
+long ckr_pio_run(const ckr_req *reqs, size_t n, int64_t *res, int64_t *lat_ns, int stop_on_error) {
+    return ckr_pio_run_gen(reqs, n, res, lat_ns, stop_on_error, NULL);
+}
+
+/* ckr_pio_run, where the requests flagged in gen->flags are writes of generated bytes, as in ckr_run_gen:
+ * each is filled into the first slot just before its call (outside lat_ns). -EINVAL for one larger than a slot. */
+long ckr_pio_run_gen(const ckr_req *reqs, size_t n, int64_t *res, int64_t *lat_ns, int stop_on_error,
+                     const ckr_gen *gen) {
+    if (gen)
+        for (size_t i = 0; i < n; i++)
+            if (gen->flags[i] && (reqs[i].len > gen->slot_bytes || gen->nslots == 0))
+                return -EINVAL;
     for (size_t i = 0; i < n; i++) {
         const ckr_req *q = &reqs[i];
+        ckr_req filled;
+        if (gen && gen->flags[i]) {
+            filled = *q;
+            ckr_fill(gen->slots, q->len, q->user_data, q->addr);
+            filled.addr = (uint64_t)(uintptr_t)gen->slots;
+            q = &filled;
+        }
         int64_t t0 = now_ns();
-        long moved = 0, ret = 0;
+        int64_t moved = 0;
+        ssize_t ret = 0;
         switch (q->opcode) {
         case IORING_OP_WRITE:
         case IORING_OP_WRITE_FIXED:
@@ -351,7 +508,7 @@ long ckr_pio_run(const ckr_req *reqs, size_t n, int32_t *res, int64_t *lat_ns, i
         case IORING_OP_READ_FIXED: {
             int writing = q->opcode == IORING_OP_WRITE || q->opcode == IORING_OP_WRITE_FIXED;
             char *buf = (char *)(uintptr_t)q->addr;
-            while (moved < (long)q->len) {
+            while (moved < (int64_t)q->len) {
                 size_t want = q->len - moved;
                 if (q->off == (uint64_t)-1)
                     ret = writing ? write(q->fd, buf + moved, want) : read(q->fd, buf + moved, want);
@@ -366,7 +523,7 @@ long ckr_pio_run(const ckr_req *reqs, size_t n, int32_t *res, int64_t *lat_ns, i
             }
             if (ret < 0 && moved == 0)
                 moved = -errno;
-            else if (ret == 0 && writing && moved < (long)q->len)
+            else if (ret == 0 && writing && moved < (int64_t)q->len)
                 moved = moved ? moved : -ENOSPC;
             break;
         }
@@ -379,10 +536,10 @@ long ckr_pio_run(const ckr_req *reqs, size_t n, int32_t *res, int64_t *lat_ns, i
         default:
             moved = -EINVAL;
         }
-        res[i] = (int32_t)moved;
+        res[i] = moved;
         lat_ns[i] = now_ns() - t0;
         if (stop_on_error && (moved < 0 || ((q->opcode == IORING_OP_WRITE || q->opcode == IORING_OP_WRITE_FIXED) &&
-                                            moved < (long)q->len)))
+                                            moved < (int64_t)q->len)))
             return (long)(i + 1);
     }
     return (long)n;

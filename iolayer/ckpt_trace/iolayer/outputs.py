@@ -1,4 +1,4 @@
-"""Outputs are checked before the work starts: exists? a directory? writable? (DEVELOPERS.md, "Nothing is ever lost").
+"""Outputs are checked before the work starts: exists? a directory? writable? (docs/ARCHITECTURE.md, "Nothing is ever lost").
 
 Every command that writes a file or a directory calls one of these before it
 runs anything, so a read-only directory or an existing file is one line and
@@ -40,7 +40,7 @@ def check_output_file(path: str | os.PathLike, force: bool, inputs: Iterable[str
     if path.is_dir():
         raise CkptTraceError(f"{path} is a directory; name a file")
     if path.exists() and not force:
-        raise CkptTraceError(f"{path} already exists (use --force to overwrite it)")
+        raise CkptTraceError(f"{path} already exists (use {{option}} to overwrite it)", option="force", switch=True)
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise CkptTraceError(f"directory {parent} does not exist")
@@ -56,7 +56,8 @@ def check_output_dir(path: str | os.PathLike, force: bool, *, create: bool = Tru
     if path.exists() and not path.is_dir():
         raise CkptTraceError(f"{path} exists and is not a directory")
     if path.is_dir() and not force and any(path.iterdir()):
-        raise CkptTraceError(f"{path} is not empty (use --force to write into it; nothing in it is removed)")
+        raise CkptTraceError(f"{path} is not empty (use {{option}} to write into it; nothing in it is removed)",
+                             option="force", switch=True)
     if not path.exists():
         if not create:
             raise CkptTraceError(f"directory {path} does not exist")

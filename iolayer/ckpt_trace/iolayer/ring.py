@@ -30,6 +30,7 @@ io_uring_register(2); include/uapi/linux/io_uring.h for the opcodes.
 
 from __future__ import annotations
 
+import _ctypes
 import ctypes
 import errno
 import os
@@ -42,6 +43,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+
+from . import ring_build
 
 # include/uapi/linux/io_uring.h, enum io_uring_op (stable ABI).
 OP_NOP, OP_READV, OP_WRITEV, OP_FSYNC, OP_READ_FIXED, OP_WRITE_FIXED = 0, 1, 2, 3, 4, 5
@@ -62,35 +65,114 @@ _SQE = struct.Struct("<BBHiQIIQQ")  # REQUEST_DTYPE, packed one by one on the re
 assert _SQE.size == REQUEST_DTYPE.itemsize
 _KINDS = {"read": OP_READ, "write": OP_WRITE, "fsync": OP_FSYNC, "fdatasync": OP_FSYNC}
 
-_LIBRARY = Path(__file__).with_name("libckpt_ring.so.1")  # built from _ring.c by scripts/build_ring.py
+_LIBRARY = Path(__file__).with_name(ring_build.LIBRARY_NAME)  # built from _ring.c by ring_build
+#: The interface version this module binds: ``CKR_ABI_VERSION`` of ``_ring.c``; bumped with it whenever a
+#: signature or ``ckr_req`` changes. A library reporting another version (or none: built before the
+#: check existed) is rebuilt from the source beside it, or refused (``library``).
+ABI_VERSION = 3
+_REBUILD = "rebuild it: 'python scripts/build_ring.py' or reinstall ckpt-trace; it needs cc and linux-libc-dev"
 _lib: ctypes.CDLL | None = None
 
 
 class RingUnavailable(OSError):
-    """The ring cannot be used here: the library is not built, or the kernel refuses io_uring."""
+    """The ring cannot be used here: the library is not built or is stale, or the kernel refuses io_uring."""
 
 
 def library() -> ctypes.CDLL:
-    """The compiled ``_ring.c`` (``libckpt_ring.so.1``). Raises RingUnavailable when it was not built (``pip install -e .`` builds it)."""
+    """The compiled ``_ring.c`` (``libckpt_ring.so.1``), bound once per process.
+
+    A library that is missing, or was built from another version of
+    ``_ring.c`` than this module's ``ABI_VERSION`` (stale: calling it could
+    corrupt memory), is rebuilt from the ``_ring.c`` beside it
+    (``ring_build``). Raises RingUnavailable (one line) when that cannot be
+    done: no source, no compiler, a read-only install.
+    """
     global _lib
     if _lib is None:
-        if not _LIBRARY.exists():
-            raise RingUnavailable(errno.ENOENT, f"{_LIBRARY.name} is not built (reinstall ckpt-trace: "
-                                                f"'pip install -e .' compiles it; it needs cc and linux-libc-dev)")
-        lib = ctypes.CDLL(str(_LIBRARY), use_errno=True)
-        vp, u, i, sz, p = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p
-        lib.ckr_setup.argtypes, lib.ckr_setup.restype = [u, u, ctypes.POINTER(vp)], i
-        lib.ckr_exit.argtypes, lib.ckr_exit.restype = [vp], None
-        for name in ("ckr_sq_entries", "ckr_cq_entries", "ckr_features", "ckr_setup_flags"):
-            getattr(lib, name).argtypes, getattr(lib, name).restype = [vp], u
-        lib.ckr_fd.argtypes, lib.ckr_fd.restype = [vp], i
-        lib.ckr_register.argtypes, lib.ckr_register.restype = [vp, u, p, u], i
-        lib.ckr_submit.argtypes, lib.ckr_submit.restype = [vp, p, u, u], i
-        lib.ckr_reap.argtypes, lib.ckr_reap.restype = [vp, p, u, u], i
-        lib.ckr_run.argtypes, lib.ckr_run.restype = [vp, p, sz, u, p, p, i], ctypes.c_long
-        lib.ckr_pio_run.argtypes, lib.ckr_pio_run.restype = [p, sz, p, p, i], ctypes.c_long
-        _lib = lib
+        try:
+            _lib = load_library(_LIBRARY)
+        except RingUnavailable as err:
+            source = _LIBRARY.with_name(ring_build.SOURCE_NAME)
+            if not source.exists():
+                raise
+            try:
+                ring_build.compile_library(source, _LIBRARY)
+            except (ring_build.BuildFailed, OSError) as build:
+                raise RingUnavailable(err.errno, f"{err.strerror}; rebuilding it failed: {build}") from None
+            _lib = load_library(_LIBRARY)
     return _lib
+
+
+def load_library(path: Path) -> ctypes.CDLL:
+    """Load and bind the ring library at ``path`` after checking its ABI version. Raises RingUnavailable
+    when the file is missing or reports another ABI version than ``ABI_VERSION`` (it is unloaded again)."""
+    if not path.exists():
+        raise RingUnavailable(errno.ENOENT, f"{path.name} is not built ({_REBUILD})")
+    lib = ctypes.CDLL(str(path), use_errno=True)
+    try:
+        version_of = lib.ckr_abi_version
+    except AttributeError:
+        version = None
+    else:
+        version_of.argtypes, version_of.restype = [], ctypes.c_int
+        version = version_of()
+    if version != ABI_VERSION:
+        _ctypes.dlclose(lib._handle)  # so that a rebuilt library of the same name loads afresh
+        raise RingUnavailable(errno.ELIBBAD, f"{path} is stale: built for ring ABI version "
+                                             f"{'1 or older' if version is None else version}, this ckpt-trace "
+                                             f"needs version {ABI_VERSION} ({_REBUILD})")
+    vp, u, i, sz, p = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p
+    lib.ckr_setup.argtypes, lib.ckr_setup.restype = [u, u, ctypes.POINTER(vp)], i
+    lib.ckr_exit.argtypes, lib.ckr_exit.restype = [vp], None
+    for name in ("ckr_sq_entries", "ckr_cq_entries", "ckr_features", "ckr_setup_flags"):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = [vp], u
+    lib.ckr_fd.argtypes, lib.ckr_fd.restype = [vp], i
+    lib.ckr_register.argtypes, lib.ckr_register.restype = [vp, u, p, u], i
+    lib.ckr_submit.argtypes, lib.ckr_submit.restype = [vp, p, u, u], i
+    lib.ckr_reap.argtypes, lib.ckr_reap.restype = [vp, p, u, u], i
+    lib.ckr_run.argtypes, lib.ckr_run.restype = [vp, p, sz, u, p, p, i], ctypes.c_long
+    lib.ckr_pio_run.argtypes, lib.ckr_pio_run.restype = [p, sz, p, p, i], ctypes.c_long
+    lib.ckr_run_gen.argtypes, lib.ckr_run_gen.restype = [vp, p, sz, u, p, p, i, p], ctypes.c_long
+    lib.ckr_pio_run_gen.argtypes, lib.ckr_pio_run_gen.restype = [p, sz, p, p, i, p], ctypes.c_long
+    u64 = ctypes.c_uint64
+    lib.ckr_fill.argtypes, lib.ckr_fill.restype = [p, u64, u64, u64], None
+    lib.ckr_load_acquire_u64.argtypes, lib.ckr_load_acquire_u64.restype = [p], ctypes.c_uint64
+    lib.ckr_store_release_u64.argtypes, lib.ckr_store_release_u64.restype = [p, ctypes.c_uint64], None
+    lib.ckr_fence_acquire.argtypes, lib.ckr_fence_acquire.restype = [], None
+    return lib
+
+
+class _Gen(ctypes.Structure):
+    """``ckr_gen`` of _ring.c."""
+    _fields_ = [("flags", ctypes.c_void_p), ("slots", ctypes.c_void_p), ("slot_bytes", ctypes.c_uint64),
+                ("nslots", ctypes.c_uint32)]
+
+
+class Slots:
+    """Buffers that generated writes are filled into just before they are issued (``run``/``pio_run`` with
+    ``generate``): ``count`` page-aligned buffers of ``slot_bytes`` each (rounded up to whole pages), every page
+    touched at creation with ``prefault`` (else at its first use). A write occupies a slot while it is in
+    flight, so at most ``count`` generated writes are; a freed slot is the next one taken (last in, first
+    out: the few slots a shallow queue uses stay in the CPU's cache). ``close`` when no run uses them."""
+
+    def __init__(self, slot_bytes: int, count: int, *, prefault: bool = True) -> None:
+        from .buffers import PAGE_BYTES, AlignedBuffer
+        if not 1 <= count < 0xFFFF:
+            raise ValueError(f"slot count {count} outside 1-65534")
+        self.slot_bytes = max(PAGE_BYTES, -(-slot_bytes // PAGE_BYTES) * PAGE_BYTES)
+        self.count = count
+        self.buffer = AlignedBuffer(self.slot_bytes * count)
+        if prefault:
+            self.buffer.prefault()
+
+    def spec(self, generate: np.ndarray) -> tuple[_Gen, np.ndarray]:
+        """The C description of these slots for requests flagged in ``generate`` (keep the returned flag
+        array alive while the call runs)."""
+        flags = np.ascontiguousarray(generate, dtype=np.uint8)
+        return _Gen(flags.ctypes.data, self.buffer.ptr, self.slot_bytes, self.count), flags
+
+    def close(self) -> None:
+        self.buffer.close()
 
 
 def _check(ret: int, what: str) -> int:
@@ -253,11 +335,17 @@ class Ring:
             raise first
 
     # -- a whole batch -------------------------------------------------------
-    def run(self, requests: np.ndarray, *, stop_on_error: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, requests: np.ndarray, *, stop_on_error: bool = True, generate: np.ndarray | None = None,
+            slots: Slots | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Issue ``requests`` (an array of ``REQUEST_DTYPE``, e.g. from ``batch``) with at most
         ``queue_depth`` in flight; return (result per request, latency ns per request).
 
-        Results are bytes moved or ``-errno``; with ``stop_on_error`` the first
+        ``generate`` (bool per request, with ``slots``) marks writes whose bytes are generated as they are
+        queued (``pattern.fill``): such a request's ``addr`` is its content offset, ``user_data`` its content
+        key, and it is written from a slot (no more than ``slots.count`` in flight; each ``len`` at most
+        ``slots.slot_bytes``, else OSError EINVAL).
+
+        Results (int64) are bytes moved or ``-errno``; with ``stop_on_error`` the first
         failure or short write stops submission and the requests never issued
         keep result ``NOT_ISSUED``. Nothing is raised for failed requests: see
         ``first_failure``. Raises OSError when the ring itself fails.
@@ -265,10 +353,16 @@ class Ring:
         self.drain()
         count = len(requests)
         requests = np.ascontiguousarray(requests, dtype=REQUEST_DTYPE)
-        results = np.full(count, NOT_ISSUED, dtype=np.int32)
+        results = np.full(count, NOT_ISSUED, dtype=np.int64)
         latencies = np.zeros(count, dtype=np.int64)
-        done = self._lib.ckr_run(self._ring, requests.ctypes.data, count, self.queue_depth, results.ctypes.data,
-                                 latencies.ctypes.data, int(stop_on_error))
+        if generate is None:
+            done = self._lib.ckr_run(self._ring, requests.ctypes.data, count, self.queue_depth, results.ctypes.data,
+                                     latencies.ctypes.data, int(stop_on_error))
+        else:
+            spec, flags = slots.spec(generate)
+            done = self._lib.ckr_run_gen(self._ring, requests.ctypes.data, count, self.queue_depth,
+                                         results.ctypes.data, latencies.ctypes.data, int(stop_on_error),
+                                         ctypes.byref(spec))  # flags: kept alive through the call
         _check(done, "io_uring_enter")
         if self.latency_sink is not None:
             self.latency_sink.extend(latencies[results != NOT_ISSUED].tolist())
@@ -337,15 +431,23 @@ def first_failure(requests: np.ndarray, results: np.ndarray) -> tuple[int, OSErr
                        int(results[i]))
 
 
-def pio_run(requests: np.ndarray, *, stop_on_error: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def pio_run(requests: np.ndarray, *, stop_on_error: bool = True, generate: np.ndarray | None = None,
+            slots: Slots | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Run ``requests`` one by one through pread(2)/pwrite(2)/fsync(2) in C (the POSIX engine);
-    returns (result per request, latency ns per request) as ``Ring.run`` does."""
+    returns (result per request, latency ns per request) as ``Ring.run`` does. Results are int64: one
+    request of up to 4 GiB - 1 bytes can move more than 2 GiB (over several calls). ``generate`` and
+    ``slots`` as for ``Ring.run`` (each generated write filled into the first slot just before its call)."""
     lib = library()
     count = len(requests)
     requests = np.ascontiguousarray(requests, dtype=REQUEST_DTYPE)
-    results = np.full(count, NOT_ISSUED, dtype=np.int32)
+    results = np.full(count, NOT_ISSUED, dtype=np.int64)
     latencies = np.zeros(count, dtype=np.int64)
-    lib.ckr_pio_run(requests.ctypes.data, count, results.ctypes.data, latencies.ctypes.data, int(stop_on_error))
+    if generate is None:
+        lib.ckr_pio_run(requests.ctypes.data, count, results.ctypes.data, latencies.ctypes.data, int(stop_on_error))
+    else:
+        spec, flags = slots.spec(generate)  # flags: kept alive through the call
+        _check(lib.ckr_pio_run_gen(requests.ctypes.data, count, results.ctypes.data, latencies.ctypes.data,
+                                   int(stop_on_error), ctypes.byref(spec)), "pio_run")
     return results, latencies
 
 

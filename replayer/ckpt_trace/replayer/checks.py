@@ -148,7 +148,8 @@ def refuse_skips(skipped_ops: Mapping[str, int]) -> None:
     notes = skip_notes(skipped_ops)
     if notes:
         more = f" (and {len(notes) - 1} more kind(s))" if len(notes) > 1 else ""
-        raise ReplayError(f"--strict: {notes[0]}{more}; the replay would differ from the recording")
+        raise ReplayError(f"{{option}}: {notes[0]}{more}; the replay would differ from the recording", option="strict",
+                          switch=True)
 
 
 def refuse_file_and_directory(plan) -> None:

@@ -150,7 +150,7 @@ class GdsExecutor(PosixExecutor):
     def _position(self, fd: int, op: PlanOp) -> int:
         return op.offset if op.offset is not None else os.lseek(fd, 0, os.SEEK_CUR)
 
-    def _write(self, fd: int, op: PlanOp, view: memoryview) -> int:
+    def _write(self, fd: int, op: PlanOp, view: memoryview, buf=None) -> int:
         return self._transfer(fd, op, write=True)
 
     def _read(self, fd: int, op: PlanOp, view: memoryview) -> int:

@@ -76,7 +76,7 @@ _INT_COLUMNS = {  # name: (dtype, value standing for None)
     "seq": (np.int64, None), "ts_ns": (np.int64, None), "worker": (np.int32, None),
     "handle": (np.int32, NONE), "source_handle": (np.int32, NONE), "path": (np.int32, NONE),
     "new_path": (np.int32, NONE), "offset": (np.int64, NONE), "size": (np.int64, NONE),
-    "flags": (np.int64, NO_FLAGS), "pattern_key": (np.int16, None), "pattern_offset": (np.int64, NONE),
+    "flags": (np.int64, NO_FLAGS), "pattern_key": (np.int64, None), "pattern_offset": (np.int64, NONE),
     "queue": (np.int64, NONE), "prot": (np.int32, NONE),
 }
 
@@ -102,7 +102,7 @@ class OpTable:
     size: np.ndarray  # int64 bytes
     flags: np.ndarray  # int64
     release: np.ndarray  # bool
-    pattern_key: np.ndarray  # int16
+    pattern_key: np.ndarray  # int64 (iolayer.pattern.file_key)
     pattern_offset: np.ndarray  # int64
     queue: np.ndarray  # int64
     mapped: np.ndarray  # bool

@@ -95,14 +95,14 @@ class Claim:
         a fresh directory) the directory exists."""
         if self.fresh and os.path.lexists(self.directory):
             what = "a symbolic link" if os.path.islink(self.directory) else "already there"
-            raise ReplayError(f"{self.directory} is {what}; --strategy all creates each strategy's directory "
-                              "itself and never adopts one: remove it or choose another target")
+            raise ReplayError(f"{self.directory} is {what}; {{option}} all creates each strategy's directory "
+                              "itself and never adopts one: remove it or choose another target", option="strategy")
         guarded = {os.path.realpath(p) for p in protected}
         for rel in sorted(self.files):
             full = self.directory / rel
             if os.path.realpath(full) in guarded:
                 raise ReplayError(f"the replay would write {full}, which is an input or output of this command; "
-                                  "choose another target or --strip-prefix")
+                                  "choose another target or {option}", option="strip_prefix")
             if os.path.lexists(full):
                 raise ReplayError(f"{full} already exists and the replay would overwrite it (it writes only files "
                                   "it creates); replay into an empty directory")

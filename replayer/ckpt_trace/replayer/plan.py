@@ -56,7 +56,7 @@ from ckpt_trace.formats import int_values, is_any_of, validity
 from ckpt_trace.formats import vocabulary as v
 from ckpt_trace.iolayer import gpu
 from ckpt_trace.iolayer.pattern import file_key
-from ckpt_trace.ranges import merge_grouped_ranges
+from ckpt_trace.ranges import merge_grouped_ranges, merge_ranges
 
 from .optable import KINDS, NONE, READ, WRITE, OpTable, PlanOp, interleave_columns
 from .ordering import with_cross_worker_order
@@ -1050,7 +1050,7 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
 
     # Final paths, pattern keys, sizes.
     final_path = {f: path for path, f in p.file_of_path.items()}
-    key_of = np.zeros(n_files, np.int16)
+    key_of = np.zeros(n_files, np.int64)
     for f, path in final_path.items():
         key_of[f] = file_key(path)
     parents = {a for path in p.first_touch for a in _ancestors(path)}  # a path with files under it is a directory
@@ -1222,15 +1222,3 @@ def _worker_index(row_workers: np.ndarray, walk_workers: np.ndarray, pid: np.nda
 def _clipped(ranges: list[tuple[int, int]], size: int) -> tuple[tuple[int, int], ...]:
     """``ranges`` cut at ``size`` (pages written back through a mapping may reach past the end of the file)."""
     return tuple((start, min(end, size)) for start, end in ranges if start < size)
-
-
-def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Union of half-open byte ranges [start, end), sorted; touching ranges merge."""
-    merged: list[list[int]] = []
-    for start, end in sorted(r for r in ranges if r[1] > r[0]):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(start, end) for start, end in merged]
-

@@ -1,8 +1,11 @@
 """POSIX executor: runs a ``ReplayPlan`` with plain syscalls, one thread per recorded thread.
 
-Writes carry the pattern (``iolayer.pattern``) from a page-aligned pattern
-buffer, so files opened with O_DIRECT are written as the application wrote
-them; where the target's file system refuses O_DIRECT the file is opened
+Writes carry the replay data (``iolayer.pattern.fill``: incompressible,
+unique per 4 KiB block of each file), made before the clock in page-aligned
+buffers per file (``replayer.data``) or, where memory does not allow,
+generated just before each write is issued (in the I/O layer's C loop, into
+a slot per write in flight), so files opened with O_DIRECT are written as the
+application wrote them; where the target's file system refuses O_DIRECT the file is opened
 without it and the result notes it. Writes and reads with a known offset use
 pwrite(2)/pread(2) at that offset; those whose offset the trace did not know
 use write(2)/read(2) at the current file position. A vectorised call replays
@@ -49,12 +52,13 @@ from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats import is_any_of
 from ckpt_trace.iolayer import files, gpu, pattern
 from ckpt_trace.iolayer import ring as rings
-from ckpt_trace.iolayer.buffers import PAGE_BYTES, AlignedBuffer, pattern_buffer
+from ckpt_trace.iolayer.buffers import PAGE_BYTES, AlignedBuffer
 from ckpt_trace.iolayer.mapping import MAP_SHARED, PROT_WRITE, FileMapping
-from ckpt_trace.iolayer.ring import Ring, RingUnavailable
-from ckpt_trace.stats import LatencyHistogram, percentiles_ns
+from ckpt_trace.iolayer.ring import Ring, RingUnavailable, Slots
+from ckpt_trace.stats import LatencyHistogram
 
 from . import entries
+from .data import PREGENERATED, Pregenerated
 from .optable import KIND, NO_FLAGS, NONE, READ, WRITE, OpTable, PlanOp
 from .pack import INDEX_PATH
 from .paths import TargetRoot
@@ -125,6 +129,7 @@ class PosixExecutor:
         self._copiers: dict[int, gpu.DeviceCopier] = {}
         self._copies_skipped_why: str | None = None
         self._pause = _test_pause()
+        self._data: Pregenerated | None = None  # the written bytes, made by prepare (replayer.data)
 
     # -- before the clock ----------------------------------------------
     def prepare(self, plan: ReplayPlan) -> None:
@@ -140,6 +145,7 @@ class PosixExecutor:
             raise ReplayError(f"cannot prepare the target: {err.strerror or err} ({err.filename})") from None
         self._segments = {index: self.segments(plan, worker) for index, worker in enumerate(plan.workers)}
         self._prepare_copies(plan)
+        self._data = Pregenerated(plan.ops)
 
     def _prepare_copies(self, plan: ReplayPlan) -> None:
         """Device and host buffers for the workers that replay host<->device copies, before the clock; or
@@ -164,7 +170,7 @@ class PosixExecutor:
                                       ) from None
 
     def _precreate(self, rel: str, size: int, key: int) -> None:
-        buf = pattern_buffer(min(size, self.max_io_bytes) or PAGE_BYTES)
+        buf = AlignedBuffer(min(size, self.max_io_bytes) or PAGE_BYTES)
         view = buf.view()
         try:
             fd = self.root.open(rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -175,8 +181,9 @@ class PosixExecutor:
         try:
             done = 0
             while done < size:
-                first = pattern.start(done, key)
-                done += os.write(fd, view[first:first + min(buf.size_bytes - pattern.PERIOD, size - done)])
+                n = min(buf.size_bytes, size - done)
+                pattern.fill(buf.ptr, n, key, done)
+                done += os.write(fd, view[:n])
         finally:
             os.close(fd)
             view.release()
@@ -234,6 +241,8 @@ class PosixExecutor:
         if not self._segments and plan.workers:
             self._segments = {index: self.segments(plan, worker) for index, worker in enumerate(plan.workers)}
         state = _RunState(plan, signals)
+        if self._data is not None and self._data.note:
+            state.note(self._data.note)
         threads = [threading.Thread(target=self._thread_main, args=(i, w, plan, state, timing, progress), daemon=True)
                    for i, w in enumerate(plan.workers)]
         if progress is not None:
@@ -263,6 +272,9 @@ class PosixExecutor:
         self._close_all(state)
         for copier in self._copiers.values():
             copier.close()
+        if self._data is not None:  # one run per prepare: its bytes are not needed again
+            self._data.close()
+            self._data = None
         if state.error is not None:
             raise state.error
         copies = int((plan.ops.kind == _COPY).sum())
@@ -275,14 +287,12 @@ class PosixExecutor:
             if skipped:
                 state.notes.add(f"{skipped} host<->device copy rows skipped: {self._copies_skipped_why}")
         latencies = np.concatenate(state.latencies) if state.latencies else np.zeros(0, np.int64)
-        histogram = None
-        if signals is not None:
-            histogram = LatencyHistogram()
-            histogram.add(latencies)
+        histogram = LatencyHistogram()  # the percentiles the report computes from the same durations
+        histogram.add(latencies)
         return ReplayResult(
             strategy=self.strategy, elapsed_s=elapsed_s, bytes_written=state.bytes_written,
             bytes_read=state.bytes_read, data_ops=state.data_ops, metadata_ops=state.metadata_ops,
-            latency_ns=percentiles_ns(latencies), latency_histogram=histogram,
+            latency_ns=histogram.percentiles_ns(), latency_histogram=histogram if signals is not None else None,
             cpu_user_s=usage1.ru_utime - usage0.ru_utime, cpu_sys_s=usage1.ru_stime - usage0.ru_stime,
             skipped_ops=dict(plan.skipped_ops), unaligned_ops=state.unaligned_ops,
             metadata_ops_saved=plan.metadata_ops_saved, notes=sorted(state.notes),
@@ -342,13 +352,16 @@ class PosixExecutor:
             finally:
                 os.close(fd)
 
-    def _buffer_bytes(self, plan: ReplayPlan, worker: WorkerPlan) -> int:
-        """Size of a worker's I/O buffers: its largest operation, at least a page, at most max_io_bytes."""
+    def _buffer_bytes(self, plan: ReplayPlan, worker: WorkerPlan, timing: str = "asap") -> int:
+        """Size of a worker's I/O buffers: its largest operation, at least a page, at most max_io_bytes; under
+        ``--timing original`` at most ``ORIGINAL_MAX_IO_BYTES``, so that no operation is split into pieces
+        (a 154 MB write replayed as three of 64 MiB took 2.5x its recorded time, issue 34)."""
         t = plan.ops
         rows = slice(worker.start, worker.stop)
         data = (t.kind[rows] == READ) | (t.kind[rows] == WRITE)
         largest = int(t.size[rows][data].max()) if data.any() else 0
-        return min(max(largest, PAGE_BYTES), self.max_io_bytes)
+        limit = max(self.max_io_bytes, ORIGINAL_MAX_IO_BYTES) if timing == "original" else self.max_io_bytes
+        return min(max(largest, PAGE_BYTES), limit)
 
     @staticmethod
     def _pace(ts_ns: int, state: _RunState, timing: str, ctx: _WorkerContext | None = None) -> None:
@@ -370,7 +383,7 @@ class PosixExecutor:
     def _worker(self, index: int, worker: WorkerPlan, plan: ReplayPlan, state: _RunState, timing: str,
                 progress: Progress | None) -> None:
         t = plan.ops
-        size = self._buffer_bytes(plan, worker)
+        size = self._buffer_bytes(plan, worker, timing)
         ctx = _WorkerContext(self, plan, state, size, progress)
         ctx.index = index
         ctx.pace_base_ns = state.rank_first_ts.get(worker.rank, 0) if timing == "original" else 0
@@ -454,9 +467,9 @@ class PosixExecutor:
             ring = ctx.queue_ring(queue)
             if ring is not None:
                 ctx.via_uring = True
-                return ring.run(requests)
+                return ctx.issue(requests, ring, queue)
         ctx.via_uring = False
-        return rings.pio_run(requests)
+        return ctx.issue(requests)
 
     def requests(self, ctx: _WorkerContext, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The request array of the data rows ``data`` (each cut at the buffer size), and the index into
@@ -475,9 +488,18 @@ class PosixExecutor:
         requests = rings.batch(len(r))
         requests["opcode"] = np.where(writes, rings.OP_WRITE, rings.OP_READ)
         requests["fd"] = ctx.fds_of(t.handle[r])
-        requests["addr"] = np.where(writes, ctx.write_buf.ptr + (base + pattern.PAGE * t.pattern_key[r].astype(np.int64))
-                                    % pattern.PERIOD, ctx.read_buf.ptr)
+        # A write's addr is its content offset and user_data its content key: its bytes are generated into a
+        # slot as it is issued (_WorkerContext.issue); unless they were made before the clock (replayer.data):
+        # then addr is where they are and user_data PREGENERATED.
+        requests["addr"] = np.where(writes, base, ctx.read_buf.ptr)
+        requests["user_data"] = np.where(writes, t.pattern_key[r].astype(np.int64), 0).astype(np.uint64)
         requests["len"] = np.minimum(chunk, size[owner] - done)
+        made = self._data
+        if made is not None and writes.any():
+            addresses, covered = made.addresses(t.pattern_key[r], base, requests["len"].astype(np.int64))
+            covered &= writes
+            requests["addr"][covered] = addresses[covered]
+            requests["user_data"][covered] = PREGENERATED
         requests["off"] = offset
         return requests, owner
 
@@ -519,7 +541,7 @@ class PosixExecutor:
             requests["opcode"] = rings.OP_FSYNC
             requests["op_flags"] = rings.FSYNC_DATASYNC if op.kind == "fdatasync" else 0
             requests["fd"] = ctx.state.fds[op.handle]
-        results, latencies = ring.run(requests)
+        results, latencies = ctx.issue(requests, ring, op.queue)
         failure = rings.first_failure(requests, results)
         if failure is not None:
             raise failure[1]
@@ -541,7 +563,7 @@ class PosixExecutor:
         if op.mapped and self.maps_files and op.handle in state.mappings:
             return self._mapped(op, state.mappings[op.handle], write_buf, read_buf)
         if kind == "write":
-            return self._write(state.fds[op.handle], op, write_view)
+            return self._write(state.fds[op.handle], op, write_view, write_buf)
         if kind == "read":
             return self._read(state.fds[op.handle], op, read_view)
         if kind in ("mmap", "munmap", "msync"):
@@ -582,13 +604,17 @@ class PosixExecutor:
     def _mapped(self, op: PlanOp, mapping: FileMapping, write_buf: AlignedBuffer, read_buf: AlignedBuffer) -> int:
         """Pages written (the file's pattern copied in) or read (copied out) through ``mapping``."""
         size, done = op.size or 0, 0
-        chunk_max = write_buf.size_bytes - pattern.PERIOD if op.kind == "write" else read_buf.size_bytes
+        chunk_max = write_buf.size_bytes if op.kind == "write" else read_buf.size_bytes
         while done < size:
             chunk = min(chunk_max, size - done)
             offset = op.offset + done
             if op.kind == "write":
                 base = op.pattern_offset if op.pattern_offset is not None else op.offset
-                moved = mapping.touch(offset, chunk, source=write_buf.ptr + pattern.start(base + done, op.pattern_key))
+                source = self._data.address(op.pattern_key, base + done, chunk) if self._data is not None else None
+                if source is None:
+                    pattern.fill(write_buf.ptr, chunk, op.pattern_key, base + done)
+                    source = write_buf.ptr
+                moved = mapping.touch(offset, chunk, source=source)
             else:
                 moved = mapping.touch(offset, chunk, sink=read_buf.ptr)
             if moved < chunk:
@@ -647,18 +673,29 @@ class PosixExecutor:
                 state.note("fallocate(2) refused by the target file system: files were not preallocated")
         return opened.fd
 
-    def _write(self, fd: int, op: PlanOp, view: memoryview) -> int:
-        """Write ``op.size`` bytes of the file's pattern from the periodic buffer ``view``."""
+    def _write(self, fd: int, op: PlanOp, view: memoryview, buf: AlignedBuffer | None = None) -> int:
+        """Write ``op.size`` bytes of the file's replay data: from the bytes made before the clock
+        (``replayer.data``) where they cover the write, else generated into ``buf`` (which ``view`` views)
+        piece by piece just before each call (at the file position, where the offset is unknown: the data of
+        the offset where the position is)."""
         size, done = op.size or 0, 0
-        chunk_max = len(view) - pattern.PERIOD
+        chunk_max = len(view)
         while done < size:
             base = op.pattern_offset if op.pattern_offset is not None else op.offset
-            first = pattern.start(base + done, op.pattern_key) if base is not None else 0
-            chunk = view[first:first + min(chunk_max, size - done)]
-            if op.offset is None:
-                n = os.write(fd, chunk)
-            else:
-                n = os.pwrite(fd, chunk, op.offset + done)
+            if base is None:
+                try:
+                    base = os.lseek(fd, 0, os.SEEK_CUR) - done
+                except OSError:  # not seekable: no offset to take the data of
+                    base = 0
+            n = min(chunk_max, size - done)
+            chunk = self._data.view(op.pattern_key, base + done, n) if self._data is not None else None
+            if chunk is None:
+                pattern.fill(buf.ptr, n, op.pattern_key, base + done)
+                chunk = view[:n]
+            try:
+                n = os.write(fd, chunk) if op.offset is None else os.pwrite(fd, chunk, op.offset + done)
+            finally:
+                chunk.release()
             if n <= 0:
                 break
             done += n
@@ -736,6 +773,18 @@ class _Failed(OSError):
         self.row = row
 
 
+#: ``--timing original``: the largest operation replayed as one request (one request's length is 32 bits,
+#: ``ckr_req.len``); a larger one is still cut into pieces of this size. Its buffers are set up before the
+#: paced clock starts.
+ORIGINAL_MAX_IO_BYTES = (1 << 32) - PAGE_BYTES
+
+#: Memory a worker's ring may hold for the generated writes it keeps in flight (one slot of the worker's buffer
+#: size each, at most the ring's depth): 32 writes of 1 MiB, 8 of 4 MiB. More slots measured slower, not faster:
+#: on the 2-vCPU VM a uring-buffered replay of 469 MiB took 1.2-2.7 s with 256 MiB of slots against 0.9-1.1 s
+#: with 16 MiB (filling slots that no cache holds costs memory bandwidth the page cache's copies need).
+RING_SLOT_BYTES = 32 << 20
+
+
 class _WorkerContext:
     """One worker's buffers and rings for one run of a plan."""
 
@@ -743,7 +792,9 @@ class _WorkerContext:
                  progress: Progress | None) -> None:
         self.executor, self.plan, self.state, self.progress = executor, plan, state, progress
         self.chunk = size
-        self.write_buf, self.read_buf = pattern_buffer(size), AlignedBuffer(size)
+        self.write_slots = Slots(size, 1)  # generated writes issued one at a time (and the Python paths') buffer
+        self.write_buf, self.read_buf = self.write_slots.buffer, AlignedBuffer(size)
+        self.ring_slots: dict[int, Slots] = {}  # a ring's slots, by queue: one per write it keeps in flight
         self.write_view, self.read_view = self.write_buf.view(), self.read_buf.view()
         self.rings: dict[int, Ring | None] = {}
         self.index = 0  # the worker's index in the plan
@@ -769,6 +820,22 @@ class _WorkerContext:
                 self.rings[queue] = None
         return self.rings[queue]
 
+    def issue(self, requests: np.ndarray, ring: Ring | None = None, queue: int = -1):
+        """(results, latencies) of ``requests`` through ``ring`` (else the POSIX C loop), their writes'
+        bytes generated as each is issued (``requests``: a write's addr is its content offset, user_data its
+        key) into slots: one for the C loop, for a ring one per write it keeps in flight, as deep as the ring
+        within ``RING_SLOT_BYTES`` (fewer slots: fewer generated writes in flight)."""
+        generate = (requests["opcode"] == rings.OP_WRITE) & (requests["user_data"] != PREGENERATED)
+        if not generate.any():
+            return ring.run(requests) if ring is not None else rings.pio_run(requests)
+        if ring is None:
+            return rings.pio_run(requests, generate=generate, slots=self.write_slots)
+        slots = self.ring_slots.get(queue)
+        if slots is None:
+            count = max(1, min(ring.queue_depth, RING_SLOT_BYTES // self.chunk))
+            slots = self.ring_slots[queue] = Slots(self.chunk, count, prefault=False)  # only the slots used
+        return ring.run(requests, generate=generate, slots=slots)
+
     def drain(self) -> None:
         """Wait for what is still in flight (nothing, after ``run``: hook for executors that keep requests)."""
 
@@ -793,6 +860,9 @@ class _WorkerContext:
             if ring is not None:
                 ring.close()
         self.rings.clear()
+        for slots in self.ring_slots.values():
+            slots.close()
+        self.ring_slots.clear()
         self.write_view.release()
         self.read_view.release()
         self.write_buf.close()

@@ -49,9 +49,11 @@ OPTIONAL_STRATEGIES = ("gds",)
 CHOICES = STRATEGIES + OPTIONAL_STRATEGIES + ("all",)
 TIMINGS = ("asap", "original")
 CACHE_STATES = ("recorded", "cold", "warm")
-#: Which bytes the replay writes (results' ``options["data"]``): not yet a checkpoint's incompressible, unique data.
-DATA_NOTE = ("pattern: a 1 MiB table (251 pages) shifted by whole pages per file (iolayer.pattern); storage that "
-             "deduplicates 4 KiB blocks or compresses sees few unique blocks and may report flattering throughput")
+#: Which bytes the replay writes (results' ``options["data"]``).
+DATA_NOTE = ("generated: incompressible, unique per 4 KiB block and per file (iolayer.pattern.fill, a counter-mode "
+             "generator keyed by the file's path and the offset), made before the clock where memory allows "
+             "(replayer.data), else as each write is issued; gds writes the "
+             "1 MiB table pattern from GPU memory instead")
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ def derive_plan(base: ReplayPlan, strategy: str, *, buffer_bytes: int = 4 << 20,
     try:
         plan = build_aggregated_plan(base, buffer_bytes=buffer_bytes, block_bytes=block_bytes)
     except ValueError as err:
-        raise ReplayError(f"--buffer-size: {err}") from None
+        raise ReplayError(f"{{option}}: {err}", option="buffer_bytes") from None
     return pack_plan(plan, block_bytes=block_bytes, buffer_bytes=buffer_bytes) if pack_files else plan
 
 
@@ -226,7 +228,7 @@ def prepare_target(target: Path, force: bool) -> TargetRoot:
         raise ReplayError(f"cannot create target {target}: {err.strerror}") from None
     refuse_held(target, job_id())
     if not force and any(p.name != LOCK_NAME for p in target.iterdir()):
-        raise ReplayError(f"target {target} is not empty (use --force to replay into it)")
+        raise ReplayError(f"target {target} is not empty (use {{option}} to replay into it)", option="force", switch=True)
     return TargetRoot(target)
 
 
@@ -347,7 +349,7 @@ def replay(
     """
     check_options(strategy, timing, gpu_copies, repeat, min_seconds, drop_caches)
     if cache not in CACHE_STATES:
-        raise ReplayError(f"unknown --cache {cache!r} (choose from {', '.join(CACHE_STATES)})")
+        raise ReplayError(f"unknown {{option}} {cache!r} (choose from {', '.join(CACHE_STATES)})", option="cache")
     trace = _trace_file(trace_path)
     target = Path(target)
     refuse_target_holding(target, trace.path)
@@ -393,10 +395,10 @@ def replay(
         if strict and off_path:
             _release(claims, target, made_target, lock)
             first = off_path[0]
-            raise ReplayError(f"--strict: {first.strategy}'s named path ({first.named_path}) carried "
+            raise ReplayError(f"{{option}}: {first.strategy}'s named path ({first.named_path}) carried "
                               f"{first.path_shares()['named_path_bytes_share']:.0%} of the bytes, under "
                               f"{config.REPLAY_NAMED_PATH_MIN_SHARE:.0%}; the replay's files under {target} were "
-                              "removed")
+                              "removed", option="strict", switch=True)
         options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": pack_files, "repeat": repeat,
                    "rounds": len(results[0].runs_elapsed_s), "rounds_rule": runs.describe(),
                    "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
@@ -435,15 +437,16 @@ def check_options(strategy: str, timing: str, gpu_copies: str, repeat: int | Non
     if timing not in TIMINGS:
         raise ReplayError(f"unknown timing {timing!r} (choose from {', '.join(TIMINGS)})")
     if gpu_copies not in GPU_COPY_MODES:
-        raise ReplayError(f"unknown --gpu-copies {gpu_copies!r} (choose from {', '.join(GPU_COPY_MODES)})")
+        raise ReplayError(f"unknown {{option}} {gpu_copies!r} (choose from {', '.join(GPU_COPY_MODES)})",
+                          option="gpu_copies")
     if strategy not in CHOICES:
         raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
     if repeat is not None and repeat < 1:
-        raise ReplayError("--repeat must be at least 1")
+        raise ReplayError("{option} must be at least 1", option="repeat")
     if min_seconds < 0:
-        raise ReplayError("--min-seconds cannot be negative")
+        raise ReplayError("{option} cannot be negative", option="min_seconds")
     if drop_caches and os.geteuid() != 0:
-        raise ReplayError("--drop-caches needs root (it writes /proc/sys/vm/drop_caches)")
+        raise ReplayError("{option} needs root (it writes /proc/sys/vm/drop_caches)", option="drop_caches", switch=True)
 
 
 @dataclass(frozen=True)
@@ -650,7 +653,7 @@ def _fio_limit(target: Path, plan: ReplayPlan) -> float:
     except CkptTraceError as err:
         raise ReplayError(str(err)) from None
     if limit is None:
-        raise ReplayError("--fio needs fio on PATH (Debian: apt-get install fio)")
+        raise ReplayError("{option} needs fio on PATH (Debian: apt-get install fio)", option="fio", switch=True)
     return limit
 
 
@@ -665,11 +668,11 @@ def refuse_target_holding(target: Path, trace: Path) -> None:
 def check_queue_depth(queue_depth: int, strategies: list[str]) -> None:
     """Probe a ring of ``queue_depth`` before anything runs, when a strategy uses io_uring. Raises ReplayError."""
     if queue_depth < 1:
-        raise ReplayError("--queue-depth must be at least 1")
+        raise ReplayError("{option} must be at least 1", option="queue_depth")
     if any(name != "posix" for name in strategies):
         problem = io_uring_available(queue_depth)
         if problem:
-            raise ReplayError(f"--queue-depth {queue_depth}: {problem}")
+            raise ReplayError(f"{{option}} {queue_depth}: {problem}", option="queue_depth")
 
 
 def _verify(root: TargetRoot, plan: ReplayPlan) -> int:

@@ -40,7 +40,6 @@ import threading
 import numpy as np
 
 from ckpt_trace.errors import ReplayError
-from ckpt_trace.iolayer import pattern
 from ckpt_trace.iolayer import ring as rings
 from ckpt_trace.iolayer.ring import Ring
 from ckpt_trace.iolayer.ring import probe as probe_ring
@@ -70,7 +69,7 @@ class UringExecutor(PosixExecutor):
                  strategy: str | None = None) -> None:
         super().__init__(root, max_io_bytes)
         if queue_depth < 1:
-            raise ReplayError("--queue-depth must be at least 1")
+            raise ReplayError("{option} must be at least 1", option="queue_depth")
         self.queue_depth = queue_depth
         self.direct = direct
         self.strategy = strategy or ("uring-direct" if direct else "uring-buffered")
@@ -91,6 +90,7 @@ class UringExecutor(PosixExecutor):
         if self.direct:
             block = self.block_bytes
             off = requests["off"].astype(np.int64)
+            # addr: a generated write's content offset (its slot is page-aligned), else the buffer's address
             bad = (off % block != 0) | (requests["len"] % block != 0) | (requests["addr"] % block != 0)
             if bad.any():
                 handles = ctx.plan.ops.handle[data[owner[bad]]]
@@ -137,7 +137,7 @@ class UringExecutor(PosixExecutor):
         if ring is None:
             ring = ctx.rings[-1] = Ring(self.queue_depth)
         ctx.via_uring = True
-        return ring.run(requests)
+        return ctx.issue(requests, ring, -1)
 
     def _one(self, ctx: _WorkerContext, op: PlanOp, row: int) -> None:
         if op.kind not in DATA_KINDS:
@@ -180,14 +180,14 @@ class UringExecutor(PosixExecutor):
         requests = rings.batch(pieces)
         requests["opcode"] = rings.OP_WRITE if write else rings.OP_READ
         requests["fd"] = ctx.state.fds[int(t.handle[row])]
-        requests["addr"] = (ctx.write_buf.ptr + (position + done + pattern.PAGE * int(t.pattern_key[row]))
-                            % pattern.PERIOD) if write else ctx.read_buf.ptr
+        requests["addr"] = position + done if write else ctx.read_buf.ptr  # a write's: its content offset
+        requests["user_data"] = int(t.pattern_key[row]) if write else 0
         requests["len"] = np.minimum(chunk, size - done)
         requests["off"] = position + done
         owner = np.zeros(pieces, np.int64)
         if self.direct:
             block = self.block_bytes
-            bad = ((position + done) % block != 0) | (requests["len"] % block != 0) | (requests["addr"] % block != 0)
+            bad = ((position + done) % block != 0) | (requests["len"] % block != 0)
             if bad.any():
                 requests["fd"][bad] = self._buffered_fd_of(int(t.handle[row]), ctx.state)
                 ctx.state.add_unaligned()

@@ -49,7 +49,7 @@ from ckpt_trace import config
 from ckpt_trace.errors import TracerError
 from ckpt_trace.formats import vocabulary
 
-from . import btf
+from . import btf, costs
 from .children import set_parent_death_signal
 from . import syscalls as sc
 from .ringbuf import RingReader, sample_dtype
@@ -308,13 +308,23 @@ class KernelView:
 @functools.cache
 def kernel_view() -> KernelView:
     """Offsets for the BPF program from the running kernel's BTF (``tracer.btf``), never from headers.
-    Computed once per process."""
+    Computed once per process, and kept per BTF digest under ``config.CACHE_DIR`` (``costs.cached_view``):
+    parsing the BTF in Python cost 0.5-0.7 s of every start."""
+    macros, uring, mapped = costs.cached_view(btf.VMLINUX, _kernel_macros)
+    macros = dict(macros)
+    if macros.get("__FOLIOS__") == "1":  # tracefs, not BTF: looked at every time
+        macros["__RSS__"] = str(int(all((TRACEFS / "events" / name).is_dir() for name in _RSS_EVENTS)))
+    return KernelView(macros, uring, mapped)
+
+
+def _kernel_macros() -> tuple[dict, str | None, str | None]:
+    """(macros, uring reason, mapped reason) of ``kernel_view``, from the BTF parsed now."""
     macros = {"__URING__": "0", "__MAPPED__": "0", "__FOLIOS__": "0", "__RSS__": "0",
               **dict.fromkeys(OMITTABLE.values(), "0")}
     try:
         kernel = btf.kernel()
     except btf.BtfMissing as err:
-        return KernelView(macros, str(err), str(err))
+        return macros, str(err), str(err)
     uring = mapped = None
     try:
         for macro, *where in _URING_OFFSETS:
@@ -352,7 +362,7 @@ def kernel_view() -> KernelView:
             macros["__RSS__"] = str(int(all((TRACEFS / "events" / name).is_dir() for name in _RSS_EVENTS)))
         except btf.BtfMissing:
             pass
-    return KernelView(macros, uring, mapped)
+    return macros, uring, mapped
 
 
 #: The calls whose records carry strings (the ``events`` ring, full records); every other call's record is
@@ -572,6 +582,8 @@ class BccRecording:
     recorder_cpu_ns: int = 0
     bpf_run_ns: int | None = None
     spilled_raw_bytes: int = 0
+    released_s: float | None = None  # time.monotonic() when the probes were live and the command released
+    exited_s: float | None = None  # time.monotonic() when the command's exit was seen
 
 
 def _cpu_ns() -> int:
@@ -633,6 +645,18 @@ class _RawSpill:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _exit_wakeup(wakeups: select.epoll, pid: int) -> int | None:
+    """A pidfd of ``pid`` (pidfd_open(2), Linux >= 5.3) registered in ``wakeups``: it becomes readable when
+    the process exits, so the end is seen at once rather than at the next ``config.BPF_POLL_MS`` poll
+    (up to 50 ms of every recording's finish). None where pidfds are not available."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+    wakeups.register(fd, select.EPOLLIN)
+    return fd
 
 
 class BccTracer:
@@ -707,6 +731,66 @@ class BccTracer:
         behind, even after SIGKILL). Once the command has exited, everything is decoded
         ``config.RECORD_DECODE_EVENTS`` records at a time and fed: memory stays bounded however long the
         command runs, and no event is lost to a slow consumer."""
+        started: dict = {}
+
+        def begin(rec: BccRecording, wakeups: select.epoll) -> None:
+            pid, started["gate"] = self._spawn(cmd, env)
+            rec.root_pid = pid
+            started["exited"] = _exit_wakeup(wakeups, pid)
+            self._bpf["traced"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+
+        def release() -> None:
+            os.write(started["gate"], b"x")
+            os.close(started["gate"])
+
+        def finished(rec: BccRecording) -> int | None:
+            done, raw = os.waitpid(rec.root_pid, os.WNOHANG)
+            return raw if done else None
+
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            rec, status = self._collect(make_feeder, scratch_dir, begin, release, finished)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            if started.get("exited") is not None:
+                os.close(started["exited"])
+        rec.exit_code = os.waitstatus_to_exitcode(status)
+        if rec.exit_code < 0:
+            rec.exit_signal = -rec.exit_code
+            rec.exit_code = 128 + rec.exit_signal
+        return rec
+
+    def attach(self, pids: Callable[[], list[int]], make_feeder: Callable[[int, int], EffectOrderFeeder],
+               scratch_dir: str | os.PathLike, finished: Callable[[BccRecording], bool],
+               on_records: Callable[[str, np.ndarray], None] | None = None,
+               keep: Callable[[np.ndarray], np.ndarray] | None = None) -> BccRecording:
+        """Trace processes already running, with their descendants, until ``finished(rec)`` is true (called
+        after every poll); ``pids()`` lists them (called until it names no new one, the later ones added
+        while the first are traced: a fork in between is caught by the fork tracepoint or the next call).
+        ``on_records(ring name, records)`` sees each chunk as it is copied (``tracer.attach`` counts
+        checkpoint files there); ``keep(records)`` is the mask of the records to decode (the window's end).
+        The processes are never signalled, stopped or waited for: detaching is closing the BPF program."""
+        def begin(rec: BccRecording, wakeups: select.epoll) -> None:
+            seen: set[int] = set()
+            while True:
+                new = [pid for pid in pids() if pid not in seen]
+                if not new:
+                    break
+                for pid in new:
+                    self._bpf["traced"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+                seen.update(new)
+                if rec.root_pid < 0:
+                    rec.root_pid = new[0]
+
+        rec, _ = self._collect(make_feeder, scratch_dir, begin, lambda: None,
+                               lambda rec: True if finished(rec) else None, on_records, keep)
+        return rec
+
+    def _collect(self, make_feeder, scratch_dir, begin, release, finished, on_records=None, keep=None,
+                 ) -> tuple[BccRecording, object]:
+        """``run``'s and ``attach``'s common body: ``begin`` names the traced processes, ``release`` lets
+        the command go, then the rings are copied until ``finished(rec)`` returns a status (not None), and
+        everything held is decoded and fed. Returns (recording, status)."""
         bpf = self._bpf
         rec = BccRecording()
 
@@ -726,6 +810,8 @@ class BccTracer:
             for name, reader in readers.items():
                 records = reader.read()
                 if len(records):
+                    if on_records is not None:
+                        on_records(name, records)
                     chunks[name].append(records)
                     held_bytes[0] += records.nbytes
                     if name == "events":
@@ -745,6 +831,10 @@ class BccTracer:
             slices = []
             for name in RINGS:
                 for records in held[name]:
+                    if keep is not None:
+                        records = records[keep(records)]
+                        if not len(records):
+                            continue
                     if name == "events":
                         rec.truncated_paths += int(records["truncated"].sum())
                     for start in range(0, len(records), step):
@@ -758,29 +848,24 @@ class BccTracer:
             wakeups.register(bpf[name].map_fd, select.EPOLLIN)
         rec.unseen = {capture: why for capture, why in (("io_uring_requests", self.view.uring),
                                                          ("mapped_pages", self.view.mapped)) if why}
-        pid, gate = self._spawn(cmd, env)
-        rec.root_pid = pid
-        bpf["traced"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+        begin(rec, wakeups)
         rec.start_ns = time.monotonic_ns()
         cpu_at_start_ns = _cpu_ns()
-        rec.feeder = make_feeder(pid, rec.start_ns)
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        rec.feeder = make_feeder(rec.root_pid, rec.start_ns)
         try:
-            os.write(gate, b"x")
-            os.close(gate)
+            rec.released_s = time.monotonic()
+            release()
             status = None
             while status is None:
                 wakeups.poll(config.BPF_POLL_MS / 1000)  # or time out: records also come without a wakeup
                 consume()
-                done, raw = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    status = raw
+                status = finished(rec)
+            rec.exited_s = time.monotonic()
             rec.command_elapsed_ns = time.monotonic_ns() - rec.start_ns
             rec.recorder_cpu_ns = _cpu_ns() - cpu_at_start_ns
             rec.bpf_run_ns = self.bpf_run_ns()
             consume()  # events are written at syscall exit, so all of them are there now
         finally:
-            signal.signal(signal.SIGINT, previous)
             wakeups.close()
             for reader in readers.values():
                 reader.close()
@@ -791,10 +876,6 @@ class BccTracer:
             rec.spilled_raw_bytes = spill.bytes
         finally:
             spill.close()
-        rec.exit_code = os.waitstatus_to_exitcode(status)
-        if rec.exit_code < 0:
-            rec.exit_signal = -rec.exit_code
-            rec.exit_code = 128 + rec.exit_signal
         lost = [int(bpf["lost"][ctypes.c_int(i)].value) for i in range(len(LOST_REASONS))]
         rec.lost_events = sum(lost)
         rec.lost_reasons = {reason: count for reason, count in zip(LOST_REASONS, lost) if count}
@@ -802,5 +883,5 @@ class BccTracer:
             other = bpf["uring_other"]
             rec.uring_other_ops = {vocabulary.URING_OPCODE_NAMES.get(i, str(i)): int(other[ctypes.c_int(i)].value)
                                    for i in range(256) if other[ctypes.c_int(i)].value}
-        return rec
+        return rec, status
 

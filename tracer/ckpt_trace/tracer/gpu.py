@@ -180,7 +180,9 @@ class GpuCapture:
         The summary: ``processes`` that loaded the subscriber, ``records``,
         ``dropped`` (records CUPTI dropped), ``clock_pairs`` {pid: [monotonic
         ns, realtime ns]}, ``errors`` {pid: reason} for processes whose
-        copies are not in the trace (another profiler, say).
+        copies are not all in the trace (another profiler held CUPTI, a
+        CUPTI call failed, a write of the copies file failed: the subscriber's
+        status says which, and how many records were lost).
         """
         parts, summary = [], {"processes": 0, "records": 0, "dropped": 0, "clock_pairs": {}, "errors": {}}
         for status in sorted(self.directory.glob("status-*.txt")):

@@ -28,7 +28,8 @@ from ckpt_trace.iolayer.host import filesystems_of
 from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.version import __version__
 
-from . import bcc_backend, clock, gpu, strace_backend
+from . import attach as attach_mod
+from . import bcc_backend, clock, costs, gpu, strace_backend
 from . import leftovers
 from .children import forwarding
 from .spool import RowSpool
@@ -67,6 +68,9 @@ class RecordResult:
     unseen: dict = field(default_factory=dict)
     gpu: dict = field(default_factory=dict)
     mapped_uncovered_bytes: int | None = None
+    start_s: float | None = None  # from this process's start to the probes live (tracer.costs)
+    exited_s: float | None = None  # time.monotonic() when the command's exit was seen (finish_s counts from it)
+    attached: dict | None = None  # record --pid: the job, what stopped the recording, the checkpoint files
 
     @property
     def ended(self) -> str:
@@ -178,7 +182,8 @@ def _run_traced(choice: BackendChoice, cmd: list[str], builder_args: dict, spool
                  "recorder_cpu_ns": rec.recorder_cpu_ns,
                  **({"bpf_run_ns": rec.bpf_run_ns} if rec.bpf_run_ns is not None else {}),
                  "unseen": rec.unseen, "io_uring_unrecorded_ops": rec.uring_other_ops,
-                 "late_events": feeder.late_events, "spilled_raw_bytes": rec.spilled_raw_bytes}
+                 "late_events": feeder.late_events, "spilled_raw_bytes": rec.spilled_raw_bytes,
+                 "released_s": rec.released_s, "exited_s": rec.exited_s}
         if feeder.builder.mapped_uncovered_bytes is not None:
             extra["mapped_uncovered_bytes"] = feeder.builder.mapped_uncovered_bytes
         return feeder.builder, extra, choice
@@ -187,6 +192,8 @@ def _run_traced(choice: BackendChoice, cmd: list[str], builder_args: dict, spool
         start_ns = time.time_ns()
         status = strace_backend.run(cmd, log, env)
         command_elapsed_ns = time.time_ns() - start_ns
+        exited_s = time.monotonic()
+        released_s = strace_backend.first_event_monotonic_s(log)
         feeder = make_feeder(None, start_ns)
         if log.exists():
             events = strace_backend.iter_log(log)
@@ -199,7 +206,8 @@ def _run_traced(choice: BackendChoice, cmd: list[str], builder_args: dict, spool
               "mapped_pages": "the strace backend sees mmap calls, not the pages touched through the mapping"}
     return feeder.builder, {"lost_events": 0, "truncated_paths": 0, "exit_code": exit_code, "exit_signal": exit_signal,
                             "command_elapsed_ns": command_elapsed_ns, "unseen": unseen,
-                            "late_events": feeder.late_events}, choice
+                            "late_events": feeder.late_events, "released_s": released_s,
+                            "exited_s": exited_s}, choice
 
 
 def resolve_command(cmd: list[str]) -> str:
@@ -238,6 +246,7 @@ def record(
     overwrite: bool = False,
     gpu_plan: gpu.GpuPlan | None = None,
     host: str | None = None,
+    attach: "attach_mod.AttachPlan | None" = None,
 ) -> RecordResult:
     """Run ``cmd`` (and every descendant) traced; write the trace to ``output``.
 
@@ -257,10 +266,17 @@ def record(
     Returns the command's exit code with the counts. Raises TracerError when
     the command is empty, the backend fails, or ``strict`` and events were
     lost (no trace is written then); CkptTraceError for an unusable output.
+
+    ``attach`` (``tracer.attach``): trace the running job it names instead of starting ``cmd`` (which is
+    then ignored: the trace's command is the job's); the job is left running when the recording ends.
     """
-    if not cmd:
+    if attach is not None:
+        attach_mod.check_plan(attach)
+        cmd, gpu_plan = attach_mod.job_command(attach.pid), None
+    elif not cmd:
         raise TracerError("no command to record (put it after --)")
-    resolve_command(cmd)
+    else:
+        resolve_command(cmd)
     output = check_output_file(output, overwrite)
     filters = [normalize_filter(p) for p in path_filters]
     builder_args = {"cwd": os.getcwd(), "path_filters": filters}
@@ -271,7 +287,15 @@ def record(
         start_wall_ns = time.time_ns()
         started = time.monotonic()
         anchors = {name: clock.anchor(name) for name in clock.CLOCK_IDS}  # the backend is known only after
-        builder, extra, choice = _run_backend(choice, cmd, builder_args, spool, capture)
+        costs.prewarm_in_background()  # alongside clang or the command, not after the command's exit
+        if attach is not None:
+            with _collector_paused():
+                builder, extra, choice = attach_mod.run_attached(choice, attach, builder_args, spool, _load_bcc)
+        else:
+            builder, extra, choice = _run_backend(choice, cmd, builder_args, spool, capture)
+        released_s, exited_s = extra.pop("released_s", None), extra.pop("exited_s", None)
+        if released_s is not None:
+            extra["start_s"] = round(costs.since_invocation_s(released_s), 3)
         tracer_clock = clock.backend_clock(choice.name)
         extra = {**extra, "host": clock.host_label(host), "boot_id": clock.boot_id(),
                  "clock": clock.clock_metadata(tracer_clock, builder.start_ns, anchors[tracer_clock],
@@ -280,12 +304,13 @@ def record(
         copies = _copies(capture, builder, choice) if capture is not None else None
         elapsed_s = time.monotonic() - started
         if strict and extra["lost_events"]:
-            raise TracerError(f"{extra['lost_events']} events were lost (--strict); no trace written")
+            raise TracerError(f"{extra['lost_events']} events were lost ({{option}}); no trace written", option="strict",
+                              switch=True)
         if strict and extra.get("mapped_uncovered_bytes"):
             raise TracerError(f"{extra['mapped_uncovered_bytes']:,} bytes mapped from files are covered by no row "
-                              "(--strict); no trace written")
+                              "({option}); no trace written", option="strict", switch=True)
         result = _write(output, cmd, choice, builder, spool, extra, filters, start_wall_ns, elapsed_s, overwrite,
-                        copies, gpu_plan, temporary=reserved)
+                        copies, gpu_plan, temporary=reserved, exited_s=exited_s)
     except BaseException:
         reserved.unlink(missing_ok=True)
         raise
@@ -338,7 +363,7 @@ def normalize_filter(prefix: str) -> str:
 def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBuilder, spool: RowSpool,
            extra: dict, filters: list[str], start_wall_ns: int, elapsed_s: float, overwrite: bool,
            copies: tuple[dict, dict] | None = None, gpu_plan: gpu.GpuPlan | None = None,
-           temporary: Path | None = None) -> RecordResult:
+           temporary: Path | None = None, exited_s: float | None = None) -> RecordResult:
     gpu_summary = {"captured": False, "reason": gpu_plan.reason if gpu_plan else "not asked"}
     if copies is not None:
         rows, summary = copies
@@ -374,4 +399,5 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
     return RecordResult(output, extra["exit_code"], choice.name, choice.reason, rows, extra["lost_events"],
                         elapsed_s, exit_signal=extra.get("exit_signal"), interrupted=extra.get("interrupted"), filtered_ops=builder.filtered_rows,
                         unseen=extra["unseen"], gpu=gpu_summary,
-                        mapped_uncovered_bytes=extra.get("mapped_uncovered_bytes"))
+                        mapped_uncovered_bytes=extra.get("mapped_uncovered_bytes"), start_s=extra.get("start_s"),
+                        exited_s=exited_s, attached=extra.get("attached"))

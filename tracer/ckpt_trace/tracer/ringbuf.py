@@ -15,18 +15,63 @@ Each record is an 8-byte header (u32 length with ``BUSY`` bit 31 while the
 producer writes it and ``DISCARD`` bit 30, u32 page offset) and the sample,
 padded to 8 bytes. Both rings of ours carry one fixed-size record type, so
 the committed part of the ring is an array of equal strides.
+
+Memory ordering (the kernel's side: smp_store_release of each header and of
+``producer_pos``; the reader's, as libbpf's ringbuf.c does it): ``producer_pos``
+is read with an acquire load, the headers are read before an acquire fence and
+the samples after it, and ``consumer_pos`` is published with a release store
+once the samples are copied, so that the kernel never reuses space still being
+read. numpy's loads and stores carry no ordering, so these three are calls into
+iolayer's C library (``ckr_load_acquire_u64``, ``ckr_fence_acquire``,
+``ckr_store_release_u64``). On x86-64, where every aligned load is an acquire
+and every store a release (the TSO model), plain loads and stores are used when
+that library is not built; elsewhere the library is required.
 """
 
 from __future__ import annotations
 
 import ctypes
 import mmap
+import platform
 
 import numpy as np
+
+from ckpt_trace.iolayer import ring as _ring
 
 BUSY_BIT = 1 << 31
 DISCARD_BIT = 1 << 30
 HEADER_BYTES = 8
+_TSO_MACHINES = ("x86_64", "amd64", "i386", "i686")
+
+
+class _Ordering:
+    """Acquire loads and release stores of one u64 array element, and an acquire fence (see the module
+    docstring). ``plain`` (numpy loads and stores) is only chosen where the hardware orders them itself."""
+
+    def __init__(self) -> None:
+        try:
+            lib = _ring.library()
+        except _ring.RingUnavailable:
+            if platform.machine().lower() not in _TSO_MACHINES:
+                raise
+            self.plain = True
+        else:
+            self.plain = False
+            self.load, self.store, self.fence = lib.ckr_load_acquire_u64, lib.ckr_store_release_u64, \
+                lib.ckr_fence_acquire
+
+    def load_acquire(self, cell: np.ndarray) -> int:
+        return int(cell[0]) if self.plain else int(self.load(cell.ctypes.data))
+
+    def store_release(self, cell: np.ndarray, value: int) -> None:
+        if self.plain:
+            cell[0] = value
+        else:
+            self.store(cell.ctypes.data, value)
+
+    def fence_acquire(self) -> None:
+        if not self.plain:
+            self.fence()
 
 
 def sample_dtype(ctypes_class: type) -> np.dtype:
@@ -51,7 +96,8 @@ def sample_dtype(ctypes_class: type) -> np.dtype:
 class RingReader:
     """Reads the ring buffer map ``map_fd`` of ``size_bytes`` (a power of two pages) whose records are all
     samples of ``dtype``. Call order: ``read()`` as often as wanted (returns the records committed since
-    the last call, copied), ``close()`` at the end. Raises OSError from mmap(2).
+    the last call, copied), ``close()`` at the end. Raises OSError from mmap(2), and RingUnavailable off
+    x86-64 when iolayer's C library (the ordered loads and stores) is not built.
     """
 
     def __init__(self, map_fd: int, size_bytes: int, dtype: np.dtype) -> None:
@@ -66,11 +112,13 @@ class RingReader:
         # consumer_pos, which would make it think the ring full and drop records.
         self._consumer_pos = np.frombuffer(self._consumer, dtype=np.uint64, count=1)
         self._producer_pos = np.frombuffer(self._producer, dtype=np.uint64, count=1)
+        self._ordering = _Ordering()
 
     def read(self) -> np.ndarray:
         """Every record committed since the previous call, as an array of ``dtype`` (a copy)."""
-        consumer = int(self._consumer_pos[0])
-        producer = int(self._producer_pos[0])
+        order = self._ordering
+        consumer = int(self._consumer_pos[0])  # written by this reader only
+        producer = order.load_acquire(self._producer_pos)
         available = (producer - consumer) // self.stride
         if available <= 0:
             return np.empty(0, dtype=self.dtype)
@@ -79,9 +127,10 @@ class RingReader:
         lengths = rows[:, :4].copy().view("<u4")[:, 0]
         busy = np.flatnonzero(lengths & BUSY_BIT)
         committed = int(busy[0]) if len(busy) else available  # records after a busy one wait for it
+        order.fence_acquire()  # the samples are read after their headers said committed
         keep = (lengths[:committed] & DISCARD_BIT) == 0
         samples = np.ascontiguousarray(rows[:committed, HEADER_BYTES:HEADER_BYTES + self.dtype.itemsize][keep])
-        self._consumer_pos[0] = consumer + committed * self.stride
+        order.store_release(self._consumer_pos, consumer + committed * self.stride)  # after the copy
         return samples.view(self.dtype).reshape(-1)
 
     def close(self) -> None:

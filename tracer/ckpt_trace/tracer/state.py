@@ -33,6 +33,7 @@ from typing import Any
 from ckpt_trace.formats import COLUMNS
 from ckpt_trace.formats import vocabulary as v
 from ckpt_trace.formats.vocabulary import IO_URING_PATH, SPECIAL_PATHS, SPECIAL_PREFIXES
+from ckpt_trace.ranges import covered_bytes
 
 from . import syscalls as sc
 from .renames import RenameFollower
@@ -1129,15 +1130,7 @@ class TraceBuilder:
     def _uncovered(self) -> int:
         """Bytes the kernel mapped into the kept file mappings beyond what their page rows cover, summed over
         mappings (each mapping's rows merged first)."""
-        total = 0
-        for _, mapped, ranges in self._mapped.values():
-            covered, end = 0, -1
-            for start, stop in sorted(ranges):
-                if stop > end:
-                    covered += stop - max(start, end)
-                    end = stop
-            total += max(0, mapped - covered)
-        return total
+        return sum(max(0, mapped - covered_bytes(ranges)) for _, mapped, ranges in self._mapped.values())
 
     def _on_clone(self, proc: Process, ev: SyscallEvent) -> None:
         if ev.ret <= 0:

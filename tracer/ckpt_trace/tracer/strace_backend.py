@@ -83,6 +83,23 @@ def run(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> in
         signal.signal(signal.SIGINT, previous)
 
 
+def first_event_monotonic_s(log_path: Path) -> float | None:
+    """``time.monotonic()`` at the first event of a strace log (its first line's CLOCK_REALTIME stamp, moved
+    to the monotonic clock through their present offset): when strace's probes were live. None: no event."""
+    import time
+
+    try:
+        with open(log_path, encoding="utf-8", errors="surrogateescape") as log:
+            for line in log:
+                match = _LINE.match(line)
+                if match:
+                    wall_s = int(match.group(2)) + int((match.group(3) + "000000000")[:9]) / 1e9
+                    return time.monotonic() - (time.time() - wall_s)
+    except OSError:
+        return None
+    return None
+
+
 # -- argument parsing -------------------------------------------------------
 class _ArgParser:
     """Recursive-descent parser of strace's argument text (strings, numbers, arrays, structs)."""
@@ -306,8 +323,10 @@ def _decode(name: str, values: list[Any], named: dict[str, Any]) -> tuple[dict[s
     return args, size, rank
 
 
-def _events_from_lines(lines: Iterator[str]) -> Iterator[SyscallEvent]:
-    pending: dict[tuple[int, str], tuple[int, str]] = {}
+def _events_from_lines(lines: Iterator[str], pending: dict | None = None) -> Iterator[SyscallEvent]:
+    """Events of strace log lines; ``pending`` (calls unfinished at the last line) may be kept by the caller
+    to parse a growing log batch by batch (``tracer.attach``)."""
+    pending = {} if pending is None else pending
     for line in lines:
         match = _LINE.match(line.rstrip("\n"))
         if not match:

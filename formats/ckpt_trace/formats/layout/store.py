@@ -19,8 +19,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from ..errors import CkptTraceError, TraceFormatError
 from ..atomic import fd_path, make_temporary
+from ..errors import CkptTraceError, TraceFormatError
 from ..io import ZSTD_LEVEL, ZSTD_LEVEL_ONE_BATCH, fsync_directory, read_metadata
 from .table import LAYOUT_SCHEMA
 
@@ -75,7 +75,7 @@ def add_layout(trace: str | os.PathLike, table: pa.Table, info: dict | None = No
     source_path = Path(trace)
     target = Path(output) if output is not None else source_path
     if target.exists() and not overwrite and target.resolve() != source_path.resolve():
-        raise CkptTraceError(f"{target} already exists (use --force to overwrite it)")
+        raise CkptTraceError(f"{target} already exists (use {{option}} to overwrite it)", option="overwrite", switch=True)
     read_metadata(source_path)
     blob = encode_layout(table, info)
     try:

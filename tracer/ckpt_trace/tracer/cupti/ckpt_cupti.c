@@ -10,7 +10,11 @@
  *   status-<pid>.txt  one "key value" per line: "state ok" or
  *                     "state error <reason>", "clock_pair <monotonic ns>
  *                     <realtime ns>", "dropped <records CUPTI dropped>",
- *                     "records <written>".
+ *                     "records <written>", "unwritten <records a failed
+ *                     write(2) lost>". Every CUPTI call's result is checked:
+ *                     a failed one, or a failed write, makes the state
+ *                     "error <what failed>: <why>" (the copies written so far
+ *                     stay readable).
  *
  * Clock: timestamps are CLOCK_MONOTONIC nanoseconds, the clock of the bcc
  * backend, because the activity API is given clock_gettime(CLOCK_MONOTONIC)
@@ -198,6 +202,9 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int out_fd = -1;
 static char status_path[4096];
 static uint64_t written;
+static uint64_t unwritten;    /* records lost to a failed write(2) */
+static int write_errno;       /* the first such failure */
+static char failure[256];     /* the first failed CUPTI call after setup, for the status at exit */
 static uint64_t dropped;
 static k_subscriber subscriber;
 
@@ -215,9 +222,9 @@ static void write_status(const char *state)
     FILE *f = fopen(status_path, "w");
     if (!f)
         return;
-    fprintf(f, "state %s\nclock_pair %llu %llu\nrecords %llu\ndropped %llu\n", state,
+    fprintf(f, "state %s\nclock_pair %llu %llu\nrecords %llu\nunwritten %llu\ndropped %llu\n", state,
             (unsigned long long)clock_ns(CLOCK_MONOTONIC), (unsigned long long)clock_ns(CLOCK_REALTIME),
-            (unsigned long long)written, (unsigned long long)dropped);
+            (unsigned long long)written, (unsigned long long)unwritten, (unsigned long long)dropped);
     fclose(f);
 }
 
@@ -271,19 +278,39 @@ static void buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records
     *max_records = 0;
 }
 
-static void write_all(const void *data, size_t n)
+/* The CUPTI call `what` returned `rc`: keep the first failure's text for the status file. 1 if it failed. */
+static int failed(const char *what, k_result rc)
 {
-    const char *p = (const char *)data;
-    while (n > 0) {
-        ssize_t w = write(out_fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return;
-        }
-        p += w;
-        n -= (size_t)w;
+    if (rc == K_SUCCESS)
+        return 0;
+    if (!failure[0]) {
+        const char *why = NULL;
+        if (!p_result_string || p_result_string(rc, &why) != K_SUCCESS)
+            why = NULL;
+        snprintf(failure, sizeof failure, "%s: %s (CUPTI result %d)", what, why ? why : "unknown", rc);
     }
+    return 1;
+}
+
+/* Write `count` whole records; counts them as written, or, when write(2) fails (disk full, say), as
+ * unwritten: a record of which only a part reached the file is lost, and the reader drops the part. */
+static void write_records(const struct copy_record *records, size_t count)
+{
+    const char *p = (const char *)records;
+    size_t n = count * sizeof *records, done = 0;
+    while (done < n && !write_errno) {
+        ssize_t w = write(out_fd, p + done, n - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            write_errno = w < 0 ? errno : ENOSPC;
+            break;
+        }
+        done += (size_t)w;
+    }
+    size_t whole = done / sizeof *records;
+    written += whole;
+    unwritten += count - whole;
 }
 
 static void buffer_completed(k_context ctx, uint32_t stream_id, uint8_t *buffer, size_t size, size_t valid)
@@ -315,17 +342,14 @@ static void buffer_completed(k_context ctx, uint32_t stream_id, uint8_t *buffer,
         r->dst_kind = m->dstKind;
         r->flags = m->flags;
         if (n == sizeof batch / sizeof batch[0]) {
-            write_all(batch, n * sizeof batch[0]);
-            written += n;
+            write_records(batch, n);
             n = 0;
         }
     }
-    if (n) {
-        write_all(batch, n * sizeof batch[0]);
-        written += n;
-    }
+    if (n)
+        write_records(batch, n);
     size_t lost = 0;
-    if (p_dropped(ctx, stream_id, &lost) == K_SUCCESS)
+    if (!failed("cuptiActivityGetNumDroppedRecords", p_dropped(ctx, stream_id, &lost)))
         dropped += lost;
     free(buffer);
 }
@@ -334,24 +358,39 @@ static void at_exit(void)
 {
     if (out_fd < 0)
         return;
-    p_flush_all(K_FLUSH_FORCED);
-    write_status("ok");
+    failed("cuptiActivityFlushAll", p_flush_all(K_FLUSH_FORCED));
+    char state[512];
+    if (write_errno)
+        snprintf(state, sizeof state, "error writing the copies file: %s (%llu records lost)", strerror(write_errno),
+                 (unsigned long long)unwritten);
+    else if (failure[0])
+        snprintf(state, sizeof state, "error %s", failure);
+    else
+        snprintf(state, sizeof state, "ok");
+    write_status(state);
     close(out_fd);
     out_fd = -1;
 }
 
-static void enable_memcpy_callbacks(k_domain domain, uint32_t limit)
+/* Enable the API callback of every copy function of `domain`; returns how many were enabled (a
+ * failure to enable one is kept for the status: its copies would carry no thread or address). */
+static unsigned enable_memcpy_callbacks(k_domain domain, uint32_t limit)
 {
+    unsigned enabled = 0;
     for (uint32_t cbid = 1; cbid < limit; cbid++) {
         const char *name = NULL;
+        /* CUPTI_ERROR_INVALID_PARAMETER past the last id of this CUDA: not a failure */
         if (p_get_callback_name(domain, cbid, &name) != K_SUCCESS || !name || !strstr(name, "emcpy"))
             continue;
-        p_enable_callback(1, subscriber, domain, cbid);
+        if (failed("cuptiEnableCallback", p_enable_callback(1, subscriber, domain, cbid)))
+            continue;
+        enabled++;
         size_t stem = strcspn(name, "_"); /* cuMemcpyDtoH_v2, cudaMemcpyAsync_ptsz: the name before '_' */
         for (const char *const *f = POINTER_FUNCTIONS; *f; f++)
             if (strlen(*f) == stem && strncmp(*f, name, stem) == 0)
                 pointer_params[domain][cbid] = 1;
     }
+    return enabled;
 }
 
 static int bind_cupti(void)
@@ -413,9 +452,16 @@ int InitializeInjection(void)
     }
     enable_memcpy_callbacks(K_DOMAIN_RUNTIME, K_RUNTIME_CBID_LIMIT);
     enable_memcpy_callbacks(K_DOMAIN_DRIVER, K_DRIVER_CBID_LIMIT);
-    p_register_callbacks(buffer_requested, buffer_completed);
-    p_enable(K_KIND_MEMCPY);
-    write_status("ok");
+    int started = !failed("cuptiActivityRegisterCallbacks", p_register_callbacks(buffer_requested, buffer_completed)) &&
+                  !failed("cuptiActivityEnable", p_enable(K_KIND_MEMCPY));
+    char line[300];
+    snprintf(line, sizeof line, "error %s", failure);
+    write_status(failure[0] ? line : "ok");
+    if (!started) { /* no activity records will come: nothing to flush at exit */
+        close(out_fd);
+        out_fd = -1;
+        return 1;
+    }
     atexit(at_exit);
     return 1;
 }

@@ -1,0 +1,140 @@
+"""The ring's C library itself: a stale build is refused at load with one line, byte counts are 64-bit, and the
+BPF ring buffer reader's ordered loads and stores (which it takes from this library) read committed records only."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+from ckpt_trace.iolayer import ring as rings
+from ckpt_trace.tracer import ringbuf
+
+needs_cc = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler")
+
+
+def _compile(output, **defines):
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import build_ring
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    return build_ring.compile_ring(REPO, output, {name: str(value) for name, value in defines.items()})
+
+
+@needs_cc
+def test_a_library_of_another_abi_version_is_refused_in_one_line(tmp_path):
+    """A library compiled from a _ring.c of another ABI version (here: CKR_ABI_VERSION=1 against this
+    module's ABI_VERSION) is refused before any function is bound; the same source at the right version loads."""
+    stale = _compile(tmp_path / "libckpt_ring.so.1", CKR_ABI_VERSION=rings.ABI_VERSION - 1)
+    with pytest.raises(rings.RingUnavailable) as caught:
+        rings.load_library(stale)
+    message = str(caught.value)
+    assert len(message.splitlines()) == 1
+    assert f"ABI version {rings.ABI_VERSION - 1}" in message and f"needs version {rings.ABI_VERSION}" in message
+    assert "build_ring.py" in message and "--" not in message  # what to do, in library words, no CLI flag
+    (tmp_path / "fresh").mkdir()
+    fresh = _compile(tmp_path / "fresh" / "libckpt_ring.so.1")
+    assert rings.load_library(fresh).ckr_abi_version() == rings.ABI_VERSION
+
+
+@needs_cc
+def test_a_stale_library_beside_its_source_is_rebuilt(tmp_path, monkeypatch):
+    """Where _ring.c sits beside the library (a source tree, an editable install), ``library`` rebuilds a
+    stale one in place and loads the new one, even though the stale one was loaded (and refused) first."""
+    shutil.copy(REPO / "iolayer" / "ckpt_trace" / "iolayer" / "_ring.c", tmp_path / "_ring.c")
+    stale = _compile(tmp_path / "libckpt_ring.so.1", CKR_ABI_VERSION=rings.ABI_VERSION + 7)
+    monkeypatch.setattr(rings, "_LIBRARY", stale)
+    monkeypatch.setattr(rings, "_lib", None)
+    lib = rings.library()
+    assert lib.ckr_abi_version() == rings.ABI_VERSION
+    assert rings.load_library(stale).ckr_abi_version() == rings.ABI_VERSION  # the file itself was replaced
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left
+
+
+@pytest.mark.slow
+@needs_cc
+def test_a_library_built_before_the_version_check_is_refused(tmp_path):
+    """A library without ckr_abi_version at all (every build before it existed) is refused too."""
+    source = tmp_path / "old.c"
+    source.write_text("int ckr_setup(void) { return 0; }\n")
+    library = tmp_path / "libckpt_ring.so.1"
+    subprocess.run([*shlex.split(os.environ.get("CC", "cc")), "-shared", "-fPIC", "-o", str(library), str(source)],
+                   check=True)
+    with pytest.raises(rings.RingUnavailable, match="stale: built for ring ABI version 1 or older"):
+        rings.load_library(library)
+
+
+def test_the_posix_loop_counts_more_than_2_gib_in_one_request():
+    """One write of 3 GiB - 1 moves more than INT32_MAX bytes over two write(2) calls (Linux moves at most
+    2 GiB - 4 KiB per call); its result is the whole count, not a negative 32-bit wrap. /dev/null never reads
+    the buffer, so the 3 GiB mapping is never touched (no memory, no disk)."""
+    size = 3 * (1 << 30) - 1  # the largest a request's u32 len allows is 4 GiB - 1
+    area = mmap.mmap(-1, size + 1, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0))
+    address = ctypes.addressof(ctypes.c_char.from_buffer(area))
+    fd = os.open("/dev/null", os.O_WRONLY)
+    try:
+        requests = rings.batch(2)
+        requests["opcode"] = rings.OP_WRITE
+        requests["fd"] = fd
+        requests["addr"] = address
+        requests["len"] = size
+        requests["off"] = [0, rings.POSITION]  # pwrite(2), and write(2) at the file position
+        results, latencies = rings.pio_run(requests)
+    finally:
+        os.close(fd)
+        del address
+        area.close()
+    assert results.dtype == np.int64 and results.tolist() == [size, size]
+    assert rings.first_failure(requests, results) is None and (latencies > 0).all()
+
+
+def _memfd_ring(size_bytes: int) -> int:
+    """A file laid out like a BPF ring buffer map for RingReader (consumer page, producer page, data twice)."""
+    fd = os.memfd_create("ringbuf-test")
+    os.ftruncate(fd, 2 * mmap.PAGESIZE + 2 * size_bytes)
+    return fd
+
+
+def test_the_bpf_ring_reader_takes_committed_records_and_publishes_its_position():
+    """Three records written as the kernel does (8-byte header, sample), the third still BUSY: a read
+    returns the first two (a discarded one among them is dropped) and moves consumer_pos past them only;
+    once the third commits, the next read returns it. The positions go through the library's acquire load
+    and release store (ckr_load_acquire_u64, ckr_store_release_u64)."""
+    dtype = np.dtype([("value", "<u8"), ("tag", "<u4")])
+    size_bytes = 4 * mmap.PAGESIZE
+    fd = _memfd_ring(size_bytes)
+    page = mmap.PAGESIZE
+    try:
+        reader = ringbuf.RingReader(fd, size_bytes, dtype)
+        assert reader._ordering.plain is False  # the library is built in this tree
+        stride = reader.stride
+        assert stride == 8 + 16
+        raw = mmap.mmap(fd, 2 * page + 2 * size_bytes)
+        header = np.frombuffer(raw, dtype="<u4")
+        for index, flags in enumerate((0, ringbuf.DISCARD_BIT, ringbuf.BUSY_BIT, 0)):
+            at = 2 * page + index * stride
+            header[at // 4] = dtype.itemsize | flags
+            raw[at + 8:at + 8 + dtype.itemsize] = np.array([(100 + index, index)], dtype=dtype).tobytes()
+        positions = np.frombuffer(raw, dtype="<u8")
+        positions[page // 8] = 4 * stride  # producer_pos: four reserved
+        first = reader.read()
+        assert first["value"].tolist() == [100]  # the discarded one dropped, the busy one waits
+        assert int(positions[0]) == 2 * stride  # consumer_pos: past the two committed ones only
+        header[(2 * page + 2 * stride) // 4] = dtype.itemsize  # the third commits
+        second = reader.read()
+        assert second["value"].tolist() == [102, 103] and int(positions[0]) == 4 * stride
+        assert len(reader.read()) == 0
+        reader.close()
+        del header, positions
+        raw.close()
+    finally:
+        os.close(fd)

@@ -1,0 +1,604 @@
+"""``record --pid``: trace a job that is already running, for a while or for N checkpoint files, then detach.
+
+The job is the process ``pid`` and its descendants, those running at the attach and those it starts later
+(bcc: their thread group ids in the program's ``traced`` map, which the ``sched:sched_process_fork``
+tracepoint extends; strace: ``strace -f -p`` on each running process, strace following their forks). The
+job is never started, signalled, stopped for long or waited for: bcc only reads tracepoints, and strace
+detaches from every thread on SIGINT (strace(1): "Trace can be stopped by Ctrl-C"; ptrace(2) PTRACE_DETACH),
+so the job runs on as if nothing happened, but for the time each traced call takes to be copied out.
+
+What the trace knows of descriptors opened before the attach comes from /proc (proc(5): /proc/PID/fd,
+fdinfo's ``pos`` and ``flags``, cwd, environ for the rank): their reads and writes get paths and offsets.
+
+A recording stops at the first of: ``--duration`` seconds, ``--until-checkpoints N`` checkpoint files,
+the job's first process ending, or SIGINT/SIGTERM/SIGHUP to the recorder. A **checkpoint file**, an
+engine-neutral rule (``CheckpointCounter``): a regular file (not under /proc, /sys or /dev; inside the path
+filters when there are any) that a traced process opened for writing after the attach (O_WRONLY or O_RDWR;
+creat), wrote at least one byte to through the write family (write, pwrite64, writev, pwritev, pwritev2) on
+that descriptor, and closed. Only such a file is whole in the trace: its open, every write, its close. A
+rename afterwards does not count it again; a file written through a mapping or io_uring only is not
+counted. The trace then ends at that close: events after it (the start of the next save, in the few
+milliseconds before the detach) are left out, so ``--until-checkpoints 1`` holds exactly one file's life;
+but for a rename of a counted file seen before the detach, which is kept: the commit of a file written
+under a temporary name (DCP's ``.metadata.tmp`` -> ``.metadata``, right after its close). At the other
+end, a save under way at the attach may leave its tail in the trace (writes, close, rename through a
+descriptor opened before): never its open, and it is not counted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ckpt_trace.errors import TracerError
+
+from . import syscalls as sc
+from .children import children
+from .state import Description, FdTable, Process, rank_from_environ
+
+_SPECIAL = ("/proc/", "/sys/", "/dev/")
+_WRITES = ("write", "pwrite64", "writev", "pwritev", "pwritev2")
+_OPENS = ("open", "openat", "openat2", "creat")
+_RENAMES = ("rename", "renameat", "renameat2")
+
+
+@dataclass(frozen=True)
+class AttachPlan:
+    """What to trace and when to stop: ``pid``'s tree, for ``duration_s`` or ``until_checkpoints`` files
+    (both None: until the job's first process ends or the recorder is interrupted)."""
+
+    pid: int
+    duration_s: float | None = None
+    until_checkpoints: int | None = None
+
+
+def check_plan(plan: AttachPlan) -> None:
+    """Refuse what cannot be attached to, with why, naming the field (``option``: pid, duration_s,
+    until_checkpoints; the CLI says its flag). Raises TracerError."""
+    if plan.pid <= 0:
+        raise TracerError(f"{{option}} {plan.pid}: not a process id", option="pid")
+    if plan.duration_s is not None and not plan.duration_s > 0:
+        raise TracerError(f"{{option}} {plan.duration_s}: must be a positive number of seconds", option="duration_s")
+    if plan.until_checkpoints is not None and plan.until_checkpoints < 1:
+        raise TracerError(f"{{option}} {plan.until_checkpoints}: must be at least 1", option="until_checkpoints")
+    if not alive(plan.pid):
+        raise TracerError(f"{{option}} {plan.pid}: no such running process", option="pid")
+    mine = os.getpid()
+    if plan.pid == mine or mine in process_tree(plan.pid):
+        raise TracerError(f"{{option}} {plan.pid}: the recorder is part of that job (trace another process)",
+                          option="pid")
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (proc(5) /proc/PID/stat state)."""
+    try:
+        state = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants running now, parents first."""
+    order, stack = [], [pid]
+    while stack:
+        current = stack.pop()
+        if current in order:
+            continue
+        order.append(current)
+        stack += children(current)
+    return order
+
+
+def threads(pid: int) -> list[int]:
+    """The thread ids of process ``pid`` ([] when it is gone)."""
+    try:
+        return sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return []
+
+
+def job_command(pid: int) -> list[str]:
+    """The job's command line (/proc/PID/cmdline), for the trace's ``command``."""
+    try:
+        raw = open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return [f"pid {pid}"]
+    return [part.decode("utf-8", "surrogateescape") for part in raw.split(b"\0") if part] or [f"pid {pid}"]
+
+
+def running_process(pid: int) -> Process | None:
+    """The builder's view of a process running before the attach: its descriptors with their paths, status
+    flags and positions (proc(5) fdinfo), cwd, rank and command name. None when it is gone."""
+    fds = {}
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for name in names:
+        try:
+            path = os.readlink(f"/proc/{pid}/fd/{name}")
+            info = dict(line.split(":", 1) for line in open(f"/proc/{pid}/fdinfo/{name}").read().splitlines()
+                        if ":" in line)
+            flags = int(info.get("flags", "0").strip(), 8)
+            pos = int(info.get("pos", "0").strip())
+        except (OSError, ValueError):
+            continue
+        fds[int(name)] = Description(path, flags & ~0o2000000, pos)  # O_CLOEXEC is the descriptor's
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        cwd = None
+    try:
+        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        rank = rank_from_environ(item.decode("utf-8", "replace") for item in environ if item)
+    except OSError:
+        rank = None
+    try:
+        comm = open(f"/proc/{pid}/comm").read().strip()
+    except OSError:
+        comm = None
+    return Process(tgid=pid, table=FdTable(fds), cwd=cwd, rank=-1 if rank is None else rank, comm=comm)
+
+
+def seed_builder(builder, pids: list[int]) -> None:
+    """Put the running processes ``pids`` (and their threads) into ``builder`` as they are now."""
+    for pid in pids:
+        proc = running_process(pid)
+        if proc is None:
+            continue
+        builder.procs[pid] = proc
+        for tid in threads(pid):
+            builder.procs[tid] = proc
+
+
+@dataclass
+class CheckpointCounter:
+    """Counts checkpoint files (the module's rule) as a recording's events come, in either backend's clock.
+
+    ``files``: (path, close time) of each counted file, in the order their closes were seen; ``cut_ns``:
+    the close time of the ``wanted``-th one (None until then)."""
+
+    path_filters: tuple[str, ...] = ()
+    wanted: int | None = None
+    files: list[tuple[str, int]] = field(default_factory=list)
+    cut_ns: int | None = None
+    _open: dict[int, list] = field(default_factory=dict)  # key -> [path, open end time, written]
+
+    @staticmethod
+    def key(tgid: int, fd: int) -> int:
+        return (int(tgid) << 32) | (int(fd) & 0xFFFFFFFF)
+
+    def accepts(self, path: str) -> bool:
+        if not path.startswith("/") or path.startswith(_SPECIAL):
+            return False
+        return not self.path_filters or any(path.startswith(prefix) for prefix in self.path_filters)
+
+    @property
+    def done(self) -> bool:
+        return self.cut_ns is not None
+
+    def counted(self) -> set[str]:
+        """The paths of the files counted up to ``wanted`` (all of them when it is None)."""
+        return {path for path, _ in self.files[:self.wanted]}
+
+    def kept_after_cut(self, name: str, pid: int, path: str | None) -> bool:
+        """Whether an event past ``cut_ns`` stays in the trace: a rename of a counted file (its commit)."""
+        return name in _RENAMES and path is not None and _absolute(pid, path) in self.counted()
+
+    def observe(self, opens: list[tuple[int, int, str]], closes: list[tuple[int, int]],
+                write_keys: np.ndarray, write_ends: np.ndarray) -> None:
+        """One batch: ``opens`` (end time, key, absolute path) of opens for writing that returned a
+        descriptor, ``closes`` (end time, key) of successful closes, and the keys and end times of the
+        writes that wrote bytes (numpy, any length: matched to open files without a loop per write)."""
+        candidates = set(self._open) | {key for _, key, _ in opens}
+        closes = [close for close in closes if close[1] in candidates]
+        if len(write_keys) and candidates:
+            mask = np.isin(write_keys, np.fromiter(candidates, dtype=np.int64, count=len(candidates)))
+            write_keys, write_ends = write_keys[mask], write_ends[mask]
+        order = np.lexsort((write_ends, write_keys))
+        write_keys, write_ends = write_keys[order], write_ends[order]
+
+        def wrote(key: int, after: int, before: int | None) -> bool:
+            lo, hi = np.searchsorted(write_keys, key, "left"), np.searchsorted(write_keys, key, "right")
+            times = write_ends[lo:hi]
+            first = np.searchsorted(times, after, "right")
+            last = len(times) if before is None else np.searchsorted(times, before, "left")
+            return bool(last > first)
+
+        steps = sorted([(end, 0, key, path) for end, key, path in opens] + [(end, 1, key, None) for end, key in closes],
+                       key=lambda step: (step[0], step[1]))
+        for end, kind, key, path in steps:
+            if kind == 0:
+                self._open[key] = [path, end, False] if self.accepts(path) else None
+                continue
+            entry = self._open.pop(key, None)
+            if entry is None:
+                continue
+            if entry[2] or wrote(key, entry[1], end):
+                self.files.append((entry[0], end))
+                if self.wanted is not None and len(self.files) == self.wanted:
+                    self.cut_ns = end
+        for key, entry in self._open.items():
+            if entry is not None and not entry[2]:
+                entry[2] = wrote(key, entry[1], None)
+        self._open = {key: entry for key, entry in self._open.items() if entry is not None}
+
+
+def _cwd(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+
+
+def _absolute(pid: int, path: str) -> str:
+    if path.startswith("/"):
+        return os.path.normpath(path)
+    cwd = _cwd(pid)
+    return os.path.normpath(os.path.join(cwd, path)) if cwd else path
+
+
+def _open_flags(name: str, args: dict) -> int:
+    return sc.O_WRONLY if name == "creat" else int(args.get("flags") or 0)
+
+
+def _writes_for(flags: int) -> bool:
+    return (flags & sc.O_ACCMODE) in (sc.O_WRONLY, sc.O_RDWR)
+
+
+class BccCheckpoints:
+    """``CheckpointCounter`` fed from the bcc rings' raw records (numpy, as ``BccTracer.attach`` copies them):
+    the opens from the ``events`` ring, closes and writes from the ``compact`` ring, vectorised.
+
+    The rings are read one after the other, so a file's open and its close may come in different reads:
+    what ``__call__`` gathers goes to the counter at ``flush``, and only up to a watermark, the time the
+    previous flush ended less a millisecond (bpf_ktime_get_ns is CLOCK_MONOTONIC): every record that ended
+    before it was committed before the current reads began, in every ring. Later ones wait for the next flush."""
+
+    def __init__(self, counter: CheckpointCounter) -> None:
+        from .bcc_backend import _NAMES
+
+        self.counter = counter
+        self._names = _NAMES
+        self._open_nrs = np.array([_NAMES.index(n) for n in _OPENS if n in _NAMES])
+        self._write_nrs = np.array([_NAMES.index(n) for n in _WRITES if n in _NAMES])
+        self._close_nr = _NAMES.index("close")
+        self._opens: list = []
+        self._closes: list = []
+        self._write_keys = np.empty(0, np.int64)
+        self._write_ends = np.empty(0, np.int64)
+        self._last_flush_ns = time.monotonic_ns()
+
+    def __call__(self, ring: str, records: np.ndarray) -> None:
+        if ring == "events":
+            hits = records[np.isin(records["nr"], self._open_nrs) & (records["ret"] >= 0)]
+            for record in hits:
+                name = self._names[int(record["nr"])]
+                regs = record["a"]
+                spec = sc.SYSCALLS[name].args
+                flags = (sc.O_WRONLY if name == "creat" else int(record["extra"]) if name == "openat2"
+                         else int(regs[spec.index("flags")]) & 0xFFFFFFFF)
+                if not _writes_for(flags):
+                    continue
+                path = record["path"].tobytes().split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                pid = int(record["pid"])
+                self._opens.append((int(record["ts_ns"] + record["dur_ns"]),
+                                    CheckpointCounter.key(pid, int(record["ret"])), _absolute(pid, path)))
+            return
+        if ring != "compact":
+            return
+        nrs, rets = records["nr"], records["ret"]
+        fds = records["a"][:, 0] & 0xFFFFFFFF
+        keys = ((records["pid"].astype(np.int64) << 32) | fds).astype(np.int64)
+        ends = (records["ts_ns"] + records["dur_ns"]).astype(np.int64)
+        closing = (nrs == self._close_nr) & (rets == 0)
+        writing = np.isin(nrs, self._write_nrs) & (rets > 0)
+        self._closes += list(zip(ends[closing].tolist(), keys[closing].tolist()))
+        self._write_keys = np.concatenate([self._write_keys, keys[writing]])
+        self._write_ends = np.concatenate([self._write_ends, ends[writing]])
+
+    def flush(self) -> None:
+        """Count what ended before the watermark (see the class); keep the rest."""
+        mark = self._last_flush_ns - 1_000_000
+        opens = [item for item in self._opens if item[0] <= mark]
+        closes = [item for item in self._closes if item[0] <= mark]
+        self._opens = [item for item in self._opens if item[0] > mark]
+        self._closes = [item for item in self._closes if item[0] > mark]
+        now = self._write_ends <= mark
+        keys, ends = self._write_keys[now], self._write_ends[now]
+        self._write_keys, self._write_ends = self._write_keys[~now], self._write_ends[~now]
+        if opens or closes or len(keys):
+            self.counter.observe(opens, closes, keys, ends)
+        self._last_flush_ns = time.monotonic_ns()
+
+
+def events_checkpoints(counter: CheckpointCounter, events, tgid_of) -> None:
+    """Feed ``counter`` from decoded ``SyscallEvent`` objects (strace's log, parsed as it grows); ``tgid_of``
+    maps a thread id to its process (strace names threads only)."""
+    opens, closes, write_keys, write_ends = [], [], [], []
+    for event in events:
+        name = getattr(event, "name", None)
+        if name is None or event.ret is None:
+            continue
+        end = event.ts_ns + event.dur_ns
+        if name in _OPENS and event.ret >= 0 and _writes_for(_open_flags(name, event.args)):
+            tgid = tgid_of(event.tid)
+            opens.append((end, CheckpointCounter.key(tgid, event.ret), _absolute(tgid, str(event.args.get("path")))))
+        elif name == "close" and event.ret == 0:
+            closes.append((end, CheckpointCounter.key(tgid_of(event.tid), event.args.get("fd", -1))))
+        elif name in _WRITES and event.ret > 0:
+            write_keys.append(CheckpointCounter.key(tgid_of(event.tid), event.args.get("fd", -1)))
+            write_ends.append(end)
+    if opens or closes or write_keys:
+        counter.observe(opens, closes, np.array(write_keys, np.int64), np.array(write_ends, np.int64))
+
+
+def tgid_of(tid: int, cache: dict[int, int]) -> int:
+    """The process (thread group) of thread ``tid`` (/proc/TID/status ``Tgid``), remembered in ``cache``."""
+    if tid not in cache:
+        tgid = tid
+        try:
+            for line in open(f"/proc/{tid}/status"):
+                if line.startswith("Tgid:"):
+                    tgid = int(line.split()[1])
+                    break
+        except (OSError, ValueError):
+            pass
+        cache[tid] = tgid
+    return cache[tid]
+
+
+class Stopper:
+    """When an attached recording ends: the plan's duration, its checkpoint count, the job's first process
+    gone, or a signal to the recorder (SIGINT, SIGTERM, SIGHUP: the job is not sent it). ``reason`` says which."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, plan: AttachPlan, counter: CheckpointCounter) -> None:
+        self.plan, self.counter = plan, counter
+        self.reason: str | None = None
+        self.signal: int | None = None
+        self.started = time.monotonic()
+        self._previous: dict = {}
+
+    def __enter__(self) -> Stopper:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {signum: signal.signal(signum, self._on_signal) for signum in self.SIGNALS}
+        self.started = time.monotonic()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.signal = signum
+
+    def should_stop(self) -> bool:
+        if self.reason is None:
+            if self.counter.done:
+                self.reason = "checkpoints"
+            elif self.signal is not None:
+                self.reason = signal.Signals(self.signal).name
+            elif self.plan.duration_s is not None and time.monotonic() - self.started >= self.plan.duration_s:
+                self.reason = "duration"
+            elif not alive(self.plan.pid):
+                self.reason = "job ended"
+        return self.reason is not None
+
+
+def strace_attach_command(pids: list[int], log_path) -> list[str]:
+    """strace(1) attached to ``pids`` (-p each; -f: all their threads and later children), writing
+    ``log_path``: ``strace_command``'s options less --seccomp-bpf, which only a command strace starts can
+    install (seccomp(2) filters are set by the tracee itself)."""
+    from .strace_backend import strace_command
+
+    argv = strace_command([], log_path)
+    argv = [arg for arg in argv[:-1] if arg != "--seccomp-bpf"]  # [-1] is the "--" before a command
+    for pid in pids:
+        argv += ["-p", str(pid)]
+    return argv
+
+
+def _traced_by(pid: int) -> int:
+    """TracerPid of ``pid`` (proc(5) status), 0 when none or gone."""
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("TracerPid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+class _LogTail:
+    """The complete lines a growing strace log has gained since the last call, parsed into events."""
+
+    def __init__(self, path) -> None:
+        self.path, self.offset, self.rest, self.pending = path, 0, b"", {}
+
+    def events(self) -> list:
+        from .strace_backend import _events_from_lines
+
+        try:
+            with open(self.path, "rb") as log:
+                log.seek(self.offset)
+                data = log.read()
+        except OSError:
+            return []
+        self.offset += len(data)
+        data = self.rest + data
+        cut = data.rfind(b"\n") + 1
+        self.rest = data[cut:]
+        lines = data[:cut].decode("utf-8", "surrogateescape").splitlines()
+        return list(_events_from_lines(iter(lines), self.pending))
+
+
+def strace_attach(plan: AttachPlan, scratch, counter: CheckpointCounter, stopper: Stopper) -> dict:
+    """Attach strace to the job, follow its log until ``stopper`` says stop, detach (SIGINT to strace).
+    Returns {"logs": [paths], "released_s", "exited_s", "attached": [pids]}. Raises TracerError when strace
+    cannot attach (ptrace refused: Yama's ptrace_scope, another tracer)."""
+    import subprocess
+    from pathlib import Path
+
+    from .children import set_parent_death_signal
+
+    procs, tails, logs, attached = [], [], [], set()
+    tids: dict[int, int] = {}
+    try:
+        for attempt in range(5):  # a process forked before its parent was attached: another strace for it
+            # not yet attached, and not followed by a strace already (a fork after its parent was attached)
+            missing = [pid for pid in process_tree(plan.pid)
+                       if pid not in attached and alive(pid) and not (procs and _traced_by(pid))]
+            if not missing:
+                break
+            log = Path(scratch) / f"strace-{attempt}.log"
+            argv = strace_attach_command(missing, log)
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    preexec_fn=set_parent_death_signal)
+            procs.append(proc)
+            logs.append(log)
+            tails.append(_LogTail(log))
+            while not all(_traced_by(tid) == proc.pid for pid in missing if alive(pid) for tid in threads(pid)):
+                if proc.poll() is not None:
+                    raise TracerError(f"strace could not attach to {missing[0]}: "
+                                      f"{proc.stderr.read().decode(errors='replace').strip()[:300]}")
+                time.sleep(0.01)
+            attached.update(missing)
+        released_s = time.monotonic()
+        while not stopper.should_stop():
+            for tail in tails:
+                events_checkpoints(counter, tail.events(), lambda tid: tgid_of(tid, tids))
+            if counter.done:
+                continue
+            if all(proc.poll() is not None for proc in procs):  # every tracee gone: strace has ended
+                stopper.reason = stopper.reason or "job ended"
+                break
+            time.sleep(0.05)
+        exited_s = time.monotonic()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)  # strace detaches from every tracee and exits
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            proc.stderr.close()
+    return {"logs": logs, "released_s": released_s, "exited_s": exited_s, "attached": sorted(attached)}
+
+
+def _end_ns(event) -> int:
+    return event.ts_ns + (getattr(event, "dur_ns", 0) or 0)
+
+
+def run_attached(choice, plan: AttachPlan, builder_args: dict, spool, load_bcc):
+    """``record``'s body for ``--pid``: (builder, extra metadata, backend choice), as ``record._run_traced``
+    returns them. ``load_bcc(choice, filters)`` loads the BPF program (``record._load_bcc``)."""
+    import heapq
+    import itertools
+    import tempfile
+
+    from ckpt_trace import config
+
+    from . import leftovers, strace_backend
+    from .state import EffectOrderFeeder, TraceBuilder
+
+    filters = tuple(builder_args["path_filters"])
+    counter = CheckpointCounter(filters, plan.until_checkpoints)
+    root = running_process(plan.pid)
+    args = {**builder_args, "cwd": root.cwd if root else None, "inherited_fds": {},
+            "root_rank": root.rank if root else -1}
+
+    def spill(builder: TraceBuilder) -> None:
+        if builder.num_rows >= config.RECORD_RUN_ROWS:
+            spool.add(builder.take_rows())
+
+    def make_feeder(root_pid: int | None, start_ns: int) -> EffectOrderFeeder:
+        builder = TraceBuilder(start_ns=start_ns, root_pid=plan.pid, **args)
+        seed_builder(builder, process_tree(plan.pid))  # as they are now that the probes are live
+        return EffectOrderFeeder(builder, slack_ns=config.RECORD_REORDER_SLACK_NS, on_rows=spill,
+                                 release_every=config.RECORD_RELEASE_EVERY)
+
+    def attached_summary(stopper: Stopper, processes: list[int]) -> dict:
+        return {"pid": plan.pid, "processes": processes, "stopped_by": stopper.reason,
+                "duration_s": plan.duration_s, "until_checkpoints": plan.until_checkpoints,
+                "checkpoint_files": [path for path, _ in counter.files[:plan.until_checkpoints]],
+                "window_end_ns": counter.cut_ns}
+
+    tracer = None
+    if choice.name == "bcc":
+        tracer, choice = load_bcc(choice, list(filters))
+    if tracer is not None:
+        from .bcc_backend import _NAMES
+
+        rename_nrs = np.array([_NAMES.index(name) for name in _RENAMES if name in _NAMES])
+
+        def keep(records: np.ndarray) -> np.ndarray:
+            if counter.cut_ns is None:
+                return np.ones(len(records), bool)
+            mask = (records["ts_ns"] + records["dur_ns"]) <= np.uint64(counter.cut_ns)
+            if "path" in (records.dtype.names or ()):
+                for i in np.flatnonzero(~mask & np.isin(records["nr"], rename_nrs)).tolist():
+                    path = records["path"][i].tobytes().split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                    mask[i] = counter.kept_after_cut(_NAMES[int(records["nr"][i])], int(records["pid"][i]), path)
+            return mask
+
+        seen: list[int] = []
+
+        def pids() -> list[int]:
+            found = process_tree(plan.pid)
+            seen.extend(pid for pid in found if pid not in seen)
+            return found
+
+        with Stopper(plan, counter) as stopper:
+            checkpoints = BccCheckpoints(counter)
+
+            def finished(rec) -> bool:
+                checkpoints.flush()
+                return stopper.should_stop()
+
+            rec = tracer.attach(pids, make_feeder, spool.output.parent, finished, on_records=checkpoints, keep=keep)
+        feeder = rec.feeder
+        feeder.finish()
+        spool.add(feeder.builder.take_rows())
+        extra = {"lost_events": rec.lost_events, **({"lost_reasons": rec.lost_reasons} if rec.lost_reasons else {}),
+                 "truncated_paths": rec.truncated_paths, "exit_code": 0, "exit_signal": None,
+                 "command_elapsed_ns": rec.command_elapsed_ns, "recorder_cpu_ns": rec.recorder_cpu_ns,
+                 "unseen": rec.unseen, "io_uring_unrecorded_ops": rec.uring_other_ops,
+                 "late_events": feeder.late_events, "spilled_raw_bytes": rec.spilled_raw_bytes,
+                 "released_s": rec.released_s, "exited_s": rec.exited_s,
+                 "attached": attached_summary(stopper, seen)}
+        return feeder.builder, extra, choice
+    tids: dict[int, int] = {}
+    with tempfile.TemporaryDirectory(prefix=leftovers.scratch_prefix("strace")) as scratch, \
+            Stopper(plan, counter) as stopper:
+        start_ns = time.time_ns()
+        feeder = make_feeder(plan.pid, start_ns)
+        got = strace_attach(plan, scratch, counter, stopper)
+        command_elapsed_ns = time.time_ns() - start_ns
+        logs = [strace_backend.iter_log(log) for log in got["logs"] if log.exists()]
+        events = heapq.merge(*logs, key=lambda event: event.ts_ns)
+        if counter.cut_ns is not None:
+            events = (event for event in events if _end_ns(event) <= counter.cut_ns or counter.kept_after_cut(
+                getattr(event, "name", ""), tgid_of(event.tid, tids), (getattr(event, "args", None) or {}).get("path")))
+        while chunk := list(itertools.islice(events, max(1, config.RECORD_DECODE_EVENTS))):
+            feeder.add(chunk)
+    feeder.finish()
+    spool.add(feeder.builder.take_rows())
+    unseen = {"io_uring_requests": "the strace backend sees io_uring_enter calls, not the requests in the ring",
+              "mapped_pages": "the strace backend sees mmap calls, not the pages touched through the mapping"}
+    return feeder.builder, {"lost_events": 0, "truncated_paths": 0, "exit_code": 0, "exit_signal": None,
+                            "command_elapsed_ns": command_elapsed_ns, "unseen": unseen,
+                            "late_events": feeder.late_events, "released_s": got["released_s"],
+                            "exited_s": got["exited_s"], "attached": attached_summary(stopper, got["attached"])
+                            }, choice
