@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ckpt_trace.workloads.engines import init_rank_group, leave_process_group
+from ckpt_trace.workloads.engines import leave_process_group
 
 
 def objects_equal_bitwise(a, b) -> bool:
@@ -87,7 +87,7 @@ def save_and_load_rank(rank: int, world: int, path: str, buffer_bytes: int, queu
     from ckpt_trace.writer import CheckpointReader, CheckpointWriter, WriterOptions
 
     options = WriterOptions(buffer_bytes=buffer_bytes, queue_depth=queue_depth)
-    init_rank_group("gloo", rank, world)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         state = _sharded_state(rank, world)
         dcp.save(state, storage_writer=CheckpointWriter(path, options))

@@ -249,7 +249,7 @@ def _dcp_rank(rank: int, world: int, out: str, model: str, with_optimizer: bool,
     torch = _torch()
     if device == "cuda":
         torch.cuda.set_device(_rank_device(torch, rank))
-    init_rank_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo", rank, world)
+    dist.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
     try:
         mesh = init_device_mesh(device, (world,))
         cfg = model_config(model)
@@ -274,24 +274,7 @@ def _dcp_rank(rank: int, world: int, out: str, model: str, with_optimizer: bool,
 
 _EXIT_GATE = None  # in a rank that ``spawn_ranks`` started: the barrier every rank passes before it exits
 _STORE_TIMEOUT_S = 1800  # torch.distributed's default for gloo groups
-
-
-def init_rank_group(backend: str, rank: int, world: int) -> None:
-    """Join the job's default process group (``torch.distributed.init_process_group``).
-
-    Under ``spawn_ranks`` the rendezvous store is the one the parent holds at MASTER_ADDR:MASTER_PORT
-    (bound before any rank started, for the job's whole life, so no other job can take the port between
-    its choice and its use); elsewhere (torchrun) the environment's rendezvous (``env://``)."""
-    import datetime
-
-    import torch.distributed as dist
-
-    if _EXIT_GATE is None:
-        dist.init_process_group(backend, rank=rank, world_size=world)
-        return
-    timeout = datetime.timedelta(seconds=_STORE_TIMEOUT_S)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, False, timeout=timeout)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 
 def leave_process_group() -> None:
@@ -360,10 +343,11 @@ def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
 
     Each process's environment carries RANK, LOCAL_RANK, WORLD_SIZE,
     MASTER_ADDR and MASTER_PORT (a free local port). ``target`` must be
-    importable by module path; one that joins a process group does so with
-    ``init_rank_group`` (the rendezvous store is held by this process) and
-    ends it with ``leave_process_group()`` once its work succeeded (the
-    ranks then leave together). Raises WorkloadError naming the ranks that exited non-zero;
+    importable by module path. Its ``init_process_group()`` (env://) meets
+    the others in a TCPStore this process holds for the job's life, as
+    torchrun's agent does (``TORCHELASTIC_USE_AGENT_STORE``); a target that
+    joins a process group ends it with ``leave_process_group()`` once its
+    work succeeded (the ranks then leave together). Raises WorkloadError naming the ranks that exited non-zero;
     on Ctrl-C every rank is stopped before KeyboardInterrupt propagates.
     """
     _torch()
@@ -382,8 +366,12 @@ def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
     # never free between its choice and the ranks' use of it, so two jobs on one host cannot meet in it.
     store = dist.TCPStore("127.0.0.1", 0, ranks, True, timeout=datetime.timedelta(seconds=_STORE_TIMEOUT_S),
                           wait_for_workers=False)
-    saved_env = {key: os.environ.get(key) for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
-    os.environ.update(WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
+    saved_env = {key: os.environ.get(key) for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
+                                                      _AGENT_STORE)}
+    # Every rank a client of that store, as under torchrun, whose agent holds it (torch.distributed's env://
+    # rendezvous reads TORCHELASTIC_USE_AGENT_STORE).
+    os.environ.update(WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
+                      **{_AGENT_STORE: "True"})
     procs = []
     try:
         for rank in range(ranks):
