@@ -99,7 +99,10 @@ def test_the_strace_process_and_a_bcc_command_get_a_parent_death_signal():
         child.wait()
 
 
-def test_a_killed_recordings_leftovers_are_named_by_the_next_one(tmp_path, strace_backend):
+def test_a_killed_recordings_leftovers_are_named_by_the_next_one(tmp_path, strace_backend, monkeypatch):
+    scratch = tmp_path / "tmpdir"  # $TMPDIR: what other recordings on this machine left there is not counted here
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # a process id that is gone
     trace = tmp_path / "t.arrow"

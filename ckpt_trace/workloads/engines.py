@@ -275,6 +275,7 @@ def _dcp_rank(rank: int, world: int, out: str, model: str, with_optimizer: bool,
 _EXIT_GATE = None  # in a rank that ``spawn_ranks`` started: the barrier every rank passes before it exits
 _STORE_TIMEOUT_S = 1800  # torch.distributed's default for gloo groups
 _AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 def leave_process_group() -> None:
@@ -319,6 +320,7 @@ def _rank_main(target, errors, gate, rank: int, ranks: int, *args) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     set_parent_death_signal()  # a workload killed outright takes its ranks with it (SIGTERM: the parent kills them)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # blocked by the parent while it started us
     logging.getLogger("torch.distributed.checkpoint").setLevel(logging.CRITICAL)  # its tracebacks: ours to report
     try:
         target(rank, ranks, *args)
@@ -373,19 +375,24 @@ def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
     os.environ.update(WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
                       **{_AGENT_STORE: "True"})
     procs = []
+    # Ctrl-C, SIGTERM and SIGHUP wait while the ranks start: a stop in the middle of a start would leave a
+    # half-started rank that is in no list to kill, and that dies with a traceback on its truncated
+    # bootstrap (``_rank_main`` unblocks them in each rank).
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
-        for rank in range(ranks):
-            os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
-            proc = ctx.Process(target=_rank_main, args=(target, errors, gate, rank, ranks, *args))
-            proc.start()
-            procs.append(proc)
-    finally:
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    try:
+        try:
+            for rank in range(ranks):
+                os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
+                proc = ctx.Process(target=_rank_main, args=(target, errors, gate, rank, ranks, *args))
+                proc.start()
+                procs.append(proc)
+        finally:
+            for key, value in saved_env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a stop that came meanwhile is raised here
         running = {proc.sentinel: proc for proc in procs}
         while running:
             for sentinel in wait_for(list(running)):
