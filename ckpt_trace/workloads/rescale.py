@@ -107,8 +107,8 @@ def recover_dcp_save(trace: str | os.PathLike) -> RecoveredSave:
 
     stored = read_layout(trace)
     if stored is None:
-        raise RescaleError(f"{trace} has no checkpoint layout (record it with layout, or `ckpt-trace annotate "
-                           "--checkpoint DIR`): rescaling needs the checkpoint's objects")
+        raise RescaleError(f"{trace} has no checkpoint layout (record it with its layout, or add it with "
+                           "`ckpt-trace annotate`): rescaling needs the checkpoint's objects")
     table, info = stored
     formats = set(table.column("format").to_pylist()) - {"unknown"}
     metadata_files = [p for p, f in (info.get("files") or {}).items() if f == "dcp"]
@@ -350,7 +350,7 @@ def rescale_dcp_save(trace: str | os.PathLike, ranks: int) -> Synthesis:
     recorded save and its write calls were reproduced at its own ranks, seconds). Raises RescaleError when
     it cannot be rescaled (the reason in the message), WorkloadError without torch."""
     if ranks < 1:
-        raise RescaleError("--ranks must be at least 1")
+        raise RescaleError("{option} must be at least 1", option="ranks")
     try:
         import torch.distributed.checkpoint  # noqa: F401
     except ImportError:
@@ -398,7 +398,7 @@ def write_rescaled(trace: str | os.PathLike, ranks: int, output: str | os.PathLi
     written as a trace at ``output`` (backend ``synth``, the figures under the
     metadata key ``synth``). Returns the figures with ``rows``. Raises RescaleError, CkptTraceError."""
     if ranks < 1:
-        raise RescaleError("--ranks must be at least 1")
+        raise RescaleError("{option} must be at least 1", option="ranks")
     result = rescale_dcp_load(trace, ranks) if is_load(trace) else rescale_dcp_save(trace, ranks)
     rows = write_synthesis(result, output, command=["ckpt-trace", "replay", str(trace), "--ranks", str(ranks)],
                            overwrite=overwrite)
@@ -628,7 +628,7 @@ def rescale_dcp_load(trace: str | os.PathLike, ranks: int) -> Synthesis:
     byte ranges and makes the calls the real reader would; each rank first reads ``.metadata`` as the recorded
     first rank did. Raises RescaleError as ``recover_dcp_save`` does."""
     if ranks < 1:
-        raise RescaleError("--ranks must be at least 1")
+        raise RescaleError("{option} must be at least 1", option="ranks")
     try:
         import torch.distributed.checkpoint  # noqa: F401
     except ImportError:
