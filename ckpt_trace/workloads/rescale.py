@@ -47,7 +47,7 @@ from typing import Any
 
 from ckpt_trace.errors import RescaleError
 
-from .synth import Synthesis, plan_and_write, write_synthesis
+from .synth import LoggedRaw, Synthesis, plan_and_write, write_synthesis
 
 _DATA_FILE = re.compile(r"__(\d+)_(\d+)\.distcp$")
 
@@ -184,7 +184,7 @@ def _sharded(fqn: str, dtype: str, shape: tuple, parts: list[tuple[int, dict]], 
             sizes = tuple(length if j == dim else shape[j] for j in range(len(shape)))
             expected[rank] = (offsets, sizes)
         nonempty = {r: c for r, c in expected.items() if 0 not in c[1]}
-        if got == expected or got == nonempty:
+        if got in (expected, nonempty):
             whole = _itemsize(dtype) * _numel(shape)  # DCP's WriteItem.tensor_storage_size: the global tensor's
             sizes = {r: whole for r in got}
             return StoredObject(fqn, "sharded", dtype, shape, dim), sizes
@@ -344,11 +344,8 @@ def _log_writes(logs: dict) -> dict[int, Counter]:
     return out
 
 
-def rescale_dcp_save(trace: str | os.PathLike, ranks: int) -> Synthesis:
-    """The DCP save recorded in ``trace`` as ``ranks`` ranks would write it (module docstring). Returns the
-    ``Synthesis`` (per rank its operations; figures: recorded and new ranks, files, data bytes, whether the
-    recorded save and its write calls were reproduced at its own ranks, seconds). Raises RescaleError when
-    it cannot be rescaled (the reason in the message), WorkloadError without torch."""
+def _require(ranks: int) -> None:
+    """Raise RescaleError for fewer than one rank, WorkloadError without torch."""
     if ranks < 1:
         raise RescaleError("{option} must be at least 1", option="ranks")
     try:
@@ -357,6 +354,14 @@ def rescale_dcp_save(trace: str | os.PathLike, ranks: int) -> Synthesis:
         from ckpt_trace.errors import WorkloadError
 
         raise WorkloadError("rescaling needs torch: pip install 'ckpt-trace[torch]'") from None
+
+
+def rescale_dcp_save(trace: str | os.PathLike, ranks: int) -> Synthesis:
+    """The DCP save recorded in ``trace`` as ``ranks`` ranks would write it (module docstring). Returns the
+    ``Synthesis`` (per rank its operations; figures: recorded and new ranks, files, data bytes, whether the
+    recorded save and its write calls were reproduced at its own ranks, seconds). Raises RescaleError when
+    it cannot be rescaled (the reason in the message), WorkloadError without torch."""
+    _require(ranks)
     started = time.perf_counter()
     save = recover_dcp_save(trace)
     planner = _planner()
@@ -457,21 +462,18 @@ class _Content:
         return bytes(out)
 
 
-class _RecordingReadRaw(io.RawIOBase):
+class _RecordingReadRaw(LoggedRaw):
     """A raw file that serves ``_Content``'s bytes and logs its calls as ``FileIO`` makes them."""
 
     def __init__(self, log, path: str, content: _Content) -> None:
-        super().__init__()
-        self.log, self.path, self.content, self.pos = log, path, content, 0
-        self.end = content.size(path)
-        self._fd, _ = log.fd(path)
-        log.ops.append(("open", path, None, None, self._fd, O_RDONLY_CLOEXEC, None, self._fd))
+        self.content, self.end = content, content.size(path)
+        super().__init__(log, path, O_RDONLY_CLOEXEC)
 
     def readable(self) -> bool:
         return True
 
-    def seekable(self) -> bool:
-        return True
+    def size(self) -> int:
+        return self.end
 
     def readinto(self, b) -> int:
         view = memoryview(b).cast("B")
@@ -480,20 +482,6 @@ class _RecordingReadRaw(io.RawIOBase):
         self.log.ops.append(("read", self.path, self.pos, len(view), count, None, None, self._fd))
         self.pos += count
         return count
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.end}[whence]
-        self.pos = base + offset
-        self.log.ops.append(("lseek", self.path, self.pos, None, self.pos, whence, None, self._fd))
-        return self.pos
-
-    def tell(self) -> int:
-        return self.seek(0, io.SEEK_CUR)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.log.ops.append(("close", self.path, None, None, 0, None, None, self._fd))
-        super().close()
 
 
 def _reading_fs(log, content: _Content, buffer_bytes: int):
@@ -627,14 +615,7 @@ def rescale_dcp_load(trace: str | os.PathLike, ranks: int) -> Synthesis:
     real over a recording file system that serves the chunks' bytes (``_Content``), so each rank reads the
     byte ranges and makes the calls the real reader would; each rank first reads ``.metadata`` as the recorded
     first rank did. Raises RescaleError as ``recover_dcp_save`` does."""
-    if ranks < 1:
-        raise RescaleError("{option} must be at least 1", option="ranks")
-    try:
-        import torch.distributed.checkpoint  # noqa: F401
-    except ImportError:
-        from ckpt_trace.errors import WorkloadError
-
-        raise WorkloadError("rescaling needs torch: pip install 'ckpt-trace[torch]'") from None
+    _require(ranks)
     from .synth import _Log
 
     started = time.perf_counter()

@@ -126,19 +126,45 @@ class _Log:
         return fd, token
 
 
-class _RecordingRaw(io.RawIOBase):
-    """A raw file that keeps no bytes: its calls are logged as ``FileIO`` makes them as system calls."""
+class LoggedRaw(io.RawIOBase):
+    """A raw file whose position calls are logged as ``FileIO`` makes them as system calls (open at
+    construction with ``flags``, lseek, close); subclasses add the data calls. ``size()`` is what SEEK_END
+    seeks from."""
 
-    def __init__(self, log: _Log, path: str) -> None:
+    def __init__(self, log: _Log, path: str, flags: int) -> None:
         super().__init__()
         self.log, self.path, self.pos = log, path, 0
         self._fd, self._token = log.fd(path)
-        log.ops.append(("open", path, None, None, self._fd, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, None, self._fd))
-
-    def writable(self) -> bool:
-        return True
+        log.ops.append(("open", path, None, None, self._fd, flags, None, self._fd))
 
     def seekable(self) -> bool:
+        return True
+
+    def size(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size()}[whence]
+        self.pos = base + offset
+        self.log.ops.append(("lseek", self.path, self.pos, None, self.pos, whence, None, self._fd))
+        return self.pos
+
+    def tell(self) -> int:
+        return self.seek(0, io.SEEK_CUR)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.log.ops.append(("close", self.path, None, None, 0, None, None, self._fd))
+        super().close()
+
+
+class _RecordingRaw(LoggedRaw):
+    """A raw file that keeps no bytes: its calls are logged as ``FileIO`` makes them as system calls."""
+
+    def __init__(self, log: _Log, path: str) -> None:
+        super().__init__(log, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC)
+
+    def writable(self) -> bool:
         return True
 
     def fileno(self) -> int:
@@ -150,19 +176,6 @@ class _RecordingRaw(io.RawIOBase):
         self.log.ops.append(("write", self.path, self.pos, size, moved, None, None, self._fd))
         self.pos += moved
         return moved
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        self.pos = offset if whence == io.SEEK_SET else self.pos + offset if whence == io.SEEK_CUR else self.pos
-        self.log.ops.append(("lseek", self.path, self.pos, None, self.pos, whence, None, self._fd))
-        return self.pos
-
-    def tell(self) -> int:
-        return self.seek(0, io.SEEK_CUR)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.log.ops.append(("close", self.path, None, None, 0, None, None, self._fd))
-        super().close()
 
 
 def _recording_fs(log: _Log, buffer_bytes: int):
@@ -322,7 +335,7 @@ def synthesize_dcp(model: str, ranks: int, optimizer: str = "none", *, out: str 
 
 
 def plan_and_write(state_of, ranks: int, *, out: str, buffer_bytes: int, thread_count: int = 1,
-                   planner=None) -> tuple[dict[int, "_Log"], list, Any, float]:
+                   planner=None) -> tuple[dict[int, _Log], list, Any, float]:
     """Steps 1 and 2 of the module docstring for any state dict: ``state_of(mesh, device)`` is a simulated
     rank's state dict (``device`` ``meta`` to plan, ``cpu`` to write); ``planner`` makes the save planner
     (default ``DefaultSavePlanner``). Returns (each rank's ``_Log``, each rank's ``WriteResult`` list, the
