@@ -79,6 +79,56 @@ def test_a_signal_to_record_stops_the_command_and_keeps_a_flagged_trace(tmp_path
     assert "cut this trace's recording" in replayed.stderr
 
 
+def test_a_sigkilled_recorder_takes_the_traced_command_with_it(tmp_path, backend):
+    """SIGKILL runs no handler: the command ends through its parent-death signal (strace's command through
+    setpriv --pdeathsig, as strace's fork clears the one strace had)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "TMPDIR": str(scratch)}
+    # not Python: a Python command gets the GPU subscriber, whose own link to the recorder would end it
+    job = f"echo $$ > {work}/pid.tmp && mv {work}/pid.tmp {work}/pid && exec sleep 60"
+    recorder = subprocess.Popen([sys.executable, "-m", "ckpt_trace.cli", "record", "-o", str(tmp_path / "t.arrow"),
+                                 "--backend", backend, "--", "sh", "-c", job],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)  # no pipe a survivor holds
+    deadline = time.monotonic() + 120
+    while not (work / "pid").exists() and time.monotonic() < deadline and recorder.poll() is None:
+        time.sleep(0.01)
+    assert (work / "pid").exists(), recorder.wait()
+    command = int((work / "pid").read_text())
+    os.kill(recorder.pid, signal.SIGKILL)
+    recorder.wait(timeout=60)
+    killed = time.monotonic()
+    while _alive(command) and time.monotonic() - killed < 5.0:
+        time.sleep(0.01)
+    if _alive(command):
+        os.kill(command, signal.SIGKILL)
+        pytest.fail("the traced command outlived the SIGKILLed recorder by 5 s")
+
+
+def test_the_setpriv_wrapper_leaves_no_row_in_the_trace(tmp_path, strace_backend):
+    """The strace backend's command starts through setpriv: none of setpriv's own calls become rows."""
+    from ckpt_trace.tracer import strace_backend as backend
+
+    if not backend.pdeathsig_wrapper():
+        pytest.skip("setpriv is not installed")
+    trace = tmp_path / "t.arrow"
+    cli("record", "-o", str(trace), "--backend", "strace", "--", sys.executable, "-c", "pass")
+    table = read_trace(trace).table
+    wrapper = {p for p in table.column("path").to_pylist() if p and "setpriv" in p}
+    assert not wrapper
+    bare = tmp_path / "bare.log"  # the same command under strace without the wrapper: the same paths
+    subprocess.run(backend.strace_command([sys.executable, "-c", "pass"], bare), check=True)
+    from ckpt_trace.tracer.state import SyscallEvent
+
+    wrapped = tmp_path / "wrapped.log"
+    subprocess.run(backend.strace_command([*backend.pdeathsig_wrapper(), sys.executable, "-c", "pass"], wrapped),
+                   check=True)
+    names = lambda events: [e.name for e in events if isinstance(e, SyscallEvent)]  # noqa: E731
+    assert names(backend.iter_log(wrapped, skip_wrapper=True)) == names(backend.iter_log(bare))
+
+
 @pytest.mark.slow
 def test_the_strace_process_and_a_bcc_command_get_a_parent_death_signal():
     from ckpt_trace.tracer.children import descendants, set_parent_death_signal

@@ -6,7 +6,9 @@ writes untraced, and an orphaned strace holds its tracees. So:
 - ``set_parent_death_signal`` (prctl(2) ``PR_SET_PDEATHSIG``, in the child before it execs) makes the
   kernel send SIGKILL to the child when the recorder dies, even by SIGKILL. The setting is kept across
   execve(2) of a non-set-user-ID program and cleared in the children of a fork(2): it covers bcc's traced
-  command and the strace process, not the processes strace starts.
+  command and the strace process, not the processes strace starts; strace's command is started through
+  ``setpriv --pdeathsig KILL`` (strace_backend.pdeathsig_wrapper) so it dies with strace. Processes the
+  command itself forks are not covered (a command that does not end its children leaves them).
 - ``forwarding`` turns SIGTERM and SIGHUP sent to the recorder into the same signal sent to every
   process of the traced command (the recorder's descendants, found through /proc/PID/task/TID/children,
   proc(5)); strace itself is left to see its tracees exit and finish its log. A second signal sends

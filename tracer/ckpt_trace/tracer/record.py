@@ -196,7 +196,7 @@ def _run_traced(choice: BackendChoice, cmd: list[str], builder_args: dict, spool
         released_s = strace_backend.first_event_monotonic_s(log)
         feeder = make_feeder(None, start_ns)
         if log.exists():
-            events = strace_backend.iter_log(log)
+            events = strace_backend.iter_log(log, skip_wrapper=True)
             while chunk := list(itertools.islice(events, max(1, config.RECORD_DECODE_EVENTS))):
                 feeder.add(chunk)
     feeder.finish()

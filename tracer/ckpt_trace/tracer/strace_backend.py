@@ -68,9 +68,20 @@ def strace_command(cmd: list[str], log_path: Path) -> list[str]:
     ]
 
 
+def pdeathsig_wrapper() -> list[str]:
+    """The words that start a command with a parent-death signal of its own (util-linux setpriv(1)
+    ``--pdeathsig KILL``, prctl(2) PR_SET_PDEATHSIG set in the command's process before it execs); [] when
+    setpriv is not installed. strace forks the command, and a fork clears the setting strace got from us, so
+    without this a SIGKILLed recorder takes strace with it but leaves the command running, untraced.
+    ``iter_log(skip_wrapper=True)`` drops what the wrapper did before its exec of the command."""
+    exe = shutil.which("setpriv")
+    return [exe, "--pdeathsig", "KILL", "--"] if exe else []
+
+
 def run(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> int:
-    """Run ``cmd`` under strace, writing the log to ``log_path``; return the command's exit code."""
-    argv = strace_command(cmd, log_path)
+    """Run ``cmd`` under strace, writing the log to ``log_path``; return the command's exit code.
+    The command is started through ``pdeathsig_wrapper()``: read the log with ``iter_log(skip_wrapper=True)``."""
+    argv = strace_command([*pdeathsig_wrapper(), *cmd], log_path)
     try:
         proc = subprocess.Popen(argv, env=env, preexec_fn=set_parent_death_signal)  # strace dies with us
     except OSError as err:
@@ -375,10 +386,37 @@ def parse_log(log_path: Path) -> list[SyscallEvent | AuxEvent]:
     return list(iter_log(log_path))
 
 
-def iter_log(log_path: Path) -> Iterator[SyscallEvent | AuxEvent]:
-    """``parse_log`` one event at a time (a long recording's events are never all in memory)."""
+def iter_log(log_path: Path, skip_wrapper: bool = False) -> Iterator[SyscallEvent | AuxEvent]:
+    """``parse_log`` one event at a time (a long recording's events are never all in memory).
+    ``skip_wrapper``: the log's first process started as ``pdeathsig_wrapper()`` (when setpriv is installed);
+    its events up to its second successful execve (the command's) are dropped, that execve kept, so the
+    trace holds the command's calls only."""
     with open(log_path, encoding="utf-8", errors="surrogateescape") as log:
-        yield from _events_from_lines(iter(log))
+        events = _events_from_lines(iter(log))
+        if skip_wrapper and pdeathsig_wrapper():
+            events = _after_wrapper(events)
+        yield from events
+
+
+def _after_wrapper(events: Iterator[SyscallEvent | AuxEvent]) -> Iterator[SyscallEvent | AuxEvent]:
+    """``events`` without the first process's events before its second successful execve (the wrapper's
+    own exec is the first). The wrapper does not fork, so no other process appears before that."""
+    first: int | None = None
+    execs = 0
+    for event in events:
+        if execs >= 2:
+            yield event
+            continue
+        tid = getattr(event, "tid", None)
+        if first is None:
+            first = tid
+        if tid != first:  # not expected (setpriv does not fork): keep it
+            yield event
+            continue
+        if isinstance(event, SyscallEvent) and event.name in ("execve", "execveat") and event.ret == 0:
+            execs += 1
+            if execs == 2:
+                yield event
 
 
 def inherited_fds() -> dict[int, str]:
