@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,20 @@ UNDER_CI = os.environ.get("CI") == "true"
 os.environ.setdefault("CKPT_TRACE_REPLAY_MIN_ROUNDS", "1")
 os.environ.setdefault("CKPT_TRACE_REPLAY_MAX_ROUNDS", "3")
 REPO = Path(__file__).resolve().parent.parent
+_SYSTEM_TMP = tempfile.gettempdir()
+
+
+@pytest.fixture(autouse=True)
+def _own_tmpdir(monkeypatch):
+    """Each test its own $TMPDIR: the scratch a killed recording leaves there (strace logs, GPU subscriber
+    directories), which the next ``record`` names on stderr, belongs to the test that made it, never to a
+    later test that counts stderr lines (nor to what other runs on this machine left in /tmp). Short
+    (``/tmp/ctt-XXXXXXXX``): AF_UNIX socket paths made under it stay within their 108 bytes."""
+    path = tempfile.mkdtemp(prefix="ctt-", dir=_SYSTEM_TMP)
+    monkeypatch.setenv("TMPDIR", path)
+    monkeypatch.setattr(tempfile, "tempdir", path)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _missing(reason: str, required_in_ci: bool) -> None:

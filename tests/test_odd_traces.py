@@ -139,7 +139,7 @@ def test_a_strip_prefix_equal_to_a_recorded_file_is_a_counted_skip(tmp_path):
     report = replay(trace, target=tmp_path / "t", strip_prefix="/data/ck")
     assert report.results[0].bytes_written == 1 << 17 and report.results[0].skipped_ops["no_path"] == 1
     assert any("--strip-prefix equal to the file" in note for note in report.results[0].notes)
-    with pytest.raises(ReplayError, match="--strict"):
+    with pytest.raises(ReplayError, match="strict=True"):
         replay(trace, target=tmp_path / "s", strip_prefix="/data/ck", strict=True)
 
 

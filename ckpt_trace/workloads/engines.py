@@ -227,13 +227,13 @@ def _same(torch, loaded, saved, where: str = "") -> None:
         b = saved.to_local() if hasattr(saved, "to_local") else saved
         if a.dtype != b.dtype or a.shape != b.shape:
             raise WorkloadError(f"loaded {where} differs from what was saved: {a.dtype} {tuple(a.shape)} against "
-                                f"{b.dtype} {tuple(b.shape)} (saved with the same --model and --with-optimizer?)")
+                                f"{b.dtype} {tuple(b.shape)} (saved with the same model and optimizer state?)")
         bytes_a, bytes_b = a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)
         if not torch.equal(bytes_a, bytes_b):
             wrong = (bytes_a.cpu() != bytes_b.cpu()).nonzero().reshape(-1)
             raise WorkloadError(f"loaded {where} differs from what was saved: {wrong.numel():,} of "
                                 f"{bytes_a.numel():,} bytes, the first at byte {int(wrong[0]):,}, the last at "
-                                f"{int(wrong[-1]):,} (saved with the same --model and --with-optimizer?)")
+                                f"{int(wrong[-1]):,} (saved with the same model and optimizer state?)")
     elif loaded != saved:
         raise WorkloadError(f"loaded {where} differs from what was saved")
 
