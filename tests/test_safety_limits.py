@@ -56,3 +56,37 @@ def test_bench_refuses_a_target_whose_parent_is_missing(tmp_path):
     proc = cli("bench", "--quick", "--target", str(target), "-o", str(tmp_path / "out"), check=False)
     _one_line(proc, "does not exist")
     assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.root
+def test_record_into_a_filled_file_system_refuses_in_one_line_before_the_command_runs(tmp_path, strace_backend):
+    """Finding 12 as found: a full disk (creating an empty file still succeeds there) let the whole job run,
+    then lost the recording. Now: one line, exit 2, the command never started, nothing left on the disk."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    full = tmp_path / "full"
+    full.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(full)], check=True)
+    try:
+        with open(full / "filler", "wb") as filler:  # fill it to the last block
+            try:
+                while True:
+                    filler.write(b"\0" * 65536)
+                    filler.flush()
+            except OSError as err:
+                assert err.errno == 28  # ENOSPC
+        assert os.statvfs(full).f_bavail == 0
+        marker = tmp_path / "ran"
+        proc = cli("record", "-o", str(full / "t.arrow"), "--backend", "strace", "--", "sh", "-c",
+                   f"echo ran > {marker}", check=False)
+        errors = [line for line in proc.stderr.splitlines() if "error" in line]
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert len(errors) == 1 and "t.arrow" in errors[0], proc.stderr  # one error line (the backend notes come before it)
+        assert "No space left on device" in errors[0], proc.stderr
+        assert not marker.exists(), "the command ran although its recording could not be written"
+        assert sorted(p.name for p in full.iterdir()) == ["filler"]
+    finally:
+        subprocess.run(["umount", str(full)], check=True)

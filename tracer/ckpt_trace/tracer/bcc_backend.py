@@ -50,7 +50,7 @@ from ckpt_trace.errors import TracerError
 from ckpt_trace.formats import vocabulary
 
 from . import btf, costs
-from .children import set_parent_death_signal
+from .children import set_parent_death_signal, sigint_handler
 from . import syscalls as sc
 from .ringbuf import RingReader, sample_dtype
 from .state import AuxEvent, EffectOrderFeeder, SyscallEvent, rank_from_environ
@@ -747,7 +747,7 @@ class BccTracer:
             done, raw = os.waitpid(rec.root_pid, os.WNOHANG)
             return raw if done else None
 
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = signal.signal(signal.SIGINT, sigint_handler())
         try:
             rec, status = self._collect(make_feeder, scratch_dir, begin, release, finished)
         finally:

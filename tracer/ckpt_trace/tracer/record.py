@@ -63,7 +63,7 @@ class RecordResult:
     lost_events: int
     elapsed_s: float
     exit_signal: int | None = None
-    interrupted: str | None = None  # SIGTERM or SIGHUP cut the recording (the command got it too)
+    interrupted: str | None = None  # SIGTERM, SIGHUP or SIGINT cut the recording (the command got it too)
     filtered_ops: int = 0
     unseen: dict = field(default_factory=dict)
     gpu: dict = field(default_factory=dict)
@@ -146,7 +146,7 @@ def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict, spoo
     the builder keeping at most ``config.RECORD_RUN_ROWS`` of them."""
     with _collector_paused(), forwarding(skip_children=choice.name == "strace") as received:
         builder, extra, choice = _run_traced(choice, cmd, builder_args, spool, capture)
-    if received:  # SIGTERM or SIGHUP cut the recording: the command got it, the trace says so
+    if received:  # SIGTERM, SIGHUP or SIGINT cut the recording: the command got it, the trace says so
         extra = {**extra, "interrupted": signal.Signals(received[0]).name}
     return builder, extra, choice
 

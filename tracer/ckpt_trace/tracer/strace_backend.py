@@ -24,7 +24,7 @@ from ckpt_trace import config
 from ckpt_trace.errors import TracerError
 
 from . import syscalls as sc
-from .children import set_parent_death_signal
+from .children import set_parent_death_signal, sigint_handler
 from .state import AUX_AIO_EVENT, AUX_AIO_SUBMIT, AuxEvent, SyscallEvent, rank_from_environ
 
 # strace folds the 64-bit position of the p*v calls into one argument.
@@ -87,7 +87,7 @@ def run(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> in
     except OSError as err:
         raise TracerError(f"cannot start strace: {err.strerror}") from None
     # Ctrl-C reaches strace and the command through the terminal; keep recording what they did.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = signal.signal(signal.SIGINT, sigint_handler())
     try:
         return proc.wait()
     finally:
