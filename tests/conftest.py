@@ -22,11 +22,12 @@ _SYSTEM_TMP = tempfile.gettempdir()
 
 
 @pytest.fixture(autouse=True)
-def _own_tmpdir(monkeypatch):
+def _own_tmpdir(monkeypatch, tmp_path_factory):
     """Each test its own $TMPDIR: the scratch a killed recording leaves there (strace logs, GPU subscriber
     directories), which the next ``record`` names on stderr, belongs to the test that made it, never to a
     later test that counts stderr lines (nor to what other runs on this machine left in /tmp). Short
     (``/tmp/ctt-XXXXXXXX``): AF_UNIX socket paths made under it stay within their 108 bytes."""
+    tmp_path_factory.getbasetemp()  # pytest's own base (tmp_path), fixed from the system's $TMPDIR before ours
     path = tempfile.mkdtemp(prefix="ctt-", dir=_SYSTEM_TMP)
     monkeypatch.setenv("TMPDIR", path)
     monkeypatch.setattr(tempfile, "tempdir", path)
