@@ -322,6 +322,23 @@ def test_emit_without_results_and_its_refusals(tmp_path):
 
 
 @pytest.mark.torch
+@pytest.mark.slow
+def test_a_failed_rank_does_not_leave_its_peers_waiting_in_the_rendezvous(torch_installed):
+    """Rank 0 fails before the rendezvous; rank 1 waits there for it. The job must end with rank 0's reason once
+    the peers' grace is over, not after the store's 30-minute timeout (a hang, so the bound is generous)."""
+    import time
+
+    from writer_state import fail_or_wait_rank
+
+    from ckpt_trace.errors import WorkloadError
+    from ckpt_trace.workloads.engines import _PEER_GRACE_S, spawn_ranks
+
+    started = time.monotonic()
+    with pytest.raises(WorkloadError, match=r"rank 0: rank 0 gave up before the rendezvous \(and rank\(s\) 1\)"):
+        spawn_ranks(fail_or_wait_rank, 2)
+    assert time.monotonic() - started < _PEER_GRACE_S + 300
+
+
 def test_a_rank_with_nothing_to_write_writes_no_file(tmp_path, torch_installed):
     from torch.distributed.checkpoint.planner import SavePlan
 

@@ -136,3 +136,14 @@ def killed_save_main(path: str, calls: int) -> None:
 
 if __name__ == "__main__":
     killed_save_main(sys.argv[1], int(sys.argv[2]))
+
+
+def fail_or_wait_rank(rank: int, world: int) -> None:
+    """Rank 0 fails at once; the others wait in the rendezvous for it (they would wait out the store's timeout)."""
+    import torch.distributed as dist
+
+    from ckpt_trace.errors import WorkloadError
+
+    if rank == 0:
+        raise WorkloadError("rank 0 gave up before the rendezvous")
+    dist.init_process_group("gloo", rank=rank, world_size=world)

@@ -276,6 +276,9 @@ _EXIT_GATE = None  # in a rank that ``spawn_ranks`` started: the barrier every r
 _STORE_TIMEOUT_S = 1800  # torch.distributed's default for gloo groups
 _AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+# Seconds the other ranks get to end on their own once one failed; then they are killed (a peer blocked in the
+# rendezvous or a collective would otherwise wait out the store's 30 minutes).
+_PEER_GRACE_S = 10.0
 
 
 def leave_process_group() -> None:
@@ -344,13 +347,16 @@ def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
     """Run ``target(rank, ranks, *args)`` in ``ranks`` spawned processes, as torchrun starts them.
 
     Each process's environment carries RANK, LOCAL_RANK, WORLD_SIZE,
-    MASTER_ADDR and MASTER_PORT (a free local port). ``target`` must be
-    importable by module path. Its ``init_process_group()`` (env://) meets
-    the others in a TCPStore this process holds for the job's life, as
-    torchrun's agent does (``TORCHELASTIC_USE_AGENT_STORE``); a target that
-    joins a process group ends it with ``leave_process_group()`` once its
-    work succeeded (the ranks then leave together). Raises WorkloadError naming the ranks that exited non-zero;
-    on Ctrl-C every rank is stopped before KeyboardInterrupt propagates.
+    MASTER_ADDR and MASTER_PORT (the port of a TCPStore this process holds
+    for the job's life). ``target`` must be importable by module path. Its
+    ``init_process_group()`` (env://) meets the others in that store, as
+    under torchrun, whose agent holds it (``TORCHELASTIC_USE_AGENT_STORE``);
+    a target that joins a process group ends it with
+    ``leave_process_group()`` once its work succeeded (the ranks then leave
+    together). Once a rank fails, the others get ``_PEER_GRACE_S`` seconds
+    to end, then are killed. Raises WorkloadError naming the ranks that
+    exited non-zero; on Ctrl-C every rank is stopped before
+    KeyboardInterrupt propagates.
     """
     _torch()
     from multiprocessing.connection import wait as wait_for
@@ -394,12 +400,21 @@ def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
                     os.environ[key] = value
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a stop that came meanwhile is raised here
         running = {proc.sentinel: proc for proc in procs}
+        failed_at, killed = None, False
         while running:
-            for sentinel in wait_for(list(running)):
+            timeout = None if failed_at is None or killed else max(0.0, failed_at + _PEER_GRACE_S - time.monotonic())
+            ready = wait_for(list(running), timeout)
+            if not ready:  # a rank failed and its peers are still waiting for it (a rendezvous, a collective)
+                for proc in running.values():
+                    proc.kill()
+                killed = True
+                continue
+            for sentinel in ready:
                 proc = running.pop(sentinel)
                 proc.join()
                 if proc.exitcode != 0:
                     gate.abort()  # the ranks waiting to exit together go now (the parent reports the failure)
+                    failed_at = time.monotonic() if failed_at is None else failed_at
     except KeyboardInterrupt:
         for proc in procs:
             proc.kill()
