@@ -296,7 +296,7 @@ def _median(report: dict, name: str, phase: str, key: str = "elapsed_s") -> floa
 def summarize(report: dict) -> None:
     names = [n for n in report["rounds"][0] if n not in ("d2h copy", "h2d copy")] if report["rounds"] else []
     gb = report["bytes"] / 1e9
-    rows, summary = [], {}
+    summary = {}
     copy = {"save": _median(report, "d2h copy", "save"), "load": _median(report, "h2d copy", "load")}
     io_only = {phase: _median(report, "emitted, host state", phase) for phase in ("save", "load")}
     print(f"\n{report['model']} + Adam, {gb:.2f} GB, medians of {len(report['rounds'])} rounds "

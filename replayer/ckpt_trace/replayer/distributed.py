@@ -71,8 +71,8 @@ from ckpt_trace.iolayer import host
 from ckpt_trace.stats import LatencyHistogram
 from ckpt_trace.version import __version__
 
-from .optable import WRITE
 from .lock import TargetLock, job_id
+from .optable import WRITE
 from .ownership import Claim
 from .plan import GLOBAL_ROW, PLAN_COLUMNS, ReplayPlan, build_posix_plan
 from .posix import Progress

@@ -58,9 +58,9 @@ from ckpt_trace.iolayer import gpu
 from ckpt_trace.iolayer.pattern import file_key
 from ckpt_trace.ranges import merge_grouped_ranges, merge_ranges
 
+from . import entries
 from .optable import KINDS, NONE, READ, WRITE, OpTable, PlanOp, interleave_columns
 from .ordering import with_cross_worker_order
-from . import entries
 from .paths import relative_target_path
 
 DATA_KINDS = v.DATA_OPS

@@ -29,10 +29,9 @@ from ckpt_trace.stats import median_index
 from ckpt_trace.version import __version__
 
 from .aggregate import alignment_counts, build_aggregated_plan
-
-from .optable import READ, WRITE
 from .checks import checked_batches, refuse_file_and_directory, refuse_skips, skip_notes
 from .lock import LOCK_NAME, TargetLock, job_id, refuse_held
+from .optable import READ, WRITE
 from .ownership import Claim
 from .pack import pack_plan
 from .paths import TargetRoot
@@ -526,7 +525,7 @@ def prepare_cache(root: TargetRoot, plan: ReplayPlan, state: str) -> None:
     """Before the clock: the pre-created files cold (fsync(2), then posix_fadvise(2) POSIX_FADV_DONTNEED,
     which drops clean pages) or warm (read once, whole). Raises ReplayError on an I/O error."""
     chunk = bytearray(4 << 20)
-    for rel, size in plan.precreate_files:
+    for rel, _size_bytes in plan.precreate_files:
         try:
             fd = root.open(rel, os.O_RDONLY)
         except FileNotFoundError:  # a distributed share's file another process creates

@@ -31,6 +31,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -76,7 +77,7 @@ def check_plan(plan: AttachPlan) -> None:
 def alive(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie (proc(5) /proc/PID/stat state)."""
     try:
-        state = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0]
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
@@ -105,7 +106,7 @@ def threads(pid: int) -> list[int]:
 def job_command(pid: int) -> list[str]:
     """The job's command line (/proc/PID/cmdline), for the trace's ``command``."""
     try:
-        raw = open(f"/proc/{pid}/cmdline", "rb").read()
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return [f"pid {pid}"]
     return [part.decode("utf-8", "surrogateescape") for part in raw.split(b"\0") if part] or [f"pid {pid}"]
@@ -122,7 +123,7 @@ def running_process(pid: int) -> Process | None:
     for name in names:
         try:
             path = os.readlink(f"/proc/{pid}/fd/{name}")
-            info = dict(line.split(":", 1) for line in open(f"/proc/{pid}/fdinfo/{name}").read().splitlines()
+            info = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/fdinfo/{name}").read_text().splitlines()
                         if ":" in line)
             flags = int(info.get("flags", "0").strip(), 8)
             pos = int(info.get("pos", "0").strip())
@@ -134,12 +135,12 @@ def running_process(pid: int) -> Process | None:
     except OSError:
         cwd = None
     try:
-        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         rank = rank_from_environ(item.decode("utf-8", "replace") for item in environ if item)
     except OSError:
         rank = None
     try:
-        comm = open(f"/proc/{pid}/comm").read().strip()
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         comm = None
     return Process(tgid=pid, table=FdTable(fds), cwd=cwd, rank=-1 if rank is None else rank, comm=comm)
@@ -343,7 +344,7 @@ def tgid_of(tid: int, cache: dict[int, int]) -> int:
     if tid not in cache:
         tgid = tid
         try:
-            for line in open(f"/proc/{tid}/status"):
+            for line in Path(f"/proc/{tid}/status").read_text().splitlines():
                 if line.startswith("Tgid:"):
                     tgid = int(line.split()[1])
                     break
@@ -410,7 +411,7 @@ def strace_attach_command(pids: list[int], log_path) -> list[str]:
 def _traced_by(pid: int) -> int:
     """TracerPid of ``pid`` (proc(5) status), 0 when none or gone."""
     try:
-        for line in open(f"/proc/{pid}/status"):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("TracerPid:"):
                 return int(line.split()[1])
     except (OSError, ValueError):

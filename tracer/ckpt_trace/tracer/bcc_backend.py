@@ -50,8 +50,8 @@ from ckpt_trace.errors import TracerError
 from ckpt_trace.formats import vocabulary
 
 from . import btf, costs
-from .children import set_parent_death_signal, sigint_handler
 from . import syscalls as sc
+from .children import set_parent_death_signal, sigint_handler
 from .ringbuf import RingReader, sample_dtype
 from .state import AuxEvent, EffectOrderFeeder, SyscallEvent, rank_from_environ
 

@@ -29,8 +29,7 @@ from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.version import __version__
 
 from . import attach as attach_mod
-from . import bcc_backend, clock, costs, gpu, strace_backend
-from . import leftovers
+from . import bcc_backend, clock, costs, gpu, leftovers, strace_backend
 from .children import forwarding
 from .spool import RowSpool
 from .state import EffectOrderFeeder, TraceBuilder, rank_from_environ
@@ -246,7 +245,7 @@ def record(
     overwrite: bool = False,
     gpu_plan: gpu.GpuPlan | None = None,
     host: str | None = None,
-    attach: "attach_mod.AttachPlan | None" = None,
+    attach: attach_mod.AttachPlan | None = None,
 ) -> RecordResult:
     """Run ``cmd`` (and every descendant) traced; write the trace to ``output``.
 
