@@ -13,9 +13,9 @@ it; with buffered I/O, io_submit itself does the I/O (io_submit(2), NOTES).
 
 from __future__ import annotations
 
-import errno
 import ctypes
 import ctypes.util
+import errno
 import os
 import platform
 import struct

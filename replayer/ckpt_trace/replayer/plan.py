@@ -722,9 +722,9 @@ class _Planner:
             self.skipped["no_path"] += 1
             return
         self.named.add(path)
-        if (row["flags"] or 0) & v.AT_REMOVEDIR:  # rmdir: a directory, made before the clock if never seen
-            if path not in self.first_touch and not self._under_made_dir(path):
-                self.opened_dirs.add(path)
+        # rmdir: a directory, made before the clock if never seen
+        if (row["flags"] or 0) & v.AT_REMOVEDIR and path not in self.first_touch and not self._under_made_dir(path):
+            self.opened_dirs.add(path)
         self.first_touch.setdefault(path, False)
         self.sizes.pop(path, None)
         self.file_of_path.pop(path, None)

@@ -30,7 +30,7 @@ from ckpt_trace.version import __version__
 
 from .aggregate import alignment_counts, build_aggregated_plan
 from .checks import checked_batches, refuse_file_and_directory, refuse_skips, skip_notes
-from .lock import LOCK_NAME, TargetLock, job_id, refuse_held
+from .lock import TargetLock, is_lock_file, job_id, refuse_held
 from .optable import READ, WRITE
 from .ownership import Claim
 from .pack import pack_plan
@@ -226,7 +226,7 @@ def prepare_target(target: Path, force: bool) -> TargetRoot:
     except OSError as err:
         raise ReplayError(f"cannot create target {target}: {err.strerror}") from None
     refuse_held(target, job_id())
-    if not force and any(p.name != LOCK_NAME for p in target.iterdir()):
+    if not force and any(not is_lock_file(p.name) for p in target.iterdir()):
         raise ReplayError(f"target {target} is not empty (use {{option}} to replay into it)", option="force", switch=True)
     return TargetRoot(target)
 
