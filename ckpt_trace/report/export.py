@@ -217,7 +217,7 @@ class _Partitions:
             if self.waiting_rows[rank] >= ROW_GROUP_ROWS:
                 self._flush(rank)
         while sum(self.waiting_rows.values()) > self.BUFFERED_ROWS:
-            self._flush(max(self.waiting_rows, key=self.waiting_rows.get))
+            self._flush(max(self.waiting_rows, key=lambda r: self.waiting_rows[r]))
 
     def _flush(self, rank: int) -> None:
         tables = self.waiting.pop(rank, [])

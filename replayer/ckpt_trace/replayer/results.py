@@ -104,7 +104,7 @@ class ReplayResult:
             return sum(paths.get(n, {}).get(key, 0) for n in names) / total if total else None
 
         uring, direct = ("io_uring_buffered", "io_uring_direct"), ("syscall_direct", "io_uring_direct")
-        named = NAMED_PATH_MEMBERS.get(self.named_path, ())
+        named = NAMED_PATH_MEMBERS.get(self.named_path or "", ())
         return {"io_uring_ops_share": share(uring, "ops", ops), "io_uring_bytes_share": share(uring, "bytes", moved),
                 "o_direct_ops_share": share(direct, "ops", ops), "o_direct_bytes_share": share(direct, "bytes", moved),
                 "named_path_ops_share": share(named, "ops", ops) if named else None,
