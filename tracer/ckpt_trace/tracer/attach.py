@@ -168,7 +168,7 @@ class CheckpointCounter:
     wanted: int | None = None
     files: list[tuple[str, int]] = field(default_factory=list)
     cut_ns: int | None = None
-    _open: dict[int, list] = field(default_factory=dict)  # key -> [path, open end time, written]
+    _open: dict[int, list | None] = field(default_factory=dict)  # key -> [path, open end time, written]
 
     @staticmethod
     def key(tgid: int, fd: int) -> int:
@@ -213,8 +213,8 @@ class CheckpointCounter:
 
         steps = sorted([(end, 0, key, path) for end, key, path in opens] + [(end, 1, key, None) for end, key in closes],
                        key=lambda step: (step[0], step[1]))
-        for end, kind, key, path in steps:
-            if kind == 0:
+        for end, _kind, key, path in steps:  # opens before closes at one time
+            if path is not None:  # an open (a close carries no path)
                 self._open[key] = [path, end, False] if self.accepts(path) else None
                 continue
             entry = self._open.pop(key, None)
@@ -470,7 +470,7 @@ def strace_attach(plan: AttachPlan, scratch, counter: CheckpointCounter, stopper
             while not all(_traced_by(tid) == proc.pid for pid in missing if alive(pid) for tid in threads(pid)):
                 if proc.poll() is not None:
                     raise TracerError(f"strace could not attach to {missing[0]}: "
-                                      f"{proc.stderr.read().decode(errors='replace').strip()[:300]}")
+                                      f"{(proc.stderr.read() if proc.stderr else b'').decode(errors='replace').strip()[:300]}")
                 time.sleep(0.01)
             attached.update(missing)
         released_s = time.monotonic()
