@@ -25,9 +25,15 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn
 from ckpt_trace.config import CHECK_MIN_RUNS, CHECK_MIN_SECONDS
 from ckpt_trace.errors import CkptTraceError, Interrupted
 from ckpt_trace.formats import write_bytes_atomic
+from ckpt_trace.replayer.strategies import choices as strategy_choices
+from ckpt_trace.replayer.strategies import help_text as strategy_help
 from ckpt_trace.version import __version__
 
 from .cli_help import decorate
+
+#: ``replay --strategy``'s choices: the strategy table's names and ``all`` (``replayer.strategies``), never
+#: spelled here; typer reads the Literal of this tuple as a choice.
+STRATEGY_CHOICES = strategy_choices()
 
 app = typer.Typer(
     add_completion=False,
@@ -234,7 +240,7 @@ def record(
 def replay(
     trace: Path = typer.Argument(..., help="Trace file to replay."),
     target: Path = typer.Option(..., "--target", help="Directory to replay into; nothing outside it is touched."),
-    strategy: Literal["posix", "uring-buffered", "uring-direct", "aggregated", "gds", "all"] = typer.Option("posix", help="all: each into TARGET/<strategy>/ (gds only when named: GPU + KvikIO)."),
+    strategy: Literal[STRATEGY_CHOICES] = typer.Option("posix", help=strategy_help()),  # pyright: ignore[reportInvalidTypeForm]
     queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
     buffer_size: str = typer.Option("4MiB", "--buffer-size", help="aggregated: aligned buffer size, 1-64 MiB (e.g. 4MiB)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each plan's operation counts, sizes and alignment; do no I/O."),
