@@ -34,13 +34,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pytest
 
 from ckpt_trace.formats import read_trace, table_from_columns
+from ckpt_trace.formats.vocabulary import open_flag
 from ckpt_trace.replayer.aggregate import build_aggregated_plan
 from ckpt_trace.replayer.pack import pack_plan
 from ckpt_trace.replayer.plan import GLOBAL_ROW, PLAN_COLUMNS, build_posix_plan
-from ckpt_trace.formats.vocabulary import open_flag
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = sorted((ROOT / "traces" / "golden").glob("v*.arrow"))
