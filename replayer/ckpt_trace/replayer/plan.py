@@ -807,7 +807,7 @@ class _Planner:
 
 # -- reads and writes in bulk ----------------------------------------------------------------------------------
 
-def _asof_handles(bindings: list[tuple[int, int, int, int]], pid: np.ndarray, fd: np.ndarray,
+def _asof_handles(bindings: list[Binding], pid: np.ndarray, fd: np.ndarray,
                   seq: np.ndarray) -> np.ndarray:
     """The handle bound to (pid, fd) just before each ``seq`` (-1 where none): an as-of join on the slot
     changes the walk recorded (a change at the row's own seq counts only for rows after it). ``seq``
