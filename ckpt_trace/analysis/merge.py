@@ -35,9 +35,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ckpt_trace.errors import CkptTraceError
-from ckpt_trace.formats import COLUMNS, SCHEMA, TraceWriter, int_values, read_metadata, scan
+from ckpt_trace.formats import COLUMNS, SCHEMA, int_values, read_metadata, scan, validity, write_trace_batches
+from ckpt_trace.formats.schema import file_schema
 from ckpt_trace.tracer import clock as clocks
 from ckpt_trace.version import __version__
 
@@ -63,6 +65,7 @@ class MergeInput:
     offset_ns: int  # --clock-offset of its host
     error_ns: int | None  # alignment error bound of this trace, None: unknown (no anchors)
     pid_offset: int = 0
+    last_ts_ns: int | None = None  # its last row's ts_ns (since its origin), None: no rows
 
     def realtime(self, ts_ns: np.ndarray) -> np.ndarray:
         """``ts_ns`` (since this trace's origin) on CLOCK_REALTIME, int64 ns."""
@@ -96,18 +99,21 @@ def parse_clock_offsets(items: Sequence[str]) -> dict[str, int]:
     return out
 
 
-def _ids(path: Path) -> tuple[set[int], set[int], int]:
-    """(ranks >= 0, pids, rows) of a trace, from its rank and pid columns."""
+def _ids(path: Path) -> tuple[set[int], set[int], int, int | None]:
+    """(ranks >= 0, pids, rows, last row's ts_ns or None) of a trace, from its rank, pid and ts_ns columns."""
     ranks: set[int] = set()
     pids: set[int] = set()
-    rows = 0
-    _, batches = scan(path, ["rank", "pid"])
+    rows, last = 0, None
+    _, batches = scan(path, ["rank", "pid", "ts_ns"])
     for batch in batches:
+        if not batch.num_rows:
+            continue
         rows += batch.num_rows
-        ranks.update(np.unique(int_values(batch.column("rank"))).tolist())
-        pids.update(np.unique(int_values(batch.column("pid"))).tolist())
+        ranks.update(pc.unique(batch.column("rank")).to_pylist())
+        pids.update(pc.unique(batch.column("pid")).to_pylist())
+        last = int(int_values(batch.column("ts_ns"))[-1])
     ranks.discard(-1)
-    return ranks, pids, rows
+    return ranks, pids, rows, last
 
 
 def plan_merge(paths: Sequence[str | os.PathLike], clock_offsets: Mapping[str, int] | None = None) -> MergePlan:
@@ -144,7 +150,7 @@ def plan_merge(paths: Sequence[str | os.PathLike], clock_offsets: Mapping[str, i
     boots: dict[tuple, Mapping] = {}
     inputs = []
     for index, (path, meta, host) in enumerate(zip(paths, metas, hosts)):
-        ranks, pids, rows = _ids(path)
+        ranks, pids, rows, last = _ids(path)
         for rank in sorted(ranks):
             if rank in owner:
                 raise CkptTraceError(f"rank {rank} is in both {owner[rank]} and {path}: traces of one job hold "
@@ -162,7 +168,8 @@ def plan_merge(paths: Sequence[str | os.PathLike], clock_offsets: Mapping[str, i
             used = {**reference, "origin_ns": own["origin_ns"]} if own["name"] != "CLOCK_REALTIME" else own
             error = clocks.alignment_error_ns(used)
         inputs.append(MergeInput(path=path, metadata=meta, host=host, ranks=tuple(sorted(ranks)), rows=rows,
-                                 clock=used, offset_ns=offsets.get(host, 0), error_ns=error, pid_offset=pid_offset))
+                                 clock=used, offset_ns=offsets.get(host, 0), error_ns=error, pid_offset=pid_offset,
+                                 last_ts_ns=last))
     origin = min(int(i.realtime(np.zeros(1, np.int64))[0]) for i in inputs)
     errors = [i.error_ns for i in inputs]
     bound = None if any(e is None for e in errors) else (sum(sorted(errors)[-2:]) if len(errors) > 1 else 0)
@@ -187,48 +194,109 @@ def _hosts(inputs: Sequence[MergeInput]) -> dict[str, dict]:
     return out
 
 
-class _Source:
-    """One input's batches on the job's clock, one held at a time."""
+def merge_dictionaries(plan: MergePlan) -> dict[str, pa.Array]:
+    """Per text column, the merged trace's one dictionary: every input's values, in input order, each once.
 
-    def __init__(self, index: int, item: MergeInput, origin_ns: int, batch_rows: int) -> None:
+    Read from each input's first batch (an Arrow IPC file's batches share one dictionary per column: a
+    delta is read when the file opens), every batch of a trace of an older version (upgraded batches may
+    bring their own). The ``host`` column's dictionary is the plan's hosts."""
+    words: dict[str, dict] = {name: {} for name in TEXT}
+    for item in plan.inputs:
+        meta, batches = scan(item.path, TEXT)
+        try:
+            for batch in batches:
+                for name in TEXT:
+                    for word in batch.column(name).dictionary.to_pylist():
+                        if word is not None:
+                            words[name].setdefault(word, len(words[name]))
+                if meta["format_version"] >= 5:
+                    break
+        finally:
+            batches.close()
+    out = {name: pa.array(list(found), pa.string()) for name, found in words.items()}
+    out["host"] = pa.array(list(plan.hosts), pa.string())
+    return out
+
+
+class _Source:
+    """One input's rows on the job's clock: one batch held at a time (``pos``: how many already went out),
+    its text columns as codes into the merged dictionaries (``merge_dictionaries``)."""
+
+    def __init__(self, index: int, item: MergeInput, origin_ns: int, batch_rows: int,
+                 codes: Mapping[str, Mapping[str, int]]) -> None:
         self.index, self.item, self.origin_ns = index, item, origin_ns
         _, self._batches = scan(item.path, list(COLUMNS), batch_rows=batch_rows)
-        self.table: pa.Table | None = None
+        self._codes = codes
+        self._luts: dict[str, tuple] = {}
+        self.columns: list[pa.Array] = []
         self.ts = np.zeros(0, np.int64)
+        self.pos = 0
         self.done = False
 
+    @property
+    def held(self) -> int:
+        return len(self.ts) - self.pos
+
     def fill(self) -> None:
-        """Hold the next non-empty batch (``done`` when there is none)."""
-        while not self.done and len(self.ts) == 0:
+        """Hold the next non-empty batch once the held one has gone out (``done`` when there is none)."""
+        while not self.done and self.held == 0:
             batch = next(self._batches, None)
             if batch is None:
-                self.done, self.table = True, None
+                self.done, self.columns = True, []
                 return
             if batch.num_rows == 0:
                 continue
             ts = self.item.realtime(int_values(batch.column("ts_ns")).astype(np.int64)) - self.origin_ns
-            table = pa.Table.from_batches([batch])
-            table = table.set_column(table.schema.get_field_index("ts_ns"), "ts_ns", pa.array(ts, pa.int64()))
-            if self.item.pid_offset:
-                for name in ("pid", "tid"):
-                    moved = int_values(batch.column(name)).astype(np.int64) + self.item.pid_offset
-                    table = table.set_column(table.schema.get_field_index(name), name, pa.array(moved, pa.int32()))
-            self.table, self.ts = table, ts
+            columns = []
+            for name in COLUMNS:
+                column = batch.column(name)
+                if name == "ts_ns":
+                    column = pa.array(ts, pa.int64())
+                elif name in ("pid", "tid") and self.item.pid_offset:
+                    column = pa.array((int_values(column).astype(np.int64) + self.item.pid_offset).astype(np.int32))
+                elif name in self._codes:
+                    column = self._recode(name, column)
+                columns.append(column)
+            self.columns, self.ts, self.pos = columns, ts, 0
 
-    def take(self, stop: int) -> pa.Table:
-        """The held rows before ``stop`` (a row count), with the ``host`` column."""
-        head = self.table.slice(0, stop)
-        self.table, self.ts = self.table.slice(stop), self.ts[stop:]
-        columns = [head[name] for name in COLUMNS]  # text stays dictionary-encoded (TraceWriter renumbers it)
-        columns.append(pa.DictionaryArray.from_arrays(pa.array(np.zeros(head.num_rows, np.int32)),
-                                                      pa.array([self.item.host])))
-        return pa.Table.from_arrays(columns, names=list(COLUMNS) + ["host"])
+    def _recode(self, name: str, column: pa.DictionaryArray) -> pa.Array:
+        """A text column's indices as int32 codes of the merged dictionary (a null row: null over code 0).
+        Each distinct batch dictionary is looked up once; the rows are renumbered by one numpy gather."""
+        rows = len(column)
+        if column.null_count == rows:
+            return pa.array(np.zeros(rows, np.int32), pa.int32(), mask=np.ones(rows, bool))
+        words = column.dictionary
+        cached = self._luts.get(name)
+        if cached is None or not (cached[0] is words or cached[0].equals(words)):
+            codes = self._codes[name]
+            lut = np.array([-1 if word is None else codes.get(word, -2) for word in words.to_pylist()], np.int64)
+            if (lut == -2).any():
+                raise CkptTraceError(f"{self.item.path}: a batch holds {name} values its first batch's dictionary "
+                                     "lacks (the file is not one Arrow IPC file of one dictionary per column)")
+            cached = self._luts[name] = (words, lut, bool(np.array_equal(lut, np.arange(len(lut)))))
+        _, lut, identity = cached
+        indices = column.indices
+        if identity and not indices.null_count:
+            return indices
+        valid = validity(indices)
+        numbers = lut[np.where(valid, int_values(indices), 0)] if len(lut) else np.full(rows, -1, np.int64)
+        null = ~valid | (numbers < 0)
+        if null.any():
+            return pa.array(np.where(null, 0, numbers).astype(np.int32), pa.int32(), mask=null)
+        return pa.array(numbers.astype(np.int32), pa.int32())
+
+    def stop_at(self, ts_ns: int, side: str) -> int:
+        """How many held rows lie before ``ts_ns`` (``side`` 'right': at it too)."""
+        return int(np.searchsorted(self.ts[self.pos:], ts_ns, side=side))
+
+    def take(self, count: int) -> tuple[list[pa.Array], np.ndarray]:
+        """The next ``count`` held rows (columns of ``COLUMNS``, zero-copy, and their times); they go out."""
+        start, self.pos = self.pos, self.pos + count
+        return [column.slice(start, count) for column in self.columns], self.ts[start:self.pos]
 
 
-def merged_rows(plan: MergePlan, *, batch_rows: int = 65536) -> Iterator[pa.Table]:
-    """The rows of every input in global time order, as tables of ``COLUMNS`` plus ``host`` (text as dictionaries),
-    in bounded memory (module docstring)."""
-    sources = [_Source(i, item, plan.origin_ns, batch_rows) for i, item in enumerate(plan.inputs)]
+def _steps(sources: list[_Source], step_rows: int) -> Iterator[list[tuple[_Source, int]]]:
+    """Per step, the (source, row count) of the held rows now in their final place (module docstring)."""
     while True:
         for source in sources:
             source.fill()
@@ -236,35 +304,76 @@ def merged_rows(plan: MergePlan, *, batch_rows: int = 65536) -> Iterator[pa.Tabl
         if not live:
             return
         watermark = min(int(s.ts[-1]) for s in live)
-        # Sources whose held rows end at the watermark may have more rows at it; ties keep the inputs' order,
-        # so rows at the watermark go out only from sources before the second such source (the first such
-        # one, which drains, and those whose later rows all come after the watermark).
-        ending = [s.index for s in live if int(s.ts[-1]) == watermark]
-        tie_limit = ending[1] if len(ending) > 1 else len(sources)
-        # At most about batch_rows rows go out at once (the merge's own copies stay one batch): when more are
-        # before the watermark, only those before the batch_rows-th smallest time (strictly: ties wait).
-        heads = [s.ts[:int(np.searchsorted(s.ts, watermark, side="right"))] for s in live]
-        ready = sum(len(h) for h in heads)
-        cut = None
-        if ready > batch_rows:
-            cut = int(np.partition(np.concatenate(heads), batch_rows)[batch_rows])
-            if all(len(h) == 0 or int(h[0]) >= cut for h in heads):
-                cut = None  # every ready row at one time: the watermark rule, whatever the count
-        pieces, times = [], []
-        for source in live:
-            if cut is not None:
-                stop = int(np.searchsorted(source.ts, cut, side="left"))
-            else:
-                side = "right" if source.index < tie_limit else "left"
-                stop = int(np.searchsorted(source.ts, watermark, side=side))
-            if stop:
-                times.append(source.ts[:stop])
-                pieces.append(source.take(stop))
-        table = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
-        if len(pieces) > 1:
-            order = np.argsort(np.concatenate(times), kind="stable")
-            table = table.take(pa.array(order))
-        yield table
+        # Bounded step: when more than step_rows rows may be ready, only those strictly before a time at
+        # most step_rows / len(live) rows into every source go out (ties at that time wait).
+        reach = max(1, step_rows // len(live))
+        cut = min((int(s.ts[s.pos + reach]) for s in live if s.held > reach), default=watermark)
+        if cut < watermark:
+            stops = [(s, s.stop_at(cut, "left")) for s in live]
+            if any(stop for _, stop in stops):
+                yield [(s, stop) for s, stop in stops if stop]
+                continue
+        # Watermark: every held row before it is final, since each trace is in time order. Rows at it keep
+        # the inputs' order: the first source whose held rows end there may have more at it in its next
+        # batch, so sources after it hold theirs back; it drains, so the next step reads its next batch.
+        first_ending = min(s.index for s in live if int(s.ts[-1]) == watermark)
+        stops = [(s, s.stop_at(watermark, "right" if s.index <= first_ending else "left")) for s in live]
+        yield [(s, stop) for s, stop in stops if stop]
+
+
+def merged_rows(plan: MergePlan, *, batch_rows: int = 65536, dictionaries: Mapping[str, pa.Array] | None = None,
+                step_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+    """The rows of every input in global time order (ties: in the order of the inputs, then of their rows), as
+    record batches of ``batch_rows`` rows (the last one shorter) of the file schema with ``host``, text
+    columns over ``dictionaries`` (``merge_dictionaries(plan)`` when None), in bounded memory (module
+    docstring). ``step_rows``: at most about that many rows are sorted at once (default 4 batches)."""
+    dictionaries = dict(dictionaries or merge_dictionaries(plan))
+    codes = {name: {word: i for i, word in enumerate(values.to_pylist())} for name, values in dictionaries.items()
+             if name in TEXT}
+    schema = file_schema(("host",))
+    host_codes = {host: i for i, host in enumerate(dictionaries["host"].to_pylist())}
+    sources = [_Source(i, item, plan.origin_ns, batch_rows, codes) for i, item in enumerate(plan.inputs)]
+    step_rows = max(1, step_rows or 4 * batch_rows)
+    pending: list[pa.RecordBatch] = []
+    pending_rows = 0
+    for step in _steps(sources, step_rows):
+        pieces = [source.take(count) for source, count in step]
+        times = [piece[1] for piece in pieces]
+        hosts = np.repeat(np.array([host_codes[s.item.host] for s, _ in step], np.int32), [c for _, c in step])
+        if len(pieces) == 1:
+            order = None
+            columns = pieces[0][0]
+        else:
+            ts = np.concatenate(times)
+            order = np.argsort(ts, kind="stable")  # ties keep the concatenation's order: inputs', then rows'
+            indices = pa.array(order)
+            columns = []
+            for j, name in enumerate(COLUMNS):
+                parts = [piece[0][j] for piece in pieces]
+                if name == "ts_ns":
+                    columns.append(pa.array(ts[order], pa.int64()))
+                elif all(part.null_count == len(part) for part in parts):
+                    columns.append(parts[0] if len(parts) == 1 else pa.concat_arrays(parts))
+                else:
+                    columns.append(pa.chunked_array(parts).take(indices).combine_chunks())
+            hosts = hosts[order]
+        arrays = [pa.DictionaryArray.from_arrays(column, dictionaries[name]) if name in codes else column
+                  for name, column in zip(COLUMNS, columns)]
+        arrays.append(pa.DictionaryArray.from_arrays(pa.array(hosts, pa.int32()), dictionaries["host"]))
+        out = pa.RecordBatch.from_arrays(arrays, schema=schema)
+        # Out in batches of batch_rows rows (zstd compresses a full batch better than many small ones)
+        pending.append(out)
+        pending_rows += out.num_rows
+        if pending_rows < batch_rows:
+            continue
+        merged = pa.concat_batches(pending) if len(pending) > 1 else pending[0]
+        whole = (pending_rows // batch_rows) * batch_rows
+        for start in range(0, whole, batch_rows):
+            yield merged.slice(start, batch_rows)
+        rest = merged.slice(whole)
+        pending, pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
+    if pending:
+        yield pa.concat_batches(pending) if len(pending) > 1 else pending[0]
 
 
 def merged_metadata(plan: MergePlan, rows: int, end_ns: int) -> dict:
@@ -319,6 +428,9 @@ def merge_traces(paths: Sequence[str | os.PathLike], output: str | os.PathLike, 
                  batch_rows: int = 65536, progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Merge the traces ``paths`` into one trace at ``output`` (atomically, with a ``host`` column).
 
+    The metadata (rows, the last row's time) and the text dictionaries are known from the plan before the
+    first row, so the rows are written straight into the file (``write_trace_batches``: compressed once).
+
     Returns {"output", "rows", "traces", "hosts": {host: {...}}, "ranks", "alignment_error_ns", "elapsed_ns"}.
     Raises CkptTraceError as ``plan_merge`` does, when ``output`` exists and not ``overwrite``, or when it is
     one of the inputs.
@@ -330,21 +442,25 @@ def merge_traces(paths: Sequence[str | os.PathLike], output: str | os.PathLike, 
         raise CkptTraceError(f"{output} already exists (use {{option}} to overwrite it)", option="overwrite", switch=True)
     plan = plan_merge(paths, clock_offsets)
     total = sum(i.rows for i in plan.inputs)
-    writer = TraceWriter(output, overwrite=overwrite, optional_columns=("host",))
-    rows, end = 0, 0
-    try:
-        for table in merged_rows(plan, batch_rows=batch_rows):
-            writer.write(table)
-            rows += table.num_rows
-            end = max(end, int(table.column("ts_ns")[-1].as_py()))
+    ends = [int(i.realtime(np.array([i.last_ts_ns], np.int64))[0]) - plan.origin_ns
+            for i in plan.inputs if i.rows and i.last_ts_ns is not None]
+    end = max(ends, default=0)
+    meta = merged_metadata(plan, total, end)
+
+    def counted() -> Iterator[pa.RecordBatch]:
+        rows = 0
+        for batch in merged_rows(plan, batch_rows=batch_rows):
+            rows += batch.num_rows
             if progress is not None:
                 progress("merge", rows, total)
-        meta = merged_metadata(plan, rows, end)
-        writer.close(meta)
-    except BaseException:
-        writer.abort()
-        raise
-    return {"output": str(output), "rows": rows, "traces": len(plan.inputs),
+            yield batch
+        if rows != total:  # an input changed while it was merged: the metadata would lie
+            raise CkptTraceError(f"the traces held {total} rows when planned and {rows} when merged; "
+                                 "was one of them rewritten meanwhile?")
+
+    write_trace_batches(output, counted(), meta, optional_columns=("host",), expected_rows=total,
+                        overwrite=overwrite)
+    return {"output": str(output), "rows": total, "traces": len(plan.inputs),
             "hosts": {h: {k: e[k] for k in ("traces", "ranks", "rows", "lost_events", "unseen")}
                       for h, e in plan.hosts.items()},
             "ranks": sorted(r for i in plan.inputs for r in i.ranks),

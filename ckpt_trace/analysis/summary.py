@@ -153,7 +153,7 @@ class Accumulator:
             for part in batch.to_batches():
                 self.add(part)
             return
-        order = self.rows if order is None else order
+        place: int = self.rows if order is None else order
         n = batch.num_rows
         if n == 0:
             return
@@ -189,7 +189,7 @@ class Accumulator:
                 copies = cuda[interface_codes]
                 if copies.any():
                     self.copies.append(pa.Table.from_batches([batch.filter(pa.array(copies))]))
-                    self.copy_order.append(order)
+                    self.copy_order.append(place)
 
     def _add_identities(self, rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> None:
         """The distinct ranks, pids and tids of a batch (never null): one hashed unique of the three packed

@@ -71,13 +71,13 @@ from ckpt_trace.iolayer import host
 from ckpt_trace.stats import LatencyHistogram
 from ckpt_trace.version import __version__
 
+from . import strategies
 from .lock import TargetLock, job_id
 from .optable import WRITE
 from .ownership import Claim
 from .plan import GLOBAL_ROW, PLAN_COLUMNS, ReplayPlan, build_posix_plan
 from .posix import Progress
 from .replay import (
-    STRATEGIES,
     RunCount,
     SizeMismatch,
     _add_speedups,
@@ -491,7 +491,7 @@ def replay_distributed(
             base = build_posix_plan(share_batches(trace.path, share), strip_prefix, arch=trace.metadata["arch"],
                                     verify_ranges=verify)
             mine = share_plan(base, share)
-            names = list(STRATEGIES) if strategy == "all" else [strategy]
+            names = list(strategies.expand(strategy))
             check_queue_depth(queue_depth, names)
             made_target = not target.exists()
             prepare_target(target, force)

@@ -28,24 +28,25 @@ from ckpt_trace.ranges import merge_grouped_ranges
 from ckpt_trace.stats import median_index
 from ckpt_trace.version import __version__
 
-from .aggregate import alignment_counts, build_aggregated_plan
+from . import strategies
+from .aggregate import alignment_counts
 from .checks import checked_batches, refuse_file_and_directory, refuse_skips, skip_notes
 from .lock import TargetLock, is_lock_file, job_id, refuse_held
 from .optable import READ, WRITE
 from .ownership import Claim
-from .pack import pack_plan
 from .paths import TargetRoot
 from .plan import PLAN_COLUMNS, ReplayPlan, build_posix_plan
 from .posix import PosixExecutor, Progress, files_moved
 from .results import ReplayResult
-from .uring import UringExecutor, io_uring_available
+from .uring import io_uring_available
 from .verdicts import Rounds, versus_all
 from .verify import verify_content
 
-STRATEGIES = ("posix", "uring-buffered", "uring-direct", "aggregated")
-# Strategies run only when named: they need hardware most machines lack (gds: a GPU and KvikIO).
-OPTIONAL_STRATEGIES = ("gds",)
-CHOICES = STRATEGIES + OPTIONAL_STRATEGIES + ("all",)
+#: What ``all`` replays, the strategies replayed only when named, and what ``strategy=`` accepts: read from
+#: the strategy table (``replayer.strategies``), never spelled here.
+STRATEGIES = strategies.in_all()
+OPTIONAL_STRATEGIES = tuple(name for name in strategies.names() if name not in STRATEGIES)
+CHOICES = strategies.choices()
 TIMINGS = ("asap", "original")
 CACHE_STATES = ("recorded", "cold", "warm")
 #: Which bytes the replay writes (results' ``options["data"]``).
@@ -99,29 +100,23 @@ def build_plan(table, strategy: str, strip_prefix: str | None = None, *, buffer_
                block_bytes: int = 4096, pack_files: bool = False, arch: str = "x86_64") -> ReplayPlan:
     """The frozen plan of ``strategy`` for a trace table. Pure.
 
-    posix, uring-buffered and uring-direct replay the recorded operations and
-    differ only in how the executor submits them; aggregated coalesces them
-    (``replayer.aggregate``) and, with ``pack_files``, packs small files
-    (``replayer.pack``). Raises ReplayError for an unknown strategy or a
+    Each strategy derives its plan from the as-recorded one
+    (``replayer.strategies``: posix and the uring strategies replay the
+    recorded operations, aggregated coalesces them and, with ``pack_files``,
+    packs small files). Raises ReplayError for an unknown strategy or a
     buffer size outside 1-64 MiB.
     """
-    if strategy not in STRATEGIES + OPTIONAL_STRATEGIES:
-        raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
-    return derive_plan(build_posix_plan(table, strip_prefix, arch=arch), strategy, buffer_bytes=buffer_bytes,
-                       block_bytes=block_bytes, pack_files=pack_files)
+    spec = strategies.get(strategy)
+    return spec.plan(build_posix_plan(table, strip_prefix, arch=arch), buffer_bytes=buffer_bytes,
+                     block_bytes=block_bytes, pack_files=pack_files)
 
 
 def derive_plan(base: ReplayPlan, strategy: str, *, buffer_bytes: int = 4 << 20, block_bytes: int = 4096,
                 pack_files: bool = False) -> ReplayPlan:
-    """``strategy``'s plan from the as-recorded plan ``base`` (so ``all`` plans the trace once). Pure."""
-    base = dataclasses.replace(base, strategy=strategy)
-    if strategy != "aggregated":
-        return base
-    try:
-        plan = build_aggregated_plan(base, buffer_bytes=buffer_bytes, block_bytes=block_bytes)
-    except ValueError as err:
-        raise ReplayError(f"{{option}}: {err}", option="buffer_bytes") from None
-    return pack_plan(plan, block_bytes=block_bytes, buffer_bytes=buffer_bytes) if pack_files else plan
+    """``strategy``'s plan from the as-recorded plan ``base`` (so ``all`` plans the trace once). Pure.
+    Raises ReplayError for an unknown strategy."""
+    return strategies.get(strategy).plan(base, buffer_bytes=buffer_bytes, block_bytes=block_bytes,
+                                         pack_files=pack_files)
 
 
 GPU_COPY_MODES = ("recorded", "pinned", "skip")
@@ -152,8 +147,7 @@ def _plans(trace, strategy: str, strip_prefix: str | None, *, verify_ranges: boo
 def _each_plan(trace, strategy: str, strip_prefix: str | None, *, verify_ranges: bool = True,
                **options) -> Iterator[ReplayPlan]:
     """``_plans`` one plan at a time: a caller that lets each go before the next holds two plans at most."""
-    if strategy not in CHOICES:
-        raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
+    names = strategies.expand(strategy)  # ReplayError for an unknown name
     arch = trace.metadata["arch"]
     if trace.table is None:  # a trace file: planned from record batches of the planner's columns only
         _, batches = scan(trace.path, (*PLAN_COLUMNS, "dur_ns"))  # dur_ns: checked only (replayer.checks)
@@ -163,27 +157,14 @@ def _each_plan(trace, strategy: str, strip_prefix: str | None, *, verify_ranges:
         for _ in checked_batches(trace.table.to_batches()):
             pass
         base = build_posix_plan(trace.table, strip_prefix, arch=arch, verify_ranges=verify_ranges)
-    for name in STRATEGIES if strategy == "all" else (strategy,):
+    for name in names:
         yield derive_plan(base, name, **options)
 
 
 def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> PosixExecutor:
-    """The executor of ``strategy``. Raises ReplayError when io_uring is unavailable for a uring strategy."""
-    if strategy == "posix":
-        return PosixExecutor(root, config.REPLAY_MAX_IO_BYTES)
-    if strategy == "gds":
-        from .gds import GdsExecutor
-        from .gds import probe as gds_probe
-
-        problem, mode = gds_probe()
-        if problem:
-            raise ReplayError(f"strategy gds: {problem}")
-        return GdsExecutor(root, config.REPLAY_MAX_IO_BYTES, mode)
-    problem = io_uring_available()
-    if problem:
-        raise ReplayError(f"strategy {strategy} needs io_uring: {problem}")
-    return UringExecutor(root, config.REPLAY_MAX_IO_BYTES, queue_depth=queue_depth,
-                         direct=strategy in ("uring-direct", "aggregated"), strategy=strategy)
+    """The executor of ``strategy`` (its ``Strategy.executor``). Raises ReplayError for an unknown strategy
+    or one this machine cannot run (io_uring unavailable for a uring strategy, no GPU for gds)."""
+    return strategies.get(strategy).executor(root, queue_depth)
 
 
 def plan_summaries(trace_path: str | os.PathLike, *, strategy: str, target: str | os.PathLike,
@@ -438,8 +419,7 @@ def check_options(strategy: str, timing: str, gpu_copies: str, repeat: int | Non
     if gpu_copies not in GPU_COPY_MODES:
         raise ReplayError(f"unknown {{option}} {gpu_copies!r} (choose from {', '.join(GPU_COPY_MODES)})",
                           option="gpu_copies")
-    if strategy not in CHOICES:
-        raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
+    strategies.expand(strategy)  # ReplayError for an unknown name
     if repeat is not None and repeat < 1:
         raise ReplayError("{option} must be at least 1", option="repeat")
     if min_seconds < 0:
@@ -664,11 +644,11 @@ def refuse_target_holding(target: Path, trace: Path) -> None:
                           "outside it")
 
 
-def check_queue_depth(queue_depth: int, strategies: list[str]) -> None:
+def check_queue_depth(queue_depth: int, names: list[str]) -> None:
     """Probe a ring of ``queue_depth`` before anything runs, when a strategy uses io_uring. Raises ReplayError."""
     if queue_depth < 1:
         raise ReplayError("{option} must be at least 1", option="queue_depth")
-    if any(name != "posix" for name in strategies):
+    if any(strategies.get(name).uses_queue_depth for name in names):
         problem = io_uring_available(queue_depth)
         if problem:
             raise ReplayError(f"{{option}} {queue_depth}: {problem}", option="queue_depth")

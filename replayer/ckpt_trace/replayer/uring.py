@@ -55,6 +55,16 @@ def io_uring_available(queue_depth: int = 2) -> str | None:
     return probe_ring(queue_depth)
 
 
+def uring_executor(root: TargetRoot, max_io_bytes: int, *, queue_depth: int, direct: bool,
+                   strategy: str) -> UringExecutor:
+    """A ``UringExecutor`` for ``strategy`` (the io_uring strategies' factory, ``replayer.strategies``).
+    Raises ReplayError when io_uring is unavailable here."""
+    problem = io_uring_available()
+    if problem:
+        raise ReplayError(f"strategy {strategy} needs io_uring: {problem}")
+    return UringExecutor(root, max_io_bytes, queue_depth=queue_depth, direct=direct, strategy=strategy)
+
+
 class UringExecutor(PosixExecutor):
     """Executes plans with reads and writes through io_uring; see the module docstring.
 
