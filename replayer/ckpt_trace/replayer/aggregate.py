@@ -37,14 +37,15 @@ from typing import NamedTuple
 import numpy as np
 
 from ckpt_trace.formats import is_any_of
+from ckpt_trace.formats import vocabulary as v
 
 from .optable import KIND, READ, WRITE, OpTable, run_indices
 from .plan import ReplayPlan, merge_grouped_ranges, merge_ranges
 
 MIN_BUFFER_BYTES = 1 << 20
 MAX_BUFFER_BYTES = 64 << 20
-_GLOBAL = np.array([KIND[k] for k in ("open", "rename", "unlink", "mkdir", "link", "symlink")], np.int8)  # name paths: flush all
-_LSEEK = KIND["lseek"]
+_GLOBAL = np.array([KIND[k] for k in sorted(v.PATH_OPS)], np.int8)  # operations naming paths: flush all
+_LSEEK = KIND[v.LSEEK]
 
 merge_extents = merge_ranges  # union of half-open byte ranges, sorted; touching ranges merge
 
@@ -377,7 +378,7 @@ def preallocations(plan: ReplayPlan) -> dict[int, int]:
     """The opens that create a file whose final size the plan knows: open seq -> bytes to reserve. A file
     is reserved by the first open that creates it (O_CREAT), under whatever name it has then."""
     ops = plan.ops
-    opens = np.flatnonzero((ops.kind == KIND["open"]) & (ops.flags != np.iinfo(np.int64).min)
+    opens = np.flatnonzero((ops.kind == KIND[v.OPEN]) & (ops.flags != np.iinfo(np.int64).min)
                            & ((ops.flags & os.O_CREAT) != 0))
     out, seen = {}, set()
     for row in opens.tolist():

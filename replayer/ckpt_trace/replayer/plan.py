@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
@@ -59,7 +59,7 @@ from ckpt_trace.iolayer import gpu
 from ckpt_trace.iolayer.pattern import file_key
 from ckpt_trace.ranges import merge_grouped_ranges, merge_ranges
 
-from .optable import KINDS, NONE, READ, WRITE, OpTable, PlanOp, interleave_columns
+from .optable import COPY, KINDS, MAPPING_KINDS, NONE, READ, WRITE, OpTable, PlanOp, interleave_columns
 from .ordering import with_cross_worker_order
 from . import entries
 from .paths import relative_target_path
@@ -68,7 +68,6 @@ DATA_KINDS = v.DATA_OPS
 PATH_KINDS = v.PATH_OPS
 FD_KINDS = v.FD_OPS
 METADATA_KINDS = v.METADATA_OPS
-MAPPING_KINDS = frozenset({"mmap", "munmap", "msync"})  # plan kinds of the mapping rows (madvise, mremap: skipped)
 
 __all__ = ["DATA_KINDS", "FD_KINDS", "GLOBAL_ROW", "KINDS", "MAPPING_KINDS", "METADATA_KINDS", "PATH_KINDS", "FileIdentity",
            "OpTable", "PlanChecks", "PlanOp", "ReplayPlan", "WorkerPlan", "build_posix_plan", "merge_grouped_ranges",
@@ -501,7 +500,7 @@ class _Planner:
         self.slots[(pid, fd)] = handle
         self.bind(pid, fd, seq, handle)
         self.touch(path, creating=False)
-        self.emit(worker, PlanOp(seq=seq, kind="open", ts_ns=ts, handle=handle, path=path, flags=os.O_RDWR,
+        self.emit(worker, PlanOp(seq=seq, kind=v.OPEN, ts_ns=ts, handle=handle, path=path, flags=os.O_RDWR,
                                  deps=self.path_deps(seq, worker, path)))
         self.skipped["implicit_opens"] += 1
         return handle
@@ -552,7 +551,7 @@ class _Planner:
             self.handle_refs[old] -= 1
         self.slots[(row["pid"], row["fd"])] = handle
         self.bind(row["pid"], row["fd"], seq, handle)
-        self.emit(worker, PlanOp(seq=seq, kind="open", ts_ns=row["ts_ns"], handle=handle, path=path, flags=flags,
+        self.emit(worker, PlanOp(seq=seq, kind=v.OPEN, ts_ns=row["ts_ns"], handle=handle, path=path, flags=flags,
                                  deps=self.path_deps(seq, worker, path)))
 
     def _fd_op(self, seq, worker, row) -> tuple[int, list[int]] | None:
@@ -577,7 +576,7 @@ class _Planner:
     def _row_copy(self, seq, worker, row) -> None:
         """A host<->device copy: replayed before the I/O that followed it (``iolayer.gpu``), or skipped and
         counted where no GPU is."""
-        self.emit(worker, PlanOp(seq=seq, kind="copy", ts_ns=row["ts_ns"], size=row["size"] or 0,
+        self.emit(worker, PlanOp(seq=seq, kind=COPY, ts_ns=row["ts_ns"], size=row["size"] or 0,
                                  flags=gpu.encode(row["op"], row["memory_kind"])))
 
     _row_copy_h2d = _row_copy_d2h = _row_copy_d2d = _row_copy_h2h = _row_copy_p2p = _row_copy_other = _row_copy
@@ -594,7 +593,7 @@ class _Planner:
         if self.file_of_path.get(path) == self.handle_file[handle]:  # (and joins the path's chain of waits)
             self._dep(self.last_path_op.get(path), worker, deps)
             self.last_path_op[path] = Origin(seq, worker)
-        self.emit(worker, PlanOp(seq=seq, kind="close", ts_ns=row["ts_ns"], handle=handle,
+        self.emit(worker, PlanOp(seq=seq, kind=v.CLOSE, ts_ns=row["ts_ns"], handle=handle,
                                  release=self.handle_refs[handle] <= 0, deps=tuple(sorted(set(deps)))))
 
     def _request(self, row) -> dict:
@@ -615,10 +614,10 @@ class _Planner:
         return None
 
     def _row_write(self, seq, worker, row) -> None:
-        self._data_row(seq, worker, row, "write")
+        self._data_row(seq, worker, row, v.WRITE)
 
     def _row_read(self, seq, worker, row) -> None:
-        self._data_row(seq, worker, row, "read")
+        self._data_row(seq, worker, row, v.READ)
 
     def _data_row(self, seq, worker, row, kind: str) -> None:
         """A read or write the walk gets (a descriptor no binding covered, a fixed file, pages): its handle."""
@@ -648,7 +647,7 @@ class _Planner:
             return
         handle = self.new_handle(path, seq, worker)
         self.touch(path, creating=False)
-        self.emit(worker, PlanOp(seq=seq, kind="mmap", ts_ns=row["ts_ns"], handle=handle, path=path,
+        self.emit(worker, PlanOp(seq=seq, kind=v.MMAP_OP, ts_ns=row["ts_ns"], handle=handle, path=path,
                                  offset=row["offset"] or 0, size=row["size"], flags=row["flags"], prot=row["prot"],
                                  deps=self.path_deps(seq, worker, path)))
         self.mappings[row["pid"]].append(MappedRange(row["address"], row["size"] or 0, row["offset"] or 0, handle))
@@ -664,7 +663,7 @@ class _Planner:
         self.handle_refs[handle] -= 1
         deps: list[int] = []
         self._dep(self.handle_origin.get(handle), worker, deps)
-        self.emit(worker, PlanOp(seq=seq, kind="munmap", ts_ns=row["ts_ns"], handle=handle, release=True,
+        self.emit(worker, PlanOp(seq=seq, kind=v.MUNMAP, ts_ns=row["ts_ns"], handle=handle, release=True,
                                  deps=tuple(deps)))
 
     def _row_msync(self, seq, worker, row) -> None:
@@ -674,11 +673,11 @@ class _Planner:
             return
         deps: list[int] = []
         self._dep(self.handle_origin.get(found[0]), worker, deps)
-        self.emit(worker, PlanOp(seq=seq, kind="msync", ts_ns=row["ts_ns"], handle=found[0], offset=found[1],
+        self.emit(worker, PlanOp(seq=seq, kind=v.MSYNC, ts_ns=row["ts_ns"], handle=found[0], offset=found[1],
                                  size=row["size"], flags=row["flags"], deps=tuple(deps)))
 
     def _row_lseek(self, seq, worker, row) -> None:
-        self._append_fd_op(seq, worker, row, "lseek", offset=row["offset"])
+        self._append_fd_op(seq, worker, row, v.LSEEK, offset=row["offset"])
 
     def _row_fsync(self, seq, worker, row) -> None:
         self._append_fd_op(seq, worker, row, row["op"], **self._request(row))
@@ -686,11 +685,11 @@ class _Planner:
     _row_fdatasync = _row_fsync
 
     def _row_sync_file_range(self, seq, worker, row) -> None:
-        self._append_fd_op(seq, worker, row, "sync_file_range", offset=row["offset"], size=row["size"],
+        self._append_fd_op(seq, worker, row, v.SYNC_FILE_RANGE, offset=row["offset"], size=row["size"],
                            flags=row["flags"])
 
     def _row_ftruncate(self, seq, worker, row) -> None:
-        handle = self._append_fd_op(seq, worker, row, "ftruncate", size=row["size"])
+        handle = self._append_fd_op(seq, worker, row, v.FTRUNCATE, size=row["size"])
         if handle is not None:
             if self.current_path(handle) is not None:
                 self.sizes[self.current_path(handle)] = row["size"]
@@ -699,7 +698,7 @@ class _Planner:
 
     def _row_fallocate(self, seq, worker, row) -> None:
         mode = row["flags"] or 0
-        handle = self._append_fd_op(seq, worker, row, "fallocate", offset=row["offset"], size=row["size"], flags=mode)
+        handle = self._append_fd_op(seq, worker, row, v.FALLOCATE, offset=row["offset"], size=row["size"], flags=mode)
         if handle is not None and not mode & v.FALLOC_FL_KEEP_SIZE:
             path = self.current_path(handle)
             if path is not None and self.sizes.get(path, 0) is not None:
@@ -717,11 +716,11 @@ class _Planner:
             self.handle_refs[old] -= 1
         self.slots[(row["pid"], row["ret"])] = handle
         self.bind(row["pid"], row["ret"], seq, handle)
-        self.emit(worker, PlanOp(seq=seq, kind="dup", ts_ns=row["ts_ns"], handle=handle, source_handle=source,
+        self.emit(worker, PlanOp(seq=seq, kind=v.DUP, ts_ns=row["ts_ns"], handle=handle, source_handle=source,
                                  deps=tuple(deps)))
 
     def _row_fcntl(self, seq, worker, row) -> None:
-        self._append_fd_op(seq, worker, row, "fcntl", flags=row["flags"])
+        self._append_fd_op(seq, worker, row, v.FCNTL, flags=row["flags"])
 
     def _row_rename(self, seq, worker, row) -> None:
         old, new = self.rel(row["path"]), self.rel(row["new_path"])
@@ -744,7 +743,7 @@ class _Planner:
             if flags & entries.RENAME_EXCHANGE:
                 self.mkdir_seq[old] = Origin(seq, worker)
         deps = sorted(set(deps) | set(self.path_deps(seq, worker, old, new)))
-        self.emit(worker, PlanOp(seq=seq, kind="rename", ts_ns=row["ts_ns"], path=old, new_path=new,
+        self.emit(worker, PlanOp(seq=seq, kind=v.RENAME, ts_ns=row["ts_ns"], path=old, new_path=new,
                                  flags=row["flags"], deps=tuple(deps)))
 
     def _row_link(self, seq, worker, row) -> None:
@@ -759,7 +758,7 @@ class _Planner:
         self.file_of_path[new] = self.file(old)
         if old in self.sizes:
             self.sizes[new] = self.sizes[old]
-        self.emit(worker, PlanOp(seq=seq, kind="link", ts_ns=row["ts_ns"], path=old, new_path=new, flags=row["flags"],
+        self.emit(worker, PlanOp(seq=seq, kind=v.LINK, ts_ns=row["ts_ns"], path=old, new_path=new, flags=row["flags"],
                                  deps=self.path_deps(seq, worker, old, new)))
 
     def _row_symlink(self, seq, worker, row) -> None:
@@ -774,7 +773,7 @@ class _Planner:
         self.named.add(new)
         self.first_touch.setdefault(new, True)
         self.made_dirs.add(new)  # (an entry the trace makes: nothing is made at its name before the clock)
-        self.emit(worker, PlanOp(seq=seq, kind="symlink", ts_ns=row["ts_ns"], path=row["path"], new_path=new,
+        self.emit(worker, PlanOp(seq=seq, kind=v.SYMLINK, ts_ns=row["ts_ns"], path=row["path"], new_path=new,
                                  deps=self.path_deps(seq, worker, new)))
 
     def _row_unlink(self, seq, worker, row) -> None:
@@ -789,7 +788,7 @@ class _Planner:
         self.first_touch.setdefault(path, False)
         self.sizes.pop(path, None)
         self.file_of_path.pop(path, None)
-        self.emit(worker, PlanOp(seq=seq, kind="unlink", ts_ns=row["ts_ns"], path=path, flags=row["flags"],
+        self.emit(worker, PlanOp(seq=seq, kind=v.UNLINK, ts_ns=row["ts_ns"], path=path, flags=row["flags"],
                                  deps=self.path_deps(seq, worker, path)))
 
     def _row_mkdir(self, seq, worker, row) -> None:
@@ -800,7 +799,7 @@ class _Planner:
         deps = self.path_deps(seq, worker, path)
         self.made_dirs.add(path)
         self.mkdir_seq[path] = Origin(seq, worker)
-        self.emit(worker, PlanOp(seq=seq, kind="mkdir", ts_ns=row["ts_ns"], path=path, deps=deps))
+        self.emit(worker, PlanOp(seq=seq, kind=v.MKDIR, ts_ns=row["ts_ns"], path=path, deps=deps))
 
     def _under_made_dir(self, path: str) -> bool:
         return any(path == d or path.startswith(d + "/") for d in self.made_dirs)
@@ -808,7 +807,7 @@ class _Planner:
 
 # -- reads and writes in bulk ----------------------------------------------------------------------------------
 
-def _asof_handles(bindings: list[tuple[int, int, int, int]], pid: np.ndarray, fd: np.ndarray,
+def _asof_handles(bindings: list[Binding], pid: np.ndarray, fd: np.ndarray,
                   seq: np.ndarray) -> np.ndarray:
     """The handle bound to (pid, fd) just before each ``seq`` (-1 where none): an as-of join on the slot
     changes the walk recorded (a change at the row's own seq counts only for rows after it). ``seq``
@@ -889,7 +888,7 @@ def _merge_grouped(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> 
 
 
 def _clip_by_truncations(fids: np.ndarray, seqs: np.ndarray, ends: np.ndarray,
-                         truncations: list[tuple[int, int, int]]) -> np.ndarray:
+                         truncations: Sequence[Truncation]) -> np.ndarray:
     """Each range end cut at the smallest length its file was truncated to after it (O_TRUNC: 0)."""
     if not truncations or not len(fids):
         return ends
@@ -969,10 +968,10 @@ class Merged(NamedTuple):
 
 class WorkerIndex(NamedTuple):
     """``keys``: the sorted distinct workers (pid << 32 | tid) of the reads and writes and of the walk's
-    operations; ``index``: each read's and write's index into ``keys``; ``row_key``: its worker key."""
+    operations; ``of_row``: each read's and write's index into ``keys``; ``row_key``: its worker key."""
 
     keys: np.ndarray
-    index: np.ndarray
+    of_row: np.ndarray
     row_key: np.ndarray
 
 
@@ -1071,7 +1070,7 @@ def _classify(rows: _Rows) -> RowClasses:
     op, ret, interface = c["op"], c["ret"], c["interface"]
     ring = is_any_of(op, [rows.code(name) for name in _RING])
     failed = ~ring & (ret < 0)
-    data = (~ring & ~failed & is_any_of(op, [rows.code("read"), rows.code("write")])
+    data = (~ring & ~failed & is_any_of(op, [rows.code(v.READ), rows.code(v.WRITE)])
             & (interface != rows.code(v.MMAP)) & rows.valid("fd"))
     control = ~ring & ~failed & ~data
     skipped = Counter()
@@ -1185,7 +1184,7 @@ def _index_workers(rows: _Rows, row: np.ndarray, walk_workers: np.ndarray) -> Wo
     rows.drop("pid", "tid")
     row_key = (row_pid.astype(np.int64) << 32) | (row_tid.astype(np.int64) & 0xFFFFFFFF)
     keys, index = _worker_index(row_key, walk_workers, row_pid, row_tid)
-    return WorkerIndex(keys=keys, index=index, row_key=row_key)
+    return WorkerIndex(keys=keys, of_row=index, row_key=row_key)
 
 
 def _gather_io(rows: _Rows, merged: Merged, handles: np.ndarray, walked: list[WalkedIO]) -> tuple[IoRows, np.ndarray]:
@@ -1195,7 +1194,7 @@ def _gather_io(rows: _Rows, merged: Merged, handles: np.ndarray, walked: list[Wa
     w_mapped = np.array([w.mapped for w in walked], bool)
     handle = merged.in_row_order(handles.astype(np.int64, copy=False), np.array([w.handle for w in walked], np.int64))
     mapped = merged.in_row_order(np.zeros(n_bulk, bool), w_mapped)
-    is_write = c["op"][row] == rows.code("write")
+    is_write = c["op"][row] == rows.code(v.WRITE)
     rows.drop("op")
     offset_known = rows.valid("offset")[row]
     offset = np.where(offset_known, c["offset"][row], NONE)
