@@ -62,8 +62,10 @@ from tracegen import generate  # noqa: E402
 
 from ckpt_trace.cli import keep_freed_batches  # noqa: E402
 from ckpt_trace.formats import read_trace  # noqa: E402
-from ckpt_trace.replayer import replay  # noqa: E402
-from ckpt_trace.replayer import strategies  # noqa: E402
+from ckpt_trace.replayer import (
+    replay,  # noqa: E402
+    strategies,  # noqa: E402
+)
 from ckpt_trace.replayer.replay import _plans  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -26,6 +26,8 @@ from ckpt_trace.config import CHECK_MIN_RUNS, CHECK_MIN_SECONDS
 from ckpt_trace.errors import CkptTraceError, Interrupted
 from ckpt_trace.formats import write_bytes_atomic
 from ckpt_trace.replayer.strategies import choices as strategy_choices
+from ckpt_trace.tracer.backends import choices as backend_choices
+from ckpt_trace.workloads import ENGINES as WORKLOAD_NAMES
 from ckpt_trace.replayer.strategies import help_text as strategy_help
 from ckpt_trace.version import __version__
 
@@ -34,6 +36,10 @@ from .cli_help import decorate
 #: ``replay --strategy``'s choices: the strategy table's names and ``all`` (``replayer.strategies``), never
 #: spelled here; typer reads the Literal of this tuple as a choice.
 STRATEGY_CHOICES = strategy_choices()
+#: ``workload ENGINE``'s choices: the built-in workloads' table (``workloads.engines.WORKLOADS``).
+WORKLOAD_CHOICES = WORKLOAD_NAMES
+#: ``record --backend``'s choices: auto and the tracer backends' table (``tracer.backends``).
+BACKEND_CHOICES = backend_choices()
 
 app = typer.Typer(
     add_completion=False,
@@ -134,7 +140,7 @@ def _steps(command: str) -> Iterator:
 def record(
     cmd: Optional[list[str]] = typer.Argument(None, help="The command to trace, after -- (or --pid).", metavar="-- CMD [ARGS]..."),
     output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (.arrow)."),
-    backend: Literal["auto", "bcc", "strace"] = typer.Option("auto", help="auto: bcc (eBPF) where the kernel allows, else strace."),
+    backend: Literal[BACKEND_CHOICES] = typer.Option("auto", help="auto: bcc (eBPF) where the kernel allows, else strace."),  # pyright: ignore[reportInvalidTypeForm]
     path_filter: list[str] = typer.Option([], "--path-filter", help="Keep only paths starting with PREFIX (repeatable)."),
     strict: bool = typer.Option(False, help="Fail, writing no trace, if any event was lost."),
     force: bool = typer.Option(False, help="Overwrite an existing trace file."),
@@ -587,7 +593,7 @@ def emit(
 
 @app.command()
 def workload(
-    engine: Literal["dcp", "torch-save", "safetensors", "emitted", "libaio", "memmap"] = typer.Argument(..., help="The checkpoint engine: dcp, torch-save, safetensors, emitted, libaio or memmap."),
+    engine: Literal[WORKLOAD_CHOICES] = typer.Argument(..., help=f"The checkpoint engine: {', '.join(WORKLOAD_CHOICES[:-1])} or {WORKLOAD_CHOICES[-1]}."),  # pyright: ignore[reportInvalidTypeForm]
     out_dir: Path = typer.Option(..., "--out", help="Checkpoint directory to write (or, with --load, to read)."),
     ranks: int = typer.Option(1, help="Processes (dcp and emitted)."),
     model: Literal["gpt2-tiny", "gpt2-deep-tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"] = typer.Option("gpt2-small", help="GPT-2 shape (parameters: 0.5 M to 1.6 G)."),
@@ -605,10 +611,8 @@ def workload(
     """Write (or load and check) a real checkpoint of a GPT-2-shaped model with a real engine."""
     from ckpt_trace.iolayer.host import drop_page_cache
     from ckpt_trace.iolayer.outputs import check_output_dir
-    from ckpt_trace.workloads import ENGINES, run
+    from ckpt_trace.workloads import run
 
-    if engine not in ENGINES:
-        raise CkptTraceError(f"unknown workload {engine!r} (choose from {', '.join(ENGINES)})")
     made = not load and not out_dir.exists()
     if load:
         if not out_dir.is_dir():

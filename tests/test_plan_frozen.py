@@ -4,7 +4,8 @@ became a pipeline of named steps (issue 39).
 ``tests/data/plan_frozen.json`` holds, per case, a digest of each part of the
 plan (the operation table column by column, the workers, what is made before
 the clock, sizes, the ranges ``--verify`` checks, waits, queue depths,
-preallocations, packing) as the planner of main at fad4be0 built it. Cases:
+preallocations, packing) as the planner of main at fad4be0 built it (operation kinds by name: their
+codes are the table's own). Cases:
 every golden trace, planned whole, from record batches filled in place, with
 a path prefix stripped, without the verify ranges, by shares of owners (as
 ``replayer.distributed`` plans them, rows numbered by ``plan.GLOBAL_ROW``),
@@ -34,13 +35,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pytest
 
 from ckpt_trace.formats import read_trace, table_from_columns
+from ckpt_trace.formats.vocabulary import open_flag
 from ckpt_trace.replayer.aggregate import build_aggregated_plan
+from ckpt_trace.replayer.optable import KINDS
 from ckpt_trace.replayer.pack import pack_plan
 from ckpt_trace.replayer.plan import GLOBAL_ROW, PLAN_COLUMNS, build_posix_plan
-from ckpt_trace.formats.vocabulary import open_flag
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = sorted((ROOT / "traces" / "golden").glob("v*.arrow"))
@@ -61,7 +62,8 @@ def digest(plan) -> dict:
     """Every part of ``plan``, each as a short digest ."""
     t = plan.ops
     checks = plan.checks
-    out = {f"ops.{name}": _column_sha(getattr(t, name)) for name in _COLUMNS}
+    out = {f"ops.{name}": _column_sha(getattr(t, name)) for name in _COLUMNS if name != "kind"}
+    out["ops.kind"] = _sha([KINDS[k] for k in t.kind.tolist()])  # by name: the codes are the table's own
     out.update({
         "num_ops": len(t),
         "ops.paths": _sha(list(t.paths)),

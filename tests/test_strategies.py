@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_all_and_the_choices_come_from_the_table():
     assert STRATEGIES == strategies.in_all() == ("posix", "uring-buffered", "uring-direct", "aggregated")
-    assert CHOICES == strategies.choices() and CHOICES[-1] == "all" and "gds" in CHOICES
+    assert strategies.choices() == CHOICES and CHOICES[-1] == "all" and "gds" in CHOICES
     table = strategies.table()
     assert list(table)[0] == "posix" and all(name == spec.name for name, spec in table.items())
     assert not table["posix"].direct_io and table["aggregated"].direct_io and table["aggregated"].uses_buffer_bytes

@@ -42,10 +42,9 @@ from ckpt_trace.documents import load_replay_results
 from ckpt_trace.errors import CheckpointError
 from ckpt_trace.formats import sha256_file, write_bytes_atomic
 from ckpt_trace.iolayer.outputs import check_output_file
-from ckpt_trace.version import __version__
-
 from ckpt_trace.replayer import strategies
 from ckpt_trace.replayer.replay import NothingToJudge
+from ckpt_trace.version import __version__
 
 from .options import WriterOptions
 

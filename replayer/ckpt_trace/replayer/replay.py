@@ -30,10 +30,9 @@ from ckpt_trace.version import __version__
 
 from . import strategies
 from .aggregate import alignment_counts
-
-from .optable import READ, WRITE
 from .checks import checked_batches, refuse_file_and_directory, refuse_skips, skip_notes
 from .lock import LOCK_NAME, TargetLock, job_id, refuse_held
+from .optable import READ, WRITE
 from .ownership import Claim
 from .paths import TargetRoot
 from .plan import PLAN_COLUMNS, ReplayPlan, build_posix_plan
