@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
@@ -888,7 +888,7 @@ def _merge_grouped(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> 
 
 
 def _clip_by_truncations(fids: np.ndarray, seqs: np.ndarray, ends: np.ndarray,
-                         truncations: list[tuple[int, int, int]]) -> np.ndarray:
+                         truncations: Sequence[Truncation]) -> np.ndarray:
     """Each range end cut at the smallest length its file was truncated to after it (O_TRUNC: 0)."""
     if not truncations or not len(fids):
         return ends
@@ -968,10 +968,10 @@ class Merged(NamedTuple):
 
 class WorkerIndex(NamedTuple):
     """``keys``: the sorted distinct workers (pid << 32 | tid) of the reads and writes and of the walk's
-    operations; ``index``: each read's and write's index into ``keys``; ``row_key``: its worker key."""
+    operations; ``of_row``: each read's and write's index into ``keys``; ``row_key``: its worker key."""
 
     keys: np.ndarray
-    index: np.ndarray
+    of_row: np.ndarray
     row_key: np.ndarray
 
 
@@ -1184,7 +1184,7 @@ def _index_workers(rows: _Rows, row: np.ndarray, walk_workers: np.ndarray) -> Wo
     rows.drop("pid", "tid")
     row_key = (row_pid.astype(np.int64) << 32) | (row_tid.astype(np.int64) & 0xFFFFFFFF)
     keys, index = _worker_index(row_key, walk_workers, row_pid, row_tid)
-    return WorkerIndex(keys=keys, index=index, row_key=row_key)
+    return WorkerIndex(keys=keys, of_row=index, row_key=row_key)
 
 
 def _gather_io(rows: _Rows, merged: Merged, handles: np.ndarray, walked: list[WalkedIO]) -> tuple[IoRows, np.ndarray]:
