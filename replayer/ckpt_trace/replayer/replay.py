@@ -348,15 +348,16 @@ def replay(
                               f"{first.path_shares()['named_path_bytes_share']:.0%} of the bytes, under "
                               f"{config.REPLAY_NAMED_PATH_MIN_SHARE:.0%}; the replay's files under {target} were "
                               "removed", option="strict", switch=True)
-        options = {"queue_depth": opts.queue_depth, "buffer_bytes": opts.buffer_bytes, "pack_files": opts.pack_files,
-                   "repeat": opts.repeat, "rounds": len(results[0].runs_elapsed_s), "rounds_rule": runs.describe(),
-                   "min_seconds": opts.min_seconds, "durable": opts.durable, "drop_caches": opts.drop_caches,
-                   "timing": opts.timing, "gpu_copies": opts.gpu_copies, "cache": opts.cache,
-                   "cache_state": cache_state, "strict": opts.strict, "data": DATA_NOTE}
+        document_options = {"queue_depth": opts.queue_depth, "buffer_bytes": opts.buffer_bytes,
+                            "pack_files": opts.pack_files,
+                            "repeat": opts.repeat, "rounds": len(results[0].runs_elapsed_s),
+                            "rounds_rule": runs.describe(), "min_seconds": opts.min_seconds, "durable": opts.durable,
+                            "drop_caches": opts.drop_caches, "timing": opts.timing, "gpu_copies": opts.gpu_copies,
+                            "cache": opts.cache, "cache_state": cache_state, "strict": opts.strict, "data": DATA_NOTE}
         for result in results:
             result.notes.extend([cache_note] if cache_note else [])
             result.notes.extend(skips)
-        return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), options,
+        return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), document_options,
                             trace_sha256=trace_sha256, environment=host.environment(target),
                             claims=tuple(claims), made_target=made_target, fio_write_bytes_per_s=fio_limit)
     finally:
