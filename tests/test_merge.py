@@ -202,3 +202,25 @@ def test_summary_and_report_of_a_merged_trace_show_hosts_and_the_slowest_rank(tm
     report = json.loads(cli("report", str(tmp_path / "j.arrow"), "-o", str(tmp_path / "r.html"), "--json").stdout)
     page = (tmp_path / "r.html").read_text()
     assert "<h3>Hosts</h3>" in page and "first to last checkpoint write" in page and report["slowest"]
+
+
+def test_rows_made_ahead_on_a_thread_hand_over_the_producers_error_and_stop_with_the_consumer():
+    import threading
+
+    from ckpt_trace.analysis.merge import _ahead
+    from ckpt_trace.errors import CkptTraceError
+
+    def failing():
+        yield from range(5)
+        raise CkptTraceError("input changed")
+
+    got = _ahead(failing(), depth=2)
+    assert [next(got) for _ in range(5)] == [0, 1, 2, 3, 4]
+    with pytest.raises(CkptTraceError, match="input changed"):
+        next(got)
+    before = threading.active_count()
+    endless = _ahead(iter(range(10**9)), depth=2)
+    assert [next(endless) for _ in range(3)] == [0, 1, 2]
+    endless.close()  # the consumer stops: so does the producer's thread
+    assert threading.active_count() == before and not any(
+        t.name == "ckpt-trace-merge-rows" for t in threading.enumerate())

@@ -33,6 +33,8 @@ pid and tid alike, so a replay keeps the processes apart; ``merged.traces[i].pid
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -458,6 +460,52 @@ def _time_order(ts: np.ndarray) -> np.ndarray:
     return np.sort(((ts - low) << bits) | np.arange(len(ts), dtype=np.int64)) & ((1 << bits) - 1)
 
 
+def _ahead(batches: Iterator[pa.RecordBatch], depth: int = 2) -> Iterator[pa.RecordBatch]:
+    """``batches``, made on a thread of their own up to ``depth`` ahead of the consumer, so the merge's sorting
+    and gathering (numpy) overlaps the writer's compression (Arrow): both let go of the GIL. What the
+    producer raises is raised here; when the consumer stops early, the producer stops at its next batch."""
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def produce() -> None:
+        failure = None
+        try:
+            for batch in batches:
+                while not stop.is_set():
+                    try:
+                        slots.put((batch, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        except Exception as err:  # noqa: BLE001 (handed to the consumer, raised there)
+            failure = err
+        finally:
+            if not stop.is_set():
+                slots.put((end, failure))
+
+    thread = threading.Thread(target=produce, name="ckpt-trace-merge-rows", daemon=True)
+    thread.start()
+    try:
+        while True:
+            batch, err = slots.get()
+            if batch is end:
+                if err is not None:
+                    raise err
+                return
+            yield batch
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a producer waiting on a full queue, then let it end
+            try:
+                slots.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        thread.join()
+
+
 def merged_metadata(plan: MergePlan, rows: int, end_ns: int) -> dict:
     """The merged trace's metadata: the required keys, counts summed, the job's clock, and ``merged``."""
     metas = [i.metadata for i in plan.inputs]
@@ -540,7 +588,7 @@ def merge_traces(paths: Sequence[str | os.PathLike], output: str | os.PathLike, 
             raise CkptTraceError(f"the traces held {total} rows when planned and {rows} when merged; "
                                  "was one of them rewritten meanwhile?")
 
-    write_trace_batches(output, counted(), meta, optional_columns=("host",), expected_rows=total,
+    write_trace_batches(output, _ahead(counted()), meta, optional_columns=("host",), expected_rows=total,
                         overwrite=overwrite)
     return {"output": str(output), "rows": total, "traces": len(plan.inputs),
             "hosts": {h: {k: e[k] for k in ("traces", "ranks", "rows", "lost_events", "unseen")}
