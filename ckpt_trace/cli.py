@@ -25,6 +25,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn
 from ckpt_trace.config import CHECK_MIN_RUNS, CHECK_MIN_SECONDS
 from ckpt_trace.errors import CkptTraceError, Interrupted
 from ckpt_trace.formats import write_bytes_atomic
+from ckpt_trace.replayer.options import DEFAULT_BUFFER_BYTES, DEFAULT_QUEUE_DEPTH
 from ckpt_trace.replayer.strategies import choices as strategy_choices
 from ckpt_trace.replayer.strategies import help_text as strategy_help
 from ckpt_trace.tracer.backends import choices as backend_choices
@@ -33,6 +34,8 @@ from ckpt_trace.workloads import ENGINES as WORKLOAD_NAMES
 
 from .cli_help import decorate
 
+#: ``--buffer-size``'s default, as the flag spells it (``replayer.options.DEFAULT_BUFFER_BYTES``).
+DEFAULT_BUFFER_SIZE = f"{DEFAULT_BUFFER_BYTES >> 20}MiB"
 #: ``replay --strategy``'s choices: the strategy table's names and ``all`` (``replayer.strategies``), never
 #: spelled here; typer reads the Literal of this tuple as a choice.
 STRATEGY_CHOICES = strategy_choices()
@@ -247,8 +250,8 @@ def replay(
     trace: Path = typer.Argument(..., help="Trace file to replay."),
     target: Path = typer.Option(..., "--target", help="Directory to replay into; nothing outside it is touched."),
     strategy: Literal[STRATEGY_CHOICES] = typer.Option("posix", help=strategy_help()),  # pyright: ignore[reportInvalidTypeForm]
-    queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
-    buffer_size: str = typer.Option("4MiB", "--buffer-size", help="aggregated: aligned buffer size, 1-64 MiB (e.g. 4MiB)."),
+    queue_depth: int = typer.Option(DEFAULT_QUEUE_DEPTH, "--queue-depth", help="io_uring requests in flight per worker."),
+    buffer_size: str = typer.Option(DEFAULT_BUFFER_SIZE, "--buffer-size", help="aggregated: aligned buffer size, 1-64 MiB (e.g. 4MiB)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each plan's operation counts, sizes and alignment; do no I/O."),
     repeat: Optional[int] = typer.Option(None, "--repeat", help="Rounds (each strategy once a round, interleaved); default: 3-20 rounds, until the strategies are told apart or 60 s of runs."),
     drop_caches: bool = typer.Option(False, "--drop-caches", help="Drop the page cache before each run (root)."),
@@ -273,6 +276,7 @@ def replay(
     from ckpt_trace.replayer import plan_summaries
     from ckpt_trace.replayer import replay as run_replay
     from ckpt_trace.replayer.distributed import launched, replay_distributed
+    from ckpt_trace.replayer.options import ReplayOptions
 
     from .report.render import render_plans, render_results
     from .units import parse_size
@@ -296,16 +300,17 @@ def replay(
             _write_json(output, plans)
         _show(plans, as_json, lambda console, data: render_plans(console, data["plans"], wide))
         return
+    options = ReplayOptions(strip_prefix=strip_prefix, timing=timing, force=force, queue_depth=queue_depth,
+                            buffer_bytes=buffer_bytes, repeat=repeat, drop_caches=drop_caches, durable=durable,
+                            verify=verify, pack_files=pack_files, fio=fio, gpu_copies=gpu_copies, cache=cache,
+                            strict=strict)
     if world is not None:  # one of the processes torchrun launched: replay this process's share
         if fio or pack_files:
             raise CkptTraceError(f"{'--fio' if fio else '--pack-files'} is not available in a replay launched by "
                                  "torchrun; run it without torchrun")
         with _progress() if world.rank == 0 else nullcontext() as progress:
-            report = replay_distributed(trace, world=world, target=target, strategy=strategy,
-                                        strip_prefix=strip_prefix, timing=timing, force=force,
-                                        queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
-                                        drop_caches=drop_caches, durable=durable, verify=verify, progress=progress,
-                                        protect=(output,) if output is not None else (), gpu_copies=gpu_copies,
+            report = replay_distributed(trace, world=world, target=target, strategy=strategy, options=options,
+                                        progress=progress, protect=(output,) if output is not None else (),
                                         placement=placement)
         if not speaks:
             return
@@ -317,11 +322,8 @@ def replay(
                   f"time is its slowest process's ({slowest})", highlight=False)
     else:
         with _progress() as progress:
-            report = run_replay(trace, target=target, strategy=strategy, strip_prefix=strip_prefix, timing=timing,
-                                force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
-                                drop_caches=drop_caches, durable=durable, verify=verify, pack_files=pack_files,
-                                progress=progress, protect=(output,) if output is not None else (), fio=fio,
-                                gpu_copies=gpu_copies, cache=cache, strict=strict)
+            report = run_replay(trace, target=target, strategy=strategy, options=options, progress=progress,
+                                protect=(output,) if output is not None else ())
     data = report.to_json()
     if rescaled:
         data["rescaled"] = rescaled
@@ -496,8 +498,8 @@ def baseline(
     strategy: list[str] = typer.Option([], "--strategy", help="Strategy to measure (repeatable; default: all)."),
     repeat: int = typer.Option(CHECK_MIN_RUNS, "--repeat", help="Fewest runs per trace and strategy."),
     min_seconds: float = typer.Option(CHECK_MIN_SECONDS, "--min-seconds", help="Keep running each until its runs add up to this much measured time."),
-    queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
-    buffer_size: str = typer.Option("4MiB", "--buffer-size", help="aggregated: aligned buffer size."),
+    queue_depth: int = typer.Option(DEFAULT_QUEUE_DEPTH, "--queue-depth", help="io_uring requests in flight per worker."),
+    buffer_size: str = typer.Option(DEFAULT_BUFFER_SIZE, "--buffer-size", help="aggregated: aligned buffer size."),
     force: bool = typer.Option(False, help="Overwrite an existing baseline file."),
 ) -> None:
     """Replay traces on this storage and record the results, with host, kernel, file system and device."""

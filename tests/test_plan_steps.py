@@ -123,7 +123,7 @@ def test_merge_puts_bulk_and_walked_rows_in_row_order():
 def test_index_workers_numbers_the_threads():
     _, _, _, workers, _, _ = _io()
     assert workers.keys.tolist() == [T1, T2]
-    assert workers.index.tolist() == [0, 0, 1, 1, 0] and workers.row_key.tolist() == [T1, T1, T2, T2, T1]
+    assert workers.of_row.tolist() == [0, 0, 1, 1, 0] and workers.row_key.tolist() == [T1, T1, T2, T2, T1]
 
 
 def test_gather_takes_the_io_columns():
@@ -177,21 +177,21 @@ def test_table_steps_order_deps_and_interleave():
     assert [(KINDS[k], s) for k, s in zip(walk_table.kind, walk_table.seq)] == [
         ("open", 0), ("close", 8), ("mkdir", 9), ("open", 4)]  # by worker, then seq
     assert [walk_table.paths[i] for i in handle_path] == ["ck/a", "ck/in"]
-    order = pl._worker_order(workers.index, merged)
+    order = pl._worker_order(workers.of_row, merged)
     assert order.order.tolist() == [0, 1, 4, 2, 3]  # t1's rows 1, 2, 7, then t2's 3, 4
     assert order.walked_at.tolist() == [4] and order.walked_source.tolist() == [0]
     needs = np.array([False, False, True, False, False])
     dep_ptr, dep_seq = pl._io_deps(needs[order.order], io.handle[order.order], np.array([0, 4]), order, p.data_ops)
     assert dep_ptr.tolist() == [0, 0, 0, 0, 1, 1] and dep_seq.tolist() == [0]
-    row, widx = merged.row[order.order], workers.index[order.order]
+    row, widx = merged.row[order.order], workers.of_row[order.order]
     at = pl._walk_positions(widx, row, walk_table)
     assert at.tolist() == [0, 4, 5, 7]  # the implicit open (7) lands just before the read it is for (8)
 
 
 def test_io_columns_and_worker_plans():
     _, p, merged, workers, io, _ = _io()
-    order = pl._worker_order(workers.index, merged)
-    row, widx, handle = merged.row[order.order], workers.index[order.order], io.handle[order.order]
+    order = pl._worker_order(workers.of_row, merged)
+    row, widx, handle = merged.row[order.order], workers.of_row[order.order], io.handle[order.order]
     columns = pl._io_columns(io, order.order, row, widx, handle, np.arange(10) * 10, np.array([5, 6]),
                              np.array([111, 222]))
     assert columns["kind"].tolist() == [KIND["write"]] * 4 + [KIND["read"]]

@@ -11,8 +11,9 @@ from conftest import cli, one_line
 
 from ckpt_trace.errors import CheckpointError, ReplayError
 from ckpt_trace.replayer import strategies
+from ckpt_trace.replayer.options import ReplayOptions
 from ckpt_trace.replayer.paths import TargetRoot
-from ckpt_trace.replayer.replay import CHOICES, STRATEGIES, check_options, derive_plan, make_executor
+from ckpt_trace.replayer.replay import CHOICES, STRATEGIES, derive_plan, make_executor
 from ckpt_trace.writer.emit import choose
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +32,7 @@ def test_an_unknown_strategy_is_an_error_everywhere(tmp_path):
     with pytest.raises(ReplayError, match="unknown strategy 'nope'"):
         strategies.get("nope")
     with pytest.raises(ReplayError, match="unknown strategy 'nope'"):
-        check_options("nope", "asap", "recorded", 1, 0.0, False)
+        ReplayOptions().check("nope")
     with pytest.raises(ReplayError, match="unknown strategy 'nope'"):
         make_executor("nope", TargetRoot(tmp_path), 32)
     with pytest.raises(ReplayError, match="unknown strategy 'nope'"):

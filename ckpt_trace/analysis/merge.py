@@ -12,13 +12,18 @@ may be misplaced against each other: the sum of the two largest per-trace bounds
 uncertainty plus the drift between its two anchors); the agreement of different hosts' realtime clocks
 themselves (NTP, PTP) is taken as given, which ``merge.note`` says.
 
-Rows: a k-way merge over record batches with a watermark. Each input holds one batch; the watermark is
-the smallest last timestamp among the held batches; every held row before it (and, from the batch that
-sets it, every row at it) is in its final place, since each trace is sorted by start time; rows of one
-time keep the order of the inputs. When more than a batch of rows is ready, only those before the
-batch's worth of earliest times go out (the sort and the writer copy one batch at a time). Those rows are
-sorted (stable: ties keep the inputs' order) and written, and only drained inputs read their next batch,
-so memory is bounded by one batch per input (and one the scan reads ahead), not by the traces' length.
+Rows: a k-way merge over record batches with a watermark. Each input holds one batch (its text columns
+recoded once into the merged trace's dictionaries, which are read from the inputs before any row); the
+watermark is the smallest last timestamp among the held batches. Every held row before it is in its final
+place, since each trace is sorted by start time; rows at it keep the order of the inputs, so they go out
+from the inputs up to the first whose held rows end there (it drains; later inputs hold theirs back until
+it has read its next batch). When more than ``step_rows`` rows are ready, only those before a time at most
+``step_rows / inputs`` rows into every input go out. A step's rows are sorted once (a stable order by time,
+ties in input order, then row order) and gathered column by column with numpy, then written straight into
+the file in batches of ``batch_rows`` (``write_trace_batches``: the rows and the last time are known from
+the plan, so the metadata is too; compressed once). Only drained inputs read their next batch, and a few
+of those that will drain next are read ahead on two threads, so memory is bounded by one batch per input
+and a few more, not by the traces' length.
 
 Processes: a pid seen in two traces (two hosts reuse pids; containers all start at 1) is moved, in every
 trace after the first that holds it, by ``trace index << 22`` (above Linux's largest ``pid_max``, 2**22),
@@ -28,7 +33,10 @@ pid and tid alike, so a replay keeps the processes apart; ``merged.traces[i].pid
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +56,9 @@ MAX_TRACES = (1 << (31 - PID_SHIFT)) - 1  # a moved pid must stay an int32
 TEXT = [f.name for f in SCHEMA if pa.types.is_dictionary(f.type)]
 SUMMED_KEYS = ("lost_events", "truncated_paths", "untracked_fd_ops", "late_events", "unreaped_requests",
                "spilled_runs")
+PREFETCH = 4  # batches read ahead, for the sources that drain first (each: a batch of every column)
+PREFETCH_THREADS = 2
+STEP_BATCHES = 4  # at most about this many batches' rows are sorted at once (the per-step work is per source)
 NOTE = ("rows of different traces are placed on CLOCK_REALTIME through each trace's anchors; different hosts' "
         "realtime clocks are taken to agree (NTP/PTP): --clock-offset HOST=NS corrects a known difference")
 
@@ -202,7 +213,7 @@ def merge_dictionaries(plan: MergePlan) -> dict[str, pa.Array]:
     bring their own). The ``host`` column's dictionary is the plan's hosts."""
     words: dict[str, dict] = {name: {} for name in TEXT}
     for item in plan.inputs:
-        meta, batches = scan(item.path, TEXT)
+        meta, batches = scan(item.path, TEXT, read_ahead=False)
         try:
             for batch in batches:
                 for name in TEXT:
@@ -218,6 +229,10 @@ def merge_dictionaries(plan: MergePlan) -> dict[str, pa.Array]:
     return out
 
 
+ALL_NULL = True  # a column's null mask when every row of the batch is null (its values are not kept)
+_Column = tuple  # (values: np.ndarray | None, null mask: np.ndarray | None | ALL_NULL) of one column of a batch
+
+
 class _Source:
     """One input's rows on the job's clock: one batch held at a time (``pos``: how many already went out),
     its text columns as codes into the merged dictionaries (``merge_dictionaries``)."""
@@ -225,10 +240,11 @@ class _Source:
     def __init__(self, index: int, item: MergeInput, origin_ns: int, batch_rows: int,
                  codes: Mapping[str, Mapping[str, int]]) -> None:
         self.index, self.item, self.origin_ns = index, item, origin_ns
-        _, self._batches = scan(item.path, list(COLUMNS), batch_rows=batch_rows)
+        _, self._batches = scan(item.path, list(COLUMNS), batch_rows=batch_rows, read_ahead=False)
         self._codes = codes
         self._luts: dict[str, tuple] = {}
-        self.columns: list[pa.Array] = []
+        self._next: Future | None = None  # the next batch, read on the merge's prefetch thread
+        self.columns: list[_Column] = []
         self.ts = np.zeros(0, np.int64)
         self.pos = 0
         self.done = False
@@ -237,65 +253,91 @@ class _Source:
     def held(self) -> int:
         return len(self.ts) - self.pos
 
+    @property
+    def prefetching(self) -> bool:
+        return self._next is not None
+
+    def prefetch(self, pool: ThreadPoolExecutor) -> None:
+        """Read and convert the next batch on ``pool`` while the held one goes out."""
+        if self._next is None and not self.done:
+            self._next = pool.submit(self._read)
+
     def fill(self) -> None:
         """Hold the next non-empty batch once the held one has gone out (``done`` when there is none)."""
-        while not self.done and self.held == 0:
-            batch = next(self._batches, None)
-            if batch is None:
-                self.done, self.columns = True, []
-                return
-            if batch.num_rows == 0:
-                continue
-            ts = self.item.realtime(int_values(batch.column("ts_ns")).astype(np.int64)) - self.origin_ns
-            columns = []
-            for name in COLUMNS:
-                column = batch.column(name)
-                if name == "ts_ns":
-                    column = pa.array(ts, pa.int64())
-                elif name in ("pid", "tid") and self.item.pid_offset:
-                    column = pa.array((int_values(column).astype(np.int64) + self.item.pid_offset).astype(np.int32))
-                elif name in self._codes:
-                    column = self._recode(name, column)
-                columns.append(column)
-            self.columns, self.ts, self.pos = columns, ts, 0
+        if self.done or self.held:
+            return
+        if self._next is not None:
+            got, self._next = self._next.result(), None
+        else:
+            got = self._read()
+        if got is None:
+            self.done, self.columns = True, []
+            return
+        self.columns, self.ts = got
+        self.pos = 0
 
-    def _recode(self, name: str, column: pa.DictionaryArray) -> pa.Array:
-        """A text column's indices as int32 codes of the merged dictionary (a null row: null over code 0).
+    def _read(self) -> tuple[list[_Column], np.ndarray] | None:
+        """The next non-empty batch's columns (ts on the job's clock, pids moved, text recoded) and times."""
+        for batch in self._batches:
+            if batch.num_rows:
+                break
+        else:
+            return None
+        ts = self.item.realtime(int_values(batch.column("ts_ns")).astype(np.int64)) - self.origin_ns
+        columns = []
+        for name in COLUMNS:
+            column = batch.column(name)
+            if name == "ts_ns":
+                columns.append((ts, None))
+            elif column.null_count == len(column):
+                columns.append((None, ALL_NULL))
+            elif name in self._codes:
+                columns.append(self._recode(name, column))
+            else:
+                values = int_values(column)
+                if name in ("pid", "tid") and self.item.pid_offset:
+                    values = (values.astype(np.int64) + self.item.pid_offset).astype(np.int32)
+                columns.append((values, ~validity(column) if column.null_count else None))
+        return columns, ts
+
+    def _recode(self, name: str, column: pa.DictionaryArray) -> _Column:
+        """A text column's indices as int32 codes of the merged dictionary (a null row: code 0, masked).
         Each distinct batch dictionary is looked up once; the rows are renumbered by one numpy gather."""
-        rows = len(column)
-        if column.null_count == rows:
-            return pa.array(np.zeros(rows, np.int32), pa.int32(), mask=np.ones(rows, bool))
         words = column.dictionary
         cached = self._luts.get(name)
         if cached is None or not (cached[0] is words or cached[0].equals(words)):
             codes = self._codes[name]
-            lut = np.array([-1 if word is None else codes.get(word, -2) for word in words.to_pylist()], np.int64)
+            lut = np.array([-1 if word is None else codes.get(word, -2) for word in words.to_pylist()], np.int32)
             if (lut == -2).any():
                 raise CkptTraceError(f"{self.item.path}: a batch holds {name} values its first batch's dictionary "
                                      "lacks (the file is not one Arrow IPC file of one dictionary per column)")
             cached = self._luts[name] = (words, lut, bool(np.array_equal(lut, np.arange(len(lut)))))
         _, lut, identity = cached
         indices = column.indices
+        values = int_values(indices)
         if identity and not indices.null_count:
-            return indices
+            return values, None
         valid = validity(indices)
-        numbers = lut[np.where(valid, int_values(indices), 0)] if len(lut) else np.full(rows, -1, np.int64)
+        numbers = lut[np.where(valid, values, 0)] if len(lut) else np.full(len(values), -1, np.int32)
         null = ~valid | (numbers < 0)
         if null.any():
-            return pa.array(np.where(null, 0, numbers).astype(np.int32), pa.int32(), mask=null)
-        return pa.array(numbers.astype(np.int32), pa.int32())
+            return np.where(null, 0, numbers).astype(np.int32), null
+        return numbers, None
 
     def stop_at(self, ts_ns: int, side: str) -> int:
         """How many held rows lie before ``ts_ns`` (``side`` 'right': at it too)."""
         return int(np.searchsorted(self.ts[self.pos:], ts_ns, side=side))
 
-    def take(self, count: int) -> tuple[list[pa.Array], np.ndarray]:
-        """The next ``count`` held rows (columns of ``COLUMNS``, zero-copy, and their times); they go out."""
+    def take(self, count: int) -> tuple[list[_Column], np.ndarray]:
+        """The next ``count`` held rows (per column of ``COLUMNS`` its values and null mask, as numpy views,
+        and their times); they go out."""
         start, self.pos = self.pos, self.pos + count
-        return [column.slice(start, count) for column in self.columns], self.ts[start:self.pos]
+        return [(values if values is None else values[start:self.pos],
+                 mask if mask is None or mask is ALL_NULL else mask[start:self.pos])
+                for values, mask in self.columns], self.ts[start:self.pos]
 
 
-def _steps(sources: list[_Source], step_rows: int) -> Iterator[list[tuple[_Source, int]]]:
+def _steps(sources: list[_Source], step_rows: int, pool: ThreadPoolExecutor) -> Iterator[list[tuple[_Source, int]]]:
     """Per step, the (source, row count) of the held rows now in their final place (module docstring)."""
     while True:
         for source in sources:
@@ -303,6 +345,11 @@ def _steps(sources: list[_Source], step_rows: int) -> Iterator[list[tuple[_Sourc
         live = [s for s in sources if not s.done]
         if not live:
             return
+        # The sources whose held rows end first drain first: their next batches are read meanwhile.
+        free = PREFETCH - sum(s.prefetching for s in live)
+        if free > 0:
+            for source in sorted((s for s in live if not s.prefetching), key=lambda s: int(s.ts[-1]))[:free]:
+                source.prefetch(pool)
         watermark = min(int(s.ts[-1]) for s in live)
         # Bounded step: when more than step_rows rows may be ready, only those strictly before a time at
         # most step_rows / len(live) rows into every source go out (ties at that time wait).
@@ -326,54 +373,137 @@ def merged_rows(plan: MergePlan, *, batch_rows: int = 65536, dictionaries: Mappi
     """The rows of every input in global time order (ties: in the order of the inputs, then of their rows), as
     record batches of ``batch_rows`` rows (the last one shorter) of the file schema with ``host``, text
     columns over ``dictionaries`` (``merge_dictionaries(plan)`` when None), in bounded memory (module
-    docstring). ``step_rows``: at most about that many rows are sorted at once (default 4 batches)."""
+    docstring). ``step_rows``: at most about that many rows are sorted at once (``STEP_BATCHES`` batches)."""
     dictionaries = dict(dictionaries or merge_dictionaries(plan))
     codes = {name: {word: i for i, word in enumerate(values.to_pylist())} for name, values in dictionaries.items()
              if name in TEXT}
     schema = file_schema(("host",))
     host_codes = {host: i for i, host in enumerate(dictionaries["host"].to_pylist())}
     sources = [_Source(i, item, plan.origin_ns, batch_rows, codes) for i, item in enumerate(plan.inputs)]
-    step_rows = max(1, step_rows or 4 * batch_rows)
-    pending: list[pa.RecordBatch] = []
-    pending_rows = 0
-    for step in _steps(sources, step_rows):
-        pieces = [source.take(count) for source, count in step]
-        times = [piece[1] for piece in pieces]
-        hosts = np.repeat(np.array([host_codes[s.item.host] for s, _ in step], np.int32), [c for _, c in step])
+    step_rows = max(1, step_rows or STEP_BATCHES * batch_rows)
+    with ThreadPoolExecutor(max_workers=PREFETCH_THREADS, thread_name_prefix="ckpt-trace-merge") as pool:
+        yield from _merged_steps(_steps(sources, step_rows, pool), host_codes, codes, dictionaries, schema,
+                                 batch_rows)
+
+
+def _merged_steps(steps, host_codes, codes, dictionaries, schema, batch_rows) -> Iterator[pa.RecordBatch]:
+    """Each step's rows, sorted by time (stable), as record batches of ``schema`` of ``batch_rows`` rows (zstd
+    compresses a full batch better than many small ones): per column, the pieces' values concatenated and
+    gathered in time order by numpy (no Arrow array per piece). The rows short of a full batch are carried
+    into the next step as its first piece (they precede its rows), so no row is copied twice."""
+    types = [pa.int32() if name in codes else SCHEMA.field(name).type for name in COLUMNS]
+    dtypes = [np.dtype(t.to_pandas_dtype()) for t in types]
+    carry = None
+    for step in steps:
+        pieces = [source.take(count) + (np.full(count, host_codes[source.item.host], np.int32),)
+                  for source, count in step]
+        if carry is not None:
+            pieces.insert(0, carry)
+        counts = [len(piece[1]) for piece in pieces]
         if len(pieces) == 1:
-            order = None
-            columns = pieces[0][0]
+            columns, ts, hosts = pieces[0]
         else:
-            ts = np.concatenate(times)
-            order = np.argsort(ts, kind="stable")  # ties keep the concatenation's order: inputs', then rows'
-            indices = pa.array(order)
+            ts = np.concatenate([piece[1] for piece in pieces])
+            order = _time_order(ts)
+            ts, hosts = ts[order], np.concatenate([piece[2] for piece in pieces])[order]
             columns = []
-            for j, name in enumerate(COLUMNS):
+            for j, dtype in enumerate(dtypes):
                 parts = [piece[0][j] for piece in pieces]
-                if name == "ts_ns":
-                    columns.append(pa.array(ts[order], pa.int64()))
-                elif all(part.null_count == len(part) for part in parts):
-                    columns.append(parts[0] if len(parts) == 1 else pa.concat_arrays(parts))
-                else:
-                    columns.append(pa.chunked_array(parts).take(indices).combine_chunks())
-            hosts = hosts[order]
-        arrays = [pa.DictionaryArray.from_arrays(column, dictionaries[name]) if name in codes else column
-                  for name, column in zip(COLUMNS, columns)]
-        arrays.append(pa.DictionaryArray.from_arrays(pa.array(hosts, pa.int32()), dictionaries["host"]))
-        out = pa.RecordBatch.from_arrays(arrays, schema=schema)
-        # Out in batches of batch_rows rows (zstd compresses a full batch better than many small ones)
-        pending.append(out)
-        pending_rows += out.num_rows
-        if pending_rows < batch_rows:
-            continue
-        merged = pa.concat_batches(pending) if len(pending) > 1 else pending[0]
-        whole = (pending_rows // batch_rows) * batch_rows
+                if all(mask is ALL_NULL for _, mask in parts):
+                    columns.append((None, ALL_NULL))
+                    continue
+                values = np.concatenate([np.zeros(n, dtype) if m is ALL_NULL else v
+                                         for (v, m), n in zip(parts, counts)])[order]
+                mask = None
+                if any(m is not None for _, m in parts):
+                    mask = np.concatenate([np.zeros(n, bool) if m is None else np.ones(n, bool) if m is ALL_NULL
+                                           else m for (_, m), n in zip(parts, counts)])[order]
+                columns.append((values, mask))
+        rows = len(ts)
+        whole = rows - rows % batch_rows
         for start in range(0, whole, batch_rows):
-            yield merged.slice(start, batch_rows)
-        rest = merged.slice(whole)
-        pending, pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
-    if pending:
-        yield pa.concat_batches(pending) if len(pending) > 1 else pending[0]
+            yield _record_batch(columns, hosts, start, start + batch_rows, types, dictionaries, codes, schema)
+        carry = None
+        if whole < rows:
+            carry = ([(v if v is None else v[whole:], m if m is None or m is ALL_NULL else m[whole:])
+                      for v, m in columns], ts[whole:], hosts[whole:])
+    if carry is not None:
+        yield _record_batch(carry[0], carry[2], 0, len(carry[1]), types, dictionaries, codes, schema)
+
+
+def _record_batch(columns, hosts, start, stop, types, dictionaries, codes, schema) -> pa.RecordBatch:
+    """Rows ``start``..``stop`` of a step's numpy columns as a record batch of ``schema`` (values zero-copy)."""
+    rows = stop - start
+    arrays = []
+    for name, kind, (values, mask) in zip(COLUMNS, types, columns):
+        if mask is ALL_NULL:
+            column = pa.nulls(rows, kind)
+            if name in codes:  # an index inside the dictionary under each null (polars checks them)
+                column = pa.array(np.zeros(rows, np.int32), kind, mask=np.ones(rows, bool))
+        else:
+            mask = None if mask is None else mask[start:stop]
+            column = pa.array(values[start:stop], kind, mask=mask if mask is not None and mask.any() else None)
+        arrays.append(pa.DictionaryArray.from_arrays(column, dictionaries[name]) if name in codes else column)
+    arrays.append(pa.DictionaryArray.from_arrays(pa.array(hosts[start:stop], pa.int32()), dictionaries["host"]))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _time_order(ts: np.ndarray) -> np.ndarray:
+    """The stable sort's permutation of ``ts`` (ties keep their positions' order: the inputs', then their
+    rows'). Each time is made unique by its position in its low bits and the keys are sorted by value, which
+    numpy does several times faster than a stable argsort (20 against 58 ns a row for 64 sorted runs);
+    a step spanning too long a time for that takes the stable argsort."""
+    bits = max(1, (len(ts) - 1).bit_length())
+    low = int(ts.min())
+    if int(ts.max()) - low >= 1 << (62 - bits):
+        return np.argsort(ts, kind="stable")
+    return np.sort(((ts - low) << bits) | np.arange(len(ts), dtype=np.int64)) & ((1 << bits) - 1)
+
+
+def _ahead(batches: Iterator[pa.RecordBatch], depth: int = 2) -> Iterator[pa.RecordBatch]:
+    """``batches``, made on a thread of their own up to ``depth`` ahead of the consumer, so the merge's sorting
+    and gathering (numpy) overlaps the writer's compression (Arrow): both let go of the GIL. What the
+    producer raises is raised here; when the consumer stops early, the producer stops at its next batch."""
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def produce() -> None:
+        failure = None
+        try:
+            for batch in batches:
+                while not stop.is_set():
+                    try:
+                        slots.put((batch, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        except Exception as err:  # noqa: BLE001 (handed to the consumer, raised there)
+            failure = err
+        finally:
+            if not stop.is_set():
+                slots.put((end, failure))
+
+    thread = threading.Thread(target=produce, name="ckpt-trace-merge-rows", daemon=True)
+    thread.start()
+    try:
+        while True:
+            batch, err = slots.get()
+            if batch is end:
+                if err is not None:
+                    raise err
+                return
+            yield batch
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a producer waiting on a full queue, then let it end
+            try:
+                slots.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        thread.join()
 
 
 def merged_metadata(plan: MergePlan, rows: int, end_ns: int) -> dict:
@@ -458,7 +588,7 @@ def merge_traces(paths: Sequence[str | os.PathLike], output: str | os.PathLike, 
             raise CkptTraceError(f"the traces held {total} rows when planned and {rows} when merged; "
                                  "was one of them rewritten meanwhile?")
 
-    write_trace_batches(output, counted(), meta, optional_columns=("host",), expected_rows=total,
+    write_trace_batches(output, _ahead(counted()), meta, optional_columns=("host",), expected_rows=total,
                         overwrite=overwrite)
     return {"output": str(output), "rows": total, "traces": len(plan.inputs),
             "hosts": {h: {k: e[k] for k in ("traces", "ranks", "rows", "lost_events", "unseen")}

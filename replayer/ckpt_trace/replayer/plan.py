@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
@@ -390,6 +390,13 @@ class MappedRange(NamedTuple):
     handle: int
 
 
+class MappedAt(NamedTuple):
+    """Where an address of a process's mapping is: the mapping's ``handle`` and the file ``offset`` (bytes)."""
+
+    handle: int
+    offset: int
+
+
 class WalkedIO(NamedTuple):
     """A read or write the walk resolved (a descriptor no binding covers, pages through a mapping): its
     ``row``, the ``handle`` it acts on and its cross-worker ``deps``; ``offset`` and ``size`` (bytes) the
@@ -604,13 +611,13 @@ class _Planner:
         self.queue_depths[queue] = max(self.queue_depths.get(queue, 1), row["in_flight"] or 1)
         return {"queue": queue}
 
-    def _mapped_handle(self, pid: int, address: int | None) -> tuple[int, int] | None:
-        """(handle, file offset of ``address``) of the process's mapping holding ``address``."""
+    def _mapped_handle(self, pid: int, address: int | None) -> MappedAt | None:
+        """Where ``address`` is in the process's mapping holding it (None: in none)."""
         if address is None:
             return None
-        for start, length, offset, handle in self.mappings.get(pid, ()):
-            if start <= address < start + length:
-                return handle, offset + address - start
+        for m in self.mappings.get(pid, ()):
+            if m.address <= address < m.address + m.length:
+                return MappedAt(m.handle, m.offset + address - m.address)
         return None
 
     def _row_write(self, seq, worker, row) -> None:
@@ -658,7 +665,7 @@ class _Planner:
         if found is None:
             self.skipped["unmapped_without_mapping"] += 1
             return
-        handle = found[0]
+        handle = found.handle
         self.mappings[row["pid"]] = [m for m in self.mappings[row["pid"]] if m.handle != handle]
         self.handle_refs[handle] -= 1
         deps: list[int] = []
@@ -672,8 +679,8 @@ class _Planner:
             self.skipped["synced_without_mapping"] += 1
             return
         deps: list[int] = []
-        self._dep(self.handle_origin.get(found[0]), worker, deps)
-        self.emit(worker, PlanOp(seq=seq, kind=v.MSYNC, ts_ns=row["ts_ns"], handle=found[0], offset=found[1],
+        self._dep(self.handle_origin.get(found.handle), worker, deps)
+        self.emit(worker, PlanOp(seq=seq, kind=v.MSYNC, ts_ns=row["ts_ns"], handle=found.handle, offset=found.offset,
                                  size=row["size"], flags=row["flags"], deps=tuple(deps)))
 
     def _row_lseek(self, seq, worker, row) -> None:
@@ -888,7 +895,7 @@ def _merge_grouped(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> 
 
 
 def _clip_by_truncations(fids: np.ndarray, seqs: np.ndarray, ends: np.ndarray,
-                         truncations: list[tuple[int, int, int]]) -> np.ndarray:
+                         truncations: Sequence[Truncation]) -> np.ndarray:
     """Each range end cut at the smallest length its file was truncated to after it (O_TRUNC: 0)."""
     if not truncations or not len(fids):
         return ends
@@ -968,10 +975,10 @@ class Merged(NamedTuple):
 
 class WorkerIndex(NamedTuple):
     """``keys``: the sorted distinct workers (pid << 32 | tid) of the reads and writes and of the walk's
-    operations; ``index``: each read's and write's index into ``keys``; ``row_key``: its worker key."""
+    operations; ``of_row``: each read's and write's index into ``keys``; ``row_key``: its worker key."""
 
     keys: np.ndarray
-    index: np.ndarray
+    of_row: np.ndarray
     row_key: np.ndarray
 
 
@@ -1184,7 +1191,7 @@ def _index_workers(rows: _Rows, row: np.ndarray, walk_workers: np.ndarray) -> Wo
     rows.drop("pid", "tid")
     row_key = (row_pid.astype(np.int64) << 32) | (row_tid.astype(np.int64) & 0xFFFFFFFF)
     keys, index = _worker_index(row_key, walk_workers, row_pid, row_tid)
-    return WorkerIndex(keys=keys, index=index, row_key=row_key)
+    return WorkerIndex(keys=keys, of_row=index, row_key=row_key)
 
 
 def _gather_io(rows: _Rows, merged: Merged, handles: np.ndarray, walked: list[WalkedIO]) -> tuple[IoRows, np.ndarray]:

@@ -45,6 +45,7 @@ from ckpt_trace.iolayer.ring import Ring
 from ckpt_trace.iolayer.ring import probe as probe_ring
 
 from .optable import READ, WRITE, PlanOp
+from .options import DEFAULT_QUEUE_DEPTH
 from .paths import TargetRoot
 from .plan import DATA_KINDS, ReplayPlan
 from .posix import PosixExecutor, _RunState, _WorkerContext
@@ -75,7 +76,7 @@ class UringExecutor(PosixExecutor):
     queues_as_recorded = False
     batch_key_kind = True
 
-    def __init__(self, root: TargetRoot, max_io_bytes: int, *, queue_depth: int = 32, direct: bool = False,
+    def __init__(self, root: TargetRoot, max_io_bytes: int, *, queue_depth: int = DEFAULT_QUEUE_DEPTH, direct: bool = False,
                  strategy: str | None = None) -> None:
         super().__init__(root, max_io_bytes)
         if queue_depth < 1:

@@ -18,7 +18,7 @@ def _executor(root: TargetRoot, queue_depth: int) -> PosixExecutor:
     del queue_depth  # no ring
     problem, mode = gds_probe()
     if problem or mode is None:
-        raise ReplayError(f"strategy gds: {problem or 'no mode'}")
+        raise ReplayError(f"strategy gds: {problem or 'no GDS mode'}")
     return GdsExecutor(root, config.REPLAY_MAX_IO_BYTES, mode)
 
 

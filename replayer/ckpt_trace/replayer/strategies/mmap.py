@@ -74,14 +74,15 @@ class MmapExecutor(PosixExecutor):
                  write_buf: AlignedBuffer | None = None, read_buf: AlignedBuffer | None = None) -> int:
         if op.kind not in ("write", "read") or (op.mapped and op.handle in state.mappings):
             return super()._execute(op, state, write_view, read_view, write_buf, read_buf)
-        assert write_buf is not None and read_buf is not None  # the worker's buffers (posix._WorkerContext)
+        assert write_buf is not None and read_buf is not None and op.handle is not None  # posix._WorkerContext's
         return self._through_mapping(state.fds[op.handle], op, write_buf, read_buf)
 
     def _through_mapping(self, fd: int, op: PlanOp, write_buf: AlignedBuffer, read_buf: AlignedBuffer) -> int:
         """Move ``op``'s bytes through a mapping of the pages they cover; return the bytes moved."""
         size = op.size or 0
-        at_position = op.offset is None
-        at = os.lseek(fd, 0, os.SEEK_CUR) if at_position else op.offset
+        offset = op.offset
+        at_position = offset is None
+        at = os.lseek(fd, 0, os.SEEK_CUR) if offset is None else offset
         # the data's offset in the file's pattern: where posix would take it (its offset, else the position)
         base = op.pattern_offset if op.pattern_offset is not None else at
         write = op.kind == "write"

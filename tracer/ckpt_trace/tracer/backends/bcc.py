@@ -39,6 +39,8 @@ def run(choice: BackendChoice, cmd: list[str], env: dict, make_feeder, spool, pa
         return get(choice.name).run(choice, cmd, env, make_feeder, spool, path_filters)
     rec = tracer.run(cmd, env, make_feeder, spool.output.parent)
     feeder = rec.feeder
+    if feeder is None:  # the command never started (BccTracer.run raises then): nothing was fed
+        raise TracerError("the bcc recording made no event feeder")
     feeder.finish()
     spool.add(feeder.builder.take_rows())
     extra = {"lost_events": rec.lost_events, **({"lost_reasons": rec.lost_reasons} if rec.lost_reasons else {}),
