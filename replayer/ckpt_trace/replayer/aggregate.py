@@ -40,6 +40,7 @@ from ckpt_trace.formats import is_any_of
 from ckpt_trace.formats import vocabulary as v
 
 from .optable import KIND, READ, WRITE, OpTable, run_indices
+from .options import DEFAULT_BUFFER_BYTES
 from .plan import ReplayPlan, merge_grouped_ranges, merge_ranges
 
 MIN_BUFFER_BYTES = 1 << 20
@@ -361,7 +362,8 @@ def _group_min(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     return smallest[inverse][run_of]
 
 
-def build_aggregated_plan(base: ReplayPlan, *, buffer_bytes: int = 4 << 20, block_bytes: int = 4096) -> ReplayPlan:
+def build_aggregated_plan(base: ReplayPlan, *, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+                          block_bytes: int = 4096) -> ReplayPlan:
     """The aggregated plan derived from the as-recorded ``base`` plan. Pure.
 
     ``buffer_bytes`` (1-64 MiB, a multiple of ``block_bytes``) is the largest
