@@ -58,7 +58,7 @@ from ckpt_trace.iolayer import gpu
 from ckpt_trace.iolayer.pattern import file_key
 from ckpt_trace.ranges import merge_grouped_ranges, merge_ranges
 
-from .optable import KINDS, NONE, READ, WRITE, OpTable, PlanOp, interleave_columns
+from .optable import KCOPIES, KINDS, NONE, READ, WRITE, OpTable, PlanOp, interleave_columns
 from .ordering import with_cross_worker_order
 from . import entries
 from .paths import relative_target_path
@@ -989,6 +989,10 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
     queue = np.where(~mapped & rows.valid("queue_id")[row] & is_any_of(c["interface"][row], [
         rows.code(v.IO_URING), rows.code(v.LIBAIO)]), c["queue_id"][row], NONE) if rows.any_valid("queue_id") \
         else np.full(len(row), NONE, np.int64)  # (a trace of plain calls: no request rows)
+    kcopy = np.zeros(len(row), np.int8)  # the in-kernel copy each read or write was a side of (KCOPIES)
+    for code, name in enumerate(KCOPIES):
+        if code:
+            kcopy[c["interface"][row] == rows.code(name)] = code
     _drop("interface", "queue_id")
 
     # Read extents (per handle) of the files the trace did not create: their content is made before the clock.
@@ -1098,6 +1102,7 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
     else:
         by_worker = np.argsort(widx, kind="stable")
         row, widx, handle, needs = row[by_worker], widx[by_worker], handle[by_worker], needs[by_worker]
+        kcopy = kcopy[by_worker]
         walked_at = np.flatnonzero(~bulk[by_worker])
         walked_source = source[by_worker[walked_at]] - len(data_rows)
     del bulk, source
@@ -1124,7 +1129,7 @@ def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray
                "worker": widx, "handle": handle, "offset": offset[by_worker], "size": size[by_worker],
                "path": handle_path[handle] if len(handle) else np.zeros(0, np.int32),
                "pattern_key": np.where(is_write, key_of[handle_file][handle] if len(handle) else 0, 0),
-               "queue": queue[by_worker], "mapped": mapped[by_worker]}
+               "queue": queue[by_worker], "mapped": mapped[by_worker], "kcopy": np.where(mapped[by_worker], 0, kcopy)}
     del is_write, handle, offset, size, queue, mapped, fid, by_worker  # the table takes them over
     table = interleave_columns(walk_table, columns, dep_ptr, dep_seq, at)
 
