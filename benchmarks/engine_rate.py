@@ -62,22 +62,22 @@ from tracegen import generate  # noqa: E402
 
 from ckpt_trace.cli import keep_freed_batches  # noqa: E402
 from ckpt_trace.formats import read_trace  # noqa: E402
-from ckpt_trace.replayer import replay  # noqa: E402
+from ckpt_trace.replayer import (
+    replay,  # noqa: E402
+    strategies,  # noqa: E402
+)
 from ckpt_trace.replayer.replay import _plans  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-STRATEGIES = ("posix", "uring-buffered", "uring-direct", "aggregated")
+#: Every strategy that declares the fio job doing its I/O (``Strategy.fio_args``), in the table's order.
+STRATEGIES = tuple(name for name, spec in strategies.table().items() if spec.fio_args)
 
 
 def fio_run(directory: Path, strategy: str, ops: int, depth: int, preallocate: bool = True) -> dict:
     """fio's counterpart of ``strategy``: {"iops", "bytes_per_s", "runtime_s"} as fio reports them (its
     clock starts once the file is laid out)."""
     size = ops * 4096
-    args = {"posix": ["--ioengine=psync", "--bs=4k", "--fallocate=none"],
-            "uring-buffered": ["--ioengine=io_uring", f"--iodepth={depth}", "--bs=4k", "--fallocate=none"],
-            "uring-direct": ["--ioengine=io_uring", f"--iodepth={depth}", "--bs=4k", "--direct=1",
-                             "--fallocate=none"],
-            "aggregated": ["--ioengine=io_uring", f"--iodepth={depth}", "--bs=4m", "--direct=1"]}[strategy]
+    args = [arg.format(depth=depth) for arg in strategies.get(strategy).fio_args]
     if not preallocate:
         args = [*args, "--fallocate=none"]
     work = directory / "fio"
@@ -143,16 +143,16 @@ def main() -> None:
             for _ in range(args.repeats):  # interleaved, so drift hits both alike
                 ours.append(replay_run(trace, scratch, strategy, args.queue_depth))
                 theirs.append(fio_run(scratch, strategy, args.ops, args.queue_depth))
-                if strategy == "aggregated":  # fio's layout counted in (see the module docstring)
+                if strategies.get(strategy).uses_buffer_bytes:  # fio's layout counted in (see the module docstring)
                     theirs[-1]["layout_s"] = layout_s(scratch, args.ops * 4096)
                     theirs[-1]["unpreallocated_bytes_per_s"] = fio_run(
                         scratch, strategy, args.ops, args.queue_depth, preallocate=False)["bytes_per_s"]
                     theirs[-1]["reported_bytes_per_s"] = theirs[-1]["bytes_per_s"]
                     theirs[-1]["bytes_per_s"] = args.ops * 4096 / (theirs[-1]["runtime_s"] + theirs[-1]["layout_s"])
-            figure = "bytes_per_s" if strategy == "aggregated" else "iops"
+            figure = "bytes_per_s" if strategies.get(strategy).uses_buffer_bytes else "iops"
             ratio = [o[figure] / t[figure] for o, t in zip(ours, theirs)]
             extra = {}
-            if strategy == "aggregated":
+            if strategies.get(strategy).uses_buffer_bytes:
                 extra = {key: statistics.median(t[key] for t in theirs)
                          for key in ("layout_s", "reported_bytes_per_s", "unpreallocated_bytes_per_s")}
                 extra["ratio_to_reported"] = statistics.median(o[figure] / t["reported_bytes_per_s"]
@@ -181,7 +181,7 @@ def main() -> None:
     Console(width=None if sys.stdout.isatty() else 120).print(table)
     print(f"reading the trace {read_s:.3f} s, planning it {plan_s:.3f} s ({plan_s / (args.ops + 3) * 1e6:.2f} us/row)")
     for row in rows:
-        if row["strategy"] == "aggregated":
+        if strategies.get(row["strategy"]).uses_buffer_bytes:
             print(f"aggregated's fio: {row['reported_bytes_per_s'] / 1e6:,.0f} MB/s as fio reports it (its layout, "
                   f"a {row['layout_s']:.3f} s fallocate, before its clock: {row['ratio_to_reported']:.2f}x); "
                   f"{row['unpreallocated_bytes_per_s'] / 1e6:,.0f} MB/s with --fallocate=none")

@@ -40,7 +40,7 @@ from common import best_fio
 from rich.console import Console
 from rich.table import Table
 
-from ckpt_trace.replayer import replay
+from ckpt_trace.replayer import replay, strategies
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -87,10 +87,11 @@ def main() -> None:
                             buffer_bytes=args.buffer_mib << 20, repeat=args.repeat, durable=True,
                             drop_caches=os.geteuid() == 0)
             shutil.rmtree(target, ignore_errors=True)
-            packed = replay(trace, target=target, strategy="aggregated", pack_files=True,
+            packer = next(name for name, spec in strategies.table().items() if spec.packs_files)
+            packed = replay(trace, target=target, strategy=packer, pack_files=True,
                             queue_depth=args.queue_depth, buffer_bytes=args.buffer_mib << 20, repeat=args.repeat,
                             durable=True, drop_caches=os.geteuid() == 0).results[0]
-            packed.strategy = "aggregated+pack-files"
+            packed.strategy = f"{packer}+pack-files"
             posix = report.results[0]
             packed.speedup_vs_posix = posix.elapsed_s / packed.elapsed_s
             same_bytes = -(-posix.bytes_written // (4 << 20)) * (4 << 20)  # whole 4 MiB blocks, as fio writes

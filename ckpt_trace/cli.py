@@ -25,9 +25,24 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn
 from ckpt_trace.config import CHECK_MIN_RUNS, CHECK_MIN_SECONDS
 from ckpt_trace.errors import CkptTraceError, Interrupted
 from ckpt_trace.formats import write_bytes_atomic
+from ckpt_trace.replayer.options import DEFAULT_BUFFER_BYTES, DEFAULT_QUEUE_DEPTH
+from ckpt_trace.replayer.strategies import choices as strategy_choices
+from ckpt_trace.replayer.strategies import help_text as strategy_help
+from ckpt_trace.tracer.backends import choices as backend_choices
 from ckpt_trace.version import __version__
+from ckpt_trace.workloads import ENGINES as WORKLOAD_NAMES
 
 from .cli_help import decorate
+
+#: ``--buffer-size``'s default, as the flag spells it (``replayer.options.DEFAULT_BUFFER_BYTES``).
+DEFAULT_BUFFER_SIZE = f"{DEFAULT_BUFFER_BYTES >> 20}MiB"
+#: ``replay --strategy``'s choices: the strategy table's names and ``all`` (``replayer.strategies``), never
+#: spelled here; typer reads the Literal of this tuple as a choice.
+STRATEGY_CHOICES = strategy_choices()
+#: ``workload ENGINE``'s choices: the built-in workloads' table (``workloads.engines.WORKLOADS``).
+WORKLOAD_CHOICES = WORKLOAD_NAMES
+#: ``record --backend``'s choices: auto and the tracer backends' table (``tracer.backends``).
+BACKEND_CHOICES = backend_choices()
 
 app = typer.Typer(
     add_completion=False,
@@ -128,7 +143,7 @@ def _steps(command: str) -> Iterator:
 def record(
     cmd: Optional[list[str]] = typer.Argument(None, help="The command to trace, after -- (or --pid).", metavar="-- CMD [ARGS]..."),
     output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (.arrow)."),
-    backend: Literal["auto", "bcc", "strace"] = typer.Option("auto", help="auto: bcc (eBPF) where the kernel allows, else strace."),
+    backend: Literal[BACKEND_CHOICES] = typer.Option("auto", help="auto: bcc (eBPF) where the kernel allows, else strace."),  # pyright: ignore[reportInvalidTypeForm]
     path_filter: list[str] = typer.Option([], "--path-filter", help="Keep only paths starting with PREFIX (repeatable)."),
     strict: bool = typer.Option(False, help="Fail, writing no trace, if any event was lost."),
     force: bool = typer.Option(False, help="Overwrite an existing trace file."),
@@ -234,9 +249,9 @@ def record(
 def replay(
     trace: Path = typer.Argument(..., help="Trace file to replay."),
     target: Path = typer.Option(..., "--target", help="Directory to replay into; nothing outside it is touched."),
-    strategy: Literal["posix", "uring-buffered", "uring-direct", "aggregated", "gds", "all"] = typer.Option("posix", help="all: each into TARGET/<strategy>/ (gds only when named: GPU + KvikIO)."),
-    queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
-    buffer_size: str = typer.Option("4MiB", "--buffer-size", help="aggregated: aligned buffer size, 1-64 MiB (e.g. 4MiB)."),
+    strategy: Literal[STRATEGY_CHOICES] = typer.Option("posix", help=strategy_help()),  # pyright: ignore[reportInvalidTypeForm]
+    queue_depth: int = typer.Option(DEFAULT_QUEUE_DEPTH, "--queue-depth", help="io_uring requests in flight per worker."),
+    buffer_size: str = typer.Option(DEFAULT_BUFFER_SIZE, "--buffer-size", help="aggregated: aligned buffer size, 1-64 MiB (e.g. 4MiB)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each plan's operation counts, sizes and alignment; do no I/O."),
     repeat: Optional[int] = typer.Option(None, "--repeat", help="Rounds (each strategy once a round, interleaved); default: 3-20 rounds, until the strategies are told apart or 60 s of runs."),
     drop_caches: bool = typer.Option(False, "--drop-caches", help="Drop the page cache before each run (root)."),
@@ -261,6 +276,7 @@ def replay(
     from ckpt_trace.replayer import plan_summaries
     from ckpt_trace.replayer import replay as run_replay
     from ckpt_trace.replayer.distributed import launched, replay_distributed
+    from ckpt_trace.replayer.options import ReplayOptions
 
     from .report.render import render_plans, render_results
     from .units import parse_size
@@ -284,16 +300,17 @@ def replay(
             _write_json(output, plans)
         _show(plans, as_json, lambda console, data: render_plans(console, data["plans"], wide))
         return
+    options = ReplayOptions(strip_prefix=strip_prefix, timing=timing, force=force, queue_depth=queue_depth,
+                            buffer_bytes=buffer_bytes, repeat=repeat, drop_caches=drop_caches, durable=durable,
+                            verify=verify, pack_files=pack_files, fio=fio, gpu_copies=gpu_copies, cache=cache,
+                            strict=strict)
     if world is not None:  # one of the processes torchrun launched: replay this process's share
         if fio or pack_files:
             raise CkptTraceError(f"{'--fio' if fio else '--pack-files'} is not available in a replay launched by "
                                  "torchrun; run it without torchrun")
         with _progress() if world.rank == 0 else nullcontext() as progress:
-            report = replay_distributed(trace, world=world, target=target, strategy=strategy,
-                                        strip_prefix=strip_prefix, timing=timing, force=force,
-                                        queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
-                                        drop_caches=drop_caches, durable=durable, verify=verify, progress=progress,
-                                        protect=(output,) if output is not None else (), gpu_copies=gpu_copies,
+            report = replay_distributed(trace, world=world, target=target, strategy=strategy, options=options,
+                                        progress=progress, protect=(output,) if output is not None else (),
                                         placement=placement)
         if not speaks:
             return
@@ -305,11 +322,8 @@ def replay(
                   f"time is its slowest process's ({slowest})", highlight=False)
     else:
         with _progress() as progress:
-            report = run_replay(trace, target=target, strategy=strategy, strip_prefix=strip_prefix, timing=timing,
-                                force=force, queue_depth=queue_depth, buffer_bytes=buffer_bytes, repeat=repeat,
-                                drop_caches=drop_caches, durable=durable, verify=verify, pack_files=pack_files,
-                                progress=progress, protect=(output,) if output is not None else (), fio=fio,
-                                gpu_copies=gpu_copies, cache=cache, strict=strict)
+            report = run_replay(trace, target=target, strategy=strategy, options=options, progress=progress,
+                                protect=(output,) if output is not None else ())
     data = report.to_json()
     if rescaled:
         data["rescaled"] = rescaled
@@ -484,8 +498,8 @@ def baseline(
     strategy: list[str] = typer.Option([], "--strategy", help="Strategy to measure (repeatable; default: all)."),
     repeat: int = typer.Option(CHECK_MIN_RUNS, "--repeat", help="Fewest runs per trace and strategy."),
     min_seconds: float = typer.Option(CHECK_MIN_SECONDS, "--min-seconds", help="Keep running each until its runs add up to this much measured time."),
-    queue_depth: int = typer.Option(32, "--queue-depth", help="io_uring requests in flight per worker."),
-    buffer_size: str = typer.Option("4MiB", "--buffer-size", help="aggregated: aligned buffer size."),
+    queue_depth: int = typer.Option(DEFAULT_QUEUE_DEPTH, "--queue-depth", help="io_uring requests in flight per worker."),
+    buffer_size: str = typer.Option(DEFAULT_BUFFER_SIZE, "--buffer-size", help="aggregated: aligned buffer size."),
     force: bool = typer.Option(False, help="Overwrite an existing baseline file."),
 ) -> None:
     """Replay traces on this storage and record the results, with host, kernel, file system and device."""
@@ -581,7 +595,7 @@ def emit(
 
 @app.command()
 def workload(
-    engine: Literal["dcp", "torch-save", "safetensors", "emitted", "libaio", "memmap"] = typer.Argument(..., help="The checkpoint engine: dcp, torch-save, safetensors, emitted, libaio or memmap."),
+    engine: Literal[WORKLOAD_CHOICES] = typer.Argument(..., help=f"The checkpoint engine: {', '.join(WORKLOAD_CHOICES[:-1])} or {WORKLOAD_CHOICES[-1]}."),  # pyright: ignore[reportInvalidTypeForm]
     out_dir: Path = typer.Option(..., "--out", help="Checkpoint directory to write (or, with --load, to read)."),
     ranks: int = typer.Option(1, help="Processes (dcp and emitted)."),
     model: Literal["gpt2-tiny", "gpt2-deep-tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"] = typer.Option("gpt2-small", help="GPT-2 shape (parameters: 0.5 M to 1.6 G)."),
@@ -599,10 +613,8 @@ def workload(
     """Write (or load and check) a real checkpoint of a GPT-2-shaped model with a real engine."""
     from ckpt_trace.iolayer.host import drop_page_cache
     from ckpt_trace.iolayer.outputs import check_output_dir
-    from ckpt_trace.workloads import ENGINES, run
+    from ckpt_trace.workloads import run
 
-    if engine not in ENGINES:
-        raise CkptTraceError(f"unknown workload {engine!r} (choose from {', '.join(ENGINES)})")
     made = not load and not out_dir.exists()
     if load:
         if not out_dir.is_dir():

@@ -84,8 +84,11 @@ def test_every_help_has_an_example_and_names_values_not_python_types():
         examples = text.split("Examples:")[1].strip().splitlines() if "Examples:" in text else []
         assert examples and all(line.strip().startswith("ckpt-trace ") for line in examples[:1]), command
         assert not re.search(r"<(str|int|float|path|list\[[a-z]+\])>|\{[a-z_]+\}", text), (command, text)
+    from ckpt_trace.replayer import strategies
+
     replay = cli("replay", "--help").stdout
-    assert "<posix|uring-buffered|uring-direct|aggregated|gds|all>" in replay and "--target DIR" in replay
+    assert "<posix|uring-buffered|uring-direct|aggregated|gds|" in replay and "--target DIR" in replay
+    assert f"<{'|'.join(strategies.choices())}>" in replay  # the strategy table's names, then all
 
 
 @pytest.mark.slow

@@ -67,15 +67,15 @@ MS = 1_000_000
 
 
 def _node_trace(path, host, boot, clock_at_t0, first_row_ns, rank, pid, *, lost=0, rows=5, spacing=2 * MS,
-                dur=1000):
+                dur=1000, ts=None, paths=None):
     """A trace of one node: ``rows`` writes by ``rank`` every ``spacing`` ns from realtime T0 +
     ``first_row_ns``, on a monotonic clock that reads ``clock_at_t0`` at T0 (another boot, another origin)."""
     from ckpt_trace.formats import table_from_columns, write_trace
 
-    n = rows
-    columns = {"ts_ns": [i * spacing for i in range(n)], "dur_ns": [dur] * n, "pid": [pid] * n, "tid": [pid] * n,
+    n = rows if ts is None else len(ts)
+    columns = {"ts_ns": [i * spacing for i in range(n)] if ts is None else list(ts), "dur_ns": [dur] * n, "pid": [pid] * n, "tid": [pid] * n,
                "comm": ["python"] * n, "rank": [rank] * n, "syscall": ["pwrite64"] * n, "op": ["write"] * n,
-               "fd": [5] * n, "path": [f"/ck/__{rank}_0.distcp"] * n, "new_path": [None] * n,
+               "fd": [5] * n, "path": paths or [f"/ck/__{rank}_0.distcp"] * n, "new_path": [None] * n,
                "offset": [i * 4096 for i in range(n)], "offset_source": ["explicit"] * n, "size": [4096] * n,
                "ret": [4096] * n, "flags": [None] * n, "iov_count": [None] * n}
     anchors = [{"realtime_ns": T0, "clock_ns": clock_at_t0, "uncertainty_ns": 100},
@@ -144,6 +144,34 @@ def test_merge_streams_many_batches_in_time_order(tmp_path):
     assert [(r["ts_ns"], r["host"]) for r in rows] == expected
 
 
+def test_rows_of_one_time_keep_the_order_of_the_inputs_then_their_rows_at_any_batch_size(tmp_path):
+    """Many rows of one time, across inputs and across batch boundaries: the merge equals a stable sort of
+    the inputs' rows (in the order the traces are named) by time, whatever the batch and step sizes; text
+    columns of different dictionaries (and a null) keep their values."""
+    from ckpt_trace.analysis.merge import merge_traces, merged_rows, plan_merge
+
+    times = {"a": [0, 1, 1, 1, 1, 2, 2, 5, 5, 5, 5, 5, 5, 9], "b": [1, 1, 2, 5, 5, 5, 9, 9], "c": [5] * 7 + [6]}
+    traces = []
+    for rank, (host, ts) in enumerate(times.items()):
+        paths = [f"/ck/{host}/{i % 3}" for i in range(len(ts))]
+        if host == "c":
+            paths[2] = None
+        traces.append(_node_trace(tmp_path / f"{host}.arrow", host, f"boot-{host}", 10**12, 0, rank=rank,
+                                  pid=10 + rank, ts=[t * MS for t in ts], paths=paths))
+    expected = sorted(((t * MS, host, i * 4096, None if (host, i) == ("c", 2) else f"/ck/{host}/{i % 3}")
+                       for host, ts in times.items() for i, t in enumerate(ts)), key=lambda row: row[0])
+    plan = plan_merge(traces)
+    for batch_rows in (1, 2, 3, 5, 100):
+        for step_rows in (1, 4, 1000):
+            got = [(r["ts_ns"], r["host"], r["offset"], r["path"]) for batch in
+                   merged_rows(plan, batch_rows=batch_rows, step_rows=step_rows) for r in batch.to_pylist()]
+            assert got == expected, (batch_rows, step_rows)
+    merge_traces(traces, tmp_path / "j.arrow", batch_rows=2)
+    meta, rows = _merged(tmp_path / "j.arrow")
+    assert [(r["ts_ns"], r["host"], r["offset"]) for r in rows] == [row[:3] for row in expected]
+    assert meta["merged"]["rows"] == len(expected) and meta["elapsed_ns"] == 9 * MS
+
+
 @pytest.mark.slow
 def test_a_rank_in_two_traces_is_refused_naming_both(tmp_path):
     a = _node_trace(tmp_path / "a.arrow", "a", "boot-a", 10**12, 0, rank=3, pid=1)
@@ -174,3 +202,25 @@ def test_summary_and_report_of_a_merged_trace_show_hosts_and_the_slowest_rank(tm
     report = json.loads(cli("report", str(tmp_path / "j.arrow"), "-o", str(tmp_path / "r.html"), "--json").stdout)
     page = (tmp_path / "r.html").read_text()
     assert "<h3>Hosts</h3>" in page and "first to last checkpoint write" in page and report["slowest"]
+
+
+def test_rows_made_ahead_on_a_thread_hand_over_the_producers_error_and_stop_with_the_consumer():
+    import threading
+
+    from ckpt_trace.analysis.merge import _ahead
+    from ckpt_trace.errors import CkptTraceError
+
+    def failing():
+        yield from range(5)
+        raise CkptTraceError("input changed")
+
+    got = _ahead(failing(), depth=2)
+    assert [next(got) for _ in range(5)] == [0, 1, 2, 3, 4]
+    with pytest.raises(CkptTraceError, match="input changed"):
+        next(got)
+    before = threading.active_count()
+    endless = _ahead(iter(range(10**9)), depth=2)
+    assert [next(endless) for _ in range(3)] == [0, 1, 2]
+    endless.close()  # the consumer stops: so does the producer's thread
+    assert threading.active_count() == before and not any(
+        t.name == "ckpt-trace-merge-rows" for t in threading.enumerate())

@@ -118,3 +118,40 @@ def test_a_recorded_load_rescaled_reads_what_a_real_load_at_that_many_ranks_read
     doc = json.loads(proc.stdout)
     assert doc["rescaled"]["data_bytes_read"] == figures["data_bytes_read"]
     assert "rescaled the recorded DCP load to 3 ranks" in proc.stderr
+
+
+@pytest.mark.slow
+def test_issue_33_gpt2_medium_adam_recorded_at_4_ranks_rescaled_to_8(tmp_path, torch_installed, bcc_backend):
+    """Issue 33's case at its size: GPT-2-medium with Adam (about 4.3 GB a checkpoint), saved and loaded by 4
+    ranks (recorded), rescaled to 8. The save's replay leaves 8 data files whose names and sizes (so their
+    total) equal a real 8-rank save's, file by file; the rescaled load reads, per rank, the (file, offset,
+    bytes) of every read call a recording of a real 8-rank load of the 4-rank checkpoint makes. One
+    checkpoint on disk at a time (each is removed once its sizes or reads are taken)."""
+    import shutil
+
+    from ckpt_trace.workloads.rescale import write_rescaled
+
+    ck = tmp_path / "ck"
+    args = ["workload", "dcp", "--model", "gpt2-medium", "--with-optimizer", "--out", str(ck)]
+    cli("record", "--path-filter", f"{ck}/", "-o", str(tmp_path / "save4.arrow"), "--", sys.executable, "-m",
+        "ckpt_trace.cli", *args, "--ranks", "4")
+    for ranks in (4, 8):  # the 4-rank checkpoint loaded by 4 and by 8 ranks, recorded
+        proc = cli("record", "--path-filter", f"{ck}/", "-o", str(tmp_path / f"load{ranks}.arrow"), "--",
+                   sys.executable, "-m", "ckpt_trace.cli", *args, "--ranks", str(ranks), "--load", check=False)
+        assert proc.returncode == 0 or (ranks == 8 and "differs from what was saved" in proc.stderr), proc.stderr
+    shutil.rmtree(ck)
+    cli(*args, "--ranks", "8")
+    expected = _data_files(ck)
+    shutil.rmtree(ck)
+    assert len(expected) == 8
+    target = tmp_path / "replay"
+    target.mkdir()
+    doc = json.loads(cli("replay", str(tmp_path / "save4.arrow"), "--ranks", "8", "--target", str(target),
+                         "--strip-prefix", str(ck), "--repeat", "1", "--json").stdout)
+    assert doc["rescaled"]["recorded_save_reproduced"] and doc["rescaled"]["data_files"] == expected
+    assert _data_files(target) == expected and doc["rescaled"]["data_bytes"] == sum(expected.values())
+    shutil.rmtree(target)
+    figures = write_rescaled(tmp_path / "load4.arrow", 8, tmp_path / "rescaled.arrow")
+    assert figures["direction"] == "load" and figures["checkpoint_ranks"] == 4 and figures["ranks"] == 8
+    real, rescaled = _reads(tmp_path / "load8.arrow", ck), _reads(tmp_path / "rescaled.arrow", ck)
+    assert sorted(rescaled) == list(range(8)) and rescaled == real

@@ -43,6 +43,7 @@ from ckpt_trace.errors import RegressionError
 from ckpt_trace.formats import sha256_file, write_bytes_atomic
 from ckpt_trace.iolayer.host import environment
 from ckpt_trace.replayer import replay
+from ckpt_trace.replayer.options import DEFAULT_BUFFER_BYTES, DEFAULT_QUEUE_DEPTH
 from ckpt_trace.replayer.replay import STRATEGIES
 from ckpt_trace.stats import relative_spread
 from ckpt_trace.version import __version__
@@ -113,7 +114,8 @@ def _check_target(target: Path) -> None:
 
 def make_baseline(traces: Sequence[str | os.PathLike], *, target: str | os.PathLike, strategies: Sequence[str] = (),
                   repeat: int = config.CHECK_MIN_RUNS, min_seconds: float = config.CHECK_MIN_SECONDS,
-                  durable: bool = True, queue_depth: int = 32, buffer_bytes: int = 4 << 20, progress=None) -> dict:
+                  durable: bool = True, queue_depth: int = DEFAULT_QUEUE_DEPTH, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+                  progress=None) -> dict:
     """Replay each trace under each strategy into ``target`` and return the baseline document (module docstring).
 
     ``durable`` (default on) fsyncs inside the timed region, so the figures

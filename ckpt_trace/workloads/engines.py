@@ -31,16 +31,15 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt_trace.errors import CkptTraceError, Interrupted, WorkloadError
 
 from .models import MODELS, GPT2Config, parameter_shapes
 
-ENGINES = ("dcp", "torch-save", "safetensors", "emitted", "libaio", "memmap")
-DCP_ENGINES = ("dcp", "emitted")
 DEVICES = ("cpu", "cuda")
-CUDA_ENGINES = ("dcp", "emitted", "torch-save", "safetensors")  # engines whose state can live on the GPU
 
 
 def _torch():
@@ -710,6 +709,74 @@ def _aio_check(done, sizes: dict, load: bool) -> None:
             raise WorkloadError(f"a native AIO {'read' if load else 'write'} failed: {detail}")
 
 
+@dataclass(frozen=True)
+class WorkloadArgs:
+    """What ``run`` was asked for, handed to a workload's function (each takes what applies to it)."""
+
+    out: Path
+    ranks: int = 1
+    model: str = "gpt2-small"
+    with_optimizer: bool = False
+    file_per_layer: bool = False
+    load: bool = False
+    mmap: bool = False
+    writer: str | None = None
+    shards: int = 1
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One built-in workload: ``run(args)`` saves (or with ``args.load`` loads and checks) and returns the
+    seconds of the I/O itself. ``options``: the engine-specific options it takes, of ``ranks``,
+    ``file_per_layer``, ``mmap`` (with ``load`` only), ``writer`` and ``shards``; ``cuda``: its state can live
+    on the GPU; ``committed``: the file a finished save leaves, which a load needs first (None: not checked)."""
+
+    name: str
+    run: Callable[[WorkloadArgs], float]
+    options: frozenset[str] = frozenset()
+    cuda: bool = False
+    committed: str | None = None
+
+
+#: Every built-in workload by name, in the CLI's order: the one table ``run``, the CLI's choices and the
+#: messages read (an unknown name is an error, never a default). A new workload is one more entry (its
+#: function may live in its own module).
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (
+    Workload("dcp", lambda a: run_dcp(a.out, a.ranks, a.model, a.with_optimizer, "dcp", a.load, a.writer, a.device),
+             frozenset({"ranks"}), cuda=True, committed=".metadata"),
+    Workload("torch-save", lambda a: run_torch_save(a.out, a.model, a.with_optimizer, a.file_per_layer, a.load,
+                                                    a.mmap, a.device),
+             frozenset({"file_per_layer", "mmap"}), cuda=True),
+    Workload("safetensors", lambda a: run_safetensors(a.out, a.model, a.with_optimizer, a.load, a.shards, a.device),
+             frozenset({"shards"}), cuda=True),
+    Workload("emitted", lambda a: run_dcp(a.out, a.ranks, a.model, a.with_optimizer, "emitted", a.load, a.writer,
+                                          a.device),
+             frozenset({"ranks", "writer"}), cuda=True, committed="ckpt-trace.metadata"),
+    Workload("libaio", lambda a: run_libaio(a.out, a.model, a.with_optimizer, a.load)),
+    Workload("memmap", lambda a: run_memmap(a.out, a.model, a.with_optimizer, a.load)),
+)}
+ENGINES = tuple(WORKLOADS)
+#: The workloads that take --ranks (DCP's) and those whose state can live on the GPU: read from the table.
+DCP_ENGINES = tuple(name for name, w in WORKLOADS.items() if "ranks" in w.options)
+CUDA_ENGINES = tuple(name for name, w in WORKLOADS.items() if w.cuda)
+
+
+def workload(name: str) -> Workload:
+    """The built-in workload called ``name``. Raises WorkloadError for an unknown name."""
+    spec = WORKLOADS.get(name)
+    if spec is None:
+        raise WorkloadError(f"unknown workload {name!r} (choose from {', '.join(ENGINES)})")
+    return spec
+
+
+def _takers(option: str, *, bare: bool = False) -> str:
+    """The workloads that take ``option``, for a message: 'the dcp and emitted workloads only' (``bare``:
+    'dcp and emitted')."""
+    names = " and ".join(name for name, w in WORKLOADS.items() if option in w.options)
+    return names if bare else f"the {names} workload{'s' if ' and ' in names else ''} only"
+
+
 def _check_cuda(engine: str, ranks: int) -> None:
     """Raise WorkloadError unless ``--device cuda`` can run ``engine`` with ``ranks`` here."""
     if engine not in CUDA_ENGINES:
@@ -734,14 +801,14 @@ def run(engine: str, out: Path, *, ranks: int = 1, model: str = "gpt2-small", wi
     ``--writer`` emitted's, ``--ranks`` the DCP engines'), a failed save, or a
     load that finds a tensor different from what was saved.
     """
-    if engine not in ENGINES:
-        raise WorkloadError(f"unknown workload {engine!r} (choose from {', '.join(ENGINES)})")
-    if file_per_layer and engine != "torch-save":
-        raise WorkloadError("--file-per-layer applies to the torch-save workload only")
-    if mmap and (engine != "torch-save" or not load):
-        raise WorkloadError("--mmap applies to torch-save --load only (safetensors maps its file anyway)")
-    if writer is not None and engine != "emitted":
-        raise WorkloadError("--writer applies to the emitted workload only")
+    spec = workload(engine)
+    if file_per_layer and "file_per_layer" not in spec.options:
+        raise WorkloadError(f"--file-per-layer applies to {_takers('file_per_layer')}")
+    if mmap and ("mmap" not in spec.options or not load):
+        raise WorkloadError(f"--mmap applies to {_takers('mmap', bare=True)} --load only (safetensors maps its "
+                            "file anyway)")
+    if writer is not None and "writer" not in spec.options:
+        raise WorkloadError(f"--writer applies to {_takers('writer')}")
     if ranks < 1:
         raise WorkloadError("--ranks must be at least 1")
     if device not in DEVICES:
@@ -750,31 +817,23 @@ def run(engine: str, out: Path, *, ranks: int = 1, model: str = "gpt2-small", wi
         _check_cuda(engine, ranks)
     if shards < 1:
         raise WorkloadError("--shards must be at least 1")
-    if shards != 1 and engine != "safetensors":
-        raise WorkloadError("--shards applies to the safetensors workload only")
-    if ranks != 1 and engine not in DCP_ENGINES:
-        raise WorkloadError(f"--ranks applies to the {' and '.join(DCP_ENGINES)} workloads only")
+    if shards != 1 and "shards" not in spec.options:
+        raise WorkloadError(f"--shards applies to {_takers('shards')}")
+    if ranks != 1 and "ranks" not in spec.options:
+        raise WorkloadError(f"--ranks applies to {_takers('ranks')}")
     model_config(model)
     if writer is not None:
         load_writer_module(writer)
     out = Path(out)
-    if load and engine in DCP_ENGINES:
-        committed = out / (".metadata" if engine == "dcp" else "ckpt-trace.metadata")
+    if load and spec.committed is not None:
+        committed = out / spec.committed
         if not committed.exists():
             raise WorkloadError(f"nothing to load: {out} holds no {engine} checkpoint ({committed.name} is missing; "
                                 "run the save first)")
     out.mkdir(parents=True, exist_ok=True)
     try:
-        if engine in DCP_ENGINES:
-            io_s = run_dcp(out, ranks, model, with_optimizer, engine, load, writer, device)
-        elif engine == "torch-save":
-            io_s = run_torch_save(out, model, with_optimizer, file_per_layer, load, mmap, device)
-        elif engine == "libaio":
-            io_s = run_libaio(out, model, with_optimizer, load)
-        elif engine == "memmap":
-            io_s = run_memmap(out, model, with_optimizer, load)
-        else:
-            io_s = run_safetensors(out, model, with_optimizer, load, shards, device)
+        io_s = spec.run(WorkloadArgs(out, ranks, model, with_optimizer, file_per_layer, load, mmap, writer, shards,
+                                     device))
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; a partial checkpoint may remain in {out}") from None
     return out, io_s

@@ -4,11 +4,12 @@ Pure choice (``choose``) plus rendering (``render_module``) and an atomic
 write (``emit``); no torch is imported here. The choice, per parameter:
 
 - ``direct_io``: on when the fastest replayed strategy bypasses the page cache
-  (uring-direct, aggregated), off when a buffered strategy (posix,
-  uring-buffered) won; on without replay results (arXiv 2512.24511 measured
+  (its measured O_DIRECT share, else its declared ``direct_io`` in
+  ``replayer.strategies``: uring-direct, aggregated), off when a buffered
+  strategy (posix, uring-buffered) won; on without replay results (arXiv 2512.24511 measured
   O_DIRECT aggregated writes fastest).
-- ``queue_depth``: the replay's ``--queue-depth`` when an io_uring strategy
-  won, else the tunable default.
+- ``queue_depth``: the replay's ``--queue-depth`` when a strategy using it
+  (``uses_queue_depth``: the io_uring ones) won, else the tunable default.
 - ``buffer_bytes``: the replay's ``--buffer-size`` when aggregated won, else
   the default (4 MiB, inside the paper's best 1-4 MiB range).
 - ``writer_threads``: 1 (one data file per rank) when aggregated won with
@@ -41,13 +42,12 @@ from ckpt_trace.documents import load_replay_results
 from ckpt_trace.errors import CheckpointError
 from ckpt_trace.formats import sha256_file, write_bytes_atomic
 from ckpt_trace.iolayer.outputs import check_output_file
-from ckpt_trace.version import __version__
-
+from ckpt_trace.replayer import strategies
 from ckpt_trace.replayer.replay import NothingToJudge
+from ckpt_trace.version import __version__
 
 from .options import WriterOptions
 
-_DIRECT = {"uring-direct": True, "aggregated": True, "posix": False, "uring-buffered": False}
 _LOAD_DEFAULT = ("no replayed load: the O_DIRECT stream, which read at fio's O_DIRECT limit, above "
                  "buffered reads, in benchmarks/restore.py")
 
@@ -93,13 +93,22 @@ def verdict(results: dict) -> tuple[dict | None, str]:
                   f"interval's low end, {rounds} paired rounds)")
 
 
+def _strategy(entry: dict) -> strategies.Strategy | None:
+    """The strategy of a results entry (``+pack-files`` dropped), or None for a name the table lacks."""
+    return strategies.find(entry["strategy"].removesuffix("+pack-files"))
+
+
 def _bypasses_cache(entry: dict) -> bool:
     """Whether a strategy's bytes went with O_DIRECT (its measured ``o_direct_bytes_share`` where the results
-    carry it: a uring-direct whose writes were all unaligned ran buffered), else by its name."""
+    carry it: a uring-direct whose writes were all unaligned ran buffered), else its declared ``direct_io``
+    (``replayer.strategies``). The entry's strategy is a known one (``choose`` refuses others)."""
     share = entry.get("o_direct_bytes_share")
     if share is not None:
         return share >= 0.9
-    return _DIRECT.get(entry["strategy"].removesuffix("+pack-files"), True)
+    spec = _strategy(entry)
+    if spec is None:
+        raise CheckpointError(f"the results hold strategy {entry['strategy'][:60]!r}, not one ckpt-trace replays")
+    return spec.direct_io
 
 
 def choose(threads_per_rank: int, results: dict | None, cpu_count: int | None = None) -> Choice:
@@ -118,11 +127,10 @@ def choose(threads_per_rank: int, results: dict | None, cpu_count: int | None = 
                    "load_direct_io": _LOAD_DEFAULT}
         return Choice(WriterOptions(writer_threads=threads).validate(), reasons, None)
     entries = results["results"]
-    unknown = next((r["strategy"] for r in entries if r["strategy"].removesuffix("+pack-files") not in _DIRECT),
-                   None)
+    unknown = next((r["strategy"] for r in entries if _strategy(r) is None), None)
     if unknown is not None:
         raise CheckpointError(f"the results hold strategy {unknown[:60]!r}, not one ckpt-trace replays "
-                              f"({', '.join(_DIRECT)}, optionally +pack-files); emit tunes only from those")
+                              f"({', '.join(strategies.names())}, optionally +pack-files); emit tunes only from those")
     reference = next((r for r in entries if r["strategy"] == "posix"), entries[0])
     load = reference.get("bytes_read", 0) > reference.get("bytes_written", 0)  # a replayed load
     best, why = verdict(results)
@@ -136,19 +144,19 @@ def choose(threads_per_rank: int, results: dict | None, cpu_count: int | None = 
                         "writer_threads": f"{threads} thread(s) wrote per rank in the trace"})
         direct, queue_depth, buffer_bytes = defaults.direct_io, defaults.queue_depth, defaults.buffer_bytes
     else:
-        strategy = best["strategy"].removesuffix("+pack-files")
+        spec = strategies.get(best["strategy"].removesuffix("+pack-files"))
         direct = _bypasses_cache(best)
-        packed = options.get("pack_files", False) and strategy == "aggregated"
-        queue_depth = int(options.get("queue_depth", defaults.queue_depth)) if strategy != "posix" \
+        packed = options.get("pack_files", False) and spec.packs_files
+        queue_depth = int(options.get("queue_depth", defaults.queue_depth)) if spec.uses_queue_depth \
             else defaults.queue_depth
-        buffer_bytes = int(options.get("buffer_bytes", defaults.buffer_bytes)) if strategy == "aggregated" \
+        buffer_bytes = int(options.get("buffer_bytes", defaults.buffer_bytes)) if spec.uses_buffer_bytes \
             else defaults.buffer_bytes
         threads = 1 if packed else threads
         reasons.update({
             "direct_io": f"from the verdict: {best['strategy']} ({'page cache bypassed' if direct else 'buffered'})",
-            "queue_depth": "from the verdict: the replay's --queue-depth" if strategy != "posix"
+            "queue_depth": "from the verdict: the replay's --queue-depth" if spec.uses_queue_depth
                            and "queue_depth" in options else "default",
-            "buffer_bytes": "from the verdict: the replay's --buffer-size" if strategy == "aggregated" else "default",
+            "buffer_bytes": "from the verdict: the replay's --buffer-size" if spec.uses_buffer_bytes else "default",
             "writer_threads": "from the verdict: one file per rank (--pack-files won)" if packed
                               else f"{threads} thread(s) wrote per rank in the trace",
         })

@@ -31,6 +31,7 @@ from .schema import (
     SUPPORTED_VERSIONS,
     OptionalColumn,
 )
+from .streaming import write_trace_batches
 from .vocabulary import OFFSET_SOURCES
 
 __all__ = [
@@ -64,4 +65,5 @@ __all__ = [
     "vocabulary",
     "write_bytes_atomic",
     "write_trace",
+    "write_trace_batches",
 ]

@@ -466,7 +466,8 @@ def _check_values(path: Path, table: pa.Table | pa.RecordBatch) -> None:
 
 def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = None, *,
          batch_rows: int = DEFAULT_BATCH_ROWS,
-         on_batch: Callable[[int, int], None] | None = None) -> tuple[dict, Iterator[pa.RecordBatch]]:
+         on_batch: Callable[[int, int], None] | None = None,
+         read_ahead: bool = True) -> tuple[dict, Iterator[pa.RecordBatch]]:
     """(metadata, record batches) of the trace at ``path``, reading only ``columns`` one batch at a time:
     memory is bounded by a batch, not by the trace. ``columns`` None: ``SCHEMA``'s, then the optional
     columns the file holds; an optional column asked for by name comes null where the file lacks it.
@@ -479,7 +480,9 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
     needs are read too); each batch's values are checked as ``read_trace`` checks them. Raises
     TraceFormatError (at once for the file, the metadata
     and the columns; while iterating for a corrupt batch). ``on_batch(done, count)`` is called once each
-    of the file's ``count`` record batches has been handed out (a progress bar's feed).
+    of the file's ``count`` record batches has been handed out (a progress bar's feed). ``read_ahead``
+    False: no helper thread, each file batch is read when the iteration reaches it (a caller that holds
+    one batch of each of many traces, ``merge``, would otherwise hold two, and prefetches itself).
     """
     path = Path(path)
     meta = read_metadata(path)
@@ -514,6 +517,14 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
                     whole = reader.get_batch(index)
                     return whole if decoder is None else _decoded(whole, decoder, wanted)
 
+                if not read_ahead:
+                    for index in range(count):
+                        whole = load(index)
+                        yield from _slices(path, whole, [n for n in present if n in whole.schema.names],
+                                           batch_rows, missing, version, asked, validated=decoder is not None)
+                        if on_batch is not None:
+                            on_batch(index + 1, count)
+                    return
                 with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-trace-scan") as pool:
                     ahead = pool.submit(load, 0) if count else None
                     for index in range(count):

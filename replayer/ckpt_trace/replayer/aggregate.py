@@ -32,18 +32,21 @@ the one-operation-at-a-time reference.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import numpy as np
 
 from ckpt_trace.formats import is_any_of
+from ckpt_trace.formats import vocabulary as v
 
 from .optable import KIND, READ, WRITE, OpTable, run_indices
+from .options import DEFAULT_BUFFER_BYTES
 from .plan import ReplayPlan, merge_grouped_ranges, merge_ranges
 
 MIN_BUFFER_BYTES = 1 << 20
 MAX_BUFFER_BYTES = 64 << 20
-_GLOBAL = np.array([KIND[k] for k in ("open", "rename", "unlink", "mkdir", "link", "symlink")], np.int8)  # name paths: flush all
-_LSEEK = KIND["lseek"]
+_GLOBAL = np.array([KIND[k] for k in sorted(v.PATH_OPS)], np.int8)  # operations naming paths: flush all
+_LSEEK = KIND[v.LSEEK]
 
 merge_extents = merge_ranges  # union of half-open byte ranges, sorted; touching ranges merge
 
@@ -123,33 +126,112 @@ def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ordered[new], run_inverse[run_of]
 
 
+class Barriers(NamedTuple):
+    """What ``_barriers`` finds in a table: ``pending`` the reads and writes at known offsets no other worker
+    waits on (collected), ``handle`` the operations that flush their descriptor (and a dup's source),
+    ``every`` those that flush every descriptor (naming paths, or awaited)."""
+
+    pending: np.ndarray
+    handle: np.ndarray
+    every: np.ndarray
+
+
+class Runs(NamedTuple):
+    """The collected operations folded into runs (one worker, one handle, one kind, contiguous bytes, no row
+    between them): ``pending_pos`` the collected operations' rows, ``heads`` the index among them of each
+    run's first; per run, its first row ``pos``, ``worker``, ``handle``, bytes ``start``..``end``."""
+
+    pending_pos: np.ndarray
+    heads: np.ndarray
+    pos: np.ndarray
+    worker: np.ndarray
+    handle: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+
+
+class Groups(NamedTuple):
+    """The runs grouped by (flush position, handle order, kind, handle): ``key`` each group's packed key
+    (sorted; its first element divided by ``span`` is the group's flush position), ``of_run`` each run's
+    group, ``first_op`` each group's first operation (row)."""
+
+    key: np.ndarray
+    of_run: np.ndarray
+    first_op: np.ndarray
+    span: int
+
+
+class Pieces(NamedTuple):
+    """The merged extents of each group cut into aligned pieces: per piece, its ``group``, ``offset`` and
+    ``size`` (bytes), in order."""
+
+    group: np.ndarray
+    offset: np.ndarray
+    size: np.ndarray
+
+
+class Placed(NamedTuple):
+    """The aggregated table's rows in order: ``rows`` the source row each copies (a piece: its group's first
+    operation), ``is_piece``, ``offset``, ``size``, ``group`` (a piece's; -1 for a kept row)."""
+
+    rows: np.ndarray
+    is_piece: np.ndarray
+    offset: np.ndarray
+    size: np.ndarray
+    group: np.ndarray
+
+
 def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int, block_bytes: int) -> OpTable:
     """The aggregated operations of ``ops`` (a plan's table, grouped by worker). Pure.
 
-    The collected operations fold into runs first (one worker, one handle, one kind, contiguous bytes, no
-    row between them), so the grouping works on runs (in a line profile over ``tracegen.py``'s 1 M-row DCP
-    mix: 0.10 s, against 0.42 s for grouping operations one by one). Memory: a few arrays of the collected
-    operations' length at a time (each freed once used), positions as indices rather than full-length
-    masks, the grouping key packed into two integers."""
-    n = len(ops)
-    if n == 0:
+    Steps: barriers -> runs -> flush positions -> groups -> pieces (merged extents, split) -> group deps ->
+    placement -> deps of the placed rows -> the table. The collected operations fold into runs first (one
+    worker, one handle, one kind, contiguous bytes, no row between them), so the grouping works on runs (in a
+    line profile over ``tracegen.py``'s 1 M-row DCP mix: 0.10 s, against 0.42 s for grouping operations one
+    by one). Memory: a few arrays of the collected operations' length at a time (each freed once used),
+    positions as indices rather than full-length masks, the grouping key packed into two integers."""
+    if len(ops) == 0:
         return ops
-    kind, handle, worker = ops.kind, ops.handle, ops.worker  # worker: ascending (the table is grouped by it)
-    is_awaited = np.isin(ops.seq, np.fromiter(awaited, np.int64, len(awaited))) if awaited else np.zeros(n, bool)
-    pending = ((kind == READ) | (kind == WRITE)) & (ops.offset >= 0) & ~is_awaited
-    if not pending.any():
+    barriers = _barriers(ops, awaited)
+    if not barriers.pending.any():
         return ops
-    barrier = ~pending
-    global_barrier = barrier & (is_any_of(kind, _GLOBAL) | is_awaited)
-    handle_barrier = barrier & ~global_barrier & (kind != _LSEEK) & (handle >= 0)
-    del barrier, is_awaited
+    runs = _collect_runs(ops, barriers.pending)
+    n_handles = int(max(ops.handle.max(), ops.source_handle.max(), 0)) + 1
+    flush, end = _flush_positions(ops, runs, barriers, n_handles)
+    groups = _group_runs(ops, runs, flush, end, barriers.handle, n_handles)
+    del flush, end
+    pieces = _pieces(groups.of_run, runs.start, runs.end, buffer_bytes, block_bytes)
+    pairs = _group_deps(ops, barriers.pending, runs, groups.of_run)
+    group_dep_ptr = np.concatenate([[0], np.cumsum(np.bincount(pairs[:, 0], minlength=len(groups.key)))])
+    placed = _place(ops, barriers.pending, pieces, groups.key[:, 0] // groups.span, groups.first_op)
+    del runs, groups, pieces, barriers
+    dep_ptr, dep_seq = _placed_deps(ops, placed, group_dep_ptr, pairs)
+    columns = {name: getattr(ops, name)[placed.rows] for name in (
+        "kind", "seq", "ts_ns", "worker", "handle", "source_handle", "path", "new_path", "flags", "release",
+        "pattern_key", "pattern_offset", "queue", "mapped", "prot")}
+    return OpTable.from_columns({**columns, "offset": placed.offset, "size": placed.size}, dep_ptr, dep_seq,
+                                ops.paths)
 
-    # Runs: consecutive rows of one worker on one handle, of one kind, each starting where the previous one
-    # ended (a checkpoint's writes of one tensor, of one shard). No barrier sits inside a run, so a run
-    # shares one flush and one group, and its operations one contiguous byte range: everything below works
-    # on runs (a few per file), not on operations.
+
+def _barriers(ops: OpTable, awaited: frozenset[int]) -> Barriers:
+    """Which operations are collected and which flush them (``Barriers``)."""
+    kind, handle = ops.kind, ops.handle
+    is_awaited = np.isin(ops.seq, np.fromiter(awaited, np.int64, len(awaited))) if awaited \
+        else np.zeros(len(ops), bool)
+    pending = ((kind == READ) | (kind == WRITE)) & (ops.offset >= 0) & ~is_awaited
+    barrier = ~pending
+    every = barrier & (is_any_of(kind, _GLOBAL) | is_awaited)
+    on_handle = barrier & ~every & (kind != _LSEEK) & (handle >= 0)
+    return Barriers(pending=pending, handle=on_handle, every=every)
+
+
+def _collect_runs(ops: OpTable, pending: np.ndarray) -> Runs:
+    """The collected operations as runs (``Runs``): consecutive rows of one worker on one handle, of one
+    kind, each starting where the previous one ended (a checkpoint's writes of one tensor, of one shard). No
+    barrier sits inside a run, so a run shares one flush and one group, and its operations one contiguous
+    byte range: everything after works on runs (a few per file), not on operations."""
     p_pos = np.flatnonzero(pending)
-    p_worker, p_handle, p_kind = worker[p_pos], handle[p_pos], kind[p_pos]
+    p_worker, p_handle, p_kind = ops.worker[p_pos], ops.handle[p_pos], ops.kind[p_pos]
     p_start = ops.offset[p_pos]
     p_end = p_start + ops.size[p_pos]
     run_start = np.empty(len(p_pos), bool)
@@ -158,82 +240,96 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
                      | (p_kind[1:] != p_kind[:-1]) | (p_start[1:] != p_end[:-1]))
     heads = np.flatnonzero(run_start)
     del run_start, p_kind
-    r_pos = p_pos[heads]
-    r_worker = p_worker[heads].astype(np.int64)
-    r_handle = p_handle[heads].astype(np.int64)
-    r_start = p_start[heads]
-    r_end = p_end[np.r_[heads[1:] - 1, len(p_pos) - 1]]
-    del p_worker, p_handle, p_start, p_end
+    return Runs(pending_pos=p_pos, heads=heads, pos=p_pos[heads], worker=p_worker[heads].astype(np.int64),
+                handle=p_handle[heads].astype(np.int64), start=p_start[heads],
+                end=p_end[np.r_[heads[1:] - 1, len(p_pos) - 1]])
 
-    # The barrier that flushes each run: its handle's next, or the next global one.
-    end = np.searchsorted(worker, r_worker, side="right")  # one past the last row of each one's worker
-    n_handles = int(max(handle.max(), ops.source_handle.max(), 0)) + 1
-    on_handle = np.flatnonzero(handle_barrier)
-    on_source = np.flatnonzero(handle_barrier & (ops.source_handle >= 0))
+
+def _flush_positions(ops: OpTable, runs: Runs, barriers: Barriers, n_handles: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the row of the barrier that flushes each run: its handle's next, or the next global one; one past
+    the last row of each run's worker, where none does)."""
+    worker = ops.worker  # ascending (the table is grouped by it)
+    end = np.searchsorted(worker, runs.worker, side="right")
+    on_handle = np.flatnonzero(barriers.handle)
+    on_source = np.flatnonzero(barriers.handle & (ops.source_handle >= 0))
     by_handle = _next_at_or_after(
         np.concatenate([on_handle, on_source]),
-        np.concatenate([worker[on_handle].astype(np.int64) * n_handles + handle[on_handle],
+        np.concatenate([worker[on_handle].astype(np.int64) * n_handles + ops.handle[on_handle],
                         worker[on_source].astype(np.int64) * n_handles + ops.source_handle[on_source]]),
-        r_pos, r_worker * n_handles + r_handle, end)
+        runs.pos, runs.worker * n_handles + runs.handle, end)
     del on_handle, on_source
-    on_all = np.flatnonzero(global_barrier)
-    flush = np.minimum(by_handle, _next_at_or_after(on_all, worker[on_all], r_pos, r_worker, end))
-    del by_handle, on_all, global_barrier, r_worker
+    on_all = np.flatnonzero(barriers.every)
+    return np.minimum(by_handle, _next_at_or_after(on_all, worker[on_all], runs.pos, runs.worker, end)), end
 
-    # Group the runs: (flush position, handle, kind). At a barrier on one descriptor, its handle flushes
-    # first, then a dup's source; elsewhere, handles in the order first used since their last flush; writes
-    # before reads. The key (flush, order, kind, handle) packs into two integers.
-    handle_first = _group_min(flush * n_handles + r_handle, r_pos)
+
+def _group_runs(ops: OpTable, runs: Runs, flush: np.ndarray, end: np.ndarray, handle_barrier: np.ndarray,
+                n_handles: int) -> Groups:
+    """The runs grouped by (flush position, handle, kind) (``Groups``). At a barrier on one descriptor, its
+    handle flushes first, then a dup's source; elsewhere, handles in the order first used since their last
+    flush; writes before reads. The key (flush, order, kind, handle) packs into two integers."""
+    n = len(ops)
+    handle_first = _group_min(flush * n_handles + runs.handle, runs.pos)
     at_handle_barrier = flush < end
-    del end
     at_handle_barrier[at_handle_barrier] = handle_barrier[flush[at_handle_barrier]]
-    del handle_barrier
-    barrier_handle = np.where(at_handle_barrier, handle[np.minimum(flush, n - 1)], -1)
-    order_key = np.where(at_handle_barrier, (r_handle != barrier_handle).astype(np.int64), handle_first)
+    barrier_handle = np.where(at_handle_barrier, ops.handle[np.minimum(flush, n - 1)], -1)
+    order_key = np.where(at_handle_barrier, (runs.handle != barrier_handle).astype(np.int64), handle_first)
     del barrier_handle, handle_first, at_handle_barrier
     span = n + 1  # flush and order_key are at most n
-    group_key = np.stack([flush * span + order_key, (kind[r_pos] == READ) * n_handles + r_handle], axis=1)
-    del flush, order_key, r_handle
-    groups, run_group = _unique_rows(group_key)
+    group_key = np.stack([flush * span + order_key, (ops.kind[runs.pos] == READ) * n_handles + runs.handle], axis=1)
+    del order_key
+    key, of_run = _unique_rows(group_key)
     del group_key
-    first_op = np.full(len(groups), n, np.int64)
-    np.minimum.at(first_op, run_group, r_pos)  # a run's first operation is its head
-    extent_group, extent_start, extent_end = merge_grouped_ranges(run_group, r_start, r_end)
-    del r_start, r_end, r_pos
-    piece_extent, piece_offset, piece_size = _split_all(extent_start, extent_end, buffer_bytes, block_bytes)
-    piece_group = extent_group[piece_extent]
-    del extent_group, extent_start, extent_end, piece_extent
-    template = first_op[piece_group]  # each piece copies its group's first operation
+    first_op = np.full(len(key), n, np.int64)
+    np.minimum.at(first_op, of_run, runs.pos)  # a run's first operation is its head
+    return Groups(key=key, of_run=of_run, first_op=first_op, span=span)
 
-    # Deps of a piece: the union of its group's operations' deps.
+
+def _pieces(run_group: np.ndarray, start: np.ndarray, end: np.ndarray, buffer_bytes: int,
+            block_bytes: int) -> Pieces:
+    """Each group's runs' byte ranges merged into extents, each extent split (``split_extent``)."""
+    extent_group, extent_start, extent_end = merge_grouped_ranges(run_group, start, end)
+    piece_extent, offset, size = _split_all(extent_start, extent_end, buffer_bytes, block_bytes)
+    return Pieces(group=extent_group[piece_extent], offset=offset, size=size)
+
+
+def _group_deps(ops: OpTable, pending: np.ndarray, runs: Runs, run_group: np.ndarray) -> np.ndarray:
+    """(group, dep seq) pairs, sorted and distinct: a piece waits for the union of its group's operations'
+    deps."""
     with_deps = np.flatnonzero(ops.dep_ptr[1:] != ops.dep_ptr[:-1])  # (few rows: opens' waiters)
     d_row, d_seq = _deps_of_rows(ops, with_deps[pending[with_deps]])
-    if len(d_row):
-        d_run = np.searchsorted(heads, np.searchsorted(p_pos, d_row), side="right") - 1
-        pairs, _ = _unique_rows(np.stack([run_group[d_run], d_seq], axis=1))
-    else:
-        pairs = np.zeros((0, 2), np.int64)
-    del run_group, heads, p_pos, d_row, d_seq, with_deps
-    group_dep_ptr = np.concatenate([[0], np.cumsum(np.bincount(pairs[:, 0], minlength=len(groups)))])
-    flush_of_group = groups[:, 0] // span
-    del groups
+    if not len(d_row):
+        return np.zeros((0, 2), np.int64)
+    d_run = np.searchsorted(runs.heads, np.searchsorted(runs.pending_pos, d_row), side="right") - 1
+    pairs, _ = _unique_rows(np.stack([run_group[d_run], d_seq], axis=1))
+    return pairs
 
-    # The kept operations and the pieces, in order: a piece sits before its barrier.
+
+def _place(ops: OpTable, pending: np.ndarray, pieces: Pieces, flush_of_group: np.ndarray,
+           template: np.ndarray) -> Placed:
+    """The kept operations and the pieces, in order (``Placed``): a piece sits before its group's barrier
+    (``flush_of_group``) and copies its group's first operation (``template``)."""
     kept = np.flatnonzero(~pending)
-    del pending
-    order_pos = np.concatenate([kept, flush_of_group[piece_group]])
-    order_sub = np.concatenate([np.ones(len(kept), np.int64), np.zeros(len(piece_group), np.int64)])
-    order_group = np.concatenate([np.zeros(len(kept), np.int64), piece_group])
-    order_piece = np.concatenate([np.zeros(len(kept), np.int64), np.arange(len(piece_group))])
-    order_worker = np.concatenate([worker[kept], worker[template]]).astype(np.int64)
+    piece_template = template[pieces.group]
+    n_pieces = len(pieces.group)
+    order_pos = np.concatenate([kept, flush_of_group[pieces.group]])
+    order_sub = np.concatenate([np.ones(len(kept), np.int64), np.zeros(n_pieces, np.int64)])
+    order_group = np.concatenate([np.zeros(len(kept), np.int64), pieces.group])
+    order_piece = np.concatenate([np.zeros(len(kept), np.int64), np.arange(n_pieces)])
+    order_worker = np.concatenate([ops.worker[kept], ops.worker[piece_template]]).astype(np.int64)
     order = np.lexsort((order_piece, order_group, order_sub, order_pos, order_worker))
-    rows = np.concatenate([kept, template])[order]
-    is_piece = np.concatenate([np.zeros(len(kept), bool), np.ones(len(piece_group), bool)])[order]
-    offset = np.concatenate([ops.offset[kept], piece_offset])[order]
-    size = np.concatenate([ops.size[kept], piece_size])[order]
-    group = np.concatenate([np.full(len(kept), -1, np.int64), piece_group])[order]
+    del order_pos, order_sub, order_group, order_piece, order_worker
+    return Placed(rows=np.concatenate([kept, piece_template])[order],
+                  is_piece=np.concatenate([np.zeros(len(kept), bool), np.ones(n_pieces, bool)])[order],
+                  offset=np.concatenate([ops.offset[kept], pieces.offset])[order],
+                  size=np.concatenate([ops.size[kept], pieces.size])[order],
+                  group=np.concatenate([np.full(len(kept), -1, np.int64), pieces.group])[order])
 
-    # Deps: kept rows keep theirs; pieces take their group's union.
+
+def _placed_deps(ops: OpTable, placed: Placed, group_dep_ptr: np.ndarray,
+                 pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(dep_ptr, dep_seq) of the placed rows: kept rows keep theirs; pieces take their group's union
+    (``pairs`` from ``group_dep_ptr``)."""
+    rows, is_piece, group = placed.rows, placed.is_piece, placed.group
     lengths = np.where(is_piece, np.diff(group_dep_ptr)[np.maximum(group, 0)], ops.dep_ptr[rows + 1] - ops.dep_ptr[rows])
     dep_ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     source = np.where(is_piece, group_dep_ptr[np.maximum(group, 0)], ops.dep_ptr[rows])
@@ -242,10 +338,7 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
     dep_seq = np.empty(len(gather), np.int64)
     dep_seq[from_piece] = pairs[gather[from_piece], 1]
     dep_seq[~from_piece] = ops.dep_seq[gather[~from_piece]]
-    columns = {name: getattr(ops, name)[rows] for name in (
-        "kind", "seq", "ts_ns", "worker", "handle", "source_handle", "path", "new_path", "flags", "release",
-        "pattern_key", "pattern_offset", "queue", "mapped", "prot")}
-    return OpTable.from_columns({**columns, "offset": offset, "size": size}, dep_ptr, dep_seq, ops.paths)
+    return dep_ptr, dep_seq
 
 
 def _deps_of_rows(ops: OpTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -269,7 +362,8 @@ def _group_min(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     return smallest[inverse][run_of]
 
 
-def build_aggregated_plan(base: ReplayPlan, *, buffer_bytes: int = 4 << 20, block_bytes: int = 4096) -> ReplayPlan:
+def build_aggregated_plan(base: ReplayPlan, *, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+                          block_bytes: int = 4096) -> ReplayPlan:
     """The aggregated plan derived from the as-recorded ``base`` plan. Pure.
 
     ``buffer_bytes`` (1-64 MiB, a multiple of ``block_bytes``) is the largest
@@ -286,7 +380,7 @@ def preallocations(plan: ReplayPlan) -> dict[int, int]:
     """The opens that create a file whose final size the plan knows: open seq -> bytes to reserve. A file
     is reserved by the first open that creates it (O_CREAT), under whatever name it has then."""
     ops = plan.ops
-    opens = np.flatnonzero((ops.kind == KIND["open"]) & (ops.flags != np.iinfo(np.int64).min)
+    opens = np.flatnonzero((ops.kind == KIND[v.OPEN]) & (ops.flags != np.iinfo(np.int64).min)
                            & ((ops.flags & os.O_CREAT) != 0))
     out, seen = {}, set()
     for row in opens.tolist():

@@ -71,20 +71,16 @@ from ckpt_trace.iolayer import host
 from ckpt_trace.stats import LatencyHistogram
 from ckpt_trace.version import __version__
 
-from .optable import WRITE
+from . import strategies
 from .lock import TargetLock, job_id
+from .optable import WRITE
+from .options import ReplayOptions
 from .ownership import Claim
 from .plan import GLOBAL_ROW, PLAN_COLUMNS, ReplayPlan, build_posix_plan
 from .posix import Progress
 from .replay import (
-    STRATEGIES,
     RunCount,
     SizeMismatch,
-    _add_speedups,
-    _median_run,
-    _release,
-    _trace_file,
-    check_options,
     check_queue_depth,
     derive_plan,
     drop_page_cache,
@@ -94,6 +90,7 @@ from .replay import (
     size_mismatches,
 )
 from .results import ReplayResult
+from .runs import add_speedups, median_run, release, trace_file
 from .verify import verify_content
 
 #: How long a process waits for the others (a barrier, a gather, another process's operation) before it
@@ -448,113 +445,156 @@ def replay_distributed(
     world: World,
     target: str | os.PathLike,
     strategy: str = "posix",
-    strip_prefix: str | None = None,
-    timing: str = "asap",
-    force: bool = False,
-    queue_depth: int = 32,
-    buffer_bytes: int = 4 << 20,
-    repeat: int | None = 1,
-    drop_caches: bool = False,
-    durable: bool = False,
-    verify: bool = False,
+    options: ReplayOptions | None = None,
     progress: Progress | None = None,
     protect: tuple[str | os.PathLike, ...] = (),
-    min_seconds: float = 0.0,
-    max_runs: int | None = None,
-    gpu_copies: str = "recorded",
     placement: str = "host",
+    **values,
 ) -> DistributedReport:
     """``replay.replay`` run by one of ``world``'s processes (see the module docstring); every process
-    of the job calls it with the same arguments. Options mean what they mean there; ``--fio`` and
-    ``--pack-files`` are not available here. ``placement`` (``placed_share``): ``host`` keeps each recorded
+    of the job calls it with the same arguments. ``options`` (``ReplayOptions``, with keywords named as
+    its fields overriding them) mean what they mean there; ``fio`` and ``pack_files`` are not available
+    here, ``cache`` is ``recorded``. ``placement`` (``placed_share``): ``host`` keeps each recorded
     host's ranks on one node (a merged trace), ``spread`` cuts the ranks into blocks over every process.
 
     Raises TraceFormatError for a bad trace; ReplayError for the errors
     ``replay`` raises (in this process or any other: every process raises),
     when torch is missing or the job cannot be joined; Interrupted on Ctrl-C.
     """
-    repeat = repeat or config.REPLAY_MIN_ROUNDS  # rounds are interleaved in a single process's replay only
-    check_options(strategy, timing, gpu_copies, repeat, min_seconds, drop_caches)
-    trace = _trace_file(trace_path)
+    opts = ReplayOptions.of(options, **values)
+    opts = dataclasses.replace(opts, repeat=opts.repeat or config.REPLAY_MIN_ROUNDS)  # rounds interleave in
+    opts.check(strategy)  # a single process's replay only
+    trace = trace_file(trace_path)
     target = Path(target)
     refuse_target_holding(target, trace.path)
-    group = _Group(world)
-    claims: list[Claim] = []
-    owned: list[Claim] = []
-    made_target = False
-    lock: TargetLock | None = None
+    job = _DistributedJob(world, trace, target, strategy, opts, _Group(world))
     try:
-        error: BaseException | None = None
-        try:
-            hosts_of = owner_hosts(trace.path)
-            share = placed_share(owners(trace.path), hosts_of if placement == "host" else {}, world, placement)
-            base = build_posix_plan(share_batches(trace.path, share), strip_prefix, arch=trace.metadata["arch"],
-                                    verify_ranges=verify)
-            mine = share_plan(base, share)
-            names = list(STRATEGIES) if strategy == "all" else [strategy]
-            check_queue_depth(queue_depth, names)
-            made_target = not target.exists()
-            prepare_target(target, force)
-            lock = TargetLock.acquire(target, job_id())  # the job's processes share it (replayer.lock)
-        except (CkptTraceError, KeyboardInterrupt) as err:
-            error = Interrupted("interrupted") if isinstance(err, KeyboardInterrupt) else err
-        group.agree(error)
-        leaders = _probe_groups(group, target)
-        infos = group.gather({"remote": sorted(mine.remote), "precreate": dict(mine.precreate),
-                              "written": mine.written, "unverifiable": sorted(mine.unverifiable),
-                              "bytes": mine.plan.bytes_to_write, "host": platform.node(), "owners": sorted(share)})
-        exported = frozenset(seq for info in infos for seq in info["remote"]) & frozenset(mine.plan.ops.seq.tolist())
-        sizes = _job_sizes(base, infos)
-        plan = _finish_share(mine, base, infos, leaders, world.rank, exported, sizes)
-        plans = [derive_plan(plan, name, buffer_bytes=buffer_bytes, block_bytes=host.block_bytes(target))
-                 for name in names]
-        claims = [Claim(target / p.strategy if strategy == "all" else target, p, fresh=strategy == "all", adopt=True)
-                  for p in plans]
-        try:
-            for claim in claims:
-                claim.refuse_conflicts((trace.path, *protect))
-            needed = sum(info["bytes"] for info in infos) * len(plans) + config.REPLAY_FREE_SPACE_MARGIN_BYTES
-            host.require_free(target, needed, "the replay")
-            error = None
-        except CkptTraceError as err:
-            error = err
-        group.agree(error)
-        owned = claims  # from here on, what the claims name is this replay's to remove on failure
-        runs = RunCount(repeat, min_seconds, max_runs or config.REPLAY_MAX_RUNS)
-        results, per_process = [], []
-        for p, claim in zip(plans, claims):
-            job, mine_runs = _run_strategy(group, p, claim, exported, mine.remote, runs, queue_depth, timing,
-                                           progress, durable, drop_caches, gpu_copies)
-            if verify:
-                found = verify_content(claim.root(), p)
-                group.agree(ReplayError(f"verification failed for {p.strategy}: {len(found)} file(s) differ from "
-                                        f"the pattern, first {found[0].path} at byte {found[0].offset}")
-                            if found else None)
-                mine_runs.verified_files = len(p.checks.verify_ranges)
-                checked = group.gather(sorted(p.checks.verify_ranges))  # a file two processes wrote counts once
-                job.verified_files = len({path for paths in checked for path in paths})
-            results.append(job)
-            per_process.append(mine_runs)
-        mismatches = _size_mismatches(group, plans, claims, sizes, leaders)
-        _add_speedups(results)
+        job.plan_share(placement)
+        job.exchange()
+        job.claim(protect)
+        results, per_process = job.run(progress)
+        mismatches = _size_mismatches(job.group, job.plans, job.claims, job.sizes, job.leaders)
+        add_speedups(results)
     except (ReplayError, Interrupted, KeyboardInterrupt) as err:
-        _release(owned, target, made_target, lock)  # nothing before the conflicts were refused everywhere
-        group.close()
+        release(job.owned, target, job.made_target, job.lock)  # nothing before the conflicts were refused everywhere
+        job.group.close()
         if isinstance(err, KeyboardInterrupt):
             raise Interrupted(f"interrupted; the replay's files under {target} were removed") from None
         raise
-    docs = group.gather({"process": world.rank, "host": platform.node(), "node": world.node, "owners": sorted(share),
-                         "recorded_hosts": sorted({hosts_of[o] for o in share if o in hosts_of}),
-                         "results": [r.to_json() for r in per_process]})
-    group.close()
-    if lock is not None:
-        lock.release()
-    options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": False, "repeat": repeat,
-               "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
-               "gpu_copies": gpu_copies, "world_size": world.size, "placement": placement}
-    return DistributedReport(trace.path, target, world, tuple(results), docs, tuple(mismatches), options,
-                             trace_sha256=sha256_file(trace.path), environment=host.environment(target),
-                             claims=tuple(claims))
+    return job.report(results, per_process, mismatches, placement)
+
+
+class _DistributedJob:
+    """One process's part of a distributed replay, step by step (the module docstring's call order): what
+    each step learns is kept for the next. ``owned``: the claims whose files are this replay's to remove on
+    failure (set once conflicts were refused everywhere)."""
+
+    def __init__(self, world: World, trace, target: Path, strategy: str, opts: ReplayOptions, group: _Group) -> None:
+        self.world, self.trace, self.target, self.strategy, self.opts, self.group = (world, trace, target, strategy,
+                                                                                     opts, group)
+        self.claims: list[Claim] = []
+        self.owned: list[Claim] = []
+        self.made_target = False
+        self.lock: TargetLock | None = None
+        self.plans: list[ReplayPlan] = []
+        self.sizes: dict[str, int] = {}
+        self.leaders: list[int] = []
+
+    def plan_share(self, placement: str) -> None:
+        """Steps 2-3: this process's share of the owners and its plan; the target prepared and locked; every
+        process agrees it got this far."""
+        error: BaseException | None = None
+        try:
+            self.hosts_of = owner_hosts(self.trace.path)
+            self.share = placed_share(owners(self.trace.path), self.hosts_of if placement == "host" else {},
+                                      self.world, placement)
+            self.base = build_posix_plan(share_batches(self.trace.path, self.share), self.opts.strip_prefix,
+                                         arch=self.trace.metadata["arch"], verify_ranges=self.opts.verify)
+            self.mine = share_plan(self.base, self.share)
+            self.names = list(strategies.expand(self.strategy))
+            check_queue_depth(self.opts.queue_depth, self.names)
+            self.made_target = not self.target.exists()
+            prepare_target(self.target, self.opts.force)
+            self.lock = TargetLock.acquire(self.target, job_id())  # the job's processes share it (replayer.lock)
+        except (CkptTraceError, KeyboardInterrupt) as err:
+            error = Interrupted("interrupted") if isinstance(err, KeyboardInterrupt) else err
+        self.group.agree(error)
+
+    def exchange(self) -> None:
+        """Step 4: one all_gather of every process's needs; then this share's plan per strategy."""
+        mine = self.mine
+        self.leaders = _probe_groups(self.group, self.target)
+        infos = self.group.gather({"remote": sorted(mine.remote), "precreate": dict(mine.precreate),
+                                   "written": mine.written, "unverifiable": sorted(mine.unverifiable),
+                                   "bytes": mine.plan.bytes_to_write, "host": platform.node(),
+                                   "owners": sorted(self.share)})
+        self.infos = infos
+        self.exported = (frozenset(seq for info in infos for seq in info["remote"])
+                         & frozenset(mine.plan.ops.seq.tolist()))
+        self.sizes = _job_sizes(self.base, infos)
+        plan = _finish_share(mine, self.base, infos, self.leaders, self.world.rank, self.exported, self.sizes)
+        self.plans = [derive_plan(plan, name, buffer_bytes=self.opts.buffer_bytes,
+                                  block_bytes=host.block_bytes(self.target)) for name in self.names]
+
+    def claim(self, protect: tuple[str | os.PathLike, ...]) -> None:
+        """Step 5: the claims refuse conflicts and the target must hold everybody's bytes, in every process."""
+        every = self.strategy == strategies.ALL
+        self.claims = [Claim(self.target / p.strategy if every else self.target, p, fresh=every, adopt=True)
+                       for p in self.plans]
+        error: BaseException | None = None
+        try:
+            for claim in self.claims:
+                claim.refuse_conflicts((self.trace.path, *protect))
+            needed = (sum(info["bytes"] for info in self.infos) * len(self.plans)
+                      + config.REPLAY_FREE_SPACE_MARGIN_BYTES)
+            host.require_free(self.target, needed, "the replay")
+        except CkptTraceError as err:
+            error = err
+        self.group.agree(error)
+        self.owned = self.claims  # from here on, what the claims name is this replay's to remove on failure
+
+    def run(self, progress: Progress | None) -> tuple[list[ReplayResult], list[ReplayResult]]:
+        """Steps 6-7: every strategy's runs, verified where asked; (the job's results, this process's)."""
+        opts = self.opts
+        runs = RunCount(opts.repeat or 1, opts.min_seconds, opts.max_runs or config.REPLAY_MAX_RUNS)
+        results, per_process = [], []
+        for p, claim in zip(self.plans, self.claims):
+            job, mine_runs = _run_strategy(self.group, p, claim, self.exported, self.mine.remote, runs, opts,
+                                           progress)
+            if opts.verify:
+                self._verify(p, claim, job, mine_runs)
+            results.append(job)
+            per_process.append(mine_runs)
+        return results, per_process
+
+    def _verify(self, plan: ReplayPlan, claim: Claim, job: ReplayResult, mine: ReplayResult) -> None:
+        found = verify_content(claim.root(), plan)
+        self.group.agree(ReplayError(f"verification failed for {plan.strategy}: {len(found)} file(s) differ from "
+                                     f"the pattern, first {found[0].path} at byte {found[0].offset}")
+                         if found else None)
+        mine.verified_files = len(plan.checks.verify_ranges)
+        checked = self.group.gather(sorted(plan.checks.verify_ranges))  # a file two processes wrote counts once
+        job.verified_files = len({path for paths in checked for path in paths})
+
+    def report(self, results: list[ReplayResult], per_process: list[ReplayResult], mismatches: list[SizeMismatch],
+               placement: str) -> DistributedReport:
+        """The job's document, from every process's figures (one gather), and the lock released."""
+        world, opts = self.world, self.opts
+        docs = self.group.gather({"process": world.rank, "host": platform.node(), "node": world.node,
+                                  "owners": sorted(self.share),
+                                  "recorded_hosts": sorted({self.hosts_of[o] for o in self.share
+                                                            if o in self.hosts_of}),
+                                  "results": [r.to_json() for r in per_process]})
+        self.group.close()
+        if self.lock is not None:
+            self.lock.release()
+        options = {"queue_depth": opts.queue_depth, "buffer_bytes": opts.buffer_bytes, "pack_files": False,
+                   "repeat": opts.repeat, "min_seconds": opts.min_seconds, "durable": opts.durable,
+                   "drop_caches": opts.drop_caches, "timing": opts.timing, "gpu_copies": opts.gpu_copies,
+                   "world_size": world.size, "placement": placement}
+        return DistributedReport(self.trace.path, self.target, world, tuple(results), docs, tuple(mismatches),
+                                 options, trace_sha256=sha256_file(self.trace.path),
+                                 environment=host.environment(self.target), claims=tuple(self.claims))
 
 
 def _job_sizes(base: ReplayPlan, infos: list[dict]) -> dict[str, int]:
@@ -593,8 +633,7 @@ def _finish_share(mine: Share, base: ReplayPlan, infos: list[dict], leaders: lis
 
 
 def _run_strategy(group: _Group, plan: ReplayPlan, claim: Claim, exported: frozenset[int], remote: frozenset[int],
-                  count: RunCount, queue_depth: int, timing: str, progress, durable: bool, drop_caches: bool,
-                  gpu_copies: str) -> tuple[ReplayResult, ReplayResult]:
+                  count: RunCount, opts: ReplayOptions, progress) -> tuple[ReplayResult, ReplayResult]:
     """Every run of one strategy: (the job's median run, this process's figures of that run)."""
     runs: list[tuple[ReplayResult, ReplayResult]] = []
     while count.more([job.elapsed_s for job, _ in runs]):
@@ -605,10 +644,10 @@ def _run_strategy(group: _Group, plan: ReplayPlan, claim: Claim, exported: froze
                 claim.release(keep_directory=True)
             group.barrier()  # every release is done before anyone precreates
             root = claim.root()
-            executor = make_executor(plan.strategy, root, queue_depth)
-            executor.gpu_copies = gpu_copies
+            executor = make_executor(plan.strategy, root, opts.queue_depth)
+            executor.gpu_copies = opts.gpu_copies
             executor.prepare(plan)
-            if drop_caches and group.world.local_rank == 0:
+            if opts.drop_caches and group.world.local_rank == 0:
                 drop_page_cache()
         except (CkptTraceError, KeyboardInterrupt) as err:
             error = Interrupted("interrupted") if isinstance(err, KeyboardInterrupt) else err
@@ -618,13 +657,13 @@ def _run_strategy(group: _Group, plan: ReplayPlan, claim: Claim, exported: froze
             signals.done(seq)  # nothing here to wait for: never make another process wait for nothing
         group.barrier()  # the clocks start together
         try:
-            mine = executor.run(plan, timing=timing, progress=progress, durable=durable, signals=signals)
+            mine = executor.run(plan, timing=opts.timing, progress=progress, durable=opts.durable, signals=signals)
         except (ReplayError, KeyboardInterrupt) as err:
             signals.fail(str(err) or "interrupted")
             error = Interrupted("interrupted") if isinstance(err, KeyboardInterrupt) else err
         group.agree(error)
         runs.append((_job_result(plan.strategy, group.gather(mine)), mine))
-    median = _median_run([job for job, _ in runs])
+    median = median_run([job for job, _ in runs])
     mine = next(m for job, m in runs if job is median)
     mine.runs_elapsed_s = [m.elapsed_s for _, m in runs]
     mine.runs_p99_latency_ns = [m.latency_ns["p99"] for _, m in runs]

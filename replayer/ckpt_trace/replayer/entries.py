@@ -32,10 +32,13 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Iterable, MutableMapping
+from typing import TypeVar
 
 from ckpt_trace.formats import vocabulary as v
 
 from .paths import TargetRoot
+
+T = TypeVar("T")  # what a table of last operations holds (the planner's Origin)
 
 __all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "RENAME_WHITEOUT", "arrived", "link_entry", "move",
            "remove_entry", "rename_entry", "symlink_entry", "take_subtree", "under"]
@@ -121,7 +124,7 @@ def symlink_entry(root: TargetRoot, content: str, new: str) -> None:
     root.symlink(content, new)
 
 
-def take_subtree(last_op: MutableMapping[str, tuple], dirs: set[str], *tops: str) -> list[tuple]:
+def take_subtree(last_op: MutableMapping[str, T], dirs: set[str], *tops: str) -> list[T]:
     """The last operations recorded (``last_op``: path -> origin) on paths strictly below each of ``tops``,
     removed from ``last_op`` (a later operation below a renamed directory waits for the rename instead).
     Only a top in ``dirs`` (paths something was named below) is scanned, so a file's rename costs nothing."""

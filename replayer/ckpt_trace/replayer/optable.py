@@ -15,13 +15,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: Plan operation kinds; ``OpTable.kind`` holds indexes into this tuple.
-KINDS = ("open", "close", "read", "write", "lseek", "fsync", "fdatasync", "sync_file_range", "ftruncate", "fallocate",
-         "rename", "unlink", "mkdir", "dup", "fcntl", "mmap", "munmap", "msync", "copy", "link", "symlink")
+from ckpt_trace.formats import vocabulary as v
+
+#: The format's mapping operations a plan replays (madvise and mremap rows are skipped).
+MAPPING_KINDS = frozenset({v.MMAP_OP, v.MUNMAP, v.MSYNC})
+#: The one plan kind the format does not name: a host<->device copy of any direction (the format's
+#: ``COPY_OPS``; the direction and host memory kind are in the operation's ``flags``, ``iolayer.gpu.encode``).
+COPY = "copy"
+#: Plan operation kinds; ``OpTable.kind`` holds indexes into this tuple. The names are the format's
+#: (``formats.vocabulary``: every metadata and data operation, and ``MAPPING_KINDS``), sorted, then ``COPY``:
+#: the codes follow from the format's vocabulary and are a table's own (never stored, never compared
+#: across versions).
+KINDS = (*sorted(v.METADATA_OPS | v.DATA_OPS | MAPPING_KINDS), COPY)
 KIND = {name: code for code, name in enumerate(KINDS)}
-READ, WRITE = KIND["read"], KIND["write"]
+READ, WRITE = KIND[v.READ], KIND[v.WRITE]
 #: In-kernel copies (``OpTable.kcopy``): the system call a read or write row was half of (0: none).
-KCOPIES = ("", "sendfile", "copy_file_range", "splice")
+KCOPIES = ("", v.SENDFILE, v.COPY_FILE_RANGE, v.SPLICE)
 NONE = -1  # "no value" in the integer columns (handles, paths, offsets, sizes, queues, prot, pattern offsets)
 NO_FLAGS = np.iinfo(np.int64).min  # "no value" in ``flags`` (any other int64 is a flag word)
 

@@ -36,6 +36,7 @@ from ckpt_trace.iolayer import pattern
 
 from .aggregate import split_extent
 from .optable import KIND
+from .options import DEFAULT_BUFFER_BYTES
 from .plan import DATA_KINDS, MAPPING_KINDS, PlanChecks, PlanOp, ReplayPlan, WorkerPlan, plan_from_ops
 
 PACK_DIR = "ckpt-trace-packs"
@@ -189,7 +190,7 @@ class _WorkerPacker:
         return op
 
 
-def pack_plan(plan: ReplayPlan, *, block_bytes: int = 4096, buffer_bytes: int = 4 << 20) -> ReplayPlan:
+def pack_plan(plan: ReplayPlan, *, block_bytes: int = 4096, buffer_bytes: int = DEFAULT_BUFFER_BYTES) -> ReplayPlan:
     """The plan with each worker's packable files moved into one pack per worker. Pure.
 
     ``block_bytes`` is the file system's block size (regions and writes are aligned to it);

@@ -44,9 +44,10 @@ from __future__ import annotations
 
 import os
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -58,7 +59,7 @@ from ckpt_trace.iolayer import gpu
 from ckpt_trace.iolayer.pattern import file_key
 from ckpt_trace.ranges import merge_grouped_ranges, merge_ranges
 
-from .optable import KCOPIES, KINDS, NONE, READ, WRITE, OpTable, PlanOp, interleave_columns
+from .optable import COPY, KCOPIES, KINDS, MAPPING_KINDS, NONE, READ, WRITE, OpTable, PlanOp, interleave_columns
 from .ordering import with_cross_worker_order
 from . import entries
 from .paths import relative_target_path
@@ -67,7 +68,6 @@ DATA_KINDS = v.DATA_OPS
 PATH_KINDS = v.PATH_OPS
 FD_KINDS = v.FD_OPS
 METADATA_KINDS = v.METADATA_OPS
-MAPPING_KINDS = frozenset({"mmap", "munmap", "msync"})  # plan kinds of the mapping rows (madvise, mremap: skipped)
 
 __all__ = ["DATA_KINDS", "FD_KINDS", "GLOBAL_ROW", "KINDS", "MAPPING_KINDS", "METADATA_KINDS", "PATH_KINDS", "FileIdentity",
            "OpTable", "PlanChecks", "PlanOp", "ReplayPlan", "WorkerPlan", "build_posix_plan", "merge_grouped_ranges",
@@ -312,6 +312,17 @@ class _Rows:
             raw = np.where(validity(indices), raw, len(dictionary))
         return np.take(lut, raw, out=out)
 
+    def drop(self, *names: str) -> None:
+        """Forget columns ``names`` (and their validity masks): a step that gathered them is done with them."""
+        for name in names:
+            self.cols.pop(name, None)
+            self.cols.pop(name + "?", None)
+
+    def take(self, name: str) -> np.ndarray:
+        """Column ``name``, forgotten here (its last reader takes it over)."""
+        self.cols.pop(name + "?", None)
+        return self.cols.pop(name)
+
     def code(self, text: str) -> int:
         try:
             return self.texts.index(text)
@@ -342,6 +353,63 @@ class _Rows:
 
 # -- the walk over the rows that change state --------------------------------------------------------------------
 
+Worker = tuple[int, int]  # (pid, tid): a recorded thread
+
+
+class Origin(NamedTuple):
+    """The operation a later one may wait for: its ``seq`` and its ``worker``."""
+
+    seq: int
+    worker: Worker
+
+
+class Binding(NamedTuple):
+    """A change of what descriptor ``fd`` of process ``pid`` names, at row ``seq``: ``handle`` (NONE: closed)."""
+
+    pid: int
+    fd: int
+    seq: int
+    handle: int
+
+
+class Truncation(NamedTuple):
+    """File ``file`` cut to ``length`` bytes at row ``seq`` (O_TRUNC: 0; ftruncate)."""
+
+    file: int
+    seq: int
+    length: int
+
+
+class MappedRange(NamedTuple):
+    """A file mapping of a process: ``length`` bytes at ``address``, from file offset ``offset`` of the file
+    of ``handle``."""
+
+    address: int
+    length: int
+    offset: int
+    handle: int
+
+
+class MappedAt(NamedTuple):
+    """Where an address of a process's mapping is: the mapping's ``handle`` and the file ``offset`` (bytes)."""
+
+    handle: int
+    offset: int
+
+
+class WalkedIO(NamedTuple):
+    """A read or write the walk resolved (a descriptor no binding covers, pages through a mapping): its
+    ``row``, the ``handle`` it acts on and its cross-worker ``deps``; ``offset`` and ``size`` (bytes) the
+    walk's for pages through a mapping (``mapped``), else None: the row's."""
+
+    row: int
+    handle: int
+    deps: tuple[int, ...]
+    offset: int | None
+    size: int | None
+    mapped: bool
+
+
 class _Planner:
     """Walks trace rows in order; holds the mutable bookkeeping a plan is built from. Reads and writes it
     gets (``data`` rows) it only resolves to handles; their sizes and ranges are planned in bulk."""
@@ -354,10 +422,10 @@ class _Planner:
         self.slots: dict[tuple[int, int], int] = {}
         self.handle_path: dict[int, str] = {}
         self.handle_refs: Counter = Counter()
-        self.handle_origin: dict[int, tuple[int, tuple[int, int]]] = {}
+        self.handle_origin: dict[int, Origin] = {}
         self.next_handle = 0
-        self.last_path_op: dict[str, tuple[int, tuple[int, int]]] = {}
-        self.mkdir_seq: dict[str, tuple[int, tuple[int, int]]] = {}
+        self.last_path_op: dict[str, Origin] = {}
+        self.mkdir_seq: dict[str, Origin] = {}
         self.dir_paths: set[str] = set()  # paths some path operation named a path below
         self.sizes: dict[str, int | None] = {}
         self.first_touch: dict[str, bool] = {}
@@ -371,13 +439,12 @@ class _Planner:
         self.file_of_path: dict[str, int] = {}
         self.handle_file: dict[int, int] = {}
         self.files = 0
-        self.truncations: list[tuple[int, int, int]] = []  # (file, seq, length): O_TRUNC, ftruncate
+        self.truncations: list[Truncation] = []
         self.precreated: dict[str, int] = {}
         self.queue_depths: dict[int, int] = {}
-        self.mappings: dict[int, list[tuple[int, int, int, int]]] = defaultdict(list)  # pid -> (addr, len, off, h)
-        self.bindings: list[tuple[int, int, int, int]] = []  # (pid, fd, seq, handle or -1): slot changes
-        self.data_ops: list[tuple[int, int, int, tuple[int, ...], int | None, int, bool]] = []
-        # ^ (row, handle, seq, deps, offset, size, mapped) of reads and writes the walk resolved
+        self.mappings: dict[int, list[MappedRange]] = defaultdict(list)  # per pid
+        self.bindings: list[Binding] = []  # descriptor slot changes
+        self.data_ops: list[WalkedIO] = []
 
     def file(self, path: str) -> int:
         """The identity of the file now at ``path`` (a new one if none is known)."""
@@ -397,12 +464,12 @@ class _Planner:
 
     def bind(self, pid: int, fd: int | None, seq: int, handle: int | None) -> None:
         if fd is not None:
-            self.bindings.append((pid, fd, seq, NONE if handle is None else handle))
+            self.bindings.append(Binding(pid, fd, seq, NONE if handle is None else handle))
 
-    def _dep(self, origin: tuple[int, tuple[int, int]] | None, worker: tuple[int, int], deps: list[int]) -> None:
-        if origin is not None and origin[1] != worker:
-            deps.append(origin[0])
-            self.awaited.add(origin[0])
+    def _dep(self, origin: Origin | None, worker: Worker, deps: list[int]) -> None:
+        if origin is not None and origin.worker != worker:
+            deps.append(origin.seq)
+            self.awaited.add(origin.seq)
 
     def path_deps(self, seq: int, worker: tuple[int, int], *paths: str) -> tuple[int, ...]:
         deps: list[int] = []
@@ -411,7 +478,7 @@ class _Planner:
             for parent in _ancestors(path):
                 self._dep(self.mkdir_seq.get(parent), worker, deps)
                 self.dir_paths.add(parent)
-            self.last_path_op[path] = (seq, worker)
+            self.last_path_op[path] = Origin(seq, worker)
         return tuple(sorted(set(deps)))
 
     def new_handle(self, path: str, seq: int, worker: tuple[int, int], fid: int | None = None) -> int:
@@ -420,7 +487,7 @@ class _Planner:
         self.handle_path[handle] = path
         self.handle_file[handle] = self.file(path) if fid is None else fid
         self.handle_refs[handle] = 1
-        self.handle_origin[handle] = (seq, worker)
+        self.handle_origin[handle] = Origin(seq, worker)
         return handle
 
     def handle_for(self, pid: int, fd: int, path: str | None, seq: int, worker, ts: int) -> int | None:
@@ -440,7 +507,7 @@ class _Planner:
         self.slots[(pid, fd)] = handle
         self.bind(pid, fd, seq, handle)
         self.touch(path, creating=False)
-        self.emit(worker, PlanOp(seq=seq, kind="open", ts_ns=ts, handle=handle, path=path, flags=os.O_RDWR,
+        self.emit(worker, PlanOp(seq=seq, kind=v.OPEN, ts_ns=ts, handle=handle, path=path, flags=os.O_RDWR,
                                  deps=self.path_deps(seq, worker, path)))
         self.skipped["implicit_opens"] += 1
         return handle
@@ -482,7 +549,7 @@ class _Planner:
             self.touch(path, creating)
             if flags & os.O_TRUNC and flags & os.O_ACCMODE:
                 self.sizes[path] = 0
-                self.truncations.append((self.file(path), seq, 0))
+                self.truncations.append(Truncation(self.file(path), seq, 0))
             elif creating:
                 self.sizes.setdefault(path, 0)
         handle = self.new_handle(path, seq, worker)
@@ -491,7 +558,7 @@ class _Planner:
             self.handle_refs[old] -= 1
         self.slots[(row["pid"], row["fd"])] = handle
         self.bind(row["pid"], row["fd"], seq, handle)
-        self.emit(worker, PlanOp(seq=seq, kind="open", ts_ns=row["ts_ns"], handle=handle, path=path, flags=flags,
+        self.emit(worker, PlanOp(seq=seq, kind=v.OPEN, ts_ns=row["ts_ns"], handle=handle, path=path, flags=flags,
                                  deps=self.path_deps(seq, worker, path)))
 
     def _fd_op(self, seq, worker, row) -> tuple[int, list[int]] | None:
@@ -516,7 +583,7 @@ class _Planner:
     def _row_copy(self, seq, worker, row) -> None:
         """A host<->device copy: replayed before the I/O that followed it (``iolayer.gpu``), or skipped and
         counted where no GPU is."""
-        self.emit(worker, PlanOp(seq=seq, kind="copy", ts_ns=row["ts_ns"], size=row["size"] or 0,
+        self.emit(worker, PlanOp(seq=seq, kind=COPY, ts_ns=row["ts_ns"], size=row["size"] or 0,
                                  flags=gpu.encode(row["op"], row["memory_kind"])))
 
     _row_copy_h2d = _row_copy_d2h = _row_copy_d2d = _row_copy_h2h = _row_copy_p2p = _row_copy_other = _row_copy
@@ -532,8 +599,8 @@ class _Planner:
         path = self.handle_path[handle]  # a later open, rename or unlink of its file by another worker waits
         if self.file_of_path.get(path) == self.handle_file[handle]:  # (and joins the path's chain of waits)
             self._dep(self.last_path_op.get(path), worker, deps)
-            self.last_path_op[path] = (seq, worker)
-        self.emit(worker, PlanOp(seq=seq, kind="close", ts_ns=row["ts_ns"], handle=handle,
+            self.last_path_op[path] = Origin(seq, worker)
+        self.emit(worker, PlanOp(seq=seq, kind=v.CLOSE, ts_ns=row["ts_ns"], handle=handle,
                                  release=self.handle_refs[handle] <= 0, deps=tuple(sorted(set(deps)))))
 
     def _request(self, row) -> dict:
@@ -544,20 +611,20 @@ class _Planner:
         self.queue_depths[queue] = max(self.queue_depths.get(queue, 1), row["in_flight"] or 1)
         return {"queue": queue}
 
-    def _mapped_handle(self, pid: int, address: int | None) -> tuple[int, int] | None:
-        """(handle, file offset of ``address``) of the process's mapping holding ``address``."""
+    def _mapped_handle(self, pid: int, address: int | None) -> MappedAt | None:
+        """Where ``address`` is in the process's mapping holding it (None: in none)."""
         if address is None:
             return None
-        for start, length, offset, handle in self.mappings.get(pid, ()):
-            if start <= address < start + length:
-                return handle, offset + address - start
+        for m in self.mappings.get(pid, ()):
+            if m.address <= address < m.address + m.length:
+                return MappedAt(m.handle, m.offset + address - m.address)
         return None
 
     def _row_write(self, seq, worker, row) -> None:
-        self._data_row(seq, worker, row, "write")
+        self._data_row(seq, worker, row, v.WRITE)
 
     def _row_read(self, seq, worker, row) -> None:
-        self._data_row(seq, worker, row, "read")
+        self._data_row(seq, worker, row, v.READ)
 
     def _data_row(self, seq, worker, row, kind: str) -> None:
         """A read or write the walk gets (a descriptor no binding covered, a fixed file, pages): its handle."""
@@ -569,14 +636,14 @@ class _Planner:
             handle, offset = found
             deps: list[int] = []
             self._dep(self.handle_origin.get(handle), worker, deps)
-            self.data_ops.append((seq, handle, seq, tuple(deps), offset, row["size"] or 0, True))
+            self.data_ops.append(WalkedIO(seq, handle, tuple(deps), offset, row["size"] or 0, mapped=True))
             return
         self._request(row)
         found = self._fd_op(seq, worker, row)
         if found is None:
             return
         handle, deps = found
-        self.data_ops.append((seq, handle, seq, tuple(deps), row["offset"], None, False))
+        self.data_ops.append(WalkedIO(seq, handle, tuple(deps), row["offset"], None, mapped=False))
 
     def _row_mmap(self, seq, worker, row) -> None:
         """A file mapping: one ``mmap`` op that opens the file for the mapping (the program may close its
@@ -587,10 +654,10 @@ class _Planner:
             return
         handle = self.new_handle(path, seq, worker)
         self.touch(path, creating=False)
-        self.emit(worker, PlanOp(seq=seq, kind="mmap", ts_ns=row["ts_ns"], handle=handle, path=path,
+        self.emit(worker, PlanOp(seq=seq, kind=v.MMAP_OP, ts_ns=row["ts_ns"], handle=handle, path=path,
                                  offset=row["offset"] or 0, size=row["size"], flags=row["flags"], prot=row["prot"],
                                  deps=self.path_deps(seq, worker, path)))
-        self.mappings[row["pid"]].append((row["address"], row["size"] or 0, row["offset"] or 0, handle))
+        self.mappings[row["pid"]].append(MappedRange(row["address"], row["size"] or 0, row["offset"] or 0, handle))
 
     def _row_munmap(self, seq, worker, row) -> None:
         """The end of a mapping: ``munmap`` unmaps it and closes its handle."""
@@ -598,12 +665,12 @@ class _Planner:
         if found is None:
             self.skipped["unmapped_without_mapping"] += 1
             return
-        handle = found[0]
-        self.mappings[row["pid"]] = [m for m in self.mappings[row["pid"]] if m[3] != handle]
+        handle = found.handle
+        self.mappings[row["pid"]] = [m for m in self.mappings[row["pid"]] if m.handle != handle]
         self.handle_refs[handle] -= 1
         deps: list[int] = []
         self._dep(self.handle_origin.get(handle), worker, deps)
-        self.emit(worker, PlanOp(seq=seq, kind="munmap", ts_ns=row["ts_ns"], handle=handle, release=True,
+        self.emit(worker, PlanOp(seq=seq, kind=v.MUNMAP, ts_ns=row["ts_ns"], handle=handle, release=True,
                                  deps=tuple(deps)))
 
     def _row_msync(self, seq, worker, row) -> None:
@@ -612,12 +679,12 @@ class _Planner:
             self.skipped["synced_without_mapping"] += 1
             return
         deps: list[int] = []
-        self._dep(self.handle_origin.get(found[0]), worker, deps)
-        self.emit(worker, PlanOp(seq=seq, kind="msync", ts_ns=row["ts_ns"], handle=found[0], offset=found[1],
+        self._dep(self.handle_origin.get(found.handle), worker, deps)
+        self.emit(worker, PlanOp(seq=seq, kind=v.MSYNC, ts_ns=row["ts_ns"], handle=found.handle, offset=found.offset,
                                  size=row["size"], flags=row["flags"], deps=tuple(deps)))
 
     def _row_lseek(self, seq, worker, row) -> None:
-        self._append_fd_op(seq, worker, row, "lseek", offset=row["offset"])
+        self._append_fd_op(seq, worker, row, v.LSEEK, offset=row["offset"])
 
     def _row_fsync(self, seq, worker, row) -> None:
         self._append_fd_op(seq, worker, row, row["op"], **self._request(row))
@@ -625,20 +692,20 @@ class _Planner:
     _row_fdatasync = _row_fsync
 
     def _row_sync_file_range(self, seq, worker, row) -> None:
-        self._append_fd_op(seq, worker, row, "sync_file_range", offset=row["offset"], size=row["size"],
+        self._append_fd_op(seq, worker, row, v.SYNC_FILE_RANGE, offset=row["offset"], size=row["size"],
                            flags=row["flags"])
 
     def _row_ftruncate(self, seq, worker, row) -> None:
-        handle = self._append_fd_op(seq, worker, row, "ftruncate", size=row["size"])
+        handle = self._append_fd_op(seq, worker, row, v.FTRUNCATE, size=row["size"])
         if handle is not None:
             if self.current_path(handle) is not None:
                 self.sizes[self.current_path(handle)] = row["size"]
-            self.truncations.append((self.handle_file[handle], seq, row["size"] or 0))
+            self.truncations.append(Truncation(self.handle_file[handle], seq, row["size"] or 0))
             self.bytes_to_write += row["size"] or 0
 
     def _row_fallocate(self, seq, worker, row) -> None:
         mode = row["flags"] or 0
-        handle = self._append_fd_op(seq, worker, row, "fallocate", offset=row["offset"], size=row["size"], flags=mode)
+        handle = self._append_fd_op(seq, worker, row, v.FALLOCATE, offset=row["offset"], size=row["size"], flags=mode)
         if handle is not None and not mode & v.FALLOC_FL_KEEP_SIZE:
             path = self.current_path(handle)
             if path is not None and self.sizes.get(path, 0) is not None:
@@ -656,11 +723,11 @@ class _Planner:
             self.handle_refs[old] -= 1
         self.slots[(row["pid"], row["ret"])] = handle
         self.bind(row["pid"], row["ret"], seq, handle)
-        self.emit(worker, PlanOp(seq=seq, kind="dup", ts_ns=row["ts_ns"], handle=handle, source_handle=source,
+        self.emit(worker, PlanOp(seq=seq, kind=v.DUP, ts_ns=row["ts_ns"], handle=handle, source_handle=source,
                                  deps=tuple(deps)))
 
     def _row_fcntl(self, seq, worker, row) -> None:
-        self._append_fd_op(seq, worker, row, "fcntl", flags=row["flags"])
+        self._append_fd_op(seq, worker, row, v.FCNTL, flags=row["flags"])
 
     def _row_rename(self, seq, worker, row) -> None:
         old, new = self.rel(row["path"]), self.rel(row["new_path"])
@@ -679,11 +746,11 @@ class _Planner:
             # (a pool thread's open of a file in step.tmp/); later ones below the new name wait for the rename.
             for origin in entries.take_subtree(self.last_path_op, self.dir_paths, old, new):
                 self._dep(origin, worker, deps)
-            self.mkdir_seq[new] = (seq, worker)
+            self.mkdir_seq[new] = Origin(seq, worker)
             if flags & entries.RENAME_EXCHANGE:
-                self.mkdir_seq[old] = (seq, worker)
+                self.mkdir_seq[old] = Origin(seq, worker)
         deps = sorted(set(deps) | set(self.path_deps(seq, worker, old, new)))
-        self.emit(worker, PlanOp(seq=seq, kind="rename", ts_ns=row["ts_ns"], path=old, new_path=new,
+        self.emit(worker, PlanOp(seq=seq, kind=v.RENAME, ts_ns=row["ts_ns"], path=old, new_path=new,
                                  flags=row["flags"], deps=tuple(deps)))
 
     def _row_link(self, seq, worker, row) -> None:
@@ -698,7 +765,7 @@ class _Planner:
         self.file_of_path[new] = self.file(old)
         if old in self.sizes:
             self.sizes[new] = self.sizes[old]
-        self.emit(worker, PlanOp(seq=seq, kind="link", ts_ns=row["ts_ns"], path=old, new_path=new, flags=row["flags"],
+        self.emit(worker, PlanOp(seq=seq, kind=v.LINK, ts_ns=row["ts_ns"], path=old, new_path=new, flags=row["flags"],
                                  deps=self.path_deps(seq, worker, old, new)))
 
     def _row_symlink(self, seq, worker, row) -> None:
@@ -713,7 +780,7 @@ class _Planner:
         self.named.add(new)
         self.first_touch.setdefault(new, True)
         self.made_dirs.add(new)  # (an entry the trace makes: nothing is made at its name before the clock)
-        self.emit(worker, PlanOp(seq=seq, kind="symlink", ts_ns=row["ts_ns"], path=row["path"], new_path=new,
+        self.emit(worker, PlanOp(seq=seq, kind=v.SYMLINK, ts_ns=row["ts_ns"], path=row["path"], new_path=new,
                                  deps=self.path_deps(seq, worker, new)))
 
     def _row_unlink(self, seq, worker, row) -> None:
@@ -728,7 +795,7 @@ class _Planner:
         self.first_touch.setdefault(path, False)
         self.sizes.pop(path, None)
         self.file_of_path.pop(path, None)
-        self.emit(worker, PlanOp(seq=seq, kind="unlink", ts_ns=row["ts_ns"], path=path, flags=row["flags"],
+        self.emit(worker, PlanOp(seq=seq, kind=v.UNLINK, ts_ns=row["ts_ns"], path=path, flags=row["flags"],
                                  deps=self.path_deps(seq, worker, path)))
 
     def _row_mkdir(self, seq, worker, row) -> None:
@@ -738,8 +805,8 @@ class _Planner:
             return
         deps = self.path_deps(seq, worker, path)
         self.made_dirs.add(path)
-        self.mkdir_seq[path] = (seq, worker)
-        self.emit(worker, PlanOp(seq=seq, kind="mkdir", ts_ns=row["ts_ns"], path=path, deps=deps))
+        self.mkdir_seq[path] = Origin(seq, worker)
+        self.emit(worker, PlanOp(seq=seq, kind=v.MKDIR, ts_ns=row["ts_ns"], path=path, deps=deps))
 
     def _under_made_dir(self, path: str) -> bool:
         return any(path == d or path.startswith(d + "/") for d in self.made_dirs)
@@ -747,7 +814,7 @@ class _Planner:
 
 # -- reads and writes in bulk ----------------------------------------------------------------------------------
 
-def _asof_handles(bindings: list[tuple[int, int, int, int]], pid: np.ndarray, fd: np.ndarray,
+def _asof_handles(bindings: list[Binding], pid: np.ndarray, fd: np.ndarray,
                   seq: np.ndarray) -> np.ndarray:
     """The handle bound to (pid, fd) just before each ``seq`` (-1 where none): an as-of join on the slot
     changes the walk recorded (a change at the row's own seq counts only for rows after it). ``seq``
@@ -828,7 +895,7 @@ def _merge_grouped(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> 
 
 
 def _clip_by_truncations(fids: np.ndarray, seqs: np.ndarray, ends: np.ndarray,
-                         truncations: list[tuple[int, int, int]]) -> np.ndarray:
+                         truncations: Sequence[Truncation]) -> np.ndarray:
     """Each range end cut at the smallest length its file was truncated to after it (O_TRUNC: 0)."""
     if not truncations or not len(fids):
         return ends
@@ -854,6 +921,124 @@ def _runs(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 HOST_ARCH = v.host_arch()
 
 
+# -- the pipeline ------------------------------------------------------------------------------------------------
+#
+# ``build_posix_plan`` is a pipeline of named steps, each a function of the records the earlier ones made:
+#
+#   load (``_Rows``) -> classify -> walk (``_Planner``) -> bind (the as-of join; rows no binding covers are
+#   walked) -> merge (every read and write in row order) -> index workers -> gather (``IoRows``) -> handles ->
+#   read extents, waits, queue depths, file ends -> precreate, expected sizes, verify ranges (``PlanChecks``)
+#   -> walk table, worker order, deps, positions, columns -> interleave (``OpTable``) -> workers, dirs ->
+#   the plan -> cross-worker order (``replayer.ordering``) -> renumber (``GLOBAL_ROW``).
+#
+# The steps that read trace columns take them (``_Rows.take``, ``_Rows.drop``): a column is freed once
+# gathered into the plan's order, so a 10 M-row trace is never held twice.
+
+
+class RowClasses(NamedTuple):
+    """``_classify``'s answer: ``data`` the reads and writes planned in bulk and ``control`` the rows the
+    walk takes (row indices, ascending); ``skipped`` the rows not replayed, by reason."""
+
+    data: np.ndarray
+    control: np.ndarray
+    skipped: Counter
+
+
+class Bound(NamedTuple):
+    """``_bind``'s answer: the walk, and the reads and writes its bindings cover (``data_rows``, ascending
+    row indices) with the handle each acts on (``handles``)."""
+
+    planner: _Planner
+    data_rows: np.ndarray
+    handles: np.ndarray
+
+
+class Merged(NamedTuple):
+    """Every read and write in row order: ``row`` (ascending trace rows) and ``source``, each one's index
+    into the bulk rows followed by the walk's ``WalkedIO``s (``n_bulk`` bulk rows)."""
+
+    row: np.ndarray
+    source: np.ndarray
+    n_bulk: int
+
+    @property
+    def bulk(self) -> np.ndarray:
+        """Mask: the rows planned in bulk (not by the walk)."""
+        return self.source < self.n_bulk
+
+    def in_row_order(self, bulk_values: np.ndarray, walk_values: np.ndarray) -> np.ndarray:
+        """One value per row from the bulk rows' ``bulk_values`` and the walked rows' ``walk_values``."""
+        if len(self.source) == self.n_bulk:  # every read and write is a bulk one: already in row order
+            return bulk_values
+        return np.concatenate([bulk_values, walk_values])[self.source]
+
+
+class WorkerIndex(NamedTuple):
+    """``keys``: the sorted distinct workers (pid << 32 | tid) of the reads and writes and of the walk's
+    operations; ``of_row``: each read's and write's index into ``keys``; ``row_key``: its worker key."""
+
+    keys: np.ndarray
+    of_row: np.ndarray
+    row_key: np.ndarray
+
+
+class IoRows(NamedTuple):
+    """Every read and write, in row order (``Merged``), as a plan needs it: the ``handle`` acted on,
+    ``mapped`` (pages through a mapping), ``is_write``, ``offset_known``, ``offset`` (bytes; NONE where
+    unknown), ``size`` (bytes: what a write transferred, what a read asked for, the pages'), ``queue``
+    (the recorded ring or context of a request; NONE for a call), ``kcopy`` (the in-kernel copy a read or
+    write was a side of, ``optable.KCOPIES``; 0 for none)."""
+
+    handle: np.ndarray
+    mapped: np.ndarray
+    is_write: np.ndarray
+    offset_known: np.ndarray
+    offset: np.ndarray
+    size: np.ndarray
+    queue: np.ndarray
+    kcopy: np.ndarray
+
+
+class Handles(NamedTuple):
+    """Per handle (index): its ``file``, the seq of the open or dup that made it (``origin_seq``) and that
+    operation's worker key (``origin_worker``); NONE for numbers no handle has."""
+
+    file: np.ndarray
+    origin_seq: np.ndarray
+    origin_worker: np.ndarray
+
+
+class FileEnds(NamedTuple):
+    """Per file (index), from the writes after its last truncation, not through a mapping: ``end`` the
+    largest end of those at known offsets (bytes), ``written`` whether there is one, ``unknown_after``
+    whether one is at an unknown offset (its size is then unknown)."""
+
+    end: np.ndarray
+    written: np.ndarray
+    unknown_after: np.ndarray
+
+
+class WorkerOrder(NamedTuple):
+    """The plan's order of the reads and writes (by worker, row order within): ``order`` (a slice where
+    they are in it already), ``walked_at`` the positions in it of the rows the walk resolved and
+    ``walked_source`` their indices into the walk's ``WalkedIO``s."""
+
+    order: slice | np.ndarray
+    walked_at: np.ndarray
+    walked_source: np.ndarray
+
+
+class Layout(NamedTuple):
+    """What the plan knows of its files: ``final_path`` (file -> its path when the recording ended),
+    ``pattern_key`` (file -> ``iolayer.pattern.file_key`` of that path), ``precreate_files`` ((path, bytes)
+    made before the clock) and ``parents`` (paths some file lies under: directories)."""
+
+    final_path: dict[int, str]
+    pattern_key: np.ndarray
+    precreate_files: tuple[tuple[str, int], ...]
+    parents: set[str]
+
+
 def build_posix_plan(trace: pa.Table | Iterable[pa.RecordBatch], strip_prefix: str | None = None, *,
                      arch: str = v.X86_64, verify_ranges: bool = True, num_rows: int | None = None) -> ReplayPlan:
     """Plan the replay of a trace (a table, or record batches of at least the planner's columns) recorded
@@ -875,11 +1060,26 @@ def build_posix_plan(trace: pa.Table | Iterable[pa.RecordBatch], strip_prefix: s
         num_rows = trace.num_rows
         trace = [trace.select(list(_PLAN_COLUMNS))]
     rows = _Rows(trace, num_rows)
+    classes = _classify(rows)
+    bound = _bind(rows, classes, strip_prefix, arch)
+    skipped = classes.skipped + bound.planner.skipped
+    del classes
+    plan = _plan_rows(rows, bound, skipped, verify_ranges)
+    table, awaited = with_cross_worker_order(plan.ops, plan.awaited)  # descriptors that cross threads
+    if table is not plan.ops:
+        plan = plan.with_ops(table, awaited=awaited)
+    return _renumbered(plan, rows.cols[GLOBAL_ROW]) if GLOBAL_ROW in rows.cols else plan
+
+
+def _classify(rows: _Rows) -> RowClasses:
+    """Which rows are planned in bulk (successful reads and writes on a descriptor), which the walk takes
+    (the other successful rows), which are skipped (ring and context calls: their requests are rows of their
+    own; failed calls)."""
     c = rows.cols
     op, ret, interface = c["op"], c["ret"], c["interface"]
     ring = is_any_of(op, [rows.code(name) for name in _RING])
     failed = ~ring & (ret < 0)
-    data = (~ring & ~failed & is_any_of(op, [rows.code("read"), rows.code("write")])
+    data = (~ring & ~failed & is_any_of(op, [rows.code(v.READ), rows.code(v.WRITE)])
             & (interface != rows.code(v.MMAP)) & rows.valid("fd"))
     control = ~ring & ~failed & ~data
     skipped = Counter()
@@ -887,10 +1087,14 @@ def build_posix_plan(trace: pa.Table | Iterable[pa.RecordBatch], strip_prefix: s
         skipped["queue_calls"] = int(ring.sum())  # the requests are rows of their own
     if failed.any():
         skipped["failed"] = int(failed.sum())
-    data_rows = np.flatnonzero(data)
+    return RowClasses(data=np.flatnonzero(data), control=np.flatnonzero(control), skipped=skipped)
 
-    # The walk, then the as-of join; reads and writes no binding covers join the walk, which then runs again.
-    walked = np.flatnonzero(control)
+
+def _bind(rows: _Rows, classes: RowClasses, strip_prefix: str | None, arch: str) -> Bound:
+    """The walk over the control rows, then the as-of join of the reads and writes on its bindings; reads
+    and writes no binding covers (inherited descriptors) join the walk, which then runs again."""
+    c = rows.cols
+    walked, data_rows = classes.control, classes.data
     planner = _walk(rows, walked, strip_prefix, arch)
     handles = _asof_handles(planner.bindings, c["pid"][data_rows], c["fd"][data_rows], data_rows)
     unbound = handles < 0
@@ -899,13 +1103,7 @@ def build_posix_plan(trace: pa.Table | Iterable[pa.RecordBatch], strip_prefix: s
         planner = _walk(rows, walked, strip_prefix, arch)
         data_rows = data_rows[~unbound]
         handles = _asof_handles(planner.bindings, c["pid"][data_rows], c["fd"][data_rows], data_rows)
-    skipped.update(planner.skipped)
-    del control, data, ring, failed, op, ret, interface
-    plan = _finish(rows, planner, data_rows, handles, skipped, strip_prefix, verify_ranges)
-    table, awaited = with_cross_worker_order(plan.ops, plan.awaited)  # descriptors that cross threads
-    if table is not plan.ops:
-        plan = plan.with_ops(table, awaited=awaited)
-    return _renumbered(plan, rows.cols[GLOBAL_ROW]) if GLOBAL_ROW in rows.cols else plan
+    return Bound(planner=planner, data_rows=data_rows, handles=handles)
 
 
 def _renumbered(plan: ReplayPlan, global_row: np.ndarray) -> ReplayPlan:
@@ -927,263 +1125,345 @@ def _walk(rows: _Rows, walked: np.ndarray, strip_prefix: str | None, arch: str) 
     return planner
 
 
-def _finish(rows: _Rows, p: _Planner, data_rows: np.ndarray, handles: np.ndarray, skipped: Counter,
-            strip_prefix: str | None, verify_ranges: bool = True) -> ReplayPlan:
-    """The plan from the walk ``p`` and the bulk reads and writes (``data_rows``, their ``handles``).
-    Memory: each trace column is dropped once gathered into the plan's order (``_drop``)."""
-    c = rows.cols
-
-    def _drop(*names: str) -> None:
-        for name in names:
-            c.pop(name, None)
-            c.pop(name + "?", None)
-
-    _drop("fd")
-    # Every read and write: the bulk ones and those the walk resolved.
-    walked = np.array([d[0] for d in p.data_ops], np.int64)
-    w_handle = np.array([d[1] for d in p.data_ops], np.int64)
-    w_mapped = np.array([d[6] for d in p.data_ops], bool)
-    w_offset = np.array([NONE if d[4] is None else d[4] for d in p.data_ops], np.int64)
-    w_size = np.array([d[5] or 0 for d in p.data_ops], np.int64)
-    # Every array below is in row order (ascending: gathers from the trace's columns are near-sequential)
-    # until the table is built, whose columns alone are put in the plan's order: by worker, then row.
-    _drop("path", "new_path", "flags", "address", "prot", "memory_kind")  # the walk's alone: done
-    walk_ops = [op for _, op in p.ops]
+def _plan_rows(rows: _Rows, bound: Bound, skipped: Counter, verify_ranges: bool) -> ReplayPlan:
+    """The plan from the walk and the bulk reads and writes (``bound``): the pipeline's steps after the
+    walk, in order. Memory: each trace column is dropped once gathered into the plan's order."""
+    p = bound.planner
+    rows.drop("fd", "path", "new_path", "flags", "address", "prot", "memory_kind")  # the walk's alone: done
     walk_workers = np.array([(pid << 32) | (tid & 0xFFFFFFFF) for (pid, tid), _ in p.ops], np.int64)
-    if len(walked):
-        row = np.concatenate([data_rows, walked])
-        source = np.argsort(row, kind="stable")  # two ascending runs: linear
-        row = row[source]  # source: index into (bulk rows, then the walk's): where a row's handle and deps come from
+    merged = _merge_io(bound.data_rows, p.data_ops)
+    keys, widx, row_key = _index_workers(rows, merged.row, walk_workers)
+    io, ret = _gather_io(rows, merged, bound.handles, p.data_ops)
+    del bound
+    read_extent = _read_extents(p, io, ret)
+    del ret
+    handles = _handle_arrays(p)
+    fid = handles.file[io.handle] if len(io.handle) else np.zeros(0, np.int64)
+    needs, awaited = _bulk_waits(merged.bulk, io.handle, row_key, handles, p.awaited)
+    del row_key
+    depths = _queue_depths(p.queue_depths, rows, merged.row, merged.bulk, io.queue)
+    rows.drop("in_flight")
+    layout = _layout(p, read_extent)
+    checks = _plan_checks(p, io, fid, merged.row, layout, verify_ranges)
+    bytes_to_write = p.bytes_to_write + int(io.size[io.is_write].sum())
+    del fid
+    order = _worker_order(widx, merged)
+    row, widx = merged.row[order.order], widx[order.order]
+    walk_table, handle_path = _walk_table(p, keys, walk_workers)
+    handle = io.handle[order.order]
+    dep_ptr, dep_seq = _io_deps(needs[order.order], handle, handles.origin_seq, order, p.data_ops)
+    del needs
+    at = _walk_positions(widx, row, walk_table)
+    columns = _io_columns(io, order.order, row, widx, handle, rows.take("ts_ns"), handle_path,
+                          layout.pattern_key[handles.file])
+    del io, order, merged, handle  # the table takes the columns over
+    table = interleave_columns(walk_table, columns, dep_ptr, dep_seq, at)
+    plan_workers = _worker_plans(table, keys, p.ranks, rows.cols["rank"], row, widx)
+    return ReplayPlan(
+        strategy="posix",
+        workers=plan_workers,
+        precreate_dirs=_precreate_dirs(p),
+        precreate_files=layout.precreate_files,
+        skipped_ops=MappingProxyType(dict(skipped)),
+        bytes_to_write=bytes_to_write + sum(size for _, size in layout.precreate_files),
+        awaited=frozenset(awaited),
+        pattern_keys=MappingProxyType({path: int(layout.pattern_key[p.precreated[path]]) if path in p.precreated
+                                       else 0 for path, _ in layout.precreate_files}),
+        checks=checks,
+        files=FileIdentity(handle_files=MappingProxyType(dict(p.handle_file)),
+                           file_paths=MappingProxyType(layout.final_path)),
+        queue_depths=MappingProxyType(depths),
+        ops=table,
+    )
 
-        def in_row_order(bulk_values: np.ndarray, walk_values: np.ndarray, order=source) -> np.ndarray:
-            return np.concatenate([bulk_values, walk_values])[order]
-    else:  # every read and write is a bulk one: already in row order
-        row, source = data_rows, np.arange(len(data_rows))
 
-        def in_row_order(bulk_values: np.ndarray, walk_values: np.ndarray) -> np.ndarray:
-            return bulk_values
-    row_pid, row_tid = c["pid"][row], c["tid"][row]
-    _drop("pid", "tid")
-    row_worker = (row_pid.astype(np.int64) << 32) | (row_tid.astype(np.int64) & 0xFFFFFFFF)
-    worker_keys, widx = _worker_index(row_worker, walk_workers, row_pid, row_tid)
-    del row_pid, row_tid
-    bulk = source < len(data_rows)
-    handle = in_row_order(handles.astype(np.int64, copy=False), w_handle)
-    del handles
-    mapped = in_row_order(np.zeros(len(data_rows), bool), w_mapped)
-    is_write = c["op"][row] == rows.code("write")
-    _drop("op")
+def _merge_io(data_rows: np.ndarray, walked: list[WalkedIO]) -> Merged:
+    """Every read and write in row order: the bulk ones (``data_rows``) and those the walk resolved."""
+    if not walked:
+        return Merged(row=data_rows, source=np.arange(len(data_rows)), n_bulk=len(data_rows))
+    row = np.concatenate([data_rows, np.array([w.row for w in walked], np.int64)])
+    source = np.argsort(row, kind="stable")  # two ascending runs: linear
+    return Merged(row=row[source], source=source, n_bulk=len(data_rows))
+
+
+def _index_workers(rows: _Rows, row: np.ndarray, walk_workers: np.ndarray) -> WorkerIndex:
+    """Each read's and write's (trace ``row``) worker among those of the rows and of the walk
+    (``walk_workers``). Takes the trace's pid and tid columns."""
+    row_pid, row_tid = rows.cols["pid"][row], rows.cols["tid"][row]
+    rows.drop("pid", "tid")
+    row_key = (row_pid.astype(np.int64) << 32) | (row_tid.astype(np.int64) & 0xFFFFFFFF)
+    keys, index = _worker_index(row_key, walk_workers, row_pid, row_tid)
+    return WorkerIndex(keys=keys, of_row=index, row_key=row_key)
+
+
+def _gather_io(rows: _Rows, merged: Merged, handles: np.ndarray, walked: list[WalkedIO]) -> tuple[IoRows, np.ndarray]:
+    """The reads and writes as ``IoRows``, and each one's recorded return value: from the trace's columns
+    (which it takes: op, offset, ret, size, interface, queue_id) and the walk's ``WalkedIO``s."""
+    c, row, n_bulk = rows.cols, merged.row, merged.n_bulk
+    w_mapped = np.array([w.mapped for w in walked], bool)
+    handle = merged.in_row_order(handles.astype(np.int64, copy=False), np.array([w.handle for w in walked], np.int64))
+    mapped = merged.in_row_order(np.zeros(n_bulk, bool), w_mapped)
+    is_write = c["op"][row] == rows.code(v.WRITE)
+    rows.drop("op")
     offset_known = rows.valid("offset")[row]
     offset = np.where(offset_known, c["offset"][row], NONE)
     if w_mapped.any():  # pages written through a mapping: their offsets are the walk's
         offset_known = mapped | offset_known
-        offset = np.where(mapped, in_row_order(np.zeros(len(data_rows), np.int64), w_offset), offset)
-    _drop("offset")
+        w_offset = np.array([NONE if w.offset is None else w.offset for w in walked], np.int64)
+        offset = np.where(mapped, merged.in_row_order(np.zeros(n_bulk, np.int64), w_offset), offset)
+    rows.drop("offset")
     ret = c["ret"][row]
-    _drop("ret")
+    rows.drop("ret")
     size = np.where(rows.valid("size")[row], c["size"][row], 0)  # what a read asked for
-    _drop("size")
+    rows.drop("size")
     np.copyto(size, ret, where=is_write)  # what a write transferred
-    if len(p.data_ops):
-        np.copyto(size, in_row_order(np.zeros(len(data_rows), np.int64), w_size), where=mapped)
+    if walked:
+        w_size = np.array([w.size or 0 for w in walked], np.int64)
+        np.copyto(size, merged.in_row_order(np.zeros(n_bulk, np.int64), w_size), where=mapped)
     queue = np.where(~mapped & rows.valid("queue_id")[row] & is_any_of(c["interface"][row], [
         rows.code(v.IO_URING), rows.code(v.LIBAIO)]), c["queue_id"][row], NONE) if rows.any_valid("queue_id") \
         else np.full(len(row), NONE, np.int64)  # (a trace of plain calls: no request rows)
-    kcopy = np.zeros(len(row), np.int8)  # the in-kernel copy each read or write was a side of (KCOPIES)
+    kcopy = np.zeros(len(row), np.int8)
     for code, name in enumerate(KCOPIES):
         if code:
-            kcopy[c["interface"][row] == rows.code(name)] = code
-    _drop("interface", "queue_id")
+            kcopy[~mapped & (c["interface"][row] == rows.code(name))] = code
+    rows.drop("interface", "queue_id")
+    return IoRows(handle=handle, mapped=mapped, is_write=is_write, offset_known=offset_known, offset=offset,
+                  size=size, queue=queue, kcopy=kcopy), ret
 
-    # Read extents (per handle) of the files the trace did not create: their content is made before the clock.
-    reads = ~is_write & offset_known
-    read_end = offset[reads] + np.where(mapped[reads], size[reads], np.maximum(ret[reads], 0))
-    handle_read_end = _group_max(handle[reads], read_end, max(p.next_handle, 1))
-    del reads, read_end, ret
 
-    # Handles, files, origins as arrays.
-    n_handles = p.next_handle
-    handle_file = np.full(max(n_handles, 1), NONE, np.int64)
-    origin_seq = np.full(max(n_handles, 1), NONE, np.int64)
-    origin_worker = np.full(max(n_handles, 1), NONE, np.int64)
+def _read_extents(p: _Planner, io: IoRows, ret: np.ndarray) -> dict[str, int]:
+    """Per file the trace did not create, the furthest byte read from it (bytes): its content is made before
+    the clock. ``ret``: each read's and write's recorded return value."""
+    reads = ~io.is_write & io.offset_known
+    read_end = io.offset[reads] + np.where(io.mapped[reads], io.size[reads], np.maximum(ret[reads], 0))
+    handle_read_end = _group_max(io.handle[reads], read_end, max(p.next_handle, 1))
+    del reads, read_end
+    read_extent = dict(p.read_extent)
+    for h in np.flatnonzero(handle_read_end).tolist():
+        path = p.handle_path[h]
+        if not p.first_touch.get(path, False):
+            read_extent[path] = max(read_extent.get(path, 0), int(handle_read_end[h]))
+    return read_extent
+
+
+def _handle_arrays(p: _Planner) -> Handles:
+    """The walk's handles as arrays (``Handles``)."""
+    n = max(p.next_handle, 1)
+    handle_file = np.full(n, NONE, np.int64)
+    origin_seq = np.full(n, NONE, np.int64)
+    origin_worker = np.full(n, NONE, np.int64)
     for h, fid in p.handle_file.items():
         handle_file[h] = fid
-        s, (pid, tid) = p.handle_origin[h]
-        origin_seq[h], origin_worker[h] = s, (pid << 32) | (tid & 0xFFFFFFFF)
-    fid = handle_file[handle] if len(handle) else np.zeros(0, np.int64)
+        origin = p.handle_origin[h]
+        pid, tid = origin.worker
+        origin_seq[h], origin_worker[h] = origin.seq, (pid << 32) | (tid & 0xFFFFFFFF)
+    return Handles(file=handle_file, origin_seq=origin_seq, origin_worker=origin_worker)
 
-    # Cross-worker waits of the bulk rows (the walk's rows carry theirs).
-    needs = bulk & (origin_worker[handle] != row_worker) if len(handle) else np.zeros(0, bool)
-    awaited = set(p.awaited) | set(origin_seq[handle[needs]].tolist())
 
-    # Queue depths of the bulk requests.
-    depths = dict(p.queue_depths)
+def _bulk_waits(bulk: np.ndarray, handle: np.ndarray, row_key: np.ndarray, handles: Handles,
+                walk_awaited: Iterable[int]) -> tuple[np.ndarray, set[int]]:
+    """(mask: the bulk reads and writes on a handle another worker made, which wait for its open or dup;
+    every seq some operation waits for: the walk's ``walk_awaited`` and those opens)."""
+    needs = bulk & (handles.origin_worker[handle] != row_key) if len(handle) else np.zeros(0, bool)
+    return needs, set(walk_awaited) | set(handles.origin_seq[handle[needs]].tolist())
+
+
+def _queue_depths(walk_depths: Mapping[int, int], rows: _Rows, row: np.ndarray, bulk: np.ndarray,
+                  queue: np.ndarray) -> dict[int, int]:
+    """Per recorded queue, the most requests it had in flight: the walk's and the bulk requests' (their
+    ``in_flight`` column)."""
+    depths = dict(walk_depths)
     has_queue = bulk & (queue >= 0)
     if has_queue.any():
+        c = rows.cols
         qs, depth = queue[has_queue], np.maximum(np.where(rows.valid("in_flight")[row[has_queue]],
                                                           c["in_flight"][row[has_queue]], 1), 1)
         order = np.lexsort((depth, qs))  # per queue, its deepest request last
         last = np.r_[np.flatnonzero(np.diff(qs[order])), len(order) - 1]
         for q, d in zip(qs[order][last].tolist(), depth[order][last].tolist()):
             depths[q] = max(depths.get(q, 1), d)
+    return depths
 
-    # Sizes: per file, the largest end of the writes after its last truncation; unknown offsets make it None.
+
+def _file_ends(p: _Planner, fid: np.ndarray, row: np.ndarray, io: IoRows) -> FileEnds:
+    """Per file, what its writes after its last truncation say of its size (``FileEnds``). (Pages written
+    back through a mapping never grow a file: only the calls that sized it do.)"""
     n_files = max(p.files, 1)
-    writes = is_write & (size > 0)
-    w_end = offset + size
     last_trunc = np.full(n_files, -1, np.int64)
-    for f, s, _ in p.truncations:
-        last_trunc[f] = max(last_trunc[f], s)
-    # (Pages written back through a mapping never grow a file: only the calls that sized it do.)
+    for t in p.truncations:
+        last_trunc[t.file] = max(last_trunc[t.file], t.seq)
     past_truncation = row > last_trunc[fid]
-    after = writes & ~mapped & past_truncation
-    known_after = after & offset_known
+    writes = io.is_write & ~io.mapped & past_truncation
+    known_after = writes & (io.size > 0) & io.offset_known
     written_fid = fid[known_after]
-    file_end = _group_max(written_fid, w_end[known_after], n_files)
+    end = _group_max(written_fid, io.offset[known_after] + io.size[known_after], n_files)
     del known_after
     unknown_after = np.zeros(n_files, bool)
-    unknown_after[fid[is_write & ~mapped & ~offset_known & past_truncation]] = True
-    del past_truncation
-    bytes_to_write = p.bytes_to_write + int(size[is_write].sum())
+    unknown_after[fid[writes & ~io.offset_known]] = True
+    written = np.zeros(n_files, bool)
+    written[written_fid] = True
+    return FileEnds(end=end, written=written, unknown_after=unknown_after)
 
-    read_extent = dict(p.read_extent)
-    for h in np.flatnonzero(handle_read_end).tolist():
-        path = p.handle_path[h]
-        if not p.first_touch.get(path, False):
-            read_extent[path] = max(read_extent.get(path, 0), int(handle_read_end[h]))
 
-    # Final paths, pattern keys, sizes.
+def _layout(p: _Planner, read_extent: Mapping[str, int]) -> Layout:
+    """The files' final paths and pattern keys, and the files made before the clock: the paths the trace
+    uses without creating them, holding what it reads of them (``read_extent``)."""
     final_path = {f: path for path, f in p.file_of_path.items()}
-    key_of = np.zeros(n_files, np.int64)
+    key_of = np.zeros(max(p.files, 1), np.int64)
     for f, path in final_path.items():
         key_of[f] = file_key(path)
     parents = {a for path in p.first_touch for a in _ancestors(path)}  # a path with files under it is a directory
     precreate_files = tuple(sorted(
         (path, read_extent.get(path, 0)) for path, creating in p.first_touch.items()
         if not creating and path not in p.made_dirs and path not in p.opened_dirs and path not in parents))
+    return Layout(final_path=final_path, pattern_key=key_of, precreate_files=precreate_files, parents=parents)
+
+
+def _expected_sizes(p: _Planner, ends: FileEnds, layout: Layout) -> dict[str, int]:
+    """Each file's size when the recording ended (bytes), where the trace knows it: what the walk sized
+    it to, grown by the writes after its last truncation, and by what is made of it before the clock."""
     expected = {}
-    written = np.zeros(n_files, bool)
-    written[written_fid] = True
-    del written_fid
-    for path, py_size in p.sizes.items():
+    for path, walk_size in p.sizes.items():
         f = p.file_of_path.get(path)
-        if py_size is None or (f is not None and unknown_after[f]) or path in parents:
+        if walk_size is None or (f is not None and ends.unknown_after[f]) or path in layout.parents:
             continue
-        expected[path] = max(py_size, int(file_end[f])) if f is not None else py_size
+        expected[path] = max(walk_size, int(ends.end[f])) if f is not None else walk_size
     for path, f in p.file_of_path.items():  # files the walk never sized, written at known offsets
-        if path not in p.sizes and written[f] and not unknown_after[f]:
-            expected[path] = int(file_end[f])
-    for path, extent in precreate_files:
+        if path not in p.sizes and ends.written[f] and not ends.unknown_after[f]:
+            expected[path] = int(ends.end[f])
+    for path, extent in layout.precreate_files:
         if path in expected:
             expected[path] = max(expected[path], extent)
+    return expected
 
-    # Ranges --verify checks: writes clipped by later truncations, plus precreated content never truncated.
-    covered = _verify_ranges(p, fid, row, offset, w_end, writes & offset_known, precreate_files) \
-        if verify_ranges else {}
-    unverifiable = set(_distinct(fid[is_write & ~offset_known]).tolist()) if len(fid) else set()
-    del writes, w_end, after, offset_known, row_worker  # what the table does not need: before it is built
-    _drop("in_flight")
 
-    # The operations: the walk's, and the reads and writes, in one table ordered by worker and row.
+def _plan_checks(p: _Planner, io: IoRows, fid: np.ndarray, row: np.ndarray, layout: Layout,
+                 verify_ranges: bool) -> PlanChecks:
+    """What must hold after a run (``PlanChecks``): the final sizes, and the byte ranges ``--verify``
+    checks (left out unless ``verify_ranges``) of each file whose every write has a known offset."""
+    expected = _expected_sizes(p, _file_ends(p, fid, row, io), layout)
+    covered = _verify_ranges(p, fid, row, io, layout.precreate_files) if verify_ranges else {}
+    unverifiable = set(_distinct(fid[io.is_write & ~io.offset_known]).tolist()) if len(fid) else set()
+    final_path = layout.final_path
+    return PlanChecks(
+        expected_sizes=MappingProxyType(expected),
+        verify_ranges=MappingProxyType({
+            path: _clipped(covered.get(f, []), expected[path]) for path, f in sorted(p.file_of_path.items())
+            if f not in unverifiable and path in expected and final_path[f] == path}  # (one name of a linked file)
+            if verify_ranges else {}),
+        unverifiable=tuple(sorted(path for path, f in p.file_of_path.items() if f in unverifiable)),
+        ranges_planned=verify_ranges,
+    )
+
+
+def _walk_table(p: _Planner, worker_keys: np.ndarray, walk_workers: np.ndarray) -> tuple[OpTable, np.ndarray]:
+    """(the walk's operations as a table ordered by worker and seq, each handle's path's index in its
+    ``paths``); ``walk_workers`` the worker key of each of the walk's operations."""
+    walk_ops = [op for _, op in p.ops]
     path_list = list(dict.fromkeys([*p.handle_path.values(), *(x for op in walk_ops for x in (op.path, op.new_path)
                                                                 if x)]))
     path_index = {path: i for i, path in enumerate(path_list)}
-    handle_path = np.full(max(n_handles, 1), NONE, np.int32)
+    handle_path = np.full(max(p.next_handle, 1), NONE, np.int32)
     for h, path in p.handle_path.items():
         handle_path[h] = path_index[path]
     walk_widx = np.searchsorted(worker_keys, walk_workers)
     walk_order = np.lexsort((np.arange(len(walk_ops)), [op.seq for op in walk_ops], walk_widx))
-    walk_table = OpTable.from_ops(walk_widx[walk_order].tolist(), [walk_ops[i] for i in walk_order], path_list)
-    # The plan's order: by worker (a radix sort on small integers), row order kept within each.
+    table = OpTable.from_ops(walk_widx[walk_order].tolist(), [walk_ops[i] for i in walk_order], path_list)
+    return table, handle_path
+
+
+def _worker_order(widx: np.ndarray, merged: Merged) -> WorkerOrder:
+    """The plan's order of the reads and writes: by worker (a radix sort on small integers), row order kept
+    within each (``WorkerOrder``)."""
+    bulk = merged.bulk
     if len(widx) < 2 or not np.any(widx[1:] < widx[:-1]):  # one worker's rows, or already in order: no gathers
-        by_worker = slice(None)
         walked_at = np.flatnonzero(~bulk)
-        walked_source = source[walked_at] - len(data_rows)
-    else:
-        by_worker = np.argsort(widx, kind="stable")
-        row, widx, handle, needs = row[by_worker], widx[by_worker], handle[by_worker], needs[by_worker]
-        kcopy = kcopy[by_worker]
-        walked_at = np.flatnonzero(~bulk[by_worker])
-        walked_source = source[by_worker[walked_at]] - len(data_rows)
-    del bulk, source
-    # Deps: a bulk row waits at most for its handle's open; a row the walk resolved carries its own list.
-    walk_deps = [d[3] for d in p.data_ops]
+        return WorkerOrder(order=slice(None), walked_at=walked_at,
+                           walked_source=merged.source[walked_at] - merged.n_bulk)
+    by_worker = np.argsort(widx, kind="stable")
+    walked_at = np.flatnonzero(~bulk[by_worker])
+    return WorkerOrder(order=by_worker, walked_at=walked_at,
+                       walked_source=merged.source[by_worker[walked_at]] - merged.n_bulk)
+
+
+def _io_deps(needs: np.ndarray, handle: np.ndarray, origin_seq: np.ndarray, order: WorkerOrder,
+             walked: list[WalkedIO]) -> tuple[np.ndarray, np.ndarray]:
+    """(dep_ptr, dep_seq) of the reads and writes in plan order: a bulk one waits at most for its handle's
+    open (where ``needs``); one the walk resolved carries its own list."""
     dep_lengths = needs.astype(np.int64)
-    if len(walked_at):
-        dep_lengths[walked_at] = [len(walk_deps[i]) for i in walked_source.tolist()]
+    if len(order.walked_at):
+        dep_lengths[order.walked_at] = [len(walked[i].deps) for i in order.walked_source.tolist()]
     dep_ptr = np.zeros(len(dep_lengths) + 1, np.int64)
     np.cumsum(dep_lengths, out=dep_ptr[1:])
     del dep_lengths
     dep_seq = np.empty(int(dep_ptr[-1]), np.int64)
     dep_seq[dep_ptr[:-1][needs]] = origin_seq[handle[needs]]
-    for at, i in zip(walked_at.tolist(), walked_source.tolist()):
-        dep_seq[dep_ptr[at]:dep_ptr[at + 1]] = walk_deps[i]
-    del needs
-    # Same worker and row: the walk's operations first (an implicit open precedes the read it is for).
+    for at, i in zip(order.walked_at.tolist(), order.walked_source.tolist()):
+        dep_seq[dep_ptr[at]:dep_ptr[at + 1]] = walked[i].deps
+    return dep_ptr, dep_seq
+
+
+def _walk_positions(widx: np.ndarray, row: np.ndarray, walk_table: OpTable) -> np.ndarray:
+    """Where each of the walk's operations lands among the reads and writes (plan order): same worker and
+    row, the walk's first (an implicit open precedes the read it is for)."""
     data_keys = (widx.astype(np.int64) << 40) | row
     walk_keys = (walk_table.worker.astype(np.int64) << 40) | walk_table.seq
-    at = np.searchsorted(data_keys, walk_keys, side="left") + np.arange(len(walk_table))
-    del data_keys
-    is_write = is_write[by_worker]
-    columns = {"kind": np.where(is_write, WRITE, READ), "seq": row, "ts_ns": c.pop("ts_ns")[row],
-               "worker": widx, "handle": handle, "offset": offset[by_worker], "size": size[by_worker],
-               "path": handle_path[handle] if len(handle) else np.zeros(0, np.int32),
-               "pattern_key": np.where(is_write, key_of[handle_file][handle] if len(handle) else 0, 0),
-               "queue": queue[by_worker], "mapped": mapped[by_worker], "kcopy": np.where(mapped[by_worker], 0, kcopy)}
-    del is_write, handle, offset, size, queue, mapped, fid, by_worker  # the table takes them over
-    table = interleave_columns(walk_table, columns, dep_ptr, dep_seq, at)
+    return np.searchsorted(data_keys, walk_keys, side="left") + np.arange(len(walk_table))
 
-    first_rows = row[np.minimum(np.searchsorted(widx, np.arange(len(worker_keys))), max(len(row) - 1, 0))] \
-        if len(row) else np.zeros(len(worker_keys), np.int64)
+
+def _io_columns(io: IoRows, order: slice | np.ndarray, row: np.ndarray, widx: np.ndarray, handle: np.ndarray,
+               ts_ns: np.ndarray, handle_path: np.ndarray, handle_key: np.ndarray) -> dict[str, np.ndarray]:
+    """The reads' and writes' table columns in plan order (``order``; ``row``, ``widx``, ``handle`` already
+    in it): ``ts_ns`` the trace's column, ``handle_path`` each handle's path index, ``handle_key`` each
+    handle's file's pattern key."""
+    is_write = io.is_write[order]
+    return {"kind": np.where(is_write, WRITE, READ), "seq": row, "ts_ns": ts_ns[row], "worker": widx,
+            "handle": handle, "offset": io.offset[order], "size": io.size[order],
+            "path": handle_path[handle] if len(handle) else np.zeros(0, np.int32),
+            "pattern_key": np.where(is_write, handle_key[handle] if len(handle) else 0, 0),
+            "queue": io.queue[order], "mapped": io.mapped[order], "kcopy": io.kcopy[order]}
+
+
+def _worker_plans(table: OpTable, keys: np.ndarray, ranks: Mapping[tuple[int, int], int], rank: np.ndarray,
+                  row: np.ndarray, widx: np.ndarray) -> tuple[WorkerPlan, ...]:
+    """One ``WorkerPlan`` per worker key: its rank the walk's, else that of its first read or write (``row``
+    and ``widx`` in plan order; ``rank`` the trace's column)."""
+    first_rows = row[np.minimum(np.searchsorted(widx, np.arange(len(keys))), max(len(row) - 1, 0))] \
+        if len(row) else np.zeros(len(keys), np.int64)
     workers = tuple(WorkerPlan(pid=int(k >> 32), tid=int(k & 0xFFFFFFFF),
-                               rank=p.ranks.get((k >> 32, k & 0xFFFFFFFF), int(c["rank"][first_rows[i]])))
-                    for i, k in enumerate(worker_keys.tolist()))
-    workers = _workers_of(table, workers)
+                               rank=ranks.get((k >> 32, k & 0xFFFFFFFF), int(rank[first_rows[i]])))
+                    for i, k in enumerate(keys.tolist()))
+    return _workers_of(table, workers)
+
+
+def _precreate_dirs(p: _Planner) -> tuple[str, ...]:
+    """The directories made before the clock, parents first: those the trace opens or names files under,
+    unless it makes them (or one above them) itself."""
     dirs = {d for d in p.opened_dirs if not p._under_made_dir(d)}
     for path in p.named:
         for parent in _ancestors(path):
             if not p._under_made_dir(parent):
                 dirs.add(parent)
-    return ReplayPlan(
-        strategy="posix",
-        workers=workers,
-        precreate_dirs=tuple(sorted(dirs, key=lambda d: (d.count("/"), d))),
-        precreate_files=precreate_files,
-        skipped_ops=MappingProxyType(dict(skipped)),
-        bytes_to_write=bytes_to_write + sum(size for _, size in precreate_files),
-        awaited=frozenset(awaited),
-        pattern_keys=MappingProxyType({path: int(key_of[p.precreated[path]]) if path in p.precreated else 0
-                                       for path, _ in precreate_files}),
-        checks=PlanChecks(
-            expected_sizes=MappingProxyType(expected),
-            verify_ranges=MappingProxyType({
-                path: _clipped(covered.get(f, []), expected[path]) for path, f in sorted(p.file_of_path.items())
-                if f not in unverifiable and path in expected and final_path[f] == path}  # (one name of a linked file)
-                if verify_ranges else {}),
-            unverifiable=tuple(sorted(path for path, f in p.file_of_path.items() if f in unverifiable)),
-            ranges_planned=verify_ranges,
-        ),
-        files=FileIdentity(handle_files=MappingProxyType(dict(p.handle_file)), file_paths=MappingProxyType(final_path)),
-        queue_depths=MappingProxyType(depths),
-        ops=table,
-    )
+    return tuple(sorted(dirs, key=lambda d: (d.count("/"), d)))
 
 
-def _verify_ranges(p: _Planner, fid: np.ndarray, row: np.ndarray, offset: np.ndarray, w_end: np.ndarray,
-                   known_writes: np.ndarray, precreate_files) -> dict[int, list[tuple[int, int]]]:
-    """Per file, the merged byte ranges ``--verify`` checks: the writes at known offsets (the rows under
-    the ``known_writes`` mask, from ``offset`` to ``w_end``) clipped by later truncations, and precreated
-    content never truncated."""
-    ends = _clip_by_truncations(fid[known_writes], row[known_writes], w_end[known_writes], p.truncations)
-    groups, begins, range_ends = [fid[known_writes]], [offset[known_writes]], [ends]
-    truncated = {t[0] for t in p.truncations}
+def _verify_ranges(p: _Planner, fid: np.ndarray, row: np.ndarray, io: IoRows,
+                   precreate_files: Iterable[tuple[str, int]]) -> dict[int, list[tuple[int, int]]]:
+    """Per file, the merged byte ranges ``--verify`` checks: the writes at known offsets clipped by later
+    truncations, and precreated content never truncated."""
+    known = io.is_write & (io.size > 0) & io.offset_known
+    begins = io.offset[known]
+    ends = _clip_by_truncations(fid[known], row[known], begins + io.size[known], p.truncations)
+    groups, starts, range_ends = [fid[known]], [begins], [ends]
+    truncated = {t.file for t in p.truncations}
     for path, extent in precreate_files:
         f = p.precreated.get(path)
         if f is not None and f not in truncated and extent:
             groups.append(np.array([f]))
-            begins.append(np.array([0]))
+            starts.append(np.array([0]))
             range_ends.append(np.array([extent]))
-    return _merge_grouped(np.concatenate(groups), np.concatenate(begins), np.concatenate(range_ends))
+    return _merge_grouped(np.concatenate(groups), np.concatenate(starts), np.concatenate(range_ends))
 
 
 _TID_TABLE_MAX = 1 << 24  # thread ids below this are looked up in a table (pid_max is at most 2**22)

@@ -21,34 +21,35 @@ import numpy as np
 
 from ckpt_trace import config
 from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
-from ckpt_trace.formats import count_rows, read_metadata, scan, sha256_file
+from ckpt_trace.formats import count_rows, scan, sha256_file
 from ckpt_trace.iolayer import host
 from ckpt_trace.iolayer.fio import fio_bytes_per_s
 from ckpt_trace.ranges import merge_grouped_ranges
-from ckpt_trace.stats import median_index
 from ckpt_trace.version import __version__
 
-from .aggregate import alignment_counts, build_aggregated_plan
-
-from .optable import READ, WRITE
+from . import strategies
+from .aggregate import alignment_counts
 from .checks import checked_batches, refuse_file_and_directory, refuse_skips, skip_notes
 from .lock import LOCK_NAME, TargetLock, job_id, refuse_held
+from .optable import READ, WRITE
+from .options import CACHE_STATES, DEFAULT_BUFFER_BYTES, GPU_COPY_MODES, TIMINGS, ReplayOptions
 from .ownership import Claim
-from .pack import pack_plan
 from .paths import TargetRoot
 from .plan import PLAN_COLUMNS, ReplayPlan, build_posix_plan
 from .posix import PosixExecutor, Progress, files_moved
 from .results import ReplayResult
-from .uring import UringExecutor, io_uring_available
+from .runs import add_speedups, median_run, release, trace_file
+from .uring import io_uring_available
 from .verdicts import Rounds, versus_all
 from .verify import verify_content
 
-STRATEGIES = ("posix", "uring-buffered", "uring-direct", "aggregated")
-# Strategies run only when named: they need hardware most machines lack (gds: a GPU and KvikIO).
-OPTIONAL_STRATEGIES = ("gds",)
-CHOICES = STRATEGIES + OPTIONAL_STRATEGIES + ("all",)
-TIMINGS = ("asap", "original")
-CACHE_STATES = ("recorded", "cold", "warm")
+#: What ``all`` replays, the strategies replayed only when named, and what ``strategy=`` accepts: read from
+#: the strategy table (``replayer.strategies``), never spelled here.
+STRATEGIES = strategies.in_all()
+OPTIONAL_STRATEGIES = tuple(name for name in strategies.names() if name not in STRATEGIES)
+CHOICES = strategies.choices()
+__all__ = ["CACHE_STATES", "CHOICES", "GPU_COPY_MODES", "OPTIONAL_STRATEGIES", "STRATEGIES", "TIMINGS", "ReplayOptions",
+           "ReplayReport", "SizeMismatch", "build_plan", "derive_plan", "make_executor", "plan_summaries", "replay"]
 #: Which bytes the replay writes (results' ``options["data"]``).
 DATA_NOTE = ("generated: incompressible, unique per 4 KiB block and per file (iolayer.pattern.fill, a counter-mode "
              "generator keyed by the file's path and the offset), made before the clock where memory allows "
@@ -85,7 +86,7 @@ class ReplayReport:
     def release(self) -> None:
         """Remove what this replay created under the target (its files and the directories it made), nothing
         else: for callers that only measure (``check``, benchmarks)."""
-        _release(list(self.claims), self.target, self.made_target)
+        release(list(self.claims), self.target, self.made_target)
 
     def to_json(self) -> dict:
         """The results document (``documents.ReplayDoc``): the trace (path and sha256, which ties the results to
@@ -96,51 +97,27 @@ class ReplayReport:
                 "results": [result.to_json() for result in self.results]}
 
 
-def build_plan(table, strategy: str, strip_prefix: str | None = None, *, buffer_bytes: int = 4 << 20,
+def build_plan(table, strategy: str, strip_prefix: str | None = None, *, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
                block_bytes: int = 4096, pack_files: bool = False, arch: str = "x86_64") -> ReplayPlan:
     """The frozen plan of ``strategy`` for a trace table. Pure.
 
-    posix, uring-buffered and uring-direct replay the recorded operations and
-    differ only in how the executor submits them; aggregated coalesces them
-    (``replayer.aggregate``) and, with ``pack_files``, packs small files
-    (``replayer.pack``). Raises ReplayError for an unknown strategy or a
+    Each strategy derives its plan from the as-recorded one
+    (``replayer.strategies``: posix and the uring strategies replay the
+    recorded operations, aggregated coalesces them and, with ``pack_files``,
+    packs small files). Raises ReplayError for an unknown strategy or a
     buffer size outside 1-64 MiB.
     """
-    if strategy not in STRATEGIES + OPTIONAL_STRATEGIES:
-        raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
-    return derive_plan(build_posix_plan(table, strip_prefix, arch=arch), strategy, buffer_bytes=buffer_bytes,
-                       block_bytes=block_bytes, pack_files=pack_files)
+    spec = strategies.get(strategy)
+    return spec.plan(build_posix_plan(table, strip_prefix, arch=arch), buffer_bytes=buffer_bytes,
+                     block_bytes=block_bytes, pack_files=pack_files)
 
 
-def derive_plan(base: ReplayPlan, strategy: str, *, buffer_bytes: int = 4 << 20, block_bytes: int = 4096,
-                pack_files: bool = False) -> ReplayPlan:
-    """``strategy``'s plan from the as-recorded plan ``base`` (so ``all`` plans the trace once). Pure."""
-    base = dataclasses.replace(base, strategy=strategy)
-    if strategy != "aggregated":
-        return base
-    try:
-        plan = build_aggregated_plan(base, buffer_bytes=buffer_bytes, block_bytes=block_bytes)
-    except ValueError as err:
-        raise ReplayError(f"{{option}}: {err}", option="buffer_bytes") from None
-    return pack_plan(plan, block_bytes=block_bytes, buffer_bytes=buffer_bytes) if pack_files else plan
-
-
-GPU_COPY_MODES = ("recorded", "pinned", "skip")
-
-
-@dataclass(frozen=True)
-class _TraceFile:
-    """A trace file by its path and validated metadata, without its rows (``table`` None): planning reads the
-    rows in record batches (``formats.scan``), so the whole trace is never in memory at once."""
-
-    path: Path
-    metadata: dict
-    table: None = None
-
-
-def _trace_file(path: str | os.PathLike) -> _TraceFile:
-    path = Path(path)
-    return _TraceFile(path=path, metadata=read_metadata(path))
+def derive_plan(base: ReplayPlan, strategy: str, *, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+                block_bytes: int = 4096, pack_files: bool = False) -> ReplayPlan:
+    """``strategy``'s plan from the as-recorded plan ``base`` (so ``all`` plans the trace once). Pure.
+    Raises ReplayError for an unknown strategy."""
+    return strategies.get(strategy).plan(base, buffer_bytes=buffer_bytes, block_bytes=block_bytes,
+                                         pack_files=pack_files)
 
 
 def _plans(trace, strategy: str, strip_prefix: str | None, *, verify_ranges: bool = True,
@@ -153,8 +130,7 @@ def _plans(trace, strategy: str, strip_prefix: str | None, *, verify_ranges: boo
 def _each_plan(trace, strategy: str, strip_prefix: str | None, *, verify_ranges: bool = True,
                **options) -> Iterator[ReplayPlan]:
     """``_plans`` one plan at a time: a caller that lets each go before the next holds two plans at most."""
-    if strategy not in CHOICES:
-        raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
+    names = strategies.expand(strategy)  # ReplayError for an unknown name
     arch = trace.metadata["arch"]
     if trace.table is None:  # a trace file: planned from record batches of the planner's columns only
         _, batches = scan(trace.path, (*PLAN_COLUMNS, "dur_ns"))  # dur_ns: checked only (replayer.checks)
@@ -164,33 +140,21 @@ def _each_plan(trace, strategy: str, strip_prefix: str | None, *, verify_ranges:
         for _ in checked_batches(trace.table.to_batches()):
             pass
         base = build_posix_plan(trace.table, strip_prefix, arch=arch, verify_ranges=verify_ranges)
-    for name in STRATEGIES if strategy == "all" else (strategy,):
+    for name in names:
         yield derive_plan(base, name, **options)
 
 
 def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> PosixExecutor:
-    """The executor of ``strategy``. Raises ReplayError when io_uring is unavailable for a uring strategy."""
-    if strategy == "posix":
-        return PosixExecutor(root, config.REPLAY_MAX_IO_BYTES)
-    if strategy == "gds":
-        from .gds import GdsExecutor
-        from .gds import probe as gds_probe
-
-        problem, mode = gds_probe()
-        if problem:
-            raise ReplayError(f"strategy gds: {problem}")
-        return GdsExecutor(root, config.REPLAY_MAX_IO_BYTES, mode)
-    problem = io_uring_available()
-    if problem:
-        raise ReplayError(f"strategy {strategy} needs io_uring: {problem}")
-    return UringExecutor(root, config.REPLAY_MAX_IO_BYTES, queue_depth=queue_depth,
-                         direct=strategy in ("uring-direct", "aggregated"), strategy=strategy)
+    """The executor of ``strategy`` (its ``Strategy.executor``). Raises ReplayError for an unknown strategy
+    or one this machine cannot run (io_uring unavailable for a uring strategy, no GPU for gds)."""
+    return strategies.get(strategy).executor(root, queue_depth)
 
 
 def plan_summaries(trace_path: str | os.PathLike, *, strategy: str, target: str | os.PathLike,
-                   strip_prefix: str | None = None, buffer_bytes: int = 4 << 20, pack_files: bool = False) -> list[dict]:
+                   strip_prefix: str | None = None, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+                   pack_files: bool = False) -> list[dict]:
     """What each strategy's plan would do (``--dry-run``): operations by kind, bytes, alignment. No I/O."""
-    trace = _trace_file(trace_path)
+    trace = trace_file(trace_path)
     block = host.block_bytes(target)
     summaries = []
     figures: dict = {}  # the table's figures, by table: posix and the uring strategies share one table
@@ -265,26 +229,13 @@ def replay(
     *,
     target: str | os.PathLike,
     strategy: str = "posix",
-    strip_prefix: str | None = None,
-    timing: str = "asap",
-    force: bool = False,
-    queue_depth: int = 32,
-    buffer_bytes: int = 4 << 20,
-    repeat: int | None = 1,
-    drop_caches: bool = False,
-    durable: bool = False,
-    verify: bool = False,
-    pack_files: bool = False,
+    options: ReplayOptions | None = None,
     progress: Progress | None = None,
     protect: tuple[str | os.PathLike, ...] = (),
-    min_seconds: float = 0.0,
-    max_runs: int | None = None,
-    fio: bool = False,
-    gpu_copies: str = "recorded",
-    cache: str = "recorded",
-    strict: bool = False,
+    **values,
 ) -> ReplayReport:
-    """Replay the trace at ``trace_path`` into ``target`` with ``strategy`` (or every strategy: ``all``).
+    """Replay the trace at ``trace_path`` into ``target`` with ``strategy`` (or every strategy: ``all``),
+    as ``options`` say (``replayer.options.ReplayOptions``; keywords named as its fields override them).
 
     ``buffer_bytes`` is the aggregated strategy's buffer size (1-64 MiB).
     ``repeat`` runs each strategy that many times, in rounds interleaved
@@ -347,25 +298,24 @@ def replay(
     little free space, a queue depth io_uring refuses, or an I/O error during
     a run; Interrupted on Ctrl-C.
     """
-    check_options(strategy, timing, gpu_copies, repeat, min_seconds, drop_caches)
-    if cache not in CACHE_STATES:
-        raise ReplayError(f"unknown {{option}} {cache!r} (choose from {', '.join(CACHE_STATES)})", option="cache")
-    trace = _trace_file(trace_path)
+    opts = ReplayOptions.of(options, **values)
+    opts.check(strategy)
+    trace = trace_file(trace_path)
     target = Path(target)
     refuse_target_holding(target, trace.path)
     digest = _digest_soon(trace.path)
-    plans = _plans(trace, strategy, strip_prefix, verify_ranges=verify, buffer_bytes=buffer_bytes,
-                   block_bytes=host.block_bytes(target), pack_files=pack_files)
+    plans = _plans(trace, strategy, opts.strip_prefix, verify_ranges=opts.verify, buffer_bytes=opts.buffer_bytes,
+                   block_bytes=host.block_bytes(target), pack_files=opts.pack_files)
     trace_sha256 = digest.result()  # before any run: the hashing never shares the CPU with a measured run
     check_judgeable(plans[0], judging=strategy == "all")
     check_same_coverage(plans)
-    check_queue_depth(queue_depth, [plan.strategy for plan in plans])
+    check_queue_depth(opts.queue_depth, [plan.strategy for plan in plans])
     refuse_file_and_directory(plans[0])
     skips = skip_notes(plans[0].skipped_ops)  # rows the replay leaves out, said (replayer.checks)
-    if strict:
+    if opts.strict:
         refuse_skips(plans[0].skipped_ops)
     made_target = not target.exists()
-    prepare_target(target, force)
+    prepare_target(target, opts.force)
     lock = TargetLock.acquire(target)  # one replay job per target (replayer.lock)
     try:
         claims = [Claim(target / plan.strategy if strategy == "all" else target, plan, fresh=strategy == "all")
@@ -375,39 +325,39 @@ def replay(
                 claim.refuse_conflicts((trace.path, *protect))
             check_free_space(target, plans[0], copies=len(plans))
         except ReplayError:
-            _release([], target, made_target, lock)  # nothing was written: only a target this call made goes
+            release([], target, made_target, lock)  # nothing was written: only a target this call made goes
             raise
         try:
-            fio_limit = _fio_limit(target, plans[0]) if fio else None
-            runs = Rounds(repeat, min_seconds, max_runs or config.REPLAY_MAX_RUNS)
-            cache_state, cache_note = resolve_cache(cache, plans[0])
-            results, mismatches = _run_plans(plans, claims, queue_depth, runs, timing, progress, durable, drop_caches,
-                                             verify, gpu_copies, cache_state)
+            fio_limit = _fio_limit(target, plans[0]) if opts.fio else None
+            runs = Rounds(opts.repeat, opts.min_seconds, opts.max_runs or config.REPLAY_MAX_RUNS)
+            cache_state, cache_note = resolve_cache(opts.cache, plans[0])
+            results, mismatches = _run_plans(plans, claims, opts, runs, progress, cache_state)
         except (ReplayError, KeyboardInterrupt) as err:
-            _release(claims, target, made_target, lock)
+            release(claims, target, made_target, lock)
             if isinstance(err, KeyboardInterrupt):
                 raise Interrupted(f"interrupted; the replay's files under {target} were removed") from None
             if any(claim.files for claim in claims) and target.exists():
                 raise ReplayError(f"{err}; the replay's files under {target} were removed") from None
             raise
-        _add_speedups(results)
+        add_speedups(results)
         off_path = [r for r in results if r.off_named_path]
-        if strict and off_path:
-            _release(claims, target, made_target, lock)
+        if opts.strict and off_path:
+            release(claims, target, made_target, lock)
             first = off_path[0]
             raise ReplayError(f"{{option}}: {first.strategy}'s named path ({first.named_path}) carried "
                               f"{first.path_shares()['named_path_bytes_share']:.0%} of the bytes, under "
                               f"{config.REPLAY_NAMED_PATH_MIN_SHARE:.0%}; the replay's files under {target} were "
                               "removed", option="strict", switch=True)
-        options = {"queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "pack_files": pack_files, "repeat": repeat,
-                   "rounds": len(results[0].runs_elapsed_s), "rounds_rule": runs.describe(),
-                   "min_seconds": min_seconds, "durable": durable, "drop_caches": drop_caches, "timing": timing,
-                   "gpu_copies": gpu_copies, "cache": cache, "cache_state": cache_state, "strict": strict,
-               "data": DATA_NOTE}
+        document_options = {"queue_depth": opts.queue_depth, "buffer_bytes": opts.buffer_bytes,
+                            "pack_files": opts.pack_files,
+                            "repeat": opts.repeat, "rounds": len(results[0].runs_elapsed_s),
+                            "rounds_rule": runs.describe(), "min_seconds": opts.min_seconds, "durable": opts.durable,
+                            "drop_caches": opts.drop_caches, "timing": opts.timing, "gpu_copies": opts.gpu_copies,
+                            "cache": opts.cache, "cache_state": cache_state, "strict": opts.strict, "data": DATA_NOTE}
         for result in results:
             result.notes.extend([cache_note] if cache_note else [])
             result.notes.extend(skips)
-        return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), options,
+        return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), document_options,
                             trace_sha256=trace_sha256, environment=host.environment(target),
                             claims=tuple(claims), made_target=made_target, fio_write_bytes_per_s=fio_limit)
     finally:
@@ -431,24 +381,6 @@ def _digest_soon(path: Path) -> Future:
     return future
 
 
-def check_options(strategy: str, timing: str, gpu_copies: str, repeat: int | None, min_seconds: float,
-                  drop_caches: bool) -> None:
-    """Refuse, before anything is read, options ``replay`` cannot take. Raises ReplayError."""
-    if timing not in TIMINGS:
-        raise ReplayError(f"unknown timing {timing!r} (choose from {', '.join(TIMINGS)})")
-    if gpu_copies not in GPU_COPY_MODES:
-        raise ReplayError(f"unknown {{option}} {gpu_copies!r} (choose from {', '.join(GPU_COPY_MODES)})",
-                          option="gpu_copies")
-    if strategy not in CHOICES:
-        raise ReplayError(f"unknown strategy {strategy!r} (available: {', '.join(CHOICES)})")
-    if repeat is not None and repeat < 1:
-        raise ReplayError("{option} must be at least 1", option="repeat")
-    if min_seconds < 0:
-        raise ReplayError("{option} cannot be negative", option="min_seconds")
-    if drop_caches and os.geteuid() != 0:
-        raise ReplayError("{option} needs root (it writes /proc/sys/vm/drop_caches)", option="drop_caches", switch=True)
-
-
 @dataclass(frozen=True)
 class RunCount:
     """How often a strategy runs: at least ``repeat`` times and until ``min_seconds`` of measured time,
@@ -463,8 +395,7 @@ class RunCount:
         return done < self.repeat or (sum(elapsed_s) < self.min_seconds and done < max(self.max_runs, self.repeat))
 
 
-def _run_plans(plans, claims, queue_depth, count: Rounds, timing, progress, durable, drop_caches,
-               verify, gpu_copies: str = "recorded", cache_state: str = "cold"
+def _run_plans(plans, claims, opts: ReplayOptions, count: Rounds, progress, cache_state: str = "cold"
                ) -> tuple[list[ReplayResult], list[SizeMismatch]]:
     """Run the plans in rounds (``replayer.verdicts``): each round runs every plan once, starting one plan later
     than the round before, releasing that plan's previous run's files first; then each plan's median run, with
@@ -479,19 +410,19 @@ def _run_plans(plans, claims, queue_depth, count: Rounds, timing, progress, dura
             if runs[index]:
                 claim.release(keep_directory=True)
             root = roots[index] = claim.root()
-            executor = make_executor(plan.strategy, root, queue_depth)
-            executor.gpu_copies = gpu_copies
+            executor = make_executor(plan.strategy, root, opts.queue_depth)
+            executor.gpu_copies = opts.gpu_copies
             executor.prepare(plan)
             prepare_cache(root, plan, cache_state)
-            if drop_caches:
+            if opts.drop_caches:
                 drop_page_cache()
-            runs[index].append(executor.run(plan, timing=timing, progress=progress, durable=durable))
+            runs[index].append(executor.run(plan, timing=opts.timing, progress=progress, durable=opts.durable))
             check_file_bytes(plan, runs[index][-1])
     results, mismatches = [], []
     for plan, root, mine in zip(plans, roots, runs):
-        results.append(_median_run(mine))
+        results.append(median_run(mine))
         mismatches.extend(size_mismatches(root, plan))
-        if verify:
+        if opts.verify:
             results[-1].verified_files = _verify(root, plan)
     _add_verdicts(results, {name: [r.elapsed_s for r in mine] for name, mine in zip(names, runs)})
     return results, mismatches
@@ -633,18 +564,6 @@ def check_file_bytes(plan: ReplayPlan, result: ReplayResult) -> None:
                               "than the trace, so its figures cannot be compared")
 
 
-def _release(claims: list[Claim], target: Path, made_target: bool, lock: TargetLock | None = None) -> None:
-    for claim in claims:
-        claim.release()
-    if lock is not None:
-        lock.release()
-    if made_target:
-        try:
-            target.rmdir()
-        except OSError:
-            pass
-
-
 def _fio_limit(target: Path, plan: ReplayPlan) -> float:
     """fio's sequential O_DIRECT write limit in ``target`` (bytes/s). Raises ReplayError without fio."""
     volume = min(max(plan.bytes_to_write, 64 << 20), 1 << 30)
@@ -665,11 +584,11 @@ def refuse_target_holding(target: Path, trace: Path) -> None:
                           "outside it")
 
 
-def check_queue_depth(queue_depth: int, strategies: list[str]) -> None:
+def check_queue_depth(queue_depth: int, names: list[str]) -> None:
     """Probe a ring of ``queue_depth`` before anything runs, when a strategy uses io_uring. Raises ReplayError."""
     if queue_depth < 1:
         raise ReplayError("{option} must be at least 1", option="queue_depth")
-    if any(name != "posix" for name in strategies):
+    if any(strategies.get(name).uses_queue_depth for name in names):
         problem = io_uring_available(queue_depth)
         if problem:
             raise ReplayError(f"{{option}} {queue_depth}: {problem}", option="queue_depth")
@@ -702,24 +621,3 @@ def drop_page_cache() -> None:
         host.drop_page_cache()
     except CkptTraceError as err:
         raise ReplayError(str(err)) from None
-
-
-def _median_run(runs: list[ReplayResult]) -> ReplayResult:
-    """The median run (``stats.median_index``), carrying every run's elapsed time and p99 latency."""
-    median = runs[median_index([r.elapsed_s for r in runs])]
-    median.runs_elapsed_s = [r.elapsed_s for r in runs]
-    median.runs_p99_latency_ns = [r.latency_ns["p99"] for r in runs]
-    return median
-
-
-def _add_speedups(results: list[ReplayResult]) -> None:
-    """``speedup_vs_posix``: the median of the paired rounds' ratios where they were measured, else (a
-    distributed replay) posix's elapsed time over this one's."""
-    posix = next((r for r in results if r.strategy == "posix"), None)
-    if posix is None:
-        return
-    for result in results:
-        if result.speedup:
-            result.speedup_vs_posix = result.speedup["median"]
-        else:
-            result.speedup_vs_posix = posix.elapsed_s / result.elapsed_s if result.elapsed_s > 0 else None

@@ -10,11 +10,6 @@ import numpy as np
 from ckpt_trace import config
 from ckpt_trace.stats import LatencyHistogram
 
-#: The data path each strategy's name promises (posix replays as recorded: no promise).
-NAMED_PATHS = {"uring-buffered": "io_uring", "uring-direct": "io_uring+O_DIRECT", "aggregated": "io_uring+O_DIRECT",
-               "gds": "cuFile"}
-NAMED_PATH_MEMBERS = {"io_uring": ("io_uring_buffered", "io_uring_direct"), "io_uring+O_DIRECT": ("io_uring_direct",),
-                      "cuFile": ("cufile",)}
 
 
 @dataclass
@@ -44,7 +39,7 @@ class ReplayResult:
     they reached the file (``posix.DATA_PATHS``: system call or io_uring,
     page cache or O_DIRECT by the descriptor's status flags, or a mapping);
     the JSON form adds the shares through io_uring, through O_DIRECT and
-    through the path the strategy's name promises (``NAMED_PATHS``), and
+    through the path the strategy's name promises (``Strategy.named_path``), and
     ``off_named_path`` when that path carried less than
     ``config.REPLAY_NAMED_PATH_MIN_SHARE`` of the bytes. ``file_bytes``
     (internal): (written, read) bytes per file path, checked after each run.
@@ -90,8 +85,15 @@ class ReplayResult:
 
     @property
     def named_path(self) -> str | None:
-        """The data path the strategy's name promises (``NAMED_PATHS``), None for posix (as recorded)."""
-        return NAMED_PATHS.get(self.strategy)
+        """The data path the strategy's name promises (``Strategy.named_path``), None for posix (as recorded)
+        and for a name the strategy table does not know (results of another version)."""
+        spec = self._strategy()
+        return spec.named_path if spec is not None else None
+
+    def _strategy(self):
+        from .strategies import find  # imported here: the strategy modules import the executors, which import us
+
+        return find(self.strategy)
 
     def path_shares(self) -> dict[str, float | None]:
         """Shares of operations and bytes through io_uring, through O_DIRECT, and through the named path
@@ -104,7 +106,8 @@ class ReplayResult:
             return sum(paths.get(n, {}).get(key, 0) for n in names) / total if total else None
 
         uring, direct = ("io_uring_buffered", "io_uring_direct"), ("syscall_direct", "io_uring_direct")
-        named = NAMED_PATH_MEMBERS.get(self.named_path, ())
+        spec = self._strategy()
+        named = spec.named_path_members if spec is not None else ()
         return {"io_uring_ops_share": share(uring, "ops", ops), "io_uring_bytes_share": share(uring, "bytes", moved),
                 "o_direct_ops_share": share(direct, "ops", ops), "o_direct_bytes_share": share(direct, "bytes", moved),
                 "named_path_ops_share": share(named, "ops", ops) if named else None,

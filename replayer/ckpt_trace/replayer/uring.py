@@ -45,6 +45,7 @@ from ckpt_trace.iolayer.ring import Ring
 from ckpt_trace.iolayer.ring import probe as probe_ring
 
 from .optable import READ, WRITE, PlanOp
+from .options import DEFAULT_QUEUE_DEPTH
 from .paths import TargetRoot
 from .plan import DATA_KINDS, ReplayPlan
 from .posix import PosixExecutor, _RunState, _WorkerContext
@@ -53,6 +54,16 @@ from .posix import PosixExecutor, _RunState, _WorkerContext
 def io_uring_available(queue_depth: int = 2) -> str | None:
     """None when a ring of ``queue_depth`` works here, else why not (one line)."""
     return probe_ring(queue_depth)
+
+
+def uring_executor(root: TargetRoot, max_io_bytes: int, *, queue_depth: int, direct: bool,
+                   strategy: str) -> UringExecutor:
+    """A ``UringExecutor`` for ``strategy`` (the io_uring strategies' factory, ``replayer.strategies``).
+    Raises ReplayError when io_uring is unavailable here."""
+    problem = io_uring_available()
+    if problem:
+        raise ReplayError(f"strategy {strategy} needs io_uring: {problem}")
+    return UringExecutor(root, max_io_bytes, queue_depth=queue_depth, direct=direct, strategy=strategy)
 
 
 class UringExecutor(PosixExecutor):
@@ -66,7 +77,7 @@ class UringExecutor(PosixExecutor):
     kernel_copies = False  # in-kernel copies as a read and a write, through this strategy's path
     batch_key_kind = True
 
-    def __init__(self, root: TargetRoot, max_io_bytes: int, *, queue_depth: int = 32, direct: bool = False,
+    def __init__(self, root: TargetRoot, max_io_bytes: int, *, queue_depth: int = DEFAULT_QUEUE_DEPTH, direct: bool = False,
                  strategy: str | None = None) -> None:
         super().__init__(root, max_io_bytes)
         if queue_depth < 1:

@@ -21,13 +21,12 @@ from dataclasses import dataclass
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.iolayer import pattern
 
+from . import strategies
 from .optable import KCOPIES, WRITE
 from .paths import TargetRoot
 from .plan import ReplayPlan
 
 CHUNK_BYTES = 4 << 20
-#: Strategies that write the table pattern (``pattern.expected``) rather than the generated data.
-TABLE_STRATEGIES = frozenset({"gds"})
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,8 @@ def verify_content(root: TargetRoot, plan: ReplayPlan) -> list[ContentMismatch]:
     if not plan.checks.ranges_planned:
         raise ReplayError("this plan was made without the ranges verification checks (plan with verify_ranges=True)")
     found = []
-    differs = pattern.first_difference if plan.strategy in TABLE_STRATEGIES else pattern.data_first_difference
+    spec = strategies.find(plan.strategy)  # a strategy writing the table pattern (gds), not the generated data
+    differs = pattern.first_difference if spec is not None and spec.table_pattern else pattern.data_first_difference
     copies, overwritten = copied_ranges(plan) if plan.strategy == "posix" else ({}, {})
     for rel, ranges in plan.checks.verify_ranges.items():
         pieces = copies.get(rel, [])

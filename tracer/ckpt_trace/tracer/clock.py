@@ -34,12 +34,6 @@ JOB_VARIABLES = (("TORCHELASTIC_RUN_ID", "torchelastic"), ("SLURM_JOB_ID", "slur
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
 
-def backend_clock(backend: str) -> str:
-    """The clock a backend's timestamps are on: bcc's BPF ``bpf_ktime_get_ns`` is ``CLOCK_MONOTONIC``;
-    strace's ``-ttt`` times (and the recorder's start) are ``CLOCK_REALTIME``."""
-    return "CLOCK_REALTIME" if backend == "strace" else "CLOCK_MONOTONIC"
-
-
 def anchor(clock: str) -> dict:
     """One anchor pair: ``{"realtime_ns", "clock_ns", "uncertainty_ns"}``, ``clock_ns`` the midpoint of two
     reads of ``clock`` around one ``CLOCK_REALTIME`` read and ``uncertainty_ns`` half their gap (the best of

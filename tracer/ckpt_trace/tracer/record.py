@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import itertools
 import os
 import shutil
 import signal
 import socket
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -29,26 +27,15 @@ from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.version import __version__
 
 from . import attach as attach_mod
-from . import bcc_backend, clock, costs, gpu, strace_backend
-from . import leftovers
+from . import backends, clock, costs, gpu, strace_backend
+from .backends import BackendChoice
+from .backends.bcc import load as bcc_load
 from .children import forwarding
 from .spool import RowSpool
 from .state import EffectOrderFeeder, TraceBuilder, rank_from_environ
 
-BACKENDS = ("auto", "bcc", "strace")
-
-
-@dataclass(frozen=True)
-class BackendChoice:
-    """The backend to use and, for ``auto``, why (one line for stderr).
-
-    ``may_fall_back``: an ``auto`` choice of bcc that becomes strace when the
-    kernel refuses the BPF program at load time.
-    """
-
-    name: str
-    reason: str
-    may_fall_back: bool = False
+#: What ``--backend`` accepts: ``auto`` and every backend of the table (``tracer.backends``).
+BACKENDS = backends.choices()
 
 
 @dataclass(frozen=True)
@@ -79,49 +66,20 @@ class RecordResult:
 
 
 def choose_backend(requested: str) -> BackendChoice:
-    """Resolve ``auto|bcc|strace`` to a backend that can run here.
+    """Resolve ``auto`` or a backend's name to a backend that can run here (``backends.choose``).
 
     Raises TracerError when the requested backend cannot run, with the reason.
     """
-    if requested not in BACKENDS:
-        raise TracerError(f"unknown backend {requested!r} (choose from {', '.join(BACKENDS)})")
-    bcc_problem = bcc_backend.probe() if requested in ("auto", "bcc") else None
-    if requested == "bcc":
-        if bcc_problem:
-            raise TracerError(f"bcc backend unavailable: {bcc_problem}")
-        return BackendChoice("bcc", "requested")
-    strace_missing = strace_backend.available() is None
-    if requested == "strace":
-        if strace_missing:
-            raise TracerError("strace backend unavailable: strace is not installed")
-        return BackendChoice("strace", "requested")
-    if bcc_problem is None:
-        return BackendChoice("bcc", "eBPF syscall tracepoints are available", may_fall_back=not strace_missing)
-    if strace_missing:
-        raise TracerError(f"no tracing backend: bcc unavailable ({bcc_problem}) and strace not installed")
-    return BackendChoice("strace", f"bcc unavailable: {bcc_problem}")
+    return backends.choose(requested)
 
 
 def capture_limits(choice: BackendChoice) -> list[str]:
     """What ``choice`` will not capture on this kernel, one line each (empty: everything): said before the
     command starts, so a user knows which rows to expect."""
-    if choice.name == "strace":
-        return ["strace sees io_uring_enter calls but not the requests in a ring, and mmap calls but not the "
-                "pages touched through a mapping (bcc sees both)"]
-    view = bcc_backend.kernel_view()
-    return [reason for reason in (view.uring, view.mapped) if reason]
+    return backends.get(choice.name).capture_limits()
 
 
-def _load_bcc(choice: BackendChoice, path_filters: list[str]) -> tuple[bcc_backend.BccTracer | None, BackendChoice]:
-    """Load the BPF program; under ``auto``, a refusal becomes strace with the reason."""
-    tracer = bcc_backend.BccTracer(path_filters)
-    try:
-        tracer.load()
-    except TracerError as err:
-        if not choice.may_fall_back:
-            raise
-        return None, BackendChoice("strace", f"bcc failed to load: {err}")
-    return tracer, choice
+_load_bcc = bcc_load  # record --pid's loader (tracer.attach)
 
 
 @contextlib.contextmanager
@@ -144,7 +102,7 @@ def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict, spoo
                  capture: gpu.GpuCapture | None = None) -> tuple[TraceBuilder, dict, BackendChoice]:
     """Run the command under the backend; its rows go to ``spool`` as they accumulate (``RowSpool``),
     the builder keeping at most ``config.RECORD_RUN_ROWS`` of them."""
-    with _collector_paused(), forwarding(skip_children=choice.name == "strace") as received:
+    with _collector_paused(), forwarding(skip_children=backends.get(choice.name).wrapped) as received:
         builder, extra, choice = _run_traced(choice, cmd, builder_args, spool, capture)
     if received:  # SIGTERM, SIGHUP or SIGINT cut the recording: the command got it, the trace says so
         extra = {**extra, "interrupted": signal.Signals(received[0]).name}
@@ -168,46 +126,7 @@ def _run_traced(choice: BackendChoice, cmd: list[str], builder_args: dict, spool
         return EffectOrderFeeder(builder, slack_ns=config.RECORD_REORDER_SLACK_NS, on_rows=spill,
                                  release_every=config.RECORD_RELEASE_EVERY)
 
-    tracer = None
-    if choice.name == "bcc":
-        tracer, choice = _load_bcc(choice, builder_args["path_filters"])
-    if tracer is not None:
-        rec = tracer.run(cmd, env, make_feeder, spool.output.parent)
-        feeder = rec.feeder
-        feeder.finish()
-        spool.add(feeder.builder.take_rows())
-        extra = {"lost_events": rec.lost_events, **({"lost_reasons": rec.lost_reasons} if rec.lost_reasons else {}),
-                 "truncated_paths": rec.truncated_paths, "exit_code": rec.exit_code,
-                 "exit_signal": rec.exit_signal, "command_elapsed_ns": rec.command_elapsed_ns,
-                 "recorder_cpu_ns": rec.recorder_cpu_ns,
-                 **({"bpf_run_ns": rec.bpf_run_ns} if rec.bpf_run_ns is not None else {}),
-                 "unseen": rec.unseen, "io_uring_unrecorded_ops": rec.uring_other_ops,
-                 "late_events": feeder.late_events, "spilled_raw_bytes": rec.spilled_raw_bytes,
-                 "released_s": rec.released_s, "exited_s": rec.exited_s}
-        if feeder.builder.mapped_uncovered_bytes is not None:
-            extra["mapped_uncovered_bytes"] = feeder.builder.mapped_uncovered_bytes
-        return feeder.builder, extra, choice
-    with tempfile.TemporaryDirectory(prefix=leftovers.scratch_prefix("strace")) as scratch:
-        log = Path(scratch) / "strace.log"
-        start_ns = time.time_ns()
-        status = strace_backend.run(cmd, log, env)
-        command_elapsed_ns = time.time_ns() - start_ns
-        exited_s = time.monotonic()
-        released_s = strace_backend.first_event_monotonic_s(log)
-        feeder = make_feeder(None, start_ns)
-        if log.exists():
-            events = strace_backend.iter_log(log, skip_wrapper=True)
-            while chunk := list(itertools.islice(events, max(1, config.RECORD_DECODE_EVENTS))):
-                feeder.add(chunk)
-    feeder.finish()
-    spool.add(feeder.builder.take_rows())
-    exit_code, exit_signal = (128 - status, -status) if status < 0 else (status, None)
-    unseen = {"io_uring_requests": "the strace backend sees io_uring_enter calls, not the requests in the ring",
-              "mapped_pages": "the strace backend sees mmap calls, not the pages touched through the mapping"}
-    return feeder.builder, {"lost_events": 0, "truncated_paths": 0, "exit_code": exit_code, "exit_signal": exit_signal,
-                            "command_elapsed_ns": command_elapsed_ns, "unseen": unseen,
-                            "late_events": feeder.late_events, "released_s": released_s,
-                            "exited_s": exited_s}, choice
+    return backends.get(choice.name).run(choice, cmd, env, make_feeder, spool, builder_args["path_filters"])
 
 
 def resolve_command(cmd: list[str]) -> str:
@@ -296,7 +215,7 @@ def record(
         released_s, exited_s = extra.pop("released_s", None), extra.pop("exited_s", None)
         if released_s is not None:
             extra["start_s"] = round(costs.since_invocation_s(released_s), 3)
-        tracer_clock = clock.backend_clock(choice.name)
+        tracer_clock = backends.get(choice.name).clock
         extra = {**extra, "host": clock.host_label(host), "boot_id": clock.boot_id(),
                  "clock": clock.clock_metadata(tracer_clock, builder.start_ns, anchors[tracer_clock],
                                                clock.anchor(tracer_clock)),
@@ -326,7 +245,7 @@ def _copies(capture: gpu.GpuCapture, builder: TraceBuilder, choice: BackendChoic
     like the records; strace's is CLOCK_REALTIME, reached through the subscriber's clock pair."""
     records, summary = capture.collect()
     pairs = list(summary["clock_pairs"].values())
-    offset = None if choice.name == "bcc" or not pairs else pairs[0][1] - pairs[0][0]
+    offset = None if backends.get(choice.name).clock == "CLOCK_MONOTONIC" or not pairs else pairs[0][1] - pairs[0][0]
     ranks = {pid: proc.rank for pid, proc in builder.procs.items()}
     comms = {pid: proc.comm for pid, proc in builder.procs.items()}
     rows = gpu.copy_columns(records, start_ns=builder.start_ns, realtime_offset_ns=offset, ranks=ranks, comms=comms)

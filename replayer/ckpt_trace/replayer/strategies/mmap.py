@@ -1,0 +1,119 @@
+"""``mmap``: every recorded read and write moved through a shared file mapping instead of a system call.
+
+A write of ``size`` bytes at offset ``at`` grows the file to ``at + size``
+with ftruncate(2) where it is shorter (never shrinks it: the check and the
+growth are one step under a lock of the executor), maps the pages covering
+the range ``MAP_SHARED`` (mmap(2), the I/O layer's ``FileMapping``), copies
+the file's replay data in (the same bytes every strategy writes, so
+``--verify`` holds) and unmaps. A read maps the range ``PROT_READ`` and
+copies it out, up to the end of the file as read(2) would. An operation at
+the file position (write(2), read(2)) uses and then advances the position;
+on an O_APPEND descriptor a write lands at the end of the file, as the
+kernel puts one there (pwrite(2), BUGS). Files are opened read-write where
+the trace opened them write-only (a shared writable mapping needs a
+descriptor open for reading, mmap(2) EACCES), and without O_DIRECT (a
+mapping goes through the page cache). The dirty pages are the page cache's:
+a recorded fsync(2)/fdatasync(2), a recorded msync(2) of a recorded mapping
+and ``durable``'s fsync at the end write them back (on Linux a shared file
+mapping's pages are the file's page-cache pages, so fsync covers them;
+msync(2) NOTES). Recorded mappings replay as they do under posix.
+
+Replayed only when named (not part of ``all``). Two processes of a
+distributed replay growing one file at once could undo each other's growth
+(ftruncate is not an atomic "grow to at least"); within one process the
+lock makes it so.
+
+Reference: mmap(2), msync(2), ftruncate(2); fio's ``mmap`` ioengine does
+the same for its jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import threading
+
+import numpy as np
+
+from ckpt_trace import config
+from ckpt_trace.iolayer.buffers import PAGE_BYTES, AlignedBuffer
+from ckpt_trace.iolayer.mapping import MAP_SHARED, PROT_READ, PROT_WRITE, FileMapping
+
+from ..optable import PlanOp
+from ..paths import TargetRoot
+from ..plan import ReplayPlan
+from ..posix import DATA_PATHS, PosixExecutor, _RunState
+from . import Strategy
+
+
+class MmapExecutor(PosixExecutor):
+    """Reads and writes through shared file mappings; see the module docstring. Every operation runs alone
+    (no runs for the C loop, no recorded io_uring queues: their requests go through mappings too)."""
+
+    strategy = "mmap"
+    data_path_code = DATA_PATHS.index("mapped")
+    queues_as_recorded = False
+
+    def __init__(self, root: TargetRoot, max_io_bytes: int) -> None:
+        super().__init__(root, max_io_bytes)
+        self._grow = threading.Lock()
+
+    def batchable(self, plan: ReplayPlan, rows: slice) -> np.ndarray:
+        return np.zeros(rows.stop - rows.start, dtype=bool)
+
+    def _open(self, op: PlanOp, state: _RunState) -> int:
+        flags = op.flags or 0
+        if not flags & os.O_DIRECTORY:
+            if flags & os.O_ACCMODE == os.O_WRONLY:
+                flags = (flags & ~os.O_ACCMODE) | os.O_RDWR
+            op = dataclasses.replace(op, flags=flags & ~os.O_DIRECT)
+        return super()._open(op, state)
+
+    def _execute(self, op: PlanOp, state: _RunState, write_view: memoryview, read_view: memoryview,
+                 write_buf: AlignedBuffer | None = None, read_buf: AlignedBuffer | None = None) -> int:
+        if op.kind not in ("write", "read") or (op.mapped and op.handle in state.mappings):
+            return super()._execute(op, state, write_view, read_view, write_buf, read_buf)
+        assert write_buf is not None and read_buf is not None and op.handle is not None  # posix._WorkerContext's
+        return self._through_mapping(state.fds[op.handle], op, write_buf, read_buf)
+
+    def _through_mapping(self, fd: int, op: PlanOp, write_buf: AlignedBuffer, read_buf: AlignedBuffer) -> int:
+        """Move ``op``'s bytes through a mapping of the pages they cover; return the bytes moved."""
+        size = op.size or 0
+        offset = op.offset
+        at_position = offset is None
+        at = os.lseek(fd, 0, os.SEEK_CUR) if offset is None else offset
+        # the data's offset in the file's pattern: where posix would take it (its offset, else the position)
+        base = op.pattern_offset if op.pattern_offset is not None else at
+        write = op.kind == "write"
+        if write and size > 0:
+            with self._grow:
+                length = os.fstat(fd).st_size
+                if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND:
+                    at = length
+                if length < at + size:
+                    os.ftruncate(fd, at + size)
+        moved = 0
+        if size > 0:
+            start = at - at % PAGE_BYTES
+            mapping = FileMapping(fd, at + size - start, start, PROT_READ | (PROT_WRITE if write else 0), MAP_SHARED)
+            try:
+                moved = self._mapped(dataclasses.replace(op, offset=at, pattern_offset=base), mapping, write_buf,
+                                     read_buf)
+            finally:
+                mapping.close()
+        if at_position:
+            os.lseek(fd, at + moved, os.SEEK_SET)
+        return moved
+
+
+def _executor(root: TargetRoot, queue_depth: int) -> MmapExecutor:
+    del queue_depth  # no ring
+    return MmapExecutor(root, config.REPLAY_MAX_IO_BYTES)
+
+
+STRATEGY = Strategy(
+    name="mmap", summary="reads and writes through shared file mappings (ftruncate, mmap, copy)", executor=_executor,
+    in_all=False, only_when_named="copies through mappings, for comparison", order=50, named_path="mapped",
+    named_path_members=("mapped",), fio_args=("--ioengine=mmap", "--bs=4k", "--fallocate=none"),
+)

@@ -1,0 +1,72 @@
+"""The tracer backends' and the built-in workloads' tables (``tracer/backends``, ``workloads.engines.WORKLOADS``):
+one entry per name, read by record, the CLI and the workload runner; an unknown name is an error, never a
+default (the workload runner used to run safetensors for any name it did not know)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import pytest
+from conftest import cli
+
+from ckpt_trace.errors import TracerError, WorkloadError
+from ckpt_trace.tracer import BACKENDS, choose_backend
+from ckpt_trace.tracer import backends
+from ckpt_trace.workloads import engines
+
+
+def test_backends_come_from_one_table():
+    assert BACKENDS == backends.choices() == ("auto", "bcc", "strace")
+    table = backends.table()
+    assert table["bcc"].clock == "CLOCK_MONOTONIC" and table["strace"].clock == "CLOCK_REALTIME"
+    assert table["strace"].wrapped and not table["bcc"].wrapped
+    with pytest.raises(TracerError, match="unknown backend 'nope'"):
+        choose_backend("nope")
+    with pytest.raises(TracerError, match="unknown backend 'nope'"):
+        backends.get("nope")
+
+
+def test_requested_and_auto_choices_follow_each_backends_probe(monkeypatch):
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed")
+    assert choose_backend("strace").name == "strace"
+    bcc = backends.table()["bcc"]
+    monkeypatch.setitem(backends.table(), "bcc", dataclasses.replace(bcc, problem=lambda: "no BPF here"))
+    with pytest.raises(TracerError, match="bcc backend unavailable: no BPF here"):
+        choose_backend("bcc")
+    choice = choose_backend("auto")
+    assert (choice.name, choice.reason, choice.may_fall_back) == ("strace", "bcc unavailable: no BPF here", False)
+    strace = backends.table()["strace"]
+    monkeypatch.setitem(backends.table(), "strace", dataclasses.replace(strace, problem=lambda: "not installed"))
+    with pytest.raises(TracerError, match=r"no tracing backend: bcc unavailable \(no BPF here\) and strace"):
+        choose_backend("auto")
+
+
+def test_an_unknown_workload_is_an_error_and_writes_nothing(tmp_path):
+    with pytest.raises(WorkloadError, match="unknown workload 'nope'"):
+        engines.run("nope", tmp_path / "out", model="gpt2-tiny")
+    assert not (tmp_path / "out").exists()
+
+
+def test_each_workload_runs_its_own_function(monkeypatch, tmp_path):
+    called = []
+    for name, spec in list(engines.WORKLOADS.items()):
+        monkeypatch.setitem(engines.WORKLOADS, name, dataclasses.replace(
+            spec, run=lambda args, name=name: called.append((name, args.out.name)) or 0.0))
+    for name in engines.ENGINES:
+        engines.run(name, tmp_path / name, model="gpt2-tiny")
+    assert called == [(name, name) for name in engines.ENGINES]
+    with pytest.raises(WorkloadError, match="--ranks applies to the dcp and emitted workloads only"):
+        engines.run("memmap", tmp_path / "m", ranks=2, model="gpt2-tiny")
+    with pytest.raises(WorkloadError, match="--mmap applies to torch-save --load only"):
+        engines.run("dcp", tmp_path / "d", mmap=True, model="gpt2-tiny")
+
+
+@pytest.mark.slow
+def test_the_cli_offers_the_tables_names(tmp_path):
+    record = cli("record", "--help").stdout
+    assert f"<{'|'.join(backends.choices())}>" in record
+    proc = cli("workload", "nope", "--out", str(tmp_path / "o"), check=False)
+    assert proc.returncode == 2 and "'nope' is not one of" in proc.stderr
+    assert not (tmp_path / "o").exists()
