@@ -41,6 +41,7 @@ def _replayed_calls(log) -> list[tuple[str, int, int]]:
     return calls
 
 
+@pytest.mark.slow
 @pytest.mark.strace
 @pytest.mark.parametrize("recorder", ["strace", "bcc"])
 def test_posix_replay_makes_each_copy_by_its_recorded_call(recorder, request, tmp_path):
