@@ -14,6 +14,7 @@ from conftest import cli
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_plan, replay
+from ckpt_trace.replayer.optable import WRITE
 from ckpt_trace.replayer.replay import check_file_bytes, check_same_coverage, covered_file_bytes, planned_file_bytes
 
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
@@ -99,7 +100,7 @@ def test_plans_that_would_move_other_bytes_are_refused():
     check_same_coverage([posix, aggregated])
     ops = aggregated.ops
     size = ops.size.copy()
-    size[int((ops.kind == 3).nonzero()[0][0])] -= 1  # one write a byte short
+    size[int((ops.kind == WRITE).nonzero()[0][0])] -= 1  # one write a byte short
     short = dataclasses.replace(aggregated, ops=dataclasses.replace(ops, size=size))
     with pytest.raises(ReplayError, match="would not move the same bytes"):
         check_same_coverage([posix, short])

@@ -20,6 +20,7 @@ def test_backends_come_from_one_table():
     table = backends.table()
     assert table["bcc"].clock == "CLOCK_MONOTONIC" and table["strace"].clock == "CLOCK_REALTIME"
     assert table["strace"].wrapped and not table["bcc"].wrapped
+    assert all(spec.attach is not None for spec in table.values())  # record --pid dispatches through the table
     with pytest.raises(TracerError, match="unknown backend 'nope'"):
         choose_backend("nope")
     with pytest.raises(TracerError, match="unknown backend 'nope'"):

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "traces" / "golden" / "v2-dcp-gpt2-tiny-2ranks-bcc.arrow"
 
 
+@pytest.mark.slow  # names replay (its signature only), which the marker check counts as starting one
 def test_defaults_are_defined_once():
     options = ReplayOptions()
     assert (options.queue_depth, options.buffer_bytes) == (DEFAULT_QUEUE_DEPTH, DEFAULT_BUFFER_BYTES) == (32, 4 << 20)
@@ -40,6 +41,7 @@ def test_keywords_override_the_object_and_unknown_ones_are_refused():
         ReplayOptions().check("nope")
 
 
+@pytest.mark.slow
 def test_a_replay_reports_the_options_it_was_given(tmp_path):
     options = ReplayOptions(queue_depth=8, buffer_bytes=2 << 20, repeat=1, verify=True)
     by_object = replay(GOLDEN, target=tmp_path / "a", strategy="posix", options=options)

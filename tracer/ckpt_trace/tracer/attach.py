@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -502,16 +503,13 @@ def _end_ns(event) -> int:
     return event.ts_ns + (getattr(event, "dur_ns", 0) or 0)
 
 
-def run_attached(choice, plan: AttachPlan, builder_args: dict, spool, load_bcc):
+def run_attached(choice, plan: AttachPlan, builder_args: dict, spool):
     """``record``'s body for ``--pid``: (builder, extra metadata, backend choice), as ``record._run_traced``
-    returns them. ``load_bcc(choice, filters)`` loads the BPF program (``record._load_bcc``)."""
-    import heapq
-    import itertools
-    import tempfile
-
+    returns them, from the chosen backend's ``attach`` (``tracer.backends``). Raises TracerError for a
+    backend that cannot attach to a running process."""
     from ckpt_trace import config
 
-    from . import leftovers, strace_backend
+    from . import backends
     from .state import EffectOrderFeeder, TraceBuilder
 
     filters = tuple(builder_args["path_filters"])
@@ -536,50 +534,92 @@ def run_attached(choice, plan: AttachPlan, builder_args: dict, spool, load_bcc):
                 "checkpoint_files": [path for path, _ in counter.files[:plan.until_checkpoints]],
                 "window_end_ns": counter.cut_ns}
 
-    tracer = None
-    if choice.name == "bcc":
-        tracer, choice = load_bcc(choice, list(filters))
-    if tracer is not None:
-        from .bcc_backend import _NAMES
+    backend = backends.get(choice.name)
+    if backend.attach is None:
+        raise TracerError(f"the {backend.name} backend cannot attach to a running process")
+    return backend.attach(choice, Attaching(plan, filters, counter, make_feeder, attached_summary, spool))
 
-        rename_nrs = np.array([_NAMES.index(name) for name in _RENAMES if name in _NAMES])
 
-        def keep(records: np.ndarray) -> np.ndarray:
-            if counter.cut_ns is None:
-                return np.ones(len(records), bool)
-            mask = (records["ts_ns"] + records["dur_ns"]) <= np.uint64(counter.cut_ns)
-            if "path" in (records.dtype.names or ()):
-                for i in np.flatnonzero(~mask & np.isin(records["nr"], rename_nrs)).tolist():
-                    path = records["path"][i].tobytes().split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-                    mask[i] = counter.kept_after_cut(_NAMES[int(records["nr"][i])], int(records["pid"][i]), path)
-            return mask
+@dataclass(frozen=True)
+class Attaching:
+    """What a backend's ``attach`` needs (``run_attached`` makes it): the plan, the path filters, the
+    checkpoint counter, the feeder factory, the ``attached`` summary and the row spool."""
 
-        seen: list[int] = []
+    plan: AttachPlan
+    filters: tuple[str, ...]
+    counter: CheckpointCounter
+    make_feeder: Callable
+    attached_summary: Callable
+    spool: object
 
-        def pids() -> list[int]:
-            found = process_tree(plan.pid)
-            seen.extend(pid for pid in found if pid not in seen)
-            return found
 
-        with Stopper(plan, counter) as stopper:
-            checkpoints = BccCheckpoints(counter)
+def attach_bcc(choice, ctx: Attaching):
+    """``record --pid`` under bcc: the BPF program attached to the process tree until the plan stops it;
+    where the program does not load and ``auto`` may fall back, the next backend's attach."""
+    from . import backends
+    from .backends.bcc import load
 
-            def finished(rec) -> bool:
-                checkpoints.flush()
-                return stopper.should_stop()
+    plan, counter, make_feeder, attached_summary, spool = (ctx.plan, ctx.counter, ctx.make_feeder,
+                                                           ctx.attached_summary, ctx.spool)
+    tracer, choice = load(choice, list(ctx.filters))
+    if tracer is None:
+        return backends.get(choice.name).attach(choice, ctx)
+    from .bcc_backend import _NAMES
 
-            rec = tracer.attach(pids, make_feeder, spool.output.parent, finished, on_records=checkpoints, keep=keep)
-        feeder = rec.feeder
-        feeder.finish()
-        spool.add(feeder.builder.take_rows())
-        extra = {"lost_events": rec.lost_events, **({"lost_reasons": rec.lost_reasons} if rec.lost_reasons else {}),
-                 "truncated_paths": rec.truncated_paths, "exit_code": 0, "exit_signal": None,
-                 "command_elapsed_ns": rec.command_elapsed_ns, "recorder_cpu_ns": rec.recorder_cpu_ns,
-                 "unseen": rec.unseen, "io_uring_unrecorded_ops": rec.uring_other_ops,
-                 "late_events": feeder.late_events, "spilled_raw_bytes": rec.spilled_raw_bytes,
-                 "released_s": rec.released_s, "exited_s": rec.exited_s,
-                 "attached": attached_summary(stopper, seen)}
-        return feeder.builder, extra, choice
+    rename_nrs = np.array([_NAMES.index(name) for name in _RENAMES if name in _NAMES])
+
+    def keep(records: np.ndarray) -> np.ndarray:
+        if counter.cut_ns is None:
+            return np.ones(len(records), bool)
+        mask = (records["ts_ns"] + records["dur_ns"]) <= np.uint64(counter.cut_ns)
+        if "path" in (records.dtype.names or ()):
+            for i in np.flatnonzero(~mask & np.isin(records["nr"], rename_nrs)).tolist():
+                path = records["path"][i].tobytes().split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                mask[i] = counter.kept_after_cut(_NAMES[int(records["nr"][i])], int(records["pid"][i]), path)
+        return mask
+
+    seen: list[int] = []
+
+    def pids() -> list[int]:
+        found = process_tree(plan.pid)
+        seen.extend(pid for pid in found if pid not in seen)
+        return found
+
+    with Stopper(plan, counter) as stopper:
+        checkpoints = BccCheckpoints(counter)
+
+        def finished(rec) -> bool:
+            checkpoints.flush()
+            return stopper.should_stop()
+
+        rec = tracer.attach(pids, make_feeder, spool.output.parent, finished, on_records=checkpoints, keep=keep)
+    feeder = rec.feeder
+    feeder.finish()
+    spool.add(feeder.builder.take_rows())
+    extra = {"lost_events": rec.lost_events, **({"lost_reasons": rec.lost_reasons} if rec.lost_reasons else {}),
+             "truncated_paths": rec.truncated_paths, "exit_code": 0, "exit_signal": None,
+             "command_elapsed_ns": rec.command_elapsed_ns, "recorder_cpu_ns": rec.recorder_cpu_ns,
+             "unseen": rec.unseen, "io_uring_unrecorded_ops": rec.uring_other_ops,
+             "late_events": feeder.late_events, "spilled_raw_bytes": rec.spilled_raw_bytes,
+             "released_s": rec.released_s, "exited_s": rec.exited_s,
+             "attached": attached_summary(stopper, seen)}
+    return feeder.builder, extra, choice
+
+
+def attach_strace(choice, ctx: Attaching):
+    """``record --pid`` under strace: ``strace -p`` on every process of the tree until the plan stops it,
+    the logs merged by time and cut at the checkpoint window."""
+    import heapq
+    import itertools
+    import tempfile
+
+    from ckpt_trace import config
+
+    from . import leftovers, strace_backend
+    from .backends.strace import UNSEEN
+
+    plan, counter, make_feeder, attached_summary, spool = (ctx.plan, ctx.counter, ctx.make_feeder,
+                                                           ctx.attached_summary, ctx.spool)
     tids: dict[int, int] = {}
     with tempfile.TemporaryDirectory(prefix=leftovers.scratch_prefix("strace")) as scratch, \
             Stopper(plan, counter) as stopper:
@@ -596,8 +636,7 @@ def run_attached(choice, plan: AttachPlan, builder_args: dict, spool, load_bcc):
             feeder.add(chunk)
     feeder.finish()
     spool.add(feeder.builder.take_rows())
-    unseen = {"io_uring_requests": "the strace backend sees io_uring_enter calls, not the requests in the ring",
-              "mapped_pages": "the strace backend sees mmap calls, not the pages touched through the mapping"}
+    unseen = dict(UNSEEN)
     return feeder.builder, {"lost_events": 0, "truncated_paths": 0, "exit_code": 0, "exit_signal": None,
                             "command_elapsed_ns": command_elapsed_ns, "unseen": unseen,
                             "late_events": feeder.late_events, "released_s": got["released_s"],
