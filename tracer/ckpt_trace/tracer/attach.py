@@ -40,6 +40,7 @@ from ckpt_trace.errors import TracerError
 
 from . import syscalls as sc
 from .children import children
+from .spool import RowSpool
 from .state import Description, FdTable, Process, rank_from_environ
 
 _SPECIAL = ("/proc/", "/sys/", "/dev/")
@@ -550,7 +551,7 @@ class Attaching:
     counter: CheckpointCounter
     make_feeder: Callable
     attached_summary: Callable
-    spool: object
+    spool: RowSpool
 
 
 def attach_bcc(choice, ctx: Attaching):
@@ -563,7 +564,10 @@ def attach_bcc(choice, ctx: Attaching):
                                                            ctx.attached_summary, ctx.spool)
     tracer, choice = load(choice, list(ctx.filters))
     if tracer is None:
-        return backends.get(choice.name).attach(choice, ctx)
+        fallback = backends.get(choice.name).attach
+        if fallback is None:
+            raise TracerError(f"backend {choice.name} cannot attach to a running job")
+        return fallback(choice, ctx)
     from .bcc_backend import _NAMES
 
     rename_nrs = np.array([_NAMES.index(name) for name in _RENAMES if name in _NAMES])
@@ -594,6 +598,8 @@ def attach_bcc(choice, ctx: Attaching):
 
         rec = tracer.attach(pids, make_feeder, spool.output.parent, finished, on_records=checkpoints, keep=keep)
     feeder = rec.feeder
+    if feeder is None:  # nothing was attached to (BccTracer.attach raises then): nothing was fed
+        raise TracerError("the bcc recording made no event feeder")
     feeder.finish()
     spool.add(feeder.builder.take_rows())
     extra = {"lost_events": rec.lost_events, **({"lost_reasons": rec.lost_reasons} if rec.lost_reasons else {}),
