@@ -11,8 +11,7 @@ import pytest
 from conftest import cli
 
 from ckpt_trace.errors import TracerError, WorkloadError
-from ckpt_trace.tracer import BACKENDS, choose_backend
-from ckpt_trace.tracer import backends
+from ckpt_trace.tracer import BACKENDS, backends, choose_backend
 from ckpt_trace.workloads import engines
 
 
@@ -21,6 +20,7 @@ def test_backends_come_from_one_table():
     table = backends.table()
     assert table["bcc"].clock == "CLOCK_MONOTONIC" and table["strace"].clock == "CLOCK_REALTIME"
     assert table["strace"].wrapped and not table["bcc"].wrapped
+    assert all(spec.attach is not None for spec in table.values())  # record --pid dispatches through the table
     with pytest.raises(TracerError, match="unknown backend 'nope'"):
         choose_backend("nope")
     with pytest.raises(TracerError, match="unknown backend 'nope'"):

@@ -41,7 +41,7 @@ def test_synth_equals_a_recorded_dcp_save_in_files_sizes_and_offsets(tmp_path, t
     assert synthesised == recorded
     real = _files(out)
     sizes = Counter()
-    for (name, offset, size), n in sum(synthesised.values(), Counter()).items():
+    for name, offset, size in sum(synthesised.values(), Counter()):
         sizes[name] = max(sizes[name], offset + size)
     assert {k: v for k, v in real.items() if k.endswith(".distcp")} == {k: v for k, v in sizes.items()
                                                                        if k.endswith(".distcp")}

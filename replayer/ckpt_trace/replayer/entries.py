@@ -131,7 +131,5 @@ def take_subtree(last_op: MutableMapping[str, T], dirs: set[str], *tops: str) ->
     found = []
     for top in tops:
         if top in dirs:
-            for path in under(list(last_op), top):
-                if path != top:
-                    found.append(last_op.pop(path))
+            found.extend(last_op.pop(path) for path in under(list(last_op), top) if path != top)
     return found

@@ -30,7 +30,9 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -38,6 +40,7 @@ from ckpt_trace.errors import TracerError
 
 from . import syscalls as sc
 from .children import children
+from .spool import RowSpool
 from .state import Description, FdTable, Process, rank_from_environ
 
 _SPECIAL = ("/proc/", "/sys/", "/dev/")
@@ -76,7 +79,7 @@ def check_plan(plan: AttachPlan) -> None:
 def alive(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie (proc(5) /proc/PID/stat state)."""
     try:
-        state = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0]
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
@@ -105,7 +108,7 @@ def threads(pid: int) -> list[int]:
 def job_command(pid: int) -> list[str]:
     """The job's command line (/proc/PID/cmdline), for the trace's ``command``."""
     try:
-        raw = open(f"/proc/{pid}/cmdline", "rb").read()
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return [f"pid {pid}"]
     return [part.decode("utf-8", "surrogateescape") for part in raw.split(b"\0") if part] or [f"pid {pid}"]
@@ -122,7 +125,7 @@ def running_process(pid: int) -> Process | None:
     for name in names:
         try:
             path = os.readlink(f"/proc/{pid}/fd/{name}")
-            info = dict(line.split(":", 1) for line in open(f"/proc/{pid}/fdinfo/{name}").read().splitlines()
+            info = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/fdinfo/{name}").read_text().splitlines()
                         if ":" in line)
             flags = int(info.get("flags", "0").strip(), 8)
             pos = int(info.get("pos", "0").strip())
@@ -134,12 +137,12 @@ def running_process(pid: int) -> Process | None:
     except OSError:
         cwd = None
     try:
-        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         rank = rank_from_environ(item.decode("utf-8", "replace") for item in environ if item)
     except OSError:
         rank = None
     try:
-        comm = open(f"/proc/{pid}/comm").read().strip()
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         comm = None
     return Process(tgid=pid, table=FdTable(fds), cwd=cwd, rank=-1 if rank is None else rank, comm=comm)
@@ -167,7 +170,7 @@ class CheckpointCounter:
     wanted: int | None = None
     files: list[tuple[str, int]] = field(default_factory=list)
     cut_ns: int | None = None
-    _open: dict[int, list] = field(default_factory=dict)  # key -> [path, open end time, written]
+    _open: dict[int, list | None] = field(default_factory=dict)  # key -> [path, open end time, written]
 
     @staticmethod
     def key(tgid: int, fd: int) -> int:
@@ -212,8 +215,8 @@ class CheckpointCounter:
 
         steps = sorted([(end, 0, key, path) for end, key, path in opens] + [(end, 1, key, None) for end, key in closes],
                        key=lambda step: (step[0], step[1]))
-        for end, kind, key, path in steps:
-            if kind == 0:
+        for end, _kind, key, path in steps:  # opens before closes at one time
+            if path is not None:  # an open (a close carries no path)
                 self._open[key] = [path, end, False] if self.accepts(path) else None
                 continue
             entry = self._open.pop(key, None)
@@ -343,7 +346,7 @@ def tgid_of(tid: int, cache: dict[int, int]) -> int:
     if tid not in cache:
         tgid = tid
         try:
-            for line in open(f"/proc/{tid}/status"):
+            for line in Path(f"/proc/{tid}/status").read_text().splitlines():
                 if line.startswith("Tgid:"):
                     tgid = int(line.split()[1])
                     break
@@ -410,7 +413,7 @@ def strace_attach_command(pids: list[int], log_path) -> list[str]:
 def _traced_by(pid: int) -> int:
     """TracerPid of ``pid`` (proc(5) status), 0 when none or gone."""
     try:
-        for line in open(f"/proc/{pid}/status"):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("TracerPid:"):
                 return int(line.split()[1])
     except (OSError, ValueError):
@@ -469,7 +472,7 @@ def strace_attach(plan: AttachPlan, scratch, counter: CheckpointCounter, stopper
             while not all(_traced_by(tid) == proc.pid for pid in missing if alive(pid) for tid in threads(pid)):
                 if proc.poll() is not None:
                     raise TracerError(f"strace could not attach to {missing[0]}: "
-                                      f"{proc.stderr.read().decode(errors='replace').strip()[:300]}")
+                                      f"{(proc.stderr.read() if proc.stderr else b'').decode(errors='replace').strip()[:300]}")
                 time.sleep(0.01)
             attached.update(missing)
         released_s = time.monotonic()
@@ -501,16 +504,13 @@ def _end_ns(event) -> int:
     return event.ts_ns + (getattr(event, "dur_ns", 0) or 0)
 
 
-def run_attached(choice, plan: AttachPlan, builder_args: dict, spool, load_bcc):
+def run_attached(choice, plan: AttachPlan, builder_args: dict, spool):
     """``record``'s body for ``--pid``: (builder, extra metadata, backend choice), as ``record._run_traced``
-    returns them. ``load_bcc(choice, filters)`` loads the BPF program (``record._load_bcc``)."""
-    import heapq
-    import itertools
-    import tempfile
-
+    returns them, from the chosen backend's ``attach`` (``tracer.backends``). Raises TracerError for a
+    backend that cannot attach to a running process."""
     from ckpt_trace import config
 
-    from . import leftovers, strace_backend
+    from . import backends
     from .state import EffectOrderFeeder, TraceBuilder
 
     filters = tuple(builder_args["path_filters"])
@@ -535,50 +535,97 @@ def run_attached(choice, plan: AttachPlan, builder_args: dict, spool, load_bcc):
                 "checkpoint_files": [path for path, _ in counter.files[:plan.until_checkpoints]],
                 "window_end_ns": counter.cut_ns}
 
-    tracer = None
-    if choice.name == "bcc":
-        tracer, choice = load_bcc(choice, list(filters))
-    if tracer is not None:
-        from .bcc_backend import _NAMES
+    backend = backends.get(choice.name)
+    if backend.attach is None:
+        raise TracerError(f"the {backend.name} backend cannot attach to a running process")
+    return backend.attach(choice, Attaching(plan, filters, counter, make_feeder, attached_summary, spool))
 
-        rename_nrs = np.array([_NAMES.index(name) for name in _RENAMES if name in _NAMES])
 
-        def keep(records: np.ndarray) -> np.ndarray:
-            if counter.cut_ns is None:
-                return np.ones(len(records), bool)
-            mask = (records["ts_ns"] + records["dur_ns"]) <= np.uint64(counter.cut_ns)
-            if "path" in (records.dtype.names or ()):
-                for i in np.flatnonzero(~mask & np.isin(records["nr"], rename_nrs)).tolist():
-                    path = records["path"][i].tobytes().split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-                    mask[i] = counter.kept_after_cut(_NAMES[int(records["nr"][i])], int(records["pid"][i]), path)
-            return mask
+@dataclass(frozen=True)
+class Attaching:
+    """What a backend's ``attach`` needs (``run_attached`` makes it): the plan, the path filters, the
+    checkpoint counter, the feeder factory, the ``attached`` summary and the row spool."""
 
-        seen: list[int] = []
+    plan: AttachPlan
+    filters: tuple[str, ...]
+    counter: CheckpointCounter
+    make_feeder: Callable
+    attached_summary: Callable
+    spool: RowSpool
 
-        def pids() -> list[int]:
-            found = process_tree(plan.pid)
-            seen.extend(pid for pid in found if pid not in seen)
-            return found
 
-        with Stopper(plan, counter) as stopper:
-            checkpoints = BccCheckpoints(counter)
+def attach_bcc(choice, ctx: Attaching):
+    """``record --pid`` under bcc: the BPF program attached to the process tree until the plan stops it;
+    where the program does not load and ``auto`` may fall back, the next backend's attach."""
+    from . import backends
+    from .backends.bcc import load
 
-            def finished(rec) -> bool:
-                checkpoints.flush()
-                return stopper.should_stop()
+    plan, counter, make_feeder, attached_summary, spool = (ctx.plan, ctx.counter, ctx.make_feeder,
+                                                           ctx.attached_summary, ctx.spool)
+    tracer, choice = load(choice, list(ctx.filters))
+    if tracer is None:
+        fallback = backends.get(choice.name).attach
+        if fallback is None:
+            raise TracerError(f"backend {choice.name} cannot attach to a running job")
+        return fallback(choice, ctx)
+    from .bcc_backend import _NAMES
 
-            rec = tracer.attach(pids, make_feeder, spool.output.parent, finished, on_records=checkpoints, keep=keep)
-        feeder = rec.feeder
-        feeder.finish()
-        spool.add(feeder.builder.take_rows())
-        extra = {"lost_events": rec.lost_events, **({"lost_reasons": rec.lost_reasons} if rec.lost_reasons else {}),
-                 "truncated_paths": rec.truncated_paths, "exit_code": 0, "exit_signal": None,
-                 "command_elapsed_ns": rec.command_elapsed_ns, "recorder_cpu_ns": rec.recorder_cpu_ns,
-                 "unseen": rec.unseen, "io_uring_unrecorded_ops": rec.uring_other_ops,
-                 "late_events": feeder.late_events, "spilled_raw_bytes": rec.spilled_raw_bytes,
-                 "released_s": rec.released_s, "exited_s": rec.exited_s,
-                 "attached": attached_summary(stopper, seen)}
-        return feeder.builder, extra, choice
+    rename_nrs = np.array([_NAMES.index(name) for name in _RENAMES if name in _NAMES])
+
+    def keep(records: np.ndarray) -> np.ndarray:
+        if counter.cut_ns is None:
+            return np.ones(len(records), bool)
+        mask = (records["ts_ns"] + records["dur_ns"]) <= np.uint64(counter.cut_ns)
+        if "path" in (records.dtype.names or ()):
+            for i in np.flatnonzero(~mask & np.isin(records["nr"], rename_nrs)).tolist():
+                path = records["path"][i].tobytes().split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                mask[i] = counter.kept_after_cut(_NAMES[int(records["nr"][i])], int(records["pid"][i]), path)
+        return mask
+
+    seen: list[int] = []
+
+    def pids() -> list[int]:
+        found = process_tree(plan.pid)
+        seen.extend(pid for pid in found if pid not in seen)
+        return found
+
+    with Stopper(plan, counter) as stopper:
+        checkpoints = BccCheckpoints(counter)
+
+        def finished(rec) -> bool:
+            checkpoints.flush()
+            return stopper.should_stop()
+
+        rec = tracer.attach(pids, make_feeder, spool.output.parent, finished, on_records=checkpoints, keep=keep)
+    feeder = rec.feeder
+    if feeder is None:  # nothing was attached to (BccTracer.attach raises then): nothing was fed
+        raise TracerError("the bcc recording made no event feeder")
+    feeder.finish()
+    spool.add(feeder.builder.take_rows())
+    extra = {"lost_events": rec.lost_events, **({"lost_reasons": rec.lost_reasons} if rec.lost_reasons else {}),
+             "truncated_paths": rec.truncated_paths, "exit_code": 0, "exit_signal": None,
+             "command_elapsed_ns": rec.command_elapsed_ns, "recorder_cpu_ns": rec.recorder_cpu_ns,
+             "unseen": rec.unseen, "io_uring_unrecorded_ops": rec.uring_other_ops,
+             "late_events": feeder.late_events, "spilled_raw_bytes": rec.spilled_raw_bytes,
+             "released_s": rec.released_s, "exited_s": rec.exited_s,
+             "attached": attached_summary(stopper, seen)}
+    return feeder.builder, extra, choice
+
+
+def attach_strace(choice, ctx: Attaching):
+    """``record --pid`` under strace: ``strace -p`` on every process of the tree until the plan stops it,
+    the logs merged by time and cut at the checkpoint window."""
+    import heapq
+    import itertools
+    import tempfile
+
+    from ckpt_trace import config
+
+    from . import leftovers, strace_backend
+    from .backends.strace import UNSEEN
+
+    plan, counter, make_feeder, attached_summary, spool = (ctx.plan, ctx.counter, ctx.make_feeder,
+                                                           ctx.attached_summary, ctx.spool)
     tids: dict[int, int] = {}
     with tempfile.TemporaryDirectory(prefix=leftovers.scratch_prefix("strace")) as scratch, \
             Stopper(plan, counter) as stopper:
@@ -595,8 +642,7 @@ def run_attached(choice, plan: AttachPlan, builder_args: dict, spool, load_bcc):
             feeder.add(chunk)
     feeder.finish()
     spool.add(feeder.builder.take_rows())
-    unseen = {"io_uring_requests": "the strace backend sees io_uring_enter calls, not the requests in the ring",
-              "mapped_pages": "the strace backend sees mmap calls, not the pages touched through the mapping"}
+    unseen = dict(UNSEEN)
     return feeder.builder, {"lost_events": 0, "truncated_paths": 0, "exit_code": 0, "exit_signal": None,
                             "command_elapsed_ns": command_elapsed_ns, "unseen": unseen,
                             "late_events": feeder.late_events, "released_s": got["released_s"],

@@ -29,7 +29,6 @@ from ckpt_trace.version import __version__
 from . import attach as attach_mod
 from . import backends, clock, costs, gpu, strace_backend
 from .backends import BackendChoice
-from .backends.bcc import load as bcc_load
 from .children import forwarding
 from .spool import RowSpool
 from .state import EffectOrderFeeder, TraceBuilder, rank_from_environ
@@ -77,9 +76,6 @@ def capture_limits(choice: BackendChoice) -> list[str]:
     """What ``choice`` will not capture on this kernel, one line each (empty: everything): said before the
     command starts, so a user knows which rows to expect."""
     return backends.get(choice.name).capture_limits()
-
-
-_load_bcc = bcc_load  # record --pid's loader (tracer.attach)
 
 
 @contextlib.contextmanager
@@ -165,7 +161,7 @@ def record(
     overwrite: bool = False,
     gpu_plan: gpu.GpuPlan | None = None,
     host: str | None = None,
-    attach: "attach_mod.AttachPlan | None" = None,
+    attach: attach_mod.AttachPlan | None = None,
 ) -> RecordResult:
     """Run ``cmd`` (and every descendant) traced; write the trace to ``output``.
 
@@ -209,7 +205,7 @@ def record(
         costs.prewarm_in_background()  # alongside clang or the command, not after the command's exit
         if attach is not None:
             with _collector_paused():
-                builder, extra, choice = attach_mod.run_attached(choice, attach, builder_args, spool, _load_bcc)
+                builder, extra, choice = attach_mod.run_attached(choice, attach, builder_args, spool)
         else:
             builder, extra, choice = _run_backend(choice, cmd, builder_args, spool, capture)
         released_s, exited_s = extra.pop("released_s", None), extra.pop("exited_s", None)

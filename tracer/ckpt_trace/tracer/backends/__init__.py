@@ -51,7 +51,8 @@ class Backend:
     are on (``tracer.clock``). ``wrapped``: the command runs under a wrapper
     process of the backend's (signals go to the wrapper, not its children:
     ``tracer.children.forwarding``). ``order``: its place in ``auto``'s
-    preference and in listings.
+    preference and in listings. ``attach(choice, ctx)``: ``record --pid``'s body for this backend
+    (``tracer.attach.Attaching`` in, the same triple as ``run`` out); None: it cannot attach.
     """
 
     name: str
@@ -62,6 +63,7 @@ class Backend:
     clock: str
     wrapped: bool = False
     order: int = 100
+    attach: Callable[..., tuple] | None = None
 
 
 @functools.cache

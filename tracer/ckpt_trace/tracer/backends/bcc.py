@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ckpt_trace.errors import TracerError
 
+from .. import attach as attach_mod
 from .. import bcc_backend
 from . import Backend, BackendChoice, get, table
 
@@ -58,4 +59,4 @@ def run(choice: BackendChoice, cmd: list[str], env: dict, make_feeder, spool, pa
 
 BACKEND = Backend(name="bcc", problem=bcc_backend.probe, auto_reason="eBPF syscall tracepoints are available",
                   capture_limits=_capture_limits, run=run, clock="CLOCK_MONOTONIC",  # bpf_ktime_get_ns
-                  order=0)
+                  order=0, attach=attach_mod.attach_bcc)

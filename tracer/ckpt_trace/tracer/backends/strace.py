@@ -11,10 +11,12 @@ from pathlib import Path
 
 from ckpt_trace import config
 
+from .. import attach as attach_mod
 from .. import leftovers, strace_backend
 from . import Backend, BackendChoice
 
-_UNSEEN = {"io_uring_requests": "the strace backend sees io_uring_enter calls, not the requests in the ring",
+#: What this backend cannot see, by capture (the trace's ``unseen``).
+UNSEEN = {"io_uring_requests": "the strace backend sees io_uring_enter calls, not the requests in the ring",
            "mapped_pages": "the strace backend sees mmap calls, not the pages touched through the mapping"}
 
 
@@ -47,11 +49,11 @@ def run(choice: BackendChoice, cmd: list[str], env: dict, make_feeder, spool, pa
     spool.add(feeder.builder.take_rows())
     exit_code, exit_signal = (128 - status, -status) if status < 0 else (status, None)
     return feeder.builder, {"lost_events": 0, "truncated_paths": 0, "exit_code": exit_code, "exit_signal": exit_signal,
-                            "command_elapsed_ns": command_elapsed_ns, "unseen": dict(_UNSEEN),
+                            "command_elapsed_ns": command_elapsed_ns, "unseen": dict(UNSEEN),
                             "late_events": feeder.late_events, "released_s": released_s,
                             "exited_s": exited_s}, choice
 
 
 BACKEND = Backend(name="strace", problem=_problem, auto_reason="strace is installed", capture_limits=_capture_limits,
                   run=run, clock="CLOCK_REALTIME",  # strace -ttt times, and the recorder's start
-                  wrapped=True, order=10)
+                  wrapped=True, order=10, attach=attach_mod.attach_strace)
