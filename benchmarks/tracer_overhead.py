@@ -44,6 +44,11 @@ costs, a figure the machine's noise moves far less than wall times.
 
     python benchmarks/tracer_overhead.py [--workload dcp --workload fio-uring] [--model gpt2-medium]
         [--ranks 4] [--repeats 3] [--backend bcc] [--out DIR]
+    python benchmarks/tracer_overhead.py --probes --workload dcp --repeats 6   # the page probes' own cost
+
+``--probes`` compares bcc with every probe against bcc without the mapped-I/O probes (the tracer before
+them: ``CKPT_TRACE_BPF_OMIT_TRACEPOINTS`` set to all of them), in ABBA pairs, and writes
+``benchmarks/results/tracer_overhead_probes.json`` (the load average before and after included).
 
 Prints a table and writes ``benchmarks/results/tracer_overhead.json``.
 """
@@ -132,11 +137,15 @@ def run_variant(workload: str, variant: str, scratch: Path, args) -> tuple:
     if variant == "untraced":
         elapsed = timed(cmd)
         return elapsed, elapsed, 0, None, None, None, None
-    with bpf_stats() if variant == "bcc" else contextlib.nullcontext():
+    env = dict(os.environ)
+    if variant == PROBES_BEFORE:  # the tracer before the mapped-I/O probes: bcc with every page probe left out
+        env["CKPT_TRACE_BPF_OMIT_TRACEPOINTS"] = bcc_backend.PAGE_PROBES
+    backend = "bcc" if variant.startswith("bcc") else variant
+    with bpf_stats() if backend == "bcc" else contextlib.nullcontext():
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "ckpt_trace.cli", "record", "--backend", variant, "--json",
+        done = subprocess.run([sys.executable, "-m", "ckpt_trace.cli", "record", "--backend", backend, "--json",
                                "-o", str(trace), "--path-filter", f"{out}/", "--", *cmd],
-                              check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                              check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         elapsed = time.monotonic() - started
     summary = json.loads(done.stdout)
     meta = read_metadata(trace)
@@ -144,6 +153,64 @@ def run_variant(workload: str, variant: str, scratch: Path, args) -> tuple:
     return (elapsed, meta["command_elapsed_ns"] / 1e9, int(meta["lost_events"]),
             None if cpu_ns is None else cpu_ns / 1e9, None if bpf_ns is None else bpf_ns / 1e9,
             summary.get("start_s"), summary.get("finish_s"))
+
+
+PROBES_BEFORE = "bcc-before"
+
+
+def compare_probes(args, workloads: list[str]) -> None:
+    """``--probes``: bcc with every probe (A) against bcc without the mapped-I/O probes (B, ``PROBES_BEFORE``:
+    filemap, writeback, rss_stat, page_fault_user left out), in pairs run A B B A A B ... so that a drift of the
+    machine hits both alike; per workload the medians of the traced command's wall time and of the BPF
+    programs' run time, and the median of each pair's ratio A/B."""
+    scratch = Path(tempfile.mkdtemp(prefix="ckpt-trace-bench-", dir=args.out))
+    load_before = os.getloadavg()
+    rows = []
+    try:
+        for workload in workloads:
+            runs = {"bcc": [], PROBES_BEFORE: []}
+            for pair in range(args.repeats):
+                order = ("bcc", PROBES_BEFORE) if pair % 2 == 0 else (PROBES_BEFORE, "bcc")
+                for variant in order:
+                    runs[variant].append(run_variant(workload, variant, scratch, args))
+            after, before = runs["bcc"], runs[PROBES_BEFORE]
+            ratios = [a[1] / b[1] for a, b in zip(after, before)]
+            bpf_ratios = [a[4] / b[4] for a, b in zip(after, before) if a[4] and b[4]]
+            rows.append({"workload": workload, "pairs": args.repeats,
+                         "command_median_s": statistics.median(r[1] for r in after),
+                         "command_median_before_s": statistics.median(r[1] for r in before),
+                         "command_runs_s": [r[1] for r in after], "command_runs_before_s": [r[1] for r in before],
+                         "command_median_ratio": statistics.median(r[1] for r in after)
+                         / statistics.median(r[1] for r in before),
+                         "paired_ratios": ratios, "paired_ratio_median": statistics.median(ratios),
+                         "bpf_run_s": [r[4] for r in after], "bpf_run_before_s": [r[4] for r in before],
+                         "bpf_run_median_s": statistics.median(r[4] for r in after if r[4] is not None)
+                         if any(r[4] is not None for r in after) else None,
+                         "bpf_run_median_before_s": statistics.median(r[4] for r in before if r[4] is not None)
+                         if any(r[4] is not None for r in before) else None,
+                         "bpf_paired_ratio_median": statistics.median(bpf_ratios) if bpf_ratios else None,
+                         "lost_events": sum(r[2] for r in after) + sum(r[2] for r in before)})
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)  # ours: made by mkdtemp above
+    load_after = os.getloadavg()
+    table = Table(title=f"New probes' overhead: bcc with every probe (A) vs without the mapped-I/O probes (B), "
+                        f"{args.repeats} ABBA pairs; load {load_before[0]:.1f} before, {load_after[0]:.1f} after")
+    for column in ("workload", "command A", "command B", "A/B medians", "A/B paired", "BPF A", "BPF B", "lost"):
+        table.add_column(column, justify="left" if column == "workload" else "right")
+    for row in rows:
+        bpf = (row["bpf_run_median_s"], row["bpf_run_median_before_s"])
+        table.add_row(row["workload"], f"{row['command_median_s']:.2f} s", f"{row['command_median_before_s']:.2f} s",
+                      f"{row['command_median_ratio'] - 1:+.1%}", f"{row['paired_ratio_median'] - 1:+.1%}",
+                      "-" if bpf[0] is None else f"{bpf[0]:.2f} s", "-" if bpf[1] is None else f"{bpf[1]:.2f} s",
+                      f"{row['lost_events']:,}")
+    Console(width=None if sys.stdout.isatty() else 140).print(table)
+    RESULTS.mkdir(exist_ok=True)
+    result = {"benchmark": "tracer_overhead_probes", "workloads": workloads, "model": args.model, "ranks": args.ranks,
+              "with_optimizer": args.with_optimizer, "pairs": args.repeats, "host": os.uname().nodename,
+              "kernel": os.uname().release, "loadavg_before": load_before, "loadavg_after": load_after,
+              "results": rows}
+    (RESULTS / "tracer_overhead_probes.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"results: {RESULTS / 'tracer_overhead_probes.json'}")
 
 
 def main() -> None:
@@ -156,8 +223,16 @@ def main() -> None:
     parser.add_argument("--backend", action="append", choices=("bcc", "strace"),
                         help="repeatable (default: both where available)")
     parser.add_argument("--out", type=Path, default=None, help="scratch directory (default: a temporary one)")
+    parser.add_argument("--probes", action="store_true",
+                        help="compare bcc with and without the mapped-I/O probes in ABBA pairs (--repeats pairs)")
     args = parser.parse_args()
     workloads = args.workload or list(WORKLOADS)
+    if args.probes:
+        problem = bcc_backend.probe()
+        if problem:
+            raise SystemExit(f"--probes needs bcc: {problem}")
+        compare_probes(args, args.workload or ["dcp"])
+        return
 
     backends, skipped = [], {}
     for name, problem in (("bcc", bcc_backend.probe()),

@@ -18,11 +18,12 @@ from importlib import metadata
 from pathlib import Path
 
 ENGINES = ("torch-save", "safetensors", "dcp", "dcp-async", "hf", "torchsnapshot", "fastsafetensors", "runai",
-           "memmap", "deepspeed")
+           "memmap", "deepspeed", "deepspeed-fast")
 # The distribution each engine needs (its version goes into the report; absent: the test skips).
 PACKAGES = {"torch-save": "torch", "safetensors": "safetensors", "dcp": "torch", "dcp-async": "torch",
             "hf": "transformers", "torchsnapshot": "torchsnapshot", "fastsafetensors": "fastsafetensors",
-            "runai": "runai-model-streamer", "memmap": "numpy", "deepspeed": "deepspeed"}
+            "runai": "runai-model-streamer", "memmap": "numpy", "deepspeed": "deepspeed",
+            "deepspeed-fast": "deepspeed"}
 
 
 def state(torch) -> dict:
@@ -84,8 +85,8 @@ def save(engine: str, out: Path) -> None:
         mapped[:] = flat
         mapped.flush()  # msync(MS_SYNC)
         del mapped
-    elif engine == "deepspeed":
-        engine_, _ = _deepspeed(out)
+    elif engine in ("deepspeed", "deepspeed-fast"):
+        engine_, _ = _deepspeed(out, fast=engine == "deepspeed-fast")
         engine_.save_checkpoint(str(out), tag="step1")
     else:
         raise SystemExit(f"unknown engine {engine}")
@@ -141,11 +142,17 @@ def load(engine: str, out: Path) -> None:
         expected = np.concatenate([v.numpy().reshape(-1) for v in sd.values()])
         if not np.array_equal(np.asarray(flat), expected):
             raise SystemExit("memmap load differs")
-    elif engine == "deepspeed":
-        engine_, model = _deepspeed(out, seed=99)
+    elif engine in ("deepspeed", "deepspeed-fast"):
+        # FastPersist is a writer: DeepSpeed reads its files back with its default (torch) engine, since the
+        # fast engine's own load calls torch.load without weights_only=False, which torch 2.6+ refuses.
+        engine_, model = _deepspeed(out, seed=99, fast=engine == "deepspeed-fast", writer=False)
         engine_.load_checkpoint(str(out), tag="step1")
         saved = _deepspeed_model(seed=7).state_dict()
-        _same(torch, {k: v for k, v in engine_.module.state_dict().items()}, saved)
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(engine_.module.parameters())):  # ZeRO-3: whole again
+            loaded = {k: v.clone() for k, v in engine_.module.state_dict().items()}
+        _same(torch, loaded, saved)
     else:
         raise SystemExit(f"unknown engine {engine}")
 
@@ -157,8 +164,41 @@ def _deepspeed_model(seed: int):
     return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
 
 
-def _deepspeed(out: Path, seed: int = 7):
-    """A ZeRO-1 engine on the CPU (gloo, one rank) with a torch Adam optimizer."""
+#: DeepSpeed's FastPersist writer (``deepspeed-fast``): checkpoint files written through its libaio handle
+#: (deepspeed/runtime/model_checkpointing/writer_factory.py): O_DIRECT iocbs of ``block_size`` from a double
+#: buffer of ``io_buffer_size``, the unaligned tail appended with a buffered write (deepspeed/io/fast_file_writer.py).
+FAST_WRITER = {"checkpoint": {"writer": {"type": "fast", "io_buffer_size": 1 << 20, "io_buffer_double": True,
+                                         "data_parallel": "replica"}},
+               "aio": {"block_size": 1 << 18, "queue_depth": 8, "single_submit": False, "overlap_events": True,
+                       "intra_op_parallelism": 1}}
+
+
+class _ByteViews:
+    """Stands in for DeepSpeed's UtilsBuilder where the accelerator has none: ``load().cast_to_byte_tensor``."""
+
+    def load(self):
+        return self
+
+    @staticmethod
+    def cast_to_byte_tensor(tensors):
+        import torch
+
+        def view(tensor):
+            return tensor if tensor.nbytes <= 1 else tensor.reshape(-1).view(torch.uint8)
+
+        return [view(t) for t in tensors] if isinstance(tensors, (list, tuple)) else view(tensors)
+
+
+def deepspeed_aio_op():
+    """Build (or find built) DeepSpeed's async_io op: its first JIT build takes minutes (libaio-dev needed)."""
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    return AsyncIOBuilder().load()
+
+
+def _deepspeed(out: Path, seed: int = 7, fast: bool = False, writer: bool = True):
+    """A ZeRO-1 engine on the CPU (gloo, one rank) with a torch Adam optimizer; ``fast``: a ZeRO-3 one whose
+    checkpoints (``writer``) the FastPersist writer writes (``FAST_WRITER``)."""
     import deepspeed
     import torch
 
@@ -171,11 +211,35 @@ def _deepspeed(out: Path, seed: int = 7):
     model = _deepspeed_model(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     config = {"train_batch_size": 1, "zero_optimization": {"stage": 1}}
+    if fast and not writer:
+        config["zero_optimization"] = {"stage": 3}
+    elif fast:
+        # The writer's data-parallel layout reads the launcher's machine count and rank (deepspeed/constants.py).
+        os.environ.setdefault("CROSS_SIZE", "1")
+        os.environ.setdefault("CROSS_RANK", "0")
+        from deepspeed.accelerator import get_accelerator
+
+        # The writer pins its buffer, which torch refuses without a device; on the CPU accelerator pinning is
+        # a no-op anyway (its pin_memory returns the tensor), so the buffer is taken as it is.
+        get_accelerator().is_pinned = lambda tensor: True
+        # The CPU accelerator has no UtilsBuilder op (deepspeed/ops/op_builder/cpu/no_impl.py); the writer takes
+        # only its cast_to_byte_tensor, a byte view of each tensor without a copy (csrc/utils/tensor_cast.cpp:
+        # from_blob of its bytes), which torch makes the same way.
+        import deepspeed.io.fast_file_writer as fast_file_writer
+
+        fast_file_writer.UtilsBuilder = _ByteViews
+        config.update(FAST_WRITER)
+        # ZeRO-3: below it the writer names its files "-RANK.WRITERS" (optimize_dp_state), which DeepSpeed
+        # 0.19.8's own load_checkpoint does not look for (engine.py _configure_checkpointing).
+        config["zero_optimization"] = {"stage": 3}
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     return engine, model
 
 
 def main() -> int:
+    if sys.argv[1:] == ["deepspeed-aio-op"]:  # built before any recording (the conformance test's first step)
+        deepspeed_aio_op()
+        return 0
     engine, phase, directory, report = sys.argv[1], sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
     package = PACKAGES[engine]
     info = {"engine": engine, "package": package, "version": metadata.version(package)}

@@ -3,6 +3,8 @@
 - ``strace_file_io(log, root)``: per file under ``root``, the data system calls strace itself logged
   (``strace -f -qq -y -s 0 -o LOG``): calls and bytes moved (the return value) written and read,
   including the in-kernel copies (sendfile, copy_file_range, splice: counted on both files).
+  libaio requests count too: each iocb that ``io_submit`` took (the first ``ret`` of its array), its
+  ``aio_nbytes``, on the file of its ``aio_fildes`` (IOCB_CMD_PWRITE/PWRITEV writes, PREAD/PREADV reads).
 - ``perf_uring(data)``: io_uring requests the kernel's own tracepoints saw (``perf record -e
   io_uring:io_uring_submit_req``), by opcode.
 - ``trace_file_io(table, root)``: the same figures from a ckpt-trace trace, to compare.
@@ -24,6 +26,8 @@ COPIES = {"sendfile", "sendfile64", "copy_file_range", "splice"}
 _LINE = re.compile(r"^(\d+)\s+(.*)$")
 _CALL = re.compile(r"^([a-z_0-9]+)\((.*)\)\s+=\s+(-?\d+)")
 _FD_PATH = re.compile(r"\d+<([^>]*)>")
+_IOCB = re.compile(r"aio_lio_opcode=IOCB_CMD_(P(?:READ|WRITE)V?), aio_fildes=\d+<([^>]*)>, .*?"
+                   r"aio_nbytes=(\d+), aio_offset=")  # (aio_buf's bytes may hold any character)
 _TEMP = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{8,}|tmp[A-Za-z0-9_]{6,}")
 
 
@@ -57,6 +61,13 @@ def strace_file_io(log: Path, root: Path) -> dict[str, Counter]:
         if not m:
             continue
         name, args, ret = m.group(1), m.group(2), int(m.group(3))
+        if name == "io_submit" and ret > 0:
+            for opcode, path, nbytes in _IOCB.findall(args)[:ret]:
+                if path.startswith(prefix):
+                    kind = "write" if "WRITE" in opcode else "read"
+                    out[normalise(path[len(prefix):])][f"{kind}_calls"] += 1
+                    out[normalise(path[len(prefix):])][f"{kind}_bytes"] += int(nbytes)
+            continue
         if name not in WRITES | READS | COPIES or ret < 0:
             continue
         paths = _FD_PATH.findall(args)
@@ -79,7 +90,7 @@ def strace_file_io(log: Path, root: Path) -> dict[str, Counter]:
 
 
 def trace_file_io(table, root: Path, interfaces: tuple[str, ...] = ("syscall", "sendfile", "copy_file_range",
-                                                                      "splice")) -> dict[str, Counter]:
+                                                                      "splice", "libaio")) -> dict[str, Counter]:
     """The same figures from a trace's read and write rows of the given interfaces (bytes: ``ret``)."""
     prefix = str(root).rstrip("/") + "/"
     out: dict[str, Counter] = defaultdict(Counter)

@@ -109,6 +109,7 @@ class GdsExecutor(PosixExecutor):
     data_path_code = DATA_PATHS.index("cufile")
     maps_files = False  # mapped I/O is replayed as reads and writes through cuFile
     queues_as_recorded = False
+    kernel_copies = False  # in-kernel copies as a read and a write, through this strategy's path
 
     def __init__(self, root, max_io_bytes: int, mode: GdsMode) -> None:
         super().__init__(root, max_io_bytes)

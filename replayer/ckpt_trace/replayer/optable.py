@@ -29,6 +29,8 @@ COPY = "copy"
 KINDS = (*sorted(v.METADATA_OPS | v.DATA_OPS | MAPPING_KINDS), COPY)
 KIND = {name: code for code, name in enumerate(KINDS)}
 READ, WRITE = KIND[v.READ], KIND[v.WRITE]
+#: In-kernel copies (``OpTable.kcopy``): the system call a read or write row was half of (0: none).
+KCOPIES = ("", v.SENDFILE, v.COPY_FILE_RANGE, v.SPLICE)
 NONE = -1  # "no value" in the integer columns (handles, paths, offsets, sizes, queues, prot, pattern offsets)
 NO_FLAGS = np.iinfo(np.int64).min  # "no value" in ``flags`` (any other int64 is a flag word)
 
@@ -60,6 +62,10 @@ class PlanOp:
     copy of ``size`` bytes, its direction and host memory kind in ``flags``
     (``iolayer.gpu.encode``). Kind ``link`` makes ``new_path`` a second name of ``path``; ``symlink`` makes
     ``new_path`` a symbolic link holding ``path`` exactly as recorded (never resolved: ``replayer.entries``).
+    ``kcopy`` (an index of ``KCOPIES``, 0 for none) marks a read or write that was one side of an in-kernel
+    copy (sendfile(2), copy_file_range(2), splice(2)): the source's read row comes right before the
+    destination's write row of the same call, and splice's two calls through a pipe are each one row. The
+    POSIX executor makes the same call (``PosixExecutor.kernel_copies``); the others read and write.
     """
 
     seq: int
@@ -79,6 +85,7 @@ class PlanOp:
     queue: int | None = None
     mapped: bool = False
     prot: int | None = None
+    kcopy: int = 0
 
 
 _INT_COLUMNS = {  # name: (dtype, value standing for None)
@@ -86,7 +93,7 @@ _INT_COLUMNS = {  # name: (dtype, value standing for None)
     "handle": (np.int32, NONE), "source_handle": (np.int32, NONE), "path": (np.int32, NONE),
     "new_path": (np.int32, NONE), "offset": (np.int64, NONE), "size": (np.int64, NONE),
     "flags": (np.int64, NO_FLAGS), "pattern_key": (np.int64, None), "pattern_offset": (np.int64, NONE),
-    "queue": (np.int64, NONE), "prot": (np.int32, NONE),
+    "queue": (np.int64, NONE), "prot": (np.int32, NONE), "kcopy": (np.int8, None),
 }
 
 
@@ -116,6 +123,7 @@ class OpTable:
     queue: np.ndarray  # int64
     mapped: np.ndarray  # bool
     prot: np.ndarray  # int32
+    kcopy: np.ndarray  # int8, KCOPIES
     dep_ptr: np.ndarray  # int64, len + 1
     dep_seq: np.ndarray  # int64
     paths: tuple[str, ...]
@@ -166,7 +174,7 @@ class OpTable:
             "flags": [number(op.flags, NO_FLAGS) for op in ops], "release": [op.release for op in ops],
             "pattern_key": [op.pattern_key for op in ops], "pattern_offset": [number(op.pattern_offset) for op in ops],
             "queue": [number(op.queue) for op in ops], "mapped": [op.mapped for op in ops],
-            "prot": [number(op.prot) for op in ops],
+            "prot": [number(op.prot) for op in ops], "kcopy": [op.kcopy for op in ops],
         }
         arrays = {name: np.array(values, dtype=_INT_COLUMNS[name][0] if name in _INT_COLUMNS else None)
                   for name, values in columns.items()}
@@ -195,7 +203,7 @@ class OpTable:
                       size=value(self.size), flags=value(self.flags, NO_FLAGS), release=bool(self.release[i]),
                       deps=self.deps_of(i), pattern_key=int(self.pattern_key[i]),
                       pattern_offset=value(self.pattern_offset), queue=value(self.queue),
-                      mapped=bool(self.mapped[i]), prot=value(self.prot))
+                      mapped=bool(self.mapped[i]), prot=value(self.prot), kcopy=int(self.kcopy[i]))
 
     def ops(self, start: int = 0, stop: int | None = None) -> tuple[PlanOp, ...]:
         return tuple(self.op(i) for i in range(start, len(self) if stop is None else stop))

@@ -60,7 +60,7 @@ from ckpt_trace.iolayer.pattern import file_key
 from ckpt_trace.ranges import merge_grouped_ranges, merge_ranges
 
 from . import entries
-from .optable import COPY, KINDS, MAPPING_KINDS, NONE, READ, WRITE, OpTable, PlanOp, interleave_columns
+from .optable import COPY, KCOPIES, KINDS, MAPPING_KINDS, NONE, READ, WRITE, OpTable, PlanOp, interleave_columns
 from .ordering import with_cross_worker_order
 from .paths import relative_target_path
 
@@ -986,7 +986,8 @@ class IoRows(NamedTuple):
     """Every read and write, in row order (``Merged``), as a plan needs it: the ``handle`` acted on,
     ``mapped`` (pages through a mapping), ``is_write``, ``offset_known``, ``offset`` (bytes; NONE where
     unknown), ``size`` (bytes: what a write transferred, what a read asked for, the pages'), ``queue``
-    (the recorded ring or context of a request; NONE for a call)."""
+    (the recorded ring or context of a request; NONE for a call), ``kcopy`` (the in-kernel copy a read or
+    write was a side of, ``optable.KCOPIES``; 0 for none)."""
 
     handle: np.ndarray
     mapped: np.ndarray
@@ -995,6 +996,7 @@ class IoRows(NamedTuple):
     offset: np.ndarray
     size: np.ndarray
     queue: np.ndarray
+    kcopy: np.ndarray
 
 
 class Handles(NamedTuple):
@@ -1221,9 +1223,13 @@ def _gather_io(rows: _Rows, merged: Merged, handles: np.ndarray, walked: list[Wa
     queue = np.where(~mapped & rows.valid("queue_id")[row] & is_any_of(c["interface"][row], [
         rows.code(v.IO_URING), rows.code(v.LIBAIO)]), c["queue_id"][row], NONE) if rows.any_valid("queue_id") \
         else np.full(len(row), NONE, np.int64)  # (a trace of plain calls: no request rows)
+    kcopy = np.zeros(len(row), np.int8)
+    for code, name in enumerate(KCOPIES):
+        if code:
+            kcopy[~mapped & (c["interface"][row] == rows.code(name))] = code
     rows.drop("interface", "queue_id")
     return IoRows(handle=handle, mapped=mapped, is_write=is_write, offset_known=offset_known, offset=offset,
-                  size=size, queue=queue), ret
+                  size=size, queue=queue, kcopy=kcopy), ret
 
 
 def _read_extents(p: _Planner, io: IoRows, ret: np.ndarray) -> dict[str, int]:
@@ -1416,7 +1422,7 @@ def _io_columns(io: IoRows, order: slice | np.ndarray, row: np.ndarray, widx: np
             "handle": handle, "offset": io.offset[order], "size": io.size[order],
             "path": handle_path[handle] if len(handle) else np.zeros(0, np.int32),
             "pattern_key": np.where(is_write, handle_key[handle] if len(handle) else 0, 0),
-            "queue": io.queue[order], "mapped": io.mapped[order]}
+            "queue": io.queue[order], "mapped": io.mapped[order], "kcopy": io.kcopy[order]}
 
 
 def _worker_plans(table: OpTable, keys: np.ndarray, ranks: Mapping[tuple[int, int], int], rank: np.ndarray,

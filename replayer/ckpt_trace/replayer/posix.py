@@ -59,7 +59,7 @@ from ckpt_trace.stats import LatencyHistogram
 
 from . import entries
 from .data import PREGENERATED, Pregenerated
-from .optable import KIND, NO_FLAGS, NONE, READ, WRITE, OpTable, PlanOp
+from .optable import KCOPIES, KIND, NO_FLAGS, NONE, READ, WRITE, OpTable, PlanOp
 from .pack import INDEX_PATH
 from .paths import TargetRoot
 from .plan import DATA_KINDS, METADATA_KINDS, ReplayPlan, WorkerPlan
@@ -72,7 +72,10 @@ _ALL = np.iinfo(np.uint64).max  # REQUEST_DTYPE "off" meaning the file position
 #: The ways a read or write reaches the file, indexes of ``_RunState.path_counts``: system call or io_uring
 #: request, each through the page cache or with O_DIRECT (the descriptor's flags, fcntl(F_GETFL)); pages
 #: touched through a mapping.
-DATA_PATHS = ("syscall_buffered", "syscall_direct", "io_uring_buffered", "io_uring_direct", "mapped", "cufile")
+DATA_PATHS = ("syscall_buffered", "syscall_direct", "io_uring_buffered", "io_uring_direct", "mapped", "cufile",
+              "in_kernel_copy")
+_KCOPY_PATH = DATA_PATHS.index("in_kernel_copy")
+F_SETPIPE_SZ = 1031  # fcntl(2)
 _MAPPED = 4
 
 
@@ -118,6 +121,7 @@ class PosixExecutor:
     strategy = "posix"
     maps_files = True  # mapped I/O through mappings (others replay it as reads and writes)
     queues_as_recorded = True  # request rows through a ring per recorded queue (others: their own submission)
+    kernel_copies = True  # in-kernel copies by the recorded call (others: the read and the write, their own way)
     batch_key_kind = False  # whether runs must not mix reads and writes (concurrent submission)
     data_path_code: int | None = None  # DATA_PATHS index of every one-at-a-time data op (None: by its fd)
 
@@ -197,6 +201,8 @@ class PosixExecutor:
         ok = ((kind == READ) | (kind == WRITE)) & (t.offset[rows] >= 0)
         if self.maps_files:
             ok &= ~t.mapped[rows]
+        if self.kernel_copies:
+            ok &= t.kcopy[rows] == 0
         return ok
 
     def segments(self, plan: ReplayPlan, worker: WorkerPlan) -> Segments:
@@ -277,6 +283,14 @@ class PosixExecutor:
             self._data = None
         if state.error is not None:
             raise state.error
+        kcopy_rows = int((plan.ops.kcopy != 0).sum())
+        if kcopy_rows and not self.kernel_copies:
+            state.notes.add(f"{kcopy_rows} in-kernel copy rows (sendfile, copy_file_range, splice) replayed as reads "
+                            f"and writes: strategy {self.strategy} moves data its own way")
+        elif kcopy_rows:
+            state.notes.add(f"in-kernel copies: {state.kernel_copies} calls made as recorded, "
+                            f"{state.kcopy_fallbacks} rows replayed as a read or write (their other side not in "
+                            f"the plan)")
         copies = int((plan.ops.kind == _COPY).sum())
         gpu_copies = None
         if copies:
@@ -513,6 +527,9 @@ class PosixExecutor:
                 copier.copy(direction, memory, op.size or 0)
                 ctx.state.add_copy(time.perf_counter_ns() - started, op.size or 0)
             return
+        if op.kcopy and self.kernel_copies and op.kind in DATA_KINDS:
+            self._kernel_copy(ctx, op, row)
+            return
         if op.queue is not None and self.queues_as_recorded and op.kind in DATA_KINDS | {"fsync", "fdatasync"} \
                 and (op.offset is not None or op.kind not in DATA_KINDS) and not op.mapped:
             ring = ctx.queue_ring(op.queue)
@@ -531,6 +548,93 @@ class PosixExecutor:
                 ctx.progress.advance(moved)
         elif op.kind in METADATA_KINDS:
             ctx.state.add_metadata()
+
+    def _kernel_copy(self, ctx: _WorkerContext, op: PlanOp, row: int) -> None:
+        """One side of a recorded in-kernel copy (``PlanOp.kcopy``) by the recorded call. sendfile(2) and
+        copy_file_range(2): at the source's read row, the call from it into the destination of the write row
+        right after (the same call's), which then counts as done; splice(2): each recorded call through this
+        worker's pipe (the source into it, the pipe into the destination). A side whose other side the plan
+        lacks (a file outside the trace), or a splice the pipe cannot hold or feed, is a plain read or write
+        (counted: ``_RunState.kcopy_fallbacks``). Raises OSError."""
+        if ctx.copied_row == row:  # the write side of the copy its read side made
+            ctx.copied_row = None
+            return
+        t, state = ctx.plan.ops, ctx.state
+        name = KCOPIES[op.kcopy]
+        partner = row + 1
+        paired = (op.kind == "read" and partner < len(t) and t.worker[partner] == t.worker[row]
+                  and t.kcopy[partner] == op.kcopy and t.kind[partner] == WRITE and t.ts_ns[partner] == op.ts_ns)
+        if paired and not state.wait(t.deps_of(partner)):
+            return
+        started = time.perf_counter_ns()
+        if paired:
+            dst = t.op(partner)
+            src_fd, dst_fd = state.fds[op.handle], state.fds[dst.handle]
+            size = max(dst.size or 0, 0)
+            if name == "sendfile":
+                if dst.offset is not None:
+                    os.lseek(dst_fd, dst.offset, os.SEEK_SET)
+                moved = _loop(lambda n, done: os.sendfile(dst_fd, src_fd, None if op.offset is None
+                                                          else op.offset + done, n), size)
+            elif name == "copy_file_range":
+                moved = _loop(lambda n, done: os.copy_file_range(
+                    src_fd, dst_fd, n, None if op.offset is None else op.offset + done,
+                    None if dst.offset is None else dst.offset + done), size)
+            else:  # a splice naming both files: through the pipe
+                moved = self._splice_in(ctx, src_fd, op.offset, size)
+                moved = self._splice_out(ctx, dst_fd, dst.offset, moved) if moved is not None else None
+            if moved is not None:
+                ctx.copied_row = partner
+                state.count_kernel_copy(False)
+                self._count_copy(ctx, time.perf_counter_ns() - started, moved, int(t.path[row]), False)
+                self._count_copy(ctx, 0, moved, int(t.path[partner]), True)
+                return
+        elif name == "splice":
+            fd = state.fds[op.handle]
+            size = max(op.size or 0, 0)
+            moved = self._splice_in(ctx, fd, op.offset, size) if op.kind == "read" else \
+                self._splice_out(ctx, fd, op.offset, size)
+            if moved is not None:
+                state.count_kernel_copy(False)
+                self._count_copy(ctx, time.perf_counter_ns() - started, moved, int(t.path[row]), op.kind == "write")
+                return
+        state.count_kernel_copy(True)  # a plain read or write, as the other strategies replay it
+        moved = self._execute(op, state, ctx.write_view, ctx.read_view, ctx.write_buf, ctx.read_buf)
+        state.add_one(time.perf_counter_ns() - started, moved, op.kind == "write")
+        state.add_path_one(int(state.is_direct(state.fds[op.handle])), moved, int(t.path[row]), op.kind == "write")
+        if ctx.progress is not None:
+            ctx.progress.advance(moved)
+
+    @staticmethod
+    def _count_copy(ctx: _WorkerContext, latency_ns: int, moved: int, path: int, is_write: bool) -> None:
+        ctx.state.add_one(latency_ns, moved, is_write)
+        ctx.state.add_path_one(_KCOPY_PATH, moved, path, is_write)
+        if ctx.progress is not None:
+            ctx.progress.advance(moved)
+
+    @staticmethod
+    def _splice_in(ctx: _WorkerContext, fd: int, offset: int | None, size: int) -> int | None:
+        """splice(2) ``size`` bytes of ``fd`` from ``offset`` (None: its position) into the worker's pipe;
+        None when the pipe cannot hold them."""
+        pipe = ctx.pipe(size)
+        if pipe is None:
+            return None
+        moved = _loop(lambda n, done: os.splice(fd, pipe[1], n, offset_src=None if offset is None
+                                                else offset + done), size)
+        ctx.pipe_bytes += moved
+        return moved
+
+    @staticmethod
+    def _splice_out(ctx: _WorkerContext, fd: int, offset: int | None, size: int) -> int | None:
+        """splice(2) ``size`` bytes from the worker's pipe into ``fd`` at ``offset``; None when the pipe holds
+        fewer (what the recorded call took from it never came in: its source is outside the plan)."""
+        if ctx.pipe_bytes < size or ctx.pipe_fds is None:
+            return None
+        read_end = ctx.pipe_fds[0]
+        moved = _loop(lambda n, done: os.splice(read_end, fd, n, offset_dst=None if offset is None
+                                                else offset + done), size)
+        ctx.pipe_bytes -= moved
+        return moved
 
     def _one_request(self, ctx: _WorkerContext, op: PlanOp, row: int, ring: Ring) -> None:
         """One request through its queue's ring (a lone request, or a sync): submitted and completed."""
@@ -712,6 +816,17 @@ class PosixExecutor:
         return done
 
 
+def _loop(call, size: int) -> int:
+    """Bytes moved by ``call(n, done)`` repeated until ``size`` moved or it moves nothing (end of file)."""
+    done = 0
+    while done < size:
+        got = call(size - done, done)
+        if got <= 0:
+            break
+        done += got
+    return done
+
+
 def open_beneath(root: TargetRoot, rel: str, flags: int, mode: int = 0o644, *, direct: bool = False) -> files.Opened:
     """``files.open_file`` beneath ``root`` (``iolayer.beneath``): with O_DIRECT when ``direct``, and without it
     where the file system refuses it (said in ``fallback``). Raises OSError."""
@@ -803,6 +918,24 @@ class _WorkerContext:
         self.start_errors: list[int] = []  # --timing original: actual minus target start of each operation (ns)
         self.started_ns: list[int] = []  # and when each started, from the run's start (ns)
         self.spans: dict[str, list[int]] = {}  # phase (save, load) -> [first start, last end] of its data ops (ns)
+        self.copied_row: int | None = None  # the write row of an in-kernel copy its read row made
+        self.pipe_fds: tuple[int, int] | None = None  # (read end, write end) of the pipe splices go through
+        self.pipe_bytes = 0  # bytes in it
+        self.pipe_capacity = 0
+
+    def pipe(self, adding: int) -> tuple[int, int] | None:
+        """This worker's pipe, made (and grown, F_SETPIPE_SZ) to hold ``adding`` more bytes; None if it cannot."""
+        if self.pipe_fds is None:
+            self.pipe_fds = os.pipe()
+            self.pipe_capacity = fcntl.fcntl(self.pipe_fds[1], fcntl.F_GETPIPE_SZ) \
+                if hasattr(fcntl, "F_GETPIPE_SZ") else 65536
+        need = self.pipe_bytes + adding
+        if need > self.pipe_capacity:
+            try:
+                self.pipe_capacity = fcntl.fcntl(self.pipe_fds[1], F_SETPIPE_SZ, max(need, 1 << 20))
+            except OSError:
+                return None
+        return self.pipe_fds if need <= self.pipe_capacity else None
 
     def fds_of(self, handles: np.ndarray) -> np.ndarray:
         fds = self.state.fd_array[handles]
@@ -852,6 +985,10 @@ class _WorkerContext:
                     span[1] = ended
 
     def close(self) -> None:
+        if self.pipe_fds is not None:
+            os.close(self.pipe_fds[0])
+            os.close(self.pipe_fds[1])
+            self.pipe_fds = None
         if self.spans:
             self.state.add_spans(self.plan.workers[self.index].rank, self.spans)
         if self.start_errors:
@@ -916,6 +1053,8 @@ class _RunState:
         self.exited = [threading.Event() for _ in plan.workers]  # set by each worker thread as it ends
         self.start_ns = 0
         self.notes: set[str] = set()
+        self.kernel_copies = 0  # in-kernel copy calls made as recorded (PosixExecutor._kernel_copy)
+        self.kcopy_fallbacks = 0  # in-kernel copy rows replayed as a plain read or write instead
         self.path_counts = np.zeros((len(DATA_PATHS), 2), np.int64)  # (ops, bytes) per DATA_PATHS entry
         self.rank_first_ts: dict[int, int] = {}  # --timing original: each rank's first recorded start (ns)
         self.rank_last_ts: dict[int, int] = {}
@@ -1060,6 +1199,14 @@ class _RunState:
     def note(self, text: str) -> None:
         with self.lock:
             self.notes.add(text)
+
+    def count_kernel_copy(self, fallback: bool) -> None:
+        """One side (or both) of an in-kernel copy replayed by its call, or (``fallback``) as a read or write."""
+        with self.lock:
+            if fallback:
+                self.kcopy_fallbacks += 1
+            else:
+                self.kernel_copies += 1
 
     def count_preallocated(self) -> None:
         with self.lock:

@@ -85,6 +85,7 @@ class UringExecutor(PosixExecutor):
 
     maps_files = False
     queues_as_recorded = False
+    kernel_copies = False  # in-kernel copies as a read and a write, through this strategy's path
     batch_key_kind = True
 
     def __init__(self, root: TargetRoot, max_io_bytes: int, *, queue_depth: int = DEFAULT_QUEUE_DEPTH, direct: bool = False,

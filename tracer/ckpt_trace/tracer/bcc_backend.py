@@ -279,8 +279,12 @@ _FOLIO_OFFSETS = (("__OFF_MAPPING_HOST__", "address_space", "host"), ("__OFF_XA_
                   ("__OFF_FOLIO_FLAGS1__", "folio", "_flags_1"), ("__OFF_FOLIO_INDEX__", "folio", "index"))
 #: The page tracepoints a recording may leave out (``CKPT_TRACE_BPF_OMIT_TRACEPOINTS``, comma-separated), as an
 #: older kernel without them would: the trace then counts what it could not cover (``mapped_uncovered_bytes``).
+#: ``rss_stat`` and ``page_fault_user`` go together (either name leaves both out): without them, mapped bytes
+#: that no page event covers are not counted.
 OMITTABLE = {"mm_filemap_fault": "__OMIT_FAULT__", "mm_filemap_map_pages": "__OMIT_MAP_PAGES__",
-             "writeback_dirty_folio": "__OMIT_DIRTY__"}
+             "writeback_dirty_folio": "__OMIT_DIRTY__", "rss_stat": "__OMIT_RSS__", "page_fault_user": "__OMIT_RSS__"}
+#: All of them: the tracer as it was before the mapped-I/O probes (benchmarks/tracer_overhead.py --probes).
+PAGE_PROBES = ",".join(OMITTABLE)
 _RSS_EVENTS = ("exceptions/page_fault_user", "kmem/rss_stat")
 
 

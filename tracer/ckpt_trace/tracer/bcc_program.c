@@ -40,6 +40,7 @@
 #define OMIT_FAULT __OMIT_FAULT__
 #define OMIT_MAP_PAGES __OMIT_MAP_PAGES__
 #define OMIT_DIRTY __OMIT_DIRTY__
+#define OMIT_RSS __OMIT_RSS__
 #define MAX_IOCBS __MAX_IOCBS__
 #define FOLLOW_RENAMES __FOLLOW_RENAMES__  // path filters follow renames (tracer/renames.py): keep candidates
 #define MAX_FIXED_FDS (PATH_BYTES / 4)
@@ -775,7 +776,7 @@ RAW_TRACEPOINT_PROBE(writeback_dirty_folio) {  // (const struct folio *folio, st
 // kept per thread, no record), then each change of the faulting process's file-page count (kmem:rss_stat,
 // MM_FILEPAGES, in pages) goes out with that address; a change inside a traced system call carries none.
 // Raw tracepoints: both fire for every process of the machine, and the formatted events cost a buffer each.
-#if RSS
+#if RSS && !OMIT_RSS
 BPF_HASH(fault_address, u32, u64, 65536);
 
 RAW_TRACEPOINT_PROBE(page_fault_user) {  // (unsigned long address, struct pt_regs *regs, unsigned long error_code)
