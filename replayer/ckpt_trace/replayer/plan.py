@@ -159,7 +159,7 @@ class ReplayPlan:
     files: FileIdentity = field(default_factory=FileIdentity)
     queue_depths: Mapping[int, int] = field(default_factory=dict)
     ops: OpTable = field(default_factory=OpTable.empty, repr=False)
-    preallocate: Mapping[str, int] = field(default_factory=dict)
+    preallocate: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def num_ops(self) -> int:
