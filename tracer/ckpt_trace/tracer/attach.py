@@ -597,19 +597,9 @@ def attach_bcc(choice, ctx: Attaching):
             return stopper.should_stop()
 
         rec = tracer.attach(pids, make_feeder, spool.output.parent, finished, on_records=checkpoints, keep=keep)
-    feeder = rec.feeder
-    if feeder is None:  # nothing was attached to (BccTracer.attach raises then): nothing was fed
-        raise TracerError("the bcc recording made no event feeder")
-    feeder.finish()
-    spool.add(feeder.builder.take_rows())
-    extra = {"lost_events": rec.lost_events, **({"lost_reasons": rec.lost_reasons} if rec.lost_reasons else {}),
-             "truncated_paths": rec.truncated_paths, "exit_code": 0, "exit_signal": None,
-             "command_elapsed_ns": rec.command_elapsed_ns, "recorder_cpu_ns": rec.recorder_cpu_ns,
-             "unseen": rec.unseen, "io_uring_unrecorded_ops": rec.uring_other_ops,
-             "late_events": feeder.late_events, "spilled_raw_bytes": rec.spilled_raw_bytes,
-             "released_s": rec.released_s, "exited_s": rec.exited_s,
-             "attached": attached_summary(stopper, seen)}
-    return feeder.builder, extra, choice
+    builder, extra = rec.finish(spool)
+    extra.update(exit_code=0, exit_signal=None, attached=attached_summary(stopper, seen))  # the job runs on
+    return builder, extra, choice
 
 
 def attach_strace(choice, ctx: Attaching):

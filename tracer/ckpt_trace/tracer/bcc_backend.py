@@ -589,6 +589,27 @@ class BccRecording:
     released_s: float | None = None  # time.monotonic() when the probes were live and the command released
     exited_s: float | None = None  # time.monotonic() when the command's exit was seen
 
+    def finish(self, spool) -> tuple:
+        """End the feeding, move the rows into ``spool`` and return (trace builder, the trace's extra metadata:
+        counts of lost, truncated, unseen and late events, timings). Raises TracerError when the recording
+        fed nothing (the command never started)."""
+        feeder = self.feeder
+        if feeder is None:
+            raise TracerError("the bcc recording made no event feeder")
+        feeder.finish()
+        spool.add(feeder.builder.take_rows())
+        extra = {"lost_events": self.lost_events, **({"lost_reasons": self.lost_reasons} if self.lost_reasons else {}),
+                 "truncated_paths": self.truncated_paths, "exit_code": self.exit_code,
+                 "exit_signal": self.exit_signal, "command_elapsed_ns": self.command_elapsed_ns,
+                 "recorder_cpu_ns": self.recorder_cpu_ns,
+                 **({"bpf_run_ns": self.bpf_run_ns} if self.bpf_run_ns is not None else {}),
+                 "unseen": self.unseen, "io_uring_unrecorded_ops": self.uring_other_ops,
+                 "late_events": feeder.late_events, "spilled_raw_bytes": self.spilled_raw_bytes,
+                 "released_s": self.released_s, "exited_s": self.exited_s}
+        if feeder.builder.mapped_uncovered_bytes is not None:
+            extra["mapped_uncovered_bytes"] = feeder.builder.mapped_uncovered_bytes
+        return feeder.builder, extra
+
 
 def _cpu_ns() -> int:
     """User and system CPU time of this process, every thread (getrusage(2) RUSAGE_SELF), in ns."""
