@@ -15,7 +15,7 @@ DEMO_RANKS ?= 4
 DEMO_MODEL ?= gpt2-small
 PYTEST_ARGS ?=
 
-.PHONY: setup system venv demo test test-fast test-engines bench clean
+.PHONY: setup system venv demo lint test test-fast test-engines bench clean
 
 setup: system venv
 
@@ -29,7 +29,7 @@ $(PY):
 # The editable install compiles iolayer's io_uring loop (scripts/build_ring.py) and puts the
 # stage folders on sys.path (a .pth file; ckpt_trace is a PEP 420 namespace over them).
 $(VENV)/.installed: pyproject.toml scripts/build_ring.py iolayer/ckpt_trace/iolayer/ring_build.py iolayer/ckpt_trace/iolayer/_ring.c | $(PY)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[torch,test,readers]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[torch,test,readers,lint]'
 	touch $@
 
 venv: $(VENV)/.installed
@@ -37,7 +37,12 @@ venv: $(VENV)/.installed
 demo: setup
 	$(PY) scripts/demo.py --dir $(DEMO_DIR) --trace $(DEMO_TRACE) --model $(DEMO_MODEL) --ranks $(DEMO_RANKS)
 
-test: setup
+# The checks the project configures (pyproject.toml): ruff's rules and pyright on the package.
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m pyright
+
+test: setup lint
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
 # The fast lane: every test not marked slow (no recordings, no process trees, no big I/O).

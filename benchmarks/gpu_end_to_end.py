@@ -205,7 +205,7 @@ def dd_rate(directory: Path, size_bytes: int) -> dict:
     return out
 
 
-def main() -> int:
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gpt2-large")
     parser.add_argument("--dir", default="/tmp/gpu-e2e")
@@ -214,24 +214,51 @@ def main() -> int:
     parser.add_argument("--json", default=str(RESULTS / "gpu_end_to_end.json"))
     parser.add_argument("--engines", default="emitted,emitted async,dcp t1,dcp t4,dcp async,torch.save,safetensors,"
                                              "kvikio,emitted, host state")
-    args = parser.parse_args()
-    import torch
-    import torch.distributed.checkpoint as dcp
+    return parser.parse_args()
 
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
-        return 2
-    names = [n.strip() for n in args.engines.replace("emitted, host state", "emitted@host").split(",")]
+
+def _engine_names(engines: str) -> tuple[list[str], str]:
+    """The engines asked for (kvikio dropped where it is not installed) and KvikIO's mode."""
+    names = [n.strip() for n in engines.replace("emitted, host state", "emitted@host").split(",")]
     names = [n.replace("emitted@host", "emitted, host state") for n in names]
     try:
         import kvikio  # noqa: F401
 
         from ckpt_trace.replayer.gds import probe
         _, mode = probe()
-        kvikio_mode = mode.label if mode else "unknown"
+        return names, mode.label if mode else "unknown"
     except ImportError:
-        names = [n for n in names if n != "kvikio"]
-        kvikio_mode = "not installed"
+        return [n for n in names if n != "kvikio"], "not installed"
+
+
+def _one_engine(torch, engines: Engines, name: str, source: dict, dest: dict, path: Path) -> dict:
+    """Save ``source`` with engine ``name`` at ``path``, load it into ``dest`` cold, compare, clean up."""
+    try:
+        saved = engines.save(name, source, path)
+        drop_caches()
+        loaded = engines.load(name, dest, path)
+        same = all(torch.equal(dest[k].to(source[k].device), source[k]) for k in list(source)[:4] + list(source)[-4:])
+        return {"save": saved, "load": loaded, "identical": same}
+    except Exception as err:  # noqa: BLE001 - a failing engine is reported, the others still run
+        return {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+    finally:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+        for value in dest.values():
+            value.zero_()
+
+
+def main() -> int:
+    args = _parse_args()
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    names, kvikio_mode = _engine_names(args.engines)
     base = Path(args.dir)
     base.mkdir(parents=True, exist_ok=True)
     work = base / f"run-{os.getpid()}"  # ours alone: nothing of the user's is touched
@@ -261,21 +288,7 @@ def main() -> int:
         for name in order:
             path = work / name.replace(" ", "_").replace(",", "")
             source, dest = (host, host_target) if name == "emitted, host state" else (state, target)
-            try:
-                saved = engines.save(name, source, path)
-                drop_caches()
-                loaded = engines.load(name, dest, path)
-                same = all(torch.equal(dest[k].to(source[k].device), source[k]) for k in list(source)[:4] + list(source)[-4:])
-                entry[name] = {"save": saved, "load": loaded, "identical": same}
-            except Exception as err:  # noqa: BLE001 - a failing engine is reported, the others still run
-                entry[name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
-            finally:
-                if path.is_dir():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink(missing_ok=True)
-                for value in dest.values():
-                    value.zero_()
+            entry[name] = _one_engine(torch, engines, name, source, dest, path)
             print(f"round {round_index + 1} {name}: {json.dumps(entry[name])}", flush=True)
             report["rounds"] = report["rounds"][:round_index] + [entry]
             json_path.write_text(json.dumps(report, indent=1))
@@ -296,7 +309,7 @@ def _median(report: dict, name: str, phase: str, key: str = "elapsed_s") -> floa
 def summarize(report: dict) -> None:
     names = [n for n in report["rounds"][0] if n not in ("d2h copy", "h2d copy")] if report["rounds"] else []
     gb = report["bytes"] / 1e9
-    rows, summary = [], {}
+    summary = {}
     copy = {"save": _median(report, "d2h copy", "save"), "load": _median(report, "h2d copy", "load")}
     io_only = {phase: _median(report, "emitted, host state", phase) for phase in ("save", "load")}
     print(f"\n{report['model']} + Adam, {gb:.2f} GB, medians of {len(report['rounds'])} rounds "

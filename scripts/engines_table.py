@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 
 def cell(line: dict | None) -> str:
@@ -32,7 +33,7 @@ def cell(line: dict | None) -> str:
 
 def main(path: str) -> int:
     rows: dict[tuple, dict] = defaultdict(dict)
-    for raw in open(path):
+    for raw in Path(path).read_text().splitlines():
         line = json.loads(raw)
         rows[(line["engine"], line["version"], line["phase"])][line["backend"]] = line
     print("| engine | version | phase | capture, bcc | capture, strace | replay (every strategy, --verify) |")

@@ -575,8 +575,8 @@ class _Planner:
             self.skipped["no_path"] += 1
             return
         self.named.add(path)
-        if (row["flags"] or 0) & v.AT_REMOVEDIR:  # rmdir: a directory, made before the clock if never seen
-            if path not in self.first_touch and not self._under_made_dir(path):
+        # rmdir: a directory, made before the clock if never seen
+        if (row["flags"] or 0) & v.AT_REMOVEDIR and path not in self.first_touch and not self._under_made_dir(path):
                 self.opened_dirs.add(path)
         self.first_touch.setdefault(path, False)
         self.sizes.pop(path, None)
@@ -726,20 +726,14 @@ def _cross_worker_order(plan: ReplayPlan) -> ReplayPlan:
             if ordered:  # each other worker's last use from the previous ordered use on (that one included)
                 marks = [s for s, w, o in before if o]
                 since = marks[-1] if marks else -1
-                last: dict[int, int] = {}
-                for s, w, _ in before:
-                    if w != i and s >= since:
-                        last[w] = s
+                last: dict[int, int] = {w: s for s, w, _ in before if w != i and s >= since}  # the last one wins
                 extra[(i, k)].update(last.values())
             else:
                 marks = [(s, w) for s, w, o in before if o]
                 if marks and marks[-1][1] != i:
                     extra[(i, k)].add(marks[-1][0])
                 if op.kind == "read" and handle == op.handle:  # the last write of each other worker before it
-                    last_write: dict[int, int] = {}
-                    for s, w, _ in before:
-                        if w != i and kind_of[(s, w)] == "write":
-                            last_write[w] = s
+                    last_write = {w: s for s, w, _ in before if w != i and kind_of[(s, w)] == "write"}
                     extra[(i, k)].update(last_write.values())
     if not extra:
         return plan

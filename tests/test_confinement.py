@@ -246,3 +246,37 @@ def test_a_lock_left_by_a_killed_replay_is_taken_over_and_one_job_shares_its_loc
     assert (target / LOCK_NAME).exists()
     held.release()
     assert not (target / LOCK_NAME).exists()
+
+
+def _acquire_in_job(target: str, start, results) -> None:
+    """One process of a torchrun job: wait for the others, take the job's lock, report (owner, error)."""
+    os.environ["TORCHELASTIC_RUN_ID"] = "job-race"
+    start.wait()
+    try:
+        lock = TargetLock.acquire(Path(target), job_id())
+        results.put((lock.owner, None))
+    except ReplayError as err:
+        results.put((False, str(err)))
+
+
+@pytest.mark.slow
+def test_the_processes_of_one_job_never_see_their_lock_half_made(tmp_path):
+    """The processes of one job start together; each reads the lock one of them is making. A lock made with
+    O_EXCL and then written was read empty by a torchrun replay's process 3 of 4 (a full run hit it), which
+    refused its own job's lock. Now the lock is linked in whole: 40 rounds of 6 processes, never a refusal."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    for round_number in range(40):
+        target = tmp_path / f"t{round_number}"
+        target.mkdir()
+        start, results = ctx.Barrier(6), ctx.Queue()
+        procs = [ctx.Process(target=_acquire_in_job, args=(str(target), start, results)) for _ in range(6)]
+        for proc in procs:
+            proc.start()
+        outcomes = [results.get(timeout=60) for _ in procs]
+        for proc in procs:
+            proc.join(60)
+        assert [error for _, error in outcomes if error] == [], round_number
+        assert sum(owner for owner, _ in outcomes) == 1
+        assert sorted(p.name for p in target.iterdir()) == [LOCK_NAME]  # no private name left behind

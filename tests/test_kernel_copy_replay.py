@@ -25,11 +25,8 @@ def _recorded_calls(trace) -> list[tuple[str, int]]:
     """(call, bytes) of each in-kernel copy call in the trace, in recorded order: one row per splice, the
     read row of a sendfile's or copy_file_range's pair."""
     rows = read_trace(trace).table.select(["ts_ns", "op", "interface", "ret"]).to_pylist()
-    calls = []
-    for row in sorted(rows, key=lambda r: r["ts_ns"]):
-        if row["interface"] in COPIES and (row["interface"] == "splice" or row["op"] == "read"):
-            calls.append((row["interface"], row["ret"]))
-    return calls
+    return [(row["interface"], row["ret"]) for row in sorted(rows, key=lambda r: r["ts_ns"])
+            if row["interface"] in COPIES and (row["interface"] == "splice" or row["op"] == "read")]
 
 
 def _replayed_calls(log) -> list[tuple[str, int, int]]:
@@ -44,6 +41,7 @@ def _replayed_calls(log) -> list[tuple[str, int, int]]:
     return calls
 
 
+@pytest.mark.slow
 @pytest.mark.strace
 @pytest.mark.parametrize("recorder", ["strace", "bcc"])
 def test_posix_replay_makes_each_copy_by_its_recorded_call(recorder, request, tmp_path):

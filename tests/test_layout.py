@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import io
 import os
 import pickle
 import shutil
@@ -16,7 +15,6 @@ import pytest
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.formats.layout import (
-    LAYOUT_METADATA_KEY,
     UnsafePickleError,
     add_layout,
     build_layout,
@@ -92,7 +90,7 @@ def test_safetensors_entries_hold_the_tensors_bytes(saved):
         _covered_exactly(layout.table, str(shard))
         data = shard.read_bytes()
         with safe_open(str(shard), framework="pt") as handle:
-            for name in handle.keys():
+            for name in handle.keys():  # noqa: SIM118  (safe_open is not a mapping)
                 (row,) = [r for r in rows if r["path"] == str(shard) and r["name"] == name]
                 tensor = handle.get_tensor(name)
                 assert data[row["offset"]:row["offset"] + row["length"]] == tensor.numpy().tobytes()
@@ -216,13 +214,13 @@ def test_the_layout_rides_in_the_trace_and_every_reader_gets_it(tmp_path, golden
 
 def test_classify_names_kinds_by_key_path():
     assert classify(("optim", "state", "h.0.attn.c_attn.weight", "exp_avg_sq"), tensor=True) == "optimizer.exp_avg_sq"
-    assert classify("optimizer.state.3.step".split("."), tensor=True) == "optimizer.step"
-    assert classify("optim.param_groups.0.lr".split("."), tensor=False) == "optimizer.other"
-    assert classify("model.h.0.mlp.c_fc.weight".split("."), tensor=True) == "model"
-    assert classify("transformer.wte.weight".split("."), tensor=True) == "model"
-    assert classify("model.layer._extra_state".split("."), tensor=False) == "extra"
+    assert classify(["optimizer", "state", "3", "step"], tensor=True) == "optimizer.step"
+    assert classify(["optim", "param_groups", "0", "lr"], tensor=False) == "optimizer.other"
+    assert classify(["model", "h", "0", "mlp", "c_fc", "weight"], tensor=True) == "model"
+    assert classify(["transformer", "wte", "weight"], tensor=True) == "model"
+    assert classify(["model", "layer", "_extra_state"], tensor=False) == "extra"
     assert classify(("lr_scheduler", "last_epoch"), tensor=False) == "extra"
-    assert classify("optim.exp_avg_sq.wte.weight".split("."), tensor=True) == "optimizer.exp_avg_sq"
+    assert classify(["optim", "exp_avg_sq", "wte", "weight"], tensor=True) == "optimizer.exp_avg_sq"
 
 
 @pytest.mark.torch

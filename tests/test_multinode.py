@@ -117,9 +117,9 @@ def test_placement_keeps_each_recorded_hosts_ranks_on_one_node():
     hosts = {-101: "a", 0: "a", 1: "a", 2: "b", 3: "b", 4: "a", 5: "a", 6: "b", 7: "b"}  # a job's own placement
 
     def shares(placement, nodes=2, per_node=2):
-        return [sorted(placed_share(owners, hosts, World(rank=n * per_node + l, size=nodes * per_node, local_rank=l,
+        return [sorted(placed_share(owners, hosts, World(rank=n * per_node + lr, size=nodes * per_node, local_rank=lr,
                                                          node=n, nodes=nodes, local_size=per_node), placement))
-                for n in range(nodes) for l in range(per_node)]
+                for n in range(nodes) for lr in range(per_node)]
 
     assert shares("host") == [[-101, 0], [1, 4, 5], [2, 3], [6, 7]]
     assert shares("spread") == [[-101, 0], [1, 2], [3, 4], [5, 6, 7]]

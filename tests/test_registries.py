@@ -11,8 +11,7 @@ import pytest
 from conftest import cli
 
 from ckpt_trace.errors import TracerError, WorkloadError
-from ckpt_trace.tracer import BACKENDS, choose_backend
-from ckpt_trace.tracer import backends
+from ckpt_trace.tracer import BACKENDS, backends, choose_backend
 from ckpt_trace.workloads import engines
 
 

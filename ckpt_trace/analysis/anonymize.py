@@ -65,23 +65,27 @@ class Anonymizer:
         return self.names[name]
 
     def path(self, value: str | None) -> str | None:
-        if value is None:
-            return None
+        return None if value is None else self._path(value)
+
+    def _path(self, value: str) -> str:
         return "/".join(self.component(part) for part in value.split("/"))
 
     def comm(self, value: str | None) -> str | None:
         return None if value is None else f"c{self._hash('comm', value, 8)}"
 
     def host_name(self, value: str | None) -> str | None:
-        return None if value is None else f"host-{self._hash('host', value, 8)}"
+        return None if value is None else self._host_name(value)
+
+    def _host_name(self, value: str) -> str:
+        return f"host-{self._hash('host', value, 8)}"
 
     def text(self, value: str) -> str:
         """Free text: host and user names replaced, then every absolute path in it."""
         if self.host:
-            value = value.replace(self.host, self.host_name(self.host))
+            value = value.replace(self.host, self._host_name(self.host))
         for user in self.users:
             value = re.sub(rf"(?<![\w-]){re.escape(user)}(?![\w-])", f"user-{self._hash('user', user, 6)}", value)
-        return _PATH_IN_TEXT.sub(lambda m: self.path(m.group()), value)
+        return _PATH_IN_TEXT.sub(lambda m: self._path(m.group()), value)
 
     def anything(self, value: Any) -> Any:
         if isinstance(value, str):
@@ -94,7 +98,7 @@ class Anonymizer:
 
 
 def _users() -> set[str]:
-    names = {os.environ.get(k) for k in ("USER", "SUDO_USER", "LOGNAME")} - {None, "root"}
+    names = {name for k in ("USER", "SUDO_USER", "LOGNAME") if (name := os.environ.get(k)) and name != "root"}
     try:
         names |= {entry.pw_name for entry in pwd.getpwall() if entry.pw_uid >= 1000 and entry.pw_uid != 65534}
     except OSError:

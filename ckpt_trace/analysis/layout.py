@@ -326,6 +326,8 @@ def layout_report(trace: str | Path, paths: Iterable[str], objects_per_file: int
         return None
     table, info = stored
     join = join_trace(trace, table)
+    if join is None:
+        return None
     files = {}
     for path, objects in objects_of_files(join, paths).items():
         ranked = sorted(objects, key=lambda o: -(o["bytes_written"] + o["bytes_read"]))
@@ -361,10 +363,10 @@ def diff_layouts(path_a: str | Path, path_b: str | Path, top: int = 20) -> dict[
     joins = {side: join_trace(path) for side, path in (("a", path_a), ("b", path_b))}
     if all(join is None for join in joins.values()):
         return None
-    missing = [side for side, join in joins.items() if join is None]
-    if missing:
-        return {"missing": missing}
-    a, b = _per_object(joins["a"]), _per_object(joins["b"])
+    join_a, join_b = joins["a"], joins["b"]
+    if join_a is None or join_b is None:
+        return {"missing": [side for side, join in joins.items() if join is None]}
+    a, b = _per_object(join_a), _per_object(join_b)
     changed = []
     for key in sorted(set(a) & set(b)):
         x, y = a[key], b[key]

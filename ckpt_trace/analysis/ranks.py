@@ -38,11 +38,11 @@ class RankTimes:
 
     def __init__(self, default_host: str | None = None) -> None:
         self.default_host = default_host  # the host of rows without a host column (a trace of one node)
-        self.ranks: dict[int, dict[str, int]] = {}
+        self.ranks: dict[int, dict[str, Any]] = {}
         self.hosts: dict[str, dict[str, Any]] = {}
 
     @staticmethod
-    def _entry() -> dict[str, int]:
+    def _entry() -> dict[str, Any]:
         return {"rows": 0, "io_time_ns": 0, "writes": 0, "bytes_written": 0, "bytes_read": 0,
                 "first_write_ns": -1, "last_write_end_ns": -1}
 

@@ -153,7 +153,7 @@ class Accumulator:
             for part in batch.to_batches():
                 self.add(part)
             return
-        order = self.rows if order is None else order
+        place: int = self.rows if order is None else order
         n = batch.num_rows
         if n == 0:
             return
@@ -189,7 +189,7 @@ class Accumulator:
                 copies = cuda[interface_codes]
                 if copies.any():
                     self.copies.append(pa.Table.from_batches([batch.filter(pa.array(copies))]))
-                    self.copy_order.append(order)
+                    self.copy_order.append(place)
 
     def _add_identities(self, rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> None:
         """The distinct ranks, pids and tids of a batch (never null): one hashed unique of the three packed
@@ -272,9 +272,11 @@ class Accumulator:
             mine = self.ops.setdefault(op, {"count": 0, "bytes": 0, "time_ns": 0})
             for key in mine:
                 mine[key] += entry[key]
-        for mine, theirs in ((self.files, other.files), (self.pids, other.pids), (self.tids, other.tids),
-                             (self.ranks, other.ranks), (self.writer_threads, other.writer_threads)):
-            mine.update(theirs)
+        self.files |= other.files
+        self.pids |= other.pids
+        self.tids |= other.tids
+        self.ranks |= other.ranks
+        self.writer_threads |= other.writer_threads
         for name in ("data_ops", "data_time_ns", "written", "read", "known_offsets", "unaligned_offsets",
                      "unaligned_sizes", "meta_ops", "meta_time_ns"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -368,7 +370,7 @@ def summarize(trace: Trace) -> dict[str, Any]:
         acc.add(batch)
         times.add(batch)
     gpu = copy_summary(trace.table) if acc.copies else {"copies": 0}
-    document = {**summary_document(trace.path, trace.metadata, acc.result(), gpu), **times.result()}
+    document = {**summary_document(trace.path, dict(trace.metadata), acc.result(), gpu), **times.result()}
     from .layout import layout_summary  # it builds on this module's helpers
 
     document["layout"] = layout_summary(trace.path) if trace.path.is_file() else None

@@ -145,7 +145,7 @@ def effects(table: pa.Table, matrix: Matrix, direction: str | None = None) -> li
         found.append({"dimension": name, "title": TITLES[name], "values": values,
                       "fastest": fastest and fastest["label"], "slowest": slowest and slowest["label"],
                       "ratio": fastest["throughput_bytes_per_s"] / slowest["throughput_bytes_per_s"]
-                      if len(ran) > 1 else None})
+                      if fastest and slowest and len(ran) > 1 else None})
     return sorted(found, key=lambda e: -(e["ratio"] or 0))
 
 

@@ -59,10 +59,11 @@ class PointOutcome:
     error: str | None = None
 
     def row(self) -> dict:
-        figures = self.elapsed_s is not None
-        return {**dataclasses.asdict(self.point), "volume_bytes": self.volume_bytes, "elapsed_s": self.elapsed_s,
+        elapsed_s = self.elapsed_s
+        figures = elapsed_s is not None
+        return {**dataclasses.asdict(self.point), "volume_bytes": self.volume_bytes, "elapsed_s": elapsed_s,
                 "runs_elapsed_s": list(self.runs_elapsed_s) or None,
-                "throughput_bytes_per_s": self.volume_bytes / self.elapsed_s if figures and self.elapsed_s > 0 else None,
+                "throughput_bytes_per_s": self.volume_bytes / elapsed_s if elapsed_s is not None and elapsed_s > 0 else None,
                 "io_ops": self.io_ops if figures else None,
                 "latency_p50_ns": self.latency_ns.get("p50"), "latency_p99_ns": self.latency_ns.get("p99"),
                 "latency_max_ns": self.latency_ns.get("max"), "cpu_s": self.cpu_s, "error": self.error}
@@ -215,9 +216,13 @@ def _run_once(context, point: BenchPoint, matrix: Matrix, scratch: Path, block_b
     return _combine(point, stream * point.processes, messages)
 
 
-def _collect(connections, processes, barrier) -> list[tuple[str, object]]:
+# A bench process's one message: ("ok", StreamResult), or ("unsupported" | "error" | "aborted", why).
+_Message = tuple[str, worker.StreamResult | str]
+
+
+def _collect(connections, processes, barrier) -> list[_Message]:
     """Every process's message, in order; one that dies without sending breaks the barrier so the rest stop."""
-    messages: dict[int, tuple[str, object]] = {}
+    messages: dict[int, _Message] = {}
     while len(messages) < len(processes):
         pending = [i for i in range(len(processes)) if i not in messages]
         wait_ready([connections[i] for i in pending] + [processes[i].sentinel for i in pending])
@@ -244,15 +249,15 @@ def _reap(processes, connections) -> None:
         connection.close()
 
 
-def _combine(point: BenchPoint, volume_bytes: int, messages: list[tuple[str, object]]) -> PointOutcome:
+def _combine(point: BenchPoint, volume_bytes: int, messages: list[_Message]) -> PointOutcome:
     """One outcome from every process's message; BenchError when any failed for a reason other than refusal."""
     for kind, value in messages:
         if kind == "error":
             raise BenchError(f"bench point '{describe(point)}' failed: {value}")
-    refused = [value for kind, value in messages if kind == "unsupported"]
+    refused = [str(value) for kind, value in messages if kind == "unsupported"]  # (a str: why)
     if refused or any(kind != "ok" for kind, _ in messages):
         return PointOutcome(point, volume_bytes, error=refused[0] if refused else "a process did not start")
-    results = [value for _, value in messages]
+    results = [value for _, value in messages if isinstance(value, worker.StreamResult)]  # all: every kind is ok
     latencies = array("q")
     for result in results:
         latencies.frombytes(result.latencies_ns)

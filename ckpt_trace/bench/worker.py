@@ -76,6 +76,13 @@ def expected_content(point: BenchPoint, stream: int) -> bytes:
     return bytes(point.misaligned_bytes) + pattern.expected(point.misaligned_bytes, stream, PATTERN_KEY)
 
 
+def _held(buf: AlignedBuffer | None, what: str) -> AlignedBuffer:
+    """A stream's ``what`` buffer, allocated when the stream is made; ValueError once ``close`` freed it."""
+    if buf is None:
+        raise ValueError(f"the stream's {what} buffer is freed: the stream was closed")
+    return buf
+
+
 class _Stream:
     """What a writer and a reader share: the plain stream as one batch of requests through the I/O layer's C
     loops, the staging buffers and the ring, and freeing them. Subclasses set ``point``, ``stream``,
@@ -102,15 +109,18 @@ class _Stream:
 
     def _plain(self) -> int:
         """The pieces as one batch through the C loop (io_uring, or one call at a time); requests issued."""
+        requests = self.requests
+        if requests is None:
+            raise ValueError("the stream's requests are made for a plain (not aggregated) point only")
         if self.ring is not None:
-            results, latencies = self.ring.run(self.requests)
+            results, latencies = self.ring.run(requests)
         else:
-            results, latencies = rings.pio_run(self.requests)
+            results, latencies = rings.pio_run(requests)
             self.latencies_ns.extend(latencies.tolist())
-        failed = rings.first_failure(self.requests, results)
+        failed = rings.first_failure(requests, results)
         if failed is not None:
             raise failed[1]
-        return len(self.requests)
+        return len(requests)
 
     def _staged(self, kind: str, buf: AlignedBuffer, size: int, offset: int, slot: int) -> None:
         """One staging buffer's ``kind`` (read or write) of ``size`` bytes at ``offset``: submitted to the ring
@@ -201,8 +211,9 @@ class StreamWriter(_Stream):
 
     def _piece_requests(self) -> np.ndarray:
         """The plain stream as one batch: each piece one write from the pattern buffer at its own offset."""
+        source = _held(self.source, "pattern")
         return self._batch(rings.OP_WRITE,
-                           lambda offsets: self.source.ptr + (offsets + pattern.PAGE * PATTERN_KEY) % pattern.PERIOD)
+                           lambda offsets: source.ptr + (offsets + pattern.PAGE * PATTERN_KEY) % pattern.PERIOD)
 
     def run(self) -> StreamResult:
         """Write the stream, fsync the file, and return the measurements."""
@@ -226,7 +237,7 @@ class StreamWriter(_Stream):
     def _aggregated(self) -> int:
         """Copy the pieces into the staging buffers; write each buffer once the stream leaves it."""
         plan = staging_writes(self.point, self.stream, self.aggregate_bytes, self.block_bytes)
-        source = self.source.view()
+        source = _held(self.source, "pattern").view()
         current = -1
         try:
             for offset, size in pieces(self.point, self.stream):
@@ -327,7 +338,7 @@ class StreamReader(_Stream):
         try:
             if self.point.misaligned_bytes:
                 os.pwrite(fd, bytes(self.point.misaligned_bytes), 0)
-            view = self.source.view()
+            view = _held(self.source, "pattern").view()
             try:
                 for offset, size, first in self._chunks():
                     done = 0
@@ -345,8 +356,8 @@ class StreamReader(_Stream):
 
     def _piece_requests(self) -> np.ndarray:
         """The plain stream as one batch: each piece one read into its place in the destination."""
-        return self._batch(rings.OP_READ,
-                           lambda offsets: self.destination.ptr + offsets - self.point.misaligned_bytes)
+        destination = _held(self.destination, "destination")
+        return self._batch(rings.OP_READ, lambda offsets: destination.ptr + offsets - self.point.misaligned_bytes)
 
     def run(self) -> StreamResult:
         """Read the stream, then (after the clock) check every byte of the destination."""
@@ -362,8 +373,8 @@ class StreamReader(_Stream):
 
     def check(self) -> None:
         """Raise ValueError unless the destination holds the stream's pattern bytes."""
-        got = np.frombuffer(self.destination.mmap, np.uint8)
-        want = np.frombuffer(self.source.mmap, np.uint8)
+        got = np.frombuffer(_held(self.destination, "destination").mmap, np.uint8)
+        want = np.frombuffer(_held(self.source, "pattern").mmap, np.uint8)
         for offset, size, first in self._chunks():
             at = offset - self.point.misaligned_bytes
             if not np.array_equal(got[at:at + size], want[first:first + size]):
@@ -381,7 +392,7 @@ class StreamReader(_Stream):
         slots = len(self.buffers)
         for index in range(min(slots, len(plan))):
             self._read(index % slots, *plan[index])
-        destination = self.destination.view()
+        destination = _held(self.destination, "destination").view()
         current = -1
         try:
             for offset, size in pieces(self.point, self.stream):
@@ -420,7 +431,8 @@ def describe_os_error(err: OSError, point: BenchPoint) -> str:
         what = "O_DIRECT" + (f" at an offset misaligned by {point.misaligned_bytes} B" if point.misaligned_bytes
                              and not point.aggregated else "")
         return f"{errno.errorcode.get(err.errno, err.errno)}: this storage refuses {what}"
-    return f"{errno.errorcode.get(err.errno, 'error')}: {err.strerror or err}"
+    name = errno.errorcode.get(err.errno, "error") if err.errno is not None else "error"
+    return f"{name}: {err.strerror or err}"
 
 
 def child_main(point: BenchPoint, path: str, stream: int, aggregate_bytes: int, block_bytes: int,

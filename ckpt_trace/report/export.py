@@ -41,7 +41,7 @@ from ckpt_trace.analysis.filter import Conditions, batch_mask
 from ckpt_trace.analysis.summary import Progress, on_batch
 from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.formats import COLUMNS, scan, write_bytes_atomic
-from ckpt_trace.formats.atomic import AtomicFile, make_temporary_directory, refuse_input
+from ckpt_trace.formats.atomic import AtomicFile, make_temporary_directory
 from ckpt_trace.iolayer.outputs import check_output_dir, check_output_file
 
 FORMATS = ("perfetto", "parquet")
@@ -217,7 +217,7 @@ class _Partitions:
             if self.waiting_rows[rank] >= ROW_GROUP_ROWS:
                 self._flush(rank)
         while sum(self.waiting_rows.values()) > self.BUFFERED_ROWS:
-            self._flush(max(self.waiting_rows, key=self.waiting_rows.get))
+            self._flush(max(self.waiting_rows, key=lambda r: self.waiting_rows[r]))
 
     def _flush(self, rank: int) -> None:
         tables = self.waiting.pop(rank, [])

@@ -615,7 +615,7 @@ def write_report(trace_path: str | os.PathLike, output: str | os.PathLike, *, re
     results, fio = load_results(results_paths, trace_path)
     profile = profile_file(trace_path, rank=rank, progress=progress)
     profile["rank_times"] = rank_times_file(trace_path)  # per host, and the slowest rank's save time
-    profile["layout"] = layout_report(trace_path, [f["path"] for f in profile["files"][:TOP_FILE_ROWS]])
+    profile["layout"] = layout_report(os.fspath(trace_path), [f["path"] for f in profile["files"][:TOP_FILE_ROWS]])
     data = build_report(profile, results, fio_limit_bytes_per_s or fio, str(trace_path)).encode()
     write_bytes_atomic(output, data)
     labels = profile["owner_labels"]

@@ -43,7 +43,7 @@ def _ioctl(fd: int, cmd: int, arg) -> int:
         fcntl.ioctl(fd, cmd, arg)
         return 0
     except OSError as err:
-        return -err.errno
+        return -(err.errno or 0)
 
 
 def run(out: str, size: int = 1 << 20) -> list[list]:

@@ -51,10 +51,13 @@ class Notes:
 
 def position(fd: int) -> int:
     with open(f"/proc/self/fdinfo/{fd}") as info:
-        return int(_POS.search(info.read()).group(1))
+        found = _POS.search(info.read())
+    if found is None:
+        raise OSError(f"no pos in /proc/self/fdinfo/{fd}")
+    return int(found.group(1))
 
 
-def write(notes: Notes, fd: int, path: str, data: bytes) -> None:
+def write(notes: Notes, fd: int, path: str, data: bytes | mmap.mmap) -> None:
     offset = position(fd)
     notes.add("write", path, offset, os.write(fd, data))
 

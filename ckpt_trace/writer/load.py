@@ -238,21 +238,23 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
     def _verify(item, stored: StoredItem, data: torch.Tensor, path: Path) -> None:
         """Raise CheckpointError naming the item, the file and the byte range when ``data`` does not have
         the stored checksum."""
-        found = checksum(data, stored.checksum_kind)
+        # No kind recorded: crc32, as checksum() computes for every kind but crc32c.
+        found = checksum(data, stored.checksum_kind or "crc32")
         if found is not None and found != stored.checksum:
             name = item.storage_index.fqn if hasattr(item, "storage_index") else "an item"
             raise CheckpointError(f"checkpoint item {name} in {path} (bytes {stored.offset:,}+{stored.size_bytes:,}) "
                                   f"is corrupt: {stored.checksum_kind} {found:08x}, recorded {stored.checksum:08x}")
 
     def _stream(self, stream: StreamReader, fd: int, items: list, stored: list[StoredItem], file_size_bytes: int,
-                planner: LoadPlanner, path: Path | None = None) -> None:
+                planner: LoadPlanner, path: Path) -> None:
         """O_DIRECT: the file's items as one stream of aligned reads (``staging.StreamReader``), each read's
         bytes copied into the destination tensors where they fit as stored (a GPU tensor too: asynchronous
         host-to-device copies out of the page-locked arena, ``staging.CudaCopier``), else into a scratch
         tensor served whole once its last byte has landed."""
-        destinations: dict[int, tuple[torch.Tensor, torch.Tensor, bool]] = {}  # i -> (bytes, target, in place)
+        # i -> (bytes, target (None for a pickle), in place: bytes is target's memory)
+        destinations: dict[int, tuple[torch.Tensor, torch.Tensor | None, bool]] = {}
 
-        def destination(i: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        def destination(i: int) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
             if i not in destinations:
                 item, s = items[i], stored[i]
                 target = planner.resolve_tensor(item).detach() if item.type != LoadItemType.BYTE_IO else None
@@ -266,7 +268,7 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             memory, target, in_place = destinations.pop(i)
             if memory.device.type == "cpu":  # a GPU destination's bytes are checked nowhere on the host
                 self._check(items[i], stored[i], memory, path, in_place)
-            if in_place:
+            if in_place and target is not None:  # (in place only into a target: destination above)
                 planner.commit_tensor(items[i], target)
             else:
                 self._serve(items[i], stored[i], memory, planner)
@@ -292,6 +294,8 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         if item.type == LoadItemType.BYTE_IO:
             planner.load_bytes(item, io.BytesIO(data.numpy().tobytes()))
             return
+        if stored.dtype is None or stored.shape is None:
+            raise CheckpointError(f"{item.storage_index.fqn}: the checkpoint records no dtype or shape for this tensor")
         tensor = data.view(_dtype(stored.dtype)).reshape(stored.shape)
         for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths)):
             tensor = tensor.narrow(dim, start, length)

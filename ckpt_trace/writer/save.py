@@ -37,11 +37,11 @@ import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
@@ -66,12 +66,30 @@ class SaveStats:
     direct_io: bool
 
 
+def _tensor_data(item: WriteItem) -> TensorWriteData:
+    """A tensor item's chunk and properties, which DCP's planner sets on every item but BYTE_IO ones.
+    Raises CheckpointError for a tensor item without them."""
+    if item.tensor_data is None:
+        raise CheckpointError(f"{item.index.fqn}: the save plan's tensor item has no tensor_data")
+    return item.tensor_data
+
+
 def _tensor_bytes(item: WriteItem) -> int:
     """Bytes of the item's chunk (for a shard, its local part; ``tensor_data.size`` is the global size)."""
+    tensor_data = _tensor_data(item)
     numel = 1
-    for dim in item.tensor_data.chunk.sizes:
+    for dim in tensor_data.chunk.sizes:
         numel *= dim
-    return numel * torch._utils._element_size(item.tensor_data.properties.dtype)
+    # torch._utils is private and not re-exported (DCP's own planner and filesystem writer size items with it).
+    return numel * torch._utils._element_size(tensor_data.properties.dtype)  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def _pickled(item: WriteItem, planner: SavePlanner) -> bytes:
+    """The pickled bytes the planner resolved for a BYTE_IO item (an ``io.BytesIO``)."""
+    data = planner.resolve_data(item)
+    if isinstance(data, torch.Tensor):
+        raise CheckpointError(f"{item.index.fqn}: planner resolved a tensor for a pickled (BYTE_IO) item")
+    return data.getvalue()
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -142,7 +160,8 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
                 options = StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False, use_async_staging=False,
                                          use_non_blocking_copy=on_gpu)
                 stager = self._stagers[on_gpu] = DefaultStager(options)
-            return stager.stage(state_dict)
+            # use_async_staging=False: stage returns the staged dict itself, never its Future.
+            return cast(dict[str, Any], stager.stage(state_dict))
 
     def close(self) -> None:
         """Nothing to release between saves: some torch releases call ``close()`` on a storage writer that
@@ -182,8 +201,7 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
         files = plan.storage_data
         if not isinstance(files, RankFiles):
             files = RankFiles(f"__{self.rank}_", self.save_id)
-        pickled = {i: planner.resolve_data(item).getvalue() for i, item in enumerate(plan.items)
-                   if item.type == WriteItemType.BYTE_IO}
+        pickled = {i: _pickled(item, planner) for i, item in enumerate(plan.items) if item.type == WriteItemType.BYTE_IO}
         sizes = [(i, len(pickled[i]) if i in pickled else _tensor_bytes(item)) for i, item in enumerate(plan.items)]
         layouts = plan_files(sizes, self.options.writer_threads, align_bytes=self.options.align_bytes,
                              item_align_bytes=config.WRITER_ITEM_ALIGN_BYTES)
@@ -225,8 +243,9 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
         staged_items = []
         try:
             for placement in layout.placements:
-                item = plan.items[placement.key]
-                data = self._item_bytes(item, planner, pickled.get(placement.key))
+                index = cast(int, placement.key)  # plan_files was given the items' indices as keys (write_data)
+                item = plan.items[index]
+                data = self._item_bytes(item, planner, pickled.get(index))
                 crc = staged.put(placement.offset, data, checksum=self.options.checksums)  # while in cache
                 staged_items.append((item, placement, crc))
             staged.close()  # every write and checksum done
@@ -240,6 +259,8 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
         if pickled is not None:
             return torch.frombuffer(bytearray(pickled), dtype=torch.uint8) if pickled else torch.empty(0, dtype=torch.uint8)
         tensor = planner.resolve_data(item)
+        if not isinstance(tensor, torch.Tensor):
+            raise CheckpointError(f"{item.index.fqn}: planner resolved {type(tensor).__name__}, not a tensor")
         expected = _tensor_bytes(item)
         data = _as_bytes(tensor)
         if data.numel() != expected:
@@ -253,8 +274,9 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
         if item.type == WriteItemType.BYTE_IO:
             stored = StoredItem(name, offset, size_bytes, file_size_bytes, checksum=crc, checksum_kind=kind)
         else:
-            stored = StoredItem(name, offset, size_bytes, file_size_bytes, str(item.tensor_data.properties.dtype),
-                                tuple(item.tensor_data.chunk.sizes), checksum=crc, checksum_kind=kind)
+            tensor_data = _tensor_data(item)
+            stored = StoredItem(name, offset, size_bytes, file_size_bytes, str(tensor_data.properties.dtype),
+                                tuple(tensor_data.chunk.sizes), checksum=crc, checksum_kind=kind)
         return WriteResult(index=item.index, size_in_bytes=size_bytes, storage_data=stored)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:

@@ -44,6 +44,7 @@ import os
 import threading
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar, cast
 
 import torch
 
@@ -57,6 +58,7 @@ from .layout import FileLayout, align_up, plan_stream
 from .options import WriterOptions
 
 _INLINE_CHECKSUM_BYTES = 64 << 10  # an item this small is checksummed at once: a worker's hand-off costs more
+_Key = TypeVar("_Key", bound=Hashable)  # how a StreamReader's caller names its items
 
 
 class ItemChecksum:
@@ -127,7 +129,7 @@ class StagedFile:
             self.views.append(torch.frombuffer(buffer.mmap, dtype=torch.uint8))
             return len(self.buffers) - 1
         while not self.free:
-            self.free.append(self.ring.wait().tag)
+            self.free.append(cast(int, self.ring.wait().tag))  # Ring tags are objects; ours are buffer indices
         index = self.free.pop()
         self._wait_checksums(index)  # its pieces' checksums may still be reading it
         return index
@@ -144,7 +146,7 @@ class StagedFile:
             return
         if self.checksum_thread is None:
             self.checksum_thread = ThreadPoolExecutor(1, thread_name_prefix="ckpt-trace-crc")
-        self.checksumming.setdefault(self.current, []).append(self.checksum_thread.submit(crc.extend, piece))
+        self.checksumming.setdefault(self._current(), []).append(self.checksum_thread.submit(crc.extend, piece))
 
     def _pin(self, index: int) -> bool:
         """Make staging buffer ``index`` page-locked for asynchronous device-to-host copies: swapped for a
@@ -172,6 +174,12 @@ class StagedFile:
         self.copy_stream.wait_stream(torch.cuda.current_stream(device))
         return self.copy_stream
 
+    def _current(self) -> int:
+        """The staging buffer being filled (``put`` takes one before staging; none between buffers)."""
+        if self.current is None:
+            raise ValueError("no staging buffer is being filled")
+        return self.current
+
     def _wait_copies(self, index: int) -> None:
         """Block until the device-to-host copies into buffer ``index`` completed (its CUDA event)."""
         pending = self.copying.pop(index, None)
@@ -179,12 +187,13 @@ class StagedFile:
             pending[0].synchronize()
 
     def _flush(self) -> None:
-        self._wait_copies(self.current)  # its bytes may still be on their way from the GPU
+        current = self._current()
+        self._wait_copies(current)  # its bytes may still be on their way from the GPU
         size = align_up(self.fill, self.options.align_bytes)
-        view = self.views[self.current]
+        view = self.views[current]
         if size > self.fill:
             view[self.fill:size].zero_()
-        self.ring.submit("write", self.fd, self.buffers[self.current].ptr, size, self.file_offset, tag=self.current)
+        self.ring.submit("write", self.fd, self.buffers[current].ptr, size, self.file_offset, tag=current)
         self.file_offset += self.options.buffer_bytes
         self.current, self.fill = None, 0
 
@@ -294,7 +303,7 @@ class PinnedPool:
                 return kept.pop()
         buffer = AlignedBuffer(size_bytes)
         try:
-            torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(buffer.ptr, buffer.size_bytes, 0))
+            torch.cuda.check_error(_cudart().cudaHostRegister(buffer.ptr, buffer.size_bytes, 0))
         except RuntimeError:
             buffer.close()
             return None
@@ -318,8 +327,16 @@ class PinnedPool:
             _unregister(buffer)
 
 
+def _cudart():
+    """``torch.cuda.cudart()``, the CUDA runtime module. torch types it optional (its cache is None where torch
+    has no CUDA), but its lazy CUDA initialisation raises there rather than return None."""
+    runtime = torch.cuda.cudart()
+    assert runtime is not None  # torch.cuda._lazy_init raised otherwise
+    return runtime
+
+
 def _unregister(buffer: AlignedBuffer) -> None:
-    torch.cuda.cudart().cudaHostUnregister(buffer.ptr)
+    _cudart().cudaHostUnregister(buffer.ptr)
     buffer.close()
 
 
@@ -354,7 +371,7 @@ class CudaCopier(Copier):
     Copies to CPU destinations stay synchronous. Raises RuntimeError if the arena cannot be registered."""
 
     def __init__(self, arena: AlignedBuffer, device: torch.device) -> None:
-        torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(arena.ptr, arena.size_bytes, 0))
+        torch.cuda.check_error(_cudart().cudaHostRegister(arena.ptr, arena.size_bytes, 0))
         self.arena = arena
         self.stream = torch.cuda.Stream(device)
         self.events: dict[int, torch.cuda.Event] = {}
@@ -380,7 +397,7 @@ class CudaCopier(Copier):
 
     def close(self) -> None:
         self.wait_all()
-        torch.cuda.cudart().cudaHostUnregister(self.arena.ptr)
+        _cudart().cudaHostUnregister(self.arena.ptr)
 
 
 class StreamReader:
@@ -432,8 +449,8 @@ class StreamReader:
             self.arena = AlignedBuffer(self.arena_bytes).prefault()
         return self.arena
 
-    def run(self, fd: int, wanted: list[tuple[Hashable, int, int]], file_size_bytes: int,
-            destination: Callable[[Hashable], torch.Tensor], done: Callable[[Hashable], None],
+    def run(self, fd: int, wanted: list[tuple[_Key, int, int]], file_size_bytes: int,
+            destination: Callable[[_Key], torch.Tensor], done: Callable[[_Key], None],
             copier: Copier | None = None) -> None:
         items = sorted((offset, size, key) for key, offset, size in wanted if size > 0)
         if not items:
@@ -453,7 +470,7 @@ class StreamReader:
             # only when no slot is free, oldest first, so copies overlap the reads submitted after them.
             # An item is done once the copies out of the slot holding its last bytes are (``finished``).
             free, copying, position = list(range(slots)), collections.deque(), 0
-            finished: dict[int, list[Hashable]] = {}
+            finished: dict[int, list[_Key]] = {}
             while position < len(reads) or ring.pending:
                 while position < len(reads) and (free or copying):
                     if free:
@@ -467,9 +484,10 @@ class StreamReader:
                     ring.submit("read", fd, arena.ptr + slot * piece, size, offset, tag=slot)
                     position += 1
                 request, moved = ring.wait_result()
-                finished[request.tag] = self._serve(request.offset, request.size_bytes, moved, request.tag, piece,
-                                                    memory, items, ends, left, destination, copier)
-                copying.append(request.tag)
+                served = cast(int, request.tag)  # Ring tags are objects; ours are arena slots (submit above)
+                finished[served] = self._serve(request.offset, request.size_bytes, moved, served, piece,
+                                               memory, items, ends, left, destination, copier)
+                copying.append(served)
             copier.wait_all()
             for slot in copying:
                 for key in finished.pop(slot, ()):
@@ -480,11 +498,12 @@ class StreamReader:
 
     @staticmethod
     def _serve(start: int, requested: int, landed: int, slot: int, piece: int, memory: torch.Tensor,
-               items: list, ends: list[int], left: dict, destination, copier: Copier) -> list[Hashable]:
+               items: list[tuple[int, int, _Key]], ends: list[int], left: dict[_Key, int],
+               destination: Callable[[_Key], torch.Tensor], copier: Copier) -> list[_Key]:
         """Copy out the items overlapping the read of [start, start + requested) into arena ``slot``, whose
         first ``landed`` bytes arrived; returns the keys of the items whose last bytes these were."""
         base = slot * piece
-        finished = []
+        finished: list[_Key] = []
         i = bisect.bisect_right(ends, start)  # the first item ending after start
         while i < len(items) and items[i][0] < start + requested:
             offset, size, key = items[i]

@@ -24,11 +24,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from conftest import cli
-
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
+from conftest import cli
 
 from ckpt_trace.formats import read_metadata, read_trace
 

@@ -5,12 +5,12 @@ This package imports nothing else of ckpt-trace; see ``formats/README.md``.
 
 from . import vocabulary
 from .arrays import dictionary_codes, distinct, int_values, is_any_of, validity
+from .atomic import fsync_directory
 from .errors import CkptTraceError, TraceFormatError
 from .io import (
     Trace,
     TraceWriter,
     count_rows,
-    fsync_directory,
     read_extra_metadata,
     read_metadata,
     read_trace,

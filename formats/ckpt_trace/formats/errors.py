@@ -53,7 +53,7 @@ class CkptTraceError(Exception):
         return _rebuild, (type(self), self.args, self.option, self.switch, self.__dict__)
 
 
-def _rebuild(cls: type, args: tuple, option: str | None, switch: bool, state: dict) -> CkptTraceError:
+def _rebuild(cls: type[CkptTraceError], args: tuple, option: str | None, switch: bool, state: dict) -> CkptTraceError:
     error = cls.__new__(cls)
     error.args = args
     error.__dict__.update(state)

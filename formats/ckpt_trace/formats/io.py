@@ -33,8 +33,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from .atomic import AtomicFile, fsync_directory, make_temporary
 from .arrays import int_values, validity
+from .atomic import AtomicFile, make_temporary
 from .encoding import Decoder, stored_columns
 from .errors import CkptTraceError, TraceFormatError
 from .schema import (
@@ -49,7 +49,6 @@ from .schema import (
     SCHEMA_V1,
     SCHEMAS,
     SUPPORTED_VERSIONS,
-    TEXT_COLUMNS,
     file_schema,
     optional_field,
     upgrade,
@@ -528,6 +527,7 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
                 with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-trace-scan") as pool:
                     ahead = pool.submit(load, 0) if count else None
                     for index in range(count):
+                        assert ahead is not None  # submitted for every index below count
                         whole = ahead.result()  # the next one decompresses while this one is worked on
                         ahead = pool.submit(load, index + 1) if index + 1 < count else None
                         yield from _slices(path, whole, [n for n in present if n in whole.schema.names],
@@ -644,7 +644,7 @@ class TraceWriter:
                  temporary: str | os.PathLike | None = None) -> None:
         self.path = Path(path)
         self._temporary = temporary  # reserve_temporary's file, written and renamed by close
-        self._schema: pa.Schema | None = None
+        self._declared: pa.Schema | None = None  # the file's schema, once its optional columns are known
         if optional_columns is not None:
             optional_columns = tuple(optional_columns)
             unknown = [name for name in optional_columns if name not in OPTIONAL_COLUMNS]
@@ -676,8 +676,14 @@ class TraceWriter:
             self.abort()
             raise CkptTraceError(f"cannot write trace {self.path}: {err.strerror or err}") from None
 
+    @property
+    def _schema(self) -> pa.Schema:
+        if self._declared is None:
+            self._set_schema(())
+        return self._declared
+
     def _set_schema(self, optional: Iterable[str]) -> None:
-        self._schema = file_schema(tuple(optional))
+        self._declared = file_schema(tuple(optional))
         self._text = tuple(field.name for field in self._schema if pa.types.is_dictionary(field.type))
         # Each dictionary starts with "": Arrow takes an empty dictionary followed by a longer one for a
         # replacement, where a non-empty prefix makes a delta (the spool's stream carries deltas).
@@ -727,7 +733,7 @@ class TraceWriter:
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
         optional = _optional_in(table.schema)
-        if self._schema is None:
+        if self._declared is None:
             self._set_schema(optional)
         undeclared = [name for name in optional if self._schema.get_field_index(name) < 0]
         if undeclared:
@@ -771,7 +777,9 @@ class TraceWriter:
                 self._spool_sink = pa.PythonFile(os.fdopen(os.dup(self._spool_fd), "wb", buffering=1 << 20), mode="w")
                 self._spool_writer = ipc.new_stream(self._spool_sink, self._schema, options=_write_options(
                     SPOOL_ZSTD_LEVEL, emit_dictionary_deltas=True, unify_dictionaries=False))
-            self._spool_writer.write_batch(batch)
+            writer = self._spool_writer
+            assert writer is not None  # made just above
+            writer.write_batch(batch)
         except OSError as err:
             self.abort()
             raise CkptTraceError(f"cannot write trace {self.path}: {err.strerror or err}") from None
@@ -797,13 +805,12 @@ class TraceWriter:
         except TraceFormatError:
             self.abort()
             raise
-        if self._schema is None:
-            self._set_schema(())
         output = None
         try:
             if self._spooled:
                 while self._pending_rows:
                     self._spool(self._next_batch())
+                assert self._spool_writer is not None and self._spool_sink is not None  # made by the first _spool
                 self._spool_writer.close()
                 self._spool_sink.close()  # flushed: read back through another descriptor
                 self._spool_writer = self._spool_sink = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
 import platform
 import struct
@@ -82,14 +83,14 @@ class AioContext:
         iocb = ctypes.create_string_buffer(_IOCB.pack(tag, 0, 0, _KINDS[kind], 0, fd, address, size_bytes, offset,
                                                       0, 0, 0), _IOCB.size)
         pointers = (ctypes.c_void_p * 1)(ctypes.addressof(iocb))
-        _call(self._submit, ctypes.c_ulong(self.ctx), ctypes.c_long(1), pointers)
+        _call(self._submit, ctypes.c_ulong(self._open_context()), ctypes.c_long(1), pointers)
         self._iocbs[tag] = iocb
         self.in_flight += 1
 
     def reap(self, min_events: int = 1) -> list[Completion]:
         """io_getevents(2): wait for at least ``min_events`` completions (at most what is in flight)."""
         wanted = min(min_events, self.in_flight)
-        got = _call(self._getevents, ctypes.c_ulong(self.ctx), ctypes.c_long(wanted), ctypes.c_long(self.max_events),
+        got = _call(self._getevents, ctypes.c_ulong(self._open_context()), ctypes.c_long(wanted), ctypes.c_long(self.max_events),
                     self._events, None)
         done = []
         for i in range(got):
@@ -98,6 +99,11 @@ class AioContext:
             done.append(Completion(tag, res))
         self.in_flight -= got
         return done
+
+    def _open_context(self) -> int:
+        if self.ctx is None:
+            raise OSError(errno.EBADF, "the AIO context is closed")
+        return self.ctx
 
     def close(self) -> None:
         """Reap what is in flight, then io_destroy(2); idempotent."""

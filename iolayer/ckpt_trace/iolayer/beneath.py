@@ -36,6 +36,7 @@ import os
 import stat
 import threading
 from dataclasses import dataclass
+from typing import Self
 
 __all__ = ["Identity", "Root", "openat2_available", "split_relative"]
 
@@ -265,7 +266,7 @@ class Root:
         finally:
             self._release(parent)
 
-    def child(self, rel: str) -> Root:
+    def child(self, rel: str) -> Self:
         """A new Root for the directory ``rel``, which this call creates (never adopts an existing entry:
         FileExistsError), sharing ``created``. Raises OSError."""
         parent, name = self._parent(rel)

@@ -76,8 +76,10 @@ class FileMapping:
         if size:
             if source is not None:
                 ctypes.memmove(address, source, size)
-            else:
+            elif sink is not None:
                 ctypes.memmove(sink, address, size)
+            else:
+                raise ValueError("touch needs a source (a write) or a sink (a read)")
         return size
 
     def sync(self, file_offset: int, size_bytes: int, flags: int = MS_SYNC) -> None:

@@ -359,6 +359,8 @@ class Ring:
             done = self._lib.ckr_run(self._ring, requests.ctypes.data, count, self.queue_depth, results.ctypes.data,
                                      latencies.ctypes.data, int(stop_on_error))
         else:
+            if slots is None:
+                raise ValueError("generate needs slots (the buffers the data is made in)")
             spec, flags = slots.spec(generate)
             done = self._lib.ckr_run_gen(self._ring, requests.ctypes.data, count, self.queue_depth,
                                          results.ctypes.data, latencies.ctypes.data, int(stop_on_error),
@@ -427,8 +429,10 @@ def first_failure(requests: np.ndarray, results: np.ndarray) -> tuple[int, OSErr
         return None
     i = int(where[0])
     kind = "write" if writes[i] else "fsync" if requests["opcode"][i] == OP_FSYNC else "read"
-    return i, _failure(Request(kind, int(requests["fd"][i]), int(requests["off"][i]), int(requests["len"][i])),
+    failure = _failure(Request(kind, int(requests["fd"][i]), int(requests["off"][i]), int(requests["len"][i])),
                        int(results[i]))
+    assert failure is not None  # ``bad`` holds exactly the results _failure names
+    return i, failure
 
 
 def pio_run(requests: np.ndarray, *, stop_on_error: bool = True, generate: np.ndarray | None = None,
@@ -445,6 +449,8 @@ def pio_run(requests: np.ndarray, *, stop_on_error: bool = True, generate: np.nd
     if generate is None:
         lib.ckr_pio_run(requests.ctypes.data, count, results.ctypes.data, latencies.ctypes.data, int(stop_on_error))
     else:
+        if slots is None:
+            raise ValueError("generate needs slots (the buffers the data is made in)")
         spec, flags = slots.spec(generate)  # flags: kept alive through the call
         _check(lib.ckr_pio_run_gen(requests.ctypes.data, count, results.ctypes.data, latencies.ctypes.data,
                                    int(stop_on_error), ctypes.byref(spec)), "pio_run")

@@ -385,7 +385,7 @@ def preallocations(plan: ReplayPlan) -> dict[int, int]:
     out, seen = {}, set()
     for row in opens.tolist():
         fid = plan.files.handle_files.get(int(ops.handle[row]))
-        final = plan.files.file_paths.get(fid)
+        final = plan.files.file_paths.get(fid) if fid is not None else None
         size = plan.checks.expected_sizes.get(final, 0) if final is not None else 0
         if size > 0 and fid not in seen:
             out[int(ops.seq[row])] = size

@@ -100,8 +100,11 @@ class Pregenerated:
         address = self.address(key, offset, length)
         if address is None:
             return None
-        start = address - self.buffer.ptr
-        return memoryview(self.buffer.mmap)[start:start + length]
+        buffer = self.buffer
+        if buffer is None:  # closed: nothing is covered
+            return None
+        start = address - buffer.ptr
+        return memoryview(buffer.mmap)[start:start + length]
 
     def close(self) -> None:
         if self.buffer is not None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Iterable, MutableMapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ckpt_trace.formats import vocabulary as v
 
@@ -52,7 +52,7 @@ def under(paths: Iterable[str], top: str) -> list[str]:
     return [p for p in paths if p == top or p.startswith(prefix)]
 
 
-def move(tables: Iterable[MutableMapping[str, object]], old: str, new: str, flags: int = 0) -> None:
+def move(tables: Iterable[MutableMapping[str, Any]], old: str, new: str, flags: int = 0) -> None:
     """Rename ``old`` to ``new`` in each of ``tables`` (path -> what is known of it): entries at or below
     ``old`` move below ``new``; what was at or below ``new`` is gone (replaced), or, with RENAME_EXCHANGE,
     moves below ``old``."""
@@ -131,7 +131,5 @@ def take_subtree(last_op: MutableMapping[str, T], dirs: set[str], *tops: str) ->
     found = []
     for top in tops:
         if top in dirs:
-            for path in under(list(last_op), top):
-                if path != top:
-                    found.append(last_op.pop(path))
+            found.extend(last_op.pop(path) for path in under(list(last_op), top) if path != top)
     return found

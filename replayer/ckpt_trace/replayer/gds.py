@@ -25,14 +25,19 @@ import glob
 import importlib
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ckpt_trace.errors import ReplayError
 from ckpt_trace.iolayer import pattern
 from ckpt_trace.iolayer.buffers import pattern_buffer
 
 from .plan import PlanOp, ReplayPlan
 from .posix import DATA_PATHS, PosixExecutor
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -53,8 +58,9 @@ def probe() -> tuple[str | None, GdsMode | None]:
     if not torch.cuda.is_available():
         return "gds needs a CUDA GPU (torch.cuda.is_available() is false)", None
     try:
-        import kvikio
-        import kvikio.defaults
+        # KvikIO is an optional GPU dependency without type information, absent where the checks run.
+        import kvikio  # pyright: ignore[reportMissingImports]
+        import kvikio.defaults  # pyright: ignore[reportMissingImports]
     except ImportError:
         return "gds needs KvikIO (pip install kvikio-cu12 or kvikio-cu13)", None
     return None, _mode(kvikio)
@@ -108,9 +114,9 @@ class GdsExecutor(PosixExecutor):
     def __init__(self, root, max_io_bytes: int, mode: GdsMode) -> None:
         super().__init__(root, max_io_bytes)
         self.mode = mode
-        self._files: dict[tuple[int, int, str], object] = {}
-        self._device_pattern = None
-        self._device_scratch = None
+        self._files: dict[tuple[int, int, str], Any] = {}  # kvikio.CuFile (untyped optional dependency)
+        self._device_pattern: torch.Tensor | None = None  # set by prepare
+        self._device_scratch: torch.Tensor | None = None
 
     def prepare(self, plan: ReplayPlan) -> None:
         import torch
@@ -137,8 +143,14 @@ class GdsExecutor(PosixExecutor):
         result.notes.append(f"gds: {self.mode.label}")
         return result
 
+    def _device_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pattern, scratch): the device buffers ``prepare`` made. Raises ReplayError before ``prepare``."""
+        if self._device_pattern is None or self._device_scratch is None:
+            raise ReplayError("the gds executor's device buffers are made by prepare(), which was not called")
+        return self._device_pattern, self._device_scratch
+
     def _cufile(self, fd: int, write: bool):
-        import kvikio
+        import kvikio  # pyright: ignore[reportMissingImports]  # optional GPU dependency, see probe
 
         st = os.fstat(fd)
         flags = "r+" if write else "r"
@@ -163,14 +175,15 @@ class GdsExecutor(PosixExecutor):
         size, done = op.size or 0, 0
         offset = self._position(fd, op)
         handle = self._cufile(fd, write=write)
+        device_pattern, device_scratch = self._device_buffers()
         while done < size:
             n = min(self.max_io_bytes, size - done)
             if write:
                 base = op.pattern_offset if op.pattern_offset is not None else offset
                 first = pattern.start(base + done, op.pattern_key)
-                moved = handle.pwrite(self._device_pattern[first:first + n], n, offset + done).get()
+                moved = handle.pwrite(device_pattern[first:first + n], n, offset + done).get()
             else:
-                moved = handle.pread(self._device_scratch[:n], n, offset + done).get()
+                moved = handle.pread(device_scratch[:n], n, offset + done).get()
             if moved <= 0:
                 break
             done += moved

@@ -11,7 +11,15 @@ it, the same ``MASTER_ADDR:MASTER_PORT``) shares the lock, and the process
 that created it removes it. A lock whose holder was on this host and is gone
 (its pid no longer runs: SIGKILL) is taken over.
 
-Sources: open(2) (O_EXCL), kill(2) (signal 0 probes a pid).
+The lock appears whole: its holder is written under a private name
+(``.ckpt-trace.lock.PID.RANDOM``) and then hard-linked to the lock's name,
+which fails with EEXIST when the lock exists, so no process ever reads an empty
+lock (the processes of one job start together and each one reads the lock
+to see whether it is its job's). Where the file system has no hard links the
+lock is created with O_EXCL and written, and a reader that finds it empty
+reads again for up to a second.
+
+Sources: open(2) (O_EXCL), link(2) (EEXIST), kill(2) (signal 0 probes a pid).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import errno
 import json
 import os
 import platform
+import secrets
 import time
 from pathlib import Path
 
@@ -27,7 +36,7 @@ from ckpt_trace.errors import ReplayError
 
 LOCK_NAME = ".ckpt-trace.lock"
 
-__all__ = ["LOCK_NAME", "TargetLock", "job_id", "refuse_held"]
+__all__ = ["LOCK_NAME", "TargetLock", "is_lock_file", "job_id", "refuse_held"]
 
 
 def job_id() -> str | None:
@@ -48,11 +57,20 @@ def _describe(holder: dict | None) -> str:
     return f"replay pid {holder.get('pid')} on {holder.get('host')}{job} since {when}"
 
 
-def _read(dir_fd: int) -> dict | None:
+_EMPTY_LOCK_WAIT_S = 1.0  # how long a reader waits for a lock created without link(2) to be written
+
+
+def is_lock_file(name: str) -> bool:
+    """Whether ``name`` (in a target) is the lock or a lock being made (``LOCK_NAME.PID.RANDOM``)."""
+    return name == LOCK_NAME or name.startswith(LOCK_NAME + ".")
+
+
+def _read_once(dir_fd: int) -> tuple[bool, dict | None]:
+    """(whether the lock exists, its holder or None when unreadable)."""
     try:
         fd = os.open(LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
-        return None
+        return False, None
     try:
         data = os.read(fd, 4096)
     finally:
@@ -60,8 +78,52 @@ def _read(dir_fd: int) -> dict | None:
     try:
         holder = json.loads(data)
     except ValueError:
+        return True, None
+    return True, holder if isinstance(holder, dict) else None
+
+
+def _read(dir_fd: int) -> dict | None:
+    deadline = time.monotonic() + _EMPTY_LOCK_WAIT_S
+    while True:
+        exists, holder = _read_once(dir_fd)
+        if holder is not None or not exists or time.monotonic() >= deadline:
+            return holder
+        time.sleep(0.01)  # made with O_EXCL, not yet written (a file system without hard links)
+
+
+def _create(dir_fd: int, job: str | None) -> tuple[int, int] | None:
+    """Create the lock whole, holding this process; its (st_dev, st_ino), or None when a lock exists."""
+    holder = json.dumps({"pid": os.getpid(), "host": platform.node(), "job": job, "started": time.time(),
+                         "command": "replay"}).encode()
+    private = f"{LOCK_NAME}.{os.getpid()}.{secrets.token_hex(4)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(private, flags, 0o644, dir_fd=dir_fd)
+    try:
+        try:
+            os.write(fd, holder)
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(private, LOCK_NAME, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+            return st.st_dev, st.st_ino
+        except FileExistsError:
+            return None
+        except OSError as err:
+            if err.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+                raise
+    finally:
+        os.unlink(private, dir_fd=dir_fd)
+    try:  # no hard links here: O_EXCL, then the holder (readers wait for it, _read)
+        fd = os.open(LOCK_NAME, flags, 0o644, dir_fd=dir_fd)
+    except FileExistsError:
         return None
-    return holder if isinstance(holder, dict) else None
+    try:
+        os.write(fd, holder)
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return st.st_dev, st.st_ino
 
 
 def _gone(holder: dict | None) -> bool:
@@ -127,10 +189,8 @@ class TargetLock:
         dir_fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for _ in range(2):
-                try:
-                    fd = os.open(LOCK_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                 0o644, dir_fd=dir_fd)
-                except FileExistsError:
+                identity = _create(dir_fd, job)
+                if identity is None:
                     holder = _read(dir_fd)
                     if _mine(holder, job):
                         return cls(target, dir_fd, None)
@@ -140,14 +200,8 @@ class TargetLock:
                         except FileNotFoundError:
                             pass
                         continue
-                    raise ReplayError(_held_message(target, holder)) from None
-                try:
-                    os.write(fd, json.dumps({"pid": os.getpid(), "host": platform.node(), "job": job,
-                                             "started": time.time(), "command": "replay"}).encode())
-                    st = os.fstat(fd)
-                finally:
-                    os.close(fd)
-                return cls(target, dir_fd, (st.st_dev, st.st_ino))
+                    raise ReplayError(_held_message(target, holder))
+                return cls(target, dir_fd, identity)
             raise ReplayError(_held_message(target, _read(dir_fd)))
         except BaseException:
             os.close(dir_fd)

@@ -247,14 +247,14 @@ def interleave_columns(inserted: OpTable, columns: dict[str, np.ndarray], dep_pt
         starts = np.r_[0, at + 1]
         stretches = [(int(a), int(b), int(a - i)) for i, (a, b) in enumerate(zip(starts, ends)) if b > a]
 
-        def place_rest(dest: np.ndarray, values) -> None:
+        def place_rest(dest: np.ndarray, values: np.ndarray | int) -> None:
             for begin, end, source in stretches:
-                dest[begin:end] = values if np.isscalar(values) else values[source:source + end - begin]
+                dest[begin:end] = values if isinstance(values, int) else values[source:source + end - begin]
     else:
         rest = np.ones(total, bool)  # a mask, not indices: a byte per row rather than eight
         rest[at] = False
 
-        def place_rest(dest: np.ndarray, values) -> None:
+        def place_rest(dest: np.ndarray, values: np.ndarray | int) -> None:
             dest[rest] = values
     out = {}
     dtypes = {"kind": (np.int8, None), "release": (bool, None), "mapped": (bool, None), **_INT_COLUMNS}

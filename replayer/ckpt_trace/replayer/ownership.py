@@ -126,6 +126,7 @@ class Claim:
                 raise ReplayError(f"cannot open the target directory {self.directory}: {err.strerror or err}"
                                   + (" (a symbolic link or an existing entry is never adopted)"
                                      if err.errno in (errno.EEXIST, errno.ELOOP, errno.ENOTDIR) else "")) from None
+        assert self._root is not None  # opened above, or on an earlier call
         return self._root
 
     def release(self, keep_directory: bool = False) -> int:

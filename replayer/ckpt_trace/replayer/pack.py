@@ -83,17 +83,24 @@ def _named_elsewhere(plan: ReplayPlan, by_file: dict[int, list[tuple[int, PlanOp
     rows = rows[np.argsort(table.seq[rows], kind="stable")]  # trace order
     workers = np.searchsorted([w.start for w in plan.workers], rows, side="right") - 1
     path_ops = [(int(index), table.op(int(row))) for row, index in zip(rows, workers)]
+
+    def named(path: str | None) -> set[int]:
+        return names.get(path, set()) if path is not None else set()
+
     for _, op in path_ops:  # follow the names through renames
-        if op.kind == "rename" and op.path in names:
+        if op.kind == "rename" and op.path in names and op.new_path is not None:
             names.setdefault(op.new_path, set()).update(names[op.path])
     out: set[int] = set()
     for index, op in path_ops:
-        named = names.get(op.path, set()) | (names.get(op.new_path, set()) if op.kind == "rename" else set())
-        out |= {fid for fid in named if op.seq in plan.awaited or by_file[fid][0][0] != index}
+        named_here = named(op.path) | (named(op.new_path) if op.kind == "rename" else set())
+        out |= {fid for fid in named_here if op.seq in plan.awaited or by_file[fid][0][0] != index}
     return out
 
 
-def _padded(offset: int, size: int, block_bytes: int) -> tuple[int, int]:
+def _padded(offset: int | None, size: int, block_bytes: int) -> tuple[int, int]:
+    """The block-aligned extent (start, size) around a packed file's write of ``size`` bytes at ``offset``, which
+    ``_packable`` requires known on every data operation of a packed file."""
+    assert offset is not None  # _packable: a file with a data operation at an unknown offset is not packed
     start = offset // block_bytes * block_bytes
     end = -(-(offset + size) // block_bytes) * block_bytes
     return start, end - start
@@ -142,7 +149,7 @@ class _WorkerPacker:
             if replaced is None:  # no other worker waits on a removed operation (_packable, _named_elsewhere)
                 self.saved += 1
                 continue
-            if self._pack_write(replaced) and (not run or replaced.offset == run[-1].offset + run[-1].size):
+            if self._pack_write(replaced) and (not run or replaced.offset == self._extent(run[-1])[1]):
                 run.append(replaced)
                 continue
             out += self._cut(run)
@@ -156,6 +163,12 @@ class _WorkerPacker:
         self.saved -= 2 + self.synced
         return tuple(out)
 
+    @staticmethod
+    def _extent(op: PlanOp) -> tuple[int, int]:
+        """(offset, end) of a pack write, whose offset and size ``_rewrite`` always sets."""
+        assert op.offset is not None and op.size is not None  # set by _rewrite on every write it moves to the pack
+        return op.offset, op.offset + op.size
+
     def _pack_write(self, op: PlanOp) -> bool:
         return op.kind == "write" and op.handle == self.pack_handle
 
@@ -167,14 +180,14 @@ class _WorkerPacker:
         if len(run) < 2:
             return run
         deps = tuple(sorted({dep for op in run for dep in op.deps}))
-        pieces = split_extent(run[0].offset, run[-1].offset + run[-1].size, self.buffer_bytes, self.block_bytes)
+        pieces = split_extent(self._extent(run[0])[0], self._extent(run[-1])[1], self.buffer_bytes, self.block_bytes)
         return [dataclasses.replace(run[0], offset=offset, size=size, pattern_offset=offset, deps=deps)
                 for offset, size in pieces]
 
     def _rewrite(self, op: PlanOp) -> PlanOp | None:
         fid = self.plan.files.handle_files.get(op.handle) if op.handle is not None else None
         if fid in self.fids:
-            if op.kind == "open":
+            if op.kind == "open" and op.path is not None:
                 self.paths.add(op.path)
             if op.kind in DATA_KINDS:
                 start, size = _padded(op.offset, op.size or 0, self.block_bytes)
@@ -184,7 +197,7 @@ class _WorkerPacker:
             self.synced |= op.kind in _SYNCS
             return None
         if op.kind in ("rename", "unlink") and op.path in self.paths:
-            if op.kind == "rename":
+            if op.kind == "rename" and op.new_path is not None:
                 self.paths.add(op.new_path)
             return None
         return op

@@ -10,7 +10,6 @@ target and never resolves through a link.
 
 from __future__ import annotations
 
-import os
 import posixpath
 from pathlib import Path
 

@@ -47,7 +47,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -59,9 +59,9 @@ from ckpt_trace.iolayer import gpu
 from ckpt_trace.iolayer.pattern import file_key
 from ckpt_trace.ranges import merge_grouped_ranges, merge_ranges
 
+from . import entries
 from .optable import COPY, KCOPIES, KINDS, MAPPING_KINDS, NONE, READ, WRITE, OpTable, PlanOp, interleave_columns
 from .ordering import with_cross_worker_order
-from . import entries
 from .paths import relative_target_path
 
 DATA_KINDS = v.DATA_OPS
@@ -159,7 +159,7 @@ class ReplayPlan:
     files: FileIdentity = field(default_factory=FileIdentity)
     queue_depths: Mapping[int, int] = field(default_factory=dict)
     ops: OpTable = field(default_factory=OpTable.empty, repr=False)
-    preallocate: Mapping[str, int] = field(default_factory=dict)
+    preallocate: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def num_ops(self) -> int:
@@ -226,6 +226,7 @@ class _Rows:
         parts: dict[str, list[np.ndarray]] = defaultdict(list)
         filled: dict[str, np.ndarray] = {}
         n = placed = 0  # rows seen; rows placed in ``filled`` (a prefix: once one batch overflows, none fit)
+        slots = capacity if capacity is not None else 0  # filled's length, used only in place (capacity given)
         for batch in batches:
             rows = batch.num_rows
             in_place = capacity is not None and placed == n and n + rows <= capacity
@@ -238,13 +239,13 @@ class _Rows:
                     # zeroed whole (zeroed pages cost nothing until read), and nothing is copied.
                     for key, dtype in ((name, np.dtype(str(column.type))), (name + "?", np.dtype(bool))):
                         if key not in filled:
-                            filled[key] = np.zeros(capacity, dtype)
+                            filled[key] = np.zeros(slots, dtype)
                         else:
                             filled[key][n:n + rows] = 0
                     continue
                 if in_place and name in _TEXT:  # codes looked up straight into place
                     if name not in filled:
-                        filled[name] = np.empty(capacity, np.int32)
+                        filled[name] = np.empty(slots, np.int32)
                     self._codes(name, column, out=filled[name][n:n + rows])
                     continue
                 values = {name: self._codes(name, column) if name in _TEXT else int_values(column)}
@@ -255,7 +256,7 @@ class _Rows:
                 for key, value in values.items():
                     if in_place:
                         if key not in filled:  # (a later all-null batch zeroes its own rows)
-                            filled[key] = np.empty(capacity, value.dtype)
+                            filled[key] = np.empty(slots, value.dtype)
                         filled[key][n:n + rows] = value
                     else:
                         parts[key].append(np.array(value))
@@ -698,8 +699,9 @@ class _Planner:
     def _row_ftruncate(self, seq, worker, row) -> None:
         handle = self._append_fd_op(seq, worker, row, v.FTRUNCATE, size=row["size"])
         if handle is not None:
-            if self.current_path(handle) is not None:
-                self.sizes[self.current_path(handle)] = row["size"]
+            path = self.current_path(handle)
+            if path is not None:
+                self.sizes[path] = row["size"]
             self.truncations.append(Truncation(self.handle_file[handle], seq, row["size"] or 0))
             self.bytes_to_write += row["size"] or 0
 
@@ -789,9 +791,9 @@ class _Planner:
             self.skipped["no_path"] += 1
             return
         self.named.add(path)
-        if (row["flags"] or 0) & v.AT_REMOVEDIR:  # rmdir: a directory, made before the clock if never seen
-            if path not in self.first_touch and not self._under_made_dir(path):
-                self.opened_dirs.add(path)
+        # rmdir: a directory, made before the clock if never seen
+        if (row["flags"] or 0) & v.AT_REMOVEDIR and path not in self.first_touch and not self._under_made_dir(path):
+            self.opened_dirs.add(path)
         self.first_touch.setdefault(path, False)
         self.sizes.pop(path, None)
         self.file_of_path.pop(path, None)
@@ -1057,8 +1059,9 @@ def build_posix_plan(trace: pa.Table | Iterable[pa.RecordBatch], strip_prefix: s
         raise ReplayError(f"the trace was recorded on {arch}, whose open flags this release does not know "
                           f"(known: {', '.join(v.ARCHES)})")
     if isinstance(trace, pa.Table):
-        num_rows = trace.num_rows
-        trace = [trace.select(list(_PLAN_COLUMNS))]
+        table: Any = trace  # typings/pyarrow leaves pa.Table untyped (Any), so isinstance cannot narrow the union
+        num_rows = table.num_rows
+        trace = [table.select(list(_PLAN_COLUMNS))]
     rows = _Rows(trace, num_rows)
     classes = _classify(rows)
     bound = _bind(rows, classes, strip_prefix, arch)
@@ -1368,7 +1371,7 @@ def _walk_table(p: _Planner, worker_keys: np.ndarray, walk_workers: np.ndarray) 
     for h, path in p.handle_path.items():
         handle_path[h] = path_index[path]
     walk_widx = np.searchsorted(worker_keys, walk_workers)
-    walk_order = np.lexsort((np.arange(len(walk_ops)), [op.seq for op in walk_ops], walk_widx))
+    walk_order = np.lexsort((np.arange(len(walk_ops)), np.array([op.seq for op in walk_ops], np.int64), walk_widx))
     table = OpTable.from_ops(walk_widx[walk_order].tolist(), [walk_ops[i] for i in walk_order], path_list)
     return table, handle_path
 
@@ -1483,7 +1486,7 @@ def _worker_index(row_workers: np.ndarray, walk_workers: np.ndarray, pid: np.nda
                                         None if tid is None else tid[starts])
             return keys, np.repeat(index, np.diff(np.r_[starts, n]))
     dtype = np.int16
-    if pid is not None and len(tid) and int(tid.min()) >= 0 and int(tid.max()) < _TID_TABLE_MAX \
+    if pid is not None and tid is not None and len(tid) and int(tid.min()) >= 0 and int(tid.max()) < _TID_TABLE_MAX \
             and int(pid.min()) >= 0:
         pid_of = np.full(int(tid.max()) + 1, -1, np.int64)
         pid_of[tid] = pid

@@ -30,7 +30,7 @@ from ckpt_trace.version import __version__
 from . import strategies
 from .aggregate import alignment_counts
 from .checks import checked_batches, refuse_file_and_directory, refuse_skips, skip_notes
-from .lock import LOCK_NAME, TargetLock, job_id, refuse_held
+from .lock import TargetLock, is_lock_file, job_id, refuse_held
 from .optable import READ, WRITE
 from .options import CACHE_STATES, DEFAULT_BUFFER_BYTES, GPU_COPY_MODES, TIMINGS, ReplayOptions
 from .ownership import Claim
@@ -191,7 +191,7 @@ def prepare_target(target: Path, force: bool) -> TargetRoot:
     except OSError as err:
         raise ReplayError(f"cannot create target {target}: {err.strerror}") from None
     refuse_held(target, job_id())
-    if not force and any(p.name != LOCK_NAME for p in target.iterdir()):
+    if not force and any(not is_lock_file(p.name) for p in target.iterdir()):
         raise ReplayError(f"target {target} is not empty (use {{option}} to replay into it)", option="force", switch=True)
     return TargetRoot(target)
 
@@ -457,7 +457,7 @@ def prepare_cache(root: TargetRoot, plan: ReplayPlan, state: str) -> None:
     """Before the clock: the pre-created files cold (fsync(2), then posix_fadvise(2) POSIX_FADV_DONTNEED,
     which drops clean pages) or warm (read once, whole). Raises ReplayError on an I/O error."""
     chunk = bytearray(4 << 20)
-    for rel, size in plan.precreate_files:
+    for rel, _size_bytes in plan.precreate_files:
         try:
             fd = root.open(rel, os.O_RDONLY)
         except FileNotFoundError:  # a distributed share's file another process creates

@@ -11,7 +11,6 @@ from ckpt_trace import config
 from ckpt_trace.stats import LatencyHistogram
 
 
-
 @dataclass
 class ReplayResult:
     """Measurements of one replay run.

@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+from typing import TypeVar
 
 import numpy as np
 
@@ -49,6 +50,16 @@ from .options import DEFAULT_QUEUE_DEPTH
 from .paths import TargetRoot
 from .plan import DATA_KINDS, ReplayPlan
 from .posix import PosixExecutor, _RunState, _WorkerContext
+
+_T = TypeVar("_T")
+
+
+def _required(value: _T | None, what: str, op: PlanOp) -> _T:
+    """``value`` (an op's handle or path), which the planner always sets for the ops this executor takes it
+    from; ReplayError naming the op if it is missing (a plan built by hand or damaged)."""
+    if value is None:
+        raise ReplayError(f"plan op {op.seq} ({op.kind}) has no {what}")
+    return value
 
 
 def io_uring_available(queue_depth: int = 2) -> str | None:
@@ -117,8 +128,9 @@ class UringExecutor(PosixExecutor):
         if self.direct and not (op.flags or 0) & os.O_DIRECTORY:
             op = dataclasses.replace(op, flags=self._direct_flags(op.flags or 0))
             fd = super()._open(op, state)
+            handle, path = _required(op.handle, "handle", op), _required(op.path, "path", op)
             with self._lock:
-                self._paths[op.handle] = (op.path, (op.flags or 0) & os.O_ACCMODE)
+                self._paths[handle] = (path, (op.flags or 0) & os.O_ACCMODE)
             return fd
         return super()._open(op, state)
 
@@ -153,7 +165,7 @@ class UringExecutor(PosixExecutor):
 
     def _one(self, ctx: _WorkerContext, op: PlanOp, row: int) -> None:
         if op.kind not in DATA_KINDS:
-            if op.kind in ("close", "munmap") and op.release:
+            if op.kind in ("close", "munmap") and op.release and op.handle is not None:
                 with self._lock:
                     buffered = self._buffered_fds.pop(op.handle, None)
                     self._paths.pop(op.handle, None)
@@ -161,8 +173,10 @@ class UringExecutor(PosixExecutor):
                     os.close(buffered)
             super()._one(ctx, op, row)
             return
+        position, handle = 0, -1
         if op.offset is None:  # at the file position: known here, so the request can name it
-            position = os.lseek(ctx.state.fds[op.handle], 0, os.SEEK_CUR)
+            handle = _required(op.handle, "handle", op)
+            position = os.lseek(ctx.state.fds[handle], 0, os.SEEK_CUR)
             requests, owner = self._requests_at(ctx, row, position)
         else:
             requests, owner = self.requests(ctx, np.array([row]))
@@ -176,7 +190,7 @@ class UringExecutor(PosixExecutor):
         ctx.state.add_paths(True, requests["fd"], moved_each, np.r_[True, owner[1:] != owner[:-1]],
                             np.full(len(requests), ctx.plan.ops.path[row]), is_write)
         if op.offset is None:
-            os.lseek(ctx.state.fds[op.handle], position + moved, os.SEEK_SET)
+            os.lseek(ctx.state.fds[handle], position + moved, os.SEEK_SET)
         ctx.state.add_run(latencies, moved if op.kind == "write" else 0, 0 if op.kind == "write" else moved, 1, 0)
         if ctx.progress is not None:
             ctx.progress.advance(moved)

@@ -32,6 +32,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -39,6 +40,7 @@ from ckpt_trace.errors import TracerError
 
 from . import syscalls as sc
 from .children import children
+from .spool import RowSpool
 from .state import Description, FdTable, Process, rank_from_environ
 
 _SPECIAL = ("/proc/", "/sys/", "/dev/")
@@ -77,7 +79,7 @@ def check_plan(plan: AttachPlan) -> None:
 def alive(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie (proc(5) /proc/PID/stat state)."""
     try:
-        state = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0]
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
@@ -106,7 +108,7 @@ def threads(pid: int) -> list[int]:
 def job_command(pid: int) -> list[str]:
     """The job's command line (/proc/PID/cmdline), for the trace's ``command``."""
     try:
-        raw = open(f"/proc/{pid}/cmdline", "rb").read()
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return [f"pid {pid}"]
     return [part.decode("utf-8", "surrogateescape") for part in raw.split(b"\0") if part] or [f"pid {pid}"]
@@ -123,7 +125,7 @@ def running_process(pid: int) -> Process | None:
     for name in names:
         try:
             path = os.readlink(f"/proc/{pid}/fd/{name}")
-            info = dict(line.split(":", 1) for line in open(f"/proc/{pid}/fdinfo/{name}").read().splitlines()
+            info = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/fdinfo/{name}").read_text().splitlines()
                         if ":" in line)
             flags = int(info.get("flags", "0").strip(), 8)
             pos = int(info.get("pos", "0").strip())
@@ -135,12 +137,12 @@ def running_process(pid: int) -> Process | None:
     except OSError:
         cwd = None
     try:
-        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         rank = rank_from_environ(item.decode("utf-8", "replace") for item in environ if item)
     except OSError:
         rank = None
     try:
-        comm = open(f"/proc/{pid}/comm").read().strip()
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         comm = None
     return Process(tgid=pid, table=FdTable(fds), cwd=cwd, rank=-1 if rank is None else rank, comm=comm)
@@ -168,7 +170,7 @@ class CheckpointCounter:
     wanted: int | None = None
     files: list[tuple[str, int]] = field(default_factory=list)
     cut_ns: int | None = None
-    _open: dict[int, list] = field(default_factory=dict)  # key -> [path, open end time, written]
+    _open: dict[int, list | None] = field(default_factory=dict)  # key -> [path, open end time, written]
 
     @staticmethod
     def key(tgid: int, fd: int) -> int:
@@ -213,8 +215,8 @@ class CheckpointCounter:
 
         steps = sorted([(end, 0, key, path) for end, key, path in opens] + [(end, 1, key, None) for end, key in closes],
                        key=lambda step: (step[0], step[1]))
-        for end, kind, key, path in steps:
-            if kind == 0:
+        for end, _kind, key, path in steps:  # opens before closes at one time
+            if path is not None:  # an open (a close carries no path)
                 self._open[key] = [path, end, False] if self.accepts(path) else None
                 continue
             entry = self._open.pop(key, None)
@@ -344,7 +346,7 @@ def tgid_of(tid: int, cache: dict[int, int]) -> int:
     if tid not in cache:
         tgid = tid
         try:
-            for line in open(f"/proc/{tid}/status"):
+            for line in Path(f"/proc/{tid}/status").read_text().splitlines():
                 if line.startswith("Tgid:"):
                     tgid = int(line.split()[1])
                     break
@@ -411,7 +413,7 @@ def strace_attach_command(pids: list[int], log_path) -> list[str]:
 def _traced_by(pid: int) -> int:
     """TracerPid of ``pid`` (proc(5) status), 0 when none or gone."""
     try:
-        for line in open(f"/proc/{pid}/status"):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("TracerPid:"):
                 return int(line.split()[1])
     except (OSError, ValueError):
@@ -470,7 +472,7 @@ def strace_attach(plan: AttachPlan, scratch, counter: CheckpointCounter, stopper
             while not all(_traced_by(tid) == proc.pid for pid in missing if alive(pid) for tid in threads(pid)):
                 if proc.poll() is not None:
                     raise TracerError(f"strace could not attach to {missing[0]}: "
-                                      f"{proc.stderr.read().decode(errors='replace').strip()[:300]}")
+                                      f"{(proc.stderr.read() if proc.stderr else b'').decode(errors='replace').strip()[:300]}")
                 time.sleep(0.01)
             attached.update(missing)
         released_s = time.monotonic()
@@ -549,7 +551,7 @@ class Attaching:
     counter: CheckpointCounter
     make_feeder: Callable
     attached_summary: Callable
-    spool: object
+    spool: RowSpool
 
 
 def attach_bcc(choice, ctx: Attaching):
@@ -562,7 +564,10 @@ def attach_bcc(choice, ctx: Attaching):
                                                            ctx.attached_summary, ctx.spool)
     tracer, choice = load(choice, list(ctx.filters))
     if tracer is None:
-        return backends.get(choice.name).attach(choice, ctx)
+        fallback = backends.get(choice.name).attach
+        if fallback is None:
+            raise TracerError(f"backend {choice.name} cannot attach to a running job")
+        return fallback(choice, ctx)
     from .bcc_backend import _NAMES
 
     rename_nrs = np.array([_NAMES.index(name) for name in _RENAMES if name in _NAMES])
@@ -592,17 +597,9 @@ def attach_bcc(choice, ctx: Attaching):
             return stopper.should_stop()
 
         rec = tracer.attach(pids, make_feeder, spool.output.parent, finished, on_records=checkpoints, keep=keep)
-    feeder = rec.feeder
-    feeder.finish()
-    spool.add(feeder.builder.take_rows())
-    extra = {"lost_events": rec.lost_events, **({"lost_reasons": rec.lost_reasons} if rec.lost_reasons else {}),
-             "truncated_paths": rec.truncated_paths, "exit_code": 0, "exit_signal": None,
-             "command_elapsed_ns": rec.command_elapsed_ns, "recorder_cpu_ns": rec.recorder_cpu_ns,
-             "unseen": rec.unseen, "io_uring_unrecorded_ops": rec.uring_other_ops,
-             "late_events": feeder.late_events, "spilled_raw_bytes": rec.spilled_raw_bytes,
-             "released_s": rec.released_s, "exited_s": rec.exited_s,
-             "attached": attached_summary(stopper, seen)}
-    return feeder.builder, extra, choice
+    builder, extra = rec.finish(spool)
+    extra.update(exit_code=0, exit_signal=None, attached=attached_summary(stopper, seen))  # the job runs on
+    return builder, extra, choice
 
 
 def attach_strace(choice, ctx: Attaching):

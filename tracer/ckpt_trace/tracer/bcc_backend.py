@@ -50,8 +50,8 @@ from ckpt_trace.errors import TracerError
 from ckpt_trace.formats import vocabulary
 
 from . import btf, costs
-from .children import set_parent_death_signal, sigint_handler
 from . import syscalls as sc
+from .children import set_parent_death_signal, sigint_handler
 from .ringbuf import RingReader, sample_dtype
 from .state import AuxEvent, EffectOrderFeeder, SyscallEvent, rank_from_environ
 
@@ -589,6 +589,27 @@ class BccRecording:
     released_s: float | None = None  # time.monotonic() when the probes were live and the command released
     exited_s: float | None = None  # time.monotonic() when the command's exit was seen
 
+    def finish(self, spool) -> tuple:
+        """End the feeding, move the rows into ``spool`` and return (trace builder, the trace's extra metadata:
+        counts of lost, truncated, unseen and late events, timings). Raises TracerError when the recording
+        fed nothing (the command never started)."""
+        feeder = self.feeder
+        if feeder is None:
+            raise TracerError("the bcc recording made no event feeder")
+        feeder.finish()
+        spool.add(feeder.builder.take_rows())
+        extra = {"lost_events": self.lost_events, **({"lost_reasons": self.lost_reasons} if self.lost_reasons else {}),
+                 "truncated_paths": self.truncated_paths, "exit_code": self.exit_code,
+                 "exit_signal": self.exit_signal, "command_elapsed_ns": self.command_elapsed_ns,
+                 "recorder_cpu_ns": self.recorder_cpu_ns,
+                 **({"bpf_run_ns": self.bpf_run_ns} if self.bpf_run_ns is not None else {}),
+                 "unseen": self.unseen, "io_uring_unrecorded_ops": self.uring_other_ops,
+                 "late_events": feeder.late_events, "spilled_raw_bytes": self.spilled_raw_bytes,
+                 "released_s": self.released_s, "exited_s": self.exited_s}
+        if feeder.builder.mapped_uncovered_bytes is not None:
+            extra["mapped_uncovered_bytes"] = feeder.builder.mapped_uncovered_bytes
+        return feeder.builder, extra
+
 
 def _cpu_ns() -> int:
     """User and system CPU time of this process, every thread (getrusage(2) RUSAGE_SELF), in ns."""
@@ -661,6 +682,79 @@ def _exit_wakeup(wakeups: select.epoll, pid: int) -> int | None:
         return None
     wakeups.register(fd, select.EPOLLIN)
     return fd
+
+
+class _Rings:
+    """The BPF program's ring buffers while a recording runs: ``consume`` copies what they hold (spilling
+    past ``config.RECORD_RAW_BYTES``), ``drain_all`` decodes everything held and feeds it in time order.
+
+    Call order: ``consume`` (any number of times), ``close_readers``, ``drain_all`` (once).
+    """
+
+    def __init__(self, bpf, scratch_dir, on_records=None) -> None:
+        from bcc.table import _get_event_class
+
+        self.dtypes = {name: sample_dtype(_get_event_class(bpf[name])) for name in ("events", "aux")}
+        self.dtypes["compact"] = compact_dtype(self.dtypes["events"])
+        self.readers = {name: RingReader(bpf[name].map_fd, getattr(config, pages) * mmap.PAGESIZE, self.dtypes[name])
+                        for name, pages in RINGS.items()}
+        self.chunks: dict[str, list[np.ndarray]] = {name: [] for name in self.readers}
+        self.held_bytes = 0  # bytes in chunks, kept as they come: summing every chunk at every poll grew quadratically
+        self.ranks: dict[int, int | None] = {}
+        self.spill = _RawSpill(scratch_dir, self.dtypes)
+        self.on_records = on_records
+
+    def consume(self) -> None:
+        """Copy what every ring holds; read the rank of each process that just exec'd while it lives."""
+        for name, reader in self.readers.items():
+            records = reader.read()
+            if len(records):
+                if self.on_records is not None:
+                    self.on_records(name, records)
+                self.chunks[name].append(records)
+                self.held_bytes += records.nbytes
+                if name == "events":
+                    self.ranks.update(exec_ranks(records))
+        # Once spilling, in small steps: compressing stalls the consumer while the rings fill.
+        limit = min(config.RECORD_RAW_BYTES, _SPILL_STEP_BYTES) if self.spill.bytes else config.RECORD_RAW_BYTES
+        if self.held_bytes > limit:
+            self.spill.write(self.chunks)
+            for name in self.chunks:
+                self.chunks[name] = []
+            self.held_bytes = 0
+
+    def close_readers(self) -> None:
+        for reader in self.readers.values():
+            reader.close()
+
+    def drain_all(self, rec, keep=None) -> None:
+        """Decode every spilled group, then what is held, feeding ``rec.feeder``; ``keep`` filters records."""
+        try:
+            for group in self.spill.groups():
+                self._drain(rec, group, keep)
+            self._drain(rec, self.chunks, keep)
+            rec.spilled_raw_bytes = self.spill.bytes
+        finally:
+            self.spill.close()
+
+    def _drain(self, rec, held: dict[str, list[np.ndarray]], keep) -> None:
+        """Decode one group of held records and feed it, a slice at a time, the rings' slices in the
+        order of their first records' times (each ring is in about the order calls ended)."""
+        step = max(1, config.RECORD_DECODE_EVENTS)
+        slices = []
+        for name in RINGS:
+            for records in held[name]:
+                if keep is not None:
+                    records = records[keep(records)]
+                    if not len(records):
+                        continue
+                if name == "events":
+                    rec.truncated_paths += int(records["truncated"].sum())
+                for start in range(0, len(records), step):
+                    part = records[start:start + step]
+                    slices.append((int(part["ts_ns"][0]), len(slices), name, part))
+        for _, _, name, part in sorted(slices, key=lambda item: item[:2]):
+            rec.feeder.add(decode_aux(part) if name == "aux" else decode_events(part, self.ranks))
 
 
 class BccTracer:
@@ -797,58 +891,9 @@ class BccTracer:
         everything held is decoded and fed. Returns (recording, status)."""
         bpf = self._bpf
         rec = BccRecording()
-
-        from bcc.table import _get_event_class
-
-        dtypes = {name: sample_dtype(_get_event_class(bpf[name])) for name in ("events", "aux")}
-        dtypes["compact"] = compact_dtype(dtypes["events"])
-        readers = {name: RingReader(bpf[name].map_fd, getattr(config, pages) * mmap.PAGESIZE, dtypes[name])
-                   for name, pages in RINGS.items()}
-        chunks: dict[str, list[np.ndarray]] = {name: [] for name in readers}
-        held_bytes = [0]  # bytes in chunks, kept as they come: summing every chunk at every poll grew quadratically
-        ranks: dict[int, int | None] = {}
-        spill = _RawSpill(scratch_dir, dtypes)
-
-        def consume() -> None:
-            """Copy what every ring holds; read the rank of each process that just exec'd while it lives."""
-            for name, reader in readers.items():
-                records = reader.read()
-                if len(records):
-                    if on_records is not None:
-                        on_records(name, records)
-                    chunks[name].append(records)
-                    held_bytes[0] += records.nbytes
-                    if name == "events":
-                        ranks.update(exec_ranks(records))
-            # Once spilling, in small steps: compressing stalls the consumer while the rings fill.
-            limit = min(config.RECORD_RAW_BYTES, _SPILL_STEP_BYTES) if spill.bytes else config.RECORD_RAW_BYTES
-            if held_bytes[0] > limit:
-                spill.write(chunks)
-                for name in chunks:
-                    chunks[name] = []
-                held_bytes[0] = 0
-
-        def drain(held: dict[str, list[np.ndarray]]) -> None:
-            """Decode one group of held records and feed it, a slice at a time, the rings' slices in the
-            order of their first records' times (each ring is in about the order calls ended)."""
-            step = max(1, config.RECORD_DECODE_EVENTS)
-            slices = []
-            for name in RINGS:
-                for records in held[name]:
-                    if keep is not None:
-                        records = records[keep(records)]
-                        if not len(records):
-                            continue
-                    if name == "events":
-                        rec.truncated_paths += int(records["truncated"].sum())
-                    for start in range(0, len(records), step):
-                        part = records[start:start + step]
-                        slices.append((int(part["ts_ns"][0]), len(slices), name, part))
-            for _, _, name, part in sorted(slices, key=lambda item: item[:2]):
-                rec.feeder.add(decode_aux(part) if name == "aux" else decode_events(part, ranks))
-
+        rings = _Rings(bpf, scratch_dir, on_records)
         wakeups = select.epoll()
-        for name in readers:
+        for name in rings.readers:
             wakeups.register(bpf[name].map_fd, select.EPOLLIN)
         rec.unseen = {capture: why for capture, why in (("io_uring_requests", self.view.uring),
                                                          ("mapped_pages", self.view.mapped)) if why}
@@ -862,24 +907,23 @@ class BccTracer:
             status = None
             while status is None:
                 wakeups.poll(config.BPF_POLL_MS / 1000)  # or time out: records also come without a wakeup
-                consume()
+                rings.consume()
                 status = finished(rec)
             rec.exited_s = time.monotonic()
             rec.command_elapsed_ns = time.monotonic_ns() - rec.start_ns
             rec.recorder_cpu_ns = _cpu_ns() - cpu_at_start_ns
             rec.bpf_run_ns = self.bpf_run_ns()
-            consume()  # events are written at syscall exit, so all of them are there now
+            rings.consume()  # events are written at syscall exit, so all of them are there now
         finally:
             wakeups.close()
-            for reader in readers.values():
-                reader.close()
-        try:
-            for group in spill.groups():
-                drain(group)
-            drain(chunks)
-            rec.spilled_raw_bytes = spill.bytes
-        finally:
-            spill.close()
+            rings.close_readers()
+        rings.drain_all(rec, keep)
+        self._count_lost(rec)
+        return rec, status
+
+    def _count_lost(self, rec: BccRecording) -> None:
+        """The program's own counts of what it could not record, by reason, into ``rec``."""
+        bpf = self._bpf
         lost = [int(bpf["lost"][ctypes.c_int(i)].value) for i in range(len(LOST_REASONS))]
         rec.lost_events = sum(lost)
         rec.lost_reasons = {reason: count for reason, count in zip(LOST_REASONS, lost) if count}
@@ -887,5 +931,4 @@ class BccTracer:
             other = bpf["uring_other"]
             rec.uring_other_ops = {vocabulary.URING_OPCODE_NAMES.get(i, str(i)): int(other[ctypes.c_int(i)].value)
                                    for i in range(256) if other[ctypes.c_int(i)].value}
-        return rec, status
 

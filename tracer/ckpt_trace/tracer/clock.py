@@ -39,13 +39,14 @@ def anchor(clock: str) -> dict:
     reads of ``clock`` around one ``CLOCK_REALTIME`` read and ``uncertainty_ns`` half their gap (the best of
     three tries). Raises KeyError for an unknown clock name."""
     clock_id = CLOCK_IDS[clock]
-    best = None
+    best: tuple[int, int, int] | None = None
     for _ in range(3):
         before = time.clock_gettime_ns(clock_id)
         realtime = time.clock_gettime_ns(time.CLOCK_REALTIME)
         after = time.clock_gettime_ns(clock_id)
         if best is None or after - before < best[2] - best[0]:
             best = (before, realtime, after)
+    assert best is not None  # three tries
     before, realtime, after = best
     return {"realtime_ns": realtime, "clock_ns": (before + after) // 2, "uncertainty_ns": (after - before + 1) // 2}
 

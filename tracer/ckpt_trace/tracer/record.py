@@ -161,7 +161,7 @@ def record(
     overwrite: bool = False,
     gpu_plan: gpu.GpuPlan | None = None,
     host: str | None = None,
-    attach: "attach_mod.AttachPlan | None" = None,
+    attach: attach_mod.AttachPlan | None = None,
 ) -> RecordResult:
     """Run ``cmd`` (and every descendant) traced; write the trace to ``output``.
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import platform
+from typing import Any
 
 import numpy as np
 
@@ -81,7 +82,7 @@ def sample_dtype(ctypes_class: type) -> np.dtype:
     for name, kind in ctypes_class._fields_:
         field = getattr(ctypes_class, name)
         if issubclass(kind, ctypes.Array):
-            base = kind._type_
+            base: Any = kind._type_  # a ctypes array class's element type
             fmt = ("u1", kind._length_) if base in (ctypes.c_char, ctypes.c_ubyte) else \
                 (np.dtype(base).str, kind._length_)
         else:

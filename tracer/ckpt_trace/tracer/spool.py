@@ -148,14 +148,21 @@ class _RunReader:
             self._next += 1
         return self.held is not None and self.held.num_rows > 0
 
+    def _rows(self) -> pa.Table:
+        if self.held is None:
+            raise ValueError("no rows held: fill() first")
+        return self.held
+
     def last_key(self) -> tuple[int, int]:
-        last = self.held.num_rows - 1
-        return self.held.column("ts_ns")[last].as_py(), self.held.column(_SEQ)[last].as_py()
+        held = self._rows()
+        last = held.num_rows - 1
+        return held.column("ts_ns")[last].as_py(), held.column(_SEQ)[last].as_py()
 
     def take_through(self, bound: tuple[int, int]) -> pa.Table:
         """The held rows whose (ts_ns, emission) key is at most ``bound`` (a prefix: the run is sorted)."""
-        ts = int_values(self.held.column("ts_ns").combine_chunks())
-        seq = int_values(self.held.column(_SEQ).combine_chunks())
+        held = self._rows()
+        ts = int_values(held.column("ts_ns").combine_chunks())
+        seq = int_values(held.column(_SEQ).combine_chunks())
         count = int(np.count_nonzero((ts < bound[0]) | ((ts == bound[0]) & (seq <= bound[1]))))
-        taken, self.held = self.held.slice(0, count), self.held.slice(count)
+        taken, self.held = held.slice(0, count), held.slice(count)
         return taken

@@ -311,6 +311,15 @@ class EffectOrderFeeder:
             self.on_rows(self.builder)
 
 
+def _row_op(name: str) -> str:
+    """The trace op of system call ``name``, for the handlers that write a row for every call they get
+    (each call routed to them has an op in ``syscalls.SYSCALLS``). Raises ValueError for a call without one."""
+    op = sc.SYSCALLS[name].op
+    if op is None:
+        raise ValueError(f"{name} has no trace op in syscalls.SYSCALLS, so it cannot be written as a row")
+    return op
+
+
 def normalize_path(path: str) -> str:
     """Absolute path with '.', '..' and repeated slashes folded (no symlink lookup)."""
     norm = posixpath.normpath(path)
@@ -499,7 +508,7 @@ class TraceBuilder:
             cols[name].append(values.get(name))
 
     def _emit_data(self, proc: Process, ev: SyscallEvent, op: str, fd: int, path: str | None, offset: int | None,
-                   offset_source: str, size: int, iov_count: int | None) -> None:
+                   offset_source: str, size: int | None, iov_count: int | None) -> None:
         """``_emit`` of a read or write row, its values positional: the row most traces are made of, at a
         third of the generic path's cost (no keyword dict, one bound append per column)."""
         if not self._keep(path, op):
@@ -641,7 +650,7 @@ class TraceBuilder:
         desc = self._desc(proc, fd)
         if desc is None:
             return
-        op = sc.SYSCALLS[ev.name].op
+        op = _row_op(ev.name)
         values: dict[str, Any] = {"fd": fd, "path": desc.path}
         if ev.name == "sync_file_range":
             values.update(offset=int(ev.args["offset"]), offset_source=v.OFFSET_EXPLICIT, size=int(ev.args["count"]),
@@ -697,7 +706,7 @@ class TraceBuilder:
 
     def _on_path_only(self, proc: Process, ev: SyscallEvent) -> None:
         path = self._resolve(proc, ev.args.get("dirfd"), ev.args.get("path"))
-        op = sc.SYSCALLS[ev.name].op
+        op = _row_op(ev.name)
         if op == "unlink" and ev.ret == 0 and path is not None:
             self.sizes.pop(path, None)
         if self.follow is not None and ev.ret == 0:
@@ -814,7 +823,7 @@ class TraceBuilder:
             src_fd, src_offset, length, dst_offset = -1, None, 0, None
         src, dst = self._copy_file(proc, src_fd), self._copy_file(proc, fd)
         if length == 0 and src is not None and src_offset is not None:
-            known = self.sizes.get(src.path)
+            known = self.sizes.get(src.path) if src.path is not None else None
             length = known - src_offset if known is not None and known >= src_offset else None
         sides = ((src_fd, src, -2 if src_offset is None else src_offset, False),
                  (fd, dst, -2 if dst_offset is None else dst_offset, False))
@@ -938,7 +947,7 @@ class TraceBuilder:
 
     def _on_aio_call(self, proc: Process, ev: SyscallEvent) -> None:
         state = self.aio.get((proc.tgid, int(ev.args.get("ctx", 0))))
-        op = sc.SYSCALLS[ev.name].op
+        op = _row_op(ev.name)
         if op == v.IO_DESTROY and state is not None and ev.ret == 0:
             self.aio.pop((proc.tgid, int(ev.args["ctx"])))
             self._unreaped(proc, state)  # their completions can no longer be seen
@@ -1036,7 +1045,7 @@ class TraceBuilder:
 
     def _on_msync_madvise(self, proc: Process, ev: SyscallEvent) -> None:
         address, length = int(ev.args.get("addr", 0)), int(ev.args.get("length", 0))
-        op = sc.SYSCALLS[ev.name].op
+        op = _row_op(ev.name)
         for mapping in self._overlapping(proc, address, length):
             start, end = max(address, mapping.address), min(address + length, mapping.address + mapping.length)
             self._mapping_row(proc, ev, op, mapping, start, end - start,

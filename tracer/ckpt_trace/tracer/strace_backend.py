@@ -305,8 +305,9 @@ def _decode(name: str, values: list[Any], named: dict[str, Any]) -> tuple[dict[s
     if "iov" in args:
         iov = args.pop("iov")
         lengths = [item.get("iov_len") for item in iov if isinstance(item, dict)] if isinstance(iov, list) else []
-        if isinstance(iov, list) and len(lengths) == int(args.get("iov_count") or 0) and all(isinstance(n, int) for n in lengths):
-            size = sum(lengths)
+        counts = [n for n in lengths if isinstance(n, int)]
+        if isinstance(iov, list) and len(lengths) == int(args.get("iov_count") or 0) and len(counts) == len(lengths):
+            size = sum(counts)
     if name in ("execve", "execveat") and isinstance(args.get("envp"), list):
         rank = rank_from_environ(str(item) for item in args["envp"])
     if name == "io_setup" and isinstance(args.get("ctxp"), list) and args["ctxp"]:
@@ -334,7 +335,7 @@ def _decode(name: str, values: list[Any], named: dict[str, Any]) -> tuple[dict[s
     return args, size, rank
 
 
-def _events_from_lines(lines: Iterator[str], pending: dict | None = None) -> Iterator[SyscallEvent]:
+def _events_from_lines(lines: Iterator[str], pending: dict | None = None) -> Iterator[SyscallEvent | AuxEvent]:
     """Events of strace log lines; ``pending`` (calls unfinished at the last line) may be kept by the caller
     to parse a growing log batch by batch (``tracer.attach``)."""
     pending = {} if pending is None else pending

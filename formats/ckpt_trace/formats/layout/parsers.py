@@ -63,13 +63,14 @@ def parse_dcp(metadata_path: str) -> list[Entry]:
         meta = safe_loads(data, strict=True)
     except UnsafePickleError as err:
         raise LayoutError(f"{metadata_path}: {err}") from None
-    if not isinstance(meta, Record) or not isinstance(getattr(meta, "storage_data", None), dict):
+    storage_data = getattr(meta, "storage_data", None)
+    if not isinstance(meta, Record) or not isinstance(storage_data, dict):
         raise LayoutError(f"{metadata_path}: not a DCP metadata file (no storage_data)")
     described = getattr(meta, "state_dict_metadata", None) or {}
     planner = getattr(meta, "planner_data", None) or {}
     entries = [Entry(metadata_path, 0, len(data), "<dcp .metadata>", "metadata", "dcp")]
     per_file: dict[str, list[Entry]] = {}
-    for index, info in meta.storage_data.items():
+    for index, info in storage_data.items():
         fqn = str(getattr(index, "fqn", index))
         relative = getattr(info, "relative_path", None)
         offset, length = getattr(info, "offset", None), getattr(info, "length", None)
@@ -77,7 +78,8 @@ def parse_dcp(metadata_path: str) -> list[Entry]:
             raise LayoutError(f"{metadata_path}: storage entry of {fqn!r} has no (relative_path, offset, length)")
         item = described.get(fqn)
         tensor = item is not None and getattr(item, "_name", "") == "TensorStorageMetadata"
-        parts = planner.get(fqn) if isinstance(planner.get(fqn), (tuple, list)) else fqn.split(".")
+        recorded_path = planner.get(fqn)
+        parts = recorded_path if isinstance(recorded_path, (tuple, list)) else fqn.split(".")
         dtype = shape = chunk_offsets = chunk_sizes = None
         if tensor:
             properties = getattr(item, "properties", None)

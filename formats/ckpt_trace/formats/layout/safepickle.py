@@ -187,5 +187,5 @@ def safe_loads(data: bytes, *, strict: bool = True) -> Any:
         return SafeUnpickler(data, strict=strict).load()
     except UnsafePickleError:
         raise
-    except Exception as err:  # a malformed pickle: whatever the opcode loop raised, as one line
+    except Exception as err:  # noqa: BLE001  (a malformed pickle: whatever the opcode loop raised, as one line)
         raise UnsafePickleError(f"not a readable pickle ({type(err).__name__}: {str(err)[:120]})") from None

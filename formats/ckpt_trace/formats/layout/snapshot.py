@@ -79,9 +79,8 @@ def parse_torchsnapshot(path: str) -> list[Entry]:
             if kind == "Tensor":
                 entries.append(tensor(key, parts, item))
             elif kind in ("ShardedTensor", "ChunkedTensor"):
-                for shard in item.get("shards") or item.get("chunks") or []:
-                    entries.append(tensor(key, parts, shard["tensor"], item.get("shape"), shard["offsets"],
-                                          shard["sizes"]))
+                entries.extend(tensor(key, parts, shard["tensor"], item.get("shape"), shard["offsets"], shard["sizes"])
+                               for shard in item.get("shards") or item.get("chunks") or [])
             elif kind == "object":
                 file, size = located(item["location"])
                 entries.append(Entry(file, 0, size, key, classify(parts, tensor=False), "torchsnapshot"))

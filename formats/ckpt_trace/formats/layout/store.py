@@ -19,9 +19,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from ..atomic import fd_path, make_temporary
+from ..atomic import fd_path, fsync_directory, make_temporary
 from ..errors import CkptTraceError, TraceFormatError
-from ..io import ZSTD_LEVEL, ZSTD_LEVEL_ONE_BATCH, fsync_directory, read_metadata
+from ..io import ZSTD_LEVEL, ZSTD_LEVEL_ONE_BATCH, read_metadata
 from .table import LAYOUT_SCHEMA
 
 LAYOUT_METADATA_KEY = b"ckpt_trace_layout"

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ckpt_trace import registry
 from ckpt_trace.errors import ReplayError
 
 if TYPE_CHECKING:
@@ -94,18 +93,7 @@ class Strategy:
 def table() -> dict[str, Strategy]:
     """Every strategy of this package by name, in ``order``. Raises ReplayError for a module without a
     ``STRATEGY`` or two modules declaring one name (a packaging error, said at first use)."""
-    found: dict[str, Strategy] = {}
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        spec = getattr(module, "STRATEGY", None)
-        if not isinstance(spec, Strategy):
-            raise ReplayError(f"strategy module {module.__name__} defines no STRATEGY = Strategy(...)")
-        if spec.name in found or spec.name == ALL:
-            raise ReplayError(f"strategy name {spec.name!r} is declared twice ({module.__name__})")
-        found[spec.name] = spec
-    return dict(sorted(found.items(), key=lambda item: (item[1].order, item[0])))
+    return registry.discover(__name__, __path__, "STRATEGY", Strategy, reserved=ALL, error=ReplayError)
 
 
 def names() -> tuple[str, ...]:

@@ -14,11 +14,10 @@ An unknown name is a TracerError (``get``, ``choose``).
 from __future__ import annotations
 
 import functools
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ckpt_trace import registry
 from ckpt_trace.errors import TracerError
 
 #: The name that picks the first backend that can run here.
@@ -70,18 +69,7 @@ class Backend:
 def table() -> dict[str, Backend]:
     """Every backend of this package by name, in ``order``. Raises TracerError for a module without a
     ``BACKEND`` or a name declared twice."""
-    found: dict[str, Backend] = {}
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        spec = getattr(module, "BACKEND", None)
-        if not isinstance(spec, Backend):
-            raise TracerError(f"backend module {module.__name__} defines no BACKEND = Backend(...)")
-        if spec.name in found or spec.name == AUTO:
-            raise TracerError(f"backend name {spec.name!r} is declared twice ({module.__name__})")
-        found[spec.name] = spec
-    return dict(sorted(found.items(), key=lambda item: (item[1].order, item[0])))
+    return registry.discover(__name__, __path__, "BACKEND", Backend, reserved=AUTO, error=TracerError)
 
 
 def names() -> tuple[str, ...]:

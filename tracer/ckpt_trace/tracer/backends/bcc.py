@@ -39,22 +39,8 @@ def run(choice: BackendChoice, cmd: list[str], env: dict, make_feeder, spool, pa
     if tracer is None:
         return get(choice.name).run(choice, cmd, env, make_feeder, spool, path_filters)
     rec = tracer.run(cmd, env, make_feeder, spool.output.parent)
-    feeder = rec.feeder
-    if feeder is None:  # the command never started (BccTracer.run raises then): nothing was fed
-        raise TracerError("the bcc recording made no event feeder")
-    feeder.finish()
-    spool.add(feeder.builder.take_rows())
-    extra = {"lost_events": rec.lost_events, **({"lost_reasons": rec.lost_reasons} if rec.lost_reasons else {}),
-             "truncated_paths": rec.truncated_paths, "exit_code": rec.exit_code,
-             "exit_signal": rec.exit_signal, "command_elapsed_ns": rec.command_elapsed_ns,
-             "recorder_cpu_ns": rec.recorder_cpu_ns,
-             **({"bpf_run_ns": rec.bpf_run_ns} if rec.bpf_run_ns is not None else {}),
-             "unseen": rec.unseen, "io_uring_unrecorded_ops": rec.uring_other_ops,
-             "late_events": feeder.late_events, "spilled_raw_bytes": rec.spilled_raw_bytes,
-             "released_s": rec.released_s, "exited_s": rec.exited_s}
-    if feeder.builder.mapped_uncovered_bytes is not None:
-        extra["mapped_uncovered_bytes"] = feeder.builder.mapped_uncovered_bytes
-    return feeder.builder, extra, choice
+    builder, extra = rec.finish(spool)
+    return builder, extra, choice
 
 
 BACKEND = Backend(name="bcc", problem=bcc_backend.probe, auto_reason="eBPF syscall tracepoints are available",
