@@ -958,9 +958,11 @@ def main(argv: list[str] | None = None) -> None:
         err.print(f"[red]ckpt-trace: error: {escape(str(error.strerror or error) + where)}[/]", highlight=False)
         sys.exit(1)
     except Exception as error:  # noqa: BLE001 - the one place every failure becomes one line
-        if hasattr(error, "format_message") and getattr(error, "exit_code", None) is not None:  # click usage
-            err.print(f"[red]ckpt-trace: error: {escape(error.format_message())}[/] (see --help)", highlight=False)
-            sys.exit(error.exit_code)
+        # click's usage errors, read by attribute (Exception declares neither)
+        format_message, exit_code = getattr(error, "format_message", None), getattr(error, "exit_code", None)
+        if format_message is not None and exit_code is not None:
+            err.print(f"[red]ckpt-trace: error: {escape(format_message())}[/] (see --help)", highlight=False)
+            sys.exit(exit_code)
         if os.environ.get("CKPT_TRACE_DEBUG"):
             raise
         detail = str(error).splitlines()[0] if str(error) else ""

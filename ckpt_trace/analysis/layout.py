@@ -290,7 +290,7 @@ def annotate(trace: str | Path, checkpoint: Iterable[str | Path], output: str | 
             "covered_files": len(set(layout.table.column("path").to_pylist())), **layout.info()}
 
 
-def annotate_recording(trace: str | Path, *, time_limit_s: float = 60.0) -> dict[str, Any] | None:
+def annotate_recording(trace: str | Path, *, time_limit_s: float = 60.0) -> dict[str, Any]:
     """After ``record``: the layout of the checkpoint files the traced command read or wrote, stored in
     ``trace`` when any was recognised; the other files of those files' directories that the command touched
     are listed as unknown. Returns what ``annotate`` returns, with ``stored`` false (and nothing written)

@@ -31,13 +31,17 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckpt_trace.errors import CkptTraceError, Interrupted, WorkloadError
 
 from .models import MODELS, GPT2Config, parameter_shapes
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint import StorageReader, StorageWriter
 
 DEVICES = ("cpu", "cuda")
 
@@ -102,19 +106,31 @@ def _optimizer_groups() -> list[dict]:
     return [{"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1, "amsgrad": False}]
 
 
-def _storage(kind: str, out: str, writer: str | None, saving: bool):
-    """The DCP storage layer of a rank: FileSystemWriter/Reader for ``dcp``, the emitted module's (or the
-    default ``ckpt_trace.writer``) for ``emitted``."""
+def _storage_writer(kind: str, out: str, writer: str | None) -> StorageWriter:
+    """The DCP storage writer of a rank: FileSystemWriter for ``dcp``, the emitted module's (or the default
+    ``ckpt_trace.writer``) for ``emitted``."""
     import torch.distributed.checkpoint as dcp
 
     if kind == "dcp":
-        return dcp.FileSystemWriter(out) if saving else dcp.FileSystemReader(out)
+        return dcp.FileSystemWriter(out)
     if writer is None:
-        from ckpt_trace.writer import CheckpointReader, CheckpointWriter
+        from ckpt_trace.writer.save import CheckpointWriter
 
-        return CheckpointWriter(out) if saving else CheckpointReader(out)
-    module = load_writer_module(writer)
-    return module.make_writer(out) if saving else module.make_reader(out)
+        return CheckpointWriter(out)
+    return load_writer_module(writer).make_writer(out)
+
+
+def _storage_reader(kind: str, out: str, writer: str | None) -> StorageReader:
+    """The DCP storage reader of a rank, as ``_storage_writer`` chooses the writer."""
+    import torch.distributed.checkpoint as dcp
+
+    if kind == "dcp":
+        return dcp.FileSystemReader(out)
+    if writer is None:
+        from ckpt_trace.writer.load import CheckpointReader
+
+        return CheckpointReader(out)
+    return load_writer_module(writer).make_reader(out)
 
 
 def load_writer_module(path: str):
@@ -192,7 +208,7 @@ def _dcp_state(torch, mesh, cfg, rank: int, world: int, with_optimizer: bool, em
 
     if with_optimizer:
         state = _adam_state(torch, mesh, cfg, rank, world, device)
-        return _zeros_like(torch, state) if empty else state
+        return {key: _zeros_like(torch, item) for key, item in state.items()} if empty else state
     shapes = parameter_shapes(cfg)
     local = local_state(cfg, rank, world, with_optimizer, device=device)
     if empty:
@@ -253,13 +269,14 @@ def _dcp_rank(rank: int, world: int, out: str, model: str, with_optimizer: bool,
         mesh = init_device_mesh(device, (world,))
         cfg = model_config(model)
         state = _dcp_state(torch, mesh, cfg, rank, world, with_optimizer, empty=load, device=device)
-        storage = _storage(kind, out, writer, saving=not load)
+        reader = _storage_reader(kind, out, writer) if load else None
+        storage_writer = None if load else _storage_writer(kind, out, writer)
         dist.barrier()
         started = time.perf_counter()
         if load:
-            dcp.load(state, storage_reader=storage)
+            dcp.load(state, storage_reader=reader)
         else:
-            dcp.save(state, storage_writer=storage)
+            dcp.save(state, storage_writer=storage_writer)
         dist.barrier()
         if rank == 0 and timings is not None:
             timings.put(time.perf_counter() - started)
@@ -432,14 +449,14 @@ def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
         raise WorkloadError(f"rank {first}: {why}{others}")
 
 
-def torchrun_rank(env: dict | None = None) -> tuple[int, int] | None:
+def torchrun_rank(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
     """(RANK, WORLD_SIZE) when this process is one rank of a job torchrun launched (torchrun's agent sets
     ``TORCHELASTIC_RUN_ID`` with ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``), else None."""
-    env = os.environ if env is None else env
-    if not env.get("TORCHELASTIC_RUN_ID") or "RANK" not in env or "WORLD_SIZE" not in env:
+    found = os.environ if env is None else env
+    if not found.get("TORCHELASTIC_RUN_ID") or "RANK" not in found or "WORLD_SIZE" not in found:
         return None
     try:
-        return int(env["RANK"]), int(env["WORLD_SIZE"])
+        return int(found["RANK"]), int(found["WORLD_SIZE"])
     except ValueError:
         raise WorkloadError("torchrun's RANK or WORLD_SIZE is not a number") from None
 
@@ -691,7 +708,8 @@ def run_memmap(out: Path, model: str, with_optimizer: bool, load: bool = False) 
                 mapped[offset:offset + nbytes] = flat[name].contiguous().view(torch.uint8).reshape(-1).numpy()
             mapped.flush()
     finally:
-        mapped._mmap.close()  # munmap now, not at garbage collection
+        # munmap now, not at garbage collection; numpy's stubs do not declare memmap's _mmap (the mmap.mmap)
+        mapped._mmap.close()  # pyright: ignore[reportAttributeAccessIssue]
         del mapped
     if not load:
         index_path.write_text(json.dumps({name: list(entry) for name, entry in layout.items()}))

@@ -243,7 +243,8 @@ def share_plan(plan: ReplayPlan, share: frozenset[int]) -> Share:
     deps = set(table.dep_seq.tolist())
     names = {table.paths[i] for i in np.unique(np.concatenate([table.path, table.new_path])).tolist() if i >= 0}
     writes = np.unique(table.handle[(table.kind == WRITE) & (table.handle >= 0)]).tolist()
-    written_paths = {plan.files.file_paths.get(plan.files.handle_files.get(h, -1)) for h in writes} - {None}
+    written_paths = {path for h in writes
+                     if (path := plan.files.file_paths.get(plan.files.handle_files.get(h, -1))) is not None}
     expected = plan.checks.expected_sizes
     written = {path: expected[path] for path in written_paths if path in expected}
     precreate = {path: size for path, size in plan.precreate_files if path in names}
@@ -662,6 +663,7 @@ def _run_strategy(group: _Group, plan: ReplayPlan, claim: Claim, exported: froze
             signals.fail(str(err) or "interrupted")
             error = Interrupted("interrupted") if isinstance(err, KeyboardInterrupt) else err
         group.agree(error)
+        assert mine is not None  # executor.run returned: had it failed here, agree raised in every process
         runs.append((_job_result(plan.strategy, group.gather(mine)), mine))
     median = median_run([job for job, _ in runs])
     mine = next(m for job, m in runs if job is median)

@@ -90,7 +90,7 @@ class Claim:
         self._root: TargetRoot | None = None
         self._parent: TargetRoot | None = None
 
-    def refuse_conflicts(self, protected: Iterable[Path] = ()) -> None:
+    def refuse_conflicts(self, protected: Iterable[str | os.PathLike[str]] = ()) -> None:
         """Raise ReplayError when a file the plan may create already exists, or is a protected path, or (for
         a fresh directory) the directory exists."""
         if self.fresh and os.path.lexists(self.directory):

@@ -421,6 +421,8 @@ def _run_plans(plans, claims, opts: ReplayOptions, count: Rounds, progress, cach
     results, mismatches = [], []
     for plan, root, mine in zip(plans, roots, runs):
         results.append(median_run(mine))
+        # median_run took a run of this plan (it fails on none), and each run sets its plan's root first.
+        assert root is not None
         mismatches.extend(size_mismatches(root, plan))
         if opts.verify:
             results[-1].verified_files = _verify(root, plan)

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -211,7 +212,7 @@ class GpuCapture:
 
 
 def copy_columns(records: np.ndarray, *, start_ns: int, realtime_offset_ns: int | None,
-                 ranks: dict[int, int], comms: dict[int, str]) -> dict[str, list]:
+                 ranks: Mapping[int, int], comms: Mapping[int, str | None]) -> dict[str, list]:
     """Trace rows (column name -> list) for copy ``records`` (``COPY_RECORD``), one row per copy.
 
     Timestamps are CLOCK_MONOTONIC ns. With ``realtime_offset_ns`` None the

@@ -281,6 +281,7 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
            temporary: Path | None = None, exited_s: float | None = None) -> RecordResult:
     gpu_summary = {"captured": False, "reason": gpu_plan.reason if gpu_plan else "not asked"}
     if copies is not None:
+        assert gpu_plan is not None  # record makes copies only from a capture, which it makes only from a plan
         rows, summary = copies
         spool.add(rows)  # after every traced row: ties in start time keep that order
         captured = summary["processes"] > len(summary["errors"])
