@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -379,10 +380,11 @@ RINGS = {"events": "BPF_RINGBUF_PAGES", "compact": "BPF_COMPACT_RINGBUF_PAGES", 
 
 def compact_dtype(events: np.dtype) -> np.dtype:
     """The layout of a ``compact`` ring record: the ``events`` record (``event_t``) up to its strings."""
-    end = events.fields["path"][1]
-    names = [name for name in events.names if events.fields[name][1] < end]
-    return np.dtype({"names": names, "formats": [events.fields[name][0] for name in names],
-                     "offsets": [events.fields[name][1] for name in names], "itemsize": end})
+    fields: dict[str, Any] = {str(k): v for k, v in (events.fields or {}).items()}  # each name: (dtype, offset)
+    end = fields["path"][1]
+    names = [name for name in events.names or () if fields[name][1] < end]
+    return np.dtype({"names": names, "formats": [fields[name][0] for name in names],
+                     "offsets": [fields[name][1] for name in names], "itemsize": end})
 
 
 def wake_every() -> int:
@@ -498,9 +500,10 @@ def decode_events(records: np.ndarray, ranks: dict[int, int | None]) -> list[Sys
                                      size[i] if size[i] >= 0 else None)
         if name in ("execve", "execveat"):
             for i in rows:
-                if events[i].ret == 0:
-                    events[i].rank = ranks.get(events[i].pid)
-    return events
+                event = events[i]
+                if event is not None and event.ret == 0 and event.pid is not None:
+                    event.rank = ranks.get(event.pid)
+    return cast(list[SyscallEvent], events)  # every row's nr is one of np.unique(nrs): each row was filled
 
 
 _EXTRA_ARGS = frozenset({"openat2", "clone3", "io_setup", "mmap", "io_uring_register", "ioctl"}) | sc.COPY_CALLS
@@ -765,20 +768,33 @@ class BccTracer:
     """
 
     def __init__(self, path_filters: list[str] | None = None) -> None:
-        self._bpf = None
+        self._program: Any = None  # bcc.BPF once loaded (bcc ships no type information)
         self._path_filters = list(path_filters or [])
-        self.view: KernelView | None = None
+        self._view: KernelView | None = None
+
+    @property
+    def _bpf(self) -> Any:
+        if self._program is None:
+            raise TracerError("the BPF program is not loaded (BccTracer.load first)")
+        return self._program
+
+    @property
+    def view(self) -> KernelView:
+        """What this kernel lets the program see (``kernel_view``), known once ``load`` ran."""
+        if self._view is None:
+            raise TracerError("the BPF program is not loaded (BccTracer.load first)")
+        return self._view
 
     def load(self) -> None:
         from bcc import BPF
 
-        self.view = kernel_view()
-        text = program_text(self._path_filters, self.view)
+        self._view = kernel_view()
+        text = program_text(self._path_filters, self._view)
         devnull = os.open(os.devnull, os.O_WRONLY)
         saved = os.dup(2)
         try:
             os.dup2(devnull, 2)
-            self._bpf = BPF(text=text)
+            self._program = BPF(text=text)
         except Exception as err:  # noqa: BLE001 - bcc raises bare Exception on compile/load failure
             raise TracerError(f"the kernel refused the BPF program ({str(err).splitlines()[0]})") from None
         finally:
@@ -885,7 +901,7 @@ class BccTracer:
         return rec
 
     def _collect(self, make_feeder, scratch_dir, begin, release, finished, on_records=None, keep=None,
-                 ) -> tuple[BccRecording, object]:
+                 ) -> tuple[BccRecording, Any]:
         """``run``'s and ``attach``'s common body: ``begin`` names the traced processes, ``release`` lets
         the command go, then the rings are copied until ``finished(rec)`` returns a status (not None), and
         everything held is decoded and fed. Returns (recording, status)."""
