@@ -44,7 +44,7 @@ import os
 import resource
 import threading
 import time
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -85,6 +85,26 @@ class Progress(Protocol):
     def start(self, total_bytes: int, label: str) -> None: ...
 
     def advance(self, moved_bytes: int) -> None: ...
+
+
+_T = TypeVar("_T")
+
+
+def _known(handle: int | None) -> int:
+    """A plan operation's handle, to look its descriptor up. The planner gives one to every operation on a
+    descriptor; None raises the KeyError a lookup of it raised, which the worker reports as a descriptor
+    never opened."""
+    if handle is None:
+        raise KeyError(handle)
+    return handle
+
+
+def _given(value: _T | None, op: PlanOp, field: str) -> _T:
+    """``value``, ``op``'s ``field``, which the planner sets for every operation of that kind (a path for an
+    open, a size for an ftruncate, ...). Raises ReplayError when it is missing."""
+    if value is None:
+        raise ReplayError(f"operation {op.seq} ({op.kind}) of the plan has no {field}")
+    return value
 
 
 def _op_error(op: PlanOp, err: OSError) -> ReplayError:
@@ -445,6 +465,7 @@ class PosixExecutor:
         except ReplayError as err:
             state.fail(err)
         except KeyError:
+            assert row is not None  # a KeyError comes from a descriptor lookup, which runs only once row is set
             op = t.op(row)
             state.fail(ReplayError(f"replay failed at {op.kind} {op.path or ''}: descriptor was never opened"))
         finally:
@@ -541,7 +562,7 @@ class PosixExecutor:
         if op.kind in DATA_KINDS:
             ctx.state.add_one(time.perf_counter_ns() - started, moved, op.kind == "write")
             code = self.data_path_code if self.data_path_code is not None else \
-                int(ctx.state.is_direct(ctx.state.fds[op.handle]))
+                int(ctx.state.is_direct(ctx.state.fds[_known(op.handle)]))
             ctx.state.add_path_one(_MAPPED if mapped else code,
                                    moved, int(ctx.plan.ops.path[row]), op.kind == "write")
             if ctx.progress is not None:
@@ -569,7 +590,7 @@ class PosixExecutor:
         started = time.perf_counter_ns()
         if paired:
             dst = t.op(partner)
-            src_fd, dst_fd = state.fds[op.handle], state.fds[dst.handle]
+            src_fd, dst_fd = state.fds[_known(op.handle)], state.fds[_known(dst.handle)]
             size = max(dst.size or 0, 0)
             if name == "sendfile":
                 if dst.offset is not None:
@@ -590,7 +611,7 @@ class PosixExecutor:
                 self._count_copy(ctx, 0, moved, int(t.path[partner]), True)
                 return
         elif name == "splice":
-            fd = state.fds[op.handle]
+            fd = state.fds[_known(op.handle)]
             size = max(op.size or 0, 0)
             moved = self._splice_in(ctx, fd, op.offset, size) if op.kind == "read" else \
                 self._splice_out(ctx, fd, op.offset, size)
@@ -601,7 +622,7 @@ class PosixExecutor:
         state.count_kernel_copy(True)  # a plain read or write, as the other strategies replay it
         moved = self._execute(op, state, ctx.write_view, ctx.read_view, ctx.write_buf, ctx.read_buf)
         state.add_one(time.perf_counter_ns() - started, moved, op.kind == "write")
-        state.add_path_one(int(state.is_direct(state.fds[op.handle])), moved, int(t.path[row]), op.kind == "write")
+        state.add_path_one(int(state.is_direct(state.fds[_known(op.handle)])), moved, int(t.path[row]), op.kind == "write")
         if ctx.progress is not None:
             ctx.progress.advance(moved)
 
@@ -644,7 +665,8 @@ class PosixExecutor:
             requests = rings.batch(1)
             requests["opcode"] = rings.OP_FSYNC
             requests["op_flags"] = rings.FSYNC_DATASYNC if op.kind == "fdatasync" else 0
-            requests["fd"] = ctx.state.fds[op.handle]
+            requests["fd"] = ctx.state.fds[_known(op.handle)]
+        assert op.queue is not None  # _one sends through a ring only an operation with its recorded queue
         results, latencies = ctx.issue(requests, ring, op.queue)
         failure = rings.first_failure(requests, results)
         if failure is not None:
@@ -665,20 +687,20 @@ class PosixExecutor:
         (``write_buf``/``read_buf`` the buffers they view, for mapped I/O)."""
         kind = op.kind
         if op.mapped and self.maps_files and op.handle in state.mappings:
-            return self._mapped(op, state.mappings[op.handle], write_buf, read_buf)
+            return self._mapped(op, state.mappings[_known(op.handle)], write_buf, read_buf)
         if kind == "write":
-            return self._write(state.fds[op.handle], op, write_view, write_buf)
+            return self._write(state.fds[_known(op.handle)], op, write_view, write_buf)
         if kind == "read":
-            return self._read(state.fds[op.handle], op, read_view)
+            return self._read(state.fds[_known(op.handle)], op, read_view)
         if kind in ("mmap", "munmap", "msync"):
             self._mapping(op, state)
         elif kind == "open":
-            state.set_fd(op.handle, self._open(op, state))
+            state.set_fd(_known(op.handle), self._open(op, state))
         elif kind == "close":
             if op.release:
-                os.close(state.pop_fd(op.handle))
+                os.close(state.pop_fd(_known(op.handle)))
         elif kind == "dup":
-            state.set_fd(op.handle, os.dup(state.fds[op.source_handle]))
+            state.set_fd(_known(op.handle), os.dup(state.fds[_known(op.source_handle)]))
         else:
             self._metadata(op, state)
         return 0
@@ -689,38 +711,42 @@ class PosixExecutor:
         if op.kind == "mmap":
             prot = op.prot or 0
             writable = prot & PROT_WRITE and (op.flags or MAP_SHARED) & MAP_SHARED
-            fd = self.root.open(op.path, os.O_RDWR if writable else os.O_RDONLY)
-            state.set_fd(op.handle, fd)
+            fd = self.root.open(_given(op.path, op, "path"), os.O_RDWR if writable else os.O_RDONLY)
+            state.set_fd(_known(op.handle), fd)
             if self.maps_files:
-                state.mappings[op.handle] = FileMapping(fd, op.size or 0, op.offset or 0, prot, op.flags or 0)
+                state.mappings[_known(op.handle)] = FileMapping(fd, op.size or 0, op.offset or 0, prot, op.flags or 0)
         elif op.kind == "msync":
-            mapping = state.mappings.get(op.handle)
+            handle = _known(op.handle)
+            mapping = state.mappings.get(handle)
             if mapping is not None:
                 mapping.sync(op.offset or 0, op.size or 0, op.flags or 0)
             else:
-                os.fdatasync(state.fds[op.handle])
+                os.fdatasync(state.fds[handle])
         else:
-            mapping = state.mappings.pop(op.handle, None)
+            handle = _known(op.handle)
+            mapping = state.mappings.pop(handle, None)
             if mapping is not None:
                 mapping.close()
-            os.close(state.pop_fd(op.handle))
+            os.close(state.pop_fd(handle))
 
-    def _mapped(self, op: PlanOp, mapping: FileMapping, write_buf: AlignedBuffer, read_buf: AlignedBuffer) -> int:
+    def _mapped(self, op: PlanOp, mapping: FileMapping, write_buf: AlignedBuffer | None,
+                read_buf: AlignedBuffer | None) -> int:
         """Pages written (the file's pattern copied in) or read (copied out) through ``mapping``."""
         size, done = op.size or 0, 0
-        chunk_max = write_buf.size_bytes if op.kind == "write" else read_buf.size_bytes
+        buf = _given(write_buf if op.kind == "write" else read_buf, op, "buffer")
+        chunk_max = buf.size_bytes
         while done < size:
             chunk = min(chunk_max, size - done)
-            offset = op.offset + done
+            offset = _given(op.offset, op, "offset") + done
             if op.kind == "write":
-                base = op.pattern_offset if op.pattern_offset is not None else op.offset
+                base = op.pattern_offset if op.pattern_offset is not None else _given(op.offset, op, "offset")
                 source = self._data.address(op.pattern_key, base + done, chunk) if self._data is not None else None
                 if source is None:
-                    pattern.fill(write_buf.ptr, chunk, op.pattern_key, base + done)
-                    source = write_buf.ptr
+                    pattern.fill(buf.ptr, chunk, op.pattern_key, base + done)
+                    source = buf.ptr
                 moved = mapping.touch(offset, chunk, source=source)
             else:
-                moved = mapping.touch(offset, chunk, sink=read_buf.ptr)
+                moved = mapping.touch(offset, chunk, sink=buf.ptr)
             if moved < chunk:
                 return done + moved
             done += chunk
@@ -729,32 +755,39 @@ class PosixExecutor:
     def _metadata(self, op: PlanOp, state: _RunState) -> None:
         kind = op.kind
         fd = state.fds.get(op.handle) if op.handle is not None else None
+
+        def opened() -> int:
+            """The descriptor the operation acts on; one never opened raises the KeyError the worker reports."""
+            if fd is None:
+                raise KeyError(op.handle)
+            return fd
+
         if kind == "lseek" and op.offset is not None:
-            os.lseek(fd, op.offset, os.SEEK_SET)
+            os.lseek(opened(), op.offset, os.SEEK_SET)
         elif kind == "fsync":
-            os.fsync(fd)
+            os.fsync(opened())
         elif kind == "fdatasync":
-            os.fdatasync(fd)
+            os.fdatasync(opened())
         elif kind == "sync_file_range":
-            files.sync_file_range(fd, op.offset or 0, op.size or 0, op.flags or 0)
+            files.sync_file_range(opened(), op.offset or 0, op.size or 0, op.flags or 0)
         elif kind == "ftruncate":
-            os.ftruncate(fd, op.size)
+            os.ftruncate(opened(), _given(op.size, op, "size"))
         elif kind == "fallocate":
-            files.fallocate(fd, op.offset, op.size, op.flags or 0)
+            files.fallocate(opened(), _given(op.offset, op, "offset"), _given(op.size, op, "size"), op.flags or 0)
         elif kind == "fcntl" and op.flags is not None:
-            fcntl.fcntl(fd, fcntl.F_SETFL, op.flags)
-            state.mark_direct(fd)
+            fcntl.fcntl(opened(), fcntl.F_SETFL, op.flags)
+            state.mark_direct(opened())
         elif kind == "rename":
-            entries.rename_entry(self.root, op.path, op.new_path, op.flags)
+            entries.rename_entry(self.root, _given(op.path, op, "path"), _given(op.new_path, op, "new path"), op.flags)
         elif kind == "unlink":
-            entries.remove_entry(self.root, op.path, op.flags)
+            entries.remove_entry(self.root, _given(op.path, op, "path"), op.flags)
         elif kind == "link":
-            entries.link_entry(self.root, op.path, op.new_path)
+            entries.link_entry(self.root, _given(op.path, op, "path"), _given(op.new_path, op, "new path"))
         elif kind == "symlink":
-            entries.symlink_entry(self.root, op.path, op.new_path)
+            entries.symlink_entry(self.root, _given(op.path, op, "path"), _given(op.new_path, op, "new path"))
         elif kind == "mkdir":
             try:
-                self.root.mkdir(op.path, 0o755)
+                self.root.mkdir(_given(op.path, op, "path"), 0o755)
             except FileExistsError:
                 pass
 
@@ -762,7 +795,7 @@ class PosixExecutor:
         """Open as recorded (host flags); where the target refuses O_DIRECT, without it, noted once. A file
         the plan preallocates is reserved at its final size when this open creates it."""
         flags = op.flags or 0
-        opened = open_beneath(self.root, op.path, flags & ~os.O_DIRECT, direct=bool(flags & os.O_DIRECT))
+        opened = open_beneath(self.root, _given(op.path, op, "path"), flags & ~os.O_DIRECT, direct=bool(flags & os.O_DIRECT))
         if opened.fallback:
             state.note(f"{opened.fallback}: files opened with O_DIRECT were opened buffered")
         size = state.plan.preallocate.get(op.seq)
@@ -794,7 +827,7 @@ class PosixExecutor:
             n = min(chunk_max, size - done)
             chunk = self._data.view(op.pattern_key, base + done, n) if self._data is not None else None
             if chunk is None:
-                pattern.fill(buf.ptr, n, op.pattern_key, base + done)
+                pattern.fill(_given(buf, op, "buffer").ptr, n, op.pattern_key, base + done)
                 chunk = view[:n]
             try:
                 n = os.write(fd, chunk) if op.offset is None else os.pwrite(fd, chunk, op.offset + done)
@@ -1215,8 +1248,10 @@ class _RunState:
     def wait(self, deps: tuple[int, ...]) -> bool:
         for seq in deps:
             if seq in self.remote:
-                if not self.signals.wait(seq, self.stopped):
-                    self.fail(ReplayError(self.signals.failure()), tell_others=False)
+                signals = self.signals
+                assert signals is not None  # remote is empty without signals (__init__)
+                if not signals.wait(seq, self.stopped):
+                    self.fail(ReplayError(signals.failure()), tell_others=False)
                     return False
             else:
                 self.events[seq].wait()
@@ -1227,6 +1262,7 @@ class _RunState:
         if event is not None:
             event.set()
             if seq in self.exported:
+                assert self.signals is not None  # exported is empty without signals (__init__)
                 self.signals.done(seq)
 
     def done_many(self, seqs: np.ndarray) -> None:

@@ -100,6 +100,10 @@ def copied_ranges(plan: ReplayPlan) -> tuple[dict[str, list[tuple]], dict[str, l
     first_copy: dict[str, int] = {}
     pipes: dict[int, deque] = defaultdict(deque)  # worker -> [source path, source offset, bytes] in its pipe
     paired_write = set()
+    def final(r: int, path: str) -> str:  # a source's data is that of its final name (renamed files keep it)
+        fid = plan.files.handle_files.get(int(t.handle[r]))
+        return plan.files.file_paths.get(fid, path) if fid is not None else path
+
     for r in rows:
         name, path = KCOPIES[t.kcopy[r]], t.paths[t.path[r]] if t.path[r] >= 0 else None
         offset = int(t.offset[r]) if t.offset[r] >= 0 else None
@@ -111,10 +115,10 @@ def copied_ranges(plan: ReplayPlan) -> tuple[dict[str, list[tuple]], dict[str, l
             paired_write.add(r + 1)
             dst = t.paths[t.path[r + 1]] if t.path[r + 1] >= 0 else None
             if dst is not None and t.offset[r + 1] >= 0:
-                copies[dst].append((int(t.offset[r + 1]), max(int(t.size[r + 1]), 0), path, offset))
+                copies[dst].append((int(t.offset[r + 1]), max(int(t.size[r + 1]), 0), final(r, path), offset))
                 first_copy.setdefault(dst, r + 1)
         elif name == "splice" and t.kind[r] != WRITE:
-            pipes[int(t.worker[r])].append([path, offset, max(int(t.size[r]), 0)])
+            pipes[int(t.worker[r])].append([final(r, path), offset, max(int(t.size[r]), 0)])
         elif name == "splice" and offset is not None:  # out of the pipe: its bytes are the oldest in it
             fifo, need, at = pipes[int(t.worker[r])], max(int(t.size[r]), 0), offset
             if sum(piece[2] for piece in fifo) < need:
