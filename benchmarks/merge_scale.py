@@ -22,8 +22,9 @@ after writing straight into the file, 126 s at 1.95 GB (load about 8); with nump
 only the inputs that drain next and a sort on unique keys, 137 s wall and 56 s CPU at 1.16 GB peak RSS
 with a load average of 11-12 on the 2 cores; with the rows made on a thread ahead of the writer,
 ``--repeat 2``: 62.9 s wall, 39.5 s CPU, 1.18 GB (load 5.0 before, 6.2 after) and 118.7 s, 54.5 s CPU,
-1.19 GB (load 6.2, 8.8). The goal (60 s, 2 GB) is met in memory; in time only on a machine less busy than
-this one was (contention inflates even the CPU time: 40 against 55 s for the same work).
+1.19 GB (load 6.2, 8.8); then ``--repeat 3``: 57.0, 54.7 and 35.7 s wall (median 54.7 s, spread 21.4 s),
+41.8, 41.0 and 31.3 s CPU, 1.18, 1.21 and 1.17 GB, load 6.2-7.4: the goal (60 s, 2 GB) met, with a margin
+in memory and little in time, which the machine's load decides (contention inflates even the CPU time).
 """
 
 from __future__ import annotations
