@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -223,7 +223,9 @@ def merge_dictionaries(plan: MergePlan) -> dict[str, pa.Array]:
                 if meta["format_version"] >= 5:
                     break
         finally:
-            batches.close()
+            close = getattr(batches, "close", None)  # scan's batches: a generator, whose files close with it
+            if close is not None:
+                close()
     out = {name: pa.array(list(found), pa.string()) for name, found in words.items()}
     out["host"] = pa.array(list(plan.hosts), pa.string())
     return out
@@ -324,7 +326,7 @@ class _Source:
             return np.where(null, 0, numbers).astype(np.int32), null
         return numbers, None
 
-    def stop_at(self, ts_ns: int, side: str) -> int:
+    def stop_at(self, ts_ns: int, side: Literal["left", "right"]) -> int:
         """How many held rows lie before ``ts_ns`` (``side`` 'right': at it too)."""
         return int(np.searchsorted(self.ts[self.pos:], ts_ns, side=side))
 

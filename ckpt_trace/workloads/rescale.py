@@ -160,6 +160,13 @@ def recover_dcp_save(trace: str | os.PathLike) -> RecoveredSave:
                          _buffer_bytes(read_metadata(trace), directory), guessed, layout, sizes)
 
 
+def _dtype_name(obj) -> str:
+    """A layout object's dtype name (``float32``...); RescaleError where the layout has none (not a tensor)."""
+    if obj.dtype is None:
+        raise RescaleError(f"{obj.fqn}: the checkpoint layout gives this object no dtype")
+    return obj.dtype
+
+
 def _itemsize(dtype: str) -> int:
     import torch
 
@@ -230,7 +237,7 @@ def _recover_order(per_rank: dict[int, list[dict]], objects: dict[str, StoredObj
     def take(rank: int, queue: dict) -> None:
         fqn = queue[rank].popleft()
         obj = objects[fqn]
-        sizes[rank] += _itemsize(obj.dtype) * _numel(obj.shape) if obj.kind == "replicated" else 1
+        sizes[rank] += _itemsize(_dtype_name(obj)) * _numel(obj.shape) if obj.kind == "replicated" else 1
         order.append(fqn)
 
     while any(tensors.values()) or any(blobs.values()):
@@ -293,7 +300,7 @@ def _state_of(objects: tuple[StoredObject, ...]):
             if obj.kind == "bytes":
                 state[obj.fqn] = _Blob(obj.length)
                 continue
-            dtype = getattr(torch, obj.dtype)
+            dtype = getattr(torch, _dtype_name(obj))
             if obj.kind == "replicated":
                 state[obj.fqn] = torch.empty(obj.shape, dtype=dtype)
                 continue
@@ -443,7 +450,7 @@ class _Content:
                 import torch
 
                 buffer = io.BytesIO()
-                torch.save(torch.zeros(self.save.chunk_sizes[key], dtype=getattr(torch, obj.dtype)), buffer)
+                torch.save(torch.zeros(self.save.chunk_sizes[key], dtype=getattr(torch, _dtype_name(obj))), buffer)
                 data = buffer.getvalue()
                 if len(data) != length:
                     raise RescaleError(f"{fqn}: torch.save of its chunk is {len(data):,} bytes here, {length:,} "
@@ -524,7 +531,7 @@ def _metadata(save: RecoveredSave):
             continue
         chunks = [ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
                   for (fqn, offsets), sizes in save.chunk_sizes.items() if fqn == obj.fqn]
-        described[obj.fqn] = TensorStorageMetadata(properties=TensorProperties(dtype=getattr(torch, obj.dtype)),
+        described[obj.fqn] = TensorStorageMetadata(properties=TensorProperties(dtype=getattr(torch, _dtype_name(obj))),
                                                    size=torch.Size(obj.shape), chunks=chunks)
     for (fqn, offsets), (name, offset, length) in save.layout.items():
         index = MetadataIndex(fqn, torch.Size(offsets) if offsets is not None else None)

@@ -391,7 +391,7 @@ def synthesis_columns(synthesis: Synthesis) -> dict[str, np.ndarray | list]:
                                            new_path, fd)):
                 parts[name].append(value)
     order = np.lexsort((np.asarray(parts["rank"]), np.asarray(parts["ts_ns"])))
-    out = {name: [values[i] for i in order] for name, values in parts.items()}
+    out: dict[str, np.ndarray | list] = {name: [values[i] for i in order] for name, values in parts.items()}
     syscalls = {"open": "openat", "write": "write", "read": "read", "lseek": "lseek", "close": "close", "fsync": "fsync",
                 "mkdir": "mkdir", "rename": "rename", "unlink": "unlink"}
     n = len(order)

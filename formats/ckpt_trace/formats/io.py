@@ -183,7 +183,7 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def table_from_columns(columns: Mapping[str, list]) -> pa.Table:
+def table_from_columns(columns: Mapping[str, Any]) -> pa.Table:
     """Build a table of ``SCHEMA`` from a mapping column name -> list of values.
 
     The columns of version 1 are required; the request and mapping columns
