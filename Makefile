@@ -15,7 +15,7 @@ DEMO_RANKS ?= 4
 DEMO_MODEL ?= gpt2-small
 PYTEST_ARGS ?=
 
-.PHONY: setup system venv demo lint test test-fast test-engines bench clean
+.PHONY: setup system venv demo lint test test-fast test-large test-engines bench clean
 
 setup: system venv
 
@@ -48,6 +48,10 @@ test: setup lint
 # The fast lane: every test not marked slow (no recordings, no process trees, no big I/O).
 test-fast: setup
 	$(PY) -m pytest -q -rs -m "not slow" $(PYTEST_ARGS)
+
+# The cases at the size an issue states, too big for every run (minutes each, gigabytes of disk).
+test-large: setup
+	CKPT_TRACE_LARGE=1 $(PY) -m pytest -q -rs -k "gpt2_medium" tests/test_rescale.py $(PYTEST_ARGS)
 
 # The engine conformance suite (tests/engines): every engine recorded on both backends, compared with
 # strace's (and perf's) own log, replayed under every strategy. Installs the engines first; minutes.

@@ -4,6 +4,7 @@ M-rank save of the same state dict; what cannot be rescaled is refused with its 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import Counter
 
@@ -121,6 +122,9 @@ def test_a_recorded_load_rescaled_reads_what_a_real_load_at_that_many_ranks_read
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("CKPT_TRACE_LARGE") != "1",
+                    reason="issue 33's case at full size (GPT-2-medium + Adam, 4.5 GB on disk, about 20 min on 2 "
+                           "cores): CKPT_TRACE_LARGE=1 (make test-large)")
 def test_issue_33_gpt2_medium_adam_recorded_at_4_ranks_rescaled_to_8(tmp_path, torch_installed, bcc_backend):
     """Issue 33's case at its size: GPT-2-medium with Adam (about 4.3 GB a checkpoint), saved and loaded by 4
     ranks (recorded), rescaled to 8. The save's replay leaves 8 data files whose names and sizes (so their
