@@ -37,9 +37,10 @@ venv: $(VENV)/.installed
 demo: setup
 	$(PY) scripts/demo.py --dir $(DEMO_DIR) --trace $(DEMO_TRACE) --model $(DEMO_MODEL) --ranks $(DEMO_RANKS)
 
-# The checks the project configures (pyproject.toml): ruff's rules and pyright on the package.
+# The checks the project configures (pyproject.toml): ruff's rules, ruff's format and pyright on the package.
 lint: setup
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pyright
 
 test: setup lint

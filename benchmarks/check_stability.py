@@ -28,8 +28,10 @@ from ckpt_trace.check.baseline import make_baseline, run_check
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
-TRACES = [REPO / "traces" / "golden" / "v1-odd-pattern-strace.arrow",
-          REPO / "traces" / "golden" / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"]
+TRACES = [
+    REPO / "traces" / "golden" / "v1-odd-pattern-strace.arrow",
+    REPO / "traces" / "golden" / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow",
+]
 
 
 def main() -> None:
@@ -47,31 +49,55 @@ def main() -> None:
             started = time.monotonic()
             base = make_baseline(TRACES, target=scratch / "base", repeat=repeat, min_seconds=min_seconds)
             for round_ in range(args.rounds):
-                comparisons = run_check(TRACES, base, target=scratch / f"check-{round_}",
-                                        tolerance=args.tolerance)
+                comparisons = run_check(TRACES, base, target=scratch / f"check-{round_}", tolerance=args.tolerance)
                 runs = [len(c.new_runs_elapsed_s) for c in comparisons]
-                rows.append({"min_seconds": min_seconds, "repeat": repeat, "round": round_ + 1,
-                             "figures": len(comparisons),
-                             "regressed": sum(c.status == "regressed" for c in comparisons),
-                             "noisy": sum(c.status == "noisy" for c in comparisons),
-                             "median_runs": sorted(runs)[len(runs) // 2],
-                             "max_noise": max(max(c.old_noise, c.new_noise) for c in comparisons),
-                             "max_abs_change": max(abs(c.change) for c in comparisons),
-                             "false_alarms": [f"{c.trace} {c.strategy} {c.metric} {c.change:+.1%} "
-                                              f"(noise ±{max(c.old_noise, c.new_noise):.1%})"
-                                              for c in comparisons if c.status == "regressed"]})
+                rows.append(
+                    {
+                        "min_seconds": min_seconds,
+                        "repeat": repeat,
+                        "round": round_ + 1,
+                        "figures": len(comparisons),
+                        "regressed": sum(c.status == "regressed" for c in comparisons),
+                        "noisy": sum(c.status == "noisy" for c in comparisons),
+                        "median_runs": sorted(runs)[len(runs) // 2],
+                        "max_noise": max(max(c.old_noise, c.new_noise) for c in comparisons),
+                        "max_abs_change": max(abs(c.change) for c in comparisons),
+                        "false_alarms": [
+                            f"{c.trace} {c.strategy} {c.metric} {c.change:+.1%} "
+                            f"(noise ±{max(c.old_noise, c.new_noise):.1%})"
+                            for c in comparisons
+                            if c.status == "regressed"
+                        ],
+                    }
+                )
             rows[-1]["elapsed_s"] = time.monotonic() - started
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    table = Table(title=f"check against an unchanged storage, tolerance {args.tolerance:.0%}: every "
-                        "regression is a false alarm")
-    for column in ("min seconds", "round", "figures", "regressed", "too noisy", "runs/figure", "largest change",
-                   "largest noise"):
+    table = Table(
+        title=f"check against an unchanged storage, tolerance {args.tolerance:.0%}: every regression is a false alarm"
+    )
+    for column in (
+        "min seconds",
+        "round",
+        "figures",
+        "regressed",
+        "too noisy",
+        "runs/figure",
+        "largest change",
+        "largest noise",
+    ):
         table.add_column(column, justify="right")
     for row in rows:
-        table.add_row(f"{row['min_seconds']:g}" + (" (1 run)" if row["repeat"] == 1 else ""), str(row["round"]),
-                      str(row["figures"]), str(row["regressed"]), str(row["noisy"]), str(row["median_runs"]),
-                      f"{row['max_abs_change']:.0%}", f"±{row['max_noise']:.0%}")
+        table.add_row(
+            f"{row['min_seconds']:g}" + (" (1 run)" if row["repeat"] == 1 else ""),
+            str(row["round"]),
+            str(row["figures"]),
+            str(row["regressed"]),
+            str(row["noisy"]),
+            str(row["median_runs"]),
+            f"{row['max_abs_change']:.0%}",
+            f"±{row['max_noise']:.0%}",
+        )
     Console(width=120).print(table)
     for row in rows:
         for alarm in row["false_alarms"]:

@@ -84,11 +84,13 @@ def main() -> None:
             load_s = time.perf_counter() - started
             row = {"save_s": save_s, "load_s": load_s, **spent}
             rows.append(row)
-            print(f"save {save_s:.2f} s: CRC {row['crc_s']:.3f} s on the checksum thread, the writer waited "
-                  f"{row['save_waited_for_crc_s'] * 1e3:.0f} ms ({row['save_waited_for_crc_s'] / save_s:.2%}); "
-                  f"load {load_s:.2f} s: verify {row['verify_s']:.3f} s on its thread, the load waited "
-                  f"{row['load_waited_for_verify_s'] * 1e3:.0f} ms ({row['load_waited_for_verify_s'] / load_s:.2%})",
-                  flush=True)
+            print(
+                f"save {save_s:.2f} s: CRC {row['crc_s']:.3f} s on the checksum thread, the writer waited "
+                f"{row['save_waited_for_crc_s'] * 1e3:.0f} ms ({row['save_waited_for_crc_s'] / save_s:.2%}); "
+                f"load {load_s:.2f} s: verify {row['verify_s']:.3f} s on its thread, the load waited "
+                f"{row['load_waited_for_verify_s'] * 1e3:.0f} ms ({row['load_waited_for_verify_s'] / load_s:.2%})",
+                flush=True,
+            )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     out = emitted_writer.RESULTS / "checksum_overlap.json"

@@ -151,8 +151,13 @@ def _load(engine: str, path: Path, module, target) -> dict:
     import torch.distributed.checkpoint as dcp
 
     if engine.startswith("emitted") or engine.startswith("dcp-t"):
-        reader = (module.make_reader(path) if engine == "emitted" else _unchecked(module, "CheckpointReader", path)
-                  if engine == "emitted-nocrc" else dcp.FileSystemReader(path))
+        reader = (
+            module.make_reader(path)
+            if engine == "emitted"
+            else _unchecked(module, "CheckpointReader", path)
+            if engine == "emitted-nocrc"
+            else dcp.FileSystemReader(path)
+        )
         dcp.load(target, storage_reader=reader)
         return _flat(target)
     if engine == "torch.save":
@@ -213,8 +218,18 @@ def child(args) -> None:
 
 def _run_child(mode: str, engine: str, directory: Path, module: Path) -> dict:
     drop_caches()
-    cmd = [sys.executable, __file__, "--child", mode, "--engine", engine, "--dir", str(directory), "--module",
-           str(module)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        mode,
+        "--engine",
+        engine,
+        "--dir",
+        str(directory),
+        "--module",
+        str(module),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{engine} {mode} failed:\n{proc.stderr[-3000:]}")
@@ -227,8 +242,22 @@ def _emit_module(scratch: Path) -> tuple[Path, str]:
     demo = REPO / "traces" / "demo-dcp.arrow"
     if demo.exists():
         results = scratch / "replay.json"
-        subprocess.run([*cli, "replay", str(demo), "--target", str(scratch / "replay"), "--strategy", "all",
-                        "--durable", "-o", str(results)], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                *cli,
+                "replay",
+                str(demo),
+                "--target",
+                str(scratch / "replay"),
+                "--strategy",
+                "all",
+                "--durable",
+                "-o",
+                str(results),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         shutil.rmtree(scratch / "replay")
         subprocess.run([*cli, "emit", str(demo), "--from-results", str(results), "-o", str(module)], check=True)
         return module, f"{demo.name} + replay --strategy all --durable"
@@ -249,18 +278,41 @@ def _available(engine: str) -> bool:
 
 
 def _table(rows: list[dict], fio_write: float | None, fio_read: float | None) -> Table:
-    title = (f"{MODEL} + Adam, {rows[0]['bytes'] / 1e9:.2f} GB; fio write {fio_write / 1e6:,.0f} MB/s, "
-             f"read {fio_read / 1e6:,.0f} MB/s" if fio_write and fio_read else f"{MODEL} + Adam")
+    title = (
+        f"{MODEL} + Adam, {rows[0]['bytes'] / 1e9:.2f} GB; fio write {fio_write / 1e6:,.0f} MB/s, "
+        f"read {fio_read / 1e6:,.0f} MB/s"
+        if fio_write and fio_read
+        else f"{MODEL} + Adam"
+    )
     table = Table(title=title)
-    for column in ("engine", "cold save", "MB/s", "warm save", "MB/s ", "cold vs dcp-t1", "warm of fio",
-                   "cold load", "MB/s  ", "load vs dcp-t1", "load of fio read"):
+    for column in (
+        "engine",
+        "cold save",
+        "MB/s",
+        "warm save",
+        "MB/s ",
+        "cold vs dcp-t1",
+        "warm of fio",
+        "cold load",
+        "MB/s  ",
+        "load vs dcp-t1",
+        "load of fio read",
+    ):
         table.add_column(column, justify="left" if column == "engine" else "right")
     for r in rows:
-        table.add_row(r["engine"], f"{r['cold_save_s']:.2f} s", f"{r['cold_save_mb_s']:,.0f}",
-                      f"{r['warm_save_s']:.2f} s", f"{r['warm_save_mb_s']:,.0f}", f"{r['cold_save_vs_dcp_t1']:.2f}x",
-                      f"{r['warm_save_of_fio']:.0%}" if r["warm_save_of_fio"] else "-", f"{r['load_s']:.2f} s",
-                      f"{r['load_mb_s']:,.0f}", f"{r['load_vs_dcp_t1']:.2f}x",
-                      f"{r['load_of_fio']:.0%}" if r["load_of_fio"] else "-")
+        table.add_row(
+            r["engine"],
+            f"{r['cold_save_s']:.2f} s",
+            f"{r['cold_save_mb_s']:,.0f}",
+            f"{r['warm_save_s']:.2f} s",
+            f"{r['warm_save_mb_s']:,.0f}",
+            f"{r['cold_save_vs_dcp_t1']:.2f}x",
+            f"{r['warm_save_of_fio']:.0%}" if r["warm_save_of_fio"] else "-",
+            f"{r['load_s']:.2f} s",
+            f"{r['load_mb_s']:,.0f}",
+            f"{r['load_vs_dcp_t1']:.2f}x",
+            f"{r['load_of_fio']:.0%}" if r["load_of_fio"] else "-",
+        )
     return table
 
 
@@ -281,9 +333,15 @@ def _ratios(rows: list[dict], fio_write: float | None, fio_read: float | None) -
     if checked and unchecked:  # the checksums' share of save and load time (negative: within the noise)
         for key in ("cold_save_s", "warm_save_s", "load_s"):
             checked[f"checksum_cost_{key.removesuffix('_s')}"] = checked[key] / unchecked[key] - 1
-        print("checksum cost: " + ", ".join(f"{key.removeprefix('checksum_cost_')} {value:+.1%}"
-                                           for key, value in checked.items() if key.startswith("checksum_cost")),
-              file=sys.stderr)
+        print(
+            "checksum cost: "
+            + ", ".join(
+                f"{key.removeprefix('checksum_cost_')} {value:+.1%}"
+                for key, value in checked.items()
+                if key.startswith("checksum_cost")
+            ),
+            file=sys.stderr,
+        )
 
 
 def median_interval(values: list[float], coverage: float = 0.9) -> tuple[float, float, float, float]:
@@ -295,16 +353,16 @@ def median_interval(values: list[float], coverage: float = 0.9) -> tuple[float, 
 
     ordered = sorted(values)
     n = len(ordered)
-    best = (ordered[0], ordered[-1], 1 - 2 * 0.5 ** n)
+    best = (ordered[0], ordered[-1], 1 - 2 * 0.5**n)
     for k in range(1, n // 2 + 1):
-        tail = sum(comb(n, i) for i in range(k)) / 2 ** n
+        tail = sum(comb(n, i) for i in range(k)) / 2**n
         if 1 - 2 * tail >= coverage:
             best = (ordered[k - 1], ordered[n - k], 1 - 2 * tail)
     return median(ordered), *best
 
 
 def verdict(low: float, high: float) -> str:
-    """"within noise" when the interval includes 0, else what the checksums cost (or save)."""
+    """ "within noise" when the interval includes 0, else what the checksums cost (or save)."""
     if low <= 0 <= high:
         return "within noise"
     return "costs" if low > 0 else "faster with checksums"
@@ -324,8 +382,11 @@ def run_pairs(scratch: Path, module: Path, pairs: int) -> dict:
             if abs(loaded["fingerprint"] - saved["fingerprint"]) > 1e-6 * max(1.0, abs(saved["fingerprint"])):
                 raise RuntimeError(f"{engine}: loaded state differs from the saved one")
             samples[engine].append({**saved, "load_s": loaded["load_s"]})
-            print(f"pair {pair + 1}/{pairs} {engine}: cold save {saved['cold_save_s']:.2f} s, warm "
-                  f"{saved['warm_save_s']:.2f} s, load {loaded['load_s']:.2f} s", file=sys.stderr)
+            print(
+                f"pair {pair + 1}/{pairs} {engine}: cold save {saved['cold_save_s']:.2f} s, warm "
+                f"{saved['warm_save_s']:.2f} s, load {loaded['load_s']:.2f} s",
+                file=sys.stderr,
+            )
     from statistics import median
 
     costs = {}
@@ -333,22 +394,35 @@ def run_pairs(scratch: Path, module: Path, pairs: int) -> dict:
         per_pair = [c[key] / u[key] - 1 for c, u in zip(samples["emitted"], samples["emitted-nocrc"])]
         mid, low, high, coverage = median_interval(per_pair)
         costs[key.removesuffix("_s")] = {
-            "per_pair": per_pair, "median": mid, "min": min(per_pair), "max": max(per_pair),
-            "interval": [low, high], "interval_coverage": coverage, "verdict": verdict(low, high),
-            "median_s": {engine: median(r[key] for r in rows) for engine, rows in samples.items()}}
+            "per_pair": per_pair,
+            "median": mid,
+            "min": min(per_pair),
+            "max": max(per_pair),
+            "interval": [low, high],
+            "interval_coverage": coverage,
+            "verdict": verdict(low, high),
+            "median_s": {engine: median(r[key] for r in rows) for engine, rows in samples.items()},
+        }
     return {"pairs": pairs, "samples": samples, "cost": costs}
 
 
 def _print_pairs(result: dict, size_bytes: int) -> None:
-    table = Table(title=f"checksums' cost, {MODEL} + Adam, {size_bytes / 1e9:.2f} GB, {result['pairs']} pairs "
-                        f"(emitted / emitted-nocrc - 1 per pair)")
+    table = Table(
+        title=f"checksums' cost, {MODEL} + Adam, {size_bytes / 1e9:.2f} GB, {result['pairs']} pairs "
+        f"(emitted / emitted-nocrc - 1 per pair)"
+    )
     for column in ("phase", "emitted", "emitted-nocrc", "median cost", "min..max", "interval (cover)", "verdict"):
         table.add_column(column, justify="left" if column in ("phase", "verdict") else "right")
     for phase, c in result["cost"].items():
-        table.add_row(phase, f"{c['median_s']['emitted']:.2f} s", f"{c['median_s']['emitted-nocrc']:.2f} s",
-                      f"{c['median']:+.1%}", f"{c['min']:+.1%}..{c['max']:+.1%}",
-                      f"{c['interval'][0]:+.1%}..{c['interval'][1]:+.1%} ({c['interval_coverage']:.0%})",
-                      c["verdict"])
+        table.add_row(
+            phase,
+            f"{c['median_s']['emitted']:.2f} s",
+            f"{c['median_s']['emitted-nocrc']:.2f} s",
+            f"{c['median']:+.1%}",
+            f"{c['min']:+.1%}..{c['max']:+.1%}",
+            f"{c['interval'][0]:+.1%}..{c['interval'][1]:+.1%} ({c['interval_coverage']:.0%})",
+            c["verdict"],
+        )
     Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
@@ -359,8 +433,12 @@ def main() -> None:
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--fio-size", default="2G")
     parser.add_argument("--fio-runs", type=int, default=3, help="0: no fio limits")
-    parser.add_argument("--pairs", type=int, default=0,
-                        help="only the checksums' cost: this many alternating emitted / emitted-nocrc pairs")
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="only the checksums' cost: this many alternating emitted / emitted-nocrc pairs",
+    )
     parser.add_argument("--model", default=None, help=f"the state's model (default {MODEL})")
     args = parse_or_run_child(parser, child)
     if args is None:
@@ -386,17 +464,28 @@ def main() -> None:
                 raise RuntimeError(f"{engine}: loaded state differs from the saved one")
             rows.append({"engine": engine, **saved, "load_s": loaded["load_s"]})
             shutil.rmtree(directory)
-            print(f"{engine}: cold save {saved['cold_save_s']:.2f} s, warm {saved['warm_save_s']:.2f} s, "
-                  f"load {loaded['load_s']:.2f} s", file=sys.stderr)
+            print(
+                f"{engine}: cold save {saved['cold_save_s']:.2f} s, warm {saved['warm_save_s']:.2f} s, "
+                f"load {loaded['load_s']:.2f} s",
+                file=sys.stderr,
+            )
         options = module.read_text().split("OPTIONS = ", 1)[1].split("\n)\n", 1)[0] + "\n)"
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     _ratios(rows, fio_write, fio_read)
     Console(width=None if sys.stdout.isatty() else 200).print(_table(rows, fio_write, fio_read))
-    result = {"benchmark": "emitted_writer", "model": MODEL, "kernel": os.uname().release,
-              "fio_write_bytes_per_s": fio_write, "fio_write_samples": write_samples,
-              "fio_read_bytes_per_s": fio_read, "fio_read_samples": read_samples,
-              "emitted_from": tuned_from, "emitted_options": options, "results": rows}
+    result = {
+        "benchmark": "emitted_writer",
+        "model": MODEL,
+        "kernel": os.uname().release,
+        "fio_write_bytes_per_s": fio_write,
+        "fio_write_samples": write_samples,
+        "fio_read_bytes_per_s": fio_read,
+        "fio_read_samples": read_samples,
+        "emitted_from": tuned_from,
+        "emitted_options": options,
+        "results": rows,
+    }
     (RESULTS / "emitted_writer.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"emitted from {tuned_from}: {' '.join(options.split())}")
     print(f"results: {RESULTS / 'emitted_writer.json'}")
@@ -413,9 +502,21 @@ def main_pairs(args) -> None:
     size_bytes = result["samples"]["emitted"][0]["bytes"]
     _print_pairs(result, size_bytes)
     out = RESULTS / "emitted_writer_pairs.json"
-    out.write_text(json.dumps({"benchmark": "emitted_writer", "model": MODEL, "bytes": size_bytes,
-                               "kernel": os.uname().release, "cpus": os.cpu_count(), "emitted_from": tuned_from,
-                               "checksum_pairs": result}, indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "emitted_writer",
+                "model": MODEL,
+                "bytes": size_bytes,
+                "kernel": os.uname().release,
+                "cpus": os.cpu_count(),
+                "emitted_from": tuned_from,
+                "checksum_pairs": result,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"results: {out}")
 
 

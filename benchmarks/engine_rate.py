@@ -83,8 +83,20 @@ def fio_run(directory: Path, strategy: str, ops: int, depth: int, preallocate: b
     work = directory / "fio"
     work.mkdir()
     try:
-        out = subprocess.run(["fio", "--name=rate", f"--directory={work}", "--rw=write", f"--size={size}",
-                              "--output-format=json", *args], check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [
+                "fio",
+                "--name=rate",
+                f"--directory={work}",
+                "--rw=write",
+                f"--size={size}",
+                "--output-format=json",
+                *args,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
     finally:
         shutil.rmtree(work)  # ours: made just above
     job = json.loads(out)["jobs"][0]["write"]
@@ -113,8 +125,13 @@ def replay_run(trace: Path, directory: Path, strategy: str, depth: int) -> dict:
     report.release()
     release_s = time.monotonic() - started
     result = report.results[0]
-    return {"iops": result.data_ops / result.elapsed_s, "bytes_per_s": result.write_throughput_bytes_per_s,
-            "elapsed_s": result.elapsed_s, "around_s": total - result.elapsed_s, "release_s": release_s}
+    return {
+        "iops": result.data_ops / result.elapsed_s,
+        "bytes_per_s": result.write_throughput_bytes_per_s,
+        "elapsed_s": result.elapsed_s,
+        "around_s": total - result.elapsed_s,
+        "release_s": release_s,
+    }
 
 
 def main() -> None:
@@ -146,27 +163,36 @@ def main() -> None:
                 if strategies.get(strategy).uses_buffer_bytes:  # fio's layout counted in (see the module docstring)
                     theirs[-1]["layout_s"] = layout_s(scratch, args.ops * 4096)
                     theirs[-1]["unpreallocated_bytes_per_s"] = fio_run(
-                        scratch, strategy, args.ops, args.queue_depth, preallocate=False)["bytes_per_s"]
+                        scratch, strategy, args.ops, args.queue_depth, preallocate=False
+                    )["bytes_per_s"]
                     theirs[-1]["reported_bytes_per_s"] = theirs[-1]["bytes_per_s"]
                     theirs[-1]["bytes_per_s"] = args.ops * 4096 / (theirs[-1]["runtime_s"] + theirs[-1]["layout_s"])
             figure = "bytes_per_s" if strategies.get(strategy).uses_buffer_bytes else "iops"
             ratio = [o[figure] / t[figure] for o, t in zip(ours, theirs)]
             extra = {}
             if strategies.get(strategy).uses_buffer_bytes:
-                extra = {key: statistics.median(t[key] for t in theirs)
-                         for key in ("layout_s", "reported_bytes_per_s", "unpreallocated_bytes_per_s")}
-                extra["ratio_to_reported"] = statistics.median(o[figure] / t["reported_bytes_per_s"]
-                                                               for o, t in zip(ours, theirs))
-            rows.append({
-                "strategy": strategy, "figure": figure,
-                "replay": statistics.median(o[figure] for o in ours),
-                "fio": statistics.median(t[figure] for t in theirs),
-                "ratio": statistics.median(ratio), "ratios": ratio, **extra,
-                "elapsed_s": statistics.median(o["elapsed_s"] for o in ours),
-                "around_s": statistics.median(o["around_s"] for o in ours),
-                "around_share": statistics.median(o["around_s"] / o["elapsed_s"] for o in ours),
-                "release_s": statistics.median(o["release_s"] for o in ours),
-            })
+                extra = {
+                    key: statistics.median(t[key] for t in theirs)
+                    for key in ("layout_s", "reported_bytes_per_s", "unpreallocated_bytes_per_s")
+                }
+                extra["ratio_to_reported"] = statistics.median(
+                    o[figure] / t["reported_bytes_per_s"] for o, t in zip(ours, theirs)
+                )
+            rows.append(
+                {
+                    "strategy": strategy,
+                    "figure": figure,
+                    "replay": statistics.median(o[figure] for o in ours),
+                    "fio": statistics.median(t[figure] for t in theirs),
+                    "ratio": statistics.median(ratio),
+                    "ratios": ratio,
+                    **extra,
+                    "elapsed_s": statistics.median(o["elapsed_s"] for o in ours),
+                    "around_s": statistics.median(o["around_s"] for o in ours),
+                    "around_share": statistics.median(o["around_s"] / o["elapsed_s"] for o in ours),
+                    "release_s": statistics.median(o["release_s"] for o in ours),
+                }
+            )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)  # ours: made by mkdtemp above
         shutil.rmtree(trace.parent, ignore_errors=True)
@@ -175,20 +201,38 @@ def main() -> None:
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for row in rows:
         unit = (lambda x: f"{x / 1e6:,.0f} MB/s") if row["figure"] == "bytes_per_s" else (lambda x: f"{x:,.0f} op/s")
-        table.add_row(row["strategy"], unit(row["replay"]), unit(row["fio"]), f"{row['ratio']:.2f}x",
-                      f"{row['elapsed_s']:.2f}", f"{row['around_s']:.2f}", f"{row['around_share']:.0%}",
-                      f"{row['release_s']:.2f}")
+        table.add_row(
+            row["strategy"],
+            unit(row["replay"]),
+            unit(row["fio"]),
+            f"{row['ratio']:.2f}x",
+            f"{row['elapsed_s']:.2f}",
+            f"{row['around_s']:.2f}",
+            f"{row['around_share']:.0%}",
+            f"{row['release_s']:.2f}",
+        )
     Console(width=None if sys.stdout.isatty() else 120).print(table)
     print(f"reading the trace {read_s:.3f} s, planning it {plan_s:.3f} s ({plan_s / (args.ops + 3) * 1e6:.2f} us/row)")
     for row in rows:
         if strategies.get(row["strategy"]).uses_buffer_bytes:
-            print(f"aggregated's fio: {row['reported_bytes_per_s'] / 1e6:,.0f} MB/s as fio reports it (its layout, "
-                  f"a {row['layout_s']:.3f} s fallocate, before its clock: {row['ratio_to_reported']:.2f}x); "
-                  f"{row['unpreallocated_bytes_per_s'] / 1e6:,.0f} MB/s with --fallocate=none")
+            print(
+                f"aggregated's fio: {row['reported_bytes_per_s'] / 1e6:,.0f} MB/s as fio reports it (its layout, "
+                f"a {row['layout_s']:.3f} s fallocate, before its clock: {row['ratio_to_reported']:.2f}x); "
+                f"{row['unpreallocated_bytes_per_s'] / 1e6:,.0f} MB/s with --fallocate=none"
+            )
     RESULTS.mkdir(exist_ok=True)
-    result = {"benchmark": "engine_rate", "ops": args.ops, "target": str(args.target), "queue_depth": args.queue_depth,
-              "repeats": args.repeats, "host": os.uname().nodename, "kernel": os.uname().release,
-              "read_s": read_s, "plan_s": plan_s, "results": rows}
+    result = {
+        "benchmark": "engine_rate",
+        "ops": args.ops,
+        "target": str(args.target),
+        "queue_depth": args.queue_depth,
+        "repeats": args.repeats,
+        "host": os.uname().nodename,
+        "kernel": os.uname().release,
+        "read_s": read_s,
+        "plan_s": plan_s,
+        "results": rows,
+    }
     (RESULTS / "engine_rate.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"results: {RESULTS / 'engine_rate.json'}")
 

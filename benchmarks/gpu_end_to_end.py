@@ -83,6 +83,7 @@ class Engines:
         from torch.distributed.checkpoint import FileSystemWriter
 
         from ckpt_trace.writer import CheckpointWriter
+
         out: dict = {}
         started = time.perf_counter()
         if name in ("emitted", "emitted, host state"):
@@ -118,6 +119,7 @@ class Engines:
         from torch.distributed.checkpoint import FileSystemReader
 
         from ckpt_trace.writer import CheckpointReader
+
         started = time.perf_counter()
         if name.startswith("emitted"):
             dcp.load(target, storage_reader=CheckpointReader(path))
@@ -154,8 +156,10 @@ class Engines:
         offsets = self._offsets(state)
         f = kvikio.CuFile(path, "w")
         try:
-            futures = [f.pwrite(value.reshape(-1).view(self.torch.uint8), file_offset=offsets[key])
-                       for key, value in state.items()]
+            futures = [
+                f.pwrite(value.reshape(-1).view(self.torch.uint8), file_offset=offsets[key])
+                for key, value in state.items()
+            ]
             for future in futures:
                 future.get()
         finally:
@@ -168,8 +172,10 @@ class Engines:
         offsets = self._offsets(target)
         f = kvikio.CuFile(path, "r")
         try:
-            futures = [f.pread(value.reshape(-1).view(self.torch.uint8), file_offset=offsets[key])
-                       for key, value in target.items()]
+            futures = [
+                f.pread(value.reshape(-1).view(self.torch.uint8), file_offset=offsets[key])
+                for key, value in target.items()
+            ]
             for future in futures:
                 future.get()
         finally:
@@ -194,8 +200,10 @@ def dd_rate(directory: Path, size_bytes: int) -> dict:
     path = directory / "dd.bin"
     count = size_bytes // (4 << 20)
     out = {}
-    for label, args in (("write", ["if=/dev/zero", f"of={path}", "oflag=direct", "conv=fsync"]),
-                        ("read", [f"if={path}", "of=/dev/null", "iflag=direct"])):
+    for label, args in (
+        ("write", ["if=/dev/zero", f"of={path}", "oflag=direct", "conv=fsync"]),
+        ("read", [f"if={path}", "of=/dev/null", "iflag=direct"]),
+    ):
         drop_caches()
         started = time.perf_counter()
         proc = subprocess.run(["dd", "bs=4M", f"count={count}", *args], capture_output=True, text=True)
@@ -212,8 +220,10 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=330.0)
     parser.add_argument("--json", default=str(RESULTS / "gpu_end_to_end.json"))
-    parser.add_argument("--engines", default="emitted,emitted async,dcp t1,dcp t4,dcp async,torch.save,safetensors,"
-                                             "kvikio,emitted, host state")
+    parser.add_argument(
+        "--engines",
+        default="emitted,emitted async,dcp t1,dcp t4,dcp async,torch.save,safetensors,kvikio,emitted, host state",
+    )
     return parser.parse_args()
 
 
@@ -225,6 +235,7 @@ def _engine_names(engines: str) -> tuple[list[str], str]:
         import kvikio  # noqa: F401
 
         from ckpt_trace.replayer.gds import probe
+
         _, mode = probe()
         return names, mode.label if mode else "unknown"
     except ImportError:
@@ -271,11 +282,22 @@ def main() -> int:
     host = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in state.items()}
     host_target = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in state.items()}
     engines = Engines(torch, dcp)
-    report = {"model": args.model, "bytes": total_bytes, "tensors": len(state),
-              "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "kvikio": kvikio_mode,
-              "dropped_caches": drop_caches(), "rounds": [], "dd": dd_rate(work, min(total_bytes, 8 << 30))}
-    print(f"{args.model} + Adam: {total_bytes / 1e9:.2f} GB in {len(state)} tensors on {report['device']}; "
-          f"kvikio: {kvikio_mode}", flush=True)
+    report = {
+        "model": args.model,
+        "bytes": total_bytes,
+        "tensors": len(state),
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "kvikio": kvikio_mode,
+        "dropped_caches": drop_caches(),
+        "rounds": [],
+        "dd": dd_rate(work, min(total_bytes, 8 << 30)),
+    }
+    print(
+        f"{args.model} + Adam: {total_bytes / 1e9:.2f} GB in {len(state)} tensors on {report['device']}; "
+        f"kvikio: {kvikio_mode}",
+        flush=True,
+    )
     started = time.perf_counter()
     for round_index in range(args.rounds):
         if round_index and time.perf_counter() - started > args.budget_s:
@@ -284,7 +306,7 @@ def main() -> int:
         entry: dict = {}
         d2h, h2d = copy_times(torch, state, host)
         entry["d2h copy"], entry["h2d copy"] = {"save": {"elapsed_s": d2h}}, {"load": {"elapsed_s": h2d}}
-        order = names[round_index % len(names):] + names[:round_index % len(names)]  # rotated: drift hits all
+        order = names[round_index % len(names) :] + names[: round_index % len(names)]  # rotated: drift hits all
         for name in order:
             path = work / name.replace(" ", "_").replace(",", "")
             source, dest = (host, host_target) if name == "emitted, host state" else (state, target)
@@ -301,8 +323,7 @@ def main() -> int:
 
 
 def _median(report: dict, name: str, phase: str, key: str = "elapsed_s") -> float | None:
-    values = [r[name][phase][key] for r in report["rounds"] if name in r and phase in r[name]
-              and key in r[name][phase]]
+    values = [r[name][phase][key] for r in report["rounds"] if name in r and phase in r[name] and key in r[name][phase]]
     return statistics.median(values) if values else None
 
 
@@ -312,10 +333,12 @@ def summarize(report: dict) -> None:
     summary = {}
     copy = {"save": _median(report, "d2h copy", "save"), "load": _median(report, "h2d copy", "load")}
     io_only = {phase: _median(report, "emitted, host state", phase) for phase in ("save", "load")}
-    print(f"\n{report['model']} + Adam, {gb:.2f} GB, medians of {len(report['rounds'])} rounds "
-          f"({report['device']}; dd O_DIRECT QD1: write "
-          f"{(report['dd'].get('write_bytes_per_s') or 0) / 1e9:.2f} GB/s, read "
-          f"{(report['dd'].get('read_bytes_per_s') or 0) / 1e9:.2f} GB/s)")
+    print(
+        f"\n{report['model']} + Adam, {gb:.2f} GB, medians of {len(report['rounds'])} rounds "
+        f"({report['device']}; dd O_DIRECT QD1: write "
+        f"{(report['dd'].get('write_bytes_per_s') or 0) / 1e9:.2f} GB/s, read "
+        f"{(report['dd'].get('read_bytes_per_s') or 0) / 1e9:.2f} GB/s)"
+    )
     print(f"{'engine':<22}{'save s':>8}{'GB/s':>7}{'return s':>9}{'load s':>8}{'GB/s':>7}{'same':>6}")
     for name in names:
         save, load = _median(report, name, "save"), _median(report, name, "load")
@@ -326,24 +349,40 @@ def summarize(report: dict) -> None:
         if errors:
             print(f"{name:<22} error: {sorted(errors)[0][:50]}")
             continue
-        print(f"{name:<22}{save:>8.2f}{gb / save:>7.2f}{(f'{ret:.2f}' if ret else '-'):>9}{load:>8.2f}"
-              f"{gb / load:>7.2f}{('yes' if same else 'NO'):>6}")
-    print(f"{'d2h / h2d copy':<22}{copy['save'] or 0:>8.2f}{gb / (copy['save'] or 1):>7.2f}{'':>9}"
-          f"{copy['load'] or 0:>8.2f}{gb / (copy['load'] or 1):>7.2f}")
+        print(
+            f"{name:<22}{save:>8.2f}{gb / save:>7.2f}{(f'{ret:.2f}' if ret else '-'):>9}{load:>8.2f}"
+            f"{gb / load:>7.2f}{('yes' if same else 'NO'):>6}"
+        )
+    print(
+        f"{'d2h / h2d copy':<22}{copy['save'] or 0:>8.2f}{gb / (copy['save'] or 1):>7.2f}{'':>9}"
+        f"{copy['load'] or 0:>8.2f}{gb / (copy['load'] or 1):>7.2f}"
+    )
     emitted = summary.get("emitted", {})
-    overlap = {phase: (copy[phase] + io_only[phase] - emitted[f"{phase}_s"])
-               if copy[phase] and io_only[phase] and emitted.get(f"{phase}_s") else None for phase in ("save", "load")}
+    overlap = {
+        phase: (copy[phase] + io_only[phase] - emitted[f"{phase}_s"])
+        if copy[phase] and io_only[phase] and emitted.get(f"{phase}_s")
+        else None
+        for phase in ("save", "load")
+    }
     peers = {n: s for n, s in summary.items() if not n.startswith("emitted") and not s["errors"]}
-    best = {phase: min(peers.items(), key=lambda kv: kv[1][f"{phase}_s"]) if peers else None
-            for phase in ("save", "load")}
+    best = {
+        phase: min(peers.items(), key=lambda kv: kv[1][f"{phase}_s"]) if peers else None for phase in ("save", "load")
+    }
     for phase in ("save", "load"):
         if best[phase] and emitted.get(f"{phase}_s"):
             name, figures = best[phase]
-            print(f"{phase}: emitted {emitted[f'{phase}_s']:.2f} s vs best peer {name} {figures[f'{phase}_s']:.2f} s "
-                  f"= {figures[f'{phase}_s'] / emitted[f'{phase}_s']:.2f}x; copy {copy[phase]:.2f} s + I/O alone "
-                  f"{io_only[phase]:.2f} s, overlapped {overlap[phase]:.2f} s")
-    report["summary"] = {"engines": summary, "copy_s": copy, "io_only_s": io_only, "overlap_s": overlap,
-                         "best_peer": {p: (b[0] if b else None) for p, b in best.items()}}
+            print(
+                f"{phase}: emitted {emitted[f'{phase}_s']:.2f} s vs best peer {name} {figures[f'{phase}_s']:.2f} s "
+                f"= {figures[f'{phase}_s'] / emitted[f'{phase}_s']:.2f}x; copy {copy[phase]:.2f} s + I/O alone "
+                f"{io_only[phase]:.2f} s, overlapped {overlap[phase]:.2f} s"
+            )
+    report["summary"] = {
+        "engines": summary,
+        "copy_s": copy,
+        "io_only_s": io_only,
+        "overlap_s": overlap,
+        "best_peer": {p: (b[0] if b else None) for p, b in best.items()},
+    }
 
 
 if __name__ == "__main__":

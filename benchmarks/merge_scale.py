@@ -51,10 +51,15 @@ T0 = 1_750_000_000_000_000_000
 def node_metadata(index: int) -> dict:
     """A node's host, boot and anchors: its monotonic clock reads (index + 1) * 1e12 at T0 (+ index us)."""
     clock_at_t0 = (index + 1) * 10**12
-    anchors = [{"realtime_ns": T0, "clock_ns": clock_at_t0, "uncertainty_ns": 2000},
-               {"realtime_ns": T0 + 60 * 10**9, "clock_ns": clock_at_t0 + 60 * 10**9, "uncertainty_ns": 2000}]
-    return {"host": f"node{index:03d}", "boot_id": f"boot-{index}",
-            "clock": {"name": "CLOCK_MONOTONIC", "origin_ns": clock_at_t0 + index * 1000, "anchors": anchors}}
+    anchors = [
+        {"realtime_ns": T0, "clock_ns": clock_at_t0, "uncertainty_ns": 2000},
+        {"realtime_ns": T0 + 60 * 10**9, "clock_ns": clock_at_t0 + 60 * 10**9, "uncertainty_ns": 2000},
+    ]
+    return {
+        "host": f"node{index:03d}",
+        "boot_id": f"boot-{index}",
+        "clock": {"name": "CLOCK_MONOTONIC", "origin_ns": clock_at_t0 + index * 1000, "anchors": anchors},
+    }
 
 
 def _make_one(path: Path, rows: int, ranks: int, index: int) -> None:
@@ -80,17 +85,26 @@ def _merge_once(paths: list[Path], out: Path) -> dict:
     wait4) and the 1-minute load average before and after."""
     load_before = os.getloadavg()[0]
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "ckpt_trace.cli", "merge", *map(str, paths), "-o", str(out),
-                             "--force", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckpt_trace.cli", "merge", *map(str, paths), "-o", str(out), "--force", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     stdout, stderr = proc.stdout.read(), proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.monotonic() - started
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         sys.exit(f"merge_scale: merge failed: {stderr.strip()}")
-    return {"merge_s": round(elapsed, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-            "peak_rss_bytes": usage.ru_maxrss * 1024, "rows": json.loads(stdout)["rows"],
-            "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2)}
+    return {
+        "merge_s": round(elapsed, 2),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+        "peak_rss_bytes": usage.ru_maxrss * 1024,
+        "rows": json.loads(stdout)["rows"],
+        "load_before": round(load_before, 2),
+        "load_after": round(os.getloadavg()[0], 2),
+    }
 
 
 def main() -> None:
@@ -100,8 +114,12 @@ def main() -> None:
     parser.add_argument("--ranks-per-trace", type=int, default=8)
     parser.add_argument("--dir", type=Path, required=True, help="where the traces and the merge are written")
     parser.add_argument("--repeat", type=int, default=1, help="merges to time (median and spread reported)")
-    parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "merge_scale.json",
-                        help="write the figures here too")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=Path(__file__).resolve().parent / "results" / "merge_scale.json",
+        help="write the figures here too",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="processes generating the node traces")
     args = parser.parse_args()
     paths, made_s = make_traces(args.dir, args.traces, args.rows, args.ranks_per_trace, args.jobs)  # not timed
@@ -116,19 +134,33 @@ def main() -> None:
         last = int(ts[-1]) if len(ts) else last
     seconds = [run["merge_s"] for run in runs]
     median = float(np.median(seconds))
-    figures = {"traces": args.traces, "rows_per_trace": args.rows, "rows_in": rows_in, "rows_out": runs[-1]["rows"],
-               "in_time_order": ordered, "merge_s_median": round(median, 2),
-               "merge_s_spread": round(max(seconds) - min(seconds), 2), "runs": runs,
-               "peak_rss_bytes_max": max(run["peak_rss_bytes"] for run in runs),
-               "rows_per_s": round(runs[-1]["rows"] / median), "input_bytes": sum(p.stat().st_size for p in paths),
-               "output_bytes": out.stat().st_size, "generate_s": round(made_s, 1), "cpus": os.cpu_count(),
-               "goal": "64 x 1 M rows in < 60 s, < 2 GB"}
+    figures = {
+        "traces": args.traces,
+        "rows_per_trace": args.rows,
+        "rows_in": rows_in,
+        "rows_out": runs[-1]["rows"],
+        "in_time_order": ordered,
+        "merge_s_median": round(median, 2),
+        "merge_s_spread": round(max(seconds) - min(seconds), 2),
+        "runs": runs,
+        "peak_rss_bytes_max": max(run["peak_rss_bytes"] for run in runs),
+        "rows_per_s": round(runs[-1]["rows"] / median),
+        "input_bytes": sum(p.stat().st_size for p in paths),
+        "output_bytes": out.stat().st_size,
+        "generate_s": round(made_s, 1),
+        "cpus": os.cpu_count(),
+        "goal": "64 x 1 M rows in < 60 s, < 2 GB",
+    }
     print(f"{'run':>4} {'rows':>11} {'wall s':>8} {'cpu s':>8} {'peak RSS GB':>12} {'load before/after':>18}")
     for i, run in enumerate(runs):
-        print(f"{i:>4} {run['rows']:>11,} {run['merge_s']:>8.1f} {run['cpu_s']:>8.1f} "
-              f"{run['peak_rss_bytes'] / 1e9:>12.2f} {run['load_before']:>8.1f}/{run['load_after']:<8.1f}")
-    print(f"median {median:.1f} s, spread {figures['merge_s_spread']:.1f} s, in time order: {ordered}, "
-          f"{figures['rows_per_s']:,} rows/s on {os.cpu_count()} CPUs")
+        print(
+            f"{i:>4} {run['rows']:>11,} {run['merge_s']:>8.1f} {run['cpu_s']:>8.1f} "
+            f"{run['peak_rss_bytes'] / 1e9:>12.2f} {run['load_before']:>8.1f}/{run['load_after']:<8.1f}"
+        )
+    print(
+        f"median {median:.1f} s, spread {figures['merge_s_spread']:.1f} s, in time order: {ordered}, "
+        f"{figures['rows_per_s']:,} rows/s on {os.cpu_count()} CPUs"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(figures, indent=1) + "\n")

@@ -36,8 +36,11 @@ SMALL = dataclasses.replace(BASELINE, size_bytes=4 * KIB)
 
 CONTRASTS = (  # (name, faster candidate, slower candidate)
     ("aggregation at 4 KiB", dataclasses.replace(SMALL, aggregated=True), SMALL),
-    ("aggregated 4 KiB io_uring vs 4 KiB POSIX pwrite", dataclasses.replace(SMALL, aggregated=True),
-     dataclasses.replace(SMALL, engine="posix", queue_depth=1)),
+    (
+        "aggregated 4 KiB io_uring vs 4 KiB POSIX pwrite",
+        dataclasses.replace(SMALL, aggregated=True),
+        dataclasses.replace(SMALL, engine="posix", queue_depth=1),
+    ),
     ("4 KiB aligned vs misaligned by 512 B (O_DIRECT)", SMALL, dataclasses.replace(SMALL, misaligned_bytes=512)),
     ("1 MiB vs 4 KiB requests", BASELINE, SMALL),
     ("queue depth 32 vs 1 at 4 KiB", SMALL, dataclasses.replace(SMALL, queue_depth=1)),
@@ -53,8 +56,16 @@ def contrasts(rows: list[dict]) -> list[dict]:
     found = []
     for name, first, second in CONTRASTS:
         a, b = speed.get(first.canonical()), speed.get(second.canonical())
-        found.append({"contrast": name, "a": describe(first), "b": describe(second), "a_bytes_per_s": a,
-                      "b_bytes_per_s": b, "ratio": a / b if a and b else None})
+        found.append(
+            {
+                "contrast": name,
+                "a": describe(first),
+                "b": describe(second),
+                "a_bytes_per_s": a,
+                "b_bytes_per_s": b,
+                "ratio": a / b if a and b else None,
+            }
+        )
     return found
 
 
@@ -74,22 +85,38 @@ def main() -> None:
     fio = metadata["fio_write_bytes_per_s"]
     found = contrasts(rows)
 
-    table = Table(title=f"ckpt-trace bench, {len(rows)} points, {metadata['volume_bytes'] >> 20} MiB each, "
-                        f"{wall_s:.0f} s; fio write {fio / 1e6:,.0f} MB/s")
+    table = Table(
+        title=f"ckpt-trace bench, {len(rows)} points, {metadata['volume_bytes'] >> 20} MiB each, "
+        f"{wall_s:.0f} s; fio write {fio / 1e6:,.0f} MB/s"
+    )
     for column in ("contrast", "MB/s", "vs MB/s", "ratio"):
         table.add_column(column, justify="left" if column == "contrast" else "right")
     for c in found:
-        table.add_row(c["contrast"], f"{(c['a_bytes_per_s'] or 0) / 1e6:,.0f}", f"{(c['b_bytes_per_s'] or 0) / 1e6:,.0f}",
-                      f"{c['ratio']:.2f}x" if c["ratio"] else "refused")
+        table.add_row(
+            c["contrast"],
+            f"{(c['a_bytes_per_s'] or 0) / 1e6:,.0f}",
+            f"{(c['b_bytes_per_s'] or 0) / 1e6:,.0f}",
+            f"{c['ratio']:.2f}x" if c["ratio"] else "refused",
+        )
     best = ranked[0]
-    table.add_row(f"best: {describe(point_of(best))} vs fio", f"{best['throughput_bytes_per_s'] / 1e6:,.0f}",
-                  f"{fio / 1e6:,.0f}", f"{best['throughput_bytes_per_s'] / fio:.2f}x")
+    table.add_row(
+        f"best: {describe(point_of(best))} vs fio",
+        f"{best['throughput_bytes_per_s'] / 1e6:,.0f}",
+        f"{fio / 1e6:,.0f}",
+        f"{best['throughput_bytes_per_s'] / fio:.2f}x",
+    )
     Console().print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    result = {"wall_s": wall_s, "points": len(rows), "volume_bytes": metadata["volume_bytes"],
-              "fio_write_bytes_per_s": fio, "environment": metadata["environment"], "contrasts": found,
-              "best": {"description": describe(point_of(best)), "throughput_bytes_per_s": best["throughput_bytes_per_s"]},
-              "outputs": outputs}
+    result = {
+        "wall_s": wall_s,
+        "points": len(rows),
+        "volume_bytes": metadata["volume_bytes"],
+        "fio_write_bytes_per_s": fio,
+        "environment": metadata["environment"],
+        "contrasts": found,
+        "best": {"description": describe(point_of(best)), "throughput_bytes_per_s": best["throughput_bytes_per_s"]},
+        "outputs": outputs,
+    }
     (RESULTS / "micro_matrix.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"results: {RESULTS / 'micro_matrix.json'}")
 

@@ -39,8 +39,10 @@ from rich.table import Table
 from ckpt_trace.formats import read_metadata
 
 RESULTS = Path(__file__).resolve().parent / "results"
-VARIANTS = {"bounded": {}, "held": {"CKPT_TRACE_RECORD_RAW_BYTES": str(1 << 62),
-                                    "CKPT_TRACE_RECORD_RUN_ROWS": str(1 << 62)}}
+VARIANTS = {
+    "bounded": {},
+    "held": {"CKPT_TRACE_RECORD_RAW_BYTES": str(1 << 62), "CKPT_TRACE_RECORD_RUN_ROWS": str(1 << 62)},
+}
 
 
 def run(variant: str, writes: int, scratch: Path) -> dict:
@@ -48,12 +50,39 @@ def run(variant: str, writes: int, scratch: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)  # ours: under this run's scratch directory
     out.mkdir()
     trace.unlink(missing_ok=True)
-    fio = ["fio", "--name=storm", f"--directory={out}", "--ioengine=psync", "--rw=write", "--bs=512",
-           f"--size={writes * 512}", "--output=/dev/null"]
+    fio = [
+        "fio",
+        "--name=storm",
+        f"--directory={out}",
+        "--ioengine=psync",
+        "--rw=write",
+        "--bs=512",
+        f"--size={writes * 512}",
+        "--output=/dev/null",
+    ]
     env = {**os.environ, **VARIANTS[variant]}
-    proc = subprocess.run(["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "ckpt_trace.cli", "record",
-                           "--backend", "bcc", "-o", str(trace), "--path-filter", f"{out}/", "--", *fio],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [
+            "/usr/bin/time",
+            "-f",
+            "%e %M",
+            sys.executable,
+            "-m",
+            "ckpt_trace.cli",
+            "record",
+            "--backend",
+            "bcc",
+            "-o",
+            str(trace),
+            "--path-filter",
+            f"{out}/",
+            "--",
+            *fio,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"record failed: {proc.stderr.strip().splitlines()[-2:]}")
     seconds, kib = proc.stderr.strip().splitlines()[-1].split()
@@ -61,9 +90,16 @@ def run(variant: str, writes: int, scratch: Path) -> dict:
     import pyarrow.ipc as ipc
 
     rows = ipc.open_file(str(trace)).count_rows()
-    result = {"variant": variant, "seconds": float(seconds), "peak_rss_bytes": int(kib) * 1024, "rows": rows,
-              "lost_events": meta["lost_events"], "spilled_runs": meta.get("spilled_runs", 0),
-              "late_events": meta.get("late_events", 0), "trace_bytes": trace.stat().st_size}
+    result = {
+        "variant": variant,
+        "seconds": float(seconds),
+        "peak_rss_bytes": int(kib) * 1024,
+        "rows": rows,
+        "lost_events": meta["lost_events"],
+        "spilled_runs": meta.get("spilled_runs", 0),
+        "late_events": meta.get("late_events", 0),
+        "trace_bytes": trace.stat().st_size,
+    }
     shutil.rmtree(out, ignore_errors=True)
     trace.unlink()
     return result
@@ -91,17 +127,35 @@ def main() -> None:
     summary = []
     for variant in chosen:
         mine = [r for r in runs if r["variant"] == variant]
-        entry = {key: statistics.median(r[key] for r in mine) for key in
-                 ("seconds", "peak_rss_bytes", "rows", "lost_events", "spilled_runs", "late_events")}
+        entry = {
+            key: statistics.median(r[key] for r in mine)
+            for key in ("seconds", "peak_rss_bytes", "rows", "lost_events", "spilled_runs", "late_events")
+        }
         summary.append({"variant": variant, **entry})
-        table.add_row(variant, f"{entry['peak_rss_bytes'] / 2**30:.2f} GiB", f"{entry['seconds']:.1f}",
-                      f"{entry['rows']:,.0f}", f"{entry['lost_events']:,.0f}", f"{entry['spilled_runs']:.0f}",
-                      f"{entry['late_events']:.0f}")
+        table.add_row(
+            variant,
+            f"{entry['peak_rss_bytes'] / 2**30:.2f} GiB",
+            f"{entry['seconds']:.1f}",
+            f"{entry['rows']:,.0f}",
+            f"{entry['lost_events']:,.0f}",
+            f"{entry['spilled_runs']:.0f}",
+            f"{entry['late_events']:.0f}",
+        )
     Console().print(table)
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps({"benchmark": "record_scale", "writes": args.writes, "runs": runs,
-                                        "medians": summary, "host": os.uname().nodename,
-                                        "kernel": os.uname().release}, indent=2))
+    args.results.write_text(
+        json.dumps(
+            {
+                "benchmark": "record_scale",
+                "writes": args.writes,
+                "runs": runs,
+                "medians": summary,
+                "host": os.uname().nodename,
+                "kernel": os.uname().release,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ def replays(trace: Path, scratch: Path, strategies: list[str], runs: int, durabl
     elapsed: dict[str, list[float]] = {s: [] for s in strategies}
     written: dict[str, int] = {}
     for i in range(runs):
-        order = strategies[i % len(strategies):] + strategies[:i % len(strategies)]
+        order = strategies[i % len(strategies) :] + strategies[: i % len(strategies)]
         for strategy in order:
             target = scratch / f"t-{strategy}-{i}"
             report = replay(trace, target=target, strategy=strategy, durable=durable, repeat=1)
@@ -122,15 +122,31 @@ def main() -> int:
         trace = args.trace
         if trace is None:
             trace = scratch / "dcp.arrow"
-            subprocess.run([sys.executable, str(HERE / "tracegen.py"), str(trace), "--rows", "400", "--ranks", "2",
-                            "--mix", "dcp"], check=True, capture_output=True)
-        out = {"fill": fill_rates(args.fill_runs),
-               "replay": replays(trace, scratch, args.strategies.split(","), args.runs, args.durable)}
+            subprocess.run(
+                [
+                    sys.executable,
+                    str(HERE / "tracegen.py"),
+                    str(trace),
+                    "--rows",
+                    "400",
+                    "--ranks",
+                    "2",
+                    "--mix",
+                    "dcp",
+                ],
+                check=True,
+                capture_output=True,
+            )
+        out = {
+            "fill": fill_rates(args.fill_runs),
+            "replay": replays(trace, scratch, args.strategies.split(","), args.runs, args.durable),
+        }
         rate = out["fill"].get("fill_64MiB_GBps", {}).get("median")
         if rate and args.as_issued:
             for figures in out["replay"].values():
-                figures["fill_share_estimate"] = figures["bytes_written"] / (rate * 1e9) / \
-                    figures["elapsed_s"]["median"]
+                figures["fill_share_estimate"] = (
+                    figures["bytes_written"] / (rate * 1e9) / figures["elapsed_s"]["median"]
+                )
         print(json.dumps(out, indent=1))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

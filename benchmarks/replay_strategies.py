@@ -56,8 +56,24 @@ def ensure_trace(name: str, trace: Path, scratch: Path) -> Path:
     out = scratch / f"record-{name}"
     trace.parent.mkdir(parents=True, exist_ok=True)
     cli = [sys.executable, "-m", "ckpt_trace.cli"]
-    subprocess.run([*cli, "record", "-o", str(trace), "--path-filter", f"{out}/", "--", *cli, "workload",
-                    *WORKLOADS[name][:1], "--out", str(out), *WORKLOADS[name][1:]], check=True)
+    subprocess.run(
+        [
+            *cli,
+            "record",
+            "-o",
+            str(trace),
+            "--path-filter",
+            f"{out}/",
+            "--",
+            *cli,
+            "workload",
+            *WORKLOADS[name][:1],
+            "--out",
+            str(out),
+            *WORKLOADS[name][1:],
+        ],
+        check=True,
+    )
     shutil.rmtree(out, ignore_errors=True)
     return trace
 
@@ -78,59 +94,111 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="ckpt-trace-strategies-", dir=args.scratch))
     rows, samples, limit, same = [], [], None, {}
     try:
-        traces = {"dcp": ensure_trace("dcp", args.dcp_trace, scratch),
-                  "small-ops": ensure_trace("small-ops", args.small_trace, scratch)}
+        traces = {
+            "dcp": ensure_trace("dcp", args.dcp_trace, scratch),
+            "small-ops": ensure_trace("small-ops", args.small_trace, scratch),
+        }
         limit, samples = best_fio(scratch, args.fio_size, args.fio_runs)
         for name, trace in traces.items():
             target = scratch / f"replay-{name}"
-            report = replay(trace, target=target, strategy="all", queue_depth=args.queue_depth,
-                            buffer_bytes=args.buffer_mib << 20, repeat=args.repeat, durable=True,
-                            drop_caches=os.geteuid() == 0)
+            report = replay(
+                trace,
+                target=target,
+                strategy="all",
+                queue_depth=args.queue_depth,
+                buffer_bytes=args.buffer_mib << 20,
+                repeat=args.repeat,
+                durable=True,
+                drop_caches=os.geteuid() == 0,
+            )
             shutil.rmtree(target, ignore_errors=True)
             packer = next(name for name, spec in strategies.table().items() if spec.packs_files)
-            packed = replay(trace, target=target, strategy=packer, pack_files=True,
-                            queue_depth=args.queue_depth, buffer_bytes=args.buffer_mib << 20, repeat=args.repeat,
-                            durable=True, drop_caches=os.geteuid() == 0).results[0]
+            packed = replay(
+                trace,
+                target=target,
+                strategy=packer,
+                pack_files=True,
+                queue_depth=args.queue_depth,
+                buffer_bytes=args.buffer_mib << 20,
+                repeat=args.repeat,
+                durable=True,
+                drop_caches=os.geteuid() == 0,
+            ).results[0]
             packed.strategy = f"{packer}+pack-files"
             posix = report.results[0]
             packed.speedup_vs_posix = posix.elapsed_s / packed.elapsed_s
             same_bytes = -(-posix.bytes_written // (4 << 20)) * (4 << 20)  # whole 4 MiB blocks, as fio writes
             limit_same, samples_same = best_fio(scratch, str(same_bytes), args.fio_runs)
-            same[name] = {"size_bytes": same_bytes, "fio_write_bytes_per_s": limit_same,
-                          "fio_samples_bytes_per_s": samples_same}
+            same[name] = {
+                "size_bytes": same_bytes,
+                "fio_write_bytes_per_s": limit_same,
+                "fio_samples_bytes_per_s": samples_same,
+            }
             for result in (*report.results, packed):
                 row = {"trace": name, **result.to_json()}
                 row["fraction_of_fio"] = result.write_throughput_bytes_per_s / limit if limit else None
-                row["fraction_of_fio_same_bytes"] = (result.write_throughput_bytes_per_s / limit_same
-                                                     if limit_same else None)
+                row["fraction_of_fio_same_bytes"] = (
+                    result.write_throughput_bytes_per_s / limit_same if limit_same else None
+                )
                 rows.append(row)
             shutil.rmtree(target, ignore_errors=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    table = Table(title=f"Replay strategies (durable, queue depth {args.queue_depth}, {args.buffer_mib} MiB buffers); "
-                        f"fio limit {limit / 1e6:,.0f} MB/s" if limit else "fio not installed")
-    for column in ("trace", "strategy", "elapsed", "write MB/s", "of fio", "same bytes", "vs posix", "data ops",
-                   "meta ops", "unaligned", "cpu sys"):
+    table = Table(
+        title=f"Replay strategies (durable, queue depth {args.queue_depth}, {args.buffer_mib} MiB buffers); "
+        f"fio limit {limit / 1e6:,.0f} MB/s"
+        if limit
+        else "fio not installed"
+    )
+    for column in (
+        "trace",
+        "strategy",
+        "elapsed",
+        "write MB/s",
+        "of fio",
+        "same bytes",
+        "vs posix",
+        "data ops",
+        "meta ops",
+        "unaligned",
+        "cpu sys",
+    ):
         table.add_column(column, justify="left" if column in ("trace", "strategy") else "right")
     for row in rows:
-        table.add_row(row["trace"], row["strategy"], f"{row['elapsed_s']:.3f} s",
-                      f"{row['write_throughput_bytes_per_s'] / 1e6:,.0f}",
-                      f"{row['fraction_of_fio']:.0%}" if row["fraction_of_fio"] is not None else "-",
-                      f"{row['fraction_of_fio_same_bytes']:.0%}" if row["fraction_of_fio_same_bytes"] is not None
-                      else "-",
-                      f"{row['speedup_vs_posix']:.2f}x", f"{row['data_ops']:,}", f"{row['metadata_ops']:,}",
-                      f"{row['unaligned_ops']:,}",
-                      f"{row['cpu_sys_s']:.2f} s")
+        table.add_row(
+            row["trace"],
+            row["strategy"],
+            f"{row['elapsed_s']:.3f} s",
+            f"{row['write_throughput_bytes_per_s'] / 1e6:,.0f}",
+            f"{row['fraction_of_fio']:.0%}" if row["fraction_of_fio"] is not None else "-",
+            f"{row['fraction_of_fio_same_bytes']:.0%}" if row["fraction_of_fio_same_bytes"] is not None else "-",
+            f"{row['speedup_vs_posix']:.2f}x",
+            f"{row['data_ops']:,}",
+            f"{row['metadata_ops']:,}",
+            f"{row['unaligned_ops']:,}",
+            f"{row['cpu_sys_s']:.2f} s",
+        )
     Console(width=None if sys.stdout.isatty() else 170).print(table)
     for name, entry in same.items():
         if entry["fio_write_bytes_per_s"]:
-            print(f"fio at {name}'s volume ({entry['size_bytes'] / 1e6:,.0f} MB): "
-                  f"{entry['fio_write_bytes_per_s'] / 1e6:,.0f} MB/s (samples "
-                  + ", ".join(f"{v / 1e6:,.0f}" for v in entry["fio_samples_bytes_per_s"]) + ")")
-    result = {"benchmark": "replay_strategies", "fio_write_bytes_per_s": limit, "fio_samples_bytes_per_s": samples, "queue_depth": args.queue_depth,
-              "buffer_bytes": args.buffer_mib << 20, "repeat": args.repeat, "kernel": os.uname().release,
-              "fio_at_trace_volume": same, "results": rows}
+            print(
+                f"fio at {name}'s volume ({entry['size_bytes'] / 1e6:,.0f} MB): "
+                f"{entry['fio_write_bytes_per_s'] / 1e6:,.0f} MB/s (samples "
+                + ", ".join(f"{v / 1e6:,.0f}" for v in entry["fio_samples_bytes_per_s"])
+                + ")"
+            )
+    result = {
+        "benchmark": "replay_strategies",
+        "fio_write_bytes_per_s": limit,
+        "fio_samples_bytes_per_s": samples,
+        "queue_depth": args.queue_depth,
+        "buffer_bytes": args.buffer_mib << 20,
+        "repeat": args.repeat,
+        "kernel": os.uname().release,
+        "fio_at_trace_volume": same,
+        "results": rows,
+    }
     (RESULTS / "replay_strategies.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"results: {RESULTS / 'replay_strategies.json'}")
 

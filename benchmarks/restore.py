@@ -73,8 +73,14 @@ from ckpt_trace.writer.options import WriterOptions
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 #: loader -> the format it reads (emitted_writer's engine names)
-LOADERS = {"emitted": "emitted", "emitted (buffered)": "emitted", "dcp": "dcp-t1", "torch.load": "torch.save", "torch.load(mmap)": "torch.save",
-           "safetensors": "safetensors"}
+LOADERS = {
+    "emitted": "emitted",
+    "emitted (buffered)": "emitted",
+    "dcp": "dcp-t1",
+    "torch.load": "torch.save",
+    "torch.load(mmap)": "torch.save",
+    "safetensors": "safetensors",
+}
 PAGE_FLOATS = 1024  # float32 elements per 4 KiB page
 
 
@@ -98,10 +104,16 @@ def _reader_module(engine: str, queue_depth: int, buffer_bytes: int, load_stream
 
     from ckpt_trace.writer import CheckpointReader, CheckpointWriter
 
-    options = WriterOptions(queue_depth=queue_depth, buffer_bytes=buffer_bytes, load_direct_io="buffered" not in engine,
-                            load_streams=load_streams)
-    return SimpleNamespace(make_writer=lambda path: CheckpointWriter(path, options),
-                           make_reader=lambda path: CheckpointReader(path, options))
+    options = WriterOptions(
+        queue_depth=queue_depth,
+        buffer_bytes=buffer_bytes,
+        load_direct_io="buffered" not in engine,
+        load_streams=load_streams,
+    )
+    return SimpleNamespace(
+        make_writer=lambda path: CheckpointWriter(path, options),
+        make_reader=lambda path: CheckpointReader(path, options),
+    )
 
 
 def child(args) -> None:
@@ -112,8 +124,14 @@ def child(args) -> None:
     if args.child == "save":
         state = ew._state()
         ew._save(args.engine, state, Path(args.dir), module)
-        print(json.dumps({"fingerprint": ew._fingerprint(ew._flat(state)),
-                          "bytes": sum(t.numel() * t.element_size() for t in ew._flat(state).values())}))
+        print(
+            json.dumps(
+                {
+                    "fingerprint": ew._fingerprint(ew._flat(state)),
+                    "bytes": sum(t.numel() * t.element_size() for t in ew._flat(state).values()),
+                }
+            )
+        )
         return
     target = ew._load_target(LOADERS[args.engine])  # loads in place (DCP) fill a state allocated off the clock
     started = time.perf_counter()
@@ -125,9 +143,28 @@ def child(args) -> None:
 
 def _child(mode: str, engine: str, directory: Path, args) -> dict:
     drop_caches()
-    proc = subprocess.run([sys.executable, __file__, "--child", mode, "--engine", engine, "--dir", str(directory),
-                           "--model", args.model, "--queue-depth", str(args.queue_depth), "--buffer-size",
-                           str(args.buffer_size), "--load-streams", str(args.load_streams)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            mode,
+            "--engine",
+            engine,
+            "--dir",
+            str(directory),
+            "--model",
+            args.model,
+            "--queue-depth",
+            str(args.queue_depth),
+            "--buffer-size",
+            str(args.buffer_size),
+            "--load-streams",
+            str(args.load_streams),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{engine} {mode} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -137,8 +174,21 @@ def _fio_read(path: Path, size: int, direct: bool) -> float:
     """One sequential 4 MiB read of ``path`` by fio from a cold page cache: bytes/s."""
     drop_caches()
     engine = ["--ioengine=io_uring", "--direct=1", "--iodepth=32"] if direct else ["--ioengine=psync", "--direct=0"]
-    done = subprocess.run(["fio", "--name=restore", f"--filename={path}", "--rw=read", "--bs=4M", f"--size={size}",
-                           *engine, "--output-format=json"], check=True, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            "fio",
+            "--name=restore",
+            f"--filename={path}",
+            "--rw=read",
+            "--bs=4M",
+            f"--size={size}",
+            *engine,
+            "--output-format=json",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return float(json.loads(done.stdout)["jobs"][0]["read"]["bw_bytes"])
 
 
@@ -150,9 +200,23 @@ def _fio_layout(scratch: Path, size: int) -> Path | None:
     if shutil.which("fio") is None:
         return None
     path = scratch / "fio-restore.bin"
-    subprocess.run(["fio", "--name=layout", f"--filename={path}", "--rw=write", "--bs=4M", f"--size={size}",
-                    "--ioengine=io_uring", "--direct=1", "--iodepth=32", "--end_fsync=1", "--output-format=json"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "fio",
+            "--name=layout",
+            f"--filename={path}",
+            "--rw=write",
+            "--bs=4M",
+            f"--size={size}",
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--iodepth=32",
+            "--end_fsync=1",
+            "--output-format=json",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return path
 
 
@@ -163,9 +227,15 @@ def main() -> None:
     parser.add_argument("--scratch", type=Path, default=None, help="directory on the storage to measure")
     parser.add_argument("--loaders", default=",".join(LOADERS))
     parser.add_argument("--queue-depth", type=int, default=32, help="the emitted reader's queue depth")
-    parser.add_argument("--buffer-size", type=int, default=4 << 20, help="the emitted reader's O_DIRECT read size, bytes")
-    parser.add_argument("--load-streams", type=int, default=WriterOptions.load_streams,
-                        help="the emitted reader's threads per file (buffered loads)")
+    parser.add_argument(
+        "--buffer-size", type=int, default=4 << 20, help="the emitted reader's O_DIRECT read size, bytes"
+    )
+    parser.add_argument(
+        "--load-streams",
+        type=int,
+        default=WriterOptions.load_streams,
+        help="the emitted reader's threads per file (buffered loads)",
+    )
     args = parse_or_run_child(parser, child)
     if args is None:
         return
@@ -187,15 +257,23 @@ def main() -> None:
             for name in loaders:
                 fmt = LOADERS[name]
                 loaded = _child("load", name, scratch / fmt, args)
-                if abs(loaded["fingerprint"] - saved[fmt]["fingerprint"]) > 1e-6 * max(1.0, abs(saved[fmt]["fingerprint"])):
+                if abs(loaded["fingerprint"] - saved[fmt]["fingerprint"]) > 1e-6 * max(
+                    1.0, abs(saved[fmt]["fingerprint"])
+                ):
                     raise RuntimeError(f"{name}: the loaded state differs from the saved one")
                 times[name].append(loaded["load_s"])
             if fio_file is not None:
                 for fio_name, direct in FIO_READS.items():
                     limits.setdefault(fio_name, {"samples": []})["samples"].append(_fio_read(fio_file, size, direct))
         for name in loaders:
-            rows.append({"loader": name, "format": LOADERS[name], "runs_s": times[name],
-                         "median_s": statistics.median(times[name])})
+            rows.append(
+                {
+                    "loader": name,
+                    "format": LOADERS[name],
+                    "runs_s": times[name],
+                    "median_s": statistics.median(times[name]),
+                }
+            )
             print(f"{name}: median {statistics.median(times[name]):.2f} s of {args.runs}", file=sys.stderr)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -211,27 +289,45 @@ def main() -> None:
         r["bytes_per_s"] = size / r["median_s"]
         r["vs_dcp"] = base["median_s"] / r["median_s"]
         r["of_best_fio"] = r["bytes_per_s"] / best_fio if best_fio else None
-        r["paired_of_fio"] = statistics.median(size / t / f for t, f in zip(r["runs_s"], round_fio)) if round_fio else None
+        r["paired_of_fio"] = (
+            statistics.median(size / t / f for t, f in zip(r["runs_s"], round_fio)) if round_fio else None
+        )
         if others and r["loader"].startswith("emitted"):
             r["paired_vs_best_other"] = statistics.median(
-                min(o["runs_s"][i] for o in others) / r["runs_s"][i] for i in range(args.runs))
+                min(o["runs_s"][i] for o in others) / r["runs_s"][i] for i in range(args.runs)
+            )
     table = Table(title=f"Cold restore of {args.model} + Adam ({size / 1e9:.2f} GB), median of {args.runs} loads")
     for column in ("loader", "median", "range", "MB/s", "vs DCP", "of fio", "vs best other"):
         table.add_column(column, justify="left" if column == "loader" else "right")
     for r in rows:
-        table.add_row(r["loader"], f"{r['median_s']:.2f} s", f"{min(r['runs_s']):.2f}-{max(r['runs_s']):.2f}",
-                      f"{r['bytes_per_s'] / 1e6:,.0f}", f"{r['vs_dcp']:.2f}x",
-                      f"{r['paired_of_fio']:.0%}" if r["paired_of_fio"] else "-",
-                      f"{r['paired_vs_best_other']:.2f}x" if r.get("paired_vs_best_other") else "")
+        table.add_row(
+            r["loader"],
+            f"{r['median_s']:.2f} s",
+            f"{min(r['runs_s']):.2f}-{max(r['runs_s']):.2f}",
+            f"{r['bytes_per_s'] / 1e6:,.0f}",
+            f"{r['vs_dcp']:.2f}x",
+            f"{r['paired_of_fio']:.0%}" if r["paired_of_fio"] else "-",
+            f"{r['paired_vs_best_other']:.2f}x" if r.get("paired_vs_best_other") else "",
+        )
     for name, entry in limits.items():
         table.add_row(name, "", "", f"{entry['median_bytes_per_s'] / 1e6:,.0f}", "", "", "")
     Console(width=None if sys.stdout.isatty() else 100).print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    result = {"benchmark": "restore", "model": args.model, "bytes": size, "kernel": os.uname().release,
-              "free_page_reporting": Path("/sys/module/page_reporting").exists(),
-              "emitted_reader": {"queue_depth": args.queue_depth, "buffer_bytes": args.buffer_size,
-                                 "load_streams": args.load_streams},
-              "runs": args.runs, "fio": limits, "results": rows}
+    result = {
+        "benchmark": "restore",
+        "model": args.model,
+        "bytes": size,
+        "kernel": os.uname().release,
+        "free_page_reporting": Path("/sys/module/page_reporting").exists(),
+        "emitted_reader": {
+            "queue_depth": args.queue_depth,
+            "buffer_bytes": args.buffer_size,
+            "load_streams": args.load_streams,
+        },
+        "runs": args.runs,
+        "fio": limits,
+        "results": rows,
+    }
     (RESULTS / "restore.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"results: {RESULTS / 'restore.json'}")
 

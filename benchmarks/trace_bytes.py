@@ -62,8 +62,11 @@ def ipc_bytes(table: pa.Table, level: int | None = None, metadata: dict | None =
     """Bytes of ``table`` as an Arrow IPC file with the trace writer's options (zstd, 65,536-row batches);
     ``level``: a zstd level other than Arrow's default; ``metadata``: the trace metadata to store."""
     codec = "zstd" if level is None else pa.Codec("zstd", compression_level=level)
-    schema = table.schema if metadata is None else table.schema.with_metadata(
-        {METADATA_KEY: json.dumps(metadata, sort_keys=True).encode()})
+    schema = (
+        table.schema
+        if metadata is None
+        else table.schema.with_metadata({METADATA_KEY: json.dumps(metadata, sort_keys=True).encode()})
+    )
     sink = io.BytesIO()
     with ipc.new_file(sink, schema, options=ipc.IpcWriteOptions(compression=codec)) as writer:
         for batch in table.to_batches(max_chunksize=DEFAULT_BATCH_ROWS):
@@ -74,9 +77,10 @@ def ipc_bytes(table: pa.Table, level: int | None = None, metadata: dict | None =
 def stored_v4(table: pa.Table) -> pa.Table:
     """``table`` (of ``SCHEMA``) as version 4 stored it, in ``DEFAULT_BATCH_ROWS`` batches."""
     encoder = Encoder()
-    return pa.Table.from_batches([encoder.encode(batch, STORED_SCHEMA_V4)
-                                  for batch in table.to_batches(max_chunksize=DEFAULT_BATCH_ROWS)],
-                                 schema=STORED_SCHEMA_V4)
+    return pa.Table.from_batches(
+        [encoder.encode(batch, STORED_SCHEMA_V4) for batch in table.to_batches(max_chunksize=DEFAULT_BATCH_ROWS)],
+        schema=STORED_SCHEMA_V4,
+    )
 
 
 def _same(a: pa.ChunkedArray, b: pa.ChunkedArray) -> bool:
@@ -121,19 +125,27 @@ def measure(path: Path, scratch: Path, levels: bool) -> dict:
     v5 = os.path.getsize(rewritten)
     level = ZSTD_LEVEL_ONE_BATCH if n <= DEFAULT_BATCH_ROWS else ZSTD_LEVEL  # the writer's choice
     whole = ipc_bytes(table, level, meta) if n <= COLUMN_SHARES_MAX_ROWS else 0
-    columns = {name: (whole - ipc_bytes(table.drop_columns([name]), level, meta)) / n if whole else float("nan")
-               for name in table.column_names}
+    columns = {
+        name: (whole - ipc_bytes(table.drop_columns([name]), level, meta)) / n if whole else float("nan")
+        for name in table.column_names
+    }
     ts = table["ts_ns"].to_numpy()
     result = {
-        "trace": str(path), "rows": n, "file_bytes_per_row": os.path.getsize(path) / n,
+        "trace": str(path),
+        "rows": n,
+        "file_bytes_per_row": os.path.getsize(path) / n,
         "file_format_version": trace.metadata["format_version"],
         "v3_bytes_per_row": ipc_bytes(table, None, {**meta, "format_version": 3}) / n,
-        "v4_bytes_per_row": ipc_bytes(stored_v4(table), V4_LEVELS[0] if n <= DEFAULT_BATCH_ROWS else V4_LEVELS[1],
-                                      {**meta, "format_version": 4}) / n,
+        "v4_bytes_per_row": ipc_bytes(
+            stored_v4(table), V4_LEVELS[0] if n <= DEFAULT_BATCH_ROWS else V4_LEVELS[1], {**meta, "format_version": 4}
+        )
+        / n,
         "v5_bytes_per_row": v5 / n,
         "v5_columns_bytes_per_row": columns,
-        "estimate_bytes_per_row": {"ts_ns (gaps)": bucket_estimate_bytes(np.diff(ts)) if n > 1 else 0.0,
-                                   "dur_ns": bucket_estimate_bytes(table["dur_ns"].to_numpy())},
+        "estimate_bytes_per_row": {
+            "ts_ns (gaps)": bucket_estimate_bytes(np.diff(ts)) if n > 1 else 0.0,
+            "dur_ns": bucket_estimate_bytes(table["dur_ns"].to_numpy()),
+        },
     }
     if levels:
         result["v5_levels"] = level_figures(table, {**meta, "format_version": 5})
@@ -143,8 +155,12 @@ def measure(path: Path, scratch: Path, levels: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("traces", nargs="*", type=Path)
-    parser.add_argument("--generate-rows", type=int, default=1_000_000,
-                        help="rows of the generated trace measured when no TRACE is given (0: none)")
+    parser.add_argument(
+        "--generate-rows",
+        type=int,
+        default=1_000_000,
+        help="rows of the generated trace measured when no TRACE is given (0: none)",
+    )
     parser.add_argument("--results", type=Path, default=RESULTS / "trace_bytes.json")
     parser.add_argument("--levels", action="store_true", help="also version 5's size and write time per zstd level")
     args = parser.parse_args()
@@ -163,11 +179,14 @@ def main() -> None:
     table.add_column("bytes per row")
     for name, r in zip(names, results):
         table.add_column(f"{name}\n{r['rows']:,} rows", justify="right")
-    table.add_row("file (format version)", *(f"{r['file_bytes_per_row']:.2f} (v{r['file_format_version']})"
-                                              for r in results))
-    for label, key in (("version 3 (plain, zstd 1)", "v3_bytes_per_row"),
-                       ("version 4 (differences, zstd 19/6)", "v4_bytes_per_row"),
-                       (f"version 5 (plain, zstd {ZSTD_LEVEL_ONE_BATCH}/{ZSTD_LEVEL})", "v5_bytes_per_row")):
+    table.add_row(
+        "file (format version)", *(f"{r['file_bytes_per_row']:.2f} (v{r['file_format_version']})" for r in results)
+    )
+    for label, key in (
+        ("version 3 (plain, zstd 1)", "v3_bytes_per_row"),
+        ("version 4 (differences, zstd 19/6)", "v4_bytes_per_row"),
+        (f"version 5 (plain, zstd {ZSTD_LEVEL_ONE_BATCH}/{ZSTD_LEVEL})", "v5_bytes_per_row"),
+    ):
         table.add_row(label, *(f"{r[key]:.2f}" for r in results))
     for name in SCHEMA.names:
         shares = [r["v5_columns_bytes_per_row"][name] for r in results]
@@ -177,8 +196,10 @@ def main() -> None:
         table.add_row(f"estimate: {label}", *(f"{r['estimate_bytes_per_row'][label]:.2f}" for r in results))
     if args.levels:
         for level in LEVELS:
-            table.add_row(f"v5 at zstd {level}: B/row, write s",
-                          *(f"{r['v5_levels'][level][0]:.2f}, {r['v5_levels'][level][1]:.3f}" for r in results))
+            table.add_row(
+                f"v5 at zstd {level}: B/row, write s",
+                *(f"{r['v5_levels'][level][0]:.2f}, {r['v5_levels'][level][1]:.3f}" for r in results),
+            )
     Console(width=120).print(table)
     args.results.write_text(json.dumps({"benchmark": "trace_bytes", "results": results}, indent=1))
     print(f"results: {args.results}")

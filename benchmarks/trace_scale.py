@@ -37,8 +37,9 @@ HERE = Path(__file__).resolve().parent
 
 def timed(args: list[str]) -> dict:
     """Wall seconds and peak RSS (bytes) of ``ckpt-trace ARGS``; ``ok`` False with the last error line."""
-    proc = subprocess.run(["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "ckpt_trace.cli", *args],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "ckpt_trace.cli", *args], capture_output=True, text=True
+    )
     last = proc.stderr.strip().splitlines()[-1].split()
     seconds, kib = float(last[0]), int(last[1])
     error = next((line for line in proc.stderr.splitlines() if "error" in line), "")
@@ -59,23 +60,62 @@ def main() -> None:
     for rows in (int(r) for r in args.rows.split(",")):
         trace = args.dir / f"t{rows}.arrow"
         if not trace.exists():
-            subprocess.run([sys.executable, str(HERE / "tracegen.py"), str(trace), "--rows", str(rows), "--ranks",
-                            str(args.ranks), "--mix", "dcp"], check=True, capture_output=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    str(HERE / "tracegen.py"),
+                    str(trace),
+                    "--rows",
+                    str(rows),
+                    "--ranks",
+                    str(args.ranks),
+                    "--mix",
+                    "dcp",
+                ],
+                check=True,
+                capture_output=True,
+            )
         entry = {"rows": rows, "bytes_per_row": trace.stat().st_size / rows, "commands": {}}
         work = Path(tempfile.mkdtemp(prefix=f"w{rows}-", dir=args.dir))  # ours alone, removed below
         commands = {"summary": ["summary", str(trace), "--json"]}
         if rows <= args.plan_max:
-            commands["plan (dry run, all)"] = ["replay", str(trace), "--strategy", "all", "--dry-run", "--target",
-                                               str(work / "r"), "--json"]
-        commands.update({
-            "filter (1 rank)": ["filter", str(trace), "-o", str(work / "f.arrow"), "--rank", "0"],
-            "export parquet": ["export", str(trace), "--format", "parquet", "-o", str(work / "p")],
-            "export perfetto (1 rank)": ["export", str(trace), "--format", "perfetto", "--rank", "0", "-o",
-                                         str(work / "t0.json")],
-        })
+            commands["plan (dry run, all)"] = [
+                "replay",
+                str(trace),
+                "--strategy",
+                "all",
+                "--dry-run",
+                "--target",
+                str(work / "r"),
+                "--json",
+            ]
+        commands.update(
+            {
+                "filter (1 rank)": ["filter", str(trace), "-o", str(work / "f.arrow"), "--rank", "0"],
+                "export parquet": ["export", str(trace), "--format", "parquet", "-o", str(work / "p")],
+                "export perfetto (1 rank)": [
+                    "export",
+                    str(trace),
+                    "--format",
+                    "perfetto",
+                    "--rank",
+                    "0",
+                    "-o",
+                    str(work / "t0.json"),
+                ],
+            }
+        )
         if rows <= args.perfetto_max:
-            commands["export perfetto (all)"] = ["export", str(trace), "--format", "perfetto", "-o", str(work / "t.json"),
-                                                 "--max-ops", str(rows + 1000)]
+            commands["export perfetto (all)"] = [
+                "export",
+                str(trace),
+                "--format",
+                "perfetto",
+                "-o",
+                str(work / "t.json"),
+                "--max-ops",
+                str(rows + 1000),
+            ]
         commands["report"] = ["report", str(trace), "-o", str(work / "r.html")]
         commands["diff"] = ["diff", str(trace), str(trace), "--json"]
         for name, command in commands.items():
@@ -86,14 +126,19 @@ def main() -> None:
     table.add_column("command")
     for entry in rows_out:
         table.add_column(f"{entry['rows'] / 1e6:g} M rows: s, peak", justify="right")
-    names = sorted({name for entry in rows_out for name in entry["commands"]},
-                   key=lambda n: list(rows_out[0]["commands"]).index(n) if n in rows_out[0]["commands"] else 99)
+    names = sorted(
+        {name for entry in rows_out for name in entry["commands"]},
+        key=lambda n: list(rows_out[0]["commands"]).index(n) if n in rows_out[0]["commands"] else 99,
+    )
     for name in names:
         cells = []
         for entry in rows_out:
             r = entry["commands"].get(name)
-            cells.append("-" if r is None else (f"{r['seconds']:.1f} s, {r['peak_rss_bytes'] / 2**30:.2f} GiB"
-                                                 + ("" if r["ok"] else " FAILED")))
+            cells.append(
+                "-"
+                if r is None
+                else (f"{r['seconds']:.1f} s, {r['peak_rss_bytes'] / 2**30:.2f} GiB" + ("" if r["ok"] else " FAILED"))
+            )
         table.add_row(name, *cells)
     table.add_row("bytes per row", *(f"{entry['bytes_per_row']:.1f}" for entry in rows_out))
     Console(width=120).print(table)

@@ -33,8 +33,12 @@ from ckpt_trace.formats.vocabulary import open_flag
 
 ROOT = "/scratch/ckpt"
 STEP_NS = 1000
-O_CREATE = open_flag("O_WRONLY", "x86_64") | open_flag("O_CREAT", "x86_64") | open_flag("O_TRUNC", "x86_64") | \
-    open_flag("O_CLOEXEC", "x86_64")
+O_CREATE = (
+    open_flag("O_WRONLY", "x86_64")
+    | open_flag("O_CREAT", "x86_64")
+    | open_flag("O_TRUNC", "x86_64")
+    | open_flag("O_CLOEXEC", "x86_64")
+)
 FD = 7
 
 
@@ -49,8 +53,9 @@ def _sizes(rng: np.random.Generator, count: int, mix: str) -> np.ndarray:
     return sizes
 
 
-def _round_block(first: int, last: int, ranks: int, per_rank: int, rng, mix: str, positions: np.ndarray,
-                 rank_base: int = 0) -> pa.Table:
+def _round_block(
+    first: int, last: int, ranks: int, per_rank: int, rng, mix: str, positions: np.ndarray, rank_base: int = 0
+) -> pa.Table:
     """Rows ``first``..``last``-1 of every rank, round by round (row i of rank 0, of rank 1, ...); ranks
     (pids, files) numbered from ``rank_base``."""
     rounds = np.arange(first, last, dtype=np.int64)
@@ -81,46 +86,99 @@ def _round_block(first: int, last: int, ranks: int, per_rank: int, rng, mix: str
     pid = 100000 + rank_base + rank
     paths = np.array([f"{ROOT}/__{r + rank_base}_0.distcp" for r in range(ranks)], dtype=object)[rank]
     ret = np.where(is_open, FD, np.where(is_write, sizes, 0))
-    return pa.table({
-        "ts_ns": ts, "dur_ns": np.where(is_write, 2000 + sizes // 1000, 1500).astype(np.int64),
-        "pid": pid, "tid": pid, "comm": pa.array(["python"] * n), "rank": rank + rank_base,
-        "syscall": pa.array(syscall.astype(str)), "op": pa.array(op.astype(str)),
-        "fd": np.full(n, FD, np.int32), "path": pa.array(paths, pa.string()),
-        "new_path": pa.nulls(n, pa.string()),
-        "offset": pa.array(offsets, mask=offsets < 0),
-        "offset_source": pa.array(np.where(is_write, "position", None).tolist(), pa.string()),
-        "size": pa.array(np.where(is_write, sizes, -1), mask=~is_write),
-        "ret": ret.astype(np.int64),
-        "flags": pa.array(np.where(is_open, O_CREATE, -1), pa.int64(), mask=~is_open),
-        "iov_count": pa.nulls(n, pa.int32()),
-    })
+    return pa.table(
+        {
+            "ts_ns": ts,
+            "dur_ns": np.where(is_write, 2000 + sizes // 1000, 1500).astype(np.int64),
+            "pid": pid,
+            "tid": pid,
+            "comm": pa.array(["python"] * n),
+            "rank": rank + rank_base,
+            "syscall": pa.array(syscall.astype(str)),
+            "op": pa.array(op.astype(str)),
+            "fd": np.full(n, FD, np.int32),
+            "path": pa.array(paths, pa.string()),
+            "new_path": pa.nulls(n, pa.string()),
+            "offset": pa.array(offsets, mask=offsets < 0),
+            "offset_source": pa.array(np.where(is_write, "position", None).tolist(), pa.string()),
+            "size": pa.array(np.where(is_write, sizes, -1), mask=~is_write),
+            "ret": ret.astype(np.int64),
+            "flags": pa.array(np.where(is_open, O_CREATE, -1), pa.int64(), mask=~is_open),
+            "iov_count": pa.nulls(n, pa.int32()),
+        }
+    )
 
 
 def _metadata_rows(ts: int) -> pa.Table:
     """Rank 0 commits: .metadata.tmp written, fsynced, closed, renamed to .metadata."""
     tmp, final = f"{ROOT}/.metadata.tmp", f"{ROOT}/.metadata"
-    rows = [("openat", "open", None, None, O_CREATE, FD), ("write", "write", 0, 30000, None, 30000),
-            ("fsync", "fsync", None, None, None, 0), ("close", "close", None, None, None, 0),
-            ("rename", "rename", None, None, None, 0)]
+    rows = [
+        ("openat", "open", None, None, O_CREATE, FD),
+        ("write", "write", 0, 30000, None, 30000),
+        ("fsync", "fsync", None, None, None, 0),
+        ("close", "close", None, None, None, 0),
+        ("rename", "rename", None, None, None, 0),
+    ]
     n = len(rows)
-    return pa.table({
-        "ts_ns": [ts + k * STEP_NS for k in range(n)], "dur_ns": [1500] * n, "pid": [100000] * n,
-        "tid": [100000] * n, "comm": ["python"] * n, "rank": [0] * n, "syscall": [r[0] for r in rows],
-        "op": [r[1] for r in rows], "fd": [None if r[0] == "rename" else FD for r in rows],
-        "path": [tmp] * n, "new_path": [None] * 4 + [final], "offset": [r[2] for r in rows],
-        "offset_source": [None, "position", None, None, None], "size": [r[3] for r in rows],
-        "ret": [r[5] for r in rows], "flags": [r[4] for r in rows], "iov_count": pa.nulls(n, pa.int32()),
-    }, schema=pa.schema([(name, typ) for name, typ in (
-        ("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("pid", pa.int32()), ("tid", pa.int32()),
-        ("comm", pa.string()), ("rank", pa.int32()), ("syscall", pa.string()), ("op", pa.string()),
-        ("fd", pa.int32()), ("path", pa.string()), ("new_path", pa.string()), ("offset", pa.int64()),
-        ("offset_source", pa.string()), ("size", pa.int64()), ("ret", pa.int64()), ("flags", pa.int64()),
-        ("iov_count", pa.int32()))]))
+    return pa.table(
+        {
+            "ts_ns": [ts + k * STEP_NS for k in range(n)],
+            "dur_ns": [1500] * n,
+            "pid": [100000] * n,
+            "tid": [100000] * n,
+            "comm": ["python"] * n,
+            "rank": [0] * n,
+            "syscall": [r[0] for r in rows],
+            "op": [r[1] for r in rows],
+            "fd": [None if r[0] == "rename" else FD for r in rows],
+            "path": [tmp] * n,
+            "new_path": [None] * 4 + [final],
+            "offset": [r[2] for r in rows],
+            "offset_source": [None, "position", None, None, None],
+            "size": [r[3] for r in rows],
+            "ret": [r[5] for r in rows],
+            "flags": [r[4] for r in rows],
+            "iov_count": pa.nulls(n, pa.int32()),
+        },
+        schema=pa.schema(
+            [
+                (name, typ)
+                for name, typ in (
+                    ("ts_ns", pa.int64()),
+                    ("dur_ns", pa.int64()),
+                    ("pid", pa.int32()),
+                    ("tid", pa.int32()),
+                    ("comm", pa.string()),
+                    ("rank", pa.int32()),
+                    ("syscall", pa.string()),
+                    ("op", pa.string()),
+                    ("fd", pa.int32()),
+                    ("path", pa.string()),
+                    ("new_path", pa.string()),
+                    ("offset", pa.int64()),
+                    ("offset_source", pa.string()),
+                    ("size", pa.int64()),
+                    ("ret", pa.int64()),
+                    ("flags", pa.int64()),
+                    ("iov_count", pa.int32()),
+                )
+            ]
+        ),
+    )
 
 
-def generate(path: str | os.PathLike, rows: int, ranks: int, *, mix: str = "dcp", seed: int = 0,
-             batch_rows: int = 1 << 20, overwrite: bool = False, rank_base: int = 0,
-             node: dict | None = None) -> Path:
+def generate(
+    path: str | os.PathLike,
+    rows: int,
+    ranks: int,
+    *,
+    mix: str = "dcp",
+    seed: int = 0,
+    batch_rows: int = 1 << 20,
+    overwrite: bool = False,
+    rank_base: int = 0,
+    node: dict | None = None,
+) -> Path:
     """Write a synthetic trace of about ``rows`` rows (a multiple of ``ranks``, plus rank 0's commit) to
     ``path``; returns it. Memory stays near ``batch_rows`` rows whatever ``rows`` is. ``rank_base``: the
     first rank (one node's trace of a bigger job: only the job's rank 0 commits); ``node``: metadata keys
@@ -132,18 +190,31 @@ def generate(path: str | os.PathLike, rows: int, ranks: int, *, mix: str = "dcp"
     rounds_per_batch = max(1, batch_rows // ranks)
     try:
         for first in range(0, per_rank, rounds_per_batch):
-            writer.write(_round_block(first, min(per_rank, first + rounds_per_batch), ranks, per_rank, rng, mix,
-                                      positions, rank_base))
+            writer.write(
+                _round_block(
+                    first, min(per_rank, first + rounds_per_batch), ranks, per_rank, rng, mix, positions, rank_base
+                )
+            )
         if rank_base == 0:
             writer.write(_metadata_rows(per_rank * STEP_NS + STEP_NS))
     except BaseException:
         writer.abort()
         raise
-    return writer.close({"creator": "ckpt-trace tracegen", "creator_version": "0", "host": "synthetic",
-                         "kernel": "synthetic", "command": ["benchmarks/tracegen.py", str(rows), str(ranks), mix],
-                         "backend": "synthetic", "start_wall_time_ns": time.time_ns(),
-                         "filesystems": {"/scratch": {"type": "ext4", "block_size": 4096}}, "lost_events": 0,
-                         "arch": "x86_64", **(node or {})})
+    return writer.close(
+        {
+            "creator": "ckpt-trace tracegen",
+            "creator_version": "0",
+            "host": "synthetic",
+            "kernel": "synthetic",
+            "command": ["benchmarks/tracegen.py", str(rows), str(ranks), mix],
+            "backend": "synthetic",
+            "start_wall_time_ns": time.time_ns(),
+            "filesystems": {"/scratch": {"type": "ext4", "block_size": 4096}},
+            "lost_events": 0,
+            "arch": "x86_64",
+            **(node or {}),
+        }
+    )
 
 
 def main() -> None:

@@ -85,13 +85,32 @@ def workload_cmd(workload: str, out: Path, args) -> list[str]:
     if workload == "true":
         return ["true"]
     if workload == "storm":
-        return ["fio", "--name=storm", f"--directory={out}", "--ioengine=psync", "--rw=write", "--bs=512",
-                "--thread", f"--numjobs={STORM_THREADS}", f"--size={STORM_WRITES // STORM_THREADS * 512}",
-                "--output=/dev/null"]
+        return [
+            "fio",
+            "--name=storm",
+            f"--directory={out}",
+            "--ioengine=psync",
+            "--rw=write",
+            "--bs=512",
+            "--thread",
+            f"--numjobs={STORM_THREADS}",
+            f"--size={STORM_WRITES // STORM_THREADS * 512}",
+            "--output=/dev/null",
+        ]
     if workload in FIO_JOBS:
         rw, bs, depth, size = FIO_JOBS[workload]
-        return ["fio", "--name=overhead", f"--directory={out}", "--ioengine=io_uring", f"--iodepth={depth}",
-                "--direct=1", f"--rw={rw}", f"--bs={bs}", f"--size={size}", "--output=/dev/null"]
+        return [
+            "fio",
+            "--name=overhead",
+            f"--directory={out}",
+            "--ioengine=io_uring",
+            f"--iodepth={depth}",
+            "--direct=1",
+            f"--rw={rw}",
+            f"--bs={bs}",
+            f"--size={size}",
+            "--output=/dev/null",
+        ]
     cmd = [sys.executable, "-m", "ckpt_trace.cli", "workload", workload, "--out", str(out), "--model", args.model]
     if workload in ("dcp", "emitted"):
         cmd += ["--ranks", str(args.ranks)]
@@ -143,16 +162,41 @@ def run_variant(workload: str, variant: str, scratch: Path, args) -> tuple:
     backend = "bcc" if variant.startswith("bcc") else variant
     with bpf_stats() if backend == "bcc" else contextlib.nullcontext():
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "ckpt_trace.cli", "record", "--backend", backend, "--json",
-                               "-o", str(trace), "--path-filter", f"{out}/", "--", *cmd],
-                              check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ckpt_trace.cli",
+                "record",
+                "--backend",
+                backend,
+                "--json",
+                "-o",
+                str(trace),
+                "--path-filter",
+                f"{out}/",
+                "--",
+                *cmd,
+            ],
+            check=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
         elapsed = time.monotonic() - started
     summary = json.loads(done.stdout)
     meta = read_metadata(trace)
     cpu_ns, bpf_ns = meta.get("recorder_cpu_ns"), meta.get("bpf_run_ns")
-    return (elapsed, meta["command_elapsed_ns"] / 1e9, int(meta["lost_events"]),
-            None if cpu_ns is None else cpu_ns / 1e9, None if bpf_ns is None else bpf_ns / 1e9,
-            summary.get("start_s"), summary.get("finish_s"))
+    return (
+        elapsed,
+        meta["command_elapsed_ns"] / 1e9,
+        int(meta["lost_events"]),
+        None if cpu_ns is None else cpu_ns / 1e9,
+        None if bpf_ns is None else bpf_ns / 1e9,
+        summary.get("start_s"),
+        summary.get("finish_s"),
+    )
 
 
 PROBES_BEFORE = "bcc-before"
@@ -176,39 +220,66 @@ def compare_probes(args, workloads: list[str]) -> None:
             after, before = runs["bcc"], runs[PROBES_BEFORE]
             ratios = [a[1] / b[1] for a, b in zip(after, before)]
             bpf_ratios = [a[4] / b[4] for a, b in zip(after, before) if a[4] and b[4]]
-            rows.append({"workload": workload, "pairs": args.repeats,
-                         "command_median_s": statistics.median(r[1] for r in after),
-                         "command_median_before_s": statistics.median(r[1] for r in before),
-                         "command_runs_s": [r[1] for r in after], "command_runs_before_s": [r[1] for r in before],
-                         "command_median_ratio": statistics.median(r[1] for r in after)
-                         / statistics.median(r[1] for r in before),
-                         "paired_ratios": ratios, "paired_ratio_median": statistics.median(ratios),
-                         "bpf_run_s": [r[4] for r in after], "bpf_run_before_s": [r[4] for r in before],
-                         "bpf_run_median_s": statistics.median(r[4] for r in after if r[4] is not None)
-                         if any(r[4] is not None for r in after) else None,
-                         "bpf_run_median_before_s": statistics.median(r[4] for r in before if r[4] is not None)
-                         if any(r[4] is not None for r in before) else None,
-                         "bpf_paired_ratio_median": statistics.median(bpf_ratios) if bpf_ratios else None,
-                         "lost_events": sum(r[2] for r in after) + sum(r[2] for r in before)})
+            rows.append(
+                {
+                    "workload": workload,
+                    "pairs": args.repeats,
+                    "command_median_s": statistics.median(r[1] for r in after),
+                    "command_median_before_s": statistics.median(r[1] for r in before),
+                    "command_runs_s": [r[1] for r in after],
+                    "command_runs_before_s": [r[1] for r in before],
+                    "command_median_ratio": statistics.median(r[1] for r in after)
+                    / statistics.median(r[1] for r in before),
+                    "paired_ratios": ratios,
+                    "paired_ratio_median": statistics.median(ratios),
+                    "bpf_run_s": [r[4] for r in after],
+                    "bpf_run_before_s": [r[4] for r in before],
+                    "bpf_run_median_s": statistics.median(r[4] for r in after if r[4] is not None)
+                    if any(r[4] is not None for r in after)
+                    else None,
+                    "bpf_run_median_before_s": statistics.median(r[4] for r in before if r[4] is not None)
+                    if any(r[4] is not None for r in before)
+                    else None,
+                    "bpf_paired_ratio_median": statistics.median(bpf_ratios) if bpf_ratios else None,
+                    "lost_events": sum(r[2] for r in after) + sum(r[2] for r in before),
+                }
+            )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)  # ours: made by mkdtemp above
     load_after = os.getloadavg()
-    table = Table(title=f"New probes' overhead: bcc with every probe (A) vs without the mapped-I/O probes (B), "
-                        f"{args.repeats} ABBA pairs; load {load_before[0]:.1f} before, {load_after[0]:.1f} after")
+    table = Table(
+        title=f"New probes' overhead: bcc with every probe (A) vs without the mapped-I/O probes (B), "
+        f"{args.repeats} ABBA pairs; load {load_before[0]:.1f} before, {load_after[0]:.1f} after"
+    )
     for column in ("workload", "command A", "command B", "A/B medians", "A/B paired", "BPF A", "BPF B", "lost"):
         table.add_column(column, justify="left" if column == "workload" else "right")
     for row in rows:
         bpf = (row["bpf_run_median_s"], row["bpf_run_median_before_s"])
-        table.add_row(row["workload"], f"{row['command_median_s']:.2f} s", f"{row['command_median_before_s']:.2f} s",
-                      f"{row['command_median_ratio'] - 1:+.1%}", f"{row['paired_ratio_median'] - 1:+.1%}",
-                      "-" if bpf[0] is None else f"{bpf[0]:.2f} s", "-" if bpf[1] is None else f"{bpf[1]:.2f} s",
-                      f"{row['lost_events']:,}")
+        table.add_row(
+            row["workload"],
+            f"{row['command_median_s']:.2f} s",
+            f"{row['command_median_before_s']:.2f} s",
+            f"{row['command_median_ratio'] - 1:+.1%}",
+            f"{row['paired_ratio_median'] - 1:+.1%}",
+            "-" if bpf[0] is None else f"{bpf[0]:.2f} s",
+            "-" if bpf[1] is None else f"{bpf[1]:.2f} s",
+            f"{row['lost_events']:,}",
+        )
     Console(width=None if sys.stdout.isatty() else 140).print(table)
     RESULTS.mkdir(exist_ok=True)
-    result = {"benchmark": "tracer_overhead_probes", "workloads": workloads, "model": args.model, "ranks": args.ranks,
-              "with_optimizer": args.with_optimizer, "pairs": args.repeats, "host": os.uname().nodename,
-              "kernel": os.uname().release, "loadavg_before": load_before, "loadavg_after": load_after,
-              "results": rows}
+    result = {
+        "benchmark": "tracer_overhead_probes",
+        "workloads": workloads,
+        "model": args.model,
+        "ranks": args.ranks,
+        "with_optimizer": args.with_optimizer,
+        "pairs": args.repeats,
+        "host": os.uname().nodename,
+        "kernel": os.uname().release,
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+        "results": rows,
+    }
     (RESULTS / "tracer_overhead_probes.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"results: {RESULTS / 'tracer_overhead_probes.json'}")
 
@@ -220,11 +291,15 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-optimizer", dest="with_optimizer", action="store_false")
-    parser.add_argument("--backend", action="append", choices=("bcc", "strace"),
-                        help="repeatable (default: both where available)")
+    parser.add_argument(
+        "--backend", action="append", choices=("bcc", "strace"), help="repeatable (default: both where available)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="scratch directory (default: a temporary one)")
-    parser.add_argument("--probes", action="store_true",
-                        help="compare bcc with and without the mapped-I/O probes in ABBA pairs (--repeats pairs)")
+    parser.add_argument(
+        "--probes",
+        action="store_true",
+        help="compare bcc with and without the mapped-I/O probes in ABBA pairs (--repeats pairs)",
+    )
     args = parser.parse_args()
     workloads = args.workload or list(WORKLOADS)
     if args.probes:
@@ -235,8 +310,10 @@ def main() -> None:
         return
 
     backends, skipped = [], {}
-    for name, problem in (("bcc", bcc_backend.probe()),
-                          ("strace", None if strace_backend.available() else "strace not installed")):
+    for name, problem in (
+        ("bcc", bcc_backend.probe()),
+        ("strace", None if strace_backend.available() else "strace not installed"),
+    ):
         if problem:
             skipped[name] = problem
         elif args.backend is None or name in args.backend:
@@ -264,48 +341,86 @@ def main() -> None:
                 starts = [r[5] for r in runs[variant] if r[5] is not None]
                 finishes = [r[6] for r in runs[variant] if r[6] is not None]
                 paired_record = [r[0] / u[0] - 1.0 for r, u in zip(runs[variant], runs["untraced"])]
-                rows.append({"workload": workload, "variant": variant, "median_s": statistics.median(total),
-                             "min_s": min(total), "max_s": max(total), "runs_s": total,
-                             "overhead_ratio": statistics.median(total) / base - 1.0,
-                             "command_median_s": statistics.median(command), "command_runs_s": command,
-                             "command_overhead_ratio": statistics.median(command) / base - 1.0,
-                             "command_paired_overhead_ratio": statistics.median(paired),
-                             "command_paired_overhead_runs": paired,
-                             "recorder_cpu_ratio": statistics.median(cpu) if cpu else None,
-                             "bpf_run_ratio": statistics.median(bpf) if bpf else None,
-                             "lost_events": sum(r[2] for r in runs[variant]),
-                             "start_median_s": statistics.median(starts) if starts else None, "start_runs_s": starts,
-                             "finish_median_s": statistics.median(finishes) if finishes else None,
-                             "finish_runs_s": finishes,
-                             "record_paired_overhead_ratio": statistics.median(paired_record)})
+                rows.append(
+                    {
+                        "workload": workload,
+                        "variant": variant,
+                        "median_s": statistics.median(total),
+                        "min_s": min(total),
+                        "max_s": max(total),
+                        "runs_s": total,
+                        "overhead_ratio": statistics.median(total) / base - 1.0,
+                        "command_median_s": statistics.median(command),
+                        "command_runs_s": command,
+                        "command_overhead_ratio": statistics.median(command) / base - 1.0,
+                        "command_paired_overhead_ratio": statistics.median(paired),
+                        "command_paired_overhead_runs": paired,
+                        "recorder_cpu_ratio": statistics.median(cpu) if cpu else None,
+                        "bpf_run_ratio": statistics.median(bpf) if bpf else None,
+                        "lost_events": sum(r[2] for r in runs[variant]),
+                        "start_median_s": statistics.median(starts) if starts else None,
+                        "start_runs_s": starts,
+                        "finish_median_s": statistics.median(finishes) if finishes else None,
+                        "finish_runs_s": finishes,
+                        "record_paired_overhead_ratio": statistics.median(paired_record),
+                    }
+                )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)  # ours: made by mkdtemp above
 
-    table = Table(title=f"Tracer overhead (model {args.model}, {args.ranks} ranks, "
-                        f"{'with' if args.with_optimizer else 'without'} Adam; median of {args.repeats})")
-    for column in ("workload", "variant", "record", "+", "paired rec.", "start", "finish", "command", "+ ", "paired",
-                   "rec. CPU", "BPF", "lost"):
+    table = Table(
+        title=f"Tracer overhead (model {args.model}, {args.ranks} ranks, "
+        f"{'with' if args.with_optimizer else 'without'} Adam; median of {args.repeats})"
+    )
+    for column in (
+        "workload",
+        "variant",
+        "record",
+        "+",
+        "paired rec.",
+        "start",
+        "finish",
+        "command",
+        "+ ",
+        "paired",
+        "rec. CPU",
+        "BPF",
+        "lost",
+    ):
         table.add_column(column, justify="left" if column in ("workload", "variant") else "right")
     for row in rows:
         untraced = row["variant"] == "untraced"
-        table.add_row(row["workload"], row["variant"], f"{row['median_s']:.2f} s",
-                      "-" if untraced else f"{row['overhead_ratio']:+.1%}",
-                      "-" if untraced else f"{row['record_paired_overhead_ratio']:+.1%}",
-                      "-" if row["start_median_s"] is None else f"{row['start_median_s']:.2f} s",
-                      "-" if row["finish_median_s"] is None else f"{row['finish_median_s']:.2f} s",
-                      f"{row['command_median_s']:.2f} s",
-                      "-" if untraced else f"{row['command_overhead_ratio']:+.1%}",
-                      "-" if untraced else f"{row['command_paired_overhead_ratio']:+.1%}",
-                      "-" if row["recorder_cpu_ratio"] is None else f"{row['recorder_cpu_ratio']:.1%}",
-                      "-" if row["bpf_run_ratio"] is None else f"{row['bpf_run_ratio']:.1%}",
-                      "-" if untraced else f"{row['lost_events']:,}")
+        table.add_row(
+            row["workload"],
+            row["variant"],
+            f"{row['median_s']:.2f} s",
+            "-" if untraced else f"{row['overhead_ratio']:+.1%}",
+            "-" if untraced else f"{row['record_paired_overhead_ratio']:+.1%}",
+            "-" if row["start_median_s"] is None else f"{row['start_median_s']:.2f} s",
+            "-" if row["finish_median_s"] is None else f"{row['finish_median_s']:.2f} s",
+            f"{row['command_median_s']:.2f} s",
+            "-" if untraced else f"{row['command_overhead_ratio']:+.1%}",
+            "-" if untraced else f"{row['command_paired_overhead_ratio']:+.1%}",
+            "-" if row["recorder_cpu_ratio"] is None else f"{row['recorder_cpu_ratio']:.1%}",
+            "-" if row["bpf_run_ratio"] is None else f"{row['bpf_run_ratio']:.1%}",
+            "-" if untraced else f"{row['lost_events']:,}",
+        )
     Console(width=None if sys.stdout.isatty() else 140).print(table)
     for name, problem in skipped.items():
         print(f"{name}: skipped ({problem})")
     RESULTS.mkdir(exist_ok=True)
-    result = {"benchmark": "tracer_overhead", "workloads": workloads, "model": args.model, "ranks": args.ranks,
-              "with_optimizer": args.with_optimizer, "repeats": args.repeats, "host": os.uname().nodename,
-              "kernel": os.uname().release, "results": rows, "skipped": skipped}
+    result = {
+        "benchmark": "tracer_overhead",
+        "workloads": workloads,
+        "model": args.model,
+        "ranks": args.ranks,
+        "with_optimizer": args.with_optimizer,
+        "repeats": args.repeats,
+        "host": os.uname().nodename,
+        "kernel": os.uname().release,
+        "results": rows,
+        "skipped": skipped,
+    }
     (RESULTS / "tracer_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"results: {RESULTS / 'tracer_overhead.json'}")
 

@@ -53,8 +53,17 @@ DEPTH = 32
 def fio_iops(directory: Path, size_bytes: int, volume: int, engine: str, direct: bool) -> float | None:
     if shutil.which("fio") is None:
         return None
-    cmd = ["fio", "--name=binding", f"--directory={directory}", "--rw=write", f"--bs={size_bytes}",
-           f"--size={volume}", f"--ioengine={engine}", f"--direct={int(direct)}", "--output-format=json"]
+    cmd = [
+        "fio",
+        "--name=binding",
+        f"--directory={directory}",
+        "--rw=write",
+        f"--bs={size_bytes}",
+        f"--size={volume}",
+        f"--ioengine={engine}",
+        f"--direct={int(direct)}",
+        "--output-format=json",
+    ]
     if engine == "io_uring":
         cmd.append(f"--iodepth={DEPTH}")
     try:
@@ -203,27 +212,51 @@ def main() -> None:
         for size_bytes in (4096, 1 << 20):
             figures = {name: measure(name, scratch, size_bytes, volume, args.direct) for name in CONTENDERS}
             for name, value in figures.items():
-                reference = figures["fio" if name in ("fio", "pyuring", "liburing", "ring.submit", "ring.run")
-                                    else "fio psync"]
+                reference = figures[
+                    "fio" if name in ("fio", "pyuring", "liburing", "ring.submit", "ring.run") else "fio psync"
+                ]
                 ratio = value / reference if isinstance(value, float) and isinstance(reference, float) else None
-                rows.append({"size_bytes": size_bytes, "contender": name,
-                             "requests_per_s": value if isinstance(value, float) else None,
-                             "vs_fio": ratio, "note": None if isinstance(value, float) else value})
+                rows.append(
+                    {
+                        "size_bytes": size_bytes,
+                        "contender": name,
+                        "requests_per_s": value if isinstance(value, float) else None,
+                        "vs_fio": ratio,
+                        "note": None if isinstance(value, float) else value,
+                    }
+                )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    table = Table(title=f"io_uring bindings, queue depth {DEPTH}, {args.volume} per point, {args.target}"
-                  + (" O_DIRECT" if args.direct else ""))
+    table = Table(
+        title=f"io_uring bindings, queue depth {DEPTH}, {args.volume} per point, {args.target}"
+        + (" O_DIRECT" if args.direct else "")
+    )
     for column in ("request", "contender", "requests/s", "vs fio (same engine)", "note"):
         table.add_column(column, justify="right" if column in ("requests/s", "vs fio (same engine)") else "left")
     for row in rows:
-        table.add_row(f"{row['size_bytes'] // 1024} KiB", row["contender"],
-                      f"{row['requests_per_s']:,.0f}" if row["requests_per_s"] else "-",
-                      f"{row['vs_fio']:.2f}x" if row["vs_fio"] else "-", row["note"] or "")
+        table.add_row(
+            f"{row['size_bytes'] // 1024} KiB",
+            row["contender"],
+            f"{row['requests_per_s']:,.0f}" if row["requests_per_s"] else "-",
+            f"{row['vs_fio']:.2f}x" if row["vs_fio"] else "-",
+            row["note"] or "",
+        )
     Console(width=120).print(table)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "uring_binding.json"
-    out.write_text(json.dumps({"target": args.target, "direct": args.direct, "volume_bytes": volume,
-                               "queue_depth": DEPTH, "kernel": os.uname().release, "rows": rows}, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "target": args.target,
+                "direct": args.direct,
+                "volume_bytes": volume,
+                "queue_depth": DEPTH,
+                "kernel": os.uname().release,
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {out}")
 
 

@@ -58,6 +58,8 @@ def _wide(wide: bool) -> None:
     """``--wide``: every table column, however wide (piped output is otherwise 80 columns)."""
     if wide:
         out.width = max(out.width, 250)
+
+
 err = Console(stderr=True, soft_wrap=True)
 
 
@@ -115,8 +117,13 @@ def _progress(verb: str = "replay", threaded: bool = True) -> Iterator:
     if not out.is_terminal:
         yield None
         return
-    columns = ("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-               TimeElapsedColumn())
+    columns = (
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=out, transient=True, auto_refresh=threaded) as bar:
         yield _BytesBar(bar, verb, threaded)
 
@@ -127,8 +134,14 @@ def _steps(command: str) -> Iterator:
     if not out.is_terminal:
         yield None
         return
-    with Progress("[progress.description]{task.description}", BarColumn(), "{task.percentage:>3.0f}%",
-                  TimeElapsedColumn(), console=out, transient=True) as bar:
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        "{task.percentage:>3.0f}%",
+        TimeElapsedColumn(),
+        console=out,
+        transient=True,
+    ) as bar:
         tasks: dict[str, Any] = {}
 
         def step(label: str, done: int, total: int) -> None:
@@ -141,19 +154,45 @@ def _steps(command: str) -> Iterator:
 
 @app.command(context_settings={"allow_interspersed_args": False})
 def record(
-    cmd: Optional[list[str]] = typer.Argument(None, help="The command to trace, after -- (or --pid).", metavar="-- CMD [ARGS]..."),
+    cmd: Optional[list[str]] = typer.Argument(
+        None, help="The command to trace, after -- (or --pid).", metavar="-- CMD [ARGS]..."
+    ),
     output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (.arrow)."),
-    backend: Literal[BACKEND_CHOICES] = typer.Option("auto", help="auto: bcc (eBPF) where the kernel allows, else strace."),  # pyright: ignore[reportInvalidTypeForm]
-    path_filter: list[str] = typer.Option([], "--path-filter", help="Keep only paths starting with PREFIX (repeatable)."),
+    backend: Literal[BACKEND_CHOICES] = typer.Option(  # pyright: ignore[reportInvalidTypeForm]
+        "auto", help="auto: bcc (eBPF) where the kernel allows, else strace."
+    ),
+    path_filter: list[str] = typer.Option(
+        [], "--path-filter", help="Keep only paths starting with PREFIX (repeatable)."
+    ),
     strict: bool = typer.Option(False, help="Fail, writing no trace, if any event was lost."),
     force: bool = typer.Option(False, help="Overwrite an existing trace file."),
     as_json: bool = typer.Option(False, "--json", help="Print the recording's numbers as JSON on stdout."),
-    gpu: Literal["auto", "on", "off"] = typer.Option("auto", "--gpu", help="Host<->device copies of CUDA programs (CUPTI): auto (when libcupti is found), on, off."),
-    host: Optional[str] = typer.Option(None, "--host", help="Name this node in the trace (default: the host name), for `merge` where nodes share a host name."),
-    no_layout: bool = typer.Option(False, "--no-layout", help="Do not add the layout of the checkpoint files the command left (see annotate)."),
-    pid: Optional[int] = typer.Option(None, "--pid", metavar="PID", help="Trace this running process and its descendants instead of starting CMD; detach when done, leaving it running."),
-    duration: Optional[float] = typer.Option(None, "--duration", metavar="SECONDS", help="With --pid: stop after SECONDS."),
-    until_checkpoints: Optional[int] = typer.Option(None, "--until-checkpoints", metavar="N", help="With --pid: stop once N checkpoint files were written (opened for writing after the attach, written, closed)."),
+    gpu: Literal["auto", "on", "off"] = typer.Option(
+        "auto", "--gpu", help="Host<->device copies of CUDA programs (CUPTI): auto (when libcupti is found), on, off."
+    ),
+    host: Optional[str] = typer.Option(
+        None,
+        "--host",
+        help="Name this node in the trace (default: the host name), for `merge` where nodes share a host name.",
+    ),
+    no_layout: bool = typer.Option(
+        False, "--no-layout", help="Do not add the layout of the checkpoint files the command left (see annotate)."
+    ),
+    pid: Optional[int] = typer.Option(
+        None,
+        "--pid",
+        metavar="PID",
+        help="Trace this running process and its descendants instead of starting CMD; detach when done, leaving it running.",
+    ),
+    duration: Optional[float] = typer.Option(
+        None, "--duration", metavar="SECONDS", help="With --pid: stop after SECONDS."
+    ),
+    until_checkpoints: Optional[int] = typer.Option(
+        None,
+        "--until-checkpoints",
+        metavar="N",
+        help="With --pid: stop once N checkpoint files were written (opened for writing after the attach, written, closed).",
+    ),
 ) -> None:
     """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code.
 
@@ -186,9 +225,12 @@ def record(
 
     left = find_leftovers(output)
     if left:
-        err.print(f"[yellow]ckpt-trace: note: a recording that was killed left {len(left)} scratch file(s) or "
-                  f"director(ies): {escape(', '.join(map(str, left[:5])))}{' ...' if len(left) > 5 else ''} "
-                  "(remove them once you do not need them)[/]", highlight=False)
+        err.print(
+            f"[yellow]ckpt-trace: note: a recording that was killed left {len(left)} scratch file(s) or "
+            f"director(ies): {escape(', '.join(map(str, left[:5])))}{' ...' if len(left) > 5 else ''} "
+            "(remove them once you do not need them)[/]",
+            highlight=False,
+        )
     choice = choose_backend(backend)
     gpu_plan = plan_capture("off" if attach is not None else gpu)  # a running job's CUDA is already set up
     err.print(f"ckpt-trace: backend {choice.name} ({choice.reason})", highlight=False)
@@ -196,52 +238,96 @@ def record(
         err.print(f"ckpt-trace: GPU copies: {escape(gpu_plan.reason)}", highlight=False)
     for limit in capture_limits(choice):
         err.print(f"ckpt-trace: note: {escape(limit)}", highlight=False)
-    result = record_trace(list(cmd or []), output, choice=choice, path_filters=path_filter, strict=strict,
-                          overwrite=force, gpu_plan=gpu_plan, host=host, attach=attach)
+    result = record_trace(
+        list(cmd or []),
+        output,
+        choice=choice,
+        path_filters=path_filter,
+        strict=strict,
+        overwrite=force,
+        gpu_plan=gpu_plan,
+        host=host,
+        attach=attach,
+    )
     if result.attached:
         found = result.attached
-        err.print(f"ckpt-trace: detached from {found['pid']} ({found['stopped_by']}; "
-                  f"{len(found['checkpoint_files'])} checkpoint file(s) in the trace)", highlight=False)
+        err.print(
+            f"ckpt-trace: detached from {found['pid']} ({found['stopped_by']}; "
+            f"{len(found['checkpoint_files'])} checkpoint file(s) in the trace)",
+            highlight=False,
+        )
     for pid, why in (result.gpu.get("errors") or {}).items():
-        err.print(f"[yellow]ckpt-trace: warning: process {pid}'s GPU copies are not all in the trace: {escape(why)}[/]",
-                  highlight=False)
+        err.print(
+            f"[yellow]ckpt-trace: warning: process {pid}'s GPU copies are not all in the trace: {escape(why)}[/]",
+            highlight=False,
+        )
     if result.gpu.get("dropped"):
-        err.print(f"[yellow]ckpt-trace: warning: CUPTI dropped {result.gpu['dropped']:,} copy records[/]",
-                  highlight=False)
+        err.print(
+            f"[yellow]ckpt-trace: warning: CUPTI dropped {result.gpu['dropped']:,} copy records[/]", highlight=False
+        )
     if result.backend != choice.name:
-        err.print(f"[yellow]ckpt-trace: warning: fell back to {result.backend} ({escape(result.backend_reason)})[/]",
-                  highlight=False)
+        err.print(
+            f"[yellow]ckpt-trace: warning: fell back to {result.backend} ({escape(result.backend_reason)})[/]",
+            highlight=False,
+        )
     if result.lost_events:
         err.print(f"[yellow]ckpt-trace: warning: {result.lost_events} events were lost; the trace is incomplete[/]")
     if result.mapped_uncovered_bytes:
         from ckpt_trace.analysis.summary import mapped_uncovered_line
 
-        err.print(f"[yellow]ckpt-trace: warning: {escape(mapped_uncovered_line(result.mapped_uncovered_bytes))}[/]",
-                  highlight=False, soft_wrap=True)
+        err.print(
+            f"[yellow]ckpt-trace: warning: {escape(mapped_uncovered_line(result.mapped_uncovered_bytes))}[/]",
+            highlight=False,
+            soft_wrap=True,
+        )
     for capture, entry in result.unseen.items():
-        what = {"io_uring_requests": f"{entry['count']:,} io_uring requests",
-                "mapped_pages": f"the pages touched through {entry['count']:,} file mappings"}.get(capture, capture)
-        err.print(f"[yellow]ckpt-trace: warning: {what} are not in the trace: {escape(entry['reason'])}"
-                  f"{' (try --backend bcc)' if result.backend == 'strace' else ''}[/]", highlight=False)
+        what = {
+            "io_uring_requests": f"{entry['count']:,} io_uring requests",
+            "mapped_pages": f"the pages touched through {entry['count']:,} file mappings",
+        }.get(capture, capture)
+        err.print(
+            f"[yellow]ckpt-trace: warning: {what} are not in the trace: {escape(entry['reason'])}"
+            f"{' (try --backend bcc)' if result.backend == 'strace' else ''}[/]",
+            highlight=False,
+        )
     if path_filter and result.rows == 0:
-        err.print(f"[yellow]ckpt-trace: warning: no operation matched --path-filter "
-                  f"{', '.join(map(escape, path_filter))} ({result.filtered_ops:,} were left out)[/]", highlight=False)
+        err.print(
+            f"[yellow]ckpt-trace: warning: no operation matched --path-filter "
+            f"{', '.join(map(escape, path_filter))} ({result.filtered_ops:,} were left out)[/]",
+            highlight=False,
+        )
     if result.exit_code != 0:
         err.print(f"[yellow]ckpt-trace: the command {result.ended}; its trace is written[/]", highlight=False)
     if result.interrupted:
-        err.print(f"[yellow]ckpt-trace: {result.interrupted} cut the recording (the command got it too); the trace "
-                  "holds what happened until then and says it was interrupted[/]", highlight=False)
+        err.print(
+            f"[yellow]ckpt-trace: {result.interrupted} cut the recording (the command got it too); the trace "
+            "holds what happened until then and says it was interrupted[/]",
+            highlight=False,
+        )
     layout = _layout_after_record(result.trace_path, no_layout)
-    summary = {"trace": str(result.trace_path), "backend": result.backend, "rows": result.rows,
-               "lost_events": result.lost_events, "exit_code": result.exit_code, "exit_signal": result.exit_signal,
-               "ended": result.ended, "elapsed_s": result.elapsed_s, "gpu": result.gpu, "layout": layout,
-               "interrupted": result.interrupted, "start_s": result.start_s, **({"attached": result.attached} if result.attached else {}),
-               "finish_s": None if result.exited_s is None else round(time.monotonic() - result.exited_s, 3)}
+    summary = {
+        "trace": str(result.trace_path),
+        "backend": result.backend,
+        "rows": result.rows,
+        "lost_events": result.lost_events,
+        "exit_code": result.exit_code,
+        "exit_signal": result.exit_signal,
+        "ended": result.ended,
+        "elapsed_s": result.elapsed_s,
+        "gpu": result.gpu,
+        "layout": layout,
+        "interrupted": result.interrupted,
+        "start_s": result.start_s,
+        **({"attached": result.attached} if result.attached else {}),
+        "finish_s": None if result.exited_s is None else round(time.monotonic() - result.exited_s, 3),
+    }
     if as_json:
         _write_json(None, summary)
     else:
-        err.print(f"ckpt-trace: wrote {result.rows:,} rows to {result.trace_path} in {result.elapsed_s:.1f} s",
-                  highlight=False)
+        err.print(
+            f"ckpt-trace: wrote {result.rows:,} rows to {result.trace_path} in {result.elapsed_s:.1f} s",
+            highlight=False,
+        )
     raise typer.Exit(128 + signal.Signals[result.interrupted].value if result.interrupted else result.exit_code)
 
 
@@ -250,25 +336,66 @@ def replay(
     trace: Path = typer.Argument(..., help="Trace file to replay."),
     target: Path = typer.Option(..., "--target", help="Directory to replay into; nothing outside it is touched."),
     strategy: Literal[STRATEGY_CHOICES] = typer.Option("posix", help=strategy_help()),  # pyright: ignore[reportInvalidTypeForm]
-    queue_depth: int = typer.Option(DEFAULT_QUEUE_DEPTH, "--queue-depth", help="io_uring requests in flight per worker."),
-    buffer_size: str = typer.Option(DEFAULT_BUFFER_SIZE, "--buffer-size", help="aggregated: aligned buffer size, 1-64 MiB (e.g. 4MiB)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print each plan's operation counts, sizes and alignment; do no I/O."),
-    repeat: Optional[int] = typer.Option(None, "--repeat", help="Rounds (each strategy once a round, interleaved); default: 3-20 rounds, until the strategies are told apart or 60 s of runs."),
+    queue_depth: int = typer.Option(
+        DEFAULT_QUEUE_DEPTH, "--queue-depth", help="io_uring requests in flight per worker."
+    ),
+    buffer_size: str = typer.Option(
+        DEFAULT_BUFFER_SIZE, "--buffer-size", help="aggregated: aligned buffer size, 1-64 MiB (e.g. 4MiB)."
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print each plan's operation counts, sizes and alignment; do no I/O."
+    ),
+    repeat: Optional[int] = typer.Option(
+        None,
+        "--repeat",
+        help="Rounds (each strategy once a round, interleaved); default: 3-20 rounds, until the strategies are told apart or 60 s of runs.",
+    ),
     drop_caches: bool = typer.Option(False, "--drop-caches", help="Drop the page cache before each run (root)."),
     durable: bool = typer.Option(False, "--durable", help="fsync every written file before the clock stops."),
     verify: bool = typer.Option(False, "--verify", help="Read the files back and check their content pattern."),
-    pack_files: bool = typer.Option(False, "--pack-files", help="aggregated: pack small files into one per worker, with an index."),
+    pack_files: bool = typer.Option(
+        False, "--pack-files", help="aggregated: pack small files into one per worker, with an index."
+    ),
     strip_prefix: Optional[str] = typer.Option(None, "--strip-prefix", help="Remove this prefix from recorded paths."),
-    timing: Literal["asap", "original"] = typer.Option("asap", help="asap: as fast as possible; original: keep the recorded gaps."),
-    fio: bool = typer.Option(False, "--fio", help="Also measure fio's sequential O_DIRECT write limit in TARGET, for reference."),
-    gpu_copies: Literal["recorded", "pinned", "skip"] = typer.Option("recorded", "--gpu-copies", help="Host<->device copy rows: as recorded, with pinned host staging, or skipped (always, without a GPU)."),
-    strict: bool = typer.Option(False, "--strict", help="Fail if a strategy's named path (io_uring, O_DIRECT) carried under 90 % of the bytes, or if the replay would skip trace rows (an unknown operation, a path naming nothing under the target)."),
-    cache: Literal["recorded", "cold", "warm"] = typer.Option("recorded", "--cache", help="Page cache of the files the trace finds when each run starts: recorded (cold where the trace does not say), cold, warm."),
+    timing: Literal["asap", "original"] = typer.Option(
+        "asap", help="asap: as fast as possible; original: keep the recorded gaps."
+    ),
+    fio: bool = typer.Option(
+        False, "--fio", help="Also measure fio's sequential O_DIRECT write limit in TARGET, for reference."
+    ),
+    gpu_copies: Literal["recorded", "pinned", "skip"] = typer.Option(
+        "recorded",
+        "--gpu-copies",
+        help="Host<->device copy rows: as recorded, with pinned host staging, or skipped (always, without a GPU).",
+    ),
+    strict: bool = typer.Option(
+        False,
+        "--strict",
+        help="Fail if a strategy's named path (io_uring, O_DIRECT) carried under 90 % of the bytes, or if the replay would skip trace rows (an unknown operation, a path naming nothing under the target).",
+    ),
+    cache: Literal["recorded", "cold", "warm"] = typer.Option(
+        "recorded",
+        "--cache",
+        help="Page cache of the files the trace finds when each run starts: recorded (cold where the trace does not say), cold, warm.",
+    ),
     wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
-    placement: Literal["host", "spread"] = typer.Option("host", "--placement", help="Under torchrun: host keeps each recorded host's ranks on one node (a merged trace); spread cuts the ranks into blocks over all processes."),
-    ranks: Optional[int] = typer.Option(None, "--ranks", help="Rescale: replay the recorded DCP save as this many ranks would write it (DCP's planner on the trace's checkpoint layout)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the results document (JSON) to this file."),
-    force: bool = typer.Option(False, help="Allow a non-empty target and overwrite an existing -o file (the replay still writes only files it creates)."),
+    placement: Literal["host", "spread"] = typer.Option(
+        "host",
+        "--placement",
+        help="Under torchrun: host keeps each recorded host's ranks on one node (a merged trace); spread cuts the ranks into blocks over all processes.",
+    ),
+    ranks: Optional[int] = typer.Option(
+        None,
+        "--ranks",
+        help="Rescale: replay the recorded DCP save as this many ranks would write it (DCP's planner on the trace's checkpoint layout).",
+    ),
+    output: Optional[Path] = typer.Option(
+        None, "-o", "--output", help="Write the results document (JSON) to this file."
+    ),
+    force: bool = typer.Option(
+        False,
+        help="Allow a non-empty target and overwrite an existing -o file (the replay still writes only files it creates).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the results document as JSON on stdout."),
 ) -> None:
     """Re-execute a trace's operations under TARGET and measure them."""
@@ -293,44 +420,84 @@ def replay(
     if dry_run:
         if not speaks:  # rank 0 plans the whole trace and prints the dry run
             return
-        plans = {"trace": str(trace), **({"rescaled": rescaled} if rescaled else {}), "plans": plan_summaries(trace, strategy=strategy, target=target,
-                                                              strip_prefix=strip_prefix, buffer_bytes=buffer_bytes,
-                                                              pack_files=pack_files)}
+        plans = {
+            "trace": str(trace),
+            **({"rescaled": rescaled} if rescaled else {}),
+            "plans": plan_summaries(
+                trace,
+                strategy=strategy,
+                target=target,
+                strip_prefix=strip_prefix,
+                buffer_bytes=buffer_bytes,
+                pack_files=pack_files,
+            ),
+        }
         if output is not None:
             _write_json(output, plans)
         _show(plans, as_json, lambda console, data: render_plans(console, data["plans"], wide))
         return
-    options = ReplayOptions(strip_prefix=strip_prefix, timing=timing, force=force, queue_depth=queue_depth,
-                            buffer_bytes=buffer_bytes, repeat=repeat, drop_caches=drop_caches, durable=durable,
-                            verify=verify, pack_files=pack_files, fio=fio, gpu_copies=gpu_copies, cache=cache,
-                            strict=strict)
+    options = ReplayOptions(
+        strip_prefix=strip_prefix,
+        timing=timing,
+        force=force,
+        queue_depth=queue_depth,
+        buffer_bytes=buffer_bytes,
+        repeat=repeat,
+        drop_caches=drop_caches,
+        durable=durable,
+        verify=verify,
+        pack_files=pack_files,
+        fio=fio,
+        gpu_copies=gpu_copies,
+        cache=cache,
+        strict=strict,
+    )
     if world is not None:  # one of the processes torchrun launched: replay this process's share
         if fio or pack_files:
-            raise CkptTraceError(f"{'--fio' if fio else '--pack-files'} is not available in a replay launched by "
-                                 "torchrun; run it without torchrun")
+            raise CkptTraceError(
+                f"{'--fio' if fio else '--pack-files'} is not available in a replay launched by "
+                "torchrun; run it without torchrun"
+            )
         with _progress() if world.rank == 0 else nullcontext() as progress:
-            report = replay_distributed(trace, world=world, target=target, strategy=strategy, options=options,
-                                        progress=progress, protect=(output,) if output is not None else (),
-                                        placement=placement)
+            report = replay_distributed(
+                trace,
+                world=world,
+                target=target,
+                strategy=strategy,
+                options=options,
+                progress=progress,
+                protect=(output,) if output is not None else (),
+                placement=placement,
+            )
         if not speaks:
             return
         job = report.to_json()["distributed"]
         hosts = len({p["host"] for p in job["processes"]})
         slowest = ", ".join(f"{name}: process {index}" for name, index in job["slowest_process"].items())
-        err.print(f"ckpt-trace: {world.size} processes on {hosts} host{'s' if hosts > 1 else ''} replayed "
-                  f"{sum(len(p['owners']) for p in job['processes'])} recorded ranks or processes; the job's "
-                  f"time is its slowest process's ({slowest})", highlight=False)
+        err.print(
+            f"ckpt-trace: {world.size} processes on {hosts} host{'s' if hosts > 1 else ''} replayed "
+            f"{sum(len(p['owners']) for p in job['processes'])} recorded ranks or processes; the job's "
+            f"time is its slowest process's ({slowest})",
+            highlight=False,
+        )
     else:
         with _progress() as progress:
-            report = run_replay(trace, target=target, strategy=strategy, options=options, progress=progress,
-                                protect=(output,) if output is not None else ())
+            report = run_replay(
+                trace,
+                target=target,
+                strategy=strategy,
+                options=options,
+                progress=progress,
+                protect=(output,) if output is not None else (),
+            )
     data = report.to_json()
     if rescaled:
         data["rescaled"] = rescaled
     if output is not None:
         _write_json(output, data)
-    _show(data, as_json, lambda console, doc: render_results(console, doc["results"], doc["fio_write_bytes_per_s"],
-                                                             wide))
+    _show(
+        data, as_json, lambda console, doc: render_results(console, doc["results"], doc["fio_write_bytes_per_s"], wide)
+    )
     for result in report.results:
         for note in result.notes:
             err.print(f"[yellow]ckpt-trace: note: {result.strategy}: {escape(note)}[/]", highlight=False)
@@ -338,12 +505,18 @@ def replay(
 
     cut = read_metadata(trace).get("interrupted")
     if cut:
-        err.print(f"[yellow]ckpt-trace: note: {escape(str(cut))} cut this trace's recording: the replay holds only "
-                  "what was recorded until then[/]", highlight=False)
+        err.print(
+            f"[yellow]ckpt-trace: note: {escape(str(cut))} cut this trace's recording: the replay holds only "
+            "what was recorded until then[/]",
+            highlight=False,
+        )
     for mismatch in report.size_mismatches[:5]:
         actual = "missing" if mismatch.actual_bytes is None else f"{mismatch.actual_bytes:,} B"
-        err.print(f"[yellow]ckpt-trace: warning: {mismatch.strategy}: {escape(mismatch.path)} is {actual}, "
-                  f"recorded {mismatch.expected_bytes:,} B[/]", highlight=False)
+        err.print(
+            f"[yellow]ckpt-trace: warning: {mismatch.strategy}: {escape(mismatch.path)} is {actual}, "
+            f"recorded {mismatch.expected_bytes:,} B[/]",
+            highlight=False,
+        )
 
 
 def _rescaled_trace(trace: Path, ranks: int) -> tuple[Path, dict]:
@@ -359,14 +532,19 @@ def _rescaled_trace(trace: Path, ranks: int) -> tuple[Path, dict]:
     atexit.register(shutil.rmtree, scratch, ignore_errors=True)
     figures = write_rescaled(trace, ranks, Path(scratch) / "rescaled.arrow")
     if figures["direction"] == "load":
-        err.print(f"ckpt-trace: rescaled the recorded DCP load to {ranks} ranks: they read "
-                  f"{figures['data_bytes_read']:,} bytes of the {figures['checkpoint_ranks']}-rank checkpoint "
-                  f"(DCP's load planner and reader) in {figures['elapsed_s']:.1f} s", highlight=False)
+        err.print(
+            f"ckpt-trace: rescaled the recorded DCP load to {ranks} ranks: they read "
+            f"{figures['data_bytes_read']:,} bytes of the {figures['checkpoint_ranks']}-rank checkpoint "
+            f"(DCP's load planner and reader) in {figures['elapsed_s']:.1f} s",
+            highlight=False,
+        )
     else:
-        err.print(f"ckpt-trace: rescaled the recorded {figures['recorded_ranks']}-rank DCP save to {ranks} ranks: "
-                  f"{len(figures['data_files'])} data files, {figures['data_bytes']:,} data bytes (DCP's planner; "
-                  f"the recorded save reproduced at {figures['recorded_ranks']} ranks) in {figures['elapsed_s']:.1f} s",
-                  highlight=False)
+        err.print(
+            f"ckpt-trace: rescaled the recorded {figures['recorded_ranks']}-rank DCP save to {ranks} ranks: "
+            f"{len(figures['data_files'])} data files, {figures['data_bytes']:,} data bytes (DCP's planner; "
+            f"the recorded save reproduced at {figures['recorded_ranks']} ranks) in {figures['elapsed_s']:.1f} s",
+            highlight=False,
+        )
     return Path(scratch) / "rescaled.arrow", figures
 
 
@@ -388,7 +566,9 @@ def summary(
 def merge(
     traces: list[Path] = typer.Argument(..., help="The traces of the job's nodes (one `record` per node)."),
     output: Path = typer.Option(..., "-o", "--output", help="The job's trace to write (.arrow)."),
-    clock_offset: list[str] = typer.Option([], "--clock-offset", help="HOST=NS: add NS nanoseconds to HOST's realtime clock (a known error; repeatable)."),
+    clock_offset: list[str] = typer.Option(
+        [], "--clock-offset", help="HOST=NS: add NS nanoseconds to HOST's realtime clock (a known error; repeatable)."
+    ),
     force: bool = typer.Option(False, help="Overwrite an existing output."),
     as_json: bool = typer.Option(False, "--json", help="Print what was merged as JSON."),
 ) -> None:
@@ -402,23 +582,31 @@ def merge(
         _write_json(None, data)
     else:
         bound = data["alignment_error_ns"]
-        err.print(f"ckpt-trace: merged {data['traces']} traces ({len(data['hosts'])} hosts, {len(data['ranks'])} "
-                  f"ranks) into {data['rows']:,} rows in {output}; clocks aligned within "
-                  f"{'an unknown bound (a trace without anchors)' if bound is None else f'{bound / 1e3:,.1f} us'}",
-                  highlight=False)
+        err.print(
+            f"ckpt-trace: merged {data['traces']} traces ({len(data['hosts'])} hosts, {len(data['ranks'])} "
+            f"ranks) into {data['rows']:,} rows in {output}; clocks aligned within "
+            f"{'an unknown bound (a trace without anchors)' if bound is None else f'{bound / 1e3:,.1f} us'}",
+            highlight=False,
+        )
 
 
 @app.command()
 def export(
     trace: Path = typer.Argument(..., help="Trace file."),
-    fmt: Literal["perfetto", "parquet"] = typer.Option("perfetto", "--format", help="perfetto: Chrome trace-event JSON; parquet: a directory, by rank."),
+    fmt: Literal["perfetto", "parquet"] = typer.Option(
+        "perfetto", "--format", help="perfetto: Chrome trace-event JSON; parquet: a directory, by rank."
+    ),
     output: Path = typer.Option(..., "-o", "--output", help="JSON file (perfetto) or directory (parquet)."),
     rank: Optional[str] = typer.Option(None, "--rank", help="Only these ranks: 0-7,12 (-1: rows without a rank)."),
     pid: Optional[str] = typer.Option(None, "--pid", help="Only these processes: 1234,1240."),
     path: Optional[str] = typer.Option(None, "--path", help="Only paths matching this shell glob (* crosses /)."),
     op: Optional[str] = typer.Option(None, "--op", help="Only these operations: write,fsync."),
-    time_window: Optional[str] = typer.Option(None, "--time", help="Only this window since the trace started: 10s..20s."),
-    max_ops: int = typer.Option(1_000_000, "--max-ops", help="perfetto: refuse a selection of more operations (a browser holds the JSON)."),
+    time_window: Optional[str] = typer.Option(
+        None, "--time", help="Only this window since the trace started: 10s..20s."
+    ),
+    max_ops: int = typer.Option(
+        1_000_000, "--max-ops", help="perfetto: refuse a selection of more operations (a browser holds the JSON)."
+    ),
     force: bool = typer.Option(False, help="Overwrite an existing output."),
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
 ) -> None:
@@ -431,14 +619,23 @@ def export(
     conditions = Conditions(ranks=rank, pids=pid, path_glob=path, ops=op, time=time_window)
     with _steps("export") as progress:
         if fmt == "perfetto":
-            count = export_perfetto(trace, output, conditions=conditions, max_ops=max_ops, overwrite=force,
-                                    progress=progress)
+            count = export_perfetto(
+                trace, output, conditions=conditions, max_ops=max_ops, overwrite=force, progress=progress
+            )
         else:
             count = export_parquet(trace, output, conditions=conditions, overwrite=force, progress=progress)
     unit = "events" if fmt == "perfetto" else "rows"
     if as_json:
-        _write_json(None, {"trace": str(trace), "format": fmt, "output": str(output), unit: count,
-                           "conditions": conditions.to_json()})
+        _write_json(
+            None,
+            {
+                "trace": str(trace),
+                "format": fmt,
+                "output": str(output),
+                unit: count,
+                "conditions": conditions.to_json(),
+            },
+        )
     else:
         err.print(f"ckpt-trace: wrote {count:,} {unit} to {output}", highlight=False)
 
@@ -449,7 +646,9 @@ def report(
     results: list[Path] = typer.Argument(None, help="replay -o results (or benchmark) files to compare strategies."),
     output: Path = typer.Option(..., "-o", "--output", help="HTML file to write."),
     fio_limit: Optional[str] = typer.Option(None, "--fio-limit", help="Device limit to draw, in MB/s (e.g. 2100)."),
-    chosen_rank: Optional[int] = typer.Option(None, "--rank", help="Rank shown beside the slowest one (default: the first)."),
+    chosen_rank: Optional[int] = typer.Option(
+        None, "--rank", help="Rank shown beside the slowest one (default: the first)."
+    ),
     force: bool = typer.Option(False, help="Overwrite an existing output."),
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
 ) -> None:
@@ -464,14 +663,23 @@ def report(
             raise CkptTraceError(f"--fio-limit takes MB/s, not {fio_limit!r}") from None
         _finite_number(limit, "--fio-limit", fio_limit, positive=True)
     with _steps("report") as progress:
-        data = write_report(trace, output, results_paths=results or [], fio_limit_bytes_per_s=limit,
-                            rank=chosen_rank, overwrite=force, progress=progress)
+        data = write_report(
+            trace,
+            output,
+            results_paths=results or [],
+            fio_limit_bytes_per_s=limit,
+            rank=chosen_rank,
+            overwrite=force,
+            progress=progress,
+        )
     if as_json:
         _write_json(None, data)
     else:
         slowest = f"slowest: {data['slowest']}" if data["slowest"] else "no rank moved data"
-        err.print(f"ckpt-trace: wrote {output} ({data['figures']} figures, {data['bytes']:,} bytes; {slowest})",
-                  highlight=False)
+        err.print(
+            f"ckpt-trace: wrote {output} ({data['figures']} figures, {data['bytes']:,} bytes; {slowest})",
+            highlight=False,
+        )
 
 
 @app.command()
@@ -497,8 +705,12 @@ def baseline(
     output: Path = typer.Option(..., "-o", "--output", help="Baseline JSON to write."),
     strategy: list[str] = typer.Option([], "--strategy", help="Strategy to measure (repeatable; default: all)."),
     repeat: int = typer.Option(CHECK_MIN_RUNS, "--repeat", help="Fewest runs per trace and strategy."),
-    min_seconds: float = typer.Option(CHECK_MIN_SECONDS, "--min-seconds", help="Keep running each until its runs add up to this much measured time."),
-    queue_depth: int = typer.Option(DEFAULT_QUEUE_DEPTH, "--queue-depth", help="io_uring requests in flight per worker."),
+    min_seconds: float = typer.Option(
+        CHECK_MIN_SECONDS, "--min-seconds", help="Keep running each until its runs add up to this much measured time."
+    ),
+    queue_depth: int = typer.Option(
+        DEFAULT_QUEUE_DEPTH, "--queue-depth", help="io_uring requests in flight per worker."
+    ),
     buffer_size: str = typer.Option(DEFAULT_BUFFER_SIZE, "--buffer-size", help="aggregated: aligned buffer size."),
     force: bool = typer.Option(False, help="Overwrite an existing baseline file."),
 ) -> None:
@@ -512,12 +724,23 @@ def baseline(
     _finite_number(min_seconds, "--min-seconds", min_seconds)
     buffer_bytes = parse_size(buffer_size, what="--buffer-size")
     with _progress() as progress:
-        data = make_baseline(traces, target=target, strategies=strategy, repeat=repeat, min_seconds=min_seconds,
-                             queue_depth=queue_depth, buffer_bytes=buffer_bytes, progress=progress)
+        data = make_baseline(
+            traces,
+            target=target,
+            strategies=strategy,
+            repeat=repeat,
+            min_seconds=min_seconds,
+            queue_depth=queue_depth,
+            buffer_bytes=buffer_bytes,
+            progress=progress,
+        )
     write_json(output, data)
     env = data["environment"]
-    err.print(f"ckpt-trace: baseline of {len(traces)} trace(s) x {len(data['options']['strategies'])} strategies on "
-              f"{env['filesystem']} ({env['device']}) written to {output}", highlight=False)
+    err.print(
+        f"ckpt-trace: baseline of {len(traces)} trace(s) x {len(data['options']['strategies'])} strategies on "
+        f"{env['filesystem']} ({env['device']}) written to {output}",
+        highlight=False,
+    )
 
 
 @app.command()
@@ -527,9 +750,13 @@ def check(
     target: Path = typer.Option(..., "--target", help="Empty directory on the storage under test."),
     tolerance: str = typer.Option("10%", "--tolerance", help="Allowed loss of throughput or rise of p99 latency."),
     repeat: Optional[int] = typer.Option(None, "--repeat", help="Fewest runs per figure (default: the baseline's)."),
-    min_seconds: Optional[float] = typer.Option(None, "--min-seconds", help="Measured time per figure (default: the baseline's)."),
+    min_seconds: Optional[float] = typer.Option(
+        None, "--min-seconds", help="Measured time per figure (default: the baseline's)."
+    ),
     strategy: list[str] = typer.Option([], "--strategy", help="Must match the baseline's strategies if given."),
-    junit: Optional[Path] = typer.Option(None, "--junit", help="Write JUnit XML: one test case per trace and strategy."),
+    junit: Optional[Path] = typer.Option(
+        None, "--junit", help="Write JUnit XML: one test case per trace and strategy."
+    ),
     force: bool = typer.Option(False, help="Overwrite an existing --junit file."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
     wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
@@ -555,18 +782,32 @@ def check(
         check_output_file(junit, force, inputs=(*traces, baseline_file))
     data = load_baseline(baseline_file)
     with _progress() as progress:
-        rows = run_check(traces, data, target=target, tolerance=allowed, repeat=repeat, min_seconds=min_seconds,
-                         strategies=strategy, progress=progress)
+        rows = run_check(
+            traces,
+            data,
+            target=target,
+            tolerance=allowed,
+            repeat=repeat,
+            min_seconds=min_seconds,
+            strategies=strategy,
+            progress=progress,
+        )
     if junit is not None:
         write_bytes_atomic(junit, junit_xml(rows, allowed))
     as_dicts = [dataclasses.asdict(row) for row in rows]
     regressed = sum(row.regressed for row in rows)
     noisy = sum(row.status == "noisy" for row in rows)
-    _show({"tolerance": allowed, "regressed": regressed, "noisy": noisy, "comparisons": as_dicts}, as_json,
-          lambda console, _: render_check(console, as_dicts, allowed, wide))
+    _show(
+        {"tolerance": allowed, "regressed": regressed, "noisy": noisy, "comparisons": as_dicts},
+        as_json,
+        lambda console, _: render_check(console, as_dicts, allowed, wide),
+    )
     if noisy:
-        err.print(f"[yellow]ckpt-trace: {noisy} figure(s) too noisy to judge at {allowed:.0%}: raise --min-seconds "
-                  "or the tolerance[/]", highlight=False)
+        err.print(
+            f"[yellow]ckpt-trace: {noisy} figure(s) too noisy to judge at {allowed:.0%}: raise --min-seconds "
+            "or the tolerance[/]",
+            highlight=False,
+        )
     if regressed:
         err.print(f"[red]ckpt-trace: {regressed} figure(s) regressed beyond {allowed:.0%}[/]", highlight=False)
         raise typer.Exit(1)
@@ -584,8 +825,12 @@ def emit(
     from ckpt_trace.writer.emit import emit as run_emit
 
     choice = run_emit(trace, output, results_path=from_results, force=force)
-    data = {"output": str(output), "options": choice.options.to_json(), "reasons": choice.reasons,
-            "fastest_strategy": choice.winner}
+    data = {
+        "output": str(output),
+        "options": choice.options.to_json(),
+        "reasons": choice.reasons,
+        "fastest_strategy": choice.winner,
+    }
     if as_json:
         _write_json(None, data)
     else:
@@ -595,19 +840,41 @@ def emit(
 
 @app.command()
 def workload(
-    engine: Literal[WORKLOAD_CHOICES] = typer.Argument(..., help=f"The checkpoint engine: {', '.join(WORKLOAD_CHOICES[:-1])} or {WORKLOAD_CHOICES[-1]}."),  # pyright: ignore[reportInvalidTypeForm]
+    engine: Literal[WORKLOAD_CHOICES] = typer.Argument(  # pyright: ignore[reportInvalidTypeForm]
+        ..., help=f"The checkpoint engine: {', '.join(WORKLOAD_CHOICES[:-1])} or {WORKLOAD_CHOICES[-1]}."
+    ),
     out_dir: Path = typer.Option(..., "--out", help="Checkpoint directory to write (or, with --load, to read)."),
     ranks: int = typer.Option(1, help="Processes (dcp and emitted)."),
-    model: Literal["gpt2-tiny", "gpt2-deep-tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"] = typer.Option("gpt2-small", help="GPT-2 shape (parameters: 0.5 M to 1.6 G)."),
-    with_optimizer: bool = typer.Option(False, "--with-optimizer", help="Add Adam state (exp_avg, exp_avg_sq; dcp and emitted: a real torch.optim.Adam after one step, through get_state_dict)."),
+    model: Literal["gpt2-tiny", "gpt2-deep-tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"] = typer.Option(
+        "gpt2-small", help="GPT-2 shape (parameters: 0.5 M to 1.6 G)."
+    ),
+    with_optimizer: bool = typer.Option(
+        False,
+        "--with-optimizer",
+        help="Add Adam state (exp_avg, exp_avg_sq; dcp and emitted: a real torch.optim.Adam after one step, through get_state_dict).",
+    ),
     file_per_layer: bool = typer.Option(False, "--file-per-layer", help="torch-save: one file per transformer block."),
-    load: bool = typer.Option(False, "--load", help="Load the checkpoint this workload saved in --out and check every tensor."),
+    load: bool = typer.Option(
+        False, "--load", help="Load the checkpoint this workload saved in --out and check every tensor."
+    ),
     mmap: bool = typer.Option(False, "--mmap", help="torch-save --load: torch.load(mmap=True)."),
-    writer: Optional[Path] = typer.Option(None, "--writer", help="emitted: the module `ckpt-trace emit` wrote (default: ckpt_trace.writer's defaults)."),
-    shards: int = typer.Option(1, "--shards", help="safetensors: split the tensors over this many files, as Hugging Face shards."),
-    drop_caches: bool = typer.Option(False, "--drop-caches", help="--load: drop the page cache first, for a cold load (root)."),
-    device: Literal["cpu", "cuda"] = typer.Option("cpu", "--device", help="Where the state dict lives (cuda: dcp, emitted, torch-save, safetensors; a save copies each tensor to the host)."),
-    force: bool = typer.Option(False, help="Save into a non-empty --out directory (the engine may overwrite its own file names there)."),
+    writer: Optional[Path] = typer.Option(
+        None, "--writer", help="emitted: the module `ckpt-trace emit` wrote (default: ckpt_trace.writer's defaults)."
+    ),
+    shards: int = typer.Option(
+        1, "--shards", help="safetensors: split the tensors over this many files, as Hugging Face shards."
+    ),
+    drop_caches: bool = typer.Option(
+        False, "--drop-caches", help="--load: drop the page cache first, for a cold load (root)."
+    ),
+    device: Literal["cpu", "cuda"] = typer.Option(
+        "cpu",
+        "--device",
+        help="Where the state dict lives (cuda: dcp, emitted, torch-save, safetensors; a save copies each tensor to the host).",
+    ),
+    force: bool = typer.Option(
+        False, help="Save into a non-empty --out directory (the engine may overwrite its own file names there)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print what was written or read as JSON."),
 ) -> None:
     """Write (or load and check) a real checkpoint of a GPT-2-shaped model with a real engine."""
@@ -627,9 +894,19 @@ def workload(
         check_output_dir(out_dir, force)
     started = time.monotonic()
     try:
-        path, io_s = run(engine, out_dir, ranks=ranks, model=model, with_optimizer=with_optimizer,
-                         file_per_layer=file_per_layer, load=load, mmap=mmap, writer=str(writer) if writer else None,
-                         shards=shards, device=device)
+        path, io_s = run(
+            engine,
+            out_dir,
+            ranks=ranks,
+            model=model,
+            with_optimizer=with_optimizer,
+            file_per_layer=file_per_layer,
+            load=load,
+            mmap=mmap,
+            writer=str(writer) if writer else None,
+            shards=shards,
+            device=device,
+        )
     except BaseException:
         if made:  # the directory this run made, if the workload left nothing in it
             try:
@@ -639,23 +916,45 @@ def workload(
         raise
     elapsed_s = time.monotonic() - started
     files = [p for p in path.rglob("*") if p.is_file()]
-    data = {"engine": engine, "phase": "load" if load else "save", "out": str(path), "files": len(files),
-            "bytes": sum(p.stat().st_size for p in files), "elapsed_s": elapsed_s, "io_s": io_s}
+    data = {
+        "engine": engine,
+        "phase": "load" if load else "save",
+        "out": str(path),
+        "files": len(files),
+        "bytes": sum(p.stat().st_size for p in files),
+        "elapsed_s": elapsed_s,
+        "io_s": io_s,
+    }
     if as_json:
         _write_json(None, data)
     else:
         verb = "loaded and checked" if load else "wrote"
-        err.print(f"ckpt-trace: {engine} {verb} {data['files']} files, {data['bytes']:,} bytes in {path}: "
-                  f"{io_s:.2f} s of I/O, {elapsed_s:.1f} s in all", highlight=False)
+        err.print(
+            f"ckpt-trace: {engine} {verb} {data['files']} files, {data['bytes']:,} bytes in {path}: "
+            f"{io_s:.2f} s of I/O, {elapsed_s:.1f} s in all",
+            highlight=False,
+        )
 
 
 @app.command()
 def synth(
-    engine: Literal["dcp"] = typer.Option("dcp", "--engine", help="The checkpoint engine whose save is synthesised: dcp (FileSystemWriter)."),
-    model: str = typer.Option(..., "--model", help="llama3-8b, llama3-70b, llama3-405b, or a GPT-2 shape of `workload` (gpt2-tiny ... gpt2-xl)."),
+    engine: Literal["dcp"] = typer.Option(
+        "dcp", "--engine", help="The checkpoint engine whose save is synthesised: dcp (FileSystemWriter)."
+    ),
+    model: str = typer.Option(
+        ...,
+        "--model",
+        help="llama3-8b, llama3-70b, llama3-405b, or a GPT-2 shape of `workload` (gpt2-tiny ... gpt2-xl).",
+    ),
     ranks: int = typer.Option(..., "--ranks", help="Ranks of the simulated job."),
-    optimizer: Literal["none", "adam"] = typer.Option("none", "--optimizer", help="adam: add fp32 exp_avg, exp_avg_sq and step per parameter."),
-    ckpt_path: Path = typer.Option(Path("/checkpoint"), "--path", help="The checkpoint directory the trace's files are in (replay maps it under --target)."),
+    optimizer: Literal["none", "adam"] = typer.Option(
+        "none", "--optimizer", help="adam: add fp32 exp_avg, exp_avg_sq and step per parameter."
+    ),
+    ckpt_path: Path = typer.Option(
+        Path("/checkpoint"),
+        "--path",
+        help="The checkpoint directory the trace's files are in (replay maps it under --target).",
+    ),
     output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (.arrow)."),
     force: bool = typer.Option(False, help="Overwrite an existing trace file."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures and the arithmetic as JSON."),
@@ -667,36 +966,68 @@ def synth(
     if engine != "dcp":
         raise CkptTraceError(f"synth knows the dcp engine only, not {engine!r}")
     check_output_file(output, force)
-    result = synthesize_dcp(model, ranks, optimizer, out=str(ckpt_path.absolute()),
-                            buffer_bytes=buffer_bytes_at(ckpt_path))
-    rows = write_synthesis(result, output, command=["ckpt-trace", "synth", "--model", model, "--ranks", str(ranks),
-                                                    "--optimizer", optimizer], overwrite=force)
+    result = synthesize_dcp(
+        model, ranks, optimizer, out=str(ckpt_path.absolute()), buffer_bytes=buffer_bytes_at(ckpt_path)
+    )
+    rows = write_synthesis(
+        result,
+        output,
+        command=["ckpt-trace", "synth", "--model", model, "--ranks", str(ranks), "--optimizer", optimizer],
+        overwrite=force,
+    )
     figures = {**result.figures, "trace": str(output), "rows": rows}
     if as_json:
         _write_json(None, figures)
         return
     a = figures["arithmetic"]
-    err.print(f"ckpt-trace: synthesised {model} saved by {ranks} ranks: {len(figures['files'])} files, "
-              f"{figures['data_bytes']:,} data bytes in {rows:,} rows to {output} ({figures['elapsed_s']:.1f} s)",
-              highlight=False)
-    err.print(f"ckpt-trace: arithmetic: {a['formula']} = {a['expected_bytes']:,} B; tensors {figures['tensor_bytes']:,} B"
-              f" + torch.save framing {figures['serialisation_overhead_bytes']:,} B "
-              f"({figures['difference_from_arithmetic']:+.4%} vs the arithmetic)", highlight=False)
+    err.print(
+        f"ckpt-trace: synthesised {model} saved by {ranks} ranks: {len(figures['files'])} files, "
+        f"{figures['data_bytes']:,} data bytes in {rows:,} rows to {output} ({figures['elapsed_s']:.1f} s)",
+        highlight=False,
+    )
+    err.print(
+        f"ckpt-trace: arithmetic: {a['formula']} = {a['expected_bytes']:,} B; tensors {figures['tensor_bytes']:,} B"
+        f" + torch.save framing {figures['serialisation_overhead_bytes']:,} B "
+        f"({figures['difference_from_arithmetic']:+.4%} vs the arithmetic)",
+        highlight=False,
+    )
 
 
 @app.command()
 def bench(
-    target: Path = typer.Option(..., "--target", help="Directory on the storage to measure; only a scratch directory made there is written, then removed."),
-    quick: bool = typer.Option(False, "--quick", help="The small matrix: 4 sizes, queue depths 1/8/32, 256 MiB per point (about a minute)."),
-    output: Path = typer.Option(Path("ckpt-trace-bench"), "-o", "--output", help="Directory for bench.arrow and the heat maps."),
-    volume: Optional[str] = typer.Option(None, "--volume", help="Bytes written per point, over all processes (default 1GiB; --quick 256MiB)."),
-    sizes: Optional[str] = typer.Option(None, "--sizes", help="Request sizes to sweep, comma-separated (e.g. 4KiB,1MiB,16MiB)."),
-    queue_depths: Optional[str] = typer.Option(None, "--queue-depths", help="io_uring queue depths to sweep, comma-separated (e.g. 1,8,32)."),
-    max_processes: Optional[int] = typer.Option(None, "--max-processes", help="Most concurrent writer processes (default: CPUs, at least 4)."),
+    target: Path = typer.Option(
+        ...,
+        "--target",
+        help="Directory on the storage to measure; only a scratch directory made there is written, then removed.",
+    ),
+    quick: bool = typer.Option(
+        False, "--quick", help="The small matrix: 4 sizes, queue depths 1/8/32, 256 MiB per point (about a minute)."
+    ),
+    output: Path = typer.Option(
+        Path("ckpt-trace-bench"), "-o", "--output", help="Directory for bench.arrow and the heat maps."
+    ),
+    volume: Optional[str] = typer.Option(
+        None, "--volume", help="Bytes written per point, over all processes (default 1GiB; --quick 256MiB)."
+    ),
+    sizes: Optional[str] = typer.Option(
+        None, "--sizes", help="Request sizes to sweep, comma-separated (e.g. 4KiB,1MiB,16MiB)."
+    ),
+    queue_depths: Optional[str] = typer.Option(
+        None, "--queue-depths", help="io_uring queue depths to sweep, comma-separated (e.g. 1,8,32)."
+    ),
+    max_processes: Optional[int] = typer.Option(
+        None, "--max-processes", help="Most concurrent writer processes (default: CPUs, at least 4)."
+    ),
     aggregate_size: str = typer.Option("4MiB", "--aggregate-size", help="Staging buffer of aggregated points."),
     repeat: int = typer.Option(1, "--repeat", help="Runs per point; the median run is kept."),
-    direction: str = typer.Option("write", "--direction", help="What to sweep: write, read (a restore: each point reads back a file written and dropped from the page cache first) or both."),
-    fio: bool = typer.Option(False, "--fio", help="Also measure fio's sequential O_DIRECT write (read) limit for reference."),
+    direction: str = typer.Option(
+        "write",
+        "--direction",
+        help="What to sweep: write, read (a restore: each point reads back a file written and dropped from the page cache first) or both.",
+    ),
+    fio: bool = typer.Option(
+        False, "--fio", help="Also measure fio's sequential O_DIRECT write (read) limit for reference."
+    ),
     force: bool = typer.Option(False, help="Overwrite the results in a non-empty output directory."),
     as_json: bool = typer.Option(False, "--json", help="Print the best configuration and the fastest points as JSON."),
 ) -> None:
@@ -720,21 +1051,32 @@ def bench(
     if directions is None:
         raise CkptTraceError(f"--direction must be write, read or both, not {direction!r}")
     try:
-        matrix = make_matrix(quick=quick, max_processes=max_processes, directions=directions,
-                             volume_bytes=parse_size(volume) if volume else None, sizes=listed(sizes, parse_size),
-                             queue_depths=listed(queue_depths, depth), aggregate_bytes=parse_size(aggregate_size))
+        matrix = make_matrix(
+            quick=quick,
+            max_processes=max_processes,
+            directions=directions,
+            volume_bytes=parse_size(volume) if volume else None,
+            sizes=listed(sizes, parse_size),
+            queue_depths=listed(queue_depths, depth),
+            aggregate_bytes=parse_size(aggregate_size),
+        )
     except ValueError as error:
         raise CkptTraceError(str(error)) from None
     check_output(output, force)
     with _progress("", threaded=False) as progress:
         rows, metadata = run_bench(target, matrix, repeat=repeat, fio=fio, progress=progress)
     written = write_outputs(rows, metadata, matrix, output)
-    data = {**summarize(to_table(rows, metadata), metadata, matrix, BENCH_TOP_ROWS, BENCH_NEAR_BEST_PERCENT / 100),
-            **written}
+    data = {
+        **summarize(to_table(rows, metadata), metadata, matrix, BENCH_TOP_ROWS, BENCH_NEAR_BEST_PERCENT / 100),
+        **written,
+    }
     _show(data, as_json, render_bench)
     if not as_json:
-        err.print(f"ckpt-trace: wrote {written['table']} and {len(written['heatmaps'])} heat maps in "
-                  f"{metadata['elapsed_s']:.0f} s", highlight=False)
+        err.print(
+            f"ckpt-trace: wrote {written['table']} and {len(written['heatmaps'])} heat maps in "
+            f"{metadata['elapsed_s']:.0f} s",
+            highlight=False,
+        )
 
 
 def _layout_after_record(trace: Path, skip: bool) -> dict | None:
@@ -752,9 +1094,12 @@ def _layout_after_record(trace: Path, skip: bool) -> dict | None:
         return None
     if done["stored"]:
         formats = ", ".join(sorted(set(done["files"].values())))
-        err.print(f"ckpt-trace: layout: {done['objects']:,} objects in {done['covered_files']} files "
-                  f"({formats}) in {done['elapsed_s']:.2f} s"
-                  f"{'' if done['complete'] else f' (stopped at the {LAYOUT_TIME_LIMIT_S:g} s bound)'}", highlight=False)
+        err.print(
+            f"ckpt-trace: layout: {done['objects']:,} objects in {done['covered_files']} files "
+            f"({formats}) in {done['elapsed_s']:.2f} s"
+            f"{'' if done['complete'] else f' (stopped at the {LAYOUT_TIME_LIMIT_S:g} s bound)'}",
+            highlight=False,
+        )
     else:
         err.print(f"ckpt-trace: layout: no checkpoint file recognised ({done['elapsed_s']:.2f} s)", highlight=False)
     return done
@@ -764,7 +1109,9 @@ def _layout_after_record(trace: Path, skip: bool) -> dict | None:
 def annotate(
     trace: Path = typer.Argument(..., help="Trace file."),
     checkpoint: list[Path] = typer.Option(..., "--checkpoint", help="Checkpoint directory or file (repeatable)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the annotated trace here (default: replace TRACE)."),
+    output: Optional[Path] = typer.Option(
+        None, "-o", "--output", help="Write the annotated trace here (default: replace TRACE)."
+    ),
     force: bool = typer.Option(False, help="Overwrite an existing output."),
     as_json: bool = typer.Option(False, "--json", help="Print what was added as JSON."),
 ) -> None:
@@ -780,8 +1127,11 @@ def annotate(
         _write_json(None, data)
     else:
         formats = ", ".join(sorted(set(data["files"].values()))) or "none recognised"
-        err.print(f"ckpt-trace: wrote {data['trace']}: {data['objects']:,} objects in {data['covered_files']} files "
-                  f"({formats}), {len(data['unknown'])} unknown, in {data['elapsed_s']:.2f} s", highlight=False)
+        err.print(
+            f"ckpt-trace: wrote {data['trace']}: {data['objects']:,} objects in {data['covered_files']} files "
+            f"({formats}), {len(data['unknown'])} unknown, in {data['elapsed_s']:.2f} s",
+            highlight=False,
+        )
         for why in data["errors"].values():
             err.print(f"[yellow]ckpt-trace: warning: {escape(why)}[/]", highlight=False)
 
@@ -798,21 +1148,32 @@ def upgrade(
     from ckpt_trace.formats.convert import upgrade_trace
 
     with _steps("upgrade") as progress:
-        result = upgrade_trace(trace, output, overwrite=force,
-                               on_batch=None if progress is None else lambda done, count: progress("rows", done, count))
+        result = upgrade_trace(
+            trace,
+            output,
+            overwrite=force,
+            on_batch=None if progress is None else lambda done, count: progress("rows", done, count),
+        )
     if as_json:
         _write_json(None, result)
     else:
-        err.print(f"ckpt-trace: wrote {result['rows']:,} rows of {trace} (version {result['from_version']}) to "
-                  f"{output} as version {result['to_version']} ({result['input_bytes']:,} -> "
-                  f"{result['output_bytes']:,} bytes)", highlight=False)
+        err.print(
+            f"ckpt-trace: wrote {result['rows']:,} rows of {trace} (version {result['from_version']}) to "
+            f"{output} as version {result['to_version']} ({result['input_bytes']:,} -> "
+            f"{result['output_bytes']:,} bytes)",
+            highlight=False,
+        )
 
 
 @app.command()
 def anonymize(
     trace: Path = typer.Argument(..., help="Trace file to anonymize."),
     output: Path = typer.Option(..., "-o", "--output", help="Trace file to write."),
-    key: Optional[str] = typer.Option(None, "--key", help="Secret for the hashes: the same key gives the same names across traces (default: random, not stored)."),
+    key: Optional[str] = typer.Option(
+        None,
+        "--key",
+        help="Secret for the hashes: the same key gives the same names across traces (default: random, not stored).",
+    ),
     force: bool = typer.Option(False, help="Overwrite an existing output."),
     as_json: bool = typer.Option(False, "--json", help="Print what was replaced and kept as JSON."),
 ) -> None:
@@ -825,8 +1186,11 @@ def anonymize(
     if as_json:
         _write_json(None, result)
     else:
-        err.print(f"ckpt-trace: wrote {result['rows']:,} rows to {output}: replaced {', '.join(result['replaced'])}; "
-                  f"kept {', '.join(result['kept'])}", highlight=False)
+        err.print(
+            f"ckpt-trace: wrote {result['rows']:,} rows to {output}: replaced {', '.join(result['replaced'])}; "
+            f"kept {', '.join(result['kept'])}",
+            highlight=False,
+        )
 
 
 @app.command(name="filter")
@@ -837,7 +1201,9 @@ def filter_cmd(
     pid: Optional[str] = typer.Option(None, "--pid", help="Processes to keep: 1234,1240."),
     path: Optional[str] = typer.Option(None, "--path", help="Shell glob on the file path (* crosses /)."),
     op: Optional[str] = typer.Option(None, "--op", help="Operations to keep: write,fsync,copy_d2h."),
-    time_window: Optional[str] = typer.Option(None, "--time", help="Window since the trace started: 10s..20s, ..5s, 1.5min.."),
+    time_window: Optional[str] = typer.Option(
+        None, "--time", help="Window since the trace started: 10s..20s, ..5s, 1.5min.."
+    ),
     force: bool = typer.Option(False, help="Overwrite an existing output."),
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
 ) -> None:
@@ -853,8 +1219,7 @@ def filter_cmd(
     if as_json:
         _write_json(None, result)
     else:
-        err.print(f"ckpt-trace: kept {result['rows_out']:,} of {result['rows_in']:,} rows in {output}",
-                  highlight=False)
+        err.print(f"ckpt-trace: kept {result['rows_out']:,} of {result['rows_in']:,} rows in {output}", highlight=False)
 
 
 def _print_version(value: bool) -> None:
@@ -865,8 +1230,9 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
-                                      help="Print the version and exit."),
+    show_version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     """Record checkpoint I/O (and the GPU copies before it) into Arrow traces; replay it under other I/O
     strategies; report, check and emit the best writer."""
@@ -907,8 +1273,13 @@ def keep_freed_batches() -> None:
 
 
 #: Keyword arguments of the library whose flag is not the keyword with dashes (CkptTraceError.option -> flag).
-_FLAGS = {"buffer_bytes": "--buffer-size", "overwrite": "--force", "clock_offsets": "--clock-offset",
-          "queue_depths": "--queue-depths", "duration_s": "--duration"}
+_FLAGS = {
+    "buffer_bytes": "--buffer-size",
+    "overwrite": "--force",
+    "clock_offsets": "--clock-offset",
+    "queue_depths": "--queue-depths",
+    "duration_s": "--duration",
+}
 
 
 def flag_of(option: str) -> str:
@@ -966,8 +1337,11 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("CKPT_TRACE_DEBUG"):
             raise
         detail = str(error).splitlines()[0] if str(error) else ""
-        err.print(f"[red]ckpt-trace: internal error: {type(error).__name__}: {escape(detail)}[/] "
-                  "(a bug: please report it; CKPT_TRACE_DEBUG=1 shows the traceback)", highlight=False)
+        err.print(
+            f"[red]ckpt-trace: internal error: {type(error).__name__}: {escape(detail)}[/] "
+            "(a bug: please report it; CKPT_TRACE_DEBUG=1 shows the traceback)",
+            highlight=False,
+        )
         sys.exit(INTERNAL_ERROR_EXIT)
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -52,7 +52,7 @@ EXAMPLES = {
     ],
     "anonymize": [
         "ckpt-trace anonymize save.arrow -o shared.arrow",
-        "ckpt-trace anonymize save.arrow -o shared.arrow --key \"$SECRET\" --json",
+        'ckpt-trace anonymize save.arrow -o shared.arrow --key "$SECRET" --json',
     ],
     "filter": [
         "ckpt-trace filter save.arrow -o rank0.arrow --rank 0",
@@ -68,8 +68,10 @@ EXAMPLES = {
         "ckpt-trace report save.arrow -o report.html --rank 7",
     ],
     "diff": ["ckpt-trace diff before.arrow after.arrow"],
-    "annotate": ["ckpt-trace annotate save.arrow --checkpoint /scratch/ckpt/step100",
-                 "ckpt-trace annotate save.arrow --checkpoint ckpt/ -o annotated.arrow --json"],
+    "annotate": [
+        "ckpt-trace annotate save.arrow --checkpoint /scratch/ckpt/step100",
+        "ckpt-trace annotate save.arrow --checkpoint ckpt/ -o annotated.arrow --json",
+    ],
     "baseline": ["ckpt-trace baseline save.arrow --target /scratch/b -o baseline.json --repeat 5"],
     "check": ["ckpt-trace check save.arrow --baseline baseline.json --target /scratch/c --junit check.xml"],
     "emit": ["ckpt-trace emit save.arrow --from-results results.json -o my_writer.py"],
@@ -82,28 +84,74 @@ EXAMPLES = {
         "ckpt-trace synth --engine dcp --model llama3-8b --ranks 8 --optimizer adam -o llama8b.arrow",
         "ckpt-trace synth --model llama3-405b --ranks 512 --path /lustre/ck -o l405.arrow --json",
     ],
-    "bench": ["ckpt-trace bench --target /scratch/bench --quick --fio",
-              "ckpt-trace bench --target /scratch/bench --quick --direction both -o restore-bench"],
+    "bench": [
+        "ckpt-trace bench --target /scratch/bench --quick --fio",
+        "ckpt-trace bench --target /scratch/bench --quick --direction both -o restore-bench",
+    ],
     "version": ["ckpt-trace --version"],
 }
 
 # Value names by parameter name (per command where they differ): what the user types, not a Python type.
 METAVARS = {
-    "trace": "TRACE", "traces": "TRACE...", "trace_a": "TRACE_A", "trace_b": "TRACE_B", "results": "[RESULTS.json]...",
-    "target": "DIR", "out_dir": "DIR", "baseline_file": "FILE", "junit": "FILE", "writer": "MODULE.py",
-    "from_results": "FILE", "tolerance": "PERCENT", "buffer_size": "SIZE", "aggregate_size": "SIZE",
-    "volume": "SIZE", "sizes": "SIZE,...", "queue_depths": "N,...", "fio_limit": "MB/S", "strip_prefix": "PREFIX",
-    "path_filter": "PREFIX", "queue_depth": "N", "repeat": "N", "ranks": "N", "shards": "N", "max_processes": "N",
-    "min_seconds": "SECONDS", "strategy": "STRATEGY", "rank": "RANKS", "pid": "PIDS", "path": "GLOB", "op": "OPS",
-    "time_window": "START..END", "engine": "ENGINE", "max_ops": "N", "chosen_rank": "RANK",
-    "direction": "write|read|both", "host": "LABEL", "clock_offset": "HOST=NS", "model": "MODEL", "ckpt_path": "DIR",
+    "trace": "TRACE",
+    "traces": "TRACE...",
+    "trace_a": "TRACE_A",
+    "trace_b": "TRACE_B",
+    "results": "[RESULTS.json]...",
+    "target": "DIR",
+    "out_dir": "DIR",
+    "baseline_file": "FILE",
+    "junit": "FILE",
+    "writer": "MODULE.py",
+    "from_results": "FILE",
+    "tolerance": "PERCENT",
+    "buffer_size": "SIZE",
+    "aggregate_size": "SIZE",
+    "volume": "SIZE",
+    "sizes": "SIZE,...",
+    "queue_depths": "N,...",
+    "fio_limit": "MB/S",
+    "strip_prefix": "PREFIX",
+    "path_filter": "PREFIX",
+    "queue_depth": "N",
+    "repeat": "N",
+    "ranks": "N",
+    "shards": "N",
+    "max_processes": "N",
+    "min_seconds": "SECONDS",
+    "strategy": "STRATEGY",
+    "rank": "RANKS",
+    "pid": "PIDS",
+    "path": "GLOB",
+    "op": "OPS",
+    "time_window": "START..END",
+    "engine": "ENGINE",
+    "max_ops": "N",
+    "chosen_rank": "RANK",
+    "direction": "write|read|both",
+    "host": "LABEL",
+    "clock_offset": "HOST=NS",
+    "model": "MODEL",
+    "ckpt_path": "DIR",
 }
-OUTPUT_METAVARS = {"record": "TRACE", "replay": "FILE", "export": "PATH", "report": "FILE", "baseline": "FILE",
-                   "emit": "FILE", "bench": "DIR", "filter": "TRACE", "merge": "TRACE", "synth": "TRACE",
-                   "upgrade": "TRACE"}
+OUTPUT_METAVARS = {
+    "record": "TRACE",
+    "replay": "FILE",
+    "export": "PATH",
+    "report": "FILE",
+    "baseline": "FILE",
+    "emit": "FILE",
+    "bench": "DIR",
+    "filter": "TRACE",
+    "merge": "TRACE",
+    "synth": "TRACE",
+    "upgrade": "TRACE",
+}
 
-EPILOG_NOTE = ("Sizes: IEC units (4KiB, 4.5MiB, 1TiB; K, M, G, T the same), or decimal ones (4MB = 4,000,000 "
-               "bytes); rates in decimal MB/s.")
+EPILOG_NOTE = (
+    "Sizes: IEC units (4KiB, 4.5MiB, 1TiB; K, M, G, T the same), or decimal ones (4MB = 4,000,000 "
+    "bytes); rates in decimal MB/s."
+)
 TAKES_SIZES = {"replay", "baseline", "bench"}
 
 
@@ -121,8 +169,11 @@ def decorate(group: Any) -> Any:
                 _plain_argument(param)
                 continue
             descriptor = getattr(param, "type_descriptor", None)
-            if getattr(param, "is_flag", False) or getattr(param, "metavar", None) or (
-                    descriptor is not None and descriptor.is_choice):
+            if (
+                getattr(param, "is_flag", False)
+                or getattr(param, "metavar", None)
+                or (descriptor is not None and descriptor.is_choice)
+            ):
                 continue
             if param.name == "output":
                 param.metavar = OUTPUT_METAVARS.get(name, "FILE")

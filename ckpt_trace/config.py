@@ -37,13 +37,16 @@ BPF_POLL_MS = _int_env("BPF_POLL_MS", 50)
 BPF_WAKE_EVERY = _int_env("BPF_WAKE_EVERY", 512)  # records between reader wakeups (at most 1/16 of a ring)
 STRACE_BIN = _str_env("STRACE_BIN", "strace")
 STRACE_STRING_BYTES = _int_env("STRACE_STRING_BYTES", 1024)  # strace -s: bounds iovec arrays and envp strings
-CACHE_DIR = _str_env("CACHE_DIR", os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                                                "ckpt-trace"))  # per-kernel facts the tracer keeps (tracer.costs)
+CACHE_DIR = _str_env(
+    "CACHE_DIR", os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ckpt-trace")
+)  # per-kernel facts the tracer keeps (tracer.costs)
 TRACE_BATCH_ROWS = _int_env("TRACE_BATCH_ROWS", 65536)
 RECORD_RUN_ROWS = _int_env("RECORD_RUN_ROWS", 1 << 18)  # rows the recorder holds before spilling a sorted run
 RECORD_RAW_BYTES = _int_env("RECORD_RAW_BYTES", 64 << 20)  # raw BPF records held before compressing them to disk
 RECORD_REORDER_SLACK_NS = _int_env("RECORD_REORDER_SLACK_NS", 1_000_000_000)  # see state.EffectOrderFeeder
-RECORD_RENAME_HELD_ROWS = _int_env("RECORD_RENAME_HELD_ROWS", 1 << 20)  # rows held for --path-filter's renames (tracer.renames)
+RECORD_RENAME_HELD_ROWS = _int_env(
+    "RECORD_RENAME_HELD_ROWS", 1 << 20
+)  # rows held for --path-filter's renames (tracer.renames)
 RECORD_DECODE_EVENTS = _int_env("RECORD_DECODE_EVENTS", 65536)  # events decoded and fed at a time
 RECORD_RELEASE_EVERY = _int_env("RECORD_RELEASE_EVERY", 4096)  # events between two re-ordered feedings
 
@@ -51,9 +54,13 @@ RECORD_RELEASE_EVERY = _int_env("RECORD_RELEASE_EVERY", 4096)  # events between 
 REPLAY_MAX_IO_BYTES = _int_env("REPLAY_MAX_IO_BYTES", 64 << 20)  # largest single synthetic buffer
 REPLAY_FREE_SPACE_MARGIN_BYTES = _int_env("REPLAY_FREE_SPACE_MARGIN_BYTES", 64 << 20)
 REPLAY_NAMED_PATH_MIN_SHARE = 0.9  # a strategy whose named data path carried less of the bytes is flagged
-REPLAY_MIN_ROUNDS = _int_env("REPLAY_MIN_ROUNDS", 3)  # a replay's default rounds (each strategy once per round): at least,
+REPLAY_MIN_ROUNDS = _int_env(
+    "REPLAY_MIN_ROUNDS", 3
+)  # a replay's default rounds (each strategy once per round): at least,
 REPLAY_MAX_ROUNDS = _int_env("REPLAY_MAX_ROUNDS", 20)  # at most,
-REPLAY_BUDGET_S = float(_int_env("REPLAY_BUDGET_S", 60))  # and no new round once the runs' measured time reached this (replayer.verdicts)
+REPLAY_BUDGET_S = float(
+    _int_env("REPLAY_BUDGET_S", 60)
+)  # and no new round once the runs' measured time reached this (replayer.verdicts)
 REPLAY_VERDICT_MIN_COVERAGE = 0.9  # an interval covering less (fewer than 5 rounds) is "within noise"
 REPLAY_MIN_JUDGE_BYTES = _int_env("REPLAY_MIN_JUDGE_BYTES", 64 << 10)  # data bytes under which nothing is judged
 REPLAY_MAX_RUNS = _int_env("REPLAY_MAX_RUNS", 200)  # most runs --min-seconds may ask of one strategy

@@ -486,27 +486,48 @@ def load_replay_results(path, trace_sha256: str | None = None, trace_name: str =
     if not isinstance(data, dict) or "results" not in data:
         raise CkptTraceError(f"{path} is not a replay results file: missing key 'results'")
     if not isinstance(data["results"], list) or not data["results"]:
-        raise CkptTraceError(f"{path} is not a replay results file: key 'results' is "
-                             f"{'empty' if data['results'] == [] else 'not a list of results'}")
+        raise CkptTraceError(
+            f"{path} is not a replay results file: key 'results' is "
+            f"{'empty' if data['results'] == [] else 'not a list of results'}"
+        )
     check_document(data, ResultsIn, str(path))
     for index, entry in enumerate(data["results"]):
         if "strategy" not in entry or "elapsed_s" not in entry:
             raise CkptTraceError(f"{path}: results[{index}]: each result needs 'strategy' and 'elapsed_s'")
-        negative = next((key for key, value in entry.items() if isinstance(value, (int, float))
-                         and not isinstance(value, bool) and value < 0 and key != "speedup_vs_posix"), None)
+        negative = next(
+            (
+                key
+                for key, value in entry.items()
+                if isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and value < 0
+                and key != "speedup_vs_posix"
+            ),
+            None,
+        )
         if negative:
             raise CkptTraceError(f"{path}: results[{index}].{negative}: {entry[negative]!r} is negative")
     options = data.get("options", {})
-    negative = next((key for key, value in options.items() if isinstance(value, (int, float))
-                     and not isinstance(value, bool) and value < 0), None)
+    negative = next(
+        (
+            key
+            for key, value in options.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0
+        ),
+        None,
+    )
     if negative:
         raise CkptTraceError(f"{path}: options.{negative}: {options[negative]!r} is negative")
     if trace_sha256 is not None:
         recorded = data.get("trace_sha256")
         if recorded is None:
-            raise CkptTraceError(f"{path} does not say which trace it replayed (no trace_sha256); replay "
-                                 f"{trace_name} again with this release")
+            raise CkptTraceError(
+                f"{path} does not say which trace it replayed (no trace_sha256); replay "
+                f"{trace_name} again with this release"
+            )
         if recorded != trace_sha256:
-            raise CkptTraceError(f"{path} holds results of another trace ({data.get('trace')}, sha256 "
-                                 f"{recorded[:12]}), not of {trace_name} (sha256 {trace_sha256[:12]})")
+            raise CkptTraceError(
+                f"{path} holds results of another trace ({data.get('trace')}, sha256 "
+                f"{recorded[:12]}), not of {trace_name} (sha256 {trace_sha256[:12]})"
+            )
     return data

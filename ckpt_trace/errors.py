@@ -46,6 +46,16 @@ class RescaleError(CkptTraceError):
     rule rescaling does not know); the message says why."""
 
 
-__all__ = ["BenchError", "CheckpointError", "CkptTraceError", "CommandNotFound", "Interrupted", "RegressionError",
-           "ReplayError", "RescaleError", "TraceFormatError",
-           "TracerError", "WorkloadError"]
+__all__ = [
+    "BenchError",
+    "CheckpointError",
+    "CkptTraceError",
+    "CommandNotFound",
+    "Interrupted",
+    "RegressionError",
+    "ReplayError",
+    "RescaleError",
+    "TraceFormatError",
+    "TracerError",
+    "WorkloadError",
+]

@@ -24,18 +24,23 @@ import pytest
 
 
 def pytest_addoption(parser) -> None:
-    parser.addoption("--ckpt-trace-target", default=None,
-                     help="ckpt-trace: directory on the storage under test (default: a temporary directory)")
+    parser.addoption(
+        "--ckpt-trace-target",
+        default=None,
+        help="ckpt-trace: directory on the storage under test (default: a temporary directory)",
+    )
 
 
 def pytest_configure(config) -> None:
-    config.addinivalue_line("markers", "ckpt_trace_check(traces, baseline, tolerance='10%'): replay the traces on "
-                                       "the storage under test and fail if the baseline's figures regressed")
+    config.addinivalue_line(
+        "markers",
+        "ckpt_trace_check(traces, baseline, tolerance='10%'): replay the traces on "
+        "the storage under test and fail if the baseline's figures regressed",
+    )
 
 
 def _describe(rows) -> str:
-    return "\n".join(f"{r.trace} {r.strategy} {r.metric}: {r.old:.6g} -> {r.new:.6g} ({r.change:+.1%})"
-                     for r in rows)
+    return "\n".join(f"{r.trace} {r.strategy} {r.metric}: {r.old:.6g} -> {r.new:.6g} ({r.change:+.1%})" for r in rows)
 
 
 @pytest.fixture
@@ -49,8 +54,14 @@ def storage_check(request):
         allowed = parse_tolerance(tolerance)
         base = Path(option) if option else Path(tempfile.mkdtemp(prefix="ckpt-trace-check-"))
         target = base / f"{request.node.name}-{len(list(base.glob('*')))}" if option else base
-        rows = run_check([Path(t) for t in traces], load_baseline(baseline), target=target, tolerance=allowed,
-                         repeat=repeat, strategies=strategies)
+        rows = run_check(
+            [Path(t) for t in traces],
+            load_baseline(baseline),
+            target=target,
+            tolerance=allowed,
+            repeat=repeat,
+            strategies=strategies,
+        )
         check.last_rows = rows
         bad = [row for row in rows if row.regressed]
         if bad:

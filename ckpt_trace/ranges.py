@@ -15,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def merge_grouped_ranges(groups: np.ndarray, starts: np.ndarray,
-                         ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def merge_grouped_ranges(
+    groups: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per group, the union of [start, end) ranges, vectorised: (group, start, end) of each merged range,
     by group then start; touching ranges merge. Ranges are sorted by (group, start) (by group alone when
     each group's starts already rise, as a checkpoint's writes do), and one running maximum of the ends

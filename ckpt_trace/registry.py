@@ -31,8 +31,9 @@ class Entry(Protocol):
 E_co = TypeVar("E_co", bound=Entry)
 
 
-def discover(package: str, path: Iterable[str], attribute: str, kind: type[E_co], *, reserved: str,
-             error: type[CkptTraceError]) -> dict[str, E_co]:
+def discover(
+    package: str, path: Iterable[str], attribute: str, kind: type[E_co], *, reserved: str, error: type[CkptTraceError]
+) -> dict[str, E_co]:
     """Import every module of ``package`` (its ``__path__`` is ``path``) whose name does not start with
     ``_``; each must define ``attribute`` as an instance of ``kind``. Returns the entries by name, sorted by
     (``order``, name). Raises ``error`` for a module without the attribute, or a name declared twice or

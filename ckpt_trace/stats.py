@@ -36,8 +36,7 @@ def percentiles_ns(samples: Sequence[int] | np.ndarray) -> dict[str, int]:
     def rank(q: float) -> int:
         return int(values[min(count - 1, max(0, int(np.ceil(q * count)) - 1))])
 
-    return {"mean": int(values.mean()), "p50": rank(0.50), "p90": rank(0.90), "p99": rank(0.99),
-            "max": int(values[-1])}
+    return {"mean": int(values.mean()), "p50": rank(0.50), "p90": rank(0.90), "p99": rank(0.99), "max": int(values[-1])}
 
 
 class LatencyHistogram:
@@ -69,8 +68,7 @@ class LatencyHistogram:
         self.min = low if self.min is None else min(self.min, low)
 
     def _keep(self, parts: list[np.ndarray] | None) -> None:
-        if self.samples is None or parts is None or \
-                self.count + sum(len(part) for part in parts) > self.exact_limit:
+        if self.samples is None or parts is None or self.count + sum(len(part) for part in parts) > self.exact_limit:
             self.samples = None
         else:
             self.samples.extend(part.copy() for part in parts)
@@ -99,8 +97,13 @@ class LatencyHistogram:
             low = int(np.ceil(2 ** (index / self.STEPS))) if index else 0
             return min(self.max, max(self.min or 0, low))
 
-        return {"mean": self.total // self.count, "p50": rank(0.50), "p90": rank(0.90), "p99": rank(0.99),
-                "max": self.max}
+        return {
+            "mean": self.total // self.count,
+            "p50": rank(0.50),
+            "p90": rank(0.90),
+            "p99": rank(0.99),
+            "max": self.max,
+        }
 
 
 def median_index(elapsed_s: Sequence[float]) -> int:
@@ -141,11 +144,16 @@ def median_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.
     n = len(x)
     if not n:
         return {"median": float("nan"), "low": float("nan"), "high": float("nan"), "coverage": 0.0, "n": 0}
-    cdf = np.cumsum([comb(n, i) for i in range(n + 1)]) / 2.0 ** n  # P(B <= i)
+    cdf = np.cumsum([comb(n, i) for i in range(n + 1)]) / 2.0**n  # P(B <= i)
     k = 1
     for candidate in range(1, n // 2 + 1):
         if 1 - 2 * cdf[candidate - 1] >= confidence:
             k = candidate
     coverage = float(1 - 2 * cdf[k - 1]) if n > 1 else 0.0
-    return {"median": float(np.median(x)), "low": float(x[k - 1]), "high": float(x[n - k]), "coverage": coverage,
-            "n": n}
+    return {
+        "median": float(np.median(x)),
+        "low": float(x[k - 1]),
+        "high": float(x[n - k]),
+        "coverage": coverage,
+        "n": n,
+    }

@@ -19,8 +19,8 @@ SIZE_HELP = "IEC units (4KiB, 4.5MiB, 1TiB; K, M, G, T mean the same) or decimal
 
 _FACTORS = {"": 1, "b": 1}
 for _power, _letter in enumerate("kmgtp", start=1):
-    _FACTORS[_letter] = _FACTORS[_letter + "ib"] = 1024 ** _power
-    _FACTORS[_letter + "b"] = 1000 ** _power
+    _FACTORS[_letter] = _FACTORS[_letter + "ib"] = 1024**_power
+    _FACTORS[_letter + "b"] = 1000**_power
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
 
 

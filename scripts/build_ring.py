@@ -27,8 +27,9 @@ def _ring_build(root: Path):
     return module
 
 
-def compile_ring(root: str | os.PathLike, output: str | os.PathLike | None = None,
-                 defines: dict[str, str] | None = None) -> Path:
+def compile_ring(
+    root: str | os.PathLike, output: str | os.PathLike | None = None, defines: dict[str, str] | None = None
+) -> Path:
     """Compile _ring.c beside itself (or into ``output``); return the library's path. Raises RuntimeError
     (ring_build.BuildFailed) with the compiler's reason."""
     root = Path(root)

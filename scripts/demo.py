@@ -55,8 +55,23 @@ def main() -> None:
     model = ["--model", args.model, "--with-optimizer"]
 
     step(1, f"record a {args.ranks}-rank torch.distributed.checkpoint save of {args.model} + Adam")
-    run("record", "--force", "-o", str(trace), "--path-filter", f"{ckpt}/", "--",
-        *CLI, "workload", "dcp", "--out", str(ckpt), "--ranks", args.ranks, *model)
+    run(
+        "record",
+        "--force",
+        "-o",
+        str(trace),
+        "--path-filter",
+        f"{ckpt}/",
+        "--",
+        *CLI,
+        "workload",
+        "dcp",
+        "--out",
+        str(ckpt),
+        "--ranks",
+        args.ranks,
+        *model,
+    )
     run("summary", str(trace))
     shutil.rmtree(ckpt)
 
@@ -64,8 +79,18 @@ def main() -> None:
     fio = ["--fio"] if shutil.which("fio") else []
     if not fio:
         print("(fio is not installed: no device limit to compare with)")
-    run("replay", str(trace), "--strategy", "all", "--durable", "--target", str(work / "replay"), "-o", str(results),
-        *fio)
+    run(
+        "replay",
+        str(trace),
+        "--strategy",
+        "all",
+        "--durable",
+        "--target",
+        str(work / "replay"),
+        "-o",
+        str(results),
+        *fio,
+    )
     shutil.rmtree(work / "replay")
 
     step(3, "emit the tuned writer, then save and load with it and with DCP's FileSystemWriter/Reader")
@@ -80,26 +105,32 @@ def main() -> None:
         timings[engine] = (saved["io_s"], loaded["io_s"], saved["bytes"])
         shutil.rmtree(out)
     size = timings["dcp"][2]
-    print(f"{'':<28}{'save s':>9}{'load s':>9}   ({size / 2**30:.2f} GiB, {args.ranks} ranks, "
-          f"{'cold' if cold else 'warm'} loads)")
+    print(
+        f"{'':<28}{'save s':>9}{'load s':>9}   ({size / 2**30:.2f} GiB, {args.ranks} ranks, "
+        f"{'cold' if cold else 'warm'} loads)"
+    )
     for engine, label in (("emitted", "emitted writer/reader"), ("dcp", "DCP FileSystemWriter/Reader")):
         save_s, load_s, _ = timings[engine]
         print(f"{label:<28}{save_s:>9.2f}{load_s:>9.2f}")
-    print(f"{'emitted vs DCP':<28}{timings['dcp'][0] / timings['emitted'][0]:>8.2f}x"
-          f"{timings['dcp'][1] / timings['emitted'][1]:>8.2f}x   (higher is faster)")
+    print(
+        f"{'emitted vs DCP':<28}{timings['dcp'][0] / timings['emitted'][0]:>8.2f}x"
+        f"{timings['dcp'][1] / timings['emitted'][1]:>8.2f}x   (higher is faster)"
+    )
 
     step(4, "write the report")
     run("report", str(trace), str(results), "-o", str(report))
 
     step(5, f"done in {time.monotonic() - started:.0f} s; what to open next")
-    print(f"  trace          {trace}\n"
-          f"                 ckpt-trace summary {trace}: every syscall of the save, per rank\n"
-          f"  replay results {results}\n"
-          f"                 the strategies side by side, with the options and machine they ran on\n"
-          f"  writer module  {writer}\n"
-          f"                 drop-in DCP storage_writer/storage_reader; its docstring says why each option\n"
-          f"  report         {report}\n"
-          f"                 open it in a browser: job, calls, ranks, storage, advice")
+    print(
+        f"  trace          {trace}\n"
+        f"                 ckpt-trace summary {trace}: every syscall of the save, per rank\n"
+        f"  replay results {results}\n"
+        f"                 the strategies side by side, with the options and machine they ran on\n"
+        f"  writer module  {writer}\n"
+        f"                 drop-in DCP storage_writer/storage_reader; its docstring says why each option\n"
+        f"  report         {report}\n"
+        f"                 open it in a browser: job, calls, ranks, storage, advice"
+    )
 
 
 if __name__ == "__main__":

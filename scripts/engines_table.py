@@ -40,8 +40,10 @@ def main(path: str) -> int:
     print("|---|---|---|---|---|---|")
     for (engine, version, phase), by in sorted(rows.items()):
         replay = all(line.get("replay_exact") for line in by.values())
-        print(f"| {engine} | {version} | {phase} | {cell(by.get('bcc'))} | {cell(by.get('strace'))} | "
-              f"{'exact' if replay else 'FAILED'} |")
+        print(
+            f"| {engine} | {version} | {phase} | {cell(by.get('bcc'))} | {cell(by.get('strace'))} | "
+            f"{'exact' if replay else 'FAILED'} |"
+        )
     return 0
 
 

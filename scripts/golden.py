@@ -35,8 +35,23 @@ PY = sys.executable
 
 def _record(name: str, backend: str, path_filter: Path, command: list[str]) -> Path:
     trace = GOLDEN / f"v{FORMAT_VERSION}-{name}.arrow"
-    subprocess.run([PY, "-m", "ckpt_trace.cli", "record", "--backend", backend, "-o", str(trace),
-                    "--path-filter", f"{path_filter}/", "--", *command], check=True)
+    subprocess.run(
+        [
+            PY,
+            "-m",
+            "ckpt_trace.cli",
+            "record",
+            "--backend",
+            backend,
+            "-o",
+            str(trace),
+            "--path-filter",
+            f"{path_filter}/",
+            "--",
+            *command,
+        ],
+        check=True,
+    )
     return trace
 
 
@@ -47,15 +62,32 @@ def _sizes(directory: Path) -> dict[str, int]:
 def odd_pattern() -> None:
     out = SCRATCH / "out"
     expected = GOLDEN / f"v{FORMAT_VERSION}-odd-pattern-strace.expected.json"
-    _record("odd-pattern-strace", "strace", out, [PY, "-m", "ckpt_trace.workloads.odd_pattern", str(out),
-                                                  str(expected)])
+    _record(
+        "odd-pattern-strace", "strace", out, [PY, "-m", "ckpt_trace.workloads.odd_pattern", str(out), str(expected)]
+    )
 
 
 def dcp() -> None:
     ck = SCRATCH / "ck"
-    trace = _record("dcp-gpt2-tiny-2ranks-bcc", "bcc", ck,
-                    [PY, "-m", "ckpt_trace.cli", "workload", "dcp", "--out", str(ck), "--ranks", "2",
-                     "--model", "gpt2-tiny", "--with-optimizer"])
+    trace = _record(
+        "dcp-gpt2-tiny-2ranks-bcc",
+        "bcc",
+        ck,
+        [
+            PY,
+            "-m",
+            "ckpt_trace.cli",
+            "workload",
+            "dcp",
+            "--out",
+            str(ck),
+            "--ranks",
+            "2",
+            "--model",
+            "gpt2-tiny",
+            "--with-optimizer",
+        ],
+    )
     trace.with_suffix(".sizes.json").write_text(json.dumps(_sizes(ck), indent=1))
 
 
@@ -64,13 +96,25 @@ def requests() -> None:
     io.mkdir(parents=True)
     stem = GOLDEN / f"v{FORMAT_VERSION}-requests-bcc"
     fio = ["fio", "--directory", str(io), "--iodepth=8", "--direct=1", "--size=1M", "--output=/dev/null"]
-    script = " && ".join([
-        " ".join(fio + ["--name=uring", "--ioengine=io_uring", "--rw=randwrite", "--bs=4k",
-                        f"--write_iolog={stem}.uring.iolog"]),
-        " ".join(fio + ["--name=libaio", "--ioengine=libaio", "--rw=write", "--bs=64k",
-                        f"--write_iolog={stem}.libaio.iolog"]),
-        f"{PY} -m ckpt_trace.cli workload memmap --out {io}/memmap --model gpt2-tiny",
-    ])
+    script = " && ".join(
+        [
+            " ".join(
+                fio
+                + [
+                    "--name=uring",
+                    "--ioengine=io_uring",
+                    "--rw=randwrite",
+                    "--bs=4k",
+                    f"--write_iolog={stem}.uring.iolog",
+                ]
+            ),
+            " ".join(
+                fio
+                + ["--name=libaio", "--ioengine=libaio", "--rw=write", "--bs=64k", f"--write_iolog={stem}.libaio.iolog"]
+            ),
+            f"{PY} -m ckpt_trace.cli workload memmap --out {io}/memmap --model gpt2-tiny",
+        ]
+    )
     _record("requests-bcc", "bcc", io, ["sh", "-c", script])
     stem.with_suffix(".sizes.json").write_text(json.dumps(_sizes(io), indent=1))
 
@@ -87,8 +131,10 @@ def main() -> None:
         sys.exit(f"golden.py: unknown recording {unknown[0]!r} (choose from {', '.join(RECORDINGS)})")
     existing = [p.name for p in GOLDEN.glob(f"v{FORMAT_VERSION}-*")]
     if existing:
-        sys.exit(f"golden.py: traces/golden already holds version {FORMAT_VERSION} files ({existing[0]}...); "
-                 "golden traces are never regenerated")
+        sys.exit(
+            f"golden.py: traces/golden already holds version {FORMAT_VERSION} files ({existing[0]}...); "
+            "golden traces are never regenerated"
+        )
     if os.geteuid() != 0:
         sys.exit("golden.py: the bcc recordings need root")
     if SCRATCH.exists():

@@ -77,8 +77,14 @@ def cli(*args: str, check: bool = True, cwd: str | os.PathLike | None = None, ti
     """Run ``ckpt-trace ARGS`` in a subprocess with this interpreter; return the CompletedProcess."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    proc = subprocess.run([sys.executable, "-m", "ckpt_trace.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpt_trace.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"ckpt-trace {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
     return proc
@@ -97,8 +103,21 @@ def record_odd_pattern(backend: str, workdir: Path) -> tuple[Path, list[dict], P
     out = workdir / "out"
     expected = workdir / "expected.json"
     trace = workdir / f"{backend}.arrow"
-    cli("record", "--backend", backend, "-o", str(trace), "--path-filter", f"{out}/", "--",
-        sys.executable, "-m", "ckpt_trace.workloads.odd_pattern", str(out), str(expected))
+    cli(
+        "record",
+        "--backend",
+        backend,
+        "-o",
+        str(trace),
+        "--path-filter",
+        f"{out}/",
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.workloads.odd_pattern",
+        str(out),
+        str(expected),
+    )
     return trace, json.loads(expected.read_text()), out
 
 
@@ -155,10 +174,26 @@ def small_tmpfs(tmp_path):
 # for the fixtures that record, start processes or build file systems. Every other slow test says so itself
 # (``@pytest.mark.slow``): test_markers.py fails, naming it, for a test that starts a process (the CLI, a
 # subprocess, a recording, a replay) without either. ``make test-fast`` runs ``-m "not slow"``.
-_CAPABILITY_MARKERS = {"bcc_backend": ("bcc", "root"), "strace_backend": ("strace",), "io_uring": ("io_uring",),
-                       "torch_installed": ("torch",), "small_tmpfs": ("root",), "sector_4k_mount": ("root",)}
-_SLOW_FIXTURES = {"odd_recordings", "backend", "bcc_backend", "strace_backend", "torch_installed", "chromium",
-                  "small_tmpfs", "sector_4k_mount", "baseline", "report_page"}
+_CAPABILITY_MARKERS = {
+    "bcc_backend": ("bcc", "root"),
+    "strace_backend": ("strace",),
+    "io_uring": ("io_uring",),
+    "torch_installed": ("torch",),
+    "small_tmpfs": ("root",),
+    "sector_4k_mount": ("root",),
+}
+_SLOW_FIXTURES = {
+    "odd_recordings",
+    "backend",
+    "bcc_backend",
+    "strace_backend",
+    "torch_installed",
+    "chromium",
+    "small_tmpfs",
+    "sector_4k_mount",
+    "baseline",
+    "report_page",
+}
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -98,5 +98,3 @@ def aggregate_worker_ops(ops, awaited, *, buffer_bytes: int = 4 << 20, block_byt
         aggregator.add(op)
     aggregator.flush_all()
     return aggregator.out
-
-

@@ -266,8 +266,17 @@ class _Planner:
         handle = self.new_handle(path, seq, worker)
         self.slots[(pid, fd)] = handle
         self.touch(path, creating=False)
-        self.ops[worker].append(PlanOp(seq=seq, kind="open", ts_ns=ts, handle=handle, path=path, flags=os.O_RDWR,
-                                       deps=self.path_deps(seq, worker, path)))
+        self.ops[worker].append(
+            PlanOp(
+                seq=seq,
+                kind="open",
+                ts_ns=ts,
+                handle=handle,
+                path=path,
+                flags=os.O_RDWR,
+                deps=self.path_deps(seq, worker, path),
+            )
+        )
         self.skipped["implicit_opens"] += 1
         return handle
 
@@ -325,8 +334,17 @@ class _Planner:
         if old is not None:
             self.handle_refs[old] -= 1
         self.slots[(row["pid"], row["fd"])] = handle
-        self.ops[worker].append(PlanOp(seq=seq, kind="open", ts_ns=row["ts_ns"], handle=handle, path=path,
-                                       flags=flags, deps=self.path_deps(seq, worker, path)))
+        self.ops[worker].append(
+            PlanOp(
+                seq=seq,
+                kind="open",
+                ts_ns=row["ts_ns"],
+                handle=handle,
+                path=path,
+                flags=flags,
+                deps=self.path_deps(seq, worker, path),
+            )
+        )
 
     def _fd_op(self, seq, worker, row) -> tuple[int, list[int]] | None:
         path = self.rel(row["path"])
@@ -343,8 +361,17 @@ class _Planner:
         if found is None:
             return None
         handle, deps = found
-        self.ops[worker].append(PlanOp(seq=seq, kind=kind, ts_ns=row["ts_ns"], handle=handle,
-                                       path=self.handle_path[handle], deps=tuple(deps), **values))
+        self.ops[worker].append(
+            PlanOp(
+                seq=seq,
+                kind=kind,
+                ts_ns=row["ts_ns"],
+                handle=handle,
+                path=self.handle_path[handle],
+                deps=tuple(deps),
+                **values,
+            )
+        )
         return handle
 
     def _row_close(self, seq, worker, row) -> None:
@@ -358,8 +385,16 @@ class _Planner:
         if self.file_of_path.get(path) == self.handle_file[handle]:  # (and joins the path's chain of waits)
             self._dep(self.last_path_op.get(path), worker, deps)
             self.last_path_op[path] = (seq, worker)
-        self.ops[worker].append(PlanOp(seq=seq, kind="close", ts_ns=row["ts_ns"], handle=handle,
-                                       release=self.handle_refs[handle] <= 0, deps=tuple(sorted(set(deps)))))
+        self.ops[worker].append(
+            PlanOp(
+                seq=seq,
+                kind="close",
+                ts_ns=row["ts_ns"],
+                handle=handle,
+                release=self.handle_refs[handle] <= 0,
+                deps=tuple(sorted(set(deps))),
+            )
+        )
 
     def _request(self, row) -> dict:
         """The queue of a request row (and its recorded depth), as PlanOp fields."""
@@ -404,8 +439,9 @@ class _Planner:
         if row["interface"] == v.MMAP:
             self._row_mapped(seq, worker, row, "read")
             return
-        handle = self._append_fd_op(seq, worker, row, "read", offset=row["offset"], size=row["size"] or 0,
-                                    **self._request(row))
+        handle = self._append_fd_op(
+            seq, worker, row, "read", offset=row["offset"], size=row["size"] or 0, **self._request(row)
+        )
         if handle is None:
             return
         path = self.handle_path[handle]
@@ -422,8 +458,19 @@ class _Planner:
         path, size = self.handle_path[handle], row["size"] or 0
         deps: list[int] = []
         self._dep(self.handle_origin.get(handle), worker, deps)
-        self.ops[worker].append(PlanOp(seq=seq, kind=kind, ts_ns=row["ts_ns"], handle=handle, path=path,
-                                       offset=offset, size=size, mapped=True, deps=tuple(deps)))
+        self.ops[worker].append(
+            PlanOp(
+                seq=seq,
+                kind=kind,
+                ts_ns=row["ts_ns"],
+                handle=handle,
+                path=path,
+                offset=offset,
+                size=size,
+                mapped=True,
+                deps=tuple(deps),
+            )
+        )
         if kind == "write":
             self.bytes_to_write += size
             self.coverage[self.handle_file[handle]].append((offset, offset + size))
@@ -439,9 +486,20 @@ class _Planner:
             return
         handle = self.new_handle(path, seq, worker)
         self.touch(path, creating=False)
-        self.ops[worker].append(PlanOp(seq=seq, kind="mmap", ts_ns=row["ts_ns"], handle=handle, path=path,
-                                       offset=row["offset"] or 0, size=row["size"], flags=row["flags"],
-                                       prot=row["prot"], deps=self.path_deps(seq, worker, path)))
+        self.ops[worker].append(
+            PlanOp(
+                seq=seq,
+                kind="mmap",
+                ts_ns=row["ts_ns"],
+                handle=handle,
+                path=path,
+                offset=row["offset"] or 0,
+                size=row["size"],
+                flags=row["flags"],
+                prot=row["prot"],
+                deps=self.path_deps(seq, worker, path),
+            )
+        )
         self.mappings[row["pid"]].append((row["address"], row["size"] or 0, row["offset"] or 0, handle))
 
     def _row_munmap(self, seq, worker, row) -> None:
@@ -455,8 +513,9 @@ class _Planner:
         self.handle_refs[handle] -= 1
         deps: list[int] = []
         self._dep(self.handle_origin.get(handle), worker, deps)
-        self.ops[worker].append(PlanOp(seq=seq, kind="munmap", ts_ns=row["ts_ns"], handle=handle, release=True,
-                                       deps=tuple(deps)))
+        self.ops[worker].append(
+            PlanOp(seq=seq, kind="munmap", ts_ns=row["ts_ns"], handle=handle, release=True, deps=tuple(deps))
+        )
 
     def _row_msync(self, seq, worker, row) -> None:
         found = self._mapped_handle(row["pid"], row["address"])
@@ -465,8 +524,18 @@ class _Planner:
             return
         deps: list[int] = []
         self._dep(self.handle_origin.get(found[0]), worker, deps)
-        self.ops[worker].append(PlanOp(seq=seq, kind="msync", ts_ns=row["ts_ns"], handle=found[0],
-                                       offset=found[1], size=row["size"], flags=row["flags"], deps=tuple(deps)))
+        self.ops[worker].append(
+            PlanOp(
+                seq=seq,
+                kind="msync",
+                ts_ns=row["ts_ns"],
+                handle=found[0],
+                offset=found[1],
+                size=row["size"],
+                flags=row["flags"],
+                deps=tuple(deps),
+            )
+        )
 
     def _row_lseek(self, seq, worker, row) -> None:
         self._append_fd_op(seq, worker, row, "lseek", offset=row["offset"])
@@ -477,8 +546,9 @@ class _Planner:
     _row_fdatasync = _row_fsync
 
     def _row_sync_file_range(self, seq, worker, row) -> None:
-        self._append_fd_op(seq, worker, row, "sync_file_range", offset=row["offset"], size=row["size"],
-                           flags=row["flags"])
+        self._append_fd_op(
+            seq, worker, row, "sync_file_range", offset=row["offset"], size=row["size"], flags=row["flags"]
+        )
 
     def _row_ftruncate(self, seq, worker, row) -> None:
         handle = self._append_fd_op(seq, worker, row, "ftruncate", size=row["size"])
@@ -509,8 +579,9 @@ class _Planner:
         if old is not None:
             self.handle_refs[old] -= 1
         self.slots[(row["pid"], row["ret"])] = handle
-        self.ops[worker].append(PlanOp(seq=seq, kind="dup", ts_ns=row["ts_ns"], handle=handle,
-                                       source_handle=source, deps=tuple(deps)))
+        self.ops[worker].append(
+            PlanOp(seq=seq, kind="dup", ts_ns=row["ts_ns"], handle=handle, source_handle=source, deps=tuple(deps))
+        )
 
     def _row_fcntl(self, seq, worker, row) -> None:
         self._append_fd_op(seq, worker, row, "fcntl", flags=row["flags"])
@@ -536,8 +607,11 @@ class _Planner:
             if flags & entries.RENAME_EXCHANGE:
                 self.mkdir_seq[old] = (seq, worker)
         deps = sorted(set(deps) | set(self.path_deps(seq, worker, old, new)))
-        self.ops[worker].append(PlanOp(seq=seq, kind="rename", ts_ns=row["ts_ns"], path=old, new_path=new,
-                                 flags=row["flags"], deps=tuple(deps)))
+        self.ops[worker].append(
+            PlanOp(
+                seq=seq, kind="rename", ts_ns=row["ts_ns"], path=old, new_path=new, flags=row["flags"], deps=tuple(deps)
+            )
+        )
 
     def _row_link(self, seq, worker, row) -> None:
         """A second name of a file (link(2)): both names are the one file (sizes, content) from now on."""
@@ -551,8 +625,17 @@ class _Planner:
         self.file_of_path[new] = self.file(old)
         if old in self.sizes:
             self.sizes[new] = self.sizes[old]
-        self.ops[worker].append(PlanOp(seq=seq, kind="link", ts_ns=row["ts_ns"], path=old, new_path=new, flags=row["flags"],
-                                 deps=self.path_deps(seq, worker, old, new)))
+        self.ops[worker].append(
+            PlanOp(
+                seq=seq,
+                kind="link",
+                ts_ns=row["ts_ns"],
+                path=old,
+                new_path=new,
+                flags=row["flags"],
+                deps=self.path_deps(seq, worker, old, new),
+            )
+        )
 
     def _row_symlink(self, seq, worker, row) -> None:
         """A symbolic link made (symlink(2)): an entry holding the recorded content, which the replay never
@@ -566,8 +649,16 @@ class _Planner:
         self.named.add(new)
         self.first_touch.setdefault(new, True)
         self.made_dirs.add(new)  # (an entry the trace makes: nothing is made at its name before the clock)
-        self.ops[worker].append(PlanOp(seq=seq, kind="symlink", ts_ns=row["ts_ns"], path=row["path"], new_path=new,
-                                 deps=self.path_deps(seq, worker, new)))
+        self.ops[worker].append(
+            PlanOp(
+                seq=seq,
+                kind="symlink",
+                ts_ns=row["ts_ns"],
+                path=row["path"],
+                new_path=new,
+                deps=self.path_deps(seq, worker, new),
+            )
+        )
 
     def _row_unlink(self, seq, worker, row) -> None:
         path = self.rel(row["path"])
@@ -577,12 +668,20 @@ class _Planner:
         self.named.add(path)
         # rmdir: a directory, made before the clock if never seen
         if (row["flags"] or 0) & v.AT_REMOVEDIR and path not in self.first_touch and not self._under_made_dir(path):
-                self.opened_dirs.add(path)
+            self.opened_dirs.add(path)
         self.first_touch.setdefault(path, False)
         self.sizes.pop(path, None)
         self.file_of_path.pop(path, None)
-        self.ops[worker].append(PlanOp(seq=seq, kind="unlink", ts_ns=row["ts_ns"], path=path, flags=row["flags"],
-                                       deps=self.path_deps(seq, worker, path)))
+        self.ops[worker].append(
+            PlanOp(
+                seq=seq,
+                kind="unlink",
+                ts_ns=row["ts_ns"],
+                path=path,
+                flags=row["flags"],
+                deps=self.path_deps(seq, worker, path),
+            )
+        )
 
     def _row_mkdir(self, seq, worker, row) -> None:
         path = self.rel(row["path"])
@@ -601,10 +700,13 @@ class _Planner:
     def finish(self, strategy: str) -> ReplayPlan:
         # Ported fix: a path with files under it is a directory, never a file to create.
         parents = {a for path in self.first_touch for a in _ancestors(path)}
-        precreate_files = tuple(sorted(
-            (path, self.read_extent.get(path, 0)) for path, creating in self.first_touch.items()
-            if not creating and path not in self.made_dirs and path not in self.opened_dirs and path not in parents
-        ))
+        precreate_files = tuple(
+            sorted(
+                (path, self.read_extent.get(path, 0))
+                for path, creating in self.first_touch.items()
+                if not creating and path not in self.made_dirs and path not in self.opened_dirs and path not in parents
+            )
+        )
         dirs = {d for d in self.opened_dirs if not self._under_made_dir(d)}
         for path in self.named:
             for parent in _ancestors(path):
@@ -617,10 +719,19 @@ class _Planner:
             if fid is not None and fid not in self.truncated and extent:
                 self.coverage[fid].insert(0, (0, extent))
         workers = tuple(
-            WorkerPlan(pid=pid, tid=tid, rank=self.ranks[(pid, tid)], ops=tuple(
-                dataclasses.replace(op, pattern_key=key_of.get(self.handle_file[op.handle], 0))
-                if op.kind == "write" else op for op in ops))
-            for (pid, tid), ops in sorted(self.ops.items()) if ops
+            WorkerPlan(
+                pid=pid,
+                tid=tid,
+                rank=self.ranks[(pid, tid)],
+                ops=tuple(
+                    dataclasses.replace(op, pattern_key=key_of.get(self.handle_file[op.handle], 0))
+                    if op.kind == "write"
+                    else op
+                    for op in ops
+                ),
+            )
+            for (pid, tid), ops in sorted(self.ops.items())
+            if ops
         )
         expected = {path: size for path, size in self.sizes.items() if size is not None and path not in parents}
         for path, extent in precreate_files:
@@ -634,18 +745,23 @@ class _Planner:
             skipped_ops=MappingProxyType(dict(self.skipped)),
             bytes_to_write=self.bytes_to_write + sum(size for _, size in precreate_files),
             awaited=frozenset(self.awaited),
-            pattern_keys=MappingProxyType({path: key_of.get(self.precreated.get(path), 0) for path, _ in precreate_files}),
+            pattern_keys=MappingProxyType(
+                {path: key_of.get(self.precreated.get(path), 0) for path, _ in precreate_files}
+            ),
             checks=PlanChecks(
                 expected_sizes=MappingProxyType(expected),
-                verify_ranges=MappingProxyType({
-                    path: _clipped(merge_ranges(self.coverage[fid]), expected[path])
-                    for path, fid in sorted(self.file_of_path.items())
-                    if fid not in self.unverifiable and path in expected and final_path[fid] == path
-                }),
+                verify_ranges=MappingProxyType(
+                    {
+                        path: _clipped(merge_ranges(self.coverage[fid]), expected[path])
+                        for path, fid in sorted(self.file_of_path.items())
+                        if fid not in self.unverifiable and path in expected and final_path[fid] == path
+                    }
+                ),
                 unverifiable=tuple(sorted(p for p, fid in self.file_of_path.items() if fid in self.unverifiable)),
             ),
-            files=FileIdentity(handle_files=MappingProxyType(dict(self.handle_file)),
-                               file_paths=MappingProxyType(final_path)),
+            files=FileIdentity(
+                handle_files=MappingProxyType(dict(self.handle_file)), file_paths=MappingProxyType(final_path)
+            ),
             queue_depths=MappingProxyType(dict(self.queue_depths)),
         )
 
@@ -666,8 +782,25 @@ def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(start, end) for start, end in merged]
 
 
-_PLAN_COLUMNS = ("ts_ns", "pid", "tid", "rank", "op", "fd", "path", "new_path", "offset", "size", "ret", "flags",
-                 "interface", "queue_id", "in_flight", "address", "prot")
+_PLAN_COLUMNS = (
+    "ts_ns",
+    "pid",
+    "tid",
+    "rank",
+    "op",
+    "fd",
+    "path",
+    "new_path",
+    "offset",
+    "size",
+    "ret",
+    "flags",
+    "interface",
+    "queue_id",
+    "in_flight",
+    "address",
+    "prot",
+)
 
 
 HOST_ARCH = v.host_arch()
@@ -681,8 +814,10 @@ def build_posix_plan(table: pa.Table, strip_prefix: str | None = None, *, arch: 
     trace of an architecture whose open flags are unknown.
     """
     if v.normalize_arch(arch) not in v.OPEN_FLAGS:
-        raise ReplayError(f"the trace was recorded on {arch}, whose open flags this release does not know "
-                          f"(known: {', '.join(v.ARCHES)})")
+        raise ReplayError(
+            f"the trace was recorded on {arch}, whose open flags this release does not know "
+            f"(known: {', '.join(v.ARCHES)})"
+        )
     table = table.select(list(_PLAN_COLUMNS))
     if table.num_rows:
         table = table.sort_by([("ts_ns", "ascending")])
@@ -693,8 +828,18 @@ def build_posix_plan(table: pa.Table, strip_prefix: str | None = None, *, arch: 
     return _cross_worker_order(planner.finish("posix"))
 
 
-_ORDERED = {"close", "munmap", "lseek", "fcntl", "ftruncate", "fallocate", "fsync", "fdatasync", "sync_file_range",
-            "msync"}
+_ORDERED = {
+    "close",
+    "munmap",
+    "lseek",
+    "fcntl",
+    "ftruncate",
+    "fallocate",
+    "fsync",
+    "fdatasync",
+    "sync_file_range",
+    "msync",
+}
 
 
 def _cross_worker_order(plan: ReplayPlan) -> ReplayPlan:
@@ -706,8 +851,9 @@ def _cross_worker_order(plan: ReplayPlan) -> ReplayPlan:
     for seq, i, k in everything:
         op = plan.workers[i].ops[k]
         if op.handle is not None:
-            uses[op.handle].append((seq, i, op.kind in _ORDERED
-                                    or (op.kind in ("read", "write") and op.offset is None and not op.mapped)))
+            uses[op.handle].append(
+                (seq, i, op.kind in _ORDERED or (op.kind in ("read", "write") and op.offset is None and not op.mapped))
+            )
         if op.kind == "dup" and op.source_handle is not None:
             uses[op.source_handle].append((seq, i, False))
     workers_of = {h: {w for _, w, _ in u} for h, u in uses.items()}
@@ -715,8 +861,11 @@ def _cross_worker_order(plan: ReplayPlan) -> ReplayPlan:
     extra: dict[tuple[int, int], set[int]] = defaultdict(set)
     for seq, i, k in everything:
         op = plan.workers[i].ops[k]
-        handles = ([(op.handle, op.kind in _ORDERED or (op.kind in ("read", "write") and op.offset is None
-                                                         and not op.mapped))] if op.handle is not None else [])
+        handles = (
+            [(op.handle, op.kind in _ORDERED or (op.kind in ("read", "write") and op.offset is None and not op.mapped))]
+            if op.handle is not None
+            else []
+        )
         if op.kind == "dup" and op.source_handle is not None:
             handles.append((op.source_handle, False))
         for handle, ordered in handles:
@@ -737,8 +886,15 @@ def _cross_worker_order(plan: ReplayPlan) -> ReplayPlan:
                     extra[(i, k)].update(last_write.values())
     if not extra:
         return plan
-    workers = tuple(dataclasses.replace(w, ops=tuple(
-        dataclasses.replace(op, deps=tuple(sorted(set(op.deps) | extra[(i, k)]))) if extra.get((i, k)) else op
-        for k, op in enumerate(w.ops))) for i, w in enumerate(plan.workers))
+    workers = tuple(
+        dataclasses.replace(
+            w,
+            ops=tuple(
+                dataclasses.replace(op, deps=tuple(sorted(set(op.deps) | extra[(i, k)]))) if extra.get((i, k)) else op
+                for k, op in enumerate(w.ops)
+            ),
+        )
+        for i, w in enumerate(plan.workers)
+    )
     awaited = set(plan.awaited) | {s for deps in extra.values() for s in deps}
     return dataclasses.replace(plan, workers=workers, awaited=frozenset(awaited))

@@ -25,8 +25,12 @@ def test_merged_extents_cover_exactly_the_union(ranges):
     assert all(a[1] < b[0] for a, b in zip(merged, merged[1:]))  # disjoint, sorted, not touching
 
 
-@given(st.lists(st.tuples(st.sampled_from([0, 3, 200, 32_767, 40_000, 1 << 40]), st.integers(0, 1 << 16), st.integers(0, 5000)),
-                max_size=40))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0, 3, 200, 32_767, 40_000, 1 << 40]), st.integers(0, 1 << 16), st.integers(0, 5000)),
+        max_size=40,
+    )
+)
 def test_grouped_unions_equal_each_group_alone(rows):
     # Groups in any order, small ones (sorted as int16) and large ones (as int64), per group the same union
     # as that group's ranges alone, counted byte by byte (merge_extents is this function for one group).
@@ -38,13 +42,16 @@ def test_grouped_unions_equal_each_group_alone(rows):
     for g, s, e in zip(out_groups.tolist(), out_starts.tolist(), out_ends.tolist()):
         got.setdefault(g, []).append((s, e))
     expected = {g: {b for h, s, n in rows if h == g for b in range(s, s + n)} for g in {g for g, _, _ in rows}}
-    assert {g: {b for s, e in r for b in range(s, e)} for g, r in got.items()} == {g: b for g, b in expected.items() if b}
+    assert {g: {b for s, e in r for b in range(s, e)} for g, r in got.items()} == {
+        g: b for g, b in expected.items() if b
+    }
     assert all(a[1] < b[0] for r in got.values() for a, b in zip(r, r[1:]))  # disjoint, sorted, not touching
     assert list(out_groups) == sorted(out_groups)
 
 
-@given(st.integers(0, 1 << 24), st.integers(1, 1 << 24), st.sampled_from([512, 4096]),
-       st.sampled_from([1 * MIB, 4 * MIB]))
+@given(
+    st.integers(0, 1 << 24), st.integers(1, 1 << 24), st.sampled_from([512, 4096]), st.sampled_from([1 * MIB, 4 * MIB])
+)
 def test_split_pieces_are_contiguous_with_an_aligned_body(start, length, block, buffer):
     pieces = split_extent(start, start + length, buffer, block)
     assert pieces[0][0] == start and sum(size for _, size in pieces) == length
@@ -60,17 +67,26 @@ def test_dcp_like_writes_coalesce_into_aligned_buffers_between_barriers(tmp_path
         ops.append({"op": "write", "path": "/ck/__0_0.distcp", "fd": 3, "offset": offset, "size": size, "ret": size})
         offset += size
         ops.append({"op": "lseek", "path": "/ck/__0_0.distcp", "fd": 3, "offset": offset})
-    ops += [{"op": "fsync", "path": "/ck/__0_0.distcp", "fd": 3},
-            {"op": "write", "path": "/ck/__0_0.distcp", "fd": 3, "offset": offset, "size": 100, "ret": 100},
-            {"op": "close", "path": "/ck/__0_0.distcp", "fd": 3},
-            {"op": "rename", "path": "/ck/__0_0.distcp", "new_path": "/ck/final"}]
+    ops += [
+        {"op": "fsync", "path": "/ck/__0_0.distcp", "fd": 3},
+        {"op": "write", "path": "/ck/__0_0.distcp", "fd": 3, "offset": offset, "size": 100, "ret": 100},
+        {"op": "close", "path": "/ck/__0_0.distcp", "fd": 3},
+        {"op": "rename", "path": "/ck/__0_0.distcp", "new_path": "/ck/final"},
+    ]
     table = read_trace(make_trace(tmp_path / "t.arrow", ops)).table
     plan = build_plan(table, "aggregated", buffer_bytes=4 * MIB, block_bytes=4096)
     kinds = [(op.kind, op.offset, op.size) for op in plan.workers[0].ops if op.kind != "lseek"]
     assert offset == 8 * MIB + 3159  # 2 x (704 + 873) header and trailer bytes, 3 MiB + 5 and 5 MiB payloads
-    assert kinds == [("open", None, None), ("write", 0, 4 * MIB), ("write", 4 * MIB, 4 * MIB),
-                     ("write", 8 * MIB, 3159), ("fsync", None, None), ("write", offset, 100), ("close", None, None),
-                     ("rename", None, None)]
+    assert kinds == [
+        ("open", None, None),
+        ("write", 0, 4 * MIB),
+        ("write", 4 * MIB, 4 * MIB),
+        ("write", 8 * MIB, 3159),
+        ("fsync", None, None),
+        ("write", offset, 100),
+        ("close", None, None),
+        ("rename", None, None),
+    ]
     assert dict(plan.checks.expected_sizes) == {"ck/final": offset + 100}
 
 
@@ -85,18 +101,22 @@ def test_aggregated_replay_reproduces_every_file_size(io_uring, odd_strace, tmp_
 
 
 def test_unknown_offsets_are_not_aggregated(tmp_path):
-    ops = [{"op": "open", "path": "/log", "fd": 3, "flags": CREATE | sc.O_APPEND, "ret": 3},
-           {"op": "write", "path": "/log", "fd": 3, "offset": 0, "size": 10, "ret": 10},
-           {"op": "write", "path": "/log", "fd": 3, "offset": None, "size": 7, "ret": 7},
-           {"op": "write", "path": "/log", "fd": 3, "offset": 17, "size": 3, "ret": 3}]
+    ops = [
+        {"op": "open", "path": "/log", "fd": 3, "flags": CREATE | sc.O_APPEND, "ret": 3},
+        {"op": "write", "path": "/log", "fd": 3, "offset": 0, "size": 10, "ret": 10},
+        {"op": "write", "path": "/log", "fd": 3, "offset": None, "size": 7, "ret": 7},
+        {"op": "write", "path": "/log", "fd": 3, "offset": 17, "size": 3, "ret": 3},
+    ]
     plan = build_plan(read_trace(make_trace(tmp_path / "t.arrow", ops)).table, "aggregated")
     assert [(op.offset, op.size) for op in plan.workers[0].ops if op.kind == "write"] == [(0, 10), (None, 7), (17, 3)]
 
 
 def test_merged_writes_keep_their_wait_on_another_workers_open(tmp_path):
-    ops = [{"op": "open", "path": "/f", "fd": 3, "flags": CREATE, "ret": 3},
-           {"op": "write", "path": "/f", "fd": 3, "pid": 2, "tid": 2, "offset": 0, "size": 10, "ret": 10},
-           {"op": "write", "path": "/f", "fd": 3, "pid": 2, "tid": 2, "offset": 10, "size": 10, "ret": 10}]
+    ops = [
+        {"op": "open", "path": "/f", "fd": 3, "flags": CREATE, "ret": 3},
+        {"op": "write", "path": "/f", "fd": 3, "pid": 2, "tid": 2, "offset": 0, "size": 10, "ret": 10},
+        {"op": "write", "path": "/f", "fd": 3, "pid": 2, "tid": 2, "offset": 10, "size": 10, "ret": 10},
+    ]
     plan = build_plan(read_trace(make_trace(tmp_path / "t.arrow", ops)).table, "aggregated")
     child = next(w for w in plan.workers if w.pid == 2)
     assert [(op.kind, op.offset, op.size, op.deps) for op in child.ops] == [("write", 0, 20, (0,))]

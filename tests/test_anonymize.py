@@ -19,25 +19,55 @@ def _trace(path: Path) -> Path:
     rows = []
     for index, (name, size) in enumerate(files.items()):
         fd = 3 + index
-        rows += [{"op": "open", "path": name, "fd": fd, "ret": fd, "flags": 0o1 | 0o100 | 0o1000},
-                 {"op": "write", "path": name, "fd": fd, "offset": 0, "size": size // 2, "ret": size // 2},
-                 {"op": "write", "path": name, "fd": fd, "offset": size // 2, "size": size - size // 2,
-                  "ret": size - size // 2},
-                 {"op": "close", "path": name, "fd": fd}]
+        rows += [
+            {"op": "open", "path": name, "fd": fd, "ret": fd, "flags": 0o1 | 0o100 | 0o1000},
+            {"op": "write", "path": name, "fd": fd, "offset": 0, "size": size // 2, "ret": size // 2},
+            {
+                "op": "write",
+                "path": name,
+                "fd": fd,
+                "offset": size // 2,
+                "size": size - size // 2,
+                "ret": size - size // 2,
+            },
+            {"op": "close", "path": name, "fd": fd},
+        ]
     rows.append({"op": "rename", "path": f"{base}/weights-quux-0.distcp", "new_path": f"{base}/final.distcp"})
-    defaults = {"dur_ns": 1, "pid": 1, "tid": 1, "comm": "trainglorp", "rank": 0, "fd": None, "path": None,
-                "new_path": None, "offset": None, "offset_source": None, "size": None, "flags": None,
-                "iov_count": None, "ret": 0}
+    defaults = {
+        "dur_ns": 1,
+        "pid": 1,
+        "tid": 1,
+        "comm": "trainglorp",
+        "rank": 0,
+        "fd": None,
+        "path": None,
+        "new_path": None,
+        "offset": None,
+        "offset_source": None,
+        "size": None,
+        "flags": None,
+        "iov_count": None,
+        "ret": 0,
+    }
     columns: dict[str, list] = {}
     for index, row in enumerate(rows):
         row = {**defaults, "ts_ns": index * 1000, "syscall": row["op"], **row}
         for key, value in row.items():
             columns.setdefault(key, []).append(value)
-    meta = {"creator": "test", "creator_version": "0", "host": "hostfrobnic", "kernel": "6.1.0", "arch": "x86_64",
-            "command": ["python3", "trainglorp.py", "--out", base], "backend": "strace",
-            "backend_reason": f"requested; log under {base}", "start_wall_time_ns": 0, "lost_events": 0,
-            "filesystems": {"/zorblax": {"type": "xfs", "block_size": 4096, "device": "/dev/hostfrobnic-vg"}},
-            "path_filters": [base + "/"]}
+    meta = {
+        "creator": "test",
+        "creator_version": "0",
+        "host": "hostfrobnic",
+        "kernel": "6.1.0",
+        "arch": "x86_64",
+        "command": ["python3", "trainglorp.py", "--out", base],
+        "backend": "strace",
+        "backend_reason": f"requested; log under {base}",
+        "start_wall_time_ns": 0,
+        "lost_events": 0,
+        "filesystems": {"/zorblax": {"type": "xfs", "block_size": 4096, "device": "/dev/hostfrobnic-vg"}},
+        "path_filters": [base + "/"],
+    }
     return write_trace(path, table_from_columns(columns), meta)
 
 
@@ -74,7 +104,9 @@ def test_the_same_key_gives_the_same_names_and_the_input_is_never_the_output(tmp
     original = _trace(tmp_path / "t.arrow")
     for name in ("a.arrow", "b.arrow"):
         cli("anonymize", str(original), "-o", str(tmp_path / name), "--key", "k1")
-    assert (read_trace(tmp_path / "a.arrow").table.column("path").to_pylist()
-            == read_trace(tmp_path / "b.arrow").table.column("path").to_pylist())
+    assert (
+        read_trace(tmp_path / "a.arrow").table.column("path").to_pylist()
+        == read_trace(tmp_path / "b.arrow").table.column("path").to_pylist()
+    )
     proc = cli("anonymize", str(original), "-o", str(original), "--force", check=False)
     assert proc.returncode == 2 and "is the input" in proc.stderr

@@ -19,8 +19,18 @@ from ckpt_trace.formats import vocabulary as v
 from ckpt_trace.replayer import build_posix_plan, replay
 from ckpt_trace.replayer import plan as plan_module
 
-META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"],
-        "backend": "strace", "start_wall_time_ns": 0, "filesystems": {}, "lost_events": 0, "arch": "x86_64"}
+META = {
+    "creator": "test",
+    "creator_version": "0",
+    "host": "h",
+    "kernel": "k",
+    "command": ["x"],
+    "backend": "strace",
+    "start_wall_time_ns": 0,
+    "filesystems": {},
+    "lost_events": 0,
+    "arch": "x86_64",
+}
 
 
 def synthetic(path: Path, arch: str) -> Path:
@@ -28,15 +38,34 @@ def synthetic(path: Path, arch: str) -> Path:
     flag = v.OPEN_FLAGS[arch]
     rows = [
         {"op": "open", "path": "/ck", "fd": 3, "ret": 3, "flags": flag["O_DIRECTORY"] | flag["O_CLOEXEC"]},
-        {"op": "open", "path": "/ck/shard.bin", "fd": 4, "ret": 4,
-         "flags": v.open_flag("O_WRONLY", arch) | flag["O_CREAT"] | flag["O_TRUNC"] | flag["O_DIRECT"]},
+        {
+            "op": "open",
+            "path": "/ck/shard.bin",
+            "fd": 4,
+            "ret": 4,
+            "flags": v.open_flag("O_WRONLY", arch) | flag["O_CREAT"] | flag["O_TRUNC"] | flag["O_DIRECT"],
+        },
         {"op": "write", "path": "/ck/shard.bin", "fd": 4, "offset": 0, "size": 8192, "ret": 8192},
         {"op": "fsync", "path": "/ck/shard.bin", "fd": 4},
         {"op": "close", "path": "/ck/shard.bin", "fd": 4},
         {"op": "close", "path": "/ck", "fd": 3},
     ]
-    defaults = {"dur_ns": 1, "pid": 1, "tid": 1, "comm": "t", "rank": 0, "fd": None, "path": None, "new_path": None,
-                "offset": None, "offset_source": None, "size": None, "flags": None, "iov_count": None, "ret": 0}
+    defaults = {
+        "dur_ns": 1,
+        "pid": 1,
+        "tid": 1,
+        "comm": "t",
+        "rank": 0,
+        "fd": None,
+        "path": None,
+        "new_path": None,
+        "offset": None,
+        "offset_source": None,
+        "size": None,
+        "flags": None,
+        "iov_count": None,
+        "ret": 0,
+    }
     columns: dict[str, list] = {}
     for index, row in enumerate(rows):
         row = {**defaults, "ts_ns": index * 1000, "syscall": "openat" if row["op"] == "open" else row["op"], **row}
@@ -93,8 +122,9 @@ class _ArmOs:
 NAMES = sorted(set(v.OPEN_FLAGS[v.X86_64]) - {"O_WRONLY", "O_RDWR"})
 
 
-@given(st.sampled_from([0, 1, 2]), st.sets(st.sampled_from(NAMES)), st.sampled_from(v.ARCHES),
-       st.sampled_from(v.ARCHES))
+@given(
+    st.sampled_from([0, 1, 2]), st.sets(st.sampled_from(NAMES)), st.sampled_from(v.ARCHES), st.sampled_from(v.ARCHES)
+)
 def test_translation_keeps_every_named_flag(mode, names, source, target):
     flags = mode | sum(v.OPEN_FLAGS[source][name] for name in names)
     moved = v.translate_open_flags(flags, source, target)

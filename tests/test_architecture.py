@@ -35,16 +35,25 @@ def test_every_import_name_is_its_path():
         module = importlib.import_module(name)
         path = Path(module.__file__)
         tail = path.parent if path.name == "__init__.py" else path.with_suffix("")
-        assert tail.parts[-len(relative.parts):] == relative.parts, (name, path)
+        assert tail.parts[-len(relative.parts) :] == relative.parts, (name, path)
         assert any(path.is_relative_to(root) for root in SOURCE_ROOTS), (name, path)
 
 
 @pytest.mark.slow
 def test_the_stage_order_holds():
     """import-linter's contracts in pyproject.toml: formats imports nothing of ours; nothing imports upward."""
-    proc = subprocess.run([sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "
-                           "sys.exit(lint_imports_command())", "--no-cache"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())",
+            "--no-cache",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "0 broken" in proc.stdout
 
@@ -53,10 +62,23 @@ def test_the_stage_order_holds():
 def test_a_violation_is_caught(tmp_path):
     """The check can fail: a contract forbidding an import the replayer really makes is reported broken."""
     config = tmp_path / "contracts.toml"
-    config.write_text('[tool.importlinter]\nroot_packages = ["ckpt_trace"]\n\n'
-                      '[[tool.importlinter.contracts]]\nname = "replayer without formats"\ntype = "forbidden"\n'
-                      'source_modules = ["ckpt_trace.replayer"]\nforbidden_modules = ["ckpt_trace.formats"]\n')
-    proc = subprocess.run([sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "
-                           "sys.exit(lint_imports_command())", "--no-cache", "--config", str(config)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    config.write_text(
+        '[tool.importlinter]\nroot_packages = ["ckpt_trace"]\n\n'
+        '[[tool.importlinter.contracts]]\nname = "replayer without formats"\ntype = "forbidden"\n'
+        'source_modules = ["ckpt_trace.replayer"]\nforbidden_modules = ["ckpt_trace.formats"]\n'
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())",
+            "--no-cache",
+            "--config",
+            str(config),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0 and "replayer without formats BROKEN" in proc.stdout, proc.stdout[-2000:]

@@ -83,8 +83,18 @@ def test_attach_records_exactly_one_checkpoint_and_the_job_runs_on(backend, shap
     try:
         _wait_for(lambda: len(_saves(out)) >= 1, "the job's first save")
         trace = tmp_path / "one.arrow"
-        proc = cli("record", "--backend", backend, "--pid", str(job.pid), "--until-checkpoints", "1", "--json",
-                   "-o", str(trace))
+        proc = cli(
+            "record",
+            "--backend",
+            backend,
+            "--pid",
+            str(job.pid),
+            "--until-checkpoints",
+            "1",
+            "--json",
+            "-o",
+            str(trace),
+        )
         summary = json.loads(proc.stdout)
         assert job.poll() is None, "the job must still run after the recorder detached"
         saves_at_detach = len(_saves(out))
@@ -114,7 +124,7 @@ def test_attach_records_exactly_one_checkpoint_and_the_job_runs_on(backend, shap
     assert ops[0] == "open" and ops.count("write") == 16
     if shape == "rename":  # the commit after the counted close is kept, nothing else after it
         assert ops[-2:] == ["close", "rename"]
-        assert [row["new_path"] for row in rows if row["op"] == "rename"] == [path[:-len(".tmp")]]
+        assert [row["new_path"] for row in rows if row["op"] == "rename"] == [path[: -len(".tmp")]]
     else:
         assert ops[-1] == "close"
     offsets = [row["offset"] for row in rows if row["path"] == path and row["op"] == "write"]
@@ -130,8 +140,9 @@ def test_attach_for_a_duration_detaches_and_the_job_is_unharmed(strace_backend, 
     try:
         _wait_for(lambda: len(_saves(out)) >= 1, "the job's first save")
         trace = tmp_path / "window.arrow"
-        proc = cli("record", "--backend", "strace", "--pid", str(job.pid), "--duration", "2.5", "--json",
-                   "-o", str(trace))
+        proc = cli(
+            "record", "--backend", "strace", "--pid", str(job.pid), "--duration", "2.5", "--json", "-o", str(trace)
+        )
         summary = json.loads(proc.stdout)
         assert job.poll() is None
         with open(f"/proc/{job.pid}/status") as status:  # strace detached: nothing traces the job now
@@ -149,11 +160,22 @@ def test_attach_for_a_duration_detaches_and_the_job_is_unharmed(strace_backend, 
 def test_a_missing_pid_and_wrong_options_fail_in_one_line(tmp_path):
     proc = cli("record", "--backend", "strace", "--pid", "999999999", "-o", str(tmp_path / "t.arrow"), check=False)
     assert proc.returncode != 0 and "--pid 999999999: no such running process" in proc.stderr
-    proc = cli("record", "--backend", "strace", "--pid", str(os.getpid()), "--duration", "0", "-o",
-               str(tmp_path / "t.arrow"), check=False)
+    proc = cli(
+        "record",
+        "--backend",
+        "strace",
+        "--pid",
+        str(os.getpid()),
+        "--duration",
+        "0",
+        "-o",
+        str(tmp_path / "t.arrow"),
+        check=False,
+    )
     assert proc.returncode != 0 and "--duration 0.0: must be a positive" in proc.stderr
-    proc = cli("record", "--backend", "strace", "--duration", "1", "-o", str(tmp_path / "t.arrow"), "--", "true",
-               check=False)
+    proc = cli(
+        "record", "--backend", "strace", "--duration", "1", "-o", str(tmp_path / "t.arrow"), "--", "true", check=False
+    )
     assert proc.returncode != 0 and "go with --pid" in proc.stderr
     assert not (tmp_path / "t.arrow").exists()
 
@@ -167,18 +189,24 @@ def test_the_checkpoint_rule_counts_written_and_closed_files_only():
     none = np.empty(0, np.int64)
     # batch 1: a.bin opened and written; an empty marker opened and closed (no byte: no checkpoint); a file
     # outside the filters written and closed; fd 9 closed without an open seen (opened before the attach)
-    counter.observe([(10, _key(3), "/ckpt/a.bin"), (11, _key(4), "/ckpt/marker"), (12, _key(5), "/tmp/x")],
-                    [(13, _key(4)), (14, _key(5)), (15, _key(9))],
-                    np.array([_key(3), _key(5), _key(9)], np.int64), np.array([12, 13, 14], np.int64))
+    counter.observe(
+        [(10, _key(3), "/ckpt/a.bin"), (11, _key(4), "/ckpt/marker"), (12, _key(5), "/tmp/x")],
+        [(13, _key(4)), (14, _key(5)), (15, _key(9))],
+        np.array([_key(3), _key(5), _key(9)], np.int64),
+        np.array([12, 13, 14], np.int64),
+    )
     assert counter.files == [] and not counter.done
     # batch 2: a.bin closed (its write was in batch 1); fd 3 reused for b.bin, written and closed
-    counter.observe([(30, _key(3), "/ckpt/b.bin")], [(20, _key(3)), (40, _key(3))],
-                    np.array([_key(3)], np.int64), np.array([35], np.int64))
+    counter.observe(
+        [(30, _key(3), "/ckpt/b.bin")],
+        [(20, _key(3)), (40, _key(3))],
+        np.array([_key(3)], np.int64),
+        np.array([35], np.int64),
+    )
     assert counter.files == [("/ckpt/a.bin", 20), ("/ckpt/b.bin", 40)] and counter.cut_ns == 40
     # a write before an open of the same number does not make the new file written
     later = CheckpointCounter(())
-    later.observe([(50, _key(6), "/d/c.bin")], [(60, _key(6))], np.array([_key(6)], np.int64),
-                  np.array([45], np.int64))
+    later.observe([(50, _key(6), "/d/c.bin")], [(60, _key(6))], np.array([_key(6)], np.int64), np.array([45], np.int64))
     assert later.files == [] and later.observe([], [], none, none) is None
 
 
@@ -268,11 +296,26 @@ def test_attach_to_a_two_rank_dcp_job_records_one_save(backend, torch_installed,
     script.write_text(DCP_LOOP)
     job = subprocess.Popen([sys.executable, str(script), str(out)])
     try:
-        _wait_for(lambda: (out / "saves.jsonl").exists() and (out / "saves.jsonl").read_text().strip(),
-                  "the job's first save", timeout_s=300)
+        _wait_for(
+            lambda: (out / "saves.jsonl").exists() and (out / "saves.jsonl").read_text().strip(),
+            "the job's first save",
+            timeout_s=300,
+        )
         trace = tmp_path / "dcp.arrow"
-        proc = cli("record", "--backend", backend, "--pid", str(job.pid), "--until-checkpoints", "3",
-                   "--path-filter", f"{out}/", "--json", "-o", str(trace))
+        proc = cli(
+            "record",
+            "--backend",
+            backend,
+            "--pid",
+            str(job.pid),
+            "--until-checkpoints",
+            "3",
+            "--path-filter",
+            f"{out}/",
+            "--json",
+            "-o",
+            str(trace),
+        )
         summary = json.loads(proc.stdout)
         assert job.poll() is None
     finally:
@@ -287,8 +330,11 @@ def test_attach_to_a_two_rank_dcp_job_records_one_save(backend, torch_installed,
     # an open), and nothing of a later save
     assert {Path(row["path"]).parent for row in rows if row["op"] == "open"} == {step}
     number = lambda name: int(name.split("-")[1])  # noqa: E731 - step-N
-    assert all(number(Path(row["path"]).relative_to(out).parts[0]) <= number(step.name)
-               for row in rows if row["path"] and Path(row["path"]) != out)
+    assert all(
+        number(Path(row["path"]).relative_to(out).parts[0]) <= number(step.name)
+        for row in rows
+        if row["path"] and Path(row["path"]) != out
+    )
     written = Counter()
     for row in rows:
         if row["op"] == "write":
@@ -297,4 +343,5 @@ def test_attach_to_a_two_rank_dcp_job_records_one_save(backend, torch_installed,
         assert written[str(step / name)] == (step / name).stat().st_size
     assert written[str(step / ".metadata.tmp")] == (step / ".metadata").stat().st_size
     assert [(row["path"], row["new_path"]) for row in rows if row["op"] == "rename"] == [
-        (str(step / ".metadata.tmp"), str(step / ".metadata"))]
+        (str(step / ".metadata.tmp"), str(step / ".metadata"))
+    ]

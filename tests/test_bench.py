@@ -26,17 +26,34 @@ from ckpt_trace.errors import BenchError
 from ckpt_trace.iolayer import pattern
 
 KIB, MIB = 1 << 10, 1 << 20
-POINT = BenchPoint(size_bytes=64 * KIB, misaligned_bytes=0, queue_depth=4, processes=1, direct=True, engine="uring",
-                   aggregated=False, preallocated=True)
+POINT = BenchPoint(
+    size_bytes=64 * KIB,
+    misaligned_bytes=0,
+    queue_depth=4,
+    processes=1,
+    direct=True,
+    engine="uring",
+    aggregated=False,
+    preallocated=True,
+)
 
 sizes = st.sampled_from([512, 4 * KIB, 12 * KIB, 64 * KIB, MIB, 3 * MIB])
-points = st.builds(BenchPoint, size_bytes=sizes, misaligned_bytes=st.sampled_from([0, 512]),
-                   queue_depth=st.integers(1, 8), processes=st.integers(1, 4), direct=st.booleans(),
-                   engine=st.sampled_from(bm.ENGINES), aggregated=st.booleans(), preallocated=st.booleans(),
-                   direction=st.sampled_from(bm.DIRECTIONS))
+points = st.builds(
+    BenchPoint,
+    size_bytes=sizes,
+    misaligned_bytes=st.sampled_from([0, 512]),
+    queue_depth=st.integers(1, 8),
+    processes=st.integers(1, 4),
+    direct=st.booleans(),
+    engine=st.sampled_from(bm.ENGINES),
+    aggregated=st.booleans(),
+    preallocated=st.booleans(),
+    direction=st.sampled_from(bm.DIRECTIONS),
+)
 
 
 # -- the plans (pure) -------------------------------------------------------------------------------------
+
 
 @given(point=points, volume=st.integers(1, 16 * MIB))
 def test_pieces_tile_the_stream_from_the_misaligned_start(point, volume):
@@ -100,16 +117,27 @@ def test_describe_names_every_dimension():
 
 # -- one writer process's bytes on disk ---------------------------------------------------------------------
 
+
 def expected_file(point: BenchPoint, stream: int) -> bytes:
     """What the stream leaves in the file: zeros before the misaligned start, then the pattern of every
     byte's own offset (so a piece at the wrong offset differs)."""
     return bytes(point.misaligned_bytes) + pattern.expected(point.misaligned_bytes, stream, 0)
 
 
-WRITER_CASES = [dataclasses.replace(POINT, engine=engine, direct=direct, aggregated=aggregated,
-                                    misaligned_bytes=misaligned, preallocated=preallocated)
-                for engine in bm.ENGINES for direct in (False, True) for aggregated in (False, True)
-                for misaligned, preallocated in ((0, False), (512, True))]
+WRITER_CASES = [
+    dataclasses.replace(
+        POINT,
+        engine=engine,
+        direct=direct,
+        aggregated=aggregated,
+        misaligned_bytes=misaligned,
+        preallocated=preallocated,
+    )
+    for engine in bm.ENGINES
+    for direct in (False, True)
+    for aggregated in (False, True)
+    for misaligned, preallocated in ((0, False), (512, True))
+]
 
 
 @pytest.mark.io_uring
@@ -125,24 +153,42 @@ def test_writer_puts_every_piece_at_its_offset(point, tmp_path, io_uring):
     data = path.read_bytes()
     assert len(data) == point.misaligned_bytes + stream
     assert data == expected_file(point, stream) == worker.expected_content(point, stream)
-    planned = (len(bm.staging_writes(point, stream, MIB // 8, 4096)) if point.aggregated
-               else len(list(bm.pieces(point, stream))))
+    planned = (
+        len(bm.staging_writes(point, stream, MIB // 8, 4096))
+        if point.aggregated
+        else len(list(bm.pieces(point, stream)))
+    )
     assert result.io_ops == planned and len(result.latencies_ns) == 8 * planned
     assert result.end_ns > result.start_ns and result.stream_bytes == stream
 
 
-READER_CASES = [dataclasses.replace(POINT, direction="read", engine=engine, direct=direct, aggregated=aggregated,
-                                    misaligned_bytes=misaligned, preallocated=False)
-                for engine in bm.ENGINES for direct in (False, True) for aggregated in (False, True)
-                for misaligned in (0, 512)]
+READER_CASES = [
+    dataclasses.replace(
+        POINT,
+        direction="read",
+        engine=engine,
+        direct=direct,
+        aggregated=aggregated,
+        misaligned_bytes=misaligned,
+        preallocated=False,
+    )
+    for engine in bm.ENGINES
+    for direct in (False, True)
+    for aggregated in (False, True)
+    for misaligned in (0, 512)
+]
 
 
 def resident_bytes(path: Path) -> int:
     """Bytes of ``path`` in the page cache, as util-linux fincore(1) (mincore(2)) reports them."""
     if shutil.which("fincore") is None:
         _missing("fincore (util-linux) is needed to see the page cache", required_in_ci=True)
-    done = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", str(path)],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(done.stdout.split()[0])
 
 
@@ -167,9 +213,12 @@ def test_reader_reads_every_piece_back_from_a_cold_file(point, tmp_path, io_urin
     finally:
         reader.close()
     assert path.read_bytes() == expected_file(point, stream)  # laid out as a write stream leaves it
-    assert got == expected_file(point, stream)[point.misaligned_bytes:]
-    planned = (len(bm.staging_writes(point, stream, MIB // 8, 4096)) if point.aggregated
-               else len(list(bm.pieces(point, stream))))
+    assert got == expected_file(point, stream)[point.misaligned_bytes :]
+    planned = (
+        len(bm.staging_writes(point, stream, MIB // 8, 4096))
+        if point.aggregated
+        else len(list(bm.pieces(point, stream)))
+    )
     assert result.io_ops == planned and len(result.latencies_ns) == 8 * planned
     assert result.end_ns > result.start_ns and result.stream_bytes == stream
 
@@ -194,20 +243,23 @@ def test_a_read_stream_that_returns_wrong_bytes_fails(tmp_path, aggregated, io_u
 
 
 def test_read_points_are_never_preallocated_and_their_grids_leave_preallocation_out():
-    matrix = make_matrix(quick=True, max_processes=2, sizes=(4 * KIB, MIB), queue_depths=(1, 8),
-                         directions=("write", "read"))
+    matrix = make_matrix(
+        quick=True, max_processes=2, sizes=(4 * KIB, MIB), queue_depths=(1, 8), directions=("write", "read")
+    )
     reads = [p for p in matrix.points() if p.direction == "read"]
     writes = [p for p in matrix.points() if p.direction == "write"]
     assert reads and writes and not any(p.preallocated for p in reads)
     assert len(matrix.pairs("write")) == 28 and len(matrix.pairs("read")) == 21
     assert all("preallocated" not in pair and "direction" not in pair for pair in matrix.pairs("read"))
     assert {dataclasses.replace(p, direction="write") for p in reads} <= {
-        dataclasses.replace(p, preallocated=False) for p in writes}  # the same points, mirrored
+        dataclasses.replace(p, preallocated=False) for p in writes
+    }  # the same points, mirrored
     with pytest.raises(ValueError, match="directions must be among write, read"):
         make_matrix(quick=True, directions=("sideways",))
 
 
 # -- the command, end to end ------------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 @pytest.mark.io_uring
@@ -219,8 +271,23 @@ def test_bench_writes_table_heat_maps_and_the_best_configuration(tmp_path, io_ur
     keep = target / "precious.bin"
     keep.write_bytes(b"not ours")
     out = tmp_path / "results"
-    proc = cli("bench", "--target", str(target), "--quick", "--sizes", "64KiB,1MiB", "--queue-depths", "1,8",
-               "--max-processes", "2", "--volume", "4MiB", "-o", str(out), "--json")
+    proc = cli(
+        "bench",
+        "--target",
+        str(target),
+        "--quick",
+        "--sizes",
+        "64KiB,1MiB",
+        "--queue-depths",
+        "1,8",
+        "--max-processes",
+        "2",
+        "--volume",
+        "4MiB",
+        "-o",
+        str(out),
+        "--json",
+    )
     data = json.loads(proc.stdout)
 
     assert sorted(p.name for p in target.iterdir()) == ["precious.bin"] and keep.read_bytes() == b"not ours"
@@ -231,8 +298,7 @@ def test_bench_writes_table_heat_maps_and_the_best_configuration(tmp_path, io_ur
     ran = [r for r in rows if r["error"] is None]
     assert ran, "no point ran"
     for row in ran:
-        assert row["volume_bytes"] == bm.stream_bytes(point_of(row), 4 * MIB) \
-            * row["processes"]
+        assert row["volume_bytes"] == bm.stream_bytes(point_of(row), 4 * MIB) * row["processes"]
         assert row["throughput_bytes_per_s"] == pytest.approx(row["volume_bytes"] / row["elapsed_s"])
         assert row["latency_p50_ns"] <= row["latency_p99_ns"] <= row["latency_max_ns"]
     fastest = max(ran, key=lambda r: r["throughput_bytes_per_s"])
@@ -247,8 +313,23 @@ def test_bench_writes_table_heat_maps_and_the_best_configuration(tmp_path, io_ur
     values = grid_values(table, matrix, "size_bytes", "queue_depth")
     assert len(values) == 2 and all(len(line) == 2 for line in values)
 
-    plain = cli("bench", "--target", str(target), "--quick", "--sizes", "64KiB", "--queue-depths", "1",
-                "--max-processes", "1", "--volume", "1MiB", "-o", str(out), "--force")
+    plain = cli(
+        "bench",
+        "--target",
+        str(target),
+        "--quick",
+        "--sizes",
+        "64KiB",
+        "--queue-depths",
+        "1",
+        "--max-processes",
+        "1",
+        "--volume",
+        "1MiB",
+        "-o",
+        str(out),
+        "--force",
+    )
     assert "best write: 64 KiB aligned writes" in plain.stdout
 
 
@@ -257,8 +338,25 @@ def test_bench_writes_table_heat_maps_and_the_best_configuration(tmp_path, io_ur
 def test_bench_sweeps_reads_and_writes_with_one_heat_map_set_each(tmp_path, io_uring):
     target, out = tmp_path / "storage", tmp_path / "results"
     target.mkdir()
-    proc = cli("bench", "--target", str(target), "--quick", "--sizes", "64KiB,1MiB", "--queue-depths", "1,8",
-               "--max-processes", "2", "--volume", "4MiB", "--direction", "both", "-o", str(out), "--json")
+    proc = cli(
+        "bench",
+        "--target",
+        str(target),
+        "--quick",
+        "--sizes",
+        "64KiB,1MiB",
+        "--queue-depths",
+        "1,8",
+        "--max-processes",
+        "2",
+        "--volume",
+        "4MiB",
+        "--direction",
+        "both",
+        "-o",
+        str(out),
+        "--json",
+    )
     data = json.loads(proc.stdout)
     assert list(target.iterdir()) == []
     table, metadata = read_bench(out / "bench.arrow")
@@ -292,8 +390,9 @@ def sector_4k_mount(tmp_path):
     mount.mkdir()
     with open(image, "wb") as f:
         f.truncate(96 * MIB)
-    attached = subprocess.run(["losetup", "--find", "--show", "--sector-size", "4096", str(image)],
-                              capture_output=True, text=True)
+    attached = subprocess.run(
+        ["losetup", "--find", "--show", "--sector-size", "4096", str(image)], capture_output=True, text=True
+    )
     if attached.returncode != 0:
         _missing(f"losetup failed: {attached.stderr.strip()}", required_in_ci=True)
     device = attached.stdout.strip()
@@ -310,8 +409,9 @@ def sector_4k_mount(tmp_path):
 @pytest.mark.io_uring
 def test_4k_sector_device_refuses_misaligned_o_direct_and_aggregation_repairs_it(sector_4k_mount, io_uring):
     base = make_matrix(quick=True, max_processes=1, sizes=(64 * KIB,), queue_depths=(4,), volume_bytes=MIB)
-    matrix = dataclasses.replace(base, values={**base.values, "engine": ("posix", "uring"), "processes": (1,),
-                                               "preallocated": (True,)})
+    matrix = dataclasses.replace(
+        base, values={**base.values, "engine": ("posix", "uring"), "processes": (1,), "preallocated": (True,)}
+    )
     rows, _ = run_bench(sector_4k_mount, matrix)
     by_point = {point_of(r): r for r in rows}
     for point, row in by_point.items():
@@ -329,8 +429,11 @@ def test_4k_sector_device_refuses_misaligned_o_direct_and_aggregation_repairs_it
 @pytest.mark.io_uring
 def test_repeat_keeps_the_median_run_and_a_single_point_matrix_runs_once(tmp_path, io_uring):
     single = {name: (getattr(bm.BASELINE, name),) for name in bm.DIMENSIONS}
-    matrix = bm.Matrix(values={**single, "size_bytes": (256 * KIB,)},
-                       baseline=dataclasses.replace(bm.BASELINE, size_bytes=256 * KIB), volume_bytes=2 * MIB)
+    matrix = bm.Matrix(
+        values={**single, "size_bytes": (256 * KIB,)},
+        baseline=dataclasses.replace(bm.BASELINE, size_bytes=256 * KIB),
+        volume_bytes=2 * MIB,
+    )
     assert matrix.pairs() == [] and matrix.points() == [matrix.baseline]
     rows, metadata = run_bench(tmp_path, matrix, repeat=3)
     assert len(rows) == 1 and metadata["repeat"] == 3
@@ -340,6 +443,7 @@ def test_repeat_keeps_the_median_run_and_a_single_point_matrix_runs_once(tmp_pat
 
 
 # -- failures ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 @pytest.mark.io_uring
@@ -361,9 +465,25 @@ def test_ctrl_c_stops_the_writers_removes_the_scratch_and_says_one_line(tmp_path
     import time
 
     target = tmp_path / "storage"
-    proc = subprocess.Popen([sys.executable, "-m", "ckpt_trace.cli", "bench", "--target", str(target), "--quick",
-                             "--volume", "64MiB", "-o", str(tmp_path / "out")], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ckpt_trace.cli",
+            "bench",
+            "--target",
+            str(target),
+            "--quick",
+            "--volume",
+            "64MiB",
+            "-o",
+            str(tmp_path / "out"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while not list(target.glob(f"{SCRATCH_PREFIX}*/writer*.data")) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -430,17 +550,32 @@ def test_read_bench_rejects_foreign_and_truncated_files(tmp_path):
 
     from ckpt_trace.bench.results import to_table, write_table
 
-    row = {**dataclasses.asdict(POINT), "volume_bytes": MIB, "elapsed_s": 0.5, "runs_elapsed_s": [0.5],
-           "throughput_bytes_per_s": 2.0 * MIB, "io_ops": 16, "latency_p50_ns": 1, "latency_p99_ns": 2,
-           "latency_max_ns": 3, "cpu_s": 0.1, "error": None}
+    row = {
+        **dataclasses.asdict(POINT),
+        "volume_bytes": MIB,
+        "elapsed_s": 0.5,
+        "runs_elapsed_s": [0.5],
+        "throughput_bytes_per_s": 2.0 * MIB,
+        "io_ops": 16,
+        "latency_p50_ns": 1,
+        "latency_p99_ns": 2,
+        "latency_max_ns": 3,
+        "cpu_s": 0.1,
+        "error": None,
+    }
     path = tmp_path / "bench.arrow"
     write_table(to_table([row], {"volume_bytes": MIB}), path)
     table, metadata = read_bench(path)
     assert table.to_pylist() == [row] and metadata["version"] == 2
     # A version 1 file (writes only: write_ops, no direction) reads as version 2.
     old = {k: v for k, v in row.items() if k not in ("io_ops", "direction")} | {"write_ops": 16}
-    v1 = pa.Table.from_pylist([old]).replace_schema_metadata({b"ckpt_trace.bench": json.dumps(
-        {"format": "ckpt-trace-bench", "version": 1, "values": {"size_bytes": [64 * KIB]}}).encode()})
+    v1 = pa.Table.from_pylist([old]).replace_schema_metadata(
+        {
+            b"ckpt_trace.bench": json.dumps(
+                {"format": "ckpt-trace-bench", "version": 1, "values": {"size_bytes": [64 * KIB]}}
+            ).encode()
+        }
+    )
     write_table(v1, path)
     table, metadata = read_bench(path)
     assert table.to_pylist() == [row] and metadata["version"] == 2 and metadata["values"]["direction"] == ["write"]

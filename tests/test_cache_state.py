@@ -19,8 +19,9 @@ SIZE = 8 << 20
 
 def resident_bytes(path) -> int:
     """Bytes of ``path`` in the page cache, by util-linux fincore(1) (mincore(2))."""
-    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)], check=True, capture_output=True, text=True
+    ).stdout
     return int(out.split()[0])
 
 
@@ -30,10 +31,14 @@ def load_trace(tmp_path):
 
     if shutil.which("fincore") is None:
         pytest.skip("fincore (util-linux) not installed")
-    ops = [{"op": "open", "path": "/ck/model.bin", "fd": 3, "flags": 0, "ret": 3},
-           *({"op": "read", "path": "/ck/model.bin", "fd": 3, "offset": i << 20, "size": 1 << 20, "ret": 1 << 20}
-             for i in range(SIZE >> 20)),
-           {"op": "close", "path": "/ck/model.bin", "fd": 3}]
+    ops = [
+        {"op": "open", "path": "/ck/model.bin", "fd": 3, "flags": 0, "ret": 3},
+        *(
+            {"op": "read", "path": "/ck/model.bin", "fd": 3, "offset": i << 20, "size": 1 << 20, "ret": 1 << 20}
+            for i in range(SIZE >> 20)
+        ),
+        {"op": "close", "path": "/ck/model.bin", "fd": 3},
+    ]
     return make_trace(tmp_path / "load.arrow", ops)
 
 

@@ -27,8 +27,20 @@ def short_figures(monkeypatch):
 @pytest.fixture
 def baseline(tmp_path, io_uring) -> Path:
     path = tmp_path / "baseline.json"
-    cli("baseline", str(DCP), "--target", str(tmp_path / "base-target"), "-o", str(path),
-        "--strategy", "posix", "--strategy", "aggregated", "--min-seconds", "0.2")
+    cli(
+        "baseline",
+        str(DCP),
+        "--target",
+        str(tmp_path / "base-target"),
+        "-o",
+        str(path),
+        "--strategy",
+        "posix",
+        "--strategy",
+        "aggregated",
+        "--min-seconds",
+        "0.2",
+    )
     return path
 
 
@@ -53,15 +65,29 @@ PASS_TOLERANCE = "400%"
 
 def test_check_passes_within_tolerance_and_writes_junit(tmp_path, baseline):
     junit = tmp_path / "check.xml"
-    proc = cli("check", str(DCP), "--baseline", str(baseline), "--target", str(tmp_path / "t"), "--tolerance",
-               PASS_TOLERANCE, "--junit", str(junit), "--json", check=False)
+    proc = cli(
+        "check",
+        str(DCP),
+        "--baseline",
+        str(baseline),
+        "--target",
+        str(tmp_path / "t"),
+        "--tolerance",
+        PASS_TOLERANCE,
+        "--junit",
+        str(junit),
+        "--json",
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["regressed"] == 0 and len(data["comparisons"]) == 4  # 2 strategies x (throughput, p99)
     root = ElementTree.parse(junit).getroot()
     cases = root.findall("./testsuite/testcase")
     assert [(c.get("classname"), c.get("name")) for c in cases] == [
-        (f"ckpt-trace.{DCP.name}", "posix"), (f"ckpt-trace.{DCP.name}", "aggregated")]
+        (f"ckpt-trace.{DCP.name}", "posix"),
+        (f"ckpt-trace.{DCP.name}", "aggregated"),
+    ]
     assert root.find("./testsuite").get("failures") == "0" and not root.findall(".//failure")
 
 
@@ -72,8 +98,19 @@ def test_check_fails_on_a_regression(tmp_path, baseline):
     faster = tmp_path / "faster.json"
     faster.write_text(json.dumps(data))
     junit = tmp_path / "check.xml"
-    proc = cli("check", str(DCP), "--baseline", str(faster), "--target", str(tmp_path / "t"), "--tolerance", "10%",
-               "--junit", str(junit), check=False)
+    proc = cli(
+        "check",
+        str(DCP),
+        "--baseline",
+        str(faster),
+        "--target",
+        str(tmp_path / "t"),
+        "--tolerance",
+        "10%",
+        "--junit",
+        str(junit),
+        check=False,
+    )
     assert proc.returncode == 1
     assert "REGRESSED" in proc.stdout and "regressed beyond 10%" in proc.stderr
     failures = ElementTree.parse(junit).getroot().findall(".//testcase")
@@ -91,8 +128,17 @@ def test_mismatched_baseline_is_a_clear_error(tmp_path, baseline):
     shutil.copy(ODD, other)
     proc = cli("check", str(other), "--baseline", str(baseline), "--target", str(tmp_path / "t"), check=False)
     assert proc.returncode == 2 and "is not in the baseline" in proc.stderr and "Traceback" not in proc.stderr
-    proc = cli("check", str(DCP), "--baseline", str(baseline), "--target", str(tmp_path / "t"), "--strategy",
-               "uring-direct", check=False)
+    proc = cli(
+        "check",
+        str(DCP),
+        "--baseline",
+        str(baseline),
+        "--target",
+        str(tmp_path / "t"),
+        "--strategy",
+        "uring-direct",
+        check=False,
+    )
     assert proc.returncode == 2 and "the baseline measured strategies posix, aggregated" in proc.stderr
     not_a_baseline = tmp_path / "x.json"
     not_a_baseline.write_text("{}")

@@ -60,9 +60,24 @@ def test_replay_json_to_stdout_is_pure_json(odd_strace, tmp_path):
     assert data["results"][0]["strategy"] == "posix" and data["trace"] == str(trace)
 
 
-COMMANDS = ("record", "replay", "summary", "merge", "synth", "filter", "upgrade", "export", "report", "diff", "baseline",
-            "check", "emit",
-            "workload", "bench", "version")
+COMMANDS = (
+    "record",
+    "replay",
+    "summary",
+    "merge",
+    "synth",
+    "filter",
+    "upgrade",
+    "export",
+    "report",
+    "diff",
+    "baseline",
+    "check",
+    "emit",
+    "workload",
+    "bench",
+    "version",
+)
 
 
 @pytest.mark.slow

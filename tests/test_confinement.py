@@ -103,8 +103,9 @@ def _setup(tmp_path, monkeypatch, strategy: str):
 
 
 @pytest.mark.parametrize("strategy", ["posix", "aggregated"])
-def test_a_directory_swapped_for_a_link_mid_replay_writes_nothing_outside(tmp_path, monkeypatch, canary, resolver,
-                                                                          strategy, request):
+def test_a_directory_swapped_for_a_link_mid_replay_writes_nothing_outside(
+    tmp_path, monkeypatch, canary, resolver, strategy, request
+):
     if strategy == "aggregated":
         request.getfixturevalue("io_uring")
     before = tree_digest(canary)
@@ -188,8 +189,12 @@ def test_the_component_walk_refuses_links_on_the_way_and_at_the_end(tmp_path, ca
         with pytest.raises(OSError) as err:
             root.open(rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         assert err.value.errno in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR)
-    for call in (lambda: root.mkdir("l/x"), lambda: root.unlink("l/a"), lambda: root.rename("l/a", "d/z"),
-                 lambda: root.open("../canary/a", os.O_RDONLY)):
+    for call in (
+        lambda: root.mkdir("l/x"),
+        lambda: root.unlink("l/a"),
+        lambda: root.rename("l/a", "d/z"),
+        lambda: root.open("../canary/a", os.O_RDONLY),
+    ):
         with pytest.raises(OSError):
             call()
     assert root.remove_created("l/a") == 0 and root.remove_created("d/f") == 0  # not ours
@@ -202,6 +207,7 @@ def test_the_component_walk_refuses_links_on_the_way_and_at_the_end(tmp_path, ca
 
 
 # -- finding 15: one replay job per target --------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_a_second_replay_on_a_target_in_use_refuses_naming_the_holder(tmp_path, monkeypatch):
@@ -231,8 +237,7 @@ def test_a_lock_left_by_a_killed_replay_is_taken_over_and_one_job_shares_its_loc
     target.mkdir()
     proc = subprocess.Popen(["true"])  # a pid that ran and ended
     proc.wait()
-    (target / LOCK_NAME).write_text(json.dumps({"pid": proc.pid, "host": platform.node(), "job": None,
-                                                "started": 0}))
+    (target / LOCK_NAME).write_text(json.dumps({"pid": proc.pid, "host": platform.node(), "job": None, "started": 0}))
     report = replay(_trace(tmp_path), target=target, force=True)
     assert report.results[0].bytes_written == 2 * 40960 and not (target / LOCK_NAME).exists()
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")

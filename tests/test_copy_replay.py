@@ -19,25 +19,47 @@ from ckpt_trace.tracer import syscalls as sc
 MIB = 1 << 20
 
 
-def _copy(tid: int, interface: str, src: str, src_fd: int, src_off: int, dst: str, dst_fd: int, dst_off: int,
-          size: int, ts: int) -> list[dict]:
+def _copy(
+    tid: int,
+    interface: str,
+    src: str,
+    src_fd: int,
+    src_off: int,
+    dst: str,
+    dst_fd: int,
+    dst_off: int,
+    size: int,
+    ts: int,
+) -> list[dict]:
     """The two rows of one in-kernel copy, as the tracer writes them."""
     common = {"tid": tid, "syscall": interface, "interface": interface, "size": size, "ret": size, "ts_ns": ts}
-    return [{**common, "op": "read", "path": src, "fd": src_fd, "offset": src_off, "new_path": dst},
-            {**common, "op": "write", "path": dst, "fd": dst_fd, "offset": dst_off, "new_path": src}]
+    return [
+        {**common, "op": "read", "path": src, "fd": src_fd, "offset": src_off, "new_path": dst},
+        {**common, "op": "write", "path": dst, "fd": dst_fd, "offset": dst_off, "new_path": src},
+    ]
 
 
 @pytest.mark.slow
 def test_copy_rows_replay_under_every_strategy_across_threads(tmp_path):
     rows = [
-        {"tid": 1, "op": "open", "path": "/c/src", "fd": 3, "flags": sc.O_RDWR | sc.O_CREAT | sc.O_TRUNC, "ret": 3, "ts_ns": 0},
+        {
+            "tid": 1,
+            "op": "open",
+            "path": "/c/src",
+            "fd": 3,
+            "flags": sc.O_RDWR | sc.O_CREAT | sc.O_TRUNC,
+            "ret": 3,
+            "ts_ns": 0,
+        },
         {"tid": 1, "op": "write", "path": "/c/src", "fd": 3, "offset": 0, "size": MIB, "ret": MIB, "ts_ns": 10},
         {"tid": 1, "op": "open", "path": "/c/dst", "fd": 4, "flags": CREATE, "ret": 4, "ts_ns": 20},
     ]
     for i, interface in enumerate(("sendfile", "copy_file_range", "splice", "ficlone")):  # thread 2 copies
         rows += _copy(2, interface, "/c/src", 3, i * (MIB // 4), "/c/dst", 4, i * (MIB // 4), MIB // 4, 30 + i)
-    rows += [{"tid": 3, "op": "close", "path": "/c/src", "fd": 3, "ts_ns": 100},  # thread 3 closes both
-             {"tid": 3, "op": "close", "path": "/c/dst", "fd": 4, "ts_ns": 101}]
+    rows += [
+        {"tid": 3, "op": "close", "path": "/c/src", "fd": 3, "ts_ns": 100},  # thread 3 closes both
+        {"tid": 3, "op": "close", "path": "/c/dst", "fd": 4, "ts_ns": 101},
+    ]
     trace = make_trace(tmp_path / "t.arrow", [{"interface": "syscall", **row} for row in rows])
     plan = build_posix_plan(read_trace(trace).table)
     closes = [op for w in plan.workers if w.tid == 3 for op in w.ops]
@@ -57,8 +79,21 @@ def test_a_recorded_copies_workload_replays_under_every_strategy(strace_backend,
     out = tmp_path / "out"
     out.mkdir()
     trace = tmp_path / "t.arrow"
-    cli("record", "--backend", strace_backend, "--path-filter", str(out), "-o", str(trace), "--",
-        sys.executable, "-m", "ckpt_trace.workloads.copies", str(out), str(tmp_path / "log.json"))
+    cli(
+        "record",
+        "--backend",
+        strace_backend,
+        "--path-filter",
+        str(out),
+        "-o",
+        str(trace),
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.workloads.copies",
+        str(out),
+        str(tmp_path / "log.json"),
+    )
     sizes = {p.name: p.stat().st_size for p in out.iterdir()}
     assert sizes["sendfile.bin"] == sizes["copy_file_range.bin"] == sizes["splice.bin"] == MIB
     report = replay(trace, target=tmp_path / "r", strategy="all", strip_prefix=str(out), verify=True)

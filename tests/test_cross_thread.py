@@ -69,8 +69,14 @@ PROGRAM = textwrap.dedent("""
     ts = [threading.Thread(target=own, args=(f"own{i}.bin", 100000 + i)) for i in range(2)]
     [t.start() for t in ts]; [t.join() for t in ts]
 """)
-SIZES = {"shared.bin": 16 * 65536 + 4 * 4000, "dup.bin": 300000, "own0.bin": 100000, "own1.bin": 100001,
-         "forked.bin": 201000, "cloexec.bin": 5000}
+SIZES = {
+    "shared.bin": 16 * 65536 + 4 * 4000,
+    "dup.bin": 300000,
+    "own0.bin": 100000,
+    "own1.bin": 100001,
+    "forked.bin": 201000,
+    "cloexec.bin": 5000,
+}
 
 
 def _record(backend: str, tmp_path: Path) -> tuple[Path, Path]:
@@ -79,8 +85,19 @@ def _record(backend: str, tmp_path: Path) -> tuple[Path, Path]:
     program = tmp_path / "threads.py"
     program.write_text(PROGRAM)
     trace = tmp_path / f"{backend}.arrow"
-    cli("record", "--backend", backend, "--path-filter", str(out), "-o", str(trace), "--",
-        sys.executable, str(program), str(out))
+    cli(
+        "record",
+        "--backend",
+        backend,
+        "--path-filter",
+        str(out),
+        "-o",
+        str(trace),
+        "--",
+        sys.executable,
+        str(program),
+        str(out),
+    )
     assert {p.name: p.stat().st_size for p in out.iterdir()} == SIZES
     return trace, out
 
@@ -99,13 +116,26 @@ def test_a_descriptor_crossing_threads_replays_under_every_strategy(backend_name
     shared = [r for r in rows if r["path"] == str(out / "shared.bin") and r["op"] in ("open", "write", "close")]
     assert len({r["tid"] for r in shared}) == 3  # opened, written and closed by three threads
     plan = build_posix_plan(table, strip_prefix=str(out))
-    close = next(op for w in plan.workers for op in w.ops if op.kind == "close" and op.path is None
-                 and plan.files.file_paths[plan.files.handle_files[op.handle]] == "shared.bin")
-    last_write = max(r_seq for r_seq, r in enumerate(sorted(rows, key=lambda r: r["ts_ns"]))
-                     if r["path"] == str(out / "shared.bin") and r["op"] == "write")
+    close = next(
+        op
+        for w in plan.workers
+        for op in w.ops
+        if op.kind == "close"
+        and op.path is None
+        and plan.files.file_paths[plan.files.handle_files[op.handle]] == "shared.bin"
+    )
+    last_write = max(
+        r_seq
+        for r_seq, r in enumerate(sorted(rows, key=lambda r: r["ts_ns"]))
+        if r["path"] == str(out / "shared.bin") and r["op"] == "write"
+    )
     assert last_write in close.deps  # the close waits for the other thread's last write
-    forked = [op for w in plan.workers for op in w.ops
-              if op.handle is not None and plan.files.file_paths.get(plan.files.handle_files[op.handle]) == "forked.bin"]
+    forked = [
+        op
+        for w in plan.workers
+        for op in w.ops
+        if op.handle is not None and plan.files.file_paths.get(plan.files.handle_files[op.handle]) == "forked.bin"
+    ]
     child_write = next(op for op in forked if op.kind == "write" and op.size == 200000)
     parent_close = next(op for op in forked if op.kind == "close")
     assert child_write.seq in parent_close.deps  # the parent's close after the child's write, across processes
@@ -122,17 +152,25 @@ def test_workers_with_disjoint_descriptors_gain_no_dependency(tmp_path):
     rows = []
     for tid in (1, 2, 3):
         path = f"/d/f{tid}"
-        rows += [{"tid": tid, "ts_ns": i * 10 + tid, **op} for i, op in enumerate([
-            {"op": "open", "path": path, "fd": 2 + tid, "flags": CREATE, "ret": 2 + tid},
-            {"op": "write", "path": path, "fd": 2 + tid, "offset": 0, "size": 100, "ret": 100},
-            {"op": "lseek", "path": path, "fd": 2 + tid, "offset": 0},
-            {"op": "write", "path": path, "fd": 2 + tid, "size": 50, "ret": 50},
-            {"op": "fsync", "path": path, "fd": 2 + tid},
-            {"op": "close", "path": path, "fd": 2 + tid}])]
+        rows += [
+            {"tid": tid, "ts_ns": i * 10 + tid, **op}
+            for i, op in enumerate(
+                [
+                    {"op": "open", "path": path, "fd": 2 + tid, "flags": CREATE, "ret": 2 + tid},
+                    {"op": "write", "path": path, "fd": 2 + tid, "offset": 0, "size": 100, "ret": 100},
+                    {"op": "lseek", "path": path, "fd": 2 + tid, "offset": 0},
+                    {"op": "write", "path": path, "fd": 2 + tid, "size": 50, "ret": 50},
+                    {"op": "fsync", "path": path, "fd": 2 + tid},
+                    {"op": "close", "path": path, "fd": 2 + tid},
+                ]
+            )
+        ]
     # Thread 4 opens a file that thread 5 writes and thread 6 closes: only they gain edges.
-    rows += [{"tid": 4, "ts_ns": 1000, "op": "open", "path": "/d/s", "fd": 9, "flags": CREATE, "ret": 9},
-             {"tid": 5, "ts_ns": 1010, "op": "write", "path": "/d/s", "fd": 9, "offset": 0, "size": 10, "ret": 10},
-             {"tid": 6, "ts_ns": 1020, "op": "close", "path": "/d/s", "fd": 9}]
+    rows += [
+        {"tid": 4, "ts_ns": 1000, "op": "open", "path": "/d/s", "fd": 9, "flags": CREATE, "ret": 9},
+        {"tid": 5, "ts_ns": 1010, "op": "write", "path": "/d/s", "fd": 9, "offset": 0, "size": 10, "ret": 10},
+        {"tid": 6, "ts_ns": 1020, "op": "close", "path": "/d/s", "fd": 9},
+    ]
     trace = make_trace(tmp_path / "t.arrow", sorted(rows, key=lambda r: r["ts_ns"]))
     for strategy in STRATEGIES:
         plan = build_plan(read_trace(trace).table, strategy)
@@ -153,13 +191,23 @@ def test_workers_with_disjoint_descriptors_gain_no_dependency(tmp_path):
 def test_a_distributed_share_keeps_the_cross_thread_order(tmp_path):
     """Under torchrun, a process plans its owners' rows: threads of one process are one owner, so the
     close of a descriptor another thread wrote keeps its wait in the share's plan."""
-    rows = [{"pid": 7, "tid": 7, "rank": 0, "ts_ns": 0, "op": "open", "path": "/d/s", "fd": 3, "flags": CREATE,
-             "ret": 3},
-            {"pid": 7, "tid": 8, "rank": 0, "ts_ns": 10, "op": "write", "path": "/d/s", "fd": 3, "offset": 0,
-             "size": 10, "ret": 10},
-            {"pid": 7, "tid": 9, "rank": 0, "ts_ns": 20, "op": "close", "path": "/d/s", "fd": 3},
-            {"pid": 9, "tid": 9, "rank": 1, "ts_ns": 30, "op": "open", "path": "/d/t", "fd": 3, "flags": CREATE,
-             "ret": 3}]
+    rows = [
+        {"pid": 7, "tid": 7, "rank": 0, "ts_ns": 0, "op": "open", "path": "/d/s", "fd": 3, "flags": CREATE, "ret": 3},
+        {
+            "pid": 7,
+            "tid": 8,
+            "rank": 0,
+            "ts_ns": 10,
+            "op": "write",
+            "path": "/d/s",
+            "fd": 3,
+            "offset": 0,
+            "size": 10,
+            "ret": 10,
+        },
+        {"pid": 7, "tid": 9, "rank": 0, "ts_ns": 20, "op": "close", "path": "/d/s", "fd": 3},
+        {"pid": 9, "tid": 9, "rank": 1, "ts_ns": 30, "op": "open", "path": "/d/t", "fd": 3, "flags": CREATE, "ret": 3},
+    ]
     trace = make_trace(tmp_path / "t.arrow", rows)
     found = owners(trace)
     share = share_of(found, 0, 2)

@@ -55,10 +55,12 @@ def test_uring_direct_on_a_dcp_save_says_its_unaligned_writes_went_through_io_ur
 def test_an_aligned_write_is_counted_as_io_uring_with_o_direct(io_uring, tmp_path, strategy):
     from helpers.traces import CREATE, make_trace
 
-    ops = [{"op": "open", "path": "/ck/a.bin", "fd": 3, "flags": CREATE, "ret": 3},
-           {"op": "write", "path": "/ck/a.bin", "fd": 3, "offset": 0, "size": 65536, "ret": 65536},
-           {"op": "write", "path": "/ck/a.bin", "fd": 3, "offset": 65536, "size": 100, "ret": 100},
-           {"op": "close", "path": "/ck/a.bin", "fd": 3}]
+    ops = [
+        {"op": "open", "path": "/ck/a.bin", "fd": 3, "flags": CREATE, "ret": 3},
+        {"op": "write", "path": "/ck/a.bin", "fd": 3, "offset": 0, "size": 65536, "ret": 65536},
+        {"op": "write", "path": "/ck/a.bin", "fd": 3, "offset": 65536, "size": 100, "ret": 100},
+        {"op": "close", "path": "/ck/a.bin", "fd": 3},
+    ]
     target = tmp_path / "t"
     result = replay(make_trace(tmp_path / "t.arrow", ops), target=target, strategy=strategy, verify=True).results[0]
     assert result.data_paths["io_uring_direct"] == {"ops": 1, "bytes": 65536}
@@ -71,10 +73,12 @@ def test_an_aligned_write_is_counted_as_io_uring_with_o_direct(io_uring, tmp_pat
 def test_a_write_at_the_file_position_goes_through_the_ring_at_that_position(io_uring, tmp_path):
     from helpers.traces import CREATE, make_trace
 
-    ops = [{"op": "open", "path": "/ck/b.bin", "fd": 3, "flags": CREATE, "ret": 3},
-           {"op": "write", "path": "/ck/b.bin", "fd": 3, "size": 1000, "ret": 1000, "offset_source": "unknown"},
-           {"op": "write", "path": "/ck/b.bin", "fd": 3, "size": 24, "ret": 24, "offset_source": "unknown"},
-           {"op": "close", "path": "/ck/b.bin", "fd": 3}]
+    ops = [
+        {"op": "open", "path": "/ck/b.bin", "fd": 3, "flags": CREATE, "ret": 3},
+        {"op": "write", "path": "/ck/b.bin", "fd": 3, "size": 1000, "ret": 1000, "offset_source": "unknown"},
+        {"op": "write", "path": "/ck/b.bin", "fd": 3, "size": 24, "ret": 24, "offset_source": "unknown"},
+        {"op": "close", "path": "/ck/b.bin", "fd": 3},
+    ]
     target = tmp_path / "t"
     result = replay(make_trace(tmp_path / "t.arrow", ops), target=target, strategy="uring-buffered").results[0]
     assert result.data_paths["io_uring_buffered"] == {"ops": 2, "bytes": 1024}
@@ -83,8 +87,7 @@ def test_a_write_at_the_file_position_goes_through_the_ring_at_that_position(io_
 
 @pytest.mark.slow
 def test_the_table_flags_a_strategy_off_its_named_path_at_80_columns(io_uring, tmp_path):
-    proc = cli("replay", str(DCP), "--strategy", "uring-direct", "--target", str(tmp_path / "t"),
-               "--queue-depth", "8")
+    proc = cli("replay", str(DCP), "--strategy", "uring-direct", "--target", str(tmp_path / "t"), "--queue-depth", "8")
     lines = proc.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80
     assert any(line.split("|")[1].strip() == "uring-direct*" for line in lines if line.count("|") > 2)
@@ -122,8 +125,16 @@ def test_results_json_carries_the_shares(io_uring, tmp_path):
     out = tmp_path / "r.json"
     cli("replay", str(DCP), "--strategy", "aggregated", "--target", str(tmp_path / "t"), "-o", str(out))
     result = json.loads(out.read_text())["results"][0]
-    for key in ("data_paths", "io_uring_ops_share", "io_uring_bytes_share", "o_direct_ops_share",
-                "o_direct_bytes_share", "named_path", "named_path_bytes_share", "off_named_path"):
+    for key in (
+        "data_paths",
+        "io_uring_ops_share",
+        "io_uring_bytes_share",
+        "o_direct_ops_share",
+        "o_direct_bytes_share",
+        "named_path",
+        "named_path_bytes_share",
+        "off_named_path",
+    ):
         assert key in result
     assert "file_bytes" not in result
     assert os.path.exists(out)

@@ -19,8 +19,17 @@ REPO = Path(__file__).resolve().parent.parent
 def test_make_demo_runs_the_whole_loop_and_says_where_each_result_is(tmp_path, torch_installed, io_uring):
     work, trace = tmp_path / "demo", tmp_path / "demo.arrow"
     env = {**os.environ, "MAKEFLAGS": ""}
-    args = ["make", "-s", "-C", str(REPO), "demo", f"DEMO_DIR={work}", f"DEMO_TRACE={trace}", "DEMO_MODEL=gpt2-tiny",
-            "DEMO_RANKS=2"]
+    args = [
+        "make",
+        "-s",
+        "-C",
+        str(REPO),
+        "demo",
+        f"DEMO_DIR={work}",
+        f"DEMO_TRACE={trace}",
+        "DEMO_MODEL=gpt2-tiny",
+        "DEMO_RANKS=2",
+    ]
     for _attempt in range(2):  # idempotent: the second run replaces the first's results
         done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -27,11 +27,15 @@ def test_the_first_difference_is_where_coverage_parts():
 def load_trace(path, read_bytes: int):
     from helpers.traces import CREATE, make_trace
 
-    return make_trace(path, [
-        {"op": "open", "path": "/ck/m.bin", "fd": 3, "flags": CREATE, "ret": 3},
-        {"op": "write", "path": "/ck/m.bin", "fd": 3, "offset": 0, "size": 8192, "ret": 8192},
-        {"op": "read", "path": "/ck/m.bin", "fd": 3, "offset": 0, "size": read_bytes, "ret": read_bytes},
-        {"op": "close", "path": "/ck/m.bin", "fd": 3}])
+    return make_trace(
+        path,
+        [
+            {"op": "open", "path": "/ck/m.bin", "fd": 3, "flags": CREATE, "ret": 3},
+            {"op": "write", "path": "/ck/m.bin", "fd": 3, "offset": 0, "size": 8192, "ret": 8192},
+            {"op": "read", "path": "/ck/m.bin", "fd": 3, "offset": 0, "size": read_bytes, "ret": read_bytes},
+            {"op": "close", "path": "/ck/m.bin", "fd": 3},
+        ],
+    )
 
 
 @pytest.mark.slow

@@ -33,31 +33,55 @@ def checkpoint_trace(path: Path) -> Path:
     rows = _rank_ops(0, 0, [{"op": "mkdir", "path": "/ck"}])
     for rank in range(RANKS):
         shard = f"/ck/__{rank}_0.distcp"
-        rows += _rank_ops(rank, 1000 + rank * 100, [
-            {"op": "open", "path": shard, "fd": 3, "flags": CREATE, "ret": 3},
-            {"op": "write", "path": shard, "fd": 3, "offset": 0, "size": 4096, "ret": 4096},
-            {"op": "write", "path": shard, "fd": 3, "offset": 4096, "size": 4096, "ret": 4096},
-            {"op": "write", "path": shard, "fd": 3, "offset": 8192, "size": 1000 + rank, "ret": 1000 + rank},
-            {"op": "close", "path": shard, "fd": 3},
-        ])
-    rows += _rank_ops(2, 3000, [
-        {"op": "open", "path": "/ck/shared.bin", "fd": 4, "flags": sc.O_WRONLY | sc.O_CREAT, "ret": 4},
-        {"op": "write", "path": "/ck/shared.bin", "fd": 4, "offset": 0, "size": 5000, "ret": 5000},
-        {"op": "close", "path": "/ck/shared.bin", "fd": 4}])
-    rows += _rank_ops(5, 4000, [
-        {"op": "open", "path": "/ck/shared.bin", "fd": 4, "flags": sc.O_WRONLY, "ret": 4},
-        {"op": "write", "path": "/ck/shared.bin", "fd": 4, "offset": 5000, "size": 4000, "ret": 4000},
-        {"op": "close", "path": "/ck/shared.bin", "fd": 4}])
+        rows += _rank_ops(
+            rank,
+            1000 + rank * 100,
+            [
+                {"op": "open", "path": shard, "fd": 3, "flags": CREATE, "ret": 3},
+                {"op": "write", "path": shard, "fd": 3, "offset": 0, "size": 4096, "ret": 4096},
+                {"op": "write", "path": shard, "fd": 3, "offset": 4096, "size": 4096, "ret": 4096},
+                {"op": "write", "path": shard, "fd": 3, "offset": 8192, "size": 1000 + rank, "ret": 1000 + rank},
+                {"op": "close", "path": shard, "fd": 3},
+            ],
+        )
+    rows += _rank_ops(
+        2,
+        3000,
+        [
+            {"op": "open", "path": "/ck/shared.bin", "fd": 4, "flags": sc.O_WRONLY | sc.O_CREAT, "ret": 4},
+            {"op": "write", "path": "/ck/shared.bin", "fd": 4, "offset": 0, "size": 5000, "ret": 5000},
+            {"op": "close", "path": "/ck/shared.bin", "fd": 4},
+        ],
+    )
+    rows += _rank_ops(
+        5,
+        4000,
+        [
+            {"op": "open", "path": "/ck/shared.bin", "fd": 4, "flags": sc.O_WRONLY, "ret": 4},
+            {"op": "write", "path": "/ck/shared.bin", "fd": 4, "offset": 5000, "size": 4000, "ret": 4000},
+            {"op": "close", "path": "/ck/shared.bin", "fd": 4},
+        ],
+    )
     for rank, length in ((1, 3000), (4, 7000)):
-        rows += _rank_ops(rank, 5000 + rank * 10, [
-            {"op": "open", "path": "/data/base.bin", "fd": 5, "flags": sc.O_RDONLY, "ret": 5},
-            {"op": "read", "path": "/data/base.bin", "fd": 5, "offset": 0, "size": length, "ret": length},
-            {"op": "close", "path": "/data/base.bin", "fd": 5}])
-    rows += _rank_ops(0, 9000, [
-        {"op": "open", "path": "/ck/.metadata.tmp", "fd": 3, "flags": CREATE, "ret": 3},
-        {"op": "write", "path": "/ck/.metadata.tmp", "fd": 3, "offset": 0, "size": 300, "ret": 300},
-        {"op": "close", "path": "/ck/.metadata.tmp", "fd": 3},
-        {"op": "rename", "path": "/ck/.metadata.tmp", "new_path": "/ck/.metadata"}])
+        rows += _rank_ops(
+            rank,
+            5000 + rank * 10,
+            [
+                {"op": "open", "path": "/data/base.bin", "fd": 5, "flags": sc.O_RDONLY, "ret": 5},
+                {"op": "read", "path": "/data/base.bin", "fd": 5, "offset": 0, "size": length, "ret": length},
+                {"op": "close", "path": "/data/base.bin", "fd": 5},
+            ],
+        )
+    rows += _rank_ops(
+        0,
+        9000,
+        [
+            {"op": "open", "path": "/ck/.metadata.tmp", "fd": 3, "flags": CREATE, "ret": 3},
+            {"op": "write", "path": "/ck/.metadata.tmp", "fd": 3, "offset": 0, "size": 300, "ret": 300},
+            {"op": "close", "path": "/ck/.metadata.tmp", "fd": 3},
+            {"op": "rename", "path": "/ck/.metadata.tmp", "new_path": "/ck/.metadata"},
+        ],
+    )
     rows.sort(key=lambda row: row["ts_ns"])
     return make_trace(path, rows)
 
@@ -99,10 +123,16 @@ def test_a_trace_without_ranks_is_shared_out_by_process(tmp_path):
     and each share's plan replays exactly its processes' threads."""
     rows = []
     for pid in (300, 100, 200):
-        rows += [{"pid": pid, "tid": pid, "ts_ns": pid * 10 + i, **op} for i, op in enumerate([
-            {"op": "open", "path": f"/d/{pid}", "fd": 3, "flags": CREATE, "ret": 3},
-            {"op": "write", "path": f"/d/{pid}", "fd": 3, "offset": 0, "size": pid, "ret": pid},
-            {"op": "close", "path": f"/d/{pid}", "fd": 3}])]
+        rows += [
+            {"pid": pid, "tid": pid, "ts_ns": pid * 10 + i, **op}
+            for i, op in enumerate(
+                [
+                    {"op": "open", "path": f"/d/{pid}", "fd": 3, "flags": CREATE, "ret": 3},
+                    {"op": "write", "path": f"/d/{pid}", "fd": 3, "offset": 0, "size": pid, "ret": pid},
+                    {"op": "close", "path": f"/d/{pid}", "fd": 3},
+                ]
+            )
+        ]
     trace = make_trace(tmp_path / "t.arrow", sorted(rows, key=lambda row: row["ts_ns"]))
     found = owners(trace)
     assert found.tolist() == [-301, -201, -101]  # -1 - pid, sorted
@@ -128,11 +158,28 @@ def _torchrun(nodes: int, per_node: int, *args: str) -> list[tuple[int, str]]:
     ``ckpt-trace ARGS``, c10d rendezvous on localhost."""
     port = _free_port()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node",
-               str(per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id",
-               "ckpt-trace-test", "-m", "ckpt_trace.cli", *args]
-    agents = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-              for _ in range(nodes)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(nodes),
+        "--nproc-per-node",
+        str(per_node),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"localhost:{port}",
+        "--rdzv-id",
+        "ckpt-trace-test",
+        "-m",
+        "ckpt_trace.cli",
+        *args,
+    ]
+    agents = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(nodes)
+    ]
     logs = [agent.communicate(timeout=600)[1] for agent in agents]
     return [(agent.returncode, log) for agent, log in zip(agents, logs)]
 
@@ -142,11 +189,21 @@ def test_torchrun_two_nodes_replay_what_one_process_replays(tmp_path, torch_inst
     the same files with the same sizes and content as one process's replay, per strategy."""
     trace = checkpoint_trace(tmp_path / "t.arrow")
     single = tmp_path / "single"
-    cli("replay", str(trace), "--target", str(single), "--strategy", "all", "--verify", "-o",
-        str(tmp_path / "single.json"))
+    cli(
+        "replay",
+        str(trace),
+        "--target",
+        str(single),
+        "--strategy",
+        "all",
+        "--verify",
+        "-o",
+        str(tmp_path / "single.json"),
+    )
     target, out = tmp_path / "multi", tmp_path / "multi.json"
-    agents = _torchrun(2, 2, "replay", str(trace), "--target", str(target), "--strategy", "all", "--verify",
-                       "-o", str(out))
+    agents = _torchrun(
+        2, 2, "replay", str(trace), "--target", str(target), "--strategy", "all", "--verify", "-o", str(out)
+    )
     assert [code for code, _ in agents] == [0, 0], "\n".join(log[-3000:] for _, log in agents)
 
     assert _files(target) == _files(single)
@@ -159,8 +216,11 @@ def test_torchrun_two_nodes_replay_what_one_process_replays(tmp_path, torch_inst
     assert sorted(o for p in processes for o in p["owners"]) == list(range(RANKS))
     for job, alone in zip(doc["results"], one["results"]):
         assert job["strategy"] == alone["strategy"]
-        assert job["bytes_written"] == alone["bytes_written"] == sum(
-            p["results"][doc["results"].index(job)]["bytes_written"] for p in processes)
+        assert (
+            job["bytes_written"]
+            == alone["bytes_written"]
+            == sum(p["results"][doc["results"].index(job)]["bytes_written"] for p in processes)
+        )
         assert job["bytes_read"] == alone["bytes_read"] == 7000 + 3000
         assert job["data_ops"] == alone["data_ops"]
         assert job["verified_files"] == alone["verified_files"]  # each file once, whoever checked it

@@ -24,8 +24,15 @@ def results(versus_aggregated: dict, *, read: bool = False, direct_share: float 
     for name in names:
         elapsed = 0.5 if name == "aggregated" else 1.0
         versus = versus_aggregated if name == "aggregated" else {"aggregated": entry(0.4, 0.6)}
-        docs.append({"strategy": name, "elapsed_s": elapsed, "versus": versus, **moved,
-                     "o_direct_bytes_share": direct_share if name == "aggregated" else 0.0})
+        docs.append(
+            {
+                "strategy": name,
+                "elapsed_s": elapsed,
+                "versus": versus,
+                **moved,
+                "o_direct_bytes_share": direct_share if name == "aggregated" else 0.0,
+            }
+        )
     return {"results": docs, "options": {"queue_depth": 16, "buffer_bytes": 2 << 20, "durable": True}}
 
 
@@ -43,7 +50,9 @@ def test_within_noise_keeps_the_defaults_and_says_why():
     defaults = WriterOptions()
     assert choice.winner is None
     assert (choice.options.queue_depth, choice.options.buffer_bytes) == (defaults.queue_depth, defaults.buffer_bytes)
-    assert "no strategy clear of the others" in choice.reasons["verdict"] and "uring-buffered" in choice.reasons["verdict"]
+    assert (
+        "no strategy clear of the others" in choice.reasons["verdict"] and "uring-buffered" in choice.reasons["verdict"]
+    )
     assert choice.reasons["direct_io"] == "default (no verdict)"
 
 
@@ -67,9 +76,13 @@ def test_results_without_rounds_are_no_verdict():
 def test_emit_on_a_trace_too_small_to_judge_is_one_line(tmp_path):
     from helpers.traces import make_trace
 
-    trace = make_trace(tmp_path / "t.arrow", [{"op": "open", "path": "/ck/a", "fd": 3, "flags": 0o101, "ret": 3},
-                                              {"op": "write", "path": "/ck/a", "fd": 3, "offset": 0, "size": 10,
-                                               "ret": 10}])
+    trace = make_trace(
+        tmp_path / "t.arrow",
+        [
+            {"op": "open", "path": "/ck/a", "fd": 3, "flags": 0o101, "ret": 3},
+            {"op": "write", "path": "/ck/a", "fd": 3, "offset": 0, "size": 10, "ret": 10},
+        ],
+    )
     proc = cli("emit", str(trace), "-o", str(tmp_path / "w.py"), check=False)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "nothing to judge" in proc.stderr
     assert not (tmp_path / "w.py").exists()

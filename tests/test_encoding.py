@@ -32,8 +32,9 @@ def traces(draw) -> pa.Table:
         tid=[p + draw(st.integers(-3, 3)) if p < 2**31 - 4 else p for p in pid],
         path=draw(st.lists(st.sampled_from(["/a", "/b", "/c/d", None]), min_size=n, max_size=n)),
         offset=draw(st.lists(st.one_of(st.none(), st.integers(0, 2**20), INT64), min_size=n, max_size=n)),
-        size=draw(st.lists(st.one_of(st.none(), st.integers(0, 2**20), st.integers(0, 2**63 - 1)), min_size=n,
-                           max_size=n)),
+        size=draw(
+            st.lists(st.one_of(st.none(), st.integers(0, 2**20), st.integers(0, 2**63 - 1)), min_size=n, max_size=n)
+        ),
         ret=draw(st.lists(st.one_of(st.integers(-4095, 2**20), INT64), min_size=n, max_size=n)),
     )
     return table_from_columns(columns)

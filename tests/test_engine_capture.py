@@ -43,8 +43,20 @@ def test_every_iocb_of_every_batch_of_two_threads_is_in_the_trace(request, tmp_p
     strace_log = tmp_path / "strace.log"
     if backend_name == "bcc" and shutil.which("strace"):
         # strace's own log of the very run bcc records (strace is traced too; it only watches io_submit)
-        command = ["strace", "-f", "-qq", "-y", "-s", "8", "-e", "trace=io_submit", "-o", str(strace_log), "--",
-                   *command]
+        command = [
+            "strace",
+            "-f",
+            "-qq",
+            "-y",
+            "-s",
+            "8",
+            "-e",
+            "trace=io_submit",
+            "-o",
+            str(strace_log),
+            "--",
+            *command,
+        ]
     cli("record", "--backend", backend_name, "-o", str(trace), "--path-filter", f"{out}/", "--", *command)
     own = Counter((path, offset, size) for path, _, offset, size in json.loads(log.read_text()))
     assert sum(own.values()) == 384 and max(own.values()) == 1
@@ -65,8 +77,22 @@ def test_every_iocb_of_every_batch_of_two_threads_is_in_the_trace(request, tmp_p
 def test_an_iocb_the_tracer_cannot_read_is_counted_as_lost(bcc_backend, tmp_path, monkeypatch):
     out, log, trace = tmp_path / "out", tmp_path / "own.json", tmp_path / "t.arrow"
     monkeypatch.setenv("CKPT_TRACE_BPF_MAX_IOCBS", "2")  # batches of 3 and 4 are longer than the tracer reads
-    cli("record", "--backend", "bcc", "-o", str(trace), "--path-filter", f"{out}/", "--", sys.executable, "-m",
-        "ckpt_trace.workloads.aio_threads", str(out), str(log), "48")
+    cli(
+        "record",
+        "--backend",
+        "bcc",
+        "-o",
+        str(trace),
+        "--path-filter",
+        f"{out}/",
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.workloads.aio_threads",
+        str(out),
+        str(log),
+        "48",
+    )
     data = read_trace(trace)
     submits = [r for r in data.table.to_pylist() if r["op"] == "io_submit"]
     beyond = sum(max(0, r["ret"] - 2) for r in submits)
@@ -121,19 +147,43 @@ def test_sendfile_copy_file_range_splice_and_ficlone_are_rows_naming_both_files(
     command = [sys.executable, "-m", "ckpt_trace.workloads.copies", str(out), str(log)]
     if shutil.which("strace"):  # strace's own log of the same run (under bcc; under strace, a second strace
         # cannot attach, so its log comes from a separate run of the same deterministic program)
-        reference = ["strace", "-f", "-qq", "-y", "-X", "raw", "-e", "trace=sendfile,copy_file_range,splice,ioctl",
-                     "-o", str(strace_log), "--"]
+        reference = [
+            "strace",
+            "-f",
+            "-qq",
+            "-y",
+            "-X",
+            "raw",
+            "-e",
+            "trace=sendfile,copy_file_range,splice,ioctl",
+            "-o",
+            str(strace_log),
+            "--",
+        ]
         if backend_name == "bcc":
             command = reference + command
         else:
             import subprocess
-            subprocess.run(reference + [sys.executable, "-m", "ckpt_trace.workloads.copies", str(tmp_path / "ref"),
-                                        str(tmp_path / "ref.json")], check=True)
+
+            subprocess.run(
+                reference
+                + [
+                    sys.executable,
+                    "-m",
+                    "ckpt_trace.workloads.copies",
+                    str(tmp_path / "ref"),
+                    str(tmp_path / "ref.json"),
+                ],
+                check=True,
+            )
             strace_log.write_text(strace_log.read_text().replace(str(tmp_path / "ref"), str(out)))
     cli("record", "--backend", backend_name, "-o", str(trace), "--path-filter", f"{out}/", "--", *command)
     own = json.loads(log.read_text())
-    rows = [r for r in read_trace(trace).table.to_pylist() if r["interface"] in
-            ("sendfile", "copy_file_range", "splice", "ficlone")]
+    rows = [
+        r
+        for r in read_trace(trace).table.to_pylist()
+        if r["interface"] in ("sendfile", "copy_file_range", "splice", "ficlone")
+    ]
     got = Counter((r["syscall"], r["op"], r["path"], r["new_path"], r["ret"]) for r in rows)
     if strace_log.exists():
         assert got == _strace_copy_rows(strace_log, out)
@@ -147,18 +197,36 @@ def test_sendfile_copy_file_range_splice_and_ficlone_are_rows_naming_both_files(
         assert sorted((entry[3], entry[6]) for entry in own if entry[0] == interface and entry[1]) == reads
         assert [o for o, _ in writes] == [sum(n for _, n in writes[:i]) for i in range(len(writes))], "contiguous"
         assert all(r["path"] == copy for r in rows if r["interface"] == interface and r["op"] == "write")
-        assert {r["new_path"] for r in rows if r["interface"] == interface and r["op"] == "write"} <= \
-            {str(out / "source.bin"), None}
+        assert {r["new_path"] for r in rows if r["interface"] == interface and r["op"] == "write"} <= {
+            str(out / "source.bin"),
+            None,
+        }
     clones = [r for r in rows if r["interface"] == "ficlone"]
     assert [(r["op"], r["size"], r["ret"]) for r in clones] == [
-        ("read", size, own[-2][6]), ("write", size, own[-2][6]), ("read", 65536, own[-1][6]),
-        ("write", 65536, own[-1][6])]
+        ("read", size, own[-2][6]),
+        ("write", size, own[-2][6]),
+        ("read", 65536, own[-1][6]),
+        ("write", 65536, own[-1][6]),
+    ]
 
 
 def test_a_posix_replay_leaves_each_copy_whole(bcc_backend, tmp_path):
     out, log, trace, target = tmp_path / "out", tmp_path / "own.json", tmp_path / "t.arrow", tmp_path / "replay"
-    cli("record", "--backend", "bcc", "-o", str(trace), "--path-filter", f"{out}/", "--", sys.executable, "-m",
-        "ckpt_trace.workloads.copies", str(out), str(log))
+    cli(
+        "record",
+        "--backend",
+        "bcc",
+        "-o",
+        str(trace),
+        "--path-filter",
+        f"{out}/",
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.workloads.copies",
+        str(out),
+        str(log),
+    )
     cli("replay", str(trace), "--strategy", "posix", "--target", str(target), "--verify")
     replayed = target / str(out).lstrip("/")
     for name in ("sendfile.bin", "copy_file_range.bin", "splice.bin", "source.bin"):
@@ -173,8 +241,14 @@ _COUNTER_SLACK_BYTES = 2 * (os.cpu_count() or 1) * max(32, 2 * (os.cpu_count() o
 
 def _covered(rows: list[dict], path: str, op: str | None) -> int:
     """Bytes of ``path`` covered by page rows (of ``op``, or any), overlaps counted once."""
-    ranges = sorted((r["offset"], r["offset"] + r["size"]) for r in rows if r["path"] == path
-                    and r["interface"] == "mmap" and r["offset_source"] == "page" and (op is None or r["op"] == op))
+    ranges = sorted(
+        (r["offset"], r["offset"] + r["size"])
+        for r in rows
+        if r["path"] == path
+        and r["interface"] == "mmap"
+        and r["offset_source"] == "page"
+        and (op is None or r["op"] == op)
+    )
     covered, end = 0, -1
     for start, stop in ranges:
         if stop > end:
@@ -187,10 +261,33 @@ def _record_mapped(tmp_path: Path, name: str, *extra: str, env: dict | None = No
     out, log, trace = tmp_path / name, tmp_path / f"{name}.json", tmp_path / f"{name}.arrow"
     import os
     import subprocess
+
     environment = {**os.environ, **(env or {}), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    proc = subprocess.run([sys.executable, "-m", "ckpt_trace.cli", "record", "--backend", "bcc", "-o", str(trace),
-                           "--path-filter", f"{out}/", *extra, "--", sys.executable, "-m", "ckpt_trace.workloads.mapped",
-                           str(out), str(log)], capture_output=True, text=True, env=environment, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ckpt_trace.cli",
+            "record",
+            "--backend",
+            "bcc",
+            "-o",
+            str(trace),
+            "--path-filter",
+            f"{out}/",
+            *extra,
+            "--",
+            sys.executable,
+            "-m",
+            "ckpt_trace.workloads.mapped",
+            str(out),
+            str(log),
+        ],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=600,
+    )
     if check:
         assert proc.returncode == 0, proc.stderr
     return out, log, trace, proc
@@ -235,6 +332,7 @@ def reflink_dir(tmp_path):
     """A directory on a fresh XFS with reflinks (a loop-mounted image; root and mkfs.xfs), unmounted after."""
     import os
     import subprocess
+
     if os.geteuid() != 0 or shutil.which("mkfs.xfs") is None:
         pytest.skip("a reflink file system needs root and mkfs.xfs (apt-get install xfsprogs)")
     image, mount = tmp_path / "xfs.img", tmp_path / "xfs"
@@ -255,8 +353,21 @@ def reflink_dir(tmp_path):
 def test_a_reflink_is_a_ficlone_copy_of_the_whole_range(request, reflink_dir, tmp_path, backend_name):
     request.getfixturevalue(f"{backend_name}_backend")
     out, log, trace = reflink_dir / "c", tmp_path / "own.json", tmp_path / "t.arrow"
-    cli("record", "--backend", backend_name, "-o", str(trace), "--path-filter", f"{out}/", "--", sys.executable,
-        "-m", "ckpt_trace.workloads.copies", str(out), str(log))
+    cli(
+        "record",
+        "--backend",
+        backend_name,
+        "-o",
+        str(trace),
+        "--path-filter",
+        f"{out}/",
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.workloads.copies",
+        str(out),
+        str(log),
+    )
     own = json.loads(log.read_text())
     assert own[-2][-1] == own[-1][-1] == 0, "the reflinks succeeded"
     assert (out / "ficlone.bin").stat().st_size == 1 << 20 and (out / "ficlonerange.bin").stat().st_size == 65536
@@ -266,4 +377,5 @@ def test_a_reflink_is_a_ficlone_copy_of_the_whole_range(request, reflink_dir, tm
         ("read", source, str(out / "ficlone.bin"), 0, 1 << 20, 0),
         ("write", str(out / "ficlone.bin"), source, 0, 1 << 20, 0),
         ("read", source, str(out / "ficlonerange.bin"), 0, 65536, 0),
-        ("write", str(out / "ficlonerange.bin"), source, 0, 65536, 0)]
+        ("write", str(out / "ficlonerange.bin"), source, 0, 65536, 0),
+    ]

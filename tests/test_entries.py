@@ -72,8 +72,19 @@ def record_commit(backend: str, tmp_path: Path, path_filter: str | None = None) 
     program = tmp_path / "commit.py"
     program.write_text(PROGRAM)
     trace = tmp_path / f"{backend}.arrow"
-    cli("record", "--backend", backend, "--path-filter", path_filter or str(out), "-o", str(trace), "--",
-        sys.executable, str(program), str(out))
+    cli(
+        "record",
+        "--backend",
+        backend,
+        "--path-filter",
+        path_filter or str(out),
+        "-o",
+        str(trace),
+        "--",
+        sys.executable,
+        str(program),
+        str(out),
+    )
     return trace, out
 
 
@@ -92,9 +103,18 @@ def assert_replays_to(trace: Path, out: Path, tmp_path: Path, runs: int = 3) -> 
 def test_a_directory_rename_commit_replays_to_the_recorded_tree(backend_name, request, tmp_path, io_uring):
     backend = request.getfixturevalue(f"{backend_name}_backend")
     trace, out = record_commit(backend, tmp_path)
-    assert tree(out) == {"step_1": None, "step_1/x": 10, "step_2": None, "step_2/_METADATA": 102,
-                         "step_2/state": None, "step_2/state/shards": None, "step_2/state/shards/s0.bin": 70000,
-                         "step_2/state/shards/s1.bin": 70001, "step_2/state/shards/s2.bin": 70002, "tmp": None}
+    assert tree(out) == {
+        "step_1": None,
+        "step_1/x": 10,
+        "step_2": None,
+        "step_2/_METADATA": 102,
+        "step_2/state": None,
+        "step_2/state/shards": None,
+        "step_2/state/shards/s0.bin": 70000,
+        "step_2/state/shards/s1.bin": 70001,
+        "step_2/state/shards/s2.bin": 70002,
+        "tmp": None,
+    }
     plan = build_posix_plan(read_trace(trace).table, strip_prefix=str(out))
     assert not any(d.startswith(("step_", "tmp")) for d in plan.precreate_dirs)  # all made by the trace
     assert not plan.precreate_files
@@ -102,15 +122,18 @@ def test_a_directory_rename_commit_replays_to_the_recorded_tree(backend_name, re
 
 
 def test_a_directory_rename_waits_for_other_threads_work_inside_it(tmp_path):
-    trace = make_trace(tmp_path / "t.arrow", [
-        {"op": "mkdir", "path": "/c/s.tmp"},
-        {"op": "open", "path": "/c/s.tmp/a", "fd": 3, "flags": CREATE, "ret": 3, "tid": 2},
-        {"op": "write", "path": "/c/s.tmp/a", "fd": 3, "offset": 0, "size": 5, "ret": 5, "tid": 2},
-        {"op": "close", "path": "/c/s.tmp/a", "fd": 3, "tid": 2},
-        {"op": "rename", "path": "/c/s.tmp", "new_path": "/c/s"},
-        {"op": "open", "path": "/c/s/a", "fd": 3, "flags": os.O_RDONLY, "ret": 3, "tid": 3},
-        {"op": "read", "path": "/c/s/a", "fd": 3, "offset": 0, "size": 5, "ret": 5, "tid": 3},
-    ])
+    trace = make_trace(
+        tmp_path / "t.arrow",
+        [
+            {"op": "mkdir", "path": "/c/s.tmp"},
+            {"op": "open", "path": "/c/s.tmp/a", "fd": 3, "flags": CREATE, "ret": 3, "tid": 2},
+            {"op": "write", "path": "/c/s.tmp/a", "fd": 3, "offset": 0, "size": 5, "ret": 5, "tid": 2},
+            {"op": "close", "path": "/c/s.tmp/a", "fd": 3, "tid": 2},
+            {"op": "rename", "path": "/c/s.tmp", "new_path": "/c/s"},
+            {"op": "open", "path": "/c/s/a", "fd": 3, "flags": os.O_RDONLY, "ret": 3, "tid": 3},
+            {"op": "read", "path": "/c/s/a", "fd": 3, "offset": 0, "size": 5, "ret": 5, "tid": 3},
+        ],
+    )
     plan = build_posix_plan(read_trace(trace).table)
     ops = {(op.kind, op.path): op for w in plan.workers for op in w.ops}
     assert ops[("rename", "c/s.tmp")].deps == (3,)  # the other thread's close of its file inside (after its open)
@@ -121,17 +144,20 @@ def test_a_directory_rename_waits_for_other_threads_work_inside_it(tmp_path):
 
 @pytest.mark.slow
 def test_renameat2_exchange_and_noreplace(tmp_path):
-    trace = make_trace(tmp_path / "t.arrow", [
-        {"op": "mkdir", "path": "/c/a"},
-        {"op": "open", "path": "/c/a/f", "fd": 3, "flags": CREATE, "ret": 3},
-        {"op": "write", "path": "/c/a/f", "fd": 3, "offset": 0, "size": 7, "ret": 7},
-        {"op": "close", "path": "/c/a/f", "fd": 3},
-        {"op": "open", "path": "/c/b", "fd": 3, "flags": CREATE, "ret": 3},
-        {"op": "write", "path": "/c/b", "fd": 3, "offset": 0, "size": 3, "ret": 3},
-        {"op": "close", "path": "/c/b", "fd": 3},
-        {"op": "rename", "path": "/c/a", "new_path": "/c/b", "flags": RENAME_EXCHANGE},  # a file and a dir swap
-        {"op": "rename", "path": "/c/a", "new_path": "/c/z", "flags": RENAME_NOREPLACE},
-    ])
+    trace = make_trace(
+        tmp_path / "t.arrow",
+        [
+            {"op": "mkdir", "path": "/c/a"},
+            {"op": "open", "path": "/c/a/f", "fd": 3, "flags": CREATE, "ret": 3},
+            {"op": "write", "path": "/c/a/f", "fd": 3, "offset": 0, "size": 7, "ret": 7},
+            {"op": "close", "path": "/c/a/f", "fd": 3},
+            {"op": "open", "path": "/c/b", "fd": 3, "flags": CREATE, "ret": 3},
+            {"op": "write", "path": "/c/b", "fd": 3, "offset": 0, "size": 3, "ret": 3},
+            {"op": "close", "path": "/c/b", "fd": 3},
+            {"op": "rename", "path": "/c/a", "new_path": "/c/b", "flags": RENAME_EXCHANGE},  # a file and a dir swap
+            {"op": "rename", "path": "/c/a", "new_path": "/c/z", "flags": RENAME_NOREPLACE},
+        ],
+    )
     plan = build_posix_plan(read_trace(trace).table)
     assert dict(plan.checks.expected_sizes) == {"c/b/f": 7, "c/z": 3}
     for strategy in ("posix", "uring-buffered"):
@@ -145,14 +171,17 @@ def test_renameat2_exchange_and_noreplace(tmp_path):
 def test_a_rename_onto_an_entry_the_replay_must_not_replace_fails_as_recorded(tmp_path):
     """RENAME_NOREPLACE is kept: where the target already holds the destination (a file the plan made before
     the clock), the replay fails rather than replace it."""
-    trace = make_trace(tmp_path / "t.arrow", [
-        {"op": "open", "path": "/c/keep", "fd": 3, "flags": os.O_RDONLY, "ret": 3},
-        {"op": "read", "path": "/c/keep", "fd": 3, "offset": 0, "size": 4, "ret": 4},
-        {"op": "close", "path": "/c/keep", "fd": 3},
-        {"op": "open", "path": "/c/new", "fd": 3, "flags": CREATE, "ret": 3},
-        {"op": "close", "path": "/c/new", "fd": 3},
-        {"op": "rename", "path": "/c/new", "new_path": "/c/keep", "flags": RENAME_NOREPLACE},
-    ])
+    trace = make_trace(
+        tmp_path / "t.arrow",
+        [
+            {"op": "open", "path": "/c/keep", "fd": 3, "flags": os.O_RDONLY, "ret": 3},
+            {"op": "read", "path": "/c/keep", "fd": 3, "offset": 0, "size": 4, "ret": 4},
+            {"op": "close", "path": "/c/keep", "fd": 3},
+            {"op": "open", "path": "/c/new", "fd": 3, "flags": CREATE, "ret": 3},
+            {"op": "close", "path": "/c/new", "fd": 3},
+            {"op": "rename", "path": "/c/new", "new_path": "/c/keep", "flags": RENAME_NOREPLACE},
+        ],
+    )
     with pytest.raises(Exception, match="File exists"):
         replay(trace, target=tmp_path / "r", strategy="posix")
 
@@ -189,7 +218,7 @@ def _strace_writes(log: Path, root: Path) -> list[tuple[str, int]]:
 
     found = []
     for line in log.read_text().splitlines():
-        m = re.search(r'\b(?:write|pwrite64)\((\d+)<([^>]*)>, .*\) = (\d+)$', line)
+        m = re.search(r"\b(?:write|pwrite64)\((\d+)<([^>]*)>, .*\) = (\d+)$", line)
         if m and m.group(2).startswith(str(root) + "/"):
             found.append((m.group(2), int(m.group(3))))
     return found
@@ -214,8 +243,9 @@ def test_path_filter_keeps_a_file_renamed_into_it(backend_name, request, tmp_pat
 
     written = [(p, n) for p, n in json.loads(own_log.read_text()) if not p.endswith("scratch.bin")]
     if backend == "bcc":
-        assert Counter(p for p in _strace_writes(strace_log, root) if not p[0].endswith("scratch.bin")) \
-            == Counter(written)
+        assert Counter(p for p in _strace_writes(strace_log, root) if not p[0].endswith("scratch.bin")) == Counter(
+            written
+        )
     recorded = read_trace(trace)
     rows = recorded.table.to_pylist()
     kept = Counter((r["path"], r["ret"]) for r in rows if r["op"] == "write")
@@ -257,16 +287,34 @@ def test_links_and_symbolic_links_replay_as_entries(backend_name, request, tmp_p
     program = tmp_path / "links.py"
     program.write_text(LINKS)
     trace = tmp_path / "t.arrow"
-    cli("record", "--backend", backend, "--path-filter", str(out), "-o", str(trace), "--",
-        sys.executable, str(program), str(out))
+    cli(
+        "record",
+        "--backend",
+        backend,
+        "--path-filter",
+        str(out),
+        "-o",
+        str(trace),
+        "--",
+        sys.executable,
+        str(program),
+        str(out),
+    )
     rows = read_trace(trace).table.to_pylist()
     made = {(r["op"], r["syscall"], r["path"], r["new_path"]) for r in rows if r["op"] in ("link", "symlink")}
-    assert made == {("link", "link", f"{out}/step_2/w.bin", f"{out}/step_2/w.hard"),
-                    ("symlink", "symlink", "step_2", f"{out}/latest.tmp"),
-                    ("symlink", "symlink", "/nonexistent/abs/target", f"{out}/abs_link")}
+    assert made == {
+        ("link", "link", f"{out}/step_2/w.bin", f"{out}/step_2/w.hard"),
+        ("symlink", "symlink", "step_2", f"{out}/latest.tmp"),
+        ("symlink", "symlink", "/nonexistent/abs/target", f"{out}/abs_link"),
+    }
     assert any(r["op"] == "unlink" and r["syscall"] == "rmdir" and r["flags"] == 0x200 for r in rows)
-    assert tree(out) == {"abs_link": "-> /nonexistent/abs/target", "latest": "-> step_2", "step_2": None,
-                         "step_2/w.bin": 200000, "step_2/w.hard": 200000}
+    assert tree(out) == {
+        "abs_link": "-> /nonexistent/abs/target",
+        "latest": "-> step_2",
+        "step_2": None,
+        "step_2/w.bin": 200000,
+        "step_2/w.hard": 200000,
+    }
     assert_replays_to(trace, out, tmp_path)
     target = tmp_path / "one"
     replay(trace, target=target, strategy="posix", strip_prefix=str(out))
@@ -277,12 +325,15 @@ def test_links_and_symbolic_links_replay_as_entries(backend_name, request, tmp_p
 def test_the_replay_never_resolves_a_path_through_a_symbolic_link(tmp_path):
     """A link the trace made, even one pointing inside the target, is an entry: a later path through it
     is refused with one line, and nothing is written through it."""
-    trace = make_trace(tmp_path / "t.arrow", [
-        {"op": "mkdir", "path": "/c/real"},
-        {"op": "symlink", "path": "real", "new_path": "/c/via"},
-        {"op": "open", "path": "/c/via/x", "fd": 3, "flags": CREATE, "ret": 3},
-        {"op": "write", "path": "/c/via/x", "fd": 3, "offset": 0, "size": 10, "ret": 10},
-    ])
+    trace = make_trace(
+        tmp_path / "t.arrow",
+        [
+            {"op": "mkdir", "path": "/c/real"},
+            {"op": "symlink", "path": "real", "new_path": "/c/via"},
+            {"op": "open", "path": "/c/via/x", "fd": 3, "flags": CREATE, "ret": 3},
+            {"op": "write", "path": "/c/via/x", "fd": 3, "offset": 0, "size": 10, "ret": 10},
+        ],
+    )
     with pytest.raises(Exception, match="symbolic link"):
         replay(trace, target=tmp_path / "r", strategy="posix")
     assert not (tmp_path / "r").exists() or not list((tmp_path / "r").rglob("x"))

@@ -21,7 +21,9 @@ FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
 # Library modules whose raise statements still name a flag, and how many: the number may only go down (a
 # workload's own command line, engines.py and synth.py, names its flags on purpose).
 STILL_NAMING_FLAGS = {
-    "ckpt_trace/bench/run.py": 2, "ckpt_trace/report/export.py": 1, "ckpt_trace/workloads/engines.py": 14,
+    "ckpt_trace/bench/run.py": 2,
+    "ckpt_trace/report/export.py": 1,
+    "ckpt_trace/workloads/engines.py": 14,
     "ckpt_trace/workloads/synth.py": 1,
     "tracer/ckpt_trace/tracer/gpu.py": 2,
 }
@@ -36,8 +38,12 @@ def _flag_naming_raises() -> collections.Counter:
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
-                    text = "".join(c.value for arg in node.exc.args for c in ast.walk(arg)
-                                   if isinstance(c, ast.Constant) and isinstance(c.value, str))
+                    text = "".join(
+                        c.value
+                        for arg in node.exc.args
+                        for c in ast.walk(arg)
+                        if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                    )
                     if FLAG.search(text):
                         found[relative] += 1
     return found
@@ -60,12 +66,41 @@ def test_every_error_class_of_ours_is_in_the_family():
 def test_python_and_the_cli_word_the_same_error_each_in_its_own_terms(tmp_path):
     """replay(repeat=0) says ``repeat``, ``ckpt-trace replay --repeat 0`` says ``--repeat``; a non-empty target
     says ``force=True`` from Python and ``--force`` from the CLI. One line each, exit status 2."""
-    row = {"ts_ns": 0, "dur_ns": 1, "pid": 1, "tid": 1, "comm": "t", "rank": -1, "syscall": "mkdir", "op": "mkdir",
-           "path": "/d", "ret": 0, "fd": None, "new_path": None, "offset": None, "offset_source": None, "size": None,
-           "flags": None, "iov_count": None}
-    trace = write_trace(tmp_path / "t.arrow", table_from_columns({key: [value] for key, value in row.items()}),
-        {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"],
-         "backend": "strace", "start_wall_time_ns": 0, "filesystems": {}, "lost_events": 0, "arch": "x86_64"})
+    row = {
+        "ts_ns": 0,
+        "dur_ns": 1,
+        "pid": 1,
+        "tid": 1,
+        "comm": "t",
+        "rank": -1,
+        "syscall": "mkdir",
+        "op": "mkdir",
+        "path": "/d",
+        "ret": 0,
+        "fd": None,
+        "new_path": None,
+        "offset": None,
+        "offset_source": None,
+        "size": None,
+        "flags": None,
+        "iov_count": None,
+    }
+    trace = write_trace(
+        tmp_path / "t.arrow",
+        table_from_columns({key: [value] for key, value in row.items()}),
+        {
+            "creator": "test",
+            "creator_version": "0",
+            "host": "h",
+            "kernel": "k",
+            "command": ["x"],
+            "backend": "strace",
+            "start_wall_time_ns": 0,
+            "filesystems": {},
+            "lost_events": 0,
+            "arch": "x86_64",
+        },
+    )
     with pytest.raises(ReplayError) as caught:
         replay(trace, target=tmp_path / "a", repeat=0)
     assert str(caught.value) == "repeat must be at least 1" and caught.value.option == "repeat"

@@ -67,8 +67,12 @@ def test_parquet_export_into_a_busy_directory_removes_nothing(tmp_path):
 def test_diff_reports_what_changed(tmp_path):
     data = json.loads(cli("diff", str(ODD), str(DCP), "--json").stdout)
     a, b = read_trace(ODD).table, read_trace(DCP).table
-    assert data["totals"]["rows"] == {"a": a.num_rows, "b": b.num_rows, "change": b.num_rows - a.num_rows,
-                                      "ratio": b.num_rows / a.num_rows}
+    assert data["totals"]["rows"] == {
+        "a": a.num_rows,
+        "b": b.num_rows,
+        "change": b.num_rows - a.num_rows,
+        "ratio": b.num_rows / a.num_rows,
+    }
     assert data["ops"]["write"]["b"] == sum(op == "write" for op in b["op"].to_pylist())
     assert "a.final" in data["files_only_in_a"] and ".metadata" in data["files_only_in_b"]
     same = json.loads(cli("diff", str(DCP), str(DCP), "--json").stdout)
@@ -81,8 +85,9 @@ def test_diff_reports_what_changed(tmp_path):
 @pytest.mark.slow
 def test_perfetto_export_of_a_selection_keeps_trace_row_ids(tmp_path):
     out = tmp_path / "rank1.json"
-    data = json.loads(cli("export", str(DCP), "--format", "perfetto", "-o", str(out), "--rank", "1", "--op", "write",
-                          "--json").stdout)
+    data = json.loads(
+        cli("export", str(DCP), "--format", "perfetto", "-o", str(out), "--rank", "1", "--op", "write", "--json").stdout
+    )
     table = read_trace(DCP).table
     rows = table.to_pylist()
     wanted = [i for i, r in enumerate(rows) if r["rank"] == 1 and r["op"] == "write"]

@@ -42,14 +42,15 @@ def test_optional_columns_round_trip_through_both_writers_and_every_reader(tmp_p
     table = table_from_columns(rows(300))
     values = [i if i % 7 else None for i in range(300)]
     with_extra = table.append_column(extra_column, pa.array(values, pa.int64())).append_column(
-        "host", pa.array(["n1"] * 150 + ["n2"] * 150))
+        "host", pa.array(["n1"] * 150 + ["n2"] * 150)
+    )
     whole = write_trace(tmp_path / "w.arrow", with_extra, META, batch_rows=64)
     writer = TraceWriter(tmp_path / "s.arrow", batch_rows=64)
     for start in range(0, 300, 50):
         writer.write(with_extra.slice(start, 50))
     streamed = writer.close(META)
     for path in (whole, streamed):
-        assert ipc.open_file(str(path)).schema.names[len(SCHEMA):] == [extra_column, "host"]
+        assert ipc.open_file(str(path)).schema.names[len(SCHEMA) :] == [extra_column, "host"]
         trace = read_trace(path)
         assert trace.table.column_names == list(SCHEMA.names) + [extra_column, "host"]
         assert trace.table[extra_column].to_pylist() == values and trace.table["host"].to_pylist()[-1] == "n2"
@@ -85,20 +86,25 @@ def test_trace_writer_stores_the_declared_ones_null_where_rows_lack_them(tmp_pat
 
 def test_an_optional_column_of_another_type_is_refused_and_unknown_columns_are_ignored(tmp_path, extra_column):
     table = table_from_columns(rows(5))
-    _write_raw(tmp_path / "bad.arrow", table.append_column(extra_column, pa.array(["x"] * 5)),
-               {**META, "format_version": 5})
+    _write_raw(
+        tmp_path / "bad.arrow", table.append_column(extra_column, pa.array(["x"] * 5)), {**META, "format_version": 5}
+    )
     with pytest.raises(TraceFormatError, match=f"column '{extra_column}' has type string, expected int64"):
         read_trace(tmp_path / "bad.arrow")
-    _write_raw(tmp_path / "new.arrow", table.append_column("from_a_newer_writer", pa.array([1] * 5)),
-               {**META, "format_version": 5})
+    _write_raw(
+        tmp_path / "new.arrow",
+        table.append_column("from_a_newer_writer", pa.array([1] * 5)),
+        {**META, "format_version": 5},
+    )
     assert read_trace(tmp_path / "new.arrow").table.column_names == list(SCHEMA.names)
     assert file_schema([extra_column]).names[-1] == extra_column
 
 
 def test_extra_metadata_is_stored_in_the_one_key_and_read_back(tmp_path, monkeypatch):
     monkeypatch.setitem(EXTRA_METADATA, "test_key", "a test key")
-    path = write_trace(tmp_path / "t.arrow", table_from_columns(rows(3)),
-                       {**META, "test_key": {"a": 1}, "undocumented": 2})
+    path = write_trace(
+        tmp_path / "t.arrow", table_from_columns(rows(3)), {**META, "test_key": {"a": 1}, "undocumented": 2}
+    )
     assert read_extra_metadata(path) == {"test_key": {"a": 1}}
     assert list(ipc.open_file(str(path)).schema.metadata) == [b"ckpt_trace"]
     plain = write_trace(tmp_path / "p.arrow", table_from_columns(rows(3)), META)

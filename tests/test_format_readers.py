@@ -17,8 +17,10 @@ from ckpt_trace.formats import FORMAT_VERSION, read_metadata, read_trace
 
 README = REPO / "formats" / "README.md"
 GOLDEN = sorted((REPO / "traces" / "golden").glob("v*.arrow"))
-SNIPPETS = {re.split(r"[^A-Za-z]", code.splitlines()[0].lstrip("# "))[0]: code
-            for code in re.findall(r"```python\n(.*?)```", README.read_text(), re.S)}
+SNIPPETS = {
+    re.split(r"[^A-Za-z]", code.splitlines()[0].lstrip("# "))[0]: code
+    for code in re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+}
 READERS = ("pyarrow", "pandas", "polars", "DuckDB")
 CHECKED = ("offset", "tid", "ret")
 

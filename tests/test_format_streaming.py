@@ -29,8 +29,14 @@ def _batches(table: pa.Table, size: int) -> list[pa.RecordBatch]:
             words = pa.array(sorted({w for w in column.to_pylist() if w is not None} | {""}), pa.string())
             index = {w: i for i, w in enumerate(words.to_pylist())}
             codes = [index.get(w, 0) for w in column.to_pylist()]
-            column = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=pa.array(
-                [w is None for w in column.to_pylist()]).to_numpy(zero_copy_only=False)), words)
+            column = pa.DictionaryArray.from_arrays(
+                pa.array(
+                    codes,
+                    pa.int32(),
+                    mask=pa.array([w is None for w in column.to_pylist()]).to_numpy(zero_copy_only=False),
+                ),
+                words,
+            )
         columns.append(column)
     whole = pa.RecordBatch.from_arrays(columns, schema=schema)
     return [whole.slice(start, size) for start in range(0, len(whole), size)]
@@ -60,8 +66,11 @@ def test_a_batch_off_the_schema_or_a_failing_producer_leaves_no_file(tmp_path):
     with pytest.raises(CkptTraceError, match="producer failed"):
         write_trace_batches(tmp_path / "b.arrow", failing(), META)
     # a text column whose dictionary changes between batches: the file format holds one per column
-    other = good[1].set_column(good[1].schema.get_field_index("path"), file_schema(()).field("path"),
-                               pa.DictionaryArray.from_arrays(pa.array([0, 0], pa.int32()), pa.array(["/other"])))
+    other = good[1].set_column(
+        good[1].schema.get_field_index("path"),
+        file_schema(()).field("path"),
+        pa.DictionaryArray.from_arrays(pa.array([0, 0], pa.int32()), pa.array(["/other"])),
+    )
     with pytest.raises(TraceFormatError, match="trace file"):
         write_trace_batches(tmp_path / "c.arrow", iter([good[0], other]), META)
     assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -112,8 +112,9 @@ def test_foreign_arrow_file_is_named(tmp_path):
         read_trace(tmp_path / "f.arrow")
 
 
-@pytest.mark.parametrize(("version", "column"), [(3, "offset"), (4, "offset_delta"), (4, "size"), (5, "offset"),
-                                                  (5, "ret")])
+@pytest.mark.parametrize(
+    ("version", "column"), [(3, "offset"), (4, "offset_delta"), (4, "size"), (5, "offset"), (5, "ret")]
+)
 def test_missing_column_is_named(tmp_path, version, column):
     table = table_from_columns(rows())
     table = (_stored(table) if version == 4 else table).drop_columns([column])
@@ -149,14 +150,19 @@ def test_version_1_files_read_as_version_2(tmp_path):
 def test_text_columns_are_dictionary_encoded_and_small(tmp_path):
     table = table_from_columns(rows(100_000))
     path = write_trace(tmp_path / "t.arrow", table, META, batch_rows=8192)
-    assert all(pa.types.is_dictionary(ipc.open_file(str(path)).schema.field(name).type)
-               for name in ("comm", "syscall", "op", "path", "offset_source", "interface"))
+    assert all(
+        pa.types.is_dictionary(ipc.open_file(str(path)).schema.field(name).type)
+        for name in ("comm", "syscall", "op", "path", "offset_source", "interface")
+    )
     assert path.stat().st_size / 100_000 < 8  # bytes per row (each batch refers to the one dictionary)
     assert read_trace(path).table["op"].to_pylist()[-1] == "write"
 
 
-@pytest.mark.parametrize(("n", "extra_bytes"), [(50, 0), (100, 0), (250, 0), (250, 20_000)],
-                         ids=["one-batch", "one-full-batch", "spooled", "spooled-long-metadata"])
+@pytest.mark.parametrize(
+    ("n", "extra_bytes"),
+    [(50, 0), (100, 0), (250, 0), (250, 20_000)],
+    ids=["one-batch", "one-full-batch", "spooled", "spooled-long-metadata"],
+)
 def test_trace_writer_stores_the_metadata_it_is_closed_with(tmp_path, n, extra_bytes):
     """At most one batch: written straight at close. More: spooled, then written at close in one pass.
     Each way the rows and every metadata key read back, the metadata is written once (the schema message
@@ -182,8 +188,11 @@ def test_a_spooled_trace_has_one_dictionary_per_text_column_so_polars_reads_it(t
     """Text values first seen in later batches are in the file's one dictionary (no dictionary deltas:
     polars refuses them, "delta dictionary batches not supported")."""
     table = table_from_columns(rows(1000))
-    table = table.set_column(table.schema.get_field_index("path"), "path",
-                             pa.array([f"/d/f{i // 100}" if i % 7 else None for i in range(1000)]))
+    table = table.set_column(
+        table.schema.get_field_index("path"),
+        "path",
+        pa.array([f"/d/f{i // 100}" if i % 7 else None for i in range(1000)]),
+    )
     writer = TraceWriter(tmp_path / "t.arrow", batch_rows=128)
     for start in range(0, 1000, 90):
         writer.write(table.slice(start, 90))

@@ -45,7 +45,9 @@ def test_golden_trace_reads_with_its_version(path):
 def test_odd_pattern_golden_holds_every_operation_exactly(path):
     trace = read_trace(path)
     expected = json.loads(path.with_suffix(".expected.json").read_text())
-    got = Counter((r["op"], r["path"], r["offset"], r["ret"]) for r in trace.table.to_pylist() if r["op"] in ("read", "write"))
+    got = Counter(
+        (r["op"], r["path"], r["offset"], r["ret"]) for r in trace.table.to_pylist() if r["op"] in ("read", "write")
+    )
     assert got == Counter((e["op"], e["path"], e["offset"], e["bytes"]) for e in expected)
 
 
@@ -66,8 +68,11 @@ def test_requests_golden_holds_every_operation_of_fios_own_iolog(path, engine):
     expected = fio_iolog(path.with_suffix(f".{engine}.iolog"))
     table = read_trace(path).table.to_pylist()
     interface = {"uring": "io_uring", "libaio": "libaio"}[engine]
-    got = Counter((r["path"], r["op"], r["offset"], r["size"]) for r in table
-                  if r["interface"] == interface and r["op"] in ("read", "write"))
+    got = Counter(
+        (r["path"], r["op"], r["offset"], r["size"])
+        for r in table
+        if r["interface"] == interface and r["op"] in ("read", "write")
+    )
     assert sum(expected.values()) > 0 and got == expected
 
 

@@ -44,9 +44,11 @@ def test_the_subscriber_builds_and_says_why_it_records_nothing_without_cupti(tmp
     assert "InitializeInjection" in symbols
     out = tmp_path / "gpu"
     out.mkdir()
-    script = (f"import ctypes, os; os.environ['CKPT_TRACE_GPU_DIR'] = {str(out)!r}; "
-              f"os.environ['CKPT_TRACE_CUPTI_LIB'] = {str(tmp_path / 'no-libcupti.so')!r}; "
-              f"print(ctypes.CDLL({str(library)!r}).InitializeInjection())")
+    script = (
+        f"import ctypes, os; os.environ['CKPT_TRACE_GPU_DIR'] = {str(out)!r}; "
+        f"os.environ['CKPT_TRACE_CUPTI_LIB'] = {str(tmp_path / 'no-libcupti.so')!r}; "
+        f"print(ctypes.CDLL({str(library)!r}).InitializeInjection())"
+    )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "1"  # the driver goes on either way
     status = next(out.glob("status-*.txt")).read_text()
@@ -94,8 +96,18 @@ def test_copy_records_become_rows_on_the_trace_clock(tmp_path):
 
 
 def _metadata() -> dict:
-    return {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"],
-            "backend": "strace", "start_wall_time_ns": 0, "filesystems": {}, "lost_events": 0, "arch": "x86_64"}
+    return {
+        "creator": "test",
+        "creator_version": "0",
+        "host": "h",
+        "kernel": "k",
+        "command": ["x"],
+        "backend": "strace",
+        "start_wall_time_ns": 0,
+        "filesystems": {},
+        "lost_events": 0,
+        "arch": "x86_64",
+    }
 
 
 @pytest.mark.slow
@@ -103,9 +115,24 @@ def test_gpu_on_without_cupti_refuses_before_the_command_runs(tmp_path):
     """``--gpu on`` where no libcupti exists: one line, exit 2, the command never ran, no trace."""
     marker = tmp_path / "ran"
     env = {**os.environ, "CKPT_TRACE_CUPTI_LIB": str(tmp_path / "missing.so")}
-    proc = subprocess.run([sys.executable, "-m", "ckpt_trace.cli", "record", "--gpu", "on", "-o",
-                           str(tmp_path / "t.arrow"), "--", "touch", str(marker)], capture_output=True, text=True,
-                          env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ckpt_trace.cli",
+            "record",
+            "--gpu",
+            "on",
+            "-o",
+            str(tmp_path / "t.arrow"),
+            "--",
+            "touch",
+            str(marker),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "--gpu on" in proc.stderr and "libcupti" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not marker.exists() and not (tmp_path / "t.arrow").exists()
@@ -123,16 +150,26 @@ def test_the_golden_gpu_trace_reads_and_replays_without_a_gpu(tmp_path):
     d2h = copies.filter(pc.equal(copies.column("op"), vocabulary.COPY_D2H))
     assert sorted(d2h.column("size").to_pylist()) == sorted(expected["tensor_bytes"])
     assert set(d2h.column("memory_kind").to_pylist()) <= {"pageable", "pinned"}
-    writes = table.filter(pc.and_(pc.equal(table.column("op"), "write"), pc.equal(table.column("interface"),
-                                                                                  "syscall")))
+    writes = table.filter(
+        pc.and_(pc.equal(table.column("op"), "write"), pc.equal(table.column("interface"), "syscall"))
+    )
     assert writes.num_rows > 0
     first_write, last_write = pc.min(writes.column("ts_ns")).as_py(), pc.max(writes.column("ts_ns")).as_py()
     assert pc.min(d2h.column("ts_ns")).as_py() < last_write and pc.max(d2h.column("ts_ns")).as_py() > 0
     assert first_write > 0
     if _has_gpu():
         pytest.skip("this machine has a GPU: the GPU replay test covers it")
-    proc = cli("replay", str(GOLDEN), "--target", str(tmp_path / "t"), "--strategy", "posix", "--json",
-               "-o", str(tmp_path / "r.json"))
+    proc = cli(
+        "replay",
+        str(GOLDEN),
+        "--target",
+        str(tmp_path / "t"),
+        "--strategy",
+        "posix",
+        "--json",
+        "-o",
+        str(tmp_path / "r.json"),
+    )
     result = json.loads((tmp_path / "r.json").read_text())["results"][0]
     assert result["gpu_copies"]["skipped"] == copies.num_rows and result["gpu_copies"]["executed"] == 0
     assert "copy rows skipped" in proc.stderr
@@ -148,8 +185,25 @@ def test_a_recorded_dcp_save_of_gpu_tensors_holds_one_copy_per_tensor(tmp_path):
     tensor, bytes equal to the tensor's, inside the save's span, beside the writes; the replay re-executes
     the copies with the recorded memory kind and with pinned staging."""
     trace_path = tmp_path / "gpu.arrow"
-    cli("record", "--gpu", "on", "-o", str(trace_path), "--", sys.executable, "-m", "ckpt_trace.cli", "workload",
-        "dcp", "--device", "cuda", "--model", "gpt2-tiny", "--out", str(tmp_path / "ckpt"))
+    cli(
+        "record",
+        "--gpu",
+        "on",
+        "-o",
+        str(trace_path),
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.cli",
+        "workload",
+        "dcp",
+        "--device",
+        "cuda",
+        "--model",
+        "gpt2-tiny",
+        "--out",
+        str(tmp_path / "ckpt"),
+    )
     table = read_trace(trace_path).table
     d2h = table.filter(pc.equal(table.column("op"), vocabulary.COPY_D2H))
     from ckpt_trace.workloads.engines import tensor_bytes
@@ -159,8 +213,19 @@ def test_a_recorded_dcp_save_of_gpu_tensors_holds_one_copy_per_tensor(tmp_path):
     assert pc.min(d2h.column("ts_ns")).as_py() < pc.max(writes.column("ts_ns")).as_py()
     for mode in ("recorded", "pinned"):
         out = tmp_path / f"{mode}.json"
-        cli("replay", str(trace_path), "--target", str(tmp_path / mode), "--strategy", "posix", "--gpu-copies", mode,
-            "--json", "-o", str(out))
+        cli(
+            "replay",
+            str(trace_path),
+            "--target",
+            str(tmp_path / mode),
+            "--strategy",
+            "posix",
+            "--gpu-copies",
+            mode,
+            "--json",
+            "-o",
+            str(out),
+        )
         copies = json.loads(out.read_text())["results"][0]["gpu_copies"]
         assert copies["executed"] == table.filter(pc.equal(table.column("interface"), "cuda")).num_rows
         assert copies["skipped"] == 0 and copies["bytes"] > 0
@@ -174,12 +239,15 @@ def test_copy_timestamps_fall_between_the_programs_own_clock_reads(tmp_path):
     timestamps between them, with the program's thread, bytes, direction and host memory kind."""
     capture = gpu.GpuCapture(gpu.plan_capture("on"), tmp_path / "gpu")
     capture.directory.mkdir()
-    program = ("import os, time, torch; x = torch.randn(1 << 20, device='cuda'); torch.cuda.synchronize(); "
-               "t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC); a = x.cpu(); "
-               "p = torch.empty(1 << 20, pin_memory=True); p.copy_(x); torch.cuda.synchronize(); "
-               "t1 = time.clock_gettime_ns(time.CLOCK_MONOTONIC); print(t0, t1, os.getpid(), a.data_ptr(), p.data_ptr())")
-    proc = subprocess.run([sys.executable, "-c", program], env={**os.environ, **capture.env()}, capture_output=True,
-                          text=True, check=True)
+    program = (
+        "import os, time, torch; x = torch.randn(1 << 20, device='cuda'); torch.cuda.synchronize(); "
+        "t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC); a = x.cpu(); "
+        "p = torch.empty(1 << 20, pin_memory=True); p.copy_(x); torch.cuda.synchronize(); "
+        "t1 = time.clock_gettime_ns(time.CLOCK_MONOTONIC); print(t0, t1, os.getpid(), a.data_ptr(), p.data_ptr())"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", program], env={**os.environ, **capture.env()}, capture_output=True, text=True, check=True
+    )
     t0, t1, pid, pageable, pinned = (int(v) for v in proc.stdout.split())
     records, summary = capture.collect()
     d2h = records[(records["copy_kind"] == 2) & (records["start_ns"] >= t0)]
@@ -196,8 +264,25 @@ def test_the_emitted_writer_stages_gpu_tensors_through_pinned_buffers(tmp_path):
     """The emitted writer saves CUDA tensors by asynchronous copies into page-locked staging buffers: the
     recorded copies are pinned, one or more per tensor, and the checkpoint loads back bit for bit."""
     trace_path = tmp_path / "emitted.arrow"
-    cli("record", "--gpu", "on", "-o", str(trace_path), "--", sys.executable, "-m", "ckpt_trace.cli", "workload",
-        "emitted", "--device", "cuda", "--model", "gpt2-tiny", "--out", str(tmp_path / "ckpt"))
+    cli(
+        "record",
+        "--gpu",
+        "on",
+        "-o",
+        str(trace_path),
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.cli",
+        "workload",
+        "emitted",
+        "--device",
+        "cuda",
+        "--model",
+        "gpt2-tiny",
+        "--out",
+        str(tmp_path / "ckpt"),
+    )
     table = read_trace(trace_path).table
     d2h = table.filter(pc.equal(table.column("op"), vocabulary.COPY_D2H))
     from ckpt_trace.workloads.engines import tensor_bytes

@@ -66,7 +66,8 @@ class DeferredCopier:
 @pytest.mark.torch
 @pytest.mark.io_uring
 def test_reader_reuses_an_arena_slot_only_after_its_copies_and_overlaps_them_with_reads(
-        tmp_path, torch_installed, io_uring, monkeypatch):
+    tmp_path, torch_installed, io_uring, monkeypatch
+):
     """With copies that complete only when waited on, the O_DIRECT load is still bit-identical (no slot is
     read into before its copies are done), and copies are queued while later reads are in flight."""
     from ckpt_trace.iolayer import ring as rings
@@ -184,8 +185,7 @@ def test_gpu_tensors_save_and_load_back_to_the_gpu_bit_identical(tmp_path, torch
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.io_uring
-def test_gpu_async_save_returns_after_the_copies_and_keeps_the_values_at_the_call(tmp_path, torch_installed,
-                                                                                   io_uring):
+def test_gpu_async_save_returns_after_the_copies_and_keeps_the_values_at_the_call(tmp_path, torch_installed, io_uring):
     """The async mode returns within 1.2x the device-to-host copy time measured with CUDA events (after a
     first save has cached the page-locked staging), and a state changed after it returns does not change
     the saved bytes."""
@@ -218,8 +218,11 @@ def test_gpu_async_save_returns_after_the_copies_and_keeps_the_values_at_the_cal
     assert returned_s <= 1.2 * copy_s + 0.05  # + 50 ms: DCP's own bookkeeping (planning is not staged)
 
 
-GOLDEN_ODD = sorted((__import__("pathlib").Path(__file__).resolve().parent.parent / "traces" / "golden").glob(
-    "*odd-pattern*strace*.arrow"))
+GOLDEN_ODD = sorted(
+    (__import__("pathlib").Path(__file__).resolve().parent.parent / "traces" / "golden").glob(
+        "*odd-pattern*strace*.arrow"
+    )
+)
 
 
 @pytest.mark.slow
@@ -249,11 +252,19 @@ class _FakeKvikio:
         self.cufile_driver = types.SimpleNamespace(get=lambda name: gds)
 
 
-@pytest.mark.parametrize(("compat", "gds", "nvidia_fs", "true_gds"), [
-    ("OFF", True, True, True), ("AUTO", True, True, True), ("AUTO", False, True, False), ("ON", True, True, False),
-    ("OFF", True, False, False)])
-def test_gds_mode_is_true_gds_only_when_kvikio_cufile_and_nvidia_fs_agree(monkeypatch, compat, gds, nvidia_fs,
-                                                                          true_gds):
+@pytest.mark.parametrize(
+    ("compat", "gds", "nvidia_fs", "true_gds"),
+    [
+        ("OFF", True, True, True),
+        ("AUTO", True, True, True),
+        ("AUTO", False, True, False),
+        ("ON", True, True, False),
+        ("OFF", True, False, False),
+    ],
+)
+def test_gds_mode_is_true_gds_only_when_kvikio_cufile_and_nvidia_fs_agree(
+    monkeypatch, compat, gds, nvidia_fs, true_gds
+):
     from ckpt_trace.replayer import gds as gds_module
 
     fake = _FakeKvikio(compat, gds)
@@ -281,12 +292,25 @@ def test_gds_replays_through_cufile_and_says_which_mode(tmp_path):
     sizes = {}
     for strategy in ("posix", "gds"):
         out = tmp_path / f"{strategy}.json"
-        cli("replay", str(trace), "--strategy", strategy, "--target", str(tmp_path / strategy), "--verify",
-            "--json", "-o", str(out))
+        cli(
+            "replay",
+            str(trace),
+            "--strategy",
+            strategy,
+            "--target",
+            str(tmp_path / strategy),
+            "--verify",
+            "--json",
+            "-o",
+            str(out),
+        )
         result = json.loads(out.read_text())["results"][0]
         root = tmp_path / strategy
-        sizes[strategy] = {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()
-                           and not p.name.startswith(".ckpt-trace")}
+        sizes[strategy] = {
+            str(p.relative_to(root)): p.stat().st_size
+            for p in root.rglob("*")
+            if p.is_file() and not p.name.startswith(".ckpt-trace")
+        }
         if strategy == "gds":
             assert any(note.startswith("gds: ") for note in result["notes"]), result["notes"]
             print(next(note for note in result["notes"] if note.startswith("gds: ")))
@@ -313,13 +337,26 @@ def _link_table():
         (210, 50, 7, "write", "io_uring", OTHER, 4096),  # a buffer no copy filled
         (220, 50, 7, "write", "syscall", None, 4096),  # no address: unknown, never linked
     ]
-    columns = {name: [row[i] for row in rows] for i, name in enumerate(
-        ("ts_ns", "dur_ns", "pid", "op", "interface", "address", "size"))}
+    columns = {
+        name: [row[i] for row in rows]
+        for i, name in enumerate(("ts_ns", "dur_ns", "pid", "op", "interface", "address", "size"))
+    }
     n = len(rows)
-    columns.update(tid=columns["pid"], rank=[0] * n, syscall=["x"] * n, ret=columns["size"], comm=["python"] * n,
-                   fd=[3] * n, path=["/ckpt/0.data" if op == "write" else None for op in columns["op"]], new_path=[None] * n,
-                   offset=[0] * n, offset_source=[None] * n, flags=[None] * n, iov_count=[None] * n,
-                   memory_kind=["pinned" if op == "copy_d2h" else None for op in columns["op"]])
+    columns.update(
+        tid=columns["pid"],
+        rank=[0] * n,
+        syscall=["x"] * n,
+        ret=columns["size"],
+        comm=["python"] * n,
+        fd=[3] * n,
+        path=["/ckpt/0.data" if op == "write" else None for op in columns["op"]],
+        new_path=[None] * n,
+        offset=[0] * n,
+        offset_source=[None] * n,
+        flags=[None] * n,
+        iov_count=[None] * n,
+        memory_kind=["pinned" if op == "copy_d2h" else None for op in columns["op"]],
+    )
     return table_from_columns(columns)
 
 
@@ -340,9 +377,22 @@ def test_summary_says_how_many_writes_a_copy_fed(tmp_path):
     from ckpt_trace.formats import write_trace
 
     path = tmp_path / "links.arrow"
-    write_trace(path, _link_table(), {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k",
-                                      "command": ["save"], "backend": "bcc", "start_wall_time_ns": 0,
-                                      "filesystems": {}, "lost_events": 0, "arch": "x86_64"})
+    write_trace(
+        path,
+        _link_table(),
+        {
+            "creator": "test",
+            "creator_version": "0",
+            "host": "h",
+            "kernel": "k",
+            "command": ["save"],
+            "backend": "bcc",
+            "start_wall_time_ns": 0,
+            "filesystems": {},
+            "lost_events": 0,
+            "arch": "x86_64",
+        },
+    )
     summary = __import__("json").loads(cli("summary", str(path), "--json").stdout)
     rank = summary["gpu"]["ranks"]["0"]
     assert rank["fed_writes"] == 2 and rank["writes_with_buffer"] == 4

@@ -25,8 +25,10 @@ def libraries(tmp_path_factory):
     """(the subscriber, the stand-in libcupti), both compiled for this module."""
     directory = tmp_path_factory.mktemp("cupti")
     fake = directory / "libfakecupti.so"
-    subprocess.run([*shlex.split(CC), "-shared", "-fPIC", "-Wall", "-o", str(fake),
-                    str(REPO / "tests" / "data" / "fake_cupti.c")], check=True)
+    subprocess.run(
+        [*shlex.split(CC), "-shared", "-fPIC", "-Wall", "-o", str(fake), str(REPO / "tests" / "data" / "fake_cupti.c")],
+        check=True,
+    )
     return gpu.build_injection(directory / "cache"), fake
 
 
@@ -35,9 +37,12 @@ def _inject(libraries, out, *, file_limit_bytes: int | None = None, **env) -> di
     return its status file's fields. ``file_limit_bytes``: RLIMIT_FSIZE for that process (SIGXFSZ ignored, so a
     write past it fails with EFBIG, setrlimit(2))."""
     subscriber, fake = libraries
-    limit = (f"signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
-             f"resource.setrlimit(resource.RLIMIT_FSIZE, ({file_limit_bytes}, {file_limit_bytes})); "
-             if file_limit_bytes else "")
+    limit = (
+        f"signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({file_limit_bytes}, {file_limit_bytes})); "
+        if file_limit_bytes
+        else ""
+    )
     script = f"import ctypes, resource, signal; {limit}ctypes.CDLL({str(subscriber)!r}).InitializeInjection()"
     environment = {**os.environ, "CKPT_TRACE_GPU_DIR": str(out), "CKPT_TRACE_CUPTI_LIB": str(fake), **env}
     subprocess.run([sys.executable, "-c", script], check=True, env=environment)

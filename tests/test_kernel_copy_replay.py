@@ -25,8 +25,11 @@ def _recorded_calls(trace) -> list[tuple[str, int]]:
     """(call, bytes) of each in-kernel copy call in the trace, in recorded order: one row per splice, the
     read row of a sendfile's or copy_file_range's pair."""
     rows = read_trace(trace).table.select(["ts_ns", "op", "interface", "ret"]).to_pylist()
-    return [(row["interface"], row["ret"]) for row in sorted(rows, key=lambda r: r["ts_ns"])
-            if row["interface"] in COPIES and (row["interface"] == "splice" or row["op"] == "read")]
+    return [
+        (row["interface"], row["ret"])
+        for row in sorted(rows, key=lambda r: r["ts_ns"])
+        if row["interface"] in COPIES and (row["interface"] == "splice" or row["op"] == "read")
+    ]
 
 
 def _replayed_calls(log) -> list[tuple[str, int, int]]:
@@ -49,18 +52,54 @@ def test_posix_replay_makes_each_copy_by_its_recorded_call(recorder, request, tm
     out = tmp_path / "out"
     out.mkdir()
     trace = tmp_path / "t.arrow"
-    cli("record", "--backend", recorder, "--path-filter", str(out), "-o", str(trace), "--",
-        sys.executable, "-m", "ckpt_trace.workloads.copies", str(out), str(tmp_path / "log.json"))
+    cli(
+        "record",
+        "--backend",
+        recorder,
+        "--path-filter",
+        str(out),
+        "-o",
+        str(trace),
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.workloads.copies",
+        str(out),
+        str(tmp_path / "log.json"),
+    )
     recorded = _recorded_calls(trace)
     assert {name for name, _ in recorded} == set(COPIES), recorded
     for name in COPIES:  # 1 MiB moved by each kind (splice: into the pipe and out of it)
         assert sum(n for c, n in recorded if c == name) == MIB * (2 if name == "splice" else 1), recorded
 
     target, log = tmp_path / "r", tmp_path / "replay.log"
-    proc = subprocess.run(["strace", "-f", "-qq", "-o", str(log), "-e", "trace=sendfile,copy_file_range,splice",
-                           sys.executable, "-m", "ckpt_trace.cli", "replay", str(trace), "--strategy", "posix",
-                           "--verify", "--json", "--target", str(target), "--strip-prefix", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            "strace",
+            "-f",
+            "-qq",
+            "-o",
+            str(log),
+            "-e",
+            "trace=sendfile,copy_file_range,splice",
+            sys.executable,
+            "-m",
+            "ckpt_trace.cli",
+            "replay",
+            str(trace),
+            "--strategy",
+            "posix",
+            "--verify",
+            "--json",
+            "--target",
+            str(target),
+            "--strip-prefix",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     replayed = _replayed_calls(log)
     # Each recorded copy call is one call of that kind in the replay, asking and moving the recorded bytes.
@@ -79,10 +118,33 @@ def test_other_strategies_replay_copies_as_reads_and_writes_and_say_so(strace_ba
     out = tmp_path / "out"
     out.mkdir()
     trace = tmp_path / "t.arrow"
-    cli("record", "--backend", "strace", "--path-filter", str(out), "-o", str(trace), "--",
-        sys.executable, "-m", "ckpt_trace.workloads.copies", str(out), str(tmp_path / "log.json"))
-    proc = cli("replay", str(trace), "--strategy", "uring-buffered", "--verify", "--json", "--target",
-               str(tmp_path / "r"), "--strip-prefix", str(out))
+    cli(
+        "record",
+        "--backend",
+        "strace",
+        "--path-filter",
+        str(out),
+        "-o",
+        str(trace),
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.workloads.copies",
+        str(out),
+        str(tmp_path / "log.json"),
+    )
+    proc = cli(
+        "replay",
+        str(trace),
+        "--strategy",
+        "uring-buffered",
+        "--verify",
+        "--json",
+        "--target",
+        str(tmp_path / "r"),
+        "--strip-prefix",
+        str(out),
+    )
     assert "replayed as reads and writes: strategy uring-buffered" in proc.stdout
     for name in COPIES:
         assert (tmp_path / "r" / f"{name}.bin").stat().st_size == MIB

@@ -57,10 +57,15 @@ def test_dcp_layout_is_the_checkpoints_own_metadata(saved):
     assert not layout.unknown and not layout.errors
     rows = layout.table.to_pylist()
     reference = FileSystemReader(str(saved / "dcp")).read_metadata()  # torch's own unpickling
-    expected = {(str(saved / "dcp" / info.relative_path), info.offset, info.length): index.fqn
-                for index, info in reference.storage_data.items()}
-    found = {(r["path"], r["offset"], r["length"]): r["name"] for r in rows if r["format"] == "dcp"
-             and r["kind"] != "metadata"}
+    expected = {
+        (str(saved / "dcp" / info.relative_path), info.offset, info.length): index.fqn
+        for index, info in reference.storage_data.items()
+    }
+    found = {
+        (r["path"], r["offset"], r["length"]): r["name"]
+        for r in rows
+        if r["format"] == "dcp" and r["kind"] != "metadata"
+    }
     assert found == expected
     for data_file in sorted((saved / "dcp").glob("*.distcp")):
         _covered_exactly(layout.table, str(data_file))
@@ -93,7 +98,7 @@ def test_safetensors_entries_hold_the_tensors_bytes(saved):
             for name in handle.keys():  # noqa: SIM118  (safe_open is not a mapping)
                 (row,) = [r for r in rows if r["path"] == str(shard) and r["name"] == name]
                 tensor = handle.get_tensor(name)
-                assert data[row["offset"]:row["offset"] + row["length"]] == tensor.numpy().tobytes()
+                assert data[row["offset"] : row["offset"] + row["length"]] == tensor.numpy().tobytes()
                 assert row["shape"] == list(tensor.shape) and row["dtype"] == "float32"
                 assert row["kind"] == classify(name.split("."), tensor=True)
                 tensors += 1
@@ -127,7 +132,7 @@ def test_torch_save_storages_map_to_state_dict_keys(saved):
     for name, tensor in found.items():
         row = rows[name]
         storage = bytes(tensor.untyped_storage())
-        assert data[row["offset"]:row["offset"] + row["length"]] == storage, name
+        assert data[row["offset"] : row["offset"] + row["length"]] == storage, name
         assert row["shape"] == list(tensor.shape)
     assert rows["optim.state.wte.weight.exp_avg"]["kind"] == "optimizer.exp_avg"
     assert rows["model.wte.weight"]["kind"] == "model"
@@ -170,8 +175,9 @@ def test_unrecognised_files_are_unknown_and_listed(tmp_path):
     (tmp_path / "sub/b.safetensors").write_bytes(b"\xff" * 64)  # claims a format it does not have
     (tmp_path / "c.index.json").write_text("{}")
     layout = build_layout([str(tmp_path)])
-    assert sorted(layout.unknown) == sorted(str(p) for p in (tmp_path / "a.bin", tmp_path / "sub/b.safetensors",
-                                                              tmp_path / "c.index.json"))
+    assert sorted(layout.unknown) == sorted(
+        str(p) for p in (tmp_path / "a.bin", tmp_path / "sub/b.safetensors", tmp_path / "c.index.json")
+    )
     assert set(layout.errors) == {str(tmp_path / "sub/b.safetensors"), str(tmp_path / "c.index.json")}
     rows = layout.table.to_pylist()
     assert {r["kind"] for r in rows} == {"unknown"} and sum(r["length"] for r in rows) == 1000 + 64 + 2
@@ -237,7 +243,7 @@ def test_workload_dcp_with_optimizer_saves_a_real_adam_state_after_one_step(save
     entry = state["optim"]["state"]["wte.weight"]
     assert float(entry["step"]) == 1.0
     gradient = entry["exp_avg"] / (1 - 0.9)  # one step: exp_avg = (1 - beta1) g, exp_avg_sq = (1 - beta2) g^2
-    assert torch.allclose(entry["exp_avg_sq"], (1 - 0.95) * gradient ** 2, rtol=1e-4, atol=1e-12)
+    assert torch.allclose(entry["exp_avg_sq"], (1 - 0.95) * gradient**2, rtol=1e-4, atol=1e-12)
     assert state["model"]["wte.weight"].shape == (1024, 128)
 
 
@@ -250,17 +256,19 @@ def test_a_torchsnapshot_manifest_maps_every_tensor(tmp_path):
     optimizer = torch.optim.Adam(model.parameters())
     model(torch.randn(4, 64)).sum().backward()
     optimizer.step()
-    torchsnapshot.Snapshot.take(path=str(tmp_path / "snap"),
-                                app_state={"model": model, "optim": optimizer})
+    torchsnapshot.Snapshot.take(path=str(tmp_path / "snap"), app_state={"model": model, "optim": optimizer})
     layout = build_layout([str(tmp_path / "snap")])
     assert set(layout.files.values()) == {"torchsnapshot"} and not layout.unknown and not layout.errors
     rows = {r["name"]: r for r in layout.table.to_pylist()}
-    expected = {"0/model/weight": model.weight, "0/model/bias": model.bias,
-                "0/optim/state/0/exp_avg": optimizer.state[model.weight]["exp_avg"],
-                "0/optim/state/0/exp_avg_sq": optimizer.state[model.weight]["exp_avg_sq"]}
+    expected = {
+        "0/model/weight": model.weight,
+        "0/model/bias": model.bias,
+        "0/optim/state/0/exp_avg": optimizer.state[model.weight]["exp_avg"],
+        "0/optim/state/0/exp_avg_sq": optimizer.state[model.weight]["exp_avg_sq"],
+    }
     for name, tensor in expected.items():
         row = rows[name]
-        data = Path(row["path"]).read_bytes()[row["offset"]:row["offset"] + row["length"]]
+        data = Path(row["path"]).read_bytes()[row["offset"] : row["offset"] + row["length"]]
         assert data == tensor.detach().numpy().tobytes(), name
         assert row["shape"] == list(tensor.shape) and row["dtype"] == "float32"
     assert rows["0/model/weight"]["kind"] == "model"

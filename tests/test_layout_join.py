@@ -42,13 +42,20 @@ def test_rows_spanning_objects_count_their_bytes_to_each():
     layout = to_table(entries)
     order = sorted(range(len(objects)), key=lambda i: (objects[i][0], objects[i][1]))
     objects = [objects[i] for i in order]
-    rows = [(str(rng.choice(["/c/a", "/c/b", "/elsewhere"])), int(rng.integers(0, 90000)), int(rng.integers(0, 20000)))
-            for _ in range(500)]
-    batch = pa.RecordBatch.from_pydict({
-        "ts_ns": np.arange(len(rows), dtype=np.int64), "dur_ns": np.full(len(rows), 1000, np.int64),
-        "op": pa.array(["write"] * len(rows)).dictionary_encode(),
-        "path": pa.array([r[0] for r in rows]).dictionary_encode(),
-        "offset": pa.array([r[1] for r in rows], pa.int64()), "ret": pa.array([r[2] for r in rows], pa.int64())})
+    rows = [
+        (str(rng.choice(["/c/a", "/c/b", "/elsewhere"])), int(rng.integers(0, 90000)), int(rng.integers(0, 20000)))
+        for _ in range(500)
+    ]
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "ts_ns": np.arange(len(rows), dtype=np.int64),
+            "dur_ns": np.full(len(rows), 1000, np.int64),
+            "op": pa.array(["write"] * len(rows)).dictionary_encode(),
+            "path": pa.array([r[0] for r in rows]).dictionary_encode(),
+            "offset": pa.array([r[1] for r in rows], pa.int64()),
+            "ret": pa.array([r[2] for r in rows], pa.int64()),
+        }
+    )
     join = LayoutJoin(layout)
     join.add(batch)
     expected = _reference(objects, rows)
@@ -63,8 +70,22 @@ def test_rows_spanning_objects_count_their_bytes_to_each():
 
 def _record(tmp: Path, name: str, *workload: str) -> Path:
     trace = tmp / f"{name}.arrow"
-    cli("record", "--backend", "strace", "--gpu", "off", "-o", str(trace), "--", "python", "-m", "ckpt_trace.cli",
-        "workload", *workload, timeout=900)
+    cli(
+        "record",
+        "--backend",
+        "strace",
+        "--gpu",
+        "off",
+        "-o",
+        str(trace),
+        "--",
+        "python",
+        "-m",
+        "ckpt_trace.cli",
+        "workload",
+        *workload,
+        timeout=900,
+    )
     return trace
 
 
@@ -95,8 +116,9 @@ def _all_attributed(trace: Path, data_files: list[str], direction: str) -> dict:
 @pytest.mark.slow
 def test_a_recorded_dcp_save_attributes_every_written_byte(torch_installed, strace_backend, tmp_path):
     out = tmp_path / "dcp"
-    trace = _record(tmp_path, "dcp", "dcp", "--out", str(out), "--ranks", "2", "--model", "gpt2-tiny",
-                    "--with-optimizer")
+    trace = _record(
+        tmp_path, "dcp", "dcp", "--out", str(out), "--ranks", "2", "--model", "gpt2-tiny", "--with-optimizer"
+    )
     table, info = read_layout(trace)
     assert info["files"] == {str(out / ".metadata"): "dcp"} and not info["unknown"]
     data_files = sorted(str(p) for p in out.glob("*.distcp"))
@@ -105,10 +127,16 @@ def test_a_recorded_dcp_save_attributes_every_written_byte(torch_installed, stra
     layout = _all_attributed(trace, data_files + [str(out / ".metadata")], "write")  # .metadata via its rename
     kinds = {entry["kind"]: entry for entry in layout["by_kind"]}
     assert set(kinds) >= {"model", "optimizer.exp_avg", "optimizer.exp_avg_sq", "optimizer.step", "metadata"}
-    assert kinds["model"]["bytes_written"] == kinds["optimizer.exp_avg"]["bytes_written"] \
+    assert (
+        kinds["model"]["bytes_written"]
+        == kinds["optimizer.exp_avg"]["bytes_written"]
         == kinds["optimizer.exp_avg_sq"]["bytes_written"]
-    assert sum(k["bytes_written"] for k in layout["by_kind"]) == layout["attributed_bytes_written"] \
+    )
+    assert (
+        sum(k["bytes_written"] for k in layout["by_kind"])
+        == layout["attributed_bytes_written"]
         == sum(written[p] for p in data_files) + os.path.getsize(out / ".metadata")
+    )
     assert sum(c["bytes_written"] for c in layout["by_size_class"]) == layout["attributed_bytes_written"]
     text = cli("summary", str(trace)).stdout
     assert "Checkpoint objects by kind" in text and "optimizer.exp_avg_sq" in text
@@ -121,22 +149,27 @@ def test_torch_save_and_its_load_and_a_safetensors_save(torch_installed, strace_
     out = tmp_path / "ts"
     save = _record(tmp_path, "save", "torch-save", "--out", str(out), "--model", "gpt2-tiny", "--with-optimizer")
     _all_attributed(save, [str(out / "checkpoint.pt")], "write")
-    load = _record(tmp_path, "load", "torch-save", "--load", "--out", str(out), "--model", "gpt2-tiny",
-                   "--with-optimizer")
+    load = _record(
+        tmp_path, "load", "torch-save", "--load", "--out", str(out), "--model", "gpt2-tiny", "--with-optimizer"
+    )
     join = join_trace(load)
     objects = [o for o in join.objects().to_pylist() if o["path"] == str(out / "checkpoint.pt")]
     tensors = [o for o in objects if o["kind"] != "metadata"]
     assert tensors and all(o["bytes_read"] >= o["length"] for o in tensors)  # torch.load reads every storage
     assert join.unattributed["read"] == 0
     diff = json.loads(cli("diff", str(save), str(load), "--json").stdout)["layout"]
-    assert 0 < diff["by_kind"]["model"]["a"]["bytes"] <= diff["by_kind"]["model"]["b"]["bytes"]  # each storage written once, read at least once
+    assert (
+        0 < diff["by_kind"]["model"]["a"]["bytes"] <= diff["by_kind"]["model"]["b"]["bytes"]
+    )  # each storage written once, read at least once
     assert diff["objects_a"] == diff["objects_b"] and not diff["only_in_a_count"]
     st = tmp_path / "st"
-    saved = _record(tmp_path, "st", "safetensors", "--out", str(st), "--model", "gpt2-tiny", "--with-optimizer",
-                    "--shards", "2")
+    saved = _record(
+        tmp_path, "st", "safetensors", "--out", str(st), "--model", "gpt2-tiny", "--with-optimizer", "--shards", "2"
+    )
     layout = _all_attributed(saved, sorted(str(p) for p in st.glob("*.safetensors")), "write")
-    assert {"model", "optimizer.exp_avg", "optimizer.exp_avg_sq", "metadata", "index"} == \
-        {k["kind"] for k in layout["by_kind"]}
+    assert {"model", "optimizer.exp_avg", "optimizer.exp_avg_sq", "metadata", "index"} == {
+        k["kind"] for k in layout["by_kind"]
+    }
 
 
 @pytest.mark.strace
@@ -144,13 +177,25 @@ def test_torch_save_and_its_load_and_a_safetensors_save(torch_installed, strace_
 def test_unknown_files_say_unknown_and_nothing_breaks(strace_backend, tmp_path):
     target = tmp_path / "blob.bin"
     trace = tmp_path / "plain.arrow"
-    proc = cli("record", "--backend", "strace", "--gpu", "off", "-o", str(trace), "--", "python", "-c",
-               f"open({str(target)!r}, 'wb').write(b'x' * 12345)")
+    proc = cli(
+        "record",
+        "--backend",
+        "strace",
+        "--gpu",
+        "off",
+        "-o",
+        str(trace),
+        "--",
+        "python",
+        "-c",
+        f"open({str(target)!r}, 'wb').write(b'x' * 12345)",
+    )
     assert "no checkpoint file recognised" in proc.stderr
     assert read_layout(trace) is None and layout_summary(trace) is None
     assert json.loads(cli("summary", str(trace), "--json").stdout)["layout"] is None
-    done = json.loads(cli("annotate", str(trace), "--checkpoint", str(tmp_path), "-o", str(tmp_path / "a.arrow"),
-                          "--json").stdout)
+    done = json.loads(
+        cli("annotate", str(trace), "--checkpoint", str(tmp_path), "-o", str(tmp_path / "a.arrow"), "--json").stdout
+    )
     assert str(target) in done["unknown"] and not done["files"]
     layout = json.loads(cli("summary", str(tmp_path / "a.arrow"), "--json").stdout)["layout"]
     assert str(target) in layout["unknown_files"]
@@ -169,8 +214,16 @@ def _synthetic_layout(trace: Path, object_bytes: int) -> pa.Table:
     entries = []
     for path, end in ends.items():
         for i, start in enumerate(range(0, int(end), object_bytes)):
-            entries.append(Entry(str(path), start, min(object_bytes, int(end) - start), f"{Path(path).name}.t{i}",
-                                 "model" if i % 2 else "optimizer.exp_avg", "dcp"))
+            entries.append(
+                Entry(
+                    str(path),
+                    start,
+                    min(object_bytes, int(end) - start),
+                    f"{Path(path).name}.t{i}",
+                    "model" if i % 2 else "optimizer.exp_avg",
+                    "dcp",
+                )
+            )
     return to_table(entries)
 
 
@@ -206,12 +259,28 @@ def test_report_diff_and_emit_use_the_layout(tmp_path):
 def test_a_recorded_hugging_face_save_pretrained(torch_installed, strace_backend, tmp_path):
     pytest.importorskip("transformers")  # pip install 'ckpt-trace[layout]'
     out = tmp_path / "hf"
-    script = ("from transformers import GPT2Config, GPT2LMHeadModel\n"
-              "config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=64)\n"
-              f"GPT2LMHeadModel(config).save_pretrained({str(out)!r}, max_shard_size='100KB')\n")
+    script = (
+        "from transformers import GPT2Config, GPT2LMHeadModel\n"
+        "config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=64)\n"
+        f"GPT2LMHeadModel(config).save_pretrained({str(out)!r}, max_shard_size='100KB')\n"
+    )
     trace = tmp_path / "hf.arrow"
-    cli("record", "--backend", "strace", "--gpu", "off", "--path-filter", f"{out}/", "-o", str(trace), "--",
-        "python", "-c", script, timeout=900)
+    cli(
+        "record",
+        "--backend",
+        "strace",
+        "--gpu",
+        "off",
+        "--path-filter",
+        f"{out}/",
+        "-o",
+        str(trace),
+        "--",
+        "python",
+        "-c",
+        script,
+        timeout=900,
+    )
     table, info = read_layout(trace)
     shards = sorted(str(p) for p in out.glob("*.safetensors"))
     assert len(shards) > 1 and set(info["files"]) == set(shards) | {str(out / "model.safetensors.index.json")}

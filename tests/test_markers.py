@@ -29,8 +29,12 @@ def _marks_slow(decorators: list[ast.expr]) -> bool:
 
 def _unmarked(path) -> list[str]:
     tree = ast.parse(path.read_text())
-    module_slow = any(isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)
-                      and "slow" in ast.unparse(node.value) for node in tree.body)
+    module_slow = any(
+        isinstance(node, ast.Assign)
+        and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)
+        and "slow" in ast.unparse(node.value)
+        for node in tree.body
+    )
     found = []
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or not node.name.startswith("test_"):
@@ -54,7 +58,12 @@ def test_no_test_module_imports_another():
     found = []
     for path in sorted((REPO / "tests").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             found += [f"{path.relative_to(REPO)}: {name}" for name in names if name.split(".")[-1].startswith("test_")]
     assert not found, found

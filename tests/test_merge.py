@@ -30,8 +30,22 @@ def test_a_trace_carries_its_host_boot_clock_anchors_and_job(backend, tmp_path, 
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     trace = tmp_path / "t.arrow"
-    cli("record", "--backend", backend, "--host", "node7", "-o", str(trace), "--path-filter", str(tmp_path / "out"),
-        "--", sys.executable, "-c", _STAMPS, str(tmp_path / "out"))
+    cli(
+        "record",
+        "--backend",
+        backend,
+        "--host",
+        "node7",
+        "-o",
+        str(trace),
+        "--path-filter",
+        str(tmp_path / "out"),
+        "--",
+        sys.executable,
+        "-c",
+        _STAMPS,
+        str(tmp_path / "out"),
+    )
     loaded = read_trace(trace)
     meta = loaded.metadata
     assert meta["host"] == "node7"
@@ -54,7 +68,10 @@ def test_a_trace_carries_its_host_boot_clock_anchors_and_job(backend, tmp_path, 
 
 def test_the_job_id_comes_from_the_environment_or_torchruns_rendezvous_id():
     assert clock.job_of({"TORCHELASTIC_RUN_ID": "r1", "SLURM_JOB_ID": "9"}) == {
-        "launcher": "torchelastic", "variable": "TORCHELASTIC_RUN_ID", "id": "r1"}
+        "launcher": "torchelastic",
+        "variable": "TORCHELASTIC_RUN_ID",
+        "id": "r1",
+    }
     assert clock.job_of({}, ["torchrun", "--nnodes", "2", "--rdzv-id", "job5", "x.py"])["id"] == "job5"
     assert clock.job_of({}, ["python", "-m", "torch.distributed.run", "--rdzv_id=j6", "x.py"])["id"] == "j6"
     assert clock.job_of({}, ["python", "--rdzv-id", "x"]) is None
@@ -66,24 +83,65 @@ T0 = 1_700_000_000_000_000_000  # CLOCK_REALTIME ns at the first anchor of both 
 MS = 1_000_000
 
 
-def _node_trace(path, host, boot, clock_at_t0, first_row_ns, rank, pid, *, lost=0, rows=5, spacing=2 * MS,
-                dur=1000, ts=None, paths=None):
+def _node_trace(
+    path,
+    host,
+    boot,
+    clock_at_t0,
+    first_row_ns,
+    rank,
+    pid,
+    *,
+    lost=0,
+    rows=5,
+    spacing=2 * MS,
+    dur=1000,
+    ts=None,
+    paths=None,
+):
     """A trace of one node: ``rows`` writes by ``rank`` every ``spacing`` ns from realtime T0 +
     ``first_row_ns``, on a monotonic clock that reads ``clock_at_t0`` at T0 (another boot, another origin)."""
     from ckpt_trace.formats import table_from_columns, write_trace
 
     n = rows if ts is None else len(ts)
-    columns = {"ts_ns": [i * spacing for i in range(n)] if ts is None else list(ts), "dur_ns": [dur] * n, "pid": [pid] * n, "tid": [pid] * n,
-               "comm": ["python"] * n, "rank": [rank] * n, "syscall": ["pwrite64"] * n, "op": ["write"] * n,
-               "fd": [5] * n, "path": paths or [f"/ck/__{rank}_0.distcp"] * n, "new_path": [None] * n,
-               "offset": [i * 4096 for i in range(n)], "offset_source": ["explicit"] * n, "size": [4096] * n,
-               "ret": [4096] * n, "flags": [None] * n, "iov_count": [None] * n}
-    anchors = [{"realtime_ns": T0, "clock_ns": clock_at_t0, "uncertainty_ns": 100},
-               {"realtime_ns": T0 + 10_000 * MS, "clock_ns": clock_at_t0 + 10_000 * MS, "uncertainty_ns": 100}]
-    meta = {"creator": "ckpt-trace", "creator_version": "test", "host": host, "kernel": "6.8", "arch": "x86_64",
-            "command": ["torchrun"], "backend": "bcc", "start_wall_time_ns": T0, "filesystems": {},
-            "lost_events": lost, "boot_id": boot, "unseen": {"mapped_pages": {"reason": "r", "count": 1}},
-            "clock": {"name": "CLOCK_MONOTONIC", "origin_ns": clock_at_t0 + first_row_ns, "anchors": anchors}}
+    columns = {
+        "ts_ns": [i * spacing for i in range(n)] if ts is None else list(ts),
+        "dur_ns": [dur] * n,
+        "pid": [pid] * n,
+        "tid": [pid] * n,
+        "comm": ["python"] * n,
+        "rank": [rank] * n,
+        "syscall": ["pwrite64"] * n,
+        "op": ["write"] * n,
+        "fd": [5] * n,
+        "path": paths or [f"/ck/__{rank}_0.distcp"] * n,
+        "new_path": [None] * n,
+        "offset": [i * 4096 for i in range(n)],
+        "offset_source": ["explicit"] * n,
+        "size": [4096] * n,
+        "ret": [4096] * n,
+        "flags": [None] * n,
+        "iov_count": [None] * n,
+    }
+    anchors = [
+        {"realtime_ns": T0, "clock_ns": clock_at_t0, "uncertainty_ns": 100},
+        {"realtime_ns": T0 + 10_000 * MS, "clock_ns": clock_at_t0 + 10_000 * MS, "uncertainty_ns": 100},
+    ]
+    meta = {
+        "creator": "ckpt-trace",
+        "creator_version": "test",
+        "host": host,
+        "kernel": "6.8",
+        "arch": "x86_64",
+        "command": ["torchrun"],
+        "backend": "bcc",
+        "start_wall_time_ns": T0,
+        "filesystems": {},
+        "lost_events": lost,
+        "boot_id": boot,
+        "unseen": {"mapped_pages": {"reason": "r", "count": 1}},
+        "clock": {"name": "CLOCK_MONOTONIC", "origin_ns": clock_at_t0 + first_row_ns, "anchors": anchors},
+    }
     write_trace(path, table_from_columns(columns), meta)
     return path
 
@@ -156,15 +214,35 @@ def test_rows_of_one_time_keep_the_order_of_the_inputs_then_their_rows_at_any_ba
         paths = [f"/ck/{host}/{i % 3}" for i in range(len(ts))]
         if host == "c":
             paths[2] = None
-        traces.append(_node_trace(tmp_path / f"{host}.arrow", host, f"boot-{host}", 10**12, 0, rank=rank,
-                                  pid=10 + rank, ts=[t * MS for t in ts], paths=paths))
-    expected = sorted(((t * MS, host, i * 4096, None if (host, i) == ("c", 2) else f"/ck/{host}/{i % 3}")
-                       for host, ts in times.items() for i, t in enumerate(ts)), key=lambda row: row[0])
+        traces.append(
+            _node_trace(
+                tmp_path / f"{host}.arrow",
+                host,
+                f"boot-{host}",
+                10**12,
+                0,
+                rank=rank,
+                pid=10 + rank,
+                ts=[t * MS for t in ts],
+                paths=paths,
+            )
+        )
+    expected = sorted(
+        (
+            (t * MS, host, i * 4096, None if (host, i) == ("c", 2) else f"/ck/{host}/{i % 3}")
+            for host, ts in times.items()
+            for i, t in enumerate(ts)
+        ),
+        key=lambda row: row[0],
+    )
     plan = plan_merge(traces)
     for batch_rows in (1, 2, 3, 5, 100):
         for step_rows in (1, 4, 1000):
-            got = [(r["ts_ns"], r["host"], r["offset"], r["path"]) for batch in
-                   merged_rows(plan, batch_rows=batch_rows, step_rows=step_rows) for r in batch.to_pylist()]
+            got = [
+                (r["ts_ns"], r["host"], r["offset"], r["path"])
+                for batch in merged_rows(plan, batch_rows=batch_rows, step_rows=step_rows)
+                for r in batch.to_pylist()
+            ]
             assert got == expected, (batch_rows, step_rows)
     merge_traces(traces, tmp_path / "j.arrow", batch_rows=2)
     meta, rows = _merged(tmp_path / "j.arrow")
@@ -223,4 +301,5 @@ def test_rows_made_ahead_on_a_thread_hand_over_the_producers_error_and_stop_with
     assert [next(endless) for _ in range(3)] == [0, 1, 2]
     endless.close()  # the consumer stops: so does the producer's thread
     assert threading.active_count() == before and not any(
-        t.name == "ckpt-trace-merge-rows" for t in threading.enumerate())
+        t.name == "ckpt-trace-merge-rows" for t in threading.enumerate()
+    )

@@ -30,9 +30,26 @@ def _env() -> dict:
 
 
 def _torchrun(node_rank: int, port: int, *args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank),
-            "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-            "--rdzv-id", "ckpt-trace-multinode", "-m", "ckpt_trace.cli", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(node_rank),
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "ckpt-trace-multinode",
+        "-m",
+        "ckpt_trace.cli",
+        *args,
+    ]
 
 
 def _rows_per_rank(trace: Path, root: Path) -> dict[int, Counter]:
@@ -42,8 +59,9 @@ def _rows_per_rank(trace: Path, root: Path) -> dict[int, Counter]:
     out: dict[int, Counter] = {}
     for row in table:
         if row["op"] in ("write", "read") and row["path"] and row["path"].startswith(str(root) + "/"):
-            out.setdefault(row["rank"], Counter())[(row["op"], row["path"][len(str(root)) + 1:], row["offset"],
-                                                    row["size"])] += 1
+            out.setdefault(row["rank"], Counter())[
+                (row["op"], row["path"][len(str(root)) + 1 :], row["offset"], row["size"])
+            ] += 1
     return out
 
 
@@ -54,16 +72,51 @@ def _files(root: Path) -> dict[str, int]:
 def test_two_nodes_recorded_merged_and_replayed_as_one_node(tmp_path, torch_installed, bcc_backend):
     # one node: the 4-rank save, recorded
     single = tmp_path / "single" / "ck"
-    cli("record", "--path-filter", f"{single}/", "-o", str(tmp_path / "single.arrow"), "--", sys.executable, "-m",
-        "ckpt_trace.cli", "workload", "dcp", "--ranks", "4", "--model", MODEL, "--out", str(single))
+    cli(
+        "record",
+        "--path-filter",
+        f"{single}/",
+        "-o",
+        str(tmp_path / "single.arrow"),
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.cli",
+        "workload",
+        "dcp",
+        "--ranks",
+        "4",
+        "--model",
+        MODEL,
+        "--out",
+        str(single),
+    )
     # two nodes: two torchrun agents of two ranks each, each agent recorded by its own record --host
     multi = tmp_path / "multi_" / "ck"  # as long a path as single's: DCP's .metadata holds it
     port = _free_port()
-    agents = [subprocess.Popen(
-        [sys.executable, "-m", "ckpt_trace.cli", "record", "--host", f"node{i}", "--path-filter", f"{multi}/",
-         "-o", str(tmp_path / f"node{i}.arrow"), "--", *_torchrun(i, port, "workload", "dcp", "--model", MODEL,
-                                                                  "--out", str(multi), "--force")],
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ckpt_trace.cli",
+                "record",
+                "--host",
+                f"node{i}",
+                "--path-filter",
+                f"{multi}/",
+                "-o",
+                str(tmp_path / f"node{i}.arrow"),
+                "--",
+                *_torchrun(i, port, "workload", "dcp", "--model", MODEL, "--out", str(multi), "--force"),
+            ],
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     logs = [agent.communicate(timeout=900)[1] for agent in agents]
     assert [a.returncode for a in agents] == [0, 0], "\n".join(log[-3000:] for log in logs)
     assert _files(multi) == _files(single)
@@ -72,8 +125,9 @@ def test_two_nodes_recorded_merged_and_replayed_as_one_node(tmp_path, torch_inst
     assert [m["host"] for m in node_meta] == ["node0", "node1"]
     assert all(m["job"]["id"] == "ckpt-trace-multinode" for m in node_meta)
     job = tmp_path / "job.arrow"
-    merged = json.loads(cli("merge", str(tmp_path / "node0.arrow"), str(tmp_path / "node1.arrow"), "-o", str(job),
-                            "--json").stdout)
+    merged = json.loads(
+        cli("merge", str(tmp_path / "node0.arrow"), str(tmp_path / "node1.arrow"), "-o", str(job), "--json").stdout
+    )
     assert merged["ranks"] == [0, 1, 2, 3] and sorted(merged["hosts"]) == ["node0", "node1"]
     assert [len(h["ranks"]) for h in merged["hosts"].values()] == [2, 2]
     # per rank: the same files, offsets and sizes as the one-node recording
@@ -86,10 +140,27 @@ def test_two_nodes_recorded_merged_and_replayed_as_one_node(tmp_path, torch_inst
     # replay: two torchrun nodes, each recorded host's ranks on one node, against a one-process replay
     cli("replay", str(job), "--target", str(tmp_path / "r1"), "--strip-prefix", str(multi))
     port = _free_port()
-    replays = [subprocess.Popen(_torchrun(i, port, "replay", str(job), "--target", str(tmp_path / "r2"),
-                                          "--strip-prefix", str(multi), "-o", str(tmp_path / "r2.json")),
-                                env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for i in range(2)]
+    replays = [
+        subprocess.Popen(
+            _torchrun(
+                i,
+                port,
+                "replay",
+                str(job),
+                "--target",
+                str(tmp_path / "r2"),
+                "--strip-prefix",
+                str(multi),
+                "-o",
+                str(tmp_path / "r2.json"),
+            ),
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     logs = [r.communicate(timeout=900)[1] for r in replays]
     assert [r.returncode for r in replays] == [0, 0], "\n".join(log[-3000:] for log in logs)
     assert _files(tmp_path / "r2") == _files(tmp_path / "r1") and len(_files(tmp_path / "r1")) >= 5
@@ -117,9 +188,25 @@ def test_placement_keeps_each_recorded_hosts_ranks_on_one_node():
     hosts = {-101: "a", 0: "a", 1: "a", 2: "b", 3: "b", 4: "a", 5: "a", 6: "b", 7: "b"}  # a job's own placement
 
     def shares(placement, nodes=2, per_node=2):
-        return [sorted(placed_share(owners, hosts, World(rank=n * per_node + lr, size=nodes * per_node, local_rank=lr,
-                                                         node=n, nodes=nodes, local_size=per_node), placement))
-                for n in range(nodes) for lr in range(per_node)]
+        return [
+            sorted(
+                placed_share(
+                    owners,
+                    hosts,
+                    World(
+                        rank=n * per_node + lr,
+                        size=nodes * per_node,
+                        local_rank=lr,
+                        node=n,
+                        nodes=nodes,
+                        local_size=per_node,
+                    ),
+                    placement,
+                )
+            )
+            for n in range(nodes)
+            for lr in range(per_node)
+        ]
 
     assert shares("host") == [[-101, 0], [1, 4, 5], [2, 3], [6, 7]]
     assert shares("spread") == [[-101, 0], [1, 2], [3, 4], [5, 6, 7]]

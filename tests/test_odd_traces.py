@@ -60,16 +60,39 @@ def test_a_missing_file_is_missing_not_none_bytes():
 
 # -- findings 9, 13, 14: odd but well-formed traces ----------------------------------------------------------
 
-META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"],
-        "backend": "strace", "start_wall_time_ns": 0, "filesystems": {}, "lost_events": 0, "arch": "x86_64"}
+META = {
+    "creator": "test",
+    "creator_version": "0",
+    "host": "h",
+    "kernel": "k",
+    "command": ["x"],
+    "backend": "strace",
+    "start_wall_time_ns": 0,
+    "filesystems": {},
+    "lost_events": 0,
+    "arch": "x86_64",
+}
 CREATE = 0o1 | 0o100 | 0o1000  # O_WRONLY | O_CREAT | O_TRUNC
 
 
 def trace_of(path: Path, rows: list[dict]) -> Path:
     """A trace of ``rows`` (columns left out take defaults; ``ts_ns`` the row's index unless given)."""
-    defaults = {"dur_ns": 1, "pid": 1, "tid": 1, "comm": "t", "rank": -1, "fd": None, "path": None,
-                "new_path": None, "offset": None, "offset_source": None, "size": None, "flags": None,
-                "iov_count": None, "ret": 0}
+    defaults = {
+        "dur_ns": 1,
+        "pid": 1,
+        "tid": 1,
+        "comm": "t",
+        "rank": -1,
+        "fd": None,
+        "path": None,
+        "new_path": None,
+        "offset": None,
+        "offset_source": None,
+        "size": None,
+        "flags": None,
+        "iov_count": None,
+        "ret": 0,
+    }
     columns: dict[str, list] = {}
     for index, row in enumerate(rows):
         row = {**defaults, "ts_ns": index * 1000, "syscall": row["op"], **row}
@@ -79,18 +102,26 @@ def trace_of(path: Path, rows: list[dict]) -> Path:
 
 
 def file_rows(name: str, nbytes: int, fd: int = 3, **write) -> list[dict]:
-    return [{"op": "open", "path": name, "fd": fd, "ret": fd, "flags": CREATE},
-            {"op": "write", "path": name, "fd": fd, "offset": 0, "size": nbytes, "ret": nbytes, **write},
-            {"op": "close", "path": name, "fd": fd}]
+    return [
+        {"op": "open", "path": name, "fd": fd, "ret": fd, "flags": CREATE},
+        {"op": "write", "path": name, "fd": fd, "offset": 0, "size": nbytes, "ret": nbytes, **write},
+        {"op": "close", "path": name, "fd": fd},
+    ]
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"size": 1 << 62, "ret": 1 << 62}, r"trace row 1: size 4611686018427387904 is more than one read or write "
-                                        r"moves on Linux \(2,147,479,552 B\)"),
-    ({"offset": -4096}, "trace row 1: offset -4096 is negative"),
-    ({"ts_ns": -1}, "trace row 1: ts_ns -1 is negative"),
-    ({"ts_ns": 5_000}, "trace row 2: ts_ns 2000 goes back in time"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"size": 1 << 62, "ret": 1 << 62},
+            r"trace row 1: size 4611686018427387904 is more than one read or write "
+            r"moves on Linux \(2,147,479,552 B\)",
+        ),
+        ({"offset": -4096}, "trace row 1: offset -4096 is negative"),
+        ({"ts_ns": -1}, "trace row 1: ts_ns -1 is negative"),
+        ({"ts_ns": 5_000}, "trace row 2: ts_ns 2000 goes back in time"),
+    ],
+)
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["posix", "aggregated"])
 def test_values_out_of_their_range_are_refused_in_one_line_before_any_io(tmp_path, change, message, strategy):
@@ -111,12 +142,13 @@ def test_open_flags_of_minus_one_are_refused(tmp_path):
 def _skipping_trace(tmp_path: Path) -> Path:
     """3 MiB written to ck/a, half a MiB of it by rows of an operation nobody knows; a rename to '/..'."""
     rows = file_rows("/ck/a", 1 << 20)[:2]
-    rows += [{"op": "write", "path": "/ck/a", "fd": 3, "offset": 1 << 20, "size": 1 << 20, "ret": 1 << 20},
-             {"op": "frobnicate", "path": "/ck/a", "fd": 3, "offset": 2 << 20, "size": 1 << 19, "ret": 1 << 19},
-             {"op": "write", "path": "/ck/a", "fd": 3, "offset": (2 << 20) + (1 << 19), "size": 1 << 19,
-              "ret": 1 << 19},
-             {"op": "close", "path": "/ck/a", "fd": 3},
-             {"op": "rename", "path": "/ck/a", "new_path": "/.."}]
+    rows += [
+        {"op": "write", "path": "/ck/a", "fd": 3, "offset": 1 << 20, "size": 1 << 20, "ret": 1 << 20},
+        {"op": "frobnicate", "path": "/ck/a", "fd": 3, "offset": 2 << 20, "size": 1 << 19, "ret": 1 << 19},
+        {"op": "write", "path": "/ck/a", "fd": 3, "offset": (2 << 20) + (1 << 19), "size": 1 << 19, "ret": 1 << 19},
+        {"op": "close", "path": "/ck/a", "fd": 3},
+        {"op": "rename", "path": "/ck/a", "new_path": "/.."},
+    ]
     return trace_of(tmp_path / "t.arrow", rows)
 
 

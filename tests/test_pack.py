@@ -20,11 +20,13 @@ def small_files_trace(tmp_path, shared_by_two_workers: bool = False):
     for number, size in enumerate((5000, 100, 9000)):
         path = f"/ck/layer_{number}.pt"
         tid = 2 if shared_by_two_workers and number == 1 else 1
-        ops += [{"op": "open", "path": path + ".tmp", "fd": 3, "flags": CREATE, "ret": 3},
-                {"op": "write", "path": path + ".tmp", "fd": 3, "offset": 0, "size": size, "ret": size},
-                {"op": "fsync", "path": path + ".tmp", "fd": 3},
-                {"op": "close", "path": path + ".tmp", "fd": 3},
-                {"op": "rename", "path": path + ".tmp", "new_path": path, "tid": tid, "pid": tid}]
+        ops += [
+            {"op": "open", "path": path + ".tmp", "fd": 3, "flags": CREATE, "ret": 3},
+            {"op": "write", "path": path + ".tmp", "fd": 3, "offset": 0, "size": size, "ret": size},
+            {"op": "fsync", "path": path + ".tmp", "fd": 3},
+            {"op": "close", "path": path + ".tmp", "fd": 3},
+            {"op": "rename", "path": path + ".tmp", "new_path": path, "tid": tid, "pid": tid},
+        ]
     return read_trace(make_trace(tmp_path / "t.arrow", ops)).table
 
 
@@ -35,10 +37,15 @@ def test_files_of_one_worker_are_packed_with_an_index(tmp_path):
     # 12288-24576. Nothing between the three files' writes remains (their opens, fsyncs, closes and renames
     # became index entries), so the writes, contiguous in the pack, go out as one block-aligned write.
     assert ops == [("open", None, None), ("write", 0, 24576), ("fsync", None, None), ("close", None, None)]
-    assert dict(plan.pack_index["ck/layer_0.pt"]) == {"pack": "ckpt-trace-packs/pack-1-1.bin", "offset": 0,
-                                                       "size_bytes": 5000}
+    assert dict(plan.pack_index["ck/layer_0.pt"]) == {
+        "pack": "ckpt-trace-packs/pack-1-1.bin",
+        "offset": 0,
+        "size_bytes": 5000,
+    }
     assert plan.pack_index["ck/layer_2.pt"]["offset"] == 12288
-    assert plan.metadata_ops_saved == 12 - 3  # 3 x (open, fsync, close, rename) replaced by the pack's open, fsync, close
+    assert (
+        plan.metadata_ops_saved == 12 - 3
+    )  # 3 x (open, fsync, close, rename) replaced by the pack's open, fsync, close
     assert "ck/layer_0.pt" not in plan.checks.expected_sizes
     pack_open = plan.workers[0].ops[0]
     assert dict(plan.preallocate) == {pack_open.seq: 24576}  # the pack, not the files it replaced
@@ -51,14 +58,21 @@ def test_writes_across_files_fill_whole_buffers(tmp_path):
     ops = []
     for number in range(40):
         path = f"/ck/shard_{number}.bin"
-        ops += [{"op": "open", "path": path, "fd": 3, "flags": CREATE, "ret": 3},
-                {"op": "write", "path": path, "fd": 3, "offset": 0, "size": 100_000, "ret": 100_000},
-                {"op": "close", "path": path, "fd": 3}]
-    plan = build_plan(read_trace(make_trace(tmp_path / "t.arrow", ops)).table, "aggregated", buffer_bytes=mib,
-                      pack_files=True)
+        ops += [
+            {"op": "open", "path": path, "fd": 3, "flags": CREATE, "ret": 3},
+            {"op": "write", "path": path, "fd": 3, "offset": 0, "size": 100_000, "ret": 100_000},
+            {"op": "close", "path": path, "fd": 3},
+        ]
+    plan = build_plan(
+        read_trace(make_trace(tmp_path / "t.arrow", ops)).table, "aggregated", buffer_bytes=mib, pack_files=True
+    )
     writes = [op for op in plan.workers[0].ops if op.kind == "write"]
-    assert [(op.offset, op.size) for op in writes] == [(0, mib), (mib, mib), (2 * mib, mib),
-                                                       (3 * mib, 40 * region - 3 * mib)]
+    assert [(op.offset, op.size) for op in writes] == [
+        (0, mib),
+        (mib, mib),
+        (2 * mib, mib),
+        (3 * mib, 40 * region - 3 * mib),
+    ]
     key = pattern.file_key("ckpt-trace-packs/pack-1-1.bin")
     assert all(op.pattern_key == key and op.pattern_offset == op.offset for op in writes)
     assert plan.pack_index["ck/shard_39.bin"]["offset"] == 39 * region
@@ -81,16 +95,28 @@ def test_packed_replay_verifies_and_writes_the_index(io_uring, odd_strace, tmp_p
     assert index == {path: dict(entry) for path, entry in report.plan.pack_index.items()} and index
     assert result.metadata_ops_saved == report.plan.metadata_ops_saved > 0
     assert result.verified_files == len(report.plan.checks.verify_ranges)
-    assert all(op.offset % 4096 == 0 and op.size % 4096 == 0 for w in report.plan.workers for op in w.ops
-               if op.kind == "write" and op.pattern_offset is not None)
+    assert all(
+        op.offset % 4096 == 0 and op.size % 4096 == 0
+        for w in report.plan.workers
+        for op in w.ops
+        if op.kind == "write" and op.pattern_offset is not None
+    )
 
 
 @pytest.mark.slow
 def test_verify_finds_a_changed_byte_of_a_packed_file_at_its_own_offset(io_uring, tmp_path):
-    trace = make_trace(tmp_path / "t.arrow", [op for number in range(3) for op in (
-        {"op": "open", "path": f"/ck/s{number}", "fd": 3, "flags": CREATE, "ret": 3},
-        {"op": "write", "path": f"/ck/s{number}", "fd": 3, "offset": 0, "size": 6000, "ret": 6000},
-        {"op": "close", "path": f"/ck/s{number}", "fd": 3})])
+    trace = make_trace(
+        tmp_path / "t.arrow",
+        [
+            op
+            for number in range(3)
+            for op in (
+                {"op": "open", "path": f"/ck/s{number}", "fd": 3, "flags": CREATE, "ret": 3},
+                {"op": "write", "path": f"/ck/s{number}", "fd": 3, "offset": 0, "size": 6000, "ret": 6000},
+                {"op": "close", "path": f"/ck/s{number}", "fd": 3},
+            )
+        ],
+    )
     target = tmp_path / "t"
     report = replay(trace, target=target, strategy="aggregated", pack_files=True, verify=True)
     entry = report.plan.pack_index["ck/s1"]
@@ -105,7 +131,9 @@ def test_verify_finds_a_changed_byte_of_a_packed_file_at_its_own_offset(io_uring
 
 def test_the_packs_own_operations_signal_nothing_others_wait_on(tmp_path):
     plan = build_plan(small_files_trace(tmp_path), "aggregated", pack_files=True)
-    own = [op for op in plan.workers[0].ops if op.path == "ckpt-trace-packs/pack-1-1.bin" or op.kind in ("fsync", "close")]
+    own = [
+        op for op in plan.workers[0].ops if op.path == "ckpt-trace-packs/pack-1-1.bin" or op.kind in ("fsync", "close")
+    ]
     assert own and all(op.seq < 0 and op.seq not in plan.awaited for op in own)
 
 
@@ -114,15 +142,22 @@ def test_padded_head_and_tail_rejoin_their_body_and_bodies_stay_within_the_buffe
     padded head and tail are aligned and contiguous with the bodies: one extent of 3 MiB + 4 KiB, written
     as three full buffers and one block."""
     size = 3 << 20
-    ops = [{"op": "open", "path": "/ck/a.pt", "fd": 3, "flags": CREATE, "ret": 3},
-           {"op": "write", "path": "/ck/a.pt", "fd": 3, "offset": 100, "size": size, "ret": size},
-           {"op": "close", "path": "/ck/a.pt", "fd": 3}]
+    ops = [
+        {"op": "open", "path": "/ck/a.pt", "fd": 3, "flags": CREATE, "ret": 3},
+        {"op": "write", "path": "/ck/a.pt", "fd": 3, "offset": 100, "size": size, "ret": size},
+        {"op": "close", "path": "/ck/a.pt", "fd": 3},
+    ]
     table = read_trace(make_trace(tmp_path / "t.arrow", ops)).table
     aggregated = build_plan(table, "aggregated", buffer_bytes=1 << 20)
     pieces = [(op.offset, op.size) for op in aggregated.workers[0].ops if op.kind == "write"]
     mib, body_end = 1 << 20, 3 << 20  # the last body ends at the last block boundary, 3 MiB
-    assert pieces == [(100, 3996), (4096, mib), (4096 + mib, mib), (4096 + 2 * mib, body_end - 4096 - 2 * mib),
-                      (body_end, 100)]
+    assert pieces == [
+        (100, 3996),
+        (4096, mib),
+        (4096 + mib, mib),
+        (4096 + 2 * mib, body_end - 4096 - 2 * mib),
+        (body_end, 100),
+    ]
     packed = build_plan(table, "aggregated", buffer_bytes=mib, pack_files=True)
     writes = [(op.offset, op.size, op.pattern_offset) for op in packed.workers[0].ops if op.kind == "write"]
     assert writes == [(0, mib, 0), (mib, mib, mib), (2 * mib, mib, 2 * mib), (3 * mib, 4096, 3 * mib)]
@@ -135,10 +170,12 @@ def test_a_file_another_worker_unlinks_stays_a_file(io_uring, tmp_path):
     ops = []
     for number in range(2):
         path = f"/ck/shard_{number}.bin"
-        ops += [{"op": "open", "path": path + ".tmp", "fd": 3, "flags": CREATE, "ret": 3},
-                {"op": "write", "path": path + ".tmp", "fd": 3, "offset": 0, "size": 8192, "ret": 8192},
-                {"op": "close", "path": path + ".tmp", "fd": 3},
-                {"op": "rename", "path": path + ".tmp", "new_path": path}]
+        ops += [
+            {"op": "open", "path": path + ".tmp", "fd": 3, "flags": CREATE, "ret": 3},
+            {"op": "write", "path": path + ".tmp", "fd": 3, "offset": 0, "size": 8192, "ret": 8192},
+            {"op": "close", "path": path + ".tmp", "fd": 3},
+            {"op": "rename", "path": path + ".tmp", "new_path": path},
+        ]
     ops.insert(4, {"op": "unlink", "path": "/ck/shard_0.bin", "pid": 2, "tid": 2})
     trace = make_trace(tmp_path / "t.arrow", ops)
     plan = build_plan(read_trace(trace).table, "aggregated", pack_files=True)

@@ -14,8 +14,18 @@ from ckpt_trace.replayer import replay
 from ckpt_trace.stats import LatencyHistogram, percentiles_ns
 from ckpt_trace.tracer import syscalls as sc
 
-META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"],
-        "backend": "strace", "start_wall_time_ns": 0, "filesystems": {}, "lost_events": 0, "arch": "x86_64"}
+META = {
+    "creator": "test",
+    "creator_version": "0",
+    "host": "h",
+    "kernel": "k",
+    "command": ["x"],
+    "backend": "strace",
+    "start_wall_time_ns": 0,
+    "filesystems": {},
+    "lost_events": 0,
+    "arch": "x86_64",
+}
 WRITES = 2_000
 
 
@@ -27,14 +37,35 @@ def _durations() -> np.ndarray:
 
 
 def _trace(path, durations: np.ndarray):
-    rows = [{"syscall": "openat", "op": "open", "fd": 3, "flags": sc.O_WRONLY | sc.O_CREAT | sc.O_TRUNC, "ret": 3,
-             "dur_ns": 1_000}]
-    rows += [{"syscall": "pwrite64", "op": "write", "fd": 3, "offset": i * 4096, "size": 4096, "ret": 4096,
-              "dur_ns": int(d)} for i, d in enumerate(durations)]
+    rows = [
+        {
+            "syscall": "openat",
+            "op": "open",
+            "fd": 3,
+            "flags": sc.O_WRONLY | sc.O_CREAT | sc.O_TRUNC,
+            "ret": 3,
+            "dur_ns": 1_000,
+        }
+    ]
+    rows += [
+        {"syscall": "pwrite64", "op": "write", "fd": 3, "offset": i * 4096, "size": 4096, "ret": 4096, "dur_ns": int(d)}
+        for i, d in enumerate(durations)
+    ]
     rows.append({"syscall": "close", "op": "close", "fd": 3, "ret": 0, "dur_ns": 1_000})
     columns: dict[str, list] = {}
-    base = {"pid": 1, "tid": 1, "comm": "t", "rank": -1, "path": "/ck/shard.bin", "new_path": None, "offset": None,
-            "offset_source": None, "size": None, "flags": None, "iov_count": None}
+    base = {
+        "pid": 1,
+        "tid": 1,
+        "comm": "t",
+        "rank": -1,
+        "path": "/ck/shard.bin",
+        "new_path": None,
+        "offset": None,
+        "offset_source": None,
+        "size": None,
+        "flags": None,
+        "iov_count": None,
+    }
     for index, row in enumerate(rows):
         for key, value in {**base, "ts_ns": index * 100_000, **row}.items():
             columns.setdefault(key, []).append(value)
@@ -76,8 +107,8 @@ def test_past_its_sample_limit_the_histogram_stays_within_a_bucket_and_merges_al
     durations = _durations()
     whole, first, second = (LatencyHistogram(exact_limit=WRITES // 2) for _ in range(3))
     whole.add(durations)
-    first.add(durations[:WRITES // 2])
-    second.add(durations[WRITES // 2:])
+    first.add(durations[: WRITES // 2])
+    second.add(durations[WRITES // 2 :])
     assert first.samples is not None  # exactly at the limit: still exact
     first.merge(second)
     assert first.samples is None and first.percentiles_ns() == whole.percentiles_ns()

@@ -27,8 +27,24 @@ from ckpt_trace.replayer.plan import PLAN_COLUMNS, build_posix_plan
 from ckpt_trace.tracer import syscalls as sc
 
 GOLDEN = sorted((Path(__file__).resolve().parent.parent / "traces" / "golden").glob("v*.arrow"))
-_OP_FIELDS = ("seq", "kind", "ts_ns", "handle", "source_handle", "path", "new_path", "offset", "size", "flags",
-              "release", "deps", "pattern_key", "pattern_offset", "queue", "mapped")
+_OP_FIELDS = (
+    "seq",
+    "kind",
+    "ts_ns",
+    "handle",
+    "source_handle",
+    "path",
+    "new_path",
+    "offset",
+    "size",
+    "flags",
+    "release",
+    "deps",
+    "pattern_key",
+    "pattern_offset",
+    "queue",
+    "mapped",
+)
 
 
 def _ops(plan) -> list[list[tuple]]:
@@ -70,8 +86,11 @@ def test_golden_traces_plan_the_same(path):
 CREATE = sc.O_WRONLY | sc.O_CREAT | sc.O_TRUNC
 FILES = ["/d/a", "/d/b", "/d/c"]
 _ROW = st.one_of(
-    st.tuples(st.just("open"), st.sampled_from(FILES), st.sampled_from([CREATE, sc.O_RDONLY, sc.O_RDWR,
-                                                                       sc.O_WRONLY | sc.O_CREAT])),
+    st.tuples(
+        st.just("open"),
+        st.sampled_from(FILES),
+        st.sampled_from([CREATE, sc.O_RDONLY, sc.O_RDWR, sc.O_WRONLY | sc.O_CREAT]),
+    ),
     st.tuples(st.just("write"), st.integers(0, 1 << 16), st.integers(0, 9000), st.booleans()),
     st.tuples(st.just("read"), st.integers(0, 1 << 16), st.integers(0, 9000), st.booleans()),
     st.tuples(st.just("close")),
@@ -86,15 +105,50 @@ _ROW = st.one_of(
 
 def _trace(steps: list[tuple[int, int, tuple]]):
     """Rows from (thread, fd, step) triples; each thread's descriptors follow what its steps did."""
-    columns: dict[str, list] = {name: [] for name in (
-        "ts_ns", "dur_ns", "pid", "tid", "comm", "rank", "syscall", "op", "fd", "path", "new_path", "offset",
-        "offset_source", "size", "ret", "flags", "iov_count")}
+    columns: dict[str, list] = {
+        name: []
+        for name in (
+            "ts_ns",
+            "dur_ns",
+            "pid",
+            "tid",
+            "comm",
+            "rank",
+            "syscall",
+            "op",
+            "fd",
+            "path",
+            "new_path",
+            "offset",
+            "offset_source",
+            "size",
+            "ret",
+            "flags",
+            "iov_count",
+        )
+    }
     open_fds: dict[tuple[int, int], str] = {}
 
     def add(tid, op, **values):
-        row = {"ts_ns": len(columns["ts_ns"]) * 10, "dur_ns": 1, "pid": 1 if tid < 3 else 2, "tid": tid,
-               "comm": "t", "rank": -1, "syscall": op, "op": op, "fd": None, "path": None, "new_path": None,
-               "offset": None, "offset_source": None, "size": None, "ret": 0, "flags": None, "iov_count": None}
+        row = {
+            "ts_ns": len(columns["ts_ns"]) * 10,
+            "dur_ns": 1,
+            "pid": 1 if tid < 3 else 2,
+            "tid": tid,
+            "comm": "t",
+            "rank": -1,
+            "syscall": op,
+            "op": op,
+            "fd": None,
+            "path": None,
+            "new_path": None,
+            "offset": None,
+            "offset_source": None,
+            "size": None,
+            "ret": 0,
+            "flags": None,
+            "iov_count": None,
+        }
         row.update(values)
         for name, value in row.items():
             columns[name].append(value)
@@ -108,8 +162,15 @@ def _trace(steps: list[tuple[int, int, tuple]]):
             add(tid, "open", path=step[1], fd=fd, flags=step[2], ret=fd)
         elif kind in ("write", "read"):
             offset, size, known = step[1], step[2], step[3]
-            add(tid, kind, path=path, fd=fd, offset=offset if known else None, size=size,
-                ret=-28 if size == 13 else size)
+            add(
+                tid,
+                kind,
+                path=path,
+                fd=fd,
+                offset=offset if known else None,
+                size=size,
+                ret=-28 if size == 13 else size,
+            )
         elif kind == "close":
             open_fds.pop((pid, fd), None)
             add(tid, "close", path=path, fd=fd)
@@ -148,8 +209,12 @@ def test_planning_record_batches_in_place_equals_planning_the_table(steps, batch
 def assert_same_aggregation(table, arch="x86_64", buffer_bytes=1 << 20, block_bytes=4096) -> None:
     base = build_posix_plan(table, arch=arch)
     new = build_aggregated_plan(base, buffer_bytes=buffer_bytes, block_bytes=block_bytes)
-    old = [reference_aggregate.aggregate_worker_ops(w.ops, base.awaited, buffer_bytes=buffer_bytes,
-                                                    block_bytes=block_bytes) for w in base.workers]
+    old = [
+        reference_aggregate.aggregate_worker_ops(
+            w.ops, base.awaited, buffer_bytes=buffer_bytes, block_bytes=block_bytes
+        )
+        for w in base.workers
+    ]
     assert _ops(new) == [[tuple(getattr(op, name) for name in _OP_FIELDS) for op in ops] for ops in old]
 
 
@@ -160,15 +225,19 @@ def test_golden_traces_aggregate_the_same(path):
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.integers(1, 4), st.integers(3, 6), _ROW), min_size=1, max_size=60),
-       st.sampled_from([512, 4096]))
+@given(
+    st.lists(st.tuples(st.integers(1, 4), st.integers(3, 6), _ROW), min_size=1, max_size=60),
+    st.sampled_from([512, 4096]),
+)
 def test_random_traces_aggregate_the_same(steps, block):
     assert_same_aggregation(_trace(steps), buffer_bytes=1 << 20, block_bytes=block)
 
 
 @settings(deadline=None)
-@given(pairs=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 40)), min_size=1, max_size=60),
-       walk=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 40)), max_size=5))
+@given(
+    pairs=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 40)), min_size=1, max_size=60),
+    walk=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 40)), max_size=5),
+)
 def test_worker_index_by_thread_table_equals_the_hash(pairs, walk):
     """The thread-id table and the hash agree, and a thread id two processes share falls back to the hash."""
     import numpy as np
@@ -186,9 +255,12 @@ def test_worker_index_by_thread_table_equals_the_hash(pairs, walk):
 
 
 @settings(deadline=None, max_examples=300)
-@given(bindings=st.lists(st.tuples(st.integers(1, 2), st.integers(3, 5), st.integers(0, 400), st.integers(0, 50)),
-                         max_size=12),
-       runs=st.lists(st.tuples(st.integers(1, 2), st.integers(3, 5), st.integers(1, 40)), min_size=1, max_size=12))
+@given(
+    bindings=st.lists(
+        st.tuples(st.integers(1, 2), st.integers(3, 5), st.integers(0, 400), st.integers(0, 50)), max_size=12
+    ),
+    runs=st.lists(st.tuples(st.integers(1, 2), st.integers(3, 5), st.integers(1, 40)), min_size=1, max_size=12),
+)
 def test_asof_join_of_descriptors_equals_a_scan_of_the_bindings(bindings, runs):
     """Rows in runs on one (pid, fd) (looked up at the runs' ends where runs are few) get the handle of
     their slot's last change strictly before them, as a scan of every binding finds it (a later binding at
@@ -202,15 +274,17 @@ def test_asof_join_of_descriptors_equals_a_scan_of_the_bindings(bindings, runs):
     seq = np.arange(len(pid), dtype=np.int64) * 3  # changes may fall between rows, or on one
     expected = []
     for p, f, s in zip(pid.tolist(), fd.tolist(), seq.tolist()):
-        before = [(b_seq, i, handle) for i, (b_pid, b_fd, b_seq, handle) in enumerate(bindings)
-                  if (b_pid, b_fd) == (p, f) and b_seq < s]
+        before = [
+            (b_seq, i, handle)
+            for i, (b_pid, b_fd, b_seq, handle) in enumerate(bindings)
+            if (b_pid, b_fd) == (p, f) and b_seq < s
+        ]
         expected.append(max(before)[2] if before else -1)
     assert _asof_handles(bindings, pid, fd, seq).tolist() == expected
 
 
 @settings(deadline=None, max_examples=200)
-@given(runs=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 30)), min_size=1, max_size=12),
-       data=st.data())
+@given(runs=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 30)), min_size=1, max_size=12), data=st.data())
 def test_group_max_over_runs_equals_a_scan(runs, data):
     """Per key, the largest value, whether the keys come in few runs (folded first) or many."""
     import numpy as np
@@ -218,8 +292,7 @@ def test_group_max_over_runs_equals_a_scan(runs, data):
     from ckpt_trace.replayer.plan import _group_max
 
     keys = np.array([k for k, length in runs for _ in range(length)], np.int64)
-    values = np.array(data.draw(st.lists(st.integers(0, 1 << 40), min_size=len(keys), max_size=len(keys))),
-                      np.int64)
+    values = np.array(data.draw(st.lists(st.integers(0, 1 << 40), min_size=len(keys), max_size=len(keys))), np.int64)
     expected = [max([int(v) for k, v in zip(keys, values) if k == key], default=0) for key in range(6)]
     assert _group_max(keys, values, 6).tolist() == expected
 

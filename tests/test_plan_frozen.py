@@ -46,8 +46,27 @@ from ckpt_trace.replayer.plan import GLOBAL_ROW, PLAN_COLUMNS, build_posix_plan
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = sorted((ROOT / "traces" / "golden").glob("v*.arrow"))
 EXPECTED = Path(__file__).resolve().parent / "data" / "plan_frozen.json"
-_COLUMNS = ("kind", "seq", "ts_ns", "worker", "handle", "source_handle", "path", "new_path", "offset", "size",
-            "flags", "release", "pattern_key", "pattern_offset", "queue", "mapped", "prot", "dep_ptr", "dep_seq")
+_COLUMNS = (
+    "kind",
+    "seq",
+    "ts_ns",
+    "worker",
+    "handle",
+    "source_handle",
+    "path",
+    "new_path",
+    "offset",
+    "size",
+    "flags",
+    "release",
+    "pattern_key",
+    "pattern_offset",
+    "queue",
+    "mapped",
+    "prot",
+    "dep_ptr",
+    "dep_seq",
+)
 
 
 def _sha(value) -> str:
@@ -64,29 +83,31 @@ def digest(plan) -> dict:
     checks = plan.checks
     out = {f"ops.{name}": _column_sha(getattr(t, name)) for name in _COLUMNS if name != "kind"}
     out["ops.kind"] = _sha([KINDS[k] for k in t.kind.tolist()])  # by name: the codes are the table's own
-    out.update({
-        "num_ops": len(t),
-        "ops.paths": _sha(list(t.paths)),
-        "strategy": plan.strategy,
-        "workers": _sha([[w.pid, w.tid, w.rank, w.start, w.stop] for w in plan.workers]),
-        "precreate_dirs": _sha(list(plan.precreate_dirs)),
-        "precreate_files": _sha([list(f) for f in plan.precreate_files]),
-        "skipped_ops": _sha(sorted(dict(plan.skipped_ops).items())),
-        "bytes_to_write": plan.bytes_to_write,
-        "awaited": _sha(sorted(plan.awaited)),
-        "pattern_keys": _sha(sorted(plan.pattern_keys.items())),
-        "pack_index": _sha(sorted((k, sorted(dict(v).items())) for k, v in plan.pack_index.items())),
-        "metadata_ops_saved": plan.metadata_ops_saved,
-        "checks.expected_sizes": _sha(sorted(checks.expected_sizes.items())),
-        "checks.verify_ranges": _sha(sorted((k, [list(r) for r in v]) for k, v in checks.verify_ranges.items())),
-        "checks.unverifiable": _sha(list(checks.unverifiable)),
-        "checks.pack_verify": _sha([[a, b, c, [list(r) for r in d]] for a, b, c, d in checks.pack_verify]),
-        "checks.ranges_planned": checks.ranges_planned,
-        "files.handle_files": _sha(sorted(plan.files.handle_files.items())),
-        "files.file_paths": _sha(sorted(plan.files.file_paths.items())),
-        "queue_depths": _sha(sorted(plan.queue_depths.items())),
-        "preallocate": _sha(sorted(plan.preallocate.items())),
-    })
+    out.update(
+        {
+            "num_ops": len(t),
+            "ops.paths": _sha(list(t.paths)),
+            "strategy": plan.strategy,
+            "workers": _sha([[w.pid, w.tid, w.rank, w.start, w.stop] for w in plan.workers]),
+            "precreate_dirs": _sha(list(plan.precreate_dirs)),
+            "precreate_files": _sha([list(f) for f in plan.precreate_files]),
+            "skipped_ops": _sha(sorted(dict(plan.skipped_ops).items())),
+            "bytes_to_write": plan.bytes_to_write,
+            "awaited": _sha(sorted(plan.awaited)),
+            "pattern_keys": _sha(sorted(plan.pattern_keys.items())),
+            "pack_index": _sha(sorted((k, sorted(dict(v).items())) for k, v in plan.pack_index.items())),
+            "metadata_ops_saved": plan.metadata_ops_saved,
+            "checks.expected_sizes": _sha(sorted(checks.expected_sizes.items())),
+            "checks.verify_ranges": _sha(sorted((k, [list(r) for r in v]) for k, v in checks.verify_ranges.items())),
+            "checks.unverifiable": _sha(list(checks.unverifiable)),
+            "checks.pack_verify": _sha([[a, b, c, [list(r) for r in d]] for a, b, c, d in checks.pack_verify]),
+            "checks.ranges_planned": checks.ranges_planned,
+            "files.handle_files": _sha(sorted(plan.files.handle_files.items())),
+            "files.file_paths": _sha(sorted(plan.files.file_paths.items())),
+            "queue_depths": _sha(sorted(plan.queue_depths.items())),
+            "preallocate": _sha(sorted(plan.preallocate.items())),
+        }
+    )
     return out
 
 
@@ -94,6 +115,7 @@ def digest(plan) -> dict:
 
 _FILES = ["/ck/s/a", "/ck/s/b", "/ck/c", "/ck/d/e"]
 _DIRS = ["/ck/s", "/ck/d", "/ck/t"]
+
 
 def _flag(*names: str) -> int:
     out = 0
@@ -103,27 +125,102 @@ def _flag(*names: str) -> int:
 
 
 _CREATE = _flag("O_WRONLY", "O_CREAT", "O_TRUNC")
-_KINDS = ["open", "open", "write", "write", "write", "read", "read", "close", "dup", "ftruncate", "fallocate",
-          "rename", "unlink", "fsync", "fdatasync", "lseek", "fcntl", "sync_file_range", "mkdir", "rmdir", "link",
-          "symlink", "mmap", "page", "msync", "munmap", "uring", "libaio", "ring", "copy", "failed", "renamedir"]
+_KINDS = [
+    "open",
+    "open",
+    "write",
+    "write",
+    "write",
+    "read",
+    "read",
+    "close",
+    "dup",
+    "ftruncate",
+    "fallocate",
+    "rename",
+    "unlink",
+    "fsync",
+    "fdatasync",
+    "lseek",
+    "fcntl",
+    "sync_file_range",
+    "mkdir",
+    "rmdir",
+    "link",
+    "symlink",
+    "mmap",
+    "page",
+    "msync",
+    "munmap",
+    "uring",
+    "libaio",
+    "ring",
+    "copy",
+    "failed",
+    "renamedir",
+]
 
 
 def random_trace(seed: int, rows: int) -> pa.Table:  # noqa: PLR0915  (one branch per row kind: a table in code)
     """A trace of ``rows`` seeded random calls from 2 processes of 3 threads each (ranks 0 and 1)."""
     rng = random.Random(seed)
-    columns: dict[str, list] = {name: [] for name in (
-        "ts_ns", "dur_ns", "pid", "tid", "comm", "rank", "syscall", "op", "fd", "path", "new_path", "offset",
-        "offset_source", "size", "ret", "flags", "iov_count", "interface", "queue_id", "in_flight", "address",
-        "prot", "memory_kind")}
+    columns: dict[str, list] = {
+        name: []
+        for name in (
+            "ts_ns",
+            "dur_ns",
+            "pid",
+            "tid",
+            "comm",
+            "rank",
+            "syscall",
+            "op",
+            "fd",
+            "path",
+            "new_path",
+            "offset",
+            "offset_source",
+            "size",
+            "ret",
+            "flags",
+            "iov_count",
+            "interface",
+            "queue_id",
+            "in_flight",
+            "address",
+            "prot",
+            "memory_kind",
+        )
+    }
     maps: dict[int, list[tuple[int, int]]] = {1: [], 2: []}
 
     def add(tid, op, **values):
         pid = 1 if tid < 4 else 2
-        row = {"ts_ns": len(columns["ts_ns"]) * 10 + rng.choice([0, 0, 0, 5]), "dur_ns": 1, "pid": pid, "tid": tid,
-               "comm": "t", "rank": pid - 1 if rng.random() < 0.9 else -1, "syscall": op, "op": op, "fd": None,
-               "path": None, "new_path": None, "offset": None, "offset_source": None, "size": None, "ret": 0,
-               "flags": None, "iov_count": None, "interface": "syscall", "queue_id": None, "in_flight": None,
-               "address": None, "prot": None, "memory_kind": None}
+        row = {
+            "ts_ns": len(columns["ts_ns"]) * 10 + rng.choice([0, 0, 0, 5]),
+            "dur_ns": 1,
+            "pid": pid,
+            "tid": tid,
+            "comm": "t",
+            "rank": pid - 1 if rng.random() < 0.9 else -1,
+            "syscall": op,
+            "op": op,
+            "fd": None,
+            "path": None,
+            "new_path": None,
+            "offset": None,
+            "offset_source": None,
+            "size": None,
+            "ret": 0,
+            "flags": None,
+            "iov_count": None,
+            "interface": "syscall",
+            "queue_id": None,
+            "in_flight": None,
+            "address": None,
+            "prot": None,
+            "memory_kind": None,
+        }
         row.update(values)
         for name, value in row.items():
             columns[name].append(value)
@@ -139,15 +236,29 @@ def random_trace(seed: int, rows: int) -> pa.Table:  # noqa: PLR0915  (one branc
         if kind == "open" and rng.random() < 0.2:  # a file the trace reads but never writes
             add(tid, "open", path="/ck/in", fd=fd, ret=fd, flags=0)
         elif kind == "open":
-            add(tid, "open", path=path, fd=fd, ret=fd,
-                flags=rng.choice([_CREATE, 0, _flag("O_RDWR"), _flag("O_WRONLY", "O_CREAT"),
-                                  _flag("O_DIRECTORY")]))
+            add(
+                tid,
+                "open",
+                path=path,
+                fd=fd,
+                ret=fd,
+                flags=rng.choice([_CREATE, 0, _flag("O_RDWR"), _flag("O_WRONLY", "O_CREAT"), _flag("O_DIRECTORY")]),
+            )
         elif kind in ("write", "read"):
             add(tid, kind, path=path, fd=fd, offset=offset if known else None, size=size, ret=size)
         elif kind in ("uring", "libaio"):
-            add(tid, rng.choice(["read", "write"]), path=path, fd=fd, offset=offset, size=size, ret=size,
-                interface="io_uring" if kind == "uring" else "libaio", queue_id=rng.randint(1, 3),
-                in_flight=rng.randint(1, 8))
+            add(
+                tid,
+                rng.choice(["read", "write"]),
+                path=path,
+                fd=fd,
+                offset=offset,
+                size=size,
+                ret=size,
+                interface="io_uring" if kind == "uring" else "libaio",
+                queue_id=rng.randint(1, 3),
+                in_flight=rng.randint(1, 8),
+            )
         elif kind == "ring":
             add(tid, rng.choice(["io_uring_enter", "io_submit"]), fd=fd, ret=1)
         elif kind in ("close", "fsync", "fdatasync"):
@@ -181,8 +292,19 @@ def random_trace(seed: int, rows: int) -> pa.Table:  # noqa: PLR0915  (one branc
         elif kind == "mmap":
             address = rng.choice([1 << 20, 2 << 20, 3 << 20])
             maps[pid].append((address, 1 << 16))
-            add(tid, "mmap", path=path, fd=fd, offset=rng.choice([0, 4096]), size=1 << 16, address=address,
-                interface="mmap", prot=3, flags=1, ret=address)
+            add(
+                tid,
+                "mmap",
+                path=path,
+                fd=fd,
+                offset=rng.choice([0, 4096]),
+                size=1 << 16,
+                address=address,
+                interface="mmap",
+                prot=3,
+                flags=1,
+                ret=address,
+            )
         elif kind in ("page", "msync", "munmap"):
             base = rng.choice(maps[pid]) if maps[pid] and rng.random() < 0.9 else (9 << 20, 4096)
             address = base[0] + rng.randint(0, 15) * 4096
@@ -193,15 +315,29 @@ def random_trace(seed: int, rows: int) -> pa.Table:  # noqa: PLR0915  (one branc
             else:
                 add(tid, "munmap", address=base[0], size=base[1], interface="mmap")
         elif kind == "copy":
-            add(tid, rng.choice(["copy_h2d", "copy_d2h"]), size=size, interface="cuda",
-                memory_kind=rng.choice(["pinned", "pageable"]))
+            add(
+                tid,
+                rng.choice(["copy_h2d", "copy_d2h"]),
+                size=size,
+                interface="cuda",
+                memory_kind=rng.choice(["pinned", "pageable"]),
+            )
         elif kind == "failed":
-            add(tid, rng.choice(["write", "open", "read"]), path=path, fd=fd, offset=offset, size=size, ret=-28,
-                flags=_CREATE)
+            add(
+                tid,
+                rng.choice(["write", "open", "read"]),
+                path=path,
+                fd=fd,
+                offset=offset,
+                size=size,
+                ret=-28,
+                flags=_CREATE,
+            )
     return table_from_columns(columns)
 
 
 # -- cases ----------------------------------------------------------------------------------------------------
+
 
 def _common_dir(table: pa.Table) -> str | None:
     paths = [p for p in table.column("path").to_pylist() if p and p.startswith("/")]
@@ -236,8 +372,9 @@ def _derived(name: str, base, out: dict) -> None:
     out[f"{name}/posix"] = digest(base)
     out[f"{name}/uring-direct"] = digest(dataclasses.replace(base, strategy="uring-direct"))
     for buffer_bytes, block_bytes in ((1 << 20, 512), (1 << 20, 4096), (4 << 20, 4096)):
-        aggregated = build_aggregated_plan(dataclasses.replace(base, strategy="aggregated"),
-                                           buffer_bytes=buffer_bytes, block_bytes=block_bytes)
+        aggregated = build_aggregated_plan(
+            dataclasses.replace(base, strategy="aggregated"), buffer_bytes=buffer_bytes, block_bytes=block_bytes
+        )
         out[f"{name}/aggregated-{buffer_bytes >> 20}M-{block_bytes}"] = digest(aggregated)
         if block_bytes == 4096:
             packed = pack_plan(aggregated, block_bytes=block_bytes, buffer_bytes=buffer_bytes)
@@ -257,7 +394,7 @@ def _cases_of(name: str, table: pa.Table, arch: str) -> dict:
     owners = _owners(table)
     for count in (2, 3):
         for index in range(count):
-            share = set(owners[index * len(owners) // count:(index + 1) * len(owners) // count])
+            share = set(owners[index * len(owners) // count : (index + 1) * len(owners) // count])
             plan = build_posix_plan(_share_batches(table, share, 61), prefix, arch=arch)
             _derived(f"{name}/share-{index}-of-{count}", plan, out)
     return out
@@ -284,12 +421,16 @@ def _parts(plan_digest: dict) -> list:
 def test_plans_equal_the_frozen_plans():
     cases = {name: _parts(value) for name, value in all_cases().items()}
     if os.environ.get("CKPT_TRACE_FREEZE_PLANS") == "1":
-        EXPECTED.write_text("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(cases.items()))
-                            + "\n}\n")
+        EXPECTED.write_text(
+            "{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(cases.items())) + "\n}\n"
+        )
     expected = json.loads(EXPECTED.read_text())
     assert sorted(cases) == sorted(expected)
-    differ = {name: [part for part, a, b in zip(("num_ops", "ops", "checks", "rest"), cases[name], expected[name])
-                     if a != b] for name in cases if cases[name] != expected[name]}
+    differ = {
+        name: [part for part, a, b in zip(("num_ops", "ops", "checks", "rest"), cases[name], expected[name]) if a != b]
+        for name in cases
+        if cases[name] != expected[name]
+    }
     assert not differ, f"plans differ from the frozen ones (case: parts): {differ}"
 
 
@@ -298,8 +439,24 @@ def test_random_traces_exercise_every_planner_path():
     writes, requests, mappings, copies, waits, truncations, unverifiable files, implicit opens."""
     plan = build_posix_plan(random_trace(5, 1500))
     kinds = plan.counts()
-    assert {"open", "close", "read", "write", "dup", "rename", "link", "symlink", "mmap", "munmap", "msync",
-            "copy", "mkdir", "unlink", "ftruncate", "fallocate"} <= set(kinds)
+    assert {
+        "open",
+        "close",
+        "read",
+        "write",
+        "dup",
+        "rename",
+        "link",
+        "symlink",
+        "mmap",
+        "munmap",
+        "msync",
+        "copy",
+        "mkdir",
+        "unlink",
+        "ftruncate",
+        "fallocate",
+    } <= set(kinds)
     assert plan.queue_depths and plan.awaited and plan.checks.unverifiable and plan.checks.verify_ranges
     assert plan.ops.mapped.any() and plan.skipped_ops["implicit_opens"] and plan.skipped_ops["failed"]
     assert plan.precreate_files and plan.precreate_dirs

@@ -37,17 +37,55 @@ def _table():
         dict(tid=2, op="read", path="/ck/in", fd=9, offset=0, size=30, ret=30),
         dict(tid=1, op="io_uring_enter", fd=5, ret=1),
         dict(tid=1, op="write", path="/ck/a", fd=3, size=7, ret=-28),
-        dict(tid=1, op="write", path="/ck/a", fd=3, offset=200, size=8, ret=8, interface="io_uring", queue_id=2,
-             in_flight=4),
+        dict(
+            tid=1,
+            op="write",
+            path="/ck/a",
+            fd=3,
+            offset=200,
+            size=8,
+            ret=8,
+            interface="io_uring",
+            queue_id=2,
+            in_flight=4,
+        ),
         dict(tid=1, op="close", path="/ck/a", fd=3),
         dict(tid=1, op="mkdir", path="/ck/d"),
     ]
-    names = ("ts_ns", "dur_ns", "pid", "tid", "comm", "rank", "syscall", "op", "fd", "path", "new_path", "offset",
-             "offset_source", "size", "ret", "flags", "iov_count", "interface", "queue_id", "in_flight")
+    names = (
+        "ts_ns",
+        "dur_ns",
+        "pid",
+        "tid",
+        "comm",
+        "rank",
+        "syscall",
+        "op",
+        "fd",
+        "path",
+        "new_path",
+        "offset",
+        "offset_source",
+        "size",
+        "ret",
+        "flags",
+        "iov_count",
+        "interface",
+        "queue_id",
+        "in_flight",
+    )
     columns = {name: [] for name in names}
     for i, row in enumerate(rows):
-        full = {"ts_ns": i * 10, "dur_ns": 1, "pid": 1, "comm": "t", "rank": -1, "syscall": row["op"],
-                "interface": "syscall", **row}
+        full = {
+            "ts_ns": i * 10,
+            "dur_ns": 1,
+            "pid": 1,
+            "comm": "t",
+            "rank": -1,
+            "syscall": row["op"],
+            "interface": "syscall",
+            **row,
+        }
         for name in names:
             columns[name].append(full.get(name))
     return table_from_columns(columns)
@@ -105,8 +143,12 @@ def test_bind_walks_the_reads_no_binding_covers():
     assert bound.data_rows.tolist() == [1, 2, 3, 7] and bound.handles.tolist() == [0, 0, 0, 0]
     # row 4 (fd 9, never opened) was walked: an implicit open of /ck/in (handle 1) by thread 2, then the read
     assert bound.planner.data_ops == [pl.WalkedIO(row=4, handle=1, deps=(), offset=0, size=None, mapped=False)]
-    assert [(op.seq, op.kind, op.handle) for _, op in bound.planner.ops] == [(0, "open", 0), (4, "open", 1),
-                                                                            (8, "close", 0), (9, "mkdir", None)]
+    assert [(op.seq, op.kind, op.handle) for _, op in bound.planner.ops] == [
+        (0, "open", 0),
+        (4, "open", 1),
+        (8, "close", 0),
+        (9, "mkdir", None),
+    ]
     assert bound.planner.skipped["implicit_opens"] == 1
 
 
@@ -163,7 +205,9 @@ def test_file_ends_layout_sizes_and_checks():
     assert layout.pattern_key.tolist() == [pl.file_key("ck/a"), pl.file_key("ck/in")]
     assert pl._expected_sizes(p, ends, layout) == {"ck/a": 4106, "ck/in": 30}
     assert pl._verify_ranges(p, fid, merged.row, io, layout.precreate_files) == {
-        0: [(0, 150), (200, 208), (4096, 4106)], 1: [(0, 30)]}
+        0: [(0, 150), (200, 208), (4096, 4106)],
+        1: [(0, 30)],
+    }
     checks = pl._plan_checks(p, io, fid, merged.row, layout, verify_ranges=True)
     assert dict(checks.verify_ranges) == {"ck/a": ((0, 150), (200, 208), (4096, 4106)), "ck/in": ((0, 30),)}
     assert checks.unverifiable == () and checks.ranges_planned
@@ -175,7 +219,11 @@ def test_table_steps_order_deps_and_interleave():
     walk_workers = np.array([(pid << 32) | tid for (pid, tid), _ in p.ops], np.int64)
     walk_table, handle_path = pl._walk_table(p, workers.keys, walk_workers)
     assert [(KINDS[k], s) for k, s in zip(walk_table.kind, walk_table.seq)] == [
-        ("open", 0), ("close", 8), ("mkdir", 9), ("open", 4)]  # by worker, then seq
+        ("open", 0),
+        ("close", 8),
+        ("mkdir", 9),
+        ("open", 4),
+    ]  # by worker, then seq
     assert [walk_table.paths[i] for i in handle_path] == ["ck/a", "ck/in"]
     order = pl._worker_order(workers.of_row, merged)
     assert order.order.tolist() == [0, 1, 4, 2, 3]  # t1's rows 1, 2, 7, then t2's 3, 4
@@ -192,17 +240,23 @@ def test_io_columns_and_worker_plans():
     _, p, merged, workers, io, _ = _io()
     order = pl._worker_order(workers.of_row, merged)
     row, widx, handle = merged.row[order.order], workers.of_row[order.order], io.handle[order.order]
-    columns = pl._io_columns(io, order.order, row, widx, handle, np.arange(10) * 10, np.array([5, 6]),
-                             np.array([111, 222]))
+    columns = pl._io_columns(
+        io, order.order, row, widx, handle, np.arange(10) * 10, np.array([5, 6]), np.array([111, 222])
+    )
     assert columns["kind"].tolist() == [KIND["write"]] * 4 + [KIND["read"]]
     assert columns["seq"].tolist() == [1, 2, 7, 3, 4] and columns["ts_ns"].tolist() == [10, 20, 70, 30, 40]
     assert columns["path"].tolist() == [5, 5, 5, 5, 6]
     assert columns["pattern_key"].tolist() == [111, 111, 111, 111, 0]  # reads carry no pattern
-    table = OpTable.from_ops([0, 0, 1], [PlanOp(seq=1, kind="write", ts_ns=0), PlanOp(seq=2, kind="write", ts_ns=0),
-                                         PlanOp(seq=3, kind="read", ts_ns=0)])
+    table = OpTable.from_ops(
+        [0, 0, 1],
+        [
+            PlanOp(seq=1, kind="write", ts_ns=0),
+            PlanOp(seq=2, kind="write", ts_ns=0),
+            PlanOp(seq=3, kind="read", ts_ns=0),
+        ],
+    )
     ranks = np.array([-1, 7, 7, 5])
-    workers = pl._worker_plans(table, np.array([T1, T2]), {(1, 1): 0}, ranks, np.array([1, 2, 3]),
-                               np.array([0, 0, 1]))
+    workers = pl._worker_plans(table, np.array([T1, T2]), {(1, 1): 0}, ranks, np.array([1, 2, 3]), np.array([0, 0, 1]))
     assert [(w.pid, w.tid, w.rank, w.start, w.stop) for w in workers] == [(1, 1, 0, 0, 2), (1, 2, 5, 2, 3)]
 
 
@@ -211,9 +265,18 @@ def test_precreate_dirs_and_renumbering():
     assert pl._precreate_dirs(bound.planner) == ("ck",)  # ck/d is made by the trace
     plan = pl.build_posix_plan(_table())
     assert [(op.seq, op.kind) for op in plan.workers[0].ops] == [
-        (0, "open"), (1, "write"), (2, "write"), (7, "write"), (8, "close"), (9, "mkdir")]
+        (0, "open"),
+        (1, "write"),
+        (2, "write"),
+        (7, "write"),
+        (8, "close"),
+        (9, "mkdir"),
+    ]
     assert [(op.seq, op.kind, op.deps) for op in plan.workers[1].ops] == [
-        (3, "write", (0,)), (4, "open", ()), (4, "read", ())]
+        (3, "write", (0,)),
+        (4, "open", ()),
+        (4, "read", ()),
+    ]
     assert plan.awaited == {0, 3}  # t1's close waits for t2's use of its descriptor (replayer.ordering)
     renumbered = pl._renumbered(plan, np.arange(10) * 100)
     assert renumbered.ops.seq.tolist() == (plan.ops.seq * 100).tolist()
@@ -229,19 +292,22 @@ def test_plan_kinds_are_the_formats_names():
 
 # -- aggregate's steps --------------------------------------------------------------------------------------------
 
+
 def _ops() -> OpTable:
     """One worker: open, writes [0, 150) in a run, lseek, write [150, 200), fsync, write [5000, 5100), rename,
     read [0, 10) waiting for seq 99, close."""
-    ops = [PlanOp(seq=0, kind="open", ts_ns=0, handle=0, path="f", flags=CREATE),
-           PlanOp(seq=1, kind="write", ts_ns=1, handle=0, offset=0, size=100),
-           PlanOp(seq=2, kind="write", ts_ns=2, handle=0, offset=100, size=50),
-           PlanOp(seq=3, kind="lseek", ts_ns=3, handle=0, offset=0),
-           PlanOp(seq=4, kind="write", ts_ns=4, handle=0, offset=150, size=50),
-           PlanOp(seq=5, kind="fsync", ts_ns=5, handle=0),
-           PlanOp(seq=6, kind="write", ts_ns=6, handle=0, offset=5000, size=100),
-           PlanOp(seq=7, kind="rename", ts_ns=7, path="f", new_path="g"),
-           PlanOp(seq=8, kind="read", ts_ns=8, handle=0, offset=0, size=10, deps=(99,)),
-           PlanOp(seq=9, kind="close", ts_ns=9, handle=0, release=True)]
+    ops = [
+        PlanOp(seq=0, kind="open", ts_ns=0, handle=0, path="f", flags=CREATE),
+        PlanOp(seq=1, kind="write", ts_ns=1, handle=0, offset=0, size=100),
+        PlanOp(seq=2, kind="write", ts_ns=2, handle=0, offset=100, size=50),
+        PlanOp(seq=3, kind="lseek", ts_ns=3, handle=0, offset=0),
+        PlanOp(seq=4, kind="write", ts_ns=4, handle=0, offset=150, size=50),
+        PlanOp(seq=5, kind="fsync", ts_ns=5, handle=0),
+        PlanOp(seq=6, kind="write", ts_ns=6, handle=0, offset=5000, size=100),
+        PlanOp(seq=7, kind="rename", ts_ns=7, path="f", new_path="g"),
+        PlanOp(seq=8, kind="read", ts_ns=8, handle=0, offset=0, size=10, deps=(99,)),
+        PlanOp(seq=9, kind="close", ts_ns=9, handle=0, release=True),
+    ]
     return OpTable.from_ops([0] * len(ops), ops)
 
 
@@ -268,7 +334,10 @@ def test_aggregate_flush_groups_and_pieces():
     assert (groups.key[:, 0] // groups.span).tolist() == [5, 7, 9]
     pieces = agg._pieces(groups.of_run, runs.start, runs.end, 1 << 20, 4096)
     assert list(zip(pieces.group.tolist(), pieces.offset.tolist(), pieces.size.tolist())) == [
-        (0, 0, 200), (1, 5000, 100), (2, 0, 10)]
+        (0, 0, 200),
+        (1, 5000, 100),
+        (2, 0, 10),
+    ]
     big = agg._pieces(np.array([0]), np.array([100]), np.array([(2 << 20) + 4196]), 1 << 20, 4096)
     assert list(zip(big.offset.tolist(), big.size.tolist())) == agg.split_extent(100, (2 << 20) + 4196, 1 << 20, 4096)
 
@@ -297,7 +366,15 @@ def test_aggregate_table_is_its_steps(awaited):
     table = agg.aggregate_table(_ops(), awaited, buffer_bytes=1 << 20, block_bytes=4096)
     got = [(KINDS[k], int(o), int(s)) for k, o, s in zip(table.kind, table.offset, table.size)]
     if not awaited:
-        assert got == [("open", -1, -1), ("lseek", 0, -1), ("write", 0, 200), ("fsync", -1, -1),
-                       ("write", 5000, 100), ("rename", -1, -1), ("read", 0, 10), ("close", -1, -1)]
+        assert got == [
+            ("open", -1, -1),
+            ("lseek", 0, -1),
+            ("write", 0, 200),
+            ("fsync", -1, -1),
+            ("write", 5000, 100),
+            ("rename", -1, -1),
+            ("read", 0, 10),
+            ("close", -1, -1),
+        ]
     else:  # the write at seq 4 is awaited: kept, flushing what came before it (after the lseek: no barrier)
         assert got[:4] == [("open", -1, -1), ("lseek", 0, -1), ("write", 0, 150), ("write", 150, 50)]

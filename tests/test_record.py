@@ -13,7 +13,9 @@ from ckpt_trace.tracer import syscalls as sc
 
 
 def data_ops(table):
-    return Counter((r["op"], r["path"], r["offset"], r["ret"]) for r in table.to_pylist() if r["op"] in ("read", "write"))
+    return Counter(
+        (r["op"], r["path"], r["offset"], r["ret"]) for r in table.to_pylist() if r["op"] in ("read", "write")
+    )
 
 
 def test_every_read_and_write_is_exact(backend, odd_recording):
@@ -40,12 +42,22 @@ def test_every_read_and_write_is_exact(backend, odd_recording):
 
 def _comparable(table, out):
     """Rows with paths relative to the recording's output directory (the two backends record different runs)."""
+
     def rel(path):
         return path.replace(str(out), "OUT") if path else path
 
     return Counter(
-        (r["op"], r["syscall"], rel(r["path"]), rel(r["new_path"]), r["offset"], r["size"],
-         r["ret"] if r["op"] not in ("open", "dup") else None, r["flags"], r["iov_count"])
+        (
+            r["op"],
+            r["syscall"],
+            rel(r["path"]),
+            rel(r["new_path"]),
+            r["offset"],
+            r["size"],
+            r["ret"] if r["op"] not in ("open", "dup") else None,
+            r["flags"],
+            r["iov_count"],
+        )
         for r in table.to_pylist()
     )
 
@@ -61,8 +73,18 @@ def test_both_backends_write_the_same_rows(bcc_backend, strace_backend, odd_reco
 
 def test_record_returns_the_commands_exit_code(backend, tmp_path):
     trace = tmp_path / "t.arrow"
-    proc = cli("record", "--backend", backend, "-o", str(trace), "--", "sh", "-c",
-               f"echo hi > {tmp_path}/f; exit 7", check=False)
+    proc = cli(
+        "record",
+        "--backend",
+        backend,
+        "-o",
+        str(trace),
+        "--",
+        "sh",
+        "-c",
+        f"echo hi > {tmp_path}/f; exit 7",
+        check=False,
+    )
     assert proc.returncode == 7, proc.stderr
     rows = read_trace(trace).table.to_pylist()
     writes = [(r["offset"], r["ret"]) for r in rows if r["path"] == f"{tmp_path}/f" and r["op"] == "write"]
@@ -80,8 +102,16 @@ def test_existing_trace_is_never_overwritten(tmp_path):
 
 
 def test_a_missing_command_fails_cleanly(backend, tmp_path):
-    proc = cli("record", "--backend", backend, "-o", str(tmp_path / "t.arrow"), "--",
-               "/nonexistent/ckpt-trace-cmd", check=False)
+    proc = cli(
+        "record",
+        "--backend",
+        backend,
+        "-o",
+        str(tmp_path / "t.arrow"),
+        "--",
+        "/nonexistent/ckpt-trace-cmd",
+        check=False,
+    )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
 
 
@@ -89,8 +119,11 @@ def test_lost_events_are_counted_and_strict_refuses(bcc_backend, tmp_path, monke
     monkeypatch.setenv("CKPT_TRACE_BPF_RINGBUF_PAGES", "1")
     monkeypatch.setenv("CKPT_TRACE_BPF_POLL_MS", "2000")
     scratch = tmp_path / "busy"
-    busy = [sys.executable, "-c",
-            f"import os\nfor _ in range(30000): os.close(os.open('{scratch}', os.O_WRONLY | os.O_CREAT, 0o644))"]
+    busy = [
+        sys.executable,
+        "-c",
+        f"import os\nfor _ in range(30000): os.close(os.open('{scratch}', os.O_WRONLY | os.O_CREAT, 0o644))",
+    ]
     strict = cli("record", "--backend", "bcc", "--strict", "-o", str(tmp_path / "s.arrow"), "--", *busy, check=False)
     assert strict.returncode == 2 and "lost" in strict.stderr
     assert not (tmp_path / "s.arrow").exists()
@@ -106,9 +139,12 @@ def test_calls_without_strings_go_to_the_compact_ring(bcc_backend, tmp_path, mon
     out = tmp_path / "out"
     out.mkdir()
     target = out / "storm.bin"
-    writes = [sys.executable, "-c",
-              f"import os\nfd = os.open('{target}', os.O_WRONLY | os.O_CREAT, 0o644)\n"
-              f"for _ in range(20000): os.write(fd, b'x' * 512)\nos.close(fd)"]
+    writes = [
+        sys.executable,
+        "-c",
+        f"import os\nfd = os.open('{target}', os.O_WRONLY | os.O_CREAT, 0o644)\n"
+        f"for _ in range(20000): os.write(fd, b'x' * 512)\nos.close(fd)",
+    ]
     cli("record", "--backend", "bcc", "-o", str(tmp_path / "t.arrow"), "--path-filter", f"{out}/", "--", *writes)
     trace = read_trace(tmp_path / "t.arrow")
     assert trace.metadata["lost_events"] == 0
@@ -175,8 +211,9 @@ def test_spooled_runs_merge_into_one_stable_sort_by_start_time(tmp_path):
     from ckpt_trace.formats import write_trace
     from ckpt_trace.tracer.spool import RowSpool
 
-    golden = read_trace(sorted((__import__("pathlib").Path(__file__).parent.parent / "traces" / "golden")
-                               .glob("v3-*.arrow"))[0])
+    golden = read_trace(
+        sorted((__import__("pathlib").Path(__file__).parent.parent / "traces" / "golden").glob("v3-*.arrow"))[0]
+    )
     rows = golden.table.to_pylist()
     random.Random(7).shuffle(rows)
     for i, row in enumerate(rows):
@@ -188,16 +225,19 @@ def test_spooled_runs_merge_into_one_stable_sort_by_start_time(tmp_path):
     spool = RowSpool(tmp_path / "spooled.arrow", run_rows=7)
     try:
         for start in range(0, len(rows), 7):
-            spool.add({name: values[start:start + 7] for name, values in columns.items()})
+            spool.add({name: values[start : start + 7] for name, values in columns.items()})
         assert spool.spilled_runs == -(-len(rows) // 7)
         assert spool.write(tmp_path / "spooled.arrow", meta, overwrite=False, batch_rows=10) == len(rows)
     finally:
         spool.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spooled.arrow", "whole.arrow"]
-    assert read_trace(tmp_path / "spooled.arrow").table.to_pylist() == read_trace(tmp_path / "whole.arrow").table.to_pylist()
+    assert (
+        read_trace(tmp_path / "spooled.arrow").table.to_pylist()
+        == read_trace(tmp_path / "whole.arrow").table.to_pylist()
+    )
 
 
-_MAPPER = r'''
+_MAPPER = r"""
 import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mmap.restype = libc.mremap.restype = ctypes.c_void_p
@@ -236,7 +276,7 @@ if pid == 0:
 os.waitpid(pid, 0)
 anonymous(50)
 file_mapping("parent.bin", remap=True)
-'''
+"""
 
 
 def test_anonymous_mmaps_dropped_in_the_kernel_are_no_rows_of_the_trace(bcc_backend, strace_backend, tmp_path):
@@ -248,16 +288,38 @@ def test_anonymous_mmaps_dropped_in_the_kernel_are_no_rows_of_the_trace(bcc_back
         out = tmp_path / backend
         out.mkdir()
         trace = tmp_path / f"{backend}.arrow"
-        cli("record", "--backend", backend, "-o", str(trace), "--path-filter", f"{out}/", "--",
-            sys.executable, "-c", _MAPPER, str(out))
+        cli(
+            "record",
+            "--backend",
+            backend,
+            "-o",
+            str(trace),
+            "--path-filter",
+            f"{out}/",
+            "--",
+            sys.executable,
+            "-c",
+            _MAPPER,
+            str(out),
+        )
         table = read_trace(trace).table
-        rows[backend] = Counter((r["op"], r["path"].replace(str(out), "OUT"), r["offset"], r["size"])
-                                for r in table.to_pylist() if r["op"] in mapping_ops)
+        rows[backend] = Counter(
+            (r["op"], r["path"].replace(str(out), "OUT"), r["offset"], r["size"])
+            for r in table.to_pylist()
+            if r["op"] in mapping_ops
+        )
     page = 4096
     own = {("msync", 0, 4 * page), ("madvise", 0, 2 * page), ("munmap", 2 * page, 2 * page), ("munmap", 0, 2 * page)}
-    want = Counter({("mmap", "OUT/inherited.bin", 0, 4 * page): 1, ("mmap", "OUT/child.bin", 0, 4 * page): 1,
-                    ("mmap", "OUT/parent.bin", 0, 4 * page): 1, ("mremap", "OUT/parent.bin", 0, 8 * page): 1,
-                    **{(op, f"OUT/{name}", offset, size): 1 for name in ("child.bin", "parent.bin")
-                       for op, offset, size in own}})
+    want = Counter(
+        {
+            ("mmap", "OUT/inherited.bin", 0, 4 * page): 1,
+            ("mmap", "OUT/child.bin", 0, 4 * page): 1,
+            ("mmap", "OUT/parent.bin", 0, 4 * page): 1,
+            ("mremap", "OUT/parent.bin", 0, 8 * page): 1,
+            **{
+                (op, f"OUT/{name}", offset, size): 1 for name in ("child.bin", "parent.bin") for op, offset, size in own
+            },
+        }
+    )
     assert rows["strace"] == want
     assert rows["bcc"] == want

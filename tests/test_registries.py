@@ -52,8 +52,11 @@ def test_an_unknown_workload_is_an_error_and_writes_nothing(tmp_path):
 def test_each_workload_runs_its_own_function(monkeypatch, tmp_path):
     called = []
     for name, spec in list(engines.WORKLOADS.items()):
-        monkeypatch.setitem(engines.WORKLOADS, name, dataclasses.replace(
-            spec, run=lambda args, name=name: called.append((name, args.out.name)) or 0.0))
+        monkeypatch.setitem(
+            engines.WORKLOADS,
+            name,
+            dataclasses.replace(spec, run=lambda args, name=name: called.append((name, args.out.name)) or 0.0),
+        )
     for name in engines.ENGINES:
         engines.run(name, tmp_path / name, model="gpt2-tiny")
     assert called == [(name, name) for name in engines.ENGINES]

@@ -31,8 +31,9 @@ DCP = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
 BLOCK = 4096
 
 
-@pytest.mark.parametrize("offset,size", [(0, 4096), (3, 5000), (4093, 20), (12345, 100_000), (0, 1 << 20), (7, 3),
-                                         ((1 << 40) + 4090, 9000)])
+@pytest.mark.parametrize(
+    "offset,size", [(0, 4096), (3, 5000), (4093, 20), (12345, 100_000), (0, 1 << 20), (7, 3), ((1 << 40) + 4090, 9000)]
+)
 def test_the_c_generator_matches_its_numpy_reference(offset, size):
     key = pattern.file_key("dir/file.bin")
     with AlignedBuffer(size) as buf:
@@ -40,7 +41,7 @@ def test_the_c_generator_matches_its_numpy_reference(offset, size):
         assert bytes(buf.mmap[:size]) == pattern.data_bytes(offset, size, key)
     # a piece is the same bytes as the whole range's slice: content depends on (key, offset) only
     whole = pattern.data_bytes(offset - offset % 8, size + 16, key)
-    assert pattern.data_bytes(offset, size, key) == whole[offset % 8:offset % 8 + size]
+    assert pattern.data_bytes(offset, size, key) == whole[offset % 8 : offset % 8 + size]
 
 
 def test_keys_differ_per_path_and_are_int64():
@@ -103,14 +104,13 @@ def _written_blocks(target: Path, plan) -> list[bytes]:
         data = (target / rel).read_bytes()
         for start, end in ranges:
             first = -(-start // BLOCK) * BLOCK
-            blocks.extend(data[offset:offset + BLOCK] for offset in range(first, end - BLOCK + 1, BLOCK))
+            blocks.extend(data[offset : offset + BLOCK] for offset in range(first, end - BLOCK + 1, BLOCK))
     return blocks
 
 
 def _compressed_share(data: bytes) -> dict[str, float]:
     """Compressed size over original size, per compressor (1.0: nothing gained)."""
-    shares = {"zlib-6": len(zlib.compress(data, 6)) / len(data),
-              "xz": len(lzma.compress(data, preset=1)) / len(data)}
+    shares = {"zlib-6": len(zlib.compress(data, 6)) / len(data), "xz": len(lzma.compress(data, preset=1)) / len(data)}
     zstd = shutil.which("zstd")
     if zstd:
         for args in (["-3"], ["-3", "--long=27"]):
@@ -146,6 +146,6 @@ def test_a_replay_writes_incompressible_blocks_that_never_repeat(strategy, made,
 def test_the_table_pattern_would_have_failed_these_checks():
     """The checks above can fail: the old table pattern (the bench's) repeats its blocks and compresses."""
     data = b"".join(pattern.expected(o, BLOCK, 3) for o in range(0, 8 << 20, BLOCK))
-    digests = {hashlib.blake2b(data[o:o + BLOCK], digest_size=16).digest() for o in range(0, len(data), BLOCK)}
+    digests = {hashlib.blake2b(data[o : o + BLOCK], digest_size=16).digest() for o in range(0, len(data), BLOCK)}
     assert len(digests) == pattern.PAGES < len(data) // BLOCK
     assert _compressed_share(data)["xz"] < 0.5

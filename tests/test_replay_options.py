@@ -45,19 +45,26 @@ def test_keywords_override_the_object_and_unknown_ones_are_refused():
 def test_a_replay_reports_the_options_it_was_given(tmp_path):
     options = ReplayOptions(queue_depth=8, buffer_bytes=2 << 20, repeat=1, verify=True)
     by_object = replay(GOLDEN, target=tmp_path / "a", strategy="posix", options=options)
-    by_keywords = replay(GOLDEN, target=tmp_path / "b", strategy="posix", queue_depth=8, buffer_bytes=2 << 20,
-                         repeat=1, verify=True)
+    by_keywords = replay(
+        GOLDEN, target=tmp_path / "b", strategy="posix", queue_depth=8, buffer_bytes=2 << 20, repeat=1, verify=True
+    )
     for report in (by_object, by_keywords):
         assert report.options["queue_depth"] == 8 and report.options["buffer_bytes"] == 2 << 20
         assert report.results[0].verified_files > 0
         report.release()
-    assert {k: v for k, v in by_object.options.items() if k != "rounds_rule"} == \
-        {k: v for k, v in by_keywords.options.items() if k != "rounds_rule"}
+    assert {k: v for k, v in by_object.options.items() if k != "rounds_rule"} == {
+        k: v for k, v in by_keywords.options.items() if k != "rounds_rule"
+    }
 
 
 def test_distributed_replay_imports_no_private_helper_of_replay():
     tree = ast.parse((ROOT / "replayer/ckpt_trace/replayer/distributed.py").read_text())
-    private = [alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module == "replay"
-               for alias in node.names if alias.name.startswith("_")]
+    private = [
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "replay"
+        for alias in node.names
+        if alias.name.startswith("_")
+    ]
     assert any(isinstance(node, ast.ImportFrom) and node.module == "replay" for node in ast.walk(tree))
     assert private == []

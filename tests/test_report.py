@@ -21,10 +21,25 @@ from ckpt_trace.formats import read_trace
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "traces" / "golden"
 GOLDEN_DCP = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-FIGURES = ["Latency distribution", "Request sizes", "Offset versus time", "Heat map", "Throughput over time",
-           "I/O time per rank", "Timeline"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+FIGURES = [
+    "Latency distribution",
+    "Request sizes",
+    "Offset versus time",
+    "Heat map",
+    "Throughput over time",
+    "I/O time per rank",
+    "Timeline",
+]
 
 # Injected into a copy of the page: every pair of text-bearing elements whose boxes intersect (neither inside
 # the other), and every table cell whose text overflows its box. Written to <body> once the images decoded.
@@ -66,9 +81,20 @@ def _render(chromium: str, page: Path, tmp_path: Path, width: int = 1200) -> dic
     """The <body> attributes after a headless Chromium loaded ``page`` with the layout check injected."""
     checked = tmp_path / f"checked-{width}.html"
     checked.write_text(page.read_text().replace("</body>", LAYOUT_CHECK + "</body>"))
-    dom = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
-                          f"--window-size={width},2000", "--virtual-time-budget=10000", "--dump-dom",
-                          checked.as_uri()], capture_output=True, text=True, timeout=120)
+    dom = subprocess.run(
+        [
+            chromium,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--window-size={width},2000",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            checked.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     body = re.search(r"<body([^>]*)>", dom.stdout)
     assert body, dom.stderr[-2000:]
     return dict(re.findall(r'([\w-]+)="([^"]*)"', body.group(1)))
@@ -79,8 +105,9 @@ def report_page(tmp_path, io_uring) -> Path:
     results = tmp_path / "results.json"
     cli("replay", str(GOLDEN_DCP), "--target", str(tmp_path / "replay"), "--strategy", "all", "-o", str(results))
     page = tmp_path / "report.html"
-    data = json.loads(cli("report", str(GOLDEN_DCP), str(results), "-o", str(page), "--fio-limit", "2100",
-                          "--json").stdout)
+    data = json.loads(
+        cli("report", str(GOLDEN_DCP), str(results), "-o", str(page), "--fio-limit", "2100", "--json").stdout
+    )
     assert data["bytes"] == page.stat().st_size  # bytes of the file, not characters of the text
     return page
 
@@ -109,18 +136,31 @@ def test_report_renders_in_headless_chromium_without_overlaps(report_page, chrom
         assert body["data-images-ok"] == body["data-images-total"] == str(len(FIGURES) + 1)
         assert body["data-layout-problems"] == "0", body["data-layout-first"]
     shot = tmp_path / "report.png"
-    subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,2400",
-                    f"--screenshot={shot}", report_page.as_uri()], capture_output=True, timeout=120, check=True)
+    subprocess.run(
+        [
+            chromium,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1200,2400",
+            f"--screenshot={shot}",
+            report_page.as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
 
 
 def test_layout_check_finds_overlapping_text(chromium, tmp_path):
     """The check above can fail: two table cells pushed onto each other, and a cell whose text overflows."""
     page = tmp_path / "bad.html"
-    page.write_text("<!DOCTYPE html><html><body><table><tr><td>first cell</td></tr></table>"
-                    "<p style='position:relative; top:-1.4em'>a paragraph over the cell</p>"
-                    "<table style='table-layout:fixed; width:40px'><tr><td style='overflow:hidden'>"
-                    "averyveryverylongwordthatcannotwrap</td></tr></table></body></html>")
+    page.write_text(
+        "<!DOCTYPE html><html><body><table><tr><td>first cell</td></tr></table>"
+        "<p style='position:relative; top:-1.4em'>a paragraph over the cell</p>"
+        "<table style='table-layout:fixed; width:40px'><tr><td style='overflow:hidden'>"
+        "averyveryverylongwordthatcannotwrap</td></tr></table></body></html>"
+    )
     body = _render(chromium, page, tmp_path)
     assert int(body["data-layout-problems"]) >= 2, body
 
@@ -175,8 +215,7 @@ def test_ranks_files_and_time_bins_match_the_checkpoint_on_disk():
     assert profile["owner_labels"][profile["chosen"]] == "rank 1"
     # timeline lanes: only threads of those ranks that touched files (not the TCPStore thread)
     table = read_trace(path).table
-    file_tids = set(table.filter(pc.starts_with(pc.fill_null(table["path"].cast("string"), ""), ck))["tid"]
-                    .to_pylist())
+    file_tids = set(table.filter(pc.starts_with(pc.fill_null(table["path"].cast("string"), ""), ck))["tid"].to_pylist())
     bars = np.asarray(profile["timelines"])
     assert len(bars) and set(bars[:, 1].tolist()) <= file_tids
     assert set(bars[:, 0].tolist()) <= {profile["slowest"], profile["chosen"]}
@@ -192,8 +231,13 @@ def _comparable(profile: dict) -> dict:
         elif isinstance(value, np.ndarray):
             out[key] = np.round(np.asarray(value, dtype=float), 3).tolist()
         elif key == "offsets":
-            out[key] = [{k: np.round(np.asarray(x, float), 3).tolist() if isinstance(x, np.ndarray) else x
-                         for k, x in entry.items()} for entry in value]
+            out[key] = [
+                {
+                    k: np.round(np.asarray(x, float), 3).tolist() if isinstance(x, np.ndarray) else x
+                    for k, x in entry.items()
+                }
+                for entry in value
+            ]
         elif key in ("slowest", "chosen", "owner_labels", "owners"):
             continue  # dense ids depend on the order names were met; compared below through labels
         else:
@@ -203,8 +247,10 @@ def _comparable(profile: dict) -> dict:
     return out
 
 
-@pytest.mark.parametrize("name", ["v2-dcp-gpt2-tiny-2ranks-bcc", "v2-requests-bcc", "v2-odd-pattern-strace",
-                                  "v3-gpu-dcp-gpt2-tiny-1rank-strace"])
+@pytest.mark.parametrize(
+    "name",
+    ["v2-dcp-gpt2-tiny-2ranks-bcc", "v2-requests-bcc", "v2-odd-pattern-strace", "v3-gpu-dcp-gpt2-tiny-1rank-strace"],
+)
 def test_profile_is_the_same_at_any_batch_size(name):
     """Batches carry state (the last end per file for the access pattern, owners, bins): any batching agrees."""
     path = GOLDEN / f"{name}.arrow"

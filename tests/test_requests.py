@@ -24,8 +24,11 @@ from ckpt_trace.replayer import replay
 from ckpt_trace.replayer.plan import merge_ranges
 
 # The jobs of issue 11's acceptance test: iodepth 8, O_DIRECT; write 1 MiB, randwrite 4 KiB, randread 4 KiB.
-FIO_JOBS = {"write-1m": ("write", "1m", "32m"), "randwrite-4k": ("randwrite", "4k", "2m"),
-            "randread-4k": ("randread", "4k", "2m")}
+FIO_JOBS = {
+    "write-1m": ("write", "1m", "32m"),
+    "randwrite-4k": ("randwrite", "4k", "2m"),
+    "randread-4k": ("randread", "4k", "2m"),
+}
 
 
 @pytest.fixture
@@ -39,9 +42,11 @@ def _fio_script(directory: Path, engines: tuple[str, ...]) -> str:
     commands = []
     for engine in engines:
         for name, (rw, bs, size) in FIO_JOBS.items():
-            commands.append(f"fio --name={engine}-{name} --directory={directory} --ioengine={engine} --iodepth=8 "
-                            f"--direct=1 --rw={rw} --bs={bs} --size={size} --output=/dev/null "
-                            f"--write_iolog={directory.parent}/{engine}-{name}.iolog")
+            commands.append(
+                f"fio --name={engine}-{name} --directory={directory} --ioengine={engine} --iodepth=8 "
+                f"--direct=1 --rw={rw} --bs={bs} --size={size} --output=/dev/null "
+                f"--write_iolog={directory.parent}/{engine}-{name}.iolog"
+            )
     return " && ".join(commands)
 
 
@@ -58,8 +63,19 @@ def fio_recordings(tmp_path_factory):
             data.mkdir()
             engines = ("io_uring", "libaio") if backend == "bcc" else ("libaio",)
             trace = work / "fio.arrow"
-            cli("record", "--backend", backend, "-o", str(trace), "--path-filter", f"{data}/", "--",
-                "sh", "-c", _fio_script(data, engines))
+            cli(
+                "record",
+                "--backend",
+                backend,
+                "-o",
+                str(trace),
+                "--path-filter",
+                f"{data}/",
+                "--",
+                "sh",
+                "-c",
+                _fio_script(data, engines),
+            )
             cache[backend] = (trace, work)
         return cache[backend]
 
@@ -68,18 +84,25 @@ def fio_recordings(tmp_path_factory):
 
 @pytest.mark.parametrize("job", list(FIO_JOBS))
 @pytest.mark.parametrize("engine,backend_name", [("io_uring", "bcc"), ("libaio", "bcc"), ("libaio", "strace")])
-def test_every_request_in_fios_own_iolog_is_in_the_trace_exactly(fio, fio_recordings, request, engine, backend_name,
-                                                                 job):
+def test_every_request_in_fios_own_iolog_is_in_the_trace_exactly(
+    fio, fio_recordings, request, engine, backend_name, job
+):
     request.getfixturevalue(f"{backend_name}_backend")
     trace_path, work = fio_recordings(backend_name)
     expected = fio_iolog(work / f"{engine}-{job}.iolog")
     rows = read_trace(trace_path).table.to_pylist()
-    got = Counter((r["path"], r["op"], r["offset"], r["size"]) for r in rows
-                  if r["interface"] == engine and r["op"] in ("read", "write") and f"/{engine}-{job}." in r["path"])
+    got = Counter(
+        (r["path"], r["op"], r["offset"], r["size"])
+        for r in rows
+        if r["interface"] == engine and r["op"] in ("read", "write") and f"/{engine}-{job}." in r["path"]
+    )
     assert sum(expected.values()) >= 32
     assert got == expected
-    mine = [r for r in rows if r["interface"] == engine and r["path"] and f"/{engine}-{job}." in r["path"]
-            and r["op"] in ("read", "write")]
+    mine = [
+        r
+        for r in rows
+        if r["interface"] == engine and r["path"] and f"/{engine}-{job}." in r["path"] and r["op"] in ("read", "write")
+    ]
     assert all(r["ret"] == r["size"] and r["queue_id"] is not None and 1 <= r["in_flight"] <= 8 for r in mine)
     assert max(r["in_flight"] for r in mine) > 1, "fio keeps 8 in flight; the trace must show depth"
 
@@ -96,9 +119,25 @@ def test_strace_trace_says_what_it_could_not_see(fio, strace_backend, tmp_path, 
     data = tmp_path / "data"
     data.mkdir()
     trace = tmp_path / "t.arrow"
-    proc = cli("record", "--backend", "strace", "-o", str(trace), "--path-filter", f"{data}/", "--", "fio",
-               "--name=u", f"--directory={data}", "--ioengine=io_uring", "--iodepth=4", "--rw=write", "--bs=64k",
-               "--size=1m", "--output=/dev/null")
+    proc = cli(
+        "record",
+        "--backend",
+        "strace",
+        "-o",
+        str(trace),
+        "--path-filter",
+        f"{data}/",
+        "--",
+        "fio",
+        "--name=u",
+        f"--directory={data}",
+        "--ioengine=io_uring",
+        "--iodepth=4",
+        "--rw=write",
+        "--bs=64k",
+        "--size=1m",
+        "--output=/dev/null",
+    )
     meta = read_trace(trace).metadata
     assert meta["unseen"]["io_uring_requests"]["count"] == 16  # 1 MiB in 64 KiB requests, each submitted once
     assert "io_uring" in proc.stderr and "not in the trace" in proc.stderr
@@ -106,16 +145,41 @@ def test_strace_trace_says_what_it_could_not_see(fio, strace_backend, tmp_path, 
 
 # -- the project's own writer and reader, traced -------------------------------------------------------------
 
+
 def _coverage(rows: list[dict], path: str, op: str) -> list[tuple[int, int]]:
-    return merge_ranges([(r["offset"], r["offset"] + max(r["ret"], 0)) for r in rows
-                         if r["path"] == path and r["op"] == op and r["offset"] is not None and r["ret"] > 0])
+    return merge_ranges(
+        [
+            (r["offset"], r["offset"] + max(r["ret"], 0))
+            for r in rows
+            if r["path"] == path and r["op"] == op and r["offset"] is not None and r["ret"] > 0
+        ]
+    )
 
 
 def test_emitted_writer_and_reader_are_covered_by_their_trace(bcc_backend, torch_installed, io_uring, tmp_path):
     out = tmp_path / "ck"
     save, load = tmp_path / "save.arrow", tmp_path / "load.arrow"
-    cli("record", "--backend", "bcc", "-o", str(save), "--path-filter", f"{out}/", "--", sys.executable, "-m",
-        "ckpt_trace.cli", "workload", "emitted", "--out", str(out), "--model", "gpt2-tiny", "--ranks", "2")
+    cli(
+        "record",
+        "--backend",
+        "bcc",
+        "-o",
+        str(save),
+        "--path-filter",
+        f"{out}/",
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.cli",
+        "workload",
+        "emitted",
+        "--out",
+        str(out),
+        "--model",
+        "gpt2-tiny",
+        "--ranks",
+        "2",
+    )
     rows = read_trace(save).table.to_pylist()
     data_files = sorted(p for p in out.iterdir() if p.suffix == ".data")
     assert data_files
@@ -126,8 +190,28 @@ def test_emitted_writer_and_reader_are_covered_by_their_trace(bcc_backend, torch
     assert report.size_mismatches == ()
     for path in data_files:
         assert (tmp_path / "replayed" / str(path).lstrip("/")).stat().st_size == path.stat().st_size
-    cli("record", "--backend", "bcc", "-o", str(load), "--path-filter", f"{out}/", "--", sys.executable, "-m",
-        "ckpt_trace.cli", "workload", "emitted", "--load", "--out", str(out), "--model", "gpt2-tiny", "--ranks", "2")
+    cli(
+        "record",
+        "--backend",
+        "bcc",
+        "-o",
+        str(load),
+        "--path-filter",
+        f"{out}/",
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.cli",
+        "workload",
+        "emitted",
+        "--load",
+        "--out",
+        str(out),
+        "--model",
+        "gpt2-tiny",
+        "--ranks",
+        "2",
+    )
     rows = read_trace(load).table.to_pylist()
     for path in data_files:
         covered = _coverage(rows, str(path), "read")
@@ -139,19 +223,44 @@ def _safetensors_ranges(path: Path) -> list[tuple[int, int]]:
     """Byte ranges of the tensors in a safetensors file, from its own header (8-byte length, JSON)."""
     raw = path.read_bytes()
     (length,) = struct.unpack_from("<Q", raw)
-    header = json.loads(raw[8:8 + length])
+    header = json.loads(raw[8 : 8 + length])
     base = 8 + length
-    return merge_ranges([(base + e["data_offsets"][0], base + e["data_offsets"][1])
-                         for name, e in header.items() if name != "__metadata__"])
+    return merge_ranges(
+        [
+            (base + e["data_offsets"][0], base + e["data_offsets"][1])
+            for name, e in header.items()
+            if name != "__metadata__"
+        ]
+    )
 
 
 def test_safetensors_load_file_of_four_shards_is_covered_page_by_page(bcc_backend, torch_installed, tmp_path):
     out = tmp_path / "st"
     cli("workload", "safetensors", "--shards", "4", "--out", str(out), "--model", "gpt2-tiny")
     trace = tmp_path / "load.arrow"
-    cli("record", "--backend", "bcc", "-o", str(trace), "--path-filter", f"{out}/", "--", sys.executable, "-m",
-        "ckpt_trace.cli", "workload", "safetensors", "--shards", "4", "--load", "--drop-caches", "--out", str(out),
-        "--model", "gpt2-tiny")
+    cli(
+        "record",
+        "--backend",
+        "bcc",
+        "-o",
+        str(trace),
+        "--path-filter",
+        f"{out}/",
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.cli",
+        "workload",
+        "safetensors",
+        "--shards",
+        "4",
+        "--load",
+        "--drop-caches",
+        "--out",
+        str(out),
+        "--model",
+        "gpt2-tiny",
+    )
     rows = read_trace(trace).table.to_pylist()
     shards = sorted(out.glob("model-*-of-00004.safetensors"))
     assert len(shards) == 4
@@ -165,12 +274,30 @@ def test_safetensors_load_file_of_four_shards_is_covered_page_by_page(bcc_backen
 
 # -- libaio and memmap workloads, replayed as recorded ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("engine", ["libaio", "memmap"])
 def test_workload_replays_with_its_interface_and_verifies(bcc_backend, torch_installed, io_uring, tmp_path, engine):
     out = tmp_path / "ck"
     trace = tmp_path / "t.arrow"
-    cli("record", "--backend", "bcc", "-o", str(trace), "--path-filter", f"{out}/", "--", sys.executable, "-m",
-        "ckpt_trace.cli", "workload", engine, "--out", str(out), "--model", "gpt2-tiny")
+    cli(
+        "record",
+        "--backend",
+        "bcc",
+        "-o",
+        str(trace),
+        "--path-filter",
+        f"{out}/",
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.cli",
+        "workload",
+        engine,
+        "--out",
+        str(out),
+        "--model",
+        "gpt2-tiny",
+    )
     rows = read_trace(trace).table.to_pylist()
     interface = "libaio" if engine == "libaio" else "mmap"
     data_file = next(out.glob("model.*.bin"))
@@ -188,16 +315,54 @@ def test_workload_replays_with_its_interface_and_verifies(bcc_backend, torch_ins
 
 # -- closed loop: a replay, itself recorded, writes what the recording wrote --------------------------------
 
+
 @pytest.mark.parametrize("strategy", ["uring-direct", "aggregated"])
-def test_recorded_replay_of_a_recorded_save_writes_the_same_data(bcc_backend, torch_installed, io_uring, tmp_path,
-                                                                 strategy):
+def test_recorded_replay_of_a_recorded_save_writes_the_same_data(
+    bcc_backend, torch_installed, io_uring, tmp_path, strategy
+):
     original = tmp_path / "orig.arrow"
-    cli("record", "--backend", "bcc", "-o", str(original), "--path-filter", f"{tmp_path}/ck/", "--", sys.executable,
-        "-m", "ckpt_trace.cli", "workload", "dcp", "--out", str(tmp_path / "ck"), "--ranks", "2", "--model",
-        "gpt2-tiny", "--with-optimizer")
+    cli(
+        "record",
+        "--backend",
+        "bcc",
+        "-o",
+        str(original),
+        "--path-filter",
+        f"{tmp_path}/ck/",
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.cli",
+        "workload",
+        "dcp",
+        "--out",
+        str(tmp_path / "ck"),
+        "--ranks",
+        "2",
+        "--model",
+        "gpt2-tiny",
+        "--with-optimizer",
+    )
     replayed = tmp_path / "replayed.arrow"
-    cli("record", "--backend", "bcc", "-o", str(replayed), "--path-filter", f"{tmp_path}/t/", "--", sys.executable,
-        "-m", "ckpt_trace.cli", "replay", str(original), "--target", str(tmp_path / "t"), "--strategy", strategy)
+    cli(
+        "record",
+        "--backend",
+        "bcc",
+        "-o",
+        str(replayed),
+        "--path-filter",
+        f"{tmp_path}/t/",
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.cli",
+        "replay",
+        str(original),
+        "--target",
+        str(tmp_path / "t"),
+        "--strategy",
+        strategy,
+    )
     data = json.loads(cli("diff", str(original), str(replayed), "--json").stdout)
     written = data["data_written"]
     assert written["match"], written
@@ -208,7 +373,25 @@ def test_recorded_replay_of_a_recorded_save_writes_the_same_data(bcc_backend, to
     assert verdicts and verdicts[0].startswith("data written: the same in A and B: 3 files"), lines[-4:]
     # The same comparison finds a difference: the replay of another save (no optimizer state) is not this one.
     other = tmp_path / "other.arrow"
-    cli("record", "--backend", "bcc", "-o", str(other), "--path-filter", f"{tmp_path}/ck2/", "--", sys.executable,
-        "-m", "ckpt_trace.cli", "workload", "dcp", "--out", str(tmp_path / "ck2"), "--ranks", "2", "--model",
-        "gpt2-tiny")
+    cli(
+        "record",
+        "--backend",
+        "bcc",
+        "-o",
+        str(other),
+        "--path-filter",
+        f"{tmp_path}/ck2/",
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.cli",
+        "workload",
+        "dcp",
+        "--out",
+        str(tmp_path / "ck2"),
+        "--ranks",
+        "2",
+        "--model",
+        "gpt2-tiny",
+    )
     assert not json.loads(cli("diff", str(original), str(other), "--json").stdout)["data_written"]["match"]

@@ -26,12 +26,34 @@ def test_replay_ranks_writes_the_files_of_a_real_save_at_that_many_ranks(tmp_pat
     save was reproduced at 4 ranks (every item's file, offset, length; every write call) first."""
     recorded, real, target = tmp_path / "ck4", tmp_path / "ck3", tmp_path / "replay"
     workload = [sys.executable, "-m", "ckpt_trace.cli", "workload", "dcp", "--model", "gpt2-tiny", "--with-optimizer"]
-    cli("record", "--path-filter", f"{recorded}/", "-o", str(tmp_path / "save4.arrow"), "--", *workload,
-        "--ranks", "4", "--out", str(recorded))
+    cli(
+        "record",
+        "--path-filter",
+        f"{recorded}/",
+        "-o",
+        str(tmp_path / "save4.arrow"),
+        "--",
+        *workload,
+        "--ranks",
+        "4",
+        "--out",
+        str(recorded),
+    )
     cli("workload", "dcp", "--model", "gpt2-tiny", "--with-optimizer", "--ranks", "3", "--out", str(real))
     target.mkdir()
-    proc = cli("replay", str(tmp_path / "save4.arrow"), "--ranks", "3", "--target", str(target), "--strip-prefix",
-               str(recorded), "--repeat", "1", "--json")
+    proc = cli(
+        "replay",
+        str(tmp_path / "save4.arrow"),
+        "--ranks",
+        "3",
+        "--target",
+        str(target),
+        "--strip-prefix",
+        str(recorded),
+        "--repeat",
+        "1",
+        "--json",
+    )
     doc = json.loads(proc.stdout)
     figures = doc["rescaled"]
     assert figures["recorded_ranks"] == 4 and figures["ranks"] == 3
@@ -51,8 +73,17 @@ def test_rescaling_refuses_what_it_cannot_rescale(tmp_path, torch_installed):
     the reason named; nothing replayed."""
     import torch
 
-    cli("synth", "--model", "gpt2-tiny", "--ranks", "2", "--path", str(tmp_path / "ck"), "-o",
-        str(tmp_path / "syn.arrow"))
+    cli(
+        "synth",
+        "--model",
+        "gpt2-tiny",
+        "--ranks",
+        "2",
+        "--path",
+        str(tmp_path / "ck"),
+        "-o",
+        str(tmp_path / "syn.arrow"),
+    )
     target = tmp_path / "t"
     target.mkdir()
     proc = cli("replay", str(tmp_path / "syn.arrow"), "--ranks", "4", "--target", str(target), check=False)
@@ -61,8 +92,7 @@ def test_rescaling_refuses_what_it_cannot_rescale(tmp_path, torch_installed):
     assert not any(target.iterdir())
     (tmp_path / "ts").mkdir()
     torch.save({"w": torch.zeros(4)}, tmp_path / "ts" / "model.pt")
-    cli("annotate", str(tmp_path / "syn.arrow"), "--checkpoint", str(tmp_path / "ts"), "-o",
-        str(tmp_path / "ts.arrow"))
+    cli("annotate", str(tmp_path / "syn.arrow"), "--checkpoint", str(tmp_path / "ts"), "-o", str(tmp_path / "ts.arrow"))
     proc = cli("replay", str(tmp_path / "ts.arrow"), "--ranks", "4", "--target", str(target), check=False)
     assert proc.returncode == RescaleError.exit_code
     assert "torch_save" in proc.stderr and "rescaling knows one DCP checkpoint" in proc.stderr
@@ -89,8 +119,9 @@ def _reads(trace, root) -> dict[int, Counter]:
     return out
 
 
-def test_a_recorded_load_rescaled_reads_what_a_real_load_at_that_many_ranks_reads(tmp_path, torch_installed,
-                                                                                   bcc_backend):
+def test_a_recorded_load_rescaled_reads_what_a_real_load_at_that_many_ranks_reads(
+    tmp_path, torch_installed, bcc_backend
+):
     """A 4-rank gpt2-tiny + Adam checkpoint loaded by 4 ranks (recorded), rescaled to 3 loading ranks: each
     rank's reads of the data files (file, offset, bytes: every read call) equal those of a recording of a
     real 3-rank load of that checkpoint; and the rescaled load replays (the checkpoint's files laid out)."""
@@ -100,8 +131,22 @@ def test_a_recorded_load_rescaled_reads_what_a_real_load_at_that_many_ranks_read
     args = ["workload", "dcp", "--model", "gpt2-tiny", "--with-optimizer", "--out", str(ck)]
     cli(*args, "--ranks", "4")
     for ranks in (4, 3):
-        proc = cli("record", "--path-filter", f"{ck}/", "-o", str(tmp_path / f"load{ranks}.arrow"), "--",
-                   sys.executable, "-m", "ckpt_trace.cli", *args, "--ranks", str(ranks), "--load", check=False)
+        proc = cli(
+            "record",
+            "--path-filter",
+            f"{ck}/",
+            "-o",
+            str(tmp_path / f"load{ranks}.arrow"),
+            "--",
+            sys.executable,
+            "-m",
+            "ckpt_trace.cli",
+            *args,
+            "--ranks",
+            str(ranks),
+            "--load",
+            check=False,
+        )
         # the workload checks the loaded values against those it draws for its own world size: at 3 ranks
         # they differ from the 4-rank checkpoint's, after every read was made
         assert proc.returncode == 0 or (ranks == 3 and "differs from what was saved" in proc.stderr), proc.stderr
@@ -114,17 +159,30 @@ def test_a_recorded_load_rescaled_reads_what_a_real_load_at_that_many_ranks_read
     assert figures["data_bytes_read"] == sum(off_size[2] * n for c in real.values() for off_size, n in c.items())
     target = tmp_path / "replay"
     target.mkdir()
-    proc = cli("replay", str(tmp_path / "load4.arrow"), "--ranks", "3", "--target", str(target), "--strip-prefix",
-               str(ck), "--repeat", "1", "--json")
+    proc = cli(
+        "replay",
+        str(tmp_path / "load4.arrow"),
+        "--ranks",
+        "3",
+        "--target",
+        str(target),
+        "--strip-prefix",
+        str(ck),
+        "--repeat",
+        "1",
+        "--json",
+    )
     doc = json.loads(proc.stdout)
     assert doc["rescaled"]["data_bytes_read"] == figures["data_bytes_read"]
     assert "rescaled the recorded DCP load to 3 ranks" in proc.stderr
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("CKPT_TRACE_LARGE") != "1",
-                    reason="issue 33's case at full size (GPT-2-medium + Adam, 4.5 GB on disk, about 20 min on 2 "
-                           "cores): CKPT_TRACE_LARGE=1 (make test-large)")
+@pytest.mark.skipif(
+    os.environ.get("CKPT_TRACE_LARGE") != "1",
+    reason="issue 33's case at full size (GPT-2-medium + Adam, 4.5 GB on disk, about 20 min on 2 "
+    "cores): CKPT_TRACE_LARGE=1 (make test-large)",
+)
 def test_issue_33_gpt2_medium_adam_recorded_at_4_ranks_rescaled_to_8(tmp_path, torch_installed, bcc_backend):
     """Issue 33's case at its size: GPT-2-medium with Adam (about 4.3 GB a checkpoint), saved and loaded by 4
     ranks (recorded), rescaled to 8. The save's replay leaves 8 data files whose names and sizes (so their
@@ -138,11 +196,37 @@ def test_issue_33_gpt2_medium_adam_recorded_at_4_ranks_rescaled_to_8(tmp_path, t
 
     ck = tmp_path / "ck"
     args = ["workload", "dcp", "--model", "gpt2-medium", "--with-optimizer", "--out", str(ck)]
-    cli("record", "--path-filter", f"{ck}/", "-o", str(tmp_path / "save4.arrow"), "--", sys.executable, "-m",
-        "ckpt_trace.cli", *args, "--ranks", "4")
+    cli(
+        "record",
+        "--path-filter",
+        f"{ck}/",
+        "-o",
+        str(tmp_path / "save4.arrow"),
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.cli",
+        *args,
+        "--ranks",
+        "4",
+    )
     for ranks in (4, 8):  # the 4-rank checkpoint loaded by 4 and by 8 ranks, recorded
-        proc = cli("record", "--path-filter", f"{ck}/", "-o", str(tmp_path / f"load{ranks}.arrow"), "--",
-                   sys.executable, "-m", "ckpt_trace.cli", *args, "--ranks", str(ranks), "--load", check=False)
+        proc = cli(
+            "record",
+            "--path-filter",
+            f"{ck}/",
+            "-o",
+            str(tmp_path / f"load{ranks}.arrow"),
+            "--",
+            sys.executable,
+            "-m",
+            "ckpt_trace.cli",
+            *args,
+            "--ranks",
+            str(ranks),
+            "--load",
+            check=False,
+        )
         assert proc.returncode == 0 or (ranks == 8 and "differs from what was saved" in proc.stderr), proc.stderr
     shutil.rmtree(ck)
     cli(*args, "--ranks", "8")
@@ -151,8 +235,21 @@ def test_issue_33_gpt2_medium_adam_recorded_at_4_ranks_rescaled_to_8(tmp_path, t
     assert len(expected) == 8
     target = tmp_path / "replay"
     target.mkdir()
-    doc = json.loads(cli("replay", str(tmp_path / "save4.arrow"), "--ranks", "8", "--target", str(target),
-                         "--strip-prefix", str(ck), "--repeat", "1", "--json").stdout)
+    doc = json.loads(
+        cli(
+            "replay",
+            str(tmp_path / "save4.arrow"),
+            "--ranks",
+            "8",
+            "--target",
+            str(target),
+            "--strip-prefix",
+            str(ck),
+            "--repeat",
+            "1",
+            "--json",
+        ).stdout
+    )
     assert doc["rescaled"]["recorded_save_reproduced"] and doc["rescaled"]["data_files"] == expected
     assert _data_files(target) == expected and doc["rescaled"]["data_bytes"] == sum(expected.values())
     shutil.rmtree(target)

@@ -67,8 +67,9 @@ def test_a_library_built_before_the_version_check_is_refused(tmp_path):
     source = tmp_path / "old.c"
     source.write_text("int ckr_setup(void) { return 0; }\n")
     library = tmp_path / "libckpt_ring.so.1"
-    subprocess.run([*shlex.split(os.environ.get("CC", "cc")), "-shared", "-fPIC", "-o", str(library), str(source)],
-                   check=True)
+    subprocess.run(
+        [*shlex.split(os.environ.get("CC", "cc")), "-shared", "-fPIC", "-o", str(library), str(source)], check=True
+    )
     with pytest.raises(rings.RingUnavailable, match="stale: built for ring ABI version 1 or older"):
         rings.load_library(library)
 
@@ -123,7 +124,7 @@ def test_the_bpf_ring_reader_takes_committed_records_and_publishes_its_position(
         for index, flags in enumerate((0, ringbuf.DISCARD_BIT, ringbuf.BUSY_BIT, 0)):
             at = 2 * page + index * stride
             header[at // 4] = dtype.itemsize | flags
-            raw[at + 8:at + 8 + dtype.itemsize] = np.array([(100 + index, index)], dtype=dtype).tobytes()
+            raw[at + 8 : at + 8 + dtype.itemsize] = np.array([(100 + index, index)], dtype=dtype).tobytes()
         positions = np.frombuffer(raw, dtype="<u8")
         positions[page // 8] = 4 * stride  # producer_pos: four reserved
         first = reader.read()

@@ -30,6 +30,7 @@ DCP = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
 
 # -- replay: ownership -------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_repeat_with_force_removes_only_the_previous_runs_files(tmp_path):
     target = tmp_path / "t"
@@ -67,8 +68,16 @@ def test_a_replay_path_onto_an_existing_file_or_its_own_output_is_refused(tmp_pa
     assert theirs.read_bytes() == b"someone else's"
     results = synthetic(tmp_path / "r.arrow", {"/out/results.json": 100})
     (tmp_path / "u" / "out").mkdir(parents=True)
-    proc = cli("replay", str(results), "--target", str(tmp_path / "u"), "--force", "-o",
-               str(tmp_path / "u" / "out" / "results.json"), check=False)
+    proc = cli(
+        "replay",
+        str(results),
+        "--target",
+        str(tmp_path / "u"),
+        "--force",
+        "-o",
+        str(tmp_path / "u" / "out" / "results.json"),
+        check=False,
+    )
     assert proc.returncode == 2 and "an input or output of this command" in one_line(proc)
     assert list((tmp_path / "u" / "out").iterdir()) == []
 
@@ -89,6 +98,7 @@ def test_a_failed_replay_removes_what_it_created_and_says_so(tmp_path, small_tmp
 
 
 # -- outputs checked before the work ---------------------------------------------------------------------
+
 
 @pytest.fixture
 def read_only_dir(tmp_path):
@@ -130,26 +140,48 @@ def test_existing_results_and_junit_files_are_kept_without_force(tmp_path):
     junit = tmp_path / "j.xml"
     junit.write_text("earlier")
     baseline = tmp_path / "b.json"
-    baseline.write_text(json.dumps({"format": "ckpt-trace-baseline", "version": 1, "environment": {}, "options": {},
-                                    "traces": []}))
-    proc = cli("check", str(ODD), "--baseline", str(baseline), "--target", str(tmp_path / "c"), "--junit", str(junit),
-               check=False)
+    baseline.write_text(
+        json.dumps({"format": "ckpt-trace-baseline", "version": 1, "environment": {}, "options": {}, "traces": []})
+    )
+    proc = cli(
+        "check",
+        str(ODD),
+        "--baseline",
+        str(baseline),
+        "--target",
+        str(tmp_path / "c"),
+        "--junit",
+        str(junit),
+        check=False,
+    )
     assert proc.returncode == 2 and "already exists" in one_line(proc) and junit.read_text() == "earlier"
 
 
 # -- limits probed before the clock ------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_queue_depths_the_kernel_refuses_are_one_line_naming_the_flag(tmp_path, io_uring):
-    proc = cli("replay", str(ODD), "--target", str(tmp_path / "t"), "--strategy", "all", "--queue-depth", "65536",
-               check=False)
+    proc = cli(
+        "replay", str(ODD), "--target", str(tmp_path / "t"), "--strategy", "all", "--queue-depth", "65536", check=False
+    )
     assert proc.returncode == 2 and one_line(proc).startswith("ckpt-trace: error: --queue-depth 65536:")
     assert not (tmp_path / "t").exists()
-    proc = cli("bench", "--target", str(tmp_path / "b"), "--queue-depths", "100000000", "-o", str(tmp_path / "o"),
-               check=False)
+    proc = cli(
+        "bench", "--target", str(tmp_path / "b"), "--queue-depths", "100000000", "-o", str(tmp_path / "o"), check=False
+    )
     assert proc.returncode == 2 and "--queue-depths 100000000: queue depth 100000000 exceeds" in one_line(proc)
-    proc = cli("baseline", str(ODD), "--target", str(tmp_path / "c"), "-o", str(tmp_path / "b.json"),
-               "--queue-depth", "65536", check=False)
+    proc = cli(
+        "baseline",
+        str(ODD),
+        "--target",
+        str(tmp_path / "c"),
+        "-o",
+        str(tmp_path / "b.json"),
+        "--queue-depth",
+        "65536",
+        check=False,
+    )
     assert proc.returncode == 2 and "--queue-depth 65536" in one_line(proc)
 
 
@@ -170,10 +202,17 @@ def test_a_failing_worker_fails_the_replay_with_one_line(tmp_path, io_uring, mon
 
 # -- interrupts --------------------------------------------------------------------------------------------
 
+
 def _interrupt(args: list[str], ready, cwd=None) -> subprocess.CompletedProcess:
     """Start ``ckpt-trace ARGS`` in its own process group, wait until ``ready()``, send SIGINT to the group."""
-    proc = subprocess.Popen([sys.executable, "-m", "ckpt_trace.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=cwd)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckpt_trace.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=cwd,
+    )
     deadline = time.monotonic() + 120
     while not ready() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -185,18 +224,23 @@ def _interrupt(args: list[str], ready, cwd=None) -> subprocess.CompletedProcess:
 def test_ctrl_c_in_a_replay_removes_its_files_and_says_so(tmp_path):
     trace = synthetic(tmp_path / "t.arrow", {"/ck/a.bin": 10, "/ck/b.bin": 10}, gap_ns=10_000_000_000)
     target = tmp_path / "t"
-    done = _interrupt(["replay", str(trace), "--target", str(target), "--timing", "original"],
-                      lambda: (target / "ck" / "a.bin").exists())
+    done = _interrupt(
+        ["replay", str(trace), "--target", str(target), "--timing", "original"],
+        lambda: (target / "ck" / "a.bin").exists(),
+    )
     assert done.returncode == 130
-    assert done.stderr.strip().splitlines() == [f"ckpt-trace: interrupted; the replay's files under {target} were "
-                                                "removed"]
+    assert done.stderr.strip().splitlines() == [
+        f"ckpt-trace: interrupted; the replay's files under {target} were removed"
+    ]
     assert not target.exists()
 
 
 def test_ctrl_c_in_a_workload_is_one_line_without_rank_tracebacks(tmp_path, torch_installed):
     out = tmp_path / "w"
-    done = _interrupt(["workload", "dcp", "--out", str(out), "--ranks", "2", "--model", "gpt2-small"],
-                      lambda: out.exists() and any(out.iterdir()))
+    done = _interrupt(
+        ["workload", "dcp", "--out", str(out), "--ranks", "2", "--model", "gpt2-small"],
+        lambda: out.exists() and any(out.iterdir()),
+    )
     assert done.returncode == 130, done.stderr
     assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr
     assert done.stderr.strip().splitlines()[-1] == f"ckpt-trace: interrupted; a partial checkpoint may remain in {out}"
@@ -204,14 +248,17 @@ def test_ctrl_c_in_a_workload_is_one_line_without_rank_tracebacks(tmp_path, torc
 
 # -- results tied to their trace -----------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_report_and_emit_refuse_results_of_another_trace(tmp_path):
     results = tmp_path / "odd.json"
     cli("replay", str(ODD), "--target", str(tmp_path / "t"), "-o", str(results))
     data = json.loads(results.read_text())
     assert data["trace_sha256"] and data["creator_version"] and data["environment"]["filesystem"]
-    for args in (["report", str(DCP), str(results), "-o", str(tmp_path / "r.html")],
-                 ["emit", str(DCP), "--from-results", str(results), "-o", str(tmp_path / "w.py")]):
+    for args in (
+        ["report", str(DCP), str(results), "-o", str(tmp_path / "r.html")],
+        ["emit", str(DCP), "--from-results", str(results), "-o", str(tmp_path / "w.py")],
+    ):
         proc = cli(*args, check=False)
         assert proc.returncode == 2 and "holds results of another trace" in one_line(proc)
     assert not (tmp_path / "r.html").exists() and not (tmp_path / "w.py").exists()
@@ -222,6 +269,7 @@ def test_report_and_emit_refuse_results_of_another_trace(tmp_path):
 
 
 # -- regression checks that can say "too noisy" -------------------------------------------------------------
+
 
 def test_verdicts():
     from ckpt_trace.check.baseline import verdict
@@ -236,15 +284,35 @@ def test_verdicts():
 def test_a_noisy_figure_is_reported_as_such_not_as_pass_or_fail(tmp_path, io_uring, monkeypatch):
     monkeypatch.setenv("CKPT_TRACE_CHECK_MIN_SECONDS", "0.1")
     baseline = tmp_path / "b.json"
-    cli("baseline", str(DCP), "--target", str(tmp_path / "b"), "-o", str(baseline), "--strategy", "posix",
-        "--min-seconds", "0.1")
+    cli(
+        "baseline",
+        str(DCP),
+        "--target",
+        str(tmp_path / "b"),
+        "-o",
+        str(baseline),
+        "--strategy",
+        "posix",
+        "--min-seconds",
+        "0.1",
+    )
     data = json.loads(baseline.read_text())
     figures = data["traces"][0]["results"]["posix"]
     figures["throughput_noise"] = figures["p99_noise"] = 0.5  # runs varied by half: no 10 % change can be seen
     figures["throughput_bytes_per_s"] *= 1.3
     baseline.write_text(json.dumps(data))
-    proc = cli("check", str(DCP), "--baseline", str(baseline), "--target", str(tmp_path / "c"), "--json",
-               "--junit", str(tmp_path / "j.xml"), check=False)
+    proc = cli(
+        "check",
+        str(DCP),
+        "--baseline",
+        str(baseline),
+        "--target",
+        str(tmp_path / "c"),
+        "--json",
+        "--junit",
+        str(tmp_path / "j.xml"),
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     statuses = {c["metric"]: c["status"] for c in json.loads(proc.stdout)["comparisons"]}
     assert statuses == {"throughput_bytes_per_s": "noisy", "p99_latency_ns": "noisy"}
@@ -253,6 +321,7 @@ def test_a_noisy_figure_is_reported_as_such_not_as_pass_or_fail(tmp_path, io_uri
 
 
 # -- recording a failing command ---------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_a_command_that_cannot_start_is_exit_127_and_no_trace(tmp_path):
@@ -263,12 +332,33 @@ def test_a_command_that_cannot_start_is_exit_127_and_no_trace(tmp_path):
 
 
 def test_a_failing_or_killed_command_still_gets_its_trace(tmp_path, strace_backend):
-    proc = cli("record", "--backend", strace_backend, "-o", str(tmp_path / "f.arrow"), "--", "sh", "-c",
-               f"echo x > {tmp_path}/f; exit 3", check=False)
+    proc = cli(
+        "record",
+        "--backend",
+        strace_backend,
+        "-o",
+        str(tmp_path / "f.arrow"),
+        "--",
+        "sh",
+        "-c",
+        f"echo x > {tmp_path}/f; exit 3",
+        check=False,
+    )
     assert proc.returncode == 3 and "the command exited with status 3" in proc.stderr
     assert [r["op"] for r in read_trace(tmp_path / "f.arrow").table.to_pylist() if r["path"] == f"{tmp_path}/f"]
-    proc = cli("record", "--backend", strace_backend, "-o", str(tmp_path / "k.arrow"), "--json", "--", "sh", "-c",
-               f"echo x > {tmp_path}/g; kill -9 $$", check=False)
+    proc = cli(
+        "record",
+        "--backend",
+        strace_backend,
+        "-o",
+        str(tmp_path / "k.arrow"),
+        "--json",
+        "--",
+        "sh",
+        "-c",
+        f"echo x > {tmp_path}/g; kill -9 $$",
+        check=False,
+    )
     assert proc.returncode == 137 and "was killed by SIGKILL" in proc.stderr
     assert json.loads(proc.stdout)["exit_signal"] == 9 and (tmp_path / "k.arrow").exists()
 
@@ -276,8 +366,19 @@ def test_a_failing_or_killed_command_still_gets_its_trace(tmp_path, strace_backe
 def test_path_filters_under_dev_and_relative_ones_match(tmp_path, backend):
     shm = Path("/dev/shm") / f"ckpt-trace-test-{os.getpid()}"
     try:
-        proc = cli("record", "--backend", backend, "-o", str(tmp_path / "s.arrow"), "--path-filter", f"{shm}/", "--",
-                   "sh", "-c", f"mkdir -p {shm}; echo x > {shm}/ckpt")
+        proc = cli(
+            "record",
+            "--backend",
+            backend,
+            "-o",
+            str(tmp_path / "s.arrow"),
+            "--path-filter",
+            f"{shm}/",
+            "--",
+            "sh",
+            "-c",
+            f"mkdir -p {shm}; echo x > {shm}/ckpt",
+        )
         assert "no operation matched" not in proc.stderr
         rows = read_trace(tmp_path / "s.arrow").table.to_pylist()
         assert ("write", f"{shm}/ckpt") in {(r["op"], r["path"]) for r in rows}
@@ -285,21 +386,66 @@ def test_path_filters_under_dev_and_relative_ones_match(tmp_path, backend):
         shutil.rmtree(shm, ignore_errors=True)
     work = tmp_path / "work"
     work.mkdir()
-    cli("record", "--backend", backend, "-o", str(tmp_path / "r.arrow"), "--path-filter", "out/", "--",
-        "sh", "-c", "mkdir -p out; echo x > out/f; echo y > other", cwd=work)
+    cli(
+        "record",
+        "--backend",
+        backend,
+        "-o",
+        str(tmp_path / "r.arrow"),
+        "--path-filter",
+        "out/",
+        "--",
+        "sh",
+        "-c",
+        "mkdir -p out; echo x > out/f; echo y > other",
+        cwd=work,
+    )
     paths = {r["path"] for r in read_trace(tmp_path / "r.arrow").table.to_pylist() if r["op"] == "write"}
     assert paths == {f"{work}/out/f"}
-    proc = cli("record", "--backend", backend, "-o", str(tmp_path / "n.arrow"), "--path-filter", "/nothing/here/",
-               "--", "sh", "-c", f"echo x > {tmp_path}/z")
+    proc = cli(
+        "record",
+        "--backend",
+        backend,
+        "-o",
+        str(tmp_path / "n.arrow"),
+        "--path-filter",
+        "/nothing/here/",
+        "--",
+        "sh",
+        "-c",
+        f"echo x > {tmp_path}/z",
+    )
     assert "no operation matched --path-filter /nothing/here/" in proc.stderr
 
 
-def test_ctrl_c_while_recording_a_workload_keeps_its_trace_and_prints_no_rank_tracebacks(tmp_path, torch_installed,
-                                                                                        strace_backend):
+def test_ctrl_c_while_recording_a_workload_keeps_its_trace_and_prints_no_rank_tracebacks(
+    tmp_path, torch_installed, strace_backend
+):
     out, trace = tmp_path / "w", tmp_path / "t.arrow"
-    done = _interrupt(["record", "--backend", strace_backend, "-o", str(trace), "--path-filter", f"{out}/", "--",
-                       sys.executable, "-m", "ckpt_trace.cli", "workload", "dcp", "--out", str(out), "--ranks", "2",
-                       "--model", "gpt2-small"], lambda: out.exists() and any(out.iterdir()))
+    done = _interrupt(
+        [
+            "record",
+            "--backend",
+            strace_backend,
+            "-o",
+            str(trace),
+            "--path-filter",
+            f"{out}/",
+            "--",
+            sys.executable,
+            "-m",
+            "ckpt_trace.cli",
+            "workload",
+            "dcp",
+            "--out",
+            str(out),
+            "--ranks",
+            "2",
+            "--model",
+            "gpt2-small",
+        ],
+        lambda: out.exists() and any(out.iterdir()),
+    )
     assert done.returncode == 130, done.stderr
     assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr
     assert "the command exited with status 130; its trace is written" in done.stderr

@@ -24,11 +24,20 @@ PAYLOAD = 'x"""\nimport sys; sys.modules["pwned"] = 1\n"""\\\\\\n\'\'\'\r\x00\x1
 
 
 def _results(trace: Path, **changes) -> dict:
-    entry = {"strategy": "aggregated", "elapsed_s": 0.5, "bytes_written": 100, "bytes_read": 0,
-             "write_throughput_bytes_per_s": 200.0, "speedup_vs_posix": 2.0}
-    data = {"trace": str(trace), "trace_sha256": sha256_file(trace), "options": {"queue_depth": 8,
-            "buffer_bytes": 1 << 20, "pack_files": False, "durable": False},
-            "results": [entry, {**entry, "strategy": "posix", "elapsed_s": 1.0, "speedup_vs_posix": 1.0}]}
+    entry = {
+        "strategy": "aggregated",
+        "elapsed_s": 0.5,
+        "bytes_written": 100,
+        "bytes_read": 0,
+        "write_throughput_bytes_per_s": 200.0,
+        "speedup_vs_posix": 2.0,
+    }
+    data = {
+        "trace": str(trace),
+        "trace_sha256": sha256_file(trace),
+        "options": {"queue_depth": 8, "buffer_bytes": 1 << 20, "pack_files": False, "durable": False},
+        "results": [entry, {**entry, "strategy": "posix", "elapsed_s": 1.0, "speedup_vs_posix": 1.0}],
+    }
     data.update(changes)
     return data
 
@@ -81,31 +90,47 @@ def _one_line(proc, *words) -> None:
     assert all(word in lines[0] for word in words), lines[0]
 
 
-@pytest.mark.parametrize("key,value", [("lost_events", "many"), ("lost_events", -3), ("command", "rm -rf"),
-                                       ("host", 7), ("elapsed_ns", "fast"), ("gpu", [1])])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("lost_events", "many"),
+        ("lost_events", -3),
+        ("command", "rm -rf"),
+        ("host", 7),
+        ("elapsed_ns", "fast"),
+        ("gpu", [1]),
+    ],
+)
 @pytest.mark.slow
 def test_malformed_trace_metadata_is_one_line_naming_the_key(tmp_path, key, value):
     trace = read_trace(ODD)
     bad = write_trace(tmp_path / "bad.arrow", trace.table, {**trace.metadata, key: value})
-    for args in (["summary", str(bad)], ["diff", str(ODD), str(bad)], ["report", str(bad), "-o", str(tmp_path / "r.html")],
-                 ["emit", str(bad), "-o", str(tmp_path / "w.py")], ["replay", str(bad), "--target", str(tmp_path / "t"),
-                                                                   "--dry-run"]):
+    for args in (
+        ["summary", str(bad)],
+        ["diff", str(ODD), str(bad)],
+        ["report", str(bad), "-o", str(tmp_path / "r.html")],
+        ["emit", str(bad), "-o", str(tmp_path / "w.py")],
+        ["replay", str(bad), "--target", str(tmp_path / "t"), "--dry-run"],
+    ):
         _one_line(cli(*args, check=False), repr(key))
 
 
-@pytest.mark.parametrize("change,key", [
-    ({"results": "abc"}, "'results' is not a list"),
-    ({"results": []}, "'results' is empty"),
-    ({"options": [1]}, "options"),
-    ({"options": {"queue_depth": "many"}}, "queue_depth"),
-    ({"options": {"buffer_bytes": -1}}, "buffer_bytes"),
-    ({"fio_write_bytes_per_s": "fast"}, "fio_write_bytes_per_s"),
-    ("elapsed_s=fast", "elapsed_s"),
-    ("elapsed_s=nan", "elapsed_s"),
-    ("elapsed_s=-1", "elapsed_s"),
-    ("bytes_written=1.5", "bytes_written"),
-    ("strategy=3", "strategy"),
-])
+@pytest.mark.parametrize(
+    "change,key",
+    [
+        ({"results": "abc"}, "'results' is not a list"),
+        ({"results": []}, "'results' is empty"),
+        ({"options": [1]}, "options"),
+        ({"options": {"queue_depth": "many"}}, "queue_depth"),
+        ({"options": {"buffer_bytes": -1}}, "buffer_bytes"),
+        ({"fio_write_bytes_per_s": "fast"}, "fio_write_bytes_per_s"),
+        ("elapsed_s=fast", "elapsed_s"),
+        ("elapsed_s=nan", "elapsed_s"),
+        ("elapsed_s=-1", "elapsed_s"),
+        ("bytes_written=1.5", "bytes_written"),
+        ("strategy=3", "strategy"),
+    ],
+)
 @pytest.mark.slow
 def test_malformed_results_are_one_line_naming_the_key(tmp_path, change, key):
     data = _results(ODD)
@@ -116,22 +141,42 @@ def test_malformed_results_are_one_line_naming_the_key(tmp_path, change, key):
         data["results"][0][name] = {"fast": "fast", "nan": float("nan"), "-1": -1, "1.5": 1.5, "3": 3}[value]
     results = tmp_path / "r.json"
     results.write_text(json.dumps(data))
-    for args in (["emit", str(ODD), "-o", str(tmp_path / "w.py"), "--from-results", str(results)],
-                 ["report", str(ODD), str(results), "-o", str(tmp_path / "r.html")]):
+    for args in (
+        ["emit", str(ODD), "-o", str(tmp_path / "w.py"), "--from-results", str(results)],
+        ["report", str(ODD), str(results), "-o", str(tmp_path / "r.html")],
+    ):
         _one_line(cli(*args, check=False), key)
 
 
-@pytest.mark.parametrize("change,key", [({"options": "x"}, "options"), ("repeat=five", "repeat"),
-                                        ("repeat=0", "repeat"), ("durable=1", "durable"), ({"traces": "t"}, "traces"),
-                                        ("min_seconds=inf", "min_seconds")])
+@pytest.mark.parametrize(
+    "change,key",
+    [
+        ({"options": "x"}, "options"),
+        ("repeat=five", "repeat"),
+        ("repeat=0", "repeat"),
+        ("durable=1", "durable"),
+        ({"traces": "t"}, "traces"),
+        ("min_seconds=inf", "min_seconds"),
+    ],
+)
 @pytest.mark.slow
 def test_malformed_baselines_are_one_line_naming_the_key(tmp_path, change, key):
     from ckpt_trace.check.baseline import BASELINE_FORMAT, BASELINE_VERSION
 
-    data = {"format": BASELINE_FORMAT, "version": BASELINE_VERSION, "environment": {},
-            "options": {"strategies": ["posix"], "repeat": 3, "min_seconds": 1.0, "queue_depth": 8,
-                        "buffer_bytes": 1 << 20, "durable": True},
-            "traces": [{"name": "t", "path": str(ODD), "sha256": sha256_file(ODD), "results": {}}]}
+    data = {
+        "format": BASELINE_FORMAT,
+        "version": BASELINE_VERSION,
+        "environment": {},
+        "options": {
+            "strategies": ["posix"],
+            "repeat": 3,
+            "min_seconds": 1.0,
+            "queue_depth": 8,
+            "buffer_bytes": 1 << 20,
+            "durable": True,
+        },
+        "traces": [{"name": "t", "path": str(ODD), "sha256": sha256_file(ODD), "results": {}}],
+    }
     if isinstance(change, dict):
         data.update(change)
     else:
@@ -152,14 +197,18 @@ def test_wide_rank_and_pid_ranges_are_intervals_not_lists(tmp_path):
 
     tracemalloc.start()
     result = filter_trace(ODD, tmp_path / "f.arrow", Conditions(ranks="-1-10000000", pids="1-20000000"))
-    _, peak = tracemalloc.get_traced_peak() if hasattr(tracemalloc, "get_traced_peak") else tracemalloc.get_traced_memory()
+    _, peak = (
+        tracemalloc.get_traced_peak() if hasattr(tracemalloc, "get_traced_peak") else tracemalloc.get_traced_memory()
+    )
     tracemalloc.stop()
     assert peak < 50 << 20, f"{peak / 2**20:.0f} MiB of Python objects for two ranges"
     assert result["rows_out"] == result["rows_in"] == read_trace(ODD).num_rows  # every pid is in 1-20000000
 
 
-@pytest.mark.parametrize("rank,kept", [("0-999999999999", 0), ("-1-999999999999", None),
-                                       ("99999999999999999999", "error"), ("-1,-1,0-3,2-9", None)])
+@pytest.mark.parametrize(
+    "rank,kept",
+    [("0-999999999999", 0), ("-1-999999999999", None), ("99999999999999999999", "error"), ("-1,-1,0-3,2-9", None)],
+)
 @pytest.mark.slow
 def test_ranges_are_cut_to_the_columns_type(tmp_path, rank, kept):
     trace = read_trace(ODD)

@@ -23,8 +23,9 @@ def _one_line(proc, *words) -> str:
 
 def test_record_on_a_full_file_system_refuses_before_the_command_starts(small_tmpfs, tmp_path, strace_backend):
     marker = tmp_path / "ran"
-    proc = cli("record", "-o", str(small_tmpfs / "t.arrow"), "--backend", "strace", "--", "touch", str(marker),
-               check=False)
+    proc = cli(
+        "record", "-o", str(small_tmpfs / "t.arrow"), "--backend", "strace", "--", "touch", str(marker), check=False
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "No space left on device" in errors[0] and "16 MiB" in errors[0], proc.stderr
@@ -43,8 +44,11 @@ def test_report_refuses_a_fio_limit_that_is_not_a_positive_number(tmp_path, valu
 @pytest.mark.parametrize("command", ["baseline", "check"])
 @pytest.mark.parametrize("value", ["nan", "inf", "-1"])
 def test_baseline_and_check_refuse_min_seconds_that_are_not_finite(tmp_path, command, value):
-    args = (["baseline", str(ODD), "-o", str(tmp_path / "b.json")] if command == "baseline"
-            else ["check", str(ODD), "--baseline", str(tmp_path / "b.json")])
+    args = (
+        ["baseline", str(ODD), "-o", str(tmp_path / "b.json")]
+        if command == "baseline"
+        else ["check", str(ODD), "--baseline", str(tmp_path / "b.json")]
+    )
     proc = cli(*args, "--target", str(tmp_path / "t"), f"--min-seconds={value}", check=False)
     _one_line(proc, "--min-seconds")
     assert not (tmp_path / "t").exists()
@@ -80,11 +84,23 @@ def test_record_into_a_filled_file_system_refuses_in_one_line_before_the_command
                 assert err.errno == 28  # ENOSPC
         assert os.statvfs(full).f_bavail == 0
         marker = tmp_path / "ran"
-        proc = cli("record", "-o", str(full / "t.arrow"), "--backend", "strace", "--", "sh", "-c",
-                   f"echo ran > {marker}", check=False)
+        proc = cli(
+            "record",
+            "-o",
+            str(full / "t.arrow"),
+            "--backend",
+            "strace",
+            "--",
+            "sh",
+            "-c",
+            f"echo ran > {marker}",
+            check=False,
+        )
         errors = [line for line in proc.stderr.splitlines() if "error" in line]
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-        assert len(errors) == 1 and "t.arrow" in errors[0], proc.stderr  # one error line (the backend notes come before it)
+        assert len(errors) == 1 and "t.arrow" in errors[0], (
+            proc.stderr
+        )  # one error line (the backend notes come before it)
         assert "No space left on device" in errors[0], proc.stderr
         assert not marker.exists(), "the command ran although its recording could not be written"
         assert sorted(p.name for p in full.iterdir()) == ["filler"]

@@ -20,6 +20,7 @@ from ckpt_trace.formats import TraceWriter, read_trace, reserve_temporary, write
 def same_file(a: Path, b: Path) -> bool:
     return os.stat(a).st_ino == os.stat(b).st_ino and os.stat(a).st_dev == os.stat(b).st_dev
 
+
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 ODD = GOLDEN / "v1-odd-pattern-strace.arrow"
 
@@ -139,12 +140,14 @@ def test_an_output_that_is_the_input_is_refused_even_with_force(tmp_path, comman
     assert same_file(output, trace)
     if command == "emit" and link == "same":
         pytest.skip("emit writes only a .py file")
-    args = {"replay": ["replay", str(trace), "--target", str(tmp_path / "r"), "-o", str(output)],
-            "dry-run": ["replay", str(trace), "--target", str(tmp_path / "r"), "--dry-run", "-o", str(output)],
-            "report": ["report", str(trace), "-o", str(output)],
-            "export": ["export", str(trace), "-o", str(output)],
-            "filter": ["filter", str(trace), "-o", str(output)],
-            "emit": ["emit", str(trace), "-o", str(output)]}[command]
+    args = {
+        "replay": ["replay", str(trace), "--target", str(tmp_path / "r"), "-o", str(output)],
+        "dry-run": ["replay", str(trace), "--target", str(tmp_path / "r"), "--dry-run", "-o", str(output)],
+        "report": ["report", str(trace), "-o", str(output)],
+        "export": ["export", str(trace), "-o", str(output)],
+        "filter": ["filter", str(trace), "-o", str(output)],
+        "emit": ["emit", str(trace), "-o", str(output)],
+    }[command]
     proc = cli(*args, "--force", check=False)
     assert proc.returncode == 2, proc.stderr
     assert "is the input" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

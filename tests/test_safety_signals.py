@@ -49,10 +49,28 @@ def test_a_signal_to_record_stops_the_command_and_keeps_a_flagged_trace(tmp_path
     scratch = tmp_path / "tmp"  # the recorder's TMPDIR: its strace log directory goes there
     scratch.mkdir()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "TMPDIR": str(scratch)}
-    recorder = subprocess.Popen([sys.executable, "-m", "ckpt_trace.cli", "record", "-o", str(trace), "--backend",
-                                 backend, "--", sys.executable, "-c", JOB, str(work)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)  # no terminal: a SIGINT is sent to the recorder alone
+    recorder = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ckpt_trace.cli",
+            "record",
+            "-o",
+            str(trace),
+            "--backend",
+            backend,
+            "--",
+            sys.executable,
+            "-c",
+            JOB,
+            str(work),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )  # no terminal: a SIGINT is sent to the recorder alone
     deadline = time.monotonic() + 120
     while not (work / "pid").exists() and time.monotonic() < deadline and recorder.poll() is None:
         time.sleep(0.01)
@@ -91,9 +109,25 @@ def test_a_sigkilled_recorder_takes_the_traced_command_with_it(tmp_path, backend
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "TMPDIR": str(scratch)}
     # not Python: a Python command gets the GPU subscriber, whose own link to the recorder would end it
     job = f"echo $$ > {work}/pid.tmp && mv {work}/pid.tmp {work}/pid && exec sleep 60"
-    recorder = subprocess.Popen([sys.executable, "-m", "ckpt_trace.cli", "record", "-o", str(tmp_path / "t.arrow"),
-                                 "--backend", backend, "--", "sh", "-c", job],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)  # no pipe a survivor holds
+    recorder = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ckpt_trace.cli",
+            "record",
+            "-o",
+            str(tmp_path / "t.arrow"),
+            "--backend",
+            backend,
+            "--",
+            "sh",
+            "-c",
+            job,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )  # no pipe a survivor holds
     deadline = time.monotonic() + 120
     while not (work / "pid").exists() and time.monotonic() < deadline and recorder.poll() is None:
         time.sleep(0.01)
@@ -125,8 +159,10 @@ def test_the_setpriv_wrapper_leaves_no_row_in_the_trace(tmp_path, strace_backend
     from ckpt_trace.tracer.state import SyscallEvent
 
     wrapped = tmp_path / "wrapped.log"
-    subprocess.run(backend.strace_command([*backend.pdeathsig_wrapper(), sys.executable, "-c", "pass"], wrapped),
-                   check=True)
+    subprocess.run(
+        backend.strace_command([*backend.pdeathsig_wrapper(), sys.executable, "-c", "pass"], wrapped), check=True
+    )
+
     def opened(events) -> set:  # the files opened (the order of mmap calls varies from run to run)
         return {str(e.args.get("path")) for e in events if isinstance(e, SyscallEvent) and e.name.startswith("open")}
 
@@ -140,16 +176,23 @@ def test_the_setpriv_wrapper_leaves_no_row_in_the_trace(tmp_path, strace_backend
 def test_the_strace_process_and_a_bcc_command_get_a_parent_death_signal():
     from ckpt_trace.tracer.children import descendants, set_parent_death_signal
 
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                             preexec_fn=set_parent_death_signal)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], preexec_fn=set_parent_death_signal)
     try:
         with open(f"/proc/{child.pid}/status"):
             assert child.pid in descendants(os.getpid())
         # PR_GET_PDEATHSIG of another process is not exported; the child asks itself
-        probe = subprocess.run([sys.executable, "-c",
-                                "import ctypes, signal; v = ctypes.c_int(); "
-                                "ctypes.CDLL(None).prctl(2, ctypes.byref(v), 0, 0, 0); print(v.value)"],
-                               preexec_fn=set_parent_death_signal, capture_output=True, text=True, check=True)
+        probe = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import ctypes, signal; v = ctypes.c_int(); "
+                "ctypes.CDLL(None).prctl(2, ctypes.byref(v), 0, 0, 0); print(v.value)",
+            ],
+            preexec_fn=set_parent_death_signal,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert int(probe.stdout) == signal.SIGKILL
     finally:
         child.kill()
@@ -181,8 +224,12 @@ def test_sigterm_or_sighup_to_a_replay_removes_its_files_like_ctrl_c(tmp_path, s
 
     trace = synthetic(tmp_path / "t.arrow", {"/ck/a.bin": 10, "/ck/b.bin": 10}, gap_ns=10_000_000_000)
     target = tmp_path / "t"
-    proc = subprocess.Popen([sys.executable, "-m", "ckpt_trace.cli", "replay", str(trace), "--target", str(target),
-                             "--timing", "original"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckpt_trace.cli", "replay", str(trace), "--target", str(target), "--timing", "original"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not (target / "ck" / "a.bin").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -197,8 +244,24 @@ def test_sigterm_or_sighup_to_a_replay_removes_its_files_like_ctrl_c(tmp_path, s
 
 def test_sigterm_to_a_workload_stops_its_ranks(tmp_path, torch_installed):
     out = tmp_path / "ckpt"
-    proc = subprocess.Popen([sys.executable, "-m", "ckpt_trace.cli", "workload", "dcp", "--out", str(out), "--ranks", "2",
-                             "--model", "gpt2-medium"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ckpt_trace.cli",
+            "workload",
+            "dcp",
+            "--out",
+            str(out),
+            "--ranks",
+            "2",
+            "--model",
+            "gpt2-medium",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     from ckpt_trace.tracer.children import descendants
 
     deadline = time.monotonic() + 120

@@ -21,8 +21,23 @@ def test_setpriv_runs_the_traced_command_as_another_user(tmp_path, strace_backen
         pytest.skip("setpriv (util-linux) is not installed")
     assert "setpriv --reuid=alice --regid=alice --init-groups --reset-env -- torchrun train.py" in README.read_text()
     trace = tmp_path / "t.arrow"
-    proc = cli("record", "-o", str(trace), "--backend", "strace", "--", "setpriv", "--reuid=65534",
-               "--regid=65534", "--clear-groups", "--reset-env", "--", "sh", "-c", "id -u; cat /etc/hostname")
+    proc = cli(
+        "record",
+        "-o",
+        str(trace),
+        "--backend",
+        "strace",
+        "--",
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--reset-env",
+        "--",
+        "sh",
+        "-c",
+        "id -u; cat /etc/hostname",
+    )
     assert proc.stdout.split()[0] == "65534", proc.stdout
     table = read_trace(trace).table
     assert "id" in set(table.column("comm").to_pylist())  # the command under setpriv is traced

@@ -22,7 +22,9 @@ class Feed:
         return [dict(zip(cols, values)) for values in zip(*cols.values())]
 
     def writes(self):
-        return [(r["tid"], r["path"], r["offset"], r["offset_source"], r["ret"]) for r in self.rows() if r["op"] == "write"]
+        return [
+            (r["tid"], r["path"], r["offset"], r["offset_source"], r["ret"]) for r in self.rows() if r["op"] == "write"
+        ]
 
 
 def test_relative_paths_resolve_against_cwd_and_dirfd():
@@ -82,7 +84,11 @@ def test_append_offsets_follow_the_tracked_size_or_say_unknown():
     f("lseek", 2, fd=3, offset=2, whence=sc.SEEK_SET)
     f("write", 3, fd=3, count=3)
     assert [(w[1], w[2], w[3]) for w in f.writes()] == [
-        ("/log", 0, "append"), ("/log", 10, "append"), ("/old", None, "unknown"), ("/log", 2, "position")]
+        ("/log", 0, "append"),
+        ("/log", 10, "append"),
+        ("/old", None, "unknown"),
+        ("/log", 2, "position"),
+    ]
 
 
 def test_lseek_to_end_teaches_the_size():
@@ -137,33 +143,47 @@ def test_rank_comes_from_the_launchers_variables():
 def test_a_descriptor_reused_across_threads_follows_the_exit_order():
     # Thread 101 enters openat before thread 100 closes fd 6, and gets the freed number 6 back.
     b = TraceBuilder(start_ns=0, root_pid=PID, cwd="/")
+
     def ev(ts, dur, tid, name, ret, **args):
         return SyscallEvent(ts_ns=ts, dur_ns=dur, tid=tid, name=name, args=args, ret=ret)
-    b.feed_all([
-        ev(0, 5, PID, "clone", 101, clone_flags=sc.CLONE_THREAD | sc.CLONE_FILES),
-        ev(10, 1, PID, "openat", 6, dirfd=sc.AT_FDCWD, path="/a", flags=sc.O_RDONLY),
-        ev(20, 30, 101, "openat", 6, dirfd=sc.AT_FDCWD, path="/b", flags=sc.O_WRONLY | sc.O_CREAT),
-        ev(25, 2, PID, "close", 0, fd=6),
-        ev(60, 1, 101, "write", 4, fd=6, count=4),
-        ev(70, 1, 101, "close", 0, fd=6),
-    ])
+
+    b.feed_all(
+        [
+            ev(0, 5, PID, "clone", 101, clone_flags=sc.CLONE_THREAD | sc.CLONE_FILES),
+            ev(10, 1, PID, "openat", 6, dirfd=sc.AT_FDCWD, path="/a", flags=sc.O_RDONLY),
+            ev(20, 30, 101, "openat", 6, dirfd=sc.AT_FDCWD, path="/b", flags=sc.O_WRONLY | sc.O_CREAT),
+            ev(25, 2, PID, "close", 0, fd=6),
+            ev(60, 1, 101, "write", 4, fd=6, count=4),
+            ev(70, 1, 101, "close", 0, fd=6),
+        ]
+    )
     cols = b.columns()
-    assert list(zip(cols["op"], cols["path"])) == [("open", "/a"), ("close", "/a"), ("open", "/b"), ("write", "/b"), ("close", "/b")]
+    assert list(zip(cols["op"], cols["path"])) == [
+        ("open", "/a"),
+        ("close", "/a"),
+        ("open", "/b"),
+        ("write", "/b"),
+        ("close", "/b"),
+    ]
     assert b.untracked_fd_ops == 0
 
 
 def test_a_close_that_returns_after_another_threads_open_of_the_same_number():
     # close(6) enters first and frees 6; thread 101's openat returns 6 while the close is still flushing.
     b = TraceBuilder(start_ns=0, root_pid=PID, cwd="/")
+
     def ev(ts, dur, tid, name, ret, **args):
         return SyscallEvent(ts_ns=ts, dur_ns=dur, tid=tid, name=name, args=args, ret=ret)
-    b.feed_all([
-        ev(0, 5, PID, "clone", 101, clone_flags=sc.CLONE_THREAD | sc.CLONE_FILES),
-        ev(10, 1, PID, "openat", 6, dirfd=sc.AT_FDCWD, path="/a", flags=sc.O_WRONLY | sc.O_CREAT),
-        ev(20, 50, PID, "close", 0, fd=6),
-        ev(30, 5, 101, "openat", 6, dirfd=sc.AT_FDCWD, path="/b", flags=sc.O_WRONLY | sc.O_CREAT),
-        ev(40, 1, 101, "pwrite64", 4, fd=6, count=4, offset=300),
-    ])
+
+    b.feed_all(
+        [
+            ev(0, 5, PID, "clone", 101, clone_flags=sc.CLONE_THREAD | sc.CLONE_FILES),
+            ev(10, 1, PID, "openat", 6, dirfd=sc.AT_FDCWD, path="/a", flags=sc.O_WRONLY | sc.O_CREAT),
+            ev(20, 50, PID, "close", 0, fd=6),
+            ev(30, 5, 101, "openat", 6, dirfd=sc.AT_FDCWD, path="/b", flags=sc.O_WRONLY | sc.O_CREAT),
+            ev(40, 1, 101, "pwrite64", 4, fd=6, count=4, offset=300),
+        ]
+    )
     cols = b.columns()
     assert list(zip(cols["op"], cols["path"])) == [("open", "/a"), ("close", "/a"), ("open", "/b"), ("write", "/b")]
     assert b.untracked_fd_ops == 0
@@ -191,7 +211,7 @@ def test_the_feeder_puts_chunks_in_effect_order_and_counts_what_comes_too_late()
     chunked = TraceBuilder(start_ns=0, root_pid=PID, cwd="/")
     feeder = EffectOrderFeeder(chunked, slack_ns=60, on_rows=lambda b: taken.append(b.take_rows()), release_every=1)
     for i in range(0, len(events), 2):
-        feeder.add(events[i:i + 2])
+        feeder.add(events[i : i + 2])
     feeder.finish()
     rows = {name: [v for part in taken for v in part[name]] for name in whole.columns()}
     assert rows == whole.columns() and feeder.late_events == 0 and len(taken) > 2
@@ -199,7 +219,7 @@ def test_the_feeder_puts_chunks_in_effect_order_and_counts_what_comes_too_late()
 
     short = EffectOrderFeeder(TraceBuilder(start_ns=0, root_pid=PID, cwd="/"), slack_ns=5, release_every=1)
     for i in range(0, len(events), 2):
-        short.add(events[i:i + 2])
+        short.add(events[i : i + 2])
     short.finish()
     assert short.late_events == 1  # the close: 15 ns behind what was fed already, more than the 5 ns slack
 
@@ -212,20 +232,43 @@ def test_bcc_records_decode_per_call_with_c_types_and_stale_string_tails():
 
     from ckpt_trace.tracer import bcc_backend
 
-    dtype = np.dtype([("ts_ns", "<u8"), ("dur_ns", "<u8"), ("pid", "<u4"), ("tid", "<u4"), ("nr", "<i4"),
-                      ("truncated", "<u4"), ("ignore", "<u4"), ("creates", "<u4"), ("ret", "<i8"),
-                      ("a", "<i8", (6,)), ("size", "<i8"), ("extra", "<i8"), ("ino", "<u8"), ("dev", "<u4"),
-                      ("nfds", "<u4"), ("comm", "u1", (16,)), ("path", "u1", (256,)), ("path2", "u1", (256,))])
+    dtype = np.dtype(
+        [
+            ("ts_ns", "<u8"),
+            ("dur_ns", "<u8"),
+            ("pid", "<u4"),
+            ("tid", "<u4"),
+            ("nr", "<i4"),
+            ("truncated", "<u4"),
+            ("ignore", "<u4"),
+            ("creates", "<u4"),
+            ("ret", "<i8"),
+            ("a", "<i8", (6,)),
+            ("size", "<i8"),
+            ("extra", "<i8"),
+            ("ino", "<u8"),
+            ("dev", "<u4"),
+            ("nfds", "<u4"),
+            ("comm", "u1", (16,)),
+            ("path", "u1", (256,)),
+            ("path2", "u1", (256,)),
+        ]
+    )
     names = bcc_backend._NAMES
     records = np.zeros(5, dtype)
 
     def put(i, name, regs, ret, path=b"", comm=b"python3", size=-1, extra=0, ino=0):
         records[i]["ts_ns"], records[i]["dur_ns"], records[i]["pid"], records[i]["tid"] = 100 + i, 5, 7, 8 + i
-        records[i]["nr"], records[i]["ret"], records[i]["size"], records[i]["extra"] = names.index(name), ret, size, extra
-        records[i]["a"][:len(regs)] = regs
+        records[i]["nr"], records[i]["ret"], records[i]["size"], records[i]["extra"] = (
+            names.index(name),
+            ret,
+            size,
+            extra,
+        )
+        records[i]["a"][: len(regs)] = regs
         records[i]["ino"], records[i]["dev"] = ino, 3 if ino else 0
-        records[i]["path"][:len(path)] = np.frombuffer(path, np.uint8)
-        records[i]["comm"][:len(comm)] = np.frombuffer(comm, np.uint8)
+        records[i]["path"][: len(path)] = np.frombuffer(path, np.uint8)
+        records[i]["comm"][: len(comm)] = np.frombuffer(comm, np.uint8)
 
     flags = sc.O_WRONLY | sc.O_CREAT | sc.O_CLOEXEC
     put(0, "openat", [sc.AT_FDCWD & 0xFFFFFFFF, 0, flags | (0xABCD << 32), 0o644], 3, path=b"/ckpt/a.bin\0stale")

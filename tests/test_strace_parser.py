@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ckpt_trace.tracer.strace_backend import _events_from_lines, parse_args
 
-LOG = r'''
+LOG = r"""
 100  1700000000.000000100 execve("\x2f\x62\x69\x6e\x2f\x74", ["\x74"], ["\x52\x41\x4e\x4b\x3d\x35"]) = 0 <0.000100000>
 100  1700000000.000000200 openat(-100, "\x2f\x64\x2f\x61", 0x80241, 0644) = 3 <0.000004000>
 100  1700000000.000000300 writev(3, [{iov_base="\x61"..., iov_len=700}, {iov_base="\x62", iov_len=1}], 2) = 701 <0.000003000>
@@ -16,7 +16,7 @@ LOG = r'''
 100  1700000000.000000800 pwritev2(3, [{iov_base="\x63", iov_len=4096}], 1, 8192, 0x10) = 4096 <0.000001000>
 100  1700000000.000000900 exit_group(0)     = ?
 101  1700000000.000001000 +++ exited with 0 +++
-'''
+"""
 
 
 def test_parses_calls_errors_unfinished_and_structs():

@@ -37,16 +37,20 @@ def test_an_unknown_strategy_is_an_error_everywhere(tmp_path):
         make_executor("nope", TargetRoot(tmp_path), 32)
     with pytest.raises(ReplayError, match="unknown strategy 'nope'"):
         derive_plan(None, "nope")  # refused before the plan is looked at
-    doc = {"results": [{"strategy": "nope", "elapsed_s": 1.0, "bytes_written": 1 << 30, "bytes_read": 0}],
-           "options": {}}
+    doc = {
+        "results": [{"strategy": "nope", "elapsed_s": 1.0, "bytes_written": 1 << 30, "bytes_read": 0}],
+        "options": {},
+    }
     with pytest.raises(CheckpointError, match="strategy 'nope', not one ckpt-trace replays"):
         choose(1, doc)
 
 
 def test_emit_reads_each_strategys_declared_defaults():
     for name, spec in strategies.table().items():
-        doc = {"results": [{"strategy": name, "elapsed_s": 1.0, "bytes_written": 1 << 30, "bytes_read": 0}],
-               "options": {"queue_depth": 7, "buffer_bytes": 2 << 20}}
+        doc = {
+            "results": [{"strategy": name, "elapsed_s": 1.0, "bytes_written": 1 << 30, "bytes_read": 0}],
+            "options": {"queue_depth": 7, "buffer_bytes": 2 << 20},
+        }
         chosen = choose(1, doc).options
         assert chosen.direct_io == spec.direct_io, name
         assert (chosen.queue_depth == 7) == spec.uses_queue_depth, name
@@ -56,16 +60,29 @@ def test_emit_reads_each_strategys_declared_defaults():
 def test_no_module_outside_the_table_branches_on_a_strategy_name():
     named = "|".join(re.escape(name) for name in strategies.names() if name != "posix")
     branch = re.compile(rf"""strategy\)?\s*(==|!=|in)\s*\(?["']({named})["']""")
-    for path in ("replayer/ckpt_trace/replayer/replay.py", "replayer/ckpt_trace/replayer/distributed.py",
-                 "replayer/ckpt_trace/replayer/verify.py", "replayer/ckpt_trace/replayer/results.py",
-                 "ckpt_trace/writer/emit.py", "ckpt_trace/cli.py", "benchmarks/engine_rate.py"):
+    for path in (
+        "replayer/ckpt_trace/replayer/replay.py",
+        "replayer/ckpt_trace/replayer/distributed.py",
+        "replayer/ckpt_trace/replayer/verify.py",
+        "replayer/ckpt_trace/replayer/results.py",
+        "ckpt_trace/writer/emit.py",
+        "ckpt_trace/cli.py",
+        "benchmarks/engine_rate.py",
+    ):
         text = (ROOT / path).read_text()
         assert not branch.search(text), (path, branch.search(text))
 
 
 @pytest.mark.slow
 def test_the_cli_refuses_an_unknown_strategy_in_one_line(tmp_path):
-    proc = cli("replay", str(ROOT / "traces/golden/v2-dcp-gpt2-tiny-2ranks-bcc.arrow"), "--target",
-               str(tmp_path / "t"), "--strategy", "nope", check=False)
+    proc = cli(
+        "replay",
+        str(ROOT / "traces/golden/v2-dcp-gpt2-tiny-2ranks-bcc.arrow"),
+        "--target",
+        str(tmp_path / "t"),
+        "--strategy",
+        "nope",
+        check=False,
+    )
     assert proc.returncode == 2 and "'nope' is not one of" in one_line(proc)
     assert not (tmp_path / "t").exists()

@@ -37,8 +37,20 @@ def test_mmap_replay_verifies_and_equals_posix(tmp_path, name):
     docs = {}
     for strategy in ("posix", "mmap"):
         out = tmp_path / f"{strategy}.json"
-        cli("replay", str(trace), "--target", str(tmp_path / strategy), "--strategy", strategy, "--verify",
-            "--repeat", "1", "--strict", "-o", str(out))
+        cli(
+            "replay",
+            str(trace),
+            "--target",
+            str(tmp_path / strategy),
+            "--strategy",
+            strategy,
+            "--verify",
+            "--repeat",
+            "1",
+            "--strict",
+            "-o",
+            str(out),
+        )
         docs[strategy] = json.loads(out.read_text())["results"][0]
     posix, mapped = _files(tmp_path / "posix"), _files(tmp_path / "mmap")
     assert posix and mapped.keys() == posix.keys()
@@ -60,10 +72,32 @@ def test_mmap_replay_makes_no_write_system_call_into_the_target(tmp_path):
     if shutil.which("strace") is None:
         pytest.skip("strace is not installed")
     target, log = tmp_path / "t", tmp_path / "strace.log"
-    proc = subprocess.run(["strace", "-f", "-qq", "-y", "-o", str(log), "-e",
-                           "trace=write,pwrite64,writev,pwritev,pwritev2,ftruncate,mmap", sys.executable, "-m",
-                           "ckpt_trace.cli", "replay", str(GOLDEN / TRACES[0]), "--target", str(target),
-                           "--strategy", "mmap", "--repeat", "1"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            "strace",
+            "-f",
+            "-qq",
+            "-y",
+            "-o",
+            str(log),
+            "-e",
+            "trace=write,pwrite64,writev,pwritev,pwritev2,ftruncate,mmap",
+            sys.executable,
+            "-m",
+            "ckpt_trace.cli",
+            "replay",
+            str(GOLDEN / TRACES[0]),
+            "--target",
+            str(target),
+            "--strategy",
+            "mmap",
+            "--repeat",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     text = log.read_text()
     into_target = [line for line in text.splitlines() if f"<{target}/" in line]

@@ -27,13 +27,22 @@ def _by_row(sizes, ops):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 2**62), st.sampled_from([1, 2, 4095, 4096, 2**53 - 1,
-                                                                                      2**53, 2**53 + 1])),
-                          st.sampled_from(["read", "write"])), max_size=200))
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(
+                st.none(), st.integers(0, 2**62), st.sampled_from([1, 2, 4095, 4096, 2**53 - 1, 2**53, 2**53 + 1])
+            ),
+            st.sampled_from(["read", "write"]),
+        ),
+        max_size=200,
+    )
+)
 def test_histogram_matches_a_row_by_row_count(rows):
     sizes, ops = [r[0] for r in rows], [r[1] for r in rows]
-    counted = _size_buckets(np.array([size or 0 for size in sizes], np.int64), np.array([op == "write" for op in ops],
-                                                                                      bool))
+    counted = _size_buckets(
+        np.array([size or 0 for size in sizes], np.int64), np.array([op == "write" for op in ops], bool)
+    )
     assert counted == _by_row(sizes, ops)
 
 
@@ -117,8 +126,9 @@ def test_writer_threads_per_rank_counts_the_threads_that_wrote(name):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(-1, 2**21), st.integers(0, 2**23), st.integers(0, 2**23)), min_size=1,
-                max_size=40))
+@given(
+    st.lists(st.tuples(st.integers(-1, 2**21), st.integers(0, 2**23), st.integers(0, 2**23)), min_size=1, max_size=40)
+)
 def test_distinct_ranks_pids_and_tids_packed_or_not_equal_python_sets(rows):
     """The one packed hashed unique (where rank, pid and tid fit) and the per-column fallback both give the
     distinct values a row-by-row set gives."""

@@ -19,7 +19,7 @@ def _writes(trace, root) -> dict[int, Counter]:
     out: dict[int, Counter] = {}
     for row in pa.Table.from_batches(list(batches)).to_pylist():
         if row["op"] == "write" and row["path"].startswith(f"{root}/") and not row["path"].endswith(".tmp"):
-            out.setdefault(row["rank"], Counter())[(row["path"][len(str(root)) + 1:], row["offset"], row["size"])] += 1
+            out.setdefault(row["rank"], Counter())[(row["path"][len(str(root)) + 1 :], row["offset"], row["size"])] += 1
     return out
 
 
@@ -31,11 +31,44 @@ def test_synth_equals_a_recorded_dcp_save_in_files_sizes_and_offsets(tmp_path, t
     """gpt2-medium, Adam, 4 ranks: the synthesised trace's writes per rank (files, offsets, sizes: every
     write call) equal those of a recording of the real save, and its .distcp files' sizes the real ones."""
     out = tmp_path / "ck"
-    cli("record", "--path-filter", f"{out}/", "-o", str(tmp_path / "rec.arrow"), "--", sys.executable, "-m",
-        "ckpt_trace.cli", "workload", "dcp", "--ranks", "4", "--model", "gpt2-medium", "--with-optimizer",
-        "--out", str(out))
-    figures = json.loads(cli("synth", "--engine", "dcp", "--model", "gpt2-medium", "--ranks", "4", "--optimizer",
-                             "adam", "--path", str(out), "-o", str(tmp_path / "syn.arrow"), "--json").stdout)
+    cli(
+        "record",
+        "--path-filter",
+        f"{out}/",
+        "-o",
+        str(tmp_path / "rec.arrow"),
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.cli",
+        "workload",
+        "dcp",
+        "--ranks",
+        "4",
+        "--model",
+        "gpt2-medium",
+        "--with-optimizer",
+        "--out",
+        str(out),
+    )
+    figures = json.loads(
+        cli(
+            "synth",
+            "--engine",
+            "dcp",
+            "--model",
+            "gpt2-medium",
+            "--ranks",
+            "4",
+            "--optimizer",
+            "adam",
+            "--path",
+            str(out),
+            "-o",
+            str(tmp_path / "syn.arrow"),
+            "--json",
+        ).stdout
+    )
     recorded, synthesised = _writes(tmp_path / "rec.arrow", out), _writes(tmp_path / "syn.arrow", out)
     assert sorted(synthesised) == [0, 1, 2, 3]
     assert synthesised == recorded
@@ -43,8 +76,9 @@ def test_synth_equals_a_recorded_dcp_save_in_files_sizes_and_offsets(tmp_path, t
     sizes = Counter()
     for name, offset, size in sum(synthesised.values(), Counter()):
         sizes[name] = max(sizes[name], offset + size)
-    assert {k: v for k, v in real.items() if k.endswith(".distcp")} == {k: v for k, v in sizes.items()
-                                                                       if k.endswith(".distcp")}
+    assert {k: v for k, v in real.items() if k.endswith(".distcp")} == {
+        k: v for k, v in sizes.items() if k.endswith(".distcp")
+    }
     assert figures["data_bytes"] == sum(v for k, v in real.items() if k.endswith(".distcp"))
     assert read_metadata(tmp_path / "syn.arrow")["backend"] == "synth"
 
@@ -59,9 +93,25 @@ def test_synth_llama3_8b_at_8_ranks_holds_the_parameters_bytes(tmp_path, torch_i
 
     out, err = tmp_path / "synth.json", tmp_path / "synth.err"
     with out.open("w") as stdout, err.open("w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "ckpt_trace.cli", "synth", "--model", "llama3-8b", "--ranks",
-                                 "8", "--optimizer", "adam", "-o", str(tmp_path / "l.arrow"), "--json"],
-                                stdout=stdout, stderr=stderr)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ckpt_trace.cli",
+                "synth",
+                "--model",
+                "llama3-8b",
+                "--ranks",
+                "8",
+                "--optimizer",
+                "adam",
+                "-o",
+                str(tmp_path / "l.arrow"),
+                "--json",
+            ],
+            stdout=stdout,
+            stderr=stderr,
+        )
         _, status, usage = os.wait4(proc.pid, 0)  # the command's own peak memory, trace writing included
     assert os.waitstatus_to_exitcode(status) == 0, err.read_text()
     assert usage.ru_maxrss * 1024 < 2 * 10**9, usage.ru_maxrss  # issue 33: within 2 GB

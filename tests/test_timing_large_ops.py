@@ -24,9 +24,11 @@ ROOT = Path(__file__).resolve().parent.parent
 def big_write_trace(tmp_path: Path) -> Path:
     from helpers.traces import CREATE, make_trace
 
-    ops = [{"op": "open", "path": "/ck/big.bin", "fd": 3, "flags": CREATE, "ret": 3, "ts_ns": 0},
-           {"op": "write", "path": "/ck/big.bin", "fd": 3, "offset": 0, "size": BIG, "ret": BIG, "ts_ns": 1_000_000},
-           {"op": "close", "path": "/ck/big.bin", "fd": 3, "ts_ns": 400_000_000}]
+    ops = [
+        {"op": "open", "path": "/ck/big.bin", "fd": 3, "flags": CREATE, "ret": 3, "ts_ns": 0},
+        {"op": "write", "path": "/ck/big.bin", "fd": 3, "offset": 0, "size": BIG, "ret": BIG, "ts_ns": 1_000_000},
+        {"op": "close", "path": "/ck/big.bin", "fd": 3, "ts_ns": 400_000_000},
+    ]
     return make_trace(tmp_path / "big.arrow", ops)
 
 
@@ -36,10 +38,30 @@ def _pwrites_under_strace(trace: Path, target: Path, timing: str, log: Path) -> 
         from ckpt_trace.replayer import replay
         replay({str(trace)!r}, target={str(target)!r}, timing={timing!r}, verify=True)
     """)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(ROOT / p) for p in ("", "formats", "iolayer", "tracer",
-                                                                                "replayer")))
-    subprocess.run(["strace", "-f", "-qq", "-e", "trace=pwrite64", "-e", "abbrev=all", "-s", "0", "-o", str(log),
-                    sys.executable, "-c", code], check=True, env=env, timeout=300)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(str(ROOT / p) for p in ("", "formats", "iolayer", "tracer", "replayer"))
+    )
+    subprocess.run(
+        [
+            "strace",
+            "-f",
+            "-qq",
+            "-e",
+            "trace=pwrite64",
+            "-e",
+            "abbrev=all",
+            "-s",
+            "0",
+            "-o",
+            str(log),
+            sys.executable,
+            "-c",
+            code,
+        ],
+        check=True,
+        env=env,
+        timeout=300,
+    )
     calls = re.findall(r"pwrite64\(\d+, \"\"\.\.\., (\d+), \d+\)\s+= (\d+)", log.read_text())
     return [int(asked) for asked, _ in calls if int(asked) >= 1 << 20]  # the data writes, not the results' files
 
@@ -57,8 +79,7 @@ def test_a_large_write_is_one_call_under_original_timing(strace_backend, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.parametrize("timing,expected", [("original", [BIG]), ("asap", [64 << 20, BIG - (64 << 20)])])
-def test_a_large_write_is_one_io_uring_request_under_original_timing(io_uring, tmp_path, monkeypatch, timing,
-                                                                      expected):
+def test_a_large_write_is_one_io_uring_request_under_original_timing(io_uring, tmp_path, monkeypatch, timing, expected):
     issued: list[np.ndarray] = []
     run = rings.Ring.run
 
@@ -67,8 +88,9 @@ def test_a_large_write_is_one_io_uring_request_under_original_timing(io_uring, t
         return run(self, requests, **kwargs)
 
     monkeypatch.setattr(rings.Ring, "run", recording)
-    report = replay(big_write_trace(tmp_path), target=tmp_path / "t", strategy="uring-buffered", timing=timing,
-                    verify=True)
+    report = replay(
+        big_write_trace(tmp_path), target=tmp_path / "t", strategy="uring-buffered", timing=timing, verify=True
+    )
     assert np.concatenate(issued).tolist() == expected
     assert report.results[0].bytes_written == BIG and report.results[0].verified_files == 1
     if timing == "original":

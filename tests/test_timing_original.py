@@ -13,8 +13,18 @@ def paced_trace(tmp_path, gap_ns: int = 5_000_000, writes: int = 40):
 
     ops = [{"op": "open", "path": "/ck/a.bin", "fd": 3, "flags": CREATE, "ret": 3, "ts_ns": 0}]
     # back-to-back offsets: the replayer would otherwise batch them into one run
-    ops += [{"op": "write", "path": "/ck/a.bin", "fd": 3, "offset": i * 4096, "size": 4096, "ret": 4096,
-             "ts_ns": (i + 1) * gap_ns} for i in range(writes)]
+    ops += [
+        {
+            "op": "write",
+            "path": "/ck/a.bin",
+            "fd": 3,
+            "offset": i * 4096,
+            "size": 4096,
+            "ret": 4096,
+            "ts_ns": (i + 1) * gap_ns,
+        }
+        for i in range(writes)
+    ]
     ops.append({"op": "close", "path": "/ck/a.bin", "fd": 3, "ts_ns": (writes + 1) * gap_ns})
     return make_trace(tmp_path / "paced.arrow", ops)
 

@@ -31,8 +31,18 @@ from ckpt_trace.formats import METADATA_KEY, SCHEMA, read_trace, write_trace
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 ODD = GOLDEN / "v1-odd-pattern-strace.arrow"
 DCP = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
-META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"], "backend": "strace",
-        "start_wall_time_ns": 0, "filesystems": {}, "lost_events": 0, "arch": "x86_64"}
+META = {
+    "creator": "test",
+    "creator_version": "0",
+    "host": "h",
+    "kernel": "k",
+    "command": ["x"],
+    "backend": "strace",
+    "start_wall_time_ns": 0,
+    "filesystems": {},
+    "lost_events": 0,
+    "arch": "x86_64",
+}
 
 BIG_WRITER = r"""
 import sys
@@ -62,8 +72,9 @@ def test_a_writer_killed_during_the_final_write_leaves_the_previous_file_or_none
     final = tmp_path / "t.arrow"
     if previous:
         final.write_bytes(ODD.read_bytes())
-    proc = subprocess.Popen([sys.executable, "-c", BIG_WRITER, str(final), "6000000"], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BIG_WRITER, str(final), "6000000"], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "writing"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # the temporary file has a random name beside the trace
@@ -96,11 +107,16 @@ def test_a_full_disk_during_the_final_write_leaves_the_previous_file(small_tmpfs
 
 # -- mutated traces ------------------------------------------------------------------------------------------
 
-READING_COMMANDS = (["summary", "{t}"], ["summary", "{t}", "--json"], ["diff", "{t}", str(ODD), "--json"],
-                    ["replay", "{t}", "--dry-run", "--target", "{d}/target"],
-                    ["export", "{t}", "--format", "perfetto", "-o", "{d}/e.json"],
-                    ["export", "{t}", "--format", "parquet", "-o", "{d}/pq"],
-                    ["report", "{t}", "-o", "{d}/r.html"], ["emit", "{t}", "-o", "{d}/w.py"])
+READING_COMMANDS = (
+    ["summary", "{t}"],
+    ["summary", "{t}", "--json"],
+    ["diff", "{t}", str(ODD), "--json"],
+    ["replay", "{t}", "--dry-run", "--target", "{d}/target"],
+    ["export", "{t}", "--format", "perfetto", "-o", "{d}/e.json"],
+    ["export", "{t}", "--format", "parquet", "-o", "{d}/pq"],
+    ["report", "{t}", "-o", "{d}/r.html"],
+    ["emit", "{t}", "-o", "{d}/w.py"],
+)
 
 
 def run_in_process(args: list[str]) -> tuple[int, str]:
@@ -146,8 +162,10 @@ SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[Healt
 
 
 @SETTINGS
-@given(golden=GOLDENS, flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 7)),
-                                      min_size=1, max_size=8))
+@given(
+    golden=GOLDENS,
+    flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 7)), min_size=1, max_size=8),
+)
 def test_flipped_bytes(tmp_path, golden, flips):
     data = bytearray(golden.read_bytes())
     for where, bit in flips:
@@ -162,12 +180,19 @@ def test_flipped_bytes(tmp_path, golden, flips):
 def test_truncated_files(tmp_path, golden, keep):
     data = golden.read_bytes()
     trace = tmp_path / "m.arrow"
-    trace.write_bytes(data[:int(keep * len(data))])
+    trace.write_bytes(data[: int(keep * len(data))])
     assert_every_reader_copes(trace, tmp_path / "w")
 
 
-RETYPES = {"ts_ns": pa.float64(), "pid": pa.int64(), "op": pa.large_string(), "offset": pa.string(),
-           "size": pa.int32(), "path": pa.binary(), "ret": pa.float32()}
+RETYPES = {
+    "ts_ns": pa.float64(),
+    "pid": pa.int64(),
+    "op": pa.large_string(),
+    "offset": pa.string(),
+    "size": pa.int32(),
+    "path": pa.binary(),
+    "ret": pa.float32(),
+}
 
 
 @SETTINGS
@@ -184,9 +209,11 @@ def test_retyped_columns(tmp_path, golden, column):
 
 
 @SETTINGS
-@given(golden=GOLDENS, damage=st.sampled_from(["drop-key", "not-json", "not-object", "drop-metadata",
-                                               "future-version", "drop-column"]),
-       key=st.sampled_from(["format_version", "command", "backend", "lost_events", "filesystems"]))
+@given(
+    golden=GOLDENS,
+    damage=st.sampled_from(["drop-key", "not-json", "not-object", "drop-metadata", "future-version", "drop-column"]),
+    key=st.sampled_from(["format_version", "command", "backend", "lost_events", "filesystems"]),
+)
 def test_damaged_metadata_and_missing_columns(tmp_path, golden, damage, key):
     original = ipc.open_file(golden).read_all()
     meta = json.loads(original.schema.metadata[METADATA_KEY])

@@ -13,8 +13,11 @@ from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.formats import FORMAT_VERSION, METADATA_KEY, read_extra_metadata, read_trace, sha256_file
 from ckpt_trace.formats.convert import upgrade_trace
 
-OLDER = [path for path in sorted((REPO / "traces" / "golden").glob("v*.arrow"))
-         if not path.name.startswith(f"v{FORMAT_VERSION}-")]
+OLDER = [
+    path
+    for path in sorted((REPO / "traces" / "golden").glob("v*.arrow"))
+    if not path.name.startswith(f"v{FORMAT_VERSION}-")
+]
 
 
 @pytest.mark.parametrize("golden", OLDER, ids=lambda p: p.name)
@@ -23,12 +26,16 @@ def test_every_older_golden_upgrades_to_the_same_rows(tmp_path, golden):
     before, after = read_trace(golden), read_trace(tmp_path / "new.arrow")
     assert after.metadata["format_version"] == FORMAT_VERSION == result["to_version"]
     assert result["from_version"] == before.metadata["format_version"] and result["rows"] == before.num_rows
-    assert {name: after.table[name].to_pylist() for name in after.table.column_names} == \
-        {name: before.table[name].to_pylist() for name in before.table.column_names}
+    assert {name: after.table[name].to_pylist() for name in after.table.column_names} == {
+        name: before.table[name].to_pylist() for name in before.table.column_names
+    }
     assert read_extra_metadata(tmp_path / "new.arrow")["upgraded_from"] == {
-        "format_version": before.metadata["format_version"], "sha256": sha256_file(golden)}
-    assert {key: value for key, value in after.metadata.items() if key not in ("format_version", "upgraded_from")} \
-        == {key: value for key, value in before.metadata.items() if key != "format_version"}
+        "format_version": before.metadata["format_version"],
+        "sha256": sha256_file(golden),
+    }
+    assert {key: value for key, value in after.metadata.items() if key not in ("format_version", "upgraded_from")} == {
+        key: value for key, value in before.metadata.items() if key != "format_version"
+    }
     stored = ipc.open_file(str(tmp_path / "new.arrow")).schema.names
     assert "offset" in stored and not [name for name in stored if name.endswith("_delta")]
 

@@ -36,8 +36,12 @@ def test_uring_replay_reproduces_every_file_size(io_uring, odd_strace, tmp_path,
     if strategy == "uring-direct":
         block = os.statvfs(target).f_bsize
         plan = build_plan(read_trace(trace).table, strategy)
-        unaligned = sum(1 for w in plan.workers for op in w.ops if op.kind in ("read", "write")
-                        and op.offset is not None and (op.offset % block or (op.size or 0) % block))
+        unaligned = sum(
+            1
+            for w in plan.workers
+            for op in w.ops
+            if op.kind in ("read", "write") and op.offset is not None and (op.offset % block or (op.size or 0) % block)
+        )
         assert unaligned > 0 and result.unaligned_ops == unaligned
     else:
         assert result.unaligned_ops == 0
@@ -50,9 +54,11 @@ def test_a_lone_aligned_write_goes_through_o_direct(io_uring, tmp_path, strategy
     not counted as unaligned (it once went through the buffered descriptor)."""
     from helpers.traces import CREATE, make_trace
 
-    ops = [{"op": "open", "path": "/ck/a.bin", "fd": 3, "flags": CREATE, "ret": 3},
-           {"op": "write", "path": "/ck/a.bin", "fd": 3, "offset": 0, "size": 65536, "ret": 65536},
-           {"op": "close", "path": "/ck/a.bin", "fd": 3}]
+    ops = [
+        {"op": "open", "path": "/ck/a.bin", "fd": 3, "flags": CREATE, "ret": 3},
+        {"op": "write", "path": "/ck/a.bin", "fd": 3, "offset": 0, "size": 65536, "ret": 65536},
+        {"op": "close", "path": "/ck/a.bin", "fd": 3},
+    ]
     target = tmp_path / "t"
     report = replay(make_trace(tmp_path / "t.arrow", ops), target=target, strategy=strategy, verify=True)
     result = report.results[0]
@@ -64,8 +70,20 @@ def test_a_lone_aligned_write_goes_through_o_direct(io_uring, tmp_path, strategy
 def test_all_compares_every_strategy_in_its_own_directory(io_uring, tmp_path):
     sizes = json.loads((GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.sizes.json").read_text())
     out = tmp_path / "results.json"
-    cli("replay", str(GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"), "--strategy", "all", "--target",
-        str(tmp_path / "t"), "-o", str(out), "--queue-depth", "8", "--repeat", "1")
+    cli(
+        "replay",
+        str(GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"),
+        "--strategy",
+        "all",
+        "--target",
+        str(tmp_path / "t"),
+        "-o",
+        str(out),
+        "--queue-depth",
+        "8",
+        "--repeat",
+        "1",
+    )
     results = json.loads(out.read_text())["results"]
     assert [r["strategy"] for r in results] == ["posix", "uring-buffered", "uring-direct", "aggregated"]
     posix = results[0]
@@ -86,16 +104,36 @@ def test_all_compares_every_strategy_in_its_own_directory(io_uring, tmp_path):
 
 @pytest.mark.slow
 def test_bad_queue_depth_is_one_line(io_uring, tmp_path):
-    proc = cli("replay", str(GOLDEN / "v1-odd-pattern-strace.arrow"), "--strategy", "uring-buffered", "--target",
-               str(tmp_path / "t"), "--queue-depth", "0", check=False)
+    proc = cli(
+        "replay",
+        str(GOLDEN / "v1-odd-pattern-strace.arrow"),
+        "--strategy",
+        "uring-buffered",
+        "--target",
+        str(tmp_path / "t"),
+        "--queue-depth",
+        "0",
+        check=False,
+    )
     assert proc.returncode == 2 and "queue-depth" in proc.stderr and "Traceback" not in proc.stderr
 
 
 @pytest.mark.slow
 def test_repeat_reports_the_median_run_and_every_time(io_uring, tmp_path):
     out = tmp_path / "r.json"
-    args = ["replay", str(GOLDEN / "v1-odd-pattern-strace.arrow"), "--strategy", "aggregated", "--target",
-            str(tmp_path / "t"), "--repeat", "3", "--durable", "-o", str(out)]
+    args = [
+        "replay",
+        str(GOLDEN / "v1-odd-pattern-strace.arrow"),
+        "--strategy",
+        "aggregated",
+        "--target",
+        str(tmp_path / "t"),
+        "--repeat",
+        "3",
+        "--durable",
+        "-o",
+        str(out),
+    ]
     if os.geteuid() == 0:
         args.append("--drop-caches")
     cli(*args)

@@ -54,8 +54,18 @@ def test_rounds_stop_at_the_forced_count_or_when_told_apart_or_at_the_cap():
 @pytest.mark.slow
 def test_all_runs_interleaved_rounds_and_reports_spread_and_intervals(io_uring, tmp_path):
     out = tmp_path / "r.json"
-    proc = cli("replay", str(GOLDEN / "v4-dcp-gpt2-tiny-2ranks-bcc.arrow"), "--strategy", "all", "--target",
-               str(tmp_path / "t"), "--repeat", "3", "-o", str(out))
+    proc = cli(
+        "replay",
+        str(GOLDEN / "v4-dcp-gpt2-tiny-2ranks-bcc.arrow"),
+        "--strategy",
+        "all",
+        "--target",
+        str(tmp_path / "t"),
+        "--repeat",
+        "3",
+        "-o",
+        str(out),
+    )
     doc = json.loads(out.read_text())
     assert doc["options"]["rounds"] == 3
     for result in doc["results"]:
@@ -67,7 +77,8 @@ def test_all_runs_interleaved_rounds_and_reports_spread_and_intervals(io_uring, 
         if result["strategy"] != "posix":
             assert result["speedup"]["verdict"] == "within noise"  # 3 rounds never tell strategies apart
             assert set(result["versus"]) == {"posix", "uring-buffered", "uring-direct", "aggregated"} - {
-                result["strategy"]}
+                result["strategy"]
+            }
             assert f"{result['strategy']}: " in proc.stdout
     assert "within noise" in proc.stdout
 
@@ -76,9 +87,13 @@ def test_all_runs_interleaved_rounds_and_reports_spread_and_intervals(io_uring, 
 def test_an_empty_trace_has_nothing_to_judge(tmp_path):
     from helpers.traces import make_trace
 
-    trace = make_trace(tmp_path / "t.arrow", [{"op": "open", "path": "/ck/a", "fd": 3, "flags": 0o101, "ret": 3},
-                                              {"op": "write", "path": "/ck/a", "fd": 3, "offset": 0, "size": 10,
-                                               "ret": 10}])
+    trace = make_trace(
+        tmp_path / "t.arrow",
+        [
+            {"op": "open", "path": "/ck/a", "fd": 3, "flags": 0o101, "ret": 3},
+            {"op": "write", "path": "/ck/a", "fd": 3, "offset": 0, "size": 10, "ret": 10},
+        ],
+    )
     with pytest.raises(ReplayError, match="nothing to judge"):
         replay(trace, target=tmp_path / "t", strategy="all")
     proc = cli("replay", str(trace), "--strategy", "all", "--target", str(tmp_path / "t2"), check=False)

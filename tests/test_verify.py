@@ -24,7 +24,7 @@ def test_pattern_windows_are_periodic_and_page_aligned_for_aligned_offsets():
     for key in (0, 7, 250):
         for offset in (0, 4096, 123, pattern.PERIOD + 5):
             first = pattern.start(offset, key)
-            assert buf.mmap[first:first + 3 * pattern.PAGE] == pattern.expected(offset, 3 * pattern.PAGE, key)
+            assert buf.mmap[first : first + 3 * pattern.PAGE] == pattern.expected(offset, 3 * pattern.PAGE, key)
             if offset % pattern.PAGE == 0:
                 assert first % pattern.PAGE == 0 and (buf.ptr + first) % pattern.PAGE == 0
     buf.close()
@@ -34,8 +34,19 @@ def test_pattern_windows_are_periodic_and_page_aligned_for_aligned_offsets():
 def test_every_strategy_verifies_on_a_real_recording(io_uring, odd_strace, tmp_path):
     trace, _, out = odd_strace
     result_file = tmp_path / "r.json"
-    cli("replay", str(trace), "--strategy", "all", "--target", str(tmp_path / "t"), "--verify",
-        "--buffer-size", "1MiB", "-o", str(result_file))
+    cli(
+        "replay",
+        str(trace),
+        "--strategy",
+        "all",
+        "--target",
+        str(tmp_path / "t"),
+        "--verify",
+        "--buffer-size",
+        "1MiB",
+        "-o",
+        str(result_file),
+    )
     results = json.loads(result_file.read_text())["results"]
     plan = build_plan(read_trace(trace).table, "posix")
     assert all(r["verified_files"] == len(plan.checks.verify_ranges) > 3 for r in results)
@@ -44,8 +55,9 @@ def test_every_strategy_verifies_on_a_real_recording(io_uring, odd_strace, tmp_p
 
 @pytest.mark.slow
 def test_dcp_golden_verifies_under_aggregation(io_uring, tmp_path):
-    report = replay(GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow", target=tmp_path / "t", strategy="aggregated",
-                    verify=True)
+    report = replay(
+        GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow", target=tmp_path / "t", strategy="aggregated", verify=True
+    )
     assert report.results[0].verified_files == 3  # two shards and .metadata
 
 

@@ -26,9 +26,28 @@ def test_dcp_recording_has_every_rank_and_replays_to_identical_sizes(torch_insta
 
     out = tmp_path / "ck"
     trace = tmp_path / "dcp.arrow"
-    cli("record", "--backend", backend, "-o", str(trace), "--path-filter", f"{out}/", "--", sys.executable, "-m",
-        "ckpt_trace.cli", "workload", "dcp", "--out", str(out), "--ranks", "2", "--model", "gpt2-tiny",
-        "--with-optimizer")
+    cli(
+        "record",
+        "--backend",
+        backend,
+        "-o",
+        str(trace),
+        "--path-filter",
+        f"{out}/",
+        "--",
+        sys.executable,
+        "-m",
+        "ckpt_trace.cli",
+        "workload",
+        "dcp",
+        "--out",
+        str(out),
+        "--ranks",
+        "2",
+        "--model",
+        "gpt2-tiny",
+        "--with-optimizer",
+    )
     rows = read_trace(trace).table.to_pylist()
     writes = [r for r in rows if r["op"] == "write"]
     assert {r["rank"] for r in writes} == {0, 1}
@@ -68,11 +87,20 @@ def test_torch_save_can_write_one_file_per_layer(torch_installed, tmp_path):
     assert set(layer["optim"]["state"]) == set(layer["model"])
 
 
-@pytest.mark.parametrize("engine,extra", [("dcp", ["--ranks", "2"]), ("emitted", ["--ranks", "2"]),
-                                          ("torch-save", []), ("torch-save", ["--mmap"]), ("safetensors", []),
-                                          ("safetensors", ["--shards", "4"]), ("libaio", []), ("memmap", [])],
-                         ids=["dcp", "emitted", "torch-load", "torch-load-mmap", "safetensors", "safetensors-shards",
-                              "libaio", "memmap"])
+@pytest.mark.parametrize(
+    "engine,extra",
+    [
+        ("dcp", ["--ranks", "2"]),
+        ("emitted", ["--ranks", "2"]),
+        ("torch-save", []),
+        ("torch-save", ["--mmap"]),
+        ("safetensors", []),
+        ("safetensors", ["--shards", "4"]),
+        ("libaio", []),
+        ("memmap", []),
+    ],
+    ids=["dcp", "emitted", "torch-load", "torch-load-mmap", "safetensors", "safetensors-shards", "libaio", "memmap"],
+)
 def test_every_engine_loads_back_what_it_saved(torch_installed, tmp_path, engine, extra):
     import json
 

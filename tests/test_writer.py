@@ -42,14 +42,19 @@ def test_file_layout_places_every_item_aligned_without_overlap(sizes, files):
 
 
 @settings(max_examples=200, deadline=None)
-@given(sizes=st.lists(st.integers(1, 30_000), min_size=1, max_size=40), piece=st.sampled_from([4096, 8192, 65536]),
-       skip=st.sets(st.integers(0, 39)))
+@given(
+    sizes=st.lists(st.integers(1, 30_000), min_size=1, max_size=40),
+    piece=st.sampled_from([4096, 8192, 65536]),
+    skip=st.sets(st.integers(0, 39)),
+)
 def test_stream_reads_are_aligned_and_cover_every_wanted_byte_once(sizes, piece, skip):
     layout = plan_files(list(enumerate(sizes)), 1, align_bytes=4096, item_align_bytes=64)[0]
     wanted = [(p.offset, p.size_bytes) for p in layout.placements if p.key not in skip]
     reads = plan_stream(wanted, piece_bytes=piece, align_bytes=4096, file_size_bytes=layout.size_bytes)
-    assert all(offset % 4096 == 0 and 0 < size <= piece and size % 4096 == 0 and offset + size <= layout.size_bytes
-               for offset, size in reads)
+    assert all(
+        offset % 4096 == 0 and 0 < size <= piece and size % 4096 == 0 and offset + size <= layout.size_bytes
+        for offset, size in reads
+    )
     assert all(a + n <= b for (a, n), (b, _) in zip(reads, reads[1:]))  # in file order, no byte read twice
     covered = [(a, a + n) for a, n in reads]
     for offset, size in wanted:
@@ -82,8 +87,9 @@ def _round_trip(path: Path, direct_load: bool | None = None, **options):
     reader = _reader(path, **options)
     dcp.load(target, storage_reader=reader)
     if direct_load is None:  # a buffered save leaves its pages in the page cache: the cache-aware reader uses them
-        direct_load = options.get("load_direct_io", True) and (options.get("direct_io", True)
-                                                               or not options.get("load_cache_aware", True))
+        direct_load = options.get("load_direct_io", True) and (
+            options.get("direct_io", True) or not options.get("load_cache_aware", True)
+        )
     assert reader.last_load_direct_io == direct_load
     return state, target, writer
 
@@ -96,11 +102,14 @@ def test_buffered_loads_fill_the_destination_tensors_in_place(tmp_path, torch_in
     import torch
 
     path = tmp_path / "ckpt"
-    state = {"w": torch.randn(300, 70), "t": torch.randn(64, 48), "b": torch.arange(1000, dtype=torch.int64),
-             "step": 7}
+    state = {"w": torch.randn(300, 70), "t": torch.randn(64, 48), "b": torch.arange(1000, dtype=torch.int64), "step": 7}
     dcp.save(state, storage_writer=_writer(path))
-    target = {"w": torch.zeros(300, 70), "t": torch.zeros(48, 64).t(), "b": torch.zeros(1000, dtype=torch.int64),
-              "step": 0}
+    target = {
+        "w": torch.zeros(300, 70),
+        "t": torch.zeros(48, 64).t(),
+        "b": torch.zeros(1000, dtype=torch.int64),
+        "step": 0,
+    }
     pointers = {name: target[name].data_ptr() for name in ("w", "t", "b")}
     reader = _reader(path, load_direct_io=False)
     dcp.load(target, storage_reader=reader)
@@ -114,15 +123,27 @@ def test_buffered_loads_fill_the_destination_tensors_in_place(tmp_path, torch_in
 
 @pytest.mark.torch
 @pytest.mark.io_uring
-@pytest.mark.parametrize("options", [
-    {},
-    {"buffer_bytes": 8192, "queue_depth": 2},
-    {"buffer_bytes": 16384, "queue_depth": 3, "writer_threads": 3},
-    {"direct_io": False, "preallocate": False},
-    {"load_direct_io": False, "buffer_bytes": 8192, "queue_depth": 2},
-    {"load_direct_io": False, "load_streams": 1},
-    {"load_direct_io": False, "load_streams": 5, "writer_threads": 2},
-], ids=["defaults", "tiny-buffers", "three-threads", "buffered", "buffered-loads", "one-load-stream", "five-load-streams"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"buffer_bytes": 8192, "queue_depth": 2},
+        {"buffer_bytes": 16384, "queue_depth": 3, "writer_threads": 3},
+        {"direct_io": False, "preallocate": False},
+        {"load_direct_io": False, "buffer_bytes": 8192, "queue_depth": 2},
+        {"load_direct_io": False, "load_streams": 1},
+        {"load_direct_io": False, "load_streams": 5, "writer_threads": 2},
+    ],
+    ids=[
+        "defaults",
+        "tiny-buffers",
+        "three-threads",
+        "buffered",
+        "buffered-loads",
+        "one-load-stream",
+        "five-load-streams",
+    ],
+)
 def test_save_then_load_is_bit_identical(tmp_path, torch_installed, io_uring, options):
     state, target, writer = _round_trip(tmp_path / "ckpt", **options)
     assert objects_equal_bitwise(state, target)
@@ -183,8 +204,13 @@ def test_killed_save_leaves_previous_checkpoint_loadable_then_next_save_cleans_u
     dcp.save(state, storage_writer=_writer(path))
     committed = sorted(p.name for p in path.iterdir())
     env = {**os.environ, "PYTHONPATH": f"{TESTS}:{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run([sys.executable, str(TESTS / "writer_state.py"), str(path), "9"], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(TESTS / "writer_state.py"), str(path), "9"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -9, proc.stderr
     orphans = sorted(set(p.name for p in path.iterdir()) - set(committed))
     assert orphans and all(name.endswith(".data") for name in orphans)  # the killed save got as far as its data
@@ -229,8 +255,9 @@ def test_missing_or_truncated_data_file_is_named(tmp_path, torch_installed, io_u
 @pytest.mark.io_uring
 @pytest.mark.root
 @pytest.mark.parametrize("preallocate", [True, False])
-def test_full_disk_names_the_file_and_keeps_the_previous_checkpoint(small_tmpfs, torch_installed, io_uring,
-                                                                    preallocate):
+def test_full_disk_names_the_file_and_keeps_the_previous_checkpoint(
+    small_tmpfs, torch_installed, io_uring, preallocate
+):
     path = small_tmpfs / "ckpt"
     small = {"w": torch.arange(1000, dtype=torch.float32)}
     dcp.save(small, storage_writer=_writer(path, preallocate=preallocate))
@@ -284,14 +311,36 @@ def test_emitted_module_is_tuned_from_the_replay_and_round_trips(tmp_path, torch
     from conftest import cli
 
     results = tmp_path / "results.json"
-    cli("replay", str(GOLDEN_DCP), "--target", str(tmp_path / "replay"), "--strategy", "aggregated",
-        "--queue-depth", "5", "--buffer-size", "2MiB", "--durable", "-o", str(results))
+    cli(
+        "replay",
+        str(GOLDEN_DCP),
+        "--target",
+        str(tmp_path / "replay"),
+        "--strategy",
+        "aggregated",
+        "--queue-depth",
+        "5",
+        "--buffer-size",
+        "2MiB",
+        "--durable",
+        "-o",
+        str(results),
+    )
     module_path = tmp_path / "my_writer.py"
     proc = cli("emit", str(GOLDEN_DCP), "--from-results", str(results), "-o", str(module_path), "--json")
     chosen = json.loads(proc.stdout)
-    assert chosen["options"] == {"buffer_bytes": 2 << 20, "queue_depth": 5, "direct_io": True, "writer_threads": 1,
-                                 "align_bytes": 4096, "preallocate": True, "load_direct_io": True,
-                                 "load_streams": 2, "load_cache_aware": True, "checksums": True}
+    assert chosen["options"] == {
+        "buffer_bytes": 2 << 20,
+        "queue_depth": 5,
+        "direct_io": True,
+        "writer_threads": 1,
+        "align_bytes": 4096,
+        "preallocate": True,
+        "load_direct_io": True,
+        "load_streams": 2,
+        "load_cache_aware": True,
+        "checksums": True,
+    }
     text = module_path.read_text()
     assert str(GOLDEN_DCP) in text and str(results) in text and "aggregated" in text
     module = _import_module(module_path)
@@ -378,8 +427,11 @@ def test_a_warm_file_is_read_from_the_page_cache_and_a_cold_one_with_o_direct(tm
         reader = _reader(path)
         dcp.load(target, storage_reader=reader)
         assert objects_equal_bitwise(state, target)
-        ways[warm] = (reader.last_load_direct_io, reader.last_load_stats["buffered_files"],
-                      reader.last_load_stats["cache_probe"])
+        ways[warm] = (
+            reader.last_load_direct_io,
+            reader.last_load_stats["buffered_files"],
+            reader.last_load_stats["cache_probe"],
+        )
     assert ways[False][:2] == (True, 0) and ways[True][:2] == (False, 1)
     assert ways[True][2] in ("cachestat", "nowait")
     reader = _reader(path, load_cache_aware=False)  # asked not to look: O_DIRECT even when warm

@@ -21,17 +21,24 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 def _state() -> dict:
     generator = torch.Generator().manual_seed(3)
-    return {"alpha.weight": torch.randn(300, 257, generator=generator),
-            "beta.bias": torch.randn(4099, generator=generator).to(torch.bfloat16),
-            "step": 7, "notes": {"text": "a pickled value"}}
+    return {
+        "alpha.weight": torch.randn(300, 257, generator=generator),
+        "beta.bias": torch.randn(4099, generator=generator).to(torch.bfloat16),
+        "step": 7,
+        "notes": {"text": "a pickled value"},
+    }
 
 
 def _zeros(state: dict, scratch: bool = False) -> dict:
     """Destinations for a load; with ``scratch``, tensors the reader cannot fill in place (every other
     element of a wider tensor: not contiguous), so their bytes land in a scratch tensor first and are copied."""
     if scratch:
-        return {k: torch.zeros((*v.shape[:-1], 2 * v.shape[-1]), dtype=v.dtype)[..., ::2]
-                if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+        return {
+            k: torch.zeros((*v.shape[:-1], 2 * v.shape[-1]), dtype=v.dtype)[..., ::2]
+            if isinstance(v, torch.Tensor)
+            else v
+            for k, v in state.items()
+        }
     return {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
@@ -74,10 +81,13 @@ def _flip(path: Path, item, at: int) -> Path:
 # The reader's paths: the O_DIRECT stream (copied out of the arena into the destination), buffered reads
 # straight into the destination by two threads (load_streams=2, the default), and either of them through a
 # scratch tensor (destinations not contiguous); the checks run on the reader's worker thread (``Verifier``).
-PATHS = {"o-direct-stream": dict(load_direct_io=True), "buffered-in-place": dict(load_direct_io=False),
-         "o-direct-scratch": dict(load_direct_io=True, scratch=True),
-         "buffered-scratch": dict(load_direct_io=False, scratch=True),
-         "buffered-one-stream": dict(load_direct_io=False, load_streams=1)}
+PATHS = {
+    "o-direct-stream": dict(load_direct_io=True),
+    "buffered-in-place": dict(load_direct_io=False),
+    "o-direct-scratch": dict(load_direct_io=True, scratch=True),
+    "buffered-scratch": dict(load_direct_io=False, scratch=True),
+    "buffered-one-stream": dict(load_direct_io=False, load_streams=1),
+}
 
 
 @pytest.mark.torch
@@ -120,6 +130,7 @@ def test_the_verifier_raises_the_first_failure_in_order_and_stops_the_next_submi
             ran.append(n)
             if bad:
                 raise CheckpointError(f"item {n} is corrupt")
+
         return run
 
     verifier = Verifier(limit_bytes=10)
@@ -128,7 +139,7 @@ def test_the_verifier_raises_the_first_failure_in_order_and_stops_the_next_submi
         verifier.submit(check(1, True), held_bytes=8)
         verifier.submit(check(2, True))
         with pytest.raises(CheckpointError, match="item 1 is corrupt"):  # over the limit: waits for the oldest,
-            verifier.submit(check(3, False), held_bytes=8)               # finds item 1 failed: the load stops
+            verifier.submit(check(3, False), held_bytes=8)  # finds item 1 failed: the load stops
         with pytest.raises(CheckpointError, match="item 1 is corrupt"):  # item 2 failed too; 1 is reported
             verifier.finish()
         with pytest.raises(CheckpointError, match="item 1 is corrupt"):
@@ -160,8 +171,9 @@ def test_the_benchmark_pairs_verdict_uses_a_distribution_free_interval_of_the_me
 
 
 @pytest.mark.torch
-def test_the_save_checksums_match_an_independent_crc_of_each_item_while_buffers_are_reused(tmp_path, torch_installed,
-                                                                                          monkeypatch):
+def test_the_save_checksums_match_an_independent_crc_of_each_item_while_buffers_are_reused(
+    tmp_path, torch_installed, monkeypatch
+):
     """Small staging buffers, two of them: each is refilled many times while the checksum thread, slowed to
     lag behind the copies, still reads earlier pieces; every stored value must still be the CRC32C of the
     item's own bytes (computed here from the tensor, by the crc32c package directly)."""

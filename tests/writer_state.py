@@ -37,7 +37,7 @@ def plain_state(seed: int = 0) -> dict:
         "bf16": torch.randn(129, 31, generator=gen).to(torch.bfloat16),
         "f16": torch.randn(1001, generator=gen).to(torch.float16),
         "i8": torch.randint(-128, 128, (77, 3), generator=gen, dtype=torch.int8),
-        "i64": torch.randint(-2**62, 2**62, (513,), generator=gen, dtype=torch.int64),
+        "i64": torch.randint(-(2**62), 2**62, (513,), generator=gen, dtype=torch.int64),
         "bool": torch.rand(333, generator=gen) > 0.5,
         "scalar": torch.tensor(2.5),
         "scalar_i64": torch.tensor(-7, dtype=torch.int64),
@@ -73,8 +73,9 @@ def _sharded_state(rank: int, world: int):
     state = plain_state()
     for name, tensor in full.items():
         local = torch.chunk(tensor, world)[rank].clone() if rank < len(torch.chunk(tensor, world)) else tensor[:0]
-        state[name] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=tensor.shape,
-                                         stride=tensor.stride())
+        state[name] = DTensor.from_local(
+            local, mesh, [Shard(0)], run_check=False, shape=tensor.shape, stride=tensor.stride()
+        )
     return state
 
 
@@ -95,9 +96,14 @@ def save_and_load_rank(rank: int, world: int, path: str, buffer_bytes: int, queu
         target = {}
         for name, value in state.items():
             if isinstance(value, DTensor):
-                target[name] = DTensor.from_local(torch.zeros_like(value.to_local()), value.device_mesh,
-                                                  value.placements, run_check=False, shape=value.shape,
-                                                  stride=value.stride())
+                target[name] = DTensor.from_local(
+                    torch.zeros_like(value.to_local()),
+                    value.device_mesh,
+                    value.placements,
+                    run_check=False,
+                    shape=value.shape,
+                    stride=value.stride(),
+                )
             else:
                 target[name] = zeros_like_state(value)
         dcp.load(target, storage_reader=CheckpointReader(path, options))
@@ -130,8 +136,11 @@ def killed_save_main(path: str, calls: int) -> None:
 
     from ckpt_trace.writer import CheckpointWriter, WriterOptions
 
-    dcp.save(plain_state(seed=1), storage_writer=CheckpointWriter(path, WriterOptions(buffer_bytes=64 << 10)),
-             planner=_kill_after(DefaultSavePlanner, calls))
+    dcp.save(
+        plain_state(seed=1),
+        storage_writer=CheckpointWriter(path, WriterOptions(buffer_bytes=64 << 10)),
+        planner=_kill_after(DefaultSavePlanner, calls),
+    )
 
 
 if __name__ == "__main__":

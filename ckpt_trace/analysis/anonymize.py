@@ -34,10 +34,21 @@ from ckpt_trace.iolayer.outputs import check_output_file
 
 from .summary import Progress, on_batch
 
-KEPT = ("sizes", "offsets", "flags", "times", "pids", "ranks", "operations", "file system types and block sizes",
-        "device models", "kernel release", "architecture", "file extensions of up to 12 letters or digits")
-REPLACED = ("path components (rows and metadata)", "command line", "process names (comm)", "host name",
-            "user names")
+KEPT = (
+    "sizes",
+    "offsets",
+    "flags",
+    "times",
+    "pids",
+    "ranks",
+    "operations",
+    "file system types and block sizes",
+    "device models",
+    "kernel release",
+    "architecture",
+    "file extensions of up to 12 letters or digits",
+)
+REPLACED = ("path components (rows and metadata)", "command line", "process names (comm)", "host name", "user names")
 _EXTENSION = re.compile(r"(\.[A-Za-z0-9]{1,12})$")
 _PATH_IN_TEXT = re.compile(r"(?<![\w.~-])/[^\s'\"(),;:=\[\]{}<>]*")
 
@@ -52,8 +63,9 @@ class Anonymizer:
         self.users = {u for u in users if len(u) >= 2}
 
     def _hash(self, kind: str, text: str, digits: int) -> str:
-        return hmac.new(self.key, f"{kind}\0{text}".encode("utf-8", "surrogateescape"),
-                        hashlib.sha256).hexdigest()[:digits]
+        return hmac.new(self.key, f"{kind}\0{text}".encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[
+            :digits
+        ]
 
     def component(self, name: str) -> str:
         if name in ("", ".", ".."):
@@ -123,9 +135,15 @@ def anonymize_metadata(meta: dict, anon: Anonymizer) -> dict:
         elif key == "host" and isinstance(value, str):
             out[key] = anon.host_name(value)
         elif key == "filesystems" and isinstance(value, dict):
-            out[key] = {anon.path(mount): {k: (v if k in ("type", "block_size", "device_model", "rotational")
-                                               else anon.anything(v)) for k, v in (info or {}).items()}
-                        if isinstance(info, dict) else anon.anything(info) for mount, info in value.items()}
+            out[key] = {
+                anon.path(mount): {
+                    k: (v if k in ("type", "block_size", "device_model", "rotational") else anon.anything(v))
+                    for k, v in (info or {}).items()
+                }
+                if isinstance(info, dict)
+                else anon.anything(info)
+                for mount, info in value.items()
+            }
         elif key in ("kernel", "arch", "creator", "creator_version", "format_version", "backend"):
             out[key] = value
         else:
@@ -133,8 +151,14 @@ def anonymize_metadata(meta: dict, anon: Anonymizer) -> dict:
     return out
 
 
-def anonymize_trace(trace_path: str | os.PathLike, output: str | os.PathLike, *, key: str | None = None,
-                    overwrite: bool = False, progress: Progress | None = None) -> dict[str, Any]:
+def anonymize_trace(
+    trace_path: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    key: str | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
     """Write an anonymized copy of the trace at ``trace_path`` to ``output`` (module docstring); return
     {"output", "rows", "paths", "kept", "replaced", "key"}. Raises CkptTraceError (an existing output
     without ``overwrite``, the output being the input), TraceFormatError."""
@@ -156,11 +180,20 @@ def anonymize_trace(trace_path: str | os.PathLike, output: str | os.PathLike, *,
             writer.write(pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns)))
             rows += batch.num_rows
         metadata = anonymize_metadata(dict(meta), anon)
-        metadata["anonymized"] = {"kept": list(KEPT), "replaced": list(REPLACED),
-                                  "key": "given" if key else "random, not stored"}
+        metadata["anonymized"] = {
+            "kept": list(KEPT),
+            "replaced": list(REPLACED),
+            "key": "given" if key else "random, not stored",
+        }
         writer.close(metadata)
     except BaseException:
         writer.abort()
         raise
-    return {"output": str(output), "rows": rows, "paths": len(anon.names), "kept": list(KEPT),
-            "replaced": list(REPLACED), "key": "given" if key else "random, not stored"}
+    return {
+        "output": str(output),
+        "rows": rows,
+        "paths": len(anon.names),
+        "kept": list(KEPT),
+        "replaced": list(REPLACED),
+        "key": "given" if key else "random, not stored",
+    }

@@ -45,8 +45,10 @@ class _Written:
 
     def add(self, batch: pa.RecordBatch) -> None:
         get = batch.column
-        keep = pc.and_(pc.and_(names_in(get("op"), (self.op,)), pc.greater(get("ret"), 0)),
-                       pc.and_(pc.is_valid(get("offset")), pc.is_valid(get("path"))))
+        keep = pc.and_(
+            pc.and_(names_in(get("op"), (self.op,)), pc.greater(get("ret"), 0)),
+            pc.and_(pc.is_valid(get("offset")), pc.is_valid(get("path"))),
+        )
         rows = batch.select(["path", "offset", "ret"]).filter(keep)  # only the columns used are filtered
         if rows.num_rows == 0:
             return
@@ -67,14 +69,18 @@ class _Written:
     def _compact(self) -> None:
         if not self.pending:
             return
-        held = [(np.full(len(ranges), file, np.int64), ranges[:, 0], ranges[:, 1]) for file, ranges in self.unions.items()]
+        held = [
+            (np.full(len(ranges), file, np.int64), ranges[:, 0], ranges[:, 1]) for file, ranges in self.unions.items()
+        ]
         parts = held + self.pending
         self.pending, self.pending_rows = [], 0
         files, starts, ends = merge_grouped_ranges(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
         del parts, held
         bounds = np.flatnonzero(files[1:] != files[:-1]) + 1
-        self.unions = {int(files[lo]): np.stack([starts[lo:hi], ends[lo:hi]], axis=1)
-                       for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(files)])}
+        self.unions = {
+            int(files[lo]): np.stack([starts[lo:hi], ends[lo:hi]], axis=1)
+            for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(files)])
+        }
 
     def result(self) -> dict[str, np.ndarray]:
         self._compact()
@@ -107,12 +113,14 @@ class _Paths:
         return {p for p in relative if p != "." and not p.startswith("..")}
 
 
-def _read(path, batch_rows: int, progress: Progress | None = None,
-          label: str = "") -> tuple[dict[str, Any], set[str], dict[str, np.ndarray], dict[str, np.ndarray]]:
+def _read(
+    path, batch_rows: int, progress: Progress | None = None, label: str = ""
+) -> tuple[dict[str, Any], set[str], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """One pass over the trace file in record batches: (its summary, its relative paths, its written ranges,
     its read ranges)."""
-    meta, batches = scan(path, (*SUMMARY_COLUMNS, "new_path"), batch_rows=batch_rows,
-                         on_batch=on_batch(progress, label))
+    meta, batches = scan(
+        path, (*SUMMARY_COLUMNS, "new_path"), batch_rows=batch_rows, on_batch=on_batch(progress, label)
+    )
     acc, paths, written, read = Accumulator(), _Paths(), _Written(), _Written("read")
     for batch in batches:
         acc.add(batch)
@@ -142,14 +150,28 @@ def compare_written(written_a: dict[str, np.ndarray], written_b: dict[str, np.nd
         x, y = ra[path], rb[path]
         if x.shape != y.shape or not np.array_equal(x, y):
             at = first_difference(x, y)
-            differing.append({"path": path, "bytes_a": int((x[:, 1] - x[:, 0]).sum()),
-                              "bytes_b": int((y[:, 1] - y[:, 0]).sum()), "first_difference": at})
+            differing.append(
+                {
+                    "path": path,
+                    "bytes_a": int((x[:, 1] - x[:, 0]).sum()),
+                    "bytes_b": int((y[:, 1] - y[:, 0]).sum()),
+                    "first_difference": at,
+                }
+            )
     only_a, only_b = sorted(set(ra) - set(rb)), sorted(set(rb) - set(ra))
-    total = {side: int(sum((r[:, 1] - r[:, 0]).sum() for r in ranges.values()))
-             for side, ranges in (("a", ra), ("b", rb))}
-    return {"match": not (differing or only_a or only_b), "files_a": len(ra), "files_b": len(rb),
-            "bytes_a": total["a"], "bytes_b": total["b"], "differing": differing,
-            "written_only_in_a": only_a, "written_only_in_b": only_b}
+    total = {
+        side: int(sum((r[:, 1] - r[:, 0]).sum() for r in ranges.values())) for side, ranges in (("a", ra), ("b", rb))
+    }
+    return {
+        "match": not (differing or only_a or only_b),
+        "files_a": len(ra),
+        "files_b": len(rb),
+        "bytes_a": total["a"],
+        "bytes_b": total["b"],
+        "differing": differing,
+        "written_only_in_a": only_a,
+        "written_only_in_b": only_b,
+    }
 
 
 def first_difference(x: np.ndarray, y: np.ndarray) -> int:
@@ -173,13 +195,16 @@ def first_difference(x: np.ndarray, y: np.ndarray) -> int:
 def written_verdict(entry: dict[str, Any], what: str = "written") -> str:
     """The one line ``diff`` says about the data written (``what="read"``: read)."""
     if entry["match"]:
-        return (f"data {what}: the same in A and B: {entry['files_a']:,} files, {entry['bytes_a']:,} bytes, "
-                "at the same offsets")
+        return (
+            f"data {what}: the same in A and B: {entry['files_a']:,} files, {entry['bytes_a']:,} bytes, "
+            "at the same offsets"
+        )
     parts = []
     if entry["differing"]:
         first = entry["differing"][0]
-        parts.append(f"{len(entry['differing'])} files differ (first {first['path']} from byte "
-                     f"{first['first_difference']:,})")
+        parts.append(
+            f"{len(entry['differing'])} files differ (first {first['path']} from byte {first['first_difference']:,})"
+        )
     for side in ("a", "b"):
         only = entry[f"written_only_in_{side}"]
         if only:
@@ -191,27 +216,53 @@ def _change(old: float, new: float) -> dict[str, Any]:
     return {"a": old, "b": new, "change": new - old, "ratio": (new / old) if old else None}
 
 
-def diff_files(path_a: str | os.PathLike, path_b: str | os.PathLike, *, batch_rows: int = 1 << 20,
-               progress: Progress | None = None) -> dict[str, Any]:
+def diff_files(
+    path_a: str | os.PathLike, path_b: str | os.PathLike, *, batch_rows: int = 1 << 20, progress: Progress | None = None
+) -> dict[str, Any]:
     """Figures of the traces at ``path_a`` and ``path_b`` side by side: totals, ops by type, request sizes,
     files, and the data written. Each file is read once, in record batches of ``batch_rows`` rows: memory
     grows with the distinct paths and the disjoint written ranges, not the rows. Raises TraceFormatError."""
     sa, paths_a, written_a, read_a = _read(path_a, batch_rows, progress, "reading A")
     sb, paths_b, written_b, read_b = _read(path_b, batch_rows, progress, "reading B")
-    totals = {key: _change(sa[key], sb[key]) for key in
-              ("rows", "duration_ns", "bytes_written", "bytes_read", "files", "processes", "threads", "data_ops",
-               "metadata_ops", "data_time_ns", "metadata_time_ns", "failed_ops", "lost_events")}
-    ops = {op: _change(sa["ops"].get(op, {}).get("count", 0), sb["ops"].get(op, {}).get("count", 0))
-           for op in sorted(set(sa["ops"]) | set(sb["ops"]))}
+    totals = {
+        key: _change(sa[key], sb[key])
+        for key in (
+            "rows",
+            "duration_ns",
+            "bytes_written",
+            "bytes_read",
+            "files",
+            "processes",
+            "threads",
+            "data_ops",
+            "metadata_ops",
+            "data_time_ns",
+            "metadata_time_ns",
+            "failed_ops",
+            "lost_events",
+        )
+    }
+    ops = {
+        op: _change(sa["ops"].get(op, {}).get("count", 0), sb["ops"].get(op, {}).get("count", 0))
+        for op in sorted(set(sa["ops"]) | set(sb["ops"]))
+    }
     buckets_a = {e["bucket_bytes"]: e["read"] + e["write"] for e in sa["size_histogram"]}
     buckets_b = {e["bucket_bytes"]: e["read"] + e["write"] for e in sb["size_histogram"]}
-    sizes = {bucket: _change(buckets_a.get(bucket, 0), buckets_b.get(bucket, 0))
-             for bucket in sorted(set(buckets_a) | set(buckets_b))}
+    sizes = {
+        bucket: _change(buckets_a.get(bucket, 0), buckets_b.get(bucket, 0))
+        for bucket in sorted(set(buckets_a) | set(buckets_b))
+    }
     return {
-        "a": str(path_a), "b": str(path_b), "totals": totals, "ops": ops, "size_histogram": sizes,
-        "unaligned_offset_share": _change(sa["alignment"]["unaligned_offset_share"],
-                                          sb["alignment"]["unaligned_offset_share"]),
-        "files_only_in_a": sorted(paths_a - paths_b), "files_only_in_b": sorted(paths_b - paths_a),
+        "a": str(path_a),
+        "b": str(path_b),
+        "totals": totals,
+        "ops": ops,
+        "size_histogram": sizes,
+        "unaligned_offset_share": _change(
+            sa["alignment"]["unaligned_offset_share"], sb["alignment"]["unaligned_offset_share"]
+        ),
+        "files_only_in_a": sorted(paths_a - paths_b),
+        "files_only_in_b": sorted(paths_b - paths_a),
         "data_written": compare_written(written_a, written_b),
         "data_read": compare_written(read_a, read_b),
         "layout": _layout_diff(path_a, path_b),

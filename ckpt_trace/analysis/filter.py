@@ -74,7 +74,7 @@ def glob_regex(pattern: str) -> str:
         elif char == "?":
             out.append(".")
         elif char == "[" and (end := pattern.find("]", i + 2)) != -1:
-            body = pattern[i + 1:end]
+            body = pattern[i + 1 : end]
             body = "^" + body[1:] if body.startswith("!") else body
             out.append("[" + body.replace("\\", "\\\\") + "]")
             i = end
@@ -134,8 +134,10 @@ def interval_mask(intervals: list[tuple[int, int]]) -> Callable[[pa.Array], pa.A
     def mask(column: pa.Array) -> pa.Array:
         keep = pc.is_in(column, value_set=singles.cast(column.type)) if len(singles) else None
         for first, last in spans:
-            inside = pc.and_(pc.greater_equal(column, pa.scalar(first, column.type)),
-                             pc.less_equal(column, pa.scalar(last, column.type)))
+            inside = pc.and_(
+                pc.greater_equal(column, pa.scalar(first, column.type)),
+                pc.less_equal(column, pa.scalar(last, column.type)),
+            )
             keep = inside if keep is None else pc.or_(keep, inside)
         return pc.fill_null(keep, False)
 
@@ -182,8 +184,9 @@ def batch_mask(conditions: Conditions) -> Callable[[pa.RecordBatch], pa.Array]:
         names = [name.strip() for name in conditions.ops.split(",") if name.strip()]
         unknown = [name for name in names if name not in vocabulary.OPS]
         if unknown or not names:
-            raise CkptTraceError(f"unknown op {unknown[0] if unknown else conditions.ops!r} (ops: "
-                                 f"{', '.join(sorted(vocabulary.OPS))})")
+            raise CkptTraceError(
+                f"unknown op {unknown[0] if unknown else conditions.ops!r} (ops: {', '.join(sorted(vocabulary.OPS))})"
+            )
         wanted = pa.array(names, pa.string())
         tests.append(lambda b: _text_mask(b.column("op"), lambda values: pc.is_in(values, value_set=wanted)))
     if conditions.path_glob is not None:
@@ -210,8 +213,14 @@ def batch_mask(conditions: Conditions) -> Callable[[pa.RecordBatch], pa.Array]:
     return mask
 
 
-def filter_trace(trace_path: str | os.PathLike, output: str | os.PathLike, conditions: Conditions, *,
-                 overwrite: bool = False, progress: Progress | None = None) -> dict[str, Any]:
+def filter_trace(
+    trace_path: str | os.PathLike,
+    output: str | os.PathLike,
+    conditions: Conditions,
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
     """Write the rows of ``trace_path`` that meet ``conditions`` to ``output``; return {"output", "rows_in",
     "rows_out", "conditions"}. ``progress`` (``analysis.summary.Progress``) follows the file's batches."""
     trace_path, output = Path(trace_path), Path(output)
@@ -228,8 +237,13 @@ def filter_trace(trace_path: str | os.PathLike, output: str | os.PathLike, condi
             rows_out += kept.num_rows
             if kept.num_rows:
                 writer.write(kept)
-        provenance = {"filtered_from": str(trace_path), "source_sha256": sha256_file(trace_path),
-                      "conditions": conditions.to_json(), "rows_in": rows_in, "rows_out": rows_out}
+        provenance = {
+            "filtered_from": str(trace_path),
+            "source_sha256": sha256_file(trace_path),
+            "conditions": conditions.to_json(),
+            "rows_in": rows_in,
+            "rows_out": rows_out,
+        }
         metadata = {**meta, "provenance": [*meta.get("provenance", []), provenance]}
         layout = read_layout(trace_path)  # the same checkpoint's files: the filtered rows keep their meaning
         other_keys = {LAYOUT_METADATA_KEY: encode_layout(*layout)} if layout is not None else None

@@ -54,8 +54,10 @@ def copy_write_links(table: pa.Table, block_rows: int = 1024) -> tuple[np.ndarra
     address = table["address"]
     has_address = pc.fill_null(pc.is_valid(address), False)
     is_copy = pc.and_(pc.equal(op, v.COPY_D2H), has_address)
-    is_write = pc.and_(pc.and_(pc.equal(op, v.WRITE), has_address),
-                       pc.invert(pc.fill_null(pc.equal(table["interface"].cast(pa.string()), v.CUDA), False)))
+    is_write = pc.and_(
+        pc.and_(pc.equal(op, v.WRITE), has_address),
+        pc.invert(pc.fill_null(pc.equal(table["interface"].cast(pa.string()), v.CUDA), False)),
+    )
     c_rows = np.flatnonzero(is_copy.to_numpy(zero_copy_only=False))
     w_rows = np.flatnonzero(is_write.to_numpy(zero_copy_only=False))
     if len(c_rows) == 0 or len(w_rows) == 0:
@@ -68,10 +70,14 @@ def copy_write_links(table: pa.Table, block_rows: int = 1024) -> tuple[np.ndarra
     c_lo, c_hi, c_end, c_pid = addr[c_rows], addr[c_rows] + size[c_rows], end[c_rows], pid[c_rows]
     fed_w, fed_c = [], []
     for start in range(0, len(w_rows), block_rows):
-        w = w_rows[start:start + block_rows]
+        w = w_rows[start : start + block_rows]
         lo, hi = addr[w][:, None], (addr[w] + size[w])[:, None]
-        ok = ((c_pid[None, :] == pid[w][:, None]) & (c_lo[None, :] < hi) & (c_hi[None, :] > lo)
-              & (c_end[None, :] <= ts[w][:, None]))
+        ok = (
+            (c_pid[None, :] == pid[w][:, None])
+            & (c_lo[None, :] < hi)
+            & (c_hi[None, :] > lo)
+            & (c_end[None, :] <= ts[w][:, None])
+        )
         any_ok = ok.any(axis=1)
         latest = np.where(ok, c_end[None, :], np.iinfo(np.int64).min).argmax(axis=1)
         fed_w.append(w[any_ok])
@@ -93,8 +99,12 @@ def copy_summary(table: pa.Table) -> dict[str, Any]:
     copies = table.filter(pc.fill_null(is_copy, False))
     if copies.num_rows == 0:
         return {"copies": 0}
-    data = table.filter(pc.and_(pc.is_in(table["op"].cast(pa.string()), pa.array(sorted(v.DATA_OPS))),
-                                pc.invert(pc.fill_null(is_copy, False))))
+    data = table.filter(
+        pc.and_(
+            pc.is_in(table["op"].cast(pa.string()), pa.array(sorted(v.DATA_OPS))),
+            pc.invert(pc.fill_null(is_copy, False)),
+        )
+    )
     out: dict[int, dict[str, Any]] = {}
     c_rank = copies["rank"].to_numpy()
     c_op = np.asarray(copies["op"].cast(pa.string()).to_pylist(), dtype=object)
@@ -111,8 +121,12 @@ def copy_summary(table: pa.Table) -> dict[str, Any]:
             sel = mine & (c_op == op)
             nbytes = int(c_size[sel].sum())
             pinned = int(c_size[sel & (c_mem == v.MEMORY_PINNED)].sum())
-            entry[name] = {"count": int(sel.sum()), "bytes": nbytes, "time_s": float(c_dur[sel].sum()) / 1e9,
-                           "pinned_share": pinned / nbytes if nbytes else 0.0}
+            entry[name] = {
+                "count": int(sel.sum()),
+                "bytes": nbytes,
+                "time_s": float(c_dur[sel].sum()) / 1e9,
+                "pinned_share": pinned / nbytes if nbytes else 0.0,
+            }
         io = d_rank == rank
         entry["write_time_s"] = float(d_dur[io & (d_op == v.WRITE)].sum()) / 1e9
         entry["read_time_s"] = float(d_dur[io & (d_op == v.READ)].sum()) / 1e9
@@ -134,8 +148,9 @@ def _add_links(table: pa.Table, out: dict[int, dict[str, Any]]) -> None:
     fed, _ = copy_write_links(table)
     rank = table["rank"].to_numpy()
     size = table["size"].fill_null(0).to_numpy()
-    known = pc.and_(pc.equal(table["op"].cast(pa.string()), v.WRITE),
-                    pc.fill_null(pc.is_valid(table["address"]), False)).to_numpy(zero_copy_only=False)
+    known = pc.and_(
+        pc.equal(table["op"].cast(pa.string()), v.WRITE), pc.fill_null(pc.is_valid(table["address"]), False)
+    ).to_numpy(zero_copy_only=False)
     for r, entry in out.items():
         entry["writes_with_buffer"] = int((known & (rank == r)).sum())
         mine = fed[rank[fed] == r]

@@ -30,8 +30,12 @@ from ckpt_trace.formats.layout import KINDS, read_layout
 
 from .summary import _codes, _group_sums, _ints, _lut
 
-SIZE_CLASSES = (("<64 KiB", 64 << 10), ("64 KiB-1 MiB", (1 << 20) + 1), ("1-64 MiB", (64 << 20) + 1),
-                (">64 MiB", None))  # (label, exclusive upper bound)
+SIZE_CLASSES = (
+    ("<64 KiB", 64 << 10),
+    ("64 KiB-1 MiB", (1 << 20) + 1),
+    ("1-64 MiB", (64 << 20) + 1),
+    (">64 MiB", None),
+)  # (label, exclusive upper bound)
 SMALL_OBJECT_BYTES = 64 << 10
 JOIN_COLUMNS = ["ts_ns", "dur_ns", "op", "path", "offset", "ret"]
 TOP_OBJECTS = 10
@@ -53,12 +57,15 @@ def _renames(trace: str | Path) -> dict[str, tuple[np.ndarray, list[str]]]:
         if not len(rows):
             continue
         picked = batch.take(pa.array(rows))
-        for ts, src, dst in zip(picked.column("ts_ns").to_pylist(), picked.column("path").to_pylist(),
-                                picked.column("new_path").to_pylist()):
+        for ts, src, dst in zip(
+            picked.column("ts_ns").to_pylist(), picked.column("path").to_pylist(), picked.column("new_path").to_pylist()
+        ):
             if src and dst:
                 found.setdefault(src, []).append((ts, dst))
-    return {src: (np.array([t for t, _ in sorted(items)], np.int64), [d for _, d in sorted(items)])
-            for src, items in found.items()}
+    return {
+        src: (np.array([t for t, _ in sorted(items)], np.int64), [d for _, d in sorted(items)])
+        for src, items in found.items()
+    }
 
 
 class LayoutJoin:
@@ -125,8 +132,16 @@ class LayoutJoin:
                 for mask, final in self._final(path_names[code], ts[group]):
                     self._join(direction, final, group[mask], offset, known, moved, dur)
 
-    def _join(self, direction: str, path: str | None, picked: np.ndarray, offset: np.ndarray, known: np.ndarray,
-              moved: np.ndarray, dur: np.ndarray) -> None:
+    def _join(
+        self,
+        direction: str,
+        path: str | None,
+        picked: np.ndarray,
+        offset: np.ndarray,
+        known: np.ndarray,
+        moved: np.ndarray,
+        dur: np.ndarray,
+    ) -> None:
         if path not in self.spans:
             self.outside[direction] += int(moved[picked].sum())
             return
@@ -151,8 +166,9 @@ class LayoutJoin:
         span = stop - first_object
         self.bytes[direction][first_object:stop] += _group_sums(local, overlap, span)
         self.ops[direction][first_object:stop] += np.bincount(local, minlength=span)
-        self.time_ns[direction][first_object:stop] += np.bincount(local, weights=dur[picked][rep] * share,
-                                                                  minlength=span)
+        self.time_ns[direction][first_object:stop] += np.bincount(
+            local, weights=dur[picked][rep] * share, minlength=span
+        )
         covered = np.bincount(rep, weights=overlap, minlength=len(picked)).astype(np.int64)
         left = moved[picked] - covered
         self.unattributed[direction] += int(left.sum())
@@ -163,19 +179,33 @@ class LayoutJoin:
         ``read_ops``, ``time_ns`` (both directions, shared in proportion to bytes), ``size_class``."""
         lengths = self.layout.column("length").to_numpy()
         classes = [SIZE_CLASSES[i][0] for i in size_class_codes(lengths).tolist()]
-        return (self.layout.append_column("bytes_written", pa.array(self.bytes["write"]))
-                .append_column("bytes_read", pa.array(self.bytes["read"]))
-                .append_column("write_ops", pa.array(self.ops["write"]))
-                .append_column("read_ops", pa.array(self.ops["read"]))
-                .append_column("time_ns", pa.array(np.rint(self.time_ns["write"] + self.time_ns["read"])
-                                                   .astype(np.int64)))
-                .append_column("size_class", pa.array(classes, pa.string())))
+        return (
+            self.layout.append_column("bytes_written", pa.array(self.bytes["write"]))
+            .append_column("bytes_read", pa.array(self.bytes["read"]))
+            .append_column("write_ops", pa.array(self.ops["write"]))
+            .append_column("read_ops", pa.array(self.ops["read"]))
+            .append_column("time_ns", pa.array(np.rint(self.time_ns["write"] + self.time_ns["read"]).astype(np.int64)))
+            .append_column("size_class", pa.array(classes, pa.string()))
+        )
 
     def result(self, info: dict | None = None, top: int = TOP_OBJECTS) -> dict[str, Any]:
         """The join as a JSON-able dict (``documents``' ``layout`` object of ``summary``)."""
         table = self.objects()
-        rows = table.select(["path", "offset", "length", "name", "kind", "bytes_written", "bytes_read",
-                             "write_ops", "read_ops", "time_ns", "size_class"]).to_pylist()
+        rows = table.select(
+            [
+                "path",
+                "offset",
+                "length",
+                "name",
+                "kind",
+                "bytes_written",
+                "bytes_read",
+                "write_ops",
+                "read_ops",
+                "time_ns",
+                "size_class",
+            ]
+        ).to_pylist()
         written, read = self.bytes["write"], self.bytes["read"]
         time_ns = self.time_ns["write"] + self.time_ns["read"]
         lengths = table.column("length").to_numpy()
@@ -183,14 +213,22 @@ class LayoutJoin:
         classes = size_class_codes(lengths)
 
         def group(mask: np.ndarray) -> dict[str, Any]:
-            return {"objects": int(mask.sum()), "object_bytes": int(lengths[mask].sum()),
-                    "bytes_written": int(written[mask].sum()), "bytes_read": int(read[mask].sum()),
-                    "write_ops": int(self.ops["write"][mask].sum()), "read_ops": int(self.ops["read"][mask].sum()),
-                    "time_ns": int(round(float(time_ns[mask].sum())))}
+            return {
+                "objects": int(mask.sum()),
+                "object_bytes": int(lengths[mask].sum()),
+                "bytes_written": int(written[mask].sum()),
+                "bytes_read": int(read[mask].sum()),
+                "write_ops": int(self.ops["write"][mask].sum()),
+                "read_ops": int(self.ops["read"][mask].sum()),
+                "time_ns": int(round(float(time_ns[mask].sum()))),
+            }
 
         by_kind = [{"kind": kind, **group(kinds == kind)} for kind in KINDS if (kinds == kind).any()]
-        by_class = [{"size_class": label, **group(classes == i)} for i, (label, _) in enumerate(SIZE_CLASSES)
-                    if (classes == i).any()]
+        by_class = [
+            {"size_class": label, **group(classes == i)}
+            for i, (label, _) in enumerate(SIZE_CLASSES)
+            if (classes == i).any()
+        ]
         moved = written + read
         touched = np.flatnonzero(moved > 0)
         largest = sorted(touched.tolist(), key=lambda i: (-int(lengths[i]), i))[:top]
@@ -205,11 +243,14 @@ class LayoutJoin:
             "unknown_files": list(info.get("unknown", [])),
             "errors": dict(info.get("errors", {})),
             "complete": bool(info.get("complete", True)),
-            "bytes_written": self.total["write"], "bytes_read": self.total["read"],
-            "attributed_bytes_written": int(written.sum()), "attributed_bytes_read": int(read.sum()),
+            "bytes_written": self.total["write"],
+            "bytes_read": self.total["read"],
+            "attributed_bytes_written": int(written.sum()),
+            "attributed_bytes_read": int(read.sum()),
             "unattributed_bytes_written": self.unattributed["write"],
             "unattributed_bytes_read": self.unattributed["read"],
-            "outside_layout_bytes_written": self.outside["write"], "outside_layout_bytes_read": self.outside["read"],
+            "outside_layout_bytes_written": self.outside["write"],
+            "outside_layout_bytes_read": self.outside["read"],
             "by_kind": by_kind,
             "by_size_class": by_class,
             "small_object_bytes": SMALL_OBJECT_BYTES,
@@ -250,8 +291,21 @@ def objects_of_files(join: LayoutJoin, paths: Iterable[str]) -> dict[str, list[d
     table = join.objects()
     wanted = set(paths)
     found: dict[str, list[dict[str, Any]]] = {}
-    for row in table.select(["path", "offset", "length", "name", "kind", "dtype", "bytes_written", "bytes_read",
-                             "write_ops", "read_ops", "time_ns"]).to_pylist():
+    for row in table.select(
+        [
+            "path",
+            "offset",
+            "length",
+            "name",
+            "kind",
+            "dtype",
+            "bytes_written",
+            "bytes_read",
+            "write_ops",
+            "read_ops",
+            "time_ns",
+        ]
+    ).to_pylist():
         if row["path"] in wanted:
             found.setdefault(row["path"], []).append(row)
     return found
@@ -272,8 +326,14 @@ def touched_files(trace: str | Path) -> list[str]:
     return sorted(found)
 
 
-def annotate(trace: str | Path, checkpoint: Iterable[str | Path], output: str | Path | None = None, *,
-             overwrite: bool = False, time_limit_s: float = 60.0) -> dict[str, Any]:
+def annotate(
+    trace: str | Path,
+    checkpoint: Iterable[str | Path],
+    output: str | Path | None = None,
+    *,
+    overwrite: bool = False,
+    time_limit_s: float = 60.0,
+) -> dict[str, Any]:
     """Build the layout of the files under ``checkpoint`` (directories or files) and store it in ``trace``
     (in place, or written to ``output``). Returns what was done: files parsed, unknown, errors, objects,
     elapsed seconds. Raises CkptTraceError (TraceFormatError for a bad trace, or a path that does not exist)."""
@@ -286,8 +346,12 @@ def annotate(trace: str | Path, checkpoint: Iterable[str | Path], output: str | 
             raise CkptTraceError(f"{{option}} {path}: no such file or directory", option="checkpoint")
     layout = build_layout(paths, time_limit_s=time_limit_s)
     written = add_layout(trace, layout.table, layout.info(), output, overwrite=overwrite)
-    return {"trace": str(written), "objects": layout.table.num_rows,
-            "covered_files": len(set(layout.table.column("path").to_pylist())), **layout.info()}
+    return {
+        "trace": str(written),
+        "objects": layout.table.num_rows,
+        "covered_files": len(set(layout.table.column("path").to_pylist())),
+        **layout.info(),
+    }
 
 
 def annotate_recording(trace: str | Path, *, time_limit_s: float = 60.0) -> dict[str, Any]:
@@ -301,20 +365,32 @@ def annotate_recording(trace: str | Path, *, time_limit_s: float = 60.0) -> dict
 
     started = _time.monotonic()
     files = candidate_files(touched_files(trace))
-    layout = build_layout(files, time_limit_s=max(0.0, time_limit_s - (_time.monotonic() - started)),
-                          expand_dirs=False)
+    layout = build_layout(files, time_limit_s=max(0.0, time_limit_s - (_time.monotonic() - started)), expand_dirs=False)
     if not layout.files:
-        return {"trace": str(trace), "stored": False, "objects": 0, "covered_files": 0,
-                "elapsed_s": _time.monotonic() - started,
-                "files": {}, "unknown": [], "errors": layout.errors, "complete": layout.complete}
+        return {
+            "trace": str(trace),
+            "stored": False,
+            "objects": 0,
+            "covered_files": 0,
+            "elapsed_s": _time.monotonic() - started,
+            "files": {},
+            "unknown": [],
+            "errors": layout.errors,
+            "complete": layout.complete,
+        }
     directories = {str(Path(p).parent) for p in layout.files}
     keep = pa.array([str(Path(p).parent) in directories for p in layout.table.column("path").to_pylist()])
     table = layout.table.filter(keep)
     layout.unknown = [p for p in layout.unknown if str(Path(p).parent) in directories]
     layout.elapsed_s = _time.monotonic() - started
     add_layout(trace, table, layout.info())
-    return {"trace": str(trace), "stored": True, "objects": table.num_rows,
-            "covered_files": len(set(table.column("path").to_pylist())), **layout.info()}
+    return {
+        "trace": str(trace),
+        "stored": True,
+        "objects": table.num_rows,
+        "covered_files": len(set(table.column("path").to_pylist())),
+        **layout.info(),
+    }
 
 
 def layout_report(trace: str | Path, paths: Iterable[str], objects_per_file: int = 12) -> dict[str, Any] | None:
@@ -339,13 +415,38 @@ def layout_report(trace: str | Path, paths: Iterable[str], objects_per_file: int
 def _per_object(join: LayoutJoin) -> dict[tuple, dict[str, Any]]:
     """{(name, chunk offsets): figures summed over the files holding it} of the named objects of ``join``."""
     found: dict[tuple, dict[str, Any]] = {}
-    for row in join.objects().select(["name", "kind", "chunk_offsets", "length", "bytes_written", "bytes_read",
-                                       "write_ops", "read_ops", "time_ns"]).to_pylist():
+    for row in (
+        join.objects()
+        .select(
+            [
+                "name",
+                "kind",
+                "chunk_offsets",
+                "length",
+                "bytes_written",
+                "bytes_read",
+                "write_ops",
+                "read_ops",
+                "time_ns",
+            ]
+        )
+        .to_pylist()
+    ):
         if row["name"] is None:
             continue
         key = (row["name"], tuple(row["chunk_offsets"] or ()))
-        mine = found.setdefault(key, {"name": row["name"], "chunk_offsets": list(key[1]) or None, "kind": row["kind"],
-                                      "length": 0, "bytes": 0, "ops": 0, "time_ns": 0})
+        mine = found.setdefault(
+            key,
+            {
+                "name": row["name"],
+                "chunk_offsets": list(key[1]) or None,
+                "kind": row["kind"],
+                "length": 0,
+                "bytes": 0,
+                "ops": 0,
+                "time_ns": 0,
+            },
+        )
         mine["length"] += row["length"]
         mine["bytes"] += row["bytes_written"] + row["bytes_read"]
         mine["ops"] += row["write_ops"] + row["read_ops"]
@@ -371,24 +472,42 @@ def diff_layouts(path_a: str | Path, path_b: str | Path, top: int = 20) -> dict[
     for key in sorted(set(a) & set(b)):
         x, y = a[key], b[key]
         if x["bytes"] != y["bytes"] or x["ops"] != y["ops"]:
-            changed.append({"name": x["name"], "chunk_offsets": x["chunk_offsets"], "kind": x["kind"],
-                            "length": x["length"],
-                            "a": {k: x[k] for k in ("bytes", "ops", "time_ns")},
-                            "b": {k: y[k] for k in ("bytes", "ops", "time_ns")}})
-    changed.sort(key=lambda c: (-abs(c["b"]["bytes"] - c["a"]["bytes"]), -abs(c["b"]["ops"] - c["a"]["ops"]),
-                                c["name"]))
+            changed.append(
+                {
+                    "name": x["name"],
+                    "chunk_offsets": x["chunk_offsets"],
+                    "kind": x["kind"],
+                    "length": x["length"],
+                    "a": {k: x[k] for k in ("bytes", "ops", "time_ns")},
+                    "b": {k: y[k] for k in ("bytes", "ops", "time_ns")},
+                }
+            )
+    changed.sort(
+        key=lambda c: (-abs(c["b"]["bytes"] - c["a"]["bytes"]), -abs(c["b"]["ops"] - c["a"]["ops"]), c["name"])
+    )
     by_kind = {}
     for kind in KINDS:
         sides = {}
         for side, objects in (("a", a), ("b", b)):
             mine = [o for o in objects.values() if o["kind"] == kind]
-            sides[side] = {"objects": len(mine), "bytes": sum(o["bytes"] for o in mine),
-                           "ops": sum(o["ops"] for o in mine), "time_ns": sum(o["time_ns"] for o in mine)}
+            sides[side] = {
+                "objects": len(mine),
+                "bytes": sum(o["bytes"] for o in mine),
+                "ops": sum(o["ops"] for o in mine),
+                "time_ns": sum(o["time_ns"] for o in mine),
+            }
         if sides["a"]["objects"] or sides["b"]["objects"]:
             by_kind[kind] = sides
     only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
-    return {"missing": [], "objects_a": len(a), "objects_b": len(b),
-            "moved_differently_count": len(changed), "moved_differently": changed[:top],
-            "only_in_a": [a[k]["name"] for k in only_a[:top]], "only_in_a_count": len(only_a),
-            "only_in_b": [b[k]["name"] for k in only_b[:top]], "only_in_b_count": len(only_b),
-            "by_kind": by_kind}
+    return {
+        "missing": [],
+        "objects_a": len(a),
+        "objects_b": len(b),
+        "moved_differently_count": len(changed),
+        "moved_differently": changed[:top],
+        "only_in_a": [a[k]["name"] for k in only_a[:top]],
+        "only_in_a_count": len(only_a),
+        "only_in_b": [b[k]["name"] for k in only_b[:top]],
+        "only_in_b_count": len(only_b),
+        "by_kind": by_kind,
+    }

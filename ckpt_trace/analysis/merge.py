@@ -54,13 +54,14 @@ from ckpt_trace.version import __version__
 PID_SHIFT = 22  # Linux's pid_max is at most 2**22 (PID_MAX_LIMIT on 64-bit)
 MAX_TRACES = (1 << (31 - PID_SHIFT)) - 1  # a moved pid must stay an int32
 TEXT = [f.name for f in SCHEMA if pa.types.is_dictionary(f.type)]
-SUMMED_KEYS = ("lost_events", "truncated_paths", "untracked_fd_ops", "late_events", "unreaped_requests",
-               "spilled_runs")
+SUMMED_KEYS = ("lost_events", "truncated_paths", "untracked_fd_ops", "late_events", "unreaped_requests", "spilled_runs")
 PREFETCH = 4  # batches read ahead, for the sources that drain first (each: a batch of every column)
 PREFETCH_THREADS = 2
 STEP_BATCHES = 4  # at most about this many batches' rows are sorted at once (the per-step work is per source)
-NOTE = ("rows of different traces are placed on CLOCK_REALTIME through each trace's anchors; different hosts' "
-        "realtime clocks are taken to agree (NTP/PTP): --clock-offset HOST=NS corrects a known difference")
+NOTE = (
+    "rows of different traces are placed on CLOCK_REALTIME through each trace's anchors; different hosts' "
+    "realtime clocks are taken to agree (NTP/PTP): --clock-offset HOST=NS corrects a known difference"
+)
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,9 @@ def parse_clock_offsets(items: Sequence[str]) -> dict[str, int]:
                 raise ValueError
             out[host] = int(value)
         except ValueError:
-            raise CkptTraceError(f"{{option}} takes HOST=NS (nanoseconds, may be negative), not {item!r}",
-                                 option="clock_offsets") from None
+            raise CkptTraceError(
+                f"{{option}} takes HOST=NS (nanoseconds, may be negative), not {item!r}", option="clock_offsets"
+            ) from None
     return out
 
 
@@ -149,13 +151,16 @@ def plan_merge(paths: Sequence[str | os.PathLike], clock_offsets: Mapping[str, i
     metas = [read_metadata(p) for p in paths]
     arches = {m["arch"] for m in metas}
     if len(arches) > 1:
-        raise CkptTraceError(f"traces of different architectures ({', '.join(sorted(arches))}) do not merge: "
-                             "their open flags differ")
+        raise CkptTraceError(
+            f"traces of different architectures ({', '.join(sorted(arches))}) do not merge: their open flags differ"
+        )
     hosts = [str(m["host"]) for m in metas]
     unknown = sorted(set(offsets) - set(hosts))
     if unknown:
-        raise CkptTraceError(f"{{option}} names host {unknown[0]!r}, which no trace has (hosts: "
-                             f"{', '.join(sorted(set(hosts)))})", option="clock_offsets")
+        raise CkptTraceError(
+            f"{{option}} names host {unknown[0]!r}, which no trace has (hosts: {', '.join(sorted(set(hosts)))})",
+            option="clock_offsets",
+        )
     owner: dict[int, Path] = {}
     pid_owner: dict[int, int] = {}
     boots: dict[tuple, Mapping] = {}
@@ -164,8 +169,10 @@ def plan_merge(paths: Sequence[str | os.PathLike], clock_offsets: Mapping[str, i
         ranks, pids, rows, last = _ids(path)
         for rank in sorted(ranks):
             if rank in owner:
-                raise CkptTraceError(f"rank {rank} is in both {owner[rank]} and {path}: traces of one job hold "
-                                     "each rank once (the same recording twice, or two jobs?)")
+                raise CkptTraceError(
+                    f"rank {rank} is in both {owner[rank]} and {path}: traces of one job hold "
+                    "each rank once (the same recording twice, or two jobs?)"
+                )
             owner[rank] = path
         clash = any(pid in pid_owner for pid in pids)
         pid_offset = (index << PID_SHIFT) if clash else 0
@@ -178,9 +185,20 @@ def plan_merge(paths: Sequence[str | os.PathLike], clock_offsets: Mapping[str, i
             reference = boots.setdefault(boot, own) if boot else own  # one boot, one clock: one set of anchors
             used = {**reference, "origin_ns": own["origin_ns"]} if own["name"] != "CLOCK_REALTIME" else own
             error = clocks.alignment_error_ns(used)
-        inputs.append(MergeInput(path=path, metadata=meta, host=host, ranks=tuple(sorted(ranks)), rows=rows,
-                                 clock=used, offset_ns=offsets.get(host, 0), error_ns=error, pid_offset=pid_offset,
-                                 last_ts_ns=last))
+        inputs.append(
+            MergeInput(
+                path=path,
+                metadata=meta,
+                host=host,
+                ranks=tuple(sorted(ranks)),
+                rows=rows,
+                clock=used,
+                offset_ns=offsets.get(host, 0),
+                error_ns=error,
+                pid_offset=pid_offset,
+                last_ts_ns=last,
+            )
+        )
     origin = min(int(i.realtime(np.zeros(1, np.int64))[0]) for i in inputs)
     errors = [i.error_ns for i in inputs]
     bound = None if any(e is None for e in errors) else (sum(sorted(errors)[-2:]) if len(errors) > 1 else 0)
@@ -191,8 +209,9 @@ def _hosts(inputs: Sequence[MergeInput]) -> dict[str, dict]:
     """Per host: its traces, ranks, rows, and the lost events and unseen counts of its traces summed."""
     out: dict[str, dict] = {}
     for item in inputs:
-        entry = out.setdefault(item.host, {"traces": 0, "ranks": [], "rows": 0, "lost_events": 0, "unseen": {},
-                                           "boot_ids": []})
+        entry = out.setdefault(
+            item.host, {"traces": 0, "ranks": [], "rows": 0, "lost_events": 0, "unseen": {}, "boot_ids": []}
+        )
         entry["traces"] += 1
         entry["ranks"] = sorted(set(entry["ranks"]) | set(item.ranks))
         entry["rows"] += item.rows
@@ -239,8 +258,9 @@ class _Source:
     """One input's rows on the job's clock: one batch held at a time (``pos``: how many already went out),
     its text columns as codes into the merged dictionaries (``merge_dictionaries``)."""
 
-    def __init__(self, index: int, item: MergeInput, origin_ns: int, batch_rows: int,
-                 codes: Mapping[str, Mapping[str, int]]) -> None:
+    def __init__(
+        self, index: int, item: MergeInput, origin_ns: int, batch_rows: int, codes: Mapping[str, Mapping[str, int]]
+    ) -> None:
         self.index, self.item, self.origin_ns = index, item, origin_ns
         _, self._batches = scan(item.path, list(COLUMNS), batch_rows=batch_rows, read_ahead=False)
         self._codes = codes
@@ -311,8 +331,10 @@ class _Source:
             codes = self._codes[name]
             lut = np.array([-1 if word is None else codes.get(word, -2) for word in words.to_pylist()], np.int32)
             if (lut == -2).any():
-                raise CkptTraceError(f"{self.item.path}: a batch holds {name} values its first batch's dictionary "
-                                     "lacks (the file is not one Arrow IPC file of one dictionary per column)")
+                raise CkptTraceError(
+                    f"{self.item.path}: a batch holds {name} values its first batch's dictionary "
+                    "lacks (the file is not one Arrow IPC file of one dictionary per column)"
+                )
             cached = self._luts[name] = (words, lut, bool(np.array_equal(lut, np.arange(len(lut)))))
         _, lut, identity = cached
         indices = column.indices
@@ -328,15 +350,19 @@ class _Source:
 
     def stop_at(self, ts_ns: int, side: Literal["left", "right"]) -> int:
         """How many held rows lie before ``ts_ns`` (``side`` 'right': at it too)."""
-        return int(np.searchsorted(self.ts[self.pos:], ts_ns, side=side))
+        return int(np.searchsorted(self.ts[self.pos :], ts_ns, side=side))
 
     def take(self, count: int) -> tuple[list[_Column], np.ndarray]:
         """The next ``count`` held rows (per column of ``COLUMNS`` its values and null mask, as numpy views,
         and their times); they go out."""
         start, self.pos = self.pos, self.pos + count
-        return [(values if values is None else values[start:self.pos],
-                 mask if mask is None or mask is ALL_NULL else mask[start:self.pos])
-                for values, mask in self.columns], self.ts[start:self.pos]
+        return [
+            (
+                values if values is None else values[start : self.pos],
+                mask if mask is None or mask is ALL_NULL else mask[start : self.pos],
+            )
+            for values, mask in self.columns
+        ], self.ts[start : self.pos]
 
 
 def _steps(sources: list[_Source], step_rows: int, pool: ThreadPoolExecutor) -> Iterator[list[tuple[_Source, int]]]:
@@ -370,22 +396,29 @@ def _steps(sources: list[_Source], step_rows: int, pool: ThreadPoolExecutor) -> 
         yield [(s, stop) for s, stop in stops if stop]
 
 
-def merged_rows(plan: MergePlan, *, batch_rows: int = 65536, dictionaries: Mapping[str, pa.Array] | None = None,
-                step_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+def merged_rows(
+    plan: MergePlan,
+    *,
+    batch_rows: int = 65536,
+    dictionaries: Mapping[str, pa.Array] | None = None,
+    step_rows: int | None = None,
+) -> Iterator[pa.RecordBatch]:
     """The rows of every input in global time order (ties: in the order of the inputs, then of their rows), as
     record batches of ``batch_rows`` rows (the last one shorter) of the file schema with ``host``, text
     columns over ``dictionaries`` (``merge_dictionaries(plan)`` when None), in bounded memory (module
     docstring). ``step_rows``: at most about that many rows are sorted at once (``STEP_BATCHES`` batches)."""
     dictionaries = dict(dictionaries or merge_dictionaries(plan))
-    codes = {name: {word: i for i, word in enumerate(values.to_pylist())} for name, values in dictionaries.items()
-             if name in TEXT}
+    codes = {
+        name: {word: i for i, word in enumerate(values.to_pylist())}
+        for name, values in dictionaries.items()
+        if name in TEXT
+    }
     schema = file_schema(("host",))
     host_codes = {host: i for i, host in enumerate(dictionaries["host"].to_pylist())}
     sources = [_Source(i, item, plan.origin_ns, batch_rows, codes) for i, item in enumerate(plan.inputs)]
     step_rows = max(1, step_rows or STEP_BATCHES * batch_rows)
     with ThreadPoolExecutor(max_workers=PREFETCH_THREADS, thread_name_prefix="ckpt-trace-merge") as pool:
-        yield from _merged_steps(_steps(sources, step_rows, pool), host_codes, codes, dictionaries, schema,
-                                 batch_rows)
+        yield from _merged_steps(_steps(sources, step_rows, pool), host_codes, codes, dictionaries, schema, batch_rows)
 
 
 def _merged_steps(steps, host_codes, codes, dictionaries, schema, batch_rows) -> Iterator[pa.RecordBatch]:
@@ -397,8 +430,9 @@ def _merged_steps(steps, host_codes, codes, dictionaries, schema, batch_rows) ->
     dtypes = [np.dtype(t.to_pandas_dtype()) for t in types]
     carry = None
     for step in steps:
-        pieces = [source.take(count) + (np.full(count, host_codes[source.item.host], np.int32),)
-                  for source, count in step]
+        pieces = [
+            source.take(count) + (np.full(count, host_codes[source.item.host], np.int32),) for source, count in step
+        ]
         if carry is not None:
             pieces.insert(0, carry)
         counts = [len(piece[1]) for piece in pieces]
@@ -414,12 +448,17 @@ def _merged_steps(steps, host_codes, codes, dictionaries, schema, batch_rows) ->
                 if all(mask is ALL_NULL for _, mask in parts):
                     columns.append((None, ALL_NULL))
                     continue
-                values = np.concatenate([np.zeros(n, dtype) if m is ALL_NULL else v
-                                         for (v, m), n in zip(parts, counts)])[order]
+                values = np.concatenate(
+                    [np.zeros(n, dtype) if m is ALL_NULL else v for (v, m), n in zip(parts, counts)]
+                )[order]
                 mask = None
                 if any(m is not None for _, m in parts):
-                    mask = np.concatenate([np.zeros(n, bool) if m is None else np.ones(n, bool) if m is ALL_NULL
-                                           else m for (_, m), n in zip(parts, counts)])[order]
+                    mask = np.concatenate(
+                        [
+                            np.zeros(n, bool) if m is None else np.ones(n, bool) if m is ALL_NULL else m
+                            for (_, m), n in zip(parts, counts)
+                        ]
+                    )[order]
                 columns.append((values, mask))
         rows = len(ts)
         whole = rows - rows % batch_rows
@@ -427,8 +466,11 @@ def _merged_steps(steps, host_codes, codes, dictionaries, schema, batch_rows) ->
             yield _record_batch(columns, hosts, start, start + batch_rows, types, dictionaries, codes, schema)
         carry = None
         if whole < rows:
-            carry = ([(v if v is None else v[whole:], m if m is None or m is ALL_NULL else m[whole:])
-                      for v, m in columns], ts[whole:], hosts[whole:])
+            carry = (
+                [(v if v is None else v[whole:], m if m is None or m is ALL_NULL else m[whole:]) for v, m in columns],
+                ts[whole:],
+                hosts[whole:],
+            )
     if carry is not None:
         yield _record_batch(carry[0], carry[2], 0, len(carry[1]), types, dictionaries, codes, schema)
 
@@ -538,10 +580,21 @@ def merged_metadata(plan: MergePlan, rows: int, end_ns: int) -> dict:
         "clock": clocks.clock_metadata("CLOCK_REALTIME", plan.origin_ns, anchor_start, anchor_end),
         **({"job": dict(next(iter(jobs)))} if len(jobs) == 1 else {}),
         "merged": {
-            "traces": [{"path": str(i.path), "host": i.host, "boot_id": i.metadata.get("boot_id"), "rows": i.rows,
-                        "ranks": list(i.ranks), "pid_offset": i.pid_offset, "clock_offset_ns": i.offset_ns,
-                        "alignment_error_ns": i.error_ns, "job": i.metadata.get("job"),
-                        "command": i.metadata.get("command")} for i in plan.inputs],
+            "traces": [
+                {
+                    "path": str(i.path),
+                    "host": i.host,
+                    "boot_id": i.metadata.get("boot_id"),
+                    "rows": i.rows,
+                    "ranks": list(i.ranks),
+                    "pid_offset": i.pid_offset,
+                    "clock_offset_ns": i.offset_ns,
+                    "alignment_error_ns": i.error_ns,
+                    "job": i.metadata.get("job"),
+                    "command": i.metadata.get("command"),
+                }
+                for i in plan.inputs
+            ],
             "hosts": {host: dict(entry) for host, entry in plan.hosts.items()},
             "alignment_error_ns": plan.alignment_error_ns,
             "note": NOTE,
@@ -555,9 +608,15 @@ def merged_metadata(plan: MergePlan, rows: int, end_ns: int) -> dict:
     return meta
 
 
-def merge_traces(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
-                 clock_offsets: Mapping[str, int] | None = None, overwrite: bool = False,
-                 batch_rows: int = 65536, progress: Callable[[str, int, int], None] | None = None) -> dict:
+def merge_traces(
+    paths: Sequence[str | os.PathLike],
+    output: str | os.PathLike,
+    *,
+    clock_offsets: Mapping[str, int] | None = None,
+    overwrite: bool = False,
+    batch_rows: int = 65536,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict:
     """Merge the traces ``paths`` into one trace at ``output`` (atomically, with a ``host`` column).
 
     The metadata (rows, the last row's time) and the text dictionaries are known from the plan before the
@@ -571,11 +630,16 @@ def merge_traces(paths: Sequence[str | os.PathLike], output: str | os.PathLike, 
     if any(Path(p).resolve() == output.resolve() for p in paths):
         raise CkptTraceError(f"{output} is one of the traces to merge; write the merge elsewhere")
     if output.exists() and not overwrite:
-        raise CkptTraceError(f"{output} already exists (use {{option}} to overwrite it)", option="overwrite", switch=True)
+        raise CkptTraceError(
+            f"{output} already exists (use {{option}} to overwrite it)", option="overwrite", switch=True
+        )
     plan = plan_merge(paths, clock_offsets)
     total = sum(i.rows for i in plan.inputs)
-    ends = [int(i.realtime(np.array([i.last_ts_ns], np.int64))[0]) - plan.origin_ns
-            for i in plan.inputs if i.rows and i.last_ts_ns is not None]
+    ends = [
+        int(i.realtime(np.array([i.last_ts_ns], np.int64))[0]) - plan.origin_ns
+        for i in plan.inputs
+        if i.rows and i.last_ts_ns is not None
+    ]
     end = max(ends, default=0)
     meta = merged_metadata(plan, total, end)
 
@@ -587,13 +651,22 @@ def merge_traces(paths: Sequence[str | os.PathLike], output: str | os.PathLike, 
                 progress("merge", rows, total)
             yield batch
         if rows != total:  # an input changed while it was merged: the metadata would lie
-            raise CkptTraceError(f"the traces held {total} rows when planned and {rows} when merged; "
-                                 "was one of them rewritten meanwhile?")
+            raise CkptTraceError(
+                f"the traces held {total} rows when planned and {rows} when merged; "
+                "was one of them rewritten meanwhile?"
+            )
 
-    write_trace_batches(output, _ahead(counted()), meta, optional_columns=("host",), expected_rows=total,
-                        overwrite=overwrite)
-    return {"output": str(output), "rows": total, "traces": len(plan.inputs),
-            "hosts": {h: {k: e[k] for k in ("traces", "ranks", "rows", "lost_events", "unseen")}
-                      for h, e in plan.hosts.items()},
-            "ranks": sorted(r for i in plan.inputs for r in i.ranks),
-            "alignment_error_ns": plan.alignment_error_ns, "elapsed_ns": end}
+    write_trace_batches(
+        output, _ahead(counted()), meta, optional_columns=("host",), expected_rows=total, overwrite=overwrite
+    )
+    return {
+        "output": str(output),
+        "rows": total,
+        "traces": len(plan.inputs),
+        "hosts": {
+            h: {k: e[k] for k in ("traces", "ranks", "rows", "lost_events", "unseen")} for h, e in plan.hosts.items()
+        },
+        "ranks": sorted(r for i in plan.inputs for r in i.ranks),
+        "alignment_error_ns": plan.alignment_error_ns,
+        "elapsed_ns": end,
+    }

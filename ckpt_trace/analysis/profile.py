@@ -176,18 +176,26 @@ class _State:
         offset_col = get("offset")
         ret = get("ret").to_numpy().astype(np.int64)
         op = self.ops.codes(get("op"))
-        return _Batch(ts=ts, end=ts + dur, dur=dur, owner=lut[inverse.reshape(-1)],
-                      tid=get("tid").to_numpy().astype(np.int64),
-                      op=op, path=self.paths.codes(get("path")),
-                      data=self.ops.mask(v.DATA_OPS)[op], copies=self.ops.mask(v.COPY_OPS)[op],
-                      syncs=self.ops.mask(v.SYNC_OPS)[op], meta=self.ops.mask(v.METADATA_OPS)[op],
-                      writes=op == self.ops.get(v.WRITE, -2),
-                      offset=offset_col.fill_null(0).to_numpy().astype(np.int64),
-                      has_offset=offset_col.is_valid().to_numpy(zero_copy_only=False),
-                      size=get("size").fill_null(0).to_numpy().astype(np.int64),
-                      moved=np.maximum(ret, 0),
-                      syscall=self.interfaces.codes(get("interface")) == self.interfaces.setdefault(v.SYSCALL,
-                                                                                                     len(self.interfaces)))
+        return _Batch(
+            ts=ts,
+            end=ts + dur,
+            dur=dur,
+            owner=lut[inverse.reshape(-1)],
+            tid=get("tid").to_numpy().astype(np.int64),
+            op=op,
+            path=self.paths.codes(get("path")),
+            data=self.ops.mask(v.DATA_OPS)[op],
+            copies=self.ops.mask(v.COPY_OPS)[op],
+            syncs=self.ops.mask(v.SYNC_OPS)[op],
+            meta=self.ops.mask(v.METADATA_OPS)[op],
+            writes=op == self.ops.get(v.WRITE, -2),
+            offset=offset_col.fill_null(0).to_numpy().astype(np.int64),
+            has_offset=offset_col.is_valid().to_numpy(zero_copy_only=False),
+            size=get("size").fill_null(0).to_numpy().astype(np.int64),
+            moved=np.maximum(ret, 0),
+            syscall=self.interfaces.codes(get("interface"))
+            == self.interfaces.setdefault(v.SYSCALL, len(self.interfaces)),
+        )
 
     def special(self) -> np.ndarray:
         """Per path id: True for pseudo files and non-files (pipes, sockets, io_uring instances); the last slot
@@ -216,8 +224,9 @@ class _PassOne:
         self.owner = _Sums("written", "read", "data_ops", "copies", "io_time_ns")
         self.owner_first = np.zeros(0, np.int64)
         self.owner_last = np.zeros(0, np.int64)
-        self.file = _Sums("written", "read", "data_ops", "meta_ops", "syncs", "time_ns", "sequential",
-                          "consecutive", "max_end")
+        self.file = _Sums(
+            "written", "read", "data_ops", "meta_ops", "syncs", "time_ns", "sequential", "consecutive", "max_end"
+        )
         self.file_owners: set[tuple[int, int]] = set()
         self.sizes = _Counts()
         self.latency: dict[int, LatencyHistogram] = {}
@@ -250,7 +259,9 @@ class _PassOne:
         self.file.add("data_ops", b.path[on_file & data])
         self.file.add("meta_ops", b.path[on_file & meta])
         self.file.add("syncs", b.path[on_file & syncs])
-        self.file.add("time_ns", b.path[on_file & b.syscall & (data | meta)], b.dur[on_file & b.syscall & (data | meta)])
+        self.file.add(
+            "time_ns", b.path[on_file & b.syscall & (data | meta)], b.dur[on_file & b.syscall & (data | meta)]
+        )
         pairs = np.unique(b.path[on_file & (data | meta)] * (1 << 24) + b.owner[on_file & (data | meta)])
         self.file_owners.update((int(p) >> 24, int(p) & ((1 << 24) - 1)) for p in pairs)
         self._pattern(b, on_file & data & b.has_offset, writes)
@@ -297,7 +308,7 @@ class _PassOne:
         column = self.file.data["max_end"]
         if len(column) < len(ends):
             column = self.file.data["max_end"] = np.concatenate([column, np.zeros(len(ends) - len(column), np.int64)])
-        column[:len(ends)] = np.maximum(column[:len(ends)], ends)
+        column[: len(ends)] = np.maximum(column[: len(ends)], ends)
 
 
 class _PassTwo:
@@ -326,8 +337,9 @@ class _PassTwo:
         data, copies, writes = b.data, b.copies, b.writes
         bins = np.clip((b.end - self.start) // self.width, 0, TIME_BINS - 1)
         moving = data & (b.moved > 0)
-        heat = np.bincount(b.owner[moving] * TIME_BINS + bins[moving], weights=b.moved[moving],
-                           minlength=self.heat.size)
+        heat = np.bincount(
+            b.owner[moving] * TIME_BINS + bins[moving], weights=b.moved[moving], minlength=self.heat.size
+        )
         if heat.size > self.heat.size:  # owners seen first in this pass (none in a pass-one-complete state)
             self.heat = np.vstack([self.heat, np.zeros((heat.size // TIME_BINS - len(self.heat), TIME_BINS))])
         self.heat += heat.reshape(-1, TIME_BINS)
@@ -338,9 +350,9 @@ class _PassTwo:
                 if mine.any():
                     span = max(1, self.file_ends.get(f, 1))
                     o = np.clip(b.offset[mine] * OFFSET_BINS // span, 0, OFFSET_BINS - 1)
-                    self.offsets[(f, direction)] += np.bincount(bins[mine] * OFFSET_BINS + o, weights=b.moved[mine],
-                                                                minlength=TIME_BINS * OFFSET_BINS
-                                                                ).reshape(TIME_BINS, OFFSET_BINS)
+                    self.offsets[(f, direction)] += np.bincount(
+                        bins[mine] * OFFSET_BINS + o, weights=b.moved[mine], minlength=TIME_BINS * OFFSET_BINS
+                    ).reshape(TIME_BINS, OFFSET_BINS)
         chosen = np.isin(b.owner, self.owners) & _file_rows(s, b)
         if chosen.any():
             kind = np.full(len(b.op), 4, np.int64)
@@ -348,8 +360,10 @@ class _PassTwo:
             kind[data & ~writes] = 1
             kind[b.syncs] = 2
             kind[copies] = 3
-            rows = np.stack([b.owner[chosen], b.tid[chosen], kind[chosen], b.ts[chosen] - self.start,
-                             np.maximum(b.dur[chosen], 1)], axis=1)
+            rows = np.stack(
+                [b.owner[chosen], b.tid[chosen], kind[chosen], b.ts[chosen] - self.start, np.maximum(b.dur[chosen], 1)],
+                axis=1,
+            )
             self.bars.append(self._merge(rows))
 
     def _merge(self, rows: np.ndarray) -> np.ndarray:
@@ -374,13 +388,19 @@ def _latency_entry(histogram: LatencyHistogram) -> dict[str, Any]:
     figures = histogram.percentiles_ns()
     counts = histogram.counts.reshape(LATENCY_BUCKETS, -1).sum(axis=1)  # 1/64-octave buckets, 16 a chart bucket
     nonzero = np.flatnonzero(counts)
-    return {"count": histogram.count, "p50_ns": figures["p50"], "p90_ns": figures["p90"], "p99_ns": figures["p99"],
-            "max_ns": figures["max"],
-            "buckets": [[round(_bucket_ns(int(b))), int(counts[b])] for b in nonzero.tolist()]}
+    return {
+        "count": histogram.count,
+        "p50_ns": figures["p50"],
+        "p90_ns": figures["p90"],
+        "p99_ns": figures["p99"],
+        "max_ns": figures["max"],
+        "buckets": [[round(_bucket_ns(int(b))), int(counts[b])] for b in nonzero.tolist()],
+    }
 
 
-def profile_file(path: str | os.PathLike, *, rank: int | None = None, batch_rows: int = 1 << 20,
-                 progress: Progress | None = None) -> dict[str, Any]:
+def profile_file(
+    path: str | os.PathLike, *, rank: int | None = None, batch_rows: int = 1 << 20, progress: Progress | None = None
+) -> dict[str, Any]:
     """The report's aggregates of the trace at ``path`` (module docstring), as one JSON-able dict:
     ``summary`` (``analysis.summary``), ``window``, ``owners``, ``files``, ``sizes``, ``latency``, ``bins``
     (heat map and throughput), ``offsets``, ``timelines``.
@@ -417,25 +437,54 @@ def profile_file(path: str | os.PathLike, *, rank: int | None = None, batch_rows
     names = {code: name for name, code in state.paths.items()}
     return {
         "summary": summary,
-        "metadata": {key: meta.get(key) for key in ("command", "host", "kernel", "arch", "backend",
-                                                    "backend_reason", "format_version", "filesystems",
-                                                    "path_filters", "elapsed_ns", "exit_code", "lost_events")},
-        "window": {"start_ns": start, "end_ns": end, "lead_in_ns": start - one.start,
-                   "bin_ns": two.width, "bins": TIME_BINS},
+        "metadata": {
+            key: meta.get(key)
+            for key in (
+                "command",
+                "host",
+                "kernel",
+                "arch",
+                "backend",
+                "backend_reason",
+                "format_version",
+                "filesystems",
+                "path_filters",
+                "elapsed_ns",
+                "exit_code",
+                "lost_events",
+            )
+        },
+        "window": {
+            "start_ns": start,
+            "end_ns": end,
+            "lead_in_ns": start - one.start,
+            "bin_ns": two.width,
+            "bins": TIME_BINS,
+        },
         "owners": owners,
         "slowest": slowest,
         "chosen": chosen,
         "files": [{k: val for k, val in f.items() if k != "id"} | {"path": names[f["id"]]} for f in files],
         "sizes": one.sizes.top(TOP_SIZES),
         "data_ops": one.sizes.total(),
-        "latency": {name: _latency_entry(one.latency[code])
-                    for name, code in sorted(state.ops.items(),
-                                             key=lambda item: -(one.latency[item[1]].count if item[1] in one.latency else 0))
-                    if code in one.latency},
+        "latency": {
+            name: _latency_entry(one.latency[code])
+            for name, code in sorted(
+                state.ops.items(), key=lambda item: -(one.latency[item[1]].count if item[1] in one.latency else 0)
+            )
+            if code in one.latency
+        },
         "heat": two.heat[[o["id"] for o in owners]] if owners else np.zeros((0, TIME_BINS)),
         "throughput": two.direction,
-        "offsets": [{"path": names[f], "size_bytes": int(one.file.get("max_end", n_paths)[f]),
-                     "write": two.offsets[(f, 0)], "read": two.offsets[(f, 1)]} for f in top],
+        "offsets": [
+            {
+                "path": names[f],
+                "size_bytes": int(one.file.get("max_end", n_paths)[f]),
+                "write": two.offsets[(f, 0)],
+                "read": two.offsets[(f, 1)],
+            }
+            for f in top
+        ],
         "timelines": two.timelines(),
         "owner_labels": {o["id"]: o["label"] for o in owners},
     }
@@ -451,12 +500,21 @@ def _owners(state: _State, one: _PassOne, n: int) -> list[dict[str, Any]]:
         has_io = first[code] < (1 << 62)
         if not sums["data_ops"][code] and not sums["copies"][code]:
             continue  # moved no data: a launcher's probe, a store thread's process
-        rows.append({"id": code, "label": f"rank {raw}" if raw >= 0 else f"pid {-raw - 1}", "rank": raw if raw >= 0 else None,
-                     "pid": -raw - 1 if raw < 0 else None,
-                     "bytes_written": int(sums["written"][code]), "bytes_read": int(sums["read"][code]),
-                     "data_ops": int(sums["data_ops"][code]), "copies": int(sums["copies"][code]),
-                     "io_time_ns": int(sums["io_time_ns"][code]),
-                     "first_ns": int(first[code]) if has_io else None, "last_ns": int(last[code]) if has_io else None})
+        rows.append(
+            {
+                "id": code,
+                "label": f"rank {raw}" if raw >= 0 else f"pid {-raw - 1}",
+                "rank": raw if raw >= 0 else None,
+                "pid": -raw - 1 if raw < 0 else None,
+                "bytes_written": int(sums["written"][code]),
+                "bytes_read": int(sums["read"][code]),
+                "data_ops": int(sums["data_ops"][code]),
+                "copies": int(sums["copies"][code]),
+                "io_time_ns": int(sums["io_time_ns"][code]),
+                "first_ns": int(first[code]) if has_io else None,
+                "last_ns": int(last[code]) if has_io else None,
+            }
+        )
     return sorted(rows, key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else r["pid"]))
 
 
@@ -472,10 +530,20 @@ def _files(state: _State, one: _PassOne, n: int) -> list[dict[str, Any]]:
         if special[code]:
             continue
         data_ops = int(sums["data_ops"][code])
-        rows.append({"id": code, "written": int(sums["written"][code]), "read": int(sums["read"][code]),
-                     "data_ops": data_ops, "meta_ops": int(sums["meta_ops"][code]), "syncs": int(sums["syncs"][code]),
-                     "time_ns": int(sums["time_ns"][code]), "owners": owners.get(code, 0),
-                     "sequential": int(sums["sequential"][code]), "consecutive": int(sums["consecutive"][code])})
+        rows.append(
+            {
+                "id": code,
+                "written": int(sums["written"][code]),
+                "read": int(sums["read"][code]),
+                "data_ops": data_ops,
+                "meta_ops": int(sums["meta_ops"][code]),
+                "syncs": int(sums["syncs"][code]),
+                "time_ns": int(sums["time_ns"][code]),
+                "owners": owners.get(code, 0),
+                "sequential": int(sums["sequential"][code]),
+                "consecutive": int(sums["consecutive"][code]),
+            }
+        )
     return sorted(rows, key=lambda r: (-(r["written"] + r["read"]), -r["time_ns"], r["id"]))
 
 

@@ -29,8 +29,12 @@ _FIELDS = ("rows", "io_time_ns", "writes", "bytes_written", "bytes_read", "first
 
 
 def _mask(column: pa.Array, names: tuple[str, ...]) -> np.ndarray:
-    return pc.fill_null(pc.is_in(column.cast(pa.string()) if pa.types.is_dictionary(column.type) else column,
-                                 pa.array(names, pa.string())), False).to_numpy(zero_copy_only=False)
+    return pc.fill_null(
+        pc.is_in(
+            column.cast(pa.string()) if pa.types.is_dictionary(column.type) else column, pa.array(names, pa.string())
+        ),
+        False,
+    ).to_numpy(zero_copy_only=False)
 
 
 class RankTimes:
@@ -43,8 +47,15 @@ class RankTimes:
 
     @staticmethod
     def _entry() -> dict[str, Any]:
-        return {"rows": 0, "io_time_ns": 0, "writes": 0, "bytes_written": 0, "bytes_read": 0,
-                "first_write_ns": -1, "last_write_end_ns": -1}
+        return {
+            "rows": 0,
+            "io_time_ns": 0,
+            "writes": 0,
+            "bytes_written": 0,
+            "bytes_read": 0,
+            "first_write_ns": -1,
+            "last_write_end_ns": -1,
+        }
 
     def add(self, batch: pa.RecordBatch) -> None:
         """Fold in a batch holding ``COLUMNS`` (and ``host`` when the trace has one)."""
@@ -89,8 +100,9 @@ class RankTimes:
                 entry["bytes_written"] += int(written[i])
                 entry["bytes_read"] += int(read_bytes[i])
                 if first[i] != big:
-                    entry["first_write_ns"] = int(first[i]) if entry["first_write_ns"] < 0 else \
-                        min(entry["first_write_ns"], int(first[i]))
+                    entry["first_write_ns"] = (
+                        int(first[i]) if entry["first_write_ns"] < 0 else min(entry["first_write_ns"], int(first[i]))
+                    )
                     entry["last_write_end_ns"] = max(entry["last_write_end_ns"], int(last[i]))
                 if labels is not None:
                     entry.setdefault("ranks", set())
@@ -102,6 +114,7 @@ class RankTimes:
     def result(self) -> dict[str, Any]:
         """{"rank_times", "hosts", "slowest_rank", "slowest_save"}; a save time is null for a rank that wrote
         nothing."""
+
         def finish(entry: dict) -> dict:
             out = {k: entry[k] for k in ("rows", "io_time_ns", "writes", "bytes_written", "bytes_read")}
             has = entry["first_write_ns"] >= 0
@@ -120,12 +133,22 @@ class RankTimes:
         return {
             "rank_times": {str(r): e for r, e in ranks.items()},
             "hosts": hosts,
-            "slowest_rank": None if slowest is None else {
-                "rank": slowest, "host": host_of.get(slowest), "io_time_ns": ranks[slowest]["io_time_ns"],
-                "save_time_ns": ranks[slowest]["save_time_ns"]},
-            "slowest_save": None if slowest_save is None else {
-                "rank": slowest_save, "host": host_of.get(slowest_save),
-                "save_time_ns": ranks[slowest_save]["save_time_ns"], "io_time_ns": ranks[slowest_save]["io_time_ns"]},
+            "slowest_rank": None
+            if slowest is None
+            else {
+                "rank": slowest,
+                "host": host_of.get(slowest),
+                "io_time_ns": ranks[slowest]["io_time_ns"],
+                "save_time_ns": ranks[slowest]["save_time_ns"],
+            },
+            "slowest_save": None
+            if slowest_save is None
+            else {
+                "rank": slowest_save,
+                "host": host_of.get(slowest_save),
+                "save_time_ns": ranks[slowest_save]["save_time_ns"],
+                "io_time_ns": ranks[slowest_save]["io_time_ns"],
+            },
         }
 
 

@@ -28,8 +28,21 @@ from .ranks import RankTimes
 
 ALIGNMENT_BYTES = 4096
 DATA_OPS = ("read", "write")
-METADATA_OPS = ("open", "close", "lseek", "fsync", "fdatasync", "sync_file_range", "ftruncate", "fallocate",
-                "rename", "unlink", "mkdir", "dup", "fcntl")
+METADATA_OPS = (
+    "open",
+    "close",
+    "lseek",
+    "fsync",
+    "fdatasync",
+    "sync_file_range",
+    "ftruncate",
+    "fallocate",
+    "rename",
+    "unlink",
+    "mkdir",
+    "dup",
+    "fcntl",
+)
 
 
 def _sum(array) -> int:
@@ -48,8 +61,9 @@ def names_in(column, names) -> pa.Array:
             lut = np.append(np.isin(np.array(chunk.dictionary.to_pylist(), dtype=object), names), False)
             parts.append(lut[chunk.indices.fill_null(len(lut) - 1).to_numpy()])
         else:
-            parts.append(pc.fill_null(pc.is_in(chunk, pa.array(names, pa.string())), False)
-                         .to_numpy(zero_copy_only=False))
+            parts.append(
+                pc.fill_null(pc.is_in(chunk, pa.array(names, pa.string())), False).to_numpy(zero_copy_only=False)
+            )
     return pa.array(np.concatenate(parts) if parts else np.zeros(0, bool))
 
 
@@ -113,15 +127,35 @@ def _size_buckets(sizes: np.ndarray, is_write: np.ndarray) -> list[dict[str, int
     writes = np.bincount(index[is_write], minlength=64)
     reads = np.bincount(index[~is_write], minlength=64)
     moved = _group_sums(index, sizes, 64)
-    return [{"bucket_bytes": 0 if k == 0 else int(_POWERS[k - 1]), "read": int(reads[k]), "write": int(writes[k]),
-             "bytes": int(moved[k])} for k in np.flatnonzero(writes + reads).tolist()]
+    return [
+        {
+            "bucket_bytes": 0 if k == 0 else int(_POWERS[k - 1]),
+            "read": int(reads[k]),
+            "write": int(writes[k]),
+            "bytes": int(moved[k]),
+        }
+        for k in np.flatnonzero(writes + reads).tolist()
+    ]
 
 
 _POWERS = 1 << np.arange(63, dtype=np.int64)  # bucket b (index k) holds sizes in [2**k, 2**(k+1))
 
 
-SUMMARY_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "rank", "op", "path", "offset", "size", "ret", "interface",
-                   "in_flight", "memory_kind")
+SUMMARY_COLUMNS = (
+    "ts_ns",
+    "dur_ns",
+    "pid",
+    "tid",
+    "rank",
+    "op",
+    "path",
+    "offset",
+    "size",
+    "ret",
+    "interface",
+    "in_flight",
+    "memory_kind",
+)
 
 
 class Accumulator:
@@ -195,8 +229,15 @@ class Accumulator:
         """The distinct ranks, pids and tids of a batch (never null): one hashed unique of the three packed
         into one 64-bit key (rank + 1 in 20 bits, pid and tid in 22 each: Linux's PID_MAX_LIMIT is 2**22)
         where they fit, else one per column."""
-        if len(rank) and int(rank.min()) >= -1 and int(rank.max()) < (1 << 20) - 1 and int(pid.min()) >= 0 \
-                and int(pid.max()) < 1 << 22 and int(tid.min()) >= 0 and int(tid.max()) < 1 << 22:
+        if (
+            len(rank)
+            and int(rank.min()) >= -1
+            and int(rank.max()) < (1 << 20) - 1
+            and int(pid.min()) >= 0
+            and int(pid.max()) < 1 << 22
+            and int(tid.min()) >= 0
+            and int(tid.max()) < 1 << 22
+        ):
             keys = (((rank.astype(np.int64) + 1) << 44) | (pid.astype(np.int64) << 22) | tid).astype(np.uint64)
             keys = int_values(pc.unique(pa.Array.from_buffers(pa.uint64(), len(keys), [None, pa.py_buffer(keys)])))
             self.ranks.update(((keys >> np.uint64(44)).astype(np.int64) - 1).tolist())
@@ -204,11 +245,19 @@ class Accumulator:
             self.tids.update((keys & np.uint64((1 << 22) - 1)).tolist())
             return
         for values, seen in ((rank, self.ranks), (pid, self.pids), (tid, self.tids)):
-            seen.update(int_values(pc.unique(pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values),
-                                                                   [None, pa.py_buffer(values)]))).tolist())
+            seen.update(
+                int_values(
+                    pc.unique(
+                        pa.Array.from_buffers(
+                            pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)]
+                        )
+                    )
+                ).tolist()
+            )
 
-    def _add_data(self, batch: pa.RecordBatch, data: np.ndarray, is_write: np.ndarray, moved: np.ndarray,
-                  dur: np.ndarray) -> None:
+    def _add_data(
+        self, batch: pa.RecordBatch, data: np.ndarray, is_write: np.ndarray, moved: np.ndarray, dur: np.ndarray
+    ) -> None:
         """The data operations (``data``: the batch's rows that are reads or writes)."""
         self.data_ops += len(moved)
         self.data_time_ns += _exact_sum(dur)
@@ -219,10 +268,13 @@ class Accumulator:
             rank, pid, tid = (int_values(batch.column(c))[wrote].astype(np.int64) for c in ("rank", "pid", "tid"))
             owner = np.where(rank >= 0, rank, -pid - 1) + (1 << 30)  # > 0: ranks and pids are below 2**30
             keys = np.ascontiguousarray(np.left_shift(owner, 32) | tid, np.int64)
-            wrapped = pa.Array.from_buffers(pa.int64(), len(keys), [None, pa.py_buffer(keys)])  # pa.array imports pandas
+            wrapped = pa.Array.from_buffers(
+                pa.int64(), len(keys), [None, pa.py_buffer(keys)]
+            )  # pa.array imports pandas
             keys = int_values(pc.unique(wrapped))  # hashed: few distinct
-            self.writer_threads.update(zip((np.right_shift(keys, 32) - (1 << 30)).tolist(),
-                                           (keys & 0xFFFFFFFF).tolist()))
+            self.writer_threads.update(
+                zip((np.right_shift(keys, 32) - (1 << 30)).tolist(), (keys & 0xFFFFFFFF).tolist())
+            )
         size, size_valid = _ints(batch.column("size"))
         sizes = np.where(size_valid[data], size[data], 0).astype(np.int64)
         for entry in _size_buckets(sizes, is_write):
@@ -252,15 +304,24 @@ class Accumulator:
 
     def _add_bucket(self, entry: dict[str, int]) -> None:
         """Add one size bucket's counts and bytes (``_size_buckets``' entries) to the histogram."""
-        mine = self.histogram.setdefault(entry["bucket_bytes"], {"bucket_bytes": entry["bucket_bytes"], "read": 0,
-                                                                 "write": 0, "bytes": 0})
+        mine = self.histogram.setdefault(
+            entry["bucket_bytes"], {"bucket_bytes": entry["bucket_bytes"], "read": 0, "write": 0, "bytes": 0}
+        )
         for key in ("read", "write", "bytes"):
             mine[key] += entry[key]
 
     def _interface(self, name: str) -> dict[str, Any]:
         """The figures of one I/O interface, made empty on first use."""
-        return self.interfaces.setdefault(name, {"ops": 0, "bytes_written": 0, "bytes_read": 0,
-                                                 "latency": LatencyHistogram(), "depths": np.zeros(0, np.int64)})
+        return self.interfaces.setdefault(
+            name,
+            {
+                "ops": 0,
+                "bytes_written": 0,
+                "bytes_read": 0,
+                "latency": LatencyHistogram(),
+                "depths": np.zeros(0, np.int64),
+            },
+        )
 
     def merge(self, other: Accumulator) -> None:
         """Fold in what ``other`` accumulated from other batches of the same trace: exact (sums, unions,
@@ -277,8 +338,17 @@ class Accumulator:
         self.tids |= other.tids
         self.ranks |= other.ranks
         self.writer_threads |= other.writer_threads
-        for name in ("data_ops", "data_time_ns", "written", "read", "known_offsets", "unaligned_offsets",
-                     "unaligned_sizes", "meta_ops", "meta_time_ns"):
+        for name in (
+            "data_ops",
+            "data_time_ns",
+            "written",
+            "read",
+            "known_offsets",
+            "unaligned_offsets",
+            "unaligned_sizes",
+            "meta_ops",
+            "meta_time_ns",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for entry in other.histogram.values():
             self._add_bucket(entry)
@@ -288,8 +358,14 @@ class Accumulator:
                 mine[key] += entry[key]
             mine["latency"].merge(entry["latency"])
             mine["depths"] = _added(mine["depths"], entry["depths"])
-        tagged = sorted(zip(self.copy_order + other.copy_order, range(len(self.copies) + len(other.copies)),
-                            self.copies + other.copies), key=lambda item: item[:2])
+        tagged = sorted(
+            zip(
+                self.copy_order + other.copy_order,
+                range(len(self.copies) + len(other.copies)),
+                self.copies + other.copies,
+            ),
+            key=lambda item: item[:2],
+        )
         self.copy_order = [order for order, _, _ in tagged]
         self.copies = [table for _, _, table in tagged]
 
@@ -297,8 +373,12 @@ class Accumulator:
         interfaces = {}
         for name in sorted(self.interfaces):
             mine = self.interfaces[name]
-            entry = {"ops": mine["ops"], "bytes_written": mine["bytes_written"], "bytes_read": mine["bytes_read"],
-                     "latency_ns": mine["latency"].percentiles_ns()}
+            entry = {
+                "ops": mine["ops"],
+                "bytes_written": mine["bytes_written"],
+                "bytes_read": mine["bytes_read"],
+                "latency_ns": mine["latency"].percentiles_ns(),
+            }
             counts = mine["depths"]
             if counts.sum():
                 entry["in_flight"] = _depth_figures(counts)
@@ -348,16 +428,26 @@ def _depth_figures(counts: np.ndarray) -> dict[str, Any]:
 
 
 def summary_document(path, md: dict, figures: dict, gpu: dict) -> dict[str, Any]:
-    return {"trace": str(path), "backend": md.get("backend"), "command": md.get("command"), **figures,
-            "lost_events": int(md.get("lost_events", 0)), "filesystems": md.get("filesystems", {}),
-            "unseen": md.get("unseen", {}), "gpu": gpu, "interrupted": md.get("interrupted"),
-            **({"mapped_uncovered_bytes": int(md["mapped_uncovered_bytes"])} if "mapped_uncovered_bytes" in md else {})}
+    return {
+        "trace": str(path),
+        "backend": md.get("backend"),
+        "command": md.get("command"),
+        **figures,
+        "lost_events": int(md.get("lost_events", 0)),
+        "filesystems": md.get("filesystems", {}),
+        "unseen": md.get("unseen", {}),
+        "gpu": gpu,
+        "interrupted": md.get("interrupted"),
+        **({"mapped_uncovered_bytes": int(md["mapped_uncovered_bytes"])} if "mapped_uncovered_bytes" in md else {}),
+    }
 
 
 def mapped_uncovered_line(uncovered_bytes: int) -> str:
     """The one line ``record`` and ``summary`` print when bytes mapped from files are covered by no row."""
-    return (f"{uncovered_bytes:,} bytes ({uncovered_bytes / 2**20:.1f} MiB) mapped from files are covered by no "
-            "row: this kernel's page tracepoints did not show how they were touched (mapped_uncovered_bytes)")
+    return (
+        f"{uncovered_bytes:,} bytes ({uncovered_bytes / 2**20:.1f} MiB) mapped from files are covered by no "
+        "row: this kernel's page tracepoints did not show how they were touched (mapped_uncovered_bytes)"
+    )
 
 
 def summarize(trace: Trace) -> dict[str, Any]:
@@ -393,8 +483,12 @@ def summarize_file(path, *, batch_rows: int = 1 << 20, progress: Progress | None
     operations of the ranks that copied (the copy/I/O overlap). ``progress`` (``Progress``) sees the first
     pass. Raises TraceFormatError for a bad trace."""
     merged = "merged" in read_metadata(path)  # a merged trace's host column (an optional column)
-    meta, batches = scan(path, SUMMARY_COLUMNS + (("host",) if merged else ()), batch_rows=batch_rows,
-                         on_batch=on_batch(progress, "reading"))
+    meta, batches = scan(
+        path,
+        SUMMARY_COLUMNS + (("host",) if merged else ()),
+        batch_rows=batch_rows,
+        on_batch=on_batch(progress, "reading"),
+    )
     times = RankTimes(default_host=str(meta.get("host")))
     acc = accumulate(_folded(batches, times))
     document = {**summary_document(path, meta, acc.result(), gpu_summary(path, acc, batch_rows)), **times.result()}
@@ -450,7 +544,13 @@ def gpu_summary(path, acc: Accumulator, batch_rows: int = 1 << 20) -> dict[str, 
     ranks = pa.array(sorted({r for table in acc.copies for r in table["rank"].to_pylist()}), pa.int32())
     columns = ["ts_ns", "dur_ns", "rank", "op", "interface", "memory_kind", "size", "pid", "address"]
     _, again = scan(path, columns, batch_rows=batch_rows)
-    parts = [b.filter(pc.and_(pc.is_in(b.column("rank"), value_set=ranks),
-                              pc.or_(names_in(b.column("op"), DATA_OPS), names_in(b.column("interface"), ("cuda",)))))
-             for b in again]
+    parts = [
+        b.filter(
+            pc.and_(
+                pc.is_in(b.column("rank"), value_set=ranks),
+                pc.or_(names_in(b.column("op"), DATA_OPS), names_in(b.column("interface"), ("cuda",))),
+            )
+        )
+        for b in again
+    ]
     return copy_summary(pa.Table.from_batches(parts))

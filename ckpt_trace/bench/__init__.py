@@ -9,5 +9,15 @@ from .matrix import DIMENSIONS, BenchPoint, Matrix, describe, make_matrix
 from .results import ranked, read_bench
 from .run import check_output, run_bench, write_outputs
 
-__all__ = ["DIMENSIONS", "BenchPoint", "Matrix", "check_output", "describe", "make_matrix", "ranked", "read_bench",
-           "run_bench", "write_outputs"]
+__all__ = [
+    "DIMENSIONS",
+    "BenchPoint",
+    "Matrix",
+    "check_output",
+    "describe",
+    "make_matrix",
+    "ranked",
+    "read_bench",
+    "run_bench",
+    "write_outputs",
+]

@@ -21,8 +21,9 @@ from .matrix import DIMENSIONS, TITLES, BenchPoint, Matrix, label
 from .results import point_of
 
 
-def grid_values(table: pa.Table, matrix: Matrix, row: str, column: str,
-                direction: str | None = None) -> list[list[float | None]]:
+def grid_values(
+    table: pa.Table, matrix: Matrix, row: str, column: str, direction: str | None = None
+) -> list[list[float | None]]:
     """Throughput (bytes/s) of each cell of ``matrix.grid(row, column, direction)``; None where refused or not run."""
     lookup = {point_of(row): row["throughput_bytes_per_s"] for row in table.to_pylist()}
     return [[lookup.get(point.canonical()) for point in line] for line in matrix.grid(row, column, direction)]
@@ -30,13 +31,17 @@ def grid_values(table: pa.Table, matrix: Matrix, row: str, column: str,
 
 def _others(matrix: Matrix, row: str, column: str, direction: str) -> str:
     base = matrix.at(direction)
-    fixed = [f"{TITLES[name]} {label(name, getattr(base, name))}" for name in matrix.dimensions(direction)
-             if name not in (row, column)]
+    fixed = [
+        f"{TITLES[name]} {label(name, getattr(base, name))}"
+        for name in matrix.dimensions(direction)
+        if name not in (row, column)
+    ]
     return "others at baseline: " + ", ".join(fixed)
 
 
-def heatmap_png(table: pa.Table, matrix: Matrix, row: str, column: str, vmax_bytes_per_s: float,
-                direction: str | None = None) -> bytes:
+def heatmap_png(
+    table: pa.Table, matrix: Matrix, row: str, column: str, vmax_bytes_per_s: float, direction: str | None = None
+) -> bytes:
     """The PNG of one dimension pair of ``direction`` (the baseline's by default; see the module docstring)."""
     direction = direction or matrix.baseline.direction
     plt = pyplot()
@@ -54,8 +59,9 @@ def heatmap_png(table: pa.Table, matrix: Matrix, row: str, column: str, vmax_byt
             text = "refused" if math.isnan(value) else f"{value:,.0f}"
             bright = not math.isnan(value) and value > 0.6 * vmax_bytes_per_s / 1e6
             ax.text(j, i, text, ha="center", va="center", fontsize=8, color="black" if bright else "white")
-    ax.set_title(f"{direction} MB/s by {TITLES[row]} and {TITLES[column]}\n{_others(matrix, row, column, direction)}",
-                 fontsize=8)
+    ax.set_title(
+        f"{direction} MB/s by {TITLES[row]} and {TITLES[column]}\n{_others(matrix, row, column, direction)}", fontsize=8
+    )
     fig.colorbar(image, ax=ax, label="MB/s")
     return png_bytes(fig)
 
@@ -65,8 +71,11 @@ def write_heatmaps(table: pa.Table, matrix: Matrix, output: Path) -> list[Path]:
     direction swept; return the paths. One colour scale per direction."""
     paths = []
     for direction in matrix.directions:
-        speeds = [row["throughput_bytes_per_s"] for row in table.to_pylist()
-                  if row["direction"] == direction and row["throughput_bytes_per_s"] is not None]
+        speeds = [
+            row["throughput_bytes_per_s"]
+            for row in table.to_pylist()
+            if row["direction"] == direction and row["throughput_bytes_per_s"] is not None
+        ]
         vmax = max(speeds, default=1.0)
         prefix = "heatmap-read" if direction == "read" else "heatmap"
         for row, column in matrix.pairs(direction):
@@ -78,7 +87,13 @@ def write_heatmaps(table: pa.Table, matrix: Matrix, output: Path) -> list[Path]:
 
 def matrix_of(metadata: dict) -> Matrix:
     """The Matrix a results file was run with (its ``values`` and ``baseline`` metadata)."""
-    values = {name: tuple(metadata["values"].get(name, ("write",) if name == "direction" else ())) for name in DIMENSIONS}
+    values = {
+        name: tuple(metadata["values"].get(name, ("write",) if name == "direction" else ())) for name in DIMENSIONS
+    }
     baseline = BenchPoint(**metadata["baseline"])
-    return Matrix(values=values, baseline=baseline, volume_bytes=metadata["volume_bytes"],
-                  aggregate_bytes=metadata["aggregate_bytes"])
+    return Matrix(
+        values=values,
+        baseline=baseline,
+        volume_bytes=metadata["volume_bytes"],
+        aggregate_bytes=metadata["aggregate_bytes"],
+    )

@@ -113,22 +113,23 @@ class Matrix:
     def dimensions(direction: str) -> list[str]:
         """The dimensions a point of ``direction`` has, in ``DIMENSIONS`` order: all but the direction
         itself, and for ``read`` not ``preallocated`` (a read point's file is complete before it starts)."""
-        return [name for name in DIMENSIONS
-                if name != "direction" and not (direction == "read" and name == "preallocated")]
+        return [
+            name for name in DIMENSIONS if name != "direction" and not (direction == "read" and name == "preallocated")
+        ]
 
     def pairs(self, direction: str | None = None) -> list[tuple[str, str]]:
         """Every pair of ``dimensions(direction)`` (the baseline's direction by default) that has more than
         one value each."""
-        varying = [name for name in self.dimensions(direction or self.baseline.direction)
-                   if len(self.values[name]) > 1]
+        varying = [name for name in self.dimensions(direction or self.baseline.direction) if len(self.values[name]) > 1]
         return list(itertools.combinations(varying, 2))
 
     def grid(self, row: str, column: str, direction: str | None = None) -> list[list[BenchPoint]]:
         """The points of one heat map of ``direction`` (the baseline's by default): ``grid[i][j]`` has
         ``row``'s i-th and ``column``'s j-th value."""
         base = self.at(direction or self.baseline.direction)
-        return [[dataclasses.replace(base, **{row: a, column: b}) for b in self.values[column]]
-                for a in self.values[row]]
+        return [
+            [dataclasses.replace(base, **{row: a, column: b}) for b in self.values[column]] for a in self.values[row]
+        ]
 
     def points(self) -> list[BenchPoint]:
         """The canonical points of every grid of every direction (a direction's baseline alone when nothing
@@ -137,7 +138,8 @@ class Matrix:
         for direction in self.directions:
             grids = [self.grid(row, column, direction) for row, column in self.pairs(direction)]
             found += [point.canonical() for grid in grids for line in grid for point in line] or [
-                self.at(direction).canonical()]
+                self.at(direction).canonical()
+            ]
         return list(dict.fromkeys(found))
 
 
@@ -152,13 +154,28 @@ FULL_SIZES = (4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64
 FULL_QUEUE_DEPTHS = (1, 2, 4, 8, 16, 32, 64, 128)
 QUICK_SIZES = (4 * KIB, 64 * KIB, MIB, 16 * MIB)
 QUICK_QUEUE_DEPTHS = (1, 8, 32)
-BASELINE = BenchPoint(size_bytes=MIB, misaligned_bytes=0, queue_depth=32, processes=1, direct=True, engine="uring",
-                      aggregated=False, preallocated=True)
+BASELINE = BenchPoint(
+    size_bytes=MIB,
+    misaligned_bytes=0,
+    queue_depth=32,
+    processes=1,
+    direct=True,
+    engine="uring",
+    aggregated=False,
+    preallocated=True,
+)
 
 
-def make_matrix(*, quick: bool, max_processes: int | None = None, volume_bytes: int | None = None,
-                sizes: tuple[int, ...] | None = None, queue_depths: tuple[int, ...] | None = None,
-                aggregate_bytes: int = 4 << 20, directions: tuple[str, ...] = ("write",)) -> Matrix:
+def make_matrix(
+    *,
+    quick: bool,
+    max_processes: int | None = None,
+    volume_bytes: int | None = None,
+    sizes: tuple[int, ...] | None = None,
+    queue_depths: tuple[int, ...] | None = None,
+    aggregate_bytes: int = 4 << 20,
+    directions: tuple[str, ...] = ("write",),
+) -> Matrix:
     """The full matrix (8 sizes 4 KiB-64 MiB, queue depths 1-128, 1 GiB per point) or the quick one
     (4 sizes, queue depths 1/8/32, 1 and ``max_processes`` processes, 256 MiB per point).
     ``max_processes`` defaults to the CPU count, at least 4 (writers wait on the device, not the CPU).
@@ -177,11 +194,22 @@ def make_matrix(*, quick: bool, max_processes: int | None = None, volume_bytes: 
         raise ValueError("sizes, queue depths and processes must be positive")
     processes = (1, max_processes) if quick and max_processes > 1 else powers_of_two_up_to(max_processes)
     baseline = dataclasses.replace(
-        BASELINE, direction=directions[0], size_bytes=min(sizes, key=lambda s: (abs(math.log2(s / MIB)), s)),
-        queue_depth=max([d for d in depths if d <= BASELINE.queue_depth] or [min(depths)]))
-    values = {"size_bytes": sizes, "misaligned_bytes": (0, MISALIGNMENT_BYTES), "queue_depth": depths,
-              "processes": processes, "direct": (False, True), "engine": ENGINES, "aggregated": (False, True),
-              "preallocated": (False, True), "direction": tuple(dict.fromkeys(directions))}
+        BASELINE,
+        direction=directions[0],
+        size_bytes=min(sizes, key=lambda s: (abs(math.log2(s / MIB)), s)),
+        queue_depth=max([d for d in depths if d <= BASELINE.queue_depth] or [min(depths)]),
+    )
+    values = {
+        "size_bytes": sizes,
+        "misaligned_bytes": (0, MISALIGNMENT_BYTES),
+        "queue_depth": depths,
+        "processes": processes,
+        "direct": (False, True),
+        "engine": ENGINES,
+        "aggregated": (False, True),
+        "preallocated": (False, True),
+        "direction": tuple(dict.fromkeys(directions)),
+    }
     volume = (256 * MIB if quick else GIB) if volume_bytes is None else volume_bytes
     return Matrix(values=values, baseline=baseline, volume_bytes=volume, aggregate_bytes=aggregate_bytes)
 
@@ -216,8 +244,11 @@ def staging_writes(point: BenchPoint, stream: int, aggregate_bytes: int, block_b
 def label(dimension: str, value) -> str:
     """A value as the heat maps and tables show it: 4096 -> '4 KiB', direct True -> 'O_DIRECT'."""
     if dimension == "size_bytes":
-        return f"{value >> 20} MiB" if value >= MIB and value % MIB == 0 else (
-            f"{value >> 10} KiB" if value % KIB == 0 else f"{value} B")
+        return (
+            f"{value >> 20} MiB"
+            if value >= MIB and value % MIB == 0
+            else (f"{value >> 10} KiB" if value % KIB == 0 else f"{value} B")
+        )
     if dimension == "misaligned_bytes":
         return f"+{value} B" if value else "aligned"
     if dimension == "direct":
@@ -233,19 +264,30 @@ def label(dimension: str, value) -> str:
     return str(value)
 
 
-TITLES = {"size_bytes": "request size", "misaligned_bytes": "alignment", "queue_depth": "queue depth",
-          "processes": "processes", "direct": "page cache", "engine": "engine", "aggregated": "aggregation",
-          "preallocated": "preallocation", "direction": "direction"}
+TITLES = {
+    "size_bytes": "request size",
+    "misaligned_bytes": "alignment",
+    "queue_depth": "queue depth",
+    "processes": "processes",
+    "direct": "page cache",
+    "engine": "engine",
+    "aggregated": "aggregation",
+    "preallocated": "preallocation",
+    "direction": "direction",
+}
 
 
 def describe(point: BenchPoint) -> str:
     """One line for a person: '1 MiB aligned writes, io_uring QD 32, O_DIRECT, not aggregated, fallocate, 1 process'
     ('1 MiB aligned reads, POSIX pread, ...' for reads, which have no preallocation)."""
     reads = point.direction == "read"
-    engine = f"io_uring QD {point.queue_depth}" if point.engine == "uring" else (
-        "POSIX pread" if reads else "POSIX pwrite")
+    engine = (
+        f"io_uring QD {point.queue_depth}" if point.engine == "uring" else ("POSIX pread" if reads else "POSIX pwrite")
+    )
     processes = f"{point.processes} process" + ("es" if point.processes > 1 else "")
     prealloc = "" if reads else f"{label('preallocated', point.preallocated)}, "
-    return (f"{label('size_bytes', point.size_bytes)} {label('misaligned_bytes', point.misaligned_bytes)} "
-            f"{label('direction', point.direction)}, {engine}, {label('direct', point.direct)}, "
-            f"{label('aggregated', point.aggregated)}, {prealloc}{processes}")
+    return (
+        f"{label('size_bytes', point.size_bytes)} {label('misaligned_bytes', point.misaligned_bytes)} "
+        f"{label('direction', point.direction)}, {engine}, {label('direct', point.direct)}, "
+        f"{label('aggregated', point.aggregated)}, {prealloc}{processes}"
+    )

@@ -43,14 +43,29 @@ BENCH_VERSION = 2
 BENCH_SUPPORTED_VERSIONS = (1, 2)
 TABLE_NAME = "bench.arrow"
 
-SCHEMA = pa.schema([
-    ("size_bytes", pa.int64()), ("misaligned_bytes", pa.int64()), ("queue_depth", pa.int32()),
-    ("processes", pa.int32()), ("direct", pa.bool_()), ("engine", pa.string()), ("aggregated", pa.bool_()),
-    ("preallocated", pa.bool_()), ("direction", pa.string()),
-    ("volume_bytes", pa.int64()), ("elapsed_s", pa.float64()), ("runs_elapsed_s", pa.list_(pa.float64())),
-    ("throughput_bytes_per_s", pa.float64()), ("io_ops", pa.int64()), ("latency_p50_ns", pa.int64()),
-    ("latency_p99_ns", pa.int64()), ("latency_max_ns", pa.int64()), ("cpu_s", pa.float64()), ("error", pa.string()),
-])
+SCHEMA = pa.schema(
+    [
+        ("size_bytes", pa.int64()),
+        ("misaligned_bytes", pa.int64()),
+        ("queue_depth", pa.int32()),
+        ("processes", pa.int32()),
+        ("direct", pa.bool_()),
+        ("engine", pa.string()),
+        ("aggregated", pa.bool_()),
+        ("preallocated", pa.bool_()),
+        ("direction", pa.string()),
+        ("volume_bytes", pa.int64()),
+        ("elapsed_s", pa.float64()),
+        ("runs_elapsed_s", pa.list_(pa.float64())),
+        ("throughput_bytes_per_s", pa.float64()),
+        ("io_ops", pa.int64()),
+        ("latency_p50_ns", pa.int64()),
+        ("latency_p99_ns", pa.int64()),
+        ("latency_max_ns", pa.int64()),
+        ("cpu_s", pa.float64()),
+        ("error", pa.string()),
+    ]
+)
 
 
 def to_table(rows: list[dict], metadata: dict) -> pa.Table:
@@ -86,14 +101,20 @@ def read_bench(path: str | os.PathLike) -> tuple[pa.Table, dict]:
     except ValueError:
         raise BenchError(f"{path}: the {BENCH_KEY.decode()} metadata is not JSON") from None
     if metadata.get("format") != BENCH_FORMAT or metadata.get("version") not in BENCH_SUPPORTED_VERSIONS:
-        raise BenchError(f"{path}: bench format {metadata.get('format')!r} version {metadata.get('version')!r} "
-                         f"is not supported (this release reads versions "
-                         f"{', '.join(map(str, BENCH_SUPPORTED_VERSIONS))})")
+        raise BenchError(
+            f"{path}: bench format {metadata.get('format')!r} version {metadata.get('version')!r} "
+            f"is not supported (this release reads versions "
+            f"{', '.join(map(str, BENCH_SUPPORTED_VERSIONS))})"
+        )
     if metadata["version"] == 1 and "write_ops" in table.column_names:
         table = table.rename_columns(["io_ops" if n == "write_ops" else n for n in table.column_names])
         table = table.append_column("direction", pa.array(["write"] * table.num_rows, pa.string()))
-        metadata = {**metadata, "version": BENCH_VERSION, "fio_read_bytes_per_s": None,
-                    "values": {**metadata.get("values", {}), "direction": ["write"]}}
+        metadata = {
+            **metadata,
+            "version": BENCH_VERSION,
+            "fio_read_bytes_per_s": None,
+            "values": {**metadata.get("values", {}), "direction": ["write"]},
+        }
     missing = [name for name in SCHEMA.names if name not in table.column_names]
     if missing:
         raise BenchError(f"{path}: missing column {missing[0]!r}")
@@ -102,8 +123,11 @@ def read_bench(path: str | os.PathLike) -> tuple[pa.Table, dict]:
 
 def ranked(table: pa.Table, count: int | None = None, direction: str | None = None) -> list[dict]:
     """Rows that ran (of ``direction`` only, when given), fastest first (ties: less CPU first), at most ``count``."""
-    rows = [row for row in table.to_pylist() if row["error"] is None and row["throughput_bytes_per_s"]
-            and direction in (None, row["direction"])]
+    rows = [
+        row
+        for row in table.to_pylist()
+        if row["error"] is None and row["throughput_bytes_per_s"] and direction in (None, row["direction"])
+    ]
     rows.sort(key=lambda row: (-row["throughput_bytes_per_s"], row["cpu_s"]))
     return rows[:count] if count is not None else rows
 
@@ -136,16 +160,28 @@ def effects(table: pa.Table, matrix: Matrix, direction: str | None = None) -> li
     for name in DIMENSIONS:
         if name not in swept:
             continue
-        values = [{"label": label(name, value),
-                   "throughput_bytes_per_s": speeds.get(dataclasses.replace(base, **{name: value}).canonical())}
-                  for value in matrix.values[name]]
+        values = [
+            {
+                "label": label(name, value),
+                "throughput_bytes_per_s": speeds.get(dataclasses.replace(base, **{name: value}).canonical()),
+            }
+            for value in matrix.values[name]
+        ]
         ran = [v for v in values if v["throughput_bytes_per_s"]]
         fastest = max(ran, key=lambda v: v["throughput_bytes_per_s"], default=None)
         slowest = min(ran, key=lambda v: v["throughput_bytes_per_s"], default=None)
-        found.append({"dimension": name, "title": TITLES[name], "values": values,
-                      "fastest": fastest and fastest["label"], "slowest": slowest and slowest["label"],
-                      "ratio": fastest["throughput_bytes_per_s"] / slowest["throughput_bytes_per_s"]
-                      if fastest and slowest and len(ran) > 1 else None})
+        found.append(
+            {
+                "dimension": name,
+                "title": TITLES[name],
+                "values": values,
+                "fastest": fastest and fastest["label"],
+                "slowest": slowest and slowest["label"],
+                "ratio": fastest["throughput_bytes_per_s"] / slowest["throughput_bytes_per_s"]
+                if fastest and slowest and len(ran) > 1
+                else None,
+            }
+        )
     return sorted(found, key=lambda e: -(e["ratio"] or 0))
 
 
@@ -174,13 +210,24 @@ def summarize(table: pa.Table, metadata: dict, matrix: Matrix, top: int, near_fr
             floor = best["throughput_bytes_per_s"] * (1 - near_fraction)
             best["near_best"] = sum(row["throughput_bytes_per_s"] >= floor for row in ordered[1:])
             best["near_fraction"] = near_fraction
-        sections[direction] = {"best": best, "top": fastest, "effects": effects(table, matrix, direction),
-                               "fio_bytes_per_s": fio}
+        sections[direction] = {
+            "best": best,
+            "top": fastest,
+            "effects": effects(table, matrix, direction),
+            "fio_bytes_per_s": fio,
+        }
     first = sections[matrix.directions[0]]
     refused = [_described(row) for row in table.to_pylist() if row["error"] is not None]
-    return {"points": table.num_rows, "best": first["best"], "top": first["top"], "effects": first["effects"],
-            "directions": sections,
-            "refused": [{"description": row["description"], "error": row["error"]} for row in refused],
-            "elapsed_s": metadata.get("elapsed_s"), "volume_bytes": metadata.get("volume_bytes"),
-            "fio_write_bytes_per_s": metadata.get("fio_write_bytes_per_s"),
-            "fio_read_bytes_per_s": metadata.get("fio_read_bytes_per_s"), "environment": metadata.get("environment")}
+    return {
+        "points": table.num_rows,
+        "best": first["best"],
+        "top": first["top"],
+        "effects": first["effects"],
+        "directions": sections,
+        "refused": [{"description": row["description"], "error": row["error"]} for row in refused],
+        "elapsed_s": metadata.get("elapsed_s"),
+        "volume_bytes": metadata.get("volume_bytes"),
+        "fio_write_bytes_per_s": metadata.get("fio_write_bytes_per_s"),
+        "fio_read_bytes_per_s": metadata.get("fio_read_bytes_per_s"),
+        "environment": metadata.get("environment"),
+    }

@@ -61,12 +61,21 @@ class PointOutcome:
     def row(self) -> dict:
         elapsed_s = self.elapsed_s
         figures = elapsed_s is not None
-        return {**dataclasses.asdict(self.point), "volume_bytes": self.volume_bytes, "elapsed_s": elapsed_s,
-                "runs_elapsed_s": list(self.runs_elapsed_s) or None,
-                "throughput_bytes_per_s": self.volume_bytes / elapsed_s if elapsed_s is not None and elapsed_s > 0 else None,
-                "io_ops": self.io_ops if figures else None,
-                "latency_p50_ns": self.latency_ns.get("p50"), "latency_p99_ns": self.latency_ns.get("p99"),
-                "latency_max_ns": self.latency_ns.get("max"), "cpu_s": self.cpu_s, "error": self.error}
+        return {
+            **dataclasses.asdict(self.point),
+            "volume_bytes": self.volume_bytes,
+            "elapsed_s": elapsed_s,
+            "runs_elapsed_s": list(self.runs_elapsed_s) or None,
+            "throughput_bytes_per_s": self.volume_bytes / elapsed_s
+            if elapsed_s is not None and elapsed_s > 0
+            else None,
+            "io_ops": self.io_ops if figures else None,
+            "latency_p50_ns": self.latency_ns.get("p50"),
+            "latency_p99_ns": self.latency_ns.get("p99"),
+            "latency_max_ns": self.latency_ns.get("max"),
+            "cpu_s": self.cpu_s,
+            "error": self.error,
+        }
 
 
 def check_target(target: Path) -> int:
@@ -88,19 +97,23 @@ def check_output(output: Path, force: bool) -> None:
     if output.exists() and not output.is_dir():
         raise BenchError(f"output {output} exists and is not a directory")
     if output.is_dir() and any(output.iterdir()) and not force:
-        raise BenchError(f"output {output} is not empty (pass {{option}} to overwrite its results)", option="force",
-                         switch=True)
+        raise BenchError(
+            f"output {output} is not empty (pass {{option}} to overwrite its results)", option="force", switch=True
+        )
 
 
 def needed_bytes(matrix: Matrix) -> int:
     """Free space one point can need: its largest stream in every process, staging rounding, a margin."""
-    largest = max(stream_bytes(p, matrix.volume_bytes) * p.processes + p.processes * matrix.aggregate_bytes
-                  for p in matrix.points())
+    largest = max(
+        stream_bytes(p, matrix.volume_bytes) * p.processes + p.processes * matrix.aggregate_bytes
+        for p in matrix.points()
+    )
     return largest + config.BENCH_FREE_SPACE_MARGIN_BYTES
 
 
-def run_bench(target: str | os.PathLike, matrix: Matrix, *, repeat: int = 1, fio: bool = False,
-              progress=None) -> tuple[list[dict], dict]:
+def run_bench(
+    target: str | os.PathLike, matrix: Matrix, *, repeat: int = 1, fio: bool = False, progress=None
+) -> tuple[list[dict], dict]:
     """Run every point of ``matrix`` ``repeat`` times on ``target``'s storage; return (rows, metadata).
 
     ``progress`` (optional) gets ``start(total_bytes, label)`` once and
@@ -125,8 +138,10 @@ def run_bench(target: str | os.PathLike, matrix: Matrix, *, repeat: int = 1, fio
         raise BenchError(f"the aggregation buffer must be a multiple of the block size ({block_bytes} bytes)")
     free, needed = shutil.disk_usage(target).free, needed_bytes(matrix)
     if free < needed:
-        raise BenchError(f"target {target} has {free / 2**20:.0f} MiB free; the bench needs "
-                         f"{needed / 2**20:.0f} MiB (lower --volume)")
+        raise BenchError(
+            f"target {target} has {free / 2**20:.0f} MiB free; the bench needs "
+            f"{needed / 2**20:.0f} MiB (lower --volume)"
+        )
     points = matrix.points()
     reads = "read" in matrix.directions
     if reads:
@@ -142,11 +157,18 @@ def run_bench(target: str | os.PathLike, matrix: Matrix, *, repeat: int = 1, fio
         rows = [_measure(context, point, matrix, scratch, block_bytes, repeat, progress).row() for point in points]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    metadata = {"values": {name: list(values) for name, values in matrix.values.items()},
-                "baseline": dataclasses.asdict(matrix.baseline), "volume_bytes": matrix.volume_bytes,
-                "aggregate_bytes": matrix.aggregate_bytes, "block_bytes": block_bytes, "repeat": repeat,
-                "environment": environment(target), "elapsed_s": time.monotonic() - began,
-                "fio_write_bytes_per_s": fio_limit, "fio_read_bytes_per_s": fio_read}
+    metadata = {
+        "values": {name: list(values) for name, values in matrix.values.items()},
+        "baseline": dataclasses.asdict(matrix.baseline),
+        "volume_bytes": matrix.volume_bytes,
+        "aggregate_bytes": matrix.aggregate_bytes,
+        "block_bytes": block_bytes,
+        "repeat": repeat,
+        "environment": environment(target),
+        "elapsed_s": time.monotonic() - began,
+        "fio_write_bytes_per_s": fio_limit,
+        "fio_read_bytes_per_s": fio_read,
+    }
     return rows, metadata
 
 
@@ -154,12 +176,16 @@ def check_read_memory(matrix: Matrix) -> None:
     """Refuse read points whose destinations (the whole volume, as a restore holds the state dict) and
     staging buffers would not fit in the memory available now (sysconf _SC_AVPHYS_PAGES). Raises BenchError."""
     available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    needed = max(stream_bytes(p, matrix.volume_bytes) * p.processes
-                 + p.processes * (p.queue_depth + 1) * matrix.aggregate_bytes
-                 for p in matrix.points() if p.direction == "read")
+    needed = max(
+        stream_bytes(p, matrix.volume_bytes) * p.processes + p.processes * (p.queue_depth + 1) * matrix.aggregate_bytes
+        for p in matrix.points()
+        if p.direction == "read"
+    )
     if needed > available * config.BENCH_READ_MEMORY_FRACTION:
-        raise BenchError(f"read points need {needed / 2**20:.0f} MiB of memory to read into; "
-                         f"{available / 2**20:.0f} MiB is available (lower --volume)")
+        raise BenchError(
+            f"read points need {needed / 2**20:.0f} MiB of memory to read into; "
+            f"{available / 2**20:.0f} MiB is available (lower --volume)"
+        )
 
 
 def _fio(scratch: Path, volume_bytes: int, rw: str = "write") -> float:
@@ -174,8 +200,9 @@ def _context():
     return multiprocessing.get_context("fork")
 
 
-def _measure(context, point: BenchPoint, matrix: Matrix, scratch: Path, block_bytes: int, repeat: int,
-             progress) -> PointOutcome:
+def _measure(
+    context, point: BenchPoint, matrix: Matrix, scratch: Path, block_bytes: int, repeat: int, progress
+) -> PointOutcome:
     """Run ``point`` ``repeat`` times; the outcome of the run with the median elapsed time."""
     runs = []
     for _ in range(repeat):
@@ -197,9 +224,19 @@ def _run_once(context, point: BenchPoint, matrix: Matrix, scratch: Path, block_b
         for index in range(point.processes):
             receiver, sender = context.Pipe(duplex=False)
             process = context.Process(
-                target=worker.child_main, daemon=True, name=f"ckpt-trace-bench-{index}",
-                args=(point, str(scratch / f"writer{index}.data"), stream, matrix.aggregate_bytes, block_bytes,
-                      barrier, sender))
+                target=worker.child_main,
+                daemon=True,
+                name=f"ckpt-trace-bench-{index}",
+                args=(
+                    point,
+                    str(scratch / f"writer{index}.data"),
+                    stream,
+                    matrix.aggregate_bytes,
+                    block_bytes,
+                    barrier,
+                    sender,
+                ),
+            )
             process.start()
             sender.close()
             processes.append(process)
@@ -262,9 +299,14 @@ def _combine(point: BenchPoint, volume_bytes: int, messages: list[_Message]) -> 
     for result in results:
         latencies.frombytes(result.latencies_ns)
     elapsed_s = (max(r.end_ns for r in results) - min(r.start_ns for r in results)) / 1e9
-    return PointOutcome(point, sum(r.stream_bytes for r in results), elapsed_s=elapsed_s,
-                        io_ops=sum(r.io_ops for r in results), latency_ns=percentiles_ns(latencies.tolist()),
-                        cpu_s=sum(r.cpu_s for r in results))
+    return PointOutcome(
+        point,
+        sum(r.stream_bytes for r in results),
+        elapsed_s=elapsed_s,
+        io_ops=sum(r.io_ops for r in results),
+        latency_ns=percentiles_ns(latencies.tolist()),
+        cpu_s=sum(r.cpu_s for r in results),
+    )
 
 
 def write_outputs(rows: list[dict], metadata: dict, matrix: Matrix, output: Path) -> dict[str, list[str] | str]:

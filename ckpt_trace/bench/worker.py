@@ -134,8 +134,11 @@ class _Stream:
             done = 0
             began = time.perf_counter_ns()
             while done < size:
-                moved = (os.pwrite(self.fd, view[done:size], offset + done) if kind == "write"
-                         else os.preadv(self.fd, [view[done:size]], offset + done))
+                moved = (
+                    os.pwrite(self.fd, view[done:size], offset + done)
+                    if kind == "write"
+                    else os.preadv(self.fd, [view[done:size]], offset + done)
+                )
                 if moved <= 0:
                     if kind == "write":
                         raise OSError(errno.ENOSPC, "short write")
@@ -212,8 +215,9 @@ class StreamWriter(_Stream):
     def _piece_requests(self) -> np.ndarray:
         """The plain stream as one batch: each piece one write from the pattern buffer at its own offset."""
         source = _held(self.source, "pattern")
-        return self._batch(rings.OP_WRITE,
-                           lambda offsets: source.ptr + (offsets + pattern.PAGE * PATTERN_KEY) % pattern.PERIOD)
+        return self._batch(
+            rings.OP_WRITE, lambda offsets: source.ptr + (offsets + pattern.PAGE * PATTERN_KEY) % pattern.PERIOD
+        )
 
     def run(self) -> StreamResult:
         """Write the stream, fsync the file, and return the measurements."""
@@ -254,7 +258,7 @@ class StreamWriter(_Stream):
                     within = position - buffer_index * self.aggregate_bytes
                     take = min(size - done, self.aggregate_bytes - within)
                     staging = self.buffers[current % len(self.buffers)]
-                    staging.mmap[within:within + take] = source[first + done:first + done + take]
+                    staging.mmap[within : within + take] = source[first + done : first + done + take]
                     done += take
             self._flush(plan, current)
         finally:
@@ -268,7 +272,7 @@ class StreamWriter(_Stream):
             self.ring.drain(buffer_index % len(self.buffers))
         if buffer_index * self.aggregate_bytes < self.point.misaligned_bytes:
             staging = self.buffers[buffer_index % len(self.buffers)]
-            staging.mmap[:self.point.misaligned_bytes] = bytes(self.point.misaligned_bytes)
+            staging.mmap[: self.point.misaligned_bytes] = bytes(self.point.misaligned_bytes)
 
     def _flush(self, plan: list[tuple[int, int]], buffer_index: int) -> None:
         offset, size = plan[buffer_index]
@@ -343,7 +347,7 @@ class StreamReader(_Stream):
                 for offset, size, first in self._chunks():
                     done = 0
                     while done < size:
-                        written = os.pwrite(fd, view[first + done:first + size], offset + done)
+                        written = os.pwrite(fd, view[first + done : first + size], offset + done)
                         if written <= 0:
                             raise OSError(errno.ENOSPC, "short write laying out the read stream")
                         done += written
@@ -377,10 +381,11 @@ class StreamReader(_Stream):
         want = np.frombuffer(_held(self.source, "pattern").mmap, np.uint8)
         for offset, size, first in self._chunks():
             at = offset - self.point.misaligned_bytes
-            if not np.array_equal(got[at:at + size], want[first:first + size]):
-                bad = at + int(np.flatnonzero(got[at:at + size] != want[first:first + size])[0])
-                raise ValueError(f"the read stream returned wrong bytes at file offset "
-                                 f"{bad + self.point.misaligned_bytes}")
+            if not np.array_equal(got[at : at + size], want[first : first + size]):
+                bad = at + int(np.flatnonzero(got[at : at + size] != want[first : first + size])[0])
+                raise ValueError(
+                    f"the read stream returned wrong bytes at file offset {bad + self.point.misaligned_bytes}"
+                )
 
     def _read(self, slot: int, offset: int, size: int) -> None:
         """Read staging window ``slot`` (``size`` bytes at ``offset``; less at the end of the file)."""
@@ -412,7 +417,7 @@ class StreamReader(_Stream):
                     within = position - window * self.aggregate_bytes
                     take = min(size - done, self.aggregate_bytes - within)
                     at = position - self.point.misaligned_bytes
-                    destination[at:at + take] = self.buffers[window % slots].mmap[within:within + take]
+                    destination[at : at + take] = self.buffers[window % slots].mmap[within : within + take]
                     done += take
         finally:
             destination.release()
@@ -428,15 +433,19 @@ class StreamReader(_Stream):
 def describe_os_error(err: OSError, point: BenchPoint) -> str:
     """One line for a failed point: what the storage refused, in the field's terms."""
     if err.errno in UNSUPPORTED and point.direct:
-        what = "O_DIRECT" + (f" at an offset misaligned by {point.misaligned_bytes} B" if point.misaligned_bytes
-                             and not point.aggregated else "")
+        what = "O_DIRECT" + (
+            f" at an offset misaligned by {point.misaligned_bytes} B"
+            if point.misaligned_bytes and not point.aggregated
+            else ""
+        )
         return f"{errno.errorcode.get(err.errno, err.errno)}: this storage refuses {what}"
     name = errno.errorcode.get(err.errno, "error") if err.errno is not None else "error"
     return f"{name}: {err.strerror or err}"
 
 
-def child_main(point: BenchPoint, path: str, stream: int, aggregate_bytes: int, block_bytes: int,
-               barrier, conn) -> None:
+def child_main(
+    point: BenchPoint, path: str, stream: int, aggregate_bytes: int, block_bytes: int, barrier, conn
+) -> None:
     """Entry point of one bench process: set up, meet the others at ``barrier``, run, send the outcome.
 
     Sends ("ok", StreamResult), ("unsupported", line) when the storage refuses

@@ -63,28 +63,51 @@ def parse_tolerance(text: str) -> float:
     return value
 
 
-
 def _figures(result) -> dict:
     moved = result.bytes_written + result.bytes_read
     runs = result.runs_elapsed_s or [result.elapsed_s]
     throughputs = [moved / elapsed for elapsed in runs if elapsed > 0]
     p99s = result.runs_p99_latency_ns or [result.latency_ns.get("p99", 0)]
-    return {"throughput_bytes_per_s": float(np.median(throughputs)) if throughputs else 0.0,
-            "p99_latency_ns": float(np.median(p99s)), "elapsed_s": result.elapsed_s,
-            "runs_elapsed_s": list(runs), "runs_p99_latency_ns": list(p99s),
-            "throughput_noise": relative_spread(throughputs), "p99_noise": relative_spread(p99s),
-            "bytes_written": result.bytes_written, "bytes_read": result.bytes_read}
+    return {
+        "throughput_bytes_per_s": float(np.median(throughputs)) if throughputs else 0.0,
+        "p99_latency_ns": float(np.median(p99s)),
+        "elapsed_s": result.elapsed_s,
+        "runs_elapsed_s": list(runs),
+        "runs_p99_latency_ns": list(p99s),
+        "throughput_noise": relative_spread(throughputs),
+        "p99_noise": relative_spread(p99s),
+        "bytes_written": result.bytes_written,
+        "bytes_read": result.bytes_read,
+    }
 
 
-def _measure(traces: Sequence[Path], target: Path, strategies: Sequence[str], repeat: int, min_seconds: float,
-             durable: bool, queue_depth: int, buffer_bytes: int, progress=None) -> list[dict]:
+def _measure(
+    traces: Sequence[Path],
+    target: Path,
+    strategies: Sequence[str],
+    repeat: int,
+    min_seconds: float,
+    durable: bool,
+    queue_depth: int,
+    buffer_bytes: int,
+    progress=None,
+) -> list[dict]:
     measured = []
     for index, trace in enumerate(traces):
         results = {}
         for strategy in strategies:
             scratch = target / f"trace-{index}-{strategy}"
-            report = replay(trace, target=scratch, strategy=strategy, repeat=repeat, min_seconds=min_seconds,
-                            durable=durable, queue_depth=queue_depth, buffer_bytes=buffer_bytes, progress=progress)
+            report = replay(
+                trace,
+                target=scratch,
+                strategy=strategy,
+                repeat=repeat,
+                min_seconds=min_seconds,
+                durable=durable,
+                queue_depth=queue_depth,
+                buffer_bytes=buffer_bytes,
+                progress=progress,
+            )
             report.release()  # only what the replay created, its directory included
             results[strategy] = _figures(report.results[0])
         measured.append({"name": trace.name, "path": str(trace), "sha256": sha256_file(trace), "results": results})
@@ -112,10 +135,18 @@ def _check_target(target: Path) -> None:
         raise RegressionError(f"target {target} is not empty; give an empty or new directory")
 
 
-def make_baseline(traces: Sequence[str | os.PathLike], *, target: str | os.PathLike, strategies: Sequence[str] = (),
-                  repeat: int = config.CHECK_MIN_RUNS, min_seconds: float = config.CHECK_MIN_SECONDS,
-                  durable: bool = True, queue_depth: int = DEFAULT_QUEUE_DEPTH, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
-                  progress=None) -> dict:
+def make_baseline(
+    traces: Sequence[str | os.PathLike],
+    *,
+    target: str | os.PathLike,
+    strategies: Sequence[str] = (),
+    repeat: int = config.CHECK_MIN_RUNS,
+    min_seconds: float = config.CHECK_MIN_SECONDS,
+    durable: bool = True,
+    queue_depth: int = DEFAULT_QUEUE_DEPTH,
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+    progress=None,
+) -> dict:
     """Replay each trace under each strategy into ``target`` and return the baseline document (module docstring).
 
     ``durable`` (default on) fsyncs inside the timed region, so the figures
@@ -131,12 +162,22 @@ def make_baseline(traces: Sequence[str | os.PathLike], *, target: str | os.PathL
         measured = _measure(paths, target, chosen, repeat, min_seconds, durable, queue_depth, buffer_bytes, progress)
     finally:
         _remove_if_made(target, made_target)
-    return {"format": BASELINE_FORMAT, "version": BASELINE_VERSION,
-            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "creator_version": __version__, "environment": environment(target),
-            "options": {"strategies": chosen, "repeat": repeat, "min_seconds": min_seconds,
-                        "queue_depth": queue_depth, "buffer_bytes": buffer_bytes, "durable": durable},
-            "traces": measured}
+    return {
+        "format": BASELINE_FORMAT,
+        "version": BASELINE_VERSION,
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "creator_version": __version__,
+        "environment": environment(target),
+        "options": {
+            "strategies": chosen,
+            "repeat": repeat,
+            "min_seconds": min_seconds,
+            "queue_depth": queue_depth,
+            "buffer_bytes": buffer_bytes,
+            "durable": durable,
+        },
+        "traces": measured,
+    }
 
 
 def load_baseline(path: str | os.PathLike) -> dict:
@@ -195,15 +236,31 @@ def verdict(change_worse: float, tolerance: float, noise: float) -> str:
 
 def _compare(name: str, strategy: str, old: dict, new: dict, tolerance: float) -> list[Comparison]:
     rows = []
-    for metric, noise_key, higher_is_better in (("throughput_bytes_per_s", "throughput_noise", True),
-                                                ("p99_latency_ns", "p99_noise", False)):
+    for metric, noise_key, higher_is_better in (
+        ("throughput_bytes_per_s", "throughput_noise", True),
+        ("p99_latency_ns", "p99_noise", False),
+    ):
         before, after = float(old[metric]), float(new[metric])
         change = (after - before) / before if before else 0.0
         old_noise, new_noise = float(old.get(noise_key, 0.0)), float(new.get(noise_key, 0.0))
-        status = verdict(-change if higher_is_better else change, tolerance, max(old_noise, new_noise)) if before \
-            else "ok"
-        rows.append(Comparison(name, strategy, metric, before, after, change, status == "regressed",
-                               tuple(new["runs_elapsed_s"]), old_noise, new_noise, status))
+        status = (
+            verdict(-change if higher_is_better else change, tolerance, max(old_noise, new_noise)) if before else "ok"
+        )
+        rows.append(
+            Comparison(
+                name,
+                strategy,
+                metric,
+                before,
+                after,
+                change,
+                status == "regressed",
+                tuple(new["runs_elapsed_s"]),
+                old_noise,
+                new_noise,
+                status,
+            )
+        )
     return rows
 
 
@@ -213,8 +270,9 @@ def _match_traces(baseline: dict, paths: list[Path]) -> list[dict]:
     for path in paths:
         digest = sha256_file(path)
         if digest not in by_hash:
-            raise RegressionError(f"{path} is not in the baseline (its traces: "
-                                  f"{', '.join(e['name'] for e in baseline['traces'])})")
+            raise RegressionError(
+                f"{path} is not in the baseline (its traces: {', '.join(e['name'] for e in baseline['traces'])})"
+            )
         matched.append(by_hash[digest])
     if len(matched) != len(baseline["traces"]):
         missing = [e["name"] for e in baseline["traces"] if e not in matched]
@@ -222,9 +280,17 @@ def _match_traces(baseline: dict, paths: list[Path]) -> list[dict]:
     return matched
 
 
-def run_check(traces: Sequence[str | os.PathLike], baseline: dict, *, target: str | os.PathLike,
-              tolerance: float = 0.10, repeat: int | None = None, min_seconds: float | None = None,
-              strategies: Sequence[str] = (), progress=None) -> list[Comparison]:
+def run_check(
+    traces: Sequence[str | os.PathLike],
+    baseline: dict,
+    *,
+    target: str | os.PathLike,
+    tolerance: float = 0.10,
+    repeat: int | None = None,
+    min_seconds: float | None = None,
+    strategies: Sequence[str] = (),
+    progress=None,
+) -> list[Comparison]:
     """Replay the baseline's traces and strategies on ``target``; return one Comparison per figure.
 
     Raises RegressionError when the traces (by content hash) or strategies
@@ -240,10 +306,17 @@ def run_check(traces: Sequence[str | os.PathLike], baseline: dict, *, target: st
     _check_target(target)
     made_target = not target.exists()
     try:
-        measured = _measure(paths, target, chosen, repeat or options["repeat"],
-                            options.get("min_seconds", config.CHECK_MIN_SECONDS) if min_seconds is None
-                            else min_seconds, options["durable"], options["queue_depth"], options["buffer_bytes"],
-                            progress)
+        measured = _measure(
+            paths,
+            target,
+            chosen,
+            repeat or options["repeat"],
+            options.get("min_seconds", config.CHECK_MIN_SECONDS) if min_seconds is None else min_seconds,
+            options["durable"],
+            options["queue_depth"],
+            options["buffer_bytes"],
+            progress,
+        )
     finally:
         _remove_if_made(target, made_target)
     rows = []

@@ -52,8 +52,9 @@ _ARG_COLUMNS = ("syscall", "path", "new_path", "offset", "size", "ret", "fd", "f
 _PERFETTO_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "op", "comm") + _ARG_COLUMNS
 
 
-def _selected(trace_path: Path, columns, conditions: Conditions,
-              progress: Progress | None = None) -> tuple[dict, Iterator[pa.RecordBatch]]:
+def _selected(
+    trace_path: Path, columns, conditions: Conditions, progress: Progress | None = None
+) -> tuple[dict, Iterator[pa.RecordBatch]]:
     """(metadata, the selected rows of each record batch, with a ``row`` column: their row numbers in the
     trace)."""
     mask = batch_mask(conditions)
@@ -103,12 +104,15 @@ def _write_perfetto(meta: dict, selected, handle) -> int:
             if (pid, tid) not in seen_tids:
                 seen_tids.add((pid, tid))
                 name = text(f"{comm or ''} {tid}")
-                lines.append(f'{{"ph": "M", "name": "thread_name", "pid": {pid}, "tid": {tid}, '
-                             f'"args": {{"name": {name}}}}}')
-            args = ", ".join(f'"{c}": {text(cols[c][i]) if isinstance(cols[c][i], str) else cols[c][i]}'
-                             for c in _ARG_COLUMNS if cols[c][i] is not None)
-            base = (f'"cat": "io", "name": {text(cols["op"][i])}, "id": {cols["row"][i]}, "pid": {pid}, '
-                    f'"tid": {tid}')
+                lines.append(
+                    f'{{"ph": "M", "name": "thread_name", "pid": {pid}, "tid": {tid}, "args": {{"name": {name}}}}}'
+                )
+            args = ", ".join(
+                f'"{c}": {text(cols[c][i]) if isinstance(cols[c][i], str) else cols[c][i]}'
+                for c in _ARG_COLUMNS
+                if cols[c][i] is not None
+            )
+            base = f'"cat": "io", "name": {text(cols["op"][i])}, "id": {cols["row"][i]}, "pid": {pid}, "tid": {tid}'
             ts = cols["ts_ns"][i]
             lines.append(f'{{{base}, "ph": "b", "ts": {ts / 1000!r}, "args": {{{args}}}}}')
             lines.append(f'{{{base}, "ph": "e", "ts": {(ts + cols["dur_ns"][i]) / 1000!r}}}')
@@ -119,8 +123,15 @@ def _write_perfetto(meta: dict, selected, handle) -> int:
     return count
 
 
-def export_perfetto(trace_path: str | os.PathLike, output: str | os.PathLike, *, conditions: Conditions = Conditions(),
-                    max_ops: int = DEFAULT_MAX_OPS, overwrite: bool = False, progress: Progress | None = None) -> int:
+def export_perfetto(
+    trace_path: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    conditions: Conditions = Conditions(),
+    max_ops: int = DEFAULT_MAX_OPS,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> int:
     """Write the rows of the trace at ``trace_path`` that meet ``conditions`` as Chrome trace-event JSON to
     ``output`` atomically; return the number of events.
 
@@ -133,10 +144,13 @@ def export_perfetto(trace_path: str | os.PathLike, output: str | os.PathLike, *,
     selected_rows = count_selected(trace_path, conditions, progress)
     if selected_rows > max_ops:
         how = "narrow it with --rank, --time, --pid, --op or --path" + (
-            "" if conditions.to_json() else " (ckpt-trace summary shows the ranks and the duration)")
-        raise CkptTraceError(f"the selection holds {selected_rows:,} operations (about "
-                             f"{selected_rows * 400 / 1e9:,.1f} GB of JSON); a browser opens about "
-                             f"{max_ops:,}: {how}, or raise --max-ops; --format parquet takes any size")
+            "" if conditions.to_json() else " (ckpt-trace summary shows the ranks and the duration)"
+        )
+        raise CkptTraceError(
+            f"the selection holds {selected_rows:,} operations (about "
+            f"{selected_rows * 400 / 1e9:,.1f} GB of JSON); a browser opens about "
+            f"{max_ops:,}: {how}, or raise --max-ops; --format parquet takes any size"
+        )
     meta, selected = _selected(Path(trace_path), _PERFETTO_COLUMNS, conditions, progress)
     sink = AtomicFile(output)
     try:
@@ -151,9 +165,14 @@ def export_perfetto(trace_path: str | os.PathLike, output: str | os.PathLike, *,
     return count
 
 
-def export_parquet(trace_path: str | os.PathLike, output: str | os.PathLike, *,
-                   conditions: Conditions = Conditions(), overwrite: bool = False,
-                   progress: Progress | None = None) -> int:
+def export_parquet(
+    trace_path: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    conditions: Conditions = Conditions(),
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> int:
     """Write the rows of the trace at ``trace_path`` that meet ``conditions`` as Parquet partitioned by rank
     under the directory ``output``; return the row count.
 
@@ -170,8 +189,10 @@ def export_parquet(trace_path: str | os.PathLike, output: str | os.PathLike, *,
         check_output_dir(output, overwrite)
         earlier = [p.name for p in output.iterdir() if p.name == METADATA_FILE or p.name.startswith("rank=")]
         if earlier:
-            raise CkptTraceError(f"{output} holds an earlier export ({earlier[0]}); its partitions would mix with "
-                                 "this one's: choose a new directory")
+            raise CkptTraceError(
+                f"{output} holds an earlier export ({earlier[0]}); its partitions would mix with "
+                "this one's: choose a new directory"
+            )
         return _write_partitions(trace_path, conditions, output, output, cleanup_root=False, progress=progress)
     check_output_dir(output.parent if str(output.parent) else Path("."), True, create=False)
     try:
@@ -243,8 +264,14 @@ class _Partitions:
             writer.close()
 
 
-def _write_partitions(trace_path, conditions: Conditions, directory: Path, output: Path, cleanup_root: bool,
-                      progress: Progress | None = None) -> int:
+def _write_partitions(
+    trace_path,
+    conditions: Conditions,
+    directory: Path,
+    output: Path,
+    cleanup_root: bool,
+    progress: Progress | None = None,
+) -> int:
     written: list[str] = []
     meta, selected = _selected(Path(trace_path), COLUMNS, conditions, progress)
     rows = 0
@@ -254,9 +281,17 @@ def _write_partitions(trace_path, conditions: Conditions, directory: Path, outpu
         for batch in selected:
             rows += batch.num_rows
             # plain strings: every file of a partition has one column type, whatever each batch's dictionary
-            partitions.add(pa.RecordBatch.from_arrays(
-                [pc.cast(batch.column(name), pa.string()) if pa.types.is_dictionary(batch.column(name).type)
-                 else batch.column(name) for name in COLUMNS], names=list(COLUMNS)))
+            partitions.add(
+                pa.RecordBatch.from_arrays(
+                    [
+                        pc.cast(batch.column(name), pa.string())
+                        if pa.types.is_dictionary(batch.column(name).type)
+                        else batch.column(name)
+                        for name in COLUMNS
+                    ],
+                    names=list(COLUMNS),
+                )
+            )
         partitions.close()
         write_bytes_atomic(directory / METADATA_FILE, json.dumps(dict(meta), indent=1, sort_keys=True).encode())
     except BaseException as err:

@@ -36,8 +36,9 @@ def run(out: str, iocbs_per_thread: int = 192, threads: int = 2) -> list[list]:
     memory = mmap.mmap(-1, threads * iocbs_per_thread * BLOCK_BYTES)
     base = ctypes.addressof(ctypes.c_char.from_buffer(memory))
     for t in range(threads):
-        memory[t * iocbs_per_thread * BLOCK_BYTES:(t + 1) * iocbs_per_thread * BLOCK_BYTES] = \
-            bytes([65 + t]) * (iocbs_per_thread * BLOCK_BYTES)
+        memory[t * iocbs_per_thread * BLOCK_BYTES : (t + 1) * iocbs_per_thread * BLOCK_BYTES] = bytes([65 + t]) * (
+            iocbs_per_thread * BLOCK_BYTES
+        )
     lock = threading.Lock()
     completed: set[int] = set()
     log: list[list] = []
@@ -58,9 +59,24 @@ def run(out: str, iocbs_per_thread: int = 192, threads: int = 2) -> list[list]:
                 for i in range(n):
                     tag = (t << 32) | (done + i)
                     block = t * iocbs_per_thread + done + i
-                    ctypes.memmove(iocbs[i], aio._IOCB.pack(tag, 0, 0, aio.IOCB_CMD_PWRITE, 0, fd,
-                                                            base + block * BLOCK_BYTES, BLOCK_BYTES,
-                                                            (done + i) * BLOCK_BYTES, 0, 0, 0), aio._IOCB.size)
+                    ctypes.memmove(
+                        iocbs[i],
+                        aio._IOCB.pack(
+                            tag,
+                            0,
+                            0,
+                            aio.IOCB_CMD_PWRITE,
+                            0,
+                            fd,
+                            base + block * BLOCK_BYTES,
+                            BLOCK_BYTES,
+                            (done + i) * BLOCK_BYTES,
+                            0,
+                            0,
+                            0,
+                        ),
+                        aio._IOCB.size,
+                    )
                     tags.append(tag)
                 got = aio._call(submit, ctypes.c_ulong(ctx.value), ctypes.c_long(n), pointers)
                 if got != n:
@@ -72,8 +88,9 @@ def run(out: str, iocbs_per_thread: int = 192, threads: int = 2) -> list[list]:
                         if all(tag in completed for tag in tags):
                             break
                     timeout = (ctypes.c_long * 2)(0, 2_000_000)  # 2 ms: the other thread may reap ours
-                    got = aio._call(getevents, ctypes.c_ulong(ctx.value), ctypes.c_long(1), ctypes.c_long(4),
-                                    events, timeout)
+                    got = aio._call(
+                        getevents, ctypes.c_ulong(ctx.value), ctypes.c_long(1), ctypes.c_long(4), events, timeout
+                    )
                     with lock:
                         for k in range(got):
                             tag, _, res, _ = aio._EVENT.unpack_from(events, k * aio._EVENT.size)

@@ -54,6 +54,7 @@ def run(out: str, size: int = 1 << 20) -> list[list]:
     log: list[list] = []
     src = os.open(source, os.O_RDONLY)
     try:
+
         def target(name: str) -> tuple[int, str]:
             path = os.path.join(out, name)
             return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), path
@@ -101,14 +102,19 @@ def run(out: str, size: int = 1 << 20) -> list[list]:
         os.close(dst)
         dst, path = target("ficlonerange.bin")
         length = min(size, 64 << 10)
-        log.append(["ficlone", source, path, 0, 0, length,
-                    _ioctl(dst, FICLONERANGE, struct.pack("<qQQQ", src, 0, length, 0))])
+        log.append(
+            ["ficlone", source, path, 0, 0, length, _ioctl(dst, FICLONERANGE, struct.pack("<qQQQ", src, 0, length, 0))]
+        )
         os.close(dst)
     finally:
         os.close(src)
     for entry in log:
-        if entry[-1] < 0 and entry[0] != "ficlone" or entry[0] == "ficlone" and entry[-1] not in (
-                0, -errno.EOPNOTSUPP, -errno.EXDEV, -errno.EINVAL):
+        if (
+            entry[-1] < 0
+            and entry[0] != "ficlone"
+            or entry[0] == "ficlone"
+            and entry[-1] not in (0, -errno.EOPNOTSUPP, -errno.EXDEV, -errno.EINVAL)
+        ):
             raise OSError(-entry[-1], f"{entry[0]} failed: {os.strerror(-entry[-1])}")
     return log
 

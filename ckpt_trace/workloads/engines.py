@@ -67,8 +67,9 @@ def _shard_rows(rows: int, rank: int, world: int) -> tuple[int, int]:
     return start, max(0, min(rows, start + per) - start)
 
 
-def local_state(cfg: GPT2Config, rank: int, world: int, with_optimizer: bool, seed: int = 0,
-                device: str = "cpu") -> dict:
+def local_state(
+    cfg: GPT2Config, rank: int, world: int, with_optimizer: bool, seed: int = 0, device: str = "cpu"
+) -> dict:
     """This rank's row shards of the model (and Adam state): {name: local tensor}, plus optimizer groups.
 
     The values are drawn on the CPU (the same bytes for any ``device``), then moved to ``device``: with
@@ -184,8 +185,14 @@ def _adam_state(torch, mesh, cfg, rank: int, world: int, device: str = "cpu") ->
         parameter.grad = dtensor(name, local["exp_avg"][name])
         owner.register_parameter(leaf, parameter)
     group = _optimizer_groups()[0]
-    optimizer = torch.optim.Adam(module.parameters(), lr=group["lr"], betas=group["betas"], eps=group["eps"],
-                                 weight_decay=group["weight_decay"], foreach=False)
+    optimizer = torch.optim.Adam(
+        module.parameters(),
+        lr=group["lr"],
+        betas=group["betas"],
+        eps=group["eps"],
+        weight_decay=group["weight_decay"],
+        foreach=False,
+    )
     optimizer.step()
     model_state, optim_state = get_state_dict(module, optimizer)
     return {"model": model_state, "optim": optim_state}
@@ -200,8 +207,7 @@ def _zeros_like(torch, value):
     return torch.zeros_like(value) if isinstance(value, torch.Tensor) else value
 
 
-def _dcp_state(torch, mesh, cfg, rank: int, world: int, with_optimizer: bool, empty: bool,
-               device: str = "cpu") -> dict:
+def _dcp_state(torch, mesh, cfg, rank: int, world: int, with_optimizer: bool, empty: bool, device: str = "cpu") -> dict:
     """This rank's state dict of DTensor row shards (zeros of the same shapes when ``empty``, a load target);
     with ``with_optimizer``, the model and a real Adam state after one step (``_adam_state``)."""
     from torch.distributed.tensor import DTensor, Shard
@@ -222,10 +228,14 @@ def _dcp_state(torch, mesh, cfg, rank: int, world: int, with_optimizer: bool, em
     state = {"model": {name: dtensor(name, t) for name, t in local["model"].items()}}
     if with_optimizer:
         state["optim"] = {
-            "state": {name: {"step": torch.tensor(0.0 if empty else 1.0),
-                             "exp_avg": dtensor(name, local["exp_avg"][name]),
-                             "exp_avg_sq": dtensor(name, local["exp_avg_sq"][name])}
-                      for name in shapes},
+            "state": {
+                name: {
+                    "step": torch.tensor(0.0 if empty else 1.0),
+                    "exp_avg": dtensor(name, local["exp_avg"][name]),
+                    "exp_avg_sq": dtensor(name, local["exp_avg_sq"][name]),
+                }
+                for name in shapes
+            },
             "param_groups": _optimizer_groups(),
         }
     return state
@@ -241,20 +251,34 @@ def _same(torch, loaded, saved, where: str = "") -> None:
         a = loaded.to_local() if hasattr(loaded, "to_local") else loaded
         b = saved.to_local() if hasattr(saved, "to_local") else saved
         if a.dtype != b.dtype or a.shape != b.shape:
-            raise WorkloadError(f"loaded {where} differs from what was saved: {a.dtype} {tuple(a.shape)} against "
-                                f"{b.dtype} {tuple(b.shape)} (saved with the same model and optimizer state?)")
+            raise WorkloadError(
+                f"loaded {where} differs from what was saved: {a.dtype} {tuple(a.shape)} against "
+                f"{b.dtype} {tuple(b.shape)} (saved with the same model and optimizer state?)"
+            )
         bytes_a, bytes_b = a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)
         if not torch.equal(bytes_a, bytes_b):
             wrong = (bytes_a.cpu() != bytes_b.cpu()).nonzero().reshape(-1)
-            raise WorkloadError(f"loaded {where} differs from what was saved: {wrong.numel():,} of "
-                                f"{bytes_a.numel():,} bytes, the first at byte {int(wrong[0]):,}, the last at "
-                                f"{int(wrong[-1]):,} (saved with the same model and optimizer state?)")
+            raise WorkloadError(
+                f"loaded {where} differs from what was saved: {wrong.numel():,} of "
+                f"{bytes_a.numel():,} bytes, the first at byte {int(wrong[0]):,}, the last at "
+                f"{int(wrong[-1]):,} (saved with the same model and optimizer state?)"
+            )
     elif loaded != saved:
         raise WorkloadError(f"loaded {where} differs from what was saved")
 
 
-def _dcp_rank(rank: int, world: int, out: str, model: str, with_optimizer: bool, kind: str = "dcp",
-              load: bool = False, writer: str | None = None, timings=None, device: str = "cpu") -> None:
+def _dcp_rank(
+    rank: int,
+    world: int,
+    out: str,
+    model: str,
+    with_optimizer: bool,
+    kind: str = "dcp",
+    load: bool = False,
+    writer: str | None = None,
+    timings=None,
+    device: str = "cpu",
+) -> None:
     """One rank: build its state (or an empty target), then save (or load, then check); the save or load is
     timed from a barrier before it to one after it, and rank 0 puts the seconds on ``timings``."""
     import torch.distributed as dist
@@ -388,14 +412,18 @@ def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
 
     # The job's rendezvous store, held here for the job's life: its port (chosen by the kernel at bind) is
     # never free between its choice and the ranks' use of it, so two jobs on one host cannot meet in it.
-    store = dist.TCPStore("127.0.0.1", 0, ranks, True, timeout=datetime.timedelta(seconds=_STORE_TIMEOUT_S),
-                          wait_for_workers=False)
-    saved_env = {key: os.environ.get(key) for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
-                                                      _AGENT_STORE)}
+    store = dist.TCPStore(
+        "127.0.0.1", 0, ranks, True, timeout=datetime.timedelta(seconds=_STORE_TIMEOUT_S), wait_for_workers=False
+    )
+    saved_env = {
+        key: os.environ.get(key)
+        for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", _AGENT_STORE)
+    }
     # Every rank a client of that store, as under torchrun, whose agent holds it (torch.distributed's env://
     # rendezvous reads TORCHELASTIC_USE_AGENT_STORE).
-    os.environ.update(WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
-                      **{_AGENT_STORE: "True"})
+    os.environ.update(
+        WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), **{_AGENT_STORE: "True"}
+    )
     procs = []
     # Ctrl-C, SIGTERM and SIGHUP wait while the ranks start: a stop in the middle of a start would leave a
     # half-started rank that is in no list to kill, and that dies with a traceback on its truncated
@@ -470,8 +498,16 @@ class _Timings:
         self.seconds = seconds
 
 
-def run_dcp(out: Path, ranks: int, model: str, with_optimizer: bool, kind: str = "dcp", load: bool = False,
-            writer: str | None = None, device: str = "cpu") -> float:
+def run_dcp(
+    out: Path,
+    ranks: int,
+    model: str,
+    with_optimizer: bool,
+    kind: str = "dcp",
+    load: bool = False,
+    writer: str | None = None,
+    device: str = "cpu",
+) -> float:
     """Save (or ``load`` and check) with torch.distributed.checkpoint from ``ranks`` spawned gloo processes in
     ``out`` (under torchrun, ``torchrun_rank``: as this one rank of the launched job, which is what
     ``ckpt-trace record -- torchrun ... -m ckpt_trace.cli workload dcp`` records on each node); ``kind`` dcp uses FileSystemWriter/Reader, emitted the emitted writer (``writer``: its module).
@@ -482,8 +518,10 @@ def run_dcp(out: Path, ranks: int, model: str, with_optimizer: bool, kind: str =
     if launched is not None:  # one rank of a job torchrun launched (on this node or another): this process
         rank, world = launched
         if ranks not in (1, world):
-            raise WorkloadError(f"--ranks {ranks}: under torchrun the job has WORLD_SIZE={world} ranks (one per "
-                                "process); leave --ranks out")
+            raise WorkloadError(
+                f"--ranks {ranks}: under torchrun the job has WORLD_SIZE={world} ranks (one per "
+                "process); leave --ranks out"
+            )
         timings = _Timings()
         try:
             _dcp_rank(rank, world, str(out), model, with_optimizer, kind, load, writer, timings, device)
@@ -492,8 +530,9 @@ def run_dcp(out: Path, ranks: int, model: str, with_optimizer: bool, kind: str =
         except BaseException as err:  # noqa: BLE001 - torch's own errors, as _rank_main reports them
             if isinstance(err, (KeyboardInterrupt, SystemExit)):
                 raise
-            raise WorkloadError(f"{'load' if load else 'save'} with {kind} failed: rank {rank}: "
-                                f"{_last_line(err)}") from None
+            raise WorkloadError(
+                f"{'load' if load else 'save'} with {kind} failed: rank {rank}: {_last_line(err)}"
+            ) from None
         return timings.seconds
     timings = mp.get_context("spawn").SimpleQueue()
     try:
@@ -518,13 +557,22 @@ def _torch_save_groups(local: dict, file_per_layer: bool) -> dict[str, list[str]
 def _torch_save_state(torch, local: dict, names: list[str], with_optimizer: bool) -> dict:
     state = {"model": {name: local["model"][name] for name in names}}
     if with_optimizer:
-        state["optim"] = {"state": {name: _optimizer_entry(torch, local, name) for name in names},
-                          "param_groups": _optimizer_groups()}
+        state["optim"] = {
+            "state": {name: _optimizer_entry(torch, local, name) for name in names},
+            "param_groups": _optimizer_groups(),
+        }
     return state
 
 
-def run_torch_save(out: Path, model: str, with_optimizer: bool, file_per_layer: bool = False, load: bool = False,
-                   mmap: bool = False, device: str = "cpu") -> float:
+def run_torch_save(
+    out: Path,
+    model: str,
+    with_optimizer: bool,
+    file_per_layer: bool = False,
+    load: bool = False,
+    mmap: bool = False,
+    device: str = "cpu",
+) -> float:
     """``torch.save`` of the state dict (model and Adam state) to ``out/checkpoint.pt`` (or ``load`` it back
     with ``torch.load``, ``mmap=True`` when ``mmap``, and check it).
 
@@ -583,8 +631,9 @@ def _shard_names(flat: dict, shards: int) -> list[list[str]]:
     return groups
 
 
-def run_safetensors(out: Path, model: str, with_optimizer: bool, load: bool = False, shards: int = 1,
-                    device: str = "cpu") -> float:
+def run_safetensors(
+    out: Path, model: str, with_optimizer: bool, load: bool = False, shards: int = 1, device: str = "cpu"
+) -> float:
     """``safetensors.torch.save_file`` of the flat tensors to ``out/model.safetensors`` (or, with ``shards``
     above 1, to ``out/model-0000K-of-0000N.safetensors`` and ``model.safetensors.index.json`` as Hugging
     Face's sharded checkpoints are), or ``load_file`` them back, which maps each file, and check them."""
@@ -595,8 +644,11 @@ def run_safetensors(out: Path, model: str, with_optimizer: bool, load: bool = Fa
         raise WorkloadError("this workload needs safetensors: pip install 'ckpt-trace[torch]'") from None
     flat = _flat_safetensors(local_state(model_config(model), 0, 1, with_optimizer, device=device))
     groups = _shard_names(flat, shards)
-    names = (["model.safetensors"] if shards == 1 else
-             [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))])
+    names = (
+        ["model.safetensors"]
+        if shards == 1
+        else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    )
     for name in names:
         if load and not (out / name).exists():
             raise WorkloadError(f"nothing to load: {out / name} is missing (run the save first)")
@@ -609,8 +661,10 @@ def run_safetensors(out: Path, model: str, with_optimizer: bool, load: bool = Fa
         else:
             save_file({key: flat[key] for key in group}, str(out / name))
     if not load and shards > 1:
-        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in flat.values())},
-                 "weight_map": {key: name for name, group in zip(names, groups) for key in group}}
+        index = {
+            "metadata": {"total_size": sum(t.numel() * t.element_size() for t in flat.values())},
+            "weight_map": {key: name for name, group in zip(names, groups) for key in group},
+        }
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     io_s = time.perf_counter() - started
     if load:
@@ -654,7 +708,7 @@ def run_libaio(out: Path, model: str, with_optimizer: bool, load: bool = False) 
     try:
         if not load:
             for name, (offset, nbytes, _) in layout.items():
-                view[offset:offset + nbytes] = flat[name].contiguous().view(torch.uint8).numpy().tobytes()
+                view[offset : offset + nbytes] = flat[name].contiguous().view(torch.uint8).numpy().tobytes()
         started = time.perf_counter()
         opened = files.open_file(path, os.O_RDONLY if load else os.O_WRONLY | os.O_CREAT | os.O_TRUNC, direct=True)
         try:
@@ -676,8 +730,10 @@ def run_libaio(out: Path, model: str, with_optimizer: bool, load: bool = False) 
             index_path.write_text(json.dumps({name: list(entry) for name, entry in layout.items()}))
         io_s = time.perf_counter() - started
         if load:
-            loaded = {name: torch.frombuffer(bytearray(view[offset:offset + nbytes]), dtype=flat[name].dtype)
-                      .reshape(shape) for name, (offset, nbytes, shape) in layout.items()}
+            loaded = {
+                name: torch.frombuffer(bytearray(view[offset : offset + nbytes]), dtype=flat[name].dtype).reshape(shape)
+                for name, (offset, nbytes, shape) in layout.items()
+            }
             _same(torch, loaded, flat)
     finally:
         view.release()
@@ -701,11 +757,13 @@ def run_memmap(out: Path, model: str, with_optimizer: bool, load: bool = False) 
     mapped = np.memmap(path, dtype=np.uint8, mode="r" if load else "w+", shape=(max(1, end),))
     try:
         if load:
-            loaded = {name: torch.from_numpy(np.array(mapped[offset:offset + nbytes])).view(flat[name].dtype)
-                      .reshape(shape) for name, (offset, nbytes, shape) in layout.items()}
+            loaded = {
+                name: torch.from_numpy(np.array(mapped[offset : offset + nbytes])).view(flat[name].dtype).reshape(shape)
+                for name, (offset, nbytes, shape) in layout.items()
+            }
         else:
             for name, (offset, nbytes, _) in layout.items():
-                mapped[offset:offset + nbytes] = flat[name].contiguous().view(torch.uint8).reshape(-1).numpy()
+                mapped[offset : offset + nbytes] = flat[name].contiguous().view(torch.uint8).reshape(-1).numpy()
             mapped.flush()
     finally:
         # munmap now, not at garbage collection; numpy's stubs do not declare memmap's _mmap (the mmap.mmap)
@@ -760,20 +818,39 @@ class Workload:
 #: Every built-in workload by name, in the CLI's order: the one table ``run``, the CLI's choices and the
 #: messages read (an unknown name is an error, never a default). A new workload is one more entry (its
 #: function may live in its own module).
-WORKLOADS: dict[str, Workload] = {w.name: w for w in (
-    Workload("dcp", lambda a: run_dcp(a.out, a.ranks, a.model, a.with_optimizer, "dcp", a.load, a.writer, a.device),
-             frozenset({"ranks"}), cuda=True, committed=".metadata"),
-    Workload("torch-save", lambda a: run_torch_save(a.out, a.model, a.with_optimizer, a.file_per_layer, a.load,
-                                                    a.mmap, a.device),
-             frozenset({"file_per_layer", "mmap"}), cuda=True),
-    Workload("safetensors", lambda a: run_safetensors(a.out, a.model, a.with_optimizer, a.load, a.shards, a.device),
-             frozenset({"shards"}), cuda=True),
-    Workload("emitted", lambda a: run_dcp(a.out, a.ranks, a.model, a.with_optimizer, "emitted", a.load, a.writer,
-                                          a.device),
-             frozenset({"ranks", "writer"}), cuda=True, committed="ckpt-trace.metadata"),
-    Workload("libaio", lambda a: run_libaio(a.out, a.model, a.with_optimizer, a.load)),
-    Workload("memmap", lambda a: run_memmap(a.out, a.model, a.with_optimizer, a.load)),
-)}
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload(
+            "dcp",
+            lambda a: run_dcp(a.out, a.ranks, a.model, a.with_optimizer, "dcp", a.load, a.writer, a.device),
+            frozenset({"ranks"}),
+            cuda=True,
+            committed=".metadata",
+        ),
+        Workload(
+            "torch-save",
+            lambda a: run_torch_save(a.out, a.model, a.with_optimizer, a.file_per_layer, a.load, a.mmap, a.device),
+            frozenset({"file_per_layer", "mmap"}),
+            cuda=True,
+        ),
+        Workload(
+            "safetensors",
+            lambda a: run_safetensors(a.out, a.model, a.with_optimizer, a.load, a.shards, a.device),
+            frozenset({"shards"}),
+            cuda=True,
+        ),
+        Workload(
+            "emitted",
+            lambda a: run_dcp(a.out, a.ranks, a.model, a.with_optimizer, "emitted", a.load, a.writer, a.device),
+            frozenset({"ranks", "writer"}),
+            cuda=True,
+            committed="ckpt-trace.metadata",
+        ),
+        Workload("libaio", lambda a: run_libaio(a.out, a.model, a.with_optimizer, a.load)),
+        Workload("memmap", lambda a: run_memmap(a.out, a.model, a.with_optimizer, a.load)),
+    )
+}
 ENGINES = tuple(WORKLOADS)
 #: The workloads that take --ranks (DCP's) and those whose state can live on the GPU: read from the table.
 DCP_ENGINES = tuple(name for name, w in WORKLOADS.items() if "ranks" in w.options)
@@ -803,13 +880,25 @@ def _check_cuda(engine: str, ranks: int) -> None:
     if not torch.cuda.is_available():
         raise WorkloadError("--device cuda: no CUDA GPU here (torch.cuda.is_available() is false)")
     if ranks > torch.cuda.device_count():
-        raise WorkloadError(f"--device cuda: {ranks} ranks need {ranks} GPUs (NCCL), this machine has "
-                            f"{torch.cuda.device_count()}")
+        raise WorkloadError(
+            f"--device cuda: {ranks} ranks need {ranks} GPUs (NCCL), this machine has {torch.cuda.device_count()}"
+        )
 
 
-def run(engine: str, out: Path, *, ranks: int = 1, model: str = "gpt2-small", with_optimizer: bool = False,
-        file_per_layer: bool = False, load: bool = False, mmap: bool = False,
-        writer: str | None = None, shards: int = 1, device: str = "cpu") -> tuple[Path, float]:
+def run(
+    engine: str,
+    out: Path,
+    *,
+    ranks: int = 1,
+    model: str = "gpt2-small",
+    with_optimizer: bool = False,
+    file_per_layer: bool = False,
+    load: bool = False,
+    mmap: bool = False,
+    writer: str | None = None,
+    shards: int = 1,
+    device: str = "cpu",
+) -> tuple[Path, float]:
     """Run a built-in workload (a save, or with ``load`` a checked load of that save); returns the checkpoint
     directory and the seconds of the save or load itself (for DCP, barrier to barrier; for torch.load and
     load_file, until every tensor's bytes were read).
@@ -823,8 +912,9 @@ def run(engine: str, out: Path, *, ranks: int = 1, model: str = "gpt2-small", wi
     if file_per_layer and "file_per_layer" not in spec.options:
         raise WorkloadError(f"--file-per-layer applies to {_takers('file_per_layer')}")
     if mmap and ("mmap" not in spec.options or not load):
-        raise WorkloadError(f"--mmap applies to {_takers('mmap', bare=True)} --load only (safetensors maps its "
-                            "file anyway)")
+        raise WorkloadError(
+            f"--mmap applies to {_takers('mmap', bare=True)} --load only (safetensors maps its file anyway)"
+        )
     if writer is not None and "writer" not in spec.options:
         raise WorkloadError(f"--writer applies to {_takers('writer')}")
     if ranks < 1:
@@ -846,12 +936,14 @@ def run(engine: str, out: Path, *, ranks: int = 1, model: str = "gpt2-small", wi
     if load and spec.committed is not None:
         committed = out / spec.committed
         if not committed.exists():
-            raise WorkloadError(f"nothing to load: {out} holds no {engine} checkpoint ({committed.name} is missing; "
-                                "run the save first)")
+            raise WorkloadError(
+                f"nothing to load: {out} holds no {engine} checkpoint ({committed.name} is missing; run the save first)"
+            )
     out.mkdir(parents=True, exist_ok=True)
     try:
-        io_s = spec.run(WorkloadArgs(out, ranks, model, with_optimizer, file_per_layer, load, mmap, writer, shards,
-                                     device))
+        io_s = spec.run(
+            WorkloadArgs(out, ranks, model, with_optimizer, file_per_layer, load, mmap, writer, shards, device)
+        )
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; a partial checkpoint may remain in {out}") from None
     return out, io_s

@@ -43,7 +43,7 @@ def run(out: str, size: int = 64 << 20) -> list[list]:
         with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as mapped:
             page = bytes(range(256)) * (PAGE_BYTES // 256)
             for offset in range(0, size, PAGE_BYTES):
-                mapped[offset:offset + PAGE_BYTES] = page
+                mapped[offset : offset + PAGE_BYTES] = page
             mapped.flush()  # msync(MS_SYNC)
         log.append(["shared_write", shared, 0, size])
     finally:

@@ -36,14 +36,22 @@ def parameter_shapes(cfg: GPT2Config) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"wte.weight": (cfg.vocab, d), "wpe.weight": (cfg.n_ctx, d)}
     for i in range(cfg.n_layer):
         block = f"h.{i}."
-        shapes.update({
-            block + "ln_1.weight": (d,), block + "ln_1.bias": (d,),
-            block + "attn.c_attn.weight": (d, 3 * d), block + "attn.c_attn.bias": (3 * d,),
-            block + "attn.c_proj.weight": (d, d), block + "attn.c_proj.bias": (d,),
-            block + "ln_2.weight": (d,), block + "ln_2.bias": (d,),
-            block + "mlp.c_fc.weight": (d, 4 * d), block + "mlp.c_fc.bias": (4 * d,),
-            block + "mlp.c_proj.weight": (4 * d, d), block + "mlp.c_proj.bias": (d,),
-        })
+        shapes.update(
+            {
+                block + "ln_1.weight": (d,),
+                block + "ln_1.bias": (d,),
+                block + "attn.c_attn.weight": (d, 3 * d),
+                block + "attn.c_attn.bias": (3 * d,),
+                block + "attn.c_proj.weight": (d, d),
+                block + "attn.c_proj.bias": (d,),
+                block + "ln_2.weight": (d,),
+                block + "ln_2.bias": (d,),
+                block + "mlp.c_fc.weight": (d, 4 * d),
+                block + "mlp.c_fc.bias": (4 * d,),
+                block + "mlp.c_proj.weight": (4 * d, d),
+                block + "mlp.c_proj.bias": (d,),
+            }
+        )
     shapes.update({"ln_f.weight": (d,), "ln_f.bias": (d,)})
     return shapes
 

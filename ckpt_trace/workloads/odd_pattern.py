@@ -118,8 +118,9 @@ def fork_shared_position(notes: Notes, fd: int, path: str) -> None:
 
 
 def exec_inherited(notes: Notes, out: str, fd: int) -> None:
-    result = subprocess.run([sys.executable, "-c", CHILD, str(fd)], pass_fds=[fd], cwd=out,
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD, str(fd)], pass_fds=[fd], cwd=out, capture_output=True, text=True, check=True
+    )
     for item in json.loads(result.stdout):
         notes.add(item["op"], item["path"], item["offset"], item["bytes"])
 

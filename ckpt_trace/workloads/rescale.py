@@ -107,15 +107,19 @@ def recover_dcp_save(trace: str | os.PathLike) -> RecoveredSave:
 
     stored = read_layout(trace)
     if stored is None:
-        raise RescaleError(f"{trace} has no checkpoint layout (record it with its layout, or add it with "
-                           "`ckpt-trace annotate`): rescaling needs the checkpoint's objects")
+        raise RescaleError(
+            f"{trace} has no checkpoint layout (record it with its layout, or add it with "
+            "`ckpt-trace annotate`): rescaling needs the checkpoint's objects"
+        )
     table, info = stored
     formats = set(table.column("format").to_pylist()) - {"unknown"}
     metadata_files = [p for p, f in (info.get("files") or {}).items() if f == "dcp"]
     if formats != {"dcp"} or len(metadata_files) != 1:
         found = ", ".join(sorted(formats)) or "no known format"
-        raise RescaleError(f"{trace}'s checkpoint is {found} with {len(metadata_files)} DCP .metadata files: "
-                           "rescaling knows one DCP checkpoint (DefaultSavePlanner, FileSystemWriter)")
+        raise RescaleError(
+            f"{trace}'s checkpoint is {found} with {len(metadata_files)} DCP .metadata files: "
+            "rescaling knows one DCP checkpoint (DefaultSavePlanner, FileSystemWriter)"
+        )
     directory = os.path.dirname(metadata_files[0])
     rows = [r for r in table.to_pylist() if r["format"] == "dcp" and r["kind"] != "metadata"]
     if any(r["kind"] == "unknown" for r in rows):
@@ -126,8 +130,10 @@ def recover_dcp_save(trace: str | os.PathLike) -> RecoveredSave:
         if match is None or os.path.dirname(row["path"]) != directory:
             raise RescaleError(f"{row['path']} is not a FileSystemWriter data file (__RANK_0.distcp in {directory})")
         if match.group(2) != "0":
-            raise RescaleError(f"{row['path']}: several files per rank (FileSystemWriter thread_count > 1); "
-                               "rescaling knows one file per rank")
+            raise RescaleError(
+                f"{row['path']}: several files per rank (FileSystemWriter thread_count > 1); "
+                "rescaling knows one file per rank"
+            )
         per_rank.setdefault(int(match.group(1)), []).append(row)
     ranks = max(per_rank, default=-1) + 1
     if ranks < 2:
@@ -146,18 +152,37 @@ def recover_dcp_save(trace: str | os.PathLike) -> RecoveredSave:
             objects[fqn] = StoredObject(fqn, "bytes", length=first["length"])
             continue
         shape = tuple(first["shape"] or ())
-        if len(parts) == 1 and tuple(first["chunk_offsets"] or ()) == (0,) * len(shape) \
-                and tuple(first["chunk_sizes"] or ()) == shape:
+        if (
+            len(parts) == 1
+            and tuple(first["chunk_offsets"] or ()) == (0,) * len(shape)
+            and tuple(first["chunk_sizes"] or ()) == shape
+        ):
             objects[fqn] = StoredObject(fqn, "replicated", first["dtype"], shape)
             continue
         objects[fqn], held[fqn] = _sharded(fqn, first["dtype"], shape, parts, ranks)
     order, guessed = _recover_order(per_rank, objects, held, ranks)
-    layout = {(r["name"], tuple(r["chunk_offsets"]) if r["chunk_offsets"] is not None else None):
-              (os.path.basename(r["path"]), r["offset"], r["length"]) for r in rows}
-    sizes = {(r["name"], tuple(r["chunk_offsets"])): tuple(r["chunk_sizes"] or ()) for r in rows
-             if r["chunk_offsets"] is not None}
-    return RecoveredSave(directory, ranks, tuple(objects[f] for f in order),
-                         _buffer_bytes(read_metadata(trace), directory), guessed, layout, sizes)
+    layout = {
+        (r["name"], tuple(r["chunk_offsets"]) if r["chunk_offsets"] is not None else None): (
+            os.path.basename(r["path"]),
+            r["offset"],
+            r["length"],
+        )
+        for r in rows
+    }
+    sizes = {
+        (r["name"], tuple(r["chunk_offsets"])): tuple(r["chunk_sizes"] or ())
+        for r in rows
+        if r["chunk_offsets"] is not None
+    }
+    return RecoveredSave(
+        directory,
+        ranks,
+        tuple(objects[f] for f in order),
+        _buffer_bytes(read_metadata(trace), directory),
+        guessed,
+        layout,
+        sizes,
+    )
 
 
 def _dtype_name(obj) -> str:
@@ -205,8 +230,9 @@ def _numel(sizes: tuple) -> int:
     return n
 
 
-def _recover_order(per_rank: dict[int, list[dict]], objects: dict[str, StoredObject],
-                   held: dict[str, dict[int, int]], ranks: int) -> tuple[list[str], int]:
+def _recover_order(
+    per_rank: dict[int, list[dict]], objects: dict[str, StoredObject], held: dict[str, dict[int, int]], ranks: int
+) -> tuple[list[str], int]:
     """The state dict's order (module docstring, step 2) and how many steps had no consistent choice.
 
     ``dedup_save_plans`` walks rank 0's plan first (the state dict's order; the other ranks' own chunks come
@@ -214,10 +240,12 @@ def _recover_order(per_rank: dict[int, list[dict]], objects: dict[str, StoredObj
     rank with the least counted so far (ties: the lowest rank) and counts its bytes there, a bytes object
     counts 1."""
     ordered = {r: sorted(per_rank.get(r, []), key=lambda x: x["offset"]) for r in range(ranks)}
-    tensors = {r: deque(row["name"] for row in rows if objects[row["name"]].kind != "bytes")
-               for r, rows in ordered.items()}
-    blobs = {r: deque(row["name"] for row in rows if objects[row["name"]].kind == "bytes")
-             for r, rows in ordered.items()}
+    tensors = {
+        r: deque(row["name"] for row in rows if objects[row["name"]].kind != "bytes") for r, rows in ordered.items()
+    }
+    blobs = {
+        r: deque(row["name"] for row in rows if objects[row["name"]].kind == "bytes") for r, rows in ordered.items()
+    }
     sizes = [0] * ranks
     order: list[str] = []
     guessed = 0
@@ -308,8 +336,9 @@ def _state_of(objects: tuple[StoredObject, ...]):
             local_shape = tuple(length if j == obj.dim else s for j, s in enumerate(obj.shape))
             local = torch.empty(local_shape, dtype=dtype, device=device)
             stride = torch.empty(obj.shape, device="meta").stride()
-            state[obj.fqn] = DTensor.from_local(local, mesh, [Shard(obj.dim)], run_check=False,
-                                                shape=torch.Size(obj.shape), stride=stride)
+            state[obj.fqn] = DTensor.from_local(
+                local, mesh, [Shard(obj.dim)], run_check=False, shape=torch.Size(obj.shape), stride=stride
+            )
         return state
 
     return state_of
@@ -321,8 +350,7 @@ def _stored(results: list) -> dict:
     for rank_results in results:
         for r in rank_results:
             offsets = tuple(int(v) for v in r.index.offset) if r.index.offset is not None else None
-            out[(r.index.fqn, offsets)] = (r.storage_data.relative_path, r.storage_data.offset,
-                                           r.storage_data.length)
+            out[(r.index.fqn, offsets)] = (r.storage_data.relative_path, r.storage_data.offset, r.storage_data.length)
     return out
 
 
@@ -336,8 +364,12 @@ def _recorded_writes(trace, directory: str) -> dict[int, Counter]:
     out: dict[int, Counter] = {}
     for batch in batches:
         for row in pa.Table.from_batches([batch]).to_pylist():
-            if row["op"] == "write" and row["path"] and row["path"].startswith(directory + "/") \
-                    and row["path"].endswith(".distcp"):
+            if (
+                row["op"] == "write"
+                and row["path"]
+                and row["path"].startswith(directory + "/")
+                and row["path"].endswith(".distcp")
+            ):
                 out.setdefault(row["rank"], Counter())[(row["path"], row["offset"], row["size"])] += 1
     return out
 
@@ -373,47 +405,60 @@ def rescale_dcp_save(trace: str | os.PathLike, ranks: int) -> Synthesis:
     save = recover_dcp_save(trace)
     planner = _planner()
     state_of = _state_of(save.objects)
-    logs, results, _, _ = plan_and_write(state_of, save.ranks, out=save.directory, buffer_bytes=save.buffer_bytes,
-                                         planner=planner)
+    logs, results, _, _ = plan_and_write(
+        state_of, save.ranks, out=save.directory, buffer_bytes=save.buffer_bytes, planner=planner
+    )
     replanned = _stored(results)
     if replanned != save.layout:
         differ = sorted(k for k in set(replanned) | set(save.layout) if replanned.get(k) != save.layout.get(k))
         key = differ[0]
-        raise RescaleError(f"{trace}: DCP's default planner at the recorded {save.ranks} ranks does not reproduce "
-                           f"the recorded save ({len(differ)} items differ; {key[0]}: recorded "
-                           f"{save.layout.get(key)}, replanned {replanned.get(key)}): not a DefaultSavePlanner + "
-                           "FileSystemWriter save, or another torch version's serialisation")
+        raise RescaleError(
+            f"{trace}: DCP's default planner at the recorded {save.ranks} ranks does not reproduce "
+            f"the recorded save ({len(differ)} items differ; {key[0]}: recorded "
+            f"{save.layout.get(key)}, replanned {replanned.get(key)}): not a DefaultSavePlanner + "
+            "FileSystemWriter save, or another torch version's serialisation"
+        )
     pattern = _log_writes(logs) == _recorded_writes(trace, save.directory)
     checked_s = time.perf_counter() - started
-    logs, results, _, _ = plan_and_write(state_of, ranks, out=save.directory, buffer_bytes=save.buffer_bytes,
-                                         planner=planner)
+    logs, results, _, _ = plan_and_write(
+        state_of, ranks, out=save.directory, buffer_bytes=save.buffer_bytes, planner=planner
+    )
     files: dict[str, int] = {}
     for rank_results in results:
         for r in rank_results:
             name = r.storage_data.relative_path
             files[name] = max(files.get(name, 0), r.storage_data.offset + r.storage_data.length)
     counts = Counter(o.kind for o in save.objects)
-    figures = {"trace": str(trace), "out": save.directory, "direction": "save", "recorded_ranks": save.ranks,
-               "ranks": ranks,
-               "objects": dict(counts), "buffer_bytes": save.buffer_bytes, "order_guessed_steps": save.guessed_steps,
-               "recorded_save_reproduced": True, "pattern_reproduced": pattern,
-               "data_bytes": sum(r.size_in_bytes for rank_results in results for r in rank_results),
-               "data_files": dict(sorted(files.items())),
-               "files": sorted({op[1] for log in logs.values() for op in log.ops if op[0] == "open"}),
-               "check_s": checked_s, "elapsed_s": time.perf_counter() - started}
+    figures = {
+        "trace": str(trace),
+        "out": save.directory,
+        "direction": "save",
+        "recorded_ranks": save.ranks,
+        "ranks": ranks,
+        "objects": dict(counts),
+        "buffer_bytes": save.buffer_bytes,
+        "order_guessed_steps": save.guessed_steps,
+        "recorded_save_reproduced": True,
+        "pattern_reproduced": pattern,
+        "data_bytes": sum(r.size_in_bytes for rank_results in results for r in rank_results),
+        "data_files": dict(sorted(files.items())),
+        "files": sorted({op[1] for log in logs.values() for op in log.ops if op[0] == "open"}),
+        "check_s": checked_s,
+        "elapsed_s": time.perf_counter() - started,
+    }
     return Synthesis(logs={rank: log.ops for rank, log in logs.items()}, figures=figures)
 
 
-def write_rescaled(trace: str | os.PathLike, ranks: int, output: str | os.PathLike, *,
-                   overwrite: bool = False) -> dict:
+def write_rescaled(trace: str | os.PathLike, ranks: int, output: str | os.PathLike, *, overwrite: bool = False) -> dict:
     """``rescale_dcp_load`` (a trace that only reads the checkpoint's data files) or ``rescale_dcp_save``
     written as a trace at ``output`` (backend ``synth``, the figures under the
     metadata key ``synth``). Returns the figures with ``rows``. Raises RescaleError, CkptTraceError."""
     if ranks < 1:
         raise RescaleError("{option} must be at least 1", option="ranks")
     result = rescale_dcp_load(trace, ranks) if is_load(trace) else rescale_dcp_save(trace, ranks)
-    rows = write_synthesis(result, output, command=["ckpt-trace", "replay", str(trace), "--ranks", str(ranks)],
-                           overwrite=overwrite)
+    rows = write_synthesis(
+        result, output, command=["ckpt-trace", "replay", str(trace), "--ranks", str(ranks)], overwrite=overwrite
+    )
     return {**result.figures, "rows": rows, "rescaled_trace": str(output)}
 
 
@@ -453,8 +498,10 @@ class _Content:
                 torch.save(torch.zeros(self.save.chunk_sizes[key], dtype=getattr(torch, _dtype_name(obj))), buffer)
                 data = buffer.getvalue()
                 if len(data) != length:
-                    raise RescaleError(f"{fqn}: torch.save of its chunk is {len(data):,} bytes here, {length:,} "
-                                       "in the recorded checkpoint (another torch version's serialisation)")
+                    raise RescaleError(
+                        f"{fqn}: torch.save of its chunk is {len(data):,} bytes here, {length:,} "
+                        "in the recorded checkpoint (another torch version's serialisation)"
+                    )
             if len(self.cache) >= 4:
                 self.cache.pop(next(iter(self.cache)))
             self.cache[key] = data
@@ -465,7 +512,7 @@ class _Content:
         for offset, length, fqn, offsets in self.items.get(path, []):
             start, end = max(pos, offset), min(pos + count, offset + length)
             if start < end:
-                out[start - pos:end - pos] = self._bytes(offset, length, fqn, offsets)[start - offset:end - offset]
+                out[start - pos : end - pos] = self._bytes(offset, length, fqn, offsets)[start - offset : end - offset]
         return bytes(out)
 
 
@@ -529,15 +576,22 @@ def _metadata(save: RecoveredSave):
         if obj.kind == "bytes":
             described[obj.fqn] = BytesStorageMetadata()
             continue
-        chunks = [ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
-                  for (fqn, offsets), sizes in save.chunk_sizes.items() if fqn == obj.fqn]
-        described[obj.fqn] = TensorStorageMetadata(properties=TensorProperties(dtype=getattr(torch, _dtype_name(obj))),
-                                                   size=torch.Size(obj.shape), chunks=chunks)
+        chunks = [
+            ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
+            for (fqn, offsets), sizes in save.chunk_sizes.items()
+            if fqn == obj.fqn
+        ]
+        described[obj.fqn] = TensorStorageMetadata(
+            properties=TensorProperties(dtype=getattr(torch, _dtype_name(obj))),
+            size=torch.Size(obj.shape),
+            chunks=chunks,
+        )
     for (fqn, offsets), (name, offset, length) in save.layout.items():
         index = MetadataIndex(fqn, torch.Size(offsets) if offsets is not None else None)
         storage[index] = _StorageInfo(relative_path=name, offset=offset, length=length)
-    return Metadata(state_dict_metadata=described, planner_data={o.fqn: (o.fqn,) for o in save.objects},
-                    storage_data=storage)
+    return Metadata(
+        state_dict_metadata=described, planner_data={o.fqn: (o.fqn,) for o in save.objects}, storage_data=storage
+    )
 
 
 def _load_planner():
@@ -559,12 +613,15 @@ def _recorded_metadata_reads(trace, metadata_path: str) -> list[tuple]:
     from ckpt_trace.formats import scan
 
     _, batches = scan(trace, ["rank", "op", "path", "offset", "size", "ret", "flags"])
-    rows = [r for batch in batches for r in pa.Table.from_batches([batch]).to_pylist()
-            if r["path"] == metadata_path and r["op"] in ("open", "read", "lseek", "close")]
+    rows = [
+        r
+        for batch in batches
+        for r in pa.Table.from_batches([batch]).to_pylist()
+        if r["path"] == metadata_path and r["op"] in ("open", "read", "lseek", "close")
+    ]
     if not rows:
         return []
-    first = min(r["rank"] for r in rows if r["rank"] is not None) if any(r["rank"] is not None for r in rows) \
-        else None
+    first = min(r["rank"] for r in rows if r["rank"] is not None) if any(r["rank"] is not None for r in rows) else None
     return [(r["op"], r["path"], r["offset"], r["size"], r["ret"], r["flags"]) for r in rows if r["rank"] == first]
 
 
@@ -583,8 +640,9 @@ def is_load(trace: str | os.PathLike) -> bool:
     return ops == {"read"}
 
 
-def _plan_and_read(ranks, metadata, content, save, state_of, planner_class, recorded_metadata, logs,
-                   local_plans) -> None:
+def _plan_and_read(
+    ranks, metadata, content, save, state_of, planner_class, recorded_metadata, logs, local_plans
+) -> None:
     """``rescale_dcp_load``'s DCP part: every rank's local load plan on ``meta`` tensors, the global plan, then
     each rank's ``.metadata`` reads (as recorded) and ``read_data`` into ``logs``."""
     import torch.distributed.checkpoint as dcp
@@ -639,10 +697,18 @@ def rescale_dcp_load(trace: str | os.PathLike, ranks: int) -> Synthesis:
         warnings.simplefilter("ignore", UserWarning)
         _plan_and_read(ranks, metadata, content, save, state_of, planner_class, recorded_metadata, logs, local_plans)
     read = sum(op[4] for log in logs.values() for op in log.ops if op[0] == "read" and op[1].endswith(".distcp"))
-    figures = {"trace": str(trace), "out": save.directory, "direction": "load", "checkpoint_ranks": save.ranks,
-               "ranks": ranks, "objects": dict(Counter(o.kind for o in save.objects)),
-               "buffer_bytes": save.buffer_bytes, "order_guessed_steps": save.guessed_steps,
-               "data_bytes_read": read, "metadata_ops_per_rank": len(recorded_metadata),
-               "files": sorted({op[1] for log in logs.values() for op in log.ops if op[0] == "open"}),
-               "elapsed_s": time.perf_counter() - started}
+    figures = {
+        "trace": str(trace),
+        "out": save.directory,
+        "direction": "load",
+        "checkpoint_ranks": save.ranks,
+        "ranks": ranks,
+        "objects": dict(Counter(o.kind for o in save.objects)),
+        "buffer_bytes": save.buffer_bytes,
+        "order_guessed_steps": save.guessed_steps,
+        "data_bytes_read": read,
+        "metadata_ops_per_rank": len(recorded_metadata),
+        "files": sorted({op[1] for log in logs.values() for op in log.ops if op[0] == "open"}),
+        "elapsed_s": time.perf_counter() - started,
+    }
     return Synthesis(logs={rank: log.ops for rank, log in logs.items()}, figures=figures)

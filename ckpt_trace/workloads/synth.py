@@ -69,11 +69,19 @@ def llama3_shapes(name: str) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c["vocab"], dim)}
     for i in range(c["layers"]):
         p = f"model.layers.{i}."
-        shapes.update({p + "self_attn.q_proj.weight": (dim, dim), p + "self_attn.k_proj.weight": (kv, dim),
-                       p + "self_attn.v_proj.weight": (kv, dim), p + "self_attn.o_proj.weight": (dim, dim),
-                       p + "mlp.gate_proj.weight": (c["ffn"], dim), p + "mlp.up_proj.weight": (c["ffn"], dim),
-                       p + "mlp.down_proj.weight": (dim, c["ffn"]), p + "input_layernorm.weight": (dim,),
-                       p + "post_attention_layernorm.weight": (dim,)})
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (dim, dim),
+                p + "self_attn.k_proj.weight": (kv, dim),
+                p + "self_attn.v_proj.weight": (kv, dim),
+                p + "self_attn.o_proj.weight": (dim, dim),
+                p + "mlp.gate_proj.weight": (c["ffn"], dim),
+                p + "mlp.up_proj.weight": (c["ffn"], dim),
+                p + "mlp.down_proj.weight": (dim, c["ffn"]),
+                p + "input_layernorm.weight": (dim,),
+                p + "post_attention_layernorm.weight": (dim,),
+            }
+        )
     shapes["model.norm.weight"] = (dim,)
     shapes["lm_head.weight"] = (c["vocab"], dim)
     return shapes
@@ -96,12 +104,21 @@ def arithmetic(name: str, optimizer: str) -> dict[str, Any]:
     weight_bytes = params * (2 if dtype == "bfloat16" else 4)
     adam_bytes = params * 8 if optimizer == "adam" else 0
     steps = len(shapes) * 4 if optimizer == "adam" else 0
-    return {"parameters": params, "parameter_tensors": len(shapes), "weight_dtype": dtype,
-            "weight_bytes": weight_bytes, "adam_state_bytes": adam_bytes, "step_bytes": steps,
-            "expected_bytes": weight_bytes + adam_bytes + steps,
-            "formula": f"{params:,} parameters x {2 if dtype == 'bfloat16' else 4} B ({dtype})"
-                       + (f" + {params:,} x 2 x 4 B (fp32 exp_avg, exp_avg_sq) + {len(shapes)} x 4 B (step)"
-                          if optimizer == "adam" else "")}
+    return {
+        "parameters": params,
+        "parameter_tensors": len(shapes),
+        "weight_dtype": dtype,
+        "weight_bytes": weight_bytes,
+        "adam_state_bytes": adam_bytes,
+        "step_bytes": steps,
+        "expected_bytes": weight_bytes + adam_bytes + steps,
+        "formula": f"{params:,} parameters x {2 if dtype == 'bfloat16' else 4} B ({dtype})"
+        + (
+            f" + {params:,} x 2 x 4 B (fp32 exp_avg, exp_avg_sq) + {len(shapes)} x 4 B (step)"
+            if optimizer == "adam"
+            else ""
+        ),
+    }
 
 
 # -- the recording file system ----------------------------------------------------------------------------------
@@ -275,8 +292,14 @@ def _state(mesh, shapes: dict, dtype_name: str, optimizer: str, device: str) -> 
     state: dict[str, Any] = {"model": {name: dtensor(shape, weight_dtype) for name, shape in shapes.items()}}
     if optimizer == "adam":
         state["optim"] = {
-            "state": {name: {"step": torch.tensor(1.0), "exp_avg": dtensor(shape, torch.float32),
-                             "exp_avg_sq": dtensor(shape, torch.float32)} for name, shape in shapes.items()},
+            "state": {
+                name: {
+                    "step": torch.tensor(1.0),
+                    "exp_avg": dtensor(shape, torch.float32),
+                    "exp_avg_sq": dtensor(shape, torch.float32),
+                }
+                for name, shape in shapes.items()
+            },
             "param_groups": _param_groups(torch, list(shapes), _optimizer_groups()[0]),
         }
     return state
@@ -286,8 +309,14 @@ def _param_groups(torch, names: list[str], group: dict) -> list[dict]:
     """The ``param_groups`` a training job's ``get_state_dict`` saves for Adam (``workload dcp
     --with-optimizer``: ``torch.optim.Adam(..., foreach=False)``): every option Adam keeps, then the
     parameters' FQNs."""
-    probe = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=group["lr"], betas=group["betas"],
-                             eps=group["eps"], weight_decay=group["weight_decay"], foreach=False)
+    probe = torch.optim.Adam(
+        [torch.nn.Parameter(torch.zeros(1))],
+        lr=group["lr"],
+        betas=group["betas"],
+        eps=group["eps"],
+        weight_decay=group["weight_decay"],
+        foreach=False,
+    )
     saved = dict(probe.state_dict()["param_groups"][0])
     saved["params"] = list(names)
     return [saved]
@@ -301,8 +330,15 @@ class Synthesis:
     figures: dict[str, Any]
 
 
-def synthesize_dcp(model: str, ranks: int, optimizer: str = "none", *, out: str = "/checkpoint",
-                   buffer_bytes: int = 4096, thread_count: int = 1) -> Synthesis:
+def synthesize_dcp(
+    model: str,
+    ranks: int,
+    optimizer: str = "none",
+    *,
+    out: str = "/checkpoint",
+    buffer_bytes: int = 4096,
+    thread_count: int = 1,
+) -> Synthesis:
     """Plan and write (into ``RecordingFileSystem``) a DCP save of ``model`` by ``ranks`` ranks (module
     docstring). ``buffer_bytes``: Python's buffer for each file (the target's st_blksize). Raises
     WorkloadError for an unknown model or optimizer, ranks < 1, or without torch."""
@@ -317,25 +353,43 @@ def synthesize_dcp(model: str, ranks: int, optimizer: str = "none", *, out: str 
         raise WorkloadError("synth needs torch: pip install 'ckpt-trace[torch]'") from None
     started = time.perf_counter()
     logs, results, metadata, planned_s = plan_and_write(
-        lambda mesh, device: _state(mesh, shapes, dtype_name, optimizer, device), ranks, out=out,
-        buffer_bytes=buffer_bytes, thread_count=thread_count)
+        lambda mesh, device: _state(mesh, shapes, dtype_name, optimizer, device),
+        ranks,
+        out=out,
+        buffer_bytes=buffer_bytes,
+        thread_count=thread_count,
+    )
     elapsed = time.perf_counter() - started
     data_bytes = sum(r.size_in_bytes for rank_results in results for r in rank_results)
     expected = arithmetic(model, optimizer)
-    stored = sum(int(np.prod(chunk.sizes)) * _itemsize(md.properties.dtype)
-                 for md in metadata.state_dict_metadata.values() if hasattr(md, "chunks") for chunk in md.chunks)
-    figures = {"model": model, "ranks": ranks, "optimizer": optimizer, "out": str(out),
-               "buffer_bytes": buffer_bytes, "thread_count": thread_count, "arithmetic": expected,
-               "tensor_bytes": stored, "data_bytes": data_bytes,
-               "serialisation_overhead_bytes": data_bytes - stored,
-               "difference_from_arithmetic": (data_bytes - expected["expected_bytes"]) / expected["expected_bytes"],
-               "files": sorted({op[1] for log in logs.values() for op in log.ops if op[0] == "open"}),
-               "plan_s": planned_s, "elapsed_s": elapsed}
+    stored = sum(
+        int(np.prod(chunk.sizes)) * _itemsize(md.properties.dtype)
+        for md in metadata.state_dict_metadata.values()
+        if hasattr(md, "chunks")
+        for chunk in md.chunks
+    )
+    figures = {
+        "model": model,
+        "ranks": ranks,
+        "optimizer": optimizer,
+        "out": str(out),
+        "buffer_bytes": buffer_bytes,
+        "thread_count": thread_count,
+        "arithmetic": expected,
+        "tensor_bytes": stored,
+        "data_bytes": data_bytes,
+        "serialisation_overhead_bytes": data_bytes - stored,
+        "difference_from_arithmetic": (data_bytes - expected["expected_bytes"]) / expected["expected_bytes"],
+        "files": sorted({op[1] for log in logs.values() for op in log.ops if op[0] == "open"}),
+        "plan_s": planned_s,
+        "elapsed_s": elapsed,
+    }
     return Synthesis(logs={rank: log.ops for rank, log in logs.items()}, figures=figures)
 
 
-def plan_and_write(state_of, ranks: int, *, out: str, buffer_bytes: int, thread_count: int = 1,
-                   planner=None) -> tuple[dict[int, _Log], list, Any, float]:
+def plan_and_write(
+    state_of, ranks: int, *, out: str, buffer_bytes: int, thread_count: int = 1, planner=None
+) -> tuple[dict[int, _Log], list, Any, float]:
     """Steps 1 and 2 of the module docstring for any state dict: ``state_of(mesh, device)`` is a simulated
     rank's state dict (``device`` ``meta`` to plan, ``cpu`` to write); ``planner`` makes the save planner
     (default ``DefaultSavePlanner``). Returns (each rank's ``_Log``, each rank's ``WriteResult`` list, the
@@ -352,8 +406,9 @@ def plan_and_write(state_of, ranks: int, *, out: str, buffer_bytes: int, thread_
                 writer = dcp.FileSystemWriter(out, thread_count=thread_count)
                 writer.fs = _recording_fs(logs[rank], buffer_bytes)
                 rank_planner = planner()
-                rank_planner.set_up_planner(state_dict=state_of(mesh, "meta"), storage_meta=writer.storage_meta(),
-                                            is_coordinator=rank == 0)
+                rank_planner.set_up_planner(
+                    state_dict=state_of(mesh, "meta"), storage_meta=writer.storage_meta(), is_coordinator=rank == 0
+                )
                 writer.set_up_storage_writer(rank == 0, rank=rank, use_collectives=True)
                 local_plans.append(writer.prepare_local_plan(rank_planner.create_local_plan()))
                 writers.append(writer)
@@ -366,8 +421,11 @@ def plan_and_write(state_of, ranks: int, *, out: str, buffer_bytes: int, thread_
         for rank in range(ranks):  # each rank's writes, on untouched CPU tensors of its shapes
             with _fake_rank(rank, ranks) as mesh:
                 rank_planner = planner()
-                rank_planner.set_up_planner(state_dict=state_of(mesh, "cpu"),
-                                            storage_meta=writers[rank].storage_meta(), is_coordinator=rank == 0)
+                rank_planner.set_up_planner(
+                    state_dict=state_of(mesh, "cpu"),
+                    storage_meta=writers[rank].storage_meta(),
+                    is_coordinator=rank == 0,
+                )
                 final = rank_planner.finish_plan(global_plans[rank])
                 results.append(writers[rank].write_data(final, rank_planner).value())
         writers[0].finish(metadata=metadata, results=results)
@@ -387,13 +445,21 @@ def synthesis_columns(synthesis: Synthesis) -> dict[str, np.ndarray | list]:
     parts: dict[str, list] = {name: [] for name in names}
     for rank, ops in synthesis.logs.items():
         for index, (op, path, offset, size, ret, flags, new_path, fd) in enumerate(ops):
-            for name, value in zip(names, (index * OP_GAP_NS, rank, op, path, offset, size, ret, flags,
-                                           new_path, fd)):
+            for name, value in zip(names, (index * OP_GAP_NS, rank, op, path, offset, size, ret, flags, new_path, fd)):
                 parts[name].append(value)
     order = np.lexsort((np.asarray(parts["rank"]), np.asarray(parts["ts_ns"])))
     out: dict[str, np.ndarray | list] = {name: [values[i] for i in order] for name, values in parts.items()}
-    syscalls = {"open": "openat", "write": "write", "read": "read", "lseek": "lseek", "close": "close", "fsync": "fsync",
-                "mkdir": "mkdir", "rename": "rename", "unlink": "unlink"}
+    syscalls = {
+        "open": "openat",
+        "write": "write",
+        "read": "read",
+        "lseek": "lseek",
+        "close": "close",
+        "fsync": "fsync",
+        "mkdir": "mkdir",
+        "rename": "rename",
+        "unlink": "unlink",
+    }
     n = len(order)
     out["pid"] = [1000 + r for r in out["rank"]]
     out["tid"] = out["pid"]
@@ -415,8 +481,9 @@ def buffer_bytes_at(path: str | os.PathLike) -> int:
     return size if size > 1 else io.DEFAULT_BUFFER_SIZE
 
 
-def write_synthesis(synthesis: Synthesis, output: str | os.PathLike, *, command: list[str],
-                    overwrite: bool = False) -> int:
+def write_synthesis(
+    synthesis: Synthesis, output: str | os.PathLike, *, command: list[str], overwrite: bool = False
+) -> int:
     """Write the synthesised save as a trace (backend ``synth``; the figures under the metadata key
     ``synth``). Returns the rows written. Raises CkptTraceError for an existing output (without
     ``overwrite``) or a failed write."""
@@ -427,10 +494,19 @@ def write_synthesis(synthesis: Synthesis, output: str | os.PathLike, *, command:
     from ckpt_trace.version import __version__
 
     columns = synthesis_columns(synthesis)
-    meta = {"creator": "ckpt-trace", "creator_version": __version__, "host": socket.gethostname(),
-            "kernel": platform.release(), "arch": vocabulary.host_arch(), "command": list(command),
-            "backend": "synth", "backend_reason": "synthesised from DCP's planner and writer (ckpt-trace synth)",
-            "start_wall_time_ns": time.time_ns(), "filesystems": {}, "lost_events": 0,
-            "synth": synthesis.figures}
+    meta = {
+        "creator": "ckpt-trace",
+        "creator_version": __version__,
+        "host": socket.gethostname(),
+        "kernel": platform.release(),
+        "arch": vocabulary.host_arch(),
+        "command": list(command),
+        "backend": "synth",
+        "backend_reason": "synthesised from DCP's planner and writer (ckpt-trace synth)",
+        "start_wall_time_ns": time.time_ns(),
+        "filesystems": {},
+        "lost_events": 0,
+        "synth": synthesis.figures,
+    }
     write_trace(output, table_from_columns(columns), meta, overwrite=overwrite)
     return len(columns["ts_ns"])

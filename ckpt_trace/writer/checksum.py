@@ -70,8 +70,9 @@ def checksum(tensor: torch.Tensor, kind: str = KIND) -> int | None:
         if _crc32c is None:
             from ckpt_trace.errors import CheckpointError
 
-            raise CheckpointError("this checkpoint's checksums are CRC32C: pip install crc32c (or load with "
-                                  "verify_checksums=False)")
+            raise CheckpointError(
+                "this checkpoint's checksums are CRC32C: pip install crc32c (or load with verify_checksums=False)"
+            )
         return _crc32c.crc32c(view)
     return zlib.crc32(view)
 

@@ -48,8 +48,10 @@ from ckpt_trace.version import __version__
 
 from .options import WriterOptions
 
-_LOAD_DEFAULT = ("no replayed load: the O_DIRECT stream, which read at fio's O_DIRECT limit, above "
-                 "buffered reads, in benchmarks/restore.py")
+_LOAD_DEFAULT = (
+    "no replayed load: the O_DIRECT stream, which read at fio's O_DIRECT limit, above "
+    "buffered reads, in benchmarks/restore.py"
+)
 
 
 @dataclass(frozen=True)
@@ -84,13 +86,17 @@ def verdict(results: dict) -> tuple[dict | None, str]:
     unclear = {other: entry for other, entry in versus.items() if entry.get("verdict") != "faster"}
     if unclear:
         other, entry = min(unclear.items(), key=lambda kv: kv[1]["median"])
-        return None, (f"no strategy clear of the others: the fastest median, {best['strategy']}, is "
-                      f"{entry['median']:.2f}x {other} ({entry['low']:.2f}-{entry['high']:.2f}x over "
-                      f"{entry['n']} rounds, {entry['verdict']})")
+        return None, (
+            f"no strategy clear of the others: the fastest median, {best['strategy']}, is "
+            f"{entry['median']:.2f}x {other} ({entry['low']:.2f}-{entry['high']:.2f}x over "
+            f"{entry['n']} rounds, {entry['verdict']})"
+        )
     low = min(entry["low"] for entry in versus.values())
     rounds = min(entry["n"] for entry in versus.values())
-    return best, (f"{best['strategy']} was faster than every other strategy (by {low:.2f}x or more at the "
-                  f"interval's low end, {rounds} paired rounds)")
+    return best, (
+        f"{best['strategy']} was faster than every other strategy (by {low:.2f}x or more at the "
+        f"interval's low end, {rounds} paired rounds)"
+    )
 
 
 def _strategy(entry: dict) -> strategies.Strategy | None:
@@ -121,45 +127,63 @@ def choose(threads_per_rank: int, results: dict | None, cpu_count: int | None = 
     defaults = WriterOptions()
     threads = min(threads_per_rank, cpu_count or os.cpu_count() or 1)
     if results is None:
-        reasons = {"direct_io": "no replay results: O_DIRECT, the fastest in arXiv 2512.24511",
-                   "queue_depth": "no replay results: default", "buffer_bytes": "no replay results: default",
-                   "writer_threads": f"{threads} thread(s) wrote per rank in the trace",
-                   "load_direct_io": _LOAD_DEFAULT}
+        reasons = {
+            "direct_io": "no replay results: O_DIRECT, the fastest in arXiv 2512.24511",
+            "queue_depth": "no replay results: default",
+            "buffer_bytes": "no replay results: default",
+            "writer_threads": f"{threads} thread(s) wrote per rank in the trace",
+            "load_direct_io": _LOAD_DEFAULT,
+        }
         return Choice(WriterOptions(writer_threads=threads).validate(), reasons, None)
     entries = results["results"]
     unknown = next((r["strategy"] for r in entries if _strategy(r) is None), None)
     if unknown is not None:
-        raise CheckpointError(f"the results hold strategy {unknown[:60]!r}, not one ckpt-trace replays "
-                              f"({', '.join(strategies.names())}, optionally +pack-files); emit tunes only from those")
+        raise CheckpointError(
+            f"the results hold strategy {unknown[:60]!r}, not one ckpt-trace replays "
+            f"({', '.join(strategies.names())}, optionally +pack-files); emit tunes only from those"
+        )
     reference = next((r for r in entries if r["strategy"] == "posix"), entries[0])
     load = reference.get("bytes_read", 0) > reference.get("bytes_written", 0)  # a replayed load
     best, why = verdict(results)
     options = results.get("options", {})
-    durable_note = "" if options.get("durable") or load else "; the replay was not --durable, which favours the page cache"
+    durable_note = (
+        "" if options.get("durable") or load else "; the replay was not --durable, which favours the page cache"
+    )
     reasons = {"verdict": why + durable_note}
     if best is None or load:
         kept = "a load tunes only the reader" if load else "no verdict"
-        reasons.update({"direct_io": f"default ({kept})", "queue_depth": f"default ({kept})",
-                        "buffer_bytes": f"default ({kept})",
-                        "writer_threads": f"{threads} thread(s) wrote per rank in the trace"})
+        reasons.update(
+            {
+                "direct_io": f"default ({kept})",
+                "queue_depth": f"default ({kept})",
+                "buffer_bytes": f"default ({kept})",
+                "writer_threads": f"{threads} thread(s) wrote per rank in the trace",
+            }
+        )
         direct, queue_depth, buffer_bytes = defaults.direct_io, defaults.queue_depth, defaults.buffer_bytes
     else:
         spec = strategies.get(best["strategy"].removesuffix("+pack-files"))
         direct = _bypasses_cache(best)
         packed = options.get("pack_files", False) and spec.packs_files
-        queue_depth = int(options.get("queue_depth", defaults.queue_depth)) if spec.uses_queue_depth \
-            else defaults.queue_depth
-        buffer_bytes = int(options.get("buffer_bytes", defaults.buffer_bytes)) if spec.uses_buffer_bytes \
-            else defaults.buffer_bytes
+        queue_depth = (
+            int(options.get("queue_depth", defaults.queue_depth)) if spec.uses_queue_depth else defaults.queue_depth
+        )
+        buffer_bytes = (
+            int(options.get("buffer_bytes", defaults.buffer_bytes)) if spec.uses_buffer_bytes else defaults.buffer_bytes
+        )
         threads = 1 if packed else threads
-        reasons.update({
-            "direct_io": f"from the verdict: {best['strategy']} ({'page cache bypassed' if direct else 'buffered'})",
-            "queue_depth": "from the verdict: the replay's --queue-depth" if spec.uses_queue_depth
-                           and "queue_depth" in options else "default",
-            "buffer_bytes": "from the verdict: the replay's --buffer-size" if spec.uses_buffer_bytes else "default",
-            "writer_threads": "from the verdict: one file per rank (--pack-files won)" if packed
-                              else f"{threads} thread(s) wrote per rank in the trace",
-        })
+        reasons.update(
+            {
+                "direct_io": f"from the verdict: {best['strategy']} ({'page cache bypassed' if direct else 'buffered'})",
+                "queue_depth": "from the verdict: the replay's --queue-depth"
+                if spec.uses_queue_depth and "queue_depth" in options
+                else "default",
+                "buffer_bytes": "from the verdict: the replay's --buffer-size" if spec.uses_buffer_bytes else "default",
+                "writer_threads": "from the verdict: one file per rank (--pack-files won)"
+                if packed
+                else f"{threads} thread(s) wrote per rank in the trace",
+            }
+        )
     if not load:
         load_direct = defaults.load_direct_io
         reasons["load_direct_io"] = "default (a save tunes only the writer): " + _LOAD_DEFAULT
@@ -168,31 +192,44 @@ def choose(threads_per_rank: int, results: dict | None, cpu_count: int | None = 
         reasons["load_direct_io"] = "default (no verdict on this load): " + _LOAD_DEFAULT
     else:
         load_direct = _bypasses_cache(best)
-        reasons["load_direct_io"] = (f"from the verdict: {best['strategy']} read this load fastest "
-                                     f"({'page cache bypassed' if load_direct else 'buffered'})")
-    chosen = WriterOptions(buffer_bytes=buffer_bytes, queue_depth=queue_depth, direct_io=direct,
-                           writer_threads=threads, load_direct_io=load_direct)
+        reasons["load_direct_io"] = (
+            f"from the verdict: {best['strategy']} read this load fastest "
+            f"({'page cache bypassed' if load_direct else 'buffered'})"
+        )
+    chosen = WriterOptions(
+        buffer_bytes=buffer_bytes,
+        queue_depth=queue_depth,
+        direct_io=direct,
+        writer_threads=threads,
+        load_direct_io=load_direct,
+    )
     return Choice(chosen.validate(), reasons, best["strategy"] if best is not None else None)
 
 
 def _trace_lines(trace_path: Path, digest: str, summary: dict) -> list[str]:
     ranks = summary["ranks"]
     rank_text = f"ranks {ranks[0]}-{ranks[-1]}" if ranks else "no ranks"
-    return [f"trace:   {trace_path} (sha256 {digest[:16]})",
-            f"         {summary['rows']:,} rows, {rank_text}, {summary['processes']} processes, "
-            f"{summary['bytes_written']:,} bytes written in {summary['ops'].get('write', {}).get('count', 0):,} writes,",
-            f"         {summary['alignment']['unaligned_offset_share']:.1%} of offsets not 4 KiB aligned"]
+    return [
+        f"trace:   {trace_path} (sha256 {digest[:16]})",
+        f"         {summary['rows']:,} rows, {rank_text}, {summary['processes']} processes, "
+        f"{summary['bytes_written']:,} bytes written in {summary['ops'].get('write', {}).get('count', 0):,} writes,",
+        f"         {summary['alignment']['unaligned_offset_share']:.1%} of offsets not 4 KiB aligned",
+    ]
 
 
 def _results_lines(results_path: Path, results: dict) -> list[str]:
     options = results.get("options", {})
-    lines = [f"replay:  {results_path} ({', '.join(f'{k}={v}' for k, v in options.items()) or 'options not recorded'})",
-             f"         {'strategy':<24}{'write MB/s':>12}{'elapsed s':>11}{'vs posix':>10}"]
+    lines = [
+        f"replay:  {results_path} ({', '.join(f'{k}={v}' for k, v in options.items()) or 'options not recorded'})",
+        f"         {'strategy':<24}{'write MB/s':>12}{'elapsed s':>11}{'vs posix':>10}",
+    ]
     for entry in results["results"]:
         speedup = entry.get("speedup_vs_posix")
         noise = "~" if (entry.get("speedup") or {}).get("verdict") == "within noise" else ""
-        lines.append(f"         {entry['strategy']:<24}{entry.get('write_throughput_bytes_per_s', 0) / 1e6:>12,.0f}"
-                     f"{entry['elapsed_s']:>11.3f}{f'{speedup:.2f}x{noise}' if speedup else '-':>10}")
+        lines.append(
+            f"         {entry['strategy']:<24}{entry.get('write_throughput_bytes_per_s', 0) / 1e6:>12,.0f}"
+            f"{entry['elapsed_s']:>11.3f}{f'{speedup:.2f}x{noise}' if speedup else '-':>10}"
+        )
     return lines
 
 
@@ -209,8 +246,7 @@ def docstring_literal(text: str) -> str:
             parts.append(char)
         else:
             code = ord(char)
-            parts.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000
-                         else f"\\U{code:08x}")
+            parts.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
     return '"""' + "".join(parts) + '\n"""'
 
 
@@ -219,25 +255,43 @@ def small_object_lines(layout: dict | None, buffer_bytes: int) -> list[str]:
     ``layout``): the rule (objects smaller than a staging buffer are packed end to end, each at a
     ``config.WRITER_ITEM_ALIGN_BYTES`` boundary, into shared staging buffers, so they leave as whole
     buffer writes), its threshold (``buffer_bytes``), and what the small objects cost in the recording."""
-    rule = (f"Small objects: every object smaller than a staging buffer (threshold buffer_bytes = "
-            f"{buffer_bytes:,} B) is packed end to end, each at a {config.WRITER_ITEM_ALIGN_BYTES}-byte boundary, "
-            "into staging buffers it shares with its neighbours, and leaves as part of whole-buffer writes; "
-            "larger ones are cut into whole buffers.")
+    rule = (
+        f"Small objects: every object smaller than a staging buffer (threshold buffer_bytes = "
+        f"{buffer_bytes:,} B) is packed end to end, each at a {config.WRITER_ITEM_ALIGN_BYTES}-byte boundary, "
+        "into staging buffers it shares with its neighbours, and leaves as part of whole-buffer writes; "
+        "larger ones are cut into whole buffers."
+    )
     if not layout or layout.get("missing") is not None or not layout.get("by_size_class"):
-        return [rule, "    (the trace has no checkpoint layout: ckpt-trace annotate TRACE --checkpoint DIR adds it)", ""]
+        return [
+            rule,
+            "    (the trace has no checkpoint layout: ckpt-trace annotate TRACE --checkpoint DIR adds it)",
+            "",
+        ]
     small = next((e for e in layout["by_size_class"] if e["size_class"] == "<64 KiB"), None)
     if small is None:
         return [rule, "    The recording's checkpoint has no object under 64 KiB.", ""]
     aligned = small["object_bytes"] + small["objects"] * (config.WRITER_ITEM_ALIGN_BYTES - 1)
     writes = max(1, -(-aligned // buffer_bytes))
     ops = small["write_ops"] + small["read_ops"]
-    return [rule, f"    Why: in the recording, {small['objects']:,} objects under 64 KiB ({small['object_bytes']:,} B) "
-            f"took {ops:,} operations and {layout['small_object_time_share']:.0%} of the time spent on checkpoint "
-            f"objects; packed, they fill about {writes:,} buffer write(s).", ""]
+    return [
+        rule,
+        f"    Why: in the recording, {small['objects']:,} objects under 64 KiB ({small['object_bytes']:,} B) "
+        f"took {ops:,} operations and {layout['small_object_time_share']:.0%} of the time spent on checkpoint "
+        f"objects; packed, they fill about {writes:,} buffer write(s).",
+        "",
+    ]
 
 
-def render_module(trace_path: Path, digest: str, summary: dict, choice: Choice, results_path: Path | None,
-                  results: dict | None, today: datetime.date | None = None, module: str = "{module}") -> str:
+def render_module(
+    trace_path: Path,
+    digest: str,
+    summary: dict,
+    choice: Choice,
+    results_path: Path | None,
+    results: dict | None,
+    today: datetime.date | None = None,
+    module: str = "{module}",
+) -> str:
     """The emitted module's source: a docstring saying what chose what, the pinned options, the factories.
 
     Every value taken from the trace or the results appears only inside the docstring, escaped
@@ -257,31 +311,41 @@ def render_module(trace_path: Path, digest: str, summary: dict, choice: Choice, 
     for name in ("buffer_bytes", "queue_depth", "direct_io", "writer_threads", "load_direct_io"):
         header.append(f"    {name} = {values[name]!r}: {choice.reasons[name]}")
     staging_mib = values["buffer_bytes"] * values["queue_depth"] * values["writer_threads"] / (1 << 20)
-    header += [f"Staging memory per rank: {staging_mib:,.0f} MiB.", ""] + small_object_lines(summary.get("layout"),
-                                                                                             values["buffer_bytes"])
-    header += ["Use:",
-               "    import torch.distributed.checkpoint as dcp",
-               "    from {module} import make_reader, make_writer",
-               "    dcp.save(state_dict, storage_writer=make_writer('/checkpoints/step-1000'))",
-               "    dcp.load(state_dict, storage_reader=make_reader('/checkpoints/step-1000'))"]
+    header += [f"Staging memory per rank: {staging_mib:,.0f} MiB.", ""] + small_object_lines(
+        summary.get("layout"), values["buffer_bytes"]
+    )
+    header += [
+        "Use:",
+        "    import torch.distributed.checkpoint as dcp",
+        "    from {module} import make_reader, make_writer",
+        "    dcp.save(state_dict, storage_writer=make_writer('/checkpoints/step-1000'))",
+        "    dcp.load(state_dict, storage_reader=make_reader('/checkpoints/step-1000'))",
+    ]
     for name, value in values.items():  # only numbers and flags become code
         if type(value) not in (int, bool):
             raise CheckpointError(f"writer option {name} = {value!r} is not an integer or a flag")
     args = "\n".join(f"    {name}={values[name]!r}," for name in values)
     docstring = docstring_literal("\n".join(header).replace("{module}", module))
-    return (f"{docstring}\n\n"
-            "from ckpt_trace.writer import CheckpointReader, CheckpointWriter, WriterOptions\n\n"
-            f"OPTIONS = WriterOptions(\n{args}\n)\n\n\n"
-            "def make_writer(path):\n"
-            '    """A torch.distributed.checkpoint StorageWriter for the checkpoint directory ``path``."""\n'
-            "    return CheckpointWriter(path, OPTIONS)\n\n\n"
-            "def make_reader(path):\n"
-            '    """The StorageReader for checkpoints written by ``make_writer``."""\n'
-            "    return CheckpointReader(path, OPTIONS)\n")
+    return (
+        f"{docstring}\n\n"
+        "from ckpt_trace.writer import CheckpointReader, CheckpointWriter, WriterOptions\n\n"
+        f"OPTIONS = WriterOptions(\n{args}\n)\n\n\n"
+        "def make_writer(path):\n"
+        '    """A torch.distributed.checkpoint StorageWriter for the checkpoint directory ``path``."""\n'
+        "    return CheckpointWriter(path, OPTIONS)\n\n\n"
+        "def make_reader(path):\n"
+        '    """The StorageReader for checkpoints written by ``make_writer``."""\n'
+        "    return CheckpointReader(path, OPTIONS)\n"
+    )
 
 
-def emit(trace_path: str | os.PathLike, output: str | os.PathLike, *, results_path: str | os.PathLike | None = None,
-         force: bool = False) -> Choice:
+def emit(
+    trace_path: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    results_path: str | os.PathLike | None = None,
+    force: bool = False,
+) -> Choice:
     """Write the tuned writer module to ``output``; returns the choice.
 
     Raises TraceFormatError for a bad trace, CkptTraceError for results of
@@ -297,12 +361,15 @@ def emit(trace_path: str | os.PathLike, output: str | os.PathLike, *, results_pa
     summary = summarize_file(trace_path)  # in record batches: any trace size
     digest = sha256_file(trace_path)
     if summary["rows"] == 0 or summary["bytes_written"] + summary["bytes_read"] < config.REPLAY_MIN_JUDGE_BYTES:
-        raise NothingToJudge(f"nothing to judge: the trace's reads and writes move "
-                             f"{summary['bytes_written'] + summary['bytes_read']:,} B, under "
-                             f"{config.REPLAY_MIN_JUDGE_BYTES:,} B (CKPT_TRACE_REPLAY_MIN_JUDGE_BYTES); no module written")
+        raise NothingToJudge(
+            f"nothing to judge: the trace's reads and writes move "
+            f"{summary['bytes_written'] + summary['bytes_read']:,} B, under "
+            f"{config.REPLAY_MIN_JUDGE_BYTES:,} B (CKPT_TRACE_REPLAY_MIN_JUDGE_BYTES); no module written"
+        )
     results = load_replay_results(results_path, digest, str(trace_path)) if results_path is not None else None
     choice = choose(summary["writer_threads_per_rank"], results)
-    text = render_module(trace_path, digest, summary, choice, Path(results_path) if results_path else None,
-                         results, module=output.stem)
+    text = render_module(
+        trace_path, digest, summary, choice, Path(results_path) if results_path else None, results, module=output.stem
+    )
     write_bytes_atomic(output, text.encode("utf-8"))
     return choice

@@ -78,7 +78,7 @@ def write_metadata(tmp: Path, metadata) -> None:
     try:
         view = memoryview(payload)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -100,13 +100,17 @@ def read_metadata(directory: Path):
     if not isinstance(payload, dict) or payload.get("format") != METADATA_FORMAT:
         raise CheckpointError(f"{path} is not a ckpt-trace checkpoint metadata file")
     if payload.get("version") != METADATA_VERSION:
-        raise CheckpointError(f"{path} has format version {payload.get('version')}, this reader supports "
-                              f"{METADATA_VERSION}")
+        raise CheckpointError(
+            f"{path} has format version {payload.get('version')}, this reader supports {METADATA_VERSION}"
+        )
     return payload["metadata"]
 
 
 def stale_files(directory: Path, referenced: set[str]) -> list[Path]:
     """Data files no committed metadata references and temporary metadata of interrupted saves: only this
     writer's own names (``DATA_NAME``, ``TMP_NAME``), nothing else in the directory."""
-    return [Path(entry.path) for entry in os.scandir(directory)
-            if (DATA_NAME.match(entry.name) and entry.name not in referenced) or TMP_NAME.match(entry.name)]
+    return [
+        Path(entry.path)
+        for entry in os.scandir(directory)
+        if (DATA_NAME.match(entry.name) and entry.name not in referenced) or TMP_NAME.match(entry.name)
+    ]

@@ -46,8 +46,9 @@ class FileLayout:
     size_bytes: int
 
 
-def plan_files(items: Sequence[tuple[Hashable, int]], files: int, *, align_bytes: int,
-               item_align_bytes: int) -> list[FileLayout]:
+def plan_files(
+    items: Sequence[tuple[Hashable, int]], files: int, *, align_bytes: int, item_align_bytes: int
+) -> list[FileLayout]:
     """Lay ``items`` ((key, size_bytes) pairs) out over ``files`` data files.
 
     Returns one FileLayout per non-empty file; items keep their input order
@@ -74,8 +75,9 @@ def plan_files(items: Sequence[tuple[Hashable, int]], files: int, *, align_bytes
     return layouts
 
 
-def plan_stream(wanted: Sequence[tuple[int, int]], *, piece_bytes: int, align_bytes: int,
-                file_size_bytes: int) -> list[tuple[int, int]]:
+def plan_stream(
+    wanted: Sequence[tuple[int, int]], *, piece_bytes: int, align_bytes: int, file_size_bytes: int
+) -> list[tuple[int, int]]:
     """The (file offset, size_bytes) reads that bring every wanted (offset, size_bytes > 0) range of one file
     into memory: the ranges, widened to ``align_bytes`` and never past ``file_size_bytes`` rounded up to it,
     merged where they touch and cut into reads of at most ``piece_bytes`` (a multiple of ``align_bytes``),

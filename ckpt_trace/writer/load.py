@@ -103,11 +103,19 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         for i, item in enumerate(plan.items):
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(i)
         direct = True
-        largest = max((s.offset + s.size_bytes for s in (self.storage_data[item.storage_index] for item in plan.items)),
-                      default=0)
+        largest = max(
+            (s.offset + s.size_bytes for s in (self.storage_data[item.storage_index] for item in plan.items)), default=0
+        )
         self._copier = None  # made at the first GPU destination (``_device_copier``)
-        self.last_load_stats = {"files": 0, "direct_files": 0, "buffered_files": 0, "direct_bytes": 0,
-                                "buffered_bytes": 0, "resident_bytes": 0, "cache_probe": None}
+        self.last_load_stats = {
+            "files": 0,
+            "direct_files": 0,
+            "buffered_files": 0,
+            "direct_bytes": 0,
+            "buffered_bytes": 0,
+            "resident_bytes": 0,
+            "cache_probe": None,
+        }
         self._verifier = Verifier()  # the checksums, checked on a worker thread beside the reads (``_check``)
         with StreamReader(self.options, largest) as stream:  # one O_DIRECT arena for every file of this load
             try:
@@ -133,11 +141,14 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         except FileNotFoundError:
             raise CheckpointError(f"checkpoint data file missing: {path}") from None
         if actual < expected:
-            raise CheckpointError(f"checkpoint data file truncated: {path} has {actual:,} bytes, the metadata "
-                                  f"records {expected:,}")
+            raise CheckpointError(
+                f"checkpoint data file truncated: {path} has {actual:,} bytes, the metadata records {expected:,}"
+            )
         if actual > expected and self.options.checksums and any(s.checksum is not None for s in stored):
-            raise CheckpointError(f"checkpoint data file extended: {path} has {actual:,} bytes, the metadata "
-                                  f"records {expected:,} (pass checksums=False in the reader's options to load it)")
+            raise CheckpointError(
+                f"checkpoint data file extended: {path} has {actual:,} bytes, the metadata "
+                f"records {expected:,} (pass checksums=False in the reader's options to load it)"
+            )
         try:
             fd, direct = self._open_data(path, actual)
         except OSError as err:
@@ -183,8 +194,7 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         opened = open_file(path, os.O_RDONLY, direct=self.options.load_direct_io)
         return opened.fd, opened.direct
 
-    def _read_in_place(self, fd: int, path: Path, items: list, stored: list[StoredItem],
-                       planner: LoadPlanner) -> None:
+    def _read_in_place(self, fd: int, path: Path, items: list, stored: list[StoredItem], planner: LoadPlanner) -> None:
         """Buffered reads in file order, each tensor straight into its destination where it fits as is;
         the file is cut into ``load_streams`` consecutive stretches of about equal bytes, each read by its
         own thread (the copies out of the page cache run on several cores, and the device sees as many
@@ -242,11 +252,21 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         found = checksum(data, stored.checksum_kind or "crc32")
         if found is not None and found != stored.checksum:
             name = item.storage_index.fqn if hasattr(item, "storage_index") else "an item"
-            raise CheckpointError(f"checkpoint item {name} in {path} (bytes {stored.offset:,}+{stored.size_bytes:,}) "
-                                  f"is corrupt: {stored.checksum_kind} {found:08x}, recorded {stored.checksum:08x}")
+            raise CheckpointError(
+                f"checkpoint item {name} in {path} (bytes {stored.offset:,}+{stored.size_bytes:,}) "
+                f"is corrupt: {stored.checksum_kind} {found:08x}, recorded {stored.checksum:08x}"
+            )
 
-    def _stream(self, stream: StreamReader, fd: int, items: list, stored: list[StoredItem], file_size_bytes: int,
-                planner: LoadPlanner, path: Path) -> None:
+    def _stream(
+        self,
+        stream: StreamReader,
+        fd: int,
+        items: list,
+        stored: list[StoredItem],
+        file_size_bytes: int,
+        planner: LoadPlanner,
+        path: Path,
+    ) -> None:
         """O_DIRECT: the file's items as one stream of aligned reads (``staging.StreamReader``), each read's
         bytes copied into the destination tensors where they fit as stored (a GPU tensor too: asynchronous
         host-to-device copies out of the page-locked arena, ``staging.CudaCopier``), else into a scratch
@@ -273,8 +293,14 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             else:
                 self._serve(items[i], stored[i], memory, planner)
 
-        stream.run(fd, [(i, s.offset, s.size_bytes) for i, s in enumerate(stored)], file_size_bytes,
-                   lambda i: destination(i)[0], done, _LoadCopier(self))
+        stream.run(
+            fd,
+            [(i, s.offset, s.size_bytes) for i, s in enumerate(stored)],
+            file_size_bytes,
+            lambda i: destination(i)[0],
+            done,
+            _LoadCopier(self),
+        )
 
     def _device_copier(self, stream: StreamReader, target: torch.Tensor):
         """The copier for a destination on ``target``'s device: None for a CPU target; for a GPU target the
@@ -301,8 +327,10 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             tensor = tensor.narrow(dim, start, length)
         target = planner.resolve_tensor(item).detach()
         if target.size() != tensor.size():
-            raise CheckpointError(f"{item.storage_index.fqn}: stored chunk {tuple(tensor.size())} does not fit "
-                                  f"destination {tuple(target.size())}")
+            raise CheckpointError(
+                f"{item.storage_index.fqn}: stored chunk {tuple(tensor.size())} does not fit "
+                f"destination {tuple(target.size())}"
+            )
         target.copy_(tensor)
         planner.commit_tensor(item, target)
 
@@ -337,9 +365,15 @@ def _fits_as_stored(item, stored: StoredItem, target: torch.Tensor, device_copie
     """Whether the stored bytes are exactly ``target``'s memory: a whole, contiguous tensor of the stored
     dtype and shape, on the CPU (``device_copier`` None) or on a GPU the load's copier serves."""
     on_device = device_copier is None if target.device.type == "cpu" else bool(device_copier)
-    return (on_device and target.is_contiguous() and stored.shape is not None
-            and str(target.dtype) == stored.dtype and tuple(target.shape) == tuple(stored.shape)
-            and not any(item.storage_offsets) and target.numel() * target.element_size() == stored.size_bytes)
+    return (
+        on_device
+        and target.is_contiguous()
+        and stored.shape is not None
+        and str(target.dtype) == stored.dtype
+        and tuple(target.shape) == tuple(stored.shape)
+        and not any(item.storage_offsets)
+        and target.numel() * target.element_size() == stored.size_bytes
+    )
 
 
 def _pread_into(fd: int, path: Path, tensor: torch.Tensor, offset: int) -> None:
@@ -351,8 +385,10 @@ def _pread_into(fd: int, path: Path, tensor: torch.Tensor, offset: int) -> None:
     view = memoryview((ctypes.c_char * size).from_address(tensor.data_ptr())).cast("B")
     done = 0
     while done < size:
-        moved = os.preadv(fd, [view[done:done + _CHUNK_BYTES]], offset + done)
+        moved = os.preadv(fd, [view[done : done + _CHUNK_BYTES]], offset + done)
         if moved == 0:
-            raise CheckpointError(f"checkpoint data file truncated: {path} ends at {offset + done:,} bytes, "
-                                  f"inside an item of {size:,} bytes at {offset:,}")
+            raise CheckpointError(
+                f"checkpoint data file truncated: {path} ends at {offset + done:,} bytes, "
+                f"inside an item of {size:,} bytes at {offset:,}"
+            )
         done += moved

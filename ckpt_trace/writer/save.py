@@ -157,8 +157,12 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
         with self._stage_lock:
             stager = self._stagers.get(on_gpu)
             if stager is None:
-                options = StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False, use_async_staging=False,
-                                         use_non_blocking_copy=on_gpu)
+                options = StagingOptions(
+                    use_pinned_memory=on_gpu,
+                    use_shared_memory=False,
+                    use_async_staging=False,
+                    use_non_blocking_copy=on_gpu,
+                )
                 stager = self._stagers[on_gpu] = DefaultStager(options)
             # use_async_staging=False: stage returns the staged dict itself, never its Future.
             return cast(dict[str, Any], stager.stage(state_dict))
@@ -194,17 +198,24 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        return [dataclasses.replace(plan, storage_data=RankFiles(f"__{i}_", self.save_id))
-                for i, plan in enumerate(plans)]
+        return [
+            dataclasses.replace(plan, storage_data=RankFiles(f"__{i}_", self.save_id)) for i, plan in enumerate(plans)
+        ]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         files = plan.storage_data
         if not isinstance(files, RankFiles):
             files = RankFiles(f"__{self.rank}_", self.save_id)
-        pickled = {i: _pickled(item, planner) for i, item in enumerate(plan.items) if item.type == WriteItemType.BYTE_IO}
+        pickled = {
+            i: _pickled(item, planner) for i, item in enumerate(plan.items) if item.type == WriteItemType.BYTE_IO
+        }
         sizes = [(i, len(pickled[i]) if i in pickled else _tensor_bytes(item)) for i, item in enumerate(plan.items)]
-        layouts = plan_files(sizes, self.options.writer_threads, align_bytes=self.options.align_bytes,
-                             item_align_bytes=config.WRITER_ITEM_ALIGN_BYTES)
+        layouts = plan_files(
+            sizes,
+            self.options.writer_threads,
+            align_bytes=self.options.align_bytes,
+            item_align_bytes=config.WRITER_ITEM_ALIGN_BYTES,
+        )
         written: list[StagedFile] = []
         lock = threading.Lock()
 
@@ -223,15 +234,26 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
             raise
         direct = all(staged.direct for staged in written)
         if self.options.direct_io and not direct:
-            warnings.warn(f"O_DIRECT refused by the file system of {self.path}; wrote through the page cache",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"O_DIRECT refused by the file system of {self.path}; wrote through the page cache",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self.last_save = SaveStats(sum(layout.size_bytes for layout in layouts), len(layouts), direct)
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
         return future
 
-    def _write_file(self, layout: FileLayout, files: RankFiles, plan: SavePlan, planner: SavePlanner,
-                    pickled: dict[int, bytes], written: list, lock: threading.Lock) -> list[WriteResult]:
+    def _write_file(
+        self,
+        layout: FileLayout,
+        files: RankFiles,
+        plan: SavePlan,
+        planner: SavePlanner,
+        pickled: dict[int, bytes],
+        written: list,
+        lock: threading.Lock,
+    ) -> list[WriteResult]:
         name = files.name(layout.file_index)
         path = self.path / name
         try:
@@ -251,13 +273,26 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
             staged.close()  # every write and checksum done
         except OSError as err:
             raise io_error("writing", path, err) from None
-        return [self._result(item, name, placement.offset, placement.size_bytes, layout.size_bytes,
-                             crc.result() if crc is not None else None) for item, placement, crc in staged_items]
+        return [
+            self._result(
+                item,
+                name,
+                placement.offset,
+                placement.size_bytes,
+                layout.size_bytes,
+                crc.result() if crc is not None else None,
+            )
+            for item, placement, crc in staged_items
+        ]
 
     @staticmethod
     def _item_bytes(item: WriteItem, planner: SavePlanner, pickled: bytes | None) -> torch.Tensor:
         if pickled is not None:
-            return torch.frombuffer(bytearray(pickled), dtype=torch.uint8) if pickled else torch.empty(0, dtype=torch.uint8)
+            return (
+                torch.frombuffer(bytearray(pickled), dtype=torch.uint8)
+                if pickled
+                else torch.empty(0, dtype=torch.uint8)
+            )
         tensor = planner.resolve_data(item)
         if not isinstance(tensor, torch.Tensor):
             raise CheckpointError(f"{item.index.fqn}: planner resolved {type(tensor).__name__}, not a tensor")
@@ -268,15 +303,24 @@ class CheckpointWriter(DirectoryCheckpoint, StorageWriter, AsyncStager):
         return data
 
     @staticmethod
-    def _result(item: WriteItem, name: str, offset: int, size_bytes: int, file_size_bytes: int,
-                crc: int | None = None) -> WriteResult:
+    def _result(
+        item: WriteItem, name: str, offset: int, size_bytes: int, file_size_bytes: int, crc: int | None = None
+    ) -> WriteResult:
         kind = CHECKSUM_KIND if crc is not None else None
         if item.type == WriteItemType.BYTE_IO:
             stored = StoredItem(name, offset, size_bytes, file_size_bytes, checksum=crc, checksum_kind=kind)
         else:
             tensor_data = _tensor_data(item)
-            stored = StoredItem(name, offset, size_bytes, file_size_bytes, str(tensor_data.properties.dtype),
-                                tuple(tensor_data.chunk.sizes), checksum=crc, checksum_kind=kind)
+            stored = StoredItem(
+                name,
+                offset,
+                size_bytes,
+                file_size_bytes,
+                str(tensor_data.properties.dtype),
+                tuple(tensor_data.chunk.sizes),
+                checksum=crc,
+                checksum_kind=kind,
+            )
         return WriteResult(index=item.index, size_in_bytes=size_bytes, storage_data=stored)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:

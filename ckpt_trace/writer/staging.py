@@ -160,7 +160,7 @@ class StagedFile:
         self._wait_checksums(index)  # the buffer about to be swapped and freed
         view = torch.frombuffer(pinned.mmap, dtype=torch.uint8)
         if index == self.current and self.fill:
-            view[:self.fill].copy_(self.views[index][:self.fill])  # what this buffer staged so far
+            view[: self.fill].copy_(self.views[index][: self.fill])  # what this buffer staged so far
         self.buffers[index].close()
         self.buffers[index], self.views[index] = pinned, view
         self.pinned.add(index)
@@ -192,7 +192,7 @@ class StagedFile:
         size = align_up(self.fill, self.options.align_bytes)
         view = self.views[current]
         if size > self.fill:
-            view[self.fill:size].zero_()
+            view[self.fill : size].zero_()
         self.ring.submit("write", self.fd, self.buffers[current].ptr, size, self.file_offset, tag=current)
         self.file_offset += self.options.buffer_bytes
         self.current, self.fill = None, 0
@@ -214,7 +214,7 @@ class StagedFile:
             view = self.views[self.current]
             if gap > 0:
                 step = min(gap, room)
-                view[self.fill:self.fill + step].zero_()
+                view[self.fill : self.fill + step].zero_()
                 gap -= step
             else:
                 step = min(total - position, room)
@@ -222,7 +222,7 @@ class StagedFile:
                 view = self.views[self.current]
                 if asynchronous:
                     with torch.cuda.stream(stream):
-                        view[self.fill:self.fill + step].copy_(src[position:position + step], non_blocking=True)
+                        view[self.fill : self.fill + step].copy_(src[position : position + step], non_blocking=True)
                         event = torch.cuda.Event()
                         event.record(stream)
                     kept = self.copying.get(self.current, (None, ()))[1]
@@ -230,9 +230,9 @@ class StagedFile:
                     if crc is not None:
                         crc.drop()
                 else:
-                    view[self.fill:self.fill + step].copy_(src[position:position + step])
+                    view[self.fill : self.fill + step].copy_(src[position : position + step])
                     if crc is not None:
-                        self._checksum(crc, view[self.fill:self.fill + step], step == total)
+                        self._checksum(crc, view[self.fill : self.fill + step], step == total)
                 position += step
             self.fill += step
             if self.fill == self.options.buffer_bytes:
@@ -449,16 +449,26 @@ class StreamReader:
             self.arena = AlignedBuffer(self.arena_bytes).prefault()
         return self.arena
 
-    def run(self, fd: int, wanted: list[tuple[_Key, int, int]], file_size_bytes: int,
-            destination: Callable[[_Key], torch.Tensor], done: Callable[[_Key], None],
-            copier: Copier | None = None) -> None:
+    def run(
+        self,
+        fd: int,
+        wanted: list[tuple[_Key, int, int]],
+        file_size_bytes: int,
+        destination: Callable[[_Key], torch.Tensor],
+        done: Callable[[_Key], None],
+        copier: Copier | None = None,
+    ) -> None:
         items = sorted((offset, size, key) for key, offset, size in wanted if size > 0)
         if not items:
             return
         copier = copier or Copier()
         piece = self.options.buffer_bytes
-        reads = plan_stream([(offset, size) for offset, size, _ in items], piece_bytes=piece,
-                            align_bytes=self.options.align_bytes, file_size_bytes=file_size_bytes)
+        reads = plan_stream(
+            [(offset, size) for offset, size, _ in items],
+            piece_bytes=piece,
+            align_bytes=self.options.align_bytes,
+            file_size_bytes=file_size_bytes,
+        )
         ends = [offset + size for offset, size, _ in items]
         left = {key: size for _, size, key in items}
         arena = self._arena()
@@ -485,8 +495,19 @@ class StreamReader:
                     position += 1
                 request, moved = ring.wait_result()
                 served = cast(int, request.tag)  # Ring tags are objects; ours are arena slots (submit above)
-                finished[served] = self._serve(request.offset, request.size_bytes, moved, served, piece,
-                                               memory, items, ends, left, destination, copier)
+                finished[served] = self._serve(
+                    request.offset,
+                    request.size_bytes,
+                    moved,
+                    served,
+                    piece,
+                    memory,
+                    items,
+                    ends,
+                    left,
+                    destination,
+                    copier,
+                )
                 copying.append(served)
             copier.wait_all()
             for slot in copying:
@@ -497,9 +518,19 @@ class StreamReader:
             del memory
 
     @staticmethod
-    def _serve(start: int, requested: int, landed: int, slot: int, piece: int, memory: torch.Tensor,
-               items: list[tuple[int, int, _Key]], ends: list[int], left: dict[_Key, int],
-               destination: Callable[[_Key], torch.Tensor], copier: Copier) -> list[_Key]:
+    def _serve(
+        start: int,
+        requested: int,
+        landed: int,
+        slot: int,
+        piece: int,
+        memory: torch.Tensor,
+        items: list[tuple[int, int, _Key]],
+        ends: list[int],
+        left: dict[_Key, int],
+        destination: Callable[[_Key], torch.Tensor],
+        copier: Copier,
+    ) -> list[_Key]:
         """Copy out the items overlapping the read of [start, start + requested) into arena ``slot``, whose
         first ``landed`` bytes arrived; returns the keys of the items whose last bytes these were."""
         base = slot * piece
@@ -509,9 +540,12 @@ class StreamReader:
             offset, size, key = items[i]
             lo, hi = max(start, offset), min(offset + size, start + requested)
             if hi > start + landed:
-                raise OSError(errno.EIO, f"read ended at {start + landed:,} bytes, inside an item of {size:,} "
-                                         f"bytes at {offset:,}")
-            copier.copy(destination(key)[lo - offset:hi - offset], memory[base + lo - start:base + hi - start], slot)
+                raise OSError(
+                    errno.EIO, f"read ended at {start + landed:,} bytes, inside an item of {size:,} bytes at {offset:,}"
+                )
+            copier.copy(
+                destination(key)[lo - offset : hi - offset], memory[base + lo - start : base + hi - start], slot
+            )
             left[key] -= hi - lo
             if left[key] == 0:
                 finished.append(key)

@@ -48,8 +48,15 @@ STRACE_BLIND = {("runai", "load"), ("memmap", "save"), ("memmap", "load")}
 def _skip_unless_enabled(engine: str) -> None:
     if os.environ.get("CKPT_TRACE_ENGINES") != "1":
         pytest.skip("engine conformance runs with CKPT_TRACE_ENGINES=1 (make test-engines)")
-    module = {"torch-save": "torch", "dcp": "torch", "dcp-async": "torch", "hf": "transformers",
-              "runai": "runai_model_streamer", "memmap": "numpy", "deepspeed-fast": "deepspeed"}.get(engine, engine)
+    module = {
+        "torch-save": "torch",
+        "dcp": "torch",
+        "dcp-async": "torch",
+        "hf": "transformers",
+        "runai": "runai_model_streamer",
+        "memmap": "numpy",
+        "deepspeed-fast": "deepspeed",
+    }.get(engine, engine)
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{drive.PACKAGES[engine]} is not installed (pip install 'ckpt-trace[engines]')")
     if shutil.which("strace") is None:
@@ -59,11 +66,18 @@ def _skip_unless_enabled(engine: str) -> None:
         # save, since a build from another context (a bare AsyncIOBuilder().load()) used other compiler
         # flags here and made the next save build it again.
         with tempfile.TemporaryDirectory() as scratch:
-            proc = subprocess.run(_drive(engine, "save", Path(scratch) / "ckpt", Path(scratch) / "report.json"),
-                                  capture_output=True, text=True, env=_env(), timeout=3600)
+            proc = subprocess.run(
+                _drive(engine, "save", Path(scratch) / "ckpt", Path(scratch) / "report.json"),
+                capture_output=True,
+                text=True,
+                env=_env(),
+                timeout=3600,
+            )
         if proc.returncode != 0:
-            pytest.skip(f"DeepSpeed's FastPersist writer does not run here (its async_io op needs libaio-dev): "
-                        f"{proc.stderr.strip().splitlines()[-1:]}")
+            pytest.skip(
+                f"DeepSpeed's FastPersist writer does not run here (its async_io op needs libaio-dev): "
+                f"{proc.stderr.strip().splitlines()[-1:]}"
+            )
 
 
 def _drive(engine: str, phase: str, ckpt: Path, report: Path) -> list[str]:
@@ -80,22 +94,45 @@ def _env() -> dict:
 def _reference(engine: str, phase: str, ckpt: Path, report: Path, log: Path) -> None:
     # -s also bounds the elements of an array strace prints: libaio engines need their io_submit's iocbs.
     strings = "32" if engine in LIBAIO else "0"
-    proc = subprocess.run(["strace", "-f", "-qq", "-y", "-s", strings, "-o", str(log), *_drive(engine, phase, ckpt, report)],
-                          capture_output=True, text=True, env=_env())
+    proc = subprocess.run(
+        ["strace", "-f", "-qq", "-y", "-s", strings, "-o", str(log), *_drive(engine, phase, ckpt, report)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+    )
     assert proc.returncode == 0, f"{engine} {phase} under strace failed:\n{proc.stderr[-2000:]}"
 
 
 def _record(backend: str, engine: str, phase: str, ckpt: Path, report: Path, trace: Path) -> None:
     env = _env()
-    proc = subprocess.run([sys.executable, "-m", "ckpt_trace.cli", "record", "--backend", backend, "--path-filter",
-                           f"{ckpt}/", "-o", str(trace), "--", *_drive(engine, phase, ckpt, report)],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ckpt_trace.cli",
+            "record",
+            "--backend",
+            backend,
+            "--path-filter",
+            f"{ckpt}/",
+            "-o",
+            str(trace),
+            "--",
+            *_drive(engine, phase, ckpt, report),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode == 0, f"record {engine} {phase} ({backend}) failed:\n{proc.stderr[-3000:]}"
 
 
 def _tree(root: Path) -> dict[str, int]:
-    return {references.normalise(str(p.relative_to(root))): p.stat().st_size for p in root.rglob("*")
-            if p.is_file() and not p.name.startswith(".ckpt-trace")}
+    return {
+        references.normalise(str(p.relative_to(root))): p.stat().st_size
+        for p in root.rglob("*")
+        if p.is_file() and not p.name.startswith(".ckpt-trace")
+    }
 
 
 def check(engine: str, backend: str, tmp_path: Path) -> None:
@@ -111,8 +148,14 @@ def check(engine: str, backend: str, tmp_path: Path) -> None:
         meta = read_metadata(trace)
         ours = references.trace_file_io(table, rec)
         theirs = references.strace_file_io(log, ref)
-        line = {"engine": engine, "version": json.loads((tmp_path / f"rec-{phase}.json").read_text())["version"],
-                "backend": backend, "phase": phase, "rows": table.num_rows, "lost_events": meta.get("lost_events")}
+        line = {
+            "engine": engine,
+            "version": json.loads((tmp_path / f"rec-{phase}.json").read_text())["version"],
+            "backend": backend,
+            "phase": phase,
+            "rows": table.num_rows,
+            "lost_events": meta.get("lost_events"),
+        }
         if (engine, phase) in STRACE_BLIND and backend == "strace":
             line["capture"] = "not visible to strace (io_uring requests or mapped pages)"
         else:
@@ -120,9 +163,13 @@ def check(engine: str, backend: str, tmp_path: Path) -> None:
             bytes_theirs = {k: (c["write_bytes"], c["read_bytes"]) for k, c in theirs.items()}
             calls_ours = {k: (c["write_calls"], c["read_calls"]) for k, c in ours.items()}
             calls_theirs = {k: (c["write_calls"], c["read_calls"]) for k, c in theirs.items()}
-            line.update(files=len(theirs), calls=sum(a + b for a, b in calls_theirs.values()),
-                        bytes=sum(a + b for a, b in bytes_theirs.values()),
-                        bytes_exact=bytes_ours == bytes_theirs, calls_exact=calls_ours == calls_theirs)
+            line.update(
+                files=len(theirs),
+                calls=sum(a + b for a, b in calls_theirs.values()),
+                bytes=sum(a + b for a, b in bytes_theirs.values()),
+                bytes_exact=bytes_ours == bytes_theirs,
+                calls_exact=calls_ours == calls_theirs,
+            )
             assert bytes_ours == bytes_theirs, (phase, bytes_ours, bytes_theirs)
             assert calls_ours == calls_theirs, (phase, calls_ours, calls_theirs)
         if engine in URING and phase in URING[engine] and backend == "bcc" and shutil.which("perf"):
@@ -143,20 +190,46 @@ def check(engine: str, backend: str, tmp_path: Path) -> None:
         # mapping or io_uring seen by strace): then the as-recorded replay alone.
         target = tmp_path / f"replay-{phase}"
         strategies = "all"
-        proc = cli("replay", str(trace), "--strategy", strategies, "--verify", "--target", str(target),
-                   "--strip-prefix", str(rec), timeout=1200, check=False)
+        proc = cli(
+            "replay",
+            str(trace),
+            "--strategy",
+            strategies,
+            "--verify",
+            "--target",
+            str(target),
+            "--strip-prefix",
+            str(rec),
+            timeout=1200,
+            check=False,
+        )
         if proc.returncode != 0 and "nothing to judge" in proc.stderr:
             strategies = "posix"
             shutil.rmtree(target, ignore_errors=True)
-            proc = cli("replay", str(trace), "--strategy", strategies, "--verify", "--target", str(target),
-                       "--strip-prefix", str(rec), timeout=1200, check=False)
+            proc = cli(
+                "replay",
+                str(trace),
+                "--strategy",
+                strategies,
+                "--verify",
+                "--target",
+                str(target),
+                "--strip-prefix",
+                str(rec),
+                timeout=1200,
+                check=False,
+            )
         assert proc.returncode == 0, proc.stderr[-2000:]
         line["replay_strategies"] = strategies
         if phase == "save":
-            files_rec = {references.normalise(k): v for k, v in
-                         json.loads((tmp_path / "rec-save.json").read_text())["files"].items()}
-            files_ref = {references.normalise(k): v for k, v in
-                         json.loads((tmp_path / "ref-save.json").read_text())["files"].items()}
+            files_rec = {
+                references.normalise(k): v
+                for k, v in json.loads((tmp_path / "rec-save.json").read_text())["files"].items()
+            }
+            files_ref = {
+                references.normalise(k): v
+                for k, v in json.loads((tmp_path / "ref-save.json").read_text())["files"].items()
+            }
             assert files_rec == files_ref, "the engine left different files in two runs"
             line["engine_files"] = len(files_rec)
             dirs = sorted(p for p in target.iterdir() if p.is_dir()) if strategies == "all" else [target]

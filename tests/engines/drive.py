@@ -17,13 +17,33 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-ENGINES = ("torch-save", "safetensors", "dcp", "dcp-async", "hf", "torchsnapshot", "fastsafetensors", "runai",
-           "memmap", "deepspeed", "deepspeed-fast")
+ENGINES = (
+    "torch-save",
+    "safetensors",
+    "dcp",
+    "dcp-async",
+    "hf",
+    "torchsnapshot",
+    "fastsafetensors",
+    "runai",
+    "memmap",
+    "deepspeed",
+    "deepspeed-fast",
+)
 # The distribution each engine needs (its version goes into the report; absent: the test skips).
-PACKAGES = {"torch-save": "torch", "safetensors": "safetensors", "dcp": "torch", "dcp-async": "torch",
-            "hf": "transformers", "torchsnapshot": "torchsnapshot", "fastsafetensors": "fastsafetensors",
-            "runai": "runai-model-streamer", "memmap": "numpy", "deepspeed": "deepspeed",
-            "deepspeed-fast": "deepspeed"}
+PACKAGES = {
+    "torch-save": "torch",
+    "safetensors": "safetensors",
+    "dcp": "torch",
+    "dcp-async": "torch",
+    "hf": "transformers",
+    "torchsnapshot": "torchsnapshot",
+    "fastsafetensors": "fastsafetensors",
+    "runai": "runai-model-streamer",
+    "memmap": "numpy",
+    "deepspeed": "deepspeed",
+    "deepspeed-fast": "deepspeed",
+}
 
 
 def state(torch) -> dict:
@@ -113,7 +133,9 @@ def load(engine: str, out: Path) -> None:
 
         loaded = GPT2LMHeadModel.from_pretrained(str(out)).state_dict()
         expected = _tiny_gpt2().state_dict()
-        _same(torch, {k: loaded[k] for k in expected if k in loaded}, {k: v for k, v in expected.items() if k in loaded})
+        _same(
+            torch, {k: loaded[k] for k in expected if k in loaded}, {k: v for k, v in expected.items() if k in loaded}
+        )
     elif engine == "torchsnapshot":
         from torchsnapshot import Snapshot, StateDict
 
@@ -167,10 +189,18 @@ def _deepspeed_model(seed: int):
 #: DeepSpeed's FastPersist writer (``deepspeed-fast``): checkpoint files written through its libaio handle
 #: (deepspeed/runtime/model_checkpointing/writer_factory.py): O_DIRECT iocbs of ``block_size`` from a double
 #: buffer of ``io_buffer_size``, the unaligned tail appended with a buffered write (deepspeed/io/fast_file_writer.py).
-FAST_WRITER = {"checkpoint": {"writer": {"type": "fast", "io_buffer_size": 1 << 20, "io_buffer_double": True,
-                                         "data_parallel": "replica"}},
-               "aio": {"block_size": 1 << 18, "queue_depth": 8, "single_submit": False, "overlap_events": True,
-                       "intra_op_parallelism": 1}}
+FAST_WRITER = {
+    "checkpoint": {
+        "writer": {"type": "fast", "io_buffer_size": 1 << 20, "io_buffer_double": True, "data_parallel": "replica"}
+    },
+    "aio": {
+        "block_size": 1 << 18,
+        "queue_depth": 8,
+        "single_submit": False,
+        "overlap_events": True,
+        "intra_op_parallelism": 1,
+    },
+}
 
 
 class _ByteViews:
@@ -235,8 +265,9 @@ def main() -> int:
     info = {"engine": engine, "package": package, "version": metadata.version(package)}
     if phase == "save":
         save(engine, directory)
-        info["files"] = {str(p.relative_to(directory)): p.stat().st_size
-                         for p in sorted(directory.rglob("*")) if p.is_file()}
+        info["files"] = {
+            str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*")) if p.is_file()
+        }
     else:
         load(engine, directory)
     report.write_text(json.dumps(info))

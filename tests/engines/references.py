@@ -26,8 +26,10 @@ COPIES = {"sendfile", "sendfile64", "copy_file_range", "splice"}
 _LINE = re.compile(r"^(\d+)\s+(.*)$")
 _CALL = re.compile(r"^([a-z_0-9]+)\((.*)\)\s+=\s+(-?\d+)")
 _FD_PATH = re.compile(r"\d+<([^>]*)>")
-_IOCB = re.compile(r"aio_lio_opcode=IOCB_CMD_(P(?:READ|WRITE)V?), aio_fildes=\d+<([^>]*)>, .*?"
-                   r"aio_nbytes=(\d+), aio_offset=")  # (aio_buf's bytes may hold any character)
+_IOCB = re.compile(
+    r"aio_lio_opcode=IOCB_CMD_(P(?:READ|WRITE)V?), aio_fildes=\d+<([^>]*)>, .*?"
+    r"aio_nbytes=(\d+), aio_offset="
+)  # (aio_buf's bytes may hold any character)
 _TEMP = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{8,}|tmp[A-Za-z0-9_]{6,}")
 
 
@@ -65,8 +67,8 @@ def strace_file_io(log: Path, root: Path) -> dict[str, Counter]:
             for opcode, path, nbytes in _IOCB.findall(args)[:ret]:
                 if path.startswith(prefix):
                     kind = "write" if "WRITE" in opcode else "read"
-                    out[normalise(path[len(prefix):])][f"{kind}_calls"] += 1
-                    out[normalise(path[len(prefix):])][f"{kind}_bytes"] += int(nbytes)
+                    out[normalise(path[len(prefix) :])][f"{kind}_calls"] += 1
+                    out[normalise(path[len(prefix) :])][f"{kind}_bytes"] += int(nbytes)
             continue
         if name not in WRITES | READS | COPIES or ret < 0:
             continue
@@ -77,20 +79,21 @@ def strace_file_io(log: Path, root: Path) -> dict[str, Counter]:
                     if name in ("copy_file_range", "splice"):
                         kind = "read" if kind == "write" else "write"  # (fd_in, ..., fd_out)
                     if path.startswith(prefix):
-                        out[normalise(path[len(prefix):])][f"{kind}_calls"] += 1
-                        out[normalise(path[len(prefix):])][f"{kind}_bytes"] += ret
+                        out[normalise(path[len(prefix) :])][f"{kind}_calls"] += 1
+                        out[normalise(path[len(prefix) :])][f"{kind}_bytes"] += ret
             continue
         if not paths or not paths[0].startswith(prefix):
             continue
         kind = "write" if name in WRITES else "read"
-        key = normalise(paths[0][len(prefix):])
+        key = normalise(paths[0][len(prefix) :])
         out[key][f"{kind}_calls"] += 1
         out[key][f"{kind}_bytes"] += ret
     return dict(out)
 
 
-def trace_file_io(table, root: Path, interfaces: tuple[str, ...] = ("syscall", "sendfile", "copy_file_range",
-                                                                      "splice", "libaio")) -> dict[str, Counter]:
+def trace_file_io(
+    table, root: Path, interfaces: tuple[str, ...] = ("syscall", "sendfile", "copy_file_range", "splice", "libaio")
+) -> dict[str, Counter]:
     """The same figures from a trace's read and write rows of the given interfaces (bytes: ``ret``)."""
     prefix = str(root).rstrip("/") + "/"
     out: dict[str, Counter] = defaultdict(Counter)
@@ -101,7 +104,7 @@ def trace_file_io(table, root: Path, interfaces: tuple[str, ...] = ("syscall", "
         path = row["path"] or ""
         if not path.startswith(prefix) or row["ret"] is None or row["ret"] < 0:
             continue
-        key = normalise(path[len(prefix):])
+        key = normalise(path[len(prefix) :])
         out[key][f"{row['op']}_calls"] += 1
         out[key][f"{row['op']}_bytes"] += row["ret"]
     return dict(out)
@@ -109,8 +112,12 @@ def trace_file_io(table, root: Path, interfaces: tuple[str, ...] = ("syscall", "
 
 def perf_record(command: list[str], data: Path, env=None) -> subprocess.CompletedProcess:
     """Run ``command`` under ``perf record`` of the io_uring submission tracepoint."""
-    return subprocess.run(["perf", "record", "-q", "-e", "io_uring:io_uring_submit_req", "-o", str(data), "--",
-                           *command], capture_output=True, text=True, env=env)
+    return subprocess.run(
+        ["perf", "record", "-q", "-e", "io_uring:io_uring_submit_req", "-o", str(data), "--", *command],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
 
 
 def perf_uring(data: Path) -> Counter:

@@ -9,17 +9,39 @@ import pyarrow.ipc as ipc
 
 from ckpt_trace.formats import METADATA_KEY
 
-META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"], "backend": "strace",
-        "start_wall_time_ns": 1, "filesystems": {"/": {"type": "ext4", "block_size": 4096}}, "lost_events": 3,
-        "arch": "x86_64"}
+META = {
+    "creator": "test",
+    "creator_version": "0",
+    "host": "h",
+    "kernel": "k",
+    "command": ["x"],
+    "backend": "strace",
+    "start_wall_time_ns": 1,
+    "filesystems": {"/": {"type": "ext4", "block_size": 4096}},
+    "lost_events": 3,
+    "arch": "x86_64",
+}
 
 
 def rows(n: int = 3) -> dict[str, list]:
     return {
-        "ts_ns": list(range(n)), "dur_ns": [5] * n, "pid": [10] * n, "tid": [11] * n, "comm": ["python3"] * n,
-        "rank": [0] * n, "syscall": ["pwrite64"] * n, "op": ["write"] * n, "fd": [3] * n, "path": ["/d/f"] * n,
-        "new_path": [None] * n, "offset": [i * 4096 for i in range(n)], "offset_source": ["explicit"] * n,
-        "size": [4096] * n, "ret": [4096] * n, "flags": [None] * n, "iov_count": [None] * n,
+        "ts_ns": list(range(n)),
+        "dur_ns": [5] * n,
+        "pid": [10] * n,
+        "tid": [11] * n,
+        "comm": ["python3"] * n,
+        "rank": [0] * n,
+        "syscall": ["pwrite64"] * n,
+        "op": ["write"] * n,
+        "fd": [3] * n,
+        "path": ["/d/f"] * n,
+        "new_path": [None] * n,
+        "offset": [i * 4096 for i in range(n)],
+        "offset_source": ["explicit"] * n,
+        "size": [4096] * n,
+        "ret": [4096] * n,
+        "flags": [None] * n,
+        "iov_count": [None] * n,
     }
 
 

@@ -8,15 +8,38 @@ from pathlib import Path
 from ckpt_trace.formats import table_from_columns, write_trace
 from ckpt_trace.tracer import syscalls as sc
 
-META = {"creator": "test", "creator_version": "0", "host": "h", "kernel": "k", "command": ["x"],
-        "backend": "strace", "start_wall_time_ns": 0, "filesystems": {}, "lost_events": 0, "arch": "x86_64"}
+META = {
+    "creator": "test",
+    "creator_version": "0",
+    "host": "h",
+    "kernel": "k",
+    "command": ["x"],
+    "backend": "strace",
+    "start_wall_time_ns": 0,
+    "filesystems": {},
+    "lost_events": 0,
+    "arch": "x86_64",
+}
 CREATE = sc.O_WRONLY | sc.O_CREAT | sc.O_TRUNC
 
 
 def make_trace(path: Path, ops: list[dict]) -> Path:
     """A trace from op dicts (op, path, fd, offset, size, ret, ...), one process unless given."""
-    defaults = {"dur_ns": 1, "pid": 1, "tid": 1, "comm": "t", "rank": -1, "fd": None, "path": None,
-                "new_path": None, "offset": None, "offset_source": None, "size": None, "flags": None, "iov_count": None}
+    defaults = {
+        "dur_ns": 1,
+        "pid": 1,
+        "tid": 1,
+        "comm": "t",
+        "rank": -1,
+        "fd": None,
+        "path": None,
+        "new_path": None,
+        "offset": None,
+        "offset_source": None,
+        "size": None,
+        "flags": None,
+        "iov_count": None,
+    }
     columns: dict[str, list] = {}
     for index, op in enumerate(ops):
         row = {**defaults, "ts_ns": op.get("ts_ns", index * 1000), "syscall": op["op"], **op}
@@ -31,11 +54,27 @@ def synthetic(path: Path, files: dict[str, int], gap_ns: int = 1000) -> Path:
     rows = []
     for index, (name, size) in enumerate(files.items()):
         fd = 3 + index
-        rows += [{"op": "open", "path": name, "fd": fd, "ret": fd, "flags": 0o1 | 0o100 | 0o1000},
-                 {"op": "write", "path": name, "fd": fd, "offset": 0, "size": size, "ret": size},
-                 {"op": "close", "path": name, "fd": fd}]
-    defaults = {"dur_ns": 1, "pid": 1, "tid": 1, "comm": "t", "rank": -1, "fd": None, "path": None, "new_path": None,
-                "offset": None, "offset_source": None, "size": None, "flags": None, "iov_count": None, "ret": 0}
+        rows += [
+            {"op": "open", "path": name, "fd": fd, "ret": fd, "flags": 0o1 | 0o100 | 0o1000},
+            {"op": "write", "path": name, "fd": fd, "offset": 0, "size": size, "ret": size},
+            {"op": "close", "path": name, "fd": fd},
+        ]
+    defaults = {
+        "dur_ns": 1,
+        "pid": 1,
+        "tid": 1,
+        "comm": "t",
+        "rank": -1,
+        "fd": None,
+        "path": None,
+        "new_path": None,
+        "offset": None,
+        "offset_source": None,
+        "size": None,
+        "flags": None,
+        "iov_count": None,
+        "ret": 0,
+    }
     columns: dict[str, list] = {}
     for index, row in enumerate(rows):
         row = {**defaults, "ts_ns": index * gap_ns, "syscall": row["op"], **row}

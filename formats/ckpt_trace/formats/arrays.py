@@ -18,8 +18,9 @@ import pyarrow.compute as pc
 def int_values(column: pa.Array) -> np.ndarray:
     """A zero-copy numpy view of an integer column's values (or a dictionary column's indices); the slot
     of a null row holds an unspecified value (mask it with ``validity``)."""
-    return np.frombuffer(column.buffers()[1], dtype=np.dtype(str(column.type)),
-                         count=len(column) + column.offset)[column.offset:]
+    return np.frombuffer(column.buffers()[1], dtype=np.dtype(str(column.type)), count=len(column) + column.offset)[
+        column.offset :
+    ]
 
 
 def validity(column: pa.Array) -> np.ndarray:
@@ -27,7 +28,7 @@ def validity(column: pa.Array) -> np.ndarray:
     if not column.null_count:
         return np.ones(len(column), bool)
     bits = np.unpackbits(np.frombuffer(column.buffers()[0], np.uint8), bitorder="little")
-    return bits[column.offset:column.offset + len(column)].astype(bool)
+    return bits[column.offset : column.offset + len(column)].astype(bool)
 
 
 def dictionary_codes(column: pa.Array) -> tuple[np.ndarray, pa.Array]:

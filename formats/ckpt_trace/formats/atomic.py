@@ -117,8 +117,7 @@ class AtomicFile:
     output is untouched then.
     """
 
-    def __init__(self, path: str | os.PathLike, *, temporary: str | os.PathLike | None = None,
-                 what: str = "") -> None:
+    def __init__(self, path: str | os.PathLike, *, temporary: str | os.PathLike | None = None, what: str = "") -> None:
         self.path = Path(path)
         self.what = what
         try:
@@ -212,5 +211,7 @@ def refuse_input(output: str | os.PathLike, inputs: Iterable[str | os.PathLike |
     ``--force`` says: an output never replaces what the command reads."""
     for source in inputs:
         if source is not None and same_file(output, source):
-            raise CkptTraceError(f"{output} is the input {source} (the same file); an output is never written over "
-                                 "an input, overwriting or not: choose another output")
+            raise CkptTraceError(
+                f"{output} is the input {source} (the same file); an output is never written over "
+                "an input, overwriting or not: choose another output"
+            )

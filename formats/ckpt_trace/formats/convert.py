@@ -23,9 +23,14 @@ from .io import DEFAULT_BATCH_ROWS, TraceWriter, scan, sha256_file
 from .schema import FORMAT_VERSION, METADATA_KEY, OPTIONAL_COLUMNS
 
 
-def upgrade_trace(source: str | os.PathLike, output: str | os.PathLike, *, overwrite: bool = False,
-                  batch_rows: int = DEFAULT_BATCH_ROWS,
-                  on_batch: Callable[[int, int], None] | None = None) -> dict:
+def upgrade_trace(
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    on_batch: Callable[[int, int], None] | None = None,
+) -> dict:
     """Write the trace at ``source`` (any of ``SUPPORTED_VERSIONS``) to ``output`` as ``FORMAT_VERSION``.
 
     Returns {"input", "output", "from_version", "to_version", "rows", "input_bytes", "output_bytes"}.
@@ -35,8 +40,9 @@ def upgrade_trace(source: str | os.PathLike, output: str | os.PathLike, *, overw
     trace. Nothing is left at ``output`` on failure.
     """
     source, output = Path(source), Path(output)
-    if output.resolve() == source.resolve() or (output.exists() and source.exists()
-                                                and os.path.samefile(output, source)):
+    if output.resolve() == source.resolve() or (
+        output.exists() and source.exists() and os.path.samefile(output, source)
+    ):
         raise CkptTraceError(f"{output} is the input trace; write the upgraded trace to another file")
     meta, batches = scan(source, batch_rows=batch_rows, on_batch=on_batch)
     with pa.OSFile(str(source)) as handle:
@@ -54,5 +60,12 @@ def upgrade_trace(source: str | os.PathLike, output: str | os.PathLike, *, overw
     except BaseException:
         writer.abort()
         raise
-    return {"input": str(source), "output": str(output), "from_version": original, "to_version": FORMAT_VERSION,
-            "rows": writer.rows, "input_bytes": source.stat().st_size, "output_bytes": output.stat().st_size}
+    return {
+        "input": str(source),
+        "output": str(output),
+        "from_version": original,
+        "to_version": FORMAT_VERSION,
+        "rows": writer.rows,
+        "input_bytes": source.stat().st_size,
+        "output_bytes": output.stat().st_size,
+    }

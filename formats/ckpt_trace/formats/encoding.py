@@ -97,12 +97,17 @@ class _Streams:
             path = pc.dictionary_encode(path)
         dictionary = path.dictionary
         known = 0 if self._dictionary is None else len(self._dictionary)
-        if not (self._dictionary is not None and len(dictionary) >= known
-                and dictionary.slice(0, known).equals(self._dictionary)):
+        if not (
+            self._dictionary is not None
+            and len(dictionary) >= known
+            and dictionary.slice(0, known).equals(self._dictionary)
+        ):
             known = 0  # not an extension of the last one: number it again (same text, same number)
             self._dictionary_ids = np.zeros(0, np.int64)
-        fresh = [self._path_ids.setdefault(value, len(self._path_ids) + 1) if value is not None else 0
-                 for value in dictionary.slice(known).to_pylist()]
+        fresh = [
+            self._path_ids.setdefault(value, len(self._path_ids) + 1) if value is not None else 0
+            for value in dictionary.slice(known).to_pylist()
+        ]
         self._dictionary_ids = np.concatenate([self._dictionary_ids, np.asarray(fresh, np.int64)])
         self._dictionary = dictionary
         indices = path.indices
@@ -183,12 +188,15 @@ class Encoder:
             ret = _filled(batch.column("ret"))
             ret_delta = ret - np.where(has_size, size, offset)  # offset is 0 where null
             tid_delta = (_filled(batch.column("tid")) - _filled(pid)).astype(np.int32)
-        stored = {"tid_delta": pa.array(tid_delta, pa.int32()),
-                  "offset_delta": pa.array(offset_delta, pa.int64(), mask=~has_offset),
-                  "ret_delta": pa.array(ret_delta, pa.int64())}
+        stored = {
+            "tid_delta": pa.array(tid_delta, pa.int32()),
+            "offset_delta": pa.array(offset_delta, pa.int64(), mask=~has_offset),
+            "ret_delta": pa.array(ret_delta, pa.int64()),
+        }
         return pa.RecordBatch.from_arrays(
             [stored[field.name] if field.name in stored else batch.column(field.name) for field in stored_schema],
-            schema=stored_schema)
+            schema=stored_schema,
+        )
 
 
 class Decoder:
@@ -221,8 +229,9 @@ class Decoder:
                 self._streams.update(key, first, offset[rows] + size[rows])
                 out["offset"] = pa.array(offset, pa.int64(), mask=~has_offset)
                 if "ret" in wanted:
-                    out["ret"] = pa.array(_filled(batch.column("ret_delta")) + np.where(has_size, size, offset),
-                                          pa.int64())
+                    out["ret"] = pa.array(
+                        _filled(batch.column("ret_delta")) + np.where(has_size, size, offset), pa.int64()
+                    )
             if "tid" in wanted:
                 tid = (_filled(batch.column("tid_delta")) + _filled(batch.column("pid"))).astype(np.int32)
                 out["tid"] = pa.array(tid, pa.int32())

@@ -118,8 +118,10 @@ def reserve_temporary(path: str | os.PathLike, reserve_bytes: int = 0) -> Path:
         tmp.unlink(missing_ok=True)
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
             free = _free_bytes(path.parent)
-            raise CkptTraceError(f"cannot write {path}: {err.strerror} ({free / 2**20:.1f} MiB free in "
-                                 f"{path.parent or '.'}; the trace needs at least {reserve_bytes >> 20} MiB)") from None
+            raise CkptTraceError(
+                f"cannot write {path}: {err.strerror} ({free / 2**20:.1f} MiB free in "
+                f"{path.parent or '.'}; the trace needs at least {reserve_bytes >> 20} MiB)"
+            ) from None
         if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # file systems without fallocate: not checked
             raise CkptTraceError(f"cannot write {path}: {err.strerror}") from None
     else:
@@ -194,8 +196,10 @@ def table_from_columns(columns: Mapping[str, Any]) -> pa.Table:
     if missing:
         raise TraceFormatError(f"rows lack column {missing[0]!r}")
     rows = len(columns["ts_ns"])
-    filled = {name: columns[name] if name in columns else (["syscall"] * rows if name == "interface" else [None] * rows)
-              for name in COLUMNS}
+    filled = {
+        name: columns[name] if name in columns else (["syscall"] * rows if name == "interface" else [None] * rows)
+        for name in COLUMNS
+    }
     try:
         return pa.Table.from_pydict(filled, schema=SCHEMA)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as err:
@@ -288,8 +292,10 @@ def write_trace(
         raise _refusal(path, err) from None
     output = AtomicFile(path, temporary=temporary, what="trace")  # ``temporary``: reserve_temporary's
     try:
-        with pa.OSFile(output.sink_path, "wb") as sink, \
-                ipc.new_file(sink, table.schema.with_metadata(keys), options=options) as writer:
+        with (
+            pa.OSFile(output.sink_path, "wb") as sink,
+            ipc.new_file(sink, table.schema.with_metadata(keys), options=options) as writer,
+        ):
             for batch in table.to_batches(max_chunksize=max(1, batch_rows)):
                 writer.write_batch(batch)
     except OSError as err:
@@ -304,7 +310,9 @@ def write_trace(
 def _decode_metadata(path: Path, schema: pa.Schema) -> dict:
     raw = (schema.metadata or {}).get(METADATA_KEY)
     if raw is None:
-        raise TraceFormatError(f"{path}: not a ckpt-trace trace (schema metadata key {METADATA_KEY.decode()!r} missing)")
+        raise TraceFormatError(
+            f"{path}: not a ckpt-trace trace (schema metadata key {METADATA_KEY.decode()!r} missing)"
+        )
     try:
         meta = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError):
@@ -327,16 +335,42 @@ def _decode_metadata(path: Path, schema: pa.Schema) -> dict:
 
 # The type of each metadata key readers use (``None`` allowed where listed); counts are never negative.
 _METADATA_TYPES: dict[str, tuple[type, ...]] = {
-    "creator": (str,), "creator_version": (str,), "host": (str,), "kernel": (str,), "arch": (str,),
-    "backend": (str,), "backend_reason": (str,), "command": (list, type(None)), "start_wall_time_ns": (int,),
-    "filesystems": (dict,), "lost_events": (int,), "elapsed_ns": (int,), "command_elapsed_ns": (int,),
-    "path_filters": (list,), "spilled_runs": (int,), "truncated_paths": (int,), "untracked_fd_ops": (int,),
-    "unreaped_requests": (int,), "late_events": (int,), "exit_code": (int,), "exit_signal": (int, type(None)),
-    "gpu": (dict,), "unseen": (dict,), "unattributed": (dict,), "provenance": (list,),
+    "creator": (str,),
+    "creator_version": (str,),
+    "host": (str,),
+    "kernel": (str,),
+    "arch": (str,),
+    "backend": (str,),
+    "backend_reason": (str,),
+    "command": (list, type(None)),
+    "start_wall_time_ns": (int,),
+    "filesystems": (dict,),
+    "lost_events": (int,),
+    "elapsed_ns": (int,),
+    "command_elapsed_ns": (int,),
+    "path_filters": (list,),
+    "spilled_runs": (int,),
+    "truncated_paths": (int,),
+    "untracked_fd_ops": (int,),
+    "unreaped_requests": (int,),
+    "late_events": (int,),
+    "exit_code": (int,),
+    "exit_signal": (int, type(None)),
+    "gpu": (dict,),
+    "unseen": (dict,),
+    "unattributed": (dict,),
+    "provenance": (list,),
     "interrupted": (str, type(None)),
 }
-_METADATA_COUNTS = ("lost_events", "elapsed_ns", "spilled_runs", "truncated_paths", "untracked_fd_ops",
-                    "unreaped_requests", "late_events")
+_METADATA_COUNTS = (
+    "lost_events",
+    "elapsed_ns",
+    "spilled_runs",
+    "truncated_paths",
+    "untracked_fd_ops",
+    "unreaped_requests",
+    "late_events",
+)
 _TYPE_WORDS = {str: "a string", int: "an integer", list: "a list", dict: "an object", type(None): "null"}
 
 
@@ -357,8 +391,7 @@ def _check_metadata_types(path: Path, meta: dict) -> None:
 
 
 def _check_columns(path: Path, schema: pa.Schema, version: int) -> None:
-    fields = list(SCHEMAS[version]) + ([optional_field(name) for name in _optional_in(schema)]
-                                       if version >= 5 else [])
+    fields = list(SCHEMAS[version]) + ([optional_field(name) for name in _optional_in(schema)] if version >= 5 else [])
     for field in fields:
         index = schema.get_field_index(field.name)
         if index < 0:
@@ -376,8 +409,9 @@ def _open_reader(path: Path) -> ipc.RecordBatchFileReader:
     try:
         return ipc.open_file(pa.memory_map(str(path), "r"))
     except (pa.ArrowException, OSError) as err:
-        raise TraceFormatError(f"{path}: not a readable Arrow IPC trace file (corrupt or truncated: "
-                               f"{_first_line(err)})") from None
+        raise TraceFormatError(
+            f"{path}: not a readable Arrow IPC trace file (corrupt or truncated: {_first_line(err)})"
+        ) from None
 
 
 def read_metadata(path: str | os.PathLike) -> dict:
@@ -431,14 +465,22 @@ def read_trace(path: str | os.PathLike) -> Trace:
     try:
         if version == 4:
             decoder = Decoder()
-            table = pa.Table.from_batches([_decoded(reader.get_batch(index), decoder, list(COLUMNS))
-                                           for index in range(reader.num_record_batches)], schema=SCHEMA)
+            table = pa.Table.from_batches(
+                [
+                    _decoded(reader.get_batch(index), decoder, list(COLUMNS))
+                    for index in range(reader.num_record_batches)
+                ],
+                schema=SCHEMA,
+            )
         else:
             table = reader.read_all()
             _validate(table)  # offsets, lengths and dictionary indices checked: no later compute reads out of bounds
             names = list(SCHEMAS[version].names)
-            table = upgrade(table.select(names + optional), version) if version < 3 else \
-                table.select(names + optional).replace_schema_metadata(None)
+            table = (
+                upgrade(table.select(names + optional), version)
+                if version < 3
+                else table.select(names + optional).replace_schema_metadata(None)
+            )
     except (pa.ArrowException, OSError) as err:
         raise TraceFormatError(f"{path}: record batches are corrupt ({_first_line(err)})") from None
     _check_values(path, table)
@@ -463,10 +505,14 @@ def _check_values(path: Path, table: pa.Table | pa.RecordBatch) -> None:
             raise TraceFormatError(f"{path}: column {name!r} holds a negative value ({smallest})")
 
 
-def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = None, *,
-         batch_rows: int = DEFAULT_BATCH_ROWS,
-         on_batch: Callable[[int, int], None] | None = None,
-         read_ahead: bool = True) -> tuple[dict, Iterator[pa.RecordBatch]]:
+def scan(
+    path: str | os.PathLike,
+    columns: list[str] | tuple[str, ...] | None = None,
+    *,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    on_batch: Callable[[int, int], None] | None = None,
+    read_ahead: bool = True,
+) -> tuple[dict, Iterator[pa.RecordBatch]]:
     """(metadata, record batches) of the trace at ``path``, reading only ``columns`` one batch at a time:
     memory is bounded by a batch, not by the trace. ``columns`` None: ``SCHEMA``'s, then the optional
     columns the file holds; an optional column asked for by name comes null where the file lacks it.
@@ -519,8 +565,16 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
                 if not read_ahead:
                     for index in range(count):
                         whole = load(index)
-                        yield from _slices(path, whole, [n for n in present if n in whole.schema.names],
-                                           batch_rows, missing, version, asked, validated=decoder is not None)
+                        yield from _slices(
+                            path,
+                            whole,
+                            [n for n in present if n in whole.schema.names],
+                            batch_rows,
+                            missing,
+                            version,
+                            asked,
+                            validated=decoder is not None,
+                        )
                         if on_batch is not None:
                             on_batch(index + 1, count)
                     return
@@ -530,8 +584,16 @@ def scan(path: str | os.PathLike, columns: list[str] | tuple[str, ...] | None = 
                         assert ahead is not None  # submitted for every index below count
                         whole = ahead.result()  # the next one decompresses while this one is worked on
                         ahead = pool.submit(load, index + 1) if index + 1 < count else None
-                        yield from _slices(path, whole, [n for n in present if n in whole.schema.names],
-                                           batch_rows, missing, version, asked, validated=decoder is not None)
+                        yield from _slices(
+                            path,
+                            whole,
+                            [n for n in present if n in whole.schema.names],
+                            batch_rows,
+                            missing,
+                            version,
+                            asked,
+                            validated=decoder is not None,
+                        )
                         if on_batch is not None:
                             on_batch(index + 1, count)
         except (pa.ArrowException, OSError) as err:
@@ -546,8 +608,17 @@ def _decoded(batch: pa.RecordBatch, decoder: Decoder, wanted: list[str]) -> pa.R
     return decoder.decode(batch, wanted, SCHEMA)
 
 
-def _slices(path: Path, whole: pa.RecordBatch, present: list[str], batch_rows: int, missing: list[str],
-            version: int, wanted: list[str], *, validated: bool = False) -> Iterator[pa.RecordBatch]:
+def _slices(
+    path: Path,
+    whole: pa.RecordBatch,
+    present: list[str],
+    batch_rows: int,
+    missing: list[str],
+    version: int,
+    wanted: list[str],
+    *,
+    validated: bool = False,
+) -> Iterator[pa.RecordBatch]:
     """A file's record batch in checked slices of at most ``batch_rows`` rows (zero-copy)."""
     for start in range(0, max(whole.num_rows, 1), batch_rows):
         batch = whole.slice(start, batch_rows).select(present)
@@ -574,8 +645,10 @@ def _validate(data: pa.RecordBatch | pa.Table) -> None:
             if len(chunk) - chunk.null_count:
                 bounds = pc.min_max(chunk.indices)
                 if bounds["min"].as_py() < 0 or bounds["max"].as_py() >= len(chunk.dictionary):
-                    raise pa.ArrowInvalid(f"dictionary index out of bounds ({bounds['min']}..{bounds['max']} "
-                                          f"for {len(chunk.dictionary)} values)")
+                    raise pa.ArrowInvalid(
+                        f"dictionary index out of bounds ({bounds['min']}..{bounds['max']} "
+                        f"for {len(chunk.dictionary)} values)"
+                    )
 
 
 def _field(name: str) -> pa.Field:
@@ -586,9 +659,16 @@ def _field(name: str) -> pa.Field:
 def _upgrade_batch(batch: pa.RecordBatch, version: int, wanted: list[str]) -> pa.RecordBatch:
     """A batch of an older version (or lacking optional columns) with the current types and the columns
     ``wanted``, in that order: those it lacks as their version-1 defaults or null."""
-    full = upgrade(pa.Table.from_batches([batch]).select(
-        [name for name in SCHEMAS[version].names if name in batch.schema.names] or []), version) \
-        if all(name in batch.schema.names for name in SCHEMAS[version].names) else None
+    full = (
+        upgrade(
+            pa.Table.from_batches([batch]).select(
+                [name for name in SCHEMAS[version].names if name in batch.schema.names] or []
+            ),
+            version,
+        )
+        if all(name in batch.schema.names for name in SCHEMAS[version].names)
+        else None
+    )
     columns = []
     for name in wanted:
         field = _field(name)
@@ -599,8 +679,11 @@ def _upgrade_batch(batch: pa.RecordBatch, version: int, wanted: list[str]) -> pa
         elif name == "interface":
             columns.append(pa.array(["syscall"] * batch.num_rows, pa.string()).cast(field.type))
         else:
-            columns.append(pa.nulls(batch.num_rows, field.type.value_type if pa.types.is_dictionary(field.type)
-                                    else field.type).cast(field.type))
+            columns.append(
+                pa.nulls(
+                    batch.num_rows, field.type.value_type if pa.types.is_dictionary(field.type) else field.type
+                ).cast(field.type)
+            )
     return pa.RecordBatch.from_arrays(columns, schema=pa.schema([_field(name) for name in wanted]))
 
 
@@ -639,9 +722,15 @@ class TraceWriter:
     or metadata that lacks a required key.
     """
 
-    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False,
-                 batch_rows: int = DEFAULT_BATCH_ROWS, optional_columns: Iterable[str] | None = None,
-                 temporary: str | os.PathLike | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        overwrite: bool = False,
+        batch_rows: int = DEFAULT_BATCH_ROWS,
+        optional_columns: Iterable[str] | None = None,
+        temporary: str | os.PathLike | None = None,
+    ) -> None:
         self.path = Path(path)
         self._temporary = temporary  # reserve_temporary's file, written and renamed by close
         self._declared: pa.Schema | None = None  # the file's schema, once its optional columns are known
@@ -651,8 +740,9 @@ class TraceWriter:
             if unknown:
                 raise TraceFormatError(f"no optional column {unknown[0]!r} in the trace schema")
         if self.path.exists() and not overwrite:
-            raise CkptTraceError(f"{self.path} already exists (use {{option}} to overwrite it)", option="overwrite",
-                                 switch=True)
+            raise CkptTraceError(
+                f"{self.path} already exists (use {{option}} to overwrite it)", option="overwrite", switch=True
+            )
         self.overwrite = overwrite
         self.batch_rows = max(1, batch_rows)
         self.rows = 0
@@ -719,8 +809,11 @@ class TraceWriter:
                 self._luts[name] = cached = (key, lut, words)
             lut = cached[1]
             valid = validity(chunk.indices)
-            numbers = lut[int_values(chunk.indices.fill_null(0)).astype(np.int64)] if len(lut) else \
-                np.full(len(chunk), -1, np.int64)
+            numbers = (
+                lut[int_values(chunk.indices.fill_null(0)).astype(np.int64)]
+                if len(lut)
+                else np.full(len(chunk), -1, np.int64)
+            )
             null = ~valid | (numbers < 0)
             # 0, not -1, under a null: Arrow ignores it, but polars refuses any index outside the dictionary
             parts.append(pa.array(np.where(null, 0, numbers).astype(np.int32), pa.int32(), mask=null))
@@ -737,8 +830,10 @@ class TraceWriter:
             self._set_schema(optional)
         undeclared = [name for name in optional if self._schema.get_field_index(name) < 0]
         if undeclared:
-            raise TraceFormatError(f"rows hold optional column {undeclared[0]!r}, which this trace does not store "
-                                   "(TraceWriter(optional_columns=...))")
+            raise TraceFormatError(
+                f"rows hold optional column {undeclared[0]!r}, which this trace does not store "
+                "(TraceWriter(optional_columns=...))"
+            )
         extra = {name: table[name] for name in optional}
         table = _with_all_columns(table)
         arrays = []
@@ -762,8 +857,10 @@ class TraceWriter:
         pending = pa.concat_tables(self._pending)
         head, rest = pending.slice(0, self.batch_rows), pending.slice(self.batch_rows)
         try:
-            arrays = [self._encode(f.name, head[f.name]) if f.name in self._text else head[f.name].combine_chunks()
-                      for f in self._schema]
+            arrays = [
+                self._encode(f.name, head[f.name]) if f.name in self._text else head[f.name].combine_chunks()
+                for f in self._schema
+            ]
             batch = pa.RecordBatch.from_arrays(arrays, schema=self._schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
             raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
@@ -775,8 +872,11 @@ class TraceWriter:
         try:
             if self._spool_writer is None:
                 self._spool_sink = pa.PythonFile(os.fdopen(os.dup(self._spool_fd), "wb", buffering=1 << 20), mode="w")
-                self._spool_writer = ipc.new_stream(self._spool_sink, self._schema, options=_write_options(
-                    SPOOL_ZSTD_LEVEL, emit_dictionary_deltas=True, unify_dictionaries=False))
+                self._spool_writer = ipc.new_stream(
+                    self._spool_sink,
+                    self._schema,
+                    options=_write_options(SPOOL_ZSTD_LEVEL, emit_dictionary_deltas=True, unify_dictionaries=False),
+                )
             writer = self._spool_writer
             assert writer is not None  # made just above
             writer.write_batch(batch)
@@ -792,8 +892,12 @@ class TraceWriter:
         with os.fdopen(os.dup(self._spool_fd), "rb", buffering=1 << 20) as handle:
             for batch in ipc.open_stream(pa.PythonFile(handle, mode="r")):
                 # a batch's indices point into a prefix of the final dictionary (dictionaries only grow)
-                arrays = [pa.DictionaryArray.from_arrays(column.indices, dictionaries[field.name])
-                          if field.name in dictionaries else column for field, column in zip(self._schema, batch.columns)]
+                arrays = [
+                    pa.DictionaryArray.from_arrays(column.indices, dictionaries[field.name])
+                    if field.name in dictionaries
+                    else column
+                    for field, column in zip(self._schema, batch.columns)
+                ]
                 yield pa.RecordBatch.from_arrays(arrays, schema=self._schema)
 
     def close(self, metadata: Mapping[str, Any], *, other_keys: Mapping[bytes, bytes] | None = None) -> Path:
@@ -819,8 +923,10 @@ class TraceWriter:
                 level, batches = ZSTD_LEVEL_ONE_BATCH, [self._next_batch()] if self._pending_rows else []
             output = AtomicFile(self.path, temporary=self._temporary, what="trace")
             self._temporary = None  # AtomicFile's now
-            with pa.OSFile(output.sink_path, "wb") as sink, ipc.new_file(
-                    sink, self._schema.with_metadata(keys), options=_write_options(level)) as writer:
+            with (
+                pa.OSFile(output.sink_path, "wb") as sink,
+                ipc.new_file(sink, self._schema.with_metadata(keys), options=_write_options(level)) as writer,
+            ):
                 for batch in batches:
                     writer.write_batch(batch)
         except OSError as err:

@@ -116,13 +116,15 @@ SCHEMA = pa.schema(
 )
 
 # Version 4 stored three of SCHEMA's columns as differences (``encoding.STORED_AS``), in the same places.
-STORED_SCHEMA_V4 = pa.schema([pa.field(STORED_AS.get(field.name, field.name), field.type, field.nullable)
-                              for field in SCHEMA])
+STORED_SCHEMA_V4 = pa.schema(
+    [pa.field(STORED_AS.get(field.name, field.name), field.type, field.nullable) for field in SCHEMA]
+)
 
 # The file schema of each version (version 4's logical schema is SCHEMA, like versions 3 and 5's).
 SCHEMAS = {1: SCHEMA_V1, 2: SCHEMA_V2, 3: SCHEMA, 4: STORED_SCHEMA_V4, 5: SCHEMA}
 COLUMNS = tuple(SCHEMA.names)
 TEXT_COLUMNS = tuple(field.name for field in SCHEMA if pa.types.is_dictionary(field.type))
+
 
 @dataclass(frozen=True)
 class OptionalColumn:
@@ -141,8 +143,11 @@ class OptionalColumn:
 # these of another type is refused. Add an entry per new column: name -> OptionalColumn(type, doc), the
 # type nullable, text as ``TEXT``; a column keeps its meaning forever.
 OPTIONAL_COLUMNS: dict[str, OptionalColumn] = {
-    "host": OptionalColumn(_TEXT, "the node a row was recorded on: the `host` of the trace it came from "
-                                  "(`record --host LABEL` or the host name); written by `ckpt-trace merge`"),
+    "host": OptionalColumn(
+        _TEXT,
+        "the node a row was recorded on: the `host` of the trace it came from "
+        "(`record --host LABEL` or the host name); written by `ckpt-trace merge`",
+    ),
 }
 
 # Optional metadata keys of version 5, stored beside the required ones in the one JSON object under
@@ -153,9 +158,9 @@ EXTRA_METADATA: dict[str, str] = {
     "clock": "the clock ts_ns is measured on, its value at ts_ns 0 and realtime anchor pairs (schema metadata)",
     "job": "the job a launcher named: {launcher, variable, id} (schema metadata)",
     "merged": "written by `ckpt-trace merge`: the inputs, what each host's traces lost, the clock alignment's "
-              "error bound (formats/README.md, optional columns)",
-    "upgraded_from": "the trace was converted by `ckpt-trace upgrade`: {\"format_version\": int, \"sha256\": "
-                     "hex SHA-256 of the original file}",
+    "error bound (formats/README.md, optional columns)",
+    "upgraded_from": 'the trace was converted by `ckpt-trace upgrade`: {"format_version": int, "sha256": '
+    "hex SHA-256 of the original file}",
 }
 
 TEXT = _TEXT  # the type of a text column (optional ones included): dictionary<int32, string>

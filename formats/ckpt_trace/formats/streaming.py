@@ -24,9 +24,15 @@ from .io import DEFAULT_BATCH_ROWS, ZSTD_LEVEL, ZSTD_LEVEL_ONE_BATCH, _refusal, 
 from .schema import OPTIONAL_COLUMNS, file_schema
 
 
-def write_trace_batches(path: str | os.PathLike, batches: Iterable[pa.RecordBatch], metadata: Mapping[str, Any], *,
-                        optional_columns: Iterable[str] = (), expected_rows: int | None = None,
-                        overwrite: bool = False) -> tuple[Path, int]:
+def write_trace_batches(
+    path: str | os.PathLike,
+    batches: Iterable[pa.RecordBatch],
+    metadata: Mapping[str, Any],
+    *,
+    optional_columns: Iterable[str] = (),
+    expected_rows: int | None = None,
+    overwrite: bool = False,
+) -> tuple[Path, int]:
     """Write ``batches`` (each exactly of the version-5 file schema with ``optional_columns``; every text
     column's batches over one and the same dictionary, whose null slots index an entry of it) and
     ``metadata`` atomically to ``path``, each batch as one record batch of the file, at zstd level
@@ -55,9 +61,14 @@ def write_trace_batches(path: str | os.PathLike, batches: Iterable[pa.RecordBatc
     output = AtomicFile(path, what="trace")
     rows = 0
     try:
-        with pa.OSFile(output.sink_path, "wb") as sink, ipc.new_file(
-                sink, schema.with_metadata(keys),
-                options=_write_options(ZSTD_LEVEL_ONE_BATCH if one_batch else ZSTD_LEVEL)) as writer:
+        with (
+            pa.OSFile(output.sink_path, "wb") as sink,
+            ipc.new_file(
+                sink,
+                schema.with_metadata(keys),
+                options=_write_options(ZSTD_LEVEL_ONE_BATCH if one_batch else ZSTD_LEVEL),
+            ) as writer,
+        ):
             for batch in batches:
                 if not batch.schema.equals(schema):
                     raise TraceFormatError(f"rows do not fit the trace schema: {batch.schema} is not {schema}")

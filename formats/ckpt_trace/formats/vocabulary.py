@@ -20,7 +20,14 @@ import platform
 OPEN, CLOSE, READ, WRITE, LSEEK = "open", "close", "read", "write", "lseek"
 FSYNC, FDATASYNC, SYNC_FILE_RANGE = "fsync", "fdatasync", "sync_file_range"
 FTRUNCATE, FALLOCATE, RENAME, UNLINK, MKDIR, DUP, FCNTL = (
-    "ftruncate", "fallocate", "rename", "unlink", "mkdir", "dup", "fcntl")
+    "ftruncate",
+    "fallocate",
+    "rename",
+    "unlink",
+    "mkdir",
+    "dup",
+    "fcntl",
+)
 #: link(2)/linkat(2): ``path`` the existing name, ``new_path`` the new one; symlink(2)/symlinkat(2): ``path`` the
 #: link's content exactly as the program passed it (never resolved), ``new_path`` the link made.
 LINK, SYMLINK = "link", "symlink"
@@ -35,16 +42,38 @@ PATH_OPS = frozenset({OPEN, RENAME, UNLINK, MKDIR, LINK, SYMLINK})
 #: Operations on a descriptor.
 FD_OPS = frozenset({CLOSE, READ, WRITE, LSEEK, FSYNC, FDATASYNC, SYNC_FILE_RANGE, FTRUNCATE, FALLOCATE, DUP, FCNTL})
 #: File-system operations that move no data: what the paper counts as metadata operations.
-METADATA_OPS = frozenset({OPEN, CLOSE, LSEEK, FSYNC, FDATASYNC, SYNC_FILE_RANGE, FTRUNCATE, FALLOCATE, RENAME,
-                          UNLINK, MKDIR, DUP, FCNTL, LINK, SYMLINK})
+METADATA_OPS = frozenset(
+    {
+        OPEN,
+        CLOSE,
+        LSEEK,
+        FSYNC,
+        FDATASYNC,
+        SYNC_FILE_RANGE,
+        FTRUNCATE,
+        FALLOCATE,
+        RENAME,
+        UNLINK,
+        MKDIR,
+        DUP,
+        FCNTL,
+        LINK,
+        SYMLINK,
+    }
+)
 #: Rows of an io_uring instance or a Linux AIO context itself: the queue, not the data.
-RING_OPS = frozenset({IO_URING_SETUP, IO_URING_ENTER, IO_URING_REGISTER, IO_SETUP, IO_DESTROY, IO_SUBMIT,
-                      IO_GETEVENTS})
+RING_OPS = frozenset({IO_URING_SETUP, IO_URING_ENTER, IO_URING_REGISTER, IO_SETUP, IO_DESTROY, IO_SUBMIT, IO_GETEVENTS})
 #: Rows of a file mapping's life (its pages touched are read and write rows).
 MAPPING_OPS = frozenset({MMAP_OP, MUNMAP, MSYNC, MADVISE, MREMAP})
 #: Host<->device copies of a CUDA program (interface ``cuda``, format version 3): CUPTI's memcpy kinds.
 COPY_H2D, COPY_D2H, COPY_D2D, COPY_H2H, COPY_P2P, COPY_OTHER = (
-    "copy_h2d", "copy_d2h", "copy_d2d", "copy_h2h", "copy_p2p", "copy_other")
+    "copy_h2d",
+    "copy_d2h",
+    "copy_d2d",
+    "copy_h2h",
+    "copy_p2p",
+    "copy_other",
+)
 COPY_OPS = frozenset({COPY_H2D, COPY_D2H, COPY_D2D, COPY_H2H, COPY_P2P, COPY_OTHER})
 OPS = METADATA_OPS | DATA_OPS | RING_OPS | MAPPING_OPS | COPY_OPS
 
@@ -62,7 +91,12 @@ INTERFACES = (SYSCALL, IO_URING, LIBAIO, MMAP, CUDA) + COPY_INTERFACES
 
 # -- memory kinds (the ``memory_kind`` column of copy rows: the host side's memory) ------------
 MEMORY_PAGEABLE, MEMORY_PINNED, MEMORY_DEVICE, MEMORY_MANAGED, MEMORY_UNKNOWN = (
-    "pageable", "pinned", "device", "managed", "unknown")
+    "pageable",
+    "pinned",
+    "device",
+    "managed",
+    "unknown",
+)
 MEMORY_KINDS = (MEMORY_PAGEABLE, MEMORY_PINNED, MEMORY_DEVICE, MEMORY_MANAGED, MEMORY_UNKNOWN)
 
 # -- offset sources (the ``offset_source`` column) -----------------------------------
@@ -79,12 +113,39 @@ OFFSET_SOURCES = (OFFSET_EXPLICIT, OFFSET_POSITION, OFFSET_APPEND, OFFSET_KERNEL
 # (aio:PWRITE); pages through a mapping: these three.
 PAGE_FAULT, FAULT_AROUND, PAGE_DIRTY = "page_fault", "fault_around", "page_dirty"
 CUDA_MEMCPY = "cuda_memcpy"  # a copy row (CUPTI_ACTIVITY_KIND_MEMCPY)
-URING_OPCODE_NAMES = {0: "NOP", 6: "POLL_ADD", 7: "POLL_REMOVE", 9: "SENDMSG", 10: "RECVMSG", 11: "TIMEOUT",
-                      13: "ACCEPT", 16: "CONNECT", 18: "OPENAT", 19: "CLOSE", 20: "FILES_UPDATE", 21: "STATX",
-                      24: "FADVISE", 25: "MADVISE", 26: "SEND", 27: "RECV", 28: "OPENAT2", 35: "RENAMEAT",
-                      36: "UNLINKAT", 37: "MKDIRAT"}  # opcodes not recorded, named where counted
-URING_OPCODES = {1: "READV", 2: "WRITEV", 3: "FSYNC", 4: "READ_FIXED", 5: "WRITE_FIXED", 8: "SYNC_FILE_RANGE",
-                 17: "FALLOCATE", 22: "READ", 23: "WRITE"}  # include/uapi/linux/io_uring.h, the ones recorded
+URING_OPCODE_NAMES = {
+    0: "NOP",
+    6: "POLL_ADD",
+    7: "POLL_REMOVE",
+    9: "SENDMSG",
+    10: "RECVMSG",
+    11: "TIMEOUT",
+    13: "ACCEPT",
+    16: "CONNECT",
+    18: "OPENAT",
+    19: "CLOSE",
+    20: "FILES_UPDATE",
+    21: "STATX",
+    24: "FADVISE",
+    25: "MADVISE",
+    26: "SEND",
+    27: "RECV",
+    28: "OPENAT2",
+    35: "RENAMEAT",
+    36: "UNLINKAT",
+    37: "MKDIRAT",
+}  # opcodes not recorded, named where counted
+URING_OPCODES = {
+    1: "READV",
+    2: "WRITEV",
+    3: "FSYNC",
+    4: "READ_FIXED",
+    5: "WRITE_FIXED",
+    8: "SYNC_FILE_RANGE",
+    17: "FALLOCATE",
+    22: "READ",
+    23: "WRITE",
+}  # include/uapi/linux/io_uring.h, the ones recorded
 URING_OPCODE_NAMES.update(URING_OPCODES)
 AIO_OPCODES = {0: "PREAD", 1: "PWRITE", 2: "FSYNC", 3: "FDSYNC", 5: "NOOP", 7: "PREADV", 8: "PWRITEV"}  # aio_abi.h
 
@@ -105,16 +166,36 @@ ARCHES = (X86_64, AARCH64)
 _ALIASES = {"amd64": X86_64, "x86-64": X86_64, "x64": X86_64, "arm64": AARCH64}
 
 _GENERIC = {
-    "O_WRONLY": 0o1, "O_RDWR": 0o2, "O_CREAT": 0o100, "O_EXCL": 0o200, "O_NOCTTY": 0o400, "O_TRUNC": 0o1000,
-    "O_APPEND": 0o2000, "O_NONBLOCK": 0o4000, "O_DSYNC": 0o10000, "O_ASYNC": 0o20000, "O_DIRECT": 0o40000,
-    "O_LARGEFILE": 0o100000, "O_DIRECTORY": 0o200000, "O_NOFOLLOW": 0o400000, "O_NOATIME": 0o1000000,
-    "O_CLOEXEC": 0o2000000, "__O_SYNC": 0o4000000, "O_PATH": 0o10000000, "__O_TMPFILE": 0o20000000,
+    "O_WRONLY": 0o1,
+    "O_RDWR": 0o2,
+    "O_CREAT": 0o100,
+    "O_EXCL": 0o200,
+    "O_NOCTTY": 0o400,
+    "O_TRUNC": 0o1000,
+    "O_APPEND": 0o2000,
+    "O_NONBLOCK": 0o4000,
+    "O_DSYNC": 0o10000,
+    "O_ASYNC": 0o20000,
+    "O_DIRECT": 0o40000,
+    "O_LARGEFILE": 0o100000,
+    "O_DIRECTORY": 0o200000,
+    "O_NOFOLLOW": 0o400000,
+    "O_NOATIME": 0o1000000,
+    "O_CLOEXEC": 0o2000000,
+    "__O_SYNC": 0o4000000,
+    "O_PATH": 0o10000000,
+    "__O_TMPFILE": 0o20000000,
 }
 #: Open flag name -> value, per architecture (O_RDONLY is 0 everywhere; O_ACCMODE is 3).
 OPEN_FLAGS: dict[str, dict[str, int]] = {
     X86_64: dict(_GENERIC),
-    AARCH64: {**_GENERIC, "O_DIRECTORY": 0o40000, "O_NOFOLLOW": 0o100000, "O_DIRECT": 0o200000,
-              "O_LARGEFILE": 0o400000},
+    AARCH64: {
+        **_GENERIC,
+        "O_DIRECTORY": 0o40000,
+        "O_NOFOLLOW": 0o100000,
+        "O_DIRECT": 0o200000,
+        "O_LARGEFILE": 0o400000,
+    },
 }
 O_ACCMODE = 0o3
 

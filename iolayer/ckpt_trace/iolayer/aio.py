@@ -80,8 +80,9 @@ class AioContext:
     def submit(self, kind: str, fd: int, address: int, size_bytes: int, offset: int, tag: int) -> None:
         """io_submit(2) one request (``kind``: read, write, fsync, fdatasync); ``tag`` comes back with its
         completion (the iocb's aio_data)."""
-        iocb = ctypes.create_string_buffer(_IOCB.pack(tag, 0, 0, _KINDS[kind], 0, fd, address, size_bytes, offset,
-                                                      0, 0, 0), _IOCB.size)
+        iocb = ctypes.create_string_buffer(
+            _IOCB.pack(tag, 0, 0, _KINDS[kind], 0, fd, address, size_bytes, offset, 0, 0, 0), _IOCB.size
+        )
         pointers = (ctypes.c_void_p * 1)(ctypes.addressof(iocb))
         _call(self._submit, ctypes.c_ulong(self._open_context()), ctypes.c_long(1), pointers)
         self._iocbs[tag] = iocb
@@ -90,8 +91,14 @@ class AioContext:
     def reap(self, min_events: int = 1) -> list[Completion]:
         """io_getevents(2): wait for at least ``min_events`` completions (at most what is in flight)."""
         wanted = min(min_events, self.in_flight)
-        got = _call(self._getevents, ctypes.c_ulong(self._open_context()), ctypes.c_long(wanted), ctypes.c_long(self.max_events),
-                    self._events, None)
+        got = _call(
+            self._getevents,
+            ctypes.c_ulong(self._open_context()),
+            ctypes.c_long(wanted),
+            ctypes.c_long(self.max_events),
+            self._events,
+            None,
+        )
         done = []
         for i in range(got):
             tag, _, res, _ = _EVENT.unpack_from(self._events, i * _EVENT.size)

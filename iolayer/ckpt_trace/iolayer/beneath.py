@@ -64,8 +64,13 @@ def _openat2(dir_fd: int, path: str, flags: int, mode: int) -> int:
     tmpfile = getattr(os, "O_TMPFILE", 0)  # __O_TMPFILE | O_DIRECTORY: all of it, not O_DIRECTORY alone
     creates = flags & os.O_CREAT or (tmpfile and flags & tmpfile == tmpfile)
     how = _OpenHow(flags & 0xFFFFFFFF, mode if creates else 0, _RESOLVE)  # openat2: a mode without them is EINVAL
-    fd = _libc.syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_int(dir_fd), ctypes.c_char_p(os.fsencode(path)),
-                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    fd = _libc.syscall(
+        ctypes.c_long(SYS_OPENAT2),
+        ctypes.c_int(dir_fd),
+        ctypes.c_char_p(os.fsencode(path)),
+        ctypes.byref(how),
+        ctypes.c_size_t(ctypes.sizeof(how)),
+    )
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path)
@@ -303,8 +308,7 @@ class Root:
                 if flags:
                     if _renameat2 is None:
                         raise OSError(errno.ENOSYS, "renameat2 is not in this libc", old)
-                    if _renameat2(old_parent, os.fsencode(old_name), new_parent, os.fsencode(new_name),
-                                       flags) != 0:
+                    if _renameat2(old_parent, os.fsencode(old_name), new_parent, os.fsencode(new_name), flags) != 0:
                         err = ctypes.get_errno()
                         raise OSError(err, os.strerror(err), old)
                 else:

@@ -43,7 +43,7 @@ class AlignedBuffer:
         """Write ``block`` over the buffer again and again (which also faults every page in)."""
         for start in range(0, len(self.mmap), len(block)):
             chunk = min(len(block), len(self.mmap) - start)
-            self.mmap[start:start + chunk] = block[:chunk]
+            self.mmap[start : start + chunk] = block[:chunk]
         return self
 
     def prefault(self) -> AlignedBuffer:

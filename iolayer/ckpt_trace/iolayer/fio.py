@@ -24,8 +24,18 @@ def fio_bytes_per_s(directory: Path, size: str, rw: str = "write") -> float | No
     """
     if shutil.which("fio") is None:
         return None
-    cmd = ["fio", "--name=limit", f"--directory={directory}", f"--rw={rw}", "--bs=4M", "--ioengine=io_uring",
-           "--direct=1", "--iodepth=32", f"--size={size}", "--output-format=json"]
+    cmd = [
+        "fio",
+        "--name=limit",
+        f"--directory={directory}",
+        f"--rw={rw}",
+        "--bs=4M",
+        "--ioengine=io_uring",
+        "--direct=1",
+        "--iodepth=32",
+        f"--size={size}",
+        "--output-format=json",
+    ]
     if rw == "write":
         cmd.append("--end_fsync=1")
     try:

@@ -75,8 +75,12 @@ class DeviceCopier:
         torch = self._torch
         n = int(size_bytes)
         pinned = self.pinned_staging or memory_kind == v.MEMORY_PINNED
-        if self.pinned is None or self.pageable is None or self.device_buffer is None \
-                or self.other_device_buffer is None:
+        if (
+            self.pinned is None
+            or self.pageable is None
+            or self.device_buffer is None
+            or self.other_device_buffer is None
+        ):
             raise ValueError("the copy engine is closed")
         host = (self.pinned if pinned else self.pageable)[:n]
         device = self.device_buffer[:n]

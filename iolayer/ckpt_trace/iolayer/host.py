@@ -36,8 +36,8 @@ def _unescape(field: str) -> str:
     """mountinfo escapes space, tab, newline and backslash as octal (\\040...)."""
     out, i = [], 0
     while i < len(field):
-        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
             i += 4
         else:
             out.append(field[i])
@@ -97,8 +97,10 @@ def require_free(path: str | os.PathLike, needed_bytes: int, what: str, hint: st
     """Raise CkptTraceError before any work when ``path``'s file system has less than ``needed_bytes`` free."""
     free = free_bytes(path)
     if free < needed_bytes:
-        raise CkptTraceError(f"{path} has {free / 2**20:,.0f} MiB free; {what} needs {needed_bytes / 2**20:,.0f} MiB"
-                             + (f" ({hint})" if hint else ""))
+        raise CkptTraceError(
+            f"{path} has {free / 2**20:,.0f} MiB free; {what} needs {needed_bytes / 2**20:,.0f} MiB"
+            + (f" ({hint})" if hint else "")
+        )
 
 
 def filesystems_of(paths: Iterable[str]) -> dict[str, dict]:
@@ -114,8 +116,12 @@ def filesystems_of(paths: Iterable[str]) -> dict[str, dict]:
             size = os.statvfs(mount.mount_point).f_bsize
         except OSError:
             size = None
-        found[mount.mount_point] = {"type": mount.fs_type, "block_size": size, "device": mount.source,
-                                    "device_model": device_model(mount.source)}
+        found[mount.mount_point] = {
+            "type": mount.fs_type,
+            "block_size": size,
+            "device": mount.source,
+            "device_model": device_model(mount.source),
+        }
     return found
 
 
@@ -125,7 +131,7 @@ def device_model(source: str) -> str | None:
     name = Path(source).name
     candidates = [name, name.rstrip("0123456789")]
     if name.startswith("nvme") and "p" in name[4:]:
-        candidates.append(name[:name.rindex("p")])
+        candidates.append(name[: name.rindex("p")])
     for candidate in candidates:
         model = Path(f"/sys/block/{candidate}/device/model")
         if model.exists():
@@ -141,10 +147,16 @@ def environment(target: str | os.PathLike) -> dict:
     of ``target`` (the nearest existing ancestor)."""
     mount = mount_of(nearest_existing(target))
     source = mount.source if mount else "unknown"
-    return {"host": platform.node(), "kernel": platform.release(), "arch": platform.machine(),
-            "cpu_count": os.cpu_count(), "filesystem": mount.fs_type if mount else "unknown",
-            "mount_point": mount.mount_point if mount else None, "device": source,
-            "device_model": device_model(source)}
+    return {
+        "host": platform.node(),
+        "kernel": platform.release(),
+        "arch": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "filesystem": mount.fs_type if mount else "unknown",
+        "mount_point": mount.mount_point if mount else None,
+        "device": source,
+        "device_model": device_model(source),
+    }
 
 
 def drop_page_cache() -> None:

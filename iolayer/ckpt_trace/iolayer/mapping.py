@@ -54,8 +54,14 @@ class FileMapping:
         self.length_bytes = max(1, length_bytes)
         self.file_offset = file_offset
         self.writable = bool(prot & PROT_WRITE)
-        address = _libc.mmap(None, self.length_bytes, prot & (PROT_READ | PROT_WRITE) or PROT_READ,
-                             (flags & _MAP_FLAGS_KEPT) or MAP_SHARED, fd, file_offset)
+        address = _libc.mmap(
+            None,
+            self.length_bytes,
+            prot & (PROT_READ | PROT_WRITE) or PROT_READ,
+            (flags & _MAP_FLAGS_KEPT) or MAP_SHARED,
+            fd,
+            file_offset,
+        )
         if address in (None, _MAP_FAILED):
             _raise("mmap")
         self.address: int | None = address
@@ -88,10 +94,20 @@ class FileMapping:
             return
         start = max(file_offset, self.file_offset) if size_bytes else self.file_offset
         start -= (start - self.file_offset) % PAGE_BYTES
-        end = min(file_offset + size_bytes, self.file_offset + self.length_bytes) if size_bytes else \
-            self.file_offset + self.length_bytes
-        if end > start and _libc.msync(self.address + start - self.file_offset, end - start,
-                                       flags & (MS_ASYNC | MS_SYNC | MS_INVALIDATE) or MS_SYNC) != 0:
+        end = (
+            min(file_offset + size_bytes, self.file_offset + self.length_bytes)
+            if size_bytes
+            else self.file_offset + self.length_bytes
+        )
+        if (
+            end > start
+            and _libc.msync(
+                self.address + start - self.file_offset,
+                end - start,
+                flags & (MS_ASYNC | MS_SYNC | MS_INVALIDATE) or MS_SYNC,
+            )
+            != 0
+        ):
             _raise("msync")
 
     def close(self) -> None:

@@ -56,8 +56,11 @@ def check_output_dir(path: str | os.PathLike, force: bool, *, create: bool = Tru
     if path.exists() and not path.is_dir():
         raise CkptTraceError(f"{path} exists and is not a directory")
     if path.is_dir() and not force and any(path.iterdir()):
-        raise CkptTraceError(f"{path} is not empty (use {{option}} to write into it; nothing in it is removed)",
-                             option="force", switch=True)
+        raise CkptTraceError(
+            f"{path} is not empty (use {{option}} to write into it; nothing in it is removed)",
+            option="force",
+            switch=True,
+        )
     if not path.exists():
         if not create:
             raise CkptTraceError(f"directory {path} does not exist")

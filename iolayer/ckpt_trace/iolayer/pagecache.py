@@ -31,8 +31,13 @@ class _Range(ctypes.Structure):
 
 
 class _Stat(ctypes.Structure):
-    _fields_ = [("nr_cache", ctypes.c_uint64), ("nr_dirty", ctypes.c_uint64), ("nr_writeback", ctypes.c_uint64),
-                ("nr_evicted", ctypes.c_uint64), ("nr_recently_evicted", ctypes.c_uint64)]
+    _fields_ = [
+        ("nr_cache", ctypes.c_uint64),
+        ("nr_dirty", ctypes.c_uint64),
+        ("nr_writeback", ctypes.c_uint64),
+        ("nr_evicted", ctypes.c_uint64),
+        ("nr_recently_evicted", ctypes.c_uint64),
+    ]
 
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -46,8 +51,9 @@ def _cachestat(fd: int, size_bytes: int) -> float | None:
         return None
     stat = _Stat()
     rng = _Range(0, size_bytes)
-    result = _libc.syscall(_SYSCALL_CACHESTAT, ctypes.c_uint(fd), ctypes.byref(rng), ctypes.byref(stat),
-                           ctypes.c_uint(0))
+    result = _libc.syscall(
+        _SYSCALL_CACHESTAT, ctypes.c_uint(fd), ctypes.byref(rng), ctypes.byref(stat), ctypes.c_uint(0)
+    )
     if result != 0:
         if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM):
             _cachestat_works = False

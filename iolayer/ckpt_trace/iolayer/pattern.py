@@ -68,13 +68,14 @@ def data_bytes(offset: int, size: int, key: int) -> bytes:
         values = _mix(seeds + (words & np.uint64(511)) * GOLDEN)
     raw = values.astype("<u8").tobytes()
     skip = offset - (first << 3)
-    return raw[skip:skip + size]
+    return raw[skip : skip + size]
 
 
 def fill(address: int, size: int, key: int, offset: int) -> None:
     """Write the replay data of [offset, offset + size) of the file with ``key`` to memory at ``address``
     (``size`` writable bytes there), in C. Raises ring.RingUnavailable when the I/O library is not built."""
     from .ring import library
+
     library().ckr_fill(address, size, key & (2**64 - 1), offset)
 
 
@@ -83,6 +84,7 @@ def generated(offset: int, size: int, key: int) -> bytes:
     out = bytearray(size)
     if size:
         import ctypes
+
         fill(ctypes.addressof((ctypes.c_char * size).from_buffer(out)), size, key, offset)
     return bytes(out)
 
@@ -108,7 +110,7 @@ def expected(offset: int, size: int, key: int) -> bytes:
     position = start(offset, key)
     while len(out) < size:
         take = min(size - len(out), PERIOD - position)
-        out += TABLE[position:position + take]
+        out += TABLE[position : position + take]
         position = 0
     return bytes(out)
 

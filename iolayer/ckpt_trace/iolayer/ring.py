@@ -58,8 +58,19 @@ MAX_ENTRIES = 32768  # IORING_MAX_ENTRIES (io_uring/io_uring.c): io_uring_setup 
 POSITION = (1 << 64) - 1  # offset -1: the file position (IORING_FEAT_RW_CUR_POS)
 
 #: One request as _ring.c reads it (``ckr_req``, 40 bytes).
-REQUEST_DTYPE = np.dtype([("opcode", "u1"), ("sqe_flags", "u1"), ("buf_index", "u2"), ("fd", "i4"),
-                          ("addr", "u8"), ("len", "u4"), ("op_flags", "u4"), ("off", "u8"), ("user_data", "u8")])
+REQUEST_DTYPE = np.dtype(
+    [
+        ("opcode", "u1"),
+        ("sqe_flags", "u1"),
+        ("buf_index", "u2"),
+        ("fd", "i4"),
+        ("addr", "u8"),
+        ("len", "u4"),
+        ("op_flags", "u4"),
+        ("off", "u8"),
+        ("user_data", "u8"),
+    ]
+)
 _CQE_DTYPE = np.dtype([("user_data", "u8"), ("res", "i4"), ("flags", "u4")])
 _SQE = struct.Struct("<BBHiQIIQQ")  # REQUEST_DTYPE, packed one by one on the request-by-request path
 assert _SQE.size == REQUEST_DTYPE.itemsize
@@ -118,9 +129,12 @@ def load_library(path: Path) -> ctypes.CDLL:
         version = version_of()
     if version != ABI_VERSION:
         _ctypes.dlclose(lib._handle)  # so that a rebuilt library of the same name loads afresh
-        raise RingUnavailable(errno.ELIBBAD, f"{path} is stale: built for ring ABI version "
-                                             f"{'1 or older' if version is None else version}, this ckpt-trace "
-                                             f"needs version {ABI_VERSION} ({_REBUILD})")
+        raise RingUnavailable(
+            errno.ELIBBAD,
+            f"{path} is stale: built for ring ABI version "
+            f"{'1 or older' if version is None else version}, this ckpt-trace "
+            f"needs version {ABI_VERSION} ({_REBUILD})",
+        )
     vp, u, i, sz, p = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p
     lib.ckr_setup.argtypes, lib.ckr_setup.restype = [u, u, ctypes.POINTER(vp)], i
     lib.ckr_exit.argtypes, lib.ckr_exit.restype = [vp], None
@@ -144,8 +158,13 @@ def load_library(path: Path) -> ctypes.CDLL:
 
 class _Gen(ctypes.Structure):
     """``ckr_gen`` of _ring.c."""
-    _fields_ = [("flags", ctypes.c_void_p), ("slots", ctypes.c_void_p), ("slot_bytes", ctypes.c_uint64),
-                ("nslots", ctypes.c_uint32)]
+
+    _fields_ = [
+        ("flags", ctypes.c_void_p),
+        ("slots", ctypes.c_void_p),
+        ("slot_bytes", ctypes.c_uint64),
+        ("nslots", ctypes.c_uint32),
+    ]
 
 
 class Slots:
@@ -157,6 +176,7 @@ class Slots:
 
     def __init__(self, slot_bytes: int, count: int, *, prefault: bool = True) -> None:
         from .buffers import PAGE_BYTES, AlignedBuffer
+
         if not 1 <= count < 0xFFFF:
             raise ValueError(f"slot count {count} outside 1-65534")
         self.slot_bytes = max(PAGE_BYTES, -(-slot_bytes // PAGE_BYTES) * PAGE_BYTES)
@@ -249,8 +269,18 @@ class Ring:
         """Whether another request can be submitted without waiting (staged and in flight < queue depth)."""
         return len(self.in_flight) + len(self._staged) < self.queue_depth
 
-    def submit(self, kind: str, fd: int, addr: int, size_bytes: int, offset: int, key: object = None,
-               tag: object = None, *, buf_index: int | None = None) -> None:
+    def submit(
+        self,
+        kind: str,
+        fd: int,
+        addr: int,
+        size_bytes: int,
+        offset: int,
+        key: object = None,
+        tag: object = None,
+        *,
+        buf_index: int | None = None,
+    ) -> None:
         """Stage one request (waiting for a completion first when ``queue_depth`` are pending).
 
         ``addr`` is the buffer address (``AlignedBuffer.ptr`` + an offset);
@@ -280,9 +310,19 @@ class Ring:
         entered = time.perf_counter_ns()
         for i, (user_data, request, code, addr, buf_index) in enumerate(staged):
             offset = request.offset
-            pack(sqes, i * size, code, 0, buf_index, request.fd, addr, request.size_bytes,
-                 FSYNC_DATASYNC if request.kind == "fdatasync" else 0,
-                 POSITION if offset is None or offset < 0 else offset, user_data)
+            pack(
+                sqes,
+                i * size,
+                code,
+                0,
+                buf_index,
+                request.fd,
+                addr,
+                request.size_bytes,
+                FSYNC_DATASYNC if request.kind == "fdatasync" else 0,
+                POSITION if offset is None or offset < 0 else offset,
+                user_data,
+            )
             in_flight[user_data] = (request, entered)
         done = _check(self._lib.ckr_submit(self._ring, self._sqes_address, len(staged), wait_nr), "io_uring_enter")
         if done < len(staged):  # never: at most queue_depth <= entries are pending
@@ -335,8 +375,14 @@ class Ring:
             raise first
 
     # -- a whole batch -------------------------------------------------------
-    def run(self, requests: np.ndarray, *, stop_on_error: bool = True, generate: np.ndarray | None = None,
-            slots: Slots | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def run(
+        self,
+        requests: np.ndarray,
+        *,
+        stop_on_error: bool = True,
+        generate: np.ndarray | None = None,
+        slots: Slots | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Issue ``requests`` (an array of ``REQUEST_DTYPE``, e.g. from ``batch``) with at most
         ``queue_depth`` in flight; return (result per request, latency ns per request).
 
@@ -356,15 +402,29 @@ class Ring:
         results = np.full(count, NOT_ISSUED, dtype=np.int64)
         latencies = np.zeros(count, dtype=np.int64)
         if generate is None:
-            done = self._lib.ckr_run(self._ring, requests.ctypes.data, count, self.queue_depth, results.ctypes.data,
-                                     latencies.ctypes.data, int(stop_on_error))
+            done = self._lib.ckr_run(
+                self._ring,
+                requests.ctypes.data,
+                count,
+                self.queue_depth,
+                results.ctypes.data,
+                latencies.ctypes.data,
+                int(stop_on_error),
+            )
         else:
             if slots is None:
                 raise ValueError("generate needs slots (the buffers the data is made in)")
             spec, flags = slots.spec(generate)
-            done = self._lib.ckr_run_gen(self._ring, requests.ctypes.data, count, self.queue_depth,
-                                         results.ctypes.data, latencies.ctypes.data, int(stop_on_error),
-                                         ctypes.byref(spec))  # flags: kept alive through the call
+            done = self._lib.ckr_run_gen(
+                self._ring,
+                requests.ctypes.data,
+                count,
+                self.queue_depth,
+                results.ctypes.data,
+                latencies.ctypes.data,
+                int(stop_on_error),
+                ctypes.byref(spec),
+            )  # flags: kept alive through the call
         _check(done, "io_uring_enter")
         if self.latency_sink is not None:
             self.latency_sink.extend(latencies[results != NOT_ISSUED].tolist())
@@ -411,11 +471,14 @@ NOT_ISSUED = np.iinfo(np.int32).min  # result of a request ``run`` never issued 
 
 def _failure(request: Request, res: int) -> OSError | None:
     if res < 0:
-        return OSError(-res, f"{request.kind} of {request.size_bytes} bytes at offset {request.offset}: "
-                             f"{os.strerror(-res)}")
+        return OSError(
+            -res, f"{request.kind} of {request.size_bytes} bytes at offset {request.offset}: {os.strerror(-res)}"
+        )
     if request.kind == "write" and res < request.size_bytes:
-        return OSError(errno.ENOSPC, f"short write: {res} of {request.size_bytes} bytes at offset {request.offset} "
-                                     f"(no space left on device?)")
+        return OSError(
+            errno.ENOSPC,
+            f"short write: {res} of {request.size_bytes} bytes at offset {request.offset} (no space left on device?)",
+        )
     return None
 
 
@@ -429,14 +492,16 @@ def first_failure(requests: np.ndarray, results: np.ndarray) -> tuple[int, OSErr
         return None
     i = int(where[0])
     kind = "write" if writes[i] else "fsync" if requests["opcode"][i] == OP_FSYNC else "read"
-    failure = _failure(Request(kind, int(requests["fd"][i]), int(requests["off"][i]), int(requests["len"][i])),
-                       int(results[i]))
+    failure = _failure(
+        Request(kind, int(requests["fd"][i]), int(requests["off"][i]), int(requests["len"][i])), int(results[i])
+    )
     assert failure is not None  # ``bad`` holds exactly the results _failure names
     return i, failure
 
 
-def pio_run(requests: np.ndarray, *, stop_on_error: bool = True, generate: np.ndarray | None = None,
-            slots: Slots | None = None) -> tuple[np.ndarray, np.ndarray]:
+def pio_run(
+    requests: np.ndarray, *, stop_on_error: bool = True, generate: np.ndarray | None = None, slots: Slots | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Run ``requests`` one by one through pread(2)/pwrite(2)/fsync(2) in C (the POSIX engine);
     returns (result per request, latency ns per request) as ``Ring.run`` does. Results are int64: one
     request of up to 4 GiB - 1 bytes can move more than 2 GiB (over several calls). ``generate`` and
@@ -452,8 +517,17 @@ def pio_run(requests: np.ndarray, *, stop_on_error: bool = True, generate: np.nd
         if slots is None:
             raise ValueError("generate needs slots (the buffers the data is made in)")
         spec, flags = slots.spec(generate)  # flags: kept alive through the call
-        _check(lib.ckr_pio_run_gen(requests.ctypes.data, count, results.ctypes.data, latencies.ctypes.data,
-                                   int(stop_on_error), ctypes.byref(spec)), "pio_run")
+        _check(
+            lib.ckr_pio_run_gen(
+                requests.ctypes.data,
+                count,
+                results.ctypes.data,
+                latencies.ctypes.data,
+                int(stop_on_error),
+                ctypes.byref(spec),
+            ),
+            "pio_run",
+        )
     return results, latencies
 
 

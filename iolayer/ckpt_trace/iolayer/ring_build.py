@@ -25,8 +25,9 @@ class BuildFailed(RuntimeError):
     """The compiler is missing or refused the source; the message says which (first error line)."""
 
 
-def compile_library(source: str | os.PathLike, output: str | os.PathLike | None = None,
-                    defines: dict[str, str] | None = None) -> Path:
+def compile_library(
+    source: str | os.PathLike, output: str | os.PathLike | None = None, defines: dict[str, str] | None = None
+) -> Path:
     """Compile ``source`` (``_ring.c``) into ``output`` (default: ``libckpt_ring.so.1`` beside it); return
     ``output``. The library is written to a temporary name and renamed over ``output``, so a process that
     has the old one loaded, or another process building at the same time, never sees half a file.
@@ -37,15 +38,26 @@ def compile_library(source: str | os.PathLike, output: str | os.PathLike | None 
     macros = [f"-D{name}={value}" for name, value in (defines or {}).items()]
     fd, temporary = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
     os.close(fd)
-    command = [*shlex.split(os.environ.get("CC", "cc")), "-O2", "-Wall", "-shared", "-fPIC", *macros, "-o",
-               temporary, str(source)]
+    command = [
+        *shlex.split(os.environ.get("CC", "cc")),
+        "-O2",
+        "-Wall",
+        "-shared",
+        "-fPIC",
+        *macros,
+        "-o",
+        temporary,
+        str(source),
+    ]
     try:
         subprocess.run(command, check=True, capture_output=True, text=True)
         os.chmod(temporary, 0o755)
         os.replace(temporary, output)
     except FileNotFoundError:
-        raise BuildFailed(f"building {output.name} needs a C compiler ({command[0]} not found; "
-                          "Debian: apt-get install gcc linux-libc-dev)") from None
+        raise BuildFailed(
+            f"building {output.name} needs a C compiler ({command[0]} not found; "
+            "Debian: apt-get install gcc linux-libc-dev)"
+        ) from None
     except subprocess.CalledProcessError as err:
         first = next((line for line in err.stderr.splitlines() if "error" in line), err.stderr.strip()[:200])
         raise BuildFailed(f"compiling {source} failed: {first}") from None

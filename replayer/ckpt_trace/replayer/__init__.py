@@ -6,7 +6,22 @@ from .replay import CHOICES, STRATEGIES, TIMINGS, ReplayReport, SizeMismatch, bu
 from .results import ReplayResult
 
 __all__ = [
-    "CHOICES", "FileIdentity", "PlanChecks", "PlanOp", "ReplayPlan", "ReplayReport", "ReplayResult", "STRATEGIES",
-    "SizeMismatch", "TIMINGS", "WorkerPlan", "build_aggregated_plan", "build_plan", "build_posix_plan",
-    "merge_extents", "plan_summaries", "replay", "split_extent",
+    "CHOICES",
+    "FileIdentity",
+    "PlanChecks",
+    "PlanOp",
+    "ReplayPlan",
+    "ReplayReport",
+    "ReplayResult",
+    "STRATEGIES",
+    "SizeMismatch",
+    "TIMINGS",
+    "WorkerPlan",
+    "build_aggregated_plan",
+    "build_plan",
+    "build_posix_plan",
+    "merge_extents",
+    "plan_summaries",
+    "replay",
+    "split_extent",
 ]

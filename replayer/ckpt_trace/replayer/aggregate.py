@@ -80,17 +80,26 @@ def _split_all(starts: np.ndarray, ends: np.ndarray, buffer_bytes: int, block_by
     no_body = ~has_body[extent]
     is_head = ~no_body & e_head & (k == 0)
     is_tail = ~no_body & tail[extent] & (k == counts[extent] - 1)
-    offset = np.where(no_body | is_head, starts[extent],
-                      np.where(is_tail, body_end[extent], body_start[extent] + body_k * buffer_bytes))
-    size = np.where(no_body, ends[extent] - starts[extent],
-                    np.where(is_head, body_start[extent] - starts[extent],
-                             np.where(is_tail, ends[extent] - body_end[extent],
-                                      np.minimum(buffer_bytes, body_end[extent] - offset))))
+    offset = np.where(
+        no_body | is_head,
+        starts[extent],
+        np.where(is_tail, body_end[extent], body_start[extent] + body_k * buffer_bytes),
+    )
+    size = np.where(
+        no_body,
+        ends[extent] - starts[extent],
+        np.where(
+            is_head,
+            body_start[extent] - starts[extent],
+            np.where(is_tail, ends[extent] - body_end[extent], np.minimum(buffer_bytes, body_end[extent] - offset)),
+        ),
+    )
     return extent, offset, size
 
 
-def _next_at_or_after(positions: np.ndarray, groups: np.ndarray, query_pos: np.ndarray, query_groups: np.ndarray,
-                      missing: np.ndarray) -> np.ndarray:
+def _next_at_or_after(
+    positions: np.ndarray, groups: np.ndarray, query_pos: np.ndarray, query_groups: np.ndarray, missing: np.ndarray
+) -> np.ndarray:
     """For each query, the first position > query_pos in its group (``missing`` where none)."""
     if not len(positions):
         return missing
@@ -206,18 +215,33 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
     placed = _place(ops, barriers.pending, pieces, groups.key[:, 0] // groups.span, groups.first_op)
     del runs, groups, pieces, barriers
     dep_ptr, dep_seq = _placed_deps(ops, placed, group_dep_ptr, pairs)
-    columns = {name: getattr(ops, name)[placed.rows] for name in (
-        "kind", "seq", "ts_ns", "worker", "handle", "source_handle", "path", "new_path", "flags", "release",
-        "pattern_key", "pattern_offset", "queue", "mapped", "prot")}
-    return OpTable.from_columns({**columns, "offset": placed.offset, "size": placed.size}, dep_ptr, dep_seq,
-                                ops.paths)
+    columns = {
+        name: getattr(ops, name)[placed.rows]
+        for name in (
+            "kind",
+            "seq",
+            "ts_ns",
+            "worker",
+            "handle",
+            "source_handle",
+            "path",
+            "new_path",
+            "flags",
+            "release",
+            "pattern_key",
+            "pattern_offset",
+            "queue",
+            "mapped",
+            "prot",
+        )
+    }
+    return OpTable.from_columns({**columns, "offset": placed.offset, "size": placed.size}, dep_ptr, dep_seq, ops.paths)
 
 
 def _barriers(ops: OpTable, awaited: frozenset[int]) -> Barriers:
     """Which operations are collected and which flush them (``Barriers``)."""
     kind, handle = ops.kind, ops.handle
-    is_awaited = np.isin(ops.seq, np.fromiter(awaited, np.int64, len(awaited))) if awaited \
-        else np.zeros(len(ops), bool)
+    is_awaited = np.isin(ops.seq, np.fromiter(awaited, np.int64, len(awaited))) if awaited else np.zeros(len(ops), bool)
     pending = ((kind == READ) | (kind == WRITE)) & (ops.offset >= 0) & ~is_awaited
     barrier = ~pending
     every = barrier & (is_any_of(kind, _GLOBAL) | is_awaited)
@@ -236,13 +260,24 @@ def _collect_runs(ops: OpTable, pending: np.ndarray) -> Runs:
     p_end = p_start + ops.size[p_pos]
     run_start = np.empty(len(p_pos), bool)
     run_start[0] = True
-    run_start[1:] = ((p_pos[1:] != p_pos[:-1] + 1) | (p_worker[1:] != p_worker[:-1]) | (p_handle[1:] != p_handle[:-1])
-                     | (p_kind[1:] != p_kind[:-1]) | (p_start[1:] != p_end[:-1]))
+    run_start[1:] = (
+        (p_pos[1:] != p_pos[:-1] + 1)
+        | (p_worker[1:] != p_worker[:-1])
+        | (p_handle[1:] != p_handle[:-1])
+        | (p_kind[1:] != p_kind[:-1])
+        | (p_start[1:] != p_end[:-1])
+    )
     heads = np.flatnonzero(run_start)
     del run_start, p_kind
-    return Runs(pending_pos=p_pos, heads=heads, pos=p_pos[heads], worker=p_worker[heads].astype(np.int64),
-                handle=p_handle[heads].astype(np.int64), start=p_start[heads],
-                end=p_end[np.r_[heads[1:] - 1, len(p_pos) - 1]])
+    return Runs(
+        pending_pos=p_pos,
+        heads=heads,
+        pos=p_pos[heads],
+        worker=p_worker[heads].astype(np.int64),
+        handle=p_handle[heads].astype(np.int64),
+        start=p_start[heads],
+        end=p_end[np.r_[heads[1:] - 1, len(p_pos) - 1]],
+    )
 
 
 def _flush_positions(ops: OpTable, runs: Runs, barriers: Barriers, n_handles: int) -> tuple[np.ndarray, np.ndarray]:
@@ -254,16 +289,24 @@ def _flush_positions(ops: OpTable, runs: Runs, barriers: Barriers, n_handles: in
     on_source = np.flatnonzero(barriers.handle & (ops.source_handle >= 0))
     by_handle = _next_at_or_after(
         np.concatenate([on_handle, on_source]),
-        np.concatenate([worker[on_handle].astype(np.int64) * n_handles + ops.handle[on_handle],
-                        worker[on_source].astype(np.int64) * n_handles + ops.source_handle[on_source]]),
-        runs.pos, runs.worker * n_handles + runs.handle, end)
+        np.concatenate(
+            [
+                worker[on_handle].astype(np.int64) * n_handles + ops.handle[on_handle],
+                worker[on_source].astype(np.int64) * n_handles + ops.source_handle[on_source],
+            ]
+        ),
+        runs.pos,
+        runs.worker * n_handles + runs.handle,
+        end,
+    )
     del on_handle, on_source
     on_all = np.flatnonzero(barriers.every)
     return np.minimum(by_handle, _next_at_or_after(on_all, worker[on_all], runs.pos, runs.worker, end)), end
 
 
-def _group_runs(ops: OpTable, runs: Runs, flush: np.ndarray, end: np.ndarray, handle_barrier: np.ndarray,
-                n_handles: int) -> Groups:
+def _group_runs(
+    ops: OpTable, runs: Runs, flush: np.ndarray, end: np.ndarray, handle_barrier: np.ndarray, n_handles: int
+) -> Groups:
     """The runs grouped by (flush position, handle, kind) (``Groups``). At a barrier on one descriptor, its
     handle flushes first, then a dup's source; elsewhere, handles in the order first used since their last
     flush; writes before reads. The key (flush, order, kind, handle) packs into two integers."""
@@ -284,8 +327,7 @@ def _group_runs(ops: OpTable, runs: Runs, flush: np.ndarray, end: np.ndarray, ha
     return Groups(key=key, of_run=of_run, first_op=first_op, span=span)
 
 
-def _pieces(run_group: np.ndarray, start: np.ndarray, end: np.ndarray, buffer_bytes: int,
-            block_bytes: int) -> Pieces:
+def _pieces(run_group: np.ndarray, start: np.ndarray, end: np.ndarray, buffer_bytes: int, block_bytes: int) -> Pieces:
     """Each group's runs' byte ranges merged into extents, each extent split (``split_extent``)."""
     extent_group, extent_start, extent_end = merge_grouped_ranges(run_group, start, end)
     piece_extent, offset, size = _split_all(extent_start, extent_end, buffer_bytes, block_bytes)
@@ -304,8 +346,9 @@ def _group_deps(ops: OpTable, pending: np.ndarray, runs: Runs, run_group: np.nda
     return pairs
 
 
-def _place(ops: OpTable, pending: np.ndarray, pieces: Pieces, flush_of_group: np.ndarray,
-           template: np.ndarray) -> Placed:
+def _place(
+    ops: OpTable, pending: np.ndarray, pieces: Pieces, flush_of_group: np.ndarray, template: np.ndarray
+) -> Placed:
     """The kept operations and the pieces, in order (``Placed``): a piece sits before its group's barrier
     (``flush_of_group``) and copies its group's first operation (``template``)."""
     kept = np.flatnonzero(~pending)
@@ -318,19 +361,24 @@ def _place(ops: OpTable, pending: np.ndarray, pieces: Pieces, flush_of_group: np
     order_worker = np.concatenate([ops.worker[kept], ops.worker[piece_template]]).astype(np.int64)
     order = np.lexsort((order_piece, order_group, order_sub, order_pos, order_worker))
     del order_pos, order_sub, order_group, order_piece, order_worker
-    return Placed(rows=np.concatenate([kept, piece_template])[order],
-                  is_piece=np.concatenate([np.zeros(len(kept), bool), np.ones(n_pieces, bool)])[order],
-                  offset=np.concatenate([ops.offset[kept], pieces.offset])[order],
-                  size=np.concatenate([ops.size[kept], pieces.size])[order],
-                  group=np.concatenate([np.full(len(kept), -1, np.int64), pieces.group])[order])
+    return Placed(
+        rows=np.concatenate([kept, piece_template])[order],
+        is_piece=np.concatenate([np.zeros(len(kept), bool), np.ones(n_pieces, bool)])[order],
+        offset=np.concatenate([ops.offset[kept], pieces.offset])[order],
+        size=np.concatenate([ops.size[kept], pieces.size])[order],
+        group=np.concatenate([np.full(len(kept), -1, np.int64), pieces.group])[order],
+    )
 
 
-def _placed_deps(ops: OpTable, placed: Placed, group_dep_ptr: np.ndarray,
-                 pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _placed_deps(
+    ops: OpTable, placed: Placed, group_dep_ptr: np.ndarray, pairs: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(dep_ptr, dep_seq) of the placed rows: kept rows keep theirs; pieces take their group's union
     (``pairs`` from ``group_dep_ptr``)."""
     rows, is_piece, group = placed.rows, placed.is_piece, placed.group
-    lengths = np.where(is_piece, np.diff(group_dep_ptr)[np.maximum(group, 0)], ops.dep_ptr[rows + 1] - ops.dep_ptr[rows])
+    lengths = np.where(
+        is_piece, np.diff(group_dep_ptr)[np.maximum(group, 0)], ops.dep_ptr[rows + 1] - ops.dep_ptr[rows]
+    )
     dep_ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     source = np.where(is_piece, group_dep_ptr[np.maximum(group, 0)], ops.dep_ptr[rows])
     gather = run_indices(source, lengths)
@@ -362,8 +410,9 @@ def _group_min(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     return smallest[inverse][run_of]
 
 
-def build_aggregated_plan(base: ReplayPlan, *, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
-                          block_bytes: int = 4096) -> ReplayPlan:
+def build_aggregated_plan(
+    base: ReplayPlan, *, buffer_bytes: int = DEFAULT_BUFFER_BYTES, block_bytes: int = 4096
+) -> ReplayPlan:
     """The aggregated plan derived from the as-recorded ``base`` plan. Pure.
 
     ``buffer_bytes`` (1-64 MiB, a multiple of ``block_bytes``) is the largest
@@ -380,8 +429,9 @@ def preallocations(plan: ReplayPlan) -> dict[int, int]:
     """The opens that create a file whose final size the plan knows: open seq -> bytes to reserve. A file
     is reserved by the first open that creates it (O_CREAT), under whatever name it has then."""
     ops = plan.ops
-    opens = np.flatnonzero((ops.kind == KIND[v.OPEN]) & (ops.flags != np.iinfo(np.int64).min)
-                           & ((ops.flags & os.O_CREAT) != 0))
+    opens = np.flatnonzero(
+        (ops.kind == KIND[v.OPEN]) & (ops.flags != np.iinfo(np.int64).min) & ((ops.flags & os.O_CREAT) != 0)
+    )
     out, seen = {}, set()
     for row in opens.tolist():
         fid = plan.files.handle_files.get(int(ops.handle[row]))
@@ -400,6 +450,8 @@ def alignment_counts(plan: ReplayPlan, block_bytes: int) -> dict[str, int]:
     offset, size = ops.offset[data], np.maximum(ops.size[data], 0)
     unknown = offset < 0
     unaligned = ~unknown & (((offset % block_bytes) != 0) | ((size % block_bytes) != 0))
-    return {"aligned": int((~unknown & ~unaligned).sum()), "unaligned": int(unaligned.sum()),
-            "unknown_offset": int(unknown.sum())}
-
+    return {
+        "aligned": int((~unknown & ~unaligned).sum()),
+        "unaligned": int(unaligned.sum()),
+        "unknown_offset": int(unknown.sum()),
+    }

@@ -41,7 +41,7 @@ MAX_RW_BYTES = 0x7FFFF000  # MAX_RW_COUNT: the most one read/write/readv/writev 
 BY_DESIGN = frozenset({"failed", "queue_calls"})  # rows not replayed on purpose (see the module docstring)
 _WHY = {
     "no_path": "their path names nothing under the target (empty, '/', a rename to '/..', or a --strip-prefix "
-               "equal to the file)",
+    "equal to the file)",
     "unknown_fd": "their descriptor was never opened in the trace",
     "implicit_opens": "they use a descriptor opened before the recording began",
     "pages_outside_a_mapping": "their pages lie outside any recorded mapping",
@@ -53,8 +53,9 @@ __all__ = ["MAX_RW_BYTES", "checked_batches", "refuse_file_and_directory", "refu
 
 
 def _refuse(row: int, column: str, value, why: str) -> ReplayError:
-    return ReplayError(f"trace row {row}: {column} {value} {why}; the trace was edited or damaged (replay refused "
-                       "before any I/O)")
+    return ReplayError(
+        f"trace row {row}: {column} {value} {why}; the trace was edited or damaged (replay refused before any I/O)"
+    )
 
 
 def _first(mask: np.ndarray) -> int | None:
@@ -88,14 +89,16 @@ def check_batch(batch: pa.RecordBatch, first_row: int, last_ts_ns: int | None) -
         bad = _first(values < 0)
         if bad is not None:
             raise _refuse(first_row + bad, "ts_ns", int(values[bad]), "is negative")
-        back = np.r_[values[:1] < last_ts_ns if last_ts_ns is not None else np.zeros(1, bool),
-                     values[1:] < values[:-1]]
+        back = np.r_[values[:1] < last_ts_ns if last_ts_ns is not None else np.zeros(1, bool), values[1:] < values[:-1]]
         bad = _first(back)
         if bad is not None:
             before = last_ts_ns if bad == 0 else int(values[bad - 1])
-            raise _refuse(first_row + bad, "ts_ns", int(values[bad]),
-                          f"goes back in time (the row before starts at {before}; a trace's rows are in start-time "
-                          "order)")
+            raise _refuse(
+                first_row + bad,
+                "ts_ns",
+                int(values[bad]),
+                f"goes back in time (the row before starts at {before}; a trace's rows are in start-time order)",
+            )
         last_ts_ns = int(values[-1])
     for name in ("dur_ns", "in_flight", "size", "offset"):
         column = _ints(batch, name)
@@ -110,8 +113,12 @@ def check_batch(batch: pa.RecordBatch, first_row: int, last_ts_ns: int | None) -
         data = _ops(batch, ("read", "write"))
         bad = _first(data & size[1] & (size[0] > MAX_RW_BYTES))
         if bad is not None:
-            raise _refuse(first_row + bad, "size", int(size[0][bad]),
-                          f"is more than one read or write moves on Linux ({MAX_RW_BYTES:,} B)")
+            raise _refuse(
+                first_row + bad,
+                "size",
+                int(size[0][bad]),
+                f"is more than one read or write moves on Linux ({MAX_RW_BYTES:,} B)",
+            )
     flags = _ints(batch, "flags")
     if flags is not None and "op" in batch.schema.names:
         bad = _first(_ops(batch, ("open",)) & flags[1] & (flags[0] < 0))
@@ -136,7 +143,7 @@ def skip_notes(skipped_ops: Mapping[str, int]) -> list[str]:
         if kind in BY_DESIGN or not count:
             continue
         if kind.startswith("unsupported_"):
-            why = f"the operation {kind[len('unsupported_'):]!r} is not one the replayer knows"
+            why = f"the operation {kind[len('unsupported_') :]!r} is not one the replayer knows"
         else:
             why = _WHY.get(kind, kind.replace("_", " "))
         notes.append(f"{count} trace row(s) not replayed ({kind}): {why}")
@@ -148,8 +155,9 @@ def refuse_skips(skipped_ops: Mapping[str, int]) -> None:
     notes = skip_notes(skipped_ops)
     if notes:
         more = f" (and {len(notes) - 1} more kind(s))" if len(notes) > 1 else ""
-        raise ReplayError(f"{{option}}: {notes[0]}{more}; the replay would differ from the recording", option="strict",
-                          switch=True)
+        raise ReplayError(
+            f"{{option}}: {notes[0]}{more}; the replay would differ from the recording", option="strict", switch=True
+        )
 
 
 def refuse_file_and_directory(plan) -> None:
@@ -167,6 +175,8 @@ def refuse_file_and_directory(plan) -> None:
     for index in np.unique(t.path[as_file]).tolist():
         path = t.paths[index] if index >= 0 else None
         if path in dirs and path not in renamed:
-            raise ReplayError(f"the trace opens {path} as a file and names files below it, so it must also be a "
-                              "directory: a '/' inside a recorded file name, or an edited trace? (replay refused "
-                              "before any I/O)")
+            raise ReplayError(
+                f"the trace opens {path} as a file and names files below it, so it must also be a "
+                "directory: a '/' inside a recorded file name, or an edited trace? (replay refused "
+                "before any I/O)"
+            )

@@ -70,8 +70,10 @@ class Pregenerated:
         spans = -(-(high - low) // PAGE_BYTES) * PAGE_BYTES  # each file's buffer starts on a page
         total = int(spans.sum())
         if total > budget:
-            self.note = (f"data generated as each write was issued: the {total:,} B of the written files' spans "
-                         f"exceed the {budget:,} B kept in memory (CKPT_TRACE_REPLAY_PREGENERATE_BYTES)")
+            self.note = (
+                f"data generated as each write was issued: the {total:,} B of the written files' spans "
+                f"exceed the {budget:,} B kept in memory (CKPT_TRACE_REPLAY_PREGENERATE_BYTES)"
+            )
             return
         self.buffer = AlignedBuffer(total)
         starts = np.concatenate(([0], np.cumsum(spans)[:-1])).astype(np.int64)
@@ -91,8 +93,9 @@ class Pregenerated:
 
     def address(self, key: int, offset: int, length: int) -> int | None:
         """The address of one write's bytes in memory, or None where they are not covered."""
-        addresses, covered = self.addresses(np.array([key], np.int64), np.array([offset], np.int64),
-                                            np.array([length], np.int64))
+        addresses, covered = self.addresses(
+            np.array([key], np.int64), np.array([offset], np.int64), np.array([length], np.int64)
+        )
         return int(addresses[0]) if covered[0] else None
 
     def view(self, key: int, offset: int, length: int) -> memoryview | None:
@@ -104,7 +107,7 @@ class Pregenerated:
         if buffer is None:  # closed: nothing is covered
             return None
         start = address - buffer.ptr
-        return memoryview(buffer.mmap)[start:start + length]
+        return memoryview(buffer.mmap)[start : start + length]
 
     def close(self) -> None:
         if self.buffer is not None:

@@ -120,9 +120,14 @@ def launched(env: Mapping[str, str] | None = None) -> World | None:
         size = int(env.get("WORLD_SIZE", "1"))
         if size <= 1:
             return None
-        return World(rank=int(env["RANK"]), size=size, local_rank=int(env.get("LOCAL_RANK", "0")),
-                     node=int(env.get("GROUP_RANK", "0")), nodes=int(env.get("GROUP_WORLD_SIZE", "1")),
-                     local_size=int(env.get("LOCAL_WORLD_SIZE", "0")))
+        return World(
+            rank=int(env["RANK"]),
+            size=size,
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            node=int(env.get("GROUP_RANK", "0")),
+            nodes=int(env.get("GROUP_WORLD_SIZE", "1")),
+            local_size=int(env.get("LOCAL_WORLD_SIZE", "0")),
+        )
     except (KeyError, ValueError):
         raise ReplayError("WORLD_SIZE > 1 but RANK is missing or malformed: launch with torchrun") from None
 
@@ -138,8 +143,9 @@ def owner_hosts(trace: str | os.PathLike) -> dict[int, str]:
     _, batches = scan(trace, ["rank", "pid", "host"])
     out: dict[int, str] = {}
     for batch in batches:
-        keys = owner_keys(batch.column("rank").to_numpy(zero_copy_only=False),
-                          batch.column("pid").to_numpy(zero_copy_only=False))
+        keys = owner_keys(
+            batch.column("rank").to_numpy(zero_copy_only=False), batch.column("pid").to_numpy(zero_copy_only=False)
+        )
         hosts = batch.column("host").cast(pa.string()).to_numpy(zero_copy_only=False)
         first = np.unique(keys, return_index=True)
         for key, row in zip(first[0].tolist(), first[1].tolist()):
@@ -162,12 +168,13 @@ def placed_share(all_owners: np.ndarray, hosts: Mapping[int, str], world: World,
             names.append(name)
     if placement == "spread" or len(names) < world.nodes or world.nodes <= 1 or world.local_size <= 0:
         return share_of(all_owners, world.rank, world.size)
-    mine = set(names[world.node * len(names) // world.nodes:(world.node + 1) * len(names) // world.nodes])
+    mine = set(names[world.node * len(names) // world.nodes : (world.node + 1) * len(names) // world.nodes])
     node_owners = np.array([key for key in all_owners.tolist() if hosts.get(key, names[0]) in mine], np.int64)
     return share_of(node_owners, world.local_rank, world.local_size)
 
 
 # -- shares ------------------------------------------------------------------------------------------------------
+
 
 def owner_keys(rank: np.ndarray, pid: np.ndarray) -> np.ndarray:
     """Each row's owner: its rank, or -1 - pid for a row without a rank (rank -1)."""
@@ -180,8 +187,9 @@ def owners(trace: str | os.PathLike) -> np.ndarray:
     _, batches = scan(trace, ["rank", "pid"])
     found = np.zeros(0, np.int64)
     for batch in batches:
-        keys = owner_keys(batch.column("rank").to_numpy(zero_copy_only=False),
-                          batch.column("pid").to_numpy(zero_copy_only=False))
+        keys = owner_keys(
+            batch.column("rank").to_numpy(zero_copy_only=False), batch.column("pid").to_numpy(zero_copy_only=False)
+        )
         found = np.union1d(found, np.unique(keys))
     return found
 
@@ -190,7 +198,7 @@ def share_of(all_owners: np.ndarray, index: int, count: int) -> frozenset[int]:
     """Process ``index`` of ``count``'s owners: the index-th of ``count`` contiguous, near-equal blocks
     of the sorted ``all_owners`` (empty when there are fewer owners than processes)."""
     n = len(all_owners)
-    return frozenset(all_owners[index * n // count:(index + 1) * n // count].tolist())
+    return frozenset(all_owners[index * n // count : (index + 1) * n // count].tolist())
 
 
 def share_batches(trace: str | os.PathLike, share: frozenset[int]) -> Iterator[pa.RecordBatch]:
@@ -203,8 +211,12 @@ def share_batches(trace: str | os.PathLike, share: frozenset[int]) -> Iterator[p
     for batch in batches:
         n = batch.num_rows
         data = pc.is_in(batch.column("op"), value_set=data_ops).to_numpy(zero_copy_only=False)
-        mine = np.isin(owner_keys(batch.column("rank").to_numpy(zero_copy_only=False),
-                                  batch.column("pid").to_numpy(zero_copy_only=False)), wanted)
+        mine = np.isin(
+            owner_keys(
+                batch.column("rank").to_numpy(zero_copy_only=False), batch.column("pid").to_numpy(zero_copy_only=False)
+            ),
+            wanted,
+        )
         keep = mine | ~data
         rows = np.flatnonzero(keep)
         yield batch.filter(pa.array(keep)).append_column(GLOBAL_ROW, pa.array(rows + start, pa.int64()))
@@ -243,25 +255,37 @@ def share_plan(plan: ReplayPlan, share: frozenset[int]) -> Share:
     deps = set(table.dep_seq.tolist())
     names = {table.paths[i] for i in np.unique(np.concatenate([table.path, table.new_path])).tolist() if i >= 0}
     writes = np.unique(table.handle[(table.kind == WRITE) & (table.handle >= 0)]).tolist()
-    written_paths = {path for h in writes
-                     if (path := plan.files.file_paths.get(plan.files.handle_files.get(h, -1))) is not None}
+    written_paths = {
+        path for h in writes if (path := plan.files.file_paths.get(plan.files.handle_files.get(h, -1))) is not None
+    }
     expected = plan.checks.expected_sizes
     written = {path: expected[path] for path in written_paths if path in expected}
     precreate = {path: size for path, size in plan.precreate_files if path in names}
-    checks = dataclasses.replace(plan.checks, expected_sizes=dict(written),
-                                 verify_ranges={path: ranges for path, ranges in plan.checks.verify_ranges.items()
-                                                if path in written_paths},
-                                 unverifiable=tuple(p for p in plan.checks.unverifiable if p in written_paths))
+    checks = dataclasses.replace(
+        plan.checks,
+        expected_sizes=dict(written),
+        verify_ranges={path: ranges for path, ranges in plan.checks.verify_ranges.items() if path in written_paths},
+        unverifiable=tuple(p for p in plan.checks.unverifiable if p in written_paths),
+    )
     sizes = np.maximum(table.size[table.kind == WRITE], 0)
     cut = dataclasses.replace(plan, workers=kept).with_ops(
-        table, awaited=frozenset(deps), checks=checks,
+        table,
+        awaited=frozenset(deps),
+        checks=checks,
         precreate_files=tuple((path, size) for path, size in plan.precreate_files if path in precreate),
-        bytes_to_write=int(sizes.sum()) + sum(size for path, size in plan.precreate_files if path in precreate))
-    return Share(plan=cut, remote=frozenset(deps - mine), precreate=precreate, written=written,
-                 unverifiable=frozenset(plan.checks.unverifiable))
+        bytes_to_write=int(sizes.sum()) + sum(size for path, size in plan.precreate_files if path in precreate),
+    )
+    return Share(
+        plan=cut,
+        remote=frozenset(deps - mine),
+        precreate=precreate,
+        written=written,
+        unverifiable=frozenset(plan.checks.unverifiable),
+    )
 
 
 # -- cross-process signals ----------------------------------------------------------------------------------------
+
 
 class StoreSignals:
     """``posix.Signals`` through a c10d store: key ``<prefix>/<seq>`` is set when operation seq completes,
@@ -269,8 +293,9 @@ class StoreSignals:
     20 us up to 5 ms apart, so a thread waiting never holds the store's connection from another thread
     that must signal."""
 
-    def __init__(self, store, prefix: str, remote: frozenset[int], exported: frozenset[int],
-                 timeout_s: float = TIMEOUT_S) -> None:
+    def __init__(
+        self, store, prefix: str, remote: frozenset[int], exported: frozenset[int], timeout_s: float = TIMEOUT_S
+    ) -> None:
         self.store, self.prefix = store, prefix
         self.remote, self.exported = remote, exported
         self.timeout_s = timeout_s
@@ -309,6 +334,7 @@ class StoreSignals:
 
 # -- the job ------------------------------------------------------------------------------------------------------
 
+
 class _Group:
     """The gloo process group and the store (torch.distributed), with errors as ReplayError."""
 
@@ -316,13 +342,15 @@ class _Group:
         try:
             import torch.distributed as dist
         except ImportError:
-            raise ReplayError("a replay launched by torchrun (WORLD_SIZE > 1) needs torch: "
-                              "pip install 'ckpt-trace[torch]'") from None
+            raise ReplayError(
+                "a replay launched by torchrun (WORLD_SIZE > 1) needs torch: pip install 'ckpt-trace[torch]'"
+            ) from None
         self.dist, self.world = dist, world
         try:
             store, rank, size = next(dist.rendezvous("env://", timeout=timedelta(seconds=TIMEOUT_S)))
-            dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
-                                    timeout=timedelta(seconds=TIMEOUT_S))
+            dist.init_process_group(
+                "gloo", store=store, rank=rank, world_size=size, timeout=timedelta(seconds=TIMEOUT_S)
+            )
         except (RuntimeError, ValueError) as err:
             raise ReplayError(f"cannot join the torchrun job: {str(err).splitlines()[0]}") from None
         self.store = dist.PrefixStore("ckpt-trace", store)
@@ -366,7 +394,7 @@ def _probe_groups(group: _Group, target: Path) -> list[int]:
         probe.touch(exist_ok=False)
         made = True
         group.barrier()
-        seen = sorted(int(p.name[len(_PROBE):]) for p in target.glob(f"{_PROBE}*") if p.name[len(_PROBE):].isdigit())
+        seen = sorted(int(p.name[len(_PROBE) :]) for p in target.glob(f"{_PROBE}*") if p.name[len(_PROBE) :].isdigit())
         group.barrier()
     finally:
         if made:
@@ -405,14 +433,26 @@ class DistributedReport:
                         entry["processes"].append(process["process"])
                     if process.get("node") not in entry["nodes"]:
                         entry["nodes"].append(process.get("node"))
-                    entry["elapsed_s"][result.strategy] = max(entry["elapsed_s"].get(result.strategy, 0.0),
-                                                              process["results"][i]["elapsed_s"])
-        return {"trace": str(self.trace), "trace_sha256": self.trace_sha256, "target": str(self.target),
-                "creator": "ckpt-trace", "creator_version": __version__, "environment": self.environment,
-                "options": self.options, "fio_write_bytes_per_s": None,
-                "results": [result.to_json() for result in self.results],
-                "distributed": {"world_size": self.world.size, "processes": self.processes,
-                                "slowest_process": slowest, "recorded_hosts": hosts}}
+                    entry["elapsed_s"][result.strategy] = max(
+                        entry["elapsed_s"].get(result.strategy, 0.0), process["results"][i]["elapsed_s"]
+                    )
+        return {
+            "trace": str(self.trace),
+            "trace_sha256": self.trace_sha256,
+            "target": str(self.target),
+            "creator": "ckpt-trace",
+            "creator_version": __version__,
+            "environment": self.environment,
+            "options": self.options,
+            "fio_write_bytes_per_s": None,
+            "results": [result.to_json() for result in self.results],
+            "distributed": {
+                "world_size": self.world.size,
+                "processes": self.processes,
+                "slowest_process": slowest,
+                "recorded_hosts": hosts,
+            },
+        }
 
 
 def _job_result(strategy: str, per_process: list[ReplayResult]) -> ReplayResult:
@@ -427,17 +467,25 @@ def _job_result(strategy: str, per_process: list[ReplayResult]) -> ReplayResult:
         for key, count in result.skipped_ops.items():
             skipped[key] = skipped.get(key, 0) + count
     return ReplayResult(
-        strategy=strategy, elapsed_s=max(r.elapsed_s for r in per_process),
-        bytes_written=sum(r.bytes_written for r in per_process), bytes_read=sum(r.bytes_read for r in per_process),
-        data_ops=sum(r.data_ops for r in per_process), metadata_ops=sum(r.metadata_ops for r in per_process),
-        latency_ns=histogram.percentiles_ns(), cpu_user_s=sum(r.cpu_user_s for r in per_process),
-        cpu_sys_s=sum(r.cpu_sys_s for r in per_process), skipped_ops=skipped,
-        unaligned_ops=sum(r.unaligned_ops for r in per_process), notes=notes,
+        strategy=strategy,
+        elapsed_s=max(r.elapsed_s for r in per_process),
+        bytes_written=sum(r.bytes_written for r in per_process),
+        bytes_read=sum(r.bytes_read for r in per_process),
+        data_ops=sum(r.data_ops for r in per_process),
+        metadata_ops=sum(r.metadata_ops for r in per_process),
+        latency_ns=histogram.percentiles_ns(),
+        cpu_user_s=sum(r.cpu_user_s for r in per_process),
+        cpu_sys_s=sum(r.cpu_sys_s for r in per_process),
+        skipped_ops=skipped,
+        unaligned_ops=sum(r.unaligned_ops for r in per_process),
+        notes=notes,
         metadata_ops_saved=sum(r.metadata_ops_saved for r in per_process),
         preallocated_files=sum(r.preallocated_files for r in per_process),
-        data_paths={name: {key: sum(r.data_paths.get(name, {}).get(key, 0) for r in per_process)
-                           for key in ("ops", "bytes")}
-                    for name in dict.fromkeys(n for r in per_process for n in r.data_paths)})
+        data_paths={
+            name: {key: sum(r.data_paths.get(name, {}).get(key, 0) for r in per_process) for key in ("ops", "bytes")}
+            for name in dict.fromkeys(n for r in per_process for n in r.data_paths)
+        },
+    )
 
 
 def replay_distributed(
@@ -491,8 +539,14 @@ class _DistributedJob:
     failure (set once conflicts were refused everywhere)."""
 
     def __init__(self, world: World, trace, target: Path, strategy: str, opts: ReplayOptions, group: _Group) -> None:
-        self.world, self.trace, self.target, self.strategy, self.opts, self.group = (world, trace, target, strategy,
-                                                                                     opts, group)
+        self.world, self.trace, self.target, self.strategy, self.opts, self.group = (
+            world,
+            trace,
+            target,
+            strategy,
+            opts,
+            group,
+        )
         self.claims: list[Claim] = []
         self.owned: list[Claim] = []
         self.made_target = False
@@ -507,10 +561,15 @@ class _DistributedJob:
         error: BaseException | None = None
         try:
             self.hosts_of = owner_hosts(self.trace.path)
-            self.share = placed_share(owners(self.trace.path), self.hosts_of if placement == "host" else {},
-                                      self.world, placement)
-            self.base = build_posix_plan(share_batches(self.trace.path, self.share), self.opts.strip_prefix,
-                                         arch=self.trace.metadata["arch"], verify_ranges=self.opts.verify)
+            self.share = placed_share(
+                owners(self.trace.path), self.hosts_of if placement == "host" else {}, self.world, placement
+            )
+            self.base = build_posix_plan(
+                share_batches(self.trace.path, self.share),
+                self.opts.strip_prefix,
+                arch=self.trace.metadata["arch"],
+                verify_ranges=self.opts.verify,
+            )
             self.mine = share_plan(self.base, self.share)
             self.names = list(strategies.expand(self.strategy))
             check_queue_depth(self.opts.queue_depth, self.names)
@@ -525,29 +584,39 @@ class _DistributedJob:
         """Step 4: one all_gather of every process's needs; then this share's plan per strategy."""
         mine = self.mine
         self.leaders = _probe_groups(self.group, self.target)
-        infos = self.group.gather({"remote": sorted(mine.remote), "precreate": dict(mine.precreate),
-                                   "written": mine.written, "unverifiable": sorted(mine.unverifiable),
-                                   "bytes": mine.plan.bytes_to_write, "host": platform.node(),
-                                   "owners": sorted(self.share)})
+        infos = self.group.gather(
+            {
+                "remote": sorted(mine.remote),
+                "precreate": dict(mine.precreate),
+                "written": mine.written,
+                "unverifiable": sorted(mine.unverifiable),
+                "bytes": mine.plan.bytes_to_write,
+                "host": platform.node(),
+                "owners": sorted(self.share),
+            }
+        )
         self.infos = infos
-        self.exported = (frozenset(seq for info in infos for seq in info["remote"])
-                         & frozenset(mine.plan.ops.seq.tolist()))
+        self.exported = frozenset(seq for info in infos for seq in info["remote"]) & frozenset(
+            mine.plan.ops.seq.tolist()
+        )
         self.sizes = _job_sizes(self.base, infos)
         plan = _finish_share(mine, self.base, infos, self.leaders, self.world.rank, self.exported, self.sizes)
-        self.plans = [derive_plan(plan, name, buffer_bytes=self.opts.buffer_bytes,
-                                  block_bytes=host.block_bytes(self.target)) for name in self.names]
+        self.plans = [
+            derive_plan(plan, name, buffer_bytes=self.opts.buffer_bytes, block_bytes=host.block_bytes(self.target))
+            for name in self.names
+        ]
 
     def claim(self, protect: tuple[str | os.PathLike, ...]) -> None:
         """Step 5: the claims refuse conflicts and the target must hold everybody's bytes, in every process."""
         every = self.strategy == strategies.ALL
-        self.claims = [Claim(self.target / p.strategy if every else self.target, p, fresh=every, adopt=True)
-                       for p in self.plans]
+        self.claims = [
+            Claim(self.target / p.strategy if every else self.target, p, fresh=every, adopt=True) for p in self.plans
+        ]
         error: BaseException | None = None
         try:
             for claim in self.claims:
                 claim.refuse_conflicts((self.trace.path, *protect))
-            needed = (sum(info["bytes"] for info in self.infos) * len(self.plans)
-                      + config.REPLAY_FREE_SPACE_MARGIN_BYTES)
+            needed = sum(info["bytes"] for info in self.infos) * len(self.plans) + config.REPLAY_FREE_SPACE_MARGIN_BYTES
             host.require_free(self.target, needed, "the replay")
         except CkptTraceError as err:
             error = err
@@ -560,8 +629,7 @@ class _DistributedJob:
         runs = RunCount(opts.repeat or 1, opts.min_seconds, opts.max_runs or config.REPLAY_MAX_RUNS)
         results, per_process = [], []
         for p, claim in zip(self.plans, self.claims):
-            job, mine_runs = _run_strategy(self.group, p, claim, self.exported, self.mine.remote, runs, opts,
-                                           progress)
+            job, mine_runs = _run_strategy(self.group, p, claim, self.exported, self.mine.remote, runs, opts, progress)
             if opts.verify:
                 self._verify(p, claim, job, mine_runs)
             results.append(job)
@@ -570,32 +638,65 @@ class _DistributedJob:
 
     def _verify(self, plan: ReplayPlan, claim: Claim, job: ReplayResult, mine: ReplayResult) -> None:
         found = verify_content(claim.root(), plan)
-        self.group.agree(ReplayError(f"verification failed for {plan.strategy}: {len(found)} file(s) differ from "
-                                     f"the pattern, first {found[0].path} at byte {found[0].offset}")
-                         if found else None)
+        self.group.agree(
+            ReplayError(
+                f"verification failed for {plan.strategy}: {len(found)} file(s) differ from "
+                f"the pattern, first {found[0].path} at byte {found[0].offset}"
+            )
+            if found
+            else None
+        )
         mine.verified_files = len(plan.checks.verify_ranges)
         checked = self.group.gather(sorted(plan.checks.verify_ranges))  # a file two processes wrote counts once
         job.verified_files = len({path for paths in checked for path in paths})
 
-    def report(self, results: list[ReplayResult], per_process: list[ReplayResult], mismatches: list[SizeMismatch],
-               placement: str) -> DistributedReport:
+    def report(
+        self,
+        results: list[ReplayResult],
+        per_process: list[ReplayResult],
+        mismatches: list[SizeMismatch],
+        placement: str,
+    ) -> DistributedReport:
         """The job's document, from every process's figures (one gather), and the lock released."""
         world, opts = self.world, self.opts
-        docs = self.group.gather({"process": world.rank, "host": platform.node(), "node": world.node,
-                                  "owners": sorted(self.share),
-                                  "recorded_hosts": sorted({self.hosts_of[o] for o in self.share
-                                                            if o in self.hosts_of}),
-                                  "results": [r.to_json() for r in per_process]})
+        docs = self.group.gather(
+            {
+                "process": world.rank,
+                "host": platform.node(),
+                "node": world.node,
+                "owners": sorted(self.share),
+                "recorded_hosts": sorted({self.hosts_of[o] for o in self.share if o in self.hosts_of}),
+                "results": [r.to_json() for r in per_process],
+            }
+        )
         self.group.close()
         if self.lock is not None:
             self.lock.release()
-        options = {"queue_depth": opts.queue_depth, "buffer_bytes": opts.buffer_bytes, "pack_files": False,
-                   "repeat": opts.repeat, "min_seconds": opts.min_seconds, "durable": opts.durable,
-                   "drop_caches": opts.drop_caches, "timing": opts.timing, "gpu_copies": opts.gpu_copies,
-                   "world_size": world.size, "placement": placement}
-        return DistributedReport(self.trace.path, self.target, world, tuple(results), docs, tuple(mismatches),
-                                 options, trace_sha256=sha256_file(self.trace.path),
-                                 environment=host.environment(self.target), claims=tuple(self.claims))
+        options = {
+            "queue_depth": opts.queue_depth,
+            "buffer_bytes": opts.buffer_bytes,
+            "pack_files": False,
+            "repeat": opts.repeat,
+            "min_seconds": opts.min_seconds,
+            "durable": opts.durable,
+            "drop_caches": opts.drop_caches,
+            "timing": opts.timing,
+            "gpu_copies": opts.gpu_copies,
+            "world_size": world.size,
+            "placement": placement,
+        }
+        return DistributedReport(
+            self.trace.path,
+            self.target,
+            world,
+            tuple(results),
+            docs,
+            tuple(mismatches),
+            options,
+            trace_sha256=sha256_file(self.trace.path),
+            environment=host.environment(self.target),
+            claims=tuple(self.claims),
+        )
 
 
 def _job_sizes(base: ReplayPlan, infos: list[dict]) -> dict[str, int]:
@@ -611,30 +712,55 @@ def _job_sizes(base: ReplayPlan, infos: list[dict]) -> dict[str, int]:
     return sizes
 
 
-def _finish_share(mine: Share, base: ReplayPlan, infos: list[dict], leaders: list[int], rank: int,
-                  exported: frozenset[int], sizes: Mapping[str, int]) -> ReplayPlan:
+def _finish_share(
+    mine: Share,
+    base: ReplayPlan,
+    infos: list[dict],
+    leaders: list[int],
+    rank: int,
+    exported: frozenset[int],
+    sizes: Mapping[str, int],
+) -> ReplayPlan:
     """The share's plan once every process's needs are known: it waits for its remote operations and
     signals ``exported``, those others wait for (``awaited``), precreates the pre-existing files it is the
     lowest process of its file system to need (as large as any process reads them), and expects every
     file it writes at its size for the job (``sizes``, ``_job_sizes``)."""
     plan = mine.plan
-    precreate = {path for path in mine.precreate
-                 if min(i for i, info in enumerate(infos) if path in info["precreate"] and leaders[i] == leaders[rank])
-                 == rank}
+    precreate = {
+        path
+        for path in mine.precreate
+        if min(i for i, info in enumerate(infos) if path in info["precreate"] and leaders[i] == leaders[rank]) == rank
+    }
     expected = {path: sizes[path] for path in plan.checks.expected_sizes if path in sizes}
-    checks = dataclasses.replace(plan.checks, expected_sizes=expected,
-                                 verify_ranges={**plan.checks.verify_ranges,
-                                                **{p: base.checks.verify_ranges[p] for p in precreate
-                                                   if p in base.checks.verify_ranges}})
+    checks = dataclasses.replace(
+        plan.checks,
+        expected_sizes=expected,
+        verify_ranges={
+            **plan.checks.verify_ranges,
+            **{p: base.checks.verify_ranges[p] for p in precreate if p in base.checks.verify_ranges},
+        },
+    )
     extent = {path: max(info["precreate"].get(path, 0) for info in infos) for path in precreate}
     dropped = sum(size for path, size in plan.precreate_files if path not in precreate)
-    return dataclasses.replace(plan, awaited=plan.awaited | exported, checks=checks,
-                               precreate_files=tuple((p, extent[p]) for p, _ in plan.precreate_files if p in precreate),
-                               bytes_to_write=plan.bytes_to_write - dropped)
+    return dataclasses.replace(
+        plan,
+        awaited=plan.awaited | exported,
+        checks=checks,
+        precreate_files=tuple((p, extent[p]) for p, _ in plan.precreate_files if p in precreate),
+        bytes_to_write=plan.bytes_to_write - dropped,
+    )
 
 
-def _run_strategy(group: _Group, plan: ReplayPlan, claim: Claim, exported: frozenset[int], remote: frozenset[int],
-                  count: RunCount, opts: ReplayOptions, progress) -> tuple[ReplayResult, ReplayResult]:
+def _run_strategy(
+    group: _Group,
+    plan: ReplayPlan,
+    claim: Claim,
+    exported: frozenset[int],
+    remote: frozenset[int],
+    count: RunCount,
+    opts: ReplayOptions,
+    progress,
+) -> tuple[ReplayResult, ReplayResult]:
     """Every run of one strategy: (the job's median run, this process's figures of that run)."""
     runs: list[tuple[ReplayResult, ReplayResult]] = []
     while count.more([job.elapsed_s for job, _ in runs]):
@@ -673,8 +799,9 @@ def _run_strategy(group: _Group, plan: ReplayPlan, claim: Claim, exported: froze
     return median, mine
 
 
-def _size_mismatches(group: _Group, plans: list[ReplayPlan], claims: list[Claim], sizes: Mapping[str, int],
-                     leaders: list[int]) -> list[SizeMismatch]:
+def _size_mismatches(
+    group: _Group, plans: list[ReplayPlan], claims: list[Claim], sizes: Mapping[str, int], leaders: list[int]
+) -> list[SizeMismatch]:
     """``replay.size_mismatches`` for the whole job, after every process finished: each file system's lowest
     process checks every file against its size for the job (``sizes``, ``_job_sizes``)."""
     group.barrier()

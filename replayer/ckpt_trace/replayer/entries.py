@@ -40,8 +40,19 @@ from .paths import TargetRoot
 
 T = TypeVar("T")  # what a table of last operations holds (the planner's Origin)
 
-__all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "RENAME_WHITEOUT", "arrived", "link_entry", "move",
-           "remove_entry", "rename_entry", "symlink_entry", "take_subtree", "under"]
+__all__ = [
+    "RENAME_EXCHANGE",
+    "RENAME_NOREPLACE",
+    "RENAME_WHITEOUT",
+    "arrived",
+    "link_entry",
+    "move",
+    "remove_entry",
+    "rename_entry",
+    "symlink_entry",
+    "take_subtree",
+    "under",
+]
 
 RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT = 1, 2, 4  # include/uapi/linux/fs.h
 
@@ -62,13 +73,14 @@ def move(tables: Iterable[MutableMapping[str, Any]], old: str, new: str, flags: 
     for table in tables:
         source = {p: table.pop(p) for p in under(list(table), old)}
         replaced = {p: table.pop(p) for p in under(list(table), new)}
-        table.update({new + p[len(old):]: value for p, value in source.items()})
+        table.update({new + p[len(old) :]: value for p, value in source.items()})
         if exchange:
-            table.update({old + p[len(new):]: value for p, value in replaced.items()})
+            table.update({old + p[len(new) :]: value for p, value in replaced.items()})
 
 
-def arrived(first_touch: MutableMapping[str, bool], now: Iterable[str], old: str, new: str,
-            flags: int = 0) -> list[str]:
+def arrived(
+    first_touch: MutableMapping[str, bool], now: Iterable[str], old: str, new: str, flags: int = 0
+) -> list[str]:
     """After renaming ``old`` to ``new``: each path the rename brought into being (``new`` and the paths of
     ``now``, the files known to exist after the rename, below it; with RENAME_EXCHANGE, ``old`` and below it
     too) is first seen as created, unless seen before. Returns the paths first seen now."""
@@ -83,6 +95,7 @@ def arrived(first_touch: MutableMapping[str, bool], now: Iterable[str], old: str
 
 
 # -- execution --------------------------------------------------------------------------------------------------
+
 
 def rename_entry(root: TargetRoot, old: str, new: str, flags: int | None = None) -> None:
     """Rename the target's entry ``old`` to ``new`` (target-relative) with the recorded renameat2 ``flags``

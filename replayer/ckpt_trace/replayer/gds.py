@@ -181,7 +181,7 @@ class GdsExecutor(PosixExecutor):
             if write:
                 base = op.pattern_offset if op.pattern_offset is not None else offset
                 first = pattern.start(base + done, op.pattern_key)
-                moved = handle.pwrite(device_pattern[first:first + n], n, offset + done).get()
+                moved = handle.pwrite(device_pattern[first : first + n], n, offset + done).get()
             else:
                 moved = handle.pread(device_scratch[:n], n, offset + done).get()
             if moved <= 0:

@@ -93,8 +93,9 @@ def _read(dir_fd: int) -> dict | None:
 
 def _create(dir_fd: int, job: str | None) -> tuple[int, int] | None:
     """Create the lock whole, holding this process; its (st_dev, st_ino), or None when a lock exists."""
-    holder = json.dumps({"pid": os.getpid(), "host": platform.node(), "job": job, "started": time.time(),
-                         "command": "replay"}).encode()
+    holder = json.dumps(
+        {"pid": os.getpid(), "host": platform.node(), "job": job, "started": time.time(), "command": "replay"}
+    ).encode()
     private = f"{LOCK_NAME}.{os.getpid()}.{secrets.token_hex(4)}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(private, flags, 0o644, dir_fd=dir_fd)
@@ -163,8 +164,10 @@ def refuse_held(target: Path, job: str | None = None) -> None:
 
 
 def _held_message(target: Path, holder: dict | None) -> str:
-    return (f"target {target} is in use by {_describe(holder)} ({target / LOCK_NAME}); wait for it to end, or "
-            "remove that file if that replay is gone")
+    return (
+        f"target {target} is in use by {_describe(holder)} ({target / LOCK_NAME}); wait for it to end, or "
+        "remove that file if that replay is gone"
+    )
 
 
 class TargetLock:

@@ -89,11 +89,21 @@ class PlanOp:
 
 
 _INT_COLUMNS = {  # name: (dtype, value standing for None)
-    "seq": (np.int64, None), "ts_ns": (np.int64, None), "worker": (np.int32, None),
-    "handle": (np.int32, NONE), "source_handle": (np.int32, NONE), "path": (np.int32, NONE),
-    "new_path": (np.int32, NONE), "offset": (np.int64, NONE), "size": (np.int64, NONE),
-    "flags": (np.int64, NO_FLAGS), "pattern_key": (np.int64, None), "pattern_offset": (np.int64, NONE),
-    "queue": (np.int64, NONE), "prot": (np.int32, NONE), "kcopy": (np.int8, None),
+    "seq": (np.int64, None),
+    "ts_ns": (np.int64, None),
+    "worker": (np.int32, None),
+    "handle": (np.int32, NONE),
+    "source_handle": (np.int32, NONE),
+    "path": (np.int32, NONE),
+    "new_path": (np.int32, NONE),
+    "offset": (np.int64, NONE),
+    "size": (np.int64, NONE),
+    "flags": (np.int64, NO_FLAGS),
+    "pattern_key": (np.int64, None),
+    "pattern_offset": (np.int64, NONE),
+    "queue": (np.int64, NONE),
+    "prot": (np.int32, NONE),
+    "kcopy": (np.int8, None),
 }
 
 
@@ -140,20 +150,24 @@ class OpTable:
         return cls.from_ops([], [], ())
 
     @classmethod
-    def from_columns(cls, columns: dict[str, np.ndarray], dep_ptr: np.ndarray, dep_seq: np.ndarray,
-                     paths: Sequence[str]) -> OpTable:
+    def from_columns(
+        cls, columns: dict[str, np.ndarray], dep_ptr: np.ndarray, dep_seq: np.ndarray, paths: Sequence[str]
+    ) -> OpTable:
         """From numpy columns (missing optional ones take their "no value"), cast to the table's dtypes."""
         n = len(columns["kind"])
-        full = {"kind": np.asarray(columns["kind"], np.int8),
-                "release": np.asarray(columns.get("release", np.zeros(n, bool)), bool),
-                "mapped": np.asarray(columns.get("mapped", np.zeros(n, bool)), bool)}
+        full = {
+            "kind": np.asarray(columns["kind"], np.int8),
+            "release": np.asarray(columns.get("release", np.zeros(n, bool)), bool),
+            "mapped": np.asarray(columns.get("mapped", np.zeros(n, bool)), bool),
+        }
         for name, (dtype, missing) in _INT_COLUMNS.items():
             if name in columns:
                 full[name] = np.asarray(columns[name], dtype)
             else:
                 full[name] = np.full(n, 0 if missing is None else missing, dtype)
-        return cls(**full, dep_ptr=np.asarray(dep_ptr, np.int64), dep_seq=np.asarray(dep_seq, np.int64),
-                   paths=tuple(paths))
+        return cls(
+            **full, dep_ptr=np.asarray(dep_ptr, np.int64), dep_seq=np.asarray(dep_seq, np.int64), paths=tuple(paths)
+        )
 
     @classmethod
     def from_ops(cls, workers: Sequence[int], ops: Sequence[PlanOp], paths: Iterable[str] = ()) -> OpTable:
@@ -165,19 +179,29 @@ class OpTable:
             return missing if value is None else value
 
         columns = {
-            "kind": [KIND[op.kind] for op in ops], "seq": [op.seq for op in ops], "ts_ns": [op.ts_ns for op in ops],
-            "worker": list(workers), "handle": [number(op.handle) for op in ops],
+            "kind": [KIND[op.kind] for op in ops],
+            "seq": [op.seq for op in ops],
+            "ts_ns": [op.ts_ns for op in ops],
+            "worker": list(workers),
+            "handle": [number(op.handle) for op in ops],
             "source_handle": [number(op.source_handle) for op in ops],
             "path": [index[op.path] if op.path else NONE for op in ops],
             "new_path": [index[op.new_path] if op.new_path else NONE for op in ops],
-            "offset": [number(op.offset) for op in ops], "size": [number(op.size) for op in ops],
-            "flags": [number(op.flags, NO_FLAGS) for op in ops], "release": [op.release for op in ops],
-            "pattern_key": [op.pattern_key for op in ops], "pattern_offset": [number(op.pattern_offset) for op in ops],
-            "queue": [number(op.queue) for op in ops], "mapped": [op.mapped for op in ops],
-            "prot": [number(op.prot) for op in ops], "kcopy": [op.kcopy for op in ops],
+            "offset": [number(op.offset) for op in ops],
+            "size": [number(op.size) for op in ops],
+            "flags": [number(op.flags, NO_FLAGS) for op in ops],
+            "release": [op.release for op in ops],
+            "pattern_key": [op.pattern_key for op in ops],
+            "pattern_offset": [number(op.pattern_offset) for op in ops],
+            "queue": [number(op.queue) for op in ops],
+            "mapped": [op.mapped for op in ops],
+            "prot": [number(op.prot) for op in ops],
+            "kcopy": [op.kcopy for op in ops],
         }
-        arrays = {name: np.array(values, dtype=_INT_COLUMNS[name][0] if name in _INT_COLUMNS else None)
-                  for name, values in columns.items()}
+        arrays = {
+            name: np.array(values, dtype=_INT_COLUMNS[name][0] if name in _INT_COLUMNS else None)
+            for name, values in columns.items()
+        }
         arrays["kind"] = np.array(columns["kind"], np.int8)
         arrays["release"] = np.array(columns["release"], bool)
         arrays["mapped"] = np.array(columns["mapped"], bool)
@@ -187,23 +211,36 @@ class OpTable:
         return cls.from_columns(arrays, dep_ptr, dep_seq, path_list)
 
     def deps_of(self, i: int) -> tuple[int, ...]:
-        return tuple(self.dep_seq[self.dep_ptr[i]:self.dep_ptr[i + 1]].tolist())
+        return tuple(self.dep_seq[self.dep_ptr[i] : self.dep_ptr[i + 1]].tolist())
 
     def op(self, i: int) -> PlanOp:
         """Row ``i`` as a ``PlanOp``."""
+
         def value(column: np.ndarray, missing=NONE):
             v = int(column[i])
             return None if v == missing else v
 
         path, new_path = int(self.path[i]), int(self.new_path[i])
-        return PlanOp(seq=int(self.seq[i]), kind=KINDS[self.kind[i]], ts_ns=int(self.ts_ns[i]),
-                      handle=value(self.handle), source_handle=value(self.source_handle),
-                      path=self.paths[path] if path >= 0 else None,
-                      new_path=self.paths[new_path] if new_path >= 0 else None, offset=value(self.offset),
-                      size=value(self.size), flags=value(self.flags, NO_FLAGS), release=bool(self.release[i]),
-                      deps=self.deps_of(i), pattern_key=int(self.pattern_key[i]),
-                      pattern_offset=value(self.pattern_offset), queue=value(self.queue),
-                      mapped=bool(self.mapped[i]), prot=value(self.prot), kcopy=int(self.kcopy[i]))
+        return PlanOp(
+            seq=int(self.seq[i]),
+            kind=KINDS[self.kind[i]],
+            ts_ns=int(self.ts_ns[i]),
+            handle=value(self.handle),
+            source_handle=value(self.source_handle),
+            path=self.paths[path] if path >= 0 else None,
+            new_path=self.paths[new_path] if new_path >= 0 else None,
+            offset=value(self.offset),
+            size=value(self.size),
+            flags=value(self.flags, NO_FLAGS),
+            release=bool(self.release[i]),
+            deps=self.deps_of(i),
+            pattern_key=int(self.pattern_key[i]),
+            pattern_offset=value(self.pattern_offset),
+            queue=value(self.queue),
+            mapped=bool(self.mapped[i]),
+            prot=value(self.prot),
+            kcopy=int(self.kcopy[i]),
+        )
 
     def ops(self, start: int = 0, stop: int | None = None) -> tuple[PlanOp, ...]:
         return tuple(self.op(i) for i in range(start, len(self) if stop is None else stop))
@@ -232,8 +269,9 @@ class OpTable:
 _FEW_INSERTS = 64  # up to this many inserted rows, the others are placed by slices rather than through a mask
 
 
-def interleave_columns(inserted: OpTable, columns: dict[str, np.ndarray], dep_ptr: np.ndarray,
-                       dep_seq: np.ndarray, at: np.ndarray) -> OpTable:
+def interleave_columns(
+    inserted: OpTable, columns: dict[str, np.ndarray], dep_ptr: np.ndarray, dep_seq: np.ndarray, at: np.ndarray
+) -> OpTable:
     """A table of the rows given as numpy ``columns`` (missing ones take their "no value"; each is popped
     from the dict once placed, so its memory goes as the table fills) and their deps (``dep_ptr``,
     ``dep_seq``), with the rows of ``inserted`` placed so that row i of ``inserted`` ends at position
@@ -249,13 +287,14 @@ def interleave_columns(inserted: OpTable, columns: dict[str, np.ndarray], dep_pt
 
         def place_rest(dest: np.ndarray, values: np.ndarray | int) -> None:
             for begin, end, source in stretches:
-                dest[begin:end] = values if isinstance(values, int) else values[source:source + end - begin]
+                dest[begin:end] = values if isinstance(values, int) else values[source : source + end - begin]
     else:
         rest = np.ones(total, bool)  # a mask, not indices: a byte per row rather than eight
         rest[at] = False
 
         def place_rest(dest: np.ndarray, values: np.ndarray | int) -> None:
             dest[rest] = values
+
     out = {}
     dtypes = {"kind": (np.int8, None), "release": (bool, None), "mapped": (bool, None), **_INT_COLUMNS}
     for name, (dtype, missing) in dtypes.items():
@@ -289,8 +328,9 @@ def run_indices(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(np.asarray(starts, np.int64) - (np.cumsum(lengths) - lengths), lengths) + np.arange(total)
 
 
-def _copy_runs(dest: np.ndarray, dest_starts: np.ndarray, source: np.ndarray, source_starts: np.ndarray,
-               lengths: np.ndarray) -> None:
+def _copy_runs(
+    dest: np.ndarray, dest_starts: np.ndarray, source: np.ndarray, source_starts: np.ndarray, lengths: np.ndarray
+) -> None:
     """``dest[dest_starts[i]:dest_starts[i] + lengths[i]] = source[source_starts[i]:...]`` for every i, vectorised."""
     dest[run_indices(dest_starts, lengths)] = source[run_indices(source_starts, lengths)]
 

@@ -64,16 +64,19 @@ class ReplayOptions:
         if self.timing not in TIMINGS:
             raise ReplayError(f"unknown timing {self.timing!r} (choose from {', '.join(TIMINGS)})")
         if self.gpu_copies not in GPU_COPY_MODES:
-            raise ReplayError(f"unknown {{option}} {self.gpu_copies!r} (choose from {', '.join(GPU_COPY_MODES)})",
-                              option="gpu_copies")
+            raise ReplayError(
+                f"unknown {{option}} {self.gpu_copies!r} (choose from {', '.join(GPU_COPY_MODES)})", option="gpu_copies"
+            )
         strategies.expand(strategy)  # ReplayError for an unknown name
         if self.repeat is not None and self.repeat < 1:
             raise ReplayError("{option} must be at least 1", option="repeat")
         if self.min_seconds < 0:
             raise ReplayError("{option} cannot be negative", option="min_seconds")
         if self.drop_caches and os.geteuid() != 0:
-            raise ReplayError("{option} needs root (it writes /proc/sys/vm/drop_caches)", option="drop_caches",
-                              switch=True)
+            raise ReplayError(
+                "{option} needs root (it writes /proc/sys/vm/drop_caches)", option="drop_caches", switch=True
+            )
         if self.cache not in CACHE_STATES:
-            raise ReplayError(f"unknown {{option}} {self.cache!r} (choose from {', '.join(CACHE_STATES)})",
-                              option="cache")
+            raise ReplayError(
+                f"unknown {{option}} {self.cache!r} (choose from {', '.join(CACHE_STATES)})", option="cache"
+            )

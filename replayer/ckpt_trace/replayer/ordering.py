@@ -53,8 +53,18 @@ __all__ = ["ORDERED_KINDS", "cross_worker_edges", "with_cross_worker_order"]
 
 #: Operation kinds whose effect depends on every earlier use of their descriptor (and which every later
 #: use depends on): they wait for each other worker's last use and are waited for by later uses.
-ORDERED_KINDS = ("close", "munmap", "lseek", "fcntl", "ftruncate", "fallocate", "fsync", "fdatasync",
-                 "sync_file_range", "msync")
+ORDERED_KINDS = (
+    "close",
+    "munmap",
+    "lseek",
+    "fcntl",
+    "ftruncate",
+    "fallocate",
+    "fsync",
+    "fdatasync",
+    "sync_file_range",
+    "msync",
+)
 _ORDERED = np.array([KIND[k] for k in ORDERED_KINDS], np.int8)
 _DUP = KIND["dup"]
 

@@ -41,8 +41,9 @@ def plan_paths(plan: ReplayPlan) -> tuple[frozenset[str], frozenset[str]]:
     """(files, directories) the plan may create, relative to its directory. Pure."""
     files, dirs = {path for path, _ in plan.precreate_files}, set(plan.precreate_dirs)
     ops = plan.ops
-    naming = np.flatnonzero(is_any_of(ops.kind, [KIND[k] for k in ("open", "rename", "unlink", "mkdir", "mmap", "link",
-                                                                "symlink")]))
+    naming = np.flatnonzero(
+        is_any_of(ops.kind, [KIND[k] for k in ("open", "rename", "unlink", "mkdir", "mmap", "link", "symlink")])
+    )
     for row in naming.tolist():  # the few rows that name paths: opens, renames, unlinks, mkdirs
         kind, path, new_path = KINDS[ops.kind[row]], int(ops.path[row]), int(ops.new_path[row])
         path = ops.paths[path] if path >= 0 else None
@@ -95,17 +96,25 @@ class Claim:
         a fresh directory) the directory exists."""
         if self.fresh and os.path.lexists(self.directory):
             what = "a symbolic link" if os.path.islink(self.directory) else "already there"
-            raise ReplayError(f"{self.directory} is {what}; {{option}} all creates each strategy's directory "
-                              "itself and never adopts one: remove it or choose another target", option="strategy")
+            raise ReplayError(
+                f"{self.directory} is {what}; {{option}} all creates each strategy's directory "
+                "itself and never adopts one: remove it or choose another target",
+                option="strategy",
+            )
         guarded = {os.path.realpath(p) for p in protected}
         for rel in sorted(self.files):
             full = self.directory / rel
             if os.path.realpath(full) in guarded:
-                raise ReplayError(f"the replay would write {full}, which is an input or output of this command; "
-                                  "choose another target or {option}", option="strip_prefix")
+                raise ReplayError(
+                    f"the replay would write {full}, which is an input or output of this command; "
+                    "choose another target or {option}",
+                    option="strip_prefix",
+                )
             if os.path.lexists(full):
-                raise ReplayError(f"{full} already exists and the replay would overwrite it (it writes only files "
-                                  "it creates); replay into an empty directory")
+                raise ReplayError(
+                    f"{full} already exists and the replay would overwrite it (it writes only files "
+                    "it creates); replay into an empty directory"
+                )
 
     def root(self) -> TargetRoot:
         """The directory held open (made here first when ``fresh``); the same one for every run. Raises
@@ -123,9 +132,14 @@ class Claim:
                 else:
                     self._root = TargetRoot(self.directory, self.created)
             except OSError as err:
-                raise ReplayError(f"cannot open the target directory {self.directory}: {err.strerror or err}"
-                                  + (" (a symbolic link or an existing entry is never adopted)"
-                                     if err.errno in (errno.EEXIST, errno.ELOOP, errno.ENOTDIR) else "")) from None
+                raise ReplayError(
+                    f"cannot open the target directory {self.directory}: {err.strerror or err}"
+                    + (
+                        " (a symbolic link or an existing entry is never adopted)"
+                        if err.errno in (errno.EEXIST, errno.ELOOP, errno.ENOTDIR)
+                        else ""
+                    )
+                ) from None
         assert self._root is not None  # opened above, or on an earlier call
         return self._root
 

@@ -64,9 +64,12 @@ def _packable(plan: ReplayPlan, ops: list[tuple[int, PlanOp]]) -> bool:
     writes = [op for _, op in ops if op.kind == "write"]
     if any(op.kind in MAPPING_KINDS or op.mapped for _, op in ops):
         return False  # a mapped file stays a file of its own
-    return (bool(opens) and bool(writes) and all((o.flags or 0) & os.O_CREAT and not (o.flags or 0) & os.O_DIRECTORY
-                                                  for o in opens)
-            and all(op.offset is not None for _, op in ops if op.kind in DATA_KINDS))
+    return (
+        bool(opens)
+        and bool(writes)
+        and all((o.flags or 0) & os.O_CREAT and not (o.flags or 0) & os.O_DIRECTORY for o in opens)
+        and all(op.offset is not None for _, op in ops if op.kind in DATA_KINDS)
+    )
 
 
 def _named_elsewhere(plan: ReplayPlan, by_file: dict[int, list[tuple[int, PlanOp]]], fids: set[int]) -> set[int]:
@@ -109,8 +112,15 @@ def _padded(offset: int | None, size: int, block_bytes: int) -> tuple[int, int]:
 class _WorkerPacker:
     """Rewrites one worker's operations onto its pack."""
 
-    def __init__(self, plan: ReplayPlan, worker: WorkerPlan, fids: set[int], pack_handle: int, block_bytes: int,
-                 buffer_bytes: int):
+    def __init__(
+        self,
+        plan: ReplayPlan,
+        worker: WorkerPlan,
+        fids: set[int],
+        pack_handle: int,
+        block_bytes: int,
+        buffer_bytes: int,
+    ):
         self.plan, self.worker, self.fids, self.pack_handle = plan, worker, fids, pack_handle
         self.block_bytes, self.buffer_bytes = block_bytes, buffer_bytes
         self.pack_path = f"{PACK_DIR}/pack-{worker.pid}-{worker.tid}.bin"
@@ -141,8 +151,16 @@ class _WorkerPacker:
         # The pack's own operations get seq numbers below zero: no worker waits on them, and they
         # must not signal the completion of a recorded operation another worker waits on.
         first, last = self.worker.ops[0], self.worker.ops[-1]
-        out = [PlanOp(seq=self.seq, kind="open", ts_ns=first.ts_ns, handle=self.pack_handle, path=self.pack_path,
-                      flags=PACK_FLAGS)]
+        out = [
+            PlanOp(
+                seq=self.seq,
+                kind="open",
+                ts_ns=first.ts_ns,
+                handle=self.pack_handle,
+                path=self.pack_path,
+                flags=PACK_FLAGS,
+            )
+        ]
         run: list[PlanOp] = []  # consecutive pack writes, each starting where the one before ended
         for op in self.worker.ops:
             replaced = self._rewrite(op)
@@ -181,8 +199,10 @@ class _WorkerPacker:
             return run
         deps = tuple(sorted({dep for op in run for dep in op.deps}))
         pieces = split_extent(self._extent(run[0])[0], self._extent(run[-1])[1], self.buffer_bytes, self.block_bytes)
-        return [dataclasses.replace(run[0], offset=offset, size=size, pattern_offset=offset, deps=deps)
-                for offset, size in pieces]
+        return [
+            dataclasses.replace(run[0], offset=offset, size=size, pattern_offset=offset, deps=deps)
+            for offset, size in pieces
+        ]
 
     def _rewrite(self, op: PlanOp) -> PlanOp | None:
         fid = self.plan.files.handle_files.get(op.handle) if op.handle is not None else None
@@ -192,8 +212,14 @@ class _WorkerPacker:
             if op.kind in DATA_KINDS:
                 start, size = _padded(op.offset, op.size or 0, self.block_bytes)
                 offset = self.bases[fid] + start
-                return dataclasses.replace(op, handle=self.pack_handle, offset=offset, size=size,
-                                           pattern_key=self.pack_key, pattern_offset=offset)
+                return dataclasses.replace(
+                    op,
+                    handle=self.pack_handle,
+                    offset=offset,
+                    size=size,
+                    pattern_key=self.pack_key,
+                    pattern_offset=offset,
+                )
             self.synced |= op.kind in _SYNCS
             return None
         if op.kind in ("rename", "unlink") and op.path in self.paths:
@@ -239,8 +265,16 @@ def pack_plan(plan: ReplayPlan, *, block_bytes: int = 4096, buffer_bytes: int = 
             if ranges is not None:
                 pack_verify.append((packer.pack_path, final, base, ranges))
     return plan_from_ops(
-        plan, workers, pack_index=MappingProxyType(index), metadata_ops_saved=saved, preallocate=preallocate,
+        plan,
+        workers,
+        pack_index=MappingProxyType(index),
+        metadata_ops_saved=saved,
+        preallocate=preallocate,
         precreate_dirs=tuple(dict.fromkeys(plan.precreate_dirs + ((PACK_DIR,) if index or saved else ()))),
-        checks=PlanChecks(expected_sizes=MappingProxyType(expected), verify_ranges=MappingProxyType(verify),
-                          unverifiable=checks.unverifiable, pack_verify=tuple(pack_verify)),
+        checks=PlanChecks(
+            expected_sizes=MappingProxyType(expected),
+            verify_ranges=MappingProxyType(verify),
+            unverifiable=checks.unverifiable,
+            pack_verify=tuple(pack_verify),
+        ),
     )

@@ -31,7 +31,7 @@ def relative_target_path(recorded: str, strip_prefix: str | None = None) -> str 
         if path == prefix:
             path = "/"
         elif path.startswith(prefix.rstrip("/") + "/"):
-            path = path[len(prefix.rstrip("/")):]
+            path = path[len(prefix.rstrip("/")) :]
     rel = path.lstrip("/")
     return rel or None
 

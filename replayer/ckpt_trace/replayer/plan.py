@@ -69,9 +69,24 @@ PATH_KINDS = v.PATH_OPS
 FD_KINDS = v.FD_OPS
 METADATA_KINDS = v.METADATA_OPS
 
-__all__ = ["DATA_KINDS", "FD_KINDS", "GLOBAL_ROW", "KINDS", "MAPPING_KINDS", "METADATA_KINDS", "PATH_KINDS", "FileIdentity",
-           "OpTable", "PlanChecks", "PlanOp", "ReplayPlan", "WorkerPlan", "build_posix_plan", "merge_grouped_ranges",
-           "merge_ranges"]
+__all__ = [
+    "DATA_KINDS",
+    "FD_KINDS",
+    "GLOBAL_ROW",
+    "KINDS",
+    "MAPPING_KINDS",
+    "METADATA_KINDS",
+    "PATH_KINDS",
+    "FileIdentity",
+    "OpTable",
+    "PlanChecks",
+    "PlanOp",
+    "ReplayPlan",
+    "WorkerPlan",
+    "build_posix_plan",
+    "merge_grouped_ranges",
+    "merge_ranges",
+]
 
 
 @dataclass(frozen=True)
@@ -180,8 +195,10 @@ def _workers_of(table: OpTable, workers: Iterable[WorkerPlan]) -> tuple[WorkerPl
     """``workers`` re-pointed at their rows of ``table`` (grouped by worker index)."""
     workers = list(workers)
     bounds = np.searchsorted(table.worker, np.arange(len(workers) + 1))
-    return tuple(WorkerPlan(pid=w.pid, tid=w.tid, rank=w.rank, start=int(bounds[i]), stop=int(bounds[i + 1]),
-                            table=table) for i, w in enumerate(workers))
+    return tuple(
+        WorkerPlan(pid=w.pid, tid=w.tid, rank=w.rank, start=int(bounds[i]), stop=int(bounds[i + 1]), table=table)
+        for i, w in enumerate(workers)
+    )
 
 
 def plan_from_ops(plan: ReplayPlan, worker_ops: list[tuple[PlanOp, ...]], **changes) -> ReplayPlan:
@@ -203,8 +220,26 @@ def _ancestors(path: str) -> list[str]:
 #: share of the rows (``replayer.distributed``) numbers operations by it, so every share's plan names the
 #: same operation by the same ``seq``.
 GLOBAL_ROW = "row"
-PLAN_COLUMNS = _PLAN_COLUMNS = ("ts_ns", "pid", "tid", "rank", "op", "fd", "path", "new_path", "offset", "size", "ret", "flags",
-                 "interface", "queue_id", "in_flight", "address", "prot", "memory_kind")
+PLAN_COLUMNS = _PLAN_COLUMNS = (
+    "ts_ns",
+    "pid",
+    "tid",
+    "rank",
+    "op",
+    "fd",
+    "path",
+    "new_path",
+    "offset",
+    "size",
+    "ret",
+    "flags",
+    "interface",
+    "queue_id",
+    "in_flight",
+    "address",
+    "prot",
+    "memory_kind",
+)
 _TEXT = ("op", "path", "new_path", "interface", "memory_kind")
 _RING = np.array(sorted(v.RING_OPS))
 
@@ -241,12 +276,12 @@ class _Rows:
                         if key not in filled:
                             filled[key] = np.zeros(slots, dtype)
                         else:
-                            filled[key][n:n + rows] = 0
+                            filled[key][n : n + rows] = 0
                     continue
                 if in_place and name in _TEXT:  # codes looked up straight into place
                     if name not in filled:
                         filled[name] = np.empty(slots, np.int32)
-                    self._codes(name, column, out=filled[name][n:n + rows])
+                    self._codes(name, column, out=filled[name][n : n + rows])
                     continue
                 values = {name: self._codes(name, column) if name in _TEXT else int_values(column)}
                 if name in self._MASKED and column.null_count < rows:
@@ -257,7 +292,7 @@ class _Rows:
                     if in_place:
                         if key not in filled:  # (a later all-null batch zeroes its own rows)
                             filled[key] = np.empty(slots, value.dtype)
-                        filled[key][n:n + rows] = value
+                        filled[key][n : n + rows] = value
                     else:
                         parts[key].append(np.array(value))
             n += rows
@@ -508,8 +543,18 @@ class _Planner:
         self.slots[(pid, fd)] = handle
         self.bind(pid, fd, seq, handle)
         self.touch(path, creating=False)
-        self.emit(worker, PlanOp(seq=seq, kind=v.OPEN, ts_ns=ts, handle=handle, path=path, flags=os.O_RDWR,
-                                 deps=self.path_deps(seq, worker, path)))
+        self.emit(
+            worker,
+            PlanOp(
+                seq=seq,
+                kind=v.OPEN,
+                ts_ns=ts,
+                handle=handle,
+                path=path,
+                flags=os.O_RDWR,
+                deps=self.path_deps(seq, worker, path),
+            ),
+        )
         self.skipped["implicit_opens"] += 1
         return handle
 
@@ -559,8 +604,18 @@ class _Planner:
             self.handle_refs[old] -= 1
         self.slots[(row["pid"], row["fd"])] = handle
         self.bind(row["pid"], row["fd"], seq, handle)
-        self.emit(worker, PlanOp(seq=seq, kind=v.OPEN, ts_ns=row["ts_ns"], handle=handle, path=path, flags=flags,
-                                 deps=self.path_deps(seq, worker, path)))
+        self.emit(
+            worker,
+            PlanOp(
+                seq=seq,
+                kind=v.OPEN,
+                ts_ns=row["ts_ns"],
+                handle=handle,
+                path=path,
+                flags=flags,
+                deps=self.path_deps(seq, worker, path),
+            ),
+        )
 
     def _fd_op(self, seq, worker, row) -> tuple[int, list[int]] | None:
         path = self.rel(row["path"])
@@ -577,15 +632,33 @@ class _Planner:
         if found is None:
             return None
         handle, deps = found
-        self.emit(worker, PlanOp(seq=seq, kind=kind, ts_ns=row["ts_ns"], handle=handle,
-                                 path=self.handle_path[handle], deps=tuple(deps), **values))
+        self.emit(
+            worker,
+            PlanOp(
+                seq=seq,
+                kind=kind,
+                ts_ns=row["ts_ns"],
+                handle=handle,
+                path=self.handle_path[handle],
+                deps=tuple(deps),
+                **values,
+            ),
+        )
         return handle
 
     def _row_copy(self, seq, worker, row) -> None:
         """A host<->device copy: replayed before the I/O that followed it (``iolayer.gpu``), or skipped and
         counted where no GPU is."""
-        self.emit(worker, PlanOp(seq=seq, kind=COPY, ts_ns=row["ts_ns"], size=row["size"] or 0,
-                                 flags=gpu.encode(row["op"], row["memory_kind"])))
+        self.emit(
+            worker,
+            PlanOp(
+                seq=seq,
+                kind=COPY,
+                ts_ns=row["ts_ns"],
+                size=row["size"] or 0,
+                flags=gpu.encode(row["op"], row["memory_kind"]),
+            ),
+        )
 
     _row_copy_h2d = _row_copy_d2h = _row_copy_d2d = _row_copy_h2h = _row_copy_p2p = _row_copy_other = _row_copy
 
@@ -601,8 +674,17 @@ class _Planner:
         if self.file_of_path.get(path) == self.handle_file[handle]:  # (and joins the path's chain of waits)
             self._dep(self.last_path_op.get(path), worker, deps)
             self.last_path_op[path] = Origin(seq, worker)
-        self.emit(worker, PlanOp(seq=seq, kind=v.CLOSE, ts_ns=row["ts_ns"], handle=handle,
-                                 release=self.handle_refs[handle] <= 0, deps=tuple(sorted(set(deps)))))
+        self.emit(
+            worker,
+            PlanOp(
+                seq=seq,
+                kind=v.CLOSE,
+                ts_ns=row["ts_ns"],
+                handle=handle,
+                release=self.handle_refs[handle] <= 0,
+                deps=tuple(sorted(set(deps))),
+            ),
+        )
 
     def _request(self, row) -> dict:
         """The queue of a request row (and its recorded depth), as PlanOp fields."""
@@ -655,9 +737,21 @@ class _Planner:
             return
         handle = self.new_handle(path, seq, worker)
         self.touch(path, creating=False)
-        self.emit(worker, PlanOp(seq=seq, kind=v.MMAP_OP, ts_ns=row["ts_ns"], handle=handle, path=path,
-                                 offset=row["offset"] or 0, size=row["size"], flags=row["flags"], prot=row["prot"],
-                                 deps=self.path_deps(seq, worker, path)))
+        self.emit(
+            worker,
+            PlanOp(
+                seq=seq,
+                kind=v.MMAP_OP,
+                ts_ns=row["ts_ns"],
+                handle=handle,
+                path=path,
+                offset=row["offset"] or 0,
+                size=row["size"],
+                flags=row["flags"],
+                prot=row["prot"],
+                deps=self.path_deps(seq, worker, path),
+            ),
+        )
         self.mappings[row["pid"]].append(MappedRange(row["address"], row["size"] or 0, row["offset"] or 0, handle))
 
     def _row_munmap(self, seq, worker, row) -> None:
@@ -671,8 +765,9 @@ class _Planner:
         self.handle_refs[handle] -= 1
         deps: list[int] = []
         self._dep(self.handle_origin.get(handle), worker, deps)
-        self.emit(worker, PlanOp(seq=seq, kind=v.MUNMAP, ts_ns=row["ts_ns"], handle=handle, release=True,
-                                 deps=tuple(deps)))
+        self.emit(
+            worker, PlanOp(seq=seq, kind=v.MUNMAP, ts_ns=row["ts_ns"], handle=handle, release=True, deps=tuple(deps))
+        )
 
     def _row_msync(self, seq, worker, row) -> None:
         found = self._mapped_handle(row["pid"], row["address"])
@@ -681,8 +776,19 @@ class _Planner:
             return
         deps: list[int] = []
         self._dep(self.handle_origin.get(found.handle), worker, deps)
-        self.emit(worker, PlanOp(seq=seq, kind=v.MSYNC, ts_ns=row["ts_ns"], handle=found.handle, offset=found.offset,
-                                 size=row["size"], flags=row["flags"], deps=tuple(deps)))
+        self.emit(
+            worker,
+            PlanOp(
+                seq=seq,
+                kind=v.MSYNC,
+                ts_ns=row["ts_ns"],
+                handle=found.handle,
+                offset=found.offset,
+                size=row["size"],
+                flags=row["flags"],
+                deps=tuple(deps),
+            ),
+        )
 
     def _row_lseek(self, seq, worker, row) -> None:
         self._append_fd_op(seq, worker, row, v.LSEEK, offset=row["offset"])
@@ -693,8 +799,9 @@ class _Planner:
     _row_fdatasync = _row_fsync
 
     def _row_sync_file_range(self, seq, worker, row) -> None:
-        self._append_fd_op(seq, worker, row, v.SYNC_FILE_RANGE, offset=row["offset"], size=row["size"],
-                           flags=row["flags"])
+        self._append_fd_op(
+            seq, worker, row, v.SYNC_FILE_RANGE, offset=row["offset"], size=row["size"], flags=row["flags"]
+        )
 
     def _row_ftruncate(self, seq, worker, row) -> None:
         handle = self._append_fd_op(seq, worker, row, v.FTRUNCATE, size=row["size"])
@@ -725,8 +832,10 @@ class _Planner:
             self.handle_refs[old] -= 1
         self.slots[(row["pid"], row["ret"])] = handle
         self.bind(row["pid"], row["ret"], seq, handle)
-        self.emit(worker, PlanOp(seq=seq, kind=v.DUP, ts_ns=row["ts_ns"], handle=handle, source_handle=source,
-                                 deps=tuple(deps)))
+        self.emit(
+            worker,
+            PlanOp(seq=seq, kind=v.DUP, ts_ns=row["ts_ns"], handle=handle, source_handle=source, deps=tuple(deps)),
+        )
 
     def _row_fcntl(self, seq, worker, row) -> None:
         self._append_fd_op(seq, worker, row, v.FCNTL, flags=row["flags"])
@@ -752,8 +861,12 @@ class _Planner:
             if flags & entries.RENAME_EXCHANGE:
                 self.mkdir_seq[old] = Origin(seq, worker)
         deps = sorted(set(deps) | set(self.path_deps(seq, worker, old, new)))
-        self.emit(worker, PlanOp(seq=seq, kind=v.RENAME, ts_ns=row["ts_ns"], path=old, new_path=new,
-                                 flags=row["flags"], deps=tuple(deps)))
+        self.emit(
+            worker,
+            PlanOp(
+                seq=seq, kind=v.RENAME, ts_ns=row["ts_ns"], path=old, new_path=new, flags=row["flags"], deps=tuple(deps)
+            ),
+        )
 
     def _row_link(self, seq, worker, row) -> None:
         """A second name of a file (link(2)): both names are the one file (sizes, content) from now on."""
@@ -767,8 +880,18 @@ class _Planner:
         self.file_of_path[new] = self.file(old)
         if old in self.sizes:
             self.sizes[new] = self.sizes[old]
-        self.emit(worker, PlanOp(seq=seq, kind=v.LINK, ts_ns=row["ts_ns"], path=old, new_path=new, flags=row["flags"],
-                                 deps=self.path_deps(seq, worker, old, new)))
+        self.emit(
+            worker,
+            PlanOp(
+                seq=seq,
+                kind=v.LINK,
+                ts_ns=row["ts_ns"],
+                path=old,
+                new_path=new,
+                flags=row["flags"],
+                deps=self.path_deps(seq, worker, old, new),
+            ),
+        )
 
     def _row_symlink(self, seq, worker, row) -> None:
         """A symbolic link made (symlink(2)): an entry holding the recorded content, which the replay never
@@ -782,8 +905,17 @@ class _Planner:
         self.named.add(new)
         self.first_touch.setdefault(new, True)
         self.made_dirs.add(new)  # (an entry the trace makes: nothing is made at its name before the clock)
-        self.emit(worker, PlanOp(seq=seq, kind=v.SYMLINK, ts_ns=row["ts_ns"], path=row["path"], new_path=new,
-                                 deps=self.path_deps(seq, worker, new)))
+        self.emit(
+            worker,
+            PlanOp(
+                seq=seq,
+                kind=v.SYMLINK,
+                ts_ns=row["ts_ns"],
+                path=row["path"],
+                new_path=new,
+                deps=self.path_deps(seq, worker, new),
+            ),
+        )
 
     def _row_unlink(self, seq, worker, row) -> None:
         path = self.rel(row["path"])
@@ -797,8 +929,17 @@ class _Planner:
         self.first_touch.setdefault(path, False)
         self.sizes.pop(path, None)
         self.file_of_path.pop(path, None)
-        self.emit(worker, PlanOp(seq=seq, kind=v.UNLINK, ts_ns=row["ts_ns"], path=path, flags=row["flags"],
-                                 deps=self.path_deps(seq, worker, path)))
+        self.emit(
+            worker,
+            PlanOp(
+                seq=seq,
+                kind=v.UNLINK,
+                ts_ns=row["ts_ns"],
+                path=path,
+                flags=row["flags"],
+                deps=self.path_deps(seq, worker, path),
+            ),
+        )
 
     def _row_mkdir(self, seq, worker, row) -> None:
         path = self.rel(row["path"])
@@ -816,8 +957,8 @@ class _Planner:
 
 # -- reads and writes in bulk ----------------------------------------------------------------------------------
 
-def _asof_handles(bindings: list[Binding], pid: np.ndarray, fd: np.ndarray,
-                  seq: np.ndarray) -> np.ndarray:
+
+def _asof_handles(bindings: list[Binding], pid: np.ndarray, fd: np.ndarray, seq: np.ndarray) -> np.ndarray:
     """The handle bound to (pid, fd) just before each ``seq`` (-1 where none): an as-of join on the slot
     changes the walk recorded (a change at the row's own seq counts only for rows after it). ``seq``
     ascending. Where consecutive rows on one (pid, fd) with no change between them are few runs (a
@@ -896,8 +1037,9 @@ def _merge_grouped(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> 
     return out
 
 
-def _clip_by_truncations(fids: np.ndarray, seqs: np.ndarray, ends: np.ndarray,
-                         truncations: Sequence[Truncation]) -> np.ndarray:
+def _clip_by_truncations(
+    fids: np.ndarray, seqs: np.ndarray, ends: np.ndarray, truncations: Sequence[Truncation]
+) -> np.ndarray:
     """Each range end cut at the smallest length its file was truncated to after it (O_TRUNC: 0)."""
     if not truncations or not len(fids):
         return ends
@@ -1041,8 +1183,14 @@ class Layout(NamedTuple):
     parents: set[str]
 
 
-def build_posix_plan(trace: pa.Table | Iterable[pa.RecordBatch], strip_prefix: str | None = None, *,
-                     arch: str = v.X86_64, verify_ranges: bool = True, num_rows: int | None = None) -> ReplayPlan:
+def build_posix_plan(
+    trace: pa.Table | Iterable[pa.RecordBatch],
+    strip_prefix: str | None = None,
+    *,
+    arch: str = v.X86_64,
+    verify_ranges: bool = True,
+    num_rows: int | None = None,
+) -> ReplayPlan:
     """Plan the replay of a trace (a table, or record batches of at least the planner's columns) recorded
     on ``arch``, operation for operation, as recorded.
 
@@ -1056,8 +1204,10 @@ def build_posix_plan(trace: pa.Table | Iterable[pa.RecordBatch], strip_prefix: s
     architecture whose open flags are unknown.
     """
     if v.normalize_arch(arch) not in v.OPEN_FLAGS:
-        raise ReplayError(f"the trace was recorded on {arch}, whose open flags this release does not know "
-                          f"(known: {', '.join(v.ARCHES)})")
+        raise ReplayError(
+            f"the trace was recorded on {arch}, whose open flags this release does not know "
+            f"(known: {', '.join(v.ARCHES)})"
+        )
     if isinstance(trace, pa.Table):
         table: Any = trace  # typings/pyarrow leaves pa.Table untyped (Any), so isinstance cannot narrow the union
         num_rows = table.num_rows
@@ -1082,8 +1232,13 @@ def _classify(rows: _Rows) -> RowClasses:
     op, ret, interface = c["op"], c["ret"], c["interface"]
     ring = is_any_of(op, [rows.code(name) for name in _RING])
     failed = ~ring & (ret < 0)
-    data = (~ring & ~failed & is_any_of(op, [rows.code(v.READ), rows.code(v.WRITE)])
-            & (interface != rows.code(v.MMAP)) & rows.valid("fd"))
+    data = (
+        ~ring
+        & ~failed
+        & is_any_of(op, [rows.code(v.READ), rows.code(v.WRITE)])
+        & (interface != rows.code(v.MMAP))
+        & rows.valid("fd")
+    )
     control = ~ring & ~failed & ~data
     skipped = Counter()
     if ring.any():
@@ -1117,8 +1272,9 @@ def _renumbered(plan: ReplayPlan, global_row: np.ndarray) -> ReplayPlan:
     t = plan.ops
     table = dataclasses.replace(t, seq=global_row[t.seq], dep_seq=global_row[t.dep_seq])
     awaited = np.fromiter(plan.awaited, np.int64, len(plan.awaited))
-    return dataclasses.replace(plan, ops=table, workers=_workers_of(table, plan.workers),
-                               awaited=frozenset(global_row[awaited].tolist()))
+    return dataclasses.replace(
+        plan, ops=table, workers=_workers_of(table, plan.workers), awaited=frozenset(global_row[awaited].tolist())
+    )
 
 
 def _walk(rows: _Rows, walked: np.ndarray, strip_prefix: str | None, arch: str) -> _Planner:
@@ -1157,8 +1313,9 @@ def _plan_rows(rows: _Rows, bound: Bound, skipped: Counter, verify_ranges: bool)
     dep_ptr, dep_seq = _io_deps(needs[order.order], handle, handles.origin_seq, order, p.data_ops)
     del needs
     at = _walk_positions(widx, row, walk_table)
-    columns = _io_columns(io, order.order, row, widx, handle, rows.take("ts_ns"), handle_path,
-                          layout.pattern_key[handles.file])
+    columns = _io_columns(
+        io, order.order, row, widx, handle, rows.take("ts_ns"), handle_path, layout.pattern_key[handles.file]
+    )
     del io, order, merged, handle  # the table takes the columns over
     table = interleave_columns(walk_table, columns, dep_ptr, dep_seq, at)
     plan_workers = _worker_plans(table, keys, p.ranks, rows.cols["rank"], row, widx)
@@ -1170,11 +1327,16 @@ def _plan_rows(rows: _Rows, bound: Bound, skipped: Counter, verify_ranges: bool)
         skipped_ops=MappingProxyType(dict(skipped)),
         bytes_to_write=bytes_to_write + sum(size for _, size in layout.precreate_files),
         awaited=frozenset(awaited),
-        pattern_keys=MappingProxyType({path: int(layout.pattern_key[p.precreated[path]]) if path in p.precreated
-                                       else 0 for path, _ in layout.precreate_files}),
+        pattern_keys=MappingProxyType(
+            {
+                path: int(layout.pattern_key[p.precreated[path]]) if path in p.precreated else 0
+                for path, _ in layout.precreate_files
+            }
+        ),
         checks=checks,
-        files=FileIdentity(handle_files=MappingProxyType(dict(p.handle_file)),
-                           file_paths=MappingProxyType(layout.final_path)),
+        files=FileIdentity(
+            handle_files=MappingProxyType(dict(p.handle_file)), file_paths=MappingProxyType(layout.final_path)
+        ),
         queue_depths=MappingProxyType(depths),
         ops=table,
     )
@@ -1223,16 +1385,32 @@ def _gather_io(rows: _Rows, merged: Merged, handles: np.ndarray, walked: list[Wa
     if walked:
         w_size = np.array([w.size or 0 for w in walked], np.int64)
         np.copyto(size, merged.in_row_order(np.zeros(n_bulk, np.int64), w_size), where=mapped)
-    queue = np.where(~mapped & rows.valid("queue_id")[row] & is_any_of(c["interface"][row], [
-        rows.code(v.IO_URING), rows.code(v.LIBAIO)]), c["queue_id"][row], NONE) if rows.any_valid("queue_id") \
-        else np.full(len(row), NONE, np.int64)  # (a trace of plain calls: no request rows)
+    queue = (
+        np.where(
+            ~mapped
+            & rows.valid("queue_id")[row]
+            & is_any_of(c["interface"][row], [rows.code(v.IO_URING), rows.code(v.LIBAIO)]),
+            c["queue_id"][row],
+            NONE,
+        )
+        if rows.any_valid("queue_id")
+        else np.full(len(row), NONE, np.int64)
+    )  # (a trace of plain calls: no request rows)
     kcopy = np.zeros(len(row), np.int8)
     for code, name in enumerate(KCOPIES):
         if code:
             kcopy[~mapped & (c["interface"][row] == rows.code(name))] = code
     rows.drop("interface", "queue_id")
-    return IoRows(handle=handle, mapped=mapped, is_write=is_write, offset_known=offset_known, offset=offset,
-                  size=size, queue=queue, kcopy=kcopy), ret
+    return IoRows(
+        handle=handle,
+        mapped=mapped,
+        is_write=is_write,
+        offset_known=offset_known,
+        offset=offset,
+        size=size,
+        queue=queue,
+        kcopy=kcopy,
+    ), ret
 
 
 def _read_extents(p: _Planner, io: IoRows, ret: np.ndarray) -> dict[str, int]:
@@ -1264,24 +1442,28 @@ def _handle_arrays(p: _Planner) -> Handles:
     return Handles(file=handle_file, origin_seq=origin_seq, origin_worker=origin_worker)
 
 
-def _bulk_waits(bulk: np.ndarray, handle: np.ndarray, row_key: np.ndarray, handles: Handles,
-                walk_awaited: Iterable[int]) -> tuple[np.ndarray, set[int]]:
+def _bulk_waits(
+    bulk: np.ndarray, handle: np.ndarray, row_key: np.ndarray, handles: Handles, walk_awaited: Iterable[int]
+) -> tuple[np.ndarray, set[int]]:
     """(mask: the bulk reads and writes on a handle another worker made, which wait for its open or dup;
     every seq some operation waits for: the walk's ``walk_awaited`` and those opens)."""
     needs = bulk & (handles.origin_worker[handle] != row_key) if len(handle) else np.zeros(0, bool)
     return needs, set(walk_awaited) | set(handles.origin_seq[handle[needs]].tolist())
 
 
-def _queue_depths(walk_depths: Mapping[int, int], rows: _Rows, row: np.ndarray, bulk: np.ndarray,
-                  queue: np.ndarray) -> dict[int, int]:
+def _queue_depths(
+    walk_depths: Mapping[int, int], rows: _Rows, row: np.ndarray, bulk: np.ndarray, queue: np.ndarray
+) -> dict[int, int]:
     """Per recorded queue, the most requests it had in flight: the walk's and the bulk requests' (their
     ``in_flight`` column)."""
     depths = dict(walk_depths)
     has_queue = bulk & (queue >= 0)
     if has_queue.any():
         c = rows.cols
-        qs, depth = queue[has_queue], np.maximum(np.where(rows.valid("in_flight")[row[has_queue]],
-                                                          c["in_flight"][row[has_queue]], 1), 1)
+        qs, depth = (
+            queue[has_queue],
+            np.maximum(np.where(rows.valid("in_flight")[row[has_queue]], c["in_flight"][row[has_queue]], 1), 1),
+        )
         order = np.lexsort((depth, qs))  # per queue, its deepest request last
         last = np.r_[np.flatnonzero(np.diff(qs[order])), len(order) - 1]
         for q, d in zip(qs[order][last].tolist(), depth[order][last].tolist()):
@@ -1317,9 +1499,13 @@ def _layout(p: _Planner, read_extent: Mapping[str, int]) -> Layout:
     for f, path in final_path.items():
         key_of[f] = file_key(path)
     parents = {a for path in p.first_touch for a in _ancestors(path)}  # a path with files under it is a directory
-    precreate_files = tuple(sorted(
-        (path, read_extent.get(path, 0)) for path, creating in p.first_touch.items()
-        if not creating and path not in p.made_dirs and path not in p.opened_dirs and path not in parents))
+    precreate_files = tuple(
+        sorted(
+            (path, read_extent.get(path, 0))
+            for path, creating in p.first_touch.items()
+            if not creating and path not in p.made_dirs and path not in p.opened_dirs and path not in parents
+        )
+    )
     return Layout(final_path=final_path, pattern_key=key_of, precreate_files=precreate_files, parents=parents)
 
 
@@ -1341,8 +1527,9 @@ def _expected_sizes(p: _Planner, ends: FileEnds, layout: Layout) -> dict[str, in
     return expected
 
 
-def _plan_checks(p: _Planner, io: IoRows, fid: np.ndarray, row: np.ndarray, layout: Layout,
-                 verify_ranges: bool) -> PlanChecks:
+def _plan_checks(
+    p: _Planner, io: IoRows, fid: np.ndarray, row: np.ndarray, layout: Layout, verify_ranges: bool
+) -> PlanChecks:
     """What must hold after a run (``PlanChecks``): the final sizes, and the byte ranges ``--verify``
     checks (left out unless ``verify_ranges``) of each file whose every write has a known offset."""
     expected = _expected_sizes(p, _file_ends(p, fid, row, io), layout)
@@ -1351,10 +1538,15 @@ def _plan_checks(p: _Planner, io: IoRows, fid: np.ndarray, row: np.ndarray, layo
     final_path = layout.final_path
     return PlanChecks(
         expected_sizes=MappingProxyType(expected),
-        verify_ranges=MappingProxyType({
-            path: _clipped(covered.get(f, []), expected[path]) for path, f in sorted(p.file_of_path.items())
-            if f not in unverifiable and path in expected and final_path[f] == path}  # (one name of a linked file)
-            if verify_ranges else {}),
+        verify_ranges=MappingProxyType(
+            {
+                path: _clipped(covered.get(f, []), expected[path])
+                for path, f in sorted(p.file_of_path.items())
+                if f not in unverifiable and path in expected and final_path[f] == path
+            }  # (one name of a linked file)
+            if verify_ranges
+            else {}
+        ),
         unverifiable=tuple(sorted(path for path, f in p.file_of_path.items() if f in unverifiable)),
         ranges_planned=verify_ranges,
     )
@@ -1364,8 +1556,9 @@ def _walk_table(p: _Planner, worker_keys: np.ndarray, walk_workers: np.ndarray) 
     """(the walk's operations as a table ordered by worker and seq, each handle's path's index in its
     ``paths``); ``walk_workers`` the worker key of each of the walk's operations."""
     walk_ops = [op for _, op in p.ops]
-    path_list = list(dict.fromkeys([*p.handle_path.values(), *(x for op in walk_ops for x in (op.path, op.new_path)
-                                                                if x)]))
+    path_list = list(
+        dict.fromkeys([*p.handle_path.values(), *(x for op in walk_ops for x in (op.path, op.new_path) if x)])
+    )
     path_index = {path: i for i, path in enumerate(path_list)}
     handle_path = np.full(max(p.next_handle, 1), NONE, np.int32)
     for h, path in p.handle_path.items():
@@ -1382,16 +1575,19 @@ def _worker_order(widx: np.ndarray, merged: Merged) -> WorkerOrder:
     bulk = merged.bulk
     if len(widx) < 2 or not np.any(widx[1:] < widx[:-1]):  # one worker's rows, or already in order: no gathers
         walked_at = np.flatnonzero(~bulk)
-        return WorkerOrder(order=slice(None), walked_at=walked_at,
-                           walked_source=merged.source[walked_at] - merged.n_bulk)
+        return WorkerOrder(
+            order=slice(None), walked_at=walked_at, walked_source=merged.source[walked_at] - merged.n_bulk
+        )
     by_worker = np.argsort(widx, kind="stable")
     walked_at = np.flatnonzero(~bulk[by_worker])
-    return WorkerOrder(order=by_worker, walked_at=walked_at,
-                       walked_source=merged.source[by_worker[walked_at]] - merged.n_bulk)
+    return WorkerOrder(
+        order=by_worker, walked_at=walked_at, walked_source=merged.source[by_worker[walked_at]] - merged.n_bulk
+    )
 
 
-def _io_deps(needs: np.ndarray, handle: np.ndarray, origin_seq: np.ndarray, order: WorkerOrder,
-             walked: list[WalkedIO]) -> tuple[np.ndarray, np.ndarray]:
+def _io_deps(
+    needs: np.ndarray, handle: np.ndarray, origin_seq: np.ndarray, order: WorkerOrder, walked: list[WalkedIO]
+) -> tuple[np.ndarray, np.ndarray]:
     """(dep_ptr, dep_seq) of the reads and writes in plan order: a bulk one waits at most for its handle's
     open (where ``needs``); one the walk resolved carries its own list."""
     dep_lengths = needs.astype(np.int64)
@@ -1403,7 +1599,7 @@ def _io_deps(needs: np.ndarray, handle: np.ndarray, origin_seq: np.ndarray, orde
     dep_seq = np.empty(int(dep_ptr[-1]), np.int64)
     dep_seq[dep_ptr[:-1][needs]] = origin_seq[handle[needs]]
     for at, i in zip(order.walked_at.tolist(), order.walked_source.tolist()):
-        dep_seq[dep_ptr[at]:dep_ptr[at + 1]] = walked[i].deps
+        dep_seq[dep_ptr[at] : dep_ptr[at + 1]] = walked[i].deps
     return dep_ptr, dep_seq
 
 
@@ -1415,28 +1611,59 @@ def _walk_positions(widx: np.ndarray, row: np.ndarray, walk_table: OpTable) -> n
     return np.searchsorted(data_keys, walk_keys, side="left") + np.arange(len(walk_table))
 
 
-def _io_columns(io: IoRows, order: slice | np.ndarray, row: np.ndarray, widx: np.ndarray, handle: np.ndarray,
-               ts_ns: np.ndarray, handle_path: np.ndarray, handle_key: np.ndarray) -> dict[str, np.ndarray]:
+def _io_columns(
+    io: IoRows,
+    order: slice | np.ndarray,
+    row: np.ndarray,
+    widx: np.ndarray,
+    handle: np.ndarray,
+    ts_ns: np.ndarray,
+    handle_path: np.ndarray,
+    handle_key: np.ndarray,
+) -> dict[str, np.ndarray]:
     """The reads' and writes' table columns in plan order (``order``; ``row``, ``widx``, ``handle`` already
     in it): ``ts_ns`` the trace's column, ``handle_path`` each handle's path index, ``handle_key`` each
     handle's file's pattern key."""
     is_write = io.is_write[order]
-    return {"kind": np.where(is_write, WRITE, READ), "seq": row, "ts_ns": ts_ns[row], "worker": widx,
-            "handle": handle, "offset": io.offset[order], "size": io.size[order],
-            "path": handle_path[handle] if len(handle) else np.zeros(0, np.int32),
-            "pattern_key": np.where(is_write, handle_key[handle] if len(handle) else 0, 0),
-            "queue": io.queue[order], "mapped": io.mapped[order], "kcopy": io.kcopy[order]}
+    return {
+        "kind": np.where(is_write, WRITE, READ),
+        "seq": row,
+        "ts_ns": ts_ns[row],
+        "worker": widx,
+        "handle": handle,
+        "offset": io.offset[order],
+        "size": io.size[order],
+        "path": handle_path[handle] if len(handle) else np.zeros(0, np.int32),
+        "pattern_key": np.where(is_write, handle_key[handle] if len(handle) else 0, 0),
+        "queue": io.queue[order],
+        "mapped": io.mapped[order],
+        "kcopy": io.kcopy[order],
+    }
 
 
-def _worker_plans(table: OpTable, keys: np.ndarray, ranks: Mapping[tuple[int, int], int], rank: np.ndarray,
-                  row: np.ndarray, widx: np.ndarray) -> tuple[WorkerPlan, ...]:
+def _worker_plans(
+    table: OpTable,
+    keys: np.ndarray,
+    ranks: Mapping[tuple[int, int], int],
+    rank: np.ndarray,
+    row: np.ndarray,
+    widx: np.ndarray,
+) -> tuple[WorkerPlan, ...]:
     """One ``WorkerPlan`` per worker key: its rank the walk's, else that of its first read or write (``row``
     and ``widx`` in plan order; ``rank`` the trace's column)."""
-    first_rows = row[np.minimum(np.searchsorted(widx, np.arange(len(keys))), max(len(row) - 1, 0))] \
-        if len(row) else np.zeros(len(keys), np.int64)
-    workers = tuple(WorkerPlan(pid=int(k >> 32), tid=int(k & 0xFFFFFFFF),
-                               rank=ranks.get((k >> 32, k & 0xFFFFFFFF), int(rank[first_rows[i]])))
-                    for i, k in enumerate(keys.tolist()))
+    first_rows = (
+        row[np.minimum(np.searchsorted(widx, np.arange(len(keys))), max(len(row) - 1, 0))]
+        if len(row)
+        else np.zeros(len(keys), np.int64)
+    )
+    workers = tuple(
+        WorkerPlan(
+            pid=int(k >> 32),
+            tid=int(k & 0xFFFFFFFF),
+            rank=ranks.get((k >> 32, k & 0xFFFFFFFF), int(rank[first_rows[i]])),
+        )
+        for i, k in enumerate(keys.tolist())
+    )
     return _workers_of(table, workers)
 
 
@@ -1451,8 +1678,9 @@ def _precreate_dirs(p: _Planner) -> tuple[str, ...]:
     return tuple(sorted(dirs, key=lambda d: (d.count("/"), d)))
 
 
-def _verify_ranges(p: _Planner, fid: np.ndarray, row: np.ndarray, io: IoRows,
-                   precreate_files: Iterable[tuple[str, int]]) -> dict[int, list[tuple[int, int]]]:
+def _verify_ranges(
+    p: _Planner, fid: np.ndarray, row: np.ndarray, io: IoRows, precreate_files: Iterable[tuple[str, int]]
+) -> dict[int, list[tuple[int, int]]]:
     """Per file, the merged byte ranges ``--verify`` checks: the writes at known offsets clipped by later
     truncations, and precreated content never truncated."""
     known = io.is_write & (io.size > 0) & io.offset_known
@@ -1472,8 +1700,9 @@ def _verify_ranges(p: _Planner, fid: np.ndarray, row: np.ndarray, io: IoRows,
 _TID_TABLE_MAX = 1 << 24  # thread ids below this are looked up in a table (pid_max is at most 2**22)
 
 
-def _worker_index(row_workers: np.ndarray, walk_workers: np.ndarray, pid: np.ndarray | None = None,
-                  tid: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _worker_index(
+    row_workers: np.ndarray, walk_workers: np.ndarray, pid: np.ndarray | None = None, tid: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(the sorted distinct worker keys of the rows and the walk, each row's index into them). Where each
     thread id belongs to one process (``pid``, ``tid`` given, as a kernel hands them out), by a table
     indexed by thread id; else by a hash (Arrow's dictionary encoding). Never by a sort of the rows. Where
@@ -1482,12 +1711,22 @@ def _worker_index(row_workers: np.ndarray, walk_workers: np.ndarray, pid: np.nda
     if n:
         starts = _few_run_starts(row_workers)
         if starts is not None:
-            keys, index = _worker_index(row_workers[starts], walk_workers, None if pid is None else pid[starts],
-                                        None if tid is None else tid[starts])
+            keys, index = _worker_index(
+                row_workers[starts],
+                walk_workers,
+                None if pid is None else pid[starts],
+                None if tid is None else tid[starts],
+            )
             return keys, np.repeat(index, np.diff(np.r_[starts, n]))
     dtype = np.int16
-    if pid is not None and tid is not None and len(tid) and int(tid.min()) >= 0 and int(tid.max()) < _TID_TABLE_MAX \
-            and int(pid.min()) >= 0:
+    if (
+        pid is not None
+        and tid is not None
+        and len(tid)
+        and int(tid.min()) >= 0
+        and int(tid.max()) < _TID_TABLE_MAX
+        and int(pid.min()) >= 0
+    ):
         pid_of = np.full(int(tid.max()) + 1, -1, np.int64)
         pid_of[tid] = pid
         if np.array_equal(pid_of[tid], pid):  # no thread id shared by two processes

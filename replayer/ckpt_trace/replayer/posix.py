@@ -72,8 +72,15 @@ _ALL = np.iinfo(np.uint64).max  # REQUEST_DTYPE "off" meaning the file position
 #: The ways a read or write reaches the file, indexes of ``_RunState.path_counts``: system call or io_uring
 #: request, each through the page cache or with O_DIRECT (the descriptor's flags, fcntl(F_GETFL)); pages
 #: touched through a mapping.
-DATA_PATHS = ("syscall_buffered", "syscall_direct", "io_uring_buffered", "io_uring_direct", "mapped", "cufile",
-              "in_kernel_copy")
+DATA_PATHS = (
+    "syscall_buffered",
+    "syscall_direct",
+    "io_uring_buffered",
+    "io_uring_direct",
+    "mapped",
+    "cufile",
+    "in_kernel_copy",
+)
 _KCOPY_PATH = DATA_PATHS.index("in_kernel_copy")
 F_SETPIPE_SZ = 1031  # fcntl(2)
 _MAPPED = 4
@@ -112,12 +119,16 @@ def _op_error(op: PlanOp, err: OSError) -> ReplayError:
         return ReplayError(f"target file system is full ({op.kind} of {op.path}); replay stopped")
     if err.errno in (errno.EMFILE, errno.ENFILE):
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        return ReplayError(f"replay failed at {op.kind} {op.path or ''}: {err.strerror} (the trace holds more files "
-                           f"open at once than this process may: raise the limit, e.g. ulimit -n {max(soft * 4, 65536)}"
-                           f"; it is {soft})")
+        return ReplayError(
+            f"replay failed at {op.kind} {op.path or ''}: {err.strerror} (the trace holds more files "
+            f"open at once than this process may: raise the limit, e.g. ulimit -n {max(soft * 4, 65536)}"
+            f"; it is {soft})"
+        )
     if err.errno in (errno.ELOOP, errno.EXDEV):
-        return ReplayError(f"replay refused {op.kind} {op.path or ''}: a symbolic link on its way (a replay never "
-                           "resolves a path through one, so nothing outside the target is touched)")
+        return ReplayError(
+            f"replay refused {op.kind} {op.path or ''}: a symbolic link on its way (a replay never "
+            "resolves a path through one, so nothing outside the target is touched)"
+        )
     return ReplayError(f"replay failed at {op.kind} {op.path or ''}: {err.strerror or err}".replace("  ", " "))
 
 
@@ -164,8 +175,10 @@ class PosixExecutor:
                 self._precreate(rel, size, plan.pattern_keys.get(rel, 0))
         except OSError as err:
             if err.errno in (errno.ELOOP, errno.EXDEV):
-                raise ReplayError(f"cannot prepare the target: {err.filename} is a symbolic link or lies behind one "
-                                  "(a replay never follows one)") from None
+                raise ReplayError(
+                    f"cannot prepare the target: {err.filename} is a symbolic link or lies behind one "
+                    "(a replay never follows one)"
+                ) from None
             raise ReplayError(f"cannot prepare the target: {err.strerror or err} ({err.filename})") from None
         self._segments = {index: self.segments(plan, worker) for index, worker in enumerate(plan.workers)}
         self._prepare_copies(plan)
@@ -190,8 +203,9 @@ class PosixExecutor:
                 try:
                     self._copiers[index] = gpu.DeviceCopier(largest, pinned_staging=self.gpu_copies == "pinned")
                 except (RuntimeError, MemoryError) as err:
-                    raise ReplayError(f"cannot stage host<->device copies of {largest} B: {str(err).splitlines()[0]}"
-                                      ) from None
+                    raise ReplayError(
+                        f"cannot stage host<->device copies of {largest} B: {str(err).splitlines()[0]}"
+                    ) from None
 
     def _precreate(self, rel: str, size: int, key: int) -> None:
         buf = AlignedBuffer(min(size, self.max_io_bytes) or PAGE_BYTES)
@@ -233,17 +247,21 @@ class PosixExecutor:
         if n == 0:
             return Segments(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool))
         batch = self.batchable(plan, rows)
-        awaited = (np.isin(t.seq[rows], np.fromiter(plan.awaited, np.int64, len(plan.awaited)))
-                   if plan.awaited else np.zeros(n, bool))
-        has_deps = (t.dep_ptr[lo + 1:hi + 1] - t.dep_ptr[lo:hi]) > 0
+        awaited = (
+            np.isin(t.seq[rows], np.fromiter(plan.awaited, np.int64, len(plan.awaited)))
+            if plan.awaited
+            else np.zeros(n, bool)
+        )
+        has_deps = (t.dep_ptr[lo + 1 : hi + 1] - t.dep_ptr[lo:hi]) > 0
         queue = t.queue[rows] if self.queues_as_recorded else np.full(n, NONE)
         # lseeks ride along inside runs (they move only the position, which runs do not use)
         rider = (t.kind[rows] == _LSEEK) & ~awaited & ~has_deps
         member = batch | rider
         key = queue * 4 + (t.kind[rows] == READ) * self.batch_key_kind
         start = np.ones(n, bool)
-        start[1:] = (~member[1:] | ~member[:-1] | has_deps[1:] | awaited[:-1]
-                     | ((key[1:] != key[:-1]) & batch[1:] & batch[:-1]))
+        start[1:] = (
+            ~member[1:] | ~member[:-1] | has_deps[1:] | awaited[:-1] | ((key[1:] != key[:-1]) & batch[1:] & batch[:-1])
+        )
         starts = np.flatnonzero(start)
         stops = np.r_[starts[1:], n]
         data_in = np.add.reduceat(batch.astype(np.int64), starts) if len(starts) else np.zeros(0, np.int64)
@@ -260,8 +278,15 @@ class PosixExecutor:
         return (hi == lo_) | (hi == np.iinfo(np.int64).min)
 
     # -- the timed run -------------------------------------------------
-    def run(self, plan: ReplayPlan, *, timing: str = "asap", progress: Progress | None = None,
-            durable: bool = False, signals: Signals | None = None) -> ReplayResult:
+    def run(
+        self,
+        plan: ReplayPlan,
+        *,
+        timing: str = "asap",
+        progress: Progress | None = None,
+        durable: bool = False,
+        signals: Signals | None = None,
+    ) -> ReplayResult:
         """Replay ``plan``; ``durable`` fsyncs every file the plan leaves behind before the clock stops;
         ``signals`` connects this run to the other processes replaying shares of the same trace."""
         if not self._segments and plan.workers:
@@ -269,8 +294,10 @@ class PosixExecutor:
         state = _RunState(plan, signals)
         if self._data is not None and self._data.note:
             state.note(self._data.note)
-        threads = [threading.Thread(target=self._thread_main, args=(i, w, plan, state, timing, progress), daemon=True)
-                   for i, w in enumerate(plan.workers)]
+        threads = [
+            threading.Thread(target=self._thread_main, args=(i, w, plan, state, timing, progress), daemon=True)
+            for i, w in enumerate(plan.workers)
+        ]
         if progress is not None:
             t = plan.ops
             data = (t.kind == READ) | (t.kind == WRITE)
@@ -285,7 +312,7 @@ class PosixExecutor:
         except KeyboardInterrupt:  # Ctrl-C: every worker stops before its next operation, then we go
             state.fail(ReplayError("interrupted"))
             for index, thread in enumerate(threads):  # not join: Python 3.11's join, once interrupted, may
-                if thread.ident is not None:          # return at once later (the worker still running)
+                if thread.ident is not None:  # return at once later (the worker still running)
                     state.exited[index].wait()
             self._close_all(state)
             raise
@@ -305,35 +332,56 @@ class PosixExecutor:
             raise state.error
         kcopy_rows = int((plan.ops.kcopy != 0).sum())
         if kcopy_rows and not self.kernel_copies:
-            state.notes.add(f"{kcopy_rows} in-kernel copy rows (sendfile, copy_file_range, splice) replayed as reads "
-                            f"and writes: strategy {self.strategy} moves data its own way")
+            state.notes.add(
+                f"{kcopy_rows} in-kernel copy rows (sendfile, copy_file_range, splice) replayed as reads "
+                f"and writes: strategy {self.strategy} moves data its own way"
+            )
         elif kcopy_rows:
-            state.notes.add(f"in-kernel copies: {state.kernel_copies} calls made as recorded, "
-                            f"{state.kcopy_fallbacks} rows replayed as a read or write (their other side not in "
-                            f"the plan)")
+            state.notes.add(
+                f"in-kernel copies: {state.kernel_copies} calls made as recorded, "
+                f"{state.kcopy_fallbacks} rows replayed as a read or write (their other side not in "
+                f"the plan)"
+            )
         copies = int((plan.ops.kind == _COPY).sum())
         gpu_copies = None
         if copies:
             skipped = copies - state.copies_executed
-            gpu_copies = {"mode": self.gpu_copies, "executed": state.copies_executed, "skipped": skipped,
-                          "bytes": state.copy_bytes, "elapsed_s": state.copy_ns / 1e9,
-                          "skipped_why": self._copies_skipped_why}
+            gpu_copies = {
+                "mode": self.gpu_copies,
+                "executed": state.copies_executed,
+                "skipped": skipped,
+                "bytes": state.copy_bytes,
+                "elapsed_s": state.copy_ns / 1e9,
+                "skipped_why": self._copies_skipped_why,
+            }
             if skipped:
                 state.notes.add(f"{skipped} host<->device copy rows skipped: {self._copies_skipped_why}")
         latencies = np.concatenate(state.latencies) if state.latencies else np.zeros(0, np.int64)
         histogram = LatencyHistogram()  # the percentiles the report computes from the same durations
         histogram.add(latencies)
         return ReplayResult(
-            strategy=self.strategy, elapsed_s=elapsed_s, bytes_written=state.bytes_written,
-            bytes_read=state.bytes_read, data_ops=state.data_ops, metadata_ops=state.metadata_ops,
-            latency_ns=histogram.percentiles_ns(), latency_histogram=histogram if signals is not None else None,
-            cpu_user_s=usage1.ru_utime - usage0.ru_utime, cpu_sys_s=usage1.ru_stime - usage0.ru_stime,
-            skipped_ops=dict(plan.skipped_ops), unaligned_ops=state.unaligned_ops,
-            metadata_ops_saved=plan.metadata_ops_saved, notes=sorted(state.notes),
-            preallocated_files=state.preallocated, gpu_copies=gpu_copies,
-            data_paths={name: {"ops": int(ops), "bytes": int(moved)}
-                        for name, (ops, moved) in zip(DATA_PATHS, state.path_counts.tolist())},
-            file_bytes=files_moved(plan, state.file_bytes), timing=state.timing_figures(),
+            strategy=self.strategy,
+            elapsed_s=elapsed_s,
+            bytes_written=state.bytes_written,
+            bytes_read=state.bytes_read,
+            data_ops=state.data_ops,
+            metadata_ops=state.metadata_ops,
+            latency_ns=histogram.percentiles_ns(),
+            latency_histogram=histogram if signals is not None else None,
+            cpu_user_s=usage1.ru_utime - usage0.ru_utime,
+            cpu_sys_s=usage1.ru_stime - usage0.ru_stime,
+            skipped_ops=dict(plan.skipped_ops),
+            unaligned_ops=state.unaligned_ops,
+            metadata_ops_saved=plan.metadata_ops_saved,
+            notes=sorted(state.notes),
+            preallocated_files=state.preallocated,
+            gpu_copies=gpu_copies,
+            data_paths={
+                name: {"ops": int(ops), "bytes": int(moved)}
+                for name, (ops, moved) in zip(DATA_PATHS, state.path_counts.tolist())
+            },
+            file_bytes=files_moved(plan, state.file_bytes),
+            timing=state.timing_figures(),
             phases=state.phase_figures(),
         )
 
@@ -346,8 +394,9 @@ class PosixExecutor:
             os.close(fd)
         state.fds.clear()
 
-    def _thread_main(self, index: int, worker: WorkerPlan, plan: ReplayPlan, state: _RunState, timing: str,
-                     progress: Progress | None) -> None:
+    def _thread_main(
+        self, index: int, worker: WorkerPlan, plan: ReplayPlan, state: _RunState, timing: str, progress: Progress | None
+    ) -> None:
         """A worker thread: any failure, in setup too (a buffer, a ring), fails the run with one line."""
         try:
             self._worker(index, worker, plan, state, timing, progress)
@@ -373,8 +422,9 @@ class PosixExecutor:
         """``--durable``: fsync every file the plan leaves behind, except pre-created files it never writes
         (their sync is setup, not the replay's work: a load's files would otherwise be timed)."""
         t = plan.ops
-        changes = np.isin(t.kind, [WRITE, KIND["ftruncate"], KIND["fallocate"], KIND["rename"]]) \
-            | ((t.kind == KIND["open"]) & (t.flags != NO_FLAGS) & ((t.flags & (os.O_CREAT | os.O_TRUNC)) != 0))
+        changes = np.isin(t.kind, [WRITE, KIND["ftruncate"], KIND["fallocate"], KIND["rename"]]) | (
+            (t.kind == KIND["open"]) & (t.flags != NO_FLAGS) & ((t.flags & (os.O_CREAT | os.O_TRUNC)) != 0)
+        )
         touched = {t.paths[i] for i in np.unique(np.r_[t.path[changes], t.new_path[changes]]).tolist() if i >= 0}
         untouched = {rel for rel, _ in plan.precreate_files} - touched
         for rel in plan.checks.expected_sizes:
@@ -414,8 +464,9 @@ class PosixExecutor:
             ctx.start_errors.append(now - target)
             ctx.started_ns.append(now - (state.pace_start_ns or state.start_ns))
 
-    def _worker(self, index: int, worker: WorkerPlan, plan: ReplayPlan, state: _RunState, timing: str,
-                progress: Progress | None) -> None:
+    def _worker(
+        self, index: int, worker: WorkerPlan, plan: ReplayPlan, state: _RunState, timing: str, progress: Progress | None
+    ) -> None:
         t = plan.ops
         size = self._buffer_bytes(plan, worker, timing)
         ctx = _WorkerContext(self, plan, state, size, progress)
@@ -431,8 +482,9 @@ class PosixExecutor:
         segments = self._segments.get(index) or self.segments(plan, worker)
         row = None
         try:
-            for start, stop, batched in zip(segments.starts.tolist(), segments.stops.tolist(),
-                                            segments.batched.tolist()):
+            for start, stop, batched in zip(
+                segments.starts.tolist(), segments.stops.tolist(), segments.batched.tolist()
+            ):
                 if self._pause is not None and start <= self._pause[0] < stop:
                     _pause_here(self._pause[1])
                     if state.stopped.is_set():
@@ -488,8 +540,9 @@ class PosixExecutor:
             raise _Failed(int(data[owner[i]]), err)
         moved = np.maximum(results, 0)
         is_write = requests["opcode"] == rings.OP_WRITE
-        ctx.state.add_paths(ctx.via_uring, requests["fd"], moved, np.r_[True, owner[1:] != owner[:-1]],
-                            t.path[data[owner]], is_write)
+        ctx.state.add_paths(
+            ctx.via_uring, requests["fd"], moved, np.r_[True, owner[1:] != owner[:-1]], t.path[data[owner]], is_write
+        )
         written, read = int(moved[is_write].sum()), int(moved[~is_write].sum())
         ctx.state.add_run(latencies, written, read, len(data), int(is_any_of(kinds, _METADATA_CODES).sum()))
         if ctx.progress is not None:
@@ -551,8 +604,13 @@ class PosixExecutor:
         if op.kcopy and self.kernel_copies and op.kind in DATA_KINDS:
             self._kernel_copy(ctx, op, row)
             return
-        if op.queue is not None and self.queues_as_recorded and op.kind in DATA_KINDS | {"fsync", "fdatasync"} \
-                and (op.offset is not None or op.kind not in DATA_KINDS) and not op.mapped:
+        if (
+            op.queue is not None
+            and self.queues_as_recorded
+            and op.kind in DATA_KINDS | {"fsync", "fdatasync"}
+            and (op.offset is not None or op.kind not in DATA_KINDS)
+            and not op.mapped
+        ):
             ring = ctx.queue_ring(op.queue)
             if ring is not None:
                 self._one_request(ctx, op, row, ring)
@@ -561,10 +619,12 @@ class PosixExecutor:
         moved = self._execute(op, ctx.state, ctx.write_view, ctx.read_view, ctx.write_buf, ctx.read_buf)
         if op.kind in DATA_KINDS:
             ctx.state.add_one(time.perf_counter_ns() - started, moved, op.kind == "write")
-            code = self.data_path_code if self.data_path_code is not None else \
-                int(ctx.state.is_direct(ctx.state.fds[_known(op.handle)]))
-            ctx.state.add_path_one(_MAPPED if mapped else code,
-                                   moved, int(ctx.plan.ops.path[row]), op.kind == "write")
+            code = (
+                self.data_path_code
+                if self.data_path_code is not None
+                else int(ctx.state.is_direct(ctx.state.fds[_known(op.handle)]))
+            )
+            ctx.state.add_path_one(_MAPPED if mapped else code, moved, int(ctx.plan.ops.path[row]), op.kind == "write")
             if ctx.progress is not None:
                 ctx.progress.advance(moved)
         elif op.kind in METADATA_KINDS:
@@ -583,8 +643,14 @@ class PosixExecutor:
         t, state = ctx.plan.ops, ctx.state
         name = KCOPIES[op.kcopy]
         partner = row + 1
-        paired = (op.kind == "read" and partner < len(t) and t.worker[partner] == t.worker[row]
-                  and t.kcopy[partner] == op.kcopy and t.kind[partner] == WRITE and t.ts_ns[partner] == op.ts_ns)
+        paired = (
+            op.kind == "read"
+            and partner < len(t)
+            and t.worker[partner] == t.worker[row]
+            and t.kcopy[partner] == op.kcopy
+            and t.kind[partner] == WRITE
+            and t.ts_ns[partner] == op.ts_ns
+        )
         if paired and not state.wait(t.deps_of(partner)):
             return
         started = time.perf_counter_ns()
@@ -595,12 +661,21 @@ class PosixExecutor:
             if name == "sendfile":
                 if dst.offset is not None:
                     os.lseek(dst_fd, dst.offset, os.SEEK_SET)
-                moved = _loop(lambda n, done: os.sendfile(dst_fd, src_fd, None if op.offset is None
-                                                          else op.offset + done, n), size)
+                moved = _loop(
+                    lambda n, done: os.sendfile(dst_fd, src_fd, None if op.offset is None else op.offset + done, n),
+                    size,
+                )
             elif name == "copy_file_range":
-                moved = _loop(lambda n, done: os.copy_file_range(
-                    src_fd, dst_fd, n, None if op.offset is None else op.offset + done,
-                    None if dst.offset is None else dst.offset + done), size)
+                moved = _loop(
+                    lambda n, done: os.copy_file_range(
+                        src_fd,
+                        dst_fd,
+                        n,
+                        None if op.offset is None else op.offset + done,
+                        None if dst.offset is None else dst.offset + done,
+                    ),
+                    size,
+                )
             else:  # a splice naming both files: through the pipe
                 moved = self._splice_in(ctx, src_fd, op.offset, size)
                 moved = self._splice_out(ctx, dst_fd, dst.offset, moved) if moved is not None else None
@@ -613,8 +688,11 @@ class PosixExecutor:
         elif name == "splice":
             fd = state.fds[_known(op.handle)]
             size = max(op.size or 0, 0)
-            moved = self._splice_in(ctx, fd, op.offset, size) if op.kind == "read" else \
-                self._splice_out(ctx, fd, op.offset, size)
+            moved = (
+                self._splice_in(ctx, fd, op.offset, size)
+                if op.kind == "read"
+                else self._splice_out(ctx, fd, op.offset, size)
+            )
             if moved is not None:
                 state.count_kernel_copy(False)
                 self._count_copy(ctx, time.perf_counter_ns() - started, moved, int(t.path[row]), op.kind == "write")
@@ -622,7 +700,9 @@ class PosixExecutor:
         state.count_kernel_copy(True)  # a plain read or write, as the other strategies replay it
         moved = self._execute(op, state, ctx.write_view, ctx.read_view, ctx.write_buf, ctx.read_buf)
         state.add_one(time.perf_counter_ns() - started, moved, op.kind == "write")
-        state.add_path_one(int(state.is_direct(state.fds[_known(op.handle)])), moved, int(t.path[row]), op.kind == "write")
+        state.add_path_one(
+            int(state.is_direct(state.fds[_known(op.handle)])), moved, int(t.path[row]), op.kind == "write"
+        )
         if ctx.progress is not None:
             ctx.progress.advance(moved)
 
@@ -640,8 +720,9 @@ class PosixExecutor:
         pipe = ctx.pipe(size)
         if pipe is None:
             return None
-        moved = _loop(lambda n, done: os.splice(fd, pipe[1], n, offset_src=None if offset is None
-                                                else offset + done), size)
+        moved = _loop(
+            lambda n, done: os.splice(fd, pipe[1], n, offset_src=None if offset is None else offset + done), size
+        )
         ctx.pipe_bytes += moved
         return moved
 
@@ -652,8 +733,9 @@ class PosixExecutor:
         if ctx.pipe_bytes < size or ctx.pipe_fds is None:
             return None
         read_end = ctx.pipe_fds[0]
-        moved = _loop(lambda n, done: os.splice(read_end, fd, n, offset_dst=None if offset is None
-                                                else offset + done), size)
+        moved = _loop(
+            lambda n, done: os.splice(read_end, fd, n, offset_dst=None if offset is None else offset + done), size
+        )
         ctx.pipe_bytes -= moved
         return moved
 
@@ -674,15 +756,28 @@ class PosixExecutor:
         moved = int(np.maximum(results, 0).sum())
         if op.kind in DATA_KINDS:
             ctx.state.add_run(latencies, moved if op.kind == "write" else 0, 0 if op.kind == "write" else moved, 1, 0)
-            ctx.state.add_paths(True, requests["fd"], np.maximum(results, 0), np.r_[True, np.zeros(len(requests) - 1, bool)],
-                                np.full(len(requests), ctx.plan.ops.path[row]), requests["opcode"] == rings.OP_WRITE)
+            ctx.state.add_paths(
+                True,
+                requests["fd"],
+                np.maximum(results, 0),
+                np.r_[True, np.zeros(len(requests) - 1, bool)],
+                np.full(len(requests), ctx.plan.ops.path[row]),
+                requests["opcode"] == rings.OP_WRITE,
+            )
             if ctx.progress is not None:
                 ctx.progress.advance(moved)
         else:
             ctx.state.add_metadata()
 
-    def _execute(self, op: PlanOp, state: _RunState, write_view: memoryview, read_view: memoryview,
-                 write_buf: AlignedBuffer | None = None, read_buf: AlignedBuffer | None = None) -> int:
+    def _execute(
+        self,
+        op: PlanOp,
+        state: _RunState,
+        write_view: memoryview,
+        read_view: memoryview,
+        write_buf: AlignedBuffer | None = None,
+        read_buf: AlignedBuffer | None = None,
+    ) -> int:
         """Run one operation; ``write_view`` is a periodic pattern buffer, ``read_view`` a scratch buffer
         (``write_buf``/``read_buf`` the buffers they view, for mapped I/O)."""
         kind = op.kind
@@ -729,8 +824,9 @@ class PosixExecutor:
                 mapping.close()
             os.close(state.pop_fd(handle))
 
-    def _mapped(self, op: PlanOp, mapping: FileMapping, write_buf: AlignedBuffer | None,
-                read_buf: AlignedBuffer | None) -> int:
+    def _mapped(
+        self, op: PlanOp, mapping: FileMapping, write_buf: AlignedBuffer | None, read_buf: AlignedBuffer | None
+    ) -> int:
         """Pages written (the file's pattern copied in) or read (copied out) through ``mapping``."""
         size, done = op.size or 0, 0
         buf = _given(write_buf if op.kind == "write" else read_buf, op, "buffer")
@@ -795,7 +891,9 @@ class PosixExecutor:
         """Open as recorded (host flags); where the target refuses O_DIRECT, without it, noted once. A file
         the plan preallocates is reserved at its final size when this open creates it."""
         flags = op.flags or 0
-        opened = open_beneath(self.root, _given(op.path, op, "path"), flags & ~os.O_DIRECT, direct=bool(flags & os.O_DIRECT))
+        opened = open_beneath(
+            self.root, _given(op.path, op, "path"), flags & ~os.O_DIRECT, direct=bool(flags & os.O_DIRECT)
+        )
         if opened.fallback:
             state.note(f"{opened.fallback}: files opened with O_DIRECT were opened buffered")
         size = state.plan.preallocate.get(op.seq)
@@ -936,8 +1034,9 @@ RING_SLOT_BYTES = 32 << 20
 class _WorkerContext:
     """One worker's buffers and rings for one run of a plan."""
 
-    def __init__(self, executor: PosixExecutor, plan: ReplayPlan, state: _RunState, size: int,
-                 progress: Progress | None) -> None:
+    def __init__(
+        self, executor: PosixExecutor, plan: ReplayPlan, state: _RunState, size: int, progress: Progress | None
+    ) -> None:
         self.executor, self.plan, self.state, self.progress = executor, plan, state, progress
         self.chunk = size
         self.write_slots = Slots(size, 1)  # generated writes issued one at a time (and the Python paths') buffer
@@ -960,8 +1059,9 @@ class _WorkerContext:
         """This worker's pipe, made (and grown, F_SETPIPE_SZ) to hold ``adding`` more bytes; None if it cannot."""
         if self.pipe_fds is None:
             self.pipe_fds = os.pipe()
-            self.pipe_capacity = fcntl.fcntl(self.pipe_fds[1], fcntl.F_GETPIPE_SZ) \
-                if hasattr(fcntl, "F_GETPIPE_SZ") else 65536
+            self.pipe_capacity = (
+                fcntl.fcntl(self.pipe_fds[1], fcntl.F_GETPIPE_SZ) if hasattr(fcntl, "F_GETPIPE_SZ") else 65536
+            )
         need = self.pipe_bytes + adding
         if need > self.pipe_capacity:
             try:
@@ -1093,7 +1193,10 @@ class _RunState:
         self.rank_last_ts: dict[int, int] = {}
         for worker in plan.workers:
             if worker.stop > worker.start:
-                first, last = int(plan.ops.ts_ns[worker.start:worker.stop].min()), int(plan.ops.ts_ns[worker.start:worker.stop].max())
+                first, last = (
+                    int(plan.ops.ts_ns[worker.start : worker.stop].min()),
+                    int(plan.ops.ts_ns[worker.start : worker.stop].max()),
+                )
                 self.rank_first_ts[worker.rank] = min(first, self.rank_first_ts.get(worker.rank, first))
                 self.rank_last_ts[worker.rank] = max(last, self.rank_last_ts.get(worker.rank, last))
         self.timing_errors: dict[int, list[np.ndarray]] = {}
@@ -1125,8 +1228,9 @@ class _RunState:
         with self.lock:
             for phase, (first, last) in spans.items():
                 mine = self.phase_spans.setdefault(phase, {}).get(rank)
-                self.phase_spans[phase][rank] = [first, last] if mine is None else [min(mine[0], first),
-                                                                                   max(mine[1], last)]
+                self.phase_spans[phase][rank] = (
+                    [first, last] if mine is None else [min(mine[0], first), max(mine[1], last)]
+                )
 
     def phase_figures(self) -> dict:
         """Per phase (save: the writes, load: the reads), per rank: bytes (the plan's, which each run moves
@@ -1154,9 +1258,14 @@ class _RunState:
             elapsed = (last - first) / 1e9
             total = sum(entry["bytes"] for entry in ranks.values())
             slowest = max(ranks, key=lambda r: ranks[r]["elapsed_s"])
-            figures[phase] = {"bytes": total, "elapsed_s": elapsed,
-                              "throughput_bytes_per_s": total / elapsed if elapsed > 0 else None,
-                              "slowest_rank": slowest, "slowest_rank_s": ranks[slowest]["elapsed_s"], "ranks": ranks}
+            figures[phase] = {
+                "bytes": total,
+                "elapsed_s": elapsed,
+                "throughput_bytes_per_s": total / elapsed if elapsed > 0 else None,
+                "slowest_rank": slowest,
+                "slowest_rank_s": ranks[slowest]["elapsed_s"],
+                "ranks": ranks,
+            }
         return figures
 
     def add_timing(self, rank: int, errors: list[int], started: list[int]) -> None:
@@ -1181,15 +1290,20 @@ class _RunState:
             recorded_ns = self.rank_last_ts[rank] - self.rank_first_ts[rank]
             replayed_ns = int(started.max() - started.min()) if len(started) else 0
             judged = recorded_ns >= 1_000_000  # a window under 1 ms (a launcher's few calls) has no error share
-            ranks[str(rank)] = {"ops": int(len(errors)), "recorded_window_s": recorded_ns / 1e9,
-                                "replayed_window_s": replayed_ns / 1e9,
-                                "window_error": (replayed_ns - recorded_ns) / recorded_ns if judged else None,
-                                "start_error_p50_ns": int(np.percentile(errors, 50)),
-                                "start_error_p99_ns": int(np.percentile(errors, 99))}
+            ranks[str(rank)] = {
+                "ops": int(len(errors)),
+                "recorded_window_s": recorded_ns / 1e9,
+                "replayed_window_s": replayed_ns / 1e9,
+                "window_error": (replayed_ns - recorded_ns) / recorded_ns if judged else None,
+                "start_error_p50_ns": int(np.percentile(errors, 50)),
+                "start_error_p99_ns": int(np.percentile(errors, 99)),
+            }
         share = np.concatenate(errors_all) / window_ns if window_ns > 0 else np.zeros(0)
-        return {"start_error_share_p50": float(np.percentile(share, 50)) if len(share) else None,
-                "start_error_share_p99": float(np.percentile(share, 99)) if len(share) else None,
-                "ranks": ranks}
+        return {
+            "start_error_share_p50": float(np.percentile(share, 50)) if len(share) else None,
+            "start_error_share_p99": float(np.percentile(share, 99)) if len(share) else None,
+            "ranks": ranks,
+        }
 
     def mark_direct(self, fd: int) -> None:
         """Note whether ``fd`` is open with O_DIRECT now (its status flags, fcntl(2) F_GETFL): after an open,
@@ -1203,8 +1317,15 @@ class _RunState:
     def is_direct(self, fd: int) -> bool:
         return fd in self._direct_fds
 
-    def add_paths(self, uring: bool, fds: np.ndarray, moved: np.ndarray, first: np.ndarray, paths: np.ndarray,
-                  is_write: np.ndarray) -> None:
+    def add_paths(
+        self,
+        uring: bool,
+        fds: np.ndarray,
+        moved: np.ndarray,
+        first: np.ndarray,
+        paths: np.ndarray,
+        is_write: np.ndarray,
+    ) -> None:
         """Count requests by data path: ``fds``/``moved``/``paths``/``is_write`` per request, ``first`` marks
         each operation's first request (an operation cut into pieces counts once)."""
         code = np.isin(fds, self._direct_array).astype(np.int64) + (2 if uring else 0)

@@ -48,13 +48,29 @@ from .verify import verify_content
 STRATEGIES = strategies.in_all()
 OPTIONAL_STRATEGIES = tuple(name for name in strategies.names() if name not in STRATEGIES)
 CHOICES = strategies.choices()
-__all__ = ["CACHE_STATES", "CHOICES", "GPU_COPY_MODES", "OPTIONAL_STRATEGIES", "STRATEGIES", "TIMINGS", "ReplayOptions",
-           "ReplayReport", "SizeMismatch", "build_plan", "derive_plan", "make_executor", "plan_summaries", "replay"]
+__all__ = [
+    "CACHE_STATES",
+    "CHOICES",
+    "GPU_COPY_MODES",
+    "OPTIONAL_STRATEGIES",
+    "STRATEGIES",
+    "TIMINGS",
+    "ReplayOptions",
+    "ReplayReport",
+    "SizeMismatch",
+    "build_plan",
+    "derive_plan",
+    "make_executor",
+    "plan_summaries",
+    "replay",
+]
 #: Which bytes the replay writes (results' ``options["data"]``).
-DATA_NOTE = ("generated: incompressible, unique per 4 KiB block and per file (iolayer.pattern.fill, a counter-mode "
-             "generator keyed by the file's path and the offset), made before the clock where memory allows "
-             "(replayer.data), else as each write is issued; gds writes the "
-             "1 MiB table pattern from GPU memory instead")
+DATA_NOTE = (
+    "generated: incompressible, unique per 4 KiB block and per file (iolayer.pattern.fill, a counter-mode "
+    "generator keyed by the file's path and the offset), made before the clock where memory allows "
+    "(replayer.data), else as each write is issued; gds writes the "
+    "1 MiB table pattern from GPU memory instead"
+)
 
 
 @dataclass(frozen=True)
@@ -91,14 +107,29 @@ class ReplayReport:
     def to_json(self) -> dict:
         """The results document (``documents.ReplayDoc``): the trace (path and sha256, which ties the results to
         it), the target, where it ran, the options and one entry per result."""
-        return {"trace": str(self.trace), "trace_sha256": self.trace_sha256, "target": str(self.target),
-                "creator": "ckpt-trace", "creator_version": __version__, "environment": self.environment,
-                "options": self.options, "fio_write_bytes_per_s": self.fio_write_bytes_per_s,
-                "results": [result.to_json() for result in self.results]}
+        return {
+            "trace": str(self.trace),
+            "trace_sha256": self.trace_sha256,
+            "target": str(self.target),
+            "creator": "ckpt-trace",
+            "creator_version": __version__,
+            "environment": self.environment,
+            "options": self.options,
+            "fio_write_bytes_per_s": self.fio_write_bytes_per_s,
+            "results": [result.to_json() for result in self.results],
+        }
 
 
-def build_plan(table, strategy: str, strip_prefix: str | None = None, *, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
-               block_bytes: int = 4096, pack_files: bool = False, arch: str = "x86_64") -> ReplayPlan:
+def build_plan(
+    table,
+    strategy: str,
+    strip_prefix: str | None = None,
+    *,
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+    block_bytes: int = 4096,
+    pack_files: bool = False,
+    arch: str = "x86_64",
+) -> ReplayPlan:
     """The frozen plan of ``strategy`` for a trace table. Pure.
 
     Each strategy derives its plan from the as-recorded one
@@ -108,34 +139,52 @@ def build_plan(table, strategy: str, strip_prefix: str | None = None, *, buffer_
     buffer size outside 1-64 MiB.
     """
     spec = strategies.get(strategy)
-    return spec.plan(build_posix_plan(table, strip_prefix, arch=arch), buffer_bytes=buffer_bytes,
-                     block_bytes=block_bytes, pack_files=pack_files)
+    return spec.plan(
+        build_posix_plan(table, strip_prefix, arch=arch),
+        buffer_bytes=buffer_bytes,
+        block_bytes=block_bytes,
+        pack_files=pack_files,
+    )
 
 
-def derive_plan(base: ReplayPlan, strategy: str, *, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
-                block_bytes: int = 4096, pack_files: bool = False) -> ReplayPlan:
+def derive_plan(
+    base: ReplayPlan,
+    strategy: str,
+    *,
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+    block_bytes: int = 4096,
+    pack_files: bool = False,
+) -> ReplayPlan:
     """``strategy``'s plan from the as-recorded plan ``base`` (so ``all`` plans the trace once). Pure.
     Raises ReplayError for an unknown strategy."""
-    return strategies.get(strategy).plan(base, buffer_bytes=buffer_bytes, block_bytes=block_bytes,
-                                         pack_files=pack_files)
+    return strategies.get(strategy).plan(
+        base, buffer_bytes=buffer_bytes, block_bytes=block_bytes, pack_files=pack_files
+    )
 
 
-def _plans(trace, strategy: str, strip_prefix: str | None, *, verify_ranges: bool = True,
-           **options) -> list[ReplayPlan]:
+def _plans(
+    trace, strategy: str, strip_prefix: str | None, *, verify_ranges: bool = True, **options
+) -> list[ReplayPlan]:
     """The plans of ``strategy`` (every strategy for ``all``) for a read ``Trace``, planning it once;
     ``verify_ranges``: whether ``--verify`` will check them (``build_posix_plan``)."""
     return list(_each_plan(trace, strategy, strip_prefix, verify_ranges=verify_ranges, **options))
 
 
-def _each_plan(trace, strategy: str, strip_prefix: str | None, *, verify_ranges: bool = True,
-               **options) -> Iterator[ReplayPlan]:
+def _each_plan(
+    trace, strategy: str, strip_prefix: str | None, *, verify_ranges: bool = True, **options
+) -> Iterator[ReplayPlan]:
     """``_plans`` one plan at a time: a caller that lets each go before the next holds two plans at most."""
     names = strategies.expand(strategy)  # ReplayError for an unknown name
     arch = trace.metadata["arch"]
     if trace.table is None:  # a trace file: planned from record batches of the planner's columns only
         _, batches = scan(trace.path, (*PLAN_COLUMNS, "dur_ns"))  # dur_ns: checked only (replayer.checks)
-        base = build_posix_plan(checked_batches(batches), strip_prefix, arch=arch, verify_ranges=verify_ranges,
-                                num_rows=count_rows(trace.path))
+        base = build_posix_plan(
+            checked_batches(batches),
+            strip_prefix,
+            arch=arch,
+            verify_ranges=verify_ranges,
+            num_rows=count_rows(trace.path),
+        )
     else:
         for _ in checked_batches(trace.table.to_batches()):
             pass
@@ -150,34 +199,59 @@ def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> PosixExe
     return strategies.get(strategy).executor(root, queue_depth)
 
 
-def plan_summaries(trace_path: str | os.PathLike, *, strategy: str, target: str | os.PathLike,
-                   strip_prefix: str | None = None, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
-                   pack_files: bool = False) -> list[dict]:
+def plan_summaries(
+    trace_path: str | os.PathLike,
+    *,
+    strategy: str,
+    target: str | os.PathLike,
+    strip_prefix: str | None = None,
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+    pack_files: bool = False,
+) -> list[dict]:
     """What each strategy's plan would do (``--dry-run``): operations by kind, bytes, alignment. No I/O."""
     trace = trace_file(trace_path)
     block = host.block_bytes(target)
     summaries = []
     figures: dict = {}  # the table's figures, by table: posix and the uring strategies share one table
-    for plan in _each_plan(trace, strategy, strip_prefix, verify_ranges=False, buffer_bytes=buffer_bytes,
-                           block_bytes=block, pack_files=pack_files):
+    for plan in _each_plan(
+        trace,
+        strategy,
+        strip_prefix,
+        verify_ranges=False,
+        buffer_bytes=buffer_bytes,
+        block_bytes=block,
+        pack_files=pack_files,
+    ):
         ops = plan.ops
         if figures.get("table") is not ops:
             sizes = np.maximum(ops.size, 0)
             writes, reads = ops.kind == WRITE, ops.kind == READ
-            figures = {"table": ops, "ops": plan.counts(), "write_bytes": int(sizes[writes].sum()),
-                       "read_bytes": int(sizes[reads].sum()),
-                       "largest_op_bytes": int(sizes[writes | reads].max(initial=0)),
-                       "alignment": alignment_counts(plan, block)}
+            figures = {
+                "table": ops,
+                "ops": plan.counts(),
+                "write_bytes": int(sizes[writes].sum()),
+                "read_bytes": int(sizes[reads].sum()),
+                "largest_op_bytes": int(sizes[writes | reads].max(initial=0)),
+                "alignment": alignment_counts(plan, block),
+            }
             del sizes, writes, reads
-        summaries.append({
-            "strategy": plan.strategy, "workers": len(plan.workers), "ops": figures["ops"],
-            "write_bytes": figures["write_bytes"], "read_bytes": figures["read_bytes"],
-            "largest_op_bytes": figures["largest_op_bytes"],
-            "preallocated_files": len(plan.preallocate),
-            "block_bytes": block, "alignment": figures["alignment"],
-            "precreate_files": len(plan.precreate_files), "skipped_ops": dict(plan.skipped_ops),
-            "packed_files": len(plan.pack_index), "metadata_ops_saved": plan.metadata_ops_saved,
-        })
+        summaries.append(
+            {
+                "strategy": plan.strategy,
+                "workers": len(plan.workers),
+                "ops": figures["ops"],
+                "write_bytes": figures["write_bytes"],
+                "read_bytes": figures["read_bytes"],
+                "largest_op_bytes": figures["largest_op_bytes"],
+                "preallocated_files": len(plan.preallocate),
+                "block_bytes": block,
+                "alignment": figures["alignment"],
+                "precreate_files": len(plan.precreate_files),
+                "skipped_ops": dict(plan.skipped_ops),
+                "packed_files": len(plan.pack_index),
+                "metadata_ops_saved": plan.metadata_ops_saved,
+            }
+        )
         del plan, ops  # before the next plan is derived
     return summaries
 
@@ -192,7 +266,9 @@ def prepare_target(target: Path, force: bool) -> TargetRoot:
         raise ReplayError(f"cannot create target {target}: {err.strerror}") from None
     refuse_held(target, job_id())
     if not force and any(not is_lock_file(p.name) for p in target.iterdir()):
-        raise ReplayError(f"target {target} is not empty (use {{option}} to replay into it)", option="force", switch=True)
+        raise ReplayError(
+            f"target {target} is not empty (use {{option}} to replay into it)", option="force", switch=True
+        )
     return TargetRoot(target)
 
 
@@ -304,8 +380,15 @@ def replay(
     target = Path(target)
     refuse_target_holding(target, trace.path)
     digest = _digest_soon(trace.path)
-    plans = _plans(trace, strategy, opts.strip_prefix, verify_ranges=opts.verify, buffer_bytes=opts.buffer_bytes,
-                   block_bytes=host.block_bytes(target), pack_files=opts.pack_files)
+    plans = _plans(
+        trace,
+        strategy,
+        opts.strip_prefix,
+        verify_ranges=opts.verify,
+        buffer_bytes=opts.buffer_bytes,
+        block_bytes=host.block_bytes(target),
+        pack_files=opts.pack_files,
+    )
     trace_sha256 = digest.result()  # before any run: the hashing never shares the CPU with a measured run
     check_judgeable(plans[0], judging=strategy == "all")
     check_same_coverage(plans)
@@ -318,8 +401,10 @@ def replay(
     prepare_target(target, opts.force)
     lock = TargetLock.acquire(target)  # one replay job per target (replayer.lock)
     try:
-        claims = [Claim(target / plan.strategy if strategy == "all" else target, plan, fresh=strategy == "all")
-                  for plan in plans]
+        claims = [
+            Claim(target / plan.strategy if strategy == "all" else target, plan, fresh=strategy == "all")
+            for plan in plans
+        ]
         try:
             for claim in claims:
                 claim.refuse_conflicts((trace.path, *protect))
@@ -344,22 +429,47 @@ def replay(
         if opts.strict and off_path:
             release(claims, target, made_target, lock)
             first = off_path[0]
-            raise ReplayError(f"{{option}}: {first.strategy}'s named path ({first.named_path}) carried "
-                              f"{first.path_shares()['named_path_bytes_share']:.0%} of the bytes, under "
-                              f"{config.REPLAY_NAMED_PATH_MIN_SHARE:.0%}; the replay's files under {target} were "
-                              "removed", option="strict", switch=True)
-        document_options = {"queue_depth": opts.queue_depth, "buffer_bytes": opts.buffer_bytes,
-                            "pack_files": opts.pack_files,
-                            "repeat": opts.repeat, "rounds": len(results[0].runs_elapsed_s),
-                            "rounds_rule": runs.describe(), "min_seconds": opts.min_seconds, "durable": opts.durable,
-                            "drop_caches": opts.drop_caches, "timing": opts.timing, "gpu_copies": opts.gpu_copies,
-                            "cache": opts.cache, "cache_state": cache_state, "strict": opts.strict, "data": DATA_NOTE}
+            raise ReplayError(
+                f"{{option}}: {first.strategy}'s named path ({first.named_path}) carried "
+                f"{first.path_shares()['named_path_bytes_share']:.0%} of the bytes, under "
+                f"{config.REPLAY_NAMED_PATH_MIN_SHARE:.0%}; the replay's files under {target} were "
+                "removed",
+                option="strict",
+                switch=True,
+            )
+        document_options = {
+            "queue_depth": opts.queue_depth,
+            "buffer_bytes": opts.buffer_bytes,
+            "pack_files": opts.pack_files,
+            "repeat": opts.repeat,
+            "rounds": len(results[0].runs_elapsed_s),
+            "rounds_rule": runs.describe(),
+            "min_seconds": opts.min_seconds,
+            "durable": opts.durable,
+            "drop_caches": opts.drop_caches,
+            "timing": opts.timing,
+            "gpu_copies": opts.gpu_copies,
+            "cache": opts.cache,
+            "cache_state": cache_state,
+            "strict": opts.strict,
+            "data": DATA_NOTE,
+        }
         for result in results:
             result.notes.extend([cache_note] if cache_note else [])
             result.notes.extend(skips)
-        return ReplayReport(trace.path, target, plans[0], tuple(results), tuple(mismatches), document_options,
-                            trace_sha256=trace_sha256, environment=host.environment(target),
-                            claims=tuple(claims), made_target=made_target, fio_write_bytes_per_s=fio_limit)
+        return ReplayReport(
+            trace.path,
+            target,
+            plans[0],
+            tuple(results),
+            tuple(mismatches),
+            document_options,
+            trace_sha256=trace_sha256,
+            environment=host.environment(target),
+            claims=tuple(claims),
+            made_target=made_target,
+            fio_write_bytes_per_s=fio_limit,
+        )
     finally:
         lock.release()
 
@@ -395,8 +505,9 @@ class RunCount:
         return done < self.repeat or (sum(elapsed_s) < self.min_seconds and done < max(self.max_runs, self.repeat))
 
 
-def _run_plans(plans, claims, opts: ReplayOptions, count: Rounds, progress, cache_state: str = "cold"
-               ) -> tuple[list[ReplayResult], list[SizeMismatch]]:
+def _run_plans(
+    plans, claims, opts: ReplayOptions, count: Rounds, progress, cache_state: str = "cold"
+) -> tuple[list[ReplayResult], list[SizeMismatch]]:
     """Run the plans in rounds (``replayer.verdicts``): each round runs every plan once, starting one plan later
     than the round before, releasing that plan's previous run's files first; then each plan's median run, with
     every run's time and its paired speed-ups over the others."""
@@ -439,8 +550,14 @@ def _add_verdicts(results: list[ReplayResult], elapsed: dict[str, list[float]]) 
         if "posix" in result.versus:
             result.speedup = result.versus["posix"]
         elif result.strategy == "posix" and len(results) > 1:
-            result.speedup = {"median": 1.0, "low": 1.0, "high": 1.0, "coverage": 1.0,
-                              "n": len(elapsed["posix"]), "verdict": "reference"}
+            result.speedup = {
+                "median": 1.0,
+                "low": 1.0,
+                "high": 1.0,
+                "coverage": 1.0,
+                "n": len(elapsed["posix"]),
+                "verdict": "reference",
+            }
 
 
 def resolve_cache(cache: str, plan: ReplayPlan) -> tuple[str, str | None]:
@@ -450,8 +567,14 @@ def resolve_cache(cache: str, plan: ReplayPlan) -> tuple[str, str | None]:
         return cache, None
     t = plan.ops
     reads = bool(((t.kind == READ) & (t.size > 0)).any()) and bool(plan.precreate_files)
-    note = ("page cache: the trace does not say which reads hit the page cache, so the files it reads were "
-            "replayed cold (--cache warm replays them warm)") if reads else None
+    note = (
+        (
+            "page cache: the trace does not say which reads hit the page cache, so the files it reads were "
+            "replayed cold (--cache warm replays them warm)"
+        )
+        if reads
+        else None
+    )
     return "cold", note
 
 
@@ -495,8 +618,10 @@ def check_judgeable(plan: ReplayPlan, judging: bool = True) -> None:
     moved = data_bytes(plan)
     if len(plan.ops) == 0 or (judging and moved < config.REPLAY_MIN_JUDGE_BYTES):
         ops = int(((plan.ops.kind == READ) | (plan.ops.kind == WRITE)).sum())
-        raise NothingToJudge(f"nothing to judge: the trace's {ops:,} reads and writes move {moved:,} B, under "
-                             f"{config.REPLAY_MIN_JUDGE_BYTES:,} B (CKPT_TRACE_REPLAY_MIN_JUDGE_BYTES)")
+        raise NothingToJudge(
+            f"nothing to judge: the trace's {ops:,} reads and writes move {moved:,} B, under "
+            f"{config.REPLAY_MIN_JUDGE_BYTES:,} B (CKPT_TRACE_REPLAY_MIN_JUDGE_BYTES)"
+        )
 
 
 def planned_file_bytes(plan: ReplayPlan) -> dict[str, tuple[int, int]]:
@@ -518,8 +643,9 @@ def covered_file_bytes(plan: ReplayPlan) -> dict[str, tuple[int, int]]:
     per_path = np.zeros((2, size), np.int64)
     for row, kind in ((0, WRITE), (1, READ)):
         mine = (t.kind == kind) & (t.path >= 0) & (t.offset >= 0) & (t.size > 0)
-        groups, starts, ends = merge_grouped_ranges(t.path[mine].astype(np.int64), t.offset[mine],
-                                                    t.offset[mine] + t.size[mine])
+        groups, starts, ends = merge_grouped_ranges(
+            t.path[mine].astype(np.int64), t.offset[mine], t.offset[mine] + t.size[mine]
+        )
         per_path[row] = np.bincount(groups, weights=ends - starts, minlength=size)[:size]
     return files_moved(plan, per_path)
 
@@ -537,12 +663,17 @@ def check_same_coverage(plans: list[ReplayPlan]) -> None:
             reference = (plan.strategy, coverage)
             continue
         if coverage != reference[1]:
-            name = next(p for p in sorted(set(coverage) | set(reference[1]))
-                        if coverage.get(p, (0, 0)) != reference[1].get(p, (0, 0)))
+            name = next(
+                p
+                for p in sorted(set(coverage) | set(reference[1]))
+                if coverage.get(p, (0, 0)) != reference[1].get(p, (0, 0))
+            )
             ours, theirs = coverage.get(name, (0, 0)), reference[1].get(name, (0, 0))
-            raise ReplayError(f"the {plan.strategy} plan would write {ours[0]:,} B and read {ours[1]:,} B of {name}, "
-                              f"{reference[0]} {theirs[0]:,} B and {theirs[1]:,} B: the strategies would not move "
-                              "the same bytes (a planner bug; please report it)")
+            raise ReplayError(
+                f"the {plan.strategy} plan would write {ours[0]:,} B and read {ours[1]:,} B of {name}, "
+                f"{reference[0]} {theirs[0]:,} B and {theirs[1]:,} B: the strategies would not move "
+                "the same bytes (a planner bug; please report it)"
+            )
 
 
 def check_file_bytes(plan: ReplayPlan, result: ReplayResult) -> None:
@@ -561,9 +692,11 @@ def check_file_bytes(plan: ReplayPlan, result: ReplayResult) -> None:
     for name in sorted(set(expected) | set(moved)):
         want, got = expected.get(name, (0, 0)), moved.get(name, (0, 0))
         if want[0] != got[0] or got[1] > want[1]:
-            raise ReplayError(f"{plan.strategy} wrote {got[0]:,} B and read {got[1]:,} B of {name}, its plan "
-                              f"{want[0]:,} B and {want[1]:,} B (the rows it replays): the run moved other bytes "
-                              "than the trace, so its figures cannot be compared")
+            raise ReplayError(
+                f"{plan.strategy} wrote {got[0]:,} B and read {got[1]:,} B of {name}, its plan "
+                f"{want[0]:,} B and {want[1]:,} B (the rows it replays): the run moved other bytes "
+                "than the trace, so its figures cannot be compared"
+            )
 
 
 def _fio_limit(target: Path, plan: ReplayPlan) -> float:
@@ -582,8 +715,9 @@ def refuse_target_holding(target: Path, trace: Path) -> None:
     """Refuse a target directory that contains the trace being replayed. Raises ReplayError."""
     resolved = Path(os.path.realpath(target))
     if Path(os.path.realpath(trace)).is_relative_to(resolved):
-        raise ReplayError(f"the target {target} contains the trace being replayed ({trace}); choose a target "
-                          "outside it")
+        raise ReplayError(
+            f"the target {target} contains the trace being replayed ({trace}); choose a target outside it"
+        )
 
 
 def check_queue_depth(queue_depth: int, names: list[str]) -> None:
@@ -601,14 +735,18 @@ def _verify(root: TargetRoot, plan: ReplayPlan) -> int:
     found = verify_content(root, plan)
     if found:
         first = found[0]
-        raise ReplayError(f"verification failed for {plan.strategy}: {len(found)} file(s) differ from the pattern, "
-                          f"first {first.path} at byte {first.offset}")
+        raise ReplayError(
+            f"verification failed for {plan.strategy}: {len(found)} file(s) differ from the pattern, "
+            f"first {first.path} at byte {first.offset}"
+        )
     sizes = size_mismatches(root, plan)  # an extended or truncated file is wrong even where its ranges hold
     if sizes:
         first = sizes[0]
-        raise ReplayError(f"verification failed for {plan.strategy}: {len(sizes)} file(s) differ in size from the "
-                          f"recording, first {first.path}: {size_words(first.actual_bytes)}, recorded "
-                          f"{first.expected_bytes:,} B")
+        raise ReplayError(
+            f"verification failed for {plan.strategy}: {len(sizes)} file(s) differ in size from the "
+            f"recording, first {first.path}: {size_words(first.actual_bytes)}, recorded "
+            f"{first.expected_bytes:,} B"
+        )
     return len(plan.checks.verify_ranges)
 
 

@@ -107,10 +107,14 @@ class ReplayResult:
         uring, direct = ("io_uring_buffered", "io_uring_direct"), ("syscall_direct", "io_uring_direct")
         spec = self._strategy()
         named = spec.named_path_members if spec is not None else ()
-        return {"io_uring_ops_share": share(uring, "ops", ops), "io_uring_bytes_share": share(uring, "bytes", moved),
-                "o_direct_ops_share": share(direct, "ops", ops), "o_direct_bytes_share": share(direct, "bytes", moved),
-                "named_path_ops_share": share(named, "ops", ops) if named else None,
-                "named_path_bytes_share": share(named, "bytes", moved) if named else None}
+        return {
+            "io_uring_ops_share": share(uring, "ops", ops),
+            "io_uring_bytes_share": share(uring, "bytes", moved),
+            "o_direct_ops_share": share(direct, "ops", ops),
+            "o_direct_bytes_share": share(direct, "bytes", moved),
+            "named_path_ops_share": share(named, "ops", ops) if named else None,
+            "named_path_bytes_share": share(named, "bytes", moved) if named else None,
+        }
 
     @property
     def off_named_path(self) -> bool:
@@ -134,8 +138,12 @@ class ReplayResult:
         data.update(self.path_shares())
         data["off_named_path"] = self.off_named_path
         runs = self.runs_elapsed_s or [self.elapsed_s]
-        data["elapsed_spread_s"] = {"median": float(np.median(runs)), "min": min(runs), "max": max(runs),
-                                    "runs": len(runs)}
+        data["elapsed_spread_s"] = {
+            "median": float(np.median(runs)),
+            "min": min(runs),
+            "max": max(runs),
+            "runs": len(runs),
+        }
         data["write_throughput_bytes_per_s"] = self.write_throughput_bytes_per_s
         data["read_throughput_bytes_per_s"] = self.read_throughput_bytes_per_s
         return data

@@ -67,8 +67,9 @@ def io_uring_available(queue_depth: int = 2) -> str | None:
     return probe_ring(queue_depth)
 
 
-def uring_executor(root: TargetRoot, max_io_bytes: int, *, queue_depth: int, direct: bool,
-                   strategy: str) -> UringExecutor:
+def uring_executor(
+    root: TargetRoot, max_io_bytes: int, *, queue_depth: int, direct: bool, strategy: str
+) -> UringExecutor:
     """A ``UringExecutor`` for ``strategy`` (the io_uring strategies' factory, ``replayer.strategies``).
     Raises ReplayError when io_uring is unavailable here."""
     problem = io_uring_available()
@@ -88,8 +89,15 @@ class UringExecutor(PosixExecutor):
     kernel_copies = False  # in-kernel copies as a read and a write, through this strategy's path
     batch_key_kind = True
 
-    def __init__(self, root: TargetRoot, max_io_bytes: int, *, queue_depth: int = DEFAULT_QUEUE_DEPTH, direct: bool = False,
-                 strategy: str | None = None) -> None:
+    def __init__(
+        self,
+        root: TargetRoot,
+        max_io_bytes: int,
+        *,
+        queue_depth: int = DEFAULT_QUEUE_DEPTH,
+        direct: bool = False,
+        strategy: str | None = None,
+    ) -> None:
         super().__init__(root, max_io_bytes)
         if queue_depth < 1:
             raise ReplayError("{option} must be at least 1", option="queue_depth")
@@ -187,8 +195,14 @@ class UringExecutor(PosixExecutor):
         moved_each = np.maximum(results, 0)
         moved = int(moved_each.sum())
         is_write = requests["opcode"] == rings.OP_WRITE
-        ctx.state.add_paths(True, requests["fd"], moved_each, np.r_[True, owner[1:] != owner[:-1]],
-                            np.full(len(requests), ctx.plan.ops.path[row]), is_write)
+        ctx.state.add_paths(
+            True,
+            requests["fd"],
+            moved_each,
+            np.r_[True, owner[1:] != owner[:-1]],
+            np.full(len(requests), ctx.plan.ops.path[row]),
+            is_write,
+        )
         if op.offset is None:
             os.lseek(ctx.state.fds[handle], position + moved, os.SEEK_SET)
         ctx.state.add_run(latencies, moved if op.kind == "write" else 0, 0 if op.kind == "write" else moved, 1, 0)

@@ -48,8 +48,10 @@ def paired_interval(reference_s: list[float], candidate_s: list[float]) -> dict:
 def versus_all(elapsed: dict[str, list[float]]) -> dict[str, dict[str, dict]]:
     """For each strategy, its speed-up over every other (``paired_interval``), from each one's elapsed seconds
     by round."""
-    return {name: {other: paired_interval(elapsed[other], mine) for other in elapsed if other != name}
-            for name, mine in elapsed.items()}
+    return {
+        name: {other: paired_interval(elapsed[other], mine) for other in elapsed if other != name}
+        for name, mine in elapsed.items()
+    }
 
 
 def decided(elapsed: dict[str, list[float]]) -> bool:
@@ -86,5 +88,7 @@ class Rounds:
     def describe(self) -> str:
         if self.forced is not None:
             return f"{self.forced} round(s) (--repeat)"
-        return (f"{self.min_rounds}-{self.max_rounds} rounds until every pair of strategies is told apart or "
-                f"{self.budget_s:g} s of runs")
+        return (
+            f"{self.min_rounds}-{self.max_rounds} rounds until every pair of strategies is told apart or "
+            f"{self.budget_s:g} s of runs"
+        )

@@ -63,8 +63,15 @@ def verify_content(root: TargetRoot, plan: ReplayPlan) -> list[ContentMismatch]:
     return found
 
 
-def _check_file(root: TargetRoot, path: str, ranges: tuple[tuple[int, int], ...], key: int,
-                base: int = 0, *, differs=pattern.data_first_difference) -> int | None:
+def _check_file(
+    root: TargetRoot,
+    path: str,
+    ranges: tuple[tuple[int, int], ...],
+    key: int,
+    base: int = 0,
+    *,
+    differs=pattern.data_first_difference,
+) -> int | None:
     """First offset (in the original file's coordinates) where ``path`` differs from the pattern of ``key``;
     ``base``: where the original file starts in ``path`` (the pattern is ``path``'s, at its own offsets)."""
     try:
@@ -100,6 +107,7 @@ def copied_ranges(plan: ReplayPlan) -> tuple[dict[str, list[tuple]], dict[str, l
     first_copy: dict[str, int] = {}
     pipes: dict[int, deque] = defaultdict(deque)  # worker -> [source path, source offset, bytes] in its pipe
     paired_write = set()
+
     def final(r: int, path: str) -> str:  # a source's data is that of its final name (renamed files keep it)
         fid = plan.files.handle_files.get(int(t.handle[r]))
         return plan.files.file_paths.get(fid, path) if fid is not None else path
@@ -109,8 +117,14 @@ def copied_ranges(plan: ReplayPlan) -> tuple[dict[str, list[tuple]], dict[str, l
         offset = int(t.offset[r]) if t.offset[r] >= 0 else None
         if r in paired_write or path is None:
             continue
-        pair = (t.kind[r] != WRITE and r + 1 < len(t) and t.worker[r + 1] == t.worker[r]
-                and t.kcopy[r + 1] == t.kcopy[r] and t.kind[r + 1] == WRITE and t.ts_ns[r + 1] == t.ts_ns[r])
+        pair = (
+            t.kind[r] != WRITE
+            and r + 1 < len(t)
+            and t.worker[r + 1] == t.worker[r]
+            and t.kcopy[r + 1] == t.kcopy[r]
+            and t.kind[r + 1] == WRITE
+            and t.ts_ns[r + 1] == t.ts_ns[r]
+        )
         if pair:
             paired_write.add(r + 1)
             dst = t.paths[t.path[r + 1]] if t.path[r + 1] >= 0 else None
@@ -133,8 +147,15 @@ def copied_ranges(plan: ReplayPlan) -> tuple[dict[str, list[tuple]], dict[str, l
                     fifo.popleft()
                 need, at = need - n, at + n
     if copies:
-        writes = [r for r in range(len(t)) if t.kind[r] == WRITE and not t.kcopy[r] and t.path[r] >= 0
-                  and t.paths[t.path[r]] in first_copy and r > first_copy[t.paths[t.path[r]]]]
+        writes = [
+            r
+            for r in range(len(t))
+            if t.kind[r] == WRITE
+            and not t.kcopy[r]
+            and t.path[r] >= 0
+            and t.paths[t.path[r]] in first_copy
+            and r > first_copy[t.paths[t.path[r]]]
+        ]
         for r in writes:
             start = int(t.offset[r]) if t.offset[r] >= 0 else 0
             later[t.paths[t.path[r]]].append((start, start + max(int(t.size[r]), 0) if t.offset[r] >= 0 else 1 << 62))

@@ -12,4 +12,15 @@ from .record import (
 )
 from .state import SyscallEvent, TraceBuilder
 
-__all__ = ["BACKENDS", "BackendChoice", "RecordResult", "capture_limits", "SyscallEvent", "TraceBuilder", "choose_backend", "how_it_ended", "record", "resolve_command"]
+__all__ = [
+    "BACKENDS",
+    "BackendChoice",
+    "RecordResult",
+    "capture_limits",
+    "SyscallEvent",
+    "TraceBuilder",
+    "choose_backend",
+    "how_it_ended",
+    "record",
+    "resolve_command",
+]

@@ -72,8 +72,9 @@ def check_plan(plan: AttachPlan) -> None:
         raise TracerError(f"{{option}} {plan.pid}: no such running process", option="pid")
     mine = os.getpid()
     if plan.pid == mine or mine in process_tree(plan.pid):
-        raise TracerError(f"{{option}} {plan.pid}: the recorder is part of that job (trace another process)",
-                          option="pid")
+        raise TracerError(
+            f"{{option}} {plan.pid}: the recorder is part of that job (trace another process)", option="pid"
+        )
 
 
 def alive(pid: int) -> bool:
@@ -125,8 +126,11 @@ def running_process(pid: int) -> Process | None:
     for name in names:
         try:
             path = os.readlink(f"/proc/{pid}/fd/{name}")
-            info = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/fdinfo/{name}").read_text().splitlines()
-                        if ":" in line)
+            info = dict(
+                line.split(":", 1)
+                for line in Path(f"/proc/{pid}/fdinfo/{name}").read_text().splitlines()
+                if ":" in line
+            )
             flags = int(info.get("flags", "0").strip(), 8)
             pos = int(info.get("pos", "0").strip())
         except (OSError, ValueError):
@@ -187,14 +191,19 @@ class CheckpointCounter:
 
     def counted(self) -> set[str]:
         """The paths of the files counted up to ``wanted`` (all of them when it is None)."""
-        return {path for path, _ in self.files[:self.wanted]}
+        return {path for path, _ in self.files[: self.wanted]}
 
     def kept_after_cut(self, name: str, pid: int, path: str | None) -> bool:
         """Whether an event past ``cut_ns`` stays in the trace: a rename of a counted file (its commit)."""
         return name in _RENAMES and path is not None and _absolute(pid, path) in self.counted()
 
-    def observe(self, opens: list[tuple[int, int, str]], closes: list[tuple[int, int]],
-                write_keys: np.ndarray, write_ends: np.ndarray) -> None:
+    def observe(
+        self,
+        opens: list[tuple[int, int, str]],
+        closes: list[tuple[int, int]],
+        write_keys: np.ndarray,
+        write_ends: np.ndarray,
+    ) -> None:
         """One batch: ``opens`` (end time, key, absolute path) of opens for writing that returned a
         descriptor, ``closes`` (end time, key) of successful closes, and the keys and end times of the
         writes that wrote bytes (numpy, any length: matched to open files without a loop per write)."""
@@ -213,8 +222,10 @@ class CheckpointCounter:
             last = len(times) if before is None else np.searchsorted(times, before, "left")
             return bool(last > first)
 
-        steps = sorted([(end, 0, key, path) for end, key, path in opens] + [(end, 1, key, None) for end, key in closes],
-                       key=lambda step: (step[0], step[1]))
+        steps = sorted(
+            [(end, 0, key, path) for end, key, path in opens] + [(end, 1, key, None) for end, key in closes],
+            key=lambda step: (step[0], step[1]),
+        )
         for end, _kind, key, path in steps:  # opens before closes at one time
             if path is not None:  # an open (a close carries no path)
                 self._open[key] = [path, end, False] if self.accepts(path) else None
@@ -284,14 +295,24 @@ class BccCheckpoints:
                 name = self._names[int(record["nr"])]
                 regs = record["a"]
                 spec = sc.SYSCALLS[name].args
-                flags = (sc.O_WRONLY if name == "creat" else int(record["extra"]) if name == "openat2"
-                         else int(regs[spec.index("flags")]) & 0xFFFFFFFF)
+                flags = (
+                    sc.O_WRONLY
+                    if name == "creat"
+                    else int(record["extra"])
+                    if name == "openat2"
+                    else int(regs[spec.index("flags")]) & 0xFFFFFFFF
+                )
                 if not _writes_for(flags):
                     continue
                 path = record["path"].tobytes().split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
                 pid = int(record["pid"])
-                self._opens.append((int(record["ts_ns"] + record["dur_ns"]),
-                                    CheckpointCounter.key(pid, int(record["ret"])), _absolute(pid, path)))
+                self._opens.append(
+                    (
+                        int(record["ts_ns"] + record["dur_ns"]),
+                        CheckpointCounter.key(pid, int(record["ret"])),
+                        _absolute(pid, path),
+                    )
+                )
             return
         if ring != "compact":
             return
@@ -458,21 +479,27 @@ def strace_attach(plan: AttachPlan, scratch, counter: CheckpointCounter, stopper
     try:
         for attempt in range(5):  # a process forked before its parent was attached: another strace for it
             # not yet attached, and not followed by a strace already (a fork after its parent was attached)
-            missing = [pid for pid in process_tree(plan.pid)
-                       if pid not in attached and alive(pid) and not (procs and _traced_by(pid))]
+            missing = [
+                pid
+                for pid in process_tree(plan.pid)
+                if pid not in attached and alive(pid) and not (procs and _traced_by(pid))
+            ]
             if not missing:
                 break
             log = Path(scratch) / f"strace-{attempt}.log"
             argv = strace_attach_command(missing, log)
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                    preexec_fn=set_parent_death_signal)
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=set_parent_death_signal
+            )
             procs.append(proc)
             logs.append(log)
             tails.append(_LogTail(log))
             while not all(_traced_by(tid) == proc.pid for pid in missing if alive(pid) for tid in threads(pid)):
                 if proc.poll() is not None:
-                    raise TracerError(f"strace could not attach to {missing[0]}: "
-                                      f"{(proc.stderr.read() if proc.stderr else b'').decode(errors='replace').strip()[:300]}")
+                    raise TracerError(
+                        f"strace could not attach to {missing[0]}: "
+                        f"{(proc.stderr.read() if proc.stderr else b'').decode(errors='replace').strip()[:300]}"
+                    )
                 time.sleep(0.01)
             attached.update(missing)
         released_s = time.monotonic()
@@ -516,8 +543,12 @@ def run_attached(choice, plan: AttachPlan, builder_args: dict, spool):
     filters = tuple(builder_args["path_filters"])
     counter = CheckpointCounter(filters, plan.until_checkpoints)
     root = running_process(plan.pid)
-    args = {**builder_args, "cwd": root.cwd if root else None, "inherited_fds": {},
-            "root_rank": root.rank if root else -1}
+    args = {
+        **builder_args,
+        "cwd": root.cwd if root else None,
+        "inherited_fds": {},
+        "root_rank": root.rank if root else -1,
+    }
 
     def spill(builder: TraceBuilder) -> None:
         if builder.num_rows >= config.RECORD_RUN_ROWS:
@@ -526,14 +557,20 @@ def run_attached(choice, plan: AttachPlan, builder_args: dict, spool):
     def make_feeder(root_pid: int | None, start_ns: int) -> EffectOrderFeeder:
         builder = TraceBuilder(start_ns=start_ns, root_pid=plan.pid, **args)
         seed_builder(builder, process_tree(plan.pid))  # as they are now that the probes are live
-        return EffectOrderFeeder(builder, slack_ns=config.RECORD_REORDER_SLACK_NS, on_rows=spill,
-                                 release_every=config.RECORD_RELEASE_EVERY)
+        return EffectOrderFeeder(
+            builder, slack_ns=config.RECORD_REORDER_SLACK_NS, on_rows=spill, release_every=config.RECORD_RELEASE_EVERY
+        )
 
     def attached_summary(stopper: Stopper, processes: list[int]) -> dict:
-        return {"pid": plan.pid, "processes": processes, "stopped_by": stopper.reason,
-                "duration_s": plan.duration_s, "until_checkpoints": plan.until_checkpoints,
-                "checkpoint_files": [path for path, _ in counter.files[:plan.until_checkpoints]],
-                "window_end_ns": counter.cut_ns}
+        return {
+            "pid": plan.pid,
+            "processes": processes,
+            "stopped_by": stopper.reason,
+            "duration_s": plan.duration_s,
+            "until_checkpoints": plan.until_checkpoints,
+            "checkpoint_files": [path for path, _ in counter.files[: plan.until_checkpoints]],
+            "window_end_ns": counter.cut_ns,
+        }
 
     backend = backends.get(choice.name)
     if backend.attach is None:
@@ -560,8 +597,13 @@ def attach_bcc(choice, ctx: Attaching):
     from . import backends
     from .backends.bcc import load
 
-    plan, counter, make_feeder, attached_summary, spool = (ctx.plan, ctx.counter, ctx.make_feeder,
-                                                           ctx.attached_summary, ctx.spool)
+    plan, counter, make_feeder, attached_summary, spool = (
+        ctx.plan,
+        ctx.counter,
+        ctx.make_feeder,
+        ctx.attached_summary,
+        ctx.spool,
+    )
     tracer, choice = load(choice, list(ctx.filters))
     if tracer is None:
         fallback = backends.get(choice.name).attach
@@ -614,11 +656,18 @@ def attach_strace(choice, ctx: Attaching):
     from . import leftovers, strace_backend
     from .backends.strace import UNSEEN
 
-    plan, counter, make_feeder, attached_summary, spool = (ctx.plan, ctx.counter, ctx.make_feeder,
-                                                           ctx.attached_summary, ctx.spool)
+    plan, counter, make_feeder, attached_summary, spool = (
+        ctx.plan,
+        ctx.counter,
+        ctx.make_feeder,
+        ctx.attached_summary,
+        ctx.spool,
+    )
     tids: dict[int, int] = {}
-    with tempfile.TemporaryDirectory(prefix=leftovers.scratch_prefix("strace")) as scratch, \
-            Stopper(plan, counter) as stopper:
+    with (
+        tempfile.TemporaryDirectory(prefix=leftovers.scratch_prefix("strace")) as scratch,
+        Stopper(plan, counter) as stopper,
+    ):
         start_ns = time.time_ns()
         feeder = make_feeder(plan.pid, start_ns)
         got = strace_attach(plan, scratch, counter, stopper)
@@ -626,15 +675,34 @@ def attach_strace(choice, ctx: Attaching):
         logs = [strace_backend.iter_log(log) for log in got["logs"] if log.exists()]
         events = heapq.merge(*logs, key=lambda event: event.ts_ns)
         if counter.cut_ns is not None:
-            events = (event for event in events if _end_ns(event) <= counter.cut_ns or counter.kept_after_cut(
-                getattr(event, "name", ""), tgid_of(event.tid, tids), (getattr(event, "args", None) or {}).get("path")))
+            events = (
+                event
+                for event in events
+                if _end_ns(event) <= counter.cut_ns
+                or counter.kept_after_cut(
+                    getattr(event, "name", ""),
+                    tgid_of(event.tid, tids),
+                    (getattr(event, "args", None) or {}).get("path"),
+                )
+            )
         while chunk := list(itertools.islice(events, max(1, config.RECORD_DECODE_EVENTS))):
             feeder.add(chunk)
     feeder.finish()
     spool.add(feeder.builder.take_rows())
     unseen = dict(UNSEEN)
-    return feeder.builder, {"lost_events": 0, "truncated_paths": 0, "exit_code": 0, "exit_signal": None,
-                            "command_elapsed_ns": command_elapsed_ns, "unseen": unseen,
-                            "late_events": feeder.late_events, "released_s": got["released_s"],
-                            "exited_s": got["exited_s"], "attached": attached_summary(stopper, got["attached"])
-                            }, choice
+    return (
+        feeder.builder,
+        {
+            "lost_events": 0,
+            "truncated_paths": 0,
+            "exit_code": 0,
+            "exit_signal": None,
+            "command_elapsed_ns": command_elapsed_ns,
+            "unseen": unseen,
+            "late_events": feeder.late_events,
+            "released_s": got["released_s"],
+            "exited_s": got["exited_s"],
+            "attached": attached_summary(stopper, got["attached"]),
+        },
+        choice,
+    )

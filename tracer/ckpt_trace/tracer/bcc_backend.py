@@ -59,8 +59,25 @@ from .state import AuxEvent, EffectOrderFeeder, SyscallEvent, rank_from_environ
 TRACEFS = Path("/sys/kernel/tracing")
 _EVENTS = TRACEFS / "events" / "raw_syscalls"
 _NAMES = list(sc.SYSCALLS)
-_POINTER_ARGS = {"path", "path2", "iov", "how", "uargs", "argv", "envp", "buf", "params", "sig", "stack", "ptid", "ctid", "tls",
-                  "offset_ptr", "off_in_ptr", "off_out_ptr"}
+_POINTER_ARGS = {
+    "path",
+    "path2",
+    "iov",
+    "how",
+    "uargs",
+    "argv",
+    "envp",
+    "buf",
+    "params",
+    "sig",
+    "stack",
+    "ptid",
+    "ctid",
+    "tls",
+    "offset_ptr",
+    "off_in_ptr",
+    "off_out_ptr",
+}
 
 
 def _mount_tracefs() -> None:
@@ -142,7 +159,9 @@ def _early_checks(name: str, arg: dict[str, str]) -> list[str]:
     if name == "fcntl":
         wanted = (sc.F_DUPFD, sc.F_DUPFD_CLOEXEC, sc.F_SETFD, sc.F_SETFL)
         lines.append("if (" + " && ".join(f"{arg['cmd']} != {c}" for c in wanted) + ") return 0;")
-        lines.append(f"if (({arg['cmd']} == {sc.F_SETFD} || {arg['cmd']} == {sc.F_SETFL}) && fd_marked(tgid, {arg['fd']})) return 0;")
+        lines.append(
+            f"if (({arg['cmd']} == {sc.F_SETFD} || {arg['cmd']} == {sc.F_SETFL}) && fd_marked(tgid, {arg['fd']})) return 0;"
+        )
     if name == "close":
         lines.append(f"if (fd_marked(tgid, {arg['fd']})) {{ set_mark(tgid, {arg['fd']}, 0); return 0; }}")
     elif "fd" in arg and name not in _KEEP_ON_MARKED_FD:
@@ -169,7 +188,9 @@ def _late_checks(name: str, arg: dict[str, str]) -> list[str]:
         lines.append(f"e->ignore = fd_marked(tgid, {arg['fd']});")
     if name == "fcntl":
         cmd = arg["cmd"]
-        lines.append(f"e->ignore = ({cmd} == {sc.F_DUPFD} || {cmd} == {sc.F_DUPFD_CLOEXEC}) && fd_marked(tgid, {arg['fd']});")
+        lines.append(
+            f"e->ignore = ({cmd} == {sc.F_DUPFD} || {cmd} == {sc.F_DUPFD_CLOEXEC}) && fd_marked(tgid, {arg['fd']});"
+        )
     if name in _PATH_CHECK:
         lines.append(f"check = {_PATH_CHECK[name]};")
     if name in _OPENS:  # (openat2's flags: the first field of its struct open_how, read into e->extra)
@@ -191,7 +212,8 @@ if (a[__IN__] && bpf_probe_read_user(&e->extra, 8, (const void *)a[__IN__]) != 0
 # io_uring_rsrc_register, FILES_UPDATE2 an io_uring_rsrc_update2), up to MAX_FIXED_FDS descriptors into e->path.
 _ENTER_EXTRA = {
     "sendfile": _COPY_OFFSETS.replace("__IN__", "2"),
-    "copy_file_range": _COPY_OFFSETS.replace("__IN__", "1") + """
+    "copy_file_range": _COPY_OFFSETS.replace("__IN__", "1")
+    + """
 if (a[3] && bpf_probe_read_user(&e->size, 8, (const void *)a[3]) != 0)
     e->size = -2;
 """,
@@ -266,24 +288,44 @@ def _enter_case(nr: int, name: str) -> str:
 
 
 # What the kernel-side capture reads, by BTF member path: (macro, struct, member, ...).
-_URING_OFFSETS = (("__OFF_REQ_FLAGS__", "io_kiocb", "flags"), ("__OFF_CQE_FD__", "io_kiocb", "cqe", "fd"),
-                  ("__OFF_SYNC_LEN__", "io_sync", "len"), ("__OFF_SYNC_OFF__", "io_sync", "off"),
-                  ("__OFF_SYNC_FLAGS__", "io_sync", "flags"), ("__OFF_SYNC_MODE__", "io_sync", "mode"))
-_MAPPED_OFFSETS = (("__OFF_TASK_FILES__", "task_struct", "files"), ("__OFF_FILES_FDT__", "files_struct", "fdt"),
-                   ("__OFF_FDT_FD__", "fdtable", "fd"), ("__OFF_FILE_INODE__", "file", "f_inode"),
-                   ("__OFF_INODE_INO__", "inode", "i_ino"), ("__OFF_INODE_SB__", "inode", "i_sb"),
-                   ("__OFF_SB_DEV__", "super_block", "s_dev"))
+_URING_OFFSETS = (
+    ("__OFF_REQ_FLAGS__", "io_kiocb", "flags"),
+    ("__OFF_CQE_FD__", "io_kiocb", "cqe", "fd"),
+    ("__OFF_SYNC_LEN__", "io_sync", "len"),
+    ("__OFF_SYNC_OFF__", "io_sync", "off"),
+    ("__OFF_SYNC_FLAGS__", "io_sync", "flags"),
+    ("__OFF_SYNC_MODE__", "io_sync", "mode"),
+)
+_MAPPED_OFFSETS = (
+    ("__OFF_TASK_FILES__", "task_struct", "files"),
+    ("__OFF_FILES_FDT__", "files_struct", "fdt"),
+    ("__OFF_FDT_FD__", "fdtable", "fd"),
+    ("__OFF_FILE_INODE__", "file", "f_inode"),
+    ("__OFF_INODE_INO__", "inode", "i_ino"),
+    ("__OFF_INODE_SB__", "inode", "i_sb"),
+    ("__OFF_SB_DEV__", "super_block", "s_dev"),
+)
 
 
-_FOLIO_OFFSETS = (("__OFF_MAPPING_HOST__", "address_space", "host"), ("__OFF_XA_NODE_SHIFT__", "xa_node", "shift"),
-                  ("__OFF_XA_NODE_SLOTS__", "xa_node", "slots"), ("__OFF_FOLIO_FLAGS__", "folio", "flags"),
-                  ("__OFF_FOLIO_FLAGS1__", "folio", "_flags_1"), ("__OFF_FOLIO_INDEX__", "folio", "index"))
+_FOLIO_OFFSETS = (
+    ("__OFF_MAPPING_HOST__", "address_space", "host"),
+    ("__OFF_XA_NODE_SHIFT__", "xa_node", "shift"),
+    ("__OFF_XA_NODE_SLOTS__", "xa_node", "slots"),
+    ("__OFF_FOLIO_FLAGS__", "folio", "flags"),
+    ("__OFF_FOLIO_FLAGS1__", "folio", "_flags_1"),
+    ("__OFF_FOLIO_INDEX__", "folio", "index"),
+)
 #: The page tracepoints a recording may leave out (``CKPT_TRACE_BPF_OMIT_TRACEPOINTS``, comma-separated), as an
 #: older kernel without them would: the trace then counts what it could not cover (``mapped_uncovered_bytes``).
 #: ``rss_stat`` and ``page_fault_user`` go together (either name leaves both out): without them, mapped bytes
 #: that no page event covers are not counted.
-OMITTABLE = {"mm_filemap_fault": "__OMIT_FAULT__", "mm_filemap_map_pages": "__OMIT_MAP_PAGES__",
-             "writeback_dirty_folio": "__OMIT_DIRTY__", "rss_stat": "__OMIT_RSS__", "page_fault_user": "__OMIT_RSS__"}
+OMITTABLE = {
+    "mm_filemap_fault": "__OMIT_FAULT__",
+    "mm_filemap_map_pages": "__OMIT_MAP_PAGES__",
+    "writeback_dirty_folio": "__OMIT_DIRTY__",
+    "rss_stat": "__OMIT_RSS__",
+    "page_fault_user": "__OMIT_RSS__",
+}
 #: All of them: the tracer as it was before the mapped-I/O probes (benchmarks/tracer_overhead.py --probes).
 PAGE_PROBES = ",".join(OMITTABLE)
 _RSS_EVENTS = ("exceptions/page_fault_user", "kmem/rss_stat")
@@ -295,8 +337,9 @@ def omitted_tracepoints() -> list[str]:
     names = [name.strip().rpartition(":")[2] for name in config.BPF_OMIT_TRACEPOINTS.split(",") if name.strip()]
     unknown = [name for name in names if name not in OMITTABLE]
     if unknown:
-        raise TracerError(f"CKPT_TRACE_BPF_OMIT_TRACEPOINTS: unknown tracepoint {unknown[0]!r} "
-                          f"(choose from {', '.join(OMITTABLE)})")
+        raise TracerError(
+            f"CKPT_TRACE_BPF_OMIT_TRACEPOINTS: unknown tracepoint {unknown[0]!r} (choose from {', '.join(OMITTABLE)})"
+        )
     return names
 
 
@@ -324,8 +367,13 @@ def kernel_view() -> KernelView:
 
 def _kernel_macros() -> tuple[dict, str | None, str | None]:
     """(macros, uring reason, mapped reason) of ``kernel_view``, from the BTF parsed now."""
-    macros = {"__URING__": "0", "__MAPPED__": "0", "__FOLIOS__": "0", "__RSS__": "0",
-              **dict.fromkeys(OMITTABLE.values(), "0")}
+    macros = {
+        "__URING__": "0",
+        "__MAPPED__": "0",
+        "__FOLIOS__": "0",
+        "__RSS__": "0",
+        **dict.fromkeys(OMITTABLE.values(), "0"),
+    }
     try:
         kernel = btf.kernel()
     except btf.BtfMissing as err:
@@ -357,13 +405,15 @@ def _kernel_macros() -> tuple[dict, str | None, str | None]:
         try:  # whole folios (raw tracepoints): else the formatted events' page indices alone
             for macro, *where in _FOLIO_OFFSETS:
                 macros[macro] = str(kernel.offset(*where))
-            macros["__OFF_MAPPING_XA_HEAD__"] = str(kernel.offset("address_space", "i_pages")
-                                                    + kernel.offset("xarray", "xa_head"))
+            macros["__OFF_MAPPING_XA_HEAD__"] = str(
+                kernel.offset("address_space", "i_pages") + kernel.offset("xarray", "xa_head")
+            )
             macros["__PG_HEAD__"] = str(kernel.enum_value("PG_head"))
             macros["__FOLIOS__"] = "1"
             macros["__OFF_TASK_MM__"] = str(kernel.offset("task_struct", "mm"))
-            macros["__OFF_MM_FILE_PAGES__"] = str(kernel.offset("mm_struct", "rss_stat")
-                                                  + kernel.offset("percpu_counter", "count"))  # [MM_FILEPAGES = 0]
+            macros["__OFF_MM_FILE_PAGES__"] = str(
+                kernel.offset("mm_struct", "rss_stat") + kernel.offset("percpu_counter", "count")
+            )  # [MM_FILEPAGES = 0]
             macros["__RSS__"] = str(int(all((TRACEFS / "events" / name).is_dir() for name in _RSS_EVENTS)))
         except btf.BtfMissing:
             pass
@@ -372,8 +422,11 @@ def _kernel_macros() -> tuple[dict, str | None, str | None]:
 
 #: The calls whose records carry strings (the ``events`` ring, full records); every other call's record is
 #: the fixed header alone (the ``compact`` ring).
-STRING_CALLS = tuple(name for name, call in sc.SYSCALLS.items()
-                     if any(arg in sc.PATH_ARGS for arg in call.args) or name == "io_uring_register")
+STRING_CALLS = tuple(
+    name
+    for name, call in sc.SYSCALLS.items()
+    if any(arg in sc.PATH_ARGS for arg in call.args) or name == "io_uring_register"
+)
 #: The rings and their sizes in pages (``config``): system calls with strings, without, requests and pages.
 RINGS = {"events": "BPF_RINGBUF_PAGES", "compact": "BPF_COMPACT_RINGBUF_PAGES", "aux": "BPF_AUX_RINGBUF_PAGES"}
 
@@ -383,8 +436,14 @@ def compact_dtype(events: np.dtype) -> np.dtype:
     fields: dict[str, Any] = {str(k): v for k, v in (events.fields or {}).items()}  # each name: (dtype, offset)
     end = fields["path"][1]
     names = [name for name in events.names or () if fields[name][1] < end]
-    return np.dtype({"names": names, "formats": [fields[name][0] for name in names],
-                     "offsets": [fields[name][1] for name in names], "itemsize": end})
+    return np.dtype(
+        {
+            "names": names,
+            "formats": [fields[name][0] for name in names],
+            "offsets": [fields[name][1] for name in names],
+            "itemsize": end,
+        }
+    )
 
 
 def wake_every() -> int:
@@ -402,22 +461,23 @@ def program_text(path_filters: list[str] | None = None, view: KernelView | None 
     """The full BPF C program for ``path_filters`` on the kernel ``view`` describes."""
     base = resources.files("ckpt_trace.tracer").joinpath("bcc_program.c").read_text()
     cases = "\n".join(_enter_case(nr, name) for nr, name in enumerate(_NAMES))
-    text = (base.replace("__PATH_BYTES__", str(config.BPF_PATH_BYTES))
-                .replace("__MAX_IOVECS__", str(config.BPF_MAX_IOVECS))
-                .replace("__MAX_IOCBS__", str(max(1, config.BPF_MAX_IOCBS)))
-                .replace("__RINGBUF_PAGES__", str(config.BPF_RINGBUF_PAGES))
-                .replace("__AUX_PAGES__", str(config.BPF_AUX_RINGBUF_PAGES))
-                .replace("__COMPACT_PAGES__", str(config.BPF_COMPACT_RINGBUF_PAGES))
-                .replace("__CARRIES_STRINGS__", " || ".join(f"nr == {_NAMES.index(name)}" for name in STRING_CALLS))
-                .replace("__WAKE_EVERY__", str(wake_every()))
-                .replace("__INFLIGHT__", str(config.BPF_INFLIGHT_ENTRIES))
-                .replace("__URING_INFLIGHT__", str(config.BPF_URING_INFLIGHT_ENTRIES))
-                .replace("__IGNORED_ENTRIES__", str(config.BPF_IGNORED_FDS))
-                .replace("__EXCLUDED_BODY__", excluded_body(list(path_filters or [])))
-                .replace("__FOLLOW_RENAMES__", "1" if path_filters else "0")
-                .replace("__INDEX_DEFINES__", "\n".join(f"#define IDX_{name} {index}"
-                                                        for index, name in enumerate(_NAMES)))
-                .replace("__ENTER_CASES__", cases))
+    text = (
+        base.replace("__PATH_BYTES__", str(config.BPF_PATH_BYTES))
+        .replace("__MAX_IOVECS__", str(config.BPF_MAX_IOVECS))
+        .replace("__MAX_IOCBS__", str(max(1, config.BPF_MAX_IOCBS)))
+        .replace("__RINGBUF_PAGES__", str(config.BPF_RINGBUF_PAGES))
+        .replace("__AUX_PAGES__", str(config.BPF_AUX_RINGBUF_PAGES))
+        .replace("__COMPACT_PAGES__", str(config.BPF_COMPACT_RINGBUF_PAGES))
+        .replace("__CARRIES_STRINGS__", " || ".join(f"nr == {_NAMES.index(name)}" for name in STRING_CALLS))
+        .replace("__WAKE_EVERY__", str(wake_every()))
+        .replace("__INFLIGHT__", str(config.BPF_INFLIGHT_ENTRIES))
+        .replace("__URING_INFLIGHT__", str(config.BPF_URING_INFLIGHT_ENTRIES))
+        .replace("__IGNORED_ENTRIES__", str(config.BPF_IGNORED_FDS))
+        .replace("__EXCLUDED_BODY__", excluded_body(list(path_filters or [])))
+        .replace("__FOLLOW_RENAMES__", "1" if path_filters else "0")
+        .replace("__INDEX_DEFINES__", "\n".join(f"#define IDX_{name} {index}" for index, name in enumerate(_NAMES)))
+        .replace("__ENTER_CASES__", cases)
+    )
     for macro, value in (view or kernel_view()).macros.items():
         text = text.replace(macro, value)
     for name in omitted_tracepoints():
@@ -496,8 +556,9 @@ def decode_events(records: np.ndarray, ranks: dict[int, int | None]) -> list[Sys
             for args, more in zip(arguments, extra):
                 args.update(more)
         for i, args in zip(rows, arguments):  # positional: SyscallEvent's field order
-            events[i] = SyscallEvent(ts[i], dur[i], tid[i], name, args, ret[i], pid[i], comms[i],
-                                     size[i] if size[i] >= 0 else None)
+            events[i] = SyscallEvent(
+                ts[i], dur[i], tid[i], name, args, ret[i], pid[i], comms[i], size[i] if size[i] >= 0 else None
+            )
         if name in ("execve", "execveat"):
             for i in rows:
                 event = events[i]
@@ -531,15 +592,22 @@ def _extra_args(name: str, records: np.ndarray) -> list[dict]:
             out.append(offsets)
         elif name == "ioctl":
             regs = record["a"]
-            out.append({"src_fd": extra, "src_offset": int(regs[3]), "src_length": int(regs[4]),
-                        "dest_offset": int(regs[5])}
-                       if int(regs[1]) & 0xFFFFFFFF == sc.FICLONERANGE and extra != -1 else {})
+            out.append(
+                {"src_fd": extra, "src_offset": int(regs[3]), "src_length": int(regs[4]), "dest_offset": int(regs[5])}
+                if int(regs[1]) & 0xFFFFFFFF == sc.FICLONERANGE and extra != -1
+                else {}
+            )
         else:  # io_uring_register
             nfds = int(record["nfds"])
             count = min(nfds, config.BPF_PATH_BYTES // 4)
-            raw = record["path"].tobytes()[:4 * count]  # fds, not a string: not up to the first NUL
-            out.append({"fds": list(struct.unpack_from(f"<{count}i", raw)) if count else [], "files_offset": extra,
-                        "fds_truncated": nfds > count})
+            raw = record["path"].tobytes()[: 4 * count]  # fds, not a string: not up to the first NUL
+            out.append(
+                {
+                    "fds": list(struct.unpack_from(f"<{count}i", raw)) if count else [],
+                    "files_offset": extra,
+                    "fds_truncated": nfds > count,
+                }
+            )
     return out
 
 
@@ -551,19 +619,87 @@ def exec_ranks(records: np.ndarray) -> dict[int, int | None]:
     return {int(pid): _environ_rank(int(pid)) for pid in np.unique(pids)}
 
 
-_AUX_FIELDS = ("kind", "ts_ns", "dur_ns", "pid", "tid", "fd", "ctx", "obj", "user_data", "offset", "len", "res",
-               "addr", "ino", "dev", "index", "last_index", "opcode", "flags", "in_flight", "fixed", "vectored")
+_AUX_FIELDS = (
+    "kind",
+    "ts_ns",
+    "dur_ns",
+    "pid",
+    "tid",
+    "fd",
+    "ctx",
+    "obj",
+    "user_data",
+    "offset",
+    "len",
+    "res",
+    "addr",
+    "ino",
+    "dev",
+    "index",
+    "last_index",
+    "opcode",
+    "flags",
+    "in_flight",
+    "fixed",
+    "vectored",
+)
 
 
 def decode_aux(records: np.ndarray) -> list[AuxEvent]:
     """AuxEvents of ``aux_t`` records, column by column."""
     columns = [records[name].tolist() for name in _AUX_FIELDS]
     comms = _strings(records["comm"])
-    return [AuxEvent(kind=k, ts_ns=ts, dur_ns=dur, pid=pid, tid=tid, fd=fd, ctx=ctx, obj=obj, user_data=ud,
-                     offset=off, length=length, res=res, addr=addr, ino=ino, dev=dev, index=index, last_index=last,
-                     opcode=op, flags=flags, in_flight=depth, fixed=bool(fixed), vectored=vec, comm=comm)
-            for (k, ts, dur, pid, tid, fd, ctx, obj, ud, off, length, res, addr, ino, dev, index, last, op, flags,
-                 depth, fixed, vec), comm in zip(zip(*columns), comms)]
+    return [
+        AuxEvent(
+            kind=k,
+            ts_ns=ts,
+            dur_ns=dur,
+            pid=pid,
+            tid=tid,
+            fd=fd,
+            ctx=ctx,
+            obj=obj,
+            user_data=ud,
+            offset=off,
+            length=length,
+            res=res,
+            addr=addr,
+            ino=ino,
+            dev=dev,
+            index=index,
+            last_index=last,
+            opcode=op,
+            flags=flags,
+            in_flight=depth,
+            fixed=bool(fixed),
+            vectored=vec,
+            comm=comm,
+        )
+        for (
+            k,
+            ts,
+            dur,
+            pid,
+            tid,
+            fd,
+            ctx,
+            obj,
+            ud,
+            off,
+            length,
+            res,
+            addr,
+            ino,
+            dev,
+            index,
+            last,
+            op,
+            flags,
+            depth,
+            fixed,
+            vec,
+        ), comm in zip(zip(*columns), comms)
+    ]
 
 
 #: What each slot of the BPF ``lost`` array counts (bcc_program.c), as the metadata's ``lost_reasons`` names it.
@@ -601,14 +737,22 @@ class BccRecording:
             raise TracerError("the bcc recording made no event feeder")
         feeder.finish()
         spool.add(feeder.builder.take_rows())
-        extra = {"lost_events": self.lost_events, **({"lost_reasons": self.lost_reasons} if self.lost_reasons else {}),
-                 "truncated_paths": self.truncated_paths, "exit_code": self.exit_code,
-                 "exit_signal": self.exit_signal, "command_elapsed_ns": self.command_elapsed_ns,
-                 "recorder_cpu_ns": self.recorder_cpu_ns,
-                 **({"bpf_run_ns": self.bpf_run_ns} if self.bpf_run_ns is not None else {}),
-                 "unseen": self.unseen, "io_uring_unrecorded_ops": self.uring_other_ops,
-                 "late_events": feeder.late_events, "spilled_raw_bytes": self.spilled_raw_bytes,
-                 "released_s": self.released_s, "exited_s": self.exited_s}
+        extra = {
+            "lost_events": self.lost_events,
+            **({"lost_reasons": self.lost_reasons} if self.lost_reasons else {}),
+            "truncated_paths": self.truncated_paths,
+            "exit_code": self.exit_code,
+            "exit_signal": self.exit_signal,
+            "command_elapsed_ns": self.command_elapsed_ns,
+            "recorder_cpu_ns": self.recorder_cpu_ns,
+            **({"bpf_run_ns": self.bpf_run_ns} if self.bpf_run_ns is not None else {}),
+            "unseen": self.unseen,
+            "io_uring_unrecorded_ops": self.uring_other_ops,
+            "late_events": feeder.late_events,
+            "spilled_raw_bytes": self.spilled_raw_bytes,
+            "released_s": self.released_s,
+            "exited_s": self.exited_s,
+        }
         if feeder.builder.mapped_uncovered_bytes is not None:
             extra["mapped_uncovered_bytes"] = feeder.builder.mapped_uncovered_bytes
         return feeder.builder, extra
@@ -664,8 +808,9 @@ class _RawSpill:
             for _ in range(frames):
                 index, count, size = self._FRAME.unpack(self._file.read(self._FRAME.size))
                 dtype = self.dtypes[self.names[index]]
-                raw = pa.decompress(self._file.read(size), decompressed_size=count * dtype.itemsize, codec="zstd",
-                                    asbytes=True)
+                raw = pa.decompress(
+                    self._file.read(size), decompressed_size=count * dtype.itemsize, codec="zstd", asbytes=True
+                )
                 group[self.names[index]].append(np.frombuffer(raw, dtype))
             yield group
 
@@ -699,8 +844,10 @@ class _Rings:
 
         self.dtypes = {name: sample_dtype(_get_event_class(bpf[name])) for name in ("events", "aux")}
         self.dtypes["compact"] = compact_dtype(self.dtypes["events"])
-        self.readers = {name: RingReader(bpf[name].map_fd, getattr(config, pages) * mmap.PAGESIZE, self.dtypes[name])
-                        for name, pages in RINGS.items()}
+        self.readers = {
+            name: RingReader(bpf[name].map_fd, getattr(config, pages) * mmap.PAGESIZE, self.dtypes[name])
+            for name, pages in RINGS.items()
+        }
         self.chunks: dict[str, list[np.ndarray]] = {name: [] for name in self.readers}
         self.held_bytes = 0  # bytes in chunks, kept as they come: summing every chunk at every poll grew quadratically
         self.ranks: dict[int, int | None] = {}
@@ -754,7 +901,7 @@ class _Rings:
                 if name == "events":
                     rec.truncated_paths += int(records["truncated"].sum())
                 for start in range(0, len(records), step):
-                    part = records[start:start + step]
+                    part = records[start : start + step]
                     slices.append((int(part["ts_ns"][0]), len(slices), name, part))
         for _, _, name, part in sorted(slices, key=lambda item: item[:2]):
             rec.feeder.add(decode_aux(part) if name == "aux" else decode_events(part, self.ranks))
@@ -833,8 +980,13 @@ class BccTracer:
         os.close(gate_r)
         return pid, gate_w
 
-    def run(self, cmd: list[str], env: dict[str, str], make_feeder: Callable[[int, int], EffectOrderFeeder],
-            scratch_dir: str | os.PathLike) -> BccRecording:
+    def run(
+        self,
+        cmd: list[str],
+        env: dict[str, str],
+        make_feeder: Callable[[int, int], EffectOrderFeeder],
+        scratch_dir: str | os.PathLike,
+    ) -> BccRecording:
         """Run ``cmd`` with ``env`` traced, with its descendants; return when it exits and every event has
         gone to the feeder ``make_feeder(root pid, start ns)`` makes once the command is spawned.
 
@@ -874,16 +1026,22 @@ class BccTracer:
             rec.exit_code = 128 + rec.exit_signal
         return rec
 
-    def attach(self, pids: Callable[[], list[int]], make_feeder: Callable[[int, int], EffectOrderFeeder],
-               scratch_dir: str | os.PathLike, finished: Callable[[BccRecording], bool],
-               on_records: Callable[[str, np.ndarray], None] | None = None,
-               keep: Callable[[np.ndarray], np.ndarray] | None = None) -> BccRecording:
+    def attach(
+        self,
+        pids: Callable[[], list[int]],
+        make_feeder: Callable[[int, int], EffectOrderFeeder],
+        scratch_dir: str | os.PathLike,
+        finished: Callable[[BccRecording], bool],
+        on_records: Callable[[str, np.ndarray], None] | None = None,
+        keep: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> BccRecording:
         """Trace processes already running, with their descendants, until ``finished(rec)`` is true (called
         after every poll); ``pids()`` lists them (called until it names no new one, the later ones added
         while the first are traced: a fork in between is caught by the fork tracepoint or the next call).
         ``on_records(ring name, records)`` sees each chunk as it is copied (``tracer.attach`` counts
         checkpoint files there); ``keep(records)`` is the mask of the records to decode (the window's end).
         The processes are never signalled, stopped or waited for: detaching is closing the BPF program."""
+
         def begin(rec: BccRecording, wakeups: select.epoll) -> None:
             seen: set[int] = set()
             while True:
@@ -896,12 +1054,21 @@ class BccTracer:
                 if rec.root_pid < 0:
                     rec.root_pid = new[0]
 
-        rec, _ = self._collect(make_feeder, scratch_dir, begin, lambda: None,
-                               lambda rec: True if finished(rec) else None, on_records, keep)
+        rec, _ = self._collect(
+            make_feeder, scratch_dir, begin, lambda: None, lambda rec: True if finished(rec) else None, on_records, keep
+        )
         return rec
 
-    def _collect(self, make_feeder, scratch_dir, begin, release, finished, on_records=None, keep=None,
-                 ) -> tuple[BccRecording, Any]:
+    def _collect(
+        self,
+        make_feeder,
+        scratch_dir,
+        begin,
+        release,
+        finished,
+        on_records=None,
+        keep=None,
+    ) -> tuple[BccRecording, Any]:
         """``run``'s and ``attach``'s common body: ``begin`` names the traced processes, ``release`` lets
         the command go, then the rings are copied until ``finished(rec)`` returns a status (not None), and
         everything held is decoded and fed. Returns (recording, status)."""
@@ -911,8 +1078,11 @@ class BccTracer:
         wakeups = select.epoll()
         for name in rings.readers:
             wakeups.register(bpf[name].map_fd, select.EPOLLIN)
-        rec.unseen = {capture: why for capture, why in (("io_uring_requests", self.view.uring),
-                                                         ("mapped_pages", self.view.mapped)) if why}
+        rec.unseen = {
+            capture: why
+            for capture, why in (("io_uring_requests", self.view.uring), ("mapped_pages", self.view.mapped))
+            if why
+        }
         begin(rec, wakeups)
         rec.start_ns = time.monotonic_ns()
         cpu_at_start_ns = _cpu_ns()
@@ -945,6 +1115,8 @@ class BccTracer:
         rec.lost_reasons = {reason: count for reason, count in zip(LOST_REASONS, lost) if count}
         if self.view.uring is None:
             other = bpf["uring_other"]
-            rec.uring_other_ops = {vocabulary.URING_OPCODE_NAMES.get(i, str(i)): int(other[ctypes.c_int(i)].value)
-                                   for i in range(256) if other[ctypes.c_int(i)].value}
-
+            rec.uring_other_ops = {
+                vocabulary.URING_OPCODE_NAMES.get(i, str(i)): int(other[ctypes.c_int(i)].value)
+                for i in range(256)
+                if other[ctypes.c_int(i)].value
+            }

@@ -46,7 +46,7 @@ class Btf:
         magic, _version, _flags, hdr_len, type_off, type_len, str_off, str_len = struct.unpack_from("<HBBIIIII", data)
         if magic != MAGIC:
             raise BtfMissing(f"{path} is not raw BTF")
-        self._strings = data[hdr_len + str_off:hdr_len + str_off + str_len]
+        self._strings = data[hdr_len + str_off : hdr_len + str_off + str_len]
         self._types: list[tuple[int, int, int, int]] = [(0, 0, 0, 0)]  # (kind, name_off, size_or_type, position)
         self._data = data
         self._by_name: dict[tuple[int, str], list[int]] = {}
@@ -64,7 +64,7 @@ class Btf:
             position += 12 + _EXTRA.get(kind, 0) + _PER_MEMBER.get(kind, 0) * vlen
 
     def _name(self, offset: int) -> str:
-        return self._strings[offset:self._strings.index(b"\0", offset)].decode()
+        return self._strings[offset : self._strings.index(b"\0", offset)].decode()
 
     def _resolve(self, type_id: int) -> int:
         while self._types[type_id][0] & 0xFF in _QUALIFIERS:

@@ -73,8 +73,11 @@ def job_of(environ: Mapping[str, str], command: Sequence[str] = ()) -> dict | No
         if environ.get(variable):
             return {"launcher": launcher, "variable": variable, "id": environ[variable]}
     args = list(command)
-    if args and os.path.basename(args[0]) == "torchrun" or any(a in ("torch.distributed.run", "torch.distributed.launch")
-                                                                for a in args[:3]):
+    if (
+        args
+        and os.path.basename(args[0]) == "torchrun"
+        or any(a in ("torch.distributed.run", "torch.distributed.launch") for a in args[:3])
+    ):
         for i, arg in enumerate(args):
             for flag in ("--rdzv-id", "--rdzv_id"):
                 if arg == flag and i + 1 < len(args):
@@ -101,9 +104,16 @@ def to_realtime(clock: Mapping, ts_ns, *, offset_ns: int = 0):
     rate = (last["realtime_ns"] - first["realtime_ns"]) / span if span > 0 else 1.0
     since_first = ts_ns + at_origin
     if span > 0 and abs(rate - 1.0) > 1e-12:
-        return first["realtime_ns"] + offset_ns + since_first + ((since_first * (rate - 1.0)).round().astype("int64")
-                                                                  if hasattr(since_first, "astype")
-                                                                  else round(since_first * (rate - 1.0)))
+        return (
+            first["realtime_ns"]
+            + offset_ns
+            + since_first
+            + (
+                (since_first * (rate - 1.0)).round().astype("int64")
+                if hasattr(since_first, "astype")
+                else round(since_first * (rate - 1.0))
+            )
+        )
     return first["realtime_ns"] + offset_ns + since_first
 
 

@@ -61,8 +61,12 @@ def _trusted(path: Path) -> bool:
         parent = path.parent.stat()
     except OSError:
         return False
-    return (info.st_uid == os.geteuid() and not info.st_mode & 0o022 and parent.st_uid == os.geteuid()
-            and not parent.st_mode & 0o022)
+    return (
+        info.st_uid == os.geteuid()
+        and not info.st_mode & 0o022
+        and parent.st_uid == os.geteuid()
+        and not parent.st_mode & 0o022
+    )
 
 
 def load_view(btf_path: str | os.PathLike) -> tuple[dict, str | None, str | None] | None:
@@ -79,8 +83,10 @@ def load_view(btf_path: str | os.PathLike) -> tuple[dict, str | None, str | None
     except (OSError, ValueError):
         return None
     macros = data.get("macros") if isinstance(data, dict) and data.get("version") == _CACHE_VERSION else None
-    if not isinstance(macros, dict) or not all(isinstance(k, str) and _MACRO.fullmatch(k) and isinstance(v, str)
-                                               and _NUMBER.fullmatch(v) for k, v in macros.items()):
+    if not isinstance(macros, dict) or not all(
+        isinstance(k, str) and _MACRO.fullmatch(k) and isinstance(v, str) and _NUMBER.fullmatch(v)
+        for k, v in macros.items()
+    ):
         return None
     uring, mapped = data.get("uring"), data.get("mapped")
     if not all(reason is None or isinstance(reason, str) for reason in (uring, mapped)):
@@ -104,8 +110,10 @@ def store_view(btf_path: str | os.PathLike, macros: dict, uring: str | None, map
         return None
 
 
-def cached_view(btf_path: str | os.PathLike, compute: Callable[[], tuple[dict, str | None, str | None]],
-                ) -> tuple[dict, str | None, str | None]:
+def cached_view(
+    btf_path: str | os.PathLike,
+    compute: Callable[[], tuple[dict, str | None, str | None]],
+) -> tuple[dict, str | None, str | None]:
     """``compute()``'s (macros, uring, mapped) for this BTF, from the cache when there, else computed and
     stored (only when BTF was readable: a missing BTF is not cached)."""
     found = load_view(btf_path)

@@ -37,25 +37,50 @@ SOURCE = Path(__file__).with_name("cupti") / "ckpt_cupti.c"
 GPU_MODES = ("auto", "on", "off")
 
 #: One record of ``copies-<pid>.bin``: ``struct copy_record`` of ckpt_cupti.c, 64 bytes, little endian.
-COPY_RECORD = np.dtype([
-    ("start_ns", "<u8"), ("end_ns", "<u8"), ("bytes", "<u8"), ("host_address", "<u8"),
-    ("pid", "<u4"), ("tid", "<u4"), ("device", "<u4"), ("stream", "<u4"), ("correlation", "<u4"),
-    ("copy_kind", "u1"), ("src_kind", "u1"), ("dst_kind", "u1"), ("flags", "u1"), ("reserved", "<u8"),
-])
+COPY_RECORD = np.dtype(
+    [
+        ("start_ns", "<u8"),
+        ("end_ns", "<u8"),
+        ("bytes", "<u8"),
+        ("host_address", "<u8"),
+        ("pid", "<u4"),
+        ("tid", "<u4"),
+        ("device", "<u4"),
+        ("stream", "<u4"),
+        ("correlation", "<u4"),
+        ("copy_kind", "u1"),
+        ("src_kind", "u1"),
+        ("dst_kind", "u1"),
+        ("flags", "u1"),
+        ("reserved", "<u8"),
+    ]
+)
 assert COPY_RECORD.itemsize == 64
 
 # CUpti_ActivityMemcpyKind (cupti_activity.h) -> the trace's op.
-COPY_OPS = {1: vocabulary.COPY_H2D, 2: vocabulary.COPY_D2H, 8: vocabulary.COPY_D2D, 9: vocabulary.COPY_H2H,
-            10: vocabulary.COPY_P2P}
+COPY_OPS = {
+    1: vocabulary.COPY_H2D,
+    2: vocabulary.COPY_D2H,
+    8: vocabulary.COPY_D2D,
+    9: vocabulary.COPY_H2H,
+    10: vocabulary.COPY_P2P,
+}
 # CUpti_ActivityMemoryKind (cupti_activity.h) -> the trace's memory_kind.
-MEMORY_KINDS = {1: vocabulary.MEMORY_PAGEABLE, 2: vocabulary.MEMORY_PINNED, 3: vocabulary.MEMORY_DEVICE,
-                5: vocabulary.MEMORY_MANAGED, 6: vocabulary.MEMORY_DEVICE, 7: vocabulary.MEMORY_MANAGED}
+MEMORY_KINDS = {
+    1: vocabulary.MEMORY_PAGEABLE,
+    2: vocabulary.MEMORY_PINNED,
+    3: vocabulary.MEMORY_DEVICE,
+    5: vocabulary.MEMORY_MANAGED,
+    6: vocabulary.MEMORY_DEVICE,
+    7: vocabulary.MEMORY_MANAGED,
+}
 
 
 def cache_dir() -> Path:
     """Where the compiled subscriber is kept: ``$CKPT_TRACE_CACHE``, else ``$XDG_CACHE_HOME/ckpt-trace``."""
     base = os.environ.get("CKPT_TRACE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ckpt-trace")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ckpt-trace"
+    )
     return Path(base)
 
 
@@ -103,12 +128,18 @@ def find_cupti() -> Path | None:
     if named:
         return Path(named) if os.path.exists(named) else None
     roots = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *sys.path}
-    patterns = [os.path.join(root, "nvidia", sub, "lib", "libcupti.so*") for root in roots if root
-                for sub in ("cuda_cupti", "cu13", "cu12")]
+    patterns = [
+        os.path.join(root, "nvidia", sub, "lib", "libcupti.so*")
+        for root in roots
+        if root
+        for sub in ("cuda_cupti", "cu13", "cu12")
+    ]
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if home:
-            patterns += [os.path.join(home, "extras", "CUPTI", "lib64", "libcupti.so*"),
-                         os.path.join(home, "lib64", "libcupti.so*")]
+            patterns += [
+                os.path.join(home, "extras", "CUPTI", "lib64", "libcupti.so*"),
+                os.path.join(home, "lib64", "libcupti.so*"),
+            ]
     for pattern in patterns:
         found = sorted(glob.glob(pattern), key=len)
         if found:
@@ -145,12 +176,15 @@ def plan_capture(mode: str) -> GpuPlan:
     if mode == "off":
         return GpuPlan(False, "--gpu off")
     if os.environ.get("CUDA_INJECTION64_PATH"):
-        problem = f"CUDA_INJECTION64_PATH is already set ({os.environ['CUDA_INJECTION64_PATH']}): another tool " \
-                  "injects into CUDA"
+        problem = (
+            f"CUDA_INJECTION64_PATH is already set ({os.environ['CUDA_INJECTION64_PATH']}): another tool "
+            "injects into CUDA"
+        )
     else:
         cupti = find_cupti()
-        problem = None if cupti else "no libcupti found (pip install nvidia-cuda-cupti-cu12, or set " \
-                                     "CKPT_TRACE_CUPTI_LIB)"
+        problem = (
+            None if cupti else "no libcupti found (pip install nvidia-cuda-cupti-cu12, or set CKPT_TRACE_CUPTI_LIB)"
+        )
     if problem is None:
         try:
             library = build_injection()
@@ -172,8 +206,11 @@ class GpuCapture:
 
     def env(self) -> dict[str, str]:
         """Variables to add to the command's environment."""
-        return {"CUDA_INJECTION64_PATH": str(self.plan.library), "CKPT_TRACE_GPU_DIR": str(self.directory),
-                "CKPT_TRACE_CUPTI_LIB": str(self.plan.cupti)}
+        return {
+            "CUDA_INJECTION64_PATH": str(self.plan.library),
+            "CKPT_TRACE_GPU_DIR": str(self.directory),
+            "CKPT_TRACE_CUPTI_LIB": str(self.plan.cupti),
+        }
 
     def collect(self) -> tuple[np.ndarray, dict]:
         """(every copy record of every process, sorted by start; a summary for the metadata).
@@ -211,8 +248,14 @@ class GpuCapture:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def copy_columns(records: np.ndarray, *, start_ns: int, realtime_offset_ns: int | None,
-                 ranks: Mapping[int, int], comms: Mapping[int, str | None]) -> dict[str, list]:
+def copy_columns(
+    records: np.ndarray,
+    *,
+    start_ns: int,
+    realtime_offset_ns: int | None,
+    ranks: Mapping[int, int],
+    comms: Mapping[int, str | None],
+) -> dict[str, list]:
     """Trace rows (column name -> list) for copy ``records`` (``COPY_RECORD``), one row per copy.
 
     Timestamps are CLOCK_MONOTONIC ns. With ``realtime_offset_ns`` None the
@@ -239,14 +282,29 @@ def copy_columns(records: np.ndarray, *, start_ns: int, realtime_offset_ns: int 
     ops = [COPY_OPS.get(int(kind), vocabulary.COPY_OTHER) for kind in records["copy_kind"]]
     memory = [MEMORY_KINDS.get(int(kind), vocabulary.MEMORY_UNKNOWN) for kind in host_kind]
     return {
-        "ts_ns": starts.tolist(), "dur_ns": durations.tolist(), "pid": pids.tolist(), "tid": tids.tolist(),
-        "comm": [comms.get(int(p)) for p in pids], "rank": [ranks.get(int(p), -1) for p in pids],
-        "syscall": [vocabulary.CUDA_MEMCPY] * rows, "op": ops, "fd": [None] * rows, "path": [None] * rows,
-        "new_path": [None] * rows, "offset": [None] * rows, "offset_source": [None] * rows,
-        "size": records["bytes"].astype(np.int64).tolist(), "ret": records["bytes"].astype(np.int64).tolist(),
-        "flags": [None] * rows, "iov_count": [None] * rows, "interface": [vocabulary.CUDA] * rows,
+        "ts_ns": starts.tolist(),
+        "dur_ns": durations.tolist(),
+        "pid": pids.tolist(),
+        "tid": tids.tolist(),
+        "comm": [comms.get(int(p)) for p in pids],
+        "rank": [ranks.get(int(p), -1) for p in pids],
+        "syscall": [vocabulary.CUDA_MEMCPY] * rows,
+        "op": ops,
+        "fd": [None] * rows,
+        "path": [None] * rows,
+        "new_path": [None] * rows,
+        "offset": [None] * rows,
+        "offset_source": [None] * rows,
+        "size": records["bytes"].astype(np.int64).tolist(),
+        "ret": records["bytes"].astype(np.int64).tolist(),
+        "flags": [None] * rows,
+        "iov_count": [None] * rows,
+        "interface": [vocabulary.CUDA] * rows,
         "queue_id": records["stream"].astype(np.int64).tolist(),
-        "request_id": records["correlation"].astype(np.int64).tolist(), "in_flight": [None] * rows,
+        "request_id": records["correlation"].astype(np.int64).tolist(),
+        "in_flight": [None] * rows,
         "address": [int(a) if a else None for a in records["host_address"].astype(np.int64)],
-        "prot": [None] * rows, "device": records["device"].astype(np.int64).tolist(), "memory_kind": memory,
+        "prot": [None] * rows,
+        "device": records["device"].astype(np.int64).tolist(),
+        "memory_kind": memory,
     }

@@ -94,8 +94,9 @@ def _collector_paused():
             gc.enable()
 
 
-def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict, spool: RowSpool,
-                 capture: gpu.GpuCapture | None = None) -> tuple[TraceBuilder, dict, BackendChoice]:
+def _run_backend(
+    choice: BackendChoice, cmd: list[str], builder_args: dict, spool: RowSpool, capture: gpu.GpuCapture | None = None
+) -> tuple[TraceBuilder, dict, BackendChoice]:
     """Run the command under the backend; its rows go to ``spool`` as they accumulate (``RowSpool``),
     the builder keeping at most ``config.RECORD_RUN_ROWS`` of them."""
     with _collector_paused(), forwarding(skip_children=backends.get(choice.name).wrapped) as received:
@@ -105,8 +106,9 @@ def _run_backend(choice: BackendChoice, cmd: list[str], builder_args: dict, spoo
     return builder, extra, choice
 
 
-def _run_traced(choice: BackendChoice, cmd: list[str], builder_args: dict, spool: RowSpool,
-                capture: gpu.GpuCapture | None) -> tuple[TraceBuilder, dict, BackendChoice]:
+def _run_traced(
+    choice: BackendChoice, cmd: list[str], builder_args: dict, spool: RowSpool, capture: gpu.GpuCapture | None
+) -> tuple[TraceBuilder, dict, BackendChoice]:
     env = dict(os.environ)
     if capture is not None:
         env.update(capture.env())
@@ -119,8 +121,9 @@ def _run_traced(choice: BackendChoice, cmd: list[str], builder_args: dict, spool
 
     def make_feeder(root_pid: int | None, start_ns: int) -> EffectOrderFeeder:
         builder = TraceBuilder(start_ns=start_ns, root_pid=root_pid, **builder_args)
-        return EffectOrderFeeder(builder, slack_ns=config.RECORD_REORDER_SLACK_NS, on_rows=spill,
-                                 release_every=config.RECORD_RELEASE_EVERY)
+        return EffectOrderFeeder(
+            builder, slack_ns=config.RECORD_REORDER_SLACK_NS, on_rows=spill, release_every=config.RECORD_RELEASE_EVERY
+        )
 
     return backends.get(choice.name).run(choice, cmd, env, make_feeder, spool, builder_args["path_filters"])
 
@@ -212,20 +215,44 @@ def record(
         if released_s is not None:
             extra["start_s"] = round(costs.since_invocation_s(released_s), 3)
         tracer_clock = backends.get(choice.name).clock
-        extra = {**extra, "host": clock.host_label(host), "boot_id": clock.boot_id(),
-                 "clock": clock.clock_metadata(tracer_clock, builder.start_ns, anchors[tracer_clock],
-                                               clock.anchor(tracer_clock)),
-                 **({"job": job} if (job := clock.job_of(os.environ, cmd)) else {})}
+        extra = {
+            **extra,
+            "host": clock.host_label(host),
+            "boot_id": clock.boot_id(),
+            "clock": clock.clock_metadata(
+                tracer_clock, builder.start_ns, anchors[tracer_clock], clock.anchor(tracer_clock)
+            ),
+            **({"job": job} if (job := clock.job_of(os.environ, cmd)) else {}),
+        }
         copies = _copies(capture, builder, choice) if capture is not None else None
         elapsed_s = time.monotonic() - started
         if strict and extra["lost_events"]:
-            raise TracerError(f"{extra['lost_events']} events were lost ({{option}}); no trace written", option="strict",
-                              switch=True)
+            raise TracerError(
+                f"{extra['lost_events']} events were lost ({{option}}); no trace written", option="strict", switch=True
+            )
         if strict and extra.get("mapped_uncovered_bytes"):
-            raise TracerError(f"{extra['mapped_uncovered_bytes']:,} bytes mapped from files are covered by no row "
-                              "({option}); no trace written", option="strict", switch=True)
-        result = _write(output, cmd, choice, builder, spool, extra, filters, start_wall_ns, elapsed_s, overwrite,
-                        copies, gpu_plan, temporary=reserved, exited_s=exited_s)
+            raise TracerError(
+                f"{extra['mapped_uncovered_bytes']:,} bytes mapped from files are covered by no row "
+                "({option}); no trace written",
+                option="strict",
+                switch=True,
+            )
+        result = _write(
+            output,
+            cmd,
+            choice,
+            builder,
+            spool,
+            extra,
+            filters,
+            start_wall_ns,
+            elapsed_s,
+            overwrite,
+            copies,
+            gpu_plan,
+            temporary=reserved,
+            exited_s=exited_s,
+        )
     except BaseException:
         reserved.unlink(missing_ok=True)
         raise
@@ -254,8 +281,11 @@ def unseen_counts(counts: dict, reasons: dict) -> dict:
     its io_uring_enter rows submitted (``size`` holds to_submit) and the file mappings its mmap rows made
     (``counts``, as ``RowSpool.counts`` adds them up). {capture: {"reason", "count"}}, only for captures
     that missed something."""
-    return {capture: {"reason": reason, "count": counts[capture]} for capture, reason in reasons.items()
-            if counts.get(capture)}
+    return {
+        capture: {"reason": reason, "count": counts[capture]}
+        for capture, reason in reasons.items()
+        if counts.get(capture)
+    }
 
 
 def _filter_counts(builder: TraceBuilder, filters: list[str]) -> dict:
@@ -264,8 +294,11 @@ def _filter_counts(builder: TraceBuilder, filters: list[str]) -> dict:
     if not filters:
         return {}
     follow = builder.follow
-    return {"filtered_rows": builder.filtered_rows, "rename_followed_rows": follow.followed if follow else 0,
-            "rename_held_rows_dropped": follow.dropped if follow else 0}
+    return {
+        "filtered_rows": builder.filtered_rows,
+        "rename_followed_rows": follow.followed if follow else 0,
+        "rename_held_rows_dropped": follow.dropped if follow else 0,
+    }
 
 
 def normalize_filter(prefix: str) -> str:
@@ -275,19 +308,37 @@ def normalize_filter(prefix: str) -> str:
     return absolute + "/" if prefix.endswith("/") and absolute != "/" else absolute
 
 
-def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBuilder, spool: RowSpool,
-           extra: dict, filters: list[str], start_wall_ns: int, elapsed_s: float, overwrite: bool,
-           copies: tuple[dict, dict] | None = None, gpu_plan: gpu.GpuPlan | None = None,
-           temporary: Path | None = None, exited_s: float | None = None) -> RecordResult:
+def _write(
+    output: Path,
+    cmd: list[str],
+    choice: BackendChoice,
+    builder: TraceBuilder,
+    spool: RowSpool,
+    extra: dict,
+    filters: list[str],
+    start_wall_ns: int,
+    elapsed_s: float,
+    overwrite: bool,
+    copies: tuple[dict, dict] | None = None,
+    gpu_plan: gpu.GpuPlan | None = None,
+    temporary: Path | None = None,
+    exited_s: float | None = None,
+) -> RecordResult:
     gpu_summary = {"captured": False, "reason": gpu_plan.reason if gpu_plan else "not asked"}
     if copies is not None:
         assert gpu_plan is not None  # record makes copies only from a capture, which it makes only from a plan
         rows, summary = copies
         spool.add(rows)  # after every traced row: ties in start time keep that order
         captured = summary["processes"] > len(summary["errors"])
-        reason = gpu_plan.reason if captured else (
-            "no process of the command initialised CUDA" if not summary["processes"]
-            else "every process that initialised CUDA refused the subscriber (see errors)")
+        reason = (
+            gpu_plan.reason
+            if captured
+            else (
+                "no process of the command initialised CUDA"
+                if not summary["processes"]
+                else "every process that initialised CUDA refused the subscriber (see errors)"
+            )
+        )
         gpu_summary = {"captured": captured, "reason": reason, **summary}
     extra = {**extra, "unseen": unseen_counts(spool.counts, extra.get("unseen", {}))}
     metadata = {
@@ -312,8 +363,21 @@ def _write(output: Path, cmd: list[str], choice: BackendChoice, builder: TraceBu
         **extra,
     }
     rows = spool.write(output, metadata, overwrite=overwrite, batch_rows=config.TRACE_BATCH_ROWS, temporary=temporary)
-    return RecordResult(output, extra["exit_code"], choice.name, choice.reason, rows, extra["lost_events"],
-                        elapsed_s, exit_signal=extra.get("exit_signal"), interrupted=extra.get("interrupted"), filtered_ops=builder.filtered_rows,
-                        unseen=extra["unseen"], gpu=gpu_summary,
-                        mapped_uncovered_bytes=extra.get("mapped_uncovered_bytes"), start_s=extra.get("start_s"),
-                        exited_s=exited_s, attached=extra.get("attached"))
+    return RecordResult(
+        output,
+        extra["exit_code"],
+        choice.name,
+        choice.reason,
+        rows,
+        extra["lost_events"],
+        elapsed_s,
+        exit_signal=extra.get("exit_signal"),
+        interrupted=extra.get("interrupted"),
+        filtered_ops=builder.filtered_rows,
+        unseen=extra["unseen"],
+        gpu=gpu_summary,
+        mapped_uncovered_bytes=extra.get("mapped_uncovered_bytes"),
+        start_s=extra.get("start_s"),
+        exited_s=exited_s,
+        attached=extra.get("attached"),
+    )

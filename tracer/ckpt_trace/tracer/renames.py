@@ -91,7 +91,7 @@ class RenameFollower:
         released: list[dict] = []
         rows_of = {path: self._held.pop(path) for path in moving}
         for path, rows in rows_of.items():
-            moved = new + path[len(old):]
+            moved = new + path[len(old) :]
             if self.matches(moved):
                 released.extend(rows)
                 self.rows_held -= len(rows)

@@ -58,8 +58,11 @@ class _Ordering:
             self.plain = True
         else:
             self.plain = False
-            self.load, self.store, self.fence = lib.ckr_load_acquire_u64, lib.ckr_store_release_u64, \
-                lib.ckr_fence_acquire
+            self.load, self.store, self.fence = (
+                lib.ckr_load_acquire_u64,
+                lib.ckr_store_release_u64,
+                lib.ckr_fence_acquire,
+            )
 
     def load_acquire(self, cell: np.ndarray) -> int:
         return int(cell[0]) if self.plain else int(self.load(cell.ctypes.data))
@@ -83,15 +86,17 @@ def sample_dtype(ctypes_class: type) -> np.dtype:
         field = getattr(ctypes_class, name)
         if issubclass(kind, ctypes.Array):
             base: Any = kind._type_  # a ctypes array class's element type
-            fmt = ("u1", kind._length_) if base in (ctypes.c_char, ctypes.c_ubyte) else \
-                (np.dtype(base).str, kind._length_)
+            fmt = (
+                ("u1", kind._length_)
+                if base in (ctypes.c_char, ctypes.c_ubyte)
+                else (np.dtype(base).str, kind._length_)
+            )
         else:
             fmt = np.dtype(kind).str
         names.append(name)
         formats.append(fmt)
         offsets.append(field.offset)
-    return np.dtype({"names": names, "formats": formats, "offsets": offsets,
-                     "itemsize": ctypes.sizeof(ctypes_class)})
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": ctypes.sizeof(ctypes_class)})
 
 
 class RingReader:
@@ -124,13 +129,13 @@ class RingReader:
         if available <= 0:
             return np.empty(0, dtype=self.dtype)
         start = consumer & self.mask
-        rows = self._data[start:start + available * self.stride].reshape(available, self.stride)
+        rows = self._data[start : start + available * self.stride].reshape(available, self.stride)
         lengths = rows[:, :4].copy().view("<u4")[:, 0]
         busy = np.flatnonzero(lengths & BUSY_BIT)
         committed = int(busy[0]) if len(busy) else available  # records after a busy one wait for it
         order.fence_acquire()  # the samples are read after their headers said committed
         keep = (lengths[:committed] & DISCARD_BIT) == 0
-        samples = np.ascontiguousarray(rows[:committed, HEADER_BYTES:HEADER_BYTES + self.dtype.itemsize][keep])
+        samples = np.ascontiguousarray(rows[:committed, HEADER_BYTES : HEADER_BYTES + self.dtype.itemsize][keep])
         order.store_release(self._consumer_pos, consumer + committed * self.stride)  # after the copy
         return samples.view(self.dtype).reshape(-1)
 

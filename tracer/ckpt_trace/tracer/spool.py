@@ -69,8 +69,9 @@ class RowSpool:
         table = table_from_columns(columns)
         self.paths.update(p for p in distinct(table.column("path")) if p)
         op = table.column("op")
-        self.counts["io_uring_requests"] += int(pc.sum(pc.filter(table.column("size"), pc.equal(op, "io_uring_enter")),
-                                                       min_count=0).as_py() or 0)
+        self.counts["io_uring_requests"] += int(
+            pc.sum(pc.filter(table.column("size"), pc.equal(op, "io_uring_enter")), min_count=0).as_py() or 0
+        )
         self.counts["mapped_pages"] += int(pc.sum(pc.equal(op, "mmap")).as_py() or 0)
         table = table.append_column(_SEQ, pa.array(np.arange(self.rows, self.rows + count, dtype=np.int64)))
         self.rows += count
@@ -82,24 +83,39 @@ class RowSpool:
 
     def _spill(self, part: pa.Table) -> None:
         if self._scratch is None:
-            self._scratch = Path(tempfile.mkdtemp(prefix=f".{self.output.name}.runs-{os.getpid()}-", dir=self.output.parent))
+            self._scratch = Path(
+                tempfile.mkdtemp(prefix=f".{self.output.name}.runs-{os.getpid()}-", dir=self.output.parent)
+            )
         path = self._scratch / f"run-{len(self._runs):06d}.arrow"
         try:
-            with pa.OSFile(str(path), "wb") as sink, ipc.new_file(
-                    sink, part.schema, options=ipc.IpcWriteOptions(compression="lz4")) as writer:
+            with (
+                pa.OSFile(str(path), "wb") as sink,
+                ipc.new_file(sink, part.schema, options=ipc.IpcWriteOptions(compression="lz4")) as writer,
+            ):
                 writer.write_table(part, max_chunksize=_MERGE_ROWS)
         except OSError as err:
-            raise TracerError(f"cannot spill the recording's rows beside {self.output}: "
-                              f"{err.strerror or err}") from None
+            raise TracerError(
+                f"cannot spill the recording's rows beside {self.output}: {err.strerror or err}"
+            ) from None
         self._runs.append(path)
 
-    def write(self, output: str | os.PathLike, metadata: Mapping[str, Any], *, overwrite: bool,
-              batch_rows: int, temporary: str | os.PathLike | None = None) -> int:
+    def write(
+        self,
+        output: str | os.PathLike,
+        metadata: Mapping[str, Any],
+        *,
+        overwrite: bool,
+        batch_rows: int,
+        temporary: str | os.PathLike | None = None,
+    ) -> int:
         """Write every row, in start-time order, with ``metadata``, atomically to ``output``; return the
         number of rows (``temporary``: the file ``formats.reserve_temporary`` made for it). Raises CkptTraceError/TraceFormatError as ``formats.write_trace`` does."""
         if not self._runs:
-            table = (pa.concat_tables(self._parts).drop_columns([_SEQ]) if self._parts
-                     else table_from_columns({name: [] for name in COLUMNS}))
+            table = (
+                pa.concat_tables(self._parts).drop_columns([_SEQ])
+                if self._parts
+                else table_from_columns({name: [] for name in COLUMNS})
+            )
             write_trace(output, table, metadata, overwrite=overwrite, batch_rows=batch_rows, temporary=temporary)
             return table.num_rows
         writer = TraceWriter(output, overwrite=overwrite, batch_rows=batch_rows, temporary=temporary)
@@ -122,7 +138,10 @@ class RowSpool:
             bound = min(r.last_key() for r in live)  # every row at or below it is in the batches at hand
             parts = [r.take_through(bound) for r in live]
             table = pa.concat_tables([p for p in parts if p.num_rows]).unify_dictionaries()
-            ts, seq = int_values(table.column("ts_ns").combine_chunks()), int_values(table.column(_SEQ).combine_chunks())
+            ts, seq = (
+                int_values(table.column("ts_ns").combine_chunks()),
+                int_values(table.column(_SEQ).combine_chunks()),
+            )
             yield table.take(pa.array(np.lexsort((seq, ts)))).drop_columns([_SEQ])
 
     def close(self) -> None:

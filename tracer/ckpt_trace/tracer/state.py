@@ -65,7 +65,9 @@ class SyscallEvent:
 
 
 # AuxEvent.kind (bcc_program.c's AUX_*): what the kernel reports beside system calls.
-AUX_URING_REQ, AUX_URING_CREATE, AUX_AIO_SUBMIT, AUX_AIO_EVENT, AUX_FAULT, AUX_MAP_PAGES, AUX_DIRTY, AUX_RSS = range(1, 9)
+AUX_URING_REQ, AUX_URING_CREATE, AUX_AIO_SUBMIT, AUX_AIO_EVENT, AUX_FAULT, AUX_MAP_PAGES, AUX_DIRTY, AUX_RSS = range(
+    1, 9
+)
 
 
 @dataclass(slots=True)
@@ -489,8 +491,10 @@ class TraceBuilder:
     def _emit(self, proc: Process, ev: SyscallEvent, op: str, **values: Any) -> None:
         path, new_path = values.get("path"), values.get("new_path")
         if not (self._keep(path, op) or (new_path is not None and self._keep(new_path, op))):
-            if not (self.follow is not None and self.follow.hold(
-                    new_path if op == "rename" else path, self._held_row(proc, ev, op, values))):
+            if not (
+                self.follow is not None
+                and self.follow.hold(new_path if op == "rename" else path, self._held_row(proc, ev, op, values))
+            ):
                 self.filtered_ops += 1
             return
         cols = self._cols
@@ -507,18 +511,60 @@ class TraceBuilder:
         for name in _OPTIONAL_COLUMNS:
             cols[name].append(values.get(name))
 
-    def _emit_data(self, proc: Process, ev: SyscallEvent, op: str, fd: int, path: str | None, offset: int | None,
-                   offset_source: str, size: int | None, iov_count: int | None) -> None:
+    def _emit_data(
+        self,
+        proc: Process,
+        ev: SyscallEvent,
+        op: str,
+        fd: int,
+        path: str | None,
+        offset: int | None,
+        offset_source: str,
+        size: int | None,
+        iov_count: int | None,
+    ) -> None:
         """``_emit`` of a read or write row, its values positional: the row most traces are made of, at a
         third of the generic path's cost (no keyword dict, one bound append per column)."""
         if not self._keep(path, op):
-            if not (self.follow is not None and self.follow.hold(path, self._held_row(proc, ev, op, {
-                    "fd": fd, "path": path, "offset": offset, "offset_source": offset_source, "size": size,
-                    "iov_count": iov_count}))):
+            if not (
+                self.follow is not None
+                and self.follow.hold(
+                    path,
+                    self._held_row(
+                        proc,
+                        ev,
+                        op,
+                        {
+                            "fd": fd,
+                            "path": path,
+                            "offset": offset,
+                            "offset_source": offset_source,
+                            "size": size,
+                            "iov_count": iov_count,
+                        },
+                    ),
+                )
+            ):
                 self.filtered_ops += 1
             return
-        (ts_ns, dur_ns, pid, tid, comm, rank, syscall, op_, ret, interface, fd_, path_, offset_, offset_source_,
-         size_, iov_count_) = self._data_appends
+        (
+            ts_ns,
+            dur_ns,
+            pid,
+            tid,
+            comm,
+            rank,
+            syscall,
+            op_,
+            ret,
+            interface,
+            fd_,
+            path_,
+            offset_,
+            offset_source_,
+            size_,
+            iov_count_,
+        ) = self._data_appends
         ts, dur = ev.ts_ns - self.start_ns, ev.dur_ns
         ts_ns(ts if ts > 0 else 0)
         dur_ns(dur if dur > 0 else 0)
@@ -542,9 +588,18 @@ class TraceBuilder:
     def _held_row(self, proc: Process, ev: SyscallEvent, op: str, values: dict) -> dict:
         """The row ``_emit`` would append, as a dict (for ``tracer.renames`` to hold)."""
         row = {name: values.get(name) for name in _OPTIONAL_COLUMNS}
-        row.update(ts_ns=max(0, ev.ts_ns - self.start_ns), dur_ns=max(0, ev.dur_ns), pid=proc.tgid, tid=ev.tid,
-                   comm=ev.comm or proc.comm, rank=proc.rank, syscall=ev.name, op=op, ret=ev.ret,
-                   interface=values.get("interface", v.SYSCALL))
+        row.update(
+            ts_ns=max(0, ev.ts_ns - self.start_ns),
+            dur_ns=max(0, ev.dur_ns),
+            pid=proc.tgid,
+            tid=ev.tid,
+            comm=ev.comm or proc.comm,
+            rank=proc.rank,
+            syscall=ev.name,
+            op=op,
+            ret=ev.ret,
+            interface=values.get("interface", v.SYSCALL),
+        )
         return row
 
     def _release_held(self, rows: list[dict]) -> None:
@@ -630,8 +685,17 @@ class TraceBuilder:
             self._grow(desc.path, offset + moved)
         vectored = ev.name in sc.VECTORED
         size = ev.size if vectored else int(ev.args.get("count", 0))
-        self._emit_data(proc, ev, "write" if is_write else "read", fd, desc.path, offset, source, size,
-                        int(ev.args["iov_count"]) if vectored else None)
+        self._emit_data(
+            proc,
+            ev,
+            "write" if is_write else "read",
+            fd,
+            desc.path,
+            offset,
+            source,
+            size,
+            int(ev.args["iov_count"]) if vectored else None,
+        )
 
     def _on_lseek(self, proc: Process, ev: SyscallEvent) -> None:
         fd = int(ev.args["fd"])
@@ -642,8 +706,15 @@ class TraceBuilder:
             desc.pos = ev.ret
             if int(ev.args.get("whence", 0)) == sc.SEEK_END and desc.path is not None:
                 self.sizes[desc.path] = ev.ret - int(ev.args.get("offset", 0))
-        self._emit(proc, ev, "lseek", fd=fd, path=desc.path, offset=ev.ret if ev.ret >= 0 else None,
-                   offset_source=v.OFFSET_POSITION if ev.ret >= 0 else None)
+        self._emit(
+            proc,
+            ev,
+            "lseek",
+            fd=fd,
+            path=desc.path,
+            offset=ev.ret if ev.ret >= 0 else None,
+            offset_source=v.OFFSET_POSITION if ev.ret >= 0 else None,
+        )
 
     def _on_fd_only(self, proc: Process, ev: SyscallEvent) -> None:
         fd = int(ev.args["fd"])
@@ -653,8 +724,12 @@ class TraceBuilder:
         op = _row_op(ev.name)
         values: dict[str, Any] = {"fd": fd, "path": desc.path}
         if ev.name == "sync_file_range":
-            values.update(offset=int(ev.args["offset"]), offset_source=v.OFFSET_EXPLICIT, size=int(ev.args["count"]),
-                          flags=int(ev.args.get("flags", 0)))
+            values.update(
+                offset=int(ev.args["offset"]),
+                offset_source=v.OFFSET_EXPLICIT,
+                size=int(ev.args["count"]),
+                flags=int(ev.args.get("flags", 0)),
+            )
         elif ev.name == "ftruncate":
             values["size"] = int(ev.args["length"])
             if ev.ret == 0 and desc.path is not None:
@@ -677,7 +752,7 @@ class TraceBuilder:
                 if desc.path == old:
                     desc.path = new
                 elif desc.path.startswith(prefix):
-                    desc.path = new + desc.path[len(old):]
+                    desc.path = new + desc.path[len(old) :]
         if old in self.sizes:
             self.sizes[new] = self.sizes.pop(old)
 
@@ -773,8 +848,9 @@ class TraceBuilder:
             return None
         return desc
 
-    def _copy_rows(self, proc: Process, ev: SyscallEvent, interface: str, sides: tuple, size: int | None,
-                   moved: int) -> None:
+    def _copy_rows(
+        self, proc: Process, ev: SyscallEvent, interface: str, sides: tuple, size: int | None, moved: int
+    ) -> None:
         """Rows of one in-kernel copy of ``moved`` bytes. ``sides``: (fd, description or None, offset argument,
         moves the file position) for the source, then the destination; an offset argument of None means the
         file position (-2: unreadable, the offset unknown), which advances by ``moved``."""
@@ -799,8 +875,18 @@ class TraceBuilder:
                 offset, source = explicit, v.OFFSET_EXPLICIT
             if op == v.WRITE and offset is not None and moved:
                 self._grow(desc.path, offset + moved)
-            self._emit(proc, ev, op, fd=fd, path=desc.path, new_path=other.path if other is not None else None,
-                       offset=offset, offset_source=source, size=size, interface=interface)
+            self._emit(
+                proc,
+                ev,
+                op,
+                fd=fd,
+                path=desc.path,
+                new_path=other.path if other is not None else None,
+                offset=offset,
+                offset_source=source,
+                size=size,
+                interface=interface,
+            )
 
     def _on_copy(self, proc: Process, ev: SyscallEvent) -> None:
         """sendfile(2), copy_file_range(2), splice(2): ``count`` bytes asked, ``ret`` moved."""
@@ -825,8 +911,10 @@ class TraceBuilder:
         if length == 0 and src is not None and src_offset is not None:
             known = self.sizes.get(src.path) if src.path is not None else None
             length = known - src_offset if known is not None and known >= src_offset else None
-        sides = ((src_fd, src, -2 if src_offset is None else src_offset, False),
-                 (fd, dst, -2 if dst_offset is None else dst_offset, False))
+        sides = (
+            (src_fd, src, -2 if src_offset is None else src_offset, False),
+            (fd, dst, -2 if dst_offset is None else dst_offset, False),
+        )
         self._copy_rows(proc, ev, v.FICLONE, sides, length, (length or 0) if ev.ret == 0 else 0)
 
     def _on_io_uring(self, proc: Process, ev: SyscallEvent) -> None:
@@ -835,8 +923,14 @@ class TraceBuilder:
             if ev.ret >= 0:
                 proc.table.install(ev.ret, Description(IO_URING_PATH, sc.O_CLOEXEC, None), True)
                 state = self.ring_of_fd.get((proc.tgid, ev.ret)) or self._new_ring(proc, ev.ret)
-            self._emit(proc, ev, "io_uring_setup", fd=ev.ret if ev.ret >= 0 else None, path=IO_URING_PATH,
-                       queue_id=state.queue_id if state else None)
+            self._emit(
+                proc,
+                ev,
+                "io_uring_setup",
+                fd=ev.ret if ev.ret >= 0 else None,
+                path=IO_URING_PATH,
+                queue_id=state.queue_id if state else None,
+            )
             return
         fd = int(ev.args["fd"])
         desc = proc.table.fds.get(fd)
@@ -844,12 +938,26 @@ class TraceBuilder:
         if ev.name == "io_uring_register":
             if ev.ret >= 0 and state is not None:
                 self._register_files(proc, state, ev)
-            self._emit(proc, ev, "io_uring_register", fd=fd, path=desc.path if desc else None,
-                       flags=int(ev.args.get("opcode", 0)), queue_id=state.queue_id if state else None)
+            self._emit(
+                proc,
+                ev,
+                "io_uring_register",
+                fd=fd,
+                path=desc.path if desc else None,
+                flags=int(ev.args.get("opcode", 0)),
+                queue_id=state.queue_id if state else None,
+            )
             return
-        self._emit(proc, ev, "io_uring_enter", fd=fd, path=desc.path if desc else None,
-                   flags=int(ev.args.get("flags", 0)), size=int(ev.args.get("to_submit", 0)),
-                   queue_id=state.queue_id if state else None)
+        self._emit(
+            proc,
+            ev,
+            "io_uring_enter",
+            fd=fd,
+            path=desc.path if desc else None,
+            flags=int(ev.args.get("flags", 0)),
+            size=int(ev.args.get("to_submit", 0)),
+            queue_id=state.queue_id if state else None,
+        )
 
     def _new_queue(self) -> int:
         self.queues += 1
@@ -908,13 +1016,28 @@ class TraceBuilder:
         op = _URING_OPS.get(name, "other")
         if name == "FSYNC" and ev.flags & 1:  # IORING_FSYNC_DATASYNC
             op = v.FDATASYNC
-        values = {"ts_ns": ev.ts_ns, "tid": ev.tid, "comm": ev.comm, "syscall": f"io_uring:{name}", "op": op,
-                  "fd": None if ev.fixed else ev.fd, "path": desc.path, "interface": v.IO_URING,
-                  "queue_id": state.queue_id, "request_id": _signed64(ev.user_data), "in_flight": ev.in_flight}
+        values = {
+            "ts_ns": ev.ts_ns,
+            "tid": ev.tid,
+            "comm": ev.comm,
+            "syscall": f"io_uring:{name}",
+            "op": op,
+            "fd": None if ev.fixed else ev.fd,
+            "path": desc.path,
+            "interface": v.IO_URING,
+            "queue_id": state.queue_id,
+            "request_id": _signed64(ev.user_data),
+            "in_flight": ev.in_flight,
+        }
         if op in v.DATA_OPS:
             offset, source = self._request_offset(desc, ev.offset, ev.res, op == v.WRITE)
-            values.update(offset=offset, offset_source=source, size=ev.length if ev.length >= 0 else None,
-                          address=_signed64(ev.addr), iov_count=ev.vectored or None)
+            values.update(
+                offset=offset,
+                offset_source=source,
+                size=ev.length if ev.length >= 0 else None,
+                address=_signed64(ev.addr),
+                iov_count=ev.vectored or None,
+            )
             if op == v.WRITE and offset is not None and ev.res > 0:
                 self._grow(desc.path, offset + ev.res)
         else:
@@ -926,8 +1049,16 @@ class TraceBuilder:
     def _emit_request(self, proc: Process | None, values: dict, *, ret: int, end_ns: int) -> None:
         if proc is None:
             return
-        event = SyscallEvent(values["ts_ns"], max(0, end_ns - values["ts_ns"]), values["tid"], values["syscall"],
-                             {}, ret, pid=proc.tgid, comm=values.get("comm"))
+        event = SyscallEvent(
+            values["ts_ns"],
+            max(0, end_ns - values["ts_ns"]),
+            values["tid"],
+            values["syscall"],
+            {},
+            ret,
+            pid=proc.tgid,
+            comm=values.get("comm"),
+        )
         fields = {key: value for key, value in values.items() if key not in ("ts_ns", "tid", "syscall", "op", "comm")}
         self._emit(proc, event, values["op"], **fields)
 
@@ -936,8 +1067,14 @@ class TraceBuilder:
         if ev.ret == 0 and ev.args.get("ctx_id") is not None:
             state = AioState(self._new_queue())
             self.aio[(proc.tgid, int(ev.args["ctx_id"]))] = state
-        self._emit(proc, ev, "io_setup", size=int(ev.args.get("nr_events", 0)), interface=v.LIBAIO,
-                   queue_id=state.queue_id if state else None)
+        self._emit(
+            proc,
+            ev,
+            "io_setup",
+            size=int(ev.args.get("nr_events", 0)),
+            interface=v.LIBAIO,
+            queue_id=state.queue_id if state else None,
+        )
 
     def _aio_state(self, proc: Process, ctx: int) -> AioState:
         key = (proc.tgid, ctx)
@@ -951,20 +1088,42 @@ class TraceBuilder:
         if op == v.IO_DESTROY and state is not None and ev.ret == 0:
             self.aio.pop((proc.tgid, int(ev.args["ctx"])))
             self._unreaped(proc, state)  # their completions can no longer be seen
-        self._emit(proc, ev, op, interface=v.LIBAIO, queue_id=state.queue_id if state else None,
-                   size=int(ev.args["nr"]) if "nr" in ev.args else None)
+        self._emit(
+            proc,
+            ev,
+            op,
+            interface=v.LIBAIO,
+            queue_id=state.queue_id if state else None,
+            size=int(ev.args["nr"]) if "nr" in ev.args else None,
+        )
 
     def _on_aio_submit(self, proc: Process, ev: AuxEvent) -> None:
         state = self._aio_state(proc, ev.ctx)
         desc = proc.table.fds.get(ev.fd)
         name = v.AIO_OPCODES.get(ev.opcode, str(ev.opcode))
         op = _AIO_OPS.get(name, "other")
-        values = {"ts_ns": ev.ts_ns, "tid": ev.tid, "comm": ev.comm, "syscall": f"aio:{name}", "op": op, "fd": ev.fd,
-                  "path": desc.path if desc else None, "interface": v.LIBAIO, "queue_id": state.queue_id,
-                  "request_id": _signed64(ev.user_data), "in_flight": len(state.pending) + 1, "desc": desc}
+        values = {
+            "ts_ns": ev.ts_ns,
+            "tid": ev.tid,
+            "comm": ev.comm,
+            "syscall": f"aio:{name}",
+            "op": op,
+            "fd": ev.fd,
+            "path": desc.path if desc else None,
+            "interface": v.LIBAIO,
+            "queue_id": state.queue_id,
+            "request_id": _signed64(ev.user_data),
+            "in_flight": len(state.pending) + 1,
+            "desc": desc,
+        }
         if op in v.DATA_OPS:
-            values.update(offset=ev.offset, offset_source=v.OFFSET_EXPLICIT, address=_signed64(ev.addr),
-                          size=None if ev.vectored else ev.length, iov_count=ev.length if ev.vectored else None)
+            values.update(
+                offset=ev.offset,
+                offset_source=v.OFFSET_EXPLICIT,
+                address=_signed64(ev.addr),
+                size=None if ev.vectored else ev.length,
+                iov_count=ev.length if ev.vectored else None,
+            )
         if desc is None:
             self.unattributed["requests"] += 1
         state.serial += 1
@@ -1001,11 +1160,23 @@ class TraceBuilder:
         return by_data
 
     # -- file mappings ----------------------------------------------------------------------
-    def _mapping_row(self, proc: Process, ev: SyscallEvent, op: str, mapping: Mapping, address: int,
-                     length: int, **extra) -> None:
+    def _mapping_row(
+        self, proc: Process, ev: SyscallEvent, op: str, mapping: Mapping, address: int, length: int, **extra
+    ) -> None:
         offset = mapping.file_offset + max(0, address - mapping.address)
-        self._emit(proc, ev, op, path=mapping.path, offset=offset, offset_source=v.OFFSET_EXPLICIT, size=length,
-                   address=address, interface=v.MMAP, prot=mapping.prot, **extra)
+        self._emit(
+            proc,
+            ev,
+            op,
+            path=mapping.path,
+            offset=offset,
+            offset_source=v.OFFSET_EXPLICIT,
+            size=length,
+            address=address,
+            interface=v.MMAP,
+            prot=mapping.prot,
+            **extra,
+        )
 
     def _on_mmap(self, proc: Process, ev: SyscallEvent) -> None:
         fd, flags = int(ev.args.get("fd", -1)), int(ev.args.get("mmap_flags", 0))
@@ -1016,11 +1187,23 @@ class TraceBuilder:
             return
         length, offset, prot = int(ev.args.get("length", 0)), int(ev.args.get("offset", 0)), int(ev.args.get("prot", 0))
         if ev.ret >= 0:
-            proc.mappings.append(Mapping(ev.ret, length, desc.path, offset, prot, flags, ev.args.get("ino"),
-                                         ev.args.get("dev")))
-        self._emit(proc, ev, "mmap", fd=fd, path=desc.path, offset=offset, offset_source=v.OFFSET_EXPLICIT,
-                   size=length, flags=flags, prot=prot, address=_signed64(ev.ret) if ev.ret >= 0 else None,
-                   interface=v.MMAP)
+            proc.mappings.append(
+                Mapping(ev.ret, length, desc.path, offset, prot, flags, ev.args.get("ino"), ev.args.get("dev"))
+            )
+        self._emit(
+            proc,
+            ev,
+            "mmap",
+            fd=fd,
+            path=desc.path,
+            offset=offset,
+            offset_source=v.OFFSET_EXPLICIT,
+            size=length,
+            flags=flags,
+            prot=prot,
+            address=_signed64(ev.ret) if ev.ret >= 0 else None,
+            interface=v.MMAP,
+        )
 
     def _overlapping(self, proc: Process, address: int, length: int) -> list[Mapping]:
         end = address + length
@@ -1035,21 +1218,40 @@ class TraceBuilder:
                 continue
             proc.mappings.remove(mapping)
             if start > mapping.address:  # the part before the hole stays mapped
-                proc.mappings.append(Mapping(mapping.address, start - mapping.address, mapping.path,
-                                             mapping.file_offset, mapping.prot, mapping.flags, mapping.ino,
-                                             mapping.dev))
+                proc.mappings.append(
+                    Mapping(
+                        mapping.address,
+                        start - mapping.address,
+                        mapping.path,
+                        mapping.file_offset,
+                        mapping.prot,
+                        mapping.flags,
+                        mapping.ino,
+                        mapping.dev,
+                    )
+                )
             if end < mapping.address + mapping.length:  # and the part after it
-                proc.mappings.append(Mapping(end, mapping.address + mapping.length - end, mapping.path,
-                                             mapping.file_offset + end - mapping.address, mapping.prot,
-                                             mapping.flags, mapping.ino, mapping.dev))
+                proc.mappings.append(
+                    Mapping(
+                        end,
+                        mapping.address + mapping.length - end,
+                        mapping.path,
+                        mapping.file_offset + end - mapping.address,
+                        mapping.prot,
+                        mapping.flags,
+                        mapping.ino,
+                        mapping.dev,
+                    )
+                )
 
     def _on_msync_madvise(self, proc: Process, ev: SyscallEvent) -> None:
         address, length = int(ev.args.get("addr", 0)), int(ev.args.get("length", 0))
         op = _row_op(ev.name)
         for mapping in self._overlapping(proc, address, length):
             start, end = max(address, mapping.address), min(address + length, mapping.address + mapping.length)
-            self._mapping_row(proc, ev, op, mapping, start, end - start,
-                              flags=int(ev.args.get("flags", ev.args.get("advice", 0))))
+            self._mapping_row(
+                proc, ev, op, mapping, start, end - start, flags=int(ev.args.get("flags", ev.args.get("advice", 0)))
+            )
 
     def _on_mremap(self, proc: Process, ev: SyscallEvent) -> None:
         address = int(ev.args.get("addr", 0))
@@ -1081,9 +1283,17 @@ class TraceBuilder:
             event = SyscallEvent(ev.ts_ns, 0, ev.tid, "", {}, size, pid=proc.tgid, comm=ev.comm)
             event.name = {AUX_FAULT: v.PAGE_FAULT, AUX_MAP_PAGES: v.FAULT_AROUND, AUX_DIRTY: v.PAGE_DIRTY}[ev.kind]
             self._mapped_entry(mapping)[2].append((start, end))
-            self._emit(proc, event, v.WRITE if dirty else v.READ, path=mapping.path, offset=start,
-                       offset_source=v.OFFSET_PAGE, size=size, interface=v.MMAP,
-                       address=mapping.address + start - mapping.file_offset)
+            self._emit(
+                proc,
+                event,
+                v.WRITE if dirty else v.READ,
+                path=mapping.path,
+                offset=start,
+                offset_source=v.OFFSET_PAGE,
+                size=size,
+                interface=v.MMAP,
+                address=mapping.address + start - mapping.file_offset,
+            )
             if dirty:
                 self._grow(mapping.path, end)
             return
@@ -1101,8 +1311,16 @@ class TraceBuilder:
         key = (proc.tgid, ev.ctx)
         before = self._file_rss.get(key)
         self._file_rss[key] = ev.res * self.page_bytes
-        ev = AuxEvent(ev.kind, ev.ts_ns, pid=ev.pid, tid=ev.tid, ctx=ev.ctx, res=ev.res * self.page_bytes, addr=ev.addr,
-                      comm=ev.comm)
+        ev = AuxEvent(
+            ev.kind,
+            ev.ts_ns,
+            pid=ev.pid,
+            tid=ev.tid,
+            ctx=ev.ctx,
+            res=ev.res * self.page_bytes,
+            addr=ev.addr,
+            comm=ev.comm,
+        )
         if self._pmd_maps:
             self._pmd_row(ev.tid)
         if before is None or ev.res <= before or not ev.addr:
@@ -1128,12 +1346,24 @@ class TraceBuilder:
         start = max(ev.addr - ev.addr % pmd, mapping.address)
         end = min(start + pmd, mapping.address + mapping.length)
         offset = mapping.file_offset + start - mapping.address
-        if pages is not None and pages.ino == mapping.ino and \
-                pages.index * self.page_bytes <= offset + ev.addr - start <= pages.last_index * self.page_bytes:
+        if (
+            pages is not None
+            and pages.ino == mapping.ino
+            and pages.index * self.page_bytes <= offset + ev.addr - start <= pages.last_index * self.page_bytes
+        ):
             return
         event = SyscallEvent(ev.ts_ns, 0, ev.tid, v.PAGE_FAULT, {}, end - start, pid=proc.tgid, comm=ev.comm)
-        self._emit(proc, event, v.READ, path=mapping.path, offset=offset, offset_source=v.OFFSET_PAGE,
-                   size=end - start, interface=v.MMAP, address=start)
+        self._emit(
+            proc,
+            event,
+            v.READ,
+            path=mapping.path,
+            offset=offset,
+            offset_source=v.OFFSET_PAGE,
+            size=end - start,
+            interface=v.MMAP,
+            address=start,
+        )
         self._mapped_entry(mapping)[2].append((offset, offset + end - start))
 
     def _uncovered(self) -> int:
@@ -1176,51 +1406,126 @@ class TraceBuilder:
 
 _COPY_COLUMNS = ("device", "memory_kind")  # copy rows only: the GPU capture's (tracer.gpu), null here
 _COLUMN_NAMES = tuple(name for name in COLUMNS if name not in _COPY_COLUMNS)
-_OPTIONAL_COLUMNS = ("fd", "path", "new_path", "offset", "offset_source", "size", "flags", "iov_count", "queue_id",
-                     "request_id", "in_flight", "address", "prot")
+_OPTIONAL_COLUMNS = (
+    "fd",
+    "path",
+    "new_path",
+    "offset",
+    "offset_source",
+    "size",
+    "flags",
+    "iov_count",
+    "queue_id",
+    "request_id",
+    "in_flight",
+    "address",
+    "prot",
+)
 # What ``_emit_data`` fills, in its order; every other column is null in a read or write row.
-_DATA_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "comm", "rank", "syscall", "op", "ret", "interface", "fd", "path",
-                 "offset", "offset_source", "size", "iov_count")
+_DATA_COLUMNS = (
+    "ts_ns",
+    "dur_ns",
+    "pid",
+    "tid",
+    "comm",
+    "rank",
+    "syscall",
+    "op",
+    "ret",
+    "interface",
+    "fd",
+    "path",
+    "offset",
+    "offset_source",
+    "size",
+    "iov_count",
+)
 
 
 def _handlers() -> dict:
     table = {}
     by_op = {
-        "open": TraceBuilder._on_open, "close": TraceBuilder._on_close, "read": TraceBuilder._on_data,
-        "write": TraceBuilder._on_data, "lseek": TraceBuilder._on_lseek, "fsync": TraceBuilder._on_fd_only,
-        "fdatasync": TraceBuilder._on_fd_only, "sync_file_range": TraceBuilder._on_fd_only,
-        "ftruncate": TraceBuilder._on_fd_only, "fallocate": TraceBuilder._on_fd_only,
-        "rename": TraceBuilder._on_rename, "unlink": TraceBuilder._on_path_only,
-        "link": TraceBuilder._on_link, "symlink": TraceBuilder._on_link,
-        "mkdir": TraceBuilder._on_path_only, "dup": TraceBuilder._on_dup, "fcntl": TraceBuilder._on_fcntl,
-        "io_uring_setup": TraceBuilder._on_io_uring, "io_uring_enter": TraceBuilder._on_io_uring,
-        "io_uring_register": TraceBuilder._on_io_uring, "io_setup": TraceBuilder._on_io_setup,
-        "io_destroy": TraceBuilder._on_aio_call, "io_submit": TraceBuilder._on_aio_call,
-        "io_getevents": TraceBuilder._on_aio_call, "mmap": TraceBuilder._on_mmap, "munmap": TraceBuilder._on_munmap,
-        "msync": TraceBuilder._on_msync_madvise, "madvise": TraceBuilder._on_msync_madvise,
+        "open": TraceBuilder._on_open,
+        "close": TraceBuilder._on_close,
+        "read": TraceBuilder._on_data,
+        "write": TraceBuilder._on_data,
+        "lseek": TraceBuilder._on_lseek,
+        "fsync": TraceBuilder._on_fd_only,
+        "fdatasync": TraceBuilder._on_fd_only,
+        "sync_file_range": TraceBuilder._on_fd_only,
+        "ftruncate": TraceBuilder._on_fd_only,
+        "fallocate": TraceBuilder._on_fd_only,
+        "rename": TraceBuilder._on_rename,
+        "unlink": TraceBuilder._on_path_only,
+        "link": TraceBuilder._on_link,
+        "symlink": TraceBuilder._on_link,
+        "mkdir": TraceBuilder._on_path_only,
+        "dup": TraceBuilder._on_dup,
+        "fcntl": TraceBuilder._on_fcntl,
+        "io_uring_setup": TraceBuilder._on_io_uring,
+        "io_uring_enter": TraceBuilder._on_io_uring,
+        "io_uring_register": TraceBuilder._on_io_uring,
+        "io_setup": TraceBuilder._on_io_setup,
+        "io_destroy": TraceBuilder._on_aio_call,
+        "io_submit": TraceBuilder._on_aio_call,
+        "io_getevents": TraceBuilder._on_aio_call,
+        "mmap": TraceBuilder._on_mmap,
+        "munmap": TraceBuilder._on_munmap,
+        "msync": TraceBuilder._on_msync_madvise,
+        "madvise": TraceBuilder._on_msync_madvise,
         "mremap": TraceBuilder._on_mremap,
     }
     for name, call in sc.SYSCALLS.items():
         if call.op is not None:
             table[name] = by_op[call.op]
     table.update(
-        close_range=TraceBuilder._on_close_range, ioctl=TraceBuilder._on_ioctl, sendfile=TraceBuilder._on_copy,
-        copy_file_range=TraceBuilder._on_copy, splice=TraceBuilder._on_copy, clone=TraceBuilder._on_clone, clone3=TraceBuilder._on_clone,
-        fork=TraceBuilder._on_clone, vfork=TraceBuilder._on_clone, execve=TraceBuilder._on_execve,
-        execveat=TraceBuilder._on_execve, chdir=TraceBuilder._on_chdir, fchdir=TraceBuilder._on_chdir,
+        close_range=TraceBuilder._on_close_range,
+        ioctl=TraceBuilder._on_ioctl,
+        sendfile=TraceBuilder._on_copy,
+        copy_file_range=TraceBuilder._on_copy,
+        splice=TraceBuilder._on_copy,
+        clone=TraceBuilder._on_clone,
+        clone3=TraceBuilder._on_clone,
+        fork=TraceBuilder._on_clone,
+        vfork=TraceBuilder._on_clone,
+        execve=TraceBuilder._on_execve,
+        execveat=TraceBuilder._on_execve,
+        chdir=TraceBuilder._on_chdir,
+        fchdir=TraceBuilder._on_chdir,
     )
     return table
 
 
 _HANDLERS = _handlers()
-_AUX_HANDLERS = {AUX_URING_REQ: TraceBuilder._on_uring_request, AUX_URING_CREATE: TraceBuilder._on_uring_create,
-                 AUX_AIO_SUBMIT: TraceBuilder._on_aio_submit, AUX_AIO_EVENT: TraceBuilder._on_aio_event,
-                 AUX_FAULT: TraceBuilder._on_pages, AUX_MAP_PAGES: TraceBuilder._on_pages,
-                 AUX_DIRTY: TraceBuilder._on_pages, AUX_RSS: TraceBuilder._on_rss}
-_URING_OPS = {"READ": v.READ, "READ_FIXED": v.READ, "READV": v.READ, "WRITE": v.WRITE, "WRITE_FIXED": v.WRITE,
-              "WRITEV": v.WRITE, "FSYNC": v.FSYNC, "SYNC_FILE_RANGE": v.SYNC_FILE_RANGE, "FALLOCATE": v.FALLOCATE}
-_AIO_OPS = {"PREAD": v.READ, "PREADV": v.READ, "PWRITE": v.WRITE, "PWRITEV": v.WRITE, "FSYNC": v.FSYNC,
-            "FDSYNC": v.FDATASYNC}
+_AUX_HANDLERS = {
+    AUX_URING_REQ: TraceBuilder._on_uring_request,
+    AUX_URING_CREATE: TraceBuilder._on_uring_create,
+    AUX_AIO_SUBMIT: TraceBuilder._on_aio_submit,
+    AUX_AIO_EVENT: TraceBuilder._on_aio_event,
+    AUX_FAULT: TraceBuilder._on_pages,
+    AUX_MAP_PAGES: TraceBuilder._on_pages,
+    AUX_DIRTY: TraceBuilder._on_pages,
+    AUX_RSS: TraceBuilder._on_rss,
+}
+_URING_OPS = {
+    "READ": v.READ,
+    "READ_FIXED": v.READ,
+    "READV": v.READ,
+    "WRITE": v.WRITE,
+    "WRITE_FIXED": v.WRITE,
+    "WRITEV": v.WRITE,
+    "FSYNC": v.FSYNC,
+    "SYNC_FILE_RANGE": v.SYNC_FILE_RANGE,
+    "FALLOCATE": v.FALLOCATE,
+}
+_AIO_OPS = {
+    "PREAD": v.READ,
+    "PREADV": v.READ,
+    "PWRITE": v.WRITE,
+    "PWRITEV": v.WRITE,
+    "FSYNC": v.FSYNC,
+    "FDSYNC": v.FDATASYNC,
+}
 MAP_SHARED, MAP_ANONYMOUS, PROT_WRITE = sc.MAP_SHARED, sc.MAP_ANONYMOUS, sc.PROT_WRITE
 
 

@@ -58,13 +58,27 @@ def strace_command(cmd: list[str], log_path: Path) -> list[str]:
         raise TracerError("strace is not installed (apt-get install strace)")
     names = ",".join(f"?{name}" for name in sc.traced_names())
     return [
-        exe, "-f", "-qq", "--seccomp-bpf", "-X", "raw", "-xx",
-        "-s", str(config.STRACE_STRING_BYTES),
-        "--timestamps=unix,ns", "--syscall-times=ns",
-        "-e", "abbrev=!execve,execveat",
-        "-e", "raw=" + ",".join(_RAW_CALLS),
-        "-e", "trace=" + names,
-        "-o", str(log_path), "--", *cmd,
+        exe,
+        "-f",
+        "-qq",
+        "--seccomp-bpf",
+        "-X",
+        "raw",
+        "-xx",
+        "-s",
+        str(config.STRACE_STRING_BYTES),
+        "--timestamps=unix,ns",
+        "--syscall-times=ns",
+        "-e",
+        "abbrev=!execve,execveat",
+        "-e",
+        "raw=" + ",".join(_RAW_CALLS),
+        "-e",
+        "trace=" + names,
+        "-o",
+        str(log_path),
+        "--",
+        *cmd,
     ]
 
 
@@ -180,7 +194,7 @@ class _ArgParser:
         out = bytearray()
         while self.i < len(text) and text[self.i] != '"':
             if text[self.i] == "\\" and text.startswith("x", self.i + 1):
-                out.append(int(text[self.i + 2:self.i + 4], 16))
+                out.append(int(text[self.i + 2 : self.i + 4], 16))
                 self.i += 4
             elif text[self.i] == "\\":
                 out.extend(_C_ESCAPES.get(text[self.i + 1], text[self.i + 1]).encode())
@@ -207,7 +221,7 @@ class _ArgParser:
             elif char in ",]}" and depth == 0:
                 break
             self.i += 1
-        return _number(re.sub(r"/\*.*?\*/", "", self.text[start:self.i]).strip())
+        return _number(re.sub(r"/\*.*?\*/", "", self.text[start : self.i]).strip())
 
 
 _C_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "v": "\v", "f": "\f", "0": "\0", "\\": "\\", '"': '"'}
@@ -273,16 +287,40 @@ def _aux_events(name: str, values: list[Any], tid: int, ts_ns: int, dur_ns: int,
             opcode = _as_int(iocb.get("aio_lio_opcode"))
             buffer = iocb.get("aio_buf")
             vectored = isinstance(buffer, list)
-            length = sum(_as_int(item.get("iov_len")) for item in buffer if isinstance(item, dict)) if vectored \
+            length = (
+                sum(_as_int(item.get("iov_len")) for item in buffer if isinstance(item, dict))
+                if vectored
                 else _as_int(iocb.get("aio_nbytes"))
-            found.append(AuxEvent(AUX_AIO_SUBMIT, ts_ns, tid=tid, ctx=ctx, user_data=_as_int(iocb.get("aio_data")),
-                                  opcode=opcode, fd=_as_int(iocb.get("aio_fildes")), offset=_as_int(iocb.get("aio_offset")),
-                                  length=length, addr=0 if vectored or isinstance(buffer, str) else _as_int(buffer)))
+            )
+            found.append(
+                AuxEvent(
+                    AUX_AIO_SUBMIT,
+                    ts_ns,
+                    tid=tid,
+                    ctx=ctx,
+                    user_data=_as_int(iocb.get("aio_data")),
+                    opcode=opcode,
+                    fd=_as_int(iocb.get("aio_fildes")),
+                    offset=_as_int(iocb.get("aio_offset")),
+                    length=length,
+                    addr=0 if vectored or isinstance(buffer, str) else _as_int(buffer),
+                )
+            )
         return found
     events = values[3] if len(values) > 3 and isinstance(values[3], list) else []
-    return [AuxEvent(AUX_AIO_EVENT, ts_ns + dur_ns, tid=tid, ctx=ctx, user_data=_as_int(event.get("data")),
-                     obj=_as_int(event.get("obj")), res=_as_int(event.get("res")))
-            for event in events[:ret] if isinstance(event, dict)]
+    return [
+        AuxEvent(
+            AUX_AIO_EVENT,
+            ts_ns + dur_ns,
+            tid=tid,
+            ctx=ctx,
+            user_data=_as_int(event.get("data")),
+            obj=_as_int(event.get("obj")),
+            res=_as_int(event.get("res")),
+        )
+        for event in events[:ret]
+        if isinstance(event, dict)
+    ]
 
 
 def _as_int(value: Any) -> int:
@@ -326,8 +364,9 @@ def _decode(name: str, values: list[Any], named: dict[str, Any]) -> tuple[dict[s
                 value = args.pop(pointer)
                 args[key] = _as_int(value[0]) if isinstance(value, list) and value else None
     if name == "ioctl" and isinstance(args.get("arg"), dict):  # FICLONERANGE's struct file_clone_range
-        args.update({key: _as_int(args["arg"].get(key)) for key in ("src_fd", "src_offset", "src_length",
-                                                                   "dest_offset")})
+        args.update(
+            {key: _as_int(args["arg"].get(key)) for key in ("src_fd", "src_offset", "src_length", "dest_offset")}
+        )
     for key in ("argv", "envp", "buf", "how", "params", "sig", "ctxp", "arg", "iocbpp", "events", "timeout", "usig"):
         if key == "arg" and name == "ioctl" and isinstance(args.get(key), int):
             continue  # FICLONE's source descriptor, FIOCLEX's nothing
@@ -375,7 +414,14 @@ def _events_from_lines(lines: Iterator[str], pending: dict | None = None) -> Ite
         if name in _AIO_CALLS:
             yield from _aux_events(name, values, tid, ts_ns, dur_ns, ret)
         yield SyscallEvent(
-            ts_ns=ts_ns, dur_ns=dur_ns, tid=tid, name=name, args=args, ret=ret, size=size, rank=rank,
+            ts_ns=ts_ns,
+            dur_ns=dur_ns,
+            tid=tid,
+            name=name,
+            args=args,
+            ret=ret,
+            size=size,
+            rank=rank,
         )
 
 

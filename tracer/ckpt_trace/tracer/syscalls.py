@@ -110,8 +110,11 @@ VECTORED = frozenset({"readv", "writev", "preadv", "pwritev", "preadv2", "pwrite
 POSITIONAL = frozenset({"pread64", "pwrite64", "preadv", "pwritev", "preadv2", "pwritev2"})
 
 # Open flags as this machine's kernel reads them (the trace records this machine's arch with them).
-_OPEN = vocabulary.OPEN_FLAGS[vocabulary.host_arch()] if vocabulary.host_arch() in vocabulary.OPEN_FLAGS \
+_OPEN = (
+    vocabulary.OPEN_FLAGS[vocabulary.host_arch()]
+    if vocabulary.host_arch() in vocabulary.OPEN_FLAGS
     else vocabulary.OPEN_FLAGS[vocabulary.X86_64]
+)
 O_ACCMODE, O_RDONLY, O_WRONLY, O_RDWR = vocabulary.O_ACCMODE, 0, _OPEN["O_WRONLY"], _OPEN["O_RDWR"]
 O_CREAT, O_EXCL, O_TRUNC, O_APPEND = _OPEN["O_CREAT"], _OPEN["O_EXCL"], _OPEN["O_TRUNC"], _OPEN["O_APPEND"]
 O_DIRECT, O_CLOEXEC = _OPEN["O_DIRECT"], _OPEN["O_CLOEXEC"]

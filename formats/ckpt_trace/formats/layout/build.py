@@ -38,8 +38,13 @@ class Layout:
 
     def info(self) -> dict:
         """The JSON object stored beside the table (``store.encode_layout``)."""
-        return {"files": self.files, "unknown": self.unknown, "errors": self.errors,
-                "elapsed_s": round(self.elapsed_s, 6), "complete": self.complete}
+        return {
+            "files": self.files,
+            "unknown": self.unknown,
+            "errors": self.errors,
+            "elapsed_s": round(self.elapsed_s, 6),
+            "complete": self.complete,
+        }
 
 
 def candidate_files(paths: Iterable[str]) -> list[str]:
@@ -102,8 +107,7 @@ def build_layout(paths: Iterable[str], *, time_limit_s: float = 60.0, expand_dir
                 parsed(path, "safetensors", parse_safetensors(path))
             elif name.endswith(".index.json"):
                 parsed(path, "hf_index", parse_hf_index(path))
-                layout.files.update({shard: "hf_shard" for shard in hf_index_shards(path)
-                                     if not os.path.exists(shard)})
+                layout.files.update({shard: "hf_shard" for shard in hf_index_shards(path) if not os.path.exists(shard)})
             elif is_torch_save(path):
                 parsed(path, "torch_save", parse_torch_save(path))
         except LayoutError as err:

@@ -95,8 +95,9 @@ def parse_dcp(metadata_path: str) -> list[Entry]:
                     chunk_sizes = tuple(int(v) for v in getattr(chunk, "sizes", ()))
                     break
         path = os.path.normpath(os.path.join(directory, relative))
-        entry = Entry(path, offset, length, fqn, classify(parts, tensor=tensor), "dcp", dtype, shape,
-                      chunk_offsets, chunk_sizes)
+        entry = Entry(
+            path, offset, length, fqn, classify(parts, tensor=tensor), "dcp", dtype, shape, chunk_offsets, chunk_sizes
+        )
         per_file.setdefault(path, []).append(entry)
     for path, items in per_file.items():
         entries += items
@@ -106,9 +107,23 @@ def parse_dcp(metadata_path: str) -> list[Entry]:
 
 
 # ---------------------------------------------------------------------------------------------- safetensors
-_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-                       "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "U16": "uint16", "U32": "uint32",
-                       "U64": "uint64", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+_SAFETENSORS_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "U16": "uint16",
+    "U32": "uint32",
+    "U64": "uint64",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+}
 _MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
 
 
@@ -140,9 +155,18 @@ def parse_safetensors(path: str) -> list[Entry]:
             raise LayoutError(f"{path}: tensor {name!r} has no data_offsets/shape") from None
         if not 0 <= begin <= end <= size - base:
             raise LayoutError(f"{path}: tensor {name!r} lies outside the file")
-        entries.append(Entry(path, base + begin, end - begin, name, classify(name.split("."), tensor=True),
-                             "safetensors", _SAFETENSORS_DTYPES.get(str(info.get("dtype")), str(info.get("dtype"))),
-                             shape))
+        entries.append(
+            Entry(
+                path,
+                base + begin,
+                end - begin,
+                name,
+                classify(name.split("."), tensor=True),
+                "safetensors",
+                _SAFETENSORS_DTYPES.get(str(info.get("dtype")), str(info.get("dtype"))),
+                shape,
+            )
+        )
     tensors = entries[1:]
     entries += _gaps(path, size, entries, "safetensors", "<not in the safetensors header>", "unknown")
     del tensors
@@ -215,13 +239,23 @@ def parse_torch_save(path: str) -> list[Entry]:
         entries = []
         for info in infos:
             start = _zip_data_offset(handle, info)
-            key = info.filename[len(root) + len("data/"):] if info.filename.startswith(root + "data/") else None
+            key = info.filename[len(root) + len("data/") :] if info.filename.startswith(root + "data/") else None
             if key is not None and key in found:
                 views = found[key]
                 names = [".".join(str(p) for p in prefix) for prefix, _ in views]
                 parts, ref = views[0]
-                entries.append(Entry(path, start, info.compress_size, ", ".join(names), classify(parts, tensor=True),
-                                     "torch_save", ref.storage.dtype, ref.size))
+                entries.append(
+                    Entry(
+                        path,
+                        start,
+                        info.compress_size,
+                        ", ".join(names),
+                        classify(parts, tensor=True),
+                        "torch_save",
+                        ref.storage.dtype,
+                        ref.size,
+                    )
+                )
             elif key is not None:
                 entries.append(Entry(path, start, info.compress_size, info.filename, "unknown", "torch_save"))
             else:

@@ -37,8 +37,12 @@ class Record:
         self.__dict__.update(kwargs)
 
     def __setstate__(self, state: Any) -> None:
-        if isinstance(state, tuple) and len(state) == 2 and (state[0] is None or isinstance(state[0], dict)) \
-                and isinstance(state[1], dict):
+        if (
+            isinstance(state, tuple)
+            and len(state) == 2
+            and (state[0] is None or isinstance(state[0], dict))
+            and isinstance(state[1], dict)
+        ):
             state = {**(state[0] or {}), **state[1]}  # (dict, slots) of a class with __slots__
         if isinstance(state, dict):
             self.__dict__.update({str(key): value for key, value in state.items()})
@@ -89,14 +93,55 @@ class StorageRef:
         self.dtype, self.key, self.location, self.numel = dtype, key, location, numel
 
 
-_DTYPES = ("float32", "float", "float64", "double", "float16", "half", "bfloat16", "complex64", "complex128",
-           "uint8", "int8", "int16", "short", "int32", "int", "int64", "long", "bool", "float8_e4m3fn",
-           "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "uint16", "uint32", "uint64", "cfloat", "cdouble",
-           "qint8", "quint8", "qint32", "complex32", "chalf")
-_STORAGES = {"FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16",
-             "BFloat16Storage": "bfloat16", "ByteStorage": "uint8", "CharStorage": "int8", "ShortStorage": "int16",
-             "IntStorage": "int32", "LongStorage": "int64", "BoolStorage": "bool", "ComplexFloatStorage": "complex64",
-             "ComplexDoubleStorage": "complex128", "UntypedStorage": "uint8"}
+_DTYPES = (
+    "float32",
+    "float",
+    "float64",
+    "double",
+    "float16",
+    "half",
+    "bfloat16",
+    "complex64",
+    "complex128",
+    "uint8",
+    "int8",
+    "int16",
+    "short",
+    "int32",
+    "int",
+    "int64",
+    "long",
+    "bool",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "uint16",
+    "uint32",
+    "uint64",
+    "cfloat",
+    "cdouble",
+    "qint8",
+    "quint8",
+    "qint32",
+    "complex32",
+    "chalf",
+)
+_STORAGES = {
+    "FloatStorage": "float32",
+    "DoubleStorage": "float64",
+    "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16",
+    "ByteStorage": "uint8",
+    "CharStorage": "int8",
+    "ShortStorage": "int16",
+    "IntStorage": "int32",
+    "LongStorage": "int64",
+    "BoolStorage": "bool",
+    "ComplexFloatStorage": "complex64",
+    "ComplexDoubleStorage": "complex128",
+    "UntypedStorage": "uint8",
+}
 
 
 def _size(values: Any = ()) -> tuple:
@@ -128,8 +173,16 @@ def _ordered_dict(*args: Any) -> dict:
 
 
 _DCP = "torch.distributed.checkpoint.metadata"
-_DCP_CLASSES = ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-                "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
+_DCP_CLASSES = (
+    "Metadata",
+    "TensorStorageMetadata",
+    "BytesStorageMetadata",
+    "ChunkStorageMetadata",
+    "TensorProperties",
+    "MetadataIndex",
+    "StorageMeta",
+    "_MEM_FORMAT_ENCODING",
+)
 
 ALLOWED: dict[tuple[str, str], Any] = {
     ("torch", "Size"): _size,
@@ -143,13 +196,17 @@ ALLOWED: dict[tuple[str, str], Any] = {
     ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
     ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
     ("torch.nn.parameter", "Parameter"): _rebuild_parameter,
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"):
-        _record_class("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _record_class(
+        "torch.distributed.checkpoint.filesystem", "_StorageInfo"
+    ),
     ("torch.distributed.checkpoint.metadata", "_StorageInfo"): _record_class(_DCP, "_StorageInfo"),
     **{(_DCP, name): _record_class(_DCP, name) for name in _DCP_CLASSES},
     **{("torch", name): Dtype(name) for name in _DTYPES},
     **{("torch", name): StorageType(dtype) for name, dtype in _STORAGES.items()},
-    **{("torch.storage", name): StorageType(_STORAGES.get(name, "uint8")) for name in ("UntypedStorage", "TypedStorage")},
+    **{
+        ("torch.storage", name): StorageType(_STORAGES.get(name, "uint8"))
+        for name in ("UntypedStorage", "TypedStorage")
+    },
 }
 
 

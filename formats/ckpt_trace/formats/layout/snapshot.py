@@ -66,9 +66,18 @@ def parse_torchsnapshot(path: str) -> list[Entry]:
         if not 0 <= begin <= end <= size:
             raise LayoutError(f"{path}: {name!r} lies outside {item['location']}")
         dtype = str(item.get("dtype", "")).removeprefix("torch.") or None
-        return Entry(file, int(begin), int(end) - int(begin), name, classify(parts, tensor=True), "torchsnapshot",
-                     dtype, tuple(shape if shape is not None else item.get("shape") or ()),
-                     tuple(offsets) if offsets is not None else None, tuple(chunk) if chunk is not None else None)
+        return Entry(
+            file,
+            int(begin),
+            int(end) - int(begin),
+            name,
+            classify(parts, tensor=True),
+            "torchsnapshot",
+            dtype,
+            tuple(shape if shape is not None else item.get("shape") or ()),
+            tuple(offsets) if offsets is not None else None,
+            tuple(chunk) if chunk is not None else None,
+        )
 
     try:
         for key, item in data["manifest"].items():
@@ -79,14 +88,22 @@ def parse_torchsnapshot(path: str) -> list[Entry]:
             if kind == "Tensor":
                 entries.append(tensor(key, parts, item))
             elif kind in ("ShardedTensor", "ChunkedTensor"):
-                entries.extend(tensor(key, parts, shard["tensor"], item.get("shape"), shard["offsets"], shard["sizes"])
-                               for shard in item.get("shards") or item.get("chunks") or [])
+                entries.extend(
+                    tensor(key, parts, shard["tensor"], item.get("shape"), shard["offsets"], shard["sizes"])
+                    for shard in item.get("shards") or item.get("chunks") or []
+                )
             elif kind == "object":
                 file, size = located(item["location"])
                 entries.append(Entry(file, 0, size, key, classify(parts, tensor=False), "torchsnapshot"))
     except (KeyError, TypeError, ValueError) as err:
         raise LayoutError(f"{path}: malformed torchsnapshot entry ({type(err).__name__}: {err})") from None
     for file, size in sizes.items():
-        entries += _gaps(file, size, [e for e in entries if e.path == file], "torchsnapshot",
-                         "<not in the torchsnapshot manifest>", "unknown")
+        entries += _gaps(
+            file,
+            size,
+            [e for e in entries if e.path == file],
+            "torchsnapshot",
+            "<not in the torchsnapshot manifest>",
+            "unknown",
+        )
     return entries

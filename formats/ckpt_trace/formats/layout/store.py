@@ -30,7 +30,8 @@ LAYOUT_METADATA_KEY = b"ckpt_trace_layout"
 def encode_layout(table: pa.Table, info: dict | None = None) -> bytes:
     """``table`` (``LAYOUT_SCHEMA``) and ``info`` as the base64 text stored under ``LAYOUT_METADATA_KEY``."""
     table = table.cast(LAYOUT_SCHEMA).replace_schema_metadata(
-        {LAYOUT_METADATA_KEY: json.dumps(info or {}, sort_keys=True).encode()})
+        {LAYOUT_METADATA_KEY: json.dumps(info or {}, sort_keys=True).encode()}
+    )
     sink = pa.BufferOutputStream()
     options = ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=9))
     with ipc.new_stream(sink, table.schema, options=options) as writer:
@@ -45,7 +46,9 @@ def decode_layout(blob: bytes) -> tuple[pa.Table, dict]:
         table.validate(full=True)
         info = json.loads((table.schema.metadata or {}).get(LAYOUT_METADATA_KEY, b"{}"))
     except (ValueError, pa.ArrowException, json.JSONDecodeError) as err:
-        raise TraceFormatError(f"the trace's layout does not decode ({str(err).splitlines()[0] if str(err) else err})") from None
+        raise TraceFormatError(
+            f"the trace's layout does not decode ({str(err).splitlines()[0] if str(err) else err})"
+        ) from None
     for column in LAYOUT_SCHEMA:
         if column.name not in table.column_names:
             raise TraceFormatError(f"the trace's layout lacks column {column.name!r}")
@@ -63,8 +66,14 @@ def read_layout(path: str | os.PathLike) -> tuple[pa.Table, dict] | None:
     return None if blob is None else decode_layout(blob)
 
 
-def add_layout(trace: str | os.PathLike, table: pa.Table, info: dict | None = None,
-               output: str | os.PathLike | None = None, *, overwrite: bool = False) -> Path:
+def add_layout(
+    trace: str | os.PathLike,
+    table: pa.Table,
+    info: dict | None = None,
+    output: str | os.PathLike | None = None,
+    *,
+    overwrite: bool = False,
+) -> Path:
     """Write ``trace`` with ``table`` stored as its layout (replacing any layout it had) to ``output``
     (default: ``trace`` itself, replaced). The record batches are copied as they are stored; the file is
     written to a temporary file beside the output (``atomic.make_temporary``: a random name, O_EXCL, O_NOFOLLOW), fsynced and renamed over the
@@ -75,7 +84,9 @@ def add_layout(trace: str | os.PathLike, table: pa.Table, info: dict | None = No
     source_path = Path(trace)
     target = Path(output) if output is not None else source_path
     if target.exists() and not overwrite and target.resolve() != source_path.resolve():
-        raise CkptTraceError(f"{target} already exists (use {{option}} to overwrite it)", option="overwrite", switch=True)
+        raise CkptTraceError(
+            f"{target} already exists (use {{option}} to overwrite it)", option="overwrite", switch=True
+        )
     read_metadata(source_path)
     blob = encode_layout(table, info)
     try:

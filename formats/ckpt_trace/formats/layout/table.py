@@ -17,25 +17,44 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-KINDS = ("model", "optimizer.exp_avg", "optimizer.exp_avg_sq", "optimizer.step", "optimizer.other", "extra",
-         "metadata", "index", "unknown")
+KINDS = (
+    "model",
+    "optimizer.exp_avg",
+    "optimizer.exp_avg_sq",
+    "optimizer.step",
+    "optimizer.other",
+    "extra",
+    "metadata",
+    "index",
+    "unknown",
+)
 FORMATS = ("dcp", "safetensors", "torch_save", "hf_index", "torchsnapshot", "unknown")
 
-LAYOUT_SCHEMA = pa.schema([
-    pa.field("path", pa.string(), nullable=False),
-    pa.field("offset", pa.int64(), nullable=False),
-    pa.field("length", pa.int64(), nullable=False),
-    pa.field("name", pa.string()),
-    pa.field("kind", pa.string(), nullable=False),
-    pa.field("dtype", pa.string()),
-    pa.field("shape", pa.list_(pa.int64())),
-    pa.field("chunk_offsets", pa.list_(pa.int64())),
-    pa.field("chunk_sizes", pa.list_(pa.int64())),
-    pa.field("format", pa.string(), nullable=False),
-])
+LAYOUT_SCHEMA = pa.schema(
+    [
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("length", pa.int64(), nullable=False),
+        pa.field("name", pa.string()),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("dtype", pa.string()),
+        pa.field("shape", pa.list_(pa.int64())),
+        pa.field("chunk_offsets", pa.list_(pa.int64())),
+        pa.field("chunk_sizes", pa.list_(pa.int64())),
+        pa.field("format", pa.string(), nullable=False),
+    ]
+)
 
-_OPTIMIZER_ROOTS = ("optim", "optimizer", "optimizers", "optim_state", "optimizer_state", "optimizer_state_dict",
-                    "optim_state_dict", "optimizer_states")
+_OPTIMIZER_ROOTS = (
+    "optim",
+    "optimizer",
+    "optimizers",
+    "optim_state",
+    "optimizer_state",
+    "optimizer_state_dict",
+    "optim_state_dict",
+    "optimizer_states",
+)
 _OPTIMIZER_STATES = {"exp_avg": "optimizer.exp_avg", "exp_avg_sq": "optimizer.exp_avg_sq", "step": "optimizer.step"}
 
 

@@ -132,5 +132,6 @@ def expand(name: str) -> tuple[str, ...]:
 def help_text() -> str:
     """``--strategy``'s help: what ``all`` does and which strategies run only when named, and why."""
     optional = [f"{spec.name}: {spec.only_when_named}" for spec in table().values() if not spec.in_all]
-    return ("all: each into TARGET/<strategy>/" + (f" (only when named: {'; '.join(optional)})" if optional else "")
-            + ".")
+    return (
+        "all: each into TARGET/<strategy>/" + (f" (only when named: {'; '.join(optional)})" if optional else "") + "."
+    )

@@ -25,13 +25,20 @@ def _derive(base: ReplayPlan, *, buffer_bytes: int, block_bytes: int, pack_files
 
 
 def _executor(root: TargetRoot, queue_depth: int) -> UringExecutor:
-    return uring_executor(root, config.REPLAY_MAX_IO_BYTES, queue_depth=queue_depth, direct=True,
-                          strategy="aggregated")
+    return uring_executor(root, config.REPLAY_MAX_IO_BYTES, queue_depth=queue_depth, direct=True, strategy="aggregated")
 
 
 STRATEGY = Strategy(
-    name="aggregated", summary="writes coalesced into aligned buffers, io_uring with O_DIRECT", executor=_executor,
-    derive=_derive, order=30, direct_io=True, uses_queue_depth=True, uses_buffer_bytes=True, packs_files=True,
-    named_path="io_uring+O_DIRECT", named_path_members=("io_uring_direct",),
+    name="aggregated",
+    summary="writes coalesced into aligned buffers, io_uring with O_DIRECT",
+    executor=_executor,
+    derive=_derive,
+    order=30,
+    direct_io=True,
+    uses_queue_depth=True,
+    uses_buffer_bytes=True,
+    packs_files=True,
+    named_path="io_uring+O_DIRECT",
+    named_path_members=("io_uring_direct",),
     fio_args=("--ioengine=io_uring", "--iodepth={depth}", "--bs=4m", "--direct=1"),
 )

@@ -23,7 +23,14 @@ def _executor(root: TargetRoot, queue_depth: int) -> PosixExecutor:
 
 
 STRATEGY = Strategy(
-    name="gds", summary="reads and writes to and from GPU memory through cuFile (KvikIO)", executor=_executor,
-    in_all=False, only_when_named="GPU + KvikIO", order=40, direct_io=True, named_path="cuFile",
-    named_path_members=("cufile",), table_pattern=True,
+    name="gds",
+    summary="reads and writes to and from GPU memory through cuFile (KvikIO)",
+    executor=_executor,
+    in_all=False,
+    only_when_named="GPU + KvikIO",
+    order=40,
+    direct_io=True,
+    named_path="cuFile",
+    named_path_members=("cufile",),
+    table_pattern=True,
 )

@@ -70,8 +70,15 @@ class MmapExecutor(PosixExecutor):
             op = dataclasses.replace(op, flags=flags & ~os.O_DIRECT)
         return super()._open(op, state)
 
-    def _execute(self, op: PlanOp, state: _RunState, write_view: memoryview, read_view: memoryview,
-                 write_buf: AlignedBuffer | None = None, read_buf: AlignedBuffer | None = None) -> int:
+    def _execute(
+        self,
+        op: PlanOp,
+        state: _RunState,
+        write_view: memoryview,
+        read_view: memoryview,
+        write_buf: AlignedBuffer | None = None,
+        read_buf: AlignedBuffer | None = None,
+    ) -> int:
         if op.kind not in ("write", "read") or (op.mapped and op.handle in state.mappings):
             return super()._execute(op, state, write_view, read_view, write_buf, read_buf)
         assert write_buf is not None and read_buf is not None and op.handle is not None  # posix._WorkerContext's
@@ -98,8 +105,9 @@ class MmapExecutor(PosixExecutor):
             start = at - at % PAGE_BYTES
             mapping = FileMapping(fd, at + size - start, start, PROT_READ | (PROT_WRITE if write else 0), MAP_SHARED)
             try:
-                moved = self._mapped(dataclasses.replace(op, offset=at, pattern_offset=base), mapping, write_buf,
-                                     read_buf)
+                moved = self._mapped(
+                    dataclasses.replace(op, offset=at, pattern_offset=base), mapping, write_buf, read_buf
+                )
             finally:
                 mapping.close()
         if at_position:
@@ -113,7 +121,13 @@ def _executor(root: TargetRoot, queue_depth: int) -> MmapExecutor:
 
 
 STRATEGY = Strategy(
-    name="mmap", summary="reads and writes through shared file mappings (ftruncate, mmap, copy)", executor=_executor,
-    in_all=False, only_when_named="copies through mappings, for comparison", order=50, named_path="mapped",
-    named_path_members=("mapped",), fio_args=("--ioengine=mmap", "--bs=4k", "--fallocate=none"),
+    name="mmap",
+    summary="reads and writes through shared file mappings (ftruncate, mmap, copy)",
+    executor=_executor,
+    in_all=False,
+    only_when_named="copies through mappings, for comparison",
+    order=50,
+    named_path="mapped",
+    named_path_members=("mapped",),
+    fio_args=("--ioengine=mmap", "--bs=4k", "--fallocate=none"),
 )

@@ -16,6 +16,9 @@ def _executor(root: TargetRoot, queue_depth: int) -> PosixExecutor:
 
 
 STRATEGY = Strategy(
-    name="posix", summary="the recorded system calls, as recorded", executor=_executor, order=0,
+    name="posix",
+    summary="the recorded system calls, as recorded",
+    executor=_executor,
+    order=0,
     fio_args=("--ioengine=psync", "--bs=4k", "--fallocate=none"),
 )

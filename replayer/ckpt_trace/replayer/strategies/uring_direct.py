@@ -11,13 +11,19 @@ from . import Strategy
 
 
 def _executor(root: TargetRoot, queue_depth: int) -> UringExecutor:
-    return uring_executor(root, config.REPLAY_MAX_IO_BYTES, queue_depth=queue_depth, direct=True,
-                          strategy="uring-direct")
+    return uring_executor(
+        root, config.REPLAY_MAX_IO_BYTES, queue_depth=queue_depth, direct=True, strategy="uring-direct"
+    )
 
 
 STRATEGY = Strategy(
-    name="uring-direct", summary="the recorded reads and writes through io_uring with O_DIRECT", executor=_executor,
-    order=20, direct_io=True, uses_queue_depth=True, named_path="io_uring+O_DIRECT",
+    name="uring-direct",
+    summary="the recorded reads and writes through io_uring with O_DIRECT",
+    executor=_executor,
+    order=20,
+    direct_io=True,
+    uses_queue_depth=True,
+    named_path="io_uring+O_DIRECT",
     named_path_members=("io_uring_direct",),
     fio_args=("--ioengine=io_uring", "--iodepth={depth}", "--bs=4k", "--direct=1", "--fallocate=none"),
 )

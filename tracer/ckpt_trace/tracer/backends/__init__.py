@@ -111,5 +111,6 @@ def choose(requested: str) -> BackendChoice:
             return BackendChoice(spec.name, spec.auto_reason, may_fall_back=any(s.problem() is None for s in later))
         first, why = next(iter(problems.items()))
         return BackendChoice(spec.name, f"{first} unavailable: {why}")
-    raise TracerError("no tracing backend: " + " and ".join(f"{name} unavailable ({why})"
-                                                            for name, why in problems.items()))
+    raise TracerError(
+        "no tracing backend: " + " and ".join(f"{name} unavailable ({why})" for name, why in problems.items())
+    )

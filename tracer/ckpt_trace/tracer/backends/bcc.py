@@ -23,8 +23,13 @@ def load(choice: BackendChoice, path_filters: list[str]) -> tuple[bcc_backend.Bc
     try:
         tracer.load()
     except TracerError as err:
-        following = next((spec.name for spec in table().values() if spec.order > BACKEND.order
-                          and spec.problem() is None), None) if choice.may_fall_back else None
+        following = (
+            next(
+                (spec.name for spec in table().values() if spec.order > BACKEND.order and spec.problem() is None), None
+            )
+            if choice.may_fall_back
+            else None
+        )
         if following is None:
             raise
         return None, BackendChoice(following, f"bcc failed to load: {err}")
@@ -43,6 +48,13 @@ def run(choice: BackendChoice, cmd: list[str], env: dict, make_feeder, spool, pa
     return builder, extra, choice
 
 
-BACKEND = Backend(name="bcc", problem=bcc_backend.probe, auto_reason="eBPF syscall tracepoints are available",
-                  capture_limits=_capture_limits, run=run, clock="CLOCK_MONOTONIC",  # bpf_ktime_get_ns
-                  order=0, attach=attach_mod.attach_bcc)
+BACKEND = Backend(
+    name="bcc",
+    problem=bcc_backend.probe,
+    auto_reason="eBPF syscall tracepoints are available",
+    capture_limits=_capture_limits,
+    run=run,
+    clock="CLOCK_MONOTONIC",  # bpf_ktime_get_ns
+    order=0,
+    attach=attach_mod.attach_bcc,
+)

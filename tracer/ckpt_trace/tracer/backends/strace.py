@@ -16,8 +16,10 @@ from .. import leftovers, strace_backend
 from . import Backend, BackendChoice
 
 #: What this backend cannot see, by capture (the trace's ``unseen``).
-UNSEEN = {"io_uring_requests": "the strace backend sees io_uring_enter calls, not the requests in the ring",
-           "mapped_pages": "the strace backend sees mmap calls, not the pages touched through the mapping"}
+UNSEEN = {
+    "io_uring_requests": "the strace backend sees io_uring_enter calls, not the requests in the ring",
+    "mapped_pages": "the strace backend sees mmap calls, not the pages touched through the mapping",
+}
 
 
 def _problem() -> str | None:
@@ -25,8 +27,10 @@ def _problem() -> str | None:
 
 
 def _capture_limits() -> list[str]:
-    return ["strace sees io_uring_enter calls but not the requests in a ring, and mmap calls but not the "
-            "pages touched through a mapping (bcc sees both)"]
+    return [
+        "strace sees io_uring_enter calls but not the requests in a ring, and mmap calls but not the "
+        "pages touched through a mapping (bcc sees both)"
+    ]
 
 
 def run(choice: BackendChoice, cmd: list[str], env: dict, make_feeder, spool, path_filters: list[str]) -> tuple:
@@ -48,12 +52,31 @@ def run(choice: BackendChoice, cmd: list[str], env: dict, make_feeder, spool, pa
     feeder.finish()
     spool.add(feeder.builder.take_rows())
     exit_code, exit_signal = (128 - status, -status) if status < 0 else (status, None)
-    return feeder.builder, {"lost_events": 0, "truncated_paths": 0, "exit_code": exit_code, "exit_signal": exit_signal,
-                            "command_elapsed_ns": command_elapsed_ns, "unseen": dict(UNSEEN),
-                            "late_events": feeder.late_events, "released_s": released_s,
-                            "exited_s": exited_s}, choice
+    return (
+        feeder.builder,
+        {
+            "lost_events": 0,
+            "truncated_paths": 0,
+            "exit_code": exit_code,
+            "exit_signal": exit_signal,
+            "command_elapsed_ns": command_elapsed_ns,
+            "unseen": dict(UNSEEN),
+            "late_events": feeder.late_events,
+            "released_s": released_s,
+            "exited_s": exited_s,
+        },
+        choice,
+    )
 
 
-BACKEND = Backend(name="strace", problem=_problem, auto_reason="strace is installed", capture_limits=_capture_limits,
-                  run=run, clock="CLOCK_REALTIME",  # strace -ttt times, and the recorder's start
-                  wrapped=True, order=10, attach=attach_mod.attach_strace)
+BACKEND = Backend(
+    name="strace",
+    problem=_problem,
+    auto_reason="strace is installed",
+    capture_limits=_capture_limits,
+    run=run,
+    clock="CLOCK_REALTIME",  # strace -ttt times, and the recorder's start
+    wrapped=True,
+    order=10,
+    attach=attach_mod.attach_strace,
+)
