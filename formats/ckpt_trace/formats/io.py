@@ -505,6 +505,21 @@ def _check_values(path: Path, table: pa.Table | pa.RecordBatch) -> None:
             raise TraceFormatError(f"{path}: column {name!r} holds a negative value ({smallest})")
 
 
+def _loaded(load: Callable[[int], pa.RecordBatch], count: int, read_ahead: bool) -> Iterator[pa.RecordBatch]:
+    """``load(0)`` .. ``load(count - 1)`` in order; with ``read_ahead``, each next one decompresses on a
+    worker thread while the caller works on the current one."""
+    if not read_ahead:
+        yield from (load(index) for index in range(count))
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-trace-scan") as pool:
+        ahead = pool.submit(load, 0) if count else None
+        for index in range(count):
+            assert ahead is not None  # submitted for every index below count
+            whole = ahead.result()
+            ahead = pool.submit(load, index + 1) if index + 1 < count else None
+            yield whole
+
+
 def scan(
     path: str | os.PathLike,
     columns: list[str] | tuple[str, ...] | None = None,
@@ -562,40 +577,19 @@ def scan(
                     whole = reader.get_batch(index)
                     return whole if decoder is None else _decoded(whole, decoder, wanted)
 
-                if not read_ahead:
-                    for index in range(count):
-                        whole = load(index)
-                        yield from _slices(
-                            path,
-                            whole,
-                            [n for n in present if n in whole.schema.names],
-                            batch_rows,
-                            missing,
-                            version,
-                            asked,
-                            validated=decoder is not None,
-                        )
-                        if on_batch is not None:
-                            on_batch(index + 1, count)
-                    return
-                with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-trace-scan") as pool:
-                    ahead = pool.submit(load, 0) if count else None
-                    for index in range(count):
-                        assert ahead is not None  # submitted for every index below count
-                        whole = ahead.result()  # the next one decompresses while this one is worked on
-                        ahead = pool.submit(load, index + 1) if index + 1 < count else None
-                        yield from _slices(
-                            path,
-                            whole,
-                            [n for n in present if n in whole.schema.names],
-                            batch_rows,
-                            missing,
-                            version,
-                            asked,
-                            validated=decoder is not None,
-                        )
-                        if on_batch is not None:
-                            on_batch(index + 1, count)
+                for index, whole in enumerate(_loaded(load, count, read_ahead)):
+                    yield from _slices(
+                        path,
+                        whole,
+                        [n for n in present if n in whole.schema.names],
+                        batch_rows,
+                        missing,
+                        version,
+                        asked,
+                        validated=decoder is not None,
+                    )
+                    if on_batch is not None:
+                        on_batch(index + 1, count)
         except (pa.ArrowException, OSError) as err:
             raise TraceFormatError(f"{path}: record batches are corrupt ({_first_line(err)})") from None
 
