@@ -242,9 +242,7 @@ def merge_dictionaries(plan: MergePlan) -> dict[str, pa.Array]:
                 if meta["format_version"] >= 5:
                     break
         finally:
-            close = getattr(batches, "close", None)  # scan's batches: a generator, whose files close with it
-            if close is not None:
-                close()
+            batches.close()  # scan's generator: its file closes with it
     out = {name: pa.array(list(found), pa.string()) for name, found in words.items()}
     out["host"] = pa.array(list(plan.hosts), pa.string())
     return out

@@ -22,7 +22,7 @@ import errno
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -527,7 +527,7 @@ def scan(
     batch_rows: int = DEFAULT_BATCH_ROWS,
     on_batch: Callable[[int, int], None] | None = None,
     read_ahead: bool = True,
-) -> tuple[dict, Iterator[pa.RecordBatch]]:
+) -> tuple[dict, Generator[pa.RecordBatch, None, None]]:
     """(metadata, record batches) of the trace at ``path``, reading only ``columns`` one batch at a time:
     memory is bounded by a batch, not by the trace. ``columns`` None: ``SCHEMA``'s, then the optional
     columns the file holds; an optional column asked for by name comes null where the file lacks it.
@@ -564,7 +564,7 @@ def scan(
     present = [name for name in asked if name in set(present + optional_present)]  # in the order asked
     missing = [name for name in asked if name not in present]  # added after the file's version, or absent
 
-    def batches() -> Iterator[pa.RecordBatch]:
+    def batches() -> Generator[pa.RecordBatch, None, None]:
         decoder = Decoder() if version == 4 else None
         try:
             with pa.OSFile(str(path)) as source:
