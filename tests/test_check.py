@@ -9,13 +9,9 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
-from conftest import cli
+from conftest import DCP, ODD, cli
 
 pytest_plugins = ["pytester"]
-
-GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
-DCP = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
-ODD = GOLDEN / "v1-odd-pattern-strace.arrow"
 
 
 @pytest.fixture(autouse=True)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import GOLDEN, cli
 
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats import read_trace
@@ -17,7 +16,6 @@ from ckpt_trace.replayer import build_plan, replay
 from ckpt_trace.replayer.optable import WRITE
 from ckpt_trace.replayer.replay import check_file_bytes, check_same_coverage, covered_file_bytes, planned_file_bytes
 
-GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 DCP = GOLDEN / "v4-dcp-gpt2-tiny-2ranks-bcc.arrow"
 pytestmark = pytest.mark.io_uring
 

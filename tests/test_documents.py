@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import DCP, ODD, cli
 
 from ckpt_trace import documents as d
-
-GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
-ODD = GOLDEN / "v1-odd-pattern-strace.arrow"
-DCP = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
 
 
 def check(document: dict, definition: type) -> None:

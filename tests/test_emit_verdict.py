@@ -74,15 +74,9 @@ def test_results_without_rounds_are_no_verdict():
 
 @pytest.mark.slow
 def test_emit_on_a_trace_too_small_to_judge_is_one_line(tmp_path):
-    from helpers.traces import make_trace
+    from helpers.traces import too_small_to_judge
 
-    trace = make_trace(
-        tmp_path / "t.arrow",
-        [
-            {"op": "open", "path": "/ck/a", "fd": 3, "flags": 0o101, "ret": 3},
-            {"op": "write", "path": "/ck/a", "fd": 3, "offset": 0, "size": 10, "ret": 10},
-        ],
-    )
+    trace = too_small_to_judge(tmp_path / "t.arrow")
     proc = cli("emit", str(trace), "-o", str(tmp_path / "w.py"), check=False)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "nothing to judge" in proc.stderr
     assert not (tmp_path / "w.py").exists()

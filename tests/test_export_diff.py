@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
-from conftest import cli
+from conftest import DCP, ODD, cli
 
 from ckpt_trace.formats import read_trace
-
-GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
-DCP = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
-ODD = GOLDEN / "v1-odd-pattern-strace.arrow"
 
 
 @pytest.mark.slow

@@ -12,12 +12,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import GOLDEN
 from helpers.fio import fio_iolog
 
 from ckpt_trace.formats import SUPPORTED_VERSIONS, read_trace
 from ckpt_trace.replayer import replay
 
-GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 TRACES = sorted(GOLDEN.glob("v*.arrow"))
 
 

@@ -68,24 +68,14 @@ def test_rows_spanning_objects_count_their_bytes_to_each():
     assert total_time == pytest.approx(1000 * sum(1 for p, _, m in rows if p != "/elsewhere" and m > 0))
 
 
+def _strace_record(trace: Path, *command: str, timeout: float = 600):
+    """``ckpt-trace record --backend strace --gpu off -o TRACE -- COMMAND``: the CompletedProcess."""
+    return cli("record", "--backend", "strace", "--gpu", "off", "-o", str(trace), "--", *command, timeout=timeout)
+
+
 def _record(tmp: Path, name: str, *workload: str) -> Path:
     trace = tmp / f"{name}.arrow"
-    cli(
-        "record",
-        "--backend",
-        "strace",
-        "--gpu",
-        "off",
-        "-o",
-        str(trace),
-        "--",
-        "python",
-        "-m",
-        "ckpt_trace.cli",
-        "workload",
-        *workload,
-        timeout=900,
-    )
+    _strace_record(trace, "python", "-m", "ckpt_trace.cli", "workload", *workload, timeout=900)
     return trace
 
 
@@ -177,19 +167,7 @@ def test_torch_save_and_its_load_and_a_safetensors_save(torch_installed, strace_
 def test_unknown_files_say_unknown_and_nothing_breaks(strace_backend, tmp_path):
     target = tmp_path / "blob.bin"
     trace = tmp_path / "plain.arrow"
-    proc = cli(
-        "record",
-        "--backend",
-        "strace",
-        "--gpu",
-        "off",
-        "-o",
-        str(trace),
-        "--",
-        "python",
-        "-c",
-        f"open({str(target)!r}, 'wb').write(b'x' * 12345)",
-    )
+    proc = _strace_record(trace, "python", "-c", f"open({str(target)!r}, 'wb').write(b'x' * 12345)")
     assert "no checkpoint file recognised" in proc.stderr
     assert read_layout(trace) is None and layout_summary(trace) is None
     assert json.loads(cli("summary", str(trace), "--json").stdout)["layout"] is None

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from conftest import cli
+from helpers import format_rows
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.tracer import clock
@@ -104,25 +105,17 @@ def _node_trace(
     from ckpt_trace.formats import table_from_columns, write_trace
 
     n = rows if ts is None else len(ts)
-    columns = {
-        "ts_ns": [i * spacing for i in range(n)] if ts is None else list(ts),
-        "dur_ns": [dur] * n,
-        "pid": [pid] * n,
-        "tid": [pid] * n,
-        "comm": ["python"] * n,
-        "rank": [rank] * n,
-        "syscall": ["pwrite64"] * n,
-        "op": ["write"] * n,
-        "fd": [5] * n,
-        "path": paths or [f"/ck/__{rank}_0.distcp"] * n,
-        "new_path": [None] * n,
-        "offset": [i * 4096 for i in range(n)],
-        "offset_source": ["explicit"] * n,
-        "size": [4096] * n,
-        "ret": [4096] * n,
-        "flags": [None] * n,
-        "iov_count": [None] * n,
-    }
+    columns = format_rows.rows(
+        n,
+        ts_ns=[i * spacing for i in range(n)] if ts is None else list(ts),
+        dur_ns=dur,
+        pid=pid,
+        tid=pid,
+        comm="python",
+        rank=rank,
+        fd=5,
+        path=paths or f"/ck/__{rank}_0.distcp",
+    )
     anchors = [
         {"realtime_ns": T0, "clock_ns": clock_at_t0, "uncertainty_ns": 100},
         {"realtime_ns": T0 + 10_000 * MS, "clock_ns": clock_at_t0 + 10_000 * MS, "uncertainty_ns": 100},

@@ -12,14 +12,12 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import DCP
 from helpers.traces import file_rows, trace_of
 
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.replayer.paths import TargetRoot
 from ckpt_trace.replayer.replay import _verify, replay, size_words
-
-GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
-DCP = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
 
 
 @pytest.fixture(scope="module")

@@ -14,39 +14,17 @@ def test_a_save_then_a_load_are_reported_apart(tmp_path):
     ops = []
     for rank in (0, 1):
         path, pid = f"/ck/r{rank}.bin", 10 + rank
+        who = {"path": path, "fd": 3, "pid": pid, "tid": pid, "rank": rank}
         ops += [
-            {"op": "open", "path": path, "fd": 3, "flags": CREATE, "ret": 3, "pid": pid, "tid": pid, "rank": rank},
+            {"op": "open", **who, "flags": CREATE, "ret": 3},
             *(
-                {
-                    "op": "write",
-                    "path": path,
-                    "fd": 3,
-                    "offset": i << 16,
-                    "size": 1 << 16,
-                    "ret": 1 << 16,
-                    "pid": pid,
-                    "tid": pid,
-                    "rank": rank,
-                }
+                {"op": "write", **who, "offset": i << 16, "size": 1 << 16, "ret": 1 << 16}
                 for i in range(8 * (rank + 1))
             ),
-            {"op": "close", "path": path, "fd": 3, "pid": pid, "tid": pid, "rank": rank},
-            {"op": "open", "path": path, "fd": 3, "flags": 0, "ret": 3, "pid": pid, "tid": pid, "rank": rank},
-            *(
-                {
-                    "op": "read",
-                    "path": path,
-                    "fd": 3,
-                    "offset": i << 16,
-                    "size": 1 << 16,
-                    "ret": 1 << 16,
-                    "pid": pid,
-                    "tid": pid,
-                    "rank": rank,
-                }
-                for i in range(4)
-            ),
-            {"op": "close", "path": path, "fd": 3, "pid": pid, "tid": pid, "rank": rank},
+            {"op": "close", **who},
+            {"op": "open", **who, "flags": 0, "ret": 3},
+            *({"op": "read", **who, "offset": i << 16, "size": 1 << 16, "ret": 1 << 16} for i in range(4)),
+            {"op": "close", **who},
         ]
     trace = make_trace(tmp_path / "t.arrow", ops)
     result = replay(trace, target=tmp_path / "t").results[0]

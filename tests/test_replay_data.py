@@ -20,14 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import DCP
 
 from ckpt_trace.iolayer import pattern
 from ckpt_trace.iolayer import ring as rings
 from ckpt_trace.iolayer.buffers import AlignedBuffer
 from ckpt_trace.replayer import replay
 
-GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
-DCP = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
 BLOCK = 4096
 
 

@@ -14,12 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import ODD, cli
 
 from ckpt_trace.formats import read_trace, sha256_file, write_trace
 
-GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
-ODD = GOLDEN / "v1-odd-pattern-strace.arrow"
 PAYLOAD = 'x"""\nimport sys; sys.modules["pwned"] = 1\n"""\\\\\\n\'\'\'\r\x00\x1b \udcff end'
 
 

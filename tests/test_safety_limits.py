@@ -4,13 +4,8 @@ build a mistyped target's directory tree."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from conftest import cli
-
-GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
-ODD = GOLDEN / "v1-odd-pattern-strace.arrow"
+from conftest import ODD, cli
 
 
 def _one_line(proc, *words) -> str:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import ODD, cli
 
 from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.formats import TraceWriter, read_trace, reserve_temporary, write_bytes_atomic, write_trace
@@ -19,10 +19,6 @@ from ckpt_trace.formats import TraceWriter, read_trace, reserve_temporary, write
 
 def same_file(a: Path, b: Path) -> bool:
     return os.stat(a).st_ino == os.stat(b).st_ino and os.stat(a).st_dev == os.stat(b).st_dev
-
-
-GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
-ODD = GOLDEN / "v1-odd-pattern-strace.arrow"
 
 
 def _victim(tmp_path: Path) -> Path:

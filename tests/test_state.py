@@ -140,12 +140,14 @@ def test_rank_comes_from_the_launchers_variables():
     assert rank_from_environ(["HOME=/root"]) is None
 
 
+def ev(ts, dur, tid, name, ret, **args) -> SyscallEvent:
+    """One system call as a backend reports it: entered at ``ts`` ns, ``dur`` ns long, by thread ``tid``."""
+    return SyscallEvent(ts_ns=ts, dur_ns=dur, tid=tid, name=name, args=args, ret=ret)
+
+
 def test_a_descriptor_reused_across_threads_follows_the_exit_order():
     # Thread 101 enters openat before thread 100 closes fd 6, and gets the freed number 6 back.
     b = TraceBuilder(start_ns=0, root_pid=PID, cwd="/")
-
-    def ev(ts, dur, tid, name, ret, **args):
-        return SyscallEvent(ts_ns=ts, dur_ns=dur, tid=tid, name=name, args=args, ret=ret)
 
     b.feed_all(
         [
@@ -172,9 +174,6 @@ def test_a_close_that_returns_after_another_threads_open_of_the_same_number():
     # close(6) enters first and frees 6; thread 101's openat returns 6 while the close is still flushing.
     b = TraceBuilder(start_ns=0, root_pid=PID, cwd="/")
 
-    def ev(ts, dur, tid, name, ret, **args):
-        return SyscallEvent(ts_ns=ts, dur_ns=dur, tid=tid, name=name, args=args, ret=ret)
-
     b.feed_all(
         [
             ev(0, 5, PID, "clone", 101, clone_flags=sc.CLONE_THREAD | sc.CLONE_FILES),
@@ -193,9 +192,6 @@ def test_the_feeder_puts_chunks_in_effect_order_and_counts_what_comes_too_late()
     """Events in exit order (as a BPF ring or strace log gives them), in chunks of two, through the feeder:
     the rows of one sorted feed; a close whose entry lies further back than the slack is counted late."""
     from ckpt_trace.tracer.state import EffectOrderFeeder, effect_ns
-
-    def ev(ts, dur, tid, name, ret, **args):
-        return SyscallEvent(ts_ns=ts, dur_ns=dur, tid=tid, name=name, args=args, ret=ret)
 
     events = [
         ev(0, 5, PID, "clone", 101, clone_flags=sc.CLONE_THREAD | sc.CLONE_FILES),

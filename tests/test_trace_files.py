@@ -22,16 +22,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
+from conftest import DCP, ODD
 from helpers.traces import META
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ckpt_trace.errors import CkptTraceError
 from ckpt_trace.formats import METADATA_KEY, SCHEMA, read_trace, write_trace
-
-GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
-ODD = GOLDEN / "v1-odd-pattern-strace.arrow"
-DCP = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
 
 BIG_WRITER = r"""
 import sys

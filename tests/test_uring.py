@@ -7,12 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import GOLDEN, cli
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_plan, replay
 
-GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 pytestmark = pytest.mark.io_uring
 
 

@@ -4,17 +4,14 @@ interval, "within noise" where the interval includes 1.0, and nothing judged on 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import GOLDEN, cli
 
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.replayer import replay
 from ckpt_trace.replayer.verdicts import Rounds, paired_interval
 from ckpt_trace.stats import median_interval
-
-GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 
 
 def test_the_median_interval_is_the_sign_tests_order_statistics():
@@ -85,15 +82,9 @@ def test_all_runs_interleaved_rounds_and_reports_spread_and_intervals(io_uring, 
 
 @pytest.mark.slow
 def test_an_empty_trace_has_nothing_to_judge(tmp_path):
-    from helpers.traces import make_trace
+    from helpers.traces import too_small_to_judge
 
-    trace = make_trace(
-        tmp_path / "t.arrow",
-        [
-            {"op": "open", "path": "/ck/a", "fd": 3, "flags": 0o101, "ret": 3},
-            {"op": "write", "path": "/ck/a", "fd": 3, "offset": 0, "size": 10, "ret": 10},
-        ],
-    )
+    trace = too_small_to_judge(tmp_path / "t.arrow")
     with pytest.raises(ReplayError, match="nothing to judge"):
         replay(trace, target=tmp_path / "t", strategy="all")
     proc = cli("replay", str(trace), "--strategy", "all", "--target", str(tmp_path / "t2"), check=False)

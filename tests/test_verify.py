@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import GOLDEN, cli
 
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats import read_trace
@@ -15,8 +14,6 @@ from ckpt_trace.iolayer.buffers import pattern_buffer
 from ckpt_trace.replayer import build_plan, replay
 from ckpt_trace.replayer.paths import TargetRoot
 from ckpt_trace.replayer.verify import verify_content
-
-GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 
 
 def test_pattern_windows_are_periodic_and_page_aligned_for_aligned_offsets():

@@ -190,35 +190,12 @@ def check(engine: str, backend: str, tmp_path: Path) -> None:
         # mapping or io_uring seen by strace): then the as-recorded replay alone.
         target = tmp_path / f"replay-{phase}"
         strategies = "all"
-        proc = cli(
-            "replay",
-            str(trace),
-            "--strategy",
-            strategies,
-            "--verify",
-            "--target",
-            str(target),
-            "--strip-prefix",
-            str(rec),
-            timeout=1200,
-            check=False,
-        )
+        verified = ("replay", str(trace), "--verify", "--target", str(target), "--strip-prefix", str(rec))
+        proc = cli(*verified, "--strategy", strategies, timeout=1200, check=False)
         if proc.returncode != 0 and "nothing to judge" in proc.stderr:
             strategies = "posix"
             shutil.rmtree(target, ignore_errors=True)
-            proc = cli(
-                "replay",
-                str(trace),
-                "--strategy",
-                strategies,
-                "--verify",
-                "--target",
-                str(target),
-                "--strip-prefix",
-                str(rec),
-                timeout=1200,
-                check=False,
-            )
+            proc = cli(*verified, "--strategy", strategies, timeout=1200, check=False)
         assert proc.returncode == 0, proc.stderr[-2000:]
         line["replay_strategies"] = strategies
         if phase == "save":

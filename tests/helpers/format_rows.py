@@ -1,4 +1,4 @@
-"""Rows of the trace schema and its metadata, for the format tests: ``rows(n)`` (n 4 KiB pwrite64 rows),
+"""Rows of the trace schema and its metadata, for the format tests: ``rows(n)`` (n 4 KiB pwrite64 rows, columns replaced by keyword),
 ``META``, and ``write_raw`` (a table written as it is, no encoding or checks)."""
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ META = {  # the replay tests' metadata with a file system, a start time and lost
 }
 
 
-def rows(n: int = 3) -> dict[str, list]:
+def rows(n: int = 3, **values) -> dict[str, list]:
+    """Columns of ``n`` rows, each a 4 KiB pwrite64 at offset ``i * 4096``; a keyword replaces a column: a list
+    as it is, any other value repeated ``n`` times."""
     return {
         "ts_ns": list(range(n)),
         "dur_ns": [5] * n,
@@ -38,6 +40,7 @@ def rows(n: int = 3) -> dict[str, list]:
         "ret": [4096] * n,
         "flags": [None] * n,
         "iov_count": [None] * n,
+        **{name: value if isinstance(value, list) else [value] * n for name, value in values.items()},
     }
 
 

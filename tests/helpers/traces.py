@@ -64,6 +64,17 @@ def make_trace(path: Path, ops: list[dict]) -> Path:
     return trace_of(path, ops)
 
 
+def too_small_to_judge(path: Path) -> Path:
+    """A trace of one file opened and 10 bytes written: too little to tell strategies apart."""
+    return make_trace(
+        path,
+        [
+            {"op": "open", "path": "/ck/a", "fd": 3, "flags": 0o101, "ret": 3},
+            {"op": "write", "path": "/ck/a", "fd": 3, "offset": 0, "size": 10, "ret": 10},
+        ],
+    )
+
+
 def file_rows(name: str, nbytes: int, fd: int = 3, **write) -> list[dict]:
     """The rows of a file created (``CREATE``) on ``fd``, written ``nbytes`` at offset 0 in one call (its
     columns updated by ``write``) and closed."""
