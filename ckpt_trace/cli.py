@@ -31,6 +31,7 @@ from ckpt_trace.replayer.strategies import help_text as strategy_help
 from ckpt_trace.tracer.backends import choices as backend_choices
 from ckpt_trace.version import __version__
 from ckpt_trace.workloads import ENGINES as WORKLOAD_NAMES
+from ckpt_trace.workloads.builtin import takers as workload_takers
 
 from .cli_help import decorate
 
@@ -39,7 +40,7 @@ DEFAULT_BUFFER_SIZE = f"{DEFAULT_BUFFER_BYTES >> 20}MiB"
 #: ``replay --strategy``'s choices: the strategy table's names and ``all`` (``replayer.strategies``), never
 #: spelled here; typer reads the Literal of this tuple as a choice.
 STRATEGY_CHOICES = strategy_choices()
-#: ``workload ENGINE``'s choices: the built-in workloads' table (``workloads.engines.WORKLOADS``).
+#: ``workload ENGINE``'s choices: the built-in workloads' table (``workloads.builtin``).
 WORKLOAD_CHOICES = WORKLOAD_NAMES
 #: ``record --backend``'s choices: auto and the tracer backends' table (``tracer.backends``).
 BACKEND_CHOICES = backend_choices()
@@ -844,7 +845,7 @@ def workload(
         ..., help=f"The checkpoint engine: {', '.join(WORKLOAD_CHOICES[:-1])} or {WORKLOAD_CHOICES[-1]}."
     ),
     out_dir: Path = typer.Option(..., "--out", help="Checkpoint directory to write (or, with --load, to read)."),
-    ranks: int = typer.Option(1, help="Processes (dcp and emitted)."),
+    ranks: int = typer.Option(1, help=f"Processes ({workload_takers('ranks', bare=True)})."),
     model: Literal["gpt2-tiny", "gpt2-deep-tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"] = typer.Option(
         "gpt2-small", help="GPT-2 shape (parameters: 0.5 M to 1.6 G)."
     ),
@@ -853,16 +854,26 @@ def workload(
         "--with-optimizer",
         help="Add Adam state (exp_avg, exp_avg_sq; dcp and emitted: a real torch.optim.Adam after one step, through get_state_dict).",
     ),
-    file_per_layer: bool = typer.Option(False, "--file-per-layer", help="torch-save: one file per transformer block."),
+    file_per_layer: bool = typer.Option(
+        False,
+        "--file-per-layer",
+        help=f"{workload_takers('file_per_layer', bare=True)}: one file per transformer block.",
+    ),
     load: bool = typer.Option(
         False, "--load", help="Load the checkpoint this workload saved in --out and check every tensor."
     ),
-    mmap: bool = typer.Option(False, "--mmap", help="torch-save --load: torch.load(mmap=True)."),
+    mmap: bool = typer.Option(
+        False, "--mmap", help=f"{workload_takers('mmap', bare=True)} --load: map the checkpoint instead of reading it."
+    ),
     writer: Optional[Path] = typer.Option(
-        None, "--writer", help="emitted: the module `ckpt-trace emit` wrote (default: ckpt_trace.writer's defaults)."
+        None,
+        "--writer",
+        help=f"{workload_takers('writer', bare=True)}: the module `ckpt-trace emit` wrote (default: ckpt_trace.writer's defaults).",
     ),
     shards: int = typer.Option(
-        1, "--shards", help="safetensors: split the tensors over this many files, as Hugging Face shards."
+        1,
+        "--shards",
+        help=f"{workload_takers('shards', bare=True)}: split the tensors over this many files, as Hugging Face shards.",
     ),
     drop_caches: bool = typer.Option(
         False, "--drop-caches", help="--load: drop the page cache first, for a cold load (root)."
@@ -870,7 +881,7 @@ def workload(
     device: Literal["cpu", "cuda"] = typer.Option(
         "cpu",
         "--device",
-        help="Where the state dict lives (cuda: dcp, emitted, torch-save, safetensors; a save copies each tensor to the host).",
+        help=f"Where the state dict lives (cuda: {workload_takers('cuda', bare=True)}; a save copies each tensor to the host).",
     ),
     force: bool = typer.Option(
         False, help="Save into a non-empty --out directory (the engine may overwrite its own file names there)."

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 from conftest import cli
+from helpers.traces import CREATE, trace_of
 
-from ckpt_trace.formats import read_metadata, read_trace, table_from_columns, write_trace
+from ckpt_trace.formats import read_metadata, read_trace
 
 SECRETS = ("zorblax", "ckptvault", "run-7f3q", "weights-quux", "hostfrobnic", "trainglorp")
 
@@ -20,7 +21,7 @@ def _trace(path: Path) -> Path:
     for index, (name, size) in enumerate(files.items()):
         fd = 3 + index
         rows += [
-            {"op": "open", "path": name, "fd": fd, "ret": fd, "flags": 0o1 | 0o100 | 0o1000},
+            {"op": "open", "path": name, "fd": fd, "ret": fd, "flags": CREATE},
             {"op": "write", "path": name, "fd": fd, "offset": 0, "size": size // 2, "ret": size // 2},
             {
                 "op": "write",
@@ -33,27 +34,6 @@ def _trace(path: Path) -> Path:
             {"op": "close", "path": name, "fd": fd},
         ]
     rows.append({"op": "rename", "path": f"{base}/weights-quux-0.distcp", "new_path": f"{base}/final.distcp"})
-    defaults = {
-        "dur_ns": 1,
-        "pid": 1,
-        "tid": 1,
-        "comm": "trainglorp",
-        "rank": 0,
-        "fd": None,
-        "path": None,
-        "new_path": None,
-        "offset": None,
-        "offset_source": None,
-        "size": None,
-        "flags": None,
-        "iov_count": None,
-        "ret": 0,
-    }
-    columns: dict[str, list] = {}
-    for index, row in enumerate(rows):
-        row = {**defaults, "ts_ns": index * 1000, "syscall": row["op"], **row}
-        for key, value in row.items():
-            columns.setdefault(key, []).append(value)
     meta = {
         "creator": "test",
         "creator_version": "0",
@@ -68,7 +48,7 @@ def _trace(path: Path) -> Path:
         "filesystems": {"/zorblax": {"type": "xfs", "block_size": 4096, "device": "/dev/hostfrobnic-vg"}},
         "path_filters": [base + "/"],
     }
-    return write_trace(path, table_from_columns(columns), meta)
+    return trace_of(path, rows, meta, comm="trainglorp", rank=0)
 
 
 @pytest.mark.slow

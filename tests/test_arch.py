@@ -11,35 +11,31 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers.traces import META, trace_of
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckpt_trace.formats import read_trace, table_from_columns, write_trace
+from ckpt_trace.formats import read_trace
 from ckpt_trace.formats import vocabulary as v
 from ckpt_trace.replayer import build_posix_plan, replay
 from ckpt_trace.replayer import plan as plan_module
-
-META = {
-    "creator": "test",
-    "creator_version": "0",
-    "host": "h",
-    "kernel": "k",
-    "command": ["x"],
-    "backend": "strace",
-    "start_wall_time_ns": 0,
-    "filesystems": {},
-    "lost_events": 0,
-    "arch": "x86_64",
-}
 
 
 def synthetic(path: Path, arch: str) -> Path:
     """What a checkpoint writer does on ``arch``: open a directory, create a file with O_DIRECT, write 8 KiB."""
     flag = v.OPEN_FLAGS[arch]
     rows = [
-        {"op": "open", "path": "/ck", "fd": 3, "ret": 3, "flags": flag["O_DIRECTORY"] | flag["O_CLOEXEC"]},
         {
             "op": "open",
+            "syscall": "openat",
+            "path": "/ck",
+            "fd": 3,
+            "ret": 3,
+            "flags": flag["O_DIRECTORY"] | flag["O_CLOEXEC"],
+        },
+        {
+            "op": "open",
+            "syscall": "openat",
             "path": "/ck/shard.bin",
             "fd": 4,
             "ret": 4,
@@ -50,28 +46,7 @@ def synthetic(path: Path, arch: str) -> Path:
         {"op": "close", "path": "/ck/shard.bin", "fd": 4},
         {"op": "close", "path": "/ck", "fd": 3},
     ]
-    defaults = {
-        "dur_ns": 1,
-        "pid": 1,
-        "tid": 1,
-        "comm": "t",
-        "rank": 0,
-        "fd": None,
-        "path": None,
-        "new_path": None,
-        "offset": None,
-        "offset_source": None,
-        "size": None,
-        "flags": None,
-        "iov_count": None,
-        "ret": 0,
-    }
-    columns: dict[str, list] = {}
-    for index, row in enumerate(rows):
-        row = {**defaults, "ts_ns": index * 1000, "syscall": "openat" if row["op"] == "open" else row["op"], **row}
-        for key, value in row.items():
-            columns.setdefault(key, []).append(value)
-    return write_trace(path, table_from_columns(columns), {**META, "arch": arch})
+    return trace_of(path, rows, {**META, "arch": arch}, rank=0)
 
 
 def _opens(plan):

@@ -10,10 +10,10 @@ import re
 
 import pytest
 from conftest import REPO, cli
+from helpers.traces import trace_of
 
 from ckpt_trace import errors
 from ckpt_trace.errors import CkptTraceError, RegressionError, ReplayError
-from ckpt_trace.formats import table_from_columns, write_trace
 from ckpt_trace.replayer import replay
 
 STAGES = ("ckpt_trace", "formats/ckpt_trace", "iolayer/ckpt_trace", "tracer/ckpt_trace", "replayer/ckpt_trace")
@@ -23,7 +23,8 @@ FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
 STILL_NAMING_FLAGS = {
     "ckpt_trace/bench/run.py": 2,
     "ckpt_trace/report/export.py": 1,
-    "ckpt_trace/workloads/engines.py": 14,
+    "ckpt_trace/workloads/builtin/__init__.py": 11,
+    "ckpt_trace/workloads/engines.py": 3,
     "ckpt_trace/workloads/synth.py": 1,
     "tracer/ckpt_trace/tracer/gpu.py": 2,
 }
@@ -66,41 +67,7 @@ def test_every_error_class_of_ours_is_in_the_family():
 def test_python_and_the_cli_word_the_same_error_each_in_its_own_terms(tmp_path):
     """replay(repeat=0) says ``repeat``, ``ckpt-trace replay --repeat 0`` says ``--repeat``; a non-empty target
     says ``force=True`` from Python and ``--force`` from the CLI. One line each, exit status 2."""
-    row = {
-        "ts_ns": 0,
-        "dur_ns": 1,
-        "pid": 1,
-        "tid": 1,
-        "comm": "t",
-        "rank": -1,
-        "syscall": "mkdir",
-        "op": "mkdir",
-        "path": "/d",
-        "ret": 0,
-        "fd": None,
-        "new_path": None,
-        "offset": None,
-        "offset_source": None,
-        "size": None,
-        "flags": None,
-        "iov_count": None,
-    }
-    trace = write_trace(
-        tmp_path / "t.arrow",
-        table_from_columns({key: [value] for key, value in row.items()}),
-        {
-            "creator": "test",
-            "creator_version": "0",
-            "host": "h",
-            "kernel": "k",
-            "command": ["x"],
-            "backend": "strace",
-            "start_wall_time_ns": 0,
-            "filesystems": {},
-            "lost_events": 0,
-            "arch": "x86_64",
-        },
-    )
+    trace = trace_of(tmp_path / "t.arrow", [{"op": "mkdir", "path": "/d"}])
     with pytest.raises(ReplayError) as caught:
         replay(trace, target=tmp_path / "a", repeat=0)
     assert str(caught.value) == "repeat must be at least 1" and caught.value.option == "repeat"

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 from conftest import REPO, cli
+from helpers.traces import META
 
 from ckpt_trace.formats import FORMAT_VERSION, read_trace, table_from_columns, vocabulary, write_trace
 from ckpt_trace.tracer import gpu
@@ -88,26 +89,11 @@ def test_copy_records_become_rows_on_the_trace_clock(tmp_path):
     assert cols["rank"] == [3] * 4 and set(cols["interface"]) == {"cuda"}
     shifted = gpu.copy_columns(records, start_ns=10_000, realtime_offset_ns=9_500, ranks={}, comms={})
     assert shifted["ts_ns"][1] == 1_000 + 9_500 - 10_000 and shifted["rank"] == [-1] * 4
-    path = write_trace(tmp_path / "t.arrow", table_from_columns(cols), _metadata())
+    path = write_trace(tmp_path / "t.arrow", table_from_columns(cols), META)
     trace = read_trace(path)
     assert trace.metadata["format_version"] == FORMAT_VERSION
     assert trace.table.column("device").to_pylist() == [0] * 4
     assert pc.sum(trace.table.column("size")).as_py() == 4096 + (1 << 20) + 512 + 64
-
-
-def _metadata() -> dict:
-    return {
-        "creator": "test",
-        "creator_version": "0",
-        "host": "h",
-        "kernel": "k",
-        "command": ["x"],
-        "backend": "strace",
-        "start_wall_time_ns": 0,
-        "filesystems": {},
-        "lost_events": 0,
-        "arch": "x86_64",
-    }
 
 
 @pytest.mark.slow

@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers.traces import file_rows, trace_of
 
 from ckpt_trace.errors import ReplayError
-from ckpt_trace.formats import table_from_columns, write_trace
 from ckpt_trace.replayer.paths import TargetRoot
 from ckpt_trace.replayer.replay import _verify, replay, size_words
 
@@ -59,54 +59,6 @@ def test_a_missing_file_is_missing_not_none_bytes():
 
 
 # -- findings 9, 13, 14: odd but well-formed traces ----------------------------------------------------------
-
-META = {
-    "creator": "test",
-    "creator_version": "0",
-    "host": "h",
-    "kernel": "k",
-    "command": ["x"],
-    "backend": "strace",
-    "start_wall_time_ns": 0,
-    "filesystems": {},
-    "lost_events": 0,
-    "arch": "x86_64",
-}
-CREATE = 0o1 | 0o100 | 0o1000  # O_WRONLY | O_CREAT | O_TRUNC
-
-
-def trace_of(path: Path, rows: list[dict]) -> Path:
-    """A trace of ``rows`` (columns left out take defaults; ``ts_ns`` the row's index unless given)."""
-    defaults = {
-        "dur_ns": 1,
-        "pid": 1,
-        "tid": 1,
-        "comm": "t",
-        "rank": -1,
-        "fd": None,
-        "path": None,
-        "new_path": None,
-        "offset": None,
-        "offset_source": None,
-        "size": None,
-        "flags": None,
-        "iov_count": None,
-        "ret": 0,
-    }
-    columns: dict[str, list] = {}
-    for index, row in enumerate(rows):
-        row = {**defaults, "ts_ns": index * 1000, "syscall": row["op"], **row}
-        for key, value in row.items():
-            columns.setdefault(key, []).append(value)
-    return write_trace(path, table_from_columns(columns), META)
-
-
-def file_rows(name: str, nbytes: int, fd: int = 3, **write) -> list[dict]:
-    return [
-        {"op": "open", "path": name, "fd": fd, "ret": fd, "flags": CREATE},
-        {"op": "write", "path": name, "fd": fd, "offset": 0, "size": nbytes, "ret": nbytes, **write},
-        {"op": "close", "path": name, "fd": fd},
-    ]
 
 
 @pytest.mark.parametrize(
@@ -178,8 +130,8 @@ def test_a_strip_prefix_equal_to_a_recorded_file_is_a_counted_skip(tmp_path):
 def test_too_many_open_files_says_to_raise_ulimit(tmp_path):
     import errno
 
+    from ckpt_trace.replayer.engine import _op_error
     from ckpt_trace.replayer.optable import PlanOp
-    from ckpt_trace.replayer.posix import _op_error
 
     err = _op_error(PlanOp(seq=0, kind="open", ts_ns=0, path="ck/a"), OSError(errno.EMFILE, os.strerror(errno.EMFILE)))
     assert "Too many open files" in str(err) and "ulimit -n" in str(err)

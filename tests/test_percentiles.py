@@ -6,26 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import REPO  # noqa: F401  (the tests' sys.path, as every test module has it)
+from helpers.traces import CREATE, trace_of
 
 from ckpt_trace.analysis.profile import profile_file
-from ckpt_trace.formats import table_from_columns, write_trace
 from ckpt_trace.iolayer import ring as rings
 from ckpt_trace.replayer import replay
 from ckpt_trace.stats import LatencyHistogram, percentiles_ns
-from ckpt_trace.tracer import syscalls as sc
 
-META = {
-    "creator": "test",
-    "creator_version": "0",
-    "host": "h",
-    "kernel": "k",
-    "command": ["x"],
-    "backend": "strace",
-    "start_wall_time_ns": 0,
-    "filesystems": {},
-    "lost_events": 0,
-    "arch": "x86_64",
-}
 WRITES = 2_000
 
 
@@ -42,7 +29,7 @@ def _trace(path, durations: np.ndarray):
             "syscall": "openat",
             "op": "open",
             "fd": 3,
-            "flags": sc.O_WRONLY | sc.O_CREAT | sc.O_TRUNC,
+            "flags": CREATE,
             "ret": 3,
             "dur_ns": 1_000,
         }
@@ -52,24 +39,7 @@ def _trace(path, durations: np.ndarray):
         for i, d in enumerate(durations)
     ]
     rows.append({"syscall": "close", "op": "close", "fd": 3, "ret": 0, "dur_ns": 1_000})
-    columns: dict[str, list] = {}
-    base = {
-        "pid": 1,
-        "tid": 1,
-        "comm": "t",
-        "rank": -1,
-        "path": "/ck/shard.bin",
-        "new_path": None,
-        "offset": None,
-        "offset_source": None,
-        "size": None,
-        "flags": None,
-        "iov_count": None,
-    }
-    for index, row in enumerate(rows):
-        for key, value in {**base, "ts_ns": index * 100_000, **row}.items():
-            columns.setdefault(key, []).append(value)
-    return write_trace(path, table_from_columns(columns), META)
+    return trace_of(path, rows, gap_ns=100_000, path="/ck/shard.bin")
 
 
 @pytest.mark.slow

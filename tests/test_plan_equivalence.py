@@ -18,10 +18,11 @@ import pyarrow.compute as pc
 import pytest
 import reference_aggregate
 import reference_planner as reference
+from helpers.traces import table_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ckpt_trace.formats import read_trace, table_from_columns
+from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer.aggregate import build_aggregated_plan
 from ckpt_trace.replayer.plan import PLAN_COLUMNS, build_posix_plan
 from ckpt_trace.tracer import syscalls as sc
@@ -105,53 +106,11 @@ _ROW = st.one_of(
 
 def _trace(steps: list[tuple[int, int, tuple]]):
     """Rows from (thread, fd, step) triples; each thread's descriptors follow what its steps did."""
-    columns: dict[str, list] = {
-        name: []
-        for name in (
-            "ts_ns",
-            "dur_ns",
-            "pid",
-            "tid",
-            "comm",
-            "rank",
-            "syscall",
-            "op",
-            "fd",
-            "path",
-            "new_path",
-            "offset",
-            "offset_source",
-            "size",
-            "ret",
-            "flags",
-            "iov_count",
-        )
-    }
+    rows: list[dict] = []
     open_fds: dict[tuple[int, int], str] = {}
 
     def add(tid, op, **values):
-        row = {
-            "ts_ns": len(columns["ts_ns"]) * 10,
-            "dur_ns": 1,
-            "pid": 1 if tid < 3 else 2,
-            "tid": tid,
-            "comm": "t",
-            "rank": -1,
-            "syscall": op,
-            "op": op,
-            "fd": None,
-            "path": None,
-            "new_path": None,
-            "offset": None,
-            "offset_source": None,
-            "size": None,
-            "ret": 0,
-            "flags": None,
-            "iov_count": None,
-        }
-        row.update(values)
-        for name, value in row.items():
-            columns[name].append(value)
+        rows.append({"pid": 1 if tid < 3 else 2, "tid": tid, "op": op, **values})
 
     for tid, fd, step in steps:
         pid = 1 if tid < 3 else 2
@@ -187,7 +146,7 @@ def _trace(steps: list[tuple[int, int, tuple]]):
             add(tid, "unlink", path=step[1])
         elif kind == "fsync":
             add(tid, "fsync", path=path, fd=fd)
-    return table_from_columns(columns)
+    return table_of(rows, gap_ns=10)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

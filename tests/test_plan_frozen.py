@@ -35,8 +35,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from helpers.traces import table_of
 
-from ckpt_trace.formats import read_trace, table_from_columns
+from ckpt_trace.formats import read_trace
 from ckpt_trace.formats.vocabulary import open_flag
 from ckpt_trace.replayer.aggregate import build_aggregated_plan
 from ckpt_trace.replayer.optable import KINDS
@@ -164,66 +165,14 @@ _KINDS = [
 def random_trace(seed: int, rows: int) -> pa.Table:  # noqa: PLR0915  (one branch per row kind: a table in code)
     """A trace of ``rows`` seeded random calls from 2 processes of 3 threads each (ranks 0 and 1)."""
     rng = random.Random(seed)
-    columns: dict[str, list] = {
-        name: []
-        for name in (
-            "ts_ns",
-            "dur_ns",
-            "pid",
-            "tid",
-            "comm",
-            "rank",
-            "syscall",
-            "op",
-            "fd",
-            "path",
-            "new_path",
-            "offset",
-            "offset_source",
-            "size",
-            "ret",
-            "flags",
-            "iov_count",
-            "interface",
-            "queue_id",
-            "in_flight",
-            "address",
-            "prot",
-            "memory_kind",
-        )
-    }
+    calls: list[dict] = []
     maps: dict[int, list[tuple[int, int]]] = {1: [], 2: []}
 
     def add(tid, op, **values):
         pid = 1 if tid < 4 else 2
-        row = {
-            "ts_ns": len(columns["ts_ns"]) * 10 + rng.choice([0, 0, 0, 5]),
-            "dur_ns": 1,
-            "pid": pid,
-            "tid": tid,
-            "comm": "t",
-            "rank": pid - 1 if rng.random() < 0.9 else -1,
-            "syscall": op,
-            "op": op,
-            "fd": None,
-            "path": None,
-            "new_path": None,
-            "offset": None,
-            "offset_source": None,
-            "size": None,
-            "ret": 0,
-            "flags": None,
-            "iov_count": None,
-            "interface": "syscall",
-            "queue_id": None,
-            "in_flight": None,
-            "address": None,
-            "prot": None,
-            "memory_kind": None,
-        }
-        row.update(values)
-        for name, value in row.items():
-            columns[name].append(value)
+        ts_ns = len(calls) * 10 + rng.choice([0, 0, 0, 5])
+        rank = pid - 1 if rng.random() < 0.9 else -1
+        calls.append({"ts_ns": ts_ns, "pid": pid, "tid": tid, "rank": rank, "op": op, **values})
 
     for _ in range(rows):
         tid = rng.choice([1, 2, 3, 4, 5, 6])
@@ -333,7 +282,7 @@ def random_trace(seed: int, rows: int) -> pa.Table:  # noqa: PLR0915  (one branc
                 ret=-28,
                 flags=_CREATE,
             )
-    return table_from_columns(columns)
+    return table_of(calls)
 
 
 # -- cases ----------------------------------------------------------------------------------------------------

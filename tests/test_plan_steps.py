@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.traces import table_of
 
-from ckpt_trace.formats import table_from_columns
 from ckpt_trace.formats import vocabulary as v
 from ckpt_trace.replayer import aggregate as agg
 from ckpt_trace.replayer import plan as pl
@@ -52,43 +52,7 @@ def _table():
         dict(tid=1, op="close", path="/ck/a", fd=3),
         dict(tid=1, op="mkdir", path="/ck/d"),
     ]
-    names = (
-        "ts_ns",
-        "dur_ns",
-        "pid",
-        "tid",
-        "comm",
-        "rank",
-        "syscall",
-        "op",
-        "fd",
-        "path",
-        "new_path",
-        "offset",
-        "offset_source",
-        "size",
-        "ret",
-        "flags",
-        "iov_count",
-        "interface",
-        "queue_id",
-        "in_flight",
-    )
-    columns = {name: [] for name in names}
-    for i, row in enumerate(rows):
-        full = {
-            "ts_ns": i * 10,
-            "dur_ns": 1,
-            "pid": 1,
-            "comm": "t",
-            "rank": -1,
-            "syscall": row["op"],
-            "interface": "syscall",
-            **row,
-        }
-        for name in names:
-            columns[name].append(full.get(name))
-    return table_from_columns(columns)
+    return table_of(rows, gap_ns=10, ret=None)  # a row without ret holds null, as the answers above assume
 
 
 def _rows():

@@ -22,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
+from helpers.traces import META
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,18 +32,6 @@ from ckpt_trace.formats import METADATA_KEY, SCHEMA, read_trace, write_trace
 GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
 ODD = GOLDEN / "v1-odd-pattern-strace.arrow"
 DCP = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
-META = {
-    "creator": "test",
-    "creator_version": "0",
-    "host": "h",
-    "kernel": "k",
-    "command": ["x"],
-    "backend": "strace",
-    "start_wall_time_ns": 0,
-    "filesystems": {},
-    "lost_events": 0,
-    "arch": "x86_64",
-}
 
 BIG_WRITER = r"""
 import sys

@@ -51,7 +51,7 @@ import torch
 from ckpt_trace import config
 from ckpt_trace.iolayer.buffers import AlignedBuffer
 from ckpt_trace.iolayer.files import open_file
-from ckpt_trace.iolayer.ring import Ring
+from ckpt_trace.iolayer.ring import open_ring
 
 from .checksum import update as update_checksum
 from .layout import FileLayout, align_up, plan_stream
@@ -103,7 +103,7 @@ class StagedFile:
         opened = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, direct=options.direct_io)
         self.fd, self.direct = opened.fd, opened.direct
         try:
-            self.ring = Ring(options.queue_depth)
+            self.ring = open_ring(options.queue_depth)
         except BaseException:
             os.close(self.fd)
             os.unlink(path)
@@ -474,7 +474,7 @@ class StreamReader:
         arena = self._arena()
         slots = min(len(reads), arena.size_bytes // piece)
         memory = torch.frombuffer(arena.mmap, dtype=torch.uint8)
-        ring = Ring(slots)
+        ring = open_ring(slots)
         try:
             # A served slot waits in ``copying`` until the copies out of it are done; it is read into again
             # only when no slot is free, oldest first, so copies overlap the reads submitted after them.

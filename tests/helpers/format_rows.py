@@ -9,17 +9,13 @@ import pyarrow.ipc as ipc
 
 from ckpt_trace.formats import METADATA_KEY
 
-META = {
-    "creator": "test",
-    "creator_version": "0",
-    "host": "h",
-    "kernel": "k",
-    "command": ["x"],
-    "backend": "strace",
+from . import traces
+
+META = {  # the replay tests' metadata with a file system, a start time and lost events to read back
+    **traces.META,
     "start_wall_time_ns": 1,
     "filesystems": {"/": {"type": "ext4", "block_size": 4096}},
     "lost_events": 3,
-    "arch": "x86_64",
 }
 
 

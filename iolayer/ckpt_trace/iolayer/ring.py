@@ -35,16 +35,20 @@ import ctypes
 import errno
 import os
 import struct
+import sys
 import time
 from array import array
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from . import ring_build
+
+if TYPE_CHECKING:
+    from .posix_ring import PosixRing
 
 # include/uapi/linux/io_uring.h, enum io_uring_op (stable ABI).
 OP_NOP, OP_READV, OP_WRITEV, OP_FSYNC, OP_READ_FIXED, OP_WRITE_FIXED = 0, 1, 2, 3, 4, 5
@@ -119,7 +123,10 @@ def load_library(path: Path) -> ctypes.CDLL:
     when the file is missing or reports another ABI version than ``ABI_VERSION`` (it is unloaded again)."""
     if not path.exists():
         raise RingUnavailable(errno.ENOENT, f"{path.name} is not built ({_REBUILD})")
-    lib = ctypes.CDLL(str(path), use_errno=True)
+    try:
+        lib = ctypes.CDLL(str(path), use_errno=True)
+    except OSError as err:  # dlopen(3) refused it: another architecture, a missing dependency, a bad file
+        raise RingUnavailable(errno.ELIBBAD, f"{path} cannot be loaded: {err}") from None
     try:
         version_of = lib.ckr_abi_version
     except AttributeError:
@@ -342,7 +349,7 @@ class Ring:
             if self.latency_sink is not None:
                 self.latency_sink.append(now - entered)
             done.append((request, res))
-            failure = failure or _failure(request, res)
+            failure = failure or failure_of(request, res)
         if failure is not None:
             raise failure
         return done
@@ -469,7 +476,9 @@ class Ring:
 NOT_ISSUED = np.iinfo(np.int32).min  # result of a request ``run`` never issued (after a failure)
 
 
-def _failure(request: Request, res: int) -> OSError | None:
+def failure_of(request: Request, res: int) -> OSError | None:
+    """The OSError a completion of ``request`` with result ``res`` stands for (a negative errno; a write
+    short of its size: ENOSPC), or None when it succeeded."""
     if res < 0:
         return OSError(
             -res, f"{request.kind} of {request.size_bytes} bytes at offset {request.offset}: {os.strerror(-res)}"
@@ -492,10 +501,10 @@ def first_failure(requests: np.ndarray, results: np.ndarray) -> tuple[int, OSErr
         return None
     i = int(where[0])
     kind = "write" if writes[i] else "fsync" if requests["opcode"][i] == OP_FSYNC else "read"
-    failure = _failure(
+    failure = failure_of(
         Request(kind, int(requests["fd"][i]), int(requests["off"][i]), int(requests["len"][i])), int(results[i])
     )
-    assert failure is not None  # ``bad`` holds exactly the results _failure names
+    assert failure is not None  # ``bad`` holds exactly the results failure_of names
     return i, failure
 
 
@@ -546,3 +555,30 @@ def probe(queue_depth: int = 2) -> str | None:
     except OSError as err:
         return f"io_uring_setup({queue_depth}) failed: {os.strerror(err.errno) if err.errno else err}"
     return None
+
+
+#: Why io_uring_setup(2) may refuse where plain system calls still work: disabled by sysctl or a seccomp
+#: profile (EPERM, EACCES), a kernel without io_uring (ENOSYS).
+_SETUP_REFUSED = (errno.EPERM, errno.EACCES, errno.ENOSYS)
+_notice_given = False
+
+
+def open_ring(queue_depth: int, *, latency_sink: array | None = None, batch_size: int = 1) -> Ring | PosixRing:
+    """A ``Ring`` of ``queue_depth``, or, where the ring library cannot be loaded (``RingUnavailable``) or
+    the kernel refuses io_uring (``_SETUP_REFUSED``), a ``posix_ring.PosixRing`` with the same
+    request-by-request interface on os.preadv/os.pwritev; the first fallback in a process prints one line
+    on stderr saying why. Raises OSError from io_uring_setup(2) otherwise (ENOMEM past the locked memory
+    limit, EINVAL above ``MAX_ENTRIES``)."""
+    global _notice_given
+    try:
+        return Ring(queue_depth, latency_sink=latency_sink, batch_size=batch_size)
+    except OSError as err:
+        if not isinstance(err, RingUnavailable) and err.errno not in _SETUP_REFUSED:
+            raise
+        reason = err.strerror or str(err)
+    from .posix_ring import PosixRing
+
+    if not _notice_given:
+        _notice_given = True
+        print(f"ckpt-trace: io_uring ring unavailable ({reason}); using os.preadv/os.pwritev", file=sys.stderr)
+    return PosixRing(queue_depth, latency_sink=latency_sink, batch_size=batch_size)

@@ -72,12 +72,12 @@ from ckpt_trace.stats import LatencyHistogram
 from ckpt_trace.version import __version__
 
 from . import strategies
+from .engine import Progress
 from .lock import TargetLock, job_id
 from .optable import WRITE
 from .options import ReplayOptions
 from .ownership import Claim
 from .plan import GLOBAL_ROW, PLAN_COLUMNS, ReplayPlan, build_posix_plan
-from .posix import Progress
 from .replay import (
     RunCount,
     SizeMismatch,

@@ -30,13 +30,13 @@ from ckpt_trace.version import __version__
 from . import strategies
 from .aggregate import alignment_counts
 from .checks import checked_batches, refuse_file_and_directory, refuse_skips, skip_notes
+from .engine import Executor, Progress, files_moved
 from .lock import TargetLock, is_lock_file, job_id, refuse_held
 from .optable import READ, WRITE
 from .options import CACHE_STATES, DEFAULT_BUFFER_BYTES, GPU_COPY_MODES, TIMINGS, ReplayOptions
 from .ownership import Claim
 from .paths import TargetRoot
 from .plan import PLAN_COLUMNS, ReplayPlan, build_posix_plan
-from .posix import PosixExecutor, Progress, files_moved
 from .results import ReplayResult
 from .runs import add_speedups, median_run, release, trace_file
 from .uring import io_uring_available
@@ -193,7 +193,7 @@ def _each_plan(
         yield derive_plan(base, name, **options)
 
 
-def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> PosixExecutor:
+def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> Executor:
     """The executor of ``strategy`` (its ``Strategy.executor``). Raises ReplayError for an unknown strategy
     or one this machine cannot run (io_uring unavailable for a uring strategy, no GPU for gds)."""
     return strategies.get(strategy).executor(root, queue_depth)
