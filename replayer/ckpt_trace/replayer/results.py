@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from ckpt_trace import config
 from ckpt_trace.stats import LatencyHistogram
+from ckpt_trace.version import __version__
 
 
 @dataclass
@@ -147,3 +150,29 @@ class ReplayResult:
         data["write_throughput_bytes_per_s"] = self.write_throughput_bytes_per_s
         data["read_throughput_bytes_per_s"] = self.read_throughput_bytes_per_s
         return data
+
+
+def results_document(
+    *,
+    trace: Path,
+    trace_sha256: str | None,
+    target: Path,
+    environment: dict,
+    options: dict,
+    results: Iterable[ReplayResult],
+    fio_write_bytes_per_s: float | None = None,
+) -> dict:
+    """The results document (``documents.ReplayDoc``) that single-node and distributed replay both write: the
+    trace (path and sha256, which ties the results to it), the target, the tool, where it ran, the options and
+    one entry per result (``ReplayResult.to_json``); a distributed replay adds its ``distributed`` key."""
+    return {
+        "trace": str(trace),
+        "trace_sha256": trace_sha256,
+        "target": str(target),
+        "creator": "ckpt-trace",
+        "creator_version": __version__,
+        "environment": environment,
+        "options": options,
+        "fio_write_bytes_per_s": fio_write_bytes_per_s,
+        "results": [result.to_json() for result in results],
+    }
