@@ -25,7 +25,6 @@ from ckpt_trace.formats import count_rows, scan, sha256_file
 from ckpt_trace.iolayer import host
 from ckpt_trace.iolayer.fio import fio_bytes_per_s
 from ckpt_trace.ranges import merge_grouped_ranges
-from ckpt_trace.version import __version__
 
 from . import strategies
 from .aggregate import alignment_counts
@@ -37,7 +36,7 @@ from .options import CACHE_STATES, DEFAULT_BUFFER_BYTES, GPU_COPY_MODES, TIMINGS
 from .ownership import Claim
 from .paths import TargetRoot
 from .plan import PLAN_COLUMNS, ReplayPlan, build_posix_plan
-from .results import ReplayResult
+from .results import ReplayResult, results_document
 from .runs import add_speedups, median_run, release, trace_file
 from .uring import io_uring_available
 from .verdicts import Rounds, versus_all
@@ -107,17 +106,7 @@ class ReplayReport:
     def to_json(self) -> dict:
         """The results document (``documents.ReplayDoc``): the trace (path and sha256, which ties the results to
         it), the target, where it ran, the options and one entry per result."""
-        return {
-            "trace": str(self.trace),
-            "trace_sha256": self.trace_sha256,
-            "target": str(self.target),
-            "creator": "ckpt-trace",
-            "creator_version": __version__,
-            "environment": self.environment,
-            "options": self.options,
-            "fio_write_bytes_per_s": self.fio_write_bytes_per_s,
-            "results": [result.to_json() for result in self.results],
-        }
+        return results_document(self, self.fio_write_bytes_per_s)
 
 
 def build_plan(

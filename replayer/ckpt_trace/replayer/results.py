@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from ckpt_trace import config
 from ckpt_trace.stats import LatencyHistogram
+from ckpt_trace.version import __version__
 
 
 @dataclass
@@ -147,3 +151,37 @@ class ReplayResult:
         data["write_throughput_bytes_per_s"] = self.write_throughput_bytes_per_s
         data["read_throughput_bytes_per_s"] = self.read_throughput_bytes_per_s
         return data
+
+
+class Replayed(Protocol):
+    """What a replay's results document is made of (``replay.ReplayReport``, ``distributed.DistributedReport``)."""
+
+    @property
+    def trace(self) -> Path: ...
+    @property
+    def trace_sha256(self) -> str | None: ...
+    @property
+    def target(self) -> Path: ...
+    @property
+    def environment(self) -> dict: ...
+    @property
+    def options(self) -> dict: ...
+    @property
+    def results(self) -> Sequence[ReplayResult]: ...
+
+
+def results_document(report: Replayed, fio_write_bytes_per_s: float | None = None) -> dict:
+    """The results document (``documents.ReplayDoc``) that single-node and distributed replay both write: the
+    trace (path and sha256, which ties the results to it), the target, the tool, where it ran, the options and
+    one entry per result (``ReplayResult.to_json``); a distributed replay adds its ``distributed`` key."""
+    return {
+        "trace": str(report.trace),
+        "trace_sha256": report.trace_sha256,
+        "target": str(report.target),
+        "creator": "ckpt-trace",
+        "creator_version": __version__,
+        "environment": report.environment,
+        "options": report.options,
+        "fio_write_bytes_per_s": fio_write_bytes_per_s,
+        "results": [result.to_json() for result in report.results],
+    }
