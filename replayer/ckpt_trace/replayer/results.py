@@ -51,11 +51,11 @@ class ReplayResult:
     ``versus``: the same over every other strategy of the replay, by name.
     ``timing`` (``--timing original``): the per-operation start error's
     median and p99 as a share of the rank's recorded I/O window, and per rank
-    the replayed window against the recorded one (``engine``).
+    the replayed window against the recorded one (``RunState.timing_figures``).
     ``phases``: ``save`` (the writes) and ``load`` (the reads), each with its
     bytes, its time from the first such operation's start to the last one's
     end, its throughput, and per rank the same with the slowest rank and its
-    time (``engine``): a trace holding a save and a load
+    time (``RunState.phase_figures``): a trace holding a save and a load
     reports each apart, and the slowest rank's save time as MLPerf Storage does.
     """
 
