@@ -90,6 +90,15 @@ def _show(data: dict, as_json: bool, render) -> None:
         render(out, data)
 
 
+def _said(data: dict, as_json: bool, line: str) -> None:
+    """The end of a command that made something: ``data`` as JSON on stdout (``--json``), or ``line`` (what was
+    made, in one line) on stderr."""
+    if as_json:
+        _write_json(None, data)
+    else:
+        err.print(line, highlight=False)
+
+
 class _BytesBar:
     """Progress sink for the replayer and bench: ``start(total_bytes, label)`` per run, then ``advance(bytes)``.
 
@@ -322,13 +331,9 @@ def record(
         **({"attached": result.attached} if result.attached else {}),
         "finish_s": None if result.exited_s is None else round(time.monotonic() - result.exited_s, 3),
     }
-    if as_json:
-        _write_json(None, summary)
-    else:
-        err.print(
-            f"ckpt-trace: wrote {result.rows:,} rows to {result.trace_path} in {result.elapsed_s:.1f} s",
-            highlight=False,
-        )
+    _said(
+        summary, as_json, f"ckpt-trace: wrote {result.rows:,} rows to {result.trace_path} in {result.elapsed_s:.1f} s"
+    )
     raise typer.Exit(128 + signal.Signals[result.interrupted].value if result.interrupted else result.exit_code)
 
 
@@ -579,16 +584,14 @@ def merge(
     offsets = parse_clock_offsets(clock_offset)
     with _steps("merge") as progress:
         data = merge_traces(traces, output, clock_offsets=offsets, overwrite=force, progress=progress)
-    if as_json:
-        _write_json(None, data)
-    else:
-        bound = data["alignment_error_ns"]
-        err.print(
-            f"ckpt-trace: merged {data['traces']} traces ({len(data['hosts'])} hosts, {len(data['ranks'])} "
-            f"ranks) into {data['rows']:,} rows in {output}; clocks aligned within "
-            f"{'an unknown bound (a trace without anchors)' if bound is None else f'{bound / 1e3:,.1f} us'}",
-            highlight=False,
-        )
+    bound = data["alignment_error_ns"]
+    _said(
+        data,
+        as_json,
+        f"ckpt-trace: merged {data['traces']} traces ({len(data['hosts'])} hosts, {len(data['ranks'])} "
+        f"ranks) into {data['rows']:,} rows in {output}; clocks aligned within "
+        f"{'an unknown bound (a trace without anchors)' if bound is None else f'{bound / 1e3:,.1f} us'}",
+    )
 
 
 @app.command()
@@ -673,14 +676,8 @@ def report(
             overwrite=force,
             progress=progress,
         )
-    if as_json:
-        _write_json(None, data)
-    else:
-        slowest = f"slowest: {data['slowest']}" if data["slowest"] else "no rank moved data"
-        err.print(
-            f"ckpt-trace: wrote {output} ({data['figures']} figures, {data['bytes']:,} bytes; {slowest})",
-            highlight=False,
-        )
+    slowest = f"slowest: {data['slowest']}" if data["slowest"] else "no rank moved data"
+    _said(data, as_json, f"ckpt-trace: wrote {output} ({data['figures']} figures, {data['bytes']:,} bytes; {slowest})")
 
 
 @app.command()
@@ -832,11 +829,8 @@ def emit(
         "reasons": choice.reasons,
         "fastest_strategy": choice.winner,
     }
-    if as_json:
-        _write_json(None, data)
-    else:
-        chosen = ", ".join(f"{k}={v}" for k, v in data["options"].items() if k in choice.reasons)
-        err.print(f"ckpt-trace: wrote {output} ({chosen})", highlight=False)
+    chosen = ", ".join(f"{k}={v}" for k, v in data["options"].items() if k in choice.reasons)
+    _said(data, as_json, f"ckpt-trace: wrote {output} ({chosen})")
 
 
 @app.command()
@@ -936,15 +930,13 @@ def workload(
         "elapsed_s": elapsed_s,
         "io_s": io_s,
     }
-    if as_json:
-        _write_json(None, data)
-    else:
-        verb = "loaded and checked" if load else "wrote"
-        err.print(
-            f"ckpt-trace: {engine} {verb} {data['files']} files, {data['bytes']:,} bytes in {path}: "
-            f"{io_s:.2f} s of I/O, {elapsed_s:.1f} s in all",
-            highlight=False,
-        )
+    verb = "loaded and checked" if load else "wrote"
+    _said(
+        data,
+        as_json,
+        f"ckpt-trace: {engine} {verb} {data['files']} files, {data['bytes']:,} bytes in {path}: "
+        f"{io_s:.2f} s of I/O, {elapsed_s:.1f} s in all",
+    )
 
 
 @app.command()
@@ -1165,15 +1157,13 @@ def upgrade(
             overwrite=force,
             on_batch=None if progress is None else lambda done, count: progress("rows", done, count),
         )
-    if as_json:
-        _write_json(None, result)
-    else:
-        err.print(
-            f"ckpt-trace: wrote {result['rows']:,} rows of {trace} (version {result['from_version']}) to "
-            f"{output} as version {result['to_version']} ({result['input_bytes']:,} -> "
-            f"{result['output_bytes']:,} bytes)",
-            highlight=False,
-        )
+    _said(
+        result,
+        as_json,
+        f"ckpt-trace: wrote {result['rows']:,} rows of {trace} (version {result['from_version']}) to "
+        f"{output} as version {result['to_version']} ({result['input_bytes']:,} -> "
+        f"{result['output_bytes']:,} bytes)",
+    )
 
 
 @app.command()
@@ -1194,14 +1184,12 @@ def anonymize(
 
     with _steps("anonymize") as progress:
         result = anonymize_trace(trace, output, key=key, overwrite=force, progress=progress)
-    if as_json:
-        _write_json(None, result)
-    else:
-        err.print(
-            f"ckpt-trace: wrote {result['rows']:,} rows to {output}: replaced {', '.join(result['replaced'])}; "
-            f"kept {', '.join(result['kept'])}",
-            highlight=False,
-        )
+    _said(
+        result,
+        as_json,
+        f"ckpt-trace: wrote {result['rows']:,} rows to {output}: replaced {', '.join(result['replaced'])}; "
+        f"kept {', '.join(result['kept'])}",
+    )
 
 
 @app.command(name="filter")
@@ -1227,10 +1215,7 @@ def filter_cmd(
     check_output_file(output, force, inputs=(trace,))
     with _steps("filter") as progress:
         result = filter_trace(trace, output, conditions, overwrite=force, progress=progress)
-    if as_json:
-        _write_json(None, result)
-    else:
-        err.print(f"ckpt-trace: kept {result['rows_out']:,} of {result['rows_in']:,} rows in {output}", highlight=False)
+    _said(result, as_json, f"ckpt-trace: kept {result['rows_out']:,} of {result['rows_in']:,} rows in {output}")
 
 
 def _print_version(value: bool) -> None:

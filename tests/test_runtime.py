@@ -59,11 +59,7 @@ def test_the_writer_and_reader_import_with_the_heavy_dependencies_blocked():
 def test_the_full_package_leaves_out_exactly_what_the_runtime_holds():
     """One copy of each module: the full wheel's excludes are the runtime's files plus the ring's source and
     library (the runtime's wheel carries it prebuilt), and every runtime file exists."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import build_ring
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    build_ring = _build_ring()
     with open(REPO / "pyproject.toml", "rb") as file:
         project = tomllib.load(file)
     excluded = project["tool"]["hatch"]["build"]["targets"]["wheel"]["exclude"]
@@ -75,6 +71,65 @@ def test_the_full_package_leaves_out_exactly_what_the_runtime_holds():
     assert f"ckpt-trace-runtime=={__version__}" in project["project"]["dependencies"]
 
 
+def _module_name(path: str) -> str:
+    """The import name of a ``RUNTIME_FILES`` path (``iolayer/ckpt_trace/iolayer/ring.py``: ckpt_trace.iolayer.ring)."""
+    parts = path.removesuffix(".py").split("/")
+    parts = parts[1:] if parts[0] in ("formats", "iolayer") else parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_every_import_of_the_runtime_stays_in_the_runtime():
+    """Every ckpt_trace import in a runtime file (at the top or in a function; type-checking imports apart)
+    names a module of the runtime, and none takes a name ``formats`` loads with pyarrow; the writer and
+    reader open their rings with ``open_ring`` (so they fall back), never ``Ring`` directly. Caught here, a
+    new import would otherwise break the runtime's wheel only where it is installed alone."""
+    import ast
+
+    build_ring = _build_ring()
+    modules = {_module_name(path) for path in build_ring.RUNTIME_FILES} | {"ckpt_trace"}  # a namespace: no file
+    for path in build_ring.RUNTIME_FILES:
+        name = _module_name(path)
+        package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+        tree = ast.parse((REPO / path).read_text(), path)
+        typing_only = {  # imports under ``if TYPE_CHECKING:`` never run
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+            for inner in ast.walk(node)
+        }
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(
+                        package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                    )
+                targets = [base] + [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules]
+                if base == "ckpt_trace.formats":
+                    lazy = [alias.name for alias in node.names if alias.name in formats._LAZY]
+                    assert not lazy, f"{path} imports {lazy} from ckpt_trace.formats: pyarrow"
+            else:
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Ring":
+                    assert not path.startswith("ckpt_trace/writer/"), f"{path}:{node.lineno}: use open_ring"
+                continue
+            for target in targets:
+                if target.split(".")[0] == "ckpt_trace":
+                    assert target in modules, f"{path} imports {target}, not part of ckpt-trace-runtime"
+
+
+def _build_ring():
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import build_ring
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    return build_ring
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="no objdump (binutils)")
 def test_the_wheel_tag_reads_the_rings_needs_as_objdump_does():
@@ -82,11 +137,7 @@ def test_the_wheel_tag_reads_the_rings_needs_as_objdump_does():
     independent reading of the same sections."""
     import re
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import build_ring
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    build_ring = _build_ring()
     library = rings.library()._name
     arch, needed, versions = build_ring.elf_needs(library)
     dump = subprocess.run(["objdump", "-p", library], capture_output=True, text=True, check=True).stdout

@@ -435,16 +435,8 @@ class DistributedReport:
                     entry["elapsed_s"][result.strategy] = max(
                         entry["elapsed_s"].get(result.strategy, 0.0), process["results"][i]["elapsed_s"]
                     )
-        head = results_document(
-            trace=self.trace,
-            trace_sha256=self.trace_sha256,
-            target=self.target,
-            environment=self.environment,
-            options=self.options,
-            results=self.results,
-        )
         return {
-            **head,
+            **results_document(self),
             "distributed": {
                 "world_size": self.world.size,
                 "processes": self.processes,

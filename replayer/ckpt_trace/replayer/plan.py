@@ -805,12 +805,21 @@ class _Planner:
     def _row_fcntl(self, seq, worker, row) -> None:
         self._append_fd_op(seq, worker, row, v.FCNTL, flags=row["flags"])
 
-    def _row_rename(self, seq, worker, row) -> None:
+    def _two_names(self, row) -> tuple[str, str] | None:
+        """A rename or link row's (old, new) names under the target, both named from now on; None (the row
+        skipped, counted as no_path) where either is outside it."""
         old, new = self.rel(row["path"]), self.rel(row["new_path"])
         if old is None or new is None:
             self.skipped["no_path"] += 1
-            return
+            return None
         self.named.update((old, new))
+        return old, new
+
+    def _row_rename(self, seq, worker, row) -> None:
+        names = self._two_names(row)
+        if names is None:
+            return
+        old, new = names
         flags = row["flags"] or 0
         entries.move((self.sizes, self.file_of_path), old, new, flags)  # subtrees move (``replayer.entries``)
         deps: list[int] = []
@@ -830,11 +839,10 @@ class _Planner:
 
     def _row_link(self, seq, worker, row) -> None:
         """A second name of a file (link(2)): both names are the one file (sizes, content) from now on."""
-        old, new = self.rel(row["path"]), self.rel(row["new_path"])
-        if old is None or new is None:
-            self.skipped["no_path"] += 1
+        names = self._two_names(row)
+        if names is None:
             return
-        self.named.update((old, new))
+        old, new = names
         self.touch(old, creating=False)
         self.first_touch.setdefault(new, True)
         self.file_of_path[new] = self.file(old)

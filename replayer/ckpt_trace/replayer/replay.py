@@ -106,15 +106,7 @@ class ReplayReport:
     def to_json(self) -> dict:
         """The results document (``documents.ReplayDoc``): the trace (path and sha256, which ties the results to
         it), the target, where it ran, the options and one entry per result."""
-        return results_document(
-            trace=self.trace,
-            trace_sha256=self.trace_sha256,
-            target=self.target,
-            environment=self.environment,
-            options=self.options,
-            results=self.results,
-            fio_write_bytes_per_s=self.fio_write_bytes_per_s,
-        )
+        return results_document(self, self.fio_write_bytes_per_s)
 
 
 def build_plan(

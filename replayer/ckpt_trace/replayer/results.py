@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -50,11 +51,11 @@ class ReplayResult:
     ``versus``: the same over every other strategy of the replay, by name.
     ``timing`` (``--timing original``): the per-operation start error's
     median and p99 as a share of the rank's recorded I/O window, and per rank
-    the replayed window against the recorded one (``engine``).
+    the replayed window against the recorded one (``RunState.timing_figures``).
     ``phases``: ``save`` (the writes) and ``load`` (the reads), each with its
     bytes, its time from the first such operation's start to the last one's
     end, its throughput, and per rank the same with the slowest rank and its
-    time (``engine``): a trace holding a save and a load
+    time (``RunState.phase_figures``): a trace holding a save and a load
     reports each apart, and the slowest rank's save time as MLPerf Storage does.
     """
 
@@ -152,27 +153,35 @@ class ReplayResult:
         return data
 
 
-def results_document(
-    *,
-    trace: Path,
-    trace_sha256: str | None,
-    target: Path,
-    environment: dict,
-    options: dict,
-    results: Iterable[ReplayResult],
-    fio_write_bytes_per_s: float | None = None,
-) -> dict:
+class Replayed(Protocol):
+    """What a replay's results document is made of (``replay.ReplayReport``, ``distributed.DistributedReport``)."""
+
+    @property
+    def trace(self) -> Path: ...
+    @property
+    def trace_sha256(self) -> str | None: ...
+    @property
+    def target(self) -> Path: ...
+    @property
+    def environment(self) -> dict: ...
+    @property
+    def options(self) -> dict: ...
+    @property
+    def results(self) -> Sequence[ReplayResult]: ...
+
+
+def results_document(report: Replayed, fio_write_bytes_per_s: float | None = None) -> dict:
     """The results document (``documents.ReplayDoc``) that single-node and distributed replay both write: the
     trace (path and sha256, which ties the results to it), the target, the tool, where it ran, the options and
     one entry per result (``ReplayResult.to_json``); a distributed replay adds its ``distributed`` key."""
     return {
-        "trace": str(trace),
-        "trace_sha256": trace_sha256,
-        "target": str(target),
+        "trace": str(report.trace),
+        "trace_sha256": report.trace_sha256,
+        "target": str(report.target),
         "creator": "ckpt-trace",
         "creator_version": __version__,
-        "environment": environment,
-        "options": options,
+        "environment": report.environment,
+        "options": report.options,
         "fio_write_bytes_per_s": fio_write_bytes_per_s,
-        "results": [result.to_json() for result in results],
+        "results": [result.to_json() for result in report.results],
     }

@@ -46,8 +46,10 @@ def as_recorded(base: ReplayPlan, *, buffer_bytes: int, block_bytes: int, pack_f
 class Strategy:
     """One replay strategy's declaration.
 
-    ``executor(root, queue_depth)`` makes its executor (raises ReplayError
-    when the machine cannot run it); ``derive(base, buffer_bytes=,
+    ``executor(root, queue_depth)`` makes its executor, the one engine
+    composed with its data path (``engine.Executor(root, max_io_bytes,
+    path)``, ``path`` a ``datapath.DataPath``; raises ReplayError when the
+    machine cannot run it); ``derive(base, buffer_bytes=,
     block_bytes=, pack_files=)`` its plan from the as-recorded plan (pure;
     the name is set by the caller). ``in_all``: replayed by ``--strategy
     all`` (else only when named, ``only_when_named`` saying why);
