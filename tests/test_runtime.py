@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 import tomllib
 from pathlib import Path
 
@@ -178,6 +179,35 @@ def test_posix_ring_writes_and_reads_back_with_the_rings_failure_rule(tmp_path):
     assert caught.value.errno == errno.EBADF
     with pytest.raises(RuntimeError):
         ring.wait()
+
+
+def test_posix_ring_keeps_queue_depth_requests_in_flight_and_close_waits_for_them():
+    """Reads of an empty pipe block: two of them are in flight at queue depth 2 (no room for a third), each
+    completes when its bytes arrive, and ``close`` returns only once the last is done."""
+    readable, writable = os.pipe()
+    into = AlignedBuffer(4096)
+    ring = PosixRing(2)
+    try:
+        ring.submit("read", readable, into.ptr, 4, -1, tag="a")
+        ring.submit("read", readable, into.ptr + 4, 4, -1, tag="b")
+        assert ring.pending == 2 and not ring.has_room
+        os.write(writable, b"1234")
+        deadline = time.monotonic() + 60
+        while not ring.has_room:  # one of the two reads took the bytes (which one: the threads decide)
+            assert time.monotonic() < deadline, "no read completed"
+            time.sleep(0.001)
+        assert ring.pending == 2  # completed, not yet waited for: still pending, as on the ring
+        os.write(writable, b"5678")
+        assert sorted((ring.wait_result()[1], ring.wait_result()[1])) == [4, 4]
+        ring.submit("read", readable, into.ptr + 8, 4, -1, tag="c")
+        os.write(writable, b"9abc")
+        ring.close()  # waits for c
+        assert ring.pending == 0
+        assert sorted([bytes(into.mmap[:4]), bytes(into.mmap[4:8])]) == [b"1234", b"5678"]
+        assert bytes(into.mmap[8:12]) == b"9abc"
+    finally:
+        os.close(readable)
+        os.close(writable)
 
 
 @pytest.mark.torch

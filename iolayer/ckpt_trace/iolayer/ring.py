@@ -85,7 +85,9 @@ _LIBRARY = Path(__file__).with_name(ring_build.LIBRARY_NAME)  # built from _ring
 #: signature or ``ckr_req`` changes. A library reporting another version (or none: built before the
 #: check existed) is rebuilt from the source beside it, or refused (``library``).
 ABI_VERSION = 3
-_REBUILD = "rebuild it: 'python scripts/build_ring.py' or reinstall ckpt-trace; it needs cc and linux-libc-dev"
+_REBUILD = (
+    "reinstall ckpt-trace-runtime, or in a source tree: 'python scripts/build_ring.py' (needs cc, linux-libc-dev)"
+)
 _lib: ctypes.CDLL | None = None
 
 

@@ -10,7 +10,9 @@ to the engine: a ``DataPath`` (posix's in ``replayer.posix``, io_uring's in
 ``replayer.strategies.mmap``), built from the I/O layer (``iolayer.ring.Ring``,
 ``iolayer.buffers.AlignedBuffer``, ``iolayer.mapping.FileMapping``).
 The shape follows torch DCP's ``StorageWriter`` and fio's ``ioengine_ops``:
-one documented call order, no private hooks.
+one documented call order, no private hooks. ``DataPathDefaults`` holds the
+methods of a data path that changes nothing at that step (a data path
+inherits it and overrides the rest).
 
 Call order, per executor (one ``prepare``, one run):
 
@@ -45,9 +47,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-if TYPE_CHECKING:
-    import numpy as np
+import numpy as np
 
+from ckpt_trace.errors import ReplayError
+
+if TYPE_CHECKING:
     from ckpt_trace.iolayer.buffers import AlignedBuffer
     from ckpt_trace.iolayer.mapping import FileMapping
     from ckpt_trace.iolayer.ring import Ring
@@ -213,4 +217,38 @@ class DataPath(Protocol):
         ...
 
 
-__all__ = ["DATA_PATHS", "DataPath", "Submitted", "WorkerIO"]
+class DataPathDefaults:
+    """What a ``DataPath`` does where it changes nothing (a data path takes these and overrides the rest):
+    nothing is batchable, nothing to prepare or finish, the recorded flags as they are, no bookkeeping per
+    descriptor. ``submit`` raises ReplayError, since with nothing batchable the engine never calls it."""
+
+    name: str
+
+    def batchable(self, plan: ReplayPlan, rows: slice) -> np.ndarray:
+        del plan  # every data path's signature
+        return np.zeros(rows.stop - rows.start, dtype=bool)
+
+    def prepare(self, plan: ReplayPlan) -> None:
+        del plan
+
+    def open_flags(self, flags: int) -> int:
+        return flags
+
+    def setfl_flags(self, flags: int) -> int:
+        return flags
+
+    def opened(self, handle: int, path: str, flags: int) -> None:
+        del handle, path, flags
+
+    def released(self, handle: int) -> None:
+        del handle
+
+    def submit(self, io: WorkerIO, requests: np.ndarray, rows: np.ndarray, queue: int) -> Submitted:
+        del io, requests, rows, queue
+        raise ReplayError(f"the {self.name} data path runs no runs of requests (nothing is batchable)")
+
+    def finish(self) -> list[str]:
+        return []
+
+
+__all__ = ["DATA_PATHS", "DataPath", "DataPathDefaults", "Submitted", "WorkerIO"]

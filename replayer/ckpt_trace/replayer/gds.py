@@ -28,13 +28,11 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.iolayer import pattern
 from ckpt_trace.iolayer.buffers import pattern_buffer
 
-from .datapath import DATA_PATHS, Submitted, WorkerIO
+from .datapath import DATA_PATHS, DataPathDefaults, WorkerIO
 from .engine import Executor
 from .paths import TargetRoot
 from .plan import PlanOp, ReplayPlan
@@ -109,7 +107,7 @@ def gds_executor(root: TargetRoot, max_io_bytes: int, mode: GdsMode) -> Executor
     return Executor(root, max_io_bytes, GdsPath(max_io_bytes, mode))
 
 
-class GdsPath:
+class GdsPath(DataPathDefaults):
     """Reads and writes through KvikIO's ``CuFile`` between the file and GPU memory, in pieces of at most
     ``max_io_bytes``; see the module docstring. Every data operation runs alone (no runs)."""
 
@@ -138,24 +136,6 @@ class GdsPath:
             host.close()
         self._device_scratch = torch.empty(self.max_io_bytes, dtype=torch.uint8, device="cuda")
         torch.cuda.synchronize()
-
-    def batchable(self, plan: ReplayPlan, rows: slice) -> np.ndarray:
-        return np.zeros(rows.stop - rows.start, dtype=bool)
-
-    def open_flags(self, flags: int) -> int:
-        return flags
-
-    def setfl_flags(self, flags: int) -> int:
-        return flags
-
-    def opened(self, handle: int, path: str, flags: int) -> None:
-        pass
-
-    def released(self, handle: int) -> None:
-        pass
-
-    def submit(self, io: WorkerIO, requests: np.ndarray, rows: np.ndarray, queue: int) -> Submitted:
-        raise ReplayError("the gds data path runs no runs of requests (nothing is batchable)")
 
     def transfer(self, io: WorkerIO, op: PlanOp, row: int) -> int:
         return self._transfer(io.fd(op.handle), op, write=op.kind == "write")

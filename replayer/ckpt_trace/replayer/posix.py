@@ -22,14 +22,14 @@ import numpy as np
 
 from ckpt_trace.iolayer import pattern
 
-from .datapath import Submitted, WorkerIO
+from .datapath import DataPathDefaults, Submitted, WorkerIO
 from .engine import Executor
 from .optable import NONE, READ, WRITE, PlanOp
 from .paths import TargetRoot
 from .plan import ReplayPlan
 
 
-class PosixPath:
+class PosixPath(DataPathDefaults):
     """The posix strategy's data path; see the module docstring."""
 
     name = "posix"
@@ -45,21 +45,6 @@ class PosixPath:
         kind = t.kind[rows]
         return ((kind == READ) | (kind == WRITE)) & (t.offset[rows] >= 0) & ~t.mapped[rows] & (t.kcopy[rows] == 0)
 
-    def prepare(self, plan: ReplayPlan) -> None:
-        pass
-
-    def open_flags(self, flags: int) -> int:
-        return flags
-
-    def setfl_flags(self, flags: int) -> int:
-        return flags
-
-    def opened(self, handle: int, path: str, flags: int) -> None:
-        pass
-
-    def released(self, handle: int) -> None:
-        pass
-
     def submit(self, io: WorkerIO, requests: np.ndarray, rows: np.ndarray, queue: int) -> Submitted:
         """The recorded queue's ring at its depth, or (no queue, io_uring unavailable) the C loop."""
         if queue != NONE:
@@ -71,9 +56,6 @@ class PosixPath:
     def transfer(self, io: WorkerIO, op: PlanOp, row: int) -> int:
         fd = io.fd(op.handle)
         return write(io, fd, op) if op.kind == "write" else read(io, fd, op)
-
-    def finish(self) -> list[str]:
-        return []
 
 
 def write(io: WorkerIO, fd: int, op: PlanOp) -> int:

@@ -43,7 +43,7 @@ from ckpt_trace.errors import ReplayError
 from ckpt_trace.iolayer import ring as rings
 from ckpt_trace.iolayer.ring import probe as probe_ring
 
-from .datapath import Submitted, WorkerIO
+from .datapath import DataPathDefaults, Submitted, WorkerIO
 from .engine import Executor
 from .optable import READ, WRITE, PlanOp
 from .options import DEFAULT_QUEUE_DEPTH
@@ -68,7 +68,7 @@ def uring_executor(root: TargetRoot, max_io_bytes: int, *, queue_depth: int, dir
     return Executor(root, max_io_bytes, UringPath(root, queue_depth=queue_depth, direct=direct, name=strategy))
 
 
-class UringPath:
+class UringPath(DataPathDefaults):
     """Reads and writes through a ring of each worker, ``queue_depth`` deep; with ``direct``, O_DIRECT
     descriptors (what O_DIRECT cannot take on a second, buffered descriptor). See the module docstring.
     Raises ReplayError for a ``queue_depth`` under 1."""
@@ -103,9 +103,6 @@ class UringPath:
         t = plan.ops
         kind = t.kind[rows]
         return ((kind == READ) | (kind == WRITE)) & (t.offset[rows] >= 0)
-
-    def prepare(self, plan: ReplayPlan) -> None:
-        pass
 
     def open_flags(self, flags: int) -> int:
         return self._direct_flags(flags) if self.direct else flags

@@ -37,22 +37,18 @@ import fcntl
 import os
 import threading
 
-import numpy as np
-
 from ckpt_trace import config
-from ckpt_trace.errors import ReplayError
 from ckpt_trace.iolayer.buffers import PAGE_BYTES
 from ckpt_trace.iolayer.mapping import MAP_SHARED, PROT_READ, PROT_WRITE, FileMapping
 
-from ..datapath import DATA_PATHS, Submitted, WorkerIO
+from ..datapath import DATA_PATHS, DataPathDefaults, WorkerIO
 from ..engine import Executor
 from ..optable import PlanOp
 from ..paths import TargetRoot
-from ..plan import ReplayPlan
 from . import Strategy
 
 
-class MmapPath:
+class MmapPath(DataPathDefaults):
     """Reads and writes through shared file mappings; see the module docstring. Every operation runs alone
     (no runs for the C loop, no recorded io_uring queues: their requests go through mappings too)."""
 
@@ -66,30 +62,12 @@ class MmapPath:
     def __init__(self) -> None:
         self._grow = threading.Lock()
 
-    def batchable(self, plan: ReplayPlan, rows: slice) -> np.ndarray:
-        return np.zeros(rows.stop - rows.start, dtype=bool)
-
-    def prepare(self, plan: ReplayPlan) -> None:
-        pass
-
     def open_flags(self, flags: int) -> int:
         """Read-write where the trace opened write-only (a shared writable mapping needs read access, mmap(2)
         EACCES); without O_DIRECT (a mapping goes through the page cache)."""
         if flags & os.O_ACCMODE == os.O_WRONLY:
             flags = (flags & ~os.O_ACCMODE) | os.O_RDWR
         return flags & ~os.O_DIRECT
-
-    def setfl_flags(self, flags: int) -> int:
-        return flags
-
-    def opened(self, handle: int, path: str, flags: int) -> None:
-        pass
-
-    def released(self, handle: int) -> None:
-        pass
-
-    def submit(self, io: WorkerIO, requests: np.ndarray, rows: np.ndarray, queue: int) -> Submitted:
-        raise ReplayError("the mmap data path runs no runs of requests (nothing is batchable)")
 
     def transfer(self, io: WorkerIO, op: PlanOp, row: int) -> int:
         """Move ``op``'s bytes through a mapping of the pages they cover; return the bytes moved."""
@@ -119,9 +97,6 @@ class MmapPath:
         if at_position:
             os.lseek(fd, at + moved, os.SEEK_SET)
         return moved
-
-    def finish(self) -> list[str]:
-        return []
 
 
 def _executor(root: TargetRoot, queue_depth: int) -> Executor:
