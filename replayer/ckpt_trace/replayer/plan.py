@@ -30,9 +30,12 @@ are planned with vectorised numpy: each finds its handle by an as-of join on
 (process, descriptor) against the bindings the walk recorded, and file sizes,
 the byte ranges ``--verify`` checks and the cross-worker waits come from
 sorted group operations. A read or write on a descriptor no binding covers
-(inherited) goes through the walk. The result is identical to walking every
-row (``tests/test_plan_equivalence.py`` checks it against a one-row-at-a-time
-reference on random traces).
+(inherited) goes through the walk. The walk takes its rows in the order their
+descriptor changes took effect, as the tracer orders them: an open or dup at
+its return, everything else at its entry (``_effect_order``). Where no open or
+dup returns after another row of its process started, that is row order, and
+the result is identical to walking every row (``tests/test_plan_equivalence.py``
+checks it against a one-row-at-a-time reference on random traces).
 
 A plan is two things: what to execute (``ReplayPlan``) and what must hold
 afterwards (``PlanChecks``: final sizes, the byte ranges ``--verify``
@@ -401,7 +404,9 @@ class Origin(NamedTuple):
 
 
 class Binding(NamedTuple):
-    """A change of what descriptor ``fd`` of process ``pid`` names, at row ``seq``: ``handle`` (NONE: closed)."""
+    """A change of what descriptor ``fd`` of process ``pid`` names, in force for the rows after position
+    ``seq`` (row order): ``handle`` (NONE: closed). A close's is its row; an open's or dup's the last row that
+    started before it returned (``_effect_order``)."""
 
     pid: int
     fd: int
@@ -1253,6 +1258,7 @@ def _effect_order(rows: _Rows, walked: np.ndarray) -> tuple[slice | np.ndarray, 
     least the open's own row) means rows after ``p`` (``_asof_handles``). Rows are in ``ts_ns`` order."""
     c = rows.cols
     makes = is_any_of(c["op"][walked], [rows.code(v.OPEN), rows.code(v.DUP)])
+    makes &= c["interface"][walked] == rows.code(v.SYSCALL)  # (a request acts at its submission, as traced)
     if not makes.any() or "dur_ns" not in c:
         return slice(None), {}
     made = walked[makes]
