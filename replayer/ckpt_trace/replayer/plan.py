@@ -498,6 +498,11 @@ class _Planner:
     def emit(self, worker: tuple[int, int], op: PlanOp) -> None:
         self.ops.append((worker, op))
 
+    def emit_row(self, seq: int, worker: tuple[int, int], row: dict, kind: str, **fields: Any) -> None:
+        """``emit`` the operation of trace row ``row``: its ``seq``, ``kind`` and recorded start; ``fields`` the
+        rest of its ``PlanOp``."""
+        self.emit(worker, PlanOp(seq=seq, kind=kind, ts_ns=row["ts_ns"], **fields))
+
     def bind(self, pid: int, fd: int | None, seq: int, handle: int | None) -> None:
         if fd is not None:
             self.bindings.append(Binding(pid, fd, seq, NONE if handle is None else handle))
@@ -604,17 +609,8 @@ class _Planner:
             self.handle_refs[old] -= 1
         self.slots[(row["pid"], row["fd"])] = handle
         self.bind(row["pid"], row["fd"], seq, handle)
-        self.emit(
-            worker,
-            PlanOp(
-                seq=seq,
-                kind=v.OPEN,
-                ts_ns=row["ts_ns"],
-                handle=handle,
-                path=path,
-                flags=flags,
-                deps=self.path_deps(seq, worker, path),
-            ),
+        self.emit_row(
+            seq, worker, row, v.OPEN, handle=handle, path=path, flags=flags, deps=self.path_deps(seq, worker, path)
         )
 
     def _fd_op(self, seq, worker, row) -> tuple[int, list[int]] | None:
@@ -632,33 +628,13 @@ class _Planner:
         if found is None:
             return None
         handle, deps = found
-        self.emit(
-            worker,
-            PlanOp(
-                seq=seq,
-                kind=kind,
-                ts_ns=row["ts_ns"],
-                handle=handle,
-                path=self.handle_path[handle],
-                deps=tuple(deps),
-                **values,
-            ),
-        )
+        self.emit_row(seq, worker, row, kind, handle=handle, path=self.handle_path[handle], deps=tuple(deps), **values)
         return handle
 
     def _row_copy(self, seq, worker, row) -> None:
         """A host<->device copy: replayed before the I/O that followed it (``iolayer.gpu``), or skipped and
         counted where no GPU is."""
-        self.emit(
-            worker,
-            PlanOp(
-                seq=seq,
-                kind=COPY,
-                ts_ns=row["ts_ns"],
-                size=row["size"] or 0,
-                flags=gpu.encode(row["op"], row["memory_kind"]),
-            ),
-        )
+        self.emit_row(seq, worker, row, COPY, size=row["size"] or 0, flags=gpu.encode(row["op"], row["memory_kind"]))
 
     _row_copy_h2d = _row_copy_d2h = _row_copy_d2d = _row_copy_h2h = _row_copy_p2p = _row_copy_other = _row_copy
 
@@ -674,16 +650,14 @@ class _Planner:
         if self.file_of_path.get(path) == self.handle_file[handle]:  # (and joins the path's chain of waits)
             self._dep(self.last_path_op.get(path), worker, deps)
             self.last_path_op[path] = Origin(seq, worker)
-        self.emit(
+        self.emit_row(
+            seq,
             worker,
-            PlanOp(
-                seq=seq,
-                kind=v.CLOSE,
-                ts_ns=row["ts_ns"],
-                handle=handle,
-                release=self.handle_refs[handle] <= 0,
-                deps=tuple(sorted(set(deps))),
-            ),
+            row,
+            v.CLOSE,
+            handle=handle,
+            release=self.handle_refs[handle] <= 0,
+            deps=tuple(sorted(set(deps))),
         )
 
     def _request(self, row) -> dict:
@@ -737,20 +711,18 @@ class _Planner:
             return
         handle = self.new_handle(path, seq, worker)
         self.touch(path, creating=False)
-        self.emit(
+        self.emit_row(
+            seq,
             worker,
-            PlanOp(
-                seq=seq,
-                kind=v.MMAP_OP,
-                ts_ns=row["ts_ns"],
-                handle=handle,
-                path=path,
-                offset=row["offset"] or 0,
-                size=row["size"],
-                flags=row["flags"],
-                prot=row["prot"],
-                deps=self.path_deps(seq, worker, path),
-            ),
+            row,
+            v.MMAP_OP,
+            handle=handle,
+            path=path,
+            offset=row["offset"] or 0,
+            size=row["size"],
+            flags=row["flags"],
+            prot=row["prot"],
+            deps=self.path_deps(seq, worker, path),
         )
         self.mappings[row["pid"]].append(MappedRange(row["address"], row["size"] or 0, row["offset"] or 0, handle))
 
@@ -765,9 +737,7 @@ class _Planner:
         self.handle_refs[handle] -= 1
         deps: list[int] = []
         self._dep(self.handle_origin.get(handle), worker, deps)
-        self.emit(
-            worker, PlanOp(seq=seq, kind=v.MUNMAP, ts_ns=row["ts_ns"], handle=handle, release=True, deps=tuple(deps))
-        )
+        self.emit_row(seq, worker, row, v.MUNMAP, handle=handle, release=True, deps=tuple(deps))
 
     def _row_msync(self, seq, worker, row) -> None:
         found = self._mapped_handle(row["pid"], row["address"])
@@ -776,18 +746,16 @@ class _Planner:
             return
         deps: list[int] = []
         self._dep(self.handle_origin.get(found.handle), worker, deps)
-        self.emit(
+        self.emit_row(
+            seq,
             worker,
-            PlanOp(
-                seq=seq,
-                kind=v.MSYNC,
-                ts_ns=row["ts_ns"],
-                handle=found.handle,
-                offset=found.offset,
-                size=row["size"],
-                flags=row["flags"],
-                deps=tuple(deps),
-            ),
+            row,
+            v.MSYNC,
+            handle=found.handle,
+            offset=found.offset,
+            size=row["size"],
+            flags=row["flags"],
+            deps=tuple(deps),
         )
 
     def _row_lseek(self, seq, worker, row) -> None:
@@ -832,20 +800,26 @@ class _Planner:
             self.handle_refs[old] -= 1
         self.slots[(row["pid"], row["ret"])] = handle
         self.bind(row["pid"], row["ret"], seq, handle)
-        self.emit(
-            worker,
-            PlanOp(seq=seq, kind=v.DUP, ts_ns=row["ts_ns"], handle=handle, source_handle=source, deps=tuple(deps)),
-        )
+        self.emit_row(seq, worker, row, v.DUP, handle=handle, source_handle=source, deps=tuple(deps))
 
     def _row_fcntl(self, seq, worker, row) -> None:
         self._append_fd_op(seq, worker, row, v.FCNTL, flags=row["flags"])
 
-    def _row_rename(self, seq, worker, row) -> None:
+    def _two_names(self, row) -> tuple[str, str] | None:
+        """A rename or link row's (old, new) names under the target, both named from now on; None (the row
+        skipped, counted as no_path) where either is outside it."""
         old, new = self.rel(row["path"]), self.rel(row["new_path"])
         if old is None or new is None:
             self.skipped["no_path"] += 1
-            return
+            return None
         self.named.update((old, new))
+        return old, new
+
+    def _row_rename(self, seq, worker, row) -> None:
+        names = self._two_names(row)
+        if names is None:
+            return
+        old, new = names
         flags = row["flags"] or 0
         entries.move((self.sizes, self.file_of_path), old, new, flags)  # subtrees move (``replayer.entries``)
         deps: list[int] = []
@@ -861,36 +835,28 @@ class _Planner:
             if flags & entries.RENAME_EXCHANGE:
                 self.mkdir_seq[old] = Origin(seq, worker)
         deps = sorted(set(deps) | set(self.path_deps(seq, worker, old, new)))
-        self.emit(
-            worker,
-            PlanOp(
-                seq=seq, kind=v.RENAME, ts_ns=row["ts_ns"], path=old, new_path=new, flags=row["flags"], deps=tuple(deps)
-            ),
-        )
+        self.emit_row(seq, worker, row, v.RENAME, path=old, new_path=new, flags=row["flags"], deps=tuple(deps))
 
     def _row_link(self, seq, worker, row) -> None:
         """A second name of a file (link(2)): both names are the one file (sizes, content) from now on."""
-        old, new = self.rel(row["path"]), self.rel(row["new_path"])
-        if old is None or new is None:
-            self.skipped["no_path"] += 1
+        names = self._two_names(row)
+        if names is None:
             return
-        self.named.update((old, new))
+        old, new = names
         self.touch(old, creating=False)
         self.first_touch.setdefault(new, True)
         self.file_of_path[new] = self.file(old)
         if old in self.sizes:
             self.sizes[new] = self.sizes[old]
-        self.emit(
+        self.emit_row(
+            seq,
             worker,
-            PlanOp(
-                seq=seq,
-                kind=v.LINK,
-                ts_ns=row["ts_ns"],
-                path=old,
-                new_path=new,
-                flags=row["flags"],
-                deps=self.path_deps(seq, worker, old, new),
-            ),
+            row,
+            v.LINK,
+            path=old,
+            new_path=new,
+            flags=row["flags"],
+            deps=self.path_deps(seq, worker, old, new),
         )
 
     def _row_symlink(self, seq, worker, row) -> None:
@@ -905,16 +871,8 @@ class _Planner:
         self.named.add(new)
         self.first_touch.setdefault(new, True)
         self.made_dirs.add(new)  # (an entry the trace makes: nothing is made at its name before the clock)
-        self.emit(
-            worker,
-            PlanOp(
-                seq=seq,
-                kind=v.SYMLINK,
-                ts_ns=row["ts_ns"],
-                path=row["path"],
-                new_path=new,
-                deps=self.path_deps(seq, worker, new),
-            ),
+        self.emit_row(
+            seq, worker, row, v.SYMLINK, path=row["path"], new_path=new, deps=self.path_deps(seq, worker, new)
         )
 
     def _row_unlink(self, seq, worker, row) -> None:
@@ -929,17 +887,7 @@ class _Planner:
         self.first_touch.setdefault(path, False)
         self.sizes.pop(path, None)
         self.file_of_path.pop(path, None)
-        self.emit(
-            worker,
-            PlanOp(
-                seq=seq,
-                kind=v.UNLINK,
-                ts_ns=row["ts_ns"],
-                path=path,
-                flags=row["flags"],
-                deps=self.path_deps(seq, worker, path),
-            ),
-        )
+        self.emit_row(seq, worker, row, v.UNLINK, path=path, flags=row["flags"], deps=self.path_deps(seq, worker, path))
 
     def _row_mkdir(self, seq, worker, row) -> None:
         path = self.rel(row["path"])
@@ -949,7 +897,7 @@ class _Planner:
         deps = self.path_deps(seq, worker, path)
         self.made_dirs.add(path)
         self.mkdir_seq[path] = Origin(seq, worker)
-        self.emit(worker, PlanOp(seq=seq, kind=v.MKDIR, ts_ns=row["ts_ns"], path=path, deps=deps))
+        self.emit_row(seq, worker, row, v.MKDIR, path=path, deps=deps)
 
     def _under_made_dir(self, path: str) -> bool:
         return any(path == d or path.startswith(d + "/") for d in self.made_dirs)
