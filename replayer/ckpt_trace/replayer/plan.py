@@ -239,6 +239,7 @@ PLAN_COLUMNS = _PLAN_COLUMNS = (
     "address",
     "prot",
     "memory_kind",
+    "dur_ns",  # when an open or dup takes effect (its return): ``_effect_order``
 )
 _TEXT = ("op", "path", "new_path", "interface", "memory_kind")
 _RING = np.array(sorted(v.RING_OPS))
@@ -251,7 +252,7 @@ class _Rows:
     batches' copies at the end (half the peak and one copy less); then a batch's all-null column (requests
     and mappings, in a trace of plain calls) is not copied at all: its zeroed column and mask stand."""
 
-    _MASKED = ("fd", "offset", "size", "flags", "queue_id", "in_flight", "address", "prot")
+    _MASKED = ("fd", "offset", "size", "flags", "queue_id", "in_flight", "address", "prot", "dur_ns")
 
     def __init__(self, batches: Iterable[pa.RecordBatch | pa.Table], capacity: int | None = None) -> None:
         self.texts: list[str] = []
@@ -480,6 +481,7 @@ class _Planner:
         self.queue_depths: dict[int, int] = {}
         self.mappings: dict[int, list[MappedRange]] = defaultdict(list)  # per pid
         self.bindings: list[Binding] = []  # descriptor slot changes
+        self.returns_at: dict[int, int] = {}  # open/dup row -> its binding's position (``_effect_order``)
         self.data_ops: list[WalkedIO] = []
 
     def file(self, path: str) -> int:
@@ -506,6 +508,11 @@ class _Planner:
     def bind(self, pid: int, fd: int | None, seq: int, handle: int | None) -> None:
         if fd is not None:
             self.bindings.append(Binding(pid, fd, seq, NONE if handle is None else handle))
+
+    def returned_at(self, seq: int) -> int:
+        """The position in row order from which the descriptor open or dup row ``seq`` made is in force: the
+        last row that started before it returned (``_effect_order``), at least ``seq``."""
+        return self.returns_at.get(seq, seq)
 
     def _dep(self, origin: Origin | None, worker: Worker, deps: list[int]) -> None:
         if origin is not None and origin.worker != worker:
@@ -608,7 +615,7 @@ class _Planner:
         if old is not None:
             self.handle_refs[old] -= 1
         self.slots[(row["pid"], row["fd"])] = handle
-        self.bind(row["pid"], row["fd"], seq, handle)
+        self.bind(row["pid"], row["fd"], self.returned_at(seq), handle)
         self.emit_row(
             seq, worker, row, v.OPEN, handle=handle, path=path, flags=flags, deps=self.path_deps(seq, worker, path)
         )
@@ -799,7 +806,7 @@ class _Planner:
         if old is not None:
             self.handle_refs[old] -= 1
         self.slots[(row["pid"], row["ret"])] = handle
-        self.bind(row["pid"], row["ret"], seq, handle)
+        self.bind(row["pid"], row["ret"], self.returned_at(seq), handle)
         self.emit_row(seq, worker, row, v.DUP, handle=handle, source_handle=source, deps=tuple(deps))
 
     def _row_fcntl(self, seq, worker, row) -> None:
@@ -1226,17 +1233,44 @@ def _renumbered(plan: ReplayPlan, global_row: np.ndarray) -> ReplayPlan:
 
 
 def _walk(rows: _Rows, walked: np.ndarray, strip_prefix: str | None, arch: str) -> _Planner:
+    """The walk over rows ``walked`` (ascending) in the order their descriptor changes took effect."""
     planner = _Planner(strip_prefix, arch)
-    for i in walked.tolist():
+    order, planner.returns_at = _effect_order(rows, walked)
+    for i in walked[order].tolist():
         planner.add(i, rows.row(i))
     return planner
+
+
+def _effect_order(rows: _Rows, walked: np.ndarray) -> tuple[slice | np.ndarray, dict[int, int]]:
+    """(the order of rows ``walked`` by the time each changed the descriptor table, and each open's and
+    dup's position in row order from which its new descriptor is in force).
+
+    An open or dup makes its descriptor at its exit (``ts_ns + dur_ns``; a null ``dur_ns``: 0), every
+    other call acts at its entry (``ts_ns``; a close frees its slot there, a read or write looks its
+    descriptor up there: fdget), as the tracer orders them (``tracer.state``'s ``effect_ns``); ties keep
+    row order. So another thread's open that returned the same number later binds it only for the rows
+    that started after it returned: position ``p`` (the last row that started before that return, and at
+    least the open's own row) means rows after ``p`` (``_asof_handles``). Rows are in ``ts_ns`` order."""
+    c = rows.cols
+    makes = is_any_of(c["op"][walked], [rows.code(v.OPEN), rows.code(v.DUP)])
+    if not makes.any() or "dur_ns" not in c:
+        return slice(None), {}
+    made = walked[makes]
+    dur = np.where(rows.valid("dur_ns")[made], c["dur_ns"][made], 0)
+    effect_ns = c["ts_ns"][walked]  # (a copy: a gather)
+    effect_ns[makes] += np.maximum(dur, 0)
+    ts = c["ts_ns"]
+    at = np.maximum(made, np.searchsorted(ts, effect_ns[makes], side="left") - 1)
+    moved = at != made  # the rows whose change lands later than their own row: few
+    order = np.argsort(effect_ns, kind="stable") if moved.any() else slice(None)
+    return order, dict(zip(made[moved].tolist(), at[moved].tolist()))
 
 
 def _plan_rows(rows: _Rows, bound: Bound, skipped: Counter, verify_ranges: bool) -> ReplayPlan:
     """The plan from the walk and the bulk reads and writes (``bound``): the pipeline's steps after the
     walk, in order. Memory: each trace column is dropped once gathered into the plan's order."""
     p = bound.planner
-    rows.drop("fd", "path", "new_path", "flags", "address", "prot", "memory_kind")  # the walk's alone: done
+    rows.drop("fd", "path", "new_path", "flags", "address", "prot", "memory_kind", "dur_ns")  # the walk's alone: done
     walk_workers = np.array([(pid << 32) | (tid & 0xFFFFFFFF) for (pid, tid), _ in p.ops], np.int64)
     merged = _merge_io(bound.data_rows, p.data_ops)
     keys, widx, row_key = _index_workers(rows, merged.row, walk_workers)

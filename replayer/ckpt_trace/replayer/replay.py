@@ -166,7 +166,7 @@ def _each_plan(
     names = strategies.expand(strategy)  # ReplayError for an unknown name
     arch = trace.metadata["arch"]
     if trace.table is None:  # a trace file: planned from record batches of the planner's columns only
-        _, batches = scan(trace.path, (*PLAN_COLUMNS, "dur_ns"))  # dur_ns: checked only (replayer.checks)
+        _, batches = scan(trace.path, PLAN_COLUMNS)  # (dur_ns among them: also checked, replayer.checks)
         base = build_posix_plan(
             checked_batches(batches),
             strip_prefix,
