@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,6 +19,9 @@ UNDER_CI = os.environ.get("CI") == "true"
 os.environ.setdefault("CKPT_TRACE_REPLAY_MIN_ROUNDS", "1")
 os.environ.setdefault("CKPT_TRACE_REPLAY_MAX_ROUNDS", "3")
 REPO = Path(__file__).resolve().parent.parent
+GOLDEN = REPO / "traces" / "golden"  # the committed golden traces (made by scripts/golden.py)
+DCP = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"  # a 2-rank DCP save of gpt2-tiny, recorded by bcc
+ODD = GOLDEN / "v1-odd-pattern-strace.arrow"  # the odd-pattern workload, recorded by strace
 _SYSTEM_TMP = tempfile.gettempdir()
 
 
@@ -73,12 +77,15 @@ def torch_installed():
         _missing("torch is not installed (pip install 'ckpt-trace[torch]')", required_in_ci=True)
 
 
+CKPT_TRACE = (sys.executable, "-m", "ckpt_trace.cli")  # the command ckpt-trace with this interpreter
+
+
 def cli(*args: str, check: bool = True, cwd: str | os.PathLike | None = None, timeout: float = 600):
     """Run ``ckpt-trace ARGS`` in a subprocess with this interpreter; return the CompletedProcess."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     proc = subprocess.run(
-        [sys.executable, "-m", "ckpt_trace.cli", *args],
+        [*CKPT_TRACE, *args],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -88,6 +95,13 @@ def cli(*args: str, check: bool = True, cwd: str | os.PathLike | None = None, ti
     if check and proc.returncode != 0:
         raise AssertionError(f"ckpt-trace {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
     return proc
+
+
+def record(backend: str | None, trace: Path, path_filter: str | os.PathLike, *command: str, check: bool = True):
+    """``ckpt-trace record [--backend BACKEND] -o TRACE --path-filter PATH_FILTER -- COMMAND`` (``cli``; the
+    default backend where ``backend`` is None); return the CompletedProcess."""
+    chosen = ("--backend", backend) if backend is not None else ()
+    return cli("record", *chosen, "-o", str(trace), "--path-filter", str(path_filter), "--", *command, check=check)
 
 
 def one_line(proc) -> str:
@@ -103,21 +117,7 @@ def record_odd_pattern(backend: str, workdir: Path) -> tuple[Path, list[dict], P
     out = workdir / "out"
     expected = workdir / "expected.json"
     trace = workdir / f"{backend}.arrow"
-    cli(
-        "record",
-        "--backend",
-        backend,
-        "-o",
-        str(trace),
-        "--path-filter",
-        f"{out}/",
-        "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.workloads.odd_pattern",
-        str(out),
-        str(expected),
-    )
+    record(backend, trace, f"{out}/", sys.executable, "-m", "ckpt_trace.workloads.odd_pattern", str(out), str(expected))
     return trace, json.loads(expected.read_text()), out
 
 
@@ -157,16 +157,25 @@ def io_uring():
         _missing(f"io_uring unavailable: {problem}", required_in_ci=True)
 
 
+@contextlib.contextmanager
+def mounted_tmpfs(mount: Path, options: str, what: str = "a tmpfs"):
+    """A tmpfs mounted with ``options`` (mount(8) ``-o``) on the new directory ``mount``, unmounted afterwards;
+    root only (skips, or fails under CI, naming ``what``)."""
+    if os.geteuid() != 0:
+        _missing(f"mounting {what} needs root", required_in_ci=True)
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A 1 MiB tmpfs (root only), unmounted afterwards."""
-    if os.geteuid() != 0:
-        _missing("mounting a tmpfs needs root", required_in_ci=True)
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
-    yield mount
-    subprocess.run(["umount", str(mount)], check=True)
+    with mounted_tmpfs(tmp_path / "small", "size=1m") as mount:
+        yield mount
 
 
 # -- markers ------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import _missing, cli
+from conftest import CKPT_TRACE, _missing, cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,6 +50,9 @@ points = st.builds(
     preallocated=st.booleans(),
     direction=st.sampled_from(bm.DIRECTIONS),
 )
+
+# A small sweep for the CLI tests: 2 sizes x 2 queue depths x up to 2 processes, 4 MiB a point.
+SMALL_SWEEP = ("--quick", "--sizes", "64KiB,1MiB", "--queue-depths", "1,8", "--max-processes", "2", "--volume", "4MiB")
 
 
 # -- the plans (pure) -------------------------------------------------------------------------------------
@@ -124,20 +127,39 @@ def expected_file(point: BenchPoint, stream: int) -> bytes:
     return bytes(point.misaligned_bytes) + pattern.expected(point.misaligned_bytes, stream, 0)
 
 
-WRITER_CASES = [
-    dataclasses.replace(
-        POINT,
-        engine=engine,
-        direct=direct,
-        aggregated=aggregated,
-        misaligned_bytes=misaligned,
-        preallocated=preallocated,
+def _grid(misaligned_preallocated, **fixed) -> list[BenchPoint]:
+    """``POINT`` under every engine, direct or not, aggregated or not, and each (misaligned bytes,
+    preallocated) pair; ``fixed`` sets other fields."""
+    return [
+        dataclasses.replace(
+            POINT,
+            **fixed,
+            engine=engine,
+            direct=direct,
+            aggregated=aggregated,
+            misaligned_bytes=misaligned,
+            preallocated=preallocated,
+        )
+        for engine in bm.ENGINES
+        for direct in (False, True)
+        for aggregated in (False, True)
+        for misaligned, preallocated in misaligned_preallocated
+    ]
+
+
+def _assert_planned_ops(result, point: BenchPoint, stream: int) -> None:
+    """The stream took the planned I/O calls (a staging buffer each when aggregated, a piece each otherwise),
+    timed each (``latencies_ns``: 8 bytes a call) and moved ``stream`` bytes in a positive time."""
+    planned = (
+        len(bm.staging_writes(point, stream, MIB // 8, 4096))
+        if point.aggregated
+        else len(list(bm.pieces(point, stream)))
     )
-    for engine in bm.ENGINES
-    for direct in (False, True)
-    for aggregated in (False, True)
-    for misaligned, preallocated in ((0, False), (512, True))
-]
+    assert result.io_ops == planned and len(result.latencies_ns) == 8 * planned
+    assert result.end_ns > result.start_ns and result.stream_bytes == stream
+
+
+WRITER_CASES = _grid(((0, False), (512, True)))
 
 
 @pytest.mark.io_uring
@@ -153,30 +175,10 @@ def test_writer_puts_every_piece_at_its_offset(point, tmp_path, io_uring):
     data = path.read_bytes()
     assert len(data) == point.misaligned_bytes + stream
     assert data == expected_file(point, stream) == worker.expected_content(point, stream)
-    planned = (
-        len(bm.staging_writes(point, stream, MIB // 8, 4096))
-        if point.aggregated
-        else len(list(bm.pieces(point, stream)))
-    )
-    assert result.io_ops == planned and len(result.latencies_ns) == 8 * planned
-    assert result.end_ns > result.start_ns and result.stream_bytes == stream
+    _assert_planned_ops(result, point, stream)
 
 
-READER_CASES = [
-    dataclasses.replace(
-        POINT,
-        direction="read",
-        engine=engine,
-        direct=direct,
-        aggregated=aggregated,
-        misaligned_bytes=misaligned,
-        preallocated=False,
-    )
-    for engine in bm.ENGINES
-    for direct in (False, True)
-    for aggregated in (False, True)
-    for misaligned in (0, 512)
-]
+READER_CASES = _grid(((0, False), (512, False)), direction="read")
 
 
 def resident_bytes(path: Path) -> int:
@@ -214,13 +216,7 @@ def test_reader_reads_every_piece_back_from_a_cold_file(point, tmp_path, io_urin
         reader.close()
     assert path.read_bytes() == expected_file(point, stream)  # laid out as a write stream leaves it
     assert got == expected_file(point, stream)[point.misaligned_bytes :]
-    planned = (
-        len(bm.staging_writes(point, stream, MIB // 8, 4096))
-        if point.aggregated
-        else len(list(bm.pieces(point, stream)))
-    )
-    assert result.io_ops == planned and len(result.latencies_ns) == 8 * planned
-    assert result.end_ns > result.start_ns and result.stream_bytes == stream
+    _assert_planned_ops(result, point, stream)
 
 
 @pytest.mark.io_uring
@@ -275,15 +271,7 @@ def test_bench_writes_table_heat_maps_and_the_best_configuration(tmp_path, io_ur
         "bench",
         "--target",
         str(target),
-        "--quick",
-        "--sizes",
-        "64KiB,1MiB",
-        "--queue-depths",
-        "1,8",
-        "--max-processes",
-        "2",
-        "--volume",
-        "4MiB",
+        *SMALL_SWEEP,
         "-o",
         str(out),
         "--json",
@@ -342,15 +330,7 @@ def test_bench_sweeps_reads_and_writes_with_one_heat_map_set_each(tmp_path, io_u
         "bench",
         "--target",
         str(target),
-        "--quick",
-        "--sizes",
-        "64KiB,1MiB",
-        "--queue-depths",
-        "1,8",
-        "--max-processes",
-        "2",
-        "--volume",
-        "4MiB",
+        *SMALL_SWEEP,
         "--direction",
         "both",
         "-o",
@@ -461,15 +441,12 @@ def test_a_killed_writer_process_fails_the_bench_at_once_and_leaves_no_scratch(t
 @pytest.mark.slow
 @pytest.mark.io_uring
 def test_ctrl_c_stops_the_writers_removes_the_scratch_and_says_one_line(tmp_path, io_uring):
-    import sys
     import time
 
     target = tmp_path / "storage"
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "ckpt_trace.cli",
+            *CKPT_TRACE,
             "bench",
             "--target",
             str(target),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import cli
+from conftest import record
 from helpers.traces import CREATE, make_trace
 
 from ckpt_trace.formats import read_trace
@@ -79,15 +79,10 @@ def test_a_recorded_copies_workload_replays_under_every_strategy(strace_backend,
     out = tmp_path / "out"
     out.mkdir()
     trace = tmp_path / "t.arrow"
-    cli(
-        "record",
-        "--backend",
+    record(
         strace_backend,
-        "--path-filter",
-        str(out),
-        "-o",
-        str(trace),
-        "--",
+        trace,
+        out,
         sys.executable,
         "-m",
         "ckpt_trace.workloads.copies",

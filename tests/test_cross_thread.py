@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import record
 from helpers.traces import CREATE, make_trace
 
 from ckpt_trace.formats import read_trace
@@ -85,19 +85,7 @@ def _record(backend: str, tmp_path: Path) -> tuple[Path, Path]:
     program = tmp_path / "threads.py"
     program.write_text(PROGRAM)
     trace = tmp_path / f"{backend}.arrow"
-    cli(
-        "record",
-        "--backend",
-        backend,
-        "--path-filter",
-        str(out),
-        "-o",
-        str(trace),
-        "--",
-        sys.executable,
-        str(program),
-        str(out),
-    )
+    record(backend, trace, out, sys.executable, str(program), str(out))
     assert {p.name: p.stat().st_size for p in out.iterdir()} == SIZES
     return trace, out
 

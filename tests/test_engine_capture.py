@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import CKPT_TRACE, cli, record
 
 from ckpt_trace.formats import read_trace
 
@@ -57,7 +57,7 @@ def test_every_iocb_of_every_batch_of_two_threads_is_in_the_trace(request, tmp_p
             "--",
             *command,
         ]
-    cli("record", "--backend", backend_name, "-o", str(trace), "--path-filter", f"{out}/", "--", *command)
+    record(backend_name, trace, f"{out}/", *command)
     own = Counter((path, offset, size) for path, _, offset, size in json.loads(log.read_text()))
     assert sum(own.values()) == 384 and max(own.values()) == 1
     data = read_trace(trace)
@@ -77,22 +77,7 @@ def test_every_iocb_of_every_batch_of_two_threads_is_in_the_trace(request, tmp_p
 def test_an_iocb_the_tracer_cannot_read_is_counted_as_lost(bcc_backend, tmp_path, monkeypatch):
     out, log, trace = tmp_path / "out", tmp_path / "own.json", tmp_path / "t.arrow"
     monkeypatch.setenv("CKPT_TRACE_BPF_MAX_IOCBS", "2")  # batches of 3 and 4 are longer than the tracer reads
-    cli(
-        "record",
-        "--backend",
-        "bcc",
-        "-o",
-        str(trace),
-        "--path-filter",
-        f"{out}/",
-        "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.workloads.aio_threads",
-        str(out),
-        str(log),
-        "48",
-    )
+    record("bcc", trace, f"{out}/", sys.executable, "-m", "ckpt_trace.workloads.aio_threads", str(out), str(log), "48")
     data = read_trace(trace)
     submits = [r for r in data.table.to_pylist() if r["op"] == "io_submit"]
     beyond = sum(max(0, r["ret"] - 2) for r in submits)
@@ -177,7 +162,7 @@ def test_sendfile_copy_file_range_splice_and_ficlone_are_rows_naming_both_files(
                 check=True,
             )
             strace_log.write_text(strace_log.read_text().replace(str(tmp_path / "ref"), str(out)))
-    cli("record", "--backend", backend_name, "-o", str(trace), "--path-filter", f"{out}/", "--", *command)
+    record(backend_name, trace, f"{out}/", *command)
     own = json.loads(log.read_text())
     rows = [
         r
@@ -212,21 +197,7 @@ def test_sendfile_copy_file_range_splice_and_ficlone_are_rows_naming_both_files(
 
 def test_a_posix_replay_leaves_each_copy_whole(bcc_backend, tmp_path):
     out, log, trace, target = tmp_path / "out", tmp_path / "own.json", tmp_path / "t.arrow", tmp_path / "replay"
-    cli(
-        "record",
-        "--backend",
-        "bcc",
-        "-o",
-        str(trace),
-        "--path-filter",
-        f"{out}/",
-        "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.workloads.copies",
-        str(out),
-        str(log),
-    )
+    record("bcc", trace, f"{out}/", sys.executable, "-m", "ckpt_trace.workloads.copies", str(out), str(log))
     cli("replay", str(trace), "--strategy", "posix", "--target", str(target), "--verify")
     replayed = target / str(out).lstrip("/")
     for name in ("sendfile.bin", "copy_file_range.bin", "splice.bin", "source.bin"):
@@ -265,9 +236,7 @@ def _record_mapped(tmp_path: Path, name: str, *extra: str, env: dict | None = No
     environment = {**os.environ, **(env or {}), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "ckpt_trace.cli",
+            *CKPT_TRACE,
             "record",
             "--backend",
             "bcc",
@@ -353,21 +322,7 @@ def reflink_dir(tmp_path):
 def test_a_reflink_is_a_ficlone_copy_of_the_whole_range(request, reflink_dir, tmp_path, backend_name):
     request.getfixturevalue(f"{backend_name}_backend")
     out, log, trace = reflink_dir / "c", tmp_path / "own.json", tmp_path / "t.arrow"
-    cli(
-        "record",
-        "--backend",
-        backend_name,
-        "-o",
-        str(trace),
-        "--path-filter",
-        f"{out}/",
-        "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.workloads.copies",
-        str(out),
-        str(log),
-    )
+    record(backend_name, trace, f"{out}/", sys.executable, "-m", "ckpt_trace.workloads.copies", str(out), str(log))
     own = json.loads(log.read_text())
     assert own[-2][-1] == own[-1][-1] == 0, "the reflinks succeeded"
     assert (out / "ficlone.bin").stat().st_size == 1 << 20 and (out / "ficlonerange.bin").stat().st_size == 65536

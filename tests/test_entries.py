@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import record
 from helpers.traces import CREATE, make_trace
 
 from ckpt_trace.formats import read_trace
@@ -72,19 +72,7 @@ def record_commit(backend: str, tmp_path: Path, path_filter: str | None = None) 
     program = tmp_path / "commit.py"
     program.write_text(PROGRAM)
     trace = tmp_path / f"{backend}.arrow"
-    cli(
-        "record",
-        "--backend",
-        backend,
-        "--path-filter",
-        path_filter or str(out),
-        "-o",
-        str(trace),
-        "--",
-        sys.executable,
-        str(program),
-        str(out),
-    )
+    record(backend, trace, path_filter or str(out), sys.executable, str(program), str(out))
     return trace, out
 
 
@@ -238,7 +226,7 @@ def test_path_filter_keeps_a_file_renamed_into_it(backend_name, request, tmp_pat
     command = [sys.executable, str(program), str(root), str(own_log)]
     if backend == "bcc":  # strace's own log of the same run, as the reference
         command = ["strace", "-f", "-y", "-qq", "-e", "trace=write,pwrite64", "-o", str(strace_log), *command]
-    cli("record", "--backend", backend, "--path-filter", str(root / "ckpts"), "-o", str(trace), "--", *command)
+    record(backend, trace, root / "ckpts", *command)
     import json
 
     written = [(p, n) for p, n in json.loads(own_log.read_text()) if not p.endswith("scratch.bin")]
@@ -287,19 +275,7 @@ def test_links_and_symbolic_links_replay_as_entries(backend_name, request, tmp_p
     program = tmp_path / "links.py"
     program.write_text(LINKS)
     trace = tmp_path / "t.arrow"
-    cli(
-        "record",
-        "--backend",
-        backend,
-        "--path-filter",
-        str(out),
-        "-o",
-        str(trace),
-        "--",
-        sys.executable,
-        str(program),
-        str(out),
-    )
+    record(backend, trace, out, sys.executable, str(program), str(out))
     rows = read_trace(trace).table.to_pylist()
     made = {(r["op"], r["syscall"], r["path"], r["new_path"]) for r in rows if r["op"] in ("link", "symlink")}
     assert made == {

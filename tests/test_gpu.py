@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pyarrow.compute as pc
 import pytest
-from conftest import REPO, cli
+from conftest import CKPT_TRACE, REPO, cli
 from helpers.traces import META
 
 from ckpt_trace.formats import FORMAT_VERSION, read_trace, table_from_columns, vocabulary, write_trace
@@ -103,9 +103,7 @@ def test_gpu_on_without_cupti_refuses_before_the_command_runs(tmp_path):
     env = {**os.environ, "CKPT_TRACE_CUPTI_LIB": str(tmp_path / "missing.so")}
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "ckpt_trace.cli",
+            *CKPT_TRACE,
             "record",
             "--gpu",
             "on",
@@ -163,14 +161,10 @@ def test_the_golden_gpu_trace_reads_and_replays_without_a_gpu(tmp_path):
         assert (tmp_path / "t" / name.lstrip("/")).stat().st_size == size
 
 
-@pytest.mark.slow
-@pytest.mark.gpu
-@needs_gpu
-def test_a_recorded_dcp_save_of_gpu_tensors_holds_one_copy_per_tensor(tmp_path):
-    """On the GPU machine: record a DCP save of CUDA tensors; the trace holds one device-to-host copy per
-    tensor, bytes equal to the tensor's, inside the save's span, beside the writes; the replay re-executes
-    the copies with the recorded memory kind and with pinned staging."""
-    trace_path = tmp_path / "gpu.arrow"
+def _record_cuda_workload(tmp_path, engine: str):
+    """Record ``ckpt-trace workload ENGINE --device cuda`` (gpt2-tiny, into tmp_path/ckpt) with ``--gpu on``:
+    (trace path, its table, its device-to-host copy rows)."""
+    trace_path = tmp_path / f"{engine}.arrow"
     cli(
         "record",
         "--gpu",
@@ -178,11 +172,9 @@ def test_a_recorded_dcp_save_of_gpu_tensors_holds_one_copy_per_tensor(tmp_path):
         "-o",
         str(trace_path),
         "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.cli",
+        *CKPT_TRACE,
         "workload",
-        "dcp",
+        engine,
         "--device",
         "cuda",
         "--model",
@@ -191,7 +183,17 @@ def test_a_recorded_dcp_save_of_gpu_tensors_holds_one_copy_per_tensor(tmp_path):
         str(tmp_path / "ckpt"),
     )
     table = read_trace(trace_path).table
-    d2h = table.filter(pc.equal(table.column("op"), vocabulary.COPY_D2H))
+    return trace_path, table, table.filter(pc.equal(table.column("op"), vocabulary.COPY_D2H))
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@needs_gpu
+def test_a_recorded_dcp_save_of_gpu_tensors_holds_one_copy_per_tensor(tmp_path):
+    """On the GPU machine: record a DCP save of CUDA tensors; the trace holds one device-to-host copy per
+    tensor, bytes equal to the tensor's, inside the save's span, beside the writes; the replay re-executes
+    the copies with the recorded memory kind and with pinned staging."""
+    trace_path, table, d2h = _record_cuda_workload(tmp_path, "dcp")
     from ckpt_trace.workloads.engines import tensor_bytes
 
     assert sorted(d2h.column("size").to_pylist()) == sorted(tensor_bytes("gpt2-tiny", with_optimizer=False))
@@ -249,28 +251,7 @@ def test_copy_timestamps_fall_between_the_programs_own_clock_reads(tmp_path):
 def test_the_emitted_writer_stages_gpu_tensors_through_pinned_buffers(tmp_path):
     """The emitted writer saves CUDA tensors by asynchronous copies into page-locked staging buffers: the
     recorded copies are pinned, one or more per tensor, and the checkpoint loads back bit for bit."""
-    trace_path = tmp_path / "emitted.arrow"
-    cli(
-        "record",
-        "--gpu",
-        "on",
-        "-o",
-        str(trace_path),
-        "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.cli",
-        "workload",
-        "emitted",
-        "--device",
-        "cuda",
-        "--model",
-        "gpt2-tiny",
-        "--out",
-        str(tmp_path / "ckpt"),
-    )
-    table = read_trace(trace_path).table
-    d2h = table.filter(pc.equal(table.column("op"), vocabulary.COPY_D2H))
+    _, table, d2h = _record_cuda_workload(tmp_path, "emitted")
     from ckpt_trace.workloads.engines import tensor_bytes
 
     assert set(d2h.column("memory_kind").to_pylist()) == {"pinned"}

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import cli
+from conftest import CKPT_TRACE, cli, record
 
 from ckpt_trace.formats import read_trace
 
@@ -52,20 +52,8 @@ def test_posix_replay_makes_each_copy_by_its_recorded_call(recorder, request, tm
     out = tmp_path / "out"
     out.mkdir()
     trace = tmp_path / "t.arrow"
-    cli(
-        "record",
-        "--backend",
-        recorder,
-        "--path-filter",
-        str(out),
-        "-o",
-        str(trace),
-        "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.workloads.copies",
-        str(out),
-        str(tmp_path / "log.json"),
+    record(
+        recorder, trace, out, sys.executable, "-m", "ckpt_trace.workloads.copies", str(out), str(tmp_path / "log.json")
     )
     recorded = _recorded_calls(trace)
     assert {name for name, _ in recorded} == set(COPIES), recorded
@@ -82,9 +70,7 @@ def test_posix_replay_makes_each_copy_by_its_recorded_call(recorder, request, tm
             str(log),
             "-e",
             "trace=sendfile,copy_file_range,splice",
-            sys.executable,
-            "-m",
-            "ckpt_trace.cli",
+            *CKPT_TRACE,
             "replay",
             str(trace),
             "--strategy",
@@ -118,20 +104,8 @@ def test_other_strategies_replay_copies_as_reads_and_writes_and_say_so(strace_ba
     out = tmp_path / "out"
     out.mkdir()
     trace = tmp_path / "t.arrow"
-    cli(
-        "record",
-        "--backend",
-        "strace",
-        "--path-filter",
-        str(out),
-        "-o",
-        str(trace),
-        "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.workloads.copies",
-        str(out),
-        str(tmp_path / "log.json"),
+    record(
+        "strace", trace, out, sys.executable, "-m", "ckpt_trace.workloads.copies", str(out), str(tmp_path / "log.json")
     )
     proc = cli(
         "replay",

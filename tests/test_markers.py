@@ -10,7 +10,18 @@ import ast
 from conftest import _SLOW_FIXTURES, REPO
 
 # Names whose use in a test's body means it starts a process or runs a whole command.
-SLOW_NAMES = {"cli", "subprocess", "Popen", "record_odd_pattern", "spawn_ranks", "run_bench", "replay"}
+# (conftest's ``record``: the record command; ``CKPT_TRACE``: the command line that starts the CLI.)
+SLOW_NAMES = {
+    "cli",
+    "subprocess",
+    "Popen",
+    "record",
+    "CKPT_TRACE",
+    "record_odd_pattern",
+    "spawn_ranks",
+    "run_bench",
+    "replay",
+}
 
 
 def _own_nodes(function: ast.AST):

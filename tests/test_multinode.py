@@ -9,10 +9,11 @@ import socket
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
-from conftest import cli
+from conftest import CKPT_TRACE, cli, record
 
 from ckpt_trace.formats import read_metadata, scan
 
@@ -52,6 +53,15 @@ def _torchrun(node_rank: int, port: int, *args: str) -> list[str]:
     ]
 
 
+def _start_nodes(command_of: Callable[[int], list[str]]) -> list[subprocess.Popen]:
+    """Two nodes started at once: ``command_of(i)`` for node i, in the job's environment (``_env``), output
+    piped."""
+    return [
+        subprocess.Popen(command_of(i), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]
+
+
 def _rows_per_rank(trace: Path, root: Path) -> dict[int, Counter]:
     """rank -> Counter of (op, file relative to ``root``, offset, size) of its reads and writes."""
     _, batches = scan(trace, ["rank", "op", "path", "offset", "size"])
@@ -72,16 +82,11 @@ def _files(root: Path) -> dict[str, int]:
 def test_two_nodes_recorded_merged_and_replayed_as_one_node(tmp_path, torch_installed, bcc_backend):
     # one node: the 4-rank save, recorded
     single = tmp_path / "single" / "ck"
-    cli(
-        "record",
-        "--path-filter",
+    record(
+        None,
+        tmp_path / "single.arrow",
         f"{single}/",
-        "-o",
-        str(tmp_path / "single.arrow"),
-        "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.cli",
+        *CKPT_TRACE,
         "workload",
         "dcp",
         "--ranks",
@@ -94,29 +99,20 @@ def test_two_nodes_recorded_merged_and_replayed_as_one_node(tmp_path, torch_inst
     # two nodes: two torchrun agents of two ranks each, each agent recorded by its own record --host
     multi = tmp_path / "multi_" / "ck"  # as long a path as single's: DCP's .metadata holds it
     port = _free_port()
-    agents = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "ckpt_trace.cli",
-                "record",
-                "--host",
-                f"node{i}",
-                "--path-filter",
-                f"{multi}/",
-                "-o",
-                str(tmp_path / f"node{i}.arrow"),
-                "--",
-                *_torchrun(i, port, "workload", "dcp", "--model", MODEL, "--out", str(multi), "--force"),
-            ],
-            env=_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
+    agents = _start_nodes(
+        lambda i: [
+            *CKPT_TRACE,
+            "record",
+            "--host",
+            f"node{i}",
+            "--path-filter",
+            f"{multi}/",
+            "-o",
+            str(tmp_path / f"node{i}.arrow"),
+            "--",
+            *_torchrun(i, port, "workload", "dcp", "--model", MODEL, "--out", str(multi), "--force"),
+        ]
+    )
     logs = [agent.communicate(timeout=900)[1] for agent in agents]
     assert [a.returncode for a in agents] == [0, 0], "\n".join(log[-3000:] for log in logs)
     assert _files(multi) == _files(single)
@@ -140,27 +136,20 @@ def test_two_nodes_recorded_merged_and_replayed_as_one_node(tmp_path, torch_inst
     # replay: two torchrun nodes, each recorded host's ranks on one node, against a one-process replay
     cli("replay", str(job), "--target", str(tmp_path / "r1"), "--strip-prefix", str(multi))
     port = _free_port()
-    replays = [
-        subprocess.Popen(
-            _torchrun(
-                i,
-                port,
-                "replay",
-                str(job),
-                "--target",
-                str(tmp_path / "r2"),
-                "--strip-prefix",
-                str(multi),
-                "-o",
-                str(tmp_path / "r2.json"),
-            ),
-            env=_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+    replays = _start_nodes(
+        lambda i: _torchrun(
+            i,
+            port,
+            "replay",
+            str(job),
+            "--target",
+            str(tmp_path / "r2"),
+            "--strip-prefix",
+            str(multi),
+            "-o",
+            str(tmp_path / "r2.json"),
         )
-        for i in range(2)
-    ]
+    )
     logs = [r.communicate(timeout=900)[1] for r in replays]
     assert [r.returncode for r in replays] == [0, 0], "\n".join(log[-3000:] for log in logs)
     assert _files(tmp_path / "r2") == _files(tmp_path / "r1") and len(_files(tmp_path / "r1")) >= 5

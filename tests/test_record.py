@@ -6,7 +6,7 @@ import sys
 from collections import Counter
 
 import pytest
-from conftest import cli
+from conftest import cli, record
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.tracer import syscalls as sc
@@ -145,7 +145,7 @@ def test_calls_without_strings_go_to_the_compact_ring(bcc_backend, tmp_path, mon
         f"import os\nfd = os.open('{target}', os.O_WRONLY | os.O_CREAT, 0o644)\n"
         f"for _ in range(20000): os.write(fd, b'x' * 512)\nos.close(fd)",
     ]
-    cli("record", "--backend", "bcc", "-o", str(tmp_path / "t.arrow"), "--path-filter", f"{out}/", "--", *writes)
+    record("bcc", tmp_path / "t.arrow", f"{out}/", *writes)
     trace = read_trace(tmp_path / "t.arrow")
     assert trace.metadata["lost_events"] == 0
     assert data_ops(trace.table) == Counter({("write", str(target), 512 * i, 512): 1 for i in range(20000)})
@@ -288,20 +288,7 @@ def test_anonymous_mmaps_dropped_in_the_kernel_are_no_rows_of_the_trace(bcc_back
         out = tmp_path / backend
         out.mkdir()
         trace = tmp_path / f"{backend}.arrow"
-        cli(
-            "record",
-            "--backend",
-            backend,
-            "-o",
-            str(trace),
-            "--path-filter",
-            f"{out}/",
-            "--",
-            sys.executable,
-            "-c",
-            _MAPPER,
-            str(out),
-        )
+        record(backend, trace, f"{out}/", sys.executable, "-c", _MAPPER, str(out))
         table = read_trace(trace).table
         rows[backend] = Counter(
             (r["op"], r["path"].replace(str(out), "OUT"), r["offset"], r["size"])

@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import _missing, cli
+from conftest import CKPT_TRACE, _missing, cli, record
 from helpers.fio import fio_iolog
 
 from ckpt_trace.formats import read_trace
@@ -63,19 +62,7 @@ def fio_recordings(tmp_path_factory):
             data.mkdir()
             engines = ("io_uring", "libaio") if backend == "bcc" else ("libaio",)
             trace = work / "fio.arrow"
-            cli(
-                "record",
-                "--backend",
-                backend,
-                "-o",
-                str(trace),
-                "--path-filter",
-                f"{data}/",
-                "--",
-                "sh",
-                "-c",
-                _fio_script(data, engines),
-            )
+            record(backend, trace, f"{data}/", "sh", "-c", _fio_script(data, engines))
             cache[backend] = (trace, work)
         return cache[backend]
 
@@ -119,15 +106,10 @@ def test_strace_trace_says_what_it_could_not_see(fio, strace_backend, tmp_path, 
     data = tmp_path / "data"
     data.mkdir()
     trace = tmp_path / "t.arrow"
-    proc = cli(
-        "record",
-        "--backend",
+    proc = record(
         "strace",
-        "-o",
-        str(trace),
-        "--path-filter",
+        trace,
         f"{data}/",
-        "--",
         "fio",
         "--name=u",
         f"--directory={data}",
@@ -159,27 +141,8 @@ def _coverage(rows: list[dict], path: str, op: str) -> list[tuple[int, int]]:
 def test_emitted_writer_and_reader_are_covered_by_their_trace(bcc_backend, torch_installed, io_uring, tmp_path):
     out = tmp_path / "ck"
     save, load = tmp_path / "save.arrow", tmp_path / "load.arrow"
-    cli(
-        "record",
-        "--backend",
-        "bcc",
-        "-o",
-        str(save),
-        "--path-filter",
-        f"{out}/",
-        "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.cli",
-        "workload",
-        "emitted",
-        "--out",
-        str(out),
-        "--model",
-        "gpt2-tiny",
-        "--ranks",
-        "2",
-    )
+    emitted = (*CKPT_TRACE, "workload", "emitted", "--out", str(out), "--model", "gpt2-tiny", "--ranks", "2")
+    record("bcc", save, f"{out}/", *emitted)
     rows = read_trace(save).table.to_pylist()
     data_files = sorted(p for p in out.iterdir() if p.suffix == ".data")
     assert data_files
@@ -190,28 +153,7 @@ def test_emitted_writer_and_reader_are_covered_by_their_trace(bcc_backend, torch
     assert report.size_mismatches == ()
     for path in data_files:
         assert (tmp_path / "replayed" / str(path).lstrip("/")).stat().st_size == path.stat().st_size
-    cli(
-        "record",
-        "--backend",
-        "bcc",
-        "-o",
-        str(load),
-        "--path-filter",
-        f"{out}/",
-        "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.cli",
-        "workload",
-        "emitted",
-        "--load",
-        "--out",
-        str(out),
-        "--model",
-        "gpt2-tiny",
-        "--ranks",
-        "2",
-    )
+    record("bcc", load, f"{out}/", *emitted, "--load")
     rows = read_trace(load).table.to_pylist()
     for path in data_files:
         covered = _coverage(rows, str(path), "read")
@@ -238,18 +180,11 @@ def test_safetensors_load_file_of_four_shards_is_covered_page_by_page(bcc_backen
     out = tmp_path / "st"
     cli("workload", "safetensors", "--shards", "4", "--out", str(out), "--model", "gpt2-tiny")
     trace = tmp_path / "load.arrow"
-    cli(
-        "record",
-        "--backend",
+    record(
         "bcc",
-        "-o",
-        str(trace),
-        "--path-filter",
+        trace,
         f"{out}/",
-        "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.cli",
+        *CKPT_TRACE,
         "workload",
         "safetensors",
         "--shards",
@@ -279,25 +214,7 @@ def test_safetensors_load_file_of_four_shards_is_covered_page_by_page(bcc_backen
 def test_workload_replays_with_its_interface_and_verifies(bcc_backend, torch_installed, io_uring, tmp_path, engine):
     out = tmp_path / "ck"
     trace = tmp_path / "t.arrow"
-    cli(
-        "record",
-        "--backend",
-        "bcc",
-        "-o",
-        str(trace),
-        "--path-filter",
-        f"{out}/",
-        "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.cli",
-        "workload",
-        engine,
-        "--out",
-        str(out),
-        "--model",
-        "gpt2-tiny",
-    )
+    record("bcc", trace, f"{out}/", *CKPT_TRACE, "workload", engine, "--out", str(out), "--model", "gpt2-tiny")
     rows = read_trace(trace).table.to_pylist()
     interface = "libaio" if engine == "libaio" else "mmap"
     data_file = next(out.glob("model.*.bin"))
@@ -321,18 +238,11 @@ def test_recorded_replay_of_a_recorded_save_writes_the_same_data(
     bcc_backend, torch_installed, io_uring, tmp_path, strategy
 ):
     original = tmp_path / "orig.arrow"
-    cli(
-        "record",
-        "--backend",
+    record(
         "bcc",
-        "-o",
-        str(original),
-        "--path-filter",
+        original,
         f"{tmp_path}/ck/",
-        "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.cli",
+        *CKPT_TRACE,
         "workload",
         "dcp",
         "--out",
@@ -344,18 +254,11 @@ def test_recorded_replay_of_a_recorded_save_writes_the_same_data(
         "--with-optimizer",
     )
     replayed = tmp_path / "replayed.arrow"
-    cli(
-        "record",
-        "--backend",
+    record(
         "bcc",
-        "-o",
-        str(replayed),
-        "--path-filter",
+        replayed,
         f"{tmp_path}/t/",
-        "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.cli",
+        *CKPT_TRACE,
         "replay",
         str(original),
         "--target",
@@ -373,18 +276,11 @@ def test_recorded_replay_of_a_recorded_save_writes_the_same_data(
     assert verdicts and verdicts[0].startswith("data written: the same in A and B: 3 files"), lines[-4:]
     # The same comparison finds a difference: the replay of another save (no optimizer state) is not this one.
     other = tmp_path / "other.arrow"
-    cli(
-        "record",
-        "--backend",
+    record(
         "bcc",
-        "-o",
-        str(other),
-        "--path-filter",
+        other,
         f"{tmp_path}/ck2/",
-        "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.cli",
+        *CKPT_TRACE,
         "workload",
         "dcp",
         "--out",

@@ -7,10 +7,11 @@ import json
 import os
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from conftest import cli
+from conftest import CKPT_TRACE, cli, record
 
 from ckpt_trace.errors import RescaleError
 from ckpt_trace.formats import scan
@@ -26,19 +27,7 @@ def test_replay_ranks_writes_the_files_of_a_real_save_at_that_many_ranks(tmp_pat
     save was reproduced at 4 ranks (every item's file, offset, length; every write call) first."""
     recorded, real, target = tmp_path / "ck4", tmp_path / "ck3", tmp_path / "replay"
     workload = [sys.executable, "-m", "ckpt_trace.cli", "workload", "dcp", "--model", "gpt2-tiny", "--with-optimizer"]
-    cli(
-        "record",
-        "--path-filter",
-        f"{recorded}/",
-        "-o",
-        str(tmp_path / "save4.arrow"),
-        "--",
-        *workload,
-        "--ranks",
-        "4",
-        "--out",
-        str(recorded),
-    )
+    record(None, tmp_path / "save4.arrow", f"{recorded}/", *workload, "--ranks", "4", "--out", str(recorded))
     cli("workload", "dcp", "--model", "gpt2-tiny", "--with-optimizer", "--ranks", "3", "--out", str(real))
     target.mkdir()
     proc = cli(
@@ -119,6 +108,30 @@ def _reads(trace, root) -> dict[int, Counter]:
     return out
 
 
+def _replay_rescaled(trace: Path, ranks: int, target: Path, ck: Path):
+    """``ckpt-trace replay TRACE --ranks RANKS`` once into ``target``, paths under ``ck`` stripped, ``--json``."""
+    return cli(
+        "replay",
+        str(trace),
+        "--ranks",
+        str(ranks),
+        "--target",
+        str(target),
+        "--strip-prefix",
+        str(ck),
+        "--repeat",
+        "1",
+        "--json",
+    )
+
+
+def _record_load(tmp_path, ck, args: list[str], ranks: int):
+    """Record the DCP workload ``args`` loading the checkpoint ``ck`` at ``ranks`` ranks into
+    tmp_path/load{ranks}.arrow; the CompletedProcess (its exit status is the caller's to judge)."""
+    trace = tmp_path / f"load{ranks}.arrow"
+    return record(None, trace, f"{ck}/", *CKPT_TRACE, *args, "--ranks", str(ranks), "--load", check=False)
+
+
 def test_a_recorded_load_rescaled_reads_what_a_real_load_at_that_many_ranks_reads(
     tmp_path, torch_installed, bcc_backend
 ):
@@ -131,22 +144,7 @@ def test_a_recorded_load_rescaled_reads_what_a_real_load_at_that_many_ranks_read
     args = ["workload", "dcp", "--model", "gpt2-tiny", "--with-optimizer", "--out", str(ck)]
     cli(*args, "--ranks", "4")
     for ranks in (4, 3):
-        proc = cli(
-            "record",
-            "--path-filter",
-            f"{ck}/",
-            "-o",
-            str(tmp_path / f"load{ranks}.arrow"),
-            "--",
-            sys.executable,
-            "-m",
-            "ckpt_trace.cli",
-            *args,
-            "--ranks",
-            str(ranks),
-            "--load",
-            check=False,
-        )
+        proc = _record_load(tmp_path, ck, args, ranks)
         # the workload checks the loaded values against those it draws for its own world size: at 3 ranks
         # they differ from the 4-rank checkpoint's, after every read was made
         assert proc.returncode == 0 or (ranks == 3 and "differs from what was saved" in proc.stderr), proc.stderr
@@ -159,19 +157,7 @@ def test_a_recorded_load_rescaled_reads_what_a_real_load_at_that_many_ranks_read
     assert figures["data_bytes_read"] == sum(off_size[2] * n for c in real.values() for off_size, n in c.items())
     target = tmp_path / "replay"
     target.mkdir()
-    proc = cli(
-        "replay",
-        str(tmp_path / "load4.arrow"),
-        "--ranks",
-        "3",
-        "--target",
-        str(target),
-        "--strip-prefix",
-        str(ck),
-        "--repeat",
-        "1",
-        "--json",
-    )
+    proc = _replay_rescaled(tmp_path / "load4.arrow", 3, target, ck)
     doc = json.loads(proc.stdout)
     assert doc["rescaled"]["data_bytes_read"] == figures["data_bytes_read"]
     assert "rescaled the recorded DCP load to 3 ranks" in proc.stderr
@@ -196,37 +182,9 @@ def test_issue_33_gpt2_medium_adam_recorded_at_4_ranks_rescaled_to_8(tmp_path, t
 
     ck = tmp_path / "ck"
     args = ["workload", "dcp", "--model", "gpt2-medium", "--with-optimizer", "--out", str(ck)]
-    cli(
-        "record",
-        "--path-filter",
-        f"{ck}/",
-        "-o",
-        str(tmp_path / "save4.arrow"),
-        "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.cli",
-        *args,
-        "--ranks",
-        "4",
-    )
+    record(None, tmp_path / "save4.arrow", f"{ck}/", *CKPT_TRACE, *args, "--ranks", "4")
     for ranks in (4, 8):  # the 4-rank checkpoint loaded by 4 and by 8 ranks, recorded
-        proc = cli(
-            "record",
-            "--path-filter",
-            f"{ck}/",
-            "-o",
-            str(tmp_path / f"load{ranks}.arrow"),
-            "--",
-            sys.executable,
-            "-m",
-            "ckpt_trace.cli",
-            *args,
-            "--ranks",
-            str(ranks),
-            "--load",
-            check=False,
-        )
+        proc = _record_load(tmp_path, ck, args, ranks)
         assert proc.returncode == 0 or (ranks == 8 and "differs from what was saved" in proc.stderr), proc.stderr
     shutil.rmtree(ck)
     cli(*args, "--ranks", "8")
@@ -235,21 +193,7 @@ def test_issue_33_gpt2_medium_adam_recorded_at_4_ranks_rescaled_to_8(tmp_path, t
     assert len(expected) == 8
     target = tmp_path / "replay"
     target.mkdir()
-    doc = json.loads(
-        cli(
-            "replay",
-            str(tmp_path / "save4.arrow"),
-            "--ranks",
-            "8",
-            "--target",
-            str(target),
-            "--strip-prefix",
-            str(ck),
-            "--repeat",
-            "1",
-            "--json",
-        ).stdout
-    )
+    doc = json.loads(_replay_rescaled(tmp_path / "save4.arrow", 8, target, ck).stdout)
     assert doc["rescaled"]["recorded_save_reproduced"] and doc["rescaled"]["data_files"] == expected
     assert _data_files(target) == expected and doc["rescaled"]["data_bytes"] == sum(expected.values())
     shutil.rmtree(target)

@@ -19,14 +19,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import _missing, cli, one_line
+from conftest import CKPT_TRACE, DCP, ODD, cli, mounted_tmpfs, one_line, record
 from helpers.traces import synthetic
 
 from ckpt_trace.formats import read_trace
-
-GOLDEN = Path(__file__).resolve().parent.parent / "traces" / "golden"
-ODD = GOLDEN / "v1-odd-pattern-strace.arrow"
-DCP = GOLDEN / "v1-dcp-gpt2-tiny-2ranks-bcc.arrow"
 
 # -- replay: ownership -------------------------------------------------------------------------------------
 
@@ -103,13 +99,8 @@ def test_a_failed_replay_removes_what_it_created_and_says_so(tmp_path, small_tmp
 @pytest.fixture
 def read_only_dir(tmp_path):
     """A read-only tmpfs (root): even root cannot create files there."""
-    if os.geteuid() != 0:
-        _missing("mounting a read-only tmpfs needs root", required_in_ci=True)
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)], check=True)
-    yield mount
-    subprocess.run(["umount", str(mount)], check=True)
+    with mounted_tmpfs(tmp_path / "ro", "ro,size=1m", "a read-only tmpfs") as mount:
+        yield mount
 
 
 @pytest.mark.slow
@@ -366,19 +357,7 @@ def test_a_failing_or_killed_command_still_gets_its_trace(tmp_path, strace_backe
 def test_path_filters_under_dev_and_relative_ones_match(tmp_path, backend):
     shm = Path("/dev/shm") / f"ckpt-trace-test-{os.getpid()}"
     try:
-        proc = cli(
-            "record",
-            "--backend",
-            backend,
-            "-o",
-            str(tmp_path / "s.arrow"),
-            "--path-filter",
-            f"{shm}/",
-            "--",
-            "sh",
-            "-c",
-            f"mkdir -p {shm}; echo x > {shm}/ckpt",
-        )
+        proc = record(backend, tmp_path / "s.arrow", f"{shm}/", "sh", "-c", f"mkdir -p {shm}; echo x > {shm}/ckpt")
         assert "no operation matched" not in proc.stderr
         rows = read_trace(tmp_path / "s.arrow").table.to_pylist()
         assert ("write", f"{shm}/ckpt") in {(r["op"], r["path"]) for r in rows}
@@ -402,19 +381,7 @@ def test_path_filters_under_dev_and_relative_ones_match(tmp_path, backend):
     )
     paths = {r["path"] for r in read_trace(tmp_path / "r.arrow").table.to_pylist() if r["op"] == "write"}
     assert paths == {f"{work}/out/f"}
-    proc = cli(
-        "record",
-        "--backend",
-        backend,
-        "-o",
-        str(tmp_path / "n.arrow"),
-        "--path-filter",
-        "/nothing/here/",
-        "--",
-        "sh",
-        "-c",
-        f"echo x > {tmp_path}/z",
-    )
+    proc = record(backend, tmp_path / "n.arrow", "/nothing/here/", "sh", "-c", f"echo x > {tmp_path}/z")
     assert "no operation matched --path-filter /nothing/here/" in proc.stderr
 
 
@@ -432,9 +399,7 @@ def test_ctrl_c_while_recording_a_workload_keeps_its_trace_and_prints_no_rank_tr
             "--path-filter",
             f"{out}/",
             "--",
-            sys.executable,
-            "-m",
-            "ckpt_trace.cli",
+            *CKPT_TRACE,
             "workload",
             "dcp",
             "--out",

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import CKPT_TRACE, cli
 
 from ckpt_trace.formats import read_trace
 
@@ -51,9 +51,7 @@ def test_a_signal_to_record_stops_the_command_and_keeps_a_flagged_trace(tmp_path
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "TMPDIR": str(scratch)}
     recorder = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "ckpt_trace.cli",
+            *CKPT_TRACE,
             "record",
             "-o",
             str(trace),
@@ -111,9 +109,7 @@ def test_a_sigkilled_recorder_takes_the_traced_command_with_it(tmp_path, backend
     job = f"echo $$ > {work}/pid.tmp && mv {work}/pid.tmp {work}/pid && exec sleep 60"
     recorder = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "ckpt_trace.cli",
+            *CKPT_TRACE,
             "record",
             "-o",
             str(tmp_path / "t.arrow"),
@@ -246,9 +242,7 @@ def test_sigterm_to_a_workload_stops_its_ranks(tmp_path, torch_installed):
     out = tmp_path / "ckpt"
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "ckpt_trace.cli",
+            *CKPT_TRACE,
             "workload",
             "dcp",
             "--out",

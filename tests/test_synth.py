@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter
 
 import pyarrow as pa
-from conftest import cli
+from conftest import CKPT_TRACE, cli, record
 
 from ckpt_trace.formats import read_metadata, scan
 
@@ -31,16 +30,11 @@ def test_synth_equals_a_recorded_dcp_save_in_files_sizes_and_offsets(tmp_path, t
     """gpt2-medium, Adam, 4 ranks: the synthesised trace's writes per rank (files, offsets, sizes: every
     write call) equal those of a recording of the real save, and its .distcp files' sizes the real ones."""
     out = tmp_path / "ck"
-    cli(
-        "record",
-        "--path-filter",
+    record(
+        None,
+        tmp_path / "rec.arrow",
         f"{out}/",
-        "-o",
-        str(tmp_path / "rec.arrow"),
-        "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.cli",
+        *CKPT_TRACE,
         "workload",
         "dcp",
         "--ranks",
@@ -95,9 +89,7 @@ def test_synth_llama3_8b_at_8_ranks_holds_the_parameters_bytes(tmp_path, torch_i
     with out.open("w") as stdout, err.open("w") as stderr:
         proc = subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "ckpt_trace.cli",
+                *CKPT_TRACE,
                 "synth",
                 "--model",
                 "llama3-8b",
