@@ -26,10 +26,11 @@ system:
 $(PY):
 	$(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
 
-# The editable install compiles iolayer's io_uring loop (scripts/build_ring.py) and puts the
-# stage folders on sys.path (a .pth file; ckpt_trace is a PEP 420 namespace over them).
-$(VENV)/.installed: pyproject.toml scripts/build_ring.py iolayer/ckpt_trace/iolayer/ring_build.py iolayer/ckpt_trace/iolayer/_ring.c | $(PY)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[torch,test,readers,lint]'
+# The editable installs: the runtime's (runtime/pyproject.toml) compiles iolayer's io_uring loop
+# (scripts/build_ring.py); the package's puts the stage folders on sys.path (a .pth file; ckpt_trace is a
+# PEP 420 namespace over them) and depends on the runtime, satisfied by the first.
+$(VENV)/.installed: pyproject.toml runtime/pyproject.toml scripts/build_ring.py iolayer/ckpt_trace/iolayer/ring_build.py iolayer/ckpt_trace/iolayer/_ring.c | $(PY)
+	$(PY) -m pip install -q --disable-pip-version-check -e ./runtime -e '.[torch,test,readers,lint]'
 	touch $@
 
 venv: $(VENV)/.installed

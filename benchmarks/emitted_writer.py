@@ -51,7 +51,7 @@ import time
 import warnings
 from pathlib import Path
 
-from common import best_fio, drop_caches, parse_or_run_child
+from common import best_fio, parse_or_run_child, run_child, save_result
 from rich.console import Console
 from rich.table import Table
 
@@ -217,23 +217,7 @@ def child(args) -> None:
 
 
 def _run_child(mode: str, engine: str, directory: Path, module: Path) -> dict:
-    drop_caches()
-    cmd = [
-        sys.executable,
-        __file__,
-        "--child",
-        mode,
-        "--engine",
-        engine,
-        "--dir",
-        str(directory),
-        "--module",
-        str(module),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{engine} {mode} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(__file__, mode, engine, directory, "--module", str(module))
 
 
 def _emit_module(scratch: Path) -> tuple[Path, str]:
@@ -486,9 +470,8 @@ def main() -> None:
         "emitted_options": options,
         "results": rows,
     }
-    (RESULTS / "emitted_writer.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"emitted from {tuned_from}: {' '.join(options.split())}")
-    print(f"results: {RESULTS / 'emitted_writer.json'}")
+    save_result("emitted_writer", result)
 
 
 def main_pairs(args) -> None:

@@ -58,6 +58,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import save_result  # noqa: E402
 from tracegen import generate  # noqa: E402
 
 from ckpt_trace.cli import keep_freed_batches  # noqa: E402
@@ -68,7 +69,6 @@ from ckpt_trace.replayer import (
 )
 from ckpt_trace.replayer.replay import _plans  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 #: Every strategy that declares the fio job doing its I/O (``Strategy.fio_args``), in the table's order.
 STRATEGIES = tuple(name for name, spec in strategies.table().items() if spec.fio_args)
 
@@ -220,7 +220,6 @@ def main() -> None:
                 f"a {row['layout_s']:.3f} s fallocate, before its clock: {row['ratio_to_reported']:.2f}x); "
                 f"{row['unpreallocated_bytes_per_s'] / 1e6:,.0f} MB/s with --fallocate=none"
             )
-    RESULTS.mkdir(exist_ok=True)
     result = {
         "benchmark": "engine_rate",
         "ops": args.ops,
@@ -233,8 +232,7 @@ def main() -> None:
         "plan_s": plan_s,
         "results": rows,
     }
-    (RESULTS / "engine_rate.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"results: {RESULTS / 'engine_rate.json'}")
+    save_result("engine_rate", result)
 
 
 if __name__ == "__main__":

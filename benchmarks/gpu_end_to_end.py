@@ -151,30 +151,24 @@ class Engines:
         return offsets
 
     def _kvikio_save(self, state: dict, path: Path) -> None:
-        import kvikio
-
-        offsets = self._offsets(state)
-        f = kvikio.CuFile(path, "w")
-        try:
-            futures = [
-                f.pwrite(value.reshape(-1).view(self.torch.uint8), file_offset=offsets[key])
-                for key, value in state.items()
-            ]
-            for future in futures:
-                future.get()
-        finally:
-            f.close()
+        self._kvikio(state, path, write=True)
         fsync_tree(path)
 
     def _kvikio_load(self, target: dict, path: Path) -> None:
+        self._kvikio(target, path, write=False)
+
+    def _kvikio(self, tensors: dict, path: Path, *, write: bool) -> None:
+        """Write ``tensors`` to ``path`` (or read them back from it) with kvikio, each at its 4 KiB-aligned
+        offset (``_offsets``), all in flight at once."""
         import kvikio
 
-        offsets = self._offsets(target)
-        f = kvikio.CuFile(path, "r")
+        offsets = self._offsets(tensors)
+        f = kvikio.CuFile(path, "w" if write else "r")
         try:
+            move = f.pwrite if write else f.pread
             futures = [
-                f.pread(value.reshape(-1).view(self.torch.uint8), file_offset=offsets[key])
-                for key, value in target.items()
+                move(value.reshape(-1).view(self.torch.uint8), file_offset=offsets[key])
+                for key, value in tensors.items()
             ]
             for future in futures:
                 future.get()

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import tempfile
 import time
 from pathlib import Path
 
+from common import RESULTS, save_result
 from rich.console import Console
 from rich.table import Table
 
@@ -31,7 +31,6 @@ from ckpt_trace.bench.matrix import BASELINE, KIB, describe
 from ckpt_trace.bench.results import point_of
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "results"
 SMALL = dataclasses.replace(BASELINE, size_bytes=4 * KIB)
 
 CONTRASTS = (  # (name, faster candidate, slower candidate)
@@ -106,7 +105,6 @@ def main() -> None:
         f"{best['throughput_bytes_per_s'] / fio:.2f}x",
     )
     Console().print(table)
-    RESULTS.mkdir(parents=True, exist_ok=True)
     result = {
         "wall_s": wall_s,
         "points": len(rows),
@@ -117,8 +115,7 @@ def main() -> None:
         "best": {"description": describe(point_of(best)), "throughput_bytes_per_s": best["throughput_bytes_per_s"]},
         "outputs": outputs,
     }
-    (RESULTS / "micro_matrix.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"results: {RESULTS / 'micro_matrix.json'}")
+    save_result("micro_matrix", result)
 
 
 if __name__ == "__main__":

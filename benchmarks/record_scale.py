@@ -33,6 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common import storm_fio
 from rich.console import Console
 from rich.table import Table
 
@@ -50,16 +51,7 @@ def run(variant: str, writes: int, scratch: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)  # ours: under this run's scratch directory
     out.mkdir()
     trace.unlink(missing_ok=True)
-    fio = [
-        "fio",
-        "--name=storm",
-        f"--directory={out}",
-        "--ioengine=psync",
-        "--rw=write",
-        "--bs=512",
-        f"--size={writes * 512}",
-        "--output=/dev/null",
-    ]
+    fio = storm_fio(out, writes)
     env = {**os.environ, **VARIANTS[variant]}
     proc = subprocess.run(
         [

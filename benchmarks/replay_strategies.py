@@ -28,7 +28,6 @@ Prints a table and writes ``benchmarks/results/replay_strategies.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -36,7 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import best_fio
+from common import best_fio, save_result
 from rich.console import Console
 from rich.table import Table
 
@@ -199,8 +198,7 @@ def main() -> None:
         "fio_at_trace_volume": same,
         "results": rows,
     }
-    (RESULTS / "replay_strategies.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"results: {RESULTS / 'replay_strategies.json'}")
+    save_result("replay_strategies", result)
 
 
 if __name__ == "__main__":

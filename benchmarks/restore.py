@@ -64,7 +64,7 @@ import warnings
 from pathlib import Path
 
 import emitted_writer as ew
-from common import drop_caches, parse_or_run_child
+from common import drop_caches, parse_or_run_child, run_child, save_result
 from rich.console import Console
 from rich.table import Table
 
@@ -142,32 +142,20 @@ def child(args) -> None:
 
 
 def _child(mode: str, engine: str, directory: Path, args) -> dict:
-    drop_caches()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--child",
-            mode,
-            "--engine",
-            engine,
-            "--dir",
-            str(directory),
-            "--model",
-            args.model,
-            "--queue-depth",
-            str(args.queue_depth),
-            "--buffer-size",
-            str(args.buffer_size),
-            "--load-streams",
-            str(args.load_streams),
-        ],
-        capture_output=True,
-        text=True,
+    return run_child(
+        __file__,
+        mode,
+        engine,
+        directory,
+        "--model",
+        args.model,
+        "--queue-depth",
+        str(args.queue_depth),
+        "--buffer-size",
+        str(args.buffer_size),
+        "--load-streams",
+        str(args.load_streams),
     )
-    if proc.returncode != 0:
-        raise RuntimeError(f"{engine} {mode} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _fio_read(path: Path, size: int, direct: bool) -> float:
@@ -312,7 +300,6 @@ def main() -> None:
     for name, entry in limits.items():
         table.add_row(name, "", "", f"{entry['median_bytes_per_s'] / 1e6:,.0f}", "", "", "")
     Console(width=None if sys.stdout.isatty() else 100).print(table)
-    RESULTS.mkdir(parents=True, exist_ok=True)
     result = {
         "benchmark": "restore",
         "model": args.model,
@@ -328,8 +315,7 @@ def main() -> None:
         "fio": limits,
         "results": rows,
     }
-    (RESULTS / "restore.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"results: {RESULTS / 'restore.json'}")
+    save_result("restore", result)
 
 
 if __name__ == "__main__":

@@ -67,14 +67,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import save_result, storm_fio
 from rich.console import Console
 from rich.table import Table
 
 from ckpt_trace.formats import read_metadata
 from ckpt_trace.tracer import bcc_backend, strace_backend
-
-RESULTS = Path(__file__).resolve().parent / "results"
-
 
 WORKLOADS = ("dcp", "emitted", "fio-uring-1m", "fio-uring-4k", "libaio", "storm", "true")
 FIO_JOBS = {"fio-uring-1m": ("write", "1m", 8, "2g"), "fio-uring-4k": ("randwrite", "4k", 32, "512m")}
@@ -85,18 +83,7 @@ def workload_cmd(workload: str, out: Path, args) -> list[str]:
     if workload == "true":
         return ["true"]
     if workload == "storm":
-        return [
-            "fio",
-            "--name=storm",
-            f"--directory={out}",
-            "--ioengine=psync",
-            "--rw=write",
-            "--bs=512",
-            "--thread",
-            f"--numjobs={STORM_THREADS}",
-            f"--size={STORM_WRITES // STORM_THREADS * 512}",
-            "--output=/dev/null",
-        ]
+        return storm_fio(out, STORM_WRITES, STORM_THREADS)
     if workload in FIO_JOBS:
         rw, bs, depth, size = FIO_JOBS[workload]
         return [
@@ -266,7 +253,6 @@ def compare_probes(args, workloads: list[str]) -> None:
             f"{row['lost_events']:,}",
         )
     Console(width=None if sys.stdout.isatty() else 140).print(table)
-    RESULTS.mkdir(exist_ok=True)
     result = {
         "benchmark": "tracer_overhead_probes",
         "workloads": workloads,
@@ -280,8 +266,7 @@ def compare_probes(args, workloads: list[str]) -> None:
         "loadavg_after": load_after,
         "results": rows,
     }
-    (RESULTS / "tracer_overhead_probes.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"results: {RESULTS / 'tracer_overhead_probes.json'}")
+    save_result("tracer_overhead_probes", result)
 
 
 def main() -> None:
@@ -408,7 +393,6 @@ def main() -> None:
     Console(width=None if sys.stdout.isatty() else 140).print(table)
     for name, problem in skipped.items():
         print(f"{name}: skipped ({problem})")
-    RESULTS.mkdir(exist_ok=True)
     result = {
         "benchmark": "tracer_overhead",
         "workloads": workloads,
@@ -421,8 +405,7 @@ def main() -> None:
         "results": rows,
         "skipped": skipped,
     }
-    (RESULTS / "tracer_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"results: {RESULTS / 'tracer_overhead.json'}")
+    save_result("tracer_overhead", result)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from ckpt_trace.replayer.strategies import help_text as strategy_help
 from ckpt_trace.tracer.backends import choices as backend_choices
 from ckpt_trace.version import __version__
 from ckpt_trace.workloads import ENGINES as WORKLOAD_NAMES
+from ckpt_trace.workloads.builtin import takers as workload_takers
 
 from .cli_help import decorate
 
@@ -39,7 +40,7 @@ DEFAULT_BUFFER_SIZE = f"{DEFAULT_BUFFER_BYTES >> 20}MiB"
 #: ``replay --strategy``'s choices: the strategy table's names and ``all`` (``replayer.strategies``), never
 #: spelled here; typer reads the Literal of this tuple as a choice.
 STRATEGY_CHOICES = strategy_choices()
-#: ``workload ENGINE``'s choices: the built-in workloads' table (``workloads.engines.WORKLOADS``).
+#: ``workload ENGINE``'s choices: the built-in workloads' table (``workloads.builtin``).
 WORKLOAD_CHOICES = WORKLOAD_NAMES
 #: ``record --backend``'s choices: auto and the tracer backends' table (``tracer.backends``).
 BACKEND_CHOICES = backend_choices()
@@ -87,6 +88,15 @@ def _show(data: dict, as_json: bool, render) -> None:
         _write_json(None, data)
     else:
         render(out, data)
+
+
+def _said(data: dict, as_json: bool, line: str) -> None:
+    """The end of a command that made something: ``data`` as JSON on stdout (``--json``), or ``line`` (what was
+    made, in one line) on stderr."""
+    if as_json:
+        _write_json(None, data)
+    else:
+        err.print(line, highlight=False)
 
 
 class _BytesBar:
@@ -321,13 +331,9 @@ def record(
         **({"attached": result.attached} if result.attached else {}),
         "finish_s": None if result.exited_s is None else round(time.monotonic() - result.exited_s, 3),
     }
-    if as_json:
-        _write_json(None, summary)
-    else:
-        err.print(
-            f"ckpt-trace: wrote {result.rows:,} rows to {result.trace_path} in {result.elapsed_s:.1f} s",
-            highlight=False,
-        )
+    _said(
+        summary, as_json, f"ckpt-trace: wrote {result.rows:,} rows to {result.trace_path} in {result.elapsed_s:.1f} s"
+    )
     raise typer.Exit(128 + signal.Signals[result.interrupted].value if result.interrupted else result.exit_code)
 
 
@@ -578,16 +584,14 @@ def merge(
     offsets = parse_clock_offsets(clock_offset)
     with _steps("merge") as progress:
         data = merge_traces(traces, output, clock_offsets=offsets, overwrite=force, progress=progress)
-    if as_json:
-        _write_json(None, data)
-    else:
-        bound = data["alignment_error_ns"]
-        err.print(
-            f"ckpt-trace: merged {data['traces']} traces ({len(data['hosts'])} hosts, {len(data['ranks'])} "
-            f"ranks) into {data['rows']:,} rows in {output}; clocks aligned within "
-            f"{'an unknown bound (a trace without anchors)' if bound is None else f'{bound / 1e3:,.1f} us'}",
-            highlight=False,
-        )
+    bound = data["alignment_error_ns"]
+    _said(
+        data,
+        as_json,
+        f"ckpt-trace: merged {data['traces']} traces ({len(data['hosts'])} hosts, {len(data['ranks'])} "
+        f"ranks) into {data['rows']:,} rows in {output}; clocks aligned within "
+        f"{'an unknown bound (a trace without anchors)' if bound is None else f'{bound / 1e3:,.1f} us'}",
+    )
 
 
 @app.command()
@@ -672,14 +676,8 @@ def report(
             overwrite=force,
             progress=progress,
         )
-    if as_json:
-        _write_json(None, data)
-    else:
-        slowest = f"slowest: {data['slowest']}" if data["slowest"] else "no rank moved data"
-        err.print(
-            f"ckpt-trace: wrote {output} ({data['figures']} figures, {data['bytes']:,} bytes; {slowest})",
-            highlight=False,
-        )
+    slowest = f"slowest: {data['slowest']}" if data["slowest"] else "no rank moved data"
+    _said(data, as_json, f"ckpt-trace: wrote {output} ({data['figures']} figures, {data['bytes']:,} bytes; {slowest})")
 
 
 @app.command()
@@ -831,11 +829,8 @@ def emit(
         "reasons": choice.reasons,
         "fastest_strategy": choice.winner,
     }
-    if as_json:
-        _write_json(None, data)
-    else:
-        chosen = ", ".join(f"{k}={v}" for k, v in data["options"].items() if k in choice.reasons)
-        err.print(f"ckpt-trace: wrote {output} ({chosen})", highlight=False)
+    chosen = ", ".join(f"{k}={v}" for k, v in data["options"].items() if k in choice.reasons)
+    _said(data, as_json, f"ckpt-trace: wrote {output} ({chosen})")
 
 
 @app.command()
@@ -844,7 +839,7 @@ def workload(
         ..., help=f"The checkpoint engine: {', '.join(WORKLOAD_CHOICES[:-1])} or {WORKLOAD_CHOICES[-1]}."
     ),
     out_dir: Path = typer.Option(..., "--out", help="Checkpoint directory to write (or, with --load, to read)."),
-    ranks: int = typer.Option(1, help="Processes (dcp and emitted)."),
+    ranks: int = typer.Option(1, help=f"Processes ({workload_takers('ranks', bare=True)})."),
     model: Literal["gpt2-tiny", "gpt2-deep-tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"] = typer.Option(
         "gpt2-small", help="GPT-2 shape (parameters: 0.5 M to 1.6 G)."
     ),
@@ -853,16 +848,26 @@ def workload(
         "--with-optimizer",
         help="Add Adam state (exp_avg, exp_avg_sq; dcp and emitted: a real torch.optim.Adam after one step, through get_state_dict).",
     ),
-    file_per_layer: bool = typer.Option(False, "--file-per-layer", help="torch-save: one file per transformer block."),
+    file_per_layer: bool = typer.Option(
+        False,
+        "--file-per-layer",
+        help=f"{workload_takers('file_per_layer', bare=True)}: one file per transformer block.",
+    ),
     load: bool = typer.Option(
         False, "--load", help="Load the checkpoint this workload saved in --out and check every tensor."
     ),
-    mmap: bool = typer.Option(False, "--mmap", help="torch-save --load: torch.load(mmap=True)."),
+    mmap: bool = typer.Option(
+        False, "--mmap", help=f"{workload_takers('mmap', bare=True)} --load: map the checkpoint instead of reading it."
+    ),
     writer: Optional[Path] = typer.Option(
-        None, "--writer", help="emitted: the module `ckpt-trace emit` wrote (default: ckpt_trace.writer's defaults)."
+        None,
+        "--writer",
+        help=f"{workload_takers('writer', bare=True)}: the module `ckpt-trace emit` wrote (default: ckpt_trace.writer's defaults).",
     ),
     shards: int = typer.Option(
-        1, "--shards", help="safetensors: split the tensors over this many files, as Hugging Face shards."
+        1,
+        "--shards",
+        help=f"{workload_takers('shards', bare=True)}: split the tensors over this many files, as Hugging Face shards.",
     ),
     drop_caches: bool = typer.Option(
         False, "--drop-caches", help="--load: drop the page cache first, for a cold load (root)."
@@ -870,7 +875,7 @@ def workload(
     device: Literal["cpu", "cuda"] = typer.Option(
         "cpu",
         "--device",
-        help="Where the state dict lives (cuda: dcp, emitted, torch-save, safetensors; a save copies each tensor to the host).",
+        help=f"Where the state dict lives (cuda: {workload_takers('cuda', bare=True)}; a save copies each tensor to the host).",
     ),
     force: bool = typer.Option(
         False, help="Save into a non-empty --out directory (the engine may overwrite its own file names there)."
@@ -925,15 +930,13 @@ def workload(
         "elapsed_s": elapsed_s,
         "io_s": io_s,
     }
-    if as_json:
-        _write_json(None, data)
-    else:
-        verb = "loaded and checked" if load else "wrote"
-        err.print(
-            f"ckpt-trace: {engine} {verb} {data['files']} files, {data['bytes']:,} bytes in {path}: "
-            f"{io_s:.2f} s of I/O, {elapsed_s:.1f} s in all",
-            highlight=False,
-        )
+    verb = "loaded and checked" if load else "wrote"
+    _said(
+        data,
+        as_json,
+        f"ckpt-trace: {engine} {verb} {data['files']} files, {data['bytes']:,} bytes in {path}: "
+        f"{io_s:.2f} s of I/O, {elapsed_s:.1f} s in all",
+    )
 
 
 @app.command()
@@ -1154,15 +1157,13 @@ def upgrade(
             overwrite=force,
             on_batch=None if progress is None else lambda done, count: progress("rows", done, count),
         )
-    if as_json:
-        _write_json(None, result)
-    else:
-        err.print(
-            f"ckpt-trace: wrote {result['rows']:,} rows of {trace} (version {result['from_version']}) to "
-            f"{output} as version {result['to_version']} ({result['input_bytes']:,} -> "
-            f"{result['output_bytes']:,} bytes)",
-            highlight=False,
-        )
+    _said(
+        result,
+        as_json,
+        f"ckpt-trace: wrote {result['rows']:,} rows of {trace} (version {result['from_version']}) to "
+        f"{output} as version {result['to_version']} ({result['input_bytes']:,} -> "
+        f"{result['output_bytes']:,} bytes)",
+    )
 
 
 @app.command()
@@ -1183,14 +1184,12 @@ def anonymize(
 
     with _steps("anonymize") as progress:
         result = anonymize_trace(trace, output, key=key, overwrite=force, progress=progress)
-    if as_json:
-        _write_json(None, result)
-    else:
-        err.print(
-            f"ckpt-trace: wrote {result['rows']:,} rows to {output}: replaced {', '.join(result['replaced'])}; "
-            f"kept {', '.join(result['kept'])}",
-            highlight=False,
-        )
+    _said(
+        result,
+        as_json,
+        f"ckpt-trace: wrote {result['rows']:,} rows to {output}: replaced {', '.join(result['replaced'])}; "
+        f"kept {', '.join(result['kept'])}",
+    )
 
 
 @app.command(name="filter")
@@ -1216,10 +1215,7 @@ def filter_cmd(
     check_output_file(output, force, inputs=(trace,))
     with _steps("filter") as progress:
         result = filter_trace(trace, output, conditions, overwrite=force, progress=progress)
-    if as_json:
-        _write_json(None, result)
-    else:
-        err.print(f"ckpt-trace: kept {result['rows_out']:,} of {result['rows_in']:,} rows in {output}", highlight=False)
+    _said(result, as_json, f"ckpt-trace: kept {result['rows_out']:,} of {result['rows_in']:,} rows in {output}")
 
 
 def _print_version(value: bool) -> None:

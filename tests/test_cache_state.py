@@ -11,7 +11,7 @@ from conftest import cli
 
 from ckpt_trace.replayer import build_plan, replay
 from ckpt_trace.replayer.paths import TargetRoot
-from ckpt_trace.replayer.posix import PosixExecutor
+from ckpt_trace.replayer.posix import posix_executor
 from ckpt_trace.replayer.replay import prepare_cache
 
 SIZE = 8 << 20
@@ -49,7 +49,7 @@ def test_the_read_files_are_cold_or_warm_when_the_clock_starts(load_trace, tmp_p
     plan = build_plan(read_trace(load_trace).table, "posix")
     (tmp_path / "t").mkdir()
     root = TargetRoot(tmp_path / "t")
-    PosixExecutor(root, 1 << 20).prepare(plan)
+    posix_executor(root, 1 << 20).prepare(plan)
     path = tmp_path / "t" / "ck" / "model.bin"
     assert path.stat().st_size == SIZE and resident_bytes(path) == SIZE  # just written: all in memory
     prepare_cache(root, plan, state)
@@ -82,7 +82,7 @@ def test_durable_does_not_sync_files_the_load_never_wrote(load_trace, tmp_path, 
 
     plan = build_plan(read_trace(load_trace).table, "posix")
     (tmp_path / "t").mkdir()
-    executor = PosixExecutor(TargetRoot(tmp_path / "t"), 1 << 20)
+    executor = posix_executor(TargetRoot(tmp_path / "t"), 1 << 20)
     executor.prepare(plan)
     monkeypatch.setattr(os, "fsync", spy)
     executor.run(plan, durable=True)

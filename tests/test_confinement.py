@@ -2,7 +2,7 @@
 
 The race tests win their race every time: the replay pauses between two
 operations (the ``CKPT_TRACE_TEST_PAUSE=ROW:FIFO`` hook of
-``replayer.posix``: it opens the FIFO for reading, so the test's open for
+``replayer.engine``: it opens the FIFO for reading, so the test's open for
 writing returns exactly when the replay stands there), the test swaps the
 directory the next operation names for a symbolic link to a canary
 directory, then lets the replay go on. Each runs 20 times, with openat2 and

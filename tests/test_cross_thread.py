@@ -202,3 +202,99 @@ def test_a_distributed_share_keeps_the_cross_thread_order(tmp_path):
     cut = share_plan(build_posix_plan(share_batches(trace, share)), share)
     close = next(op for w in cut.plan.workers for op in w.ops if op.kind == "close")
     assert close.deps == (0, 1) and {0, 1} <= cut.plan.awaited and not cut.remote
+
+
+def _fd_reused_across_threads(tmp_path: Path, second: list[dict]) -> Path:
+    """Thread 2 gets fd 3 from a call (``second``, its last row the one returning 3) that enters while
+    thread 1 still has its own fd 3 open and returns after thread 1 wrote and closed it, as the lead's
+    recording of ``PROGRAM`` had it (pid 24383: own0.bin, own1.bin); the rows are in entry (``ts_ns``) order."""
+    own0, own1 = "/d/own0.bin", "/d/own1.bin"
+    rows = [
+        {
+            "tid": 1,
+            "ts_ns": 259482204,
+            "dur_ns": 131312,
+            "op": "open",
+            "path": own0,
+            "fd": 3,
+            "flags": CREATE,
+            "ret": 3,
+        },
+        *second,
+        {
+            "tid": 1,
+            "ts_ns": 259758006,
+            "dur_ns": 41661,
+            "op": "write",
+            "path": own0,
+            "fd": 3,
+            "offset": 0,
+            "size": 100000,
+            "ret": 100000,
+        },
+        {"tid": 1, "ts_ns": 259813891, "dur_ns": 6588, "op": "close", "path": own0, "fd": 3},
+        {
+            "tid": 2,
+            "ts_ns": 259977699,
+            "dur_ns": 35770,
+            "op": "write",
+            "path": own1,
+            "fd": 3,
+            "offset": 0,
+            "size": 100001,
+            "ret": 100001,
+        },
+        {"tid": 2, "ts_ns": 260042293, "dur_ns": 6458, "op": "close", "path": own1, "fd": 3},
+    ]
+    return make_trace(tmp_path / "t.arrow", sorted(rows, key=lambda r: r["ts_ns"]))
+
+
+_OPEN_OWN1 = [
+    {
+        "tid": 2,
+        "ts_ns": 259717484,
+        "dur_ns": 140396,
+        "op": "open",
+        "path": "/d/own1.bin",
+        "fd": 3,
+        "flags": CREATE,
+        "ret": 3,
+    },
+]
+_DUP_TO_3 = [  # own1.bin opened on fd 4, then dup2(4, 3) entering before and returning after thread 1's close
+    {
+        "tid": 2,
+        "ts_ns": 259600000,
+        "dur_ns": 50000,
+        "op": "open",
+        "path": "/d/own1.bin",
+        "fd": 4,
+        "flags": CREATE,
+        "ret": 4,
+    },
+    {"tid": 2, "ts_ns": 259717484, "dur_ns": 140396, "op": "dup", "path": "/d/own1.bin", "fd": 4, "ret": 3},
+    {"tid": 2, "ts_ns": 259900000, "dur_ns": 5000, "op": "close", "path": "/d/own1.bin", "fd": 4},
+]
+
+
+@pytest.mark.parametrize("second", [_OPEN_OWN1, _DUP_TO_3], ids=["open", "dup"])
+def test_a_descriptor_another_thread_gets_while_its_number_is_open_binds_once_returned(tmp_path, second):
+    """An open or dup takes its descriptor at its exit, a write and a close look theirs up at their entry
+    (``replayer.plan._effect_order``): thread 1's write and close of its fd 3 act on own0.bin though thread
+    2's call that returned fd 3 (own1.bin) entered before them."""
+    trace = _fd_reused_across_threads(tmp_path, second)
+    target = tmp_path / "replay"
+    report = replay(trace, target=target, strategy="posix", strip_prefix="/d", verify=True)
+    assert not report.size_mismatches, report.size_mismatches
+    assert _replayed_sizes(target) == {"own0.bin": 100000, "own1.bin": 100001}
+    report.release()
+    plan = build_posix_plan(read_trace(trace).table, strip_prefix="/d")
+    path_of = {
+        op.seq: plan.files.file_paths[plan.files.handle_files[op.handle]]
+        for w in plan.workers
+        for op in w.ops
+        if op.kind in ("write", "close") and op.handle is not None
+    }
+    assert sorted(path_of.values()) == ["own0.bin", "own0.bin", "own1.bin", "own1.bin"] + (
+        ["own1.bin"] if second is _DUP_TO_3 else []
+    )

@@ -23,7 +23,8 @@ FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
 STILL_NAMING_FLAGS = {
     "ckpt_trace/bench/run.py": 2,
     "ckpt_trace/report/export.py": 1,
-    "ckpt_trace/workloads/engines.py": 14,
+    "ckpt_trace/workloads/builtin/__init__.py": 11,
+    "ckpt_trace/workloads/engines.py": 3,
     "ckpt_trace/workloads/synth.py": 1,
     "tracer/ckpt_trace/tracer/gpu.py": 2,
 }

@@ -128,8 +128,8 @@ def test_a_strip_prefix_equal_to_a_recorded_file_is_a_counted_skip(tmp_path):
 def test_too_many_open_files_says_to_raise_ulimit(tmp_path):
     import errno
 
+    from ckpt_trace.replayer.engine import _op_error
     from ckpt_trace.replayer.optable import PlanOp
-    from ckpt_trace.replayer.posix import _op_error
 
     err = _op_error(PlanOp(seq=0, kind="open", ts_ns=0, path="ck/a"), OSError(errno.EMFILE, os.strerror(errno.EMFILE)))
     assert "Too many open files" in str(err) and "ulimit -n" in str(err)

@@ -270,3 +270,42 @@ def test_worker_index_over_runs_equals_the_hash_of_each_row(runs):
     workers = (pid.astype(np.int64) << 32) | tid
     keys, index = _worker_index(workers, np.zeros(0, np.int64), pid, tid)
     assert keys.tolist() == sorted(set(workers.tolist())) and keys[index].tolist() == workers.tolist()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.tuples(st.integers(1, 4), st.integers(3, 6), _ROW), min_size=1, max_size=60),
+    st.lists(st.integers(0, 100), min_size=60, max_size=60),
+)
+def test_an_open_that_returns_late_plans_as_one_made_at_its_return(steps, durations):
+    """An open takes effect at its return (``replayer.plan._effect_order``): the plan of a trace whose opens
+    last a while (other threads' rows start meanwhile) is, operation for operation, the plan of the trace
+    where each starts at its return and takes no time (its rows renumbered). (Not so for a dup, which looks
+    its source up at its entry: the cross-worker order (``replayer.ordering``) keeps its row's place.)"""
+    table = _trace(steps)
+    rows = table.to_pylist()
+    ts = [r["ts_ns"] for r in rows]
+    for i, row in enumerate(rows):  # a call returns before its thread's next call starts
+        if row["op"] == "open":
+            later = [ts[j] for j in range(i + 1, len(rows)) if rows[j]["tid"] == row["tid"]]
+            row["dur_ns"] = min([durations[i], *(t - ts[i] for t in later[:1])])
+    moved = [{**r, "ts_ns": r["ts_ns"] + r["dur_ns"], "dur_ns": 0} if r["op"] == "open" else r for r in rows]
+    order = sorted(range(len(rows)), key=lambda i: moved[i]["ts_ns"])  # (stable: ties keep row order)
+    old_seq = dict(enumerate(order))  # a row's index in the moved trace -> its index in the trace
+    lasting = build_posix_plan(table_of(rows))
+    instant = build_posix_plan(table_of([moved[i] for i in order]))
+
+    def renumbered(plan, seq_of) -> list[list[tuple]]:
+        return [
+            [
+                (seq_of(op.seq), *(getattr(op, name) for name in _OP_FIELDS[1:] if name not in ("ts_ns", "deps")))
+                + (tuple(sorted(seq_of(d) for d in op.deps)),)
+                for op in worker.ops
+            ]
+            for worker in plan.workers
+        ]
+
+    assert renumbered(instant, old_seq.__getitem__) == renumbered(lasting, int)
+    assert {old_seq[s] for s in instant.awaited} == set(lasting.awaited)
+    assert dict(instant.files.handle_files) == dict(lasting.files.handle_files)
+    assert dict(instant.files.file_paths) == dict(lasting.files.file_paths)

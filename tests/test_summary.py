@@ -138,3 +138,22 @@ def test_distinct_ranks_pids_and_tids_packed_or_not_equal_python_sets(rows):
     rank, pid, tid = (np.array(column, np.int32) for column in zip(*rows))
     acc._add_identities(rank, pid, tid)
     assert (acc.ranks, acc.pids, acc.tids) == tuple(set(column) for column in zip(*rows))
+
+
+def test_metadata_operations_are_the_formats_list_link_and_symlink_included():
+    """The summary counts as metadata operations exactly the rows whose op is in formats' ``METADATA_OPS``
+    (the list ``report``'s profile uses): rows turned into link(2) and symlink(2) are counted with the rest."""
+    import pyarrow as pa
+
+    from ckpt_trace.formats import Trace, vocabulary
+
+    trace = read_trace(REPO / "traces" / "golden" / "v5-odd-pattern-strace.arrow")
+    ops = trace.table.column("op").cast(pa.string()).to_pylist()
+    data_rows = [i for i, op in enumerate(ops) if op in vocabulary.DATA_OPS][:4]
+    for i, name in zip(data_rows, ("link", "symlink", "link", "symlink")):
+        ops[i] = name
+    table = trace.table.set_column(trace.table.schema.get_field_index("op"), "op", pa.array(ops, pa.string()))
+    summary = summarize(Trace(trace.path, table, trace.metadata))
+    assert len(data_rows) == 4
+    assert summary["metadata_ops"] == sum(op in vocabulary.METADATA_OPS for op in ops)
+    assert {"link", "symlink"} <= set(summary["ops"])

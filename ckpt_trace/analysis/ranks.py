@@ -130,25 +130,20 @@ class RankTimes:
         saving = [r for r in ranks if ranks[r]["save_time_ns"] is not None]
         slowest_save = max(saving, key=lambda r: (ranks[r]["save_time_ns"], -r)) if saving else None
         host_of = {r: h for h, e in hosts.items() for r in e.get("ranks", [])}
+
+        def slowest_entry(rank: int | None, times: tuple[str, str]) -> dict[str, Any] | None:
+            """The rank named, its host and its ``times`` (keys of its entry, in that order); None for no rank."""
+            return (
+                None
+                if rank is None
+                else {"rank": rank, "host": host_of.get(rank), **{k: ranks[rank][k] for k in times}}
+            )
+
         return {
             "rank_times": {str(r): e for r, e in ranks.items()},
             "hosts": hosts,
-            "slowest_rank": None
-            if slowest is None
-            else {
-                "rank": slowest,
-                "host": host_of.get(slowest),
-                "io_time_ns": ranks[slowest]["io_time_ns"],
-                "save_time_ns": ranks[slowest]["save_time_ns"],
-            },
-            "slowest_save": None
-            if slowest_save is None
-            else {
-                "rank": slowest_save,
-                "host": host_of.get(slowest_save),
-                "save_time_ns": ranks[slowest_save]["save_time_ns"],
-                "io_time_ns": ranks[slowest_save]["io_time_ns"],
-            },
+            "slowest_rank": slowest_entry(slowest, ("io_time_ns", "save_time_ns")),
+            "slowest_save": slowest_entry(slowest_save, ("save_time_ns", "io_time_ns")),
         }
 
 

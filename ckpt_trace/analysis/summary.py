@@ -21,28 +21,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ckpt_trace.formats import Trace, dictionary_codes, distinct, int_values, read_metadata, scan, validity
+from ckpt_trace.formats.vocabulary import DATA_OPS, METADATA_OPS
 from ckpt_trace.stats import LatencyHistogram
 
 from .gpu import copy_summary
 from .ranks import RankTimes
 
 ALIGNMENT_BYTES = 4096
-DATA_OPS = ("read", "write")
-METADATA_OPS = (
-    "open",
-    "close",
-    "lseek",
-    "fsync",
-    "fdatasync",
-    "sync_file_range",
-    "ftruncate",
-    "fallocate",
-    "rename",
-    "unlink",
-    "mkdir",
-    "dup",
-    "fcntl",
-)
 
 
 def _sum(array) -> int:

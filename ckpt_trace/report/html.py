@@ -38,6 +38,7 @@ from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.units import human_bytes, human_ns, human_rate
 
 from .figures import png_base64, pyplot
+from .render import GPU_COPY_COLUMNS, gpu_copy_cells
 
 TOP_FILE_ROWS = 20
 HEAT_LABELLED_OWNERS = 40  # above this, the heat map labels every n-th rank
@@ -397,26 +398,11 @@ def _gpu_html(summary: dict) -> str:
     gpu = summary.get("gpu") or {}
     if not gpu.get("copies"):
         return ""
-    rows = []
-    for rank, entry in gpu["ranks"].items():
-        d2h, h2d = entry["d2h"], entry["h2d"]
-        rows.append(
-            (
-                rank,
-                f"{d2h['count']:,}",
-                human_bytes(d2h["bytes"]),
-                f"{d2h['pinned_share']:.0%}",
-                f"{h2d['count']:,}",
-                human_bytes(h2d["bytes"]),
-                human_ns(int(entry["copy_wall_s"] * 1e9)),
-                human_ns(int(entry["write_time_s"] * 1e9)),
-                human_ns(int(entry["copy_io_overlap_s"] * 1e9)),
-            )
-        )
+    rows = [gpu_copy_cells(rank, entry) for rank, entry in gpu["ranks"].items()]
     return (
         "<h2 id='gpu'>GPU copies</h2><p>Host&lt;-&gt;device copies before the file I/O (CUPTI), per rank; "
         "overlap: copy time during which the same rank's file operations were also in flight.</p>"
-        + _table(("rank", "d2h", "d2h bytes", "pinned", "h2d", "h2d bytes", "copy time", "write time", "overlap"), rows)
+        + _table(GPU_COPY_COLUMNS, rows)
     )
 
 

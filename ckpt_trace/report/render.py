@@ -11,6 +11,26 @@ from rich.table import Table
 from ckpt_trace.analysis.diff import written_verdict
 from ckpt_trace.units import human_bytes, human_ns, human_rate, parse_size  # noqa: F401  (parse_size: CLI)
 
+#: The columns of the GPU-copies table (``gpu_copy_cells``), in the console and the HTML report alike.
+GPU_COPY_COLUMNS = ("rank", "d2h", "d2h bytes", "pinned", "h2d", "h2d bytes", "copy time", "write time", "overlap")
+
+
+def gpu_copy_cells(rank: object, entry: dict[str, Any]) -> tuple[str, ...]:
+    """One rank's row of the GPU-copies table (``GPU_COPY_COLUMNS``) from its entry of the summary's ``gpu.ranks``
+    (``analysis.gpu.copy_summary``): counts, bytes, the pinned share of device-to-host copies, and times."""
+    d2h, h2d = entry["d2h"], entry["h2d"]
+    return (
+        str(rank),
+        f"{d2h['count']:,}",
+        human_bytes(d2h["bytes"]),
+        f"{d2h['pinned_share']:.0%}",
+        f"{h2d['count']:,}",
+        human_bytes(h2d["bytes"]),
+        human_ns(int(entry["copy_wall_s"] * 1e9)),
+        human_ns(int(entry["write_time_s"] * 1e9)),
+        human_ns(int(entry["copy_io_overlap_s"] * 1e9)),
+    )
+
 
 def _table(console: Console, title: str) -> Table:
     return Table(title=title, box=box.SIMPLE_HEAVY if console.is_terminal else box.ASCII, title_justify="left")
@@ -159,21 +179,10 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
     gpu = summary.get("gpu") or {}
     if gpu.get("copies"):
         copies = _table(console, "GPU copies (host<->device, per rank)")
-        for column in ("rank", "d2h", "d2h bytes", "pinned", "h2d", "h2d bytes", "copy time", "write time", "overlap"):
+        for column in GPU_COPY_COLUMNS:
             copies.add_column(column, justify="right")
         for rank, entry in gpu["ranks"].items():
-            d2h, h2d = entry["d2h"], entry["h2d"]
-            copies.add_row(
-                str(rank),
-                f"{d2h['count']:,}",
-                human_bytes(d2h["bytes"]),
-                f"{d2h['pinned_share']:.0%}",
-                f"{h2d['count']:,}",
-                human_bytes(h2d["bytes"]),
-                human_ns(int(entry["copy_wall_s"] * 1e9)),
-                human_ns(int(entry["write_time_s"] * 1e9)),
-                human_ns(int(entry["copy_io_overlap_s"] * 1e9)),
-            )
+            copies.add_row(*gpu_copy_cells(rank, entry))
         console.print(copies)
         for rank, entry in gpu["ranks"].items():
             if "fed_writes" in entry:

@@ -1,31 +1,20 @@
-"""Built-in real checkpoint workloads: DCP from N ranks, torch.save, safetensors, and ckpt-trace's own writer.
-
-Each writes a real checkpoint with the engine's own code path, or, with
-``load``, reads back the checkpoint it wrote into the same directory and
-checks every tensor byte for byte against the state it saved (which is
-regenerated from fixed seeds); they are the embedded default input of the
-demo and the tests. The loads are the restore paths users have: DCP's
-FileSystemReader, ``torch.load`` with and without ``mmap=True``,
-safetensors' ``load_file`` (which maps the file), and the emitted reader.
-``libaio`` writes and reads the way DeepSpeed's FastPersist does, through
-native AIO with O_DIRECT (``iolayer.aio``), without DeepSpeed's JIT build.
-``memmap`` writes through a shared file mapping (``numpy.memmap``, then
-msync), the way memory-mapped checkpoint writers do, and reads it mapped.
-``emitted`` saves and loads through ``torch.distributed.checkpoint`` with an
-emitted writer module's ``make_writer``/``make_reader`` (``--writer``), or
-with ``ckpt_trace.writer``'s defaults. torch is imported lazily
-(``pip install ckpt-trace[torch]``).
+"""What the built-in workloads share: their declaration (``Workload``, ``WorkloadArgs``), the model and Adam
+state they save (drawn from fixed seeds, so a load regenerates it and checks every byte), DCP's ranks
+started as torchrun starts them, and the flat-tensor helpers. Each workload is one module of
+``ckpt_trace.workloads.builtin`` (its table, ``run``, and the recipe for adding one: docs/ARCHITECTURE.md).
 
 DCP ranks are started like torchrun starts them: one spawned process per
 rank whose environment carries RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT, so a tracer reads each process's rank from its environment.
 Each rank holds a 1/N row shard of every tensor as a DTensor over a gloo
-device mesh, the way FSDP2 shards parameters, and calls ``dcp.save``.
+device mesh, the way FSDP2 shards parameters, and calls ``dcp.save``
+(``run_dcp``: the ``dcp`` workload with FileSystemWriter/Reader, the
+``emitted`` one with an emitted writer module's or ``ckpt_trace.writer``'s).
+torch is imported lazily (``require_torch``; ``pip install ckpt-trace[torch]``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -36,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ckpt_trace.errors import CkptTraceError, Interrupted, WorkloadError
+from ckpt_trace.errors import CkptTraceError, WorkloadError
 
 from .models import MODELS, GPT2Config, parameter_shapes
 
@@ -46,7 +35,7 @@ if TYPE_CHECKING:
 DEVICES = ("cpu", "cuda")
 
 
-def _torch():
+def require_torch():
     try:
         import torch
     except ImportError:
@@ -75,7 +64,7 @@ def local_state(
     The values are drawn on the CPU (the same bytes for any ``device``), then moved to ``device``: with
     ``cuda``, this rank's GPU (rank modulo the GPUs present), so a save copies each tensor device-to-host.
     """
-    torch = _torch()
+    torch = require_torch()
     gen = torch.Generator().manual_seed(seed * 1000 + rank)
     model, exp_avg, exp_avg_sq = {}, {}, {}
     for name, shape in parameter_shapes(cfg).items():
@@ -87,12 +76,12 @@ def local_state(
             exp_avg_sq[name] = torch.rand(local, generator=gen) * 1e-6
     state = {"model": model, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
     if device != "cpu":
-        where = _rank_device(torch, rank)
+        where = rank_device(torch, rank)
         state = {kind: {name: t.to(where) for name, t in tensors.items()} for kind, tensors in state.items()}
     return state
 
 
-def _rank_device(torch, rank: int):
+def rank_device(torch, rank: int):
     """This rank's GPU: ``cuda:<rank modulo the GPUs present>``."""
     return torch.device("cuda", rank % torch.cuda.device_count())
 
@@ -103,7 +92,7 @@ def tensor_bytes(model: str, with_optimizer: bool) -> list[int]:
     return sizes * (3 if with_optimizer else 1)
 
 
-def _optimizer_groups() -> list[dict]:
+def optimizer_groups() -> list[dict]:
     return [{"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1, "amsgrad": False}]
 
 
@@ -184,7 +173,7 @@ def _adam_state(torch, mesh, cfg, rank: int, world: int, device: str = "cpu") ->
         parameter = torch.nn.Parameter(dtensor(name, local["model"][name]))
         parameter.grad = dtensor(name, local["exp_avg"][name])
         owner.register_parameter(leaf, parameter)
-    group = _optimizer_groups()[0]
+    group = optimizer_groups()[0]
     optimizer = torch.optim.Adam(
         module.parameters(),
         lr=group["lr"],
@@ -236,16 +225,16 @@ def _dcp_state(torch, mesh, cfg, rank: int, world: int, with_optimizer: bool, em
                 }
                 for name in shapes
             },
-            "param_groups": _optimizer_groups(),
+            "param_groups": optimizer_groups(),
         }
     return state
 
 
-def _same(torch, loaded, saved, where: str = "") -> None:
+def check_same(torch, loaded, saved, where: str = "") -> None:
     """Raise WorkloadError at the first tensor (or value) of ``loaded`` that differs from ``saved``, bitwise."""
     if isinstance(saved, dict):
         for key, value in saved.items():
-            _same(torch, loaded[key], value, f"{where}.{key}" if where else str(key))
+            check_same(torch, loaded[key], value, f"{where}.{key}" if where else str(key))
         return
     if isinstance(saved, torch.Tensor):
         a = loaded.to_local() if hasattr(loaded, "to_local") else loaded
@@ -285,9 +274,9 @@ def _dcp_rank(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.tensor import init_device_mesh
 
-    torch = _torch()
+    torch = require_torch()
     if device == "cuda":
-        torch.cuda.set_device(_rank_device(torch, rank))
+        torch.cuda.set_device(rank_device(torch, rank))
     dist.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
     try:
         mesh = init_device_mesh(device, (world,))
@@ -305,7 +294,9 @@ def _dcp_rank(
         if rank == 0 and timings is not None:
             timings.put(time.perf_counter() - started)
         if load:
-            _same(torch, state, _dcp_state(torch, mesh, cfg, rank, world, with_optimizer, empty=False, device=device))
+            check_same(
+                torch, state, _dcp_state(torch, mesh, cfg, rank, world, with_optimizer, empty=False, device=device)
+            )
     except BaseException:
         dist.destroy_process_group()
         raise
@@ -398,7 +389,7 @@ def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
     exited non-zero; on Ctrl-C every rank is stopped before
     KeyboardInterrupt propagates.
     """
-    _torch()
+    require_torch()
     from multiprocessing.connection import wait as wait_for
 
     import torch.multiprocessing as mp
@@ -542,141 +533,23 @@ def run_dcp(
     return timings.get()
 
 
-def _optimizer_entry(torch, local: dict, name: str) -> dict:
-    return {"step": torch.tensor(1.0), "exp_avg": local["exp_avg"][name], "exp_avg_sq": local["exp_avg_sq"][name]}
-
-
-def _torch_save_groups(local: dict, file_per_layer: bool) -> dict[str, list[str]]:
-    groups: dict[str, list[str]] = {}
-    for name in local["model"]:
-        key = f"layer_{int(name.split('.')[1]):03d}" if file_per_layer and name.startswith("h.") else "layer_other"
-        groups.setdefault(key if file_per_layer else "checkpoint", []).append(name)
-    return groups
-
-
-def _torch_save_state(torch, local: dict, names: list[str], with_optimizer: bool) -> dict:
-    state = {"model": {name: local["model"][name] for name in names}}
-    if with_optimizer:
-        state["optim"] = {
-            "state": {name: _optimizer_entry(torch, local, name) for name in names},
-            "param_groups": _optimizer_groups(),
-        }
-    return state
-
-
-def run_torch_save(
-    out: Path,
-    model: str,
-    with_optimizer: bool,
-    file_per_layer: bool = False,
-    load: bool = False,
-    mmap: bool = False,
-    device: str = "cpu",
-) -> float:
-    """``torch.save`` of the state dict (model and Adam state) to ``out/checkpoint.pt`` (or ``load`` it back
-    with ``torch.load``, ``mmap=True`` when ``mmap``, and check it).
-
-    ``file_per_layer`` saves each transformer block (with its Adam state) to
-    ``out/layer_NNN.pt`` and the rest to ``out/layer_other.pt``, the way
-    DeepSpeed pipeline checkpoints write one file per layer.
-    """
-    torch = _torch()
-    local = local_state(model_config(model), 0, 1, with_optimizer, device=device)
-    io_s = 0.0
-    for file_name, names in _torch_save_groups(local, file_per_layer).items():
-        state = _torch_save_state(torch, local, names, with_optimizer)
-        path = out / f"{file_name}.pt"
-        if load and not path.exists():
-            raise WorkloadError(f"nothing to load: {path} is missing (run the save first)")
-        started = time.perf_counter()
-        if load:
-            loaded = torch.load(path, mmap=mmap, weights_only=True, map_location=device if device != "cpu" else None)
-            if mmap:
-                _touch(torch, loaded)  # a mapped load reads on first access: count that in its time
-        else:
-            torch.save(state, path)
-        io_s += time.perf_counter() - started
-        if load:
-            _same(torch, loaded, state)
-    return io_s
-
-
-def _touch(torch, value) -> None:
+def touch_tensors(torch, value) -> None:
     """Read every byte of every tensor in ``value`` (a mapped load's pages fault in here)."""
     if isinstance(value, dict):
         for item in value.values():
-            _touch(torch, item)
+            touch_tensors(torch, item)
     elif isinstance(value, torch.Tensor) and value.numel():
         value.reshape(-1).view(torch.uint8).sum()
 
 
-def _flat_safetensors(local: dict) -> dict:
+def flat_tensors(local: dict) -> dict:
     flat = {f"model.{k}": v for k, v in local["model"].items()}
     for kind in ("exp_avg", "exp_avg_sq"):
         flat.update({f"optim.{kind}.{k}": v for k, v in local[kind].items()})
     return flat
 
 
-def _shard_names(flat: dict, shards: int) -> list[list[str]]:
-    """The tensor names of each of ``shards`` files, split by bytes the way ``save_pretrained`` shards."""
-    total = sum(t.numel() * t.element_size() for t in flat.values())
-    limit, groups, size = -(-total // shards), [[]], 0
-    for name, tensor in flat.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if groups[-1] and size + nbytes > limit and len(groups) < shards:
-            groups.append([])
-            size = 0
-        groups[-1].append(name)
-        size += nbytes
-    return groups
-
-
-def run_safetensors(
-    out: Path, model: str, with_optimizer: bool, load: bool = False, shards: int = 1, device: str = "cpu"
-) -> float:
-    """``safetensors.torch.save_file`` of the flat tensors to ``out/model.safetensors`` (or, with ``shards``
-    above 1, to ``out/model-0000K-of-0000N.safetensors`` and ``model.safetensors.index.json`` as Hugging
-    Face's sharded checkpoints are), or ``load_file`` them back, which maps each file, and check them."""
-    torch = _torch()
-    try:
-        from safetensors.torch import load_file, save_file
-    except ImportError:
-        raise WorkloadError("this workload needs safetensors: pip install 'ckpt-trace[torch]'") from None
-    flat = _flat_safetensors(local_state(model_config(model), 0, 1, with_optimizer, device=device))
-    groups = _shard_names(flat, shards)
-    names = (
-        ["model.safetensors"]
-        if shards == 1
-        else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
-    )
-    for name in names:
-        if load and not (out / name).exists():
-            raise WorkloadError(f"nothing to load: {out / name} is missing (run the save first)")
-    started, loaded = time.perf_counter(), {}
-    for name, group in zip(names, groups):
-        if load:
-            part = load_file(str(out / name), device=str(_rank_device(torch, 0)) if device == "cuda" else "cpu")
-            _touch(torch, part)  # load_file maps the file: its pages are read on first access
-            loaded.update(part)
-        else:
-            save_file({key: flat[key] for key in group}, str(out / name))
-    if not load and shards > 1:
-        index = {
-            "metadata": {"total_size": sum(t.numel() * t.element_size() for t in flat.values())},
-            "weight_map": {key: name for name, group in zip(names, groups) for key in group},
-        }
-        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
-    io_s = time.perf_counter() - started
-    if load:
-        _same(torch, loaded, flat)
-    return io_s
-
-
-AIO_CHUNK_BYTES = 1 << 20  # FastPersist's default io_block_size (DeepSpeed docs, "aio" config): 1 MiB
-AIO_QUEUE_DEPTH = 8  # and its queue_depth
-
-
-def _flat_layout(flat: dict, align_bytes: int) -> tuple[dict, int]:
+def flat_layout(flat: dict, align_bytes: int) -> tuple[dict, int]:
     """({name: (offset, bytes, shape)}, end) of ``flat``'s tensors laid out one after another in one file,
     each starting at a multiple of ``align_bytes``; ``end`` is rounded up to it too."""
     layout, end = {}, 0
@@ -685,104 +558,6 @@ def _flat_layout(flat: dict, align_bytes: int) -> tuple[dict, int]:
         layout[name] = (end, nbytes, list(tensor.shape))
         end = -(-(end + nbytes) // align_bytes) * align_bytes
     return layout, end
-
-
-def run_libaio(out: Path, model: str, with_optimizer: bool, load: bool = False) -> float:
-    """Write the flat tensors to ``out/model.aio.bin`` through native AIO with O_DIRECT, as DeepSpeed's
-    FastPersist does: tensors copied into one page-aligned buffer (each at a 4 KiB-aligned offset), written
-    in 1 MiB requests with 8 in flight, the file then cut to its exact size; ``model.aio.json`` indexes
-    the tensors. ``load`` reads the file back the same way and checks every tensor."""
-    torch = _torch()
-    from ckpt_trace.iolayer import files
-    from ckpt_trace.iolayer.aio import AioContext
-    from ckpt_trace.iolayer.buffers import AlignedBuffer
-
-    flat = _flat_safetensors(local_state(model_config(model), 0, 1, with_optimizer))
-    path, index_path = out / "model.aio.bin", out / "model.aio.json"
-    layout, end = _flat_layout(flat, align_bytes=4096)
-    padded = max(4096, end)
-    if load and not (path.exists() and index_path.exists()):
-        raise WorkloadError(f"nothing to load: {path} or {index_path.name} is missing (run the save first)")
-    buf = AlignedBuffer(padded)
-    view = buf.view()
-    try:
-        if not load:
-            for name, (offset, nbytes, _) in layout.items():
-                view[offset : offset + nbytes] = flat[name].contiguous().view(torch.uint8).numpy().tobytes()
-        started = time.perf_counter()
-        opened = files.open_file(path, os.O_RDONLY if load else os.O_WRONLY | os.O_CREAT | os.O_TRUNC, direct=True)
-        try:
-            with AioContext(AIO_QUEUE_DEPTH) as ctx:
-                sizes = {}
-                for tag, offset in enumerate(range(0, padded, AIO_CHUNK_BYTES)):
-                    if ctx.in_flight == AIO_QUEUE_DEPTH:
-                        _aio_check(ctx.reap(1), sizes, load)
-                    sizes[tag] = min(AIO_CHUNK_BYTES, padded - offset)
-                    ctx.submit("read" if load else "write", opened.fd, buf.ptr + offset, sizes[tag], offset, tag)
-                while ctx.in_flight:
-                    _aio_check(ctx.reap(ctx.in_flight), sizes, load)
-                if not load:
-                    os.ftruncate(opened.fd, end)
-                    os.fsync(opened.fd)
-        finally:
-            os.close(opened.fd)
-        if not load:
-            index_path.write_text(json.dumps({name: list(entry) for name, entry in layout.items()}))
-        io_s = time.perf_counter() - started
-        if load:
-            loaded = {
-                name: torch.frombuffer(bytearray(view[offset : offset + nbytes]), dtype=flat[name].dtype).reshape(shape)
-                for name, (offset, nbytes, shape) in layout.items()
-            }
-            _same(torch, loaded, flat)
-    finally:
-        view.release()
-        buf.close()
-    return io_s
-
-
-def run_memmap(out: Path, model: str, with_optimizer: bool, load: bool = False) -> float:
-    """Write the flat tensors into ``out/model.mmap.bin`` through a shared mapping (``numpy.memmap`` mode
-    ``w+``: the file is sized, mapped, filled, msynced by ``flush``, unmapped) and index them in
-    ``model.mmap.json``; ``load`` maps the file read-only, copies every tensor out and checks it."""
-    torch = _torch()
-    import numpy as np
-
-    flat = _flat_safetensors(local_state(model_config(model), 0, 1, with_optimizer))
-    path, index_path = out / "model.mmap.bin", out / "model.mmap.json"
-    layout, end = _flat_layout(flat, align_bytes=1)
-    if load and not (path.exists() and index_path.exists()):
-        raise WorkloadError(f"nothing to load: {path} or {index_path.name} is missing (run the save first)")
-    started = time.perf_counter()
-    mapped = np.memmap(path, dtype=np.uint8, mode="r" if load else "w+", shape=(max(1, end),))
-    try:
-        if load:
-            loaded = {
-                name: torch.from_numpy(np.array(mapped[offset : offset + nbytes])).view(flat[name].dtype).reshape(shape)
-                for name, (offset, nbytes, shape) in layout.items()
-            }
-        else:
-            for name, (offset, nbytes, _) in layout.items():
-                mapped[offset : offset + nbytes] = flat[name].contiguous().view(torch.uint8).reshape(-1).numpy()
-            mapped.flush()
-    finally:
-        # munmap now, not at garbage collection; numpy's stubs do not declare memmap's _mmap (the mmap.mmap)
-        mapped._mmap.close()  # pyright: ignore[reportAttributeAccessIssue]
-        del mapped
-    if not load:
-        index_path.write_text(json.dumps({name: list(entry) for name, entry in layout.items()}))
-    io_s = time.perf_counter() - started
-    if load:
-        _same(torch, loaded, flat)
-    return io_s
-
-
-def _aio_check(done, sizes: dict, load: bool) -> None:
-    """Raise WorkloadError for a failed request or a short write (a read may end at the end of the file)."""
-    for completion in done:
-        if completion.res < 0 or (not load and completion.res != sizes[completion.tag]):
-            detail = os.strerror(-completion.res) if completion.res < 0 else f"{completion.res} B written"
-            raise WorkloadError(f"a native AIO {'read' if load else 'write'} failed: {detail}")
 
 
 @dataclass(frozen=True)
@@ -801,149 +576,26 @@ class WorkloadArgs:
     device: str = "cpu"
 
 
+#: The engine-specific options a workload may take (``Workload.options``): ``WorkloadArgs``' fields.
+OPTIONS = ("ranks", "file_per_layer", "mmap", "writer", "shards")
+
+
 @dataclass(frozen=True)
 class Workload:
-    """One built-in workload: ``run(args)`` saves (or with ``args.load`` loads and checks) and returns the
-    seconds of the I/O itself. ``options``: the engine-specific options it takes, of ``ranks``,
-    ``file_per_layer``, ``mmap`` (with ``load`` only), ``writer`` and ``shards``; ``cuda``: its state can live
-    on the GPU; ``committed``: the file a finished save leaves, which a load needs first (None: not checked)."""
+    """One built-in workload's declaration (``WORKLOAD = Workload(...)`` in its module of
+    ``ckpt_trace.workloads.builtin``).
+
+    ``run(args)`` saves into ``args.out`` (or with ``args.load`` loads what a save left there and checks every
+    tensor) and returns the seconds of the I/O itself; it raises WorkloadError (a missing engine: one line
+    saying what to install). ``summary``: one line for listings. ``options``: the engine-specific options it
+    takes, of ``OPTIONS`` (``mmap`` with ``load`` only); ``cuda``: its state can live on the GPU;
+    ``committed``: the file a finished save leaves, which a load needs first (None: not checked); ``order``:
+    its place in the CLI's choices and listings."""
 
     name: str
     run: Callable[[WorkloadArgs], float]
+    summary: str = ""
     options: frozenset[str] = frozenset()
     cuda: bool = False
     committed: str | None = None
-
-
-#: Every built-in workload by name, in the CLI's order: the one table ``run``, the CLI's choices and the
-#: messages read (an unknown name is an error, never a default). A new workload is one more entry (its
-#: function may live in its own module).
-WORKLOADS: dict[str, Workload] = {
-    w.name: w
-    for w in (
-        Workload(
-            "dcp",
-            lambda a: run_dcp(a.out, a.ranks, a.model, a.with_optimizer, "dcp", a.load, a.writer, a.device),
-            frozenset({"ranks"}),
-            cuda=True,
-            committed=".metadata",
-        ),
-        Workload(
-            "torch-save",
-            lambda a: run_torch_save(a.out, a.model, a.with_optimizer, a.file_per_layer, a.load, a.mmap, a.device),
-            frozenset({"file_per_layer", "mmap"}),
-            cuda=True,
-        ),
-        Workload(
-            "safetensors",
-            lambda a: run_safetensors(a.out, a.model, a.with_optimizer, a.load, a.shards, a.device),
-            frozenset({"shards"}),
-            cuda=True,
-        ),
-        Workload(
-            "emitted",
-            lambda a: run_dcp(a.out, a.ranks, a.model, a.with_optimizer, "emitted", a.load, a.writer, a.device),
-            frozenset({"ranks", "writer"}),
-            cuda=True,
-            committed="ckpt-trace.metadata",
-        ),
-        Workload("libaio", lambda a: run_libaio(a.out, a.model, a.with_optimizer, a.load)),
-        Workload("memmap", lambda a: run_memmap(a.out, a.model, a.with_optimizer, a.load)),
-    )
-}
-ENGINES = tuple(WORKLOADS)
-#: The workloads that take --ranks (DCP's) and those whose state can live on the GPU: read from the table.
-DCP_ENGINES = tuple(name for name, w in WORKLOADS.items() if "ranks" in w.options)
-CUDA_ENGINES = tuple(name for name, w in WORKLOADS.items() if w.cuda)
-
-
-def workload(name: str) -> Workload:
-    """The built-in workload called ``name``. Raises WorkloadError for an unknown name."""
-    spec = WORKLOADS.get(name)
-    if spec is None:
-        raise WorkloadError(f"unknown workload {name!r} (choose from {', '.join(ENGINES)})")
-    return spec
-
-
-def _takers(option: str, *, bare: bool = False) -> str:
-    """The workloads that take ``option``, for a message: 'the dcp and emitted workloads only' (``bare``:
-    'dcp and emitted')."""
-    names = " and ".join(name for name, w in WORKLOADS.items() if option in w.options)
-    return names if bare else f"the {names} workload{'s' if ' and ' in names else ''} only"
-
-
-def _check_cuda(engine: str, ranks: int) -> None:
-    """Raise WorkloadError unless ``--device cuda`` can run ``engine`` with ``ranks`` here."""
-    if engine not in CUDA_ENGINES:
-        raise WorkloadError(f"--device cuda applies to the {', '.join(CUDA_ENGINES)} workloads")
-    torch = _torch()
-    if not torch.cuda.is_available():
-        raise WorkloadError("--device cuda: no CUDA GPU here (torch.cuda.is_available() is false)")
-    if ranks > torch.cuda.device_count():
-        raise WorkloadError(
-            f"--device cuda: {ranks} ranks need {ranks} GPUs (NCCL), this machine has {torch.cuda.device_count()}"
-        )
-
-
-def run(
-    engine: str,
-    out: Path,
-    *,
-    ranks: int = 1,
-    model: str = "gpt2-small",
-    with_optimizer: bool = False,
-    file_per_layer: bool = False,
-    load: bool = False,
-    mmap: bool = False,
-    writer: str | None = None,
-    shards: int = 1,
-    device: str = "cpu",
-) -> tuple[Path, float]:
-    """Run a built-in workload (a save, or with ``load`` a checked load of that save); returns the checkpoint
-    directory and the seconds of the save or load itself (for DCP, barrier to barrier; for torch.load and
-    load_file, until every tensor's bytes were read).
-
-    Raises WorkloadError for an unknown engine or model, ranks < 1, options of
-    another engine (``--file-per-layer`` and ``--mmap`` are torch-save's,
-    ``--writer`` emitted's, ``--ranks`` the DCP engines'), a failed save, or a
-    load that finds a tensor different from what was saved.
-    """
-    spec = workload(engine)
-    if file_per_layer and "file_per_layer" not in spec.options:
-        raise WorkloadError(f"--file-per-layer applies to {_takers('file_per_layer')}")
-    if mmap and ("mmap" not in spec.options or not load):
-        raise WorkloadError(
-            f"--mmap applies to {_takers('mmap', bare=True)} --load only (safetensors maps its file anyway)"
-        )
-    if writer is not None and "writer" not in spec.options:
-        raise WorkloadError(f"--writer applies to {_takers('writer')}")
-    if ranks < 1:
-        raise WorkloadError("--ranks must be at least 1")
-    if device not in DEVICES:
-        raise WorkloadError(f"unknown --device {device!r} (choose from {', '.join(DEVICES)})")
-    if device == "cuda":
-        _check_cuda(engine, ranks)
-    if shards < 1:
-        raise WorkloadError("--shards must be at least 1")
-    if shards != 1 and "shards" not in spec.options:
-        raise WorkloadError(f"--shards applies to {_takers('shards')}")
-    if ranks != 1 and "ranks" not in spec.options:
-        raise WorkloadError(f"--ranks applies to {_takers('ranks')}")
-    model_config(model)
-    if writer is not None:
-        load_writer_module(writer)
-    out = Path(out)
-    if load and spec.committed is not None:
-        committed = out / spec.committed
-        if not committed.exists():
-            raise WorkloadError(
-                f"nothing to load: {out} holds no {engine} checkpoint ({committed.name} is missing; run the save first)"
-            )
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        io_s = spec.run(
-            WorkloadArgs(out, ranks, model, with_optimizer, file_per_layer, load, mmap, writer, shards, device)
-        )
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; a partial checkpoint may remain in {out}") from None
-    return out, io_s
+    order: int = 100

@@ -278,7 +278,7 @@ def _state(mesh, shapes: dict, dtype_name: str, optimizer: str, device: str) -> 
     import torch
     from torch.distributed.tensor import DTensor, Shard
 
-    from .engines import _optimizer_groups, _shard_rows
+    from .engines import _shard_rows, optimizer_groups
 
     rank, world = mesh.get_local_rank(), mesh.size()
     weight_dtype = getattr(torch, dtype_name)
@@ -300,7 +300,7 @@ def _state(mesh, shapes: dict, dtype_name: str, optimizer: str, device: str) -> 
                 }
                 for name, shape in shapes.items()
             },
-            "param_groups": _param_groups(torch, list(shapes), _optimizer_groups()[0]),
+            "param_groups": _param_groups(torch, list(shapes), optimizer_groups()[0]),
         }
     return state
 

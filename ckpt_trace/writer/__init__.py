@@ -7,7 +7,9 @@ StorageReader, ``emit`` chooses the options and writes the module.
 
 ``WriterOptions`` needs nothing but the standard library; ``CheckpointWriter``
 and ``CheckpointReader`` (torch.distributed.checkpoint storage layers) import
-torch on first use: ``pip install 'ckpt-trace[torch]'``.
+torch on first use. All but ``emit`` ship alone as ckpt-trace-runtime (torch
+and numpy; no pyarrow), what an emitted module needs in a training image:
+``pip wheel --no-deps ./runtime`` in ckpt-trace's repository builds it.
 """
 
 from .options import WriterOptions

@@ -315,6 +315,9 @@ def render_module(
         summary.get("layout"), values["buffer_bytes"]
     )
     header += [
+        "Needs ckpt-trace-runtime (torch, numpy; no pyarrow): 'pip wheel --no-deps ./runtime' in ckpt-trace's",
+        "repository builds its wheel, for a training image without ckpt-trace.",
+        "",
         "Use:",
         "    import torch.distributed.checkpoint as dcp",
         "    from {module} import make_reader, make_writer",

@@ -16,6 +16,7 @@ engine, backend and phase (the README's engine table is made from it).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -35,6 +36,7 @@ from ckpt_trace.formats import read_metadata, read_trace
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import drive  # noqa: E402
+import ds_ops  # noqa: E402
 import references  # noqa: E402
 
 # Engines whose data moves through io_uring requests (compared with perf on bcc) or file mappings.
@@ -61,23 +63,39 @@ def _skip_unless_enabled(engine: str) -> None:
         pytest.skip(f"{drive.PACKAGES[engine]} is not installed (pip install 'ckpt-trace[engines]')")
     if shutil.which("strace") is None:
         pytest.skip("strace (the reference) is not installed")
+    if engine.startswith("deepspeed"):
+        lock = ds_ops.stale_lock(ds_ops.extensions_dir(_env()))
+        if lock is not None:
+            pytest.fail(
+                f"{lock}: a killed build of a DeepSpeed op left this lock and no process holds it; every load would "
+                "wait on it forever (remove it if no build is running)",
+                pytrace=False,
+            )
+        reason = _prebuild(engine)
+        if reason:
+            pytest.skip(reason)
+
+
+@functools.cache
+def _prebuild(engine: str) -> str | None:
+    """Build the engine's JIT ops (minutes, once: ``ds_ops``) by one untraced save, not inside a recording;
+    the reason the engine cannot run here, or None."""
+    with tempfile.TemporaryDirectory() as scratch:
+        proc = subprocess.run(
+            _drive(engine, "save", Path(scratch) / "ckpt", Path(scratch) / "report.json"),
+            capture_output=True,
+            text=True,
+            env=_env(),
+            timeout=3600,
+        )
+    if proc.returncode == 0:
+        return None
     if engine == "deepspeed-fast":
-        # Its async_io op is built (JIT, minutes) by one untraced save first, not inside a recording: the same
-        # save, since a build from another context (a bare AsyncIOBuilder().load()) used other compiler
-        # flags here and made the next save build it again.
-        with tempfile.TemporaryDirectory() as scratch:
-            proc = subprocess.run(
-                _drive(engine, "save", Path(scratch) / "ckpt", Path(scratch) / "report.json"),
-                capture_output=True,
-                text=True,
-                env=_env(),
-                timeout=3600,
-            )
-        if proc.returncode != 0:
-            pytest.skip(
-                f"DeepSpeed's FastPersist writer does not run here (its async_io op needs libaio-dev): "
-                f"{proc.stderr.strip().splitlines()[-1:]}"
-            )
+        return (
+            f"DeepSpeed's FastPersist writer does not run here (its async_io op needs libaio-dev): "
+            f"{proc.stderr.strip().splitlines()[-1:]}"
+        )
+    return f"DeepSpeed does not run here: {proc.stderr.strip().splitlines()[-1:]}"
 
 
 def _drive(engine: str, phase: str, ckpt: Path, report: Path) -> list[str]:
@@ -85,7 +103,7 @@ def _drive(engine: str, phase: str, ckpt: Path, report: Path) -> list[str]:
 
 
 def _env() -> dict:
-    env = dict(os.environ)
+    env = ds_ops.env(os.environ)  # one ninja and one build directory for DeepSpeed's JIT ops
     env.setdefault("DS_ACCELERATOR", "cpu")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env

@@ -285,26 +285,62 @@ def write_trace(
         table = conform(table).combine_chunks()
     except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as err:
         raise TraceFormatError(f"rows do not fit the trace schema: {err}") from None
-    options = _write_options(ZSTD_LEVEL_ONE_BATCH if table.num_rows <= max(1, batch_rows) else ZSTD_LEVEL)
+    batches = table.to_batches(max_chunksize=max(1, batch_rows))
+    final, _ = write_batches_atomically(
+        path, table.schema, keys, batches, one_batch=table.num_rows <= max(1, batch_rows), temporary=temporary
+    )
+    return final
+
+
+def write_batches_atomically(
+    path: Path,
+    schema: pa.Schema,
+    keys: Mapping[bytes, bytes],
+    batches: Iterable[pa.RecordBatch],
+    *,
+    one_batch: bool,
+    temporary: str | os.PathLike | None = None,
+) -> tuple[Path, int]:
+    """Write ``batches`` (each of ``schema``) as an Arrow IPC file whose schema metadata is ``keys`` to ``path``
+    through a temporary file renamed into place (``AtomicFile``; ``temporary``: a file ``reserve_temporary``
+    made), each batch one record batch of the file, at zstd level ``ZSTD_LEVEL_ONE_BATCH`` when ``one_batch``
+    and ``ZSTD_LEVEL`` otherwise: the one write of ``write_trace`` and ``write_trace_batches``. Returns (final
+    path, rows written).
+
+    Raises CkptTraceError when the file system refuses the write; TraceFormatError when a batch is not of
+    ``schema`` or a text column changes dictionary between batches. In every failure, whatever ``batches``
+    raises included, the temporary file is removed and ``path`` is untouched.
+    """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise _refusal(path, err) from None
-    output = AtomicFile(path, temporary=temporary, what="trace")  # ``temporary``: reserve_temporary's
+    output = AtomicFile(path, temporary=temporary, what="trace")
+    rows = 0
     try:
         with (
             pa.OSFile(output.sink_path, "wb") as sink,
-            ipc.new_file(sink, table.schema.with_metadata(keys), options=options) as writer,
+            ipc.new_file(
+                sink,
+                schema.with_metadata(keys),
+                options=_write_options(ZSTD_LEVEL_ONE_BATCH if one_batch else ZSTD_LEVEL),
+            ) as writer,
         ):
-            for batch in table.to_batches(max_chunksize=max(1, batch_rows)):
-                writer.write_batch(batch)
+            for batch in batches:
+                if not batch.schema.equals(schema):
+                    raise TraceFormatError(f"rows do not fit the trace schema: {batch.schema} is not {schema}")
+                try:
+                    writer.write_batch(batch)
+                except pa.ArrowInvalid as err:  # a dictionary replaced between batches
+                    raise TraceFormatError(f"rows do not fit the trace file: {err}") from None
+                rows += batch.num_rows
     except OSError as err:
         output.discard()
         raise _refusal(path, err) from None
     except BaseException:
         output.discard()
         raise
-    return output.commit()
+    return output.commit(), rows
 
 
 def _decode_metadata(path: Path, schema: pa.Schema) -> dict:

@@ -16,11 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.ipc as ipc
 
-from .atomic import AtomicFile
 from .errors import CkptTraceError, TraceFormatError
-from .io import DEFAULT_BATCH_ROWS, ZSTD_LEVEL, ZSTD_LEVEL_ONE_BATCH, _refusal, _schema_metadata, _write_options
+from .io import DEFAULT_BATCH_ROWS, _schema_metadata, write_batches_atomically
 from .schema import OPTIONAL_COLUMNS, file_schema
 
 
@@ -54,33 +52,4 @@ def write_trace_batches(
     schema = file_schema(optional)
     keys = _schema_metadata(metadata, None)
     one_batch = expected_rows is not None and expected_rows <= DEFAULT_BATCH_ROWS
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise _refusal(path, err) from None
-    output = AtomicFile(path, what="trace")
-    rows = 0
-    try:
-        with (
-            pa.OSFile(output.sink_path, "wb") as sink,
-            ipc.new_file(
-                sink,
-                schema.with_metadata(keys),
-                options=_write_options(ZSTD_LEVEL_ONE_BATCH if one_batch else ZSTD_LEVEL),
-            ) as writer,
-        ):
-            for batch in batches:
-                if not batch.schema.equals(schema):
-                    raise TraceFormatError(f"rows do not fit the trace schema: {batch.schema} is not {schema}")
-                try:
-                    writer.write_batch(batch)
-                except pa.ArrowInvalid as err:  # a dictionary replaced between batches
-                    raise TraceFormatError(f"rows do not fit the trace file: {err}") from None
-                rows += batch.num_rows
-    except OSError as err:
-        output.discard()
-        raise _refusal(path, err) from None
-    except BaseException:
-        output.discard()
-        raise
-    return output.commit(), rows
+    return write_batches_atomically(path, schema, keys, batches, one_batch=one_batch)

@@ -3,6 +3,8 @@
 - ``ring``: one io_uring per thread, batched submission, per-key drain,
   registered buffers, a latency hook; whole batches issued in C (``Ring.run``)
   and the POSIX engine's loop (``pio_run``); ``probe`` for queue depths.
+- ``posix_ring``: the ring's request-by-request interface on
+  os.preadv/os.pwritev, which ``ring.open_ring`` falls back to (one line).
 - ``buffers``: page-aligned buffers, and the pattern buffer every writer of
   ours takes its bytes from; ``pattern``: that content, checkable.
 - ``files``: open with an O_DIRECT fallback that says so, fallocate,

@@ -35,6 +35,7 @@ import errno
 import os
 import stat
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Self
 
@@ -286,16 +287,17 @@ class Root:
         return root
 
     def unlink(self, rel: str) -> None:
-        parent, name = self._parent(rel)
-        try:
-            os.unlink(name, dir_fd=parent)
-        finally:
-            self._release(parent)
+        self._in_parent(os.unlink, rel)
 
     def rmdir(self, rel: str) -> None:
+        self._in_parent(os.rmdir, rel)
+
+    def _in_parent(self, call: Callable[..., None], rel: str) -> None:
+        """``call(name, dir_fd=parent)`` on ``rel``'s last name in its parent directory (opened beneath the
+        root, released after)."""
         parent, name = self._parent(rel)
         try:
-            os.rmdir(name, dir_fd=parent)
+            call(name, dir_fd=parent)
         finally:
             self._release(parent)
 

@@ -85,7 +85,9 @@ _LIBRARY = Path(__file__).with_name(ring_build.LIBRARY_NAME)  # built from _ring
 #: signature or ``ckr_req`` changes. A library reporting another version (or none: built before the
 #: check existed) is rebuilt from the source beside it, or refused (``library``).
 ABI_VERSION = 3
-_REBUILD = "rebuild it: 'python scripts/build_ring.py' or reinstall ckpt-trace; it needs cc and linux-libc-dev"
+_REBUILD = (
+    "reinstall ckpt-trace-runtime, or in a source tree: 'python scripts/build_ring.py' (needs cc, linux-libc-dev)"
+)
 _lib: ctypes.CDLL | None = None
 
 
@@ -408,30 +410,22 @@ class Ring:
         requests = np.ascontiguousarray(requests, dtype=REQUEST_DTYPE)
         results = np.full(count, NOT_ISSUED, dtype=np.int64)
         latencies = np.zeros(count, dtype=np.int64)
+        args = (
+            self._ring,
+            requests.ctypes.data,
+            count,
+            self.queue_depth,
+            results.ctypes.data,
+            latencies.ctypes.data,
+            int(stop_on_error),
+        )
         if generate is None:
-            done = self._lib.ckr_run(
-                self._ring,
-                requests.ctypes.data,
-                count,
-                self.queue_depth,
-                results.ctypes.data,
-                latencies.ctypes.data,
-                int(stop_on_error),
-            )
+            done = self._lib.ckr_run(*args)
         else:
             if slots is None:
                 raise ValueError("generate needs slots (the buffers the data is made in)")
             spec, flags = slots.spec(generate)
-            done = self._lib.ckr_run_gen(
-                self._ring,
-                requests.ctypes.data,
-                count,
-                self.queue_depth,
-                results.ctypes.data,
-                latencies.ctypes.data,
-                int(stop_on_error),
-                ctypes.byref(spec),
-            )  # flags: kept alive through the call
+            done = self._lib.ckr_run_gen(*args, ctypes.byref(spec))  # flags: kept alive through the call
         _check(done, "io_uring_enter")
         if self.latency_sink is not None:
             self.latency_sink.extend(latencies[results != NOT_ISSUED].tolist())

@@ -12,7 +12,7 @@ at known offsets cover, when all of them together fit
 most 4 GiB); a write then points into its file's buffer, as an application's
 write points into its tensors. Otherwise (too large, or a write at an unknown
 offset) the executors generate the bytes as each write is issued
-(``_WorkerContext.issue``), and the result says so in a note.
+(``engine.WorkerContext.issue``), and the result says so in a note.
 """
 
 from __future__ import annotations

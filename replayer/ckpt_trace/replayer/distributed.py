@@ -69,15 +69,14 @@ from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
 from ckpt_trace.formats import read_metadata, scan, sha256_file
 from ckpt_trace.iolayer import host
 from ckpt_trace.stats import LatencyHistogram
-from ckpt_trace.version import __version__
 
 from . import strategies
+from .engine import Progress
 from .lock import TargetLock, job_id
 from .optable import WRITE
 from .options import ReplayOptions
 from .ownership import Claim
 from .plan import GLOBAL_ROW, PLAN_COLUMNS, ReplayPlan, build_posix_plan
-from .posix import Progress
 from .replay import (
     RunCount,
     SizeMismatch,
@@ -89,7 +88,7 @@ from .replay import (
     refuse_target_holding,
     size_mismatches,
 )
-from .results import ReplayResult
+from .results import ReplayResult, results_document
 from .runs import add_speedups, median_run, release, trace_file
 from .verify import verify_content
 
@@ -437,15 +436,7 @@ class DistributedReport:
                         entry["elapsed_s"].get(result.strategy, 0.0), process["results"][i]["elapsed_s"]
                     )
         return {
-            "trace": str(self.trace),
-            "trace_sha256": self.trace_sha256,
-            "target": str(self.target),
-            "creator": "ckpt-trace",
-            "creator_version": __version__,
-            "environment": self.environment,
-            "options": self.options,
-            "fio_write_bytes_per_s": None,
-            "results": [result.to_json() for result in self.results],
+            **results_document(self),
             "distributed": {
                 "world_size": self.world.size,
                 "processes": self.processes,

@@ -16,7 +16,8 @@ so a compatibility-mode figure is never mistaken for true GDS. Sources: KvikIO's
 compatibility mode".
 
 Call order (``replay``): ``probe()`` before planning (None, or why gds cannot run here), then the
-executor's ``prepare``/``run`` as every executor's.
+executor's ``prepare``/``run`` as every executor's: the engine (``replayer.engine``) with ``GdsPath``, this
+strategy's ``datapath.DataPath``.
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.iolayer import pattern
 from ckpt_trace.iolayer.buffers import pattern_buffer
 
+from .datapath import DATA_PATHS, DataPathDefaults, WorkerIO
+from .engine import Executor
+from .paths import TargetRoot
 from .plan import PlanOp, ReplayPlan
-from .posix import DATA_PATHS, PosixExecutor
 
 if TYPE_CHECKING:
     import torch
@@ -101,27 +102,33 @@ def _mode(kvikio) -> GdsMode:
     return GdsMode(False, f"compatibility mode, not true GDS (KvikIO {kvikio.__version__}: {'; '.join(reasons)})")
 
 
-class GdsExecutor(PosixExecutor):
-    """Reads and writes through KvikIO's ``CuFile`` between the file and GPU memory; see the module
-    docstring. Every data operation runs alone (no batching into runs)."""
+def gds_executor(root: TargetRoot, max_io_bytes: int, mode: GdsMode) -> Executor:
+    """The engine with the gds data path (the gds strategy's executor; ``probe`` said ``mode``)."""
+    return Executor(root, max_io_bytes, GdsPath(max_io_bytes, mode))
 
-    strategy = "gds"
-    data_path_code = DATA_PATHS.index("cufile")
+
+class GdsPath(DataPathDefaults):
+    """Reads and writes through KvikIO's ``CuFile`` between the file and GPU memory, in pieces of at most
+    ``max_io_bytes``; see the module docstring. Every data operation runs alone (no runs)."""
+
+    name = "gds"
+    path_code: int | None = DATA_PATHS.index("cufile")
     maps_files = False  # mapped I/O is replayed as reads and writes through cuFile
     queues_as_recorded = False
-    kernel_copies = False  # in-kernel copies as a read and a write, through this strategy's path
+    kernel_copies = False  # in-kernel copies as a read and a write, through this path
+    separates_reads_and_writes = False
 
-    def __init__(self, root, max_io_bytes: int, mode: GdsMode) -> None:
-        super().__init__(root, max_io_bytes)
+    def __init__(self, max_io_bytes: int, mode: GdsMode) -> None:
+        self.max_io_bytes = max_io_bytes
         self.mode = mode
         self._files: dict[tuple[int, int, str], Any] = {}  # kvikio.CuFile (untyped optional dependency)
         self._device_pattern: torch.Tensor | None = None  # set by prepare
         self._device_scratch: torch.Tensor | None = None
 
     def prepare(self, plan: ReplayPlan) -> None:
+        """The device buffers: the replay data's pattern (``max_io_bytes`` and a period) and scratch."""
         import torch
 
-        super().prepare(plan)
         host = pattern_buffer(self.max_io_bytes + pattern.PERIOD)
         try:
             self._device_pattern = torch.frombuffer(host.mmap, dtype=torch.uint8).cuda()
@@ -130,18 +137,15 @@ class GdsExecutor(PosixExecutor):
         self._device_scratch = torch.empty(self.max_io_bytes, dtype=torch.uint8, device="cuda")
         torch.cuda.synchronize()
 
-    def batchable(self, plan: ReplayPlan, rows: slice) -> np.ndarray:
-        return np.zeros(rows.stop - rows.start, dtype=bool)
+    def transfer(self, io: WorkerIO, op: PlanOp, row: int) -> int:
+        return self._transfer(io.fd(op.handle), op, write=op.kind == "write")
 
-    def run(self, plan: ReplayPlan, **options):
-        try:
-            result = super().run(plan, **options)
-        finally:
-            for handle in self._files.values():
-                handle.close()
-            self._files.clear()
-        result.notes.append(f"gds: {self.mode.label}")
-        return result
+    def finish(self) -> list[str]:
+        """Close the cuFile handles; the note says which mode ran."""
+        for handle in self._files.values():
+            handle.close()
+        self._files.clear()
+        return [f"gds: {self.mode.label}"]
 
     def _device_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(pattern, scratch): the device buffers ``prepare`` made. Raises ReplayError before ``prepare``."""
@@ -162,12 +166,6 @@ class GdsExecutor(PosixExecutor):
 
     def _position(self, fd: int, op: PlanOp) -> int:
         return op.offset if op.offset is not None else os.lseek(fd, 0, os.SEEK_CUR)
-
-    def _write(self, fd: int, op: PlanOp, view: memoryview, buf=None) -> int:
-        return self._transfer(fd, op, write=True)
-
-    def _read(self, fd: int, op: PlanOp, view: memoryview) -> int:
-        return self._transfer(fd, op, write=False)
 
     def _transfer(self, fd: int, op: PlanOp, write: bool) -> int:
         """``op.size`` bytes between the file at ``op.offset`` (or the descriptor's position, which is then

@@ -65,7 +65,8 @@ class PlanOp:
     ``kcopy`` (an index of ``KCOPIES``, 0 for none) marks a read or write that was one side of an in-kernel
     copy (sendfile(2), copy_file_range(2), splice(2)): the source's read row comes right before the
     destination's write row of the same call, and splice's two calls through a pipe are each one row. The
-    POSIX executor makes the same call (``PosixExecutor.kernel_copies``); the others read and write.
+    engine makes the same call where its data path leaves copies to it (``DataPath.kernel_copies``: posix,
+    mmap); the others read and write.
     """
 
     seq: int

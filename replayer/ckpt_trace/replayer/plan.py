@@ -30,9 +30,12 @@ are planned with vectorised numpy: each finds its handle by an as-of join on
 (process, descriptor) against the bindings the walk recorded, and file sizes,
 the byte ranges ``--verify`` checks and the cross-worker waits come from
 sorted group operations. A read or write on a descriptor no binding covers
-(inherited) goes through the walk. The result is identical to walking every
-row (``tests/test_plan_equivalence.py`` checks it against a one-row-at-a-time
-reference on random traces).
+(inherited) goes through the walk. The walk takes its rows in the order their
+descriptor changes took effect, as the tracer orders them: an open or dup at
+its return, everything else at its entry (``_effect_order``). Where no open or
+dup returns after another row of its process started, that is row order, and
+the result is identical to walking every row (``tests/test_plan_equivalence.py``
+checks it against a one-row-at-a-time reference on random traces).
 
 A plan is two things: what to execute (``ReplayPlan``) and what must hold
 afterwards (``PlanChecks``: final sizes, the byte ranges ``--verify``
@@ -239,6 +242,7 @@ PLAN_COLUMNS = _PLAN_COLUMNS = (
     "address",
     "prot",
     "memory_kind",
+    "dur_ns",  # when an open or dup takes effect (its return): ``_effect_order``
 )
 _TEXT = ("op", "path", "new_path", "interface", "memory_kind")
 _RING = np.array(sorted(v.RING_OPS))
@@ -251,7 +255,7 @@ class _Rows:
     batches' copies at the end (half the peak and one copy less); then a batch's all-null column (requests
     and mappings, in a trace of plain calls) is not copied at all: its zeroed column and mask stand."""
 
-    _MASKED = ("fd", "offset", "size", "flags", "queue_id", "in_flight", "address", "prot")
+    _MASKED = ("fd", "offset", "size", "flags", "queue_id", "in_flight", "address", "prot", "dur_ns")
 
     def __init__(self, batches: Iterable[pa.RecordBatch | pa.Table], capacity: int | None = None) -> None:
         self.texts: list[str] = []
@@ -400,7 +404,9 @@ class Origin(NamedTuple):
 
 
 class Binding(NamedTuple):
-    """A change of what descriptor ``fd`` of process ``pid`` names, at row ``seq``: ``handle`` (NONE: closed)."""
+    """A change of what descriptor ``fd`` of process ``pid`` names, in force for the rows after position
+    ``seq`` (row order): ``handle`` (NONE: closed). A close's is its row; an open's or dup's the last row that
+    started before it returned (``_effect_order``)."""
 
     pid: int
     fd: int
@@ -480,6 +486,7 @@ class _Planner:
         self.queue_depths: dict[int, int] = {}
         self.mappings: dict[int, list[MappedRange]] = defaultdict(list)  # per pid
         self.bindings: list[Binding] = []  # descriptor slot changes
+        self.returns_at: dict[int, int] = {}  # open/dup row -> its binding's position (``_effect_order``)
         self.data_ops: list[WalkedIO] = []
 
     def file(self, path: str) -> int:
@@ -498,9 +505,19 @@ class _Planner:
     def emit(self, worker: tuple[int, int], op: PlanOp) -> None:
         self.ops.append((worker, op))
 
+    def emit_row(self, seq: int, worker: tuple[int, int], row: dict, kind: str, **fields: Any) -> None:
+        """``emit`` the operation of trace row ``row``: its ``seq``, ``kind`` and recorded start; ``fields`` the
+        rest of its ``PlanOp``."""
+        self.emit(worker, PlanOp(seq=seq, kind=kind, ts_ns=row["ts_ns"], **fields))
+
     def bind(self, pid: int, fd: int | None, seq: int, handle: int | None) -> None:
         if fd is not None:
             self.bindings.append(Binding(pid, fd, seq, NONE if handle is None else handle))
+
+    def returned_at(self, seq: int) -> int:
+        """The position in row order from which the descriptor open or dup row ``seq`` made is in force: the
+        last row that started before it returned (``_effect_order``), at least ``seq``."""
+        return self.returns_at.get(seq, seq)
 
     def _dep(self, origin: Origin | None, worker: Worker, deps: list[int]) -> None:
         if origin is not None and origin.worker != worker:
@@ -603,18 +620,9 @@ class _Planner:
         if old is not None:
             self.handle_refs[old] -= 1
         self.slots[(row["pid"], row["fd"])] = handle
-        self.bind(row["pid"], row["fd"], seq, handle)
-        self.emit(
-            worker,
-            PlanOp(
-                seq=seq,
-                kind=v.OPEN,
-                ts_ns=row["ts_ns"],
-                handle=handle,
-                path=path,
-                flags=flags,
-                deps=self.path_deps(seq, worker, path),
-            ),
+        self.bind(row["pid"], row["fd"], self.returned_at(seq), handle)
+        self.emit_row(
+            seq, worker, row, v.OPEN, handle=handle, path=path, flags=flags, deps=self.path_deps(seq, worker, path)
         )
 
     def _fd_op(self, seq, worker, row) -> tuple[int, list[int]] | None:
@@ -632,33 +640,13 @@ class _Planner:
         if found is None:
             return None
         handle, deps = found
-        self.emit(
-            worker,
-            PlanOp(
-                seq=seq,
-                kind=kind,
-                ts_ns=row["ts_ns"],
-                handle=handle,
-                path=self.handle_path[handle],
-                deps=tuple(deps),
-                **values,
-            ),
-        )
+        self.emit_row(seq, worker, row, kind, handle=handle, path=self.handle_path[handle], deps=tuple(deps), **values)
         return handle
 
     def _row_copy(self, seq, worker, row) -> None:
         """A host<->device copy: replayed before the I/O that followed it (``iolayer.gpu``), or skipped and
         counted where no GPU is."""
-        self.emit(
-            worker,
-            PlanOp(
-                seq=seq,
-                kind=COPY,
-                ts_ns=row["ts_ns"],
-                size=row["size"] or 0,
-                flags=gpu.encode(row["op"], row["memory_kind"]),
-            ),
-        )
+        self.emit_row(seq, worker, row, COPY, size=row["size"] or 0, flags=gpu.encode(row["op"], row["memory_kind"]))
 
     _row_copy_h2d = _row_copy_d2h = _row_copy_d2d = _row_copy_h2h = _row_copy_p2p = _row_copy_other = _row_copy
 
@@ -674,16 +662,14 @@ class _Planner:
         if self.file_of_path.get(path) == self.handle_file[handle]:  # (and joins the path's chain of waits)
             self._dep(self.last_path_op.get(path), worker, deps)
             self.last_path_op[path] = Origin(seq, worker)
-        self.emit(
+        self.emit_row(
+            seq,
             worker,
-            PlanOp(
-                seq=seq,
-                kind=v.CLOSE,
-                ts_ns=row["ts_ns"],
-                handle=handle,
-                release=self.handle_refs[handle] <= 0,
-                deps=tuple(sorted(set(deps))),
-            ),
+            row,
+            v.CLOSE,
+            handle=handle,
+            release=self.handle_refs[handle] <= 0,
+            deps=tuple(sorted(set(deps))),
         )
 
     def _request(self, row) -> dict:
@@ -737,20 +723,18 @@ class _Planner:
             return
         handle = self.new_handle(path, seq, worker)
         self.touch(path, creating=False)
-        self.emit(
+        self.emit_row(
+            seq,
             worker,
-            PlanOp(
-                seq=seq,
-                kind=v.MMAP_OP,
-                ts_ns=row["ts_ns"],
-                handle=handle,
-                path=path,
-                offset=row["offset"] or 0,
-                size=row["size"],
-                flags=row["flags"],
-                prot=row["prot"],
-                deps=self.path_deps(seq, worker, path),
-            ),
+            row,
+            v.MMAP_OP,
+            handle=handle,
+            path=path,
+            offset=row["offset"] or 0,
+            size=row["size"],
+            flags=row["flags"],
+            prot=row["prot"],
+            deps=self.path_deps(seq, worker, path),
         )
         self.mappings[row["pid"]].append(MappedRange(row["address"], row["size"] or 0, row["offset"] or 0, handle))
 
@@ -765,9 +749,7 @@ class _Planner:
         self.handle_refs[handle] -= 1
         deps: list[int] = []
         self._dep(self.handle_origin.get(handle), worker, deps)
-        self.emit(
-            worker, PlanOp(seq=seq, kind=v.MUNMAP, ts_ns=row["ts_ns"], handle=handle, release=True, deps=tuple(deps))
-        )
+        self.emit_row(seq, worker, row, v.MUNMAP, handle=handle, release=True, deps=tuple(deps))
 
     def _row_msync(self, seq, worker, row) -> None:
         found = self._mapped_handle(row["pid"], row["address"])
@@ -776,18 +758,16 @@ class _Planner:
             return
         deps: list[int] = []
         self._dep(self.handle_origin.get(found.handle), worker, deps)
-        self.emit(
+        self.emit_row(
+            seq,
             worker,
-            PlanOp(
-                seq=seq,
-                kind=v.MSYNC,
-                ts_ns=row["ts_ns"],
-                handle=found.handle,
-                offset=found.offset,
-                size=row["size"],
-                flags=row["flags"],
-                deps=tuple(deps),
-            ),
+            row,
+            v.MSYNC,
+            handle=found.handle,
+            offset=found.offset,
+            size=row["size"],
+            flags=row["flags"],
+            deps=tuple(deps),
         )
 
     def _row_lseek(self, seq, worker, row) -> None:
@@ -831,21 +811,27 @@ class _Planner:
         if old is not None:
             self.handle_refs[old] -= 1
         self.slots[(row["pid"], row["ret"])] = handle
-        self.bind(row["pid"], row["ret"], seq, handle)
-        self.emit(
-            worker,
-            PlanOp(seq=seq, kind=v.DUP, ts_ns=row["ts_ns"], handle=handle, source_handle=source, deps=tuple(deps)),
-        )
+        self.bind(row["pid"], row["ret"], self.returned_at(seq), handle)
+        self.emit_row(seq, worker, row, v.DUP, handle=handle, source_handle=source, deps=tuple(deps))
 
     def _row_fcntl(self, seq, worker, row) -> None:
         self._append_fd_op(seq, worker, row, v.FCNTL, flags=row["flags"])
 
-    def _row_rename(self, seq, worker, row) -> None:
+    def _two_names(self, row) -> tuple[str, str] | None:
+        """A rename or link row's (old, new) names under the target, both named from now on; None (the row
+        skipped, counted as no_path) where either is outside it."""
         old, new = self.rel(row["path"]), self.rel(row["new_path"])
         if old is None or new is None:
             self.skipped["no_path"] += 1
-            return
+            return None
         self.named.update((old, new))
+        return old, new
+
+    def _row_rename(self, seq, worker, row) -> None:
+        names = self._two_names(row)
+        if names is None:
+            return
+        old, new = names
         flags = row["flags"] or 0
         entries.move((self.sizes, self.file_of_path), old, new, flags)  # subtrees move (``replayer.entries``)
         deps: list[int] = []
@@ -861,36 +847,28 @@ class _Planner:
             if flags & entries.RENAME_EXCHANGE:
                 self.mkdir_seq[old] = Origin(seq, worker)
         deps = sorted(set(deps) | set(self.path_deps(seq, worker, old, new)))
-        self.emit(
-            worker,
-            PlanOp(
-                seq=seq, kind=v.RENAME, ts_ns=row["ts_ns"], path=old, new_path=new, flags=row["flags"], deps=tuple(deps)
-            ),
-        )
+        self.emit_row(seq, worker, row, v.RENAME, path=old, new_path=new, flags=row["flags"], deps=tuple(deps))
 
     def _row_link(self, seq, worker, row) -> None:
         """A second name of a file (link(2)): both names are the one file (sizes, content) from now on."""
-        old, new = self.rel(row["path"]), self.rel(row["new_path"])
-        if old is None or new is None:
-            self.skipped["no_path"] += 1
+        names = self._two_names(row)
+        if names is None:
             return
-        self.named.update((old, new))
+        old, new = names
         self.touch(old, creating=False)
         self.first_touch.setdefault(new, True)
         self.file_of_path[new] = self.file(old)
         if old in self.sizes:
             self.sizes[new] = self.sizes[old]
-        self.emit(
+        self.emit_row(
+            seq,
             worker,
-            PlanOp(
-                seq=seq,
-                kind=v.LINK,
-                ts_ns=row["ts_ns"],
-                path=old,
-                new_path=new,
-                flags=row["flags"],
-                deps=self.path_deps(seq, worker, old, new),
-            ),
+            row,
+            v.LINK,
+            path=old,
+            new_path=new,
+            flags=row["flags"],
+            deps=self.path_deps(seq, worker, old, new),
         )
 
     def _row_symlink(self, seq, worker, row) -> None:
@@ -905,16 +883,8 @@ class _Planner:
         self.named.add(new)
         self.first_touch.setdefault(new, True)
         self.made_dirs.add(new)  # (an entry the trace makes: nothing is made at its name before the clock)
-        self.emit(
-            worker,
-            PlanOp(
-                seq=seq,
-                kind=v.SYMLINK,
-                ts_ns=row["ts_ns"],
-                path=row["path"],
-                new_path=new,
-                deps=self.path_deps(seq, worker, new),
-            ),
+        self.emit_row(
+            seq, worker, row, v.SYMLINK, path=row["path"], new_path=new, deps=self.path_deps(seq, worker, new)
         )
 
     def _row_unlink(self, seq, worker, row) -> None:
@@ -929,17 +899,7 @@ class _Planner:
         self.first_touch.setdefault(path, False)
         self.sizes.pop(path, None)
         self.file_of_path.pop(path, None)
-        self.emit(
-            worker,
-            PlanOp(
-                seq=seq,
-                kind=v.UNLINK,
-                ts_ns=row["ts_ns"],
-                path=path,
-                flags=row["flags"],
-                deps=self.path_deps(seq, worker, path),
-            ),
-        )
+        self.emit_row(seq, worker, row, v.UNLINK, path=path, flags=row["flags"], deps=self.path_deps(seq, worker, path))
 
     def _row_mkdir(self, seq, worker, row) -> None:
         path = self.rel(row["path"])
@@ -949,7 +909,7 @@ class _Planner:
         deps = self.path_deps(seq, worker, path)
         self.made_dirs.add(path)
         self.mkdir_seq[path] = Origin(seq, worker)
-        self.emit(worker, PlanOp(seq=seq, kind=v.MKDIR, ts_ns=row["ts_ns"], path=path, deps=deps))
+        self.emit_row(seq, worker, row, v.MKDIR, path=path, deps=deps)
 
     def _under_made_dir(self, path: str) -> bool:
         return any(path == d or path.startswith(d + "/") for d in self.made_dirs)
@@ -1278,17 +1238,45 @@ def _renumbered(plan: ReplayPlan, global_row: np.ndarray) -> ReplayPlan:
 
 
 def _walk(rows: _Rows, walked: np.ndarray, strip_prefix: str | None, arch: str) -> _Planner:
+    """The walk over rows ``walked`` (ascending) in the order their descriptor changes took effect."""
     planner = _Planner(strip_prefix, arch)
-    for i in walked.tolist():
+    order, planner.returns_at = _effect_order(rows, walked)
+    for i in walked[order].tolist():
         planner.add(i, rows.row(i))
     return planner
+
+
+def _effect_order(rows: _Rows, walked: np.ndarray) -> tuple[slice | np.ndarray, dict[int, int]]:
+    """(the order of rows ``walked`` by the time each changed the descriptor table, and each open's and
+    dup's position in row order from which its new descriptor is in force).
+
+    An open or dup makes its descriptor at its exit (``ts_ns + dur_ns``; a null ``dur_ns``: 0), every
+    other call acts at its entry (``ts_ns``; a close frees its slot there, a read or write looks its
+    descriptor up there: fdget), as the tracer orders them (``tracer.state``'s ``effect_ns``); ties keep
+    row order. So another thread's open that returned the same number later binds it only for the rows
+    that started after it returned: position ``p`` (the last row that started before that return, and at
+    least the open's own row) means rows after ``p`` (``_asof_handles``). Rows are in ``ts_ns`` order."""
+    c = rows.cols
+    makes = is_any_of(c["op"][walked], [rows.code(v.OPEN), rows.code(v.DUP)])
+    makes &= c["interface"][walked] == rows.code(v.SYSCALL)  # (a request acts at its submission, as traced)
+    if not makes.any() or "dur_ns" not in c:
+        return slice(None), {}
+    made = walked[makes]
+    dur = np.where(rows.valid("dur_ns")[made], c["dur_ns"][made], 0)
+    effect_ns = c["ts_ns"][walked]  # (a copy: a gather)
+    effect_ns[makes] += np.maximum(dur, 0)
+    ts = c["ts_ns"]
+    at = np.maximum(made, np.searchsorted(ts, effect_ns[makes], side="left") - 1)
+    moved = at != made  # the rows whose change lands later than their own row: few
+    order = np.argsort(effect_ns, kind="stable") if moved.any() else slice(None)
+    return order, dict(zip(made[moved].tolist(), at[moved].tolist()))
 
 
 def _plan_rows(rows: _Rows, bound: Bound, skipped: Counter, verify_ranges: bool) -> ReplayPlan:
     """The plan from the walk and the bulk reads and writes (``bound``): the pipeline's steps after the
     walk, in order. Memory: each trace column is dropped once gathered into the plan's order."""
     p = bound.planner
-    rows.drop("fd", "path", "new_path", "flags", "address", "prot", "memory_kind")  # the walk's alone: done
+    rows.drop("fd", "path", "new_path", "flags", "address", "prot", "memory_kind", "dur_ns")  # the walk's alone: done
     walk_workers = np.array([(pid << 32) | (tid & 0xFFFFFFFF) for (pid, tid), _ in p.ops], np.int64)
     merged = _merge_io(bound.data_rows, p.data_ops)
     keys, widx, row_key = _index_workers(rows, merged.row, walk_workers)

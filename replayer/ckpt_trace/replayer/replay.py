@@ -25,19 +25,18 @@ from ckpt_trace.formats import count_rows, scan, sha256_file
 from ckpt_trace.iolayer import host
 from ckpt_trace.iolayer.fio import fio_bytes_per_s
 from ckpt_trace.ranges import merge_grouped_ranges
-from ckpt_trace.version import __version__
 
 from . import strategies
 from .aggregate import alignment_counts
 from .checks import checked_batches, refuse_file_and_directory, refuse_skips, skip_notes
+from .engine import Executor, Progress, files_moved
 from .lock import TargetLock, is_lock_file, job_id, refuse_held
 from .optable import READ, WRITE
 from .options import CACHE_STATES, DEFAULT_BUFFER_BYTES, GPU_COPY_MODES, TIMINGS, ReplayOptions
 from .ownership import Claim
 from .paths import TargetRoot
 from .plan import PLAN_COLUMNS, ReplayPlan, build_posix_plan
-from .posix import PosixExecutor, Progress, files_moved
-from .results import ReplayResult
+from .results import ReplayResult, results_document
 from .runs import add_speedups, median_run, release, trace_file
 from .uring import io_uring_available
 from .verdicts import Rounds, versus_all
@@ -107,17 +106,7 @@ class ReplayReport:
     def to_json(self) -> dict:
         """The results document (``documents.ReplayDoc``): the trace (path and sha256, which ties the results to
         it), the target, where it ran, the options and one entry per result."""
-        return {
-            "trace": str(self.trace),
-            "trace_sha256": self.trace_sha256,
-            "target": str(self.target),
-            "creator": "ckpt-trace",
-            "creator_version": __version__,
-            "environment": self.environment,
-            "options": self.options,
-            "fio_write_bytes_per_s": self.fio_write_bytes_per_s,
-            "results": [result.to_json() for result in self.results],
-        }
+        return results_document(self, self.fio_write_bytes_per_s)
 
 
 def build_plan(
@@ -177,7 +166,7 @@ def _each_plan(
     names = strategies.expand(strategy)  # ReplayError for an unknown name
     arch = trace.metadata["arch"]
     if trace.table is None:  # a trace file: planned from record batches of the planner's columns only
-        _, batches = scan(trace.path, (*PLAN_COLUMNS, "dur_ns"))  # dur_ns: checked only (replayer.checks)
+        _, batches = scan(trace.path, PLAN_COLUMNS)  # (dur_ns among them: also checked, replayer.checks)
         base = build_posix_plan(
             checked_batches(batches),
             strip_prefix,
@@ -193,7 +182,7 @@ def _each_plan(
         yield derive_plan(base, name, **options)
 
 
-def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> PosixExecutor:
+def make_executor(strategy: str, root: TargetRoot, queue_depth: int) -> Executor:
     """The executor of ``strategy`` (its ``Strategy.executor``). Raises ReplayError for an unknown strategy
     or one this machine cannot run (io_uring unavailable for a uring strategy, no GPU for gds)."""
     return strategies.get(strategy).executor(root, queue_depth)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from ckpt_trace import config
 from ckpt_trace.stats import LatencyHistogram
+from ckpt_trace.version import __version__
 
 
 @dataclass
@@ -47,11 +51,11 @@ class ReplayResult:
     ``versus``: the same over every other strategy of the replay, by name.
     ``timing`` (``--timing original``): the per-operation start error's
     median and p99 as a share of the rank's recorded I/O window, and per rank
-    the replayed window against the recorded one (``_RunState.timing_figures``).
+    the replayed window against the recorded one (``RunState.timing_figures``).
     ``phases``: ``save`` (the writes) and ``load`` (the reads), each with its
     bytes, its time from the first such operation's start to the last one's
     end, its throughput, and per rank the same with the slowest rank and its
-    time (``_RunState.phase_figures``): a trace holding a save and a load
+    time (``RunState.phase_figures``): a trace holding a save and a load
     reports each apart, and the slowest rank's save time as MLPerf Storage does.
     """
 
@@ -147,3 +151,37 @@ class ReplayResult:
         data["write_throughput_bytes_per_s"] = self.write_throughput_bytes_per_s
         data["read_throughput_bytes_per_s"] = self.read_throughput_bytes_per_s
         return data
+
+
+class Replayed(Protocol):
+    """What a replay's results document is made of (``replay.ReplayReport``, ``distributed.DistributedReport``)."""
+
+    @property
+    def trace(self) -> Path: ...
+    @property
+    def trace_sha256(self) -> str | None: ...
+    @property
+    def target(self) -> Path: ...
+    @property
+    def environment(self) -> dict: ...
+    @property
+    def options(self) -> dict: ...
+    @property
+    def results(self) -> Sequence[ReplayResult]: ...
+
+
+def results_document(report: Replayed, fio_write_bytes_per_s: float | None = None) -> dict:
+    """The results document (``documents.ReplayDoc``) that single-node and distributed replay both write: the
+    trace (path and sha256, which ties the results to it), the target, the tool, where it ran, the options and
+    one entry per result (``ReplayResult.to_json``); a distributed replay adds its ``distributed`` key."""
+    return {
+        "trace": str(report.trace),
+        "trace_sha256": report.trace_sha256,
+        "target": str(report.target),
+        "creator": "ckpt-trace",
+        "creator_version": __version__,
+        "environment": report.environment,
+        "options": report.options,
+        "fio_write_bytes_per_s": fio_write_bytes_per_s,
+        "results": [result.to_json() for result in report.results],
+    }

@@ -8,7 +8,7 @@ mismatch at the first byte missing); a packed file's ranges
 (``PlanChecks.pack_verify``), read at their offset in the pack, hold the
 pack's pattern there (``replayer.pack``); files written at offsets the trace
 did not know are not checked (``PlanChecks.unverifiable``). Under ``posix``, which makes in-kernel copies
-by their recorded call (``PosixExecutor.kernel_copies``), a range a copy wrote holds its source's data at
+by their recorded call (``DataPath.kernel_copies``), a range a copy wrote holds its source's data at
 the source's offsets instead (``copied_ranges``), checked as such unless a later write overlaps it.
 """
 
@@ -94,7 +94,7 @@ def _check_file(
 
 
 def copied_ranges(plan: ReplayPlan) -> tuple[dict[str, list[tuple]], dict[str, list[tuple[int, int]]]]:
-    """The ranges in-kernel copies write when made by their call (``PosixExecutor._kernel_copy``): per
+    """The ranges in-kernel copies write when made by their call (``engine.Executor``): per
     destination path, (offset, size, source path, source offset or None) pieces; and per path the ranges other
     writes after them cover (bytes a copy wrote may be overwritten). A splice's bytes come from the splices
     into the worker's pipe before it, first in first out."""

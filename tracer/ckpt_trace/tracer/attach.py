@@ -597,13 +597,7 @@ def attach_bcc(choice, ctx: Attaching):
     from . import backends
     from .backends.bcc import load
 
-    plan, counter, make_feeder, attached_summary, spool = (
-        ctx.plan,
-        ctx.counter,
-        ctx.make_feeder,
-        ctx.attached_summary,
-        ctx.spool,
-    )
+    plan, counter, spool = ctx.plan, ctx.counter, ctx.spool
     tracer, choice = load(choice, list(ctx.filters))
     if tracer is None:
         fallback = backends.get(choice.name).attach
@@ -638,9 +632,9 @@ def attach_bcc(choice, ctx: Attaching):
             checkpoints.flush()
             return stopper.should_stop()
 
-        rec = tracer.attach(pids, make_feeder, spool.output.parent, finished, on_records=checkpoints, keep=keep)
+        rec = tracer.attach(pids, ctx.make_feeder, spool.output.parent, finished, on_records=checkpoints, keep=keep)
     builder, extra = rec.finish(spool)
-    extra.update(exit_code=0, exit_signal=None, attached=attached_summary(stopper, seen))  # the job runs on
+    extra.update(exit_code=0, exit_signal=None, attached=ctx.attached_summary(stopper, seen))  # the job runs on
     return builder, extra, choice
 
 
@@ -656,20 +650,14 @@ def attach_strace(choice, ctx: Attaching):
     from . import leftovers, strace_backend
     from .backends.strace import UNSEEN
 
-    plan, counter, make_feeder, attached_summary, spool = (
-        ctx.plan,
-        ctx.counter,
-        ctx.make_feeder,
-        ctx.attached_summary,
-        ctx.spool,
-    )
+    plan, counter, spool = ctx.plan, ctx.counter, ctx.spool
     tids: dict[int, int] = {}
     with (
         tempfile.TemporaryDirectory(prefix=leftovers.scratch_prefix("strace")) as scratch,
         Stopper(plan, counter) as stopper,
     ):
         start_ns = time.time_ns()
-        feeder = make_feeder(plan.pid, start_ns)
+        feeder = ctx.make_feeder(plan.pid, start_ns)
         got = strace_attach(plan, scratch, counter, stopper)
         command_elapsed_ns = time.time_ns() - start_ns
         logs = [strace_backend.iter_log(log) for log in got["logs"] if log.exists()]
@@ -702,7 +690,7 @@ def attach_strace(choice, ctx: Attaching):
             "late_events": feeder.late_events,
             "released_s": got["released_s"],
             "exited_s": got["exited_s"],
-            "attached": attached_summary(stopper, got["attached"]),
+            "attached": ctx.attached_summary(stopper, got["attached"]),
         },
         choice,
     )

@@ -935,28 +935,19 @@ class TraceBuilder:
         fd = int(ev.args["fd"])
         desc = proc.table.fds.get(fd)
         state = self.ring_of_fd.get((proc.tgid, fd))
+        ring = {"fd": fd, "path": desc.path if desc else None, "queue_id": state.queue_id if state else None}
         if ev.name == "io_uring_register":
             if ev.ret >= 0 and state is not None:
                 self._register_files(proc, state, ev)
-            self._emit(
-                proc,
-                ev,
-                "io_uring_register",
-                fd=fd,
-                path=desc.path if desc else None,
-                flags=int(ev.args.get("opcode", 0)),
-                queue_id=state.queue_id if state else None,
-            )
+            self._emit(proc, ev, "io_uring_register", flags=int(ev.args.get("opcode", 0)), **ring)
             return
         self._emit(
             proc,
             ev,
             "io_uring_enter",
-            fd=fd,
-            path=desc.path if desc else None,
             flags=int(ev.args.get("flags", 0)),
             size=int(ev.args.get("to_submit", 0)),
-            queue_id=state.queue_id if state else None,
+            **ring,
         )
 
     def _new_queue(self) -> int:

@@ -28,9 +28,9 @@ from ckpt_trace import registry
 from ckpt_trace.errors import ReplayError
 
 if TYPE_CHECKING:
+    from ..engine import Executor
     from ..paths import TargetRoot
     from ..plan import ReplayPlan
-    from ..posix import PosixExecutor
 
 #: The name that replays every strategy whose ``in_all`` is set.
 ALL = "all"
@@ -46,8 +46,10 @@ def as_recorded(base: ReplayPlan, *, buffer_bytes: int, block_bytes: int, pack_f
 class Strategy:
     """One replay strategy's declaration.
 
-    ``executor(root, queue_depth)`` makes its executor (raises ReplayError
-    when the machine cannot run it); ``derive(base, buffer_bytes=,
+    ``executor(root, queue_depth)`` makes its executor, the one engine
+    composed with its data path (``engine.Executor(root, max_io_bytes,
+    path)``, ``path`` a ``datapath.DataPath``; raises ReplayError when the
+    machine cannot run it); ``derive(base, buffer_bytes=,
     block_bytes=, pack_files=)`` its plan from the as-recorded plan (pure;
     the name is set by the caller). ``in_all``: replayed by ``--strategy
     all`` (else only when named, ``only_when_named`` saying why);
@@ -59,7 +61,7 @@ class Strategy:
     ``--buffer-size`` applies); ``packs_files`` (``--pack-files`` applies).
     ``named_path``: the data path its name promises (``ReplayResult.
     named_path``, checked by ``--strict``) and ``named_path_members`` the
-    ``posix.DATA_PATHS`` that count as it. ``table_pattern``: it writes the
+    ``datapath.DATA_PATHS`` that count as it. ``table_pattern``: it writes the
     table pattern (``pattern.expected``), not the generated data
     (``replayer.verify``). ``fio_args``: fio options doing the same I/O, with
     ``{depth}`` for the queue depth (``benchmarks/engine_rate.py``; empty:
@@ -68,7 +70,7 @@ class Strategy:
 
     name: str
     summary: str
-    executor: Callable[[TargetRoot, int], PosixExecutor]
+    executor: Callable[[TargetRoot, int], Executor]
     derive: Callable[..., ReplayPlan] = as_recorded
     in_all: bool = True
     only_when_named: str = ""

@@ -7,10 +7,11 @@ from ckpt_trace import config
 from ckpt_trace.errors import ReplayError
 
 from ..aggregate import build_aggregated_plan
+from ..engine import Executor
 from ..pack import pack_plan
 from ..paths import TargetRoot
 from ..plan import ReplayPlan
-from ..uring import UringExecutor, uring_executor
+from ..uring import uring_executor
 from . import Strategy
 
 
@@ -24,7 +25,7 @@ def _derive(base: ReplayPlan, *, buffer_bytes: int, block_bytes: int, pack_files
     return pack_plan(plan, block_bytes=block_bytes, buffer_bytes=buffer_bytes) if pack_files else plan
 
 
-def _executor(root: TargetRoot, queue_depth: int) -> UringExecutor:
+def _executor(root: TargetRoot, queue_depth: int) -> Executor:
     return uring_executor(root, config.REPLAY_MAX_IO_BYTES, queue_depth=queue_depth, direct=True, strategy="aggregated")
 
 

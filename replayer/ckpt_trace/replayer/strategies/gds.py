@@ -6,20 +6,20 @@ from __future__ import annotations
 from ckpt_trace import config
 from ckpt_trace.errors import ReplayError
 
+from ..engine import Executor
 from ..paths import TargetRoot
-from ..posix import PosixExecutor
 from . import Strategy
 
 
-def _executor(root: TargetRoot, queue_depth: int) -> PosixExecutor:
-    from ..gds import GdsExecutor
+def _executor(root: TargetRoot, queue_depth: int) -> Executor:
+    from ..gds import gds_executor
     from ..gds import probe as gds_probe
 
     del queue_depth  # no ring
     problem, mode = gds_probe()
     if problem or mode is None:
         raise ReplayError(f"strategy gds: {problem or 'no GDS mode'}")
-    return GdsExecutor(root, config.REPLAY_MAX_IO_BYTES, mode)
+    return gds_executor(root, config.REPLAY_MAX_IO_BYTES, mode)
 
 
 STRATEGY = Strategy(

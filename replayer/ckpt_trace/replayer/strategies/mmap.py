@@ -2,7 +2,7 @@
 
 A write of ``size`` bytes at offset ``at`` grows the file to ``at + size``
 with ftruncate(2) where it is shorter (never shrinks it: the check and the
-growth are one step under a lock of the executor), maps the pages covering
+growth are one step under a lock of the data path), maps the pages covering
 the range ``MAP_SHARED`` (mmap(2), the I/O layer's ``FileMapping``), copies
 the file's replay data in (the same bytes every strategy writes, so
 ``--verify`` holds) and unmaps. A read maps the range ``PROT_READ`` and
@@ -23,6 +23,9 @@ distributed replay growing one file at once could undo each other's growth
 (ftruncate is not an atomic "grow to at least"); within one process the
 lock makes it so.
 
+The engine (``replayer.engine``) runs everything else as it does for posix;
+this module's ``MmapPath`` is the ``datapath.DataPath`` it is given.
+
 Reference: mmap(2), msync(2), ftruncate(2); fio's ``mmap`` ioengine does
 the same for its jobs.
 """
@@ -34,58 +37,41 @@ import fcntl
 import os
 import threading
 
-import numpy as np
-
 from ckpt_trace import config
-from ckpt_trace.iolayer.buffers import PAGE_BYTES, AlignedBuffer
+from ckpt_trace.iolayer.buffers import PAGE_BYTES
 from ckpt_trace.iolayer.mapping import MAP_SHARED, PROT_READ, PROT_WRITE, FileMapping
 
+from ..datapath import DATA_PATHS, DataPathDefaults, WorkerIO
+from ..engine import Executor
 from ..optable import PlanOp
 from ..paths import TargetRoot
-from ..plan import ReplayPlan
-from ..posix import DATA_PATHS, PosixExecutor, _RunState
 from . import Strategy
 
 
-class MmapExecutor(PosixExecutor):
+class MmapPath(DataPathDefaults):
     """Reads and writes through shared file mappings; see the module docstring. Every operation runs alone
     (no runs for the C loop, no recorded io_uring queues: their requests go through mappings too)."""
 
-    strategy = "mmap"
-    data_path_code = DATA_PATHS.index("mapped")
+    name = "mmap"
+    path_code: int | None = DATA_PATHS.index("mapped")
+    maps_files = True  # recorded mappings replay as posix replays them
     queues_as_recorded = False
+    kernel_copies = True  # by their call, as posix; a side without its partner through a mapping
+    separates_reads_and_writes = False
 
-    def __init__(self, root: TargetRoot, max_io_bytes: int) -> None:
-        super().__init__(root, max_io_bytes)
+    def __init__(self) -> None:
         self._grow = threading.Lock()
 
-    def batchable(self, plan: ReplayPlan, rows: slice) -> np.ndarray:
-        return np.zeros(rows.stop - rows.start, dtype=bool)
+    def open_flags(self, flags: int) -> int:
+        """Read-write where the trace opened write-only (a shared writable mapping needs read access, mmap(2)
+        EACCES); without O_DIRECT (a mapping goes through the page cache)."""
+        if flags & os.O_ACCMODE == os.O_WRONLY:
+            flags = (flags & ~os.O_ACCMODE) | os.O_RDWR
+        return flags & ~os.O_DIRECT
 
-    def _open(self, op: PlanOp, state: _RunState) -> int:
-        flags = op.flags or 0
-        if not flags & os.O_DIRECTORY:
-            if flags & os.O_ACCMODE == os.O_WRONLY:
-                flags = (flags & ~os.O_ACCMODE) | os.O_RDWR
-            op = dataclasses.replace(op, flags=flags & ~os.O_DIRECT)
-        return super()._open(op, state)
-
-    def _execute(
-        self,
-        op: PlanOp,
-        state: _RunState,
-        write_view: memoryview,
-        read_view: memoryview,
-        write_buf: AlignedBuffer | None = None,
-        read_buf: AlignedBuffer | None = None,
-    ) -> int:
-        if op.kind not in ("write", "read") or (op.mapped and op.handle in state.mappings):
-            return super()._execute(op, state, write_view, read_view, write_buf, read_buf)
-        assert write_buf is not None and read_buf is not None and op.handle is not None  # posix._WorkerContext's
-        return self._through_mapping(state.fds[op.handle], op, write_buf, read_buf)
-
-    def _through_mapping(self, fd: int, op: PlanOp, write_buf: AlignedBuffer, read_buf: AlignedBuffer) -> int:
+    def transfer(self, io: WorkerIO, op: PlanOp, row: int) -> int:
         """Move ``op``'s bytes through a mapping of the pages they cover; return the bytes moved."""
+        fd = io.fd(op.handle)
         size = op.size or 0
         offset = op.offset
         at_position = offset is None
@@ -105,9 +91,7 @@ class MmapExecutor(PosixExecutor):
             start = at - at % PAGE_BYTES
             mapping = FileMapping(fd, at + size - start, start, PROT_READ | (PROT_WRITE if write else 0), MAP_SHARED)
             try:
-                moved = self._mapped(
-                    dataclasses.replace(op, offset=at, pattern_offset=base), mapping, write_buf, read_buf
-                )
+                moved = io.through_mapping(dataclasses.replace(op, offset=at, pattern_offset=base), mapping)
             finally:
                 mapping.close()
         if at_position:
@@ -115,9 +99,9 @@ class MmapExecutor(PosixExecutor):
         return moved
 
 
-def _executor(root: TargetRoot, queue_depth: int) -> MmapExecutor:
+def _executor(root: TargetRoot, queue_depth: int) -> Executor:
     del queue_depth  # no ring
-    return MmapExecutor(root, config.REPLAY_MAX_IO_BYTES)
+    return Executor(root, config.REPLAY_MAX_IO_BYTES, MmapPath())
 
 
 STRATEGY = Strategy(

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from ckpt_trace import config
 
+from ..engine import Executor
 from ..paths import TargetRoot
-from ..posix import PosixExecutor
+from ..posix import posix_executor
 from . import Strategy
 
 
-def _executor(root: TargetRoot, queue_depth: int) -> PosixExecutor:
+def _executor(root: TargetRoot, queue_depth: int) -> Executor:
     del queue_depth  # no ring
-    return PosixExecutor(root, config.REPLAY_MAX_IO_BYTES)
+    return posix_executor(root, config.REPLAY_MAX_IO_BYTES)
 
 
 STRATEGY = Strategy(

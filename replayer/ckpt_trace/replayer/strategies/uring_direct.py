@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from ckpt_trace import config
 
+from ..engine import Executor
 from ..paths import TargetRoot
-from ..uring import UringExecutor, uring_executor
+from ..uring import uring_executor
 from . import Strategy
 
 
-def _executor(root: TargetRoot, queue_depth: int) -> UringExecutor:
+def _executor(root: TargetRoot, queue_depth: int) -> Executor:
     return uring_executor(
         root, config.REPLAY_MAX_IO_BYTES, queue_depth=queue_depth, direct=True, strategy="uring-direct"
     )
