@@ -277,6 +277,7 @@ _DUP_TO_3 = [  # own1.bin opened on fd 4, then dup2(4, 3) entering before and re
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("second", [_OPEN_OWN1, _DUP_TO_3], ids=["open", "dup"])
 def test_a_descriptor_another_thread_gets_while_its_number_is_open_binds_once_returned(tmp_path, second):
     """An open or dup takes its descriptor at its exit, a write and a close look theirs up at their entry
