@@ -104,6 +104,12 @@ def record(backend: str | None, trace: Path, path_filter: str | os.PathLike, *co
     return cli("record", *chosen, "-o", str(trace), "--path-filter", str(path_filter), "--", *command, check=check)
 
 
+def cli_without(module: str, *args: str):
+    """``ckpt-trace ARGS`` in a subprocess where ``import MODULE`` fails (ImportError): the CompletedProcess."""
+    hide = f"import runpy, sys; sys.modules[{module!r}] = None; runpy.run_module('ckpt_trace.cli', run_name='__main__')"
+    return subprocess.run([sys.executable, "-c", hide, *args], capture_output=True, text=True, timeout=600)
+
+
 def one_line(proc) -> str:
     """The one line a failed command printed on stderr (asserting it is one line and no traceback)."""
     lines = proc.stderr.strip().splitlines()

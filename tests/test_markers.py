@@ -10,9 +10,10 @@ import ast
 from conftest import _SLOW_FIXTURES, REPO
 
 # Names whose use in a test's body means it starts a process or runs a whole command.
-# (conftest's ``record``: the record command; ``CKPT_TRACE``: the command line that starts the CLI.)
+# (conftest's ``record``, ``cli_without``: commands run; ``CKPT_TRACE``: the command line that starts the CLI.)
 SLOW_NAMES = {
     "cli",
+    "cli_without",
     "subprocess",
     "Popen",
     "record",

@@ -6,12 +6,11 @@ a load checks every value and finds a damaged byte; without transformers it is o
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-from collections import defaultdict
 
 import pytest
-from conftest import cli, one_line
+from conftest import CKPT_TRACE, cli, cli_without, one_line, record
+from helpers.traces import flip_bit, written_bytes
 
 from ckpt_trace.errors import WorkloadError
 from ckpt_trace.formats import read_trace
@@ -28,17 +27,6 @@ def transformers(torch_installed):
     return pytest.importorskip("transformers")
 
 
-def _written_bytes(rows: list[dict]) -> dict[str, int]:
-    """Bytes each file received, by its final path (a rename carries what was written under the old name)."""
-    written: dict[str, int] = defaultdict(int)
-    for row in rows:
-        if row["op"] in ("write", "pwrite") and row["ret"] > 0:
-            written[row["path"]] += row["ret"]
-        elif row["op"] == "rename" and row["ret"] == 0 and row["path"] in written:
-            written[row["new_path"]] += written.pop(row["path"])
-    return dict(written)
-
-
 @pytest.mark.slow
 @pytest.mark.strace
 def test_a_recorded_save_writes_the_model_and_the_trainers_optimizer_file(transformers, strace_backend, tmp_path):
@@ -47,11 +35,10 @@ def test_a_recorded_save_writes_the_model_and_the_trainers_optimizer_file(transf
 
     assert "hf" in ENGINES  # the table found the module; the CLI offers it
     out, trace = tmp_path / "hf", tmp_path / "save.arrow"
-    cli("record", "--backend", "strace", "-o", str(trace), "--path-filter", f"{out}/", "--", sys.executable, "-m",
-        "ckpt_trace.cli", "workload", "hf", "--out", str(out), *TINY)  # fmt: skip
+    record("strace", trace, f"{out}/", *CKPT_TRACE, "workload", "hf", "--out", str(out), *TINY)
     on_disk = {str(p.relative_to(out)): p.stat().st_size for p in out.rglob("*") if p.is_file()}
     assert set(on_disk) == {hf.CONFIG, hf.WEIGHTS, hf.OPTIMIZER}
-    written = _written_bytes(read_trace(trace).table.to_pylist())
+    written = written_bytes(read_trace(trace).table.to_pylist())
     assert written == {str(out / name): size for name, size in on_disk.items()}
 
     cfg = model_config("gpt2-tiny")
@@ -69,11 +56,7 @@ def test_a_load_checks_every_value_and_finds_a_damaged_byte(transformers, tmp_pa
     out = tmp_path / "hf"
     cli("workload", "hf", "--out", str(out), *TINY)
     cli("workload", "hf", "--out", str(out), *TINY, "--load")
-    with open(out / hf.WEIGHTS, "r+b") as f:
-        f.seek(-1000, 2)  # inside the last tensor's bytes
-        byte = f.read(1)
-        f.seek(-1000, 2)
-        f.write(bytes([byte[0] ^ 0x01]))
+    flip_bit(out / hf.WEIGHTS, -1000)  # inside the last tensor's bytes
     proc = cli("workload", "hf", "--out", str(out), *TINY, "--load", check=False)
     assert proc.returncode == 2 and "differs from what was saved" in one_line(proc)
 
@@ -93,15 +76,7 @@ def test_without_transformers_the_workload_is_one_error(torch_installed, monkeyp
 
 @pytest.mark.slow
 def test_without_transformers_the_cli_prints_one_line_and_exits_2(torch_installed, tmp_path):
-    hide = (
-        "import runpy, sys; sys.modules['transformers'] = None; runpy.run_module('ckpt_trace.cli', run_name='__main__')"
-    )
     out = tmp_path / "hf"
-    proc = subprocess.run(
-        [sys.executable, "-c", hide, "workload", "hf", "--out", str(out), "--model", "gpt2-tiny"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = cli_without("transformers", "workload", "hf", "--out", str(out), "--model", "gpt2-tiny")
     assert proc.returncode == 2 and "needs transformers" in one_line(proc)
     assert not out.exists()

@@ -5,12 +5,11 @@ the workload, gets the state back bitwise; without torchsnapshot it is one line 
 
 from __future__ import annotations
 
-import subprocess
 import sys
-from collections import defaultdict
 
 import pytest
-from conftest import cli, one_line
+from conftest import CKPT_TRACE, cli, cli_without, one_line, record
+from helpers.traces import flip_bit, written_bytes
 
 from ckpt_trace.errors import WorkloadError
 from ckpt_trace.formats import read_trace
@@ -26,24 +25,12 @@ def engine(torch_installed):
     return pytest.importorskip("torchsnapshot")
 
 
-def _written_bytes(rows: list[dict]) -> dict[str, int]:
-    """Bytes each file received, by its final path (a rename carries what was written under the old name)."""
-    written: dict[str, int] = defaultdict(int)
-    for row in rows:
-        if row["op"] in ("write", "pwrite") and row["ret"] > 0:
-            written[row["path"]] += row["ret"]
-        elif row["op"] == "rename" and row["ret"] == 0 and row["path"] in written:
-            written[row["new_path"]] += written.pop(row["path"])
-    return dict(written)
-
-
 @pytest.mark.slow
 @pytest.mark.strace
 def test_a_recorded_take_writes_the_files_its_manifest_names(engine, strace_backend, tmp_path):
     assert "torchsnapshot" in ENGINES  # the table found the module; the CLI offers it
     out, trace = tmp_path / "snap", tmp_path / "take.arrow"
-    cli("record", "--backend", "strace", "-o", str(trace), "--path-filter", f"{out}/", "--", sys.executable, "-m",
-        "ckpt_trace.cli", "workload", "torchsnapshot", "--out", str(out), *TINY)  # fmt: skip
+    record("strace", trace, f"{out}/", *CKPT_TRACE, "workload", "torchsnapshot", "--out", str(out), *TINY)
     on_disk = {str(p.relative_to(out)): p.stat().st_size for p in out.rglob("*") if p.is_file()}
     manifest = engine.Snapshot(path=str(out)).get_manifest()
     named = {entry.location for entry in manifest.values() if getattr(entry, "location", None)}
@@ -52,7 +39,7 @@ def test_a_recorded_take_writes_the_files_its_manifest_names(engine, strace_back
     assert len(tensors) == 4 * len([k for k in manifest if k.startswith("0/model/")])  # weight, step, 2 moments
     for location in {e.location for e in tensors}:  # a batched file ends where its last tensor ends
         assert on_disk[location] == max(e.byte_range[1] for e in tensors if e.location == location)
-    written = _written_bytes(read_trace(trace).table.to_pylist())
+    written = written_bytes(read_trace(trace).table.to_pylist())
     assert written == {str(out / name): size for name, size in on_disk.items()}
 
 
@@ -73,11 +60,7 @@ def test_a_load_restores_every_value_and_finds_a_damaged_byte(engine, tmp_path):
     assert target["optim"]["param_groups"] == saved["optim"]["param_groups"]
 
     batched = max((p for p in out.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-    with open(batched, "r+b") as f:
-        f.seek(5000)
-        byte = f.read(1)
-        f.seek(5000)
-        f.write(bytes([byte[0] ^ 0x01]))
+    flip_bit(batched, 5000)
     proc = cli("workload", "torchsnapshot", "--out", str(out), *TINY, "--load", check=False)
     assert proc.returncode == 2 and "differs from what was saved" in one_line(proc)
 
@@ -97,13 +80,7 @@ def test_without_torchsnapshot_the_workload_is_one_error(torch_installed, monkey
 
 @pytest.mark.slow
 def test_without_torchsnapshot_the_cli_prints_one_line_and_exits_2(torch_installed, tmp_path):
-    hide = "import runpy, sys; sys.modules['torchsnapshot'] = None; runpy.run_module('ckpt_trace.cli', run_name='__main__')"
     out = tmp_path / "snap"
-    proc = subprocess.run(
-        [sys.executable, "-c", hide, "workload", "torchsnapshot", "--out", str(out), "--model", "gpt2-tiny"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = cli_without("torchsnapshot", "workload", "torchsnapshot", "--out", str(out), "--model", "gpt2-tiny")
     assert proc.returncode == 2 and "needs torchsnapshot" in one_line(proc)
     assert not out.exists()  # the directory the command made is gone again

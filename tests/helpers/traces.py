@@ -5,6 +5,7 @@ ops) and ``synthetic`` (files created with one write each); ``META``, the metada
 
 from __future__ import annotations
 
+from collections import defaultdict
 from pathlib import Path
 
 import pyarrow as pa
@@ -73,6 +74,26 @@ def too_small_to_judge(path: Path) -> Path:
             {"op": "write", "path": "/ck/a", "fd": 3, "offset": 0, "size": 10, "ret": 10},
         ],
     )
+
+
+def written_bytes(rows: list[dict]) -> dict[str, int]:
+    """Bytes each file received, by its final path (a rename carries what was written under the old name)."""
+    written: dict[str, int] = defaultdict(int)
+    for row in rows:
+        if row["op"] in ("write", "pwrite") and row["ret"] > 0:
+            written[row["path"]] += row["ret"]
+        elif row["op"] == "rename" and row["ret"] == 0 and row["path"] in written:
+            written[row["new_path"]] += written.pop(row["path"])
+    return dict(written)
+
+
+def flip_bit(path: Path, offset: int) -> None:
+    """Flip the low bit of the byte at ``offset`` of ``path`` (from its end where negative)."""
+    with open(path, "r+b") as f:
+        f.seek(offset, 2 if offset < 0 else 0)
+        byte = f.read(1)
+        f.seek(offset, 2 if offset < 0 else 0)
+        f.write(bytes([byte[0] ^ 0x01]))
 
 
 def file_rows(name: str, nbytes: int, fd: int = 3, **write) -> list[dict]:
