@@ -410,10 +410,6 @@ def _kernel_macros() -> tuple[dict, str | None, str | None]:
             )
             macros["__PG_HEAD__"] = str(kernel.enum_value("PG_head"))
             macros["__FOLIOS__"] = "1"
-            macros["__OFF_TASK_MM__"] = str(kernel.offset("task_struct", "mm"))
-            macros["__OFF_MM_FILE_PAGES__"] = str(
-                kernel.offset("mm_struct", "rss_stat") + kernel.offset("percpu_counter", "count")
-            )  # [MM_FILEPAGES = 0]
             macros["__RSS__"] = str(int(all((TRACEFS / "events" / name).is_dir() for name in _RSS_EVENTS)))
         except btf.BtfMissing:
             pass
@@ -464,6 +460,7 @@ def program_text(path_filters: list[str] | None = None, view: KernelView | None 
     text = (
         base.replace("__PATH_BYTES__", str(config.BPF_PATH_BYTES))
         .replace("__MAX_IOVECS__", str(config.BPF_MAX_IOVECS))
+        .replace("__PAGE_SHIFT__", str(mmap.PAGESIZE.bit_length() - 1))
         .replace("__MAX_IOCBS__", str(max(1, config.BPF_MAX_IOCBS)))
         .replace("__RINGBUF_PAGES__", str(config.BPF_RINGBUF_PAGES))
         .replace("__AUX_PAGES__", str(config.BPF_AUX_RINGBUF_PAGES))

@@ -775,7 +775,7 @@ RAW_TRACEPOINT_PROBE(writeback_dirty_folio) {  // (const struct folio *folio, st
 // What the kernel mapped, to count what no row covers: a user fault's address (exceptions:page_fault_user,
 // kept per thread, no record), then each change of the faulting process's file-page count (kmem:rss_stat,
 // MM_FILEPAGES, in pages) goes out with that address; a change inside a traced system call carries none.
-// Raw tracepoints: both fire for every process of the machine, and the formatted events cost a buffer each.
+// Both fire for every process of the machine: page_fault_user is raw (the formatted event costs a buffer each).
 #if RSS && !OMIT_RSS
 BPF_HASH(fault_address, u32, u64, 65536);
 
@@ -788,15 +788,15 @@ RAW_TRACEPOINT_PROBE(page_fault_user) {  // (unsigned long address, struct pt_re
     return 0;
 }
 
-RAW_TRACEPOINT_PROBE(rss_stat) {  // (struct mm_struct *mm, int member)
-    if ((int)ctx->args[1] != 0)  // MM_FILEPAGES
+// The formatted kmem:rss_stat, not the raw one: its size is percpu_counter_sum_positive() of the counter, exact
+// (include/trace/events/kmem.h), where the raw tracepoint's mm only gives percpu_counter.count, which lags by
+// the per-CPU parts not yet folded in (up to percpu_counter_batch pages per CPU) and then jumps by them, so the
+// pages another mapping had mapped were counted for the mapping whose fault folded them in (mm/rss counters).
+TRACEPOINT_PROBE(kmem, rss_stat) {  // mm_id (a hash of the mm), curr (the mm is current's), member, size (bytes)
+    if (args->member != 0 || !args->curr)  // MM_FILEPAGES of the current process (not fork copying, a remote unmap)
         return 0;
     u32 tgid = traced_tgid();
     if (!tgid)
-        return 0;
-    void *mm = (void *)ctx->args[0], *own = 0;
-    bpf_probe_read_kernel(&own, 8, (void *)bpf_get_current_task() + __OFF_TASK_MM__);
-    if (mm != own)  // another process's counter (fork copying, a remote unmap)
         return 0;
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
@@ -805,8 +805,8 @@ RAW_TRACEPOINT_PROBE(rss_stat) {  // (struct mm_struct *mm, int member)
     a.ts_ns = bpf_ktime_get_ns();
     a.pid = tgid;
     a.tid = tid;
-    a.ctx = (u64)mm;
-    bpf_probe_read_kernel(&a.res, 8, mm + __OFF_MM_FILE_PAGES__);  // percpu_counter.count, as get_mm_counter()
+    a.ctx = args->mm_id;
+    a.res = (u64)args->size >> __PAGE_SHIFT__;
     if (!inflight.lookup(&tid)) {
         u64 *address = fault_address.lookup(&tid);
         if (address)

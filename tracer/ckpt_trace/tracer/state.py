@@ -90,7 +90,7 @@ class AuxEvent:
     ``index``..``last_index`` of inode ``ino`` (device ``dev``, kernel
     encoding; 0 when unknown) faulted in, mapped by fault-around, or dirtied (bcc widens them to the whole
     folios the kernel mapped or dirtied). ``AUX_RSS``: the process's file pages mapped changed to ``res``
-    pages (kmem:rss_stat MM_FILEPAGES; ``ctx`` the kernel's mm), ``addr`` the user fault that changed it
+    pages (kmem:rss_stat MM_FILEPAGES, exact; ``ctx`` the event's mm_id), ``addr`` the user fault that changed it
     (0: inside a traced system call).
     """
 
