@@ -52,7 +52,10 @@ def storm_fio(directory: Path, writes: int, threads: int | None = None) -> list[
 
 def save_result(name: str, result: dict) -> Path:
     """Write ``result`` as indented JSON to ``RESULTS``/``name``.json (the folder made if missing), say where on
-    stdout, and return the path."""
+    stdout, and return the path. The machine is stamped in: ``host`` (node name) and ``kernel`` (release),
+    uname(2), where ``result`` does not give them."""
+    result.setdefault("host", os.uname().nodename)
+    result.setdefault("kernel", os.uname().release)
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")

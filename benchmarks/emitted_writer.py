@@ -461,7 +461,6 @@ def main() -> None:
     result = {
         "benchmark": "emitted_writer",
         "model": MODEL,
-        "kernel": os.uname().release,
         "fio_write_bytes_per_s": fio_write,
         "fio_write_samples": write_samples,
         "fio_read_bytes_per_s": fio_read,

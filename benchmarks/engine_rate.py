@@ -226,8 +226,6 @@ def main() -> None:
         "target": str(args.target),
         "queue_depth": args.queue_depth,
         "repeats": args.repeats,
-        "host": os.uname().nodename,
-        "kernel": os.uname().release,
         "read_s": read_s,
         "plan_s": plan_s,
         "results": rows,

@@ -194,7 +194,6 @@ def main() -> None:
         "queue_depth": args.queue_depth,
         "buffer_bytes": args.buffer_mib << 20,
         "repeat": args.repeat,
-        "kernel": os.uname().release,
         "fio_at_trace_volume": same,
         "results": rows,
     }

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -304,7 +303,6 @@ def main() -> None:
         "benchmark": "restore",
         "model": args.model,
         "bytes": size,
-        "kernel": os.uname().release,
         "free_page_reporting": Path("/sys/module/page_reporting").exists(),
         "emitted_reader": {
             "queue_depth": args.queue_depth,

@@ -260,8 +260,6 @@ def compare_probes(args, workloads: list[str]) -> None:
         "ranks": args.ranks,
         "with_optimizer": args.with_optimizer,
         "pairs": args.repeats,
-        "host": os.uname().nodename,
-        "kernel": os.uname().release,
         "loadavg_before": load_before,
         "loadavg_after": load_after,
         "results": rows,
@@ -400,8 +398,6 @@ def main() -> None:
         "ranks": args.ranks,
         "with_optimizer": args.with_optimizer,
         "repeats": args.repeats,
-        "host": os.uname().nodename,
-        "kernel": os.uname().release,
         "results": rows,
         "skipped": skipped,
     }

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
-from conftest import cli
+from conftest import CKPT_TRACE, cli, record
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.workloads import run
@@ -26,18 +24,11 @@ def test_dcp_recording_has_every_rank_and_replays_to_identical_sizes(torch_insta
 
     out = tmp_path / "ck"
     trace = tmp_path / "dcp.arrow"
-    cli(
-        "record",
-        "--backend",
+    record(
         backend,
-        "-o",
-        str(trace),
-        "--path-filter",
+        trace,
         f"{out}/",
-        "--",
-        sys.executable,
-        "-m",
-        "ckpt_trace.cli",
+        *CKPT_TRACE,
         "workload",
         "dcp",
         "--out",
