@@ -180,12 +180,12 @@ def test_queue_depths_the_kernel_refuses_are_one_line_naming_the_flag(tmp_path, 
 def test_a_failing_worker_fails_the_replay_with_one_line(tmp_path, io_uring, monkeypatch):
     """A worker that cannot set up (here: its ring) fails the command, never a result with missing figures."""
     from ckpt_trace.errors import ReplayError
-    from ckpt_trace.replayer import replay, uring
+    from ckpt_trace.replayer import engine, replay
 
     def refuse(*args, **kwargs):
         raise MemoryError("no memory for the worker's buffers")
 
-    monkeypatch.setattr(uring, "Ring", refuse)
+    monkeypatch.setattr(engine, "Ring", refuse)  # the engine makes each worker's rings (WorkerIO.ring)
     with pytest.raises(ReplayError, match="replay worker failed"):
         replay(ODD, target=tmp_path / "t", strategy="uring-buffered")
     assert not (tmp_path / "t").exists()
