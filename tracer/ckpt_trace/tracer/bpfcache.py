@@ -32,6 +32,7 @@ import functools
 import hashlib
 import json
 import os
+import resource
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -338,6 +339,10 @@ def attach(entry: Entry) -> Attached:
         lib = _library()
     except OSError as err:
         raise CachedProgramRefused(f"libbcc_bpf is not loadable ({err})") from None
+    try:  # as bcc does before it loads: kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    except (OSError, ValueError):
+        pass
     done = Attached()
     try:
         fds = []
