@@ -37,9 +37,9 @@ from .ownership import Claim
 from .paths import TargetRoot
 from .plan import PLAN_COLUMNS, ReplayPlan, build_posix_plan
 from .results import ReplayResult, results_document
-from .runs import add_speedups, median_run, release, trace_file
+from .runs import add_speedups, add_verdicts, median_run, release, trace_file
 from .uring import io_uring_available
-from .verdicts import Rounds, versus_all
+from .verdicts import Rounds
 from .verify import verify_content
 
 #: What ``all`` replays, the strategies replayed only when named, and what ``strategy=`` accepts: read from
@@ -480,20 +480,6 @@ def _digest_soon(path: Path) -> Future:
     return future
 
 
-@dataclass(frozen=True)
-class RunCount:
-    """How often a strategy runs: at least ``repeat`` times and until ``min_seconds`` of measured time,
-    at most ``max_runs`` times."""
-
-    repeat: int
-    min_seconds: float
-    max_runs: int
-
-    def more(self, elapsed_s: list[float]) -> bool:
-        done = len(elapsed_s)
-        return done < self.repeat or (sum(elapsed_s) < self.min_seconds and done < max(self.max_runs, self.repeat))
-
-
 def _run_plans(
     plans, claims, opts: ReplayOptions, count: Rounds, progress, cache_state: str = "cold"
 ) -> tuple[list[ReplayResult], list[SizeMismatch]]:
@@ -526,27 +512,8 @@ def _run_plans(
         mismatches.extend(size_mismatches(root, plan))
         if opts.verify:
             results[-1].verified_files = _verify(root, plan)
-    _add_verdicts(results, {name: [r.elapsed_s for r in mine] for name, mine in zip(names, runs)})
+    add_verdicts(results, {name: [r.elapsed_s for r in mine] for name, mine in zip(names, runs)})
     return results, mismatches
-
-
-def _add_verdicts(results: list[ReplayResult], elapsed: dict[str, list[float]]) -> None:
-    """Each result's spread and paired speed-ups (``verdicts.versus_all``); ``speedup_vs_posix`` the median of
-    its rounds' ratios over posix."""
-    versus = versus_all(elapsed)
-    for result in results:
-        result.versus = versus.get(result.strategy, {})
-        if "posix" in result.versus:
-            result.speedup = result.versus["posix"]
-        elif result.strategy == "posix" and len(results) > 1:
-            result.speedup = {
-                "median": 1.0,
-                "low": 1.0,
-                "high": 1.0,
-                "coverage": 1.0,
-                "n": len(elapsed["posix"]),
-                "verdict": "reference",
-            }
 
 
 def resolve_cache(cache: str, plan: ReplayPlan) -> tuple[str, str | None]:
