@@ -517,6 +517,10 @@ def replay_distributed(
     """
     opts = ReplayOptions.of(options, **values)
     opts.check(strategy)  # a single process's replay only
+    if opts.data != "unique":  # pattern.compressible is process-wide: set in one process, not in every worker's
+        raise ReplayError(
+            "{option} recorded-ratio is not available in a replay launched by torchrun yet", option="data"
+        )
     trace = trace_file(trace_path)
     target = Path(target)
     refuse_target_holding(target, trace.path)

@@ -9,6 +9,7 @@ Called by the CLI's ``replay`` command.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -22,13 +23,14 @@ import numpy as np
 from ckpt_trace import config
 from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
 from ckpt_trace.formats import count_rows, scan, sha256_file
-from ckpt_trace.iolayer import host
+from ckpt_trace.iolayer import host, pattern
 from ckpt_trace.iolayer.fio import fio_bytes_per_s
 from ckpt_trace.ranges import merge_grouped_ranges
 
 from . import strategies
 from .aggregate import alignment_counts
 from .checks import checked_batches, refuse_file_and_directory, refuse_skips, skip_notes
+from .data import recorded_ratio
 from .engine import Executor, Progress, files_moved
 from .lock import TargetLock, is_lock_file, job_id, refuse_held
 from .optable import READ, WRITE
@@ -70,6 +72,25 @@ DATA_NOTE = (
     "(replayer.data), else as each write is issued; gds writes the "
     "1 MiB table pattern from GPU memory instead"
 )
+#: ``options["data"]`` under ``--data recorded-ratio`` (``replayer.data.recorded_ratio``), formatted with its figures.
+RECORDED_RATIO_NOTE = (
+    "recorded-ratio: unique per 4 KiB block and per file, the first {unique_bytes_per_block} bytes of each block "
+    "generated as unique data does and the rest zeros, so that {method} compresses it to {generated_ratio:.3f} of "
+    "its size against the {recorded_ratio:.3f} measured at record time (the trace's data_compressibility)"
+)
+
+
+def data_choice(opts: ReplayOptions, metadata: dict) -> tuple[contextlib.AbstractContextManager, dict]:
+    """(the context the runs go in, the results' options about the data: ``data``, ``data_mode`` and, for
+    ``recorded-ratio``, ``data_ratio``) for ``opts.data``. Raises ReplayError as ``data.recorded_ratio``."""
+    if opts.data != "recorded-ratio":
+        return contextlib.nullcontext(), {"data": DATA_NOTE, "data_mode": opts.data}
+    figures = recorded_ratio(metadata)
+    return pattern.compressible(figures["unique_bytes_per_block"]), {
+        "data": RECORDED_RATIO_NOTE.format(**figures),
+        "data_mode": opts.data,
+        "data_ratio": figures,
+    }
 
 
 @dataclass(frozen=True)
@@ -340,6 +361,11 @@ def replay(
     Pre-creation and this preparation are setup, never inside the clock; so
     is ``durable``'s sync of files the run did not write.
 
+    ``data`` says which bytes are written (``options.DATA_MODES``): ``unique`` (default: incompressible,
+    unique per 4 KiB block and per file) or ``recorded-ratio`` (unique per block, compressible by the ratio
+    ``record`` measured, the trace's ``data_compressibility``: ``replayer.data``; ReplayError for a trace
+    without it). The results' ``options`` say which ran (``data``, ``data_mode``, ``data_ratio``).
+
     ``strict`` makes a replay that did not run as named an error: a
     strategy whose named data path carried under
     ``config.REPLAY_NAMED_PATH_MIN_SHARE`` of the bytes (after its runs;
@@ -366,6 +392,7 @@ def replay(
     opts = ReplayOptions.of(options, **values)
     opts.check(strategy)
     trace = trace_file(trace_path)
+    data_context, data_options = data_choice(opts, trace.metadata)
     target = Path(target)
     refuse_target_holding(target, trace.path)
     digest = _digest_soon(trace.path)
@@ -405,7 +432,8 @@ def replay(
             fio_limit = _fio_limit(target, plans[0]) if opts.fio else None
             runs = Rounds(opts.repeat, opts.min_seconds, opts.max_runs or config.REPLAY_MAX_RUNS)
             cache_state, cache_note = resolve_cache(opts.cache, plans[0])
-            results, mismatches = _run_plans(plans, claims, opts, runs, progress, cache_state)
+            with data_context:
+                results, mismatches = _run_plans(plans, claims, opts, runs, progress, cache_state)
         except (ReplayError, KeyboardInterrupt) as err:
             release(claims, target, made_target, lock)
             if isinstance(err, KeyboardInterrupt):
@@ -441,7 +469,7 @@ def replay(
             "cache": opts.cache,
             "cache_state": cache_state,
             "strict": opts.strict,
-            "data": DATA_NOTE,
+            **data_options,
         }
         for result in results:
             result.notes.extend([cache_note] if cache_note else [])
