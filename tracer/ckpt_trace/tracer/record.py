@@ -27,7 +27,7 @@ from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.version import __version__
 
 from . import attach as attach_mod
-from . import backends, clock, costs, gpu, strace_backend
+from . import backends, clock, compressibility, costs, gpu, strace_backend
 from .backends import BackendChoice
 from .children import forwarding
 from .spool import RowSpool
@@ -56,6 +56,7 @@ class RecordResult:
     mapped_uncovered_bytes: int | None = None
     start_s: float | None = None  # from this process's start to the probes live (tracer.costs)
     exited_s: float | None = None  # time.monotonic() when the command's exit was seen (finish_s counts from it)
+    bpf_program: dict | None = None  # bcc: how its program started, from the cache or compiled (tracer.bpfcache)
     attached: dict | None = None  # record --pid: the job, what stopped the recording, the checkpoint files
 
     @property
@@ -226,6 +227,9 @@ def record(
         }
         copies = _copies(capture, builder, choice) if capture is not None else None
         elapsed_s = time.monotonic() - started
+        measured = compressibility.measure(compressibility.written_paths(spool.written, spool.renames))
+        if measured is not None:  # after the clock: sampling the written files is not the command's time
+            extra["data_compressibility"] = measured
         if strict and extra["lost_events"]:
             raise TracerError(
                 f"{extra['lost_events']} events were lost ({{option}}); no trace written", option="strict", switch=True
@@ -380,4 +384,5 @@ def _write(
         start_s=extra.get("start_s"),
         exited_s=exited_s,
         attached=extra.get("attached"),
+        bpf_program=extra.get("bpf_program"),
     )
