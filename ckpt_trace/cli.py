@@ -384,6 +384,11 @@ def replay(
         "--cache",
         help="Page cache of the files the trace finds when each run starts: recorded (cold where the trace does not say), cold, warm.",
     ),
+    data_mode: Literal["unique", "recorded-ratio"] = typer.Option(
+        "unique",
+        "--data",
+        help="Bytes written: unique (incompressible, unique per 4 KiB block and file) or recorded-ratio (still unique per block, compressible as the recorded command's files were: the trace's data_compressibility).",
+    ),
     wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
     placement: Literal["host", "spread"] = typer.Option(
         "host",
@@ -457,6 +462,7 @@ def replay(
         gpu_copies=gpu_copies,
         cache=cache,
         strict=strict,
+        data=data_mode,
     )
     if world is not None:  # one of the processes torchrun launched: replay this process's share
         if fio or pack_files:
