@@ -8,7 +8,7 @@ what its name promises. Each module here (not starting with ``_``) defines
 (``pkgutil.iter_modules`` over this package, as fio's ioengines and
 torchsnapshot's storage plugins register by name) and the rest of the tree
 reads it: the CLI's ``--strategy`` choices, ``all``, replay's executor,
-``emit``'s defaults, ``verify``'s pattern, the named data path of a result
+``emit``'s defaults, the named data path of a result
 and the benchmarks. No module outside this package branches on a strategy's
 name. Adding a strategy is one new module here plus its test
 (docs/ARCHITECTURE.md, "Adding a strategy").
