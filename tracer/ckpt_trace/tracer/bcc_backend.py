@@ -724,6 +724,7 @@ class BccRecording:
     recorder_cpu_ns: int = 0
     bpf_run_ns: int | None = None
     spilled_raw_bytes: int = 0
+    decode_backlog_bytes: int | None = None  # streaming: raw bytes not yet decoded at the command's exit
     released_s: float | None = None  # time.monotonic() when the probes were live and the command released
     bpf_program: dict = field(default_factory=dict)  # how the program started (LoadedProgram.started)
     exited_s: float | None = None  # time.monotonic() when the command's exit was seen
@@ -750,6 +751,7 @@ class BccRecording:
             "io_uring_unrecorded_ops": self.uring_other_ops,
             "late_events": feeder.late_events,
             "spilled_raw_bytes": self.spilled_raw_bytes,
+            **({"decode_backlog_bytes": self.decode_backlog_bytes} if self.decode_backlog_bytes is not None else {}),
             "bpf_program": self.bpf_program,
             "released_s": self.released_s,
             "exited_s": self.exited_s,
@@ -1153,6 +1155,8 @@ class BccTracer:
             rec.recorder_cpu_ns = _cpu_ns() - cpu_at_start_ns
             rec.bpf_run_ns = self.bpf_run_ns()
             rings.consume()  # events are written at syscall exit, so all of them are there now
+            if rings.decoder is not None:
+                rec.decode_backlog_bytes = rings.decoder.pending_bytes
         except BaseException:
             if rings.decoder is not None:
                 rings.decoder.abandon()
