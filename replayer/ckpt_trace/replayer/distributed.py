@@ -85,6 +85,7 @@ from .plan import GLOBAL_ROW, PLAN_COLUMNS, ReplayPlan, build_posix_plan
 from .replay import (
     SizeMismatch,
     check_queue_depth,
+    data_choice,
     derive_plan,
     drop_page_cache,
     make_executor,
@@ -94,6 +95,7 @@ from .replay import (
 )
 from .results import ReplayResult, results_document
 from .runs import add_speedups, add_verdicts, median_run, release, trace_file
+from .runstate import merge_timing_samples, timing_figures
 from .verdicts import Rounds
 from .verify import verify_content
 
@@ -461,7 +463,8 @@ class DistributedReport:
 
 
 def _job_result(strategy: str, per_process: list[ReplayResult]) -> ReplayResult:
-    """The job's figures from its processes' (sums; the slowest elapsed time; merged latencies)."""
+    """The job's figures from its processes' (sums; the slowest elapsed time; merged latencies; ``--timing
+    original``'s accuracy from every process's paced operations, each rank's where it ran)."""
     histogram = LatencyHistogram()
     for result in per_process:
         if result.latency_histogram:
@@ -490,6 +493,7 @@ def _job_result(strategy: str, per_process: list[ReplayResult]) -> ReplayResult:
             name: {key: sum(r.data_paths.get(name, {}).get(key, 0) for r in per_process) for key in ("ops", "bytes")}
             for name in dict.fromkeys(n for r in per_process for n in r.data_paths)
         },
+        timing=timing_figures(merge_timing_samples([r.timing_samples for r in per_process])),
     )
 
 
@@ -517,11 +521,9 @@ def replay_distributed(
     """
     opts = ReplayOptions.of(options, **values)
     opts.check(strategy)  # a single process's replay only
-    if opts.data != "unique":  # pattern.compressible is process-wide: set in one process, not in every worker's
-        raise ReplayError(
-            "{option} recorded-ratio is not available in a replay launched by torchrun yet", option="data"
-        )
     trace = trace_file(trace_path)
+    # pattern.compressible is per process: every process sets it (each calibrates the same unique bytes)
+    data_context, data_options = data_choice(opts, trace.metadata)
     target = Path(target)
     refuse_target_holding(target, trace.path)
     job = _DistributedJob(world, trace, target, strategy, opts, _Group(world))
@@ -529,7 +531,8 @@ def replay_distributed(
         job.plan_share(placement)
         job.exchange()
         job.claim(protect)
-        results, per_process = job.run(progress)
+        with data_context:
+            results, per_process = job.run(progress)
         mismatches = _size_mismatches(job.group, job.plans, job.claims, job.sizes, job.leaders)
         add_speedups(results)
     except (ReplayError, Interrupted, KeyboardInterrupt) as err:
@@ -538,7 +541,7 @@ def replay_distributed(
         if isinstance(err, KeyboardInterrupt):
             raise Interrupted(f"interrupted; the replay's files under {target} were removed") from None
         raise
-    return job.report(results, per_process, mismatches, placement)
+    return job.report(results, per_process, mismatches, placement, data_options)
 
 
 class _DistributedJob:
@@ -688,8 +691,10 @@ class _DistributedJob:
         per_process: list[ReplayResult],
         mismatches: list[SizeMismatch],
         placement: str,
+        data_options: dict,
     ) -> DistributedReport:
-        """The job's document, from every process's figures (one gather), and the lock released."""
+        """The job's document, from every process's figures (one gather), and the lock released;
+        ``data_options``: the options about the data (``replay.data_choice``)."""
         world, opts = self.world, self.opts
         docs = self.group.gather(
             {
@@ -718,6 +723,7 @@ class _DistributedJob:
             "gpu_copies": opts.gpu_copies,
             "world_size": world.size,
             "placement": placement,
+            **data_options,
         }
         return DistributedReport(
             self.trace.path,
@@ -841,7 +847,9 @@ def _run_once(
         error = Interrupted("interrupted") if isinstance(err, KeyboardInterrupt) else err
     group.agree(error)
     assert mine is not None  # executor.run returned: had it failed here, agree raised in every process
-    return _job_result(plan.strategy, group.gather(mine)), mine
+    job = _job_result(plan.strategy, group.gather(mine))
+    mine.timing_samples = {}  # in the job's figures now
+    return job, mine
 
 
 def _size_mismatches(
