@@ -6,6 +6,7 @@ from __future__ import annotations
 import mmap
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -108,3 +109,77 @@ def test_a_load_read_cold_then_warm_records_its_cold_bytes(bcc_backend, tmp_path
         _, _, warm = _record_load(tmp_path, data, "warm")
     assert warm.column("cold_bytes").null_count == 0 and sum(warm.column("cold_bytes").to_pylist()) == 0
 
+
+def _device_read_bytes(path) -> int | None:
+    """Bytes read so far from the block device holding ``path`` (/proc/diskstats sectors read, 512 B each),
+    None when no device of /proc/diskstats holds it (tmpfs, overlay...)."""
+    st_dev = os.stat(path).st_dev
+    for line in Path("/proc/diskstats").read_text().splitlines():
+        fields = line.split()
+        if (int(fields[0]), int(fields[1])) == (os.major(st_dev), os.minor(st_dev)):
+            return int(fields[5]) * 512
+    return None
+
+
+def _process_read_bytes() -> int:
+    """Bytes this process (all its threads) caused to be read from storage: /proc/self/io ``read_bytes``."""
+    line = next(line for line in Path("/proc/self/io").read_text().splitlines() if line.startswith("read_bytes:"))
+    return int(line.split()[1])
+
+
+def _replayed_device_reads(trace, target, cache: str = "recorded") -> tuple[int, int, str]:
+    """(bytes read from the device while the run's clock ran: by every process of the machine, by this
+    one; the state prepared) of a posix replay of ``trace`` prepared as ``cache`` says."""
+    from ckpt_trace.replayer import build_plan
+    from ckpt_trace.replayer.paths import TargetRoot
+    from ckpt_trace.replayer.posix import posix_executor
+    from ckpt_trace.replayer.replay import prepare_cache, resolve_cache
+
+    loaded = read_trace(trace)
+    plan = build_plan(loaded.table, "posix")
+    target.mkdir()
+    root = TargetRoot(target)
+    executor = posix_executor(root, 1 << 20)
+    executor.prepare(plan)
+    state, _, recorded = resolve_cache(cache, plan, loaded)
+    prepare_cache(root, plan, state, recorded)
+    before, mine = _device_read_bytes(target), _process_read_bytes()
+    executor.run(plan)
+    after, mine = _device_read_bytes(target), _process_read_bytes() - mine
+    assert before is not None and after is not None
+    return after - before, mine, state
+
+
+@pytest.mark.slow
+def test_a_load_replays_in_the_page_cache_state_it_was_recorded_in(bcc_backend, tmp_path):
+    if _device_read_bytes(tmp_path) is None:
+        pytest.skip(f"{tmp_path} is on no block device of /proc/diskstats (tmpfs?): its reads cannot be counted")
+    data = tmp_path / "model.bin"
+    data.write_bytes(np.random.default_rng(1).bytes(SIZE))
+    _drop(data)
+    cold_trace, _, reads = _record_load(tmp_path, data, "cold")
+    recorded_cold = sum(reads.column("cold_bytes").to_pylist())
+    assert recorded_cold == SIZE
+    with open(data, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as held:
+        assert sum(held[i] for i in range(0, SIZE, PAGE)) >= 0
+        warm_trace, _, warm = _record_load(tmp_path, data, "warm")
+    assert sum(warm.column("cold_bytes").to_pylist()) == 0
+    # The device's reads during each replay's run: the bytes the trace read cold, within 10 %. Counted twice:
+    # /proc/diskstats for the device (every process of this shared machine adds to it, so only its lower
+    # bound is asserted: the run did read that much from the device) and /proc/self/io (this process's
+    # reads from storage, its threads' included), both ways.
+    device, mine, state = _replayed_device_reads(cold_trace, tmp_path / "c")
+    print(f"cold replay: device {device:,} B, this process {mine:,} B, recorded cold {recorded_cold:,} B")
+    assert state == "recorded" and device >= 0.9 * recorded_cold, device
+    assert abs(mine - recorded_cold) <= 0.1 * recorded_cold, mine
+    device, mine, state = _replayed_device_reads(warm_trace, tmp_path / "w")
+    print(f"warm replay: device {device:,} B, this process {mine:,} B, recorded cold 0 B")
+    assert state == "recorded" and mine <= 0.1 * SIZE, mine
+    # and what the results say; a trace that does not say (no cold_bytes) replays cold
+    from ckpt_trace.replayer import replay
+
+    report = replay(cold_trace, target=tmp_path / "r", repeat=1)
+    assert report.options["cache_state"] == "recorded"
+    assert f"page cache recorded: {SIZE:,} B cold" in " ".join(report.results[0].notes)
+    report = replay(warm_trace, target=tmp_path / "r2", repeat=1)
+    assert f"0 B cold (dropped before the clock), {SIZE:,} B warm" in " ".join(report.results[0].notes)
