@@ -1,58 +1,76 @@
-"""Cold restores of one state dict by every loader, against fio's read limits on the same disk (issue: the restore path).
+"""Restores of every shape of checkpoint by every loader, cold and warm, against fio's read limit (issue 36).
 
-State: the built-in GPT-2 shape (``--model``, default gpt2-small) with Adam
-state, float32, one process. It is saved once per checkpoint format (the
-emitted writer, DCP's FileSystemWriter, torch.save, safetensors save_file,
-each fsynced), then each loader reads it ``--runs`` times, every time in a
-fresh process after the page cache was dropped (root): the emitted reader
-(``ckpt_trace.writer.CheckpointReader``: by default a stream of
-``--buffer-size`` O_DIRECT reads at ``--queue-depth`` into a fixed arena,
-copied out; ``(buffered)``: buffered reads straight into the destination
-tensors, ``--load-streams`` threads), DCP's
-FileSystemReader, ``torch.load``, ``torch.load(mmap=True)`` and safetensors
-``load_file`` (which maps the file). Loaders that fill a state in place (DCP's) get it allocated and
-zeroed before the clock starts. The clock stops when every tensor has
-been read: each loaded tensor has one element per 4 KiB page touched inside
-the timed region, so the mapping loaders pay for their page faults as the
-eager ones pay for their reads. Loads are checked against the saved state's
-fingerprint.
+Shapes (``--shape``, repeatable; all by default), each one process's flat state dict:
 
-fio's read limits on a file of the checkpoint's size, laid out once (O_DIRECT,
-fsynced), each read after dropping the page cache: sequential 4 MiB reads
-through io_uring with O_DIRECT at queue depth 32, and buffered psync (the
-kernel's read-ahead at work).
+- ``large``: few large tensors: 4 float32 tensors of 64 MiB (256 MiB);
+- ``many-small``: 10 float32 tensors of 75 MiB with 600 tensors of 1-63 KiB (float32 and bfloat16) between
+  them (771 MiB; the issue's example);
+- ``hf-sharded``: a Llama-style causal LM in bfloat16 (8 layers, hidden 1024, vocabulary 32,000; 309 MB) as
+  Hugging Face's ``save_pretrained`` writes it: ``model-0000i-of-0000n.safetensors`` shards of at most 100 MB
+  and ``model.safetensors.index.json`` (transformers when installed, else the same layout written with
+  safetensors);
+- ``dcp-adam``: a GPT-2 (4 layers, d_model 384, vocabulary 50,257) with its Adam state (exp_avg,
+  exp_avg_sq), float32 (322 MB), the state a training job restores.
 
-The work runs in ``--runs`` rounds: each round loads once with every loader
-and reads once with each fio job, so a disk that slows down for a while
-slows every loader alike. Besides each loader's median, two paired figures
-come from the rounds: ``of fio``, the median over rounds of the loader's
-speed over the better of the two fio reads of the same round; ``vs best
-other`` (the emitted reader's rows), the median over rounds of the fastest
-other loader's time that round over the emitted reader's.
+The sizes keep a full run (4 shapes x 2 cache states x 5 rounds x 8 loaders) near 20 minutes on the
+project's shared 2-core machine. ``--quick``: the same shapes at 32-59 MiB each and 2 rounds, to try it in
+a few minutes.
 
-One run of this script on a shared machine: read the ratios (medians within
-the run), not the third digit.
+Each shape is saved once (in a child process, every file fsynced) in each format a loader reads: ``emitted``
+(``ckpt_trace.writer.CheckpointWriter``, the class the module ``ckpt-trace emit`` writes wraps, with
+``WriterOptions``' defaults), ``dcp`` (DCP's FileSystemWriter, thread_count 1, sync_files), ``safetensors``
+(``save_file``; the shards for ``hf-sharded``) and ``torch.save`` (one file). Every loader leaves every byte in
+the caller's state dict, allocated and zeroed before the clock starts, as a restart does:
 
-On a virtual machine that reports free pages to its host (the
-``page_reporting`` module, with virtio_balloon), memory the guest frees,
-such as the page cache dropped before each load, goes back to the host after
-about two seconds, and its first use afterwards faults on the host. A load
-then pays for the page cache it fills (and any memory it allocates) at that
-rate: in one check here, a plain two-stream read of a 1.5 GB file right
-after dropping the cache ran at 734-2,047 MB/s, three seconds later at
-505-905 MB/s. Each load here starts about that long after the drop (a fresh
-process), as a restarted job would. The results say whether the host
-reports free pages (``free_page_reporting``).
+- ``emitted``: ``dcp.load`` with ``CheckpointReader`` (default options: O_DIRECT stream for a cold file,
+  buffered for one the page cache holds; ``emitted-buffered`` on request: buffered reads only);
+- ``dcp``: ``dcp.load`` with DCP's FileSystemReader;
+- ``safetensors``: ``safetensors.torch.load_file`` per file, then ``copy_`` into the state dict;
+- ``torch.load(mmap)``: ``torch.load(mmap=True, weights_only=True)``, then ``copy_``;
+- ``fastsafetensors``: ``fastsafe_open(files, device="cpu", nogds=True)``, ``get_tensor``, ``copy_`` (if
+  installed);
+- ``runai``: the Run:ai model streamer's ``SafetensorsStreamer.stream_files(files, owned=False)``, each
+  yielded tensor copied before the next (if installed);
+- for information, not the bar (marked ``*``): ``safetensors*`` and ``torch mmap*``, the lazy, mapped
+  tensors as ``load_file`` and ``torch.load(mmap=True)`` return them, one byte of every 4 KiB page read inside
+  the clock.
 
-    python benchmarks/restore.py [--model gpt2-small] [--runs 5] [--queue-depth 32] [--load-streams 2] [--scratch DIR]
+The clock runs from the reader's construction to the last byte in place; then the child checks every tensor's
+CRC32C (``ckpt_trace.writer.checksum``) against the saved state's: a loader that leaves a wrong byte, or
+fails, is reported as failed for that cell and left out of its figures.
 
-Prints a table and writes ``benchmarks/results/restore.json``.
+Cache states (``--cache cold,warm``): ``cold``, sync and drop the page cache (root) before each load;
+``warm``, every file of the loader's format read once (buffered) just before its load, nothing dropped. Each
+load runs in a fresh process, as a restarted job does. fio, in each cold round: sequential 4 MiB reads of a
+file of the shape's size (laid out once with O_DIRECT, fsynced), after dropping the cache, with O_DIRECT
+through io_uring at queue depth 32 and buffered psync.
+
+Each (shape, cache) cell runs ``--runs`` rounds (default 5); each round loads once with every loader, the
+order rotated by one each round, so a shared disk's drift falls on every loader alike. Per loader: median,
+range (min-max), MB/s of the median; ``of fio`` (cold), the median over rounds of the loader's rate over the
+better fio read of that round; ``vs best`` (the emitted rows), the median (min-max) over rounds of the fastest
+bar peer's time that round over the emitted reader's: >= 1.00x is the emitted reader at or ahead of every
+peer. One run on a shared machine: read the ratios, not the third digit.
+
+On a virtual machine that reports free pages to its host (``page_reporting``, with virtio_balloon), memory the
+guest frees, such as the page cache dropped before a cold load, returns to the host after about two seconds
+and faults there on its next use; a cold load pays for the memory it fills at that rate (the results say
+``free_page_reporting``).
+
+    python benchmarks/restore.py [--quick] [--shape large --shape many-small ...] [--cache cold,warm] [--runs 5]
+        [--loaders emitted,dcp,...] [--scratch DIR] [--queue-depth N] [--buffer-size BYTES] [--load-streams N]
+
+Prints a summary and a table per cell (80 columns) and writes ``benchmarks/results/restore.json``
+(``restore_quick.json`` with ``--quick``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -61,132 +79,382 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
-import emitted_writer as ew
 from common import drop_caches, parse_or_run_child, run_child, save_result
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ckpt_trace.writer.options import WriterOptions
+SHAPES = ("large", "many-small", "hf-sharded", "dcp-adam")
+CACHES = ("cold", "warm")
+MANIFEST = "manifest.json"
+PAGE_BYTES = 4096
+MIB = 1 << 20
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "results"
-#: loader -> the format it reads (emitted_writer's engine names)
+
+class Loader(NamedTuple):
+    format: str  # the directory (format) it reads
+    bar: bool  # a peer the emitted reader is held against (False: for information)
+    needs: str | None = None  # the module it needs installed
+
+
 LOADERS = {
-    "emitted": "emitted",
-    "emitted (buffered)": "emitted",
-    "dcp": "dcp-t1",
-    "torch.load": "torch.save",
-    "torch.load(mmap)": "torch.save",
-    "safetensors": "safetensors",
+    "emitted": Loader("emitted", True),
+    "dcp": Loader("dcp", True),
+    "safetensors": Loader("safetensors", True),
+    "torch.load(mmap)": Loader("torch.save", True),
+    "fastsafetensors": Loader("safetensors", True, "fastsafetensors"),
+    "runai": Loader("safetensors", True, "runai_model_streamer"),
+    "safetensors*": Loader("safetensors", False),
+    "torch mmap*": Loader("torch.save", False),
+    "emitted-buffered": Loader("emitted", True),
 }
-PAGE_FLOATS = 1024  # float32 elements per 4 KiB page
+DEFAULT_LOADERS = [name for name in LOADERS if name != "emitted-buffered"]
 
 
-def _touch(flat: dict) -> float:
-    """Read one element of every 4 KiB page of every tensor (what a mapping loader has not read yet)."""
-    return float(sum(t.reshape(-1)[::PAGE_FLOATS].double().sum() for t in flat.values()))
+# ---------------------------------------------------------------------------------------------- the shapes
 
 
-def _load(loader: str, directory: Path, module, target) -> dict:
+def _random(shape: tuple[int, ...], dtype, gen):
     import torch
 
-    if loader == "torch.load(mmap)":
-        return ew._flat(torch.load(directory / "checkpoint.pt", map_location="cpu", weights_only=True, mmap=True))
-    return ew._load(LOADERS[loader], directory, module, target)
+    return (torch.randn(shape, generator=gen) * 0.02).to(dtype)
 
 
-def _reader_module(engine: str, queue_depth: int, buffer_bytes: int, load_streams: int):
-    """make_writer/make_reader of the emitted writer with these options: it saves with O_DIRECT; it loads
-    with its default, the O_DIRECT stream, or, for ``(buffered)``, buffered reads into the destination tensors."""
-    from types import SimpleNamespace
+def _large(quick: bool) -> dict:
+    import torch
 
-    from ckpt_trace.writer import CheckpointReader, CheckpointWriter
+    gen = torch.Generator().manual_seed(1)
+    rows = 512 if quick else 4096  # x 4096 float32 columns: 8 or 64 MiB
+    return {f"layers.{i}.weight": _random((rows, 4096), torch.float32, gen) for i in range(4)}
 
-    options = WriterOptions(
-        queue_depth=queue_depth,
-        buffer_bytes=buffer_bytes,
-        load_direct_io="buffered" not in engine,
-        load_streams=load_streams,
+
+def _many_small(quick: bool) -> dict:
+    import torch
+
+    gen = torch.Generator().manual_seed(2)
+    large_rows = 256 if quick else 4800  # x 4096 float32 columns: 4 or 75 MiB
+    state = {}
+    for i in range(10):
+        state[f"block.{i}.weight"] = _random((large_rows, 4096), torch.float32, gen)
+        for j in range(60):
+            size_bytes = int(torch.randint(1, 64, (1,), generator=gen)) * 1024 - 4 * j  # 1-63 KiB, odd sizes too
+            dtype = torch.bfloat16 if j % 3 == 0 else torch.float32
+            state[f"block.{i}.small.{j}"] = _random((size_bytes // dtype.itemsize,), dtype, gen)
+    return state
+
+
+def _llama_shapes(layers: int, hidden: int, intermediate: int, vocab: int, kv_heads_dim: int) -> dict:
+    """Parameter names and shapes of a Llama-style causal LM, as transformers names them."""
+    shapes = {"model.embed_tokens.weight": (vocab, hidden)}
+    for i in range(layers):
+        prefix = f"model.layers.{i}."
+        for name, shape in (
+            ("self_attn.q_proj", (hidden, hidden)),
+            ("self_attn.k_proj", (kv_heads_dim, hidden)),
+            ("self_attn.v_proj", (kv_heads_dim, hidden)),
+            ("self_attn.o_proj", (hidden, hidden)),
+            ("mlp.gate_proj", (intermediate, hidden)),
+            ("mlp.up_proj", (intermediate, hidden)),
+            ("mlp.down_proj", (hidden, intermediate)),
+            ("input_layernorm", (hidden,)),
+            ("post_attention_layernorm", (hidden,)),
+        ):
+            shapes[f"{prefix}{name}.weight"] = shape
+    shapes["model.norm.weight"] = (hidden,)
+    shapes["lm_head.weight"] = (vocab, hidden)
+    return shapes
+
+
+def _write_shards(directory: Path, state: dict, max_shard_bytes: int) -> None:
+    """``state`` as ``save_pretrained`` lays it out: shards of at most ``max_shard_bytes`` in order, and the
+    index (``metadata.total_size``, ``weight_map``)."""
+    from safetensors.torch import save_file
+
+    shards: list[dict] = [{}]
+    filled = 0
+    for name, tensor in state.items():
+        size_bytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and filled + size_bytes > max_shard_bytes:
+            shards.append({})
+            filled = 0
+        shards[-1][name] = tensor
+        filled += size_bytes
+    directory.mkdir(parents=True)
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(directory / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def _hf_sharded(quick: bool, directory: Path) -> dict:
+    """Writes the shards into ``directory`` (transformers' ``save_pretrained`` where installed) and returns
+    the state they hold."""
+    import torch
+
+    layers, hidden, intermediate, vocab, heads, kv_heads = (
+        (4, 512, 1408, 8192, 8, 2) if quick else (8, 1024, 2816, 32000, 16, 4)
     )
-    return SimpleNamespace(
-        make_writer=lambda path: CheckpointWriter(path, options),
-        make_reader=lambda path: CheckpointReader(path, options),
-    )
+    max_shard_bytes = (15 if quick else 100) * 1_000_000
+    if importlib.util.find_spec("transformers") is not None:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(3)
+        config = LlamaConfig(
+            hidden_size=hidden,
+            intermediate_size=intermediate,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            vocab_size=vocab,
+        )
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+        model.save_pretrained(str(directory), max_shard_size=max_shard_bytes)
+        del model
+    else:
+        gen = torch.Generator().manual_seed(3)
+        shapes = _llama_shapes(layers, hidden, intermediate, vocab, hidden // heads * kv_heads)
+        _write_shards(directory, {n: _random(s, torch.bfloat16, gen) for n, s in shapes.items()}, max_shard_bytes)
+    from safetensors.torch import load_file
+
+    state = {}
+    for file in _safetensors_files(directory):
+        state.update({name: tensor.clone() for name, tensor in load_file(str(file)).items()})
+    return state
+
+
+def _dcp_adam(quick: bool) -> dict:
+    from ckpt_trace.workloads.engines import local_state
+    from ckpt_trace.workloads.models import GPT2Config
+
+    cfg = GPT2Config(n_layer=2, d_model=256, vocab=8192, n_ctx=256) if quick else GPT2Config(n_layer=4, d_model=384)
+    local = local_state(cfg, 0, 1, with_optimizer=True)
+    prefixes = {"model": "model", "exp_avg": "optim.exp_avg", "exp_avg_sq": "optim.exp_avg_sq"}
+    return {f"{prefixes[kind]}.{name}": tensor for kind in prefixes for name, tensor in local[kind].items()}
+
+
+# ---------------------------------------------------------------------------------------------- save and load
+
+
+def _options(args):
+    """``WriterOptions``' defaults, with what the command line overrides."""
+    from ckpt_trace.writer.options import WriterOptions
+
+    given = {
+        "queue_depth": args.queue_depth,
+        "buffer_bytes": args.buffer_size,
+        "load_streams": args.load_streams,
+    }
+    return WriterOptions(**{key: value for key, value in given.items() if value is not None})
+
+
+def _fsync_tree(path: Path) -> None:
+    for file in [p for p in path.rglob("*") if p.is_file()] + [path]:
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _save(fmt: str, state: dict, directory: Path, options) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    if fmt == "emitted":
+        from ckpt_trace.writer import CheckpointWriter
+
+        dcp.save(state, storage_writer=CheckpointWriter(directory, options))
+    elif fmt == "dcp":
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(directory, thread_count=1, sync_files=True))
+    elif fmt == "torch.save":
+        directory.mkdir(parents=True)
+        torch.save(state, directory / "checkpoint.pt")
+    elif fmt == "safetensors":
+        from safetensors.torch import save_file
+
+        directory.mkdir(parents=True)
+        save_file(state, str(directory / "model.safetensors"))
+    _fsync_tree(directory)
+
+
+def save_child(args) -> None:
+    """Build shape ``args.engine``, save it in every format of ``args.formats`` under ``args.dir`` and write
+    the manifest (names, shapes, dtypes, CRC32C, bytes); prints {"bytes": N}."""
+    from ckpt_trace.writer import checksum
+
+    directory = Path(args.dir)
+    quick = args.quick
+    formats = args.formats.split(",")
+    if args.engine == "hf-sharded":
+        state = _hf_sharded(quick, directory / "safetensors")
+    else:
+        state = {"large": _large, "many-small": _many_small, "dcp-adam": _dcp_adam}[args.engine](quick)
+    for fmt in formats:
+        if not (directory / fmt).exists():
+            _save(fmt, state, directory / fmt, _options(args))
+    tensors = {
+        name: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."), "crc": checksum.update(0, t)}
+        for name, t in state.items()
+    }
+    size_bytes = sum(t.numel() * t.element_size() for t in state.values())
+    (directory / MANIFEST).write_text(json.dumps({"bytes": size_bytes, "tensors": tensors}))
+    print(json.dumps({"bytes": size_bytes, "tensors": len(tensors)}))
+
+
+def _safetensors_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        return [directory / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    return [directory / "model.safetensors"]
+
+
+def _touch(flat: dict) -> int:
+    """Read one byte of every 4 KiB page of every tensor (what a mapping loader has not read yet)."""
+    import torch
+
+    return sum(int(t.reshape(-1).view(torch.uint8)[::PAGE_BYTES].sum()) for t in flat.values())
+
+
+def _load(loader: str, directory: Path, target: dict | None, options) -> tuple[dict, dict | None]:
+    """Load with ``loader`` into ``target`` (None for the mapped forms); (the loaded flat state, reader stats)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    if loader.startswith("emitted"):
+        from ckpt_trace.writer import CheckpointReader
+
+        if loader == "emitted-buffered":
+            options = dataclasses.replace(options, load_direct_io=False)
+        reader = CheckpointReader(directory, options)
+        dcp.load(target, storage_reader=reader)
+        return target, reader.last_load_stats
+    if loader == "dcp":
+        dcp.load(target, storage_reader=dcp.FileSystemReader(directory))
+        return target, None
+    files = [str(file) for file in _safetensors_files(directory)]
+    if loader in ("torch.load(mmap)", "torch mmap*"):
+        mapped = torch.load(directory / "checkpoint.pt", map_location="cpu", weights_only=True, mmap=True)
+        pairs = mapped.items()
+    elif loader in ("safetensors", "safetensors*"):
+        from safetensors.torch import load_file
+
+        mapped = {}
+        for file in files:
+            if target is None:
+                mapped.update(load_file(file))
+            else:
+                for name, tensor in load_file(file).items():
+                    target[name].copy_(tensor)
+        pairs = [] if target is not None else mapped.items()
+    elif loader == "fastsafetensors":
+        from fastsafetensors import fastsafe_open
+
+        with fastsafe_open(files, framework="pt", device="cpu", nogds=True) as handle:
+            names = handle.keys()  # a loader, not a dict
+            for name in names:
+                target[name].copy_(handle.get_tensor(name))
+        return target, None
+    else:
+        from runai_model_streamer import SafetensorsStreamer
+
+        with SafetensorsStreamer() as streamer:
+            streamer.stream_files(files, owned=False)  # views into reused buffers: each copied before the next
+            for name, tensor in streamer.get_tensors():
+                target[name].copy_(tensor)
+        return target, None
+    if target is None:
+        flat = dict(pairs)
+        _touch(flat)
+        return flat, None
+    for name, tensor in pairs:
+        target[name].copy_(tensor)
+    return target, None
+
+
+def _import_for(loaders: list[str]) -> None:
+    """Import what ``loaders`` use, once, in the parent before any load: each load's process is forked from it
+    with them imported (imports are not part of a load; importing torch took 9 s on the shared machine)."""
+    import importlib
+
+    modules = ["torch", "torch.distributed.checkpoint", "ckpt_trace.writer", "safetensors.torch"]
+    modules += [LOADERS[name].needs for name in loaders if LOADERS[name].needs]
+    for module in modules:
+        importlib.import_module(module)
+
+
+def _measure(loader: str, directory: Path, args) -> dict:
+    """One load: {"load_s", "wrong" (names whose bytes differ from the saved ones, first 5), "wrong_count",
+    "stats" (the emitted reader's ``last_load_stats``)}."""
+    import torch
+
+    from ckpt_trace.writer import checksum
+
+    manifest = json.loads((directory.parent / MANIFEST).read_text())
+    options = _options(args)
+    target = None
+    if LOADERS[loader].bar:  # the caller's state dict, allocated and zeroed off the clock
+        target = {
+            name: torch.zeros(t["shape"], dtype=getattr(torch, t["dtype"])) for name, t in manifest["tensors"].items()
+        }
+    started = time.perf_counter()
+    loaded, stats = _load(loader, directory, target, options)
+    elapsed = time.perf_counter() - started
+    wrong = [
+        name
+        for name, t in manifest["tensors"].items()
+        if name not in loaded or checksum.update(0, loaded[name].contiguous()) != t["crc"]
+    ]
+    return {"load_s": elapsed, "wrong": wrong[:5], "wrong_count": len(wrong), "stats": stats}
+
+
+def _fork_load(loader: str, directory: Path, args, cold: bool) -> dict:
+    """``_measure`` in a process forked from this one (a fresh address space, the modules imported), after
+    dropping the page cache when ``cold``. Raises RuntimeError with the load's error when it fails."""
+    if cold:
+        drop_caches()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the load's process: report and leave without running the parent's cleanup
+        os.close(read_fd)
+        warnings.filterwarnings("ignore")
+        try:
+            out = _measure(loader, directory, args)
+        except Exception as exc:  # noqa: BLE001 - any loader's failure is reported as that loader's
+            out = {"error": f"{type(exc).__name__}: {exc}"}
+        with os.fdopen(write_fd, "w") as pipe:
+            pipe.write(json.dumps(out, default=str))
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as pipe:
+        text = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    if not text:
+        raise RuntimeError(f"the load's process died (wait status {status})")
+    out = json.loads(text)
+    if "error" in out:
+        raise RuntimeError(out["error"])
+    return out
 
 
 def child(args) -> None:
-    """One cold load in this fresh process; prints one JSON line."""
     warnings.filterwarnings("ignore")
-    ew.MODEL = args.model
-    module = _reader_module(args.engine, args.queue_depth, args.buffer_size, args.load_streams)
-    if args.child == "save":
-        state = ew._state()
-        ew._save(args.engine, state, Path(args.dir), module)
-        print(
-            json.dumps(
-                {
-                    "fingerprint": ew._fingerprint(ew._flat(state)),
-                    "bytes": sum(t.numel() * t.element_size() for t in ew._flat(state).values()),
-                }
-            )
-        )
-        return
-    target = ew._load_target(LOADERS[args.engine])  # loads in place (DCP) fill a state allocated off the clock
-    started = time.perf_counter()
-    loaded = _load(args.engine, Path(args.dir), module, target)
-    _touch(loaded)
-    elapsed = time.perf_counter() - started
-    print(json.dumps({"load_s": elapsed, "fingerprint": ew._fingerprint(loaded)}))
+    save_child(args)
 
 
-def _child(mode: str, engine: str, directory: Path, args) -> dict:
-    return run_child(
-        __file__,
-        mode,
-        engine,
-        directory,
-        "--model",
-        args.model,
-        "--queue-depth",
-        str(args.queue_depth),
-        "--buffer-size",
-        str(args.buffer_size),
-        "--load-streams",
-        str(args.load_streams),
-    )
+# ---------------------------------------------------------------------------------------------- the parent
 
 
-def _fio_read(path: Path, size: int, direct: bool) -> float:
-    """One sequential 4 MiB read of ``path`` by fio from a cold page cache: bytes/s."""
-    drop_caches()
-    engine = ["--ioengine=io_uring", "--direct=1", "--iodepth=32"] if direct else ["--ioengine=psync", "--direct=0"]
-    done = subprocess.run(
-        [
-            "fio",
-            "--name=restore",
-            f"--filename={path}",
-            "--rw=read",
-            "--bs=4M",
-            f"--size={size}",
-            *engine,
-            "--output-format=json",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return float(json.loads(done.stdout)["jobs"][0]["read"]["bw_bytes"])
-
-
-FIO_READS = {"fio O_DIRECT io_uring qd32": True, "fio buffered psync": False}
-
-
-def _fio_layout(scratch: Path, size: int) -> Path | None:
-    """A file of ``size`` bytes for fio's reads, written once with O_DIRECT and fsynced (None without fio)."""
+def _fio_layout(directory: Path, size_bytes: int) -> Path | None:
+    """A file of ``size_bytes`` for fio's reads, written once with O_DIRECT and fsynced (None without fio)."""
     if shutil.which("fio") is None:
         return None
-    path = scratch / "fio-restore.bin"
+    path = directory / "fio-restore.bin"
     subprocess.run(
         [
             "fio",
@@ -194,7 +462,7 @@ def _fio_layout(scratch: Path, size: int) -> Path | None:
             f"--filename={path}",
             "--rw=write",
             "--bs=4M",
-            f"--size={size}",
+            f"--size={size_bytes}",
             "--ioengine=io_uring",
             "--direct=1",
             "--iodepth=32",
@@ -207,113 +475,240 @@ def _fio_layout(scratch: Path, size: int) -> Path | None:
     return path
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="gpt2-small")
-    parser.add_argument("--runs", type=int, default=5, help="cold loads per loader")
-    parser.add_argument("--scratch", type=Path, default=None, help="directory on the storage to measure")
-    parser.add_argument("--loaders", default=",".join(LOADERS))
-    parser.add_argument("--queue-depth", type=int, default=32, help="the emitted reader's queue depth")
-    parser.add_argument(
-        "--buffer-size", type=int, default=4 << 20, help="the emitted reader's O_DIRECT read size, bytes"
+FIO_READS = {"fio direct qd32": True, "fio buffered": False}  # O_DIRECT io_uring qd 32; psync
+
+
+def _fio_read(path: Path, size_bytes: int, direct: bool) -> float:
+    """One sequential 4 MiB read of ``path`` by fio from a cold page cache: bytes/s."""
+    drop_caches()
+    engine = ["--ioengine=io_uring", "--direct=1", "--iodepth=32"] if direct else ["--ioengine=psync", "--direct=0"]
+    done = subprocess.run(
+        ["fio", "--name=restore", f"--filename={path}", "--rw=read", "--bs=4M", f"--size={size_bytes}", *engine]
+        + ["--output-format=json"],
+        check=True,
+        capture_output=True,
+        text=True,
     )
-    parser.add_argument(
-        "--load-streams",
-        type=int,
-        default=WriterOptions.load_streams,
-        help="the emitted reader's threads per file (buffered loads)",
-    )
-    args = parse_or_run_child(parser, child)
-    if args is None:
-        return
-    loaders = [name for name in args.loaders.split(",") if name]
-    unknown = [name for name in loaders if name not in LOADERS]
-    if unknown:
-        sys.exit(f"unknown loader {unknown[0]!r} (choose from {', '.join(LOADERS)})")
-    ew.MODEL = args.model
-    scratch = Path(tempfile.mkdtemp(prefix="ckpt-trace-restore-", dir=args.scratch))
-    rows, saved = [], {}
-    try:
-        for fmt in sorted({LOADERS[name] for name in loaders}):
-            saved[fmt] = _child("save", fmt, scratch / fmt, args)
-        size = next(iter(saved.values()))["bytes"]
-        fio_file = _fio_layout(scratch, size)
-        times: dict[str, list[float]] = {name: [] for name in loaders}
-        limits: dict[str, dict] = {}
-        for _ in range(args.runs):  # rounds: each loader and each fio read once per round, so drift hits all alike
-            for name in loaders:
-                fmt = LOADERS[name]
-                loaded = _child("load", name, scratch / fmt, args)
-                if abs(loaded["fingerprint"] - saved[fmt]["fingerprint"]) > 1e-6 * max(
-                    1.0, abs(saved[fmt]["fingerprint"])
-                ):
-                    raise RuntimeError(f"{name}: the loaded state differs from the saved one")
-                times[name].append(loaded["load_s"])
-            if fio_file is not None:
-                for fio_name, direct in FIO_READS.items():
-                    limits.setdefault(fio_name, {"samples": []})["samples"].append(_fio_read(fio_file, size, direct))
-        for name in loaders:
-            rows.append(
-                {
-                    "loader": name,
-                    "format": LOADERS[name],
-                    "runs_s": times[name],
-                    "median_s": statistics.median(times[name]),
-                }
-            )
-            print(f"{name}: median {statistics.median(times[name]):.2f} s of {args.runs}", file=sys.stderr)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    for entry in limits.values():
-        entry["median_bytes_per_s"] = statistics.median(entry["samples"])
-        entry["best_bytes_per_s"] = max(entry["samples"])
-    # Per round: fio's better read limit that round, and the fastest loader other than the emitted reader.
-    round_fio = [max(entry["samples"][i] for entry in limits.values()) for i in range(args.runs)] if limits else []
-    best_fio = statistics.median(round_fio) if round_fio else None
-    base = next((r for r in rows if r["loader"] == "dcp"), rows[0])
-    others = [r for r in rows if not r["loader"].startswith("emitted")]
-    for r in rows:
-        r["bytes_per_s"] = size / r["median_s"]
-        r["vs_dcp"] = base["median_s"] / r["median_s"]
-        r["of_best_fio"] = r["bytes_per_s"] / best_fio if best_fio else None
-        r["paired_of_fio"] = (
-            statistics.median(size / t / f for t, f in zip(r["runs_s"], round_fio)) if round_fio else None
+    return float(json.loads(done.stdout)["jobs"][0]["read"]["bw_bytes"])
+
+
+def _read_once(directory: Path) -> None:
+    """Read every file under ``directory`` once, buffered: its pages then sit in the page cache (warm)."""
+    buffer = bytearray(16 * MIB)
+    for file in sorted(p for p in directory.rglob("*") if p.is_file()):
+        with open(file, "rb", buffering=0) as handle:
+            while handle.readinto(buffer):
+                pass
+
+
+def _child_args(args) -> list[str]:
+    extra = ["--quick"] if args.quick else []
+    for flag, value in (
+        ("--queue-depth", args.queue_depth),
+        ("--buffer-size", args.buffer_size),
+        ("--load-streams", args.load_streams),
+    ):
+        if value is not None:
+            extra += [flag, str(value)]
+    return extra
+
+
+def _rounds(shape: str, cache: str, directory: Path, loaders: list[str], fio_file: Path | None, args) -> dict:
+    """``args.runs`` rounds of one cell: {"times": {loader: [s per round]}, "errors", "stats", "fio"}."""
+    times: dict[str, list[float]] = {name: [] for name in loaders}
+    errors: dict[str, str] = {}
+    stats: dict[str, object] = {}
+    fio: dict[str, list[float]] = {}
+    size_bytes = json.loads((directory / MANIFEST).read_text())["bytes"]
+    for run in range(args.runs):
+        live = [name for name in loaders if name in times]
+        for name in live[run % len(live) :] + live[: run % len(live)]:  # rotated: no loader always first
+            fmt_dir = directory / LOADERS[name].format
+            if cache == "warm":
+                _read_once(fmt_dir)
+            try:
+                out = _fork_load(name, fmt_dir, args, cold=cache == "cold")
+            except RuntimeError as exc:
+                errors[name] = str(exc).strip().splitlines()[-1][:200]
+                out = None
+            if out is not None and out["wrong_count"]:
+                errors[name] = f"{out['wrong_count']} tensors differ from the saved ones, e.g. {out['wrong']}"
+            if name in errors:
+                print(f"{shape} {cache} {name}: failed: {errors[name]}", file=sys.stderr)
+                del times[name]
+                continue
+            times[name].append(out["load_s"])
+            if out["stats"]:
+                stats[name] = out["stats"]
+        if cache == "cold" and fio_file is not None:
+            for fio_name, direct in FIO_READS.items():
+                fio.setdefault(fio_name, []).append(_fio_read(fio_file, size_bytes, direct))
+        print(
+            f"{shape} {cache} round {run + 1}/{args.runs}: "
+            + ", ".join(f"{name} {samples[-1]:.2f} s" for name, samples in times.items()),
+            file=sys.stderr,
         )
-        if others and r["loader"].startswith("emitted"):
-            r["paired_vs_best_other"] = statistics.median(
-                min(o["runs_s"][i] for o in others) / r["runs_s"][i] for i in range(args.runs)
-            )
-    table = Table(title=f"Cold restore of {args.model} + Adam ({size / 1e9:.2f} GB), median of {args.runs} loads")
-    for column in ("loader", "median", "range", "MB/s", "vs DCP", "of fio", "vs best other"):
+    return {"times": times, "errors": errors, "stats": stats, "fio": fio}
+
+
+def _figures(shape: str, cache: str, size_bytes: int, measured: dict, runs: int) -> dict:
+    """The cell's rows: per loader its samples, median, rate, ``of_fio`` (cold) and, for the emitted reader's
+    rows, ``vs_best`` against the fastest bar peer of each round."""
+    times = measured["times"]
+    round_fio = (
+        [max(samples[i] for samples in measured["fio"].values()) for i in range(runs)] if measured["fio"] else []
+    )
+    peers = [name for name in times if LOADERS[name].bar and not name.startswith("emitted")]
+    rows = []
+    for name, samples in times.items():
+        row: dict = {
+            "loader": name,
+            "format": LOADERS[name].format,
+            "for_information": not LOADERS[name].bar,
+            "runs_s": samples,
+            "median_s": statistics.median(samples),
+            "bytes_per_s": size_bytes / statistics.median(samples),
+        }
+        if round_fio:
+            row["of_fio"] = statistics.median(size_bytes / t / f for t, f in zip(samples, round_fio))
+        if name.startswith("emitted") and peers:
+            best = [min(peers, key=lambda peer, i=i: times[peer][i]) for i in range(runs)]
+            ratios = [times[peer][i] / samples[i] for i, peer in enumerate(best)]
+            row["vs_best"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+            row["best_peer_by_round"] = best
+        if name in measured["stats"]:
+            row["reader_stats_last_round"] = measured["stats"][name]
+        rows.append(row)
+    fio = {
+        name: {"samples": samples, "median_bytes_per_s": statistics.median(samples)}
+        for name, samples in measured["fio"].items()
+    }
+    return {"shape": shape, "cache": cache, "bytes": size_bytes, "rows": rows, "fio": fio, "errors": measured["errors"]}
+
+
+def _best_peer(cell: dict) -> dict | None:
+    peers = [r for r in cell["rows"] if not r["for_information"] and not r["loader"].startswith("emitted")]
+    return min(peers, key=lambda r: r["median_s"]) if peers else None
+
+
+def _summary(cells: list[dict], runs: int) -> Table:
+    table = Table(title=f"The emitted reader against the best peer, median of {runs}", box=box.SIMPLE_HEAD)
+    for column in ("shape", "cache", "emitted", "best peer", "", "vs best", "of fio"):
+        table.add_column(column, justify="left" if column in ("shape", "cache", "best peer") else "right")
+    for cell in cells:
+        emitted = next((r for r in cell["rows"] if r["loader"] == "emitted"), None)
+        best = _best_peer(cell)
+        vs = emitted.get("vs_best") if emitted else None
+        table.add_row(
+            cell["shape"],
+            cell["cache"],
+            f"{emitted['median_s']:.2f} s" if emitted else "failed",
+            best["loader"] if best else "-",
+            f"{best['median_s']:.2f} s" if best else "",
+            f"{vs['median']:.2f}x {vs['min']:.2f}-{vs['max']:.2f}" if vs else "-",
+            f"{emitted['of_fio']:.0%}" if emitted and "of_fio" in emitted else "",
+        )
+    return table
+
+
+def _cell_table(cell: dict) -> Table:
+    table = Table(
+        title=f"{cell['shape']}, {cell['cache']}, {cell['bytes'] / MIB:,.0f} MiB", width=80, box=box.SIMPLE_HEAD
+    )
+    for column in ("loader", "median", "range", "MB/s", "of fio", "vs best"):
         table.add_column(column, justify="left" if column == "loader" else "right")
-    for r in rows:
+    for r in cell["rows"]:
+        vs = r.get("vs_best")
         table.add_row(
             r["loader"],
             f"{r['median_s']:.2f} s",
             f"{min(r['runs_s']):.2f}-{max(r['runs_s']):.2f}",
             f"{r['bytes_per_s'] / 1e6:,.0f}",
-            f"{r['vs_dcp']:.2f}x",
-            f"{r['paired_of_fio']:.0%}" if r["paired_of_fio"] else "-",
-            f"{r['paired_vs_best_other']:.2f}x" if r.get("paired_vs_best_other") else "",
+            f"{r['of_fio']:.0%}" if "of_fio" in r else "",
+            f"{vs['median']:.2f}x {vs['min']:.2f}-{vs['max']:.2f}" if vs else "",
         )
-    for name, entry in limits.items():
-        table.add_row(name, "", "", f"{entry['median_bytes_per_s'] / 1e6:,.0f}", "", "", "")
-    Console(width=None if sys.stdout.isatty() else 100).print(table)
+    for name, entry in cell["fio"].items():
+        table.add_row(name, "", "", f"{entry['median_bytes_per_s'] / 1e6:,.0f}", "", "")
+    for name, error in cell["errors"].items():
+        table.add_row(name, "failed", "", "", "", "")
+        print(f"{cell['shape']} {cell['cache']} {name} failed: {error}", file=sys.stderr)
+    return table
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", action="append", choices=SHAPES, help="repeatable; default: every shape")
+    parser.add_argument("--cache", default=",".join(CACHES), help="cold, warm or both (comma-separated)")
+    parser.add_argument("--runs", type=int, default=None, help="rounds per cell (default 5; 2 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="small shapes (32-59 MiB) and 2 rounds")
+    parser.add_argument("--loaders", default=",".join(DEFAULT_LOADERS), help=f"from {', '.join(LOADERS)}")
+    parser.add_argument("--scratch", type=Path, default=None, help="directory on the storage to measure")
+    parser.add_argument("--queue-depth", type=int, default=None, help="the emitted writer/reader's queue depth")
+    parser.add_argument("--buffer-size", type=int, default=None, help="the emitted writer/reader's request, bytes")
+    parser.add_argument("--load-streams", type=int, default=None, help="the emitted reader's buffered threads")
+    parser.add_argument("--formats", help=argparse.SUPPRESS)
+    return parser
+
+
+def _loaders(args) -> tuple[list[str], dict[str, str]]:
+    """The loaders to run and those left out (not installed) with why."""
+    loaders = [name for name in args.loaders.split(",") if name]
+    unknown = [name for name in loaders if name not in LOADERS]
+    if unknown:
+        sys.exit(f"unknown loader {unknown[0]!r} (choose from {', '.join(LOADERS)})")
+    left_out = {
+        name: f"{LOADERS[name].needs} is not installed"
+        for name in loaders
+        if LOADERS[name].needs and importlib.util.find_spec(LOADERS[name].needs) is None
+    }
+    for name, why in left_out.items():
+        print(f"{name}: left out ({why})", file=sys.stderr)
+    return [name for name in loaders if name not in left_out], left_out
+
+
+def main() -> None:
+    args = parse_or_run_child(_parser(), child)
+    if args is None:
+        return
+    args.runs = args.runs or (2 if args.quick else 5)
+    shapes = args.shape or list(SHAPES)
+    caches = [cache for cache in args.cache.split(",") if cache]
+    if not caches or set(caches) - set(CACHES):
+        sys.exit(f"--cache takes {', '.join(CACHES)}")
+    loaders, left_out = _loaders(args)
+    formats = sorted({LOADERS[name].format for name in loaders})
+    _import_for(loaders)
+    scratch = Path(tempfile.mkdtemp(prefix="ckpt-trace-restore-", dir=args.scratch))
+    cells = []
+    started = time.monotonic()
+    try:
+        for shape in shapes:
+            directory = scratch / shape
+            saved = run_child(__file__, "save", shape, directory, "--formats", ",".join(formats), *_child_args(args))
+            fio_file = _fio_layout(directory, saved["bytes"]) if "cold" in caches else None
+            for cache in caches:
+                measured = _rounds(shape, cache, directory, loaders, fio_file, args)
+                cells.append(_figures(shape, cache, saved["bytes"], measured, args.runs))
+            shutil.rmtree(directory)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    console = Console(width=80)
+    console.print(_summary(cells, args.runs))
+    for cell in cells:
+        console.print(_cell_table(cell))
+    console.print("* for information: the lazy, mapped tensors, one byte per 4 KiB page read; not the bar")
     result = {
         "benchmark": "restore",
-        "model": args.model,
-        "bytes": size,
-        "free_page_reporting": Path("/sys/module/page_reporting").exists(),
-        "emitted_reader": {
-            "queue_depth": args.queue_depth,
-            "buffer_bytes": args.buffer_size,
-            "load_streams": args.load_streams,
-        },
+        "quick": args.quick,
         "runs": args.runs,
-        "fio": limits,
-        "results": rows,
+        "elapsed_s": time.monotonic() - started,
+        "load_average": os.getloadavg(),
+        "free_page_reporting": Path("/sys/module/page_reporting").exists(),
+        "emitted_options": dataclasses.asdict(_options(args)),
+        "left_out": left_out,
+        "cells": cells,
     }
-    save_result("restore", result)
+    save_result("restore_quick" if args.quick else "restore", result)
 
 
 if __name__ == "__main__":

@@ -162,6 +162,22 @@ def _steps(command: str) -> Iterator:
         yield step
 
 
+def no_match_line(path_filters: list[str], backend: str, left_out: int) -> str:
+    """The warning for a recording whose rows the path filters all left out. The bcc backend leaves a
+    call out in the kernel (a path outside the filters, or a descriptor opened on one), before the count
+    of left-out rows sees it, so that count is only what reached user space: it is given as a lower bound
+    there, and never as "0 were left out"."""
+    filters = ", ".join(path_filters)
+    if backend == "bcc":
+        return (
+            f"no operation matched --path-filter {filters} (the bcc backend leaves the others out in the kernel "
+            f"without counting them{f': at least {left_out:,} were left out' if left_out else ''})"
+        )
+    if left_out:
+        return f"no operation matched --path-filter {filters} ({left_out:,} were left out)"
+    return f"no operation matched --path-filter {filters}, and the command made no file operation the tracer saw"
+
+
 @app.command(context_settings={"allow_interspersed_args": False})
 def record(
     cmd: Optional[list[str]] = typer.Argument(
@@ -302,8 +318,7 @@ def record(
         )
     if path_filter and result.rows == 0:
         err.print(
-            f"[yellow]ckpt-trace: warning: no operation matched --path-filter "
-            f"{', '.join(map(escape, path_filter))} ({result.filtered_ops:,} were left out)[/]",
+            f"[yellow]ckpt-trace: warning: {escape(no_match_line(path_filter, result.backend, result.filtered_ops))}[/]",
             highlight=False,
         )
     if result.exit_code != 0:
@@ -384,6 +399,11 @@ def replay(
         "--cache",
         help="Page cache of the files the trace finds when each run starts: recorded (cold where the trace does not say), cold, warm.",
     ),
+    data_mode: Literal["unique", "recorded-ratio"] = typer.Option(
+        "unique",
+        "--data",
+        help="Bytes written: unique (incompressible, unique per 4 KiB block and file) or recorded-ratio (still unique per block, compressible as the recorded command's files were: the trace's data_compressibility).",
+    ),
     wide: bool = typer.Option(False, "--wide", help="Show every table column, however wide."),
     placement: Literal["host", "spread"] = typer.Option(
         "host",
@@ -457,6 +477,7 @@ def replay(
         gpu_copies=gpu_copies,
         cache=cache,
         strict=strict,
+        data=data_mode,
     )
     if world is not None:  # one of the processes torchrun launched: replay this process's share
         if fio or pack_files:

@@ -241,3 +241,32 @@ def test_torchrun_replay_refusing_to_overwrite_loses_nothing(tmp_path, torch_ins
     assert "__3_0.distcp already exists" in agents[0][1] and "Traceback" not in agents[0][1].split("ckpt-trace:")[0]
     assert theirs.read_bytes() == b"not the replay's"
     assert sorted(str(p.relative_to(target)) for p in target.rglob("*")) == ["ck", "ck/__3_0.distcp"]
+
+
+def test_torchrun_replay_runs_rounds_as_one_process_does(tmp_path, torch_installed, io_uring):
+    """Two processes replay every strategy in rounds by the one-process rule (conftest: 1-3 rounds; three
+    rounds never tell strategies apart, so all three run): every process runs the same rounds, each round's
+    job time is its slowest process's, and each result carries the spread and paired speed-ups of them."""
+    trace = checkpoint_trace(tmp_path / "t.arrow")
+    out = tmp_path / "multi.json"
+    agents = _torchrun(
+        1, 2, "replay", str(trace), "--target", str(tmp_path / "multi"), "--strategy", "all", "-o", str(out)
+    )
+    assert [code for code, _ in agents] == [0], "\n".join(log[-3000:] for _, log in agents)
+    doc = json.loads(out.read_text())
+    assert conforms(doc, ReplayDoc) is None
+    assert doc["options"]["rounds"] == 3 and doc["options"]["repeat"] is None
+    assert "rounds until every pair" in doc["options"]["rounds_rule"]
+    processes = doc["distributed"]["processes"]
+    names = [r["strategy"] for r in doc["results"]]
+    assert len(names) == 4
+    for i, job in enumerate(doc["results"]):
+        rounds = [p["results"][i]["runs_elapsed_s"] for p in processes]
+        assert [len(r) for r in rounds] == [3, 3]  # the same rounds in every process
+        assert job["runs_elapsed_s"] == [max(times) for times in zip(*rounds)]  # a round's job time: the slowest
+        spread = job["elapsed_spread_s"]
+        assert spread["runs"] == 3 and spread["min"] == min(job["runs_elapsed_s"])
+        assert sorted(job["versus"]) == sorted(set(names) - {job["strategy"]})
+        for entry in job["versus"].values():
+            assert entry["n"] == 3 and entry["verdict"] == "within noise"
+        assert job["speedup"]["n"] == 3

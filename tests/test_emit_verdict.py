@@ -92,3 +92,38 @@ def test_emit_header_names_the_verdict(io_uring, tmp_path):
     text = (tmp_path / "w.py").read_text()
     assert "verdict: no strategy clear of the others" in text  # 3 rounds never tell strategies apart
     assert "Parameters (from the verdict: none):" in text
+
+
+def test_a_trace_that_only_reads_tunes_no_writer_parameter_without_results():
+    choice = choose(1, None, cpu_count=8, reads_only=True)
+    assert choice.options == WriterOptions().validate() and choice.winner is None
+    for name in ("direct_io", "queue_depth", "buffer_bytes", "writer_threads"):
+        assert choice.reasons[name] == "default (the trace only reads: nothing in it tunes the writer)"
+    assert "arXiv" not in choice.reasons["direct_io"]  # no longer "O_DIRECT, the fastest" for a writer never traced
+
+
+def test_a_trace_that_only_reads_is_a_load_whatever_the_results_moved():
+    clear = {"posix": entry(1.6, 2.2), "uring-buffered": entry(1.3, 1.9)}
+    choice = choose(3, results(clear, direct_share=0.0), cpu_count=8, reads_only=True)  # results say "written"
+    assert choice.options.writer_threads == WriterOptions().writer_threads
+    assert choice.options.load_direct_io is False and choice.reasons["load_direct_io"].startswith("from the verdict")
+    assert choice.reasons["writer_threads"] == "default (a load tunes only the reader)"
+
+
+@pytest.mark.slow
+def test_emit_on_a_load_only_trace_leaves_the_writer_at_its_defaults(tmp_path):
+    from helpers.traces import make_trace
+
+    size = 1 << 20
+    trace = make_trace(
+        tmp_path / "load.arrow",
+        [
+            {"op": "open", "path": "/ck/a.distcp", "fd": 3, "flags": 0, "ret": 3},
+            {"op": "read", "path": "/ck/a.distcp", "fd": 3, "offset": 0, "size": size, "ret": size},
+            {"op": "close", "path": "/ck/a.distcp", "fd": 3},
+        ],
+    )
+    cli("emit", str(trace), "-o", str(tmp_path / "w.py"))
+    text = (tmp_path / "w.py").read_text()
+    assert "direct_io = True: default (the trace only reads: nothing in it tunes the writer)" in text
+    assert "Parameters (from the verdict: none):" in text

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -383,6 +384,18 @@ def test_path_filters_under_dev_and_relative_ones_match(tmp_path, backend):
     assert paths == {f"{work}/out/f"}
     proc = record(backend, tmp_path / "n.arrow", "/nothing/here/", "sh", "-c", f"echo x > {tmp_path}/z")
     assert "no operation matched --path-filter /nothing/here/" in proc.stderr
+    assert not re.search(r"(?<![\d,])0 were left out", proc.stderr)  # bcc leaves them out in the kernel, uncounted
+
+
+def test_a_recording_whose_rows_were_all_left_out_never_says_none_were():
+    from ckpt_trace.cli import no_match_line
+
+    assert no_match_line(["/x/"], "strace", 31) == "no operation matched --path-filter /x/ (31 were left out)"
+    assert "without counting them" in no_match_line(["/x/"], "bcc", 0)
+    assert "at least 4 were left out" in no_match_line(["/x/"], "bcc", 4)
+    assert "no file operation the tracer saw" in no_match_line(["/x/", "/y/"], "strace", 0)
+    for backend in ("bcc", "strace"):
+        assert "0 were left out" not in no_match_line(["/x/"], backend, 0)
 
 
 def test_ctrl_c_while_recording_a_workload_keeps_its_trace_and_prints_no_rank_tracebacks(

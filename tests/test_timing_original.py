@@ -49,3 +49,44 @@ def test_every_operation_is_paced_and_its_error_reported(tmp_path, strategy, req
 def test_asap_reports_no_timing(tmp_path):
     result = replay(paced_trace(tmp_path), target=tmp_path / "t").results[0]
     assert result.timing is None and result.elapsed_s < 0.2
+
+
+@pytest.mark.slow
+def test_the_error_is_told_apart_busy_from_woken(tmp_path):
+    """Operations recorded at one instant find their thread still busy past their start (the one before
+    them took time: a 32 MiB write among them): every one but the first (the paced clock's start) counts
+    as busy."""
+    from helpers.traces import CREATE, make_trace
+
+    ops = [
+        {"op": "open", "path": "/ck/a.bin", "fd": 3, "flags": CREATE, "ret": 3, "ts_ns": 0},
+        {"op": "write", "path": "/ck/a.bin", "fd": 3, "offset": 0, "size": 32 << 20, "ret": 32 << 20, "ts_ns": 0},
+        {"op": "write", "path": "/ck/a.bin", "fd": 3, "offset": 32 << 20, "size": 4096, "ret": 4096, "ts_ns": 0},
+        {"op": "close", "path": "/ck/a.bin", "fd": 3, "ts_ns": 0},
+    ]
+    result = replay(make_trace(tmp_path / "burst.arrow", ops), target=tmp_path / "t", timing="original").results[0]
+    timing = result.timing
+    assert timing is not None
+    rank = timing["ranks"]["-1"]
+    assert rank["ops"] >= 4 and rank["busy_ops"] == rank["ops"] - 1
+    assert timing["busy_share"] == pytest.approx((rank["ops"] - 1) / rank["ops"])
+    assert timing["waited_error_p50_ns"] is not None and timing["waited_error_p50_ns"] >= 0
+
+
+def test_the_report_says_where_the_error_comes_from():
+    from ckpt_trace.report.render import timing_lines
+
+    ranks = {"0": {"recorded_window_s": 1.0, "replayed_window_s": 1.1, "window_error": 0.1}}
+    timing = {
+        "start_error_share_p50": 0.02,
+        "start_error_share_p99": 0.2,
+        "busy_share": 0.4,
+        "waited_error_p50_ns": 85_000,
+        "ranks": ranks,
+    }
+    (line,) = timing_lines([{"strategy": "posix", "timing": timing}])
+    assert line == (
+        "posix paced: start error 2.0% median, 20.0% p99 of the I/O window; rank 0: 1.100 s for 1.000 s "
+        "recorded (+10.0%); 40% of operations found their thread busy past their start, the others woke "
+        "85.0 µs late (median)"
+    )

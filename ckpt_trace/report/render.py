@@ -367,9 +367,21 @@ def timing_lines(results: list[dict[str, Any]]) -> list[str]:
             f"{r['strategy']} paced: start error {timing['start_error_share_p50']:.1%} median, "
             f"{timing['start_error_share_p99']:.1%} p99 of the I/O window; rank {worst[0]}: "
             f"{worst[1]['replayed_window_s']:.3f} s for {worst[1]['recorded_window_s']:.3f} s recorded "
-            f"({worst[1]['window_error']:+.1%})"
+            f"({worst[1]['window_error']:+.1%})" + _busy_clause(timing)
         )
     return lines
+
+
+def _busy_clause(timing: dict[str, Any]) -> str:
+    """Where ``--timing original``'s error comes from: operations whose thread was busy past their start (an
+    earlier operation slower than recorded, or closer than the replayer's own work per operation), and how
+    late the others woke up."""
+    if timing.get("busy_share") is None:
+        return ""
+    woken = timing.get("waited_error_p50_ns")
+    return f"; {timing['busy_share']:.0%} of operations found their thread busy past their start" + (
+        f", the others woke {human_ns(woken)} late (median)" if woken is not None else ""
+    )
 
 
 def verdict_lines(results: list[dict[str, Any]]) -> list[str]:

@@ -16,7 +16,7 @@ write (``emit``); no torch is imported here. The choice, per parameter:
   ``--pack-files``; otherwise the most threads that wrote for one rank in the
   trace, at most ``os.cpu_count()``.
 - ``load_direct_io`` (the reader): from a replay of a recorded *load* (the
-  winner read more than it wrote), on when an O_DIRECT strategy read fastest,
+  trace wrote nothing, or the winner read more than it wrote), on when an O_DIRECT strategy read fastest,
   off when a buffered one did; otherwise on, the O_DIRECT stream
   (``benchmarks/restore.py`` measured it against buffered reads into the
   destination tensors and fio's read limits).
@@ -117,15 +117,23 @@ def _bypasses_cache(entry: dict) -> bool:
     return spec.direct_io
 
 
-def choose(threads_per_rank: int, results: dict | None, cpu_count: int | None = None) -> Choice:
+def choose(
+    threads_per_rank: int, results: dict | None, cpu_count: int | None = None, *, reads_only: bool = False
+) -> Choice:
     """The writer's parameters for a trace whose ranks wrote from at most ``threads_per_rank`` threads (the
     summary's ``writer_threads_per_rank``) and (optionally) its replay results; see the module docstring.
 
     With results, only the direction the trace moved (a load: the reader's ``load_direct_io``; a save: the
     writer's parameters) is tuned, and only from a verdict (``verdict``); every other parameter keeps its
-    default, and ``Choice.reasons`` says which came from the verdict and why."""
+    default, and ``Choice.reasons`` says which came from the verdict and why. A trace that only read
+    (``reads_only``: no byte written) is a load with or without results: nothing in it tunes the writer."""
     defaults = WriterOptions()
     threads = min(threads_per_rank, cpu_count or os.cpu_count() or 1)
+    if results is None and reads_only:
+        kept = "default (the trace only reads: nothing in it tunes the writer)"
+        reasons = {name: kept for name in ("direct_io", "queue_depth", "buffer_bytes", "writer_threads")}
+        reasons["load_direct_io"] = _LOAD_DEFAULT
+        return Choice(defaults.validate(), reasons, None)
     if results is None:
         reasons = {
             "direct_io": "no replay results: O_DIRECT, the fastest in arXiv 2512.24511",
@@ -143,7 +151,7 @@ def choose(threads_per_rank: int, results: dict | None, cpu_count: int | None = 
             f"({', '.join(strategies.names())}, optionally +pack-files); emit tunes only from those"
         )
     reference = next((r for r in entries if r["strategy"] == "posix"), entries[0])
-    load = reference.get("bytes_read", 0) > reference.get("bytes_written", 0)  # a replayed load
+    load = reads_only or reference.get("bytes_read", 0) > reference.get("bytes_written", 0)  # a replayed load
     best, why = verdict(results)
     options = results.get("options", {})
     durable_note = (
@@ -157,10 +165,13 @@ def choose(threads_per_rank: int, results: dict | None, cpu_count: int | None = 
                 "direct_io": f"default ({kept})",
                 "queue_depth": f"default ({kept})",
                 "buffer_bytes": f"default ({kept})",
-                "writer_threads": f"{threads} thread(s) wrote per rank in the trace",
+                "writer_threads": f"default ({kept})"
+                if reads_only
+                else f"{threads} thread(s) wrote per rank in the trace",
             }
         )
         direct, queue_depth, buffer_bytes = defaults.direct_io, defaults.queue_depth, defaults.buffer_bytes
+        threads = defaults.writer_threads if reads_only else threads
     else:
         spec = strategies.get(best["strategy"].removesuffix("+pack-files"))
         direct = _bypasses_cache(best)
@@ -370,7 +381,8 @@ def emit(
             f"{config.REPLAY_MIN_JUDGE_BYTES:,} B (CKPT_TRACE_REPLAY_MIN_JUDGE_BYTES); no module written"
         )
     results = load_replay_results(results_path, digest, str(trace_path)) if results_path is not None else None
-    choice = choose(summary["writer_threads_per_rank"], results)
+    reads_only = summary["bytes_written"] == 0 and summary["bytes_read"] > 0
+    choice = choose(summary["writer_threads_per_rank"], results, reads_only=reads_only)
     text = render_module(
         trace_path, digest, summary, choice, Path(results_path) if results_path else None, results, module=output.stem
     )

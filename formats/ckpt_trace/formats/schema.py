@@ -167,6 +167,9 @@ EXTRA_METADATA: dict[str, str] = {
     "job": "the job a launcher named: {launcher, variable, id} (schema metadata)",
     "merged": "written by `ckpt-trace merge`: the inputs, what each host's traces lost, the clock alignment's "
     "error bound (formats/README.md, optional columns)",
+    "data_compressibility": "written by `record`: how far the files the command wrote compress, sampled "
+    "after it exited ({method, ratio, sampled_bytes, size_bytes, files_sampled, files_not_sampled, budget_s, "
+    "elapsed_s, files}); `replay --data recorded-ratio` reproduces its ratio (formats/README.md)",
     "upgraded_from": 'the trace was converted by `ckpt-trace upgrade`: {"format_version": int, "sha256": '
     "hex SHA-256 of the original file}",
 }

@@ -84,7 +84,7 @@ _LIBRARY = Path(__file__).with_name(ring_build.LIBRARY_NAME)  # built from _ring
 #: The interface version this module binds: ``CKR_ABI_VERSION`` of ``_ring.c``; bumped with it whenever a
 #: signature or ``ckr_req`` changes. A library reporting another version (or none: built before the
 #: check existed) is rebuilt from the source beside it, or refused (``library``).
-ABI_VERSION = 3
+ABI_VERSION = 4
 _REBUILD = (
     "reinstall ckpt-trace-runtime, or in a source tree: 'python scripts/build_ring.py' (needs cc, linux-libc-dev)"
 )
@@ -159,6 +159,7 @@ def load_library(path: Path) -> ctypes.CDLL:
     lib.ckr_pio_run_gen.argtypes, lib.ckr_pio_run_gen.restype = [p, sz, p, p, i, p], ctypes.c_long
     u64 = ctypes.c_uint64
     lib.ckr_fill.argtypes, lib.ckr_fill.restype = [p, u64, u64, u64], None
+    lib.ckr_set_unique_bytes.argtypes, lib.ckr_set_unique_bytes.restype = [u64], u64
     lib.ckr_load_acquire_u64.argtypes, lib.ckr_load_acquire_u64.restype = [p], ctypes.c_uint64
     lib.ckr_store_release_u64.argtypes, lib.ckr_store_release_u64.restype = [p, ctypes.c_uint64], None
     lib.ckr_fence_acquire.argtypes, lib.ckr_fence_acquire.restype = [], None

@@ -21,10 +21,15 @@ import os
 
 import numpy as np
 
+from ckpt_trace.errors import ReplayError
 from ckpt_trace.iolayer import pattern
 from ckpt_trace.iolayer.buffers import PAGE_BYTES, AlignedBuffer
+from ckpt_trace.tracer import compressibility
 
 from .optable import WRITE, OpTable
+
+#: The bytes ``unique_bytes_for`` compresses to find a ratio: 16 pieces of 64 KiB, as ``record`` samples.
+_PROBE_BYTES = 16 * compressibility.SAMPLE_BYTES
 
 #: A request's user_data for a write whose bytes are already in memory (keys are under 2**63: never this).
 PREGENERATED = np.uint64((1 << 64) - 1)
@@ -113,3 +118,54 @@ class Pregenerated:
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None
+
+
+def probe_ratio(unique_bytes: int) -> float:
+    """The ratio (compressed over raw bytes, ``compressibility.METHOD`` on 64 KiB pieces) of the replay data with
+    ``unique_bytes`` generated per 4 KiB block, measured on ``_PROBE_BYTES`` of one file. Raises
+    ring.RingUnavailable when the I/O library is not built."""
+    with pattern.compressible(unique_bytes):
+        data = pattern.generated(0, _PROBE_BYTES, pattern.file_key("ckpt-trace probe"))
+    step = compressibility.SAMPLE_BYTES
+    view = memoryview(data)
+    return sum(compressibility.compressed_bytes(view[i : i + step]) for i in range(0, len(data), step)) / len(data)
+
+
+def unique_bytes_for(ratio: float) -> tuple[int, float]:
+    """(unique bytes per 4 KiB block, the ratio they measure) whose measured ratio (``probe_ratio``) is the
+    closest to ``ratio``: a bisection over multiples of 8 in 8..4096 (the ratio grows with them); 4096 where
+    fewer measure no less than the wholly unique data does."""
+    low, high = 1, pattern.BLOCK // 8  # in words
+    while low < high:
+        middle = (low + high) // 2
+        if probe_ratio(middle * 8) < ratio:
+            low = middle + 1
+        else:
+            high = middle
+    candidates = {words * 8: probe_ratio(words * 8) for words in (max(1, low - 1), low)}
+    unique = min(candidates, key=lambda u: abs(candidates[u] - ratio))
+    whole = probe_ratio(pattern.BLOCK)
+    if candidates[unique] >= whole:  # zero runs too short to be found (under ~80 B at level 1): all unique
+        return pattern.BLOCK, whole
+    return unique, candidates[unique]
+
+
+def recorded_ratio(metadata: dict) -> dict:
+    """What ``--data recorded-ratio`` writes for a trace with ``metadata``: {"recorded_ratio", "method",
+    "unique_bytes_per_block", "generated_ratio"} (``unique_bytes_for``). Raises ReplayError when the trace has no
+    ``data_compressibility`` (recorded before it existed, or no written file could be read)."""
+    measured = metadata.get("data_compressibility")
+    if not isinstance(measured, dict) or not isinstance(measured.get("ratio"), int | float):
+        raise ReplayError(
+            "{option} recorded-ratio: the trace holds no measured compressibility (data_compressibility: "
+            "recorded by an older ckpt-trace, or no file the command wrote was left to read); record it again "
+            "or replay with --data unique",
+            option="data",
+        )
+    unique, generated = unique_bytes_for(float(measured["ratio"]))
+    return {
+        "recorded_ratio": measured["ratio"],
+        "method": measured.get("method", compressibility.METHOD),
+        "unique_bytes_per_block": unique,
+        "generated_ratio": round(generated, 6),
+    }

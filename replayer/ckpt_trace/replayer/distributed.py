@@ -32,7 +32,12 @@ Call order of ``replay_distributed`` (each step in every process):
 5. Before the clocks: free space for everybody's bytes, conflicts (nothing
    is overwritten), a probe of the queue depth; per strategy and run,
    precreation, then a barrier.
-6. The run: a barrier, every clock starts, each process replays its share;
+6. The runs, in rounds as a one-process replay runs them (``verdicts``:
+   every strategy once a round, the order rotated; 3-20 rounds until every
+   pair is told apart or the budget is spent, or ``--repeat N``): global
+   rank 0 decides from the job's round times whether another round runs and
+   tells the others. Each run: a barrier, every clock starts, each process
+   replays its share;
    cross-process ordering goes through the store (``StoreSignals``): an
    operation others wait for sets its key when it completes, a waiting
    operation polls for it, a failure sets a key every waiter sees.
@@ -78,7 +83,6 @@ from .options import ReplayOptions
 from .ownership import Claim
 from .plan import GLOBAL_ROW, PLAN_COLUMNS, ReplayPlan, build_posix_plan
 from .replay import (
-    RunCount,
     SizeMismatch,
     check_queue_depth,
     derive_plan,
@@ -89,7 +93,8 @@ from .replay import (
     size_mismatches,
 )
 from .results import ReplayResult, results_document
-from .runs import add_speedups, median_run, release, trace_file
+from .runs import add_speedups, add_verdicts, median_run, release, trace_file
+from .verdicts import Rounds
 from .verify import verify_content
 
 #: How long a process waits for the others (a barrier, a gather, another process's operation) before it
@@ -362,6 +367,15 @@ class _Group:
             raise ReplayError(f"lost the other processes of the job: {str(err).splitlines()[0]}") from None
         return out
 
+    def broadcast(self, value):
+        """Global rank 0's ``value``, in every process (``value`` is ignored elsewhere)."""
+        box = [value]
+        try:
+            self.dist.broadcast_object_list(box, src=0)
+        except RuntimeError as err:
+            raise ReplayError(f"lost the other processes of the job: {str(err).splitlines()[0]}") from None
+        return box[0]
+
     def barrier(self) -> None:
         try:
             self.dist.barrier()
@@ -502,8 +516,11 @@ def replay_distributed(
     when torch is missing or the job cannot be joined; Interrupted on Ctrl-C.
     """
     opts = ReplayOptions.of(options, **values)
-    opts = dataclasses.replace(opts, repeat=opts.repeat or config.REPLAY_MIN_ROUNDS)  # rounds interleave in
     opts.check(strategy)  # a single process's replay only
+    if opts.data != "unique":  # pattern.compressible is process-wide: set in one process, not in every worker's
+        raise ReplayError(
+            "{option} recorded-ratio is not available in a replay launched by torchrun yet", option="data"
+        )
     trace = trace_file(trace_path)
     target = Path(target)
     refuse_target_holding(target, trace.path)
@@ -545,6 +562,7 @@ class _DistributedJob:
         self.plans: list[ReplayPlan] = []
         self.sizes: dict[str, int] = {}
         self.leaders: list[int] = []
+        self.rounds, self.rounds_rule = 0, ""  # set by run
 
     def plan_share(self, placement: str) -> None:
         """Steps 2-3: this process's share of the owners and its plan; the target prepared and locked; every
@@ -615,17 +633,40 @@ class _DistributedJob:
         self.owned = self.claims  # from here on, what the claims name is this replay's to remove on failure
 
     def run(self, progress: Progress | None) -> tuple[list[ReplayResult], list[ReplayResult]]:
-        """Steps 6-7: every strategy's runs, verified where asked; (the job's results, this process's)."""
+        """Steps 6-7: the strategies' runs in rounds, as a one-process replay runs them (``verdicts.Rounds``:
+        each round runs every strategy once, the order rotated by one each round; by default 3-20 rounds until
+        every pair of strategies is told apart or the time budget is spent, ``--repeat N`` exactly N), verified
+        where asked; (the job's results, this process's). Each round's time of a strategy is the job's (its
+        slowest process's); global rank 0 decides from them whether another round runs and tells the others,
+        so every process runs the same rounds."""
         opts = self.opts
-        runs = RunCount(opts.repeat or 1, opts.min_seconds, opts.max_runs or config.REPLAY_MAX_RUNS)
+        count = Rounds(opts.repeat, opts.min_seconds, opts.max_runs or config.REPLAY_MAX_RUNS)
+        runs: list[list[tuple[ReplayResult, ReplayResult]]] = [[] for _ in self.plans]
+        while self._another_round(count, runs):
+            first = len(runs[0]) % len(self.plans)
+            for index in [*range(first, len(self.plans)), *range(first)]:
+                plan, claim = self.plans[index], self.claims[index]
+                runs[index].append(
+                    _run_once(
+                        self.group, plan, claim, self.exported, self.mine.remote, len(runs[index]), opts, progress
+                    )
+                )
         results, per_process = [], []
-        for p, claim in zip(self.plans, self.claims):
-            job, mine_runs = _run_strategy(self.group, p, claim, self.exported, self.mine.remote, runs, opts, progress)
+        for plan, claim, mine_runs in zip(self.plans, self.claims, runs):
+            job, mine = _median_of(mine_runs)
             if opts.verify:
-                self._verify(p, claim, job, mine_runs)
+                self._verify(plan, claim, job, mine)
             results.append(job)
-            per_process.append(mine_runs)
+            per_process.append(mine)
+        add_verdicts(results, _round_times(self.plans, runs))
+        self.rounds, self.rounds_rule = len(runs[0]), count.describe()
         return results, per_process
+
+    def _another_round(self, count: Rounds, runs: list[list[tuple[ReplayResult, ReplayResult]]]) -> bool:
+        """Whether the job runs another round: global rank 0's decision (``Rounds.more`` of the job's round
+        times), the same in every process."""
+        decision = count.more(_round_times(self.plans, runs)) if self.world.rank == 0 else None
+        return bool(self.group.broadcast(decision))
 
     def _verify(self, plan: ReplayPlan, claim: Claim, job: ReplayResult, mine: ReplayResult) -> None:
         found = verify_content(claim.root(), plan)
@@ -668,6 +709,8 @@ class _DistributedJob:
             "buffer_bytes": opts.buffer_bytes,
             "pack_files": False,
             "repeat": opts.repeat,
+            "rounds": self.rounds,
+            "rounds_rule": self.rounds_rule,
             "min_seconds": opts.min_seconds,
             "durable": opts.durable,
             "drop_caches": opts.drop_caches,
@@ -742,52 +785,63 @@ def _finish_share(
     )
 
 
-def _run_strategy(
-    group: _Group,
-    plan: ReplayPlan,
-    claim: Claim,
-    exported: frozenset[int],
-    remote: frozenset[int],
-    count: RunCount,
-    opts: ReplayOptions,
-    progress,
-) -> tuple[ReplayResult, ReplayResult]:
-    """Every run of one strategy: (the job's median run, this process's figures of that run)."""
-    runs: list[tuple[ReplayResult, ReplayResult]] = []
-    while count.more([job.elapsed_s for job, _ in runs]):
-        error: BaseException | None = None
-        mine = None
-        try:
-            if runs:
-                claim.release(keep_directory=True)
-            group.barrier()  # every release is done before anyone precreates
-            root = claim.root()
-            executor = make_executor(plan.strategy, root, opts.queue_depth)
-            executor.gpu_copies = opts.gpu_copies
-            executor.prepare(plan)
-            if opts.drop_caches and group.world.local_rank == 0:
-                drop_page_cache()
-        except (CkptTraceError, KeyboardInterrupt) as err:
-            error = Interrupted("interrupted") if isinstance(err, KeyboardInterrupt) else err
-        group.agree(error)
-        signals = StoreSignals(group.store, f"{plan.strategy}/{len(runs)}", remote, exported)
-        for seq in exported - set(plan.ops.seq.tolist()):
-            signals.done(seq)  # nothing here to wait for: never make another process wait for nothing
-        group.barrier()  # the clocks start together
-        try:
-            mine = executor.run(plan, timing=opts.timing, progress=progress, durable=opts.durable, signals=signals)
-        except (ReplayError, KeyboardInterrupt) as err:
-            signals.fail(str(err) or "interrupted")
-            error = Interrupted("interrupted") if isinstance(err, KeyboardInterrupt) else err
-        group.agree(error)
-        assert mine is not None  # executor.run returned: had it failed here, agree raised in every process
-        runs.append((_job_result(plan.strategy, group.gather(mine)), mine))
+def _round_times(
+    plans: list[ReplayPlan], runs: list[list[tuple[ReplayResult, ReplayResult]]]
+) -> dict[str, list[float]]:
+    """Each strategy's job elapsed seconds (its slowest process's), round by round."""
+    return {plan.strategy: [job.elapsed_s for job, _ in mine] for plan, mine in zip(plans, runs)}
+
+
+def _median_of(runs: list[tuple[ReplayResult, ReplayResult]]) -> tuple[ReplayResult, ReplayResult]:
+    """(the job's median run, with every run's time: ``runs.median_run``; this process's figures of that run,
+    with this process's time of every run)."""
     median = median_run([job for job, _ in runs])
     mine = next(m for job, m in runs if job is median)
     mine.runs_elapsed_s = [m.elapsed_s for _, m in runs]
     mine.runs_p99_latency_ns = [m.latency_ns["p99"] for _, m in runs]
     mine.latency_histogram = None
     return median, mine
+
+
+def _run_once(
+    group: _Group,
+    plan: ReplayPlan,
+    claim: Claim,
+    exported: frozenset[int],
+    remote: frozenset[int],
+    number: int,
+    opts: ReplayOptions,
+    progress,
+) -> tuple[ReplayResult, ReplayResult]:
+    """Run ``number`` (from 0) of one strategy in every process: the previous run's files released, the
+    target prepared, the clocks started together; (the job's figures, this process's)."""
+    error: BaseException | None = None
+    mine = None
+    try:
+        if number:
+            claim.release(keep_directory=True)
+        group.barrier()  # every release is done before anyone precreates
+        root = claim.root()
+        executor = make_executor(plan.strategy, root, opts.queue_depth)
+        executor.gpu_copies = opts.gpu_copies
+        executor.prepare(plan)
+        if opts.drop_caches and group.world.local_rank == 0:
+            drop_page_cache()
+    except (CkptTraceError, KeyboardInterrupt) as err:
+        error = Interrupted("interrupted") if isinstance(err, KeyboardInterrupt) else err
+    group.agree(error)
+    signals = StoreSignals(group.store, f"{plan.strategy}/{number}", remote, exported)
+    for seq in exported - set(plan.ops.seq.tolist()):
+        signals.done(seq)  # nothing here to wait for: never make another process wait for nothing
+    group.barrier()  # the clocks start together
+    try:
+        mine = executor.run(plan, timing=opts.timing, progress=progress, durable=opts.durable, signals=signals)
+    except (ReplayError, KeyboardInterrupt) as err:
+        signals.fail(str(err) or "interrupted")
+        error = Interrupted("interrupted") if isinstance(err, KeyboardInterrupt) else err
+    group.agree(error)
+    assert mine is not None  # executor.run returned: had it failed here, agree raised in every process
+    return _job_result(plan.strategy, group.gather(mine)), mine
 
 
 def _size_mismatches(

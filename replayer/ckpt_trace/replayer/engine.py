@@ -451,7 +451,10 @@ class Executor:
     def _pace(ts_ns: int, state: RunState, timing: str, ctx: WorkerContext | None = None) -> None:
         """With ``--timing original``, wait until the operation's recorded start relative to its rank's first
         operation (a failure or Ctrl-C ends the wait at once), by an Event wait; the
-        start error (actual start minus target, ns) is kept in ``ctx.start_errors``."""
+        start error (actual start minus target, ns) is kept in ``ctx.start_errors``, and in ``ctx.waited``
+        whether the thread waited for it (False: the thread was still busy past the target, with the
+        previous operation or with the replayer's own work between operations; a thread's first operation,
+        at the paced clock's start, counts as waited)."""
         if timing != "original":
             return
         base = ctx.pace_base_ns if ctx is not None else 0
@@ -461,6 +464,7 @@ class Executor:
             state.stopped.wait(delay_ns / 1e9)
         if ctx is not None:
             now = time.monotonic_ns()
+            ctx.waited.append(delay_ns > 0 or not ctx.start_errors)
             ctx.start_errors.append(now - target)
             ctx.started_ns.append(now - (state.pace_start_ns or state.start_ns))
 
@@ -950,6 +954,7 @@ class WorkerContext:
         self.pace_base_ns = 0  # --timing original: the recorded start of this worker's rank's first operation
         self.start_errors: list[int] = []  # --timing original: actual minus target start of each operation (ns)
         self.started_ns: list[int] = []  # and when each started, from the run's start (ns)
+        self.waited: list[bool] = []  # and whether the thread waited for it (False: busy past its start)
         self.spans: dict[str, list[int]] = {}  # phase (save, load) -> [first start, last end] of its data ops (ns)
         self.copied_row: int | None = None  # the write row of an in-kernel copy its read row made
         self.pipe_fds: tuple[int, int] | None = None  # (read end, write end) of the pipe splices go through
@@ -1114,7 +1119,7 @@ class WorkerContext:
         if self.spans:
             self.state.add_spans(self.plan.workers[self.index].rank, self.spans)
         if self.start_errors:
-            self.state.add_timing(self.plan.workers[self.index].rank, self.start_errors, self.started_ns)
+            self.state.add_timing(self.plan.workers[self.index].rank, self.start_errors, self.started_ns, self.waited)
         for ring in self.rings.values():
             if ring is not None:
                 ring.close()

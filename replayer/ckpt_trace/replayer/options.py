@@ -26,6 +26,8 @@ DEFAULT_BUFFER_BYTES = 4 << 20
 TIMINGS = ("asap", "original")
 CACHE_STATES = ("recorded", "cold", "warm")
 GPU_COPY_MODES = ("recorded", "pinned", "skip")
+#: What ``--data`` accepts: ``unique`` (incompressible, the default) or ``recorded-ratio`` (``replayer.data``).
+DATA_MODES = ("unique", "recorded-ratio")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class ReplayOptions:
     gpu_copies: str = "recorded"
     cache: str = "recorded"
     strict: bool = False
+    data: str = "unique"
 
     @classmethod
     def of(cls, options: ReplayOptions | None = None, **values) -> ReplayOptions:
@@ -76,6 +79,8 @@ class ReplayOptions:
             raise ReplayError(
                 "{option} needs root (it writes /proc/sys/vm/drop_caches)", option="drop_caches", switch=True
             )
+        if self.data not in DATA_MODES:
+            raise ReplayError(f"unknown {{option}} {self.data!r} (choose from {', '.join(DATA_MODES)})", option="data")
         if self.cache not in CACHE_STATES:
             raise ReplayError(
                 f"unknown {{option}} {self.cache!r} (choose from {', '.join(CACHE_STATES)})", option="cache"

@@ -9,6 +9,7 @@ Called by the CLI's ``replay`` command.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -22,7 +23,7 @@ import numpy as np
 from ckpt_trace import config
 from ckpt_trace.errors import CkptTraceError, Interrupted, ReplayError
 from ckpt_trace.formats import count_rows, scan, sha256_file
-from ckpt_trace.iolayer import host
+from ckpt_trace.iolayer import host, pattern
 from ckpt_trace.iolayer.fio import fio_bytes_per_s
 from ckpt_trace.ranges import merge_grouped_ranges
 
@@ -30,6 +31,7 @@ from . import strategies
 from .aggregate import alignment_counts
 from .cache_state import RecordedCache, prepare_recorded, recorded_cache
 from .checks import checked_batches, refuse_file_and_directory, refuse_skips, skip_notes
+from .data import recorded_ratio
 from .engine import Executor, Progress, files_moved
 from .lock import TargetLock, is_lock_file, job_id, refuse_held
 from .optable import READ, WRITE
@@ -38,9 +40,9 @@ from .ownership import Claim
 from .paths import TargetRoot
 from .plan import PLAN_COLUMNS, ReplayPlan, build_posix_plan
 from .results import ReplayResult, results_document
-from .runs import add_speedups, median_run, release, trace_file
+from .runs import add_speedups, add_verdicts, median_run, release, trace_file
 from .uring import io_uring_available
-from .verdicts import Rounds, versus_all
+from .verdicts import Rounds
 from .verify import verify_content
 
 #: What ``all`` replays, the strategies replayed only when named, and what ``strategy=`` accepts: read from
@@ -71,6 +73,25 @@ DATA_NOTE = (
     "(replayer.data), else as each write is issued; gds writes the "
     "1 MiB table pattern from GPU memory instead"
 )
+#: ``options["data"]`` under ``--data recorded-ratio`` (``replayer.data.recorded_ratio``), formatted with its figures.
+RECORDED_RATIO_NOTE = (
+    "recorded-ratio: unique per 4 KiB block and per file, the first {unique_bytes_per_block} bytes of each block "
+    "generated as unique data does and the rest zeros, so that {method} compresses it to {generated_ratio:.3f} of "
+    "its size against the {recorded_ratio:.3f} measured at record time (the trace's data_compressibility)"
+)
+
+
+def data_choice(opts: ReplayOptions, metadata: dict) -> tuple[contextlib.AbstractContextManager, dict]:
+    """(the context the runs go in, the results' options about the data: ``data``, ``data_mode`` and, for
+    ``recorded-ratio``, ``data_ratio``) for ``opts.data``. Raises ReplayError as ``data.recorded_ratio``."""
+    if opts.data != "recorded-ratio":
+        return contextlib.nullcontext(), {"data": DATA_NOTE, "data_mode": opts.data}
+    figures = recorded_ratio(metadata)
+    return pattern.compressible(figures["unique_bytes_per_block"]), {
+        "data": RECORDED_RATIO_NOTE.format(**figures),
+        "data_mode": opts.data,
+        "data_ratio": figures,
+    }
 
 
 @dataclass(frozen=True)
@@ -343,6 +364,11 @@ def replay(
     Pre-creation and this preparation are setup, never inside the clock; so
     is ``durable``'s sync of files the run did not write.
 
+    ``data`` says which bytes are written (``options.DATA_MODES``): ``unique`` (default: incompressible,
+    unique per 4 KiB block and per file) or ``recorded-ratio`` (unique per block, compressible by the ratio
+    ``record`` measured, the trace's ``data_compressibility``: ``replayer.data``; ReplayError for a trace
+    without it). The results' ``options`` say which ran (``data``, ``data_mode``, ``data_ratio``).
+
     ``strict`` makes a replay that did not run as named an error: a
     strategy whose named data path carried under
     ``config.REPLAY_NAMED_PATH_MIN_SHARE`` of the bytes (after its runs;
@@ -369,6 +395,7 @@ def replay(
     opts = ReplayOptions.of(options, **values)
     opts.check(strategy)
     trace = trace_file(trace_path)
+    data_context, data_options = data_choice(opts, trace.metadata)
     target = Path(target)
     refuse_target_holding(target, trace.path)
     digest = _digest_soon(trace.path)
@@ -408,7 +435,8 @@ def replay(
             fio_limit = _fio_limit(target, plans[0]) if opts.fio else None
             runs = Rounds(opts.repeat, opts.min_seconds, opts.max_runs or config.REPLAY_MAX_RUNS)
             cache_state, cache_note, recorded = resolve_cache(opts.cache, plans[0], trace, opts.strip_prefix)
-            results, mismatches = _run_plans(plans, claims, opts, runs, progress, cache_state, recorded)
+            with data_context:
+                results, mismatches = _run_plans(plans, claims, opts, runs, progress, cache_state, recorded)
         except (ReplayError, KeyboardInterrupt) as err:
             release(claims, target, made_target, lock)
             if isinstance(err, KeyboardInterrupt):
@@ -444,7 +472,7 @@ def replay(
             "cache": opts.cache,
             "cache_state": cache_state,
             "strict": opts.strict,
-            "data": DATA_NOTE,
+            **data_options,
         }
         for result in results:
             result.notes.extend([cache_note] if cache_note else [])
@@ -481,20 +509,6 @@ def _digest_soon(path: Path) -> Future:
 
     threading.Thread(target=work, name="ckpt-trace-sha256", daemon=True).start()
     return future
-
-
-@dataclass(frozen=True)
-class RunCount:
-    """How often a strategy runs: at least ``repeat`` times and until ``min_seconds`` of measured time,
-    at most ``max_runs`` times."""
-
-    repeat: int
-    min_seconds: float
-    max_runs: int
-
-    def more(self, elapsed_s: list[float]) -> bool:
-        done = len(elapsed_s)
-        return done < self.repeat or (sum(elapsed_s) < self.min_seconds and done < max(self.max_runs, self.repeat))
 
 
 def _run_plans(
@@ -535,27 +549,8 @@ def _run_plans(
         mismatches.extend(size_mismatches(root, plan))
         if opts.verify:
             results[-1].verified_files = _verify(root, plan)
-    _add_verdicts(results, {name: [r.elapsed_s for r in mine] for name, mine in zip(names, runs)})
+    add_verdicts(results, {name: [r.elapsed_s for r in mine] for name, mine in zip(names, runs)})
     return results, mismatches
-
-
-def _add_verdicts(results: list[ReplayResult], elapsed: dict[str, list[float]]) -> None:
-    """Each result's spread and paired speed-ups (``verdicts.versus_all``); ``speedup_vs_posix`` the median of
-    its rounds' ratios over posix."""
-    versus = versus_all(elapsed)
-    for result in results:
-        result.versus = versus.get(result.strategy, {})
-        if "posix" in result.versus:
-            result.speedup = result.versus["posix"]
-        elif result.strategy == "posix" and len(results) > 1:
-            result.speedup = {
-                "median": 1.0,
-                "low": 1.0,
-                "high": 1.0,
-                "coverage": 1.0,
-                "n": len(elapsed["posix"]),
-                "verdict": "reference",
-            }
 
 
 def resolve_cache(

@@ -50,8 +50,10 @@ class ReplayResult:
     median, low, high, coverage, n, verdict), None without posix;
     ``versus``: the same over every other strategy of the replay, by name.
     ``timing`` (``--timing original``): the per-operation start error's
-    median and p99 as a share of the rank's recorded I/O window, and per rank
-    the replayed window against the recorded one (``RunState.timing_figures``).
+    median and p99 as a share of the job's recorded I/O window, per rank
+    the replayed window against the recorded one, and where the error comes
+    from: the share of operations whose thread was still busy past their
+    start, and the error of those it waited for (``RunState.timing_figures``).
     ``phases``: ``save`` (the writes) and ``load`` (the reads), each with its
     bytes, its time from the first such operation's start to the last one's
     end, its throughput, and per rank the same with the slowest rank and its

@@ -1,6 +1,6 @@
 """What single-node and distributed replays share around their runs: the trace file by its metadata, the
-median of a strategy's runs, speed-ups over posix, and releasing what a replay created. Pure helpers and one
-clean-up; called by ``replay`` and ``distributed``."""
+median of a strategy's runs, the paired speed-ups of its rounds, speed-ups over posix, and releasing what a
+replay created. Pure helpers and one clean-up; called by ``replay`` and ``distributed``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ckpt_trace.stats import median_index
 from .lock import TargetLock
 from .ownership import Claim
 from .results import ReplayResult
+from .verdicts import versus_all
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,26 @@ def median_run(runs: list[ReplayResult]) -> ReplayResult:
     median.runs_elapsed_s = [r.elapsed_s for r in runs]
     median.runs_p99_latency_ns = [r.latency_ns["p99"] for r in runs]
     return median
+
+
+def add_verdicts(results: list[ReplayResult], elapsed: dict[str, list[float]]) -> None:
+    """Each result's paired speed-ups over every other strategy (``versus``, ``verdicts.versus_all``, from
+    ``elapsed``: each strategy's elapsed seconds by round) and over posix (``speedup``; posix itself gets the
+    reference entry when other strategies ran)."""
+    versus = versus_all(elapsed)
+    for result in results:
+        result.versus = versus.get(result.strategy, {})
+        if "posix" in result.versus:
+            result.speedup = result.versus["posix"]
+        elif result.strategy == "posix" and len(results) > 1:
+            result.speedup = {
+                "median": 1.0,
+                "low": 1.0,
+                "high": 1.0,
+                "coverage": 1.0,
+                "n": len(elapsed["posix"]),
+                "verdict": "reference",
+            }
 
 
 def add_speedups(results: list[ReplayResult]) -> None:

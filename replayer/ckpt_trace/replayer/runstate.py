@@ -86,6 +86,7 @@ class RunState:
         self.pace_barrier = threading.Barrier(len(plan.workers)) if plan.workers else None
         self.pace_start_ns = 0
         self.timing_started: dict[int, list[np.ndarray]] = {}
+        self.timing_waited: dict[int, list[np.ndarray]] = {}
         self._direct_fds: set[int] = set()
         self._direct_array = np.zeros(0, np.int64)
         #: bytes moved per file of the plan's table (``ops.paths`` index): row 0 written, row 1 read
@@ -149,40 +150,53 @@ class RunState:
             }
         return figures
 
-    def add_timing(self, rank: int, errors: list[int], started: list[int]) -> None:
+    def add_timing(self, rank: int, errors: list[int], started: list[int], waited: list[bool]) -> None:
         with self.lock:
             self.timing_errors.setdefault(rank, []).append(np.asarray(errors, np.int64))
             self.timing_started.setdefault(rank, []).append(np.asarray(started, np.int64))
+            self.timing_waited.setdefault(rank, []).append(np.asarray(waited, bool))
 
     def timing_figures(self) -> dict | None:
         """``--timing original``'s accuracy: per-operation start error (actual minus recorded start, each rank's
         first operation at the paced clock's start, once every worker is set up) as median and p99 of its
         absolute value, as a share of the job's recorded I/O window (the longest rank's, first to last
         operation start) and in ns per rank; per rank, the replayed window against the recorded one (None
-        under 1 ms). None when nothing was paced."""
+        under 1 ms). Where the error comes from: ``busy_share``, the share of operations whose thread was
+        still busy past their recorded start (with the previous operation, slower than recorded, or with
+        the replayer's own work between operations closer than it), and ``waited_error_p50_ns`` /
+        ``waited_error_p99_ns``, the start error of the operations the thread waited for (the pacing's own:
+        waking up, which a loaded CPU delays); per rank ``busy_ops``. None when nothing was paced."""
         if not self.timing_errors:
             return None
-        ranks, errors_all = {}, []
+        ranks, errors_all, waited_all = {}, [], []
         window_ns = max(self.rank_last_ts[r] - self.rank_first_ts[r] for r in self.timing_errors)
         for rank, parts in sorted(self.timing_errors.items()):
             errors = np.abs(np.concatenate(parts))
+            waited = np.concatenate(self.timing_waited[rank])
             errors_all.append(errors)
+            waited_all.append(waited)
             started = np.concatenate(self.timing_started[rank])
             recorded_ns = self.rank_last_ts[rank] - self.rank_first_ts[rank]
             replayed_ns = int(started.max() - started.min()) if len(started) else 0
             judged = recorded_ns >= 1_000_000  # a window under 1 ms (a launcher's few calls) has no error share
             ranks[str(rank)] = {
                 "ops": int(len(errors)),
+                "busy_ops": int((~waited).sum()),
                 "recorded_window_s": recorded_ns / 1e9,
                 "replayed_window_s": replayed_ns / 1e9,
                 "window_error": (replayed_ns - recorded_ns) / recorded_ns if judged else None,
                 "start_error_p50_ns": int(np.percentile(errors, 50)),
                 "start_error_p99_ns": int(np.percentile(errors, 99)),
             }
-        share = np.concatenate(errors_all) / window_ns if window_ns > 0 else np.zeros(0)
+        errors, waited = np.concatenate(errors_all), np.concatenate(waited_all)
+        share = errors / window_ns if window_ns > 0 else np.zeros(0)
+        woken = errors[waited]
         return {
             "start_error_share_p50": float(np.percentile(share, 50)) if len(share) else None,
             "start_error_share_p99": float(np.percentile(share, 99)) if len(share) else None,
+            "busy_share": float((~waited).mean()) if len(waited) else None,
+            "waited_error_p50_ns": int(np.percentile(woken, 50)) if len(woken) else None,
+            "waited_error_p99_ns": int(np.percentile(woken, 99)) if len(woken) else None,
             "ranks": ranks,
         }
 

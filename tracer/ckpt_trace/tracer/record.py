@@ -27,7 +27,7 @@ from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.version import __version__
 
 from . import attach as attach_mod
-from . import backends, clock, costs, gpu, strace_backend
+from . import backends, clock, compressibility, costs, gpu, strace_backend
 from .backends import BackendChoice
 from .children import forwarding
 from .spool import RowSpool
@@ -226,6 +226,9 @@ def record(
         }
         copies = _copies(capture, builder, choice) if capture is not None else None
         elapsed_s = time.monotonic() - started
+        measured = compressibility.measure(compressibility.written_paths(spool.written, spool.renames))
+        if measured is not None:  # after the clock: sampling the written files is not the command's time
+            extra["data_compressibility"] = measured
         if strict and extra["lost_events"]:
             raise TracerError(
                 f"{extra['lost_events']} events were lost ({{option}}); no trace written", option="strict", switch=True

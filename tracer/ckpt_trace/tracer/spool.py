@@ -42,14 +42,17 @@ _MERGE_ROWS = 65536  # rows read from each run at a time
 
 
 class RowSpool:
-    """The rows of one recording (see the module docstring). ``paths`` is every distinct path seen and
-    ``counts`` what ``record.unseen_counts`` needs: both accumulate as parts arrive."""
+    """The rows of one recording (see the module docstring). ``paths`` is every distinct path seen,
+    ``written`` those of write rows, ``renames`` the rename rows' (path, new_path) and ``counts`` what
+    ``record.unseen_counts`` needs: all accumulate as parts arrive."""
 
     def __init__(self, output: str | os.PathLike, *, run_rows: int) -> None:
         self.output = Path(output)
         self.run_rows = max(1, run_rows)
         self.rows = 0
         self.paths: set[str] = set()
+        self.written: set[str] = set()  # paths of write rows (``record``'s compressibility sample)
+        self.renames: list[tuple[str, str]] = []  # (path, new_path) of rename rows, in emission order
         self.counts = {"io_uring_requests": 0, "mapped_pages": 0}
         self._parts: list[pa.Table] = []
         self._runs: list[Path] = []
@@ -72,6 +75,13 @@ class RowSpool:
         table = table_from_columns(columns)
         self.paths.update(p for p in distinct(table.column("path")) if p)
         op = table.column("op")
+        self.written.update(p for p in distinct(pc.filter(table.column("path"), pc.equal(op, "write"))) if p)
+        renamed = table.filter(pc.equal(op, "rename"))
+        self.renames.extend(
+            (old, new)
+            for old, new in zip(renamed.column("path").to_pylist(), renamed.column("new_path").to_pylist())
+            if old and new
+        )
         self.counts["io_uring_requests"] += int(
             pc.sum(pc.filter(table.column("size"), pc.equal(op, "io_uring_enter")), min_count=0).as_py() or 0
         )
