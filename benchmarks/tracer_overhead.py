@@ -50,6 +50,15 @@ costs, a figure the machine's noise moves far less than wall times.
 them: ``CKPT_TRACE_BPF_OMIT_TRACEPOINTS`` set to all of them), in ABBA pairs, and writes
 ``benchmarks/results/tracer_overhead_probes.json`` (the load average before and after included).
 
+``--start`` compares bcc starting from its cached compile (``tracer.bpfcache``: the cache warmed by one
+uncounted run, in a scratch ``CKPT_TRACE_CACHE_DIR``) against bcc compiling with clang
+(``CKPT_TRACE_BPF_PROGRAM_CACHE=0``), in ABBA pairs of ``record --backend bcc -- WORKLOAD`` (default
+``true``): medians and ranges of ``start_s``, ``finish_s`` and the whole ``record``, the median of the
+pairs' start ratios, and the load average before and after; writes
+``benchmarks/results/tracer_overhead_start.json``.
+
+    python benchmarks/tracer_overhead.py --start --repeats 10
+
 Prints a table and writes ``benchmarks/results/tracer_overhead.json``.
 """
 
@@ -144,6 +153,8 @@ def run_variant(workload: str, variant: str, scratch: Path, args) -> tuple:
         elapsed = timed(cmd)
         return elapsed, elapsed, 0, None, None, None, None
     env = dict(os.environ)
+    if variant == COMPILED:
+        env["CKPT_TRACE_BPF_PROGRAM_CACHE"] = "0"
     if variant == PROBES_BEFORE:  # the tracer before the mapped-I/O probes: bcc with every page probe left out
         env["CKPT_TRACE_BPF_OMIT_TRACEPOINTS"] = bcc_backend.PAGE_PROBES
     backend = "bcc" if variant.startswith("bcc") else variant
@@ -187,6 +198,74 @@ def run_variant(workload: str, variant: str, scratch: Path, args) -> tuple:
 
 
 PROBES_BEFORE = "bcc-before"
+COMPILED = "bcc-compiled"  # bcc compiling its program at start (the program cache off)
+
+
+def compare_start(args, workloads: list[str]) -> None:
+    """``--start``: bcc from its cached program (A) against bcc compiling it (B, ``COMPILED``), in pairs run
+    A B B A ...; per workload the medians and ranges of start_s, finish_s and the whole record, and the
+    median of the pairs' start_s ratios A/B."""
+    scratch = Path(tempfile.mkdtemp(prefix="ckpt-trace-bench-", dir=args.out))
+    previous = os.environ.get("CKPT_TRACE_CACHE_DIR")
+    os.environ["CKPT_TRACE_CACHE_DIR"] = str(scratch / "cache")  # run_variant's subprocesses inherit it
+    rows = []
+    load_before = os.getloadavg()
+    try:
+        for workload in workloads:
+            run_variant(workload, "bcc", scratch, args)  # compiles and fills the cache: not counted
+            runs = {"bcc": [], COMPILED: []}
+            for pair in range(args.repeats):
+                for variant in ("bcc", COMPILED) if pair % 2 == 0 else (COMPILED, "bcc"):
+                    runs[variant].append(run_variant(workload, variant, scratch, args))
+            row: dict = {"workload": workload, "pairs": args.repeats}
+            for variant, name in (("bcc", "cached"), (COMPILED, "compiled")):
+                for index, figure in ((5, "start"), (6, "finish"), (0, "record")):
+                    values = [r[index] for r in runs[variant]]
+                    row[f"{name}_{figure}_runs_s"] = values
+                    row[f"{name}_{figure}_median_s"] = statistics.median(values)
+            ratios = [a[5] / b[5] for a, b in zip(runs["bcc"], runs[COMPILED])]
+            row["start_paired_ratio_median"] = statistics.median(ratios)
+            row["start_paired_ratios"] = ratios
+            rows.append(row)
+    finally:
+        if previous is None:
+            os.environ.pop("CKPT_TRACE_CACHE_DIR", None)
+        else:
+            os.environ["CKPT_TRACE_CACHE_DIR"] = previous
+        shutil.rmtree(scratch, ignore_errors=True)  # ours: made by mkdtemp above
+    load_after = os.getloadavg()
+    table = Table(
+        title=f"bcc's start: cached program (A) vs compiled (B), {args.repeats} ABBA pairs; "
+        f"load {load_before[0]:.1f} before, {load_after[0]:.1f} after (median [min-max])"
+    )
+    for column in ("workload", "start A", "start B", "A/B paired", "finish A", "finish B", "record A", "record B"):
+        table.add_column(column, justify="left" if column == "workload" else "right")
+
+    def spread(row: dict, key: str) -> str:
+        values = row[f"{key}_runs_s"]
+        return f"{row[f'{key}_median_s']:.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+    for row in rows:
+        table.add_row(
+            row["workload"],
+            spread(row, "cached_start"),
+            spread(row, "compiled_start"),
+            f"{row['start_paired_ratio_median']:.2f}",
+            spread(row, "cached_finish"),
+            spread(row, "compiled_finish"),
+            spread(row, "cached_record"),
+            spread(row, "compiled_record"),
+        )
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    result = {
+        "benchmark": "tracer_overhead_start",
+        "workloads": workloads,
+        "pairs": args.repeats,
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+        "results": rows,
+    }
+    save_result("tracer_overhead_start", result)
 
 
 def compare_probes(args, workloads: list[str]) -> None:
@@ -283,8 +362,19 @@ def main() -> None:
         action="store_true",
         help="compare bcc with and without the mapped-I/O probes in ABBA pairs (--repeats pairs)",
     )
+    parser.add_argument(
+        "--start",
+        action="store_true",
+        help="compare bcc's start from its cached program with a compile in ABBA pairs (--repeats pairs)",
+    )
     args = parser.parse_args()
     workloads = args.workload or list(WORKLOADS)
+    if args.start:
+        problem = bcc_backend.probe()
+        if problem:
+            raise SystemExit(f"--start needs bcc: {problem}")
+        compare_start(args, args.workload or ["true"])
+        return
     if args.probes:
         problem = bcc_backend.probe()
         if problem:

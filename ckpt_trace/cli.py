@@ -343,6 +343,7 @@ def record(
         "layout": layout,
         "interrupted": result.interrupted,
         "start_s": result.start_s,
+        **({"bpf_program": result.bpf_program} if result.bpf_program else {}),
         **({"attached": result.attached} if result.attached else {}),
         "finish_s": None if result.exited_s is None else round(time.monotonic() - result.exited_s, 3),
     }

@@ -88,7 +88,11 @@ class _WorkerAggregator:
         deps = tuple(sorted({dep for op in ops for dep in op.deps}))  # e.g. another worker's open of the handle
         for start, end in merge_extents([(op.offset, op.offset + (op.size or 0)) for op in ops]):
             for offset, size in split_extent(start, end, self.buffer_bytes, self.block_bytes):
-                self.out.append(dataclasses.replace(first, offset=offset, size=size, deps=deps))
+                # a written piece is ready when the last operation writing into it started; a read one
+                # is read ahead, at its group's first operation
+                into = [op.ts_ns for op in ops if op.offset < offset + size and op.offset + (op.size or 0) > offset]
+                ts = max(into) if kind == "write" else first.ts_ns
+                self.out.append(dataclasses.replace(first, offset=offset, size=size, deps=deps, ts_ns=ts))
 
 
 def aggregate_worker_ops(ops, awaited, *, buffer_bytes: int = 4 << 20, block_bytes: int = 4096) -> list[PlanOp]:

@@ -122,6 +122,42 @@ def test_merged_writes_keep_their_wait_on_another_workers_open(tmp_path):
     assert [(op.kind, op.offset, op.size, op.deps) for op in child.ops] == [("write", 0, 20, (0,))]
 
 
+def test_a_written_piece_starts_when_its_bytes_are_all_written(tmp_path):
+    """--timing original paces a piece when the last write reaching into it started (an aggregating writer
+    flushes a buffer once it is full), not at its group's first write; a read piece is read ahead, at its
+    group's first read."""
+    ms = 1_000_000
+    ops = [{"op": "open", "path": "/f", "fd": 3, "flags": CREATE, "ret": 3, "ts_ns": 0}]
+    ops += [  # 512 KiB writes 10 ms apart: each 1 MiB piece is full at its second write
+        {
+            "op": "write",
+            "path": "/f",
+            "fd": 3,
+            "offset": i * MIB // 2,
+            "size": MIB // 2,
+            "ret": MIB // 2,
+            "ts_ns": (i + 1) * 10 * ms,
+        }
+        for i in range(6)
+    ]
+    ops += [  # rewrites the first 4 KiB last: the first piece is ready only then
+        {"op": "write", "path": "/f", "fd": 3, "offset": 0, "size": 4096, "ret": 4096, "ts_ns": 70 * ms},
+        {"op": "fsync", "path": "/f", "fd": 3, "ts_ns": 75 * ms},
+        {"op": "read", "path": "/f", "fd": 3, "offset": 0, "size": MIB, "ret": MIB, "ts_ns": 80 * ms},
+        {"op": "read", "path": "/f", "fd": 3, "offset": MIB, "size": MIB, "ret": MIB, "ts_ns": 90 * ms},
+        {"op": "close", "path": "/f", "fd": 3, "ts_ns": 100 * ms},
+    ]
+    plan = build_plan(read_trace(make_trace(tmp_path / "t.arrow", ops)).table, "aggregated", buffer_bytes=MIB)
+    pieces = [(op.kind, op.offset, op.size, op.ts_ns) for op in plan.workers[0].ops if op.kind in ("write", "read")]
+    assert pieces == [
+        ("write", 0, MIB, 70 * ms),
+        ("write", MIB, MIB, 40 * ms),
+        ("write", 2 * MIB, MIB, 60 * ms),
+        ("read", 0, MIB, 80 * ms),
+        ("read", MIB, MIB, 80 * ms),
+    ]
+
+
 @given(st.lists(st.tuples(st.integers(0, 1 << 12), st.integers(0, 300)), max_size=30))
 def test_the_tracers_coverage_and_the_gpu_unions_are_the_same_union(ranges):
     """ranges.covered_bytes (the tracer's mapped-bytes coverage) and union_ranges (the GPU overlap's

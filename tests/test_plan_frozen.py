@@ -21,7 +21,10 @@ executor's), and the uring and gds strategies are the posix plan renamed
 (``replay.derive_plan``): the strategy name is part of every digest.
 
 ``CKPT_TRACE_FREEZE_PLANS=1 pytest tests/test_plan_frozen.py`` rewrites the
-expectations: only ever from a commit whose planner is known right.
+expectations: only ever from a commit whose planner is known right. Re-frozen
+once since: the aggregated cases' operation tables when a written piece's
+``ts_ns`` became the latest start of the writes into it (``aggregate._ready_ts``;
+every other column and case unchanged, checked against the previous plans).
 """
 
 from __future__ import annotations

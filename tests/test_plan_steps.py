@@ -315,8 +315,11 @@ def test_aggregate_deps_and_placement():
     pairs = agg._group_deps(ops, barriers.pending, runs, groups.of_run)
     assert pairs.tolist() == [[2, 99]]  # the read's group waits for what the read waited for
     pieces = agg._pieces(groups.of_run, runs.start, runs.end, 1 << 20, 4096)
-    placed = agg._place(ops, barriers.pending, pieces, groups.key[:, 0] // groups.span, groups.first_op)
+    piece_ts = agg._ready_ts(ops, runs, groups.of_run, pieces, groups.first_op)
+    assert piece_ts.tolist() == [4, 6, 8]  # writes: the last write into the piece; the read: its group's first
+    placed = agg._place(ops, barriers.pending, pieces, groups.key[:, 0] // groups.span, groups.first_op, piece_ts)
     assert placed.rows.tolist() == [0, 3, 1, 5, 6, 7, 8, 9]  # each piece just before its barrier
+    assert placed.ts_ns.tolist() == [0, 3, 4, 5, 6, 7, 8, 9]
     assert placed.is_piece.tolist() == [False, False, True, False, True, False, True, False]
     assert placed.size.tolist()[2] == 200 and placed.group.tolist() == [-1, -1, 0, -1, 1, -1, 2, -1]
     group_dep_ptr = np.array([0, 0, 0, 1])

@@ -156,3 +156,29 @@ def fail_or_wait_rank(rank: int, world: int) -> None:
     if rank == 0:
         raise WorkloadError("rank 0 gave up before the rendezvous")
     dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def many_small_state(seed: int = 0, small: int = 600, large: int = 4, large_elements: int = 1 << 20) -> dict:
+    """``small`` float32 tensors of 1 to 16,000 elements (under 64 KiB each, odd sizes, so items are not
+    page aligned) beside ``large`` float32 tensors of ``large_elements``, in that order: a model's norms,
+    biases and embeddings of small vocabularies next to its big matrices."""
+    gen = torch.Generator().manual_seed(seed)
+    state = {f"small.{i:03d}": torch.randn(1 + (i * 7919) % 16_000, generator=gen) for i in range(small)}
+    state.update({f"large.{i}": torch.randn(large_elements, generator=gen) for i in range(large)})
+    return state
+
+
+def load_many_small(path: str, policy: str) -> None:
+    """Child entry point: load ``many_small_state()`` saved at ``path`` with the emitted reader and that
+    load policy; print one JSON line: whether every byte matches, and the reader's stats."""
+    import json
+
+    import torch.distributed.checkpoint as dcp
+
+    from ckpt_trace.writer import CheckpointReader, WriterOptions
+
+    state = many_small_state()
+    target = zeros_like_state(state)
+    reader = CheckpointReader(path, WriterOptions(**WriterOptions.load_flags(policy)))
+    dcp.load(target, storage_reader=reader)
+    print(json.dumps({"equal": objects_equal_bitwise(state, target), "stats": reader.last_load_stats}))

@@ -45,7 +45,9 @@ class WriterOptions:
       ``config.READER_WARM_SHARE`` in the page cache (asked with cachestat(2), ``iolayer.pagecache``;
       nothing is read to ask) is read the buffered way instead, from memory: O_DIRECT would bypass the
       copy already in memory and read the device again (issue 36: 0.69-0.76 s against 0.05 s for a
-      warm 770 MiB load). True by default; the reader's ``last_load_stats`` says which way each file went.
+      warm 770 MiB load). A file partly in the cache is asked again a stretch of items at a time and read
+      both ways. True by default; the reader's ``last_load_stats`` says which way each file went, the bytes
+      and read calls of each way, and the probes' count and time. ``load_policy`` names the combination.
     - ``checksums``: the writer stores each item's checksum (CRC32C, ``checksum.py``) in the metadata and
       the reader checks every item it loads, and that each data file has exactly its recorded size
       (True, the default); False: neither (a reader with False loads without checking). Both sides
@@ -64,6 +66,29 @@ class WriterOptions:
     load_streams: int = 2
     load_cache_aware: bool = True
     checksums: bool = True
+
+    @property
+    def load_policy(self) -> str:
+        """How ``CheckpointReader`` chooses between the page cache and O_DIRECT, from the two load flags:
+        ``auto`` (``load_direct_io`` and ``load_cache_aware``, the default: what the page cache holds read
+        buffered, the rest with O_DIRECT, per file or per stretch of a partly cached file), ``direct``
+        (``load_cache_aware=False``: O_DIRECT even when cached) or ``buffered`` (``load_direct_io=False``)."""
+        if not self.load_direct_io:
+            return "buffered"
+        return "auto" if self.load_cache_aware else "direct"
+
+    @classmethod
+    def load_flags(cls, policy: str) -> dict[str, bool]:
+        """The ``load_direct_io``/``load_cache_aware`` values of a ``load_policy`` (auto | direct | buffered),
+        e.g. ``WriterOptions(**WriterOptions.load_flags("direct"))``. Raises CheckpointError for another."""
+        flags = {
+            "auto": {"load_direct_io": True, "load_cache_aware": True},
+            "direct": {"load_direct_io": True, "load_cache_aware": False},
+            "buffered": {"load_direct_io": False, "load_cache_aware": True},
+        }
+        if policy not in flags:
+            raise CheckpointError(f"load policy must be auto, direct or buffered, not {policy!r}")
+        return flags[policy]
 
     def validate(self) -> WriterOptions:
         if self.align_bytes < 512 or self.align_bytes & (self.align_bytes - 1):

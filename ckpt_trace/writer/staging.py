@@ -423,6 +423,7 @@ class StreamReader:
         reads = -(-align_up(largest_file_bytes, options.align_bytes) // options.buffer_bytes)
         self.arena_bytes = max(1, min(options.queue_depth, reads)) * options.buffer_bytes
         self.arena: AlignedBuffer | None = None
+        self.reads = 0  # reads submitted by every ``run`` so far
 
     def close(self) -> None:
         if self.arena is not None:
@@ -469,6 +470,7 @@ class StreamReader:
             align_bytes=self.options.align_bytes,
             file_size_bytes=file_size_bytes,
         )
+        self.reads += len(reads)
         ends = [offset + size for offset, size, _ in items]
         left = {key: size for _, size, key in items}
         arena = self._arena()

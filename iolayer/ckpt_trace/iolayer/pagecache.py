@@ -1,7 +1,7 @@
 """How much of a file the page cache holds, asked cheaply before reading it.
 
-``resident_share(fd, size_bytes)`` returns the share (0.0-1.0) of the file's pages in the page cache, and
-how it was measured:
+``resident_share(fd, size_bytes, offset=0)`` returns the share (0.0-1.0) of the pages of the byte range
+[offset, offset + size_bytes) of a file that are in the page cache, and how it was measured:
 
 - ``cachestat``: the cachestat(2) system call (Linux 6.5+, number 451 on x86-64 and arm64), which counts
   the cached pages of a byte range without touching them (``nr_cache``, in pages; kernel documentation,
@@ -45,12 +45,17 @@ _libc.syscall.restype = ctypes.c_long
 _cachestat_works: bool | None = None
 
 
-def _cachestat(fd: int, size_bytes: int) -> float | None:
+def _pages(offset: int, size_bytes: int) -> int:
+    """How many pages the byte range [offset, offset + size_bytes) touches."""
+    return -(-(offset + size_bytes) // mmap.PAGESIZE) - offset // mmap.PAGESIZE
+
+
+def _cachestat(fd: int, offset: int, size_bytes: int) -> float | None:
     global _cachestat_works
     if _cachestat_works is False:
         return None
     stat = _Stat()
-    rng = _Range(0, size_bytes)
+    rng = _Range(offset, size_bytes)
     result = _libc.syscall(
         _SYSCALL_CACHESTAT, ctypes.c_uint(fd), ctypes.byref(rng), ctypes.byref(stat), ctypes.c_uint(0)
     )
@@ -59,16 +64,16 @@ def _cachestat(fd: int, size_bytes: int) -> float | None:
             _cachestat_works = False
         return None
     _cachestat_works = True
-    pages = -(-size_bytes // mmap.PAGESIZE)
+    pages = _pages(offset, size_bytes)
     return min(1.0, stat.nr_cache / pages) if pages else 1.0
 
 
-def _nowait(fd: int, size_bytes: int, samples: int) -> float | None:
+def _nowait(fd: int, offset: int, size_bytes: int, samples: int) -> float | None:
     if not hasattr(os, "RWF_NOWAIT") or size_bytes <= 0:
         return None
     page = mmap.PAGESIZE
-    pages = -(-size_bytes // page)
-    picks = sorted({(i * pages) // samples for i in range(min(samples, pages))})
+    first, pages = offset // page, _pages(offset, size_bytes)
+    picks = sorted({first + (i * pages) // samples for i in range(min(samples, pages))})
     buf = bytearray(1)
     hits = 0
     for index in picks:
@@ -83,15 +88,16 @@ def _nowait(fd: int, size_bytes: int, samples: int) -> float | None:
     return hits / len(picks)
 
 
-def resident_share(fd: int, size_bytes: int, samples: int = 16) -> tuple[float, str]:
-    """(share of the file's first ``size_bytes`` in the page cache, method: cachestat | nowait | unknown).
+def resident_share(fd: int, size_bytes: int, samples: int = 16, offset: int = 0) -> tuple[float, str]:
+    """(share of the pages of bytes [offset, offset + size_bytes) of ``fd`` in the page cache, method:
+    cachestat | nowait | unknown); ``samples`` is how many pages the ``nowait`` probe reads at most.
 
     ``fd`` must be open for reading without O_DIRECT for the ``nowait`` probe. Raises OSError only for a
     bad descriptor."""
-    share = _cachestat(fd, size_bytes)
+    share = _cachestat(fd, offset, size_bytes)
     if share is not None:
         return share, "cachestat"
-    share = _nowait(fd, size_bytes, samples)
+    share = _nowait(fd, offset, size_bytes, samples)
     if share is not None:
         return share, "nowait"
     return 0.0, "unknown"

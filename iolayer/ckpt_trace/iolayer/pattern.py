@@ -13,7 +13,7 @@ of each 4 KiB block and zeros the rest, for the span of a replay: blocks stay
 unique (each keeps its own first words) and a compressor shrinks them to about
 ``unique_bytes / 4096`` of their size.
 
-**The table pattern** (the bench, and the GDS replay's device buffer):
+**The table pattern** (the bench's writers):
 
 The byte at offset ``o`` of a file with key ``k`` is ``TABLE[(o + PAGE * (k % 251)) % PERIOD]``:
 ``TABLE`` is a fixed pseudo-random table of ``PERIOD`` bytes (251 pages, a

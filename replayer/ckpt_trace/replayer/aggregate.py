@@ -15,7 +15,10 @@ Each extent [a, b) becomes an unaligned head [a, A), a body [A, B) cut into
 tail [B, b), where A and B are a rounded up and b rounded down to the block
 size. The executor (io_uring, O_DIRECT) writes the body directly and the head
 and tail through a buffered descriptor, so exactly the recorded byte ranges
-are written and every file ends with its recorded size. Where a file's final
+are written and every file ends with its recorded size. A written piece
+starts (for ``--timing original``) when the last operation writing into it
+started, as in a writer that aggregates: its bytes are all there then; a
+read piece at its group's first operation (read ahead). Where a file's final
 size is known, the plan asks the executor to preallocate it with
 fallocate(2) (``ReplayPlan.preallocate``), as the paper's writer does and fio
 does by default, so a comparison with fio is like for like.
@@ -181,13 +184,15 @@ class Pieces(NamedTuple):
 
 class Placed(NamedTuple):
     """The aggregated table's rows in order: ``rows`` the source row each copies (a piece: its group's first
-    operation), ``is_piece``, ``offset``, ``size``, ``group`` (a piece's; -1 for a kept row)."""
+    operation), ``is_piece``, ``offset``, ``size``, ``group`` (a piece's; -1 for a kept row), ``ts_ns`` (a
+    piece's: ``_ready_ts``)."""
 
     rows: np.ndarray
     is_piece: np.ndarray
     offset: np.ndarray
     size: np.ndarray
     group: np.ndarray
+    ts_ns: np.ndarray
 
 
 def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int, block_bytes: int) -> OpTable:
@@ -212,15 +217,15 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
     pieces = _pieces(groups.of_run, runs.start, runs.end, buffer_bytes, block_bytes)
     pairs = _group_deps(ops, barriers.pending, runs, groups.of_run)
     group_dep_ptr = np.concatenate([[0], np.cumsum(np.bincount(pairs[:, 0], minlength=len(groups.key)))])
-    placed = _place(ops, barriers.pending, pieces, groups.key[:, 0] // groups.span, groups.first_op)
-    del runs, groups, pieces, barriers
+    piece_ts = _ready_ts(ops, runs, groups.of_run, pieces, groups.first_op)
+    placed = _place(ops, barriers.pending, pieces, groups.key[:, 0] // groups.span, groups.first_op, piece_ts)
+    del runs, groups, pieces, barriers, piece_ts
     dep_ptr, dep_seq = _placed_deps(ops, placed, group_dep_ptr, pairs)
     columns = {
         name: getattr(ops, name)[placed.rows]
         for name in (
             "kind",
             "seq",
-            "ts_ns",
             "worker",
             "handle",
             "source_handle",
@@ -235,7 +240,9 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
             "prot",
         )
     }
-    return OpTable.from_columns({**columns, "offset": placed.offset, "size": placed.size}, dep_ptr, dep_seq, ops.paths)
+    return OpTable.from_columns(
+        {**columns, "ts_ns": placed.ts_ns, "offset": placed.offset, "size": placed.size}, dep_ptr, dep_seq, ops.paths
+    )
 
 
 def _barriers(ops: OpTable, awaited: frozenset[int]) -> Barriers:
@@ -347,10 +354,15 @@ def _group_deps(ops: OpTable, pending: np.ndarray, runs: Runs, run_group: np.nda
 
 
 def _place(
-    ops: OpTable, pending: np.ndarray, pieces: Pieces, flush_of_group: np.ndarray, template: np.ndarray
+    ops: OpTable,
+    pending: np.ndarray,
+    pieces: Pieces,
+    flush_of_group: np.ndarray,
+    template: np.ndarray,
+    piece_ts: np.ndarray,
 ) -> Placed:
     """The kept operations and the pieces, in order (``Placed``): a piece sits before its group's barrier
-    (``flush_of_group``) and copies its group's first operation (``template``)."""
+    (``flush_of_group``), copies its group's first operation (``template``) and starts at ``piece_ts``."""
     kept = np.flatnonzero(~pending)
     piece_template = template[pieces.group]
     n_pieces = len(pieces.group)
@@ -367,7 +379,40 @@ def _place(
         offset=np.concatenate([ops.offset[kept], pieces.offset])[order],
         size=np.concatenate([ops.size[kept], pieces.size])[order],
         group=np.concatenate([np.full(len(kept), -1, np.int64), pieces.group])[order],
+        ts_ns=np.concatenate([ops.ts_ns[kept], piece_ts])[order],
     )
+
+
+def _ready_ts(ops: OpTable, runs: Runs, run_group: np.ndarray, pieces: Pieces, first_op: np.ndarray) -> np.ndarray:
+    """Each piece's start (``ts_ns``, what ``--timing original`` paces): a written piece's, the latest
+    recorded start among its group's operations that write into it (its bytes are all there then, as in a
+    writer that aggregates: it flushes a buffer once it is full); a read piece's, its group's first
+    operation's (read ahead). Vectorised: each operation's pieces (a group's pieces are sorted and disjoint)
+    by two sorted searches on keys packing (group, rank of the offset), then a maximum per piece."""
+    pos = runs.pending_pos
+    n = len(pos)
+    ready = ops.ts_ns[first_op[pieces.group]].copy()
+    writes = ops.kind[first_op[pieces.group]] == WRITE
+    if not n or not writes.any():
+        return ready
+    op_group = run_group[np.searchsorted(runs.heads, np.arange(n), side="right") - 1].astype(np.int64)
+    op_start = ops.offset[pos]
+    op_end = op_start + np.maximum(ops.size[pos], 0)
+    piece_end = pieces.offset + pieces.size
+    values, inverse = np.unique(np.concatenate([op_start, op_end, pieces.offset, piece_end]), return_inverse=True)
+    span = len(values)
+    piece_group = pieces.group.astype(np.int64)
+    m = len(pieces.offset)
+    key_op_start = op_group * span + inverse[:n]
+    key_op_end = op_group * span + inverse[n : 2 * n]
+    key_piece_start = piece_group * span + inverse[2 * n : 2 * n + m]
+    key_piece_end = piece_group * span + inverse[2 * n + m :]
+    first = np.searchsorted(key_piece_end, key_op_start, side="right")  # its group's first piece ending after
+    count = np.maximum(np.searchsorted(key_piece_start, key_op_end, side="left") - first, 0)
+    latest = np.full(m, np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(latest, run_indices(first, count), np.repeat(ops.ts_ns[pos], count))
+    ready[writes] = latest[writes]
+    return ready
 
 
 def _placed_deps(

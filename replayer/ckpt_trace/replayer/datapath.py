@@ -180,8 +180,9 @@ class DataPath(Protocol):
         """Which of ``rows`` (of ``plan.ops``) may be part of a run handed to ``submit`` (bool per row). Pure."""
         ...
 
-    def prepare(self, plan: ReplayPlan) -> None:
-        """Set up before the clock (device buffers, ...). Raises ReplayError."""
+    def prepare(self, plan: ReplayPlan, data: Pregenerated | None = None) -> None:
+        """Set up before the clock (device buffers, ...); ``data``: the replay data the engine made for the run
+        (``replayer.data``; None: none). Raises ReplayError."""
         ...
 
     def open_flags(self, flags: int) -> int:
@@ -228,8 +229,8 @@ class DataPathDefaults:
         del plan  # every data path's signature
         return np.zeros(rows.stop - rows.start, dtype=bool)
 
-    def prepare(self, plan: ReplayPlan) -> None:
-        del plan
+    def prepare(self, plan: ReplayPlan, data: Pregenerated | None = None) -> None:
+        del plan, data
 
     def open_flags(self, flags: int) -> int:
         return flags

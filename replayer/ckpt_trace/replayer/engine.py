@@ -178,7 +178,7 @@ class Executor:
         self._segments = {index: self.segments(plan, worker) for index, worker in enumerate(plan.workers)}
         self._prepare_copies(plan)
         self._data = Pregenerated(plan.ops)
-        self.path.prepare(plan)
+        self.path.prepare(plan, self._data)
 
     @property
     def strategy(self) -> str:

@@ -1,9 +1,14 @@
 """The ``gds`` strategy: the recorded reads and writes moved between the file and GPU memory through cuFile
 (GPUDirect Storage), by KvikIO.
 
-Each data operation is one ``CuFile.pwrite``/``pread`` of the recorded size and offset, from a device buffer
-holding the file's synthetic pattern (the same bytes every other strategy writes, so ``--verify`` holds) or
-into a device scratch buffer. Opens, closes, fsyncs and metadata run as posix does. The file is handed to
+Each data operation is one ``CuFile.pwrite``/``pread`` of the recorded size and offset, from GPU memory
+holding the file's replay data or into a device scratch buffer. The data is every strategy's
+(``iolayer.pattern.fill``: unique per 4 KiB block and per file, or as compressible as recorded under
+``--data recorded-ratio``), so ``--verify`` checks it as it checks posix's: before the clock, the engine's
+``replayer.data.Pregenerated`` buffer (every written file's span) is copied to the device whole, and a
+write points into it; where it is not (too large for ``REPLAY_PREGENERATE_BYTES`` or for the GPU, or a
+write at an unknown offset) the bytes are generated into the worker's host buffer and copied to a device
+buffer of the worker's as the write is issued, inside the clock, with a note. Opens, closes, fsyncs and metadata run as posix does. The file is handed to
 KvikIO as ``/proc/self/fd/N`` of the descriptor the replay opened beneath the target, so no path is resolved
 again.
 
@@ -25,13 +30,14 @@ from __future__ import annotations
 import glob
 import importlib
 import os
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.iolayer import pattern
-from ckpt_trace.iolayer.buffers import pattern_buffer
 
+from .data import Pregenerated
 from .datapath import DATA_PATHS, DataPathDefaults, WorkerIO
 from .engine import Executor
 from .paths import TargetRoot
@@ -39,6 +45,10 @@ from .plan import PlanOp, ReplayPlan
 
 if TYPE_CHECKING:
     import torch
+
+#: The torch device the gds buffers live on: the GPU. Tests without one set "cpu" (with a KvikIO stand-in)
+#: to check, on the CPU, which bytes the data path writes.
+DEVICE = "cuda"
 
 
 @dataclass(frozen=True)
@@ -122,36 +132,85 @@ class GdsPath(DataPathDefaults):
         self.max_io_bytes = max_io_bytes
         self.mode = mode
         self._files: dict[tuple[int, int, str], Any] = {}  # kvikio.CuFile (untyped optional dependency)
-        self._device_pattern: torch.Tensor | None = None  # set by prepare
+        self._data: Pregenerated | None = None  # the engine's replay data, set by prepare
+        self._device_data: torch.Tensor | None = None  # its buffer on the device
+        self._data_address = 0  # the host address of the data's first byte (the device copy's offset 0)
+        self._device_data_note: str | None = None  # why it is not there, where it could not be copied
         self._device_scratch: torch.Tensor | None = None
+        self._staging: dict[int, torch.Tensor] = {}  # per worker thread: bytes generated as a write is issued
+        self._staging_lock = threading.Lock()
+        self._generated_bytes = 0  # written from bytes generated as issued (the note), under the lock
 
-    def prepare(self, plan: ReplayPlan) -> None:
-        """The device buffers: the replay data's pattern (``max_io_bytes`` and a period) and scratch."""
+    def prepare(self, plan: ReplayPlan, data: Pregenerated | None = None) -> None:
+        """Before the clock: the replay data ``data`` (the engine's, ``replayer.data``) copied to the device
+        whole, and a device scratch buffer of ``max_io_bytes`` for reads."""
         import torch
 
-        host = pattern_buffer(self.max_io_bytes + pattern.PERIOD)
-        try:
-            self._device_pattern = torch.frombuffer(host.mmap, dtype=torch.uint8).cuda()
-        finally:
-            host.close()
-        self._device_scratch = torch.empty(self.max_io_bytes, dtype=torch.uint8, device="cuda")
-        torch.cuda.synchronize()
+        del plan  # what is written is ``data``'s
+        self._data, self._device_data, self._device_data_note = data, None, None
+        if data is not None and data.buffer is not None:
+            host = torch.frombuffer(data.buffer.mmap, dtype=torch.uint8)
+            try:
+                self._device_data = host.to(DEVICE, copy=True)
+            except (RuntimeError, MemoryError) as err:  # torch.OutOfMemoryError is a RuntimeError
+                self._device_data_note = (
+                    f"gds: the {data.buffer.size_bytes:,} B of replay data did not fit on the device "
+                    f"({str(err).splitlines()[0]})"
+                )
+            del host  # the host buffer is the engine's: no view of it outlives this call
+            self._data_address = data.buffer.ptr
+        self._device_scratch = torch.empty(self.max_io_bytes, dtype=torch.uint8, device=DEVICE)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
 
     def transfer(self, io: WorkerIO, op: PlanOp, row: int) -> int:
-        return self._transfer(io.fd(op.handle), op, write=op.kind == "write")
+        return self._transfer(io, io.fd(op.handle), op, write=op.kind == "write")
 
     def finish(self) -> list[str]:
-        """Close the cuFile handles; the note says which mode ran."""
+        """Close the cuFile handles and free the device buffers; the notes say which mode ran and where a
+        write's bytes were generated as it was issued."""
         for handle in self._files.values():
             handle.close()
         self._files.clear()
-        return [f"gds: {self.mode.label}"]
+        notes = [f"gds: {self.mode.label}"]
+        if self._device_data_note:
+            notes.append(self._device_data_note)
+        if self._generated_bytes:
+            notes.append(
+                f"gds: {self._generated_bytes:,} B written were generated in host memory and copied to the "
+                "device as each write was issued (inside the clock)"
+            )
+        self._data, self._device_data, self._device_scratch, self._generated_bytes = None, None, None, 0
+        self._staging.clear()
+        return notes
 
-    def _device_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(pattern, scratch): the device buffers ``prepare`` made. Raises ReplayError before ``prepare``."""
-        if self._device_pattern is None or self._device_scratch is None:
+    def _scratch(self) -> torch.Tensor:
+        """The device scratch buffer ``prepare`` made. Raises ReplayError before ``prepare``."""
+        if self._device_scratch is None:
             raise ReplayError("the gds executor's device buffers are made by prepare(), which was not called")
-        return self._device_pattern, self._device_scratch
+        return self._device_scratch
+
+    def _source(self, io: WorkerIO, key: int, content_offset: int, size: int) -> torch.Tensor:
+        """Device memory holding the replay data of [content_offset, + n) of the file with ``key``, n at most
+        ``size``: a view of the data copied before the clock where it covers them, else the bytes generated
+        now into the worker's host buffer and copied to the worker's device buffer (n at most its size)."""
+        import torch
+
+        if self._device_data is not None and self._data is not None:
+            address = self._data.address(key, content_offset, size)
+            if address is not None:
+                start = address - self._data_address
+                return self._device_data[start : start + size]
+        n = min(size, len(io.write_view))
+        pattern.fill(io.write_buf.ptr, n, key, content_offset)
+        with self._staging_lock:
+            staging = self._staging.get(threading.get_ident())
+            if staging is None:
+                staging = torch.empty(len(io.write_view), dtype=torch.uint8, device=DEVICE)
+                self._staging[threading.get_ident()] = staging
+            self._generated_bytes += n
+        staging[:n].copy_(torch.frombuffer(io.write_view, dtype=torch.uint8, count=n))
+        return staging[:n]
 
     def _cufile(self, fd: int, write: bool):
         import kvikio  # pyright: ignore[reportMissingImports]  # optional GPU dependency, see probe
@@ -167,21 +226,22 @@ class GdsPath(DataPathDefaults):
     def _position(self, fd: int, op: PlanOp) -> int:
         return op.offset if op.offset is not None else os.lseek(fd, 0, os.SEEK_CUR)
 
-    def _transfer(self, fd: int, op: PlanOp, write: bool) -> int:
+    def _transfer(self, io: WorkerIO, fd: int, op: PlanOp, write: bool) -> int:
         """``op.size`` bytes between the file at ``op.offset`` (or the descriptor's position, which is then
-        moved on) and GPU memory: the file's pattern written from the device buffer, or read into scratch."""
+        moved on) and GPU memory: the file's replay data written (``_source``), or read into scratch."""
         size, done = op.size or 0, 0
         offset = self._position(fd, op)
         handle = self._cufile(fd, write=write)
-        device_pattern, device_scratch = self._device_buffers()
+        scratch = self._scratch()
         while done < size:
             n = min(self.max_io_bytes, size - done)
             if write:
                 base = op.pattern_offset if op.pattern_offset is not None else offset
-                first = pattern.start(base + done, op.pattern_key)
-                moved = handle.pwrite(device_pattern[first : first + n], n, offset + done).get()
+                source = self._source(io, op.pattern_key, base + done, n)
+                n = source.numel()
+                moved = handle.pwrite(source, n, offset + done).get()
             else:
-                moved = handle.pread(device_scratch[:n], n, offset + done).get()
+                moved = handle.pread(scratch[:n], n, offset + done).get()
             if moved <= 0:
                 break
             done += moved

@@ -70,8 +70,7 @@ __all__ = [
 DATA_NOTE = (
     "generated: incompressible, unique per 4 KiB block and per file (iolayer.pattern.fill, a counter-mode "
     "generator keyed by the file's path and the offset), made before the clock where memory allows "
-    "(replayer.data), else as each write is issued; gds writes the "
-    "1 MiB table pattern from GPU memory instead"
+    "(replayer.data; for gds, then copied to GPU memory), else as each write is issued"
 )
 #: ``options["data"]`` under ``--data recorded-ratio`` (``replayer.data.recorded_ratio``), formatted with its figures.
 RECORDED_RATIO_NOTE = (

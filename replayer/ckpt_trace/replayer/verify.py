@@ -2,8 +2,8 @@
 
 Every byte range a plan leaves written (``PlanChecks.verify_ranges``) must
 hold the replay data of ``iolayer.pattern`` for its file (``data_bytes``, the
-numpy reference of the generator the executors write with; the table
-pattern for ``gds``, whose device buffer holds it), every byte of it (a short read is a
+numpy reference of the generator every strategy's executor writes with,
+``gds``'s included), every byte of it (a short read is a
 mismatch at the first byte missing); a packed file's ranges
 (``PlanChecks.pack_verify``), read at their offset in the pack, hold the
 pack's pattern there (``replayer.pack``); files written at offsets the trace
@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.iolayer import pattern
 
-from . import strategies
 from .optable import KCOPIES, WRITE
 from .paths import TargetRoot
 from .plan import ReplayPlan
@@ -43,8 +42,7 @@ def verify_content(root: TargetRoot, plan: ReplayPlan) -> list[ContentMismatch]:
     if not plan.checks.ranges_planned:
         raise ReplayError("this plan was made without the ranges verification checks (plan with verify_ranges=True)")
     found = []
-    spec = strategies.find(plan.strategy)  # a strategy writing the table pattern (gds), not the generated data
-    differs = pattern.first_difference if spec is not None and spec.table_pattern else pattern.data_first_difference
+    differs = pattern.data_first_difference  # every strategy writes the replay data (gds too)
     copies, overwritten = copied_ranges(plan) if plan.strategy == "posix" else ({}, {})
     for rel, ranges in plan.checks.verify_ranges.items():
         pieces = copies.get(rel, [])

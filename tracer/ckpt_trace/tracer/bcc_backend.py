@@ -38,6 +38,7 @@ import struct
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -50,7 +51,7 @@ from ckpt_trace import config
 from ckpt_trace.errors import TracerError
 from ckpt_trace.formats import vocabulary
 
-from . import btf, costs, page_cache
+from . import bpfcache, btf, costs, page_cache
 from . import syscalls as sc
 from .children import set_parent_death_signal, sigint_handler
 from .ringbuf import RingReader, sample_dtype
@@ -740,6 +741,7 @@ class BccRecording:
     bpf_run_ns: int | None = None
     spilled_raw_bytes: int = 0
     released_s: float | None = None  # time.monotonic() when the probes were live and the command released
+    bpf_program: dict = field(default_factory=dict)  # how the program started (LoadedProgram.started)
     exited_s: float | None = None  # time.monotonic() when the command's exit was seen
     cache_inserts: page_cache.Inserts = field(default_factory=page_cache.Inserts)
     cache_probe: bool = False  # page-cache insertions were recorded (the tracepoint exists)
@@ -768,6 +770,7 @@ class BccRecording:
             "io_uring_unrecorded_ops": self.uring_other_ops,
             "late_events": feeder.late_events,
             "spilled_raw_bytes": self.spilled_raw_bytes,
+            "bpf_program": self.bpf_program,
             "released_s": self.released_s,
             "exited_s": self.exited_s,
             "page_cache": (
@@ -862,13 +865,11 @@ class _Rings:
     Call order: ``consume`` (any number of times), ``close_readers``, ``drain_all`` (once).
     """
 
-    def __init__(self, bpf, scratch_dir, on_records=None) -> None:
-        from bcc.table import _get_event_class
-
-        self.dtypes = {name: sample_dtype(_get_event_class(bpf[name])) for name in ("events", "aux")}
+    def __init__(self, program: LoadedProgram, scratch_dir, on_records=None) -> None:
+        self.dtypes = dict(program.dtypes)
         self.dtypes["compact"] = compact_dtype(self.dtypes["events"])
         self.readers = {
-            name: RingReader(bpf[name].map_fd, getattr(config, pages) * mmap.PAGESIZE, self.dtypes[name])
+            name: RingReader(program.map_fds[name], getattr(config, pages) * mmap.PAGESIZE, self.dtypes[name])
             for name, pages in RINGS.items()
         }
         self.chunks: dict[str, list[np.ndarray]] = {name: [] for name in self.readers}
@@ -937,6 +938,73 @@ class _Rings:
             rec.feeder.add(decode_aux(part) if name == "aux" else decode_events(part, self.ranks))
 
 
+@dataclass
+class LoadedProgram:
+    """The BPF program loaded and attached, however it started: its maps (name -> fd), the ring records'
+    layouts (``events`` and ``aux`` -> numpy dtype), its programs' fds, and what holds the probes
+    (a bcc.BPF or a ``bpfcache.Attached``: dropping it detaches them). ``started``: how it started, as
+    the trace's metadata says it (``bpf_program``: ``source`` "cache" or "compiled", ``cache``: what the
+    cache did, ``load_s``: seconds from the program's text to the probes attached)."""
+
+    map_fds: dict[str, int]
+    dtypes: dict[str, np.dtype]
+    prog_fds: list[int]
+    holder: Any
+    started: dict
+
+
+@contextmanager
+def _quiet_stderr():
+    """fd 2 sent to /dev/null meanwhile: bcc and libbcc_bpf print compiler warnings and verifier logs there."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    saved = os.dup(2)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _from_cache(text: str) -> tuple[LoadedProgram | None, str]:
+    """The program ``text`` loaded from its cached compile (``bpfcache``), or (None, why not)."""
+    if not config.BPF_PROGRAM_CACHE:
+        return None, "off (CKPT_TRACE_BPF_PROGRAM_CACHE=0)"
+    entry, why = bpfcache.load(text)
+    if entry is None:
+        return None, why
+    if set(entry.dtypes) != {"events", "aux"}:
+        return None, "corrupt (ring layouts missing)"
+    try:
+        attached = bpfcache.attach(entry)
+    except TracerError as err:
+        return None, f"refused ({err})"
+    program = LoadedProgram(attached.map_fds, entry.dtypes, list(attached.prog_fds.values()), attached, {})
+    return program, "hit"
+
+
+def _compiled(text: str, cache: str) -> LoadedProgram:
+    """The program ``text`` compiled by bcc (clang) and attached; kept in the cache for the next start unless
+    the cache is off. Raises TracerError when the kernel refuses it."""
+    from bcc import BPF
+    from bcc.table import _get_event_class
+
+    try:
+        bpf = BPF(text=text)
+    except Exception as err:  # noqa: BLE001 - bcc raises bare Exception on compile/load failure
+        raise TracerError(f"the kernel refused the BPF program ({str(err).splitlines()[0]})") from None
+    dtypes = {name: sample_dtype(_get_event_class(bpf[name])) for name in ("events", "aux")}
+    _, map_fds = bpfcache.compiled_maps(bpf)
+    if config.BPF_PROGRAM_CACHE:
+        try:
+            stored = bpfcache.store(text, bpfcache.capture(bpf, dtypes))
+            cache = f"{cache}; {'stored' if stored else 'not stored (cache directory not writable)'}"
+        except bpfcache.NotCacheable as err:
+            cache = f"{cache}; not stored ({err})"
+    return LoadedProgram(map_fds, dtypes, [function.fd for function in bpf.funcs.values()], bpf, {"cache": cache})
+
+
 class BccTracer:
     """Loads the BPF program, runs a command under it, collects events.
 
@@ -945,12 +1013,13 @@ class BccTracer:
     """
 
     def __init__(self, path_filters: list[str] | None = None) -> None:
-        self._program: Any = None  # bcc.BPF once loaded (bcc ships no type information)
+        self._program: LoadedProgram | None = None
         self._path_filters = list(path_filters or [])
         self._view: KernelView | None = None
 
     @property
-    def _bpf(self) -> Any:
+    def program(self) -> LoadedProgram:
+        """The loaded program (``load``). Raises TracerError before."""
         if self._program is None:
             raise TracerError("the BPF program is not loaded (BccTracer.load first)")
         return self._program
@@ -963,21 +1032,24 @@ class BccTracer:
         return self._view
 
     def load(self) -> None:
-        from bcc import BPF
-
+        """Load and attach the program: its cached compile for this text and kernel when there is one
+        the kernel accepts (``bpfcache``), else bcc's compile (which then fills the cache). Raises
+        TracerError when the kernel refuses the compiled program too."""
         self._view = kernel_view()
         text = program_text(self._path_filters, self._view)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        saved = os.dup(2)
-        try:
-            os.dup2(devnull, 2)
-            self._program = BPF(text=text)
-        except Exception as err:  # noqa: BLE001 - bcc raises bare Exception on compile/load failure
-            raise TracerError(f"the kernel refused the BPF program ({str(err).splitlines()[0]})") from None
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            os.close(devnull)
+        started = time.monotonic()
+        with _quiet_stderr():
+            program, cache = _from_cache(text)
+            if program is None:
+                program = _compiled(text, cache)
+            else:
+                program.started["cache"] = cache
+        program.started = {
+            "source": "cache" if program.started["cache"] == "hit" else "compiled",
+            "cache": program.started["cache"],
+            "load_s": round(time.monotonic() - started, 3),
+        }
+        self._program = program
 
     def bpf_run_ns(self) -> int | None:
         """Time the loaded BPF programs have run, every CPU and every process they fired for, in ns
@@ -987,8 +1059,8 @@ class BccTracer:
             if Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip() != "1":
                 return None
             total = 0
-            for function in self._bpf.funcs.values():
-                for line in Path(f"/proc/self/fdinfo/{function.fd}").read_text().splitlines():
+            for fd in self.program.prog_fds:
+                for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
                     if line.startswith("run_time_ns:"):
                         total += int(line.split()[1])
             return total
@@ -1033,7 +1105,7 @@ class BccTracer:
             pid, started["gate"] = self._spawn(cmd, env)
             rec.root_pid = pid
             started["exited"] = _exit_wakeup(wakeups, pid)
-            self._bpf["traced"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+            bpfcache.update_elem(self.program.map_fds["traced"], ctypes.c_uint32(pid), ctypes.c_uint8(1))
 
         def release() -> None:
             os.write(started["gate"], b"x")
@@ -1079,7 +1151,7 @@ class BccTracer:
                 if not new:
                     break
                 for pid in new:
-                    self._bpf["traced"][ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+                    bpfcache.update_elem(self.program.map_fds["traced"], ctypes.c_uint32(pid), ctypes.c_uint8(1))
                 seen.update(new)
                 if rec.root_pid < 0:
                     rec.root_pid = new[0]
@@ -1102,12 +1174,12 @@ class BccTracer:
         """``run``'s and ``attach``'s common body: ``begin`` names the traced processes, ``release`` lets
         the command go, then the rings are copied until ``finished(rec)`` returns a status (not None), and
         everything held is decoded and fed. Returns (recording, status)."""
-        bpf = self._bpf
-        rec = BccRecording()
-        rings = _Rings(bpf, scratch_dir, on_records)
+        program = self.program
+        rec = BccRecording(bpf_program=dict(program.started))
+        rings = _Rings(program, scratch_dir, on_records)
         wakeups = select.epoll()
         for name in rings.readers:
-            wakeups.register(bpf[name].map_fd, select.EPOLLIN)
+            wakeups.register(program.map_fds[name], select.EPOLLIN)
         rec.unseen = {
             capture: why
             for capture, why in (("io_uring_requests", self.view.uring), ("mapped_pages", self.view.mapped))
@@ -1140,14 +1212,12 @@ class BccTracer:
 
     def _count_lost(self, rec: BccRecording) -> None:
         """The program's own counts of what it could not record, by reason, into ``rec``."""
-        bpf = self._bpf
-        lost = [int(bpf["lost"][ctypes.c_int(i)].value) for i in range(len(LOST_REASONS))]
+        maps = self.program.map_fds
+        lost = [bpfcache.lookup_u64(maps["lost"], i) for i in range(len(LOST_REASONS))]
         rec.lost_events = sum(lost)
         rec.lost_reasons = {reason: count for reason, count in zip(LOST_REASONS, lost) if count}
         if self.view.uring is None:
-            other = bpf["uring_other"]
+            counts = [bpfcache.lookup_u64(maps["uring_other"], i) for i in range(256)]
             rec.uring_other_ops = {
-                vocabulary.URING_OPCODE_NAMES.get(i, str(i)): int(other[ctypes.c_int(i)].value)
-                for i in range(256)
-                if other[ctypes.c_int(i)].value
+                vocabulary.URING_OPCODE_NAMES.get(i, str(i)): count for i, count in enumerate(counts) if count
             }

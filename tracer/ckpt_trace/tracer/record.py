@@ -56,6 +56,7 @@ class RecordResult:
     mapped_uncovered_bytes: int | None = None
     start_s: float | None = None  # from this process's start to the probes live (tracer.costs)
     exited_s: float | None = None  # time.monotonic() when the command's exit was seen (finish_s counts from it)
+    bpf_program: dict | None = None  # bcc: how its program started, from the cache or compiled (tracer.bpfcache)
     attached: dict | None = None  # record --pid: the job, what stopped the recording, the checkpoint files
 
     @property
@@ -383,4 +384,5 @@ def _write(
         start_s=extra.get("start_s"),
         exited_s=exited_s,
         attached=extra.get("attached"),
+        bpf_program=extra.get("bpf_program"),
     )

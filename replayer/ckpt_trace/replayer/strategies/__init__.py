@@ -61,9 +61,7 @@ class Strategy:
     ``--buffer-size`` applies); ``packs_files`` (``--pack-files`` applies).
     ``named_path``: the data path its name promises (``ReplayResult.
     named_path``, checked by ``--strict``) and ``named_path_members`` the
-    ``datapath.DATA_PATHS`` that count as it. ``table_pattern``: it writes the
-    table pattern (``pattern.expected``), not the generated data
-    (``replayer.verify``). ``fio_args``: fio options doing the same I/O, with
+    ``datapath.DATA_PATHS`` that count as it. ``fio_args``: fio options doing the same I/O, with
     ``{depth}`` for the queue depth (``benchmarks/engine_rate.py``; empty:
     none).
     """
@@ -81,7 +79,6 @@ class Strategy:
     packs_files: bool = False
     named_path: str | None = None
     named_path_members: tuple[str, ...] = ()
-    table_pattern: bool = False
     fio_args: tuple[str, ...] = ()
 
     def plan(self, base: ReplayPlan, *, buffer_bytes: int, block_bytes: int, pack_files: bool) -> ReplayPlan:

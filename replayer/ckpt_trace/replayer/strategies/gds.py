@@ -32,5 +32,4 @@ STRATEGY = Strategy(
     direct_io=True,
     named_path="cuFile",
     named_path_members=("cufile",),
-    table_pattern=True,
 )

@@ -1,0 +1,169 @@
+"""The compiled BPF program kept per kernel (tracer.bpfcache, issue 35): relocation, entries, and records
+that start from the cache against records that compile."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import cli
+
+from ckpt_trace import config
+from ckpt_trace.tracer import bpfcache
+
+INSN = struct.Struct("<BBhi")
+
+
+def _code(*insns: tuple[int, int, int, int]) -> bytes:
+    return b"".join(INSN.pack(*insn) for insn in insns)
+
+
+def _entry(code: bytes) -> bpfcache.Entry:
+    dtype = np.dtype({"names": ["ts_ns", "path"], "formats": ["<u8", ("u1", 16)], "offsets": [0, 8], "itemsize": 32})
+    maps = (bpfcache.MapSpec("events", 27, 0, 0, 4096, 0), bpfcache.MapSpec("lost", 2, 4, 8, 8, 0))
+    return bpfcache.Entry(maps, (("tracepoint__raw_syscalls__sys_enter", 5, code),), "GPL", {"events": dtype})
+
+
+def test_map_references_become_indices_and_back():
+    # r1 = map fd 7 (ld_imm64, two slots), r2 = 7 (a plain immediate: not a map), r1 = map fd 9, exit
+    code = _code(
+        (0x18, 0x11, 0, 7), (0, 0, 0, 0), (0xB7, 0x02, 0, 7), (0x18, 0x11, 0, 9), (0, 0, 0, 0), (0x95, 0, 0, 0)
+    )
+    kept = bpfcache.relocate(code, {7: 0, 9: 1})
+    immediates = [INSN.unpack_from(kept, i)[3] for i in range(0, len(kept), 8)]
+    assert immediates == [0, 0, 7, 1, 0, 0]
+    assert bpfcache.relocate(kept, {0: 41, 1: 42}) == _code(
+        (0x18, 0x11, 0, 41), (0, 0, 0, 0), (0xB7, 0x02, 0, 7), (0x18, 0x11, 0, 42), (0, 0, 0, 0), (0x95, 0, 0, 0)
+    )
+    with pytest.raises(bpfcache.NotCacheable, match="map fd 8"):
+        bpfcache.relocate(_code((0x18, 0x11, 0, 8), (0, 0, 0, 0)), {7: 0})
+    with pytest.raises(bpfcache.NotCacheable, match="pseudo source 2"):  # BPF_PSEUDO_MAP_VALUE: not relocated
+        bpfcache.relocate(_code((0x18, 0x21, 0, 7), (0, 0, 0, 0)), {7: 0})
+    with pytest.raises(bpfcache.NotCacheable, match="whole number"):
+        bpfcache.relocate(code[:-3], {7: 0, 9: 1})
+
+
+def test_an_entry_round_trips_and_a_damaged_one_is_a_miss(tmp_path, monkeypatch):
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path / "cache"))
+    entry = _entry(_code((0x18, 0x11, 0, 1), (0, 0, 0, 0), (0x95, 0, 0, 0)))
+    assert bpfcache.load("program text") == (None, "miss")
+    path = bpfcache.store("program text", entry)
+    assert path is not None and path.stat().st_mode & 0o077 == 0 and path.parent.stat().st_mode & 0o077 == 0
+    found, why = bpfcache.load("program text")
+    assert why == "hit" and found == entry and found.dtypes["events"] == entry.dtypes["events"]
+    assert bpfcache.load("another program text") == (None, "miss")  # the text is in the key
+
+    raw = bytearray(path.read_bytes())
+    raw[-10] ^= 1
+    path.write_bytes(bytes(raw))
+    assert bpfcache.load("program text") == (None, "corrupt (digest mismatch)")
+    body = b'{"format": 1}'
+    path.write_bytes(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+    assert bpfcache.load("program text") == (None, "corrupt (KeyError)")
+    bpfcache.store("program text", entry)  # rewritten whole, over the damaged one
+    assert bpfcache.load("program text")[1] == "hit"
+    path.chmod(0o666)
+    assert bpfcache.load("program text")[0] is None  # anyone may write it: its code would run in the kernel
+    path.chmod(0o600)
+    assert bpfcache.load("program text")[1] == "hit"
+
+
+def test_the_key_names_the_kernel_btf_and_cache_format(monkeypatch):
+    key = bpfcache.cache_key("text")
+    monkeypatch.setattr(bpfcache, "CACHE_FORMAT", bpfcache.CACHE_FORMAT + 1)
+    assert bpfcache.cache_key("text") != key
+    monkeypatch.undo()
+    monkeypatch.setattr(bpfcache, "_btf_digest", lambda: "another BTF")
+    assert bpfcache.cache_key("text") != key
+
+
+WORKLOAD = r"""
+import os, sys
+out = sys.argv[1]
+fd = os.open(f"{out}/a.bin.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, b"h" * 704)
+os.write(fd, bytes(range(256)) * 64)
+os.pwrite(fd, b"t" * 873, 100_000)
+os.writev(fd, [b"x" * 10, b"y" * 4096])
+os.lseek(fd, 4096, os.SEEK_SET)
+os.write(fd, b"z" * 512)
+os.fsync(fd)
+os.close(fd)
+os.rename(f"{out}/a.bin.tmp", f"{out}/a.bin")
+fd = os.open(f"{out}/a.bin", os.O_RDONLY)
+os.read(fd, 8192)
+os.pread(fd, 1000, 50_000)
+os.close(fd)
+os.unlink(f"{out}/a.bin")
+"""
+TIMING = ["ts_ns", "dur_ns", "pid", "tid"]  # when, and which process: all that differs between two runs
+
+
+def _record(tmp_path: Path, name: str):
+    """Record WORKLOAD into ``tmp_path/out`` (the same directory, so the same --path-filter and the same program
+    text every time): (the rows but for TIMING, how the program started, the trace's metadata)."""
+    from ckpt_trace.formats import read_trace
+
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)  # the workload leaves it empty
+    trace = tmp_path / f"{name}.arrow"
+    command = (sys.executable, "-c", WORKLOAD, str(out))
+    proc = cli("record", "--backend", "bcc", "--json", "-o", str(trace), "--path-filter", f"{out}/", "--", *command)
+    summary = json.loads(proc.stdout)
+    read = read_trace(trace)
+    metadata = dict(read.metadata)
+    assert metadata["bpf_program"] == summary["bpf_program"] and summary["start_s"] > 0
+    return read.table.drop_columns(TIMING), summary["bpf_program"], metadata
+
+
+@pytest.mark.slow
+def test_a_record_from_the_cache_writes_the_rows_a_compiled_one_writes(bcc_backend, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CKPT_TRACE_CACHE_DIR", str(cache))
+    compiled, started, meta = _record(tmp_path, "compiled")
+    assert started["source"] == "compiled" and started["cache"] == "miss; stored"
+    assert compiled.num_rows >= 12 and meta["lost_events"] == 0
+    (entry,) = (cache / "bpf").iterdir()
+
+    cached, started, meta = _record(tmp_path, "cached")
+    assert started == {"source": "cache", "cache": "hit", "load_s": started["load_s"]}
+    assert meta["lost_events"] == 0
+    assert cached.equals(compiled)
+    sizes = [row["size"] for row in compiled.to_pylist() if row["op"] == "write"]
+    assert sorted(sizes) == sorted([704, 16384, 873, 4106, 512])
+
+    # a damaged entry: compiled again and rewritten
+    raw = bytearray(entry.read_bytes())
+    raw[len(raw) // 2] ^= 0x20
+    entry.write_bytes(bytes(raw))
+    again, started, _ = _record(tmp_path, "damaged")
+    assert started["source"] == "compiled" and started["cache"] == "corrupt (digest mismatch); stored"
+    assert again.num_rows == compiled.num_rows
+
+    # an entry the kernel refuses (its digest right, its first program not a valid one): compiled again
+    digest, _, body = entry.read_bytes().partition(b"\n")
+    assert hashlib.sha256(body).hexdigest().encode() == digest  # the damaged entry was rewritten whole
+    data = json.loads(body)
+    data["functions"][0][2] = base64.b64encode(bytes.fromhex("ff00000000000000")).decode()  # no such opcode
+    body = json.dumps(data, sort_keys=True).encode()
+    entry.write_bytes(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+    refused, started, _ = _record(tmp_path, "refused")
+    assert started["source"] == "compiled" and started["cache"].startswith("refused (program ")
+    assert started["cache"].endswith("; stored") and refused.num_rows == compiled.num_rows
+    _, started, _ = _record(tmp_path, "hit")
+    assert started["source"] == "cache"
+
+
+@pytest.mark.slow
+def test_the_cache_can_be_turned_off(bcc_backend, tmp_path, monkeypatch):
+    monkeypatch.setenv("CKPT_TRACE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CKPT_TRACE_BPF_PROGRAM_CACHE", "0")
+    _, started, _ = _record(tmp_path, "off")
+    assert started["source"] == "compiled" and started["cache"] == "off (CKPT_TRACE_BPF_PROGRAM_CACHE=0)"
+    assert not (tmp_path / "cache" / "bpf").exists()

@@ -1,0 +1,201 @@
+"""The emitted reader's read paths on real files: what the page cache holds is read through it and the rest
+with O_DIRECT (per file, and per stretch of a partly cached file), as the load policy says; many small tensors
+are read with a few large reads. Every load is compared byte for byte; the read calls are counted by the
+reader's stats and, independently, by strace."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+try:
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from writer_state import many_small_state, objects_equal_bitwise, zeros_like_state
+except ImportError:  # tests needing torch skip (or fail under CI) through the torch_installed fixture
+    torch = dcp = None
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+TESTS = Path(__file__).resolve().parent
+SMALL = 600
+
+
+def _options(policy: str = "auto", **more):
+    from ckpt_trace.writer import WriterOptions
+
+    return WriterOptions(**WriterOptions.load_flags(policy), **more)
+
+
+def _save(path: Path, state: dict) -> Path:
+    from ckpt_trace.writer import CheckpointWriter
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, storage_writer=CheckpointWriter(path, _options()))  # O_DIRECT: nothing left cached
+    (data,) = path.glob("*.data")
+    return data
+
+
+def _load(path: Path, state: dict, policy: str = "auto"):
+    from ckpt_trace.writer import CheckpointReader
+
+    target = zeros_like_state(state)
+    reader = CheckpointReader(path, _options(policy))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(target, storage_reader=reader)
+    assert objects_equal_bitwise(state, target)
+    return reader.last_load_stats
+
+
+def _cache(data: Path, warm_ranges: list[tuple[int, int]]) -> None:
+    """Drop the file's pages from the page cache (fsync, POSIX_FADV_DONTNEED), then read these byte
+    ranges back into it."""
+    fd = os.open(data, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        for offset, size in warm_ranges:
+            os.pread(fd, size, offset)
+    finally:
+        os.close(fd)
+
+
+def _load_cached(path: Path, state: dict, data: Path, warm_ranges: list[tuple[int, int]], policy: str = "auto"):
+    """``_cache`` then ``_load``; again (5 tries) where the reader found less of the file cached than was
+    read in: on a shared machine another process may drop the caches (drop_caches) in between."""
+    wanted = sum(size for _, size in warm_ranges)
+    for _ in range(5):
+        _cache(data, warm_ranges)
+        stats = _load(path, state, policy)
+        if policy != "auto" or stats["resident_bytes"] >= 0.99 * wanted:
+            return stats
+    raise AssertionError(f"the page cache did not keep {wanted:,} bytes of {data} until the load: {stats}")
+
+
+def _resident(data: Path) -> float:
+    from ckpt_trace.iolayer.pagecache import resident_share
+
+    fd = os.open(data, os.O_RDONLY)
+    try:
+        return resident_share(fd, data.stat().st_size)[0]
+    finally:
+        os.close(fd)
+
+
+def _places(path: Path) -> dict[str, tuple[int, int]]:
+    """fqn -> (offset, size_bytes) in the data file, from the checkpoint's metadata."""
+    from ckpt_trace.writer.format import read_metadata
+
+    storage = read_metadata(path).storage_data
+    return {index.fqn: (s.offset, s.size_bytes) for index, s in storage.items()}
+
+
+@pytest.mark.torch
+@pytest.mark.io_uring
+def test_the_policy_and_the_page_cache_choose_each_files_way(tmp_path, torch_installed, io_uring):
+    """auto: a cold file (after fsync + POSIX_FADV_DONTNEED) goes O_DIRECT, the same file warm goes through
+    the page cache; direct and buffered keep their way whatever the cache holds. The stats name the probe and
+    its time, and the bytes and read calls of each way."""
+    state = many_small_state(small=40, large=2, large_elements=1 << 18)
+    path = tmp_path / "ckpt"
+    data = _save(path, state)
+    size = data.stat().st_size
+    wanted = sum(n for _, n in _places(path).values())
+    seen = {}
+    for warm in (False, True):
+        _cache(data, [(0, size)] if warm else [])
+        assert (_resident(data) >= 0.99) if warm else (_resident(data) <= 0.05)
+        for policy in ("auto", "direct", "buffered"):
+            seen[warm, policy] = _load_cached(path, state, data, [(0, size)] if warm else [], policy)
+    cold, hot = seen[False, "auto"], seen[True, "auto"]
+    assert (cold["direct_files"], cold["buffered_files"], cold["direct_bytes"]) == (1, 0, wanted)
+    assert (hot["direct_files"], hot["buffered_files"], hot["buffered_bytes"]) == (0, 1, wanted)
+    assert cold["direct_reads"] >= 1 and hot["buffered_reads"] >= 1 and hot["direct_reads"] == 0
+    for stats in (cold, hot):
+        assert stats["policy"] == "auto" and stats["cache_probe"] in ("cachestat", "nowait")
+        assert stats["probes"] >= 1 and stats["probe_ns"] > 0
+    assert hot["resident_bytes"] >= 0.99 * size and cold["resident_bytes"] <= 0.05 * size
+    for warm in (False, True):
+        direct, buffered = seen[warm, "direct"], seen[warm, "buffered"]
+        assert (direct["direct_files"], direct["probes"]) == (1, 0)
+        assert (buffered["buffered_files"], buffered["probes"]) == (1, 0)
+
+
+@pytest.mark.torch
+@pytest.mark.io_uring
+def test_a_partly_cached_file_is_read_both_ways_by_stretch(tmp_path, torch_installed, io_uring, monkeypatch):
+    """Two of six 2 MiB tensors in the page cache, the rest not (stretches of 1 MiB asked one at a time):
+    the two are read buffered, the other four with O_DIRECT, in one load, every byte right."""
+    from ckpt_trace.writer import load
+
+    monkeypatch.setattr(load, "_SEGMENT_BYTES", 1 << 20)
+    state = many_small_state(small=0, large=6, large_elements=1 << 19)
+    path = tmp_path / "ckpt"
+    data = _save(path, state)
+    places = _places(path)
+    warm = [places["large.1"], places["large.4"]]
+    stats = _load_cached(path, state, data, warm)
+    assert stats["mixed_files"] == 1 and stats["probes"] == 1 + 6
+    assert stats["buffered_bytes"] == sum(n for _, n in warm)
+    assert stats["direct_bytes"] == sum(n for _, n in places.values()) - stats["buffered_bytes"]
+
+
+@pytest.mark.torch
+@pytest.mark.io_uring
+def test_many_small_tensors_are_read_with_a_few_large_reads(tmp_path, torch_installed, io_uring):
+    """600 tensors under 64 KiB beside 4 of 4 MiB: warm (buffered, scattering preadv straight into the
+    destinations) and cold (O_DIRECT stream), far fewer read calls than tensors; a partial load (every
+    other small tensor: gaps between the wanted items) is batched too and leaves the others untouched."""
+    state = many_small_state()
+    path = tmp_path / "ckpt"
+    data = _save(path, state)
+    size = data.stat().st_size
+    tensors = len(state)
+    cold = _load_cached(path, state, data, [])
+    warm = _load_cached(path, state, data, [(0, size)])
+    assert cold["direct_files"] == 1 and cold["direct_reads"] <= -(-size // (4 << 20))
+    assert warm["buffered_files"] == 1 and warm["buffered_reads"] <= tensors // 50
+    part = {k: v for i, (k, v) in enumerate(state.items()) if i % 2 or k.startswith("large")}
+    partial = _load_cached(path, part, data, [(0, size)])
+    assert partial["buffered_reads"] <= tensors // 50
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.io_uring
+def test_strace_counts_the_reads_the_stats_count(tmp_path, torch_installed, io_uring, strace_backend):
+    """The warm load of 600 small tensors in a child process under ``strace -f -c``, restricted to the data
+    file (``-P``): its preadv calls are the reader's ``buffered_reads``, and far fewer than the tensors. The
+    checkpoint lives on a tmpfs of its own, whose pages are always in the page cache (no other process
+    dropping caches can turn the load cold)."""
+    from conftest import mounted_tmpfs
+
+    with mounted_tmpfs(tmp_path / "memory", "size=128m") as memory:
+        path = memory / "ckpt"
+        data = _save(path, many_small_state())
+        summary = tmp_path / "strace.txt"
+        code = (
+            f"import sys; sys.path.insert(0, {str(TESTS)!r}); import writer_state as w; "
+            "w.load_many_small(sys.argv[1], 'auto')"
+        )
+        command = [shutil.which("strace") or "strace", "-f", "-c", "-o", str(summary), "-P", str(data)]
+        command += ["-e", "trace=read,pread64,readv,preadv,preadv2", sys.executable, "-c", code, str(path)]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
+        size = data.stat().st_size
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["equal"] and result["stats"]["buffered_files"] == 1, result
+    assert result["stats"]["resident_bytes"] >= 0.99 * size
+    table = summary.read_text()
+    calls = {m[1]: int(m[0]) for m in re.findall(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)$", table, re.M)}
+    calls.pop("total", None)
+    assert set(calls) <= {"preadv", "preadv2"}, table  # CPython's os.preadv may call preadv2
+    assert sum(calls.values()) == result["stats"]["buffered_reads"] <= (SMALL + 4) // 50, table

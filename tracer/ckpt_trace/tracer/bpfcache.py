@@ -1,0 +1,377 @@
+"""The compiled BPF program kept per kernel, so that a later ``record`` starts without clang.
+
+bcc compiles ``bcc_program.c`` with clang at every start (about 3.7 s of the 4.4 s of
+``record --backend bcc -- true`` on this machine) and has no way to reuse what it compiled. After a
+compile, ``capture`` takes what bcc loaded: each function it attached (its instructions, with the map
+references bcc patched in as ``BPF_PSEUDO_MAP_FD`` ld_imm64 immediates turned back into map indices),
+each map's definition (type, key and value sizes, entries, flags) and the ring records' layouts. On a
+later start ``attach`` creates the maps anew, writes their descriptors into the instructions, loads
+each program (BPF_PROG_LOAD: the kernel's verifier checks it as it checked bcc's) and attaches it to
+the same tracepoint, through the calls bcc itself makes (libbcc_bpf: ``bcc_create_map``,
+``bcc_prog_load``, ``bpf_attach_tracepoint``, ``bpf_attach_raw_tracepoint``).
+
+An entry is keyed by the sha256 of this cache's format, the program text (every offset, size and
+filter is in it), the kernel release, the digest of the kernel's BTF and bcc's version: anything that
+could change what clang makes of the text gives another key. It lives in ``config.CACHE_DIR``/bpf as
+one file: the sha256 of its JSON body, then the body. It is used only when this user owns it and
+nobody else may write it or its directory (the kernel runs its instructions), and only when the
+digest matches; anything else is a miss, and the compile that follows rewrites it (atomically). The
+kernel refusing a cached program is the same: ``attach`` raises ``CachedProgramRefused`` having
+closed what it opened, and the caller compiles.
+
+Formats: the kernel's BPF instruction encoding (Documentation/bpf/standardization/instruction-set.rst:
+8-byte instructions, ld_imm64 = opcode 0x18 over two slots, ``src_reg`` 1 = BPF_PSEUDO_MAP_FD) and
+bcc's libbpf.h for the calls.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import functools
+import hashlib
+import json
+import os
+import resource
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ckpt_trace import config
+from ckpt_trace.errors import TracerError
+
+from . import btf
+
+#: Bumped whenever what an entry holds or means changes: old entries then miss.
+CACHE_FORMAT = 1
+PROG_TRACEPOINT, PROG_RAW_TRACEPOINT = 5, 17  # enum bpf_prog_type
+_PREFIXES = {b"tracepoint__": PROG_TRACEPOINT, b"raw_tracepoint__": PROG_RAW_TRACEPOINT}
+_LD_IMM64 = 0x18
+_PSEUDO_MAP_FD = 1
+_INSN = struct.Struct("<BBhi")  # opcode, dst_reg | src_reg << 4, offset, immediate
+_ENTRY_FILE = "program-{key}.json"
+
+
+class NotCacheable(TracerError):
+    """What bcc loaded cannot be kept (an instruction or program kind this cache does not relocate)."""
+
+
+class CachedProgramRefused(TracerError):
+    """A cached program could not be loaded or attached (the library missing, a map or program refused)."""
+
+
+@dataclass(frozen=True)
+class MapSpec:
+    """One BPF map as bcc created it (``bpf_table_*`` of the compiled module)."""
+
+    name: str
+    map_type: int
+    key_size: int
+    value_size: int
+    max_entries: int
+    flags: int
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A compiled program: its maps, its functions (name, prog type, instructions with map indices as
+    ld_imm64 immediates), its license and the numpy layouts of the ring records (``ring name -> dtype``)."""
+
+    maps: tuple[MapSpec, ...]
+    functions: tuple[tuple[str, int, bytes], ...]
+    license: str
+    dtypes: dict[str, np.dtype]
+
+
+@dataclass
+class Attached:
+    """A cached program loaded and attached: map name -> fd, function name -> program fd, and the
+    attachments' fds (perf events, raw tracepoints). ``close`` detaches and frees them all; left open,
+    they go when the process exits, as bcc's BPF object's do (each detach waits for an RCU grace
+    period: closing them while the trace is written would lengthen ``finish_s``)."""
+
+    map_fds: dict[str, int] = field(default_factory=dict)
+    prog_fds: dict[str, int] = field(default_factory=dict)
+    link_fds: list[int] = field(default_factory=list)
+
+    def close(self) -> None:
+        for fd in [*self.link_fds, *self.prog_fds.values(), *self.map_fds.values()]:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.link_fds, self.prog_fds, self.map_fds = [], {}, {}
+
+
+@functools.cache
+def _library() -> Any:
+    """bcc's own BPF syscall wrappers (libbcc_bpf.so.0, shipped with libbcc). Raises OSError."""
+    lib = ctypes.CDLL("libbcc_bpf.so.0", use_errno=True)
+    c_int, c_char_p, c_void_p, c_uint = ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_uint
+    lib.bcc_create_map.argtypes = [c_int, c_char_p, c_int, c_int, c_int, c_int]
+    lib.bcc_prog_load.argtypes = [c_int, c_char_p, c_void_p, c_int, c_char_p, c_uint, c_int, c_char_p, c_uint]
+    lib.bpf_attach_tracepoint.argtypes = [c_int, c_char_p, c_char_p]
+    lib.bpf_attach_raw_tracepoint.argtypes = [c_int, c_char_p]
+    lib.bpf_update_elem.argtypes = [c_int, c_void_p, c_void_p, ctypes.c_ulonglong]
+    lib.bpf_lookup_elem.argtypes = [c_int, c_void_p, c_void_p]
+    for name in ("bcc_create_map", "bcc_prog_load", "bpf_attach_tracepoint", "bpf_attach_raw_tracepoint"):
+        getattr(lib, name).restype = c_int
+    lib.bpf_update_elem.restype = lib.bpf_lookup_elem.restype = c_int
+    return lib
+
+
+def update_elem(map_fd: int, key: Any, value: Any) -> None:
+    """Set ``key`` to ``value`` (ctypes objects of the map's key and value sizes) in map ``map_fd``.
+    Raises TracerError with the errno."""
+    if _library().bpf_update_elem(map_fd, ctypes.byref(key), ctypes.byref(value), 0) < 0:
+        err = ctypes.get_errno()
+        raise TracerError(f"cannot update BPF map {map_fd}: {os.strerror(err)}")
+
+
+def lookup_u64(map_fd: int, index: int) -> int:
+    """Slot ``index`` of a BPF array of u64 (key: int), 0 where the lookup fails."""
+    value = ctypes.c_uint64(0)
+    key = ctypes.c_int(index)
+    if _library().bpf_lookup_elem(map_fd, ctypes.byref(key), ctypes.byref(value)) < 0:
+        return 0
+    return int(value.value)
+
+
+def _bcc_version() -> str:
+    try:
+        import bcc.version  # pyright: ignore[reportMissingImports]
+
+        return str(bcc.version.__version__)
+    except ImportError:
+        return "unknown"
+
+
+@functools.cache
+def _btf_digest() -> str:
+    try:
+        return hashlib.sha256(btf.VMLINUX.read_bytes()).hexdigest()
+    except OSError:
+        return "no-btf"
+
+
+def cache_key(text: str) -> str:
+    """The entry's key for program ``text`` on this kernel (hex sha256; see the module docstring)."""
+    parts = (str(CACHE_FORMAT), os.uname().release, _btf_digest(), _bcc_version(), text)
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def entry_path(text: str) -> Path:
+    """Where the entry for program ``text`` lives (it may not exist)."""
+    return Path(config.CACHE_DIR) / "bpf" / _ENTRY_FILE.format(key=cache_key(text)[:40])
+
+
+def _trusted(path: Path) -> bool:
+    """A file this user owns, in a directory this user owns, that nobody else may write."""
+    try:
+        info, parent = path.stat(), path.parent.stat()
+    except OSError:
+        return False
+    euid = os.geteuid()
+    return all(st.st_uid == euid and not st.st_mode & 0o022 for st in (info, parent))
+
+
+def _dtype_to_json(dtype: np.dtype) -> dict:
+    fields: dict[str, Any] = {str(name): spec for name, spec in (dtype.fields or {}).items()}
+    formats: list[Any] = []
+    for name in dtype.names or ():
+        sub = fields[name][0]
+        formats.append([sub.subdtype[0].str, list(sub.subdtype[1])] if sub.subdtype else sub.str)
+    return {
+        "names": list(dtype.names or ()),
+        "formats": formats,
+        "offsets": [int(fields[name][1]) for name in dtype.names or ()],
+        "itemsize": dtype.itemsize,
+    }
+
+
+def _dtype_from_json(data: dict) -> np.dtype:
+    formats = [(f[0], tuple(f[1])) if isinstance(f, list) else f for f in data["formats"]]
+    return np.dtype(
+        {"names": data["names"], "formats": formats, "offsets": data["offsets"], "itemsize": data["itemsize"]}
+    )
+
+
+def _instructions(code: bytes) -> list[list[int]]:
+    if len(code) % _INSN.size:
+        raise NotCacheable(f"{len(code)} bytes of code is not a whole number of instructions")
+    return [list(_INSN.unpack_from(code, i)) for i in range(0, len(code), _INSN.size)]
+
+
+def relocate(code: bytes, fd_to_index: dict[int, int]) -> bytes:
+    """``code`` with each map reference (ld_imm64, BPF_PSEUDO_MAP_FD) rewritten through ``fd_to_index``
+    (old immediate -> new). Raises NotCacheable on any other pseudo ld_imm64 (map values, BTF ids,
+    functions), which this cache does not relocate, and on an immediate not in ``fd_to_index``."""
+    insns = _instructions(code)
+    i = 0
+    while i < len(insns):
+        opcode, regs, _, imm = insns[i]
+        if opcode == _LD_IMM64:
+            source = regs >> 4
+            if source == _PSEUDO_MAP_FD:
+                if imm not in fd_to_index:
+                    raise NotCacheable(f"instruction {i} names map fd {imm}, which is no map of the program")
+                insns[i][3] = fd_to_index[imm]
+            elif source != 0:
+                raise NotCacheable(f"instruction {i} is a ld_imm64 of pseudo source {source}")
+            i += 2
+        else:
+            i += 1
+    return b"".join(_INSN.pack(*insn) for insn in insns)
+
+
+def _module_lib() -> Any:
+    """libbcc (through bcc's module), with the table accessors bcc's Python leaves undeclared."""
+    from bcc.libbcc import lib  # pyright: ignore[reportMissingImports]
+
+    lib.bpf_num_tables.restype, lib.bpf_num_tables.argtypes = ctypes.c_ulonglong, [ctypes.c_void_p]
+    lib.bpf_table_name.restype, lib.bpf_table_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_ulonglong]
+    for name in ("bpf_table_key_size_id", "bpf_table_leaf_size_id"):
+        getattr(lib, name).restype = ctypes.c_size_t
+        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_ulonglong]
+    return lib
+
+
+def compiled_maps(bpf: Any) -> tuple[list[MapSpec], dict[str, int]]:
+    """The maps of the compiled bcc.BPF ``bpf``: their definitions, in bcc's order, and name -> fd."""
+    lib, module = _module_lib(), bpf.module
+    specs, fds = [], {}
+    for index in range(lib.bpf_num_tables(module)):
+        name = lib.bpf_table_name(module, index)
+        specs.append(
+            MapSpec(
+                name.decode(),
+                int(lib.bpf_table_type_id(module, index)),
+                int(lib.bpf_table_key_size_id(module, index)),
+                int(lib.bpf_table_leaf_size_id(module, index)),
+                int(lib.bpf_table_max_entries_id(module, index)),
+                int(lib.bpf_table_flags_id(module, index)),
+            )
+        )
+        fds[name.decode()] = int(lib.bpf_table_fd(module, name))
+    return specs, fds
+
+
+def capture(bpf: Any, dtypes: dict[str, np.dtype]) -> Entry:
+    """What the compiled bcc.BPF ``bpf`` loaded, as an Entry (map references as map indices). ``dtypes``:
+    the ring records' layouts. Raises NotCacheable when bcc attached something other than tracepoints and
+    raw tracepoints, or the code holds references this cache cannot relocate."""
+    specs, fds = compiled_maps(bpf)
+    fd_to_index = {fds[spec.name]: index for index, spec in enumerate(specs)}
+    functions = []
+    for name in bpf.funcs:
+        kind = next((kind for prefix, kind in _PREFIXES.items() if name.startswith(prefix)), None)
+        if kind is None:
+            raise NotCacheable(f"bcc loaded {name.decode()}, which is not a tracepoint program")
+        functions.append((name.decode(), kind, relocate(bpf.dump_func(name), fd_to_index)))
+    license = (_module_lib().bpf_module_license(bpf.module) or b"GPL").decode()
+    return Entry(tuple(specs), tuple(functions), license, dict(dtypes))
+
+
+def _body(entry: Entry) -> bytes:
+    return json.dumps(
+        {
+            "format": CACHE_FORMAT,
+            "license": entry.license,
+            "maps": [vars(spec) for spec in entry.maps],
+            "functions": [[name, kind, base64.b64encode(code).decode()] for name, kind, code in entry.functions],
+            "dtypes": {name: _dtype_to_json(dtype) for name, dtype in entry.dtypes.items()},
+        },
+        sort_keys=True,
+    ).encode()
+
+
+def store(text: str, entry: Entry) -> Path | None:
+    """Write ``entry`` for program ``text`` (atomically: a temporary file renamed over the entry; mode 0600
+    in a 0700 directory). None when it cannot be written (a read-only cache directory: the next start
+    compiles again, nothing else changes)."""
+    body = _body(entry)
+    path = entry_path(text)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+        os.replace(temporary, path)
+        return path
+    except OSError:
+        return None
+
+
+def load(text: str) -> tuple[Entry | None, str]:
+    """(the entry for program ``text``, "hit") or (None, why not: "miss", "untrusted", "corrupt (...)")."""
+    path = entry_path(text)
+    if not path.exists():
+        return None, "miss"
+    if not _trusted(path):
+        return None, "untrusted (owned or writable by another user)"
+    try:
+        digest, _, body = path.read_bytes().partition(b"\n")
+        if hashlib.sha256(body).hexdigest().encode() != digest:
+            return None, "corrupt (digest mismatch)"
+        data = json.loads(body)
+        if data["format"] != CACHE_FORMAT:
+            return None, "corrupt (another format)"
+        maps = tuple(MapSpec(**spec) for spec in data["maps"])
+        functions = tuple((str(name), int(kind), base64.b64decode(code)) for name, kind, code in data["functions"])
+        dtypes = {str(name): _dtype_from_json(spec) for name, spec in data["dtypes"].items()}
+        return Entry(maps, functions, str(data["license"]), dtypes), "hit"
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return None, f"corrupt ({type(err).__name__})"
+
+
+def _refused(what: str) -> CachedProgramRefused:
+    return CachedProgramRefused(f"{what}: {os.strerror(ctypes.get_errno())}")
+
+
+def attach(entry: Entry) -> Attached:
+    """Create ``entry``'s maps, load its functions with their fds and attach each to its tracepoint, in
+    the entry's order (bcc's). Raises CachedProgramRefused (everything opened is closed again)."""
+    try:
+        lib = _library()
+    except OSError as err:
+        raise CachedProgramRefused(f"libbcc_bpf is not loadable ({err})") from None
+    try:  # as bcc does before it loads: kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    except (OSError, ValueError):
+        pass
+    done = Attached()
+    try:
+        fds = []
+        for spec in entry.maps:
+            fd = lib.bcc_create_map(
+                spec.map_type, spec.name.encode(), spec.key_size, spec.value_size, spec.max_entries, spec.flags
+            )
+            if fd < 0:
+                raise _refused(f"map {spec.name} not created")
+            done.map_fds[spec.name] = fd
+            fds.append(fd)
+        for name, kind, code in entry.functions:
+            insns = relocate(code, dict(enumerate(fds)))
+            buffer = ctypes.create_string_buffer(insns, len(insns))
+            prog = lib.bcc_prog_load(
+                kind, name.encode()[:15], buffer, len(insns), entry.license.encode(), 0, 0, None, 0
+            )
+            if prog < 0:
+                raise _refused(f"program {name} refused")
+            done.prog_fds[name] = prog
+            if kind == PROG_TRACEPOINT:
+                category, _, event = name.removeprefix("tracepoint__").partition("__")
+                link = lib.bpf_attach_tracepoint(prog, category.encode(), event.encode())
+            else:
+                link = lib.bpf_attach_raw_tracepoint(prog, name.removeprefix("raw_tracepoint__").encode())
+            if link < 0:
+                raise _refused(f"program {name} not attached")
+            done.link_fds.append(link)
+    except BaseException:
+        done.close()
+        raise
+    return done
