@@ -421,15 +421,17 @@ def _fork_load(loader: str, directory: Path, args, cold: bool) -> dict:
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the load's process: report and leave without running the parent's cleanup
-        os.close(read_fd)
-        warnings.filterwarnings("ignore")
         try:
-            out = _measure(loader, directory, args)
-        except Exception as exc:  # noqa: BLE001 - any loader's failure is reported as that loader's
-            out = {"error": f"{type(exc).__name__}: {exc}"}
-        with os.fdopen(write_fd, "w") as pipe:
-            pipe.write(json.dumps(out, default=str))
-        os._exit(0)
+            os.close(read_fd)
+            warnings.filterwarnings("ignore")
+            try:
+                out = _measure(loader, directory, args)
+            except BaseException as exc:  # noqa: BLE001 - DCP raises CheckpointException, a BaseException
+                out = {"error": f"{type(exc).__name__}: {exc}"}
+            with os.fdopen(write_fd, "w") as pipe:
+                pipe.write(json.dumps(out, default=str))
+        finally:
+            os._exit(0)  # never back into the parent's loop
     os.close(write_fd)
     with os.fdopen(read_fd) as pipe:
         text = pipe.read()
@@ -522,6 +524,8 @@ def _rounds(shape: str, cache: str, directory: Path, loaders: list[str], fio_fil
     size_bytes = json.loads((directory / MANIFEST).read_text())["bytes"]
     for run in range(args.runs):
         live = [name for name in loaders if name in times]
+        if not live:
+            break
         for name in live[run % len(live) :] + live[: run % len(live)]:  # rotated: no loader always first
             fmt_dir = directory / LOADERS[name].format
             if cache == "warm":
@@ -679,8 +683,19 @@ def main() -> None:
     formats = sorted({LOADERS[name].format for name in loaders})
     _import_for(loaders)
     scratch = Path(tempfile.mkdtemp(prefix="ckpt-trace-restore-", dir=args.scratch))
-    cells = []
+    cells: list[dict] = []
     started = time.monotonic()
+    result = {
+        "benchmark": "restore",
+        "quick": args.quick,
+        "runs": args.runs,
+        "complete": False,
+        "free_page_reporting": Path("/sys/module/page_reporting").exists(),
+        "emitted_options": dataclasses.asdict(_options(args)),
+        "left_out": left_out,
+        "cells": cells,
+    }
+    name = "restore_quick" if args.quick else "restore"
     try:
         for shape in shapes:
             directory = scratch / shape
@@ -689,6 +704,8 @@ def main() -> None:
             for cache in caches:
                 measured = _rounds(shape, cache, directory, loaders, fio_file, args)
                 cells.append(_figures(shape, cache, saved["bytes"], measured, args.runs))
+                result.update(elapsed_s=time.monotonic() - started, load_average=os.getloadavg())
+                save_result(name, result)  # after every cell: a run cut short keeps what it measured
             shutil.rmtree(directory)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -697,18 +714,8 @@ def main() -> None:
     for cell in cells:
         console.print(_cell_table(cell))
     console.print("* for information: the lazy, mapped tensors, one byte per 4 KiB page read; not the bar")
-    result = {
-        "benchmark": "restore",
-        "quick": args.quick,
-        "runs": args.runs,
-        "elapsed_s": time.monotonic() - started,
-        "load_average": os.getloadavg(),
-        "free_page_reporting": Path("/sys/module/page_reporting").exists(),
-        "emitted_options": dataclasses.asdict(_options(args)),
-        "left_out": left_out,
-        "cells": cells,
-    }
-    save_result("restore_quick" if args.quick else "restore", result)
+    result["complete"] = True
+    save_result(name, result)
 
 
 if __name__ == "__main__":

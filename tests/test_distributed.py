@@ -270,3 +270,22 @@ def test_torchrun_replay_runs_rounds_as_one_process_does(tmp_path, torch_install
         for entry in job["versus"].values():
             assert entry["n"] == 3 and entry["verdict"] == "within noise"
         assert job["speedup"]["n"] == 3
+
+
+def test_torchrun_original_timing_gives_the_jobs_accuracy_over_every_rank(tmp_path, torch_installed):
+    """Under --timing original each process paces its own ranks; the job's result gives the accuracy over
+    all of them: every rank that had operations, each with the operations its process paced."""
+    trace = checkpoint_trace(tmp_path / "t.arrow")
+    out = tmp_path / "multi.json"
+    args = ("replay", str(trace), "--target", str(tmp_path / "multi"), "--timing", "original", "-o", str(out))
+    agents = _torchrun(1, 2, *args)
+    assert [code for code, _ in agents] == [0], "\n".join(log[-3000:] for _, log in agents)
+    doc = json.loads(out.read_text())
+    job = doc["results"][0]["timing"]
+    assert job is not None and job["start_error_share_p50"] is not None and job["busy_share"] is not None
+    per_process: dict[str, int] = {}
+    for process in doc["distributed"]["processes"]:
+        for rank, figures in (process["results"][0]["timing"] or {"ranks": {}})["ranks"].items():
+            per_process[rank] = per_process.get(rank, 0) + figures["ops"]
+    assert {str(rank) for rank in range(RANKS)} <= set(job["ranks"])
+    assert {rank: figures["ops"] for rank, figures in job["ranks"].items()} == per_process

@@ -90,3 +90,6 @@ def test_the_report_says_where_the_error_comes_from():
         "recorded (+10.0%); 40% of operations found their thread busy past their start, the others woke "
         "85.0 µs late (median)"
     )
+    ranks["0"]["window_error"] = None  # every rank's window under 1 ms: no window clause
+    (line,) = timing_lines([{"strategy": "posix", "timing": timing}])
+    assert line.startswith("posix paced: start error 2.0% median, 20.0% p99 of the I/O window; 40% of")

@@ -81,15 +81,19 @@ def test_all_runs_interleaved_rounds_and_reports_spread_and_intervals(io_uring, 
 
 
 @pytest.mark.slow
-def test_an_empty_trace_has_nothing_to_judge(tmp_path):
-    from helpers.traces import too_small_to_judge
+@pytest.mark.parametrize("rows", ["none", "ten bytes"])
+def test_an_empty_trace_has_nothing_to_judge(tmp_path, rows):
+    from helpers.traces import make_trace, too_small_to_judge
 
-    trace = too_small_to_judge(tmp_path / "t.arrow")
+    trace = make_trace(tmp_path / "t.arrow", []) if rows == "none" else too_small_to_judge(tmp_path / "t.arrow")
     with pytest.raises(ReplayError, match="nothing to judge"):
         replay(trace, target=tmp_path / "t", strategy="all")
     proc = cli("replay", str(trace), "--strategy", "all", "--target", str(tmp_path / "t2"), check=False)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "nothing to judge" in proc.stderr
     assert not (tmp_path / "t2").exists()
+    proc = cli("emit", str(trace), "-o", str(tmp_path / "w.py"), check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "nothing to judge" in proc.stderr
+    assert not (tmp_path / "w.py").exists()
 
 
 @pytest.mark.slow

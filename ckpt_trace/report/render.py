@@ -363,11 +363,15 @@ def timing_lines(results: list[dict[str, Any]]) -> list[str]:
         if not timing or timing.get("start_error_share_p50") is None:
             continue
         worst = max(timing["ranks"].items(), key=lambda kv: abs(kv[1]["window_error"] or 0))
+        window = (
+            f"; rank {worst[0]}: {worst[1]['replayed_window_s']:.3f} s for {worst[1]['recorded_window_s']:.3f} s "
+            f"recorded ({worst[1]['window_error']:+.1%})"
+            if worst[1]["window_error"] is not None  # None: every rank's window under 1 ms
+            else ""
+        )
         lines.append(
             f"{r['strategy']} paced: start error {timing['start_error_share_p50']:.1%} median, "
-            f"{timing['start_error_share_p99']:.1%} p99 of the I/O window; rank {worst[0]}: "
-            f"{worst[1]['replayed_window_s']:.3f} s for {worst[1]['recorded_window_s']:.3f} s recorded "
-            f"({worst[1]['window_error']:+.1%})" + _busy_clause(timing)
+            f"{timing['start_error_share_p99']:.1%} p99 of the I/O window{window}" + _busy_clause(timing)
         )
     return lines
 

@@ -94,6 +94,7 @@ from .replay import (
 )
 from .results import ReplayResult, results_document
 from .runs import add_speedups, add_verdicts, median_run, release, trace_file
+from .runstate import merge_timing_samples, timing_figures
 from .verdicts import Rounds
 from .verify import verify_content
 
@@ -461,7 +462,8 @@ class DistributedReport:
 
 
 def _job_result(strategy: str, per_process: list[ReplayResult]) -> ReplayResult:
-    """The job's figures from its processes' (sums; the slowest elapsed time; merged latencies)."""
+    """The job's figures from its processes' (sums; the slowest elapsed time; merged latencies; ``--timing
+    original``'s accuracy from every process's paced operations, each rank's where it ran)."""
     histogram = LatencyHistogram()
     for result in per_process:
         if result.latency_histogram:
@@ -490,6 +492,7 @@ def _job_result(strategy: str, per_process: list[ReplayResult]) -> ReplayResult:
             name: {key: sum(r.data_paths.get(name, {}).get(key, 0) for r in per_process) for key in ("ops", "bytes")}
             for name in dict.fromkeys(n for r in per_process for n in r.data_paths)
         },
+        timing=timing_figures(merge_timing_samples([r.timing_samples for r in per_process])),
     )
 
 
@@ -841,7 +844,9 @@ def _run_once(
         error = Interrupted("interrupted") if isinstance(err, KeyboardInterrupt) else err
     group.agree(error)
     assert mine is not None  # executor.run returned: had it failed here, agree raised in every process
-    return _job_result(plan.strategy, group.gather(mine)), mine
+    job = _job_result(plan.strategy, group.gather(mine))
+    mine.timing_samples = {}  # in the job's figures now
+    return job, mine
 
 
 def _size_mismatches(

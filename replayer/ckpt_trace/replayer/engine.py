@@ -382,6 +382,7 @@ class Executor:
             },
             file_bytes=files_moved(plan, state.file_bytes),
             timing=state.timing_figures(),
+            timing_samples=state.timing_samples() if signals is not None else {},
             phases=state.phase_figures(),
         )
 

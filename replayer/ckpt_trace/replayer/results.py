@@ -87,6 +87,7 @@ class ReplayResult:
     phases: dict = field(default_factory=dict)
     versus: dict[str, dict] = field(default_factory=dict)
     file_bytes: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
+    timing_samples: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def named_path(self) -> str | None:
@@ -140,6 +141,7 @@ class ReplayResult:
         data = asdict(dataclasses.replace(self, latency_histogram=None))
         data.pop("latency_histogram")  # internal: how processes of a distributed replay merge latencies
         data.pop("file_bytes")  # internal: checked after each run (``replay.check_file_bytes``)
+        data.pop("timing_samples")  # internal: how processes of a distributed replay merge ``timing``
         data["named_path"] = self.named_path
         data.update(self.path_shares())
         data["off_named_path"] = self.off_named_path

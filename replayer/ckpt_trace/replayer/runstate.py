@@ -156,49 +156,24 @@ class RunState:
             self.timing_started.setdefault(rank, []).append(np.asarray(started, np.int64))
             self.timing_waited.setdefault(rank, []).append(np.asarray(waited, bool))
 
-    def timing_figures(self) -> dict | None:
-        """``--timing original``'s accuracy: per-operation start error (actual minus recorded start, each rank's
-        first operation at the paced clock's start, once every worker is set up) as median and p99 of its
-        absolute value, as a share of the job's recorded I/O window (the longest rank's, first to last
-        operation start) and in ns per rank; per rank, the replayed window against the recorded one (None
-        under 1 ms). Where the error comes from: ``busy_share``, the share of operations whose thread was
-        still busy past their recorded start (with the previous operation, slower than recorded, or with
-        the replayer's own work between operations closer than it), and ``waited_error_p50_ns`` /
-        ``waited_error_p99_ns``, the start error of the operations the thread waited for (the pacing's own:
-        waking up, which a loaded CPU delays); per rank ``busy_ops``. None when nothing was paced."""
-        if not self.timing_errors:
-            return None
-        ranks, errors_all, waited_all = {}, [], []
-        window_ns = max(self.rank_last_ts[r] - self.rank_first_ts[r] for r in self.timing_errors)
-        for rank, parts in sorted(self.timing_errors.items()):
-            errors = np.abs(np.concatenate(parts))
-            waited = np.concatenate(self.timing_waited[rank])
-            errors_all.append(errors)
-            waited_all.append(waited)
-            started = np.concatenate(self.timing_started[rank])
-            recorded_ns = self.rank_last_ts[rank] - self.rank_first_ts[rank]
-            replayed_ns = int(started.max() - started.min()) if len(started) else 0
-            judged = recorded_ns >= 1_000_000  # a window under 1 ms (a launcher's few calls) has no error share
-            ranks[str(rank)] = {
-                "ops": int(len(errors)),
-                "busy_ops": int((~waited).sum()),
-                "recorded_window_s": recorded_ns / 1e9,
-                "replayed_window_s": replayed_ns / 1e9,
-                "window_error": (replayed_ns - recorded_ns) / recorded_ns if judged else None,
-                "start_error_p50_ns": int(np.percentile(errors, 50)),
-                "start_error_p99_ns": int(np.percentile(errors, 99)),
-            }
-        errors, waited = np.concatenate(errors_all), np.concatenate(waited_all)
-        share = errors / window_ns if window_ns > 0 else np.zeros(0)
-        woken = errors[waited]
+    def timing_samples(self) -> dict[int, dict[str, np.ndarray | int]]:
+        """``--timing original``'s measurements per rank, for ``timing_figures`` (and a distributed replay's
+        job, whose ranks are paced in several processes): ``errors`` (actual minus target start, ns),
+        ``started`` (from the paced clock's start, ns), ``waited`` (bool), ``recorded_ns`` (the rank's
+        recorded window). Empty when nothing was paced."""
         return {
-            "start_error_share_p50": float(np.percentile(share, 50)) if len(share) else None,
-            "start_error_share_p99": float(np.percentile(share, 99)) if len(share) else None,
-            "busy_share": float((~waited).mean()) if len(waited) else None,
-            "waited_error_p50_ns": int(np.percentile(woken, 50)) if len(woken) else None,
-            "waited_error_p99_ns": int(np.percentile(woken, 99)) if len(woken) else None,
-            "ranks": ranks,
+            rank: {
+                "errors": np.concatenate(parts),
+                "started": np.concatenate(self.timing_started[rank]),
+                "waited": np.concatenate(self.timing_waited[rank]),
+                "recorded_ns": self.rank_last_ts[rank] - self.rank_first_ts[rank],
+            }
+            for rank, parts in sorted(self.timing_errors.items())
         }
+
+    def timing_figures(self) -> dict | None:
+        """``timing_figures(self.timing_samples())``."""
+        return timing_figures(self.timing_samples())
 
     def mark_direct(self, fd: int) -> None:
         """Note whether ``fd`` is open with O_DIRECT now (its status flags, fcntl(2) F_GETFL): after an open,
@@ -331,4 +306,66 @@ class RunState:
             self.unaligned_ops += 1
 
 
-__all__ = ["RunState", "Signals"]
+def timing_figures(samples: dict[int, dict[str, np.ndarray | int]]) -> dict | None:
+    """``--timing original``'s accuracy from ``samples`` (``RunState.timing_samples``; a distributed replay's:
+    every process's, merged): per-operation start error (actual minus recorded start, each rank's first
+    operation at the paced clock's start, once every worker is set up) as median and p99 of its absolute
+    value, as a share of the job's recorded I/O window (the longest rank's, first to last operation start)
+    and in ns per rank; per rank, the replayed window against the recorded one (None under 1 ms). Where the
+    error comes from: ``busy_share``, the share of operations whose thread was still busy past their
+    recorded start (with the previous operation, slower than recorded, or with the replayer's own work
+    between operations closer than it), and ``waited_error_p50_ns`` / ``waited_error_p99_ns``, the start
+    error of the operations the thread waited for (the pacing's own: waking up, which a loaded CPU delays);
+    per rank ``busy_ops``. None when nothing was paced."""
+    if not samples:
+        return None
+    ranks, errors_all, waited_all = {}, [], []
+    window_ns = max(int(sample["recorded_ns"]) for sample in samples.values())
+    for rank, sample in sorted(samples.items()):
+        errors = np.abs(np.asarray(sample["errors"], np.int64))
+        waited = np.asarray(sample["waited"], bool)
+        started = np.asarray(sample["started"], np.int64)
+        errors_all.append(errors)
+        waited_all.append(waited)
+        recorded_ns = int(sample["recorded_ns"])
+        replayed_ns = int(started.max() - started.min()) if len(started) else 0
+        judged = recorded_ns >= 1_000_000  # a window under 1 ms (a launcher's few calls) has no error share
+        ranks[str(rank)] = {
+            "ops": int(len(errors)),
+            "busy_ops": int((~waited).sum()),
+            "recorded_window_s": recorded_ns / 1e9,
+            "replayed_window_s": replayed_ns / 1e9,
+            "window_error": (replayed_ns - recorded_ns) / recorded_ns if judged else None,
+            "start_error_p50_ns": int(np.percentile(errors, 50)),
+            "start_error_p99_ns": int(np.percentile(errors, 99)),
+        }
+    errors, waited = np.concatenate(errors_all), np.concatenate(waited_all)
+    share = errors / window_ns if window_ns > 0 else np.zeros(0)
+    woken = errors[waited]
+    return {
+        "start_error_share_p50": float(np.percentile(share, 50)) if len(share) else None,
+        "start_error_share_p99": float(np.percentile(share, 99)) if len(share) else None,
+        "busy_share": float((~waited).mean()) if len(waited) else None,
+        "waited_error_p50_ns": int(np.percentile(woken, 50)) if len(woken) else None,
+        "waited_error_p99_ns": int(np.percentile(woken, 99)) if len(woken) else None,
+        "ranks": ranks,
+    }
+
+
+def merge_timing_samples(parts: list[dict[int, dict[str, np.ndarray | int]]]) -> dict[int, dict[str, np.ndarray | int]]:
+    """Several processes' ``timing_samples`` as one job's: a rank paced in several processes (rows without a
+    rank, shared out by process) gets all their operations, and the longest recorded window."""
+    merged: dict[int, dict[str, np.ndarray | int]] = {}
+    for part in parts:
+        for rank, sample in part.items():
+            mine = merged.get(rank)
+            if mine is None:
+                merged[rank] = dict(sample)
+                continue
+            for name in ("errors", "started", "waited"):
+                mine[name] = np.concatenate([np.asarray(mine[name]), np.asarray(sample[name])])
+            mine["recorded_ns"] = max(int(mine["recorded_ns"]), int(sample["recorded_ns"]))
+    return merged
+
+
+__all__ = ["RunState", "Signals", "merge_timing_samples", "timing_figures"]
