@@ -49,6 +49,7 @@ RECORD_RENAME_HELD_ROWS = _int_env(
     "RECORD_RENAME_HELD_ROWS", 1 << 20
 )  # rows held for --path-filter's renames (tracer.renames)
 RECORD_DECODE_EVENTS = _int_env("RECORD_DECODE_EVENTS", 65536)  # events decoded and fed at a time
+RECORD_STREAM = _int_env("RECORD_STREAM", 1)  # bcc: decode while the command runs (0: after it exits)
 RECORD_RELEASE_EVERY = _int_env("RECORD_RELEASE_EVERY", 4096)  # events between two re-ordered feedings
 
 # Replay

@@ -299,3 +299,24 @@ def test_a_descriptor_another_thread_gets_while_its_number_is_open_binds_once_re
     assert sorted(path_of.values()) == ["own0.bin", "own0.bin", "own1.bin", "own1.bin"] + (
         ["own1.bin"] if second is _DUP_TO_3 else []
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("second", [_OPEN_OWN1, _DUP_TO_3], ids=["open", "dup"])
+def test_a_plan_binding_a_write_to_another_file_than_its_row_names_is_refused(tmp_path, monkeypatch, second):
+    """The check independent of the planner (``replayer.checks.check_bound_paths``): with the planner's
+    effect ordering undone (descriptor changes at each row's entry, the bug fixed in 9a67e08), thread 1's
+    write of own0.bin binds to own1.bin, and the replay is refused before any I/O, naming the row."""
+    from ckpt_trace.errors import ReplayError
+    from ckpt_trace.replayer import plan as planner
+
+    trace = _fd_reused_across_threads(tmp_path, second)
+    target = tmp_path / "replay"
+    report = replay(trace, target=target, strategy="posix", strip_prefix="/d")  # the fixed planner: agreed
+    assert _replayed_sizes(target) == {"own0.bin": 100000, "own1.bin": 100001}
+    report.release()
+    monkeypatch.setattr(planner, "_effect_order", lambda rows, walked: (slice(None), {}))
+    again = tmp_path / "again"
+    with pytest.raises(ReplayError, match=r"reads or writes /d/own0\.bin, but the plan binds it to own1\.bin"):
+        replay(trace, target=again, strategy="all", strip_prefix="/d")
+    assert not again.exists() or not any(again.rglob("*.bin"))

@@ -35,7 +35,8 @@ import pyarrow.compute as pc
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats import is_any_of
 
-from .optable import KIND, NO_FLAGS
+from .optable import KIND, NO_FLAGS, READ, WRITE
+from .paths import relative_target_path
 
 MAX_RW_BYTES = 0x7FFFF000  # MAX_RW_COUNT: the most one read/write/readv/writev moves on Linux
 BY_DESIGN = frozenset({"failed", "queue_calls"})  # rows not replayed on purpose (see the module docstring)
@@ -49,7 +50,14 @@ _WHY = {
     "synced_without_mapping": "they sync a mapping never recorded",
 }
 
-__all__ = ["MAX_RW_BYTES", "checked_batches", "refuse_file_and_directory", "refuse_skips", "skip_notes"]
+__all__ = [
+    "MAX_RW_BYTES",
+    "check_bound_paths",
+    "checked_batches",
+    "refuse_file_and_directory",
+    "refuse_skips",
+    "skip_notes",
+]
 
 
 def _refuse(row: int, column: str, value, why: str) -> ReplayError:
@@ -179,4 +187,83 @@ def refuse_file_and_directory(plan) -> None:
                 f"the trace opens {path} as a file and names files below it, so it must also be a "
                 "directory: a '/' inside a recorded file name, or an edited trace? (replay refused "
                 "before any I/O)"
+            )
+
+
+def _row_path_codes(batches: Iterable[pa.RecordBatch], names: dict[str, int]) -> np.ndarray:
+    """One int32 code per trace row of the ``path`` column's record ``batches``: the index in ``names`` (a
+    dict filled as new paths appear) of the recorded path, -1 where the row has none. Vectorised per batch:
+    only each batch's dictionary is walked in Python."""
+    parts = []
+    for batch in batches:
+        column = batch.column(batch.schema.get_field_index("path"))
+        if not pa.types.is_dictionary(column.type):
+            column = pc.dictionary_encode(column)
+        dictionary = column.dictionary.to_pylist()
+        to_code = np.array([names.setdefault(p, len(names)) if p else -1 for p in dictionary] + [-1], np.int32)
+        indices = column.indices.fill_null(len(dictionary)).to_numpy(zero_copy_only=False)
+        parts.append(to_code[indices])
+    return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+
+def _names_over_time(path: str, renames: list[tuple[str, str]]) -> set[str]:
+    """Every name ``path`` takes through ``renames`` ((old, new) target-relative, in trace order), a renamed
+    directory renaming what lies below it."""
+    names, current = {path}, path
+    for old, new in renames:
+        if current == old or current.startswith(old + "/"):
+            current = new + current[len(old) :]
+            names.add(current)
+    return names
+
+
+def check_bound_paths(plan, batches: Iterable[pa.RecordBatch], strip_prefix: str | None) -> None:
+    """Refuse a plan whose reads and writes land on another file than the one their trace rows name.
+
+    The planner binds each read and write to a file through its own walk of
+    the descriptors (opens, dups, closes, in the order they take effect);
+    the tracer names each row's file from its own descriptor table. The two
+    are independent, so a disagreement is a bug in one of them: a write
+    bound to the wrong file would leave the strategies comparing a replay
+    that is not the recording (the size checks after a run compare with the
+    plan, so they cannot see it). ``plan`` is the posix plan (each
+    operation's ``seq`` its trace row), ``batches`` the trace's ``path``
+    column in row order. A row naming a file that the plan's file took
+    through a rename (of itself or a directory above it) after opening it
+    agrees. Rows without a recorded path (descriptors opened before the
+    recording) are not checked. Cost: one int32 per trace row, then a
+    vectorised comparison; names are compared in Python only for the
+    distinct (recorded, planned) pairs that differ. Raises ReplayError
+    naming the first row that disagrees.
+    """
+    t = plan.ops
+    data = np.flatnonzero(((t.kind == READ) | (t.kind == WRITE)) & (t.path >= 0) & (t.seq >= 0))
+    if not len(data):
+        return
+    recorded: dict[str, int] = {}
+    codes = _row_path_codes(batches, recorded)
+    seq = t.seq[data]
+    seq_known = seq < len(codes)
+    data, seq = data[seq_known], seq[seq_known]
+    names = list(recorded)
+    target = np.array([-1] * len(names) + [-1], np.int64)
+    planned = {p: i for i, p in enumerate(t.paths)}
+    for i, name in enumerate(names):
+        rel = relative_target_path(name, strip_prefix)
+        target[i] = planned.get(rel, -2) if rel else -1
+    row_target = target[codes[seq]]
+    wrong = np.flatnonzero((row_target != -1) & (row_target != t.path[data]))
+    if not len(wrong):
+        return
+    moved = np.flatnonzero(t.kind == KIND["rename"])
+    renames = [(t.paths[t.path[i]], t.paths[t.new_path[i]]) for i in moved if t.path[i] >= 0 and t.new_path[i] >= 0]
+    pairs = np.unique(np.c_[codes[seq[wrong]], t.path[data[wrong]]], axis=0)
+    for code, path_index in pairs.tolist():
+        name = relative_target_path(names[code], strip_prefix)
+        if name not in _names_over_time(t.paths[path_index], renames):
+            first = int(seq[wrong][(codes[seq[wrong]] == code) & (t.path[data[wrong]] == path_index)][0])
+            raise ReplayError(
+                f"trace row {first} reads or writes {names[code]}, but the plan binds it to "
+                f"{t.paths[path_index]}: the planner's descriptor walk disagrees with the trace (a bug; "
+                "please report it with the trace; replay refused before any I/O)"
             )

@@ -30,7 +30,7 @@ from ckpt_trace.ranges import merge_grouped_ranges
 from . import strategies
 from .aggregate import alignment_counts
 from .cache_state import RecordedCache, prepare_recorded, recorded_cache
-from .checks import checked_batches, refuse_file_and_directory, refuse_skips, skip_notes
+from .checks import check_bound_paths, checked_batches, refuse_file_and_directory, refuse_skips, skip_notes
 from .data import recorded_ratio
 from .engine import Executor, Progress, files_moved
 from .lock import TargetLock, is_lock_file, job_id, refuse_held
@@ -199,6 +199,11 @@ def _each_plan(
         for _ in checked_batches(trace.table.to_batches()):
             pass
         base = build_posix_plan(trace.table, strip_prefix, arch=arch, verify_ranges=verify_ranges)
+    check_bound_paths(
+        base,
+        scan(trace.path, ["path"])[1] if trace.table is None else trace.table.select(["path"]).to_batches(),
+        strip_prefix,
+    )
     for name in names:
         yield derive_plan(base, name, **options)
 

@@ -15,11 +15,13 @@ dropped in the kernel (see bcc_program.c). Descendants are followed through the
 the child first runs. File positions are reconstructed in user space by
 ``TraceBuilder`` (kprobes and fentry are unavailable on the target kernels).
 
-Records are read from the two ring buffers (system calls; requests and
-pages) in bulk by ``ringbuf.RingReader``, not by bcc's per-record Python
-callbacks, and decoded after the command ends, column by column: the
-traced program does not share its CPUs with a Python callback per record.
-Only the rank of a process that exec'd is read at once, while it lives.
+Records are read from the rings (system calls with and without strings;
+requests and pages) in bulk by ``ringbuf.RingReader``, not by bcc's
+per-record Python callbacks: the consumer thread only copies them, and a
+decoder thread (``stream.StreamDecoder``) decodes them column by column and
+feeds the builder while the command runs, so that little is left to do
+after it exits. Only the rank of a process that exec'd is read at once by
+the consumer, while it lives.
 
 Reference: bcc reference guide (TRACEPOINT_PROBE, BPF_RINGBUF_OUTPUT);
 Documentation/bpf/ringbuf.rst; Documentation/trace/events.rst.
@@ -35,7 +37,6 @@ import resource
 import select
 import signal
 import struct
-import tempfile
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -45,7 +46,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
-import pyarrow as pa
 
 from ckpt_trace import config
 from ckpt_trace.errors import TracerError
@@ -56,6 +56,7 @@ from . import syscalls as sc
 from .children import set_parent_death_signal, sigint_handler
 from .ringbuf import RingReader, sample_dtype
 from .state import AUX_CACHE_INSERT, AuxEvent, EffectOrderFeeder, SyscallEvent, rank_from_environ
+from .stream import Group, RawSpill, StreamDecoder
 
 TRACEFS = Path("/sys/kernel/tracing")
 _EVENTS = TRACEFS / "events" / "raw_syscalls"
@@ -793,59 +794,6 @@ def _cpu_ns() -> int:
 _SPILL_STEP_BYTES = 8 << 20  # raw records compressed at a time once spilling has begun
 
 
-class _RawSpill:
-    """Raw ring records compressed into a scratch file while the command runs (``BccTracer.run``), read
-    back in the order written. A group is the records every ring gave since the previous group: a count
-    of frames, then per chunk of records one zstd frame after a header (ring index, records, bytes)."""
-
-    _GROUP = struct.Struct("<I")
-    _FRAME = struct.Struct("<BQQ")
-
-    def __init__(self, directory: str | os.PathLike, dtypes: dict[str, np.dtype]) -> None:
-        self.directory, self.dtypes = Path(directory), dtypes
-        self.names = list(dtypes)
-        self.bytes = 0
-        self._file = None
-        self._groups = 0
-
-    def write(self, chunks: dict[str, list[np.ndarray]]) -> None:
-        """Append one group: every chunk held, ring by ring. Raises OSError (a full disk)."""
-        if self._file is None:
-            # Unlinked at once (O_TMPFILE where the file system has it): nothing is left even if we are killed.
-            self._file = tempfile.TemporaryFile(prefix=".ckpt-trace-raw-", dir=self.directory)  # noqa: SIM115 - closed by close()
-        frames = [(index, records) for index, name in enumerate(self.names) for records in chunks[name]]
-        self._file.write(self._GROUP.pack(len(frames)))
-        for index, records in frames:
-            packed = pa.compress(records.tobytes(), codec="zstd", asbytes=True)
-            self._file.write(self._FRAME.pack(index, len(records), len(packed)))
-            self._file.write(packed)
-            self.bytes += self._FRAME.size + len(packed)
-        self._groups += 1
-
-    def groups(self):
-        """Each group written, as {ring name: [records, ...]}."""
-        if self._file is None:
-            return
-        self._file.flush()
-        self._file.seek(0)
-        for _ in range(self._groups):
-            group: dict[str, list[np.ndarray]] = {name: [] for name in self.names}
-            (frames,) = self._GROUP.unpack(self._file.read(self._GROUP.size))
-            for _ in range(frames):
-                index, count, size = self._FRAME.unpack(self._file.read(self._FRAME.size))
-                dtype = self.dtypes[self.names[index]]
-                raw = pa.decompress(
-                    self._file.read(size), decompressed_size=count * dtype.itemsize, codec="zstd", asbytes=True
-                )
-                group[self.names[index]].append(np.frombuffer(raw, dtype))
-            yield group
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-
 def _exit_wakeup(wakeups: select.epoll, pid: int) -> int | None:
     """A pidfd of ``pid`` (pidfd_open(2), Linux >= 5.3) registered in ``wakeups``: it becomes readable when
     the process exits, so the end is seen at once rather than at the next ``config.BPF_POLL_MS`` poll
@@ -859,10 +807,14 @@ def _exit_wakeup(wakeups: select.epoll, pid: int) -> int | None:
 
 
 class _Rings:
-    """The BPF program's ring buffers while a recording runs: ``consume`` copies what they hold (spilling
-    past ``config.RECORD_RAW_BYTES``), ``drain_all`` decodes everything held and feeds it in time order.
+    """The BPF program's ring buffers while a recording runs: ``consume`` copies what they hold. Streaming
+    (``stream``, after ``start_stream``), each copy goes to a ``stream.StreamDecoder`` that decodes and feeds
+    it while the command runs; otherwise (``record --pid``, whose window's end is known only at the end, or
+    ``CKPT_TRACE_RECORD_STREAM=0``) copies are held, spilled past ``config.RECORD_RAW_BYTES``, and
+    ``drain_all`` decodes them all once the command has ended.
 
-    Call order: ``consume`` (any number of times), ``close_readers``, ``drain_all`` (once).
+    Call order: ``start_stream`` (optional), ``consume`` (any number of times), ``close_readers``,
+    ``drain_all`` (once).
     """
 
     def __init__(self, program: LoadedProgram, scratch_dir, on_records=None) -> None:
@@ -875,20 +827,34 @@ class _Rings:
         self.chunks: dict[str, list[np.ndarray]] = {name: [] for name in self.readers}
         self.held_bytes = 0  # bytes in chunks, kept as they come: summing every chunk at every poll grew quadratically
         self.ranks: dict[int, int | None] = {}
-        self.spill = _RawSpill(scratch_dir, self.dtypes)
+        self.spill = RawSpill(scratch_dir, self.dtypes)
         self.on_records = on_records
+        self.decoder: StreamDecoder | None = None
+
+    def start_stream(self, rec: BccRecording) -> None:
+        """Decode and feed ``rec.feeder`` from now on, in a background thread, as records are copied."""
+        self.decoder = StreamDecoder(
+            lambda group: feed_group(rec, group, self.ranks), self.spill, limit_bytes=config.RECORD_RAW_BYTES
+        )
 
     def consume(self) -> None:
         """Copy what every ring holds; read the rank of each process that just exec'd while it lives."""
+        copied: Group = {}
         for name, reader in self.readers.items():
             records = reader.read()
             if len(records):
                 if self.on_records is not None:
                     self.on_records(name, records)
-                self.chunks[name].append(records)
-                self.held_bytes += records.nbytes
+                copied[name] = [records]
                 if name == "events":
                     self.ranks.update(exec_ranks(records))
+        if self.decoder is not None:
+            if copied:
+                self.decoder.put(copied)
+            return
+        for name, chunks in copied.items():
+            self.chunks[name] += chunks
+            self.held_bytes += chunks[0].nbytes
         # Once spilling, in small steps: compressing stalls the consumer while the rings fill.
         limit = min(config.RECORD_RAW_BYTES, _SPILL_STEP_BYTES) if self.spill.bytes else config.RECORD_RAW_BYTES
         if self.held_bytes > limit:
@@ -902,40 +868,50 @@ class _Rings:
             reader.close()
 
     def drain_all(self, rec, keep=None) -> None:
-        """Decode every spilled group, then what is held, feeding ``rec.feeder``; ``keep`` filters records."""
+        """Feed what is left: streaming, what the decoder has queued; else every spilled group, then what is
+        held (``keep`` filters records)."""
         try:
-            for group in self.spill.groups():
-                self._drain(rec, group, keep)
-            self._drain(rec, self.chunks, keep)
+            if self.decoder is not None:
+                self.decoder.close()
+            else:
+                for group in self.spill.groups():
+                    feed_group(rec, group, self.ranks, keep)
+                feed_group(rec, self.chunks, self.ranks, keep)
             rec.spilled_raw_bytes = self.spill.bytes
         finally:
             self.spill.close()
 
-    def _drain(self, rec, held: dict[str, list[np.ndarray]], keep) -> None:
-        """Decode one group of held records and feed it, a slice at a time, the rings' slices in the
-        order of their first records' times (each ring is in about the order calls ended)."""
-        step = max(1, config.RECORD_DECODE_EVENTS)
-        slices = []
-        for name in RINGS:
-            for records in held[name]:
-                if keep is not None:
-                    records = records[keep(records)]
+
+def feed_group(rec: BccRecording, held: Group, ranks: dict[int, int | None], keep=None) -> None:
+    """Decode one group of raw records (ring name -> chunks) and feed ``rec.feeder``, a slice of
+    ``config.RECORD_DECODE_EVENTS`` at a time, the rings' slices in the order of their first records' times
+    (each ring is in about the order calls ended); ``keep(records)`` masks the records to decode; ``ranks``
+    as ``decode_events`` takes them. Counts truncated paths into ``rec``."""
+    feeder = rec.feeder
+    if feeder is None:
+        raise TracerError("the bcc recording has no event feeder")
+    step = max(1, config.RECORD_DECODE_EVENTS)
+    slices = []
+    for name in RINGS:
+        for records in held.get(name, ()):
+            if keep is not None:
+                records = records[keep(records)]
+                if not len(records):
+                    continue
+            if name == "events":
+                rec.truncated_paths += int(records["truncated"].sum())
+            if name == "aux":
+                inserted = records["kind"] == AUX_CACHE_INSERT  # page-cache insertions: kept as arrays
+                if inserted.any():
+                    rec.cache_inserts.add(records[inserted], rec.start_ns)
+                    records = records[~inserted]
                     if not len(records):
                         continue
-                if name == "events":
-                    rec.truncated_paths += int(records["truncated"].sum())
-                if name == "aux":
-                    inserted = records["kind"] == AUX_CACHE_INSERT  # page-cache insertions: kept as arrays
-                    if inserted.any():
-                        rec.cache_inserts.add(records[inserted], rec.start_ns)
-                        records = records[~inserted]
-                        if not len(records):
-                            continue
-                for start in range(0, len(records), step):
-                    part = records[start : start + step]
-                    slices.append((int(part["ts_ns"][0]), len(slices), name, part))
-        for _, _, name, part in sorted(slices, key=lambda item: item[:2]):
-            rec.feeder.add(decode_aux(part) if name == "aux" else decode_events(part, self.ranks))
+            for start in range(0, len(records), step):
+                part = records[start : start + step]
+                slices.append((int(part["ts_ns"][0]), len(slices), name, part))
+    for _, _, name, part in sorted(slices, key=lambda item: item[:2]):
+        feeder.add(decode_aux(part) if name == "aux" else decode_events(part, ranks))
 
 
 @dataclass
@@ -1093,12 +1069,14 @@ class BccTracer:
         gone to the feeder ``make_feeder(root pid, start ns)`` makes once the command is spawned.
 
         While the command runs, the consumer only copies the rings' records (numpy, no Python object per
-        event: it must keep up with a storm of system calls on the cores the command also uses). Past
-        ``config.RECORD_RAW_BYTES`` held, the records are zstd-compressed (mostly the unused tails of the
-        path buffers) into a scratch file in ``scratch_dir``, unlinked from the start (nothing is left
-        behind, even after SIGKILL). Once the command has exited, everything is decoded
-        ``config.RECORD_DECODE_EVENTS`` records at a time and fed: memory stays bounded however long the
-        command runs, and no event is lost to a slow consumer."""
+        event: it must keep up with a storm of system calls on the cores the command also uses) and hands
+        them to a decoder thread (``stream.StreamDecoder``), which decodes them
+        ``config.RECORD_DECODE_EVENTS`` records at a time and feeds them (``CKPT_TRACE_RECORD_STREAM=0``:
+        only once the command has exited). Past ``config.RECORD_RAW_BYTES`` waiting, the records are
+        zstd-compressed (mostly the unused tails of the path buffers) into a scratch file in
+        ``scratch_dir``, unlinked from the start (nothing is left behind, even after SIGKILL), and read
+        back in their turn: memory stays bounded however long the command runs, and no event is lost to a
+        slow decoder."""
         started: dict = {}
 
         def begin(rec: BccRecording, wakeups: select.epoll) -> None:
@@ -1117,7 +1095,9 @@ class BccTracer:
 
         previous = signal.signal(signal.SIGINT, sigint_handler())
         try:
-            rec, status = self._collect(make_feeder, scratch_dir, begin, release, finished)
+            rec, status = self._collect(
+                make_feeder, scratch_dir, begin, release, finished, stream=bool(config.RECORD_STREAM)
+            )
         finally:
             signal.signal(signal.SIGINT, previous)
             if started.get("exited") is not None:
@@ -1170,6 +1150,8 @@ class BccTracer:
         finished,
         on_records=None,
         keep=None,
+        *,
+        stream: bool = False,
     ) -> tuple[BccRecording, Any]:
         """``run``'s and ``attach``'s common body: ``begin`` names the traced processes, ``release`` lets
         the command go, then the rings are copied until ``finished(rec)`` returns a status (not None), and
@@ -1190,6 +1172,8 @@ class BccTracer:
         rec.start_ns = time.monotonic_ns()
         cpu_at_start_ns = _cpu_ns()
         rec.feeder = make_feeder(rec.root_pid, rec.start_ns)
+        if stream:
+            rings.start_stream(rec)
         try:
             rec.released_s = time.monotonic()
             release()
@@ -1203,6 +1187,10 @@ class BccTracer:
             rec.recorder_cpu_ns = _cpu_ns() - cpu_at_start_ns
             rec.bpf_run_ns = self.bpf_run_ns()
             rings.consume()  # events are written at syscall exit, so all of them are there now
+        except BaseException:
+            if rings.decoder is not None:
+                rings.decoder.abandon()
+            raise
         finally:
             wakeups.close()
             rings.close_readers()
