@@ -236,14 +236,14 @@ def compare_start(args, workloads: list[str]) -> None:
     load_after = os.getloadavg()
     table = Table(
         title=f"bcc's start: cached program (A) vs compiled (B), {args.repeats} ABBA pairs; "
-        f"load {load_before[0]:.1f} before, {load_after[0]:.1f} after (median [min-max])"
+        f"load {load_before[0]:.1f} before, {load_after[0]:.1f} after (median, min-max)"
     )
     for column in ("workload", "start A", "start B", "A/B paired", "finish A", "finish B", "record A", "record B"):
         table.add_column(column, justify="left" if column == "workload" else "right")
 
     def spread(row: dict, key: str) -> str:
         values = row[f"{key}_runs_s"]
-        return f"{row[f'{key}_median_s']:.2f} [{min(values):.2f}-{max(values):.2f}]"
+        return f"{row[f'{key}_median_s']:.2f} ({min(values):.2f}-{max(values):.2f})"
 
     for row in rows:
         table.add_row(

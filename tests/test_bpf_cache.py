@@ -83,6 +83,16 @@ def test_the_key_names_the_kernel_btf_and_cache_format(monkeypatch):
     assert bpfcache.cache_key("text") != key
 
 
+def test_path_filters_become_the_programs_prefixes(monkeypatch):
+    from ckpt_trace.tracer import bcc_backend
+
+    assert bcc_backend.kernel_filters([]) == (bcc_backend.MODE_SPECIAL, [b"/proc/", b"/sys/", b"/dev/"])
+    assert bcc_backend.kernel_filters(["/ckpt/", "/data/x"]) == (bcc_backend.MODE_FILTERS, [b"/ckpt/", b"/data/x"])
+    many = [f"/d{i}/" for i in range(bcc_backend.MAX_KERNEL_FILTERS + 1)]
+    assert bcc_backend.kernel_filters(many) == (bcc_backend.MODE_NONE, [])  # user space judges them alone
+    assert bcc_backend.kernel_filters(["/" + "a" * config.BPF_PATH_BYTES])[0] == bcc_backend.MODE_NONE
+
+
 WORKLOAD = r"""
 import os, sys
 out = sys.argv[1]
@@ -105,12 +115,12 @@ os.unlink(f"{out}/a.bin")
 TIMING = ["ts_ns", "dur_ns", "pid", "tid"]  # when, and which process: all that differs between two runs
 
 
-def _record(tmp_path: Path, name: str):
-    """Record WORKLOAD into ``tmp_path/out`` (the same directory, so the same --path-filter and the same program
-    text every time): (the rows but for TIMING, how the program started, the trace's metadata)."""
+def _record(tmp_path: Path, name: str, directory: str = "out"):
+    """Record WORKLOAD into ``tmp_path/directory`` with it as --path-filter: (the rows but for TIMING, how the
+    program started, the trace's metadata)."""
     from ckpt_trace.formats import read_trace
 
-    out = tmp_path / "out"
+    out = tmp_path / directory
     out.mkdir(exist_ok=True)  # the workload leaves it empty
     trace = tmp_path / f"{name}.arrow"
     command = (sys.executable, "-c", WORKLOAD, str(out))
@@ -126,9 +136,9 @@ def _record(tmp_path: Path, name: str):
 def test_a_record_from_the_cache_writes_the_rows_a_compiled_one_writes(bcc_backend, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("CKPT_TRACE_CACHE_DIR", str(cache))
-    compiled, started, meta = _record(tmp_path, "compiled")
+    compiled, started, compiled_meta = _record(tmp_path, "compiled")
     assert started["source"] == "compiled" and started["cache"] == "miss; stored"
-    assert compiled.num_rows >= 12 and meta["lost_events"] == 0
+    assert compiled.num_rows >= 12 and compiled_meta["lost_events"] == 0
     (entry,) = (cache / "bpf").iterdir()
 
     cached, started, meta = _record(tmp_path, "cached")
@@ -158,6 +168,14 @@ def test_a_record_from_the_cache_writes_the_rows_a_compiled_one_writes(bcc_backe
     assert started["cache"].endswith("; stored") and refused.num_rows == compiled.num_rows
     _, started, _ = _record(tmp_path, "hit")
     assert started["source"] == "cache"
+    # another --path-filter: the filters are data, not code, so the same program serves it
+    other, started, meta = _record(tmp_path, "other", "elsewhere")
+    # what user space still had to filter out: a few rows, where the interpreter's start alone opens and maps
+    # about two hundred files outside the filter: the kernel excluded them, by the new prefix
+    assert started["source"] == "cache" and meta["filtered_rows"] < 20 and compiled_meta["filtered_rows"] < 20
+    assert other.column("path").to_pylist() == [
+        path.replace(f"{tmp_path}/out/", f"{tmp_path}/elsewhere/") for path in compiled.column("path").to_pylist()
+    ]
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from conftest import cli
 from helpers.traces import CREATE, make_trace
 
 from ckpt_trace.documents import ReplayDoc, conforms
-from ckpt_trace.formats import read_trace
+from ckpt_trace.formats import read_trace, write_trace
 from ckpt_trace.replayer import build_posix_plan
 from ckpt_trace.replayer.distributed import launched, owners, share_batches, share_of, share_plan
 from ckpt_trace.replayer.plan import PLAN_COLUMNS
@@ -270,6 +270,33 @@ def test_torchrun_replay_runs_rounds_as_one_process_does(tmp_path, torch_install
         for entry in job["versus"].values():
             assert entry["n"] == 3 and entry["verdict"] == "within noise"
         assert job["speedup"]["n"] == 3
+
+
+def test_torchrun_replays_recorded_ratio_data_as_one_process_does(tmp_path, torch_installed):
+    """``--data recorded-ratio`` under torchrun: every process generates the same compressible data (each sets
+    and calibrates it itself), so the job's files hold the bytes one process's replay writes, byte for byte,
+    with each 4 KiB block's tail zeros from the same point on."""
+    plain = read_trace(checkpoint_trace(tmp_path / "plain.arrow"))
+    meta = {key: value for key, value in plain.metadata.items() if key != "format_version"}
+    meta["data_compressibility"] = {"method": "zstd level 1 (Arrow's codec) of each sampled piece alone", "ratio": 0.25}
+    trace = write_trace(tmp_path / "t.arrow", plain.table, meta)
+    args = ("--data", "recorded-ratio", "--verify")
+    cli("replay", str(trace), "--target", str(tmp_path / "single"), *args, "-o", str(tmp_path / "single.json"))
+    out = tmp_path / "multi.json"
+    agents = _torchrun(1, 2, "replay", str(trace), "--target", str(tmp_path / "multi"), *args, "-o", str(out))
+    assert [code for code, _ in agents] == [0], "\n".join(log[-3000:] for _, log in agents)
+    doc, one = json.loads(out.read_text()), json.loads((tmp_path / "single.json").read_text())
+    assert doc["options"]["data_mode"] == one["options"]["data_mode"] == "recorded-ratio"
+    assert doc["options"]["data_ratio"] == one["options"]["data_ratio"]
+    unique = doc["options"]["data_ratio"]["unique_bytes_per_block"]
+    assert 900 < unique < 1100  # a quarter of 4096, give or take zstd's costs
+    single, multi = tmp_path / "single", tmp_path / "multi"
+    written = sorted(str(p.relative_to(single)) for p in single.rglob("*.distcp"))
+    assert len(written) == RANKS
+    for rel in written:
+        data = (multi / rel).read_bytes()
+        assert data == (single / rel).read_bytes()
+        assert data[unique:4096] == bytes(4096 - unique) and data[unique - 8 : unique].count(0) < 8
 
 
 def test_torchrun_original_timing_gives_the_jobs_accuracy_over_every_rank(tmp_path, torch_installed):

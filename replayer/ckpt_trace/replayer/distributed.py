@@ -85,6 +85,7 @@ from .plan import GLOBAL_ROW, PLAN_COLUMNS, ReplayPlan, build_posix_plan
 from .replay import (
     SizeMismatch,
     check_queue_depth,
+    data_choice,
     derive_plan,
     drop_page_cache,
     make_executor,
@@ -520,11 +521,9 @@ def replay_distributed(
     """
     opts = ReplayOptions.of(options, **values)
     opts.check(strategy)  # a single process's replay only
-    if opts.data != "unique":  # pattern.compressible is process-wide: set in one process, not in every worker's
-        raise ReplayError(
-            "{option} recorded-ratio is not available in a replay launched by torchrun yet", option="data"
-        )
     trace = trace_file(trace_path)
+    # pattern.compressible is per process: every process sets it (each calibrates the same unique bytes)
+    data_context, data_options = data_choice(opts, trace.metadata)
     target = Path(target)
     refuse_target_holding(target, trace.path)
     job = _DistributedJob(world, trace, target, strategy, opts, _Group(world))
@@ -532,7 +531,8 @@ def replay_distributed(
         job.plan_share(placement)
         job.exchange()
         job.claim(protect)
-        results, per_process = job.run(progress)
+        with data_context:
+            results, per_process = job.run(progress)
         mismatches = _size_mismatches(job.group, job.plans, job.claims, job.sizes, job.leaders)
         add_speedups(results)
     except (ReplayError, Interrupted, KeyboardInterrupt) as err:
@@ -541,7 +541,7 @@ def replay_distributed(
         if isinstance(err, KeyboardInterrupt):
             raise Interrupted(f"interrupted; the replay's files under {target} were removed") from None
         raise
-    return job.report(results, per_process, mismatches, placement)
+    return job.report(results, per_process, mismatches, placement, data_options)
 
 
 class _DistributedJob:
@@ -691,8 +691,10 @@ class _DistributedJob:
         per_process: list[ReplayResult],
         mismatches: list[SizeMismatch],
         placement: str,
+        data_options: dict,
     ) -> DistributedReport:
-        """The job's document, from every process's figures (one gather), and the lock released."""
+        """The job's document, from every process's figures (one gather), and the lock released;
+        ``data_options``: the options about the data (``replay.data_choice``)."""
         world, opts = self.world, self.opts
         docs = self.group.gather(
             {
@@ -721,6 +723,7 @@ class _DistributedJob:
             "gpu_copies": opts.gpu_copies,
             "world_size": world.size,
             "placement": placement,
+            **data_options,
         }
         return DistributedReport(
             self.trace.path,

@@ -117,25 +117,53 @@ _CREATES_FD = _OPENS | _DUPS | {"io_uring_setup"}
 _SPECIAL_PREFIXES = ("/proc/", "/sys/", "/dev/")
 
 
-def _literal_test(prefix: str) -> str:
-    """C expression: path starts with ``prefix`` (compared byte by byte, no loops)."""
-    data = prefix.encode()
-    return " && ".join(f"path[{i}] == {byte}" for i, byte in enumerate(data)) or "1"
+#: Path prefixes the BPF program compares (``path_prefixes`` in bcc_program.c); more filters: judged in user space.
+MAX_KERNEL_FILTERS = 8
+MODE_SPECIAL, MODE_FILTERS, MODE_NONE = 0, 1, 2  # filter_mode in bcc_program.c
 
 
-def excluded_body(path_filters: list[str]) -> str:
-    """Body of the BPF ``excluded(path)`` test, as ``TraceBuilder._keep`` decides: with path filters, a path
-    is kept when one matches (pseudo files included); without, pseudo files are excluded.
+def kernel_filters(path_filters: list[str]) -> tuple[int, list[bytes]]:
+    """(filter_mode, prefixes) of the BPF ``excluded(path)`` test, as ``TraceBuilder._keep`` decides: with path
+    filters, a path is kept when one matches (pseudo files included); without, pseudo files are excluded.
 
-    Filters longer than the BPF path copy cannot be judged in the kernel; then
-    nothing is excluded there and user space decides alone.
+    More than ``MAX_KERNEL_FILTERS`` filters, or one longer than the BPF path copy, cannot be judged in the
+    kernel; then nothing is excluded there (``MODE_NONE``) and user space decides alone.
     """
-    if path_filters:
-        if not all(len(p.encode()) < config.BPF_PATH_BYTES - 1 for p in path_filters):
-            return "    return 0;"
-        lines = [f"    if ({_literal_test(p)}) return 0;" for p in path_filters]
-        return "\n".join(lines + ["    return 1;"])
-    return "\n".join([f"    if ({_literal_test(p)}) return 1;" for p in _SPECIAL_PREFIXES] + ["    return 0;"])
+    if not path_filters:
+        return MODE_SPECIAL, [prefix.encode() for prefix in _SPECIAL_PREFIXES]
+    limit = min(config.BPF_PATH_BYTES - 1, 8 * (config.BPF_PATH_BYTES // 8))
+    prefixes = [path.encode() for path in path_filters]
+    if len(prefixes) > MAX_KERNEL_FILTERS or any(len(prefix) >= limit for prefix in prefixes):
+        return MODE_NONE, []
+    return MODE_FILTERS, prefixes
+
+
+def fill_filters(map_fds: dict[str, int], path_filters: list[str]) -> None:
+    """Write ``kernel_filters(path_filters)`` into the loaded program's ``path_prefixes`` and ``filter_mode``
+    maps: each prefix as little-endian 8-byte words and a mask of its bytes. Raises TracerError."""
+    words = config.BPF_PATH_BYTES // 8
+
+    class Prefix(ctypes.Structure):  # struct prefix_t
+        _fields_ = [
+            ("word", ctypes.c_uint64 * words),
+            ("mask", ctypes.c_uint64 * words),
+            ("words", ctypes.c_uint32),
+            ("used", ctypes.c_uint32),
+        ]
+
+    mode, prefixes = kernel_filters(path_filters)
+    for index in range(MAX_KERNEL_FILTERS):
+        value = Prefix()
+        if index < len(prefixes):
+            data = prefixes[index]
+            count = -(-len(data) // 8)
+            padded = data.ljust(8 * count, b"\0")
+            value.words, value.used = count, 1
+            for i in range(count):
+                value.word[i] = int.from_bytes(padded[8 * i : 8 * i + 8], "little")
+                value.mask[i] = int.from_bytes(bytes(0xFF if 8 * i + k < len(data) else 0 for k in range(8)), "little")
+        bpfcache.update_elem(map_fds["path_prefixes"], ctypes.c_int(index), value)
+    bpfcache.update_elem(map_fds["filter_mode"], ctypes.c_int(0), ctypes.c_uint32(mode))
 
 
 _SIGNED32 = frozenset({"fd", "dirfd", "dirfd2", "newfd", "in_fd", "out_fd"})
@@ -472,8 +500,9 @@ def wake_every() -> int:
     return max(1, min(config.BPF_WAKE_EVERY, smallest // record_bytes // 16))
 
 
-def program_text(path_filters: list[str] | None = None, view: KernelView | None = None) -> str:
-    """The full BPF C program for ``path_filters`` on the kernel ``view`` describes."""
+def program_text(view: KernelView | None = None) -> str:
+    """The full BPF C program for the kernel ``view`` describes. The path filters are not in it (they are
+    data: ``fill_filters``), so one compile serves every ``--path-filter`` (``tracer.bpfcache``)."""
     base = resources.files("ckpt_trace.tracer").joinpath("bcc_program.c").read_text()
     cases = "\n".join(_enter_case(nr, name) for nr, name in enumerate(_NAMES))
     text = (
@@ -489,8 +518,7 @@ def program_text(path_filters: list[str] | None = None, view: KernelView | None 
         .replace("__INFLIGHT__", str(config.BPF_INFLIGHT_ENTRIES))
         .replace("__URING_INFLIGHT__", str(config.BPF_URING_INFLIGHT_ENTRIES))
         .replace("__IGNORED_ENTRIES__", str(config.BPF_IGNORED_FDS))
-        .replace("__EXCLUDED_BODY__", excluded_body(list(path_filters or [])))
-        .replace("__FOLLOW_RENAMES__", "1" if path_filters else "0")
+        .replace("__MAX_FILTERS__", str(MAX_KERNEL_FILTERS))
         .replace("__INDEX_DEFINES__", "\n".join(f"#define IDX_{name} {index}" for index, name in enumerate(_NAMES)))
         .replace("__ENTER_CASES__", cases)
     )
@@ -741,6 +769,7 @@ class BccRecording:
     recorder_cpu_ns: int = 0
     bpf_run_ns: int | None = None
     spilled_raw_bytes: int = 0
+    decode_backlog_bytes: int | None = None  # streaming: raw bytes not yet decoded at the command's exit
     released_s: float | None = None  # time.monotonic() when the probes were live and the command released
     bpf_program: dict = field(default_factory=dict)  # how the program started (LoadedProgram.started)
     exited_s: float | None = None  # time.monotonic() when the command's exit was seen
@@ -771,6 +800,7 @@ class BccRecording:
             "io_uring_unrecorded_ops": self.uring_other_ops,
             "late_events": feeder.late_events,
             "spilled_raw_bytes": self.spilled_raw_bytes,
+            **({"decode_backlog_bytes": self.decode_backlog_bytes} if self.decode_backlog_bytes is not None else {}),
             "bpf_program": self.bpf_program,
             "released_s": self.released_s,
             "exited_s": self.exited_s,
@@ -1012,7 +1042,7 @@ class BccTracer:
         the kernel accepts (``bpfcache``), else bcc's compile (which then fills the cache). Raises
         TracerError when the kernel refuses the compiled program too."""
         self._view = kernel_view()
-        text = program_text(self._path_filters, self._view)
+        text = program_text(self._view)
         started = time.monotonic()
         with _quiet_stderr():
             program, cache = _from_cache(text)
@@ -1020,6 +1050,7 @@ class BccTracer:
                 program = _compiled(text, cache)
             else:
                 program.started["cache"] = cache
+            fill_filters(program.map_fds, self._path_filters)  # before any process is traced
         program.started = {
             "source": "cache" if program.started["cache"] == "hit" else "compiled",
             "cache": program.started["cache"],
@@ -1187,6 +1218,8 @@ class BccTracer:
             rec.recorder_cpu_ns = _cpu_ns() - cpu_at_start_ns
             rec.bpf_run_ns = self.bpf_run_ns()
             rings.consume()  # events are written at syscall exit, so all of them are there now
+            if rings.decoder is not None:
+                rec.decode_backlog_bytes = rings.decoder.pending_bytes
         except BaseException:
             if rings.decoder is not None:
                 rings.decoder.abandon()

@@ -44,7 +44,8 @@
 #define CACHE_INSERT __CACHE_INSERT__
 #define INSERT_ORDER __INSERT_ORDER__
 #define MAX_IOCBS __MAX_IOCBS__
-#define FOLLOW_RENAMES __FOLLOW_RENAMES__  // path filters follow renames (tracer/renames.py): keep candidates
+#define MAX_FILTERS __MAX_FILTERS__
+#define FILTER_WORDS (PATH_BYTES / 8)
 #define MAX_FIXED_FDS (PATH_BYTES / 4)
 
 struct event_t {
@@ -177,10 +178,52 @@ static __always_inline int plain_absolute(const char *path) {
     return 0;
 }
 
-static __always_inline int excluded(const char *path) {
-    if (!plain_absolute(path))
+// The path prefixes, data rather than code so that one compiled program serves every --path-filter
+// (tracer.bpfcache): filter_mode 0, without path filters: a path under one of the prefixes (/proc/, /sys/,
+// /dev/) is excluded; 1, with path filters: a path under none of them (the filters) is excluded, and opens for
+// writing, unlinks and renames are kept (they follow renames: tracer/renames.py); 2: nothing is excluded here
+// (filters the kernel cannot judge: user space decides alone). Each prefix: its bytes as little-endian words
+// and a mask of the bytes that count (bcc_backend.fill_filters).
+struct prefix_t {
+    u64 word[FILTER_WORDS];
+    u64 mask[FILTER_WORDS];
+    u32 words;
+    u32 used;
+};
+BPF_ARRAY(path_prefixes, struct prefix_t, MAX_FILTERS);
+BPF_ARRAY(filter_mode, u32, 1);
+
+static __always_inline u32 filter_mode_now(void) {
+    int zero = 0;
+    u32 *mode = filter_mode.lookup(&zero);
+    return mode ? *mode : 2;
+}
+
+static __always_inline int under(const char *path, const struct prefix_t *prefix) {
+    const u64 *words = (const u64 *)path;
+#pragma unroll
+    for (int i = 0; i < FILTER_WORDS; i++) {
+        if (i >= prefix->words)
+            return 1;
+        if ((words[i] ^ prefix->word[i]) & prefix->mask[i])
+            return 0;
+    }
+    return 1;
+}
+
+static __always_inline int excluded(const char *path, u32 mode) {
+    if (mode > 1 || !plain_absolute(path))
         return 0;
-__EXCLUDED_BODY__
+#pragma unroll
+    for (int j = 0; j < MAX_FILTERS; j++) {
+        int key = j;
+        struct prefix_t *prefix = path_prefixes.lookup(&key);
+        if (!prefix || !prefix->used)
+            break;
+        if (under(path, prefix))
+            return mode == 0;
+    }
+    return mode == 1;
 }
 
 static __always_inline void count_lost(void) {
@@ -465,12 +508,14 @@ __ENTER_CASES__
     if (iov)
         sum_iovecs(e, iov, iov_count);
     if (check) {
-        int path_excluded = excluded(e->path);
+        u32 mode = filter_mode_now();
+        int follow_renames = mode == 1;
+        int path_excluded = excluded(e->path, mode);
         if (check == 1)
-            e->ignore = path_excluded && !(FOLLOW_RENAMES && writes);
-        else if (check == 2 && path_excluded && !FOLLOW_RENAMES)
+            e->ignore = path_excluded && !(follow_renames && writes);
+        else if (check == 2 && path_excluded && !follow_renames)
             return 0;
-        else if (check == 3 && path_excluded && excluded(e->path2) && !FOLLOW_RENAMES)
+        else if (check == 3 && path_excluded && excluded(e->path2, mode) && !follow_renames)
             return 0;
     }
     return enter_end(e);
