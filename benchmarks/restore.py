@@ -12,8 +12,8 @@ Shapes (``--shape``, repeatable; all by default), each one process's flat state 
 - ``dcp-adam``: a GPT-2 (4 layers, d_model 384, vocabulary 50,257) with its Adam state (exp_avg,
   exp_avg_sq), float32 (322 MB), the state a training job restores.
 
-The sizes keep a full run (4 shapes x 2 cache states x 5 rounds x 8 loaders) near 20 minutes on the
-project's shared 2-core machine. ``--quick``: the same shapes at 32-59 MiB each and 2 rounds, to try it in
+At these sizes a full run (4 shapes x 2 cache states x 5 rounds x 8 loaders) took 15.8 minutes on the
+project's shared 2-core machine at a load average of 12, 3.4 minutes at 2-3. ``--quick``: the same shapes at 32-59 MiB each and 2 rounds, to try it in
 a few minutes.
 
 Each shape is saved once (in a child process, every file fsynced) in each format a loader reads: ``emitted``
