@@ -12,8 +12,8 @@ Shapes (``--shape``, repeatable; all by default), each one process's flat state 
 - ``dcp-adam``: a GPT-2 (4 layers, d_model 384, vocabulary 50,257) with its Adam state (exp_avg,
   exp_avg_sq), float32 (322 MB), the state a training job restores.
 
-The sizes keep a full run (4 shapes x 2 cache states x 5 rounds x 8 loaders) near 20 minutes on the
-project's shared 2-core machine. ``--quick``: the same shapes at 32-59 MiB each and 2 rounds, to try it in
+At these sizes a full run (4 shapes x 2 cache states x 5 rounds x 8 loaders) took 15.8 minutes on the
+project's shared 2-core machine at a load average of 12, 3.4 minutes at 2-3. ``--quick``: the same shapes at 32-59 MiB each and 2 rounds, to try it in
 a few minutes.
 
 Each shape is saved once (in a child process, every file fsynced) in each format a loader reads: ``emitted``
@@ -595,24 +595,25 @@ def _best_peer(cell: dict) -> dict | None:
     return min(peers, key=lambda r: r["median_s"]) if peers else None
 
 
-def _summary(cells: list[dict], runs: int) -> Table:
-    table = Table(title=f"The emitted reader against the best peer, median of {runs}", box=box.SIMPLE_HEAD)
-    for column in ("shape", "cache", "emitted", "best peer", "", "vs best", "of fio"):
-        table.add_column(column, justify="left" if column in ("shape", "cache", "best peer") else "right")
+def _summary(cells: list[dict], runs: int) -> str:
+    """One line per cell, 78 columns: the emitted reader's median, the best bar peer's, the paired ratio."""
+    lines = [
+        f"Emitted reader vs the best peer, median of {runs} rounds (s; vs best: median, min-max)",
+        f"{'shape':<11}{'cache':<6}{'emitted':>8}  {'best peer':<17}{'':>5}  {'vs best':>17}{'of fio':>8}",
+    ]
     for cell in cells:
         emitted = next((r for r in cell["rows"] if r["loader"] == "emitted"), None)
         best = _best_peer(cell)
         vs = emitted.get("vs_best") if emitted else None
-        table.add_row(
-            cell["shape"],
-            cell["cache"],
-            f"{emitted['median_s']:.2f} s" if emitted else "failed",
-            best["loader"] if best else "-",
-            f"{best['median_s']:.2f} s" if best else "",
-            f"{vs['median']:.2f}x {vs['min']:.2f}-{vs['max']:.2f}" if vs else "-",
-            f"{emitted['of_fio']:.0%}" if emitted and "of_fio" in emitted else "",
+        lines.append(
+            f"{cell['shape']:<11}{cell['cache']:<6}"
+            + (f"{emitted['median_s']:>8.2f}" if emitted else f"{'failed':>8}")
+            + f"  {best['loader'] if best else '-':<17}"
+            + (f"{best['median_s']:>5.2f}" if best else f"{'':>5}")
+            + (f"  {vs['median']:>5.2f}x {vs['min']:.2f}-{vs['max']:.2f}" if vs else f"  {'-':>17}")
+            + (f"{emitted['of_fio']:>8.0%}" if emitted and "of_fio" in emitted else "")
         )
-    return table
+    return "\n".join(lines)
 
 
 def _cell_table(cell: dict) -> Table:
@@ -710,7 +711,7 @@ def main() -> None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     console = Console(width=80)
-    console.print(_summary(cells, args.runs))
+    print(_summary(cells, args.runs))
     for cell in cells:
         console.print(_cell_table(cell))
     console.print("* for information: the lazy, mapped tensors, one byte per 4 KiB page read; not the bar")

@@ -135,8 +135,10 @@ def test_the_decoder_holds_at_most_its_limit_and_spills_the_rest_in_order(tmp_pa
         decoder.put({"events": [np.array([(t, np.zeros(56, np.uint8)) for t in range(start, start + 4)], dtype)]})
     assert decoder.peak_queued_bytes <= 10 * dtype.itemsize
     assert raw.count > 0  # the rest went to the spill file
+    assert decoder.pending_bytes == 100 * dtype.itemsize  # nothing fed yet (the feed holds the first group)
     gate.set()
     decoder.close()
+    assert decoder.pending_bytes == decoder.queued_bytes == 0
     raw.close()
     assert seen == list(range(100))
 

@@ -39,6 +39,7 @@ from .encoding import Decoder, stored_columns
 from .errors import CkptTraceError, TraceFormatError
 from .schema import (
     COLUMNS,
+    COLUMNS_V5,
     EXTRA_METADATA,
     FORMAT_VERSION,
     METADATA_DEFAULTS,
@@ -47,6 +48,7 @@ from .schema import (
     REQUIRED_METADATA_KEYS,
     SCHEMA,
     SCHEMA_V1,
+    SCHEMA_V5,
     SCHEMAS,
     SUPPORTED_VERSIONS,
     file_schema,
@@ -501,22 +503,21 @@ def read_trace(path: str | os.PathLike) -> Trace:
     try:
         if version == 4:
             decoder = Decoder()
-            table = pa.Table.from_batches(
-                [
-                    _decoded(reader.get_batch(index), decoder, list(COLUMNS))
-                    for index in range(reader.num_record_batches)
-                ],
-                schema=SCHEMA,
+            table = upgrade(
+                pa.Table.from_batches(
+                    [
+                        _decoded(reader.get_batch(index), decoder, list(COLUMNS_V5))
+                        for index in range(reader.num_record_batches)
+                    ],
+                    schema=SCHEMA_V5,
+                ),
+                version,
             )
         else:
             table = reader.read_all()
             _validate(table)  # offsets, lengths and dictionary indices checked: no later compute reads out of bounds
             names = list(SCHEMAS[version].names)
-            table = (
-                upgrade(table.select(names + optional), version)
-                if version < 3
-                else table.select(names + optional).replace_schema_metadata(None)
-            )
+            table = upgrade(table.select(names + optional).replace_schema_metadata(None), version)
     except (pa.ArrowException, OSError) as err:
         raise TraceFormatError(f"{path}: record batches are corrupt ({_first_line(err)})") from None
     _check_values(path, table)
@@ -590,8 +591,9 @@ def scan(
     if unknown:
         raise TraceFormatError(f"no column {unknown[0]!r} in the trace schema")
     wanted = [name for name in asked if name not in OPTIONAL_COLUMNS]
+    logical = [name for name in wanted if name in COLUMNS_V5]  # a version 4 file's (cold_bytes: null)
     if version == 4:
-        present, stored = list(wanted), stored_columns(wanted)
+        present, stored = list(logical), stored_columns(logical)
     else:
         present = [name for name in wanted if name in SCHEMAS[version].names]
         stored = list(present)
@@ -611,7 +613,7 @@ def scan(
 
                 def load(index: int) -> pa.RecordBatch:  # in file order: one worker, one batch ahead
                     whole = reader.get_batch(index)
-                    return whole if decoder is None else _decoded(whole, decoder, wanted)
+                    return whole if decoder is None else _decoded(whole, decoder, logical)
 
                 for index, whole in enumerate(_loaded(load, count, read_ahead)):
                     yield from _slices(

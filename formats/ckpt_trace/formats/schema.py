@@ -21,6 +21,9 @@ module is the machine-readable copy. Version history:
   so any Arrow reader gets every value right with no decoding; the optional additions ``OPTIONAL_COLUMNS``
   and ``EXTRA_METADATA`` (documented here and in ``formats/README.md``) that writers may add and readers
   accept absent. Version 4 files are decoded (``encoding``), older ones upgraded, all read as version 5.
+- 6: the column ``cold_bytes`` (after ``memory_kind``): of a read, the bytes that came from storage (their
+  pages were not in the page cache when the trace began); null where unknown. Versions 1 to 5 are read as
+  version 6, ``cold_bytes`` null.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ import pyarrow as pa
 
 from .encoding import STORED_AS
 
-FORMAT_VERSION = 5
-SUPPORTED_VERSIONS = (1, 2, 3, 4, 5)
+FORMAT_VERSION = 6
+SUPPORTED_VERSIONS = (1, 2, 3, 4, 5, 6)
 
 # The one schema-metadata key; its value is a UTF-8 JSON object.
 METADATA_KEY = b"ckpt_trace"
@@ -107,7 +110,7 @@ SCHEMA_V2 = pa.schema(
     ]
 )
 
-SCHEMA = pa.schema(
+SCHEMA_V5 = pa.schema(
     list(SCHEMA_V2)
     + [
         pa.field("device", pa.int32()),
@@ -115,13 +118,18 @@ SCHEMA = pa.schema(
     ]
 )
 
-# Version 4 stored three of SCHEMA's columns as differences (``encoding.STORED_AS``), in the same places.
+# Version 6: of a read row, the bytes whose pages were not in the page cache when the trace began (inserted
+# into it during the recording, before the read ended): what came from storage. Null: unknown.
+SCHEMA = pa.schema(list(SCHEMA_V5) + [pa.field("cold_bytes", pa.int64())])
+
+# Version 4 stored three of SCHEMA_V5's columns as differences (``encoding.STORED_AS``), in the same places.
 STORED_SCHEMA_V4 = pa.schema(
-    [pa.field(STORED_AS.get(field.name, field.name), field.type, field.nullable) for field in SCHEMA]
+    [pa.field(STORED_AS.get(field.name, field.name), field.type, field.nullable) for field in SCHEMA_V5]
 )
 
-# The file schema of each version (version 4's logical schema is SCHEMA, like versions 3 and 5's).
-SCHEMAS = {1: SCHEMA_V1, 2: SCHEMA_V2, 3: SCHEMA, 4: STORED_SCHEMA_V4, 5: SCHEMA}
+# The file schema of each version (version 4's logical schema is SCHEMA_V5, like versions 3 and 5's).
+SCHEMAS = {1: SCHEMA_V1, 2: SCHEMA_V2, 3: SCHEMA_V5, 4: STORED_SCHEMA_V4, 5: SCHEMA_V5, 6: SCHEMA}
+COLUMNS_V5 = tuple(SCHEMA_V5.names)
 COLUMNS = tuple(SCHEMA.names)
 TEXT_COLUMNS = tuple(field.name for field in SCHEMA if pa.types.is_dictionary(field.type))
 
@@ -189,9 +197,14 @@ def file_schema(optional: list[str] | tuple[str, ...] = ()) -> pa.Schema:
 def upgrade(table: pa.Table, version: int) -> pa.Table:
     """A table of format ``version`` as the current ``SCHEMA``: version 1 gains the request and mapping
     columns (``interface`` 'syscall', the others null) and dictionary-encoded text; versions 1 and 2 gain
-    the copy columns (null); versions 3 and 4 (decoded) are returned as they are."""
-    if version >= 3:
+    the copy columns (null); versions 1 to 5 gain ``cold_bytes`` (null: unknown), placed after
+    ``memory_kind`` (any optional columns the table holds stay after it); version 6 is returned as it is."""
+    if version >= 6:
         return table
+    if version >= 3:
+        if "cold_bytes" in table.column_names:
+            return table
+        return table.add_column(len(SCHEMA_V5), SCHEMA.field("cold_bytes"), pa.nulls(table.num_rows, pa.int64()))
     rows = table.num_rows
     extra = {"interface": pa.array(["syscall"] * rows, pa.string())}
     columns = []

@@ -29,6 +29,7 @@ from ckpt_trace.ranges import merge_grouped_ranges
 
 from . import strategies
 from .aggregate import alignment_counts
+from .cache_state import RecordedCache, prepare_recorded, recorded_cache
 from .checks import check_bound_paths, checked_batches, refuse_file_and_directory, refuse_skips, skip_notes
 from .data import recorded_ratio
 from .engine import Executor, Progress, files_moved
@@ -359,9 +360,11 @@ def replay(
     trace (pre-created, so reads find them) when each run's clock starts:
     ``cold`` (each fsynced, then dropped with posix_fadvise(2)
     POSIX_FADV_DONTNEED: reads go to the device), ``warm`` (each read once:
-    reads are served from memory) or ``recorded``: as the trace says, and a
-    trace that does not say which reads hit the page cache (none does yet:
-    neither strace nor the bcc backend records it) replays cold, with a note.
+    reads are served from memory) or ``recorded``: as the trace's ``cold_bytes``
+    says (bcc, format version 6: ranges read cold dropped, ranges read warm
+    read once; ``replayer.cache_state``), and a trace that does not say which
+    reads hit the page cache (strace, older versions) replays cold; the
+    results' note says which state ran.
     Pre-creation and this preparation are setup, never inside the clock; so
     is ``durable``'s sync of files the run did not write.
 
@@ -435,9 +438,9 @@ def replay(
         try:
             fio_limit = _fio_limit(target, plans[0]) if opts.fio else None
             runs = Rounds(opts.repeat, opts.min_seconds, opts.max_runs or config.REPLAY_MAX_RUNS)
-            cache_state, cache_note = resolve_cache(opts.cache, plans[0])
+            cache_state, cache_note, recorded = resolve_cache(opts.cache, plans[0], trace, opts.strip_prefix)
             with data_context:
-                results, mismatches = _run_plans(plans, claims, opts, runs, progress, cache_state)
+                results, mismatches = _run_plans(plans, claims, opts, runs, progress, cache_state, recorded)
         except (ReplayError, KeyboardInterrupt) as err:
             release(claims, target, made_target, lock)
             if isinstance(err, KeyboardInterrupt):
@@ -513,7 +516,13 @@ def _digest_soon(path: Path) -> Future:
 
 
 def _run_plans(
-    plans, claims, opts: ReplayOptions, count: Rounds, progress, cache_state: str = "cold"
+    plans,
+    claims,
+    opts: ReplayOptions,
+    count: Rounds,
+    progress,
+    cache_state: str = "cold",
+    recorded: RecordedCache | None = None,
 ) -> tuple[list[ReplayResult], list[SizeMismatch]]:
     """Run the plans in rounds (``replayer.verdicts``): each round runs every plan once, starting one plan later
     than the round before, releasing that plan's previous run's files first; then each plan's median run, with
@@ -531,7 +540,7 @@ def _run_plans(
             executor = make_executor(plan.strategy, root, opts.queue_depth)
             executor.gpu_copies = opts.gpu_copies
             executor.prepare(plan)
-            prepare_cache(root, plan, cache_state)
+            prepare_cache(root, plan, cache_state, recorded)
             if opts.drop_caches:
                 drop_page_cache()
             runs[index].append(executor.run(plan, timing=opts.timing, progress=progress, durable=opts.durable))
@@ -548,27 +557,33 @@ def _run_plans(
     return results, mismatches
 
 
-def resolve_cache(cache: str, plan: ReplayPlan) -> tuple[str, str | None]:
-    """The page-cache state a replay prepares (cold or warm) and a note when ``recorded`` had to choose: no
-    trace says yet, per read, whether its pages were in memory."""
+def resolve_cache(
+    cache: str, plan: ReplayPlan, trace=None, strip_prefix: str | None = None
+) -> tuple[str, str | None, RecordedCache | None]:
+    """The page-cache state a replay prepares (``cold``, ``warm`` or ``recorded``), the note the results carry
+    about it, and for ``recorded`` the ranges to prepare (``replayer.cache_state``): a trace whose reads of
+    pre-created files all carry ``cold_bytes`` (format version 6, bcc) replays as recorded; one that does not
+    say (strace, older traces) replays cold, with a note. Raises TraceFormatError for a corrupt trace."""
     if cache != "recorded":
-        return cache, None
+        return cache, None, None
     t = plan.ops
-    reads = bool(((t.kind == READ) & (t.size > 0)).any()) and bool(plan.precreate_files)
-    note = (
-        (
-            "page cache: the trace does not say which reads hit the page cache, so the files it reads were "
-            "replayed cold (--cache warm replays them warm)"
-        )
-        if reads
-        else None
-    )
-    return "cold", note
+    if not (bool(((t.kind == READ) & (t.size > 0)).any()) and plan.precreate_files):
+        return "cold", None, None
+    if trace is None:
+        return "cold", RecordedCache(known=False).note(), None
+    state = recorded_cache(trace, strip_prefix, [rel for rel, _ in plan.precreate_files])
+    if not state.known:
+        return "cold", state.note(), None
+    return "recorded", state.note(), state
 
 
-def prepare_cache(root: TargetRoot, plan: ReplayPlan, state: str) -> None:
+def prepare_cache(root: TargetRoot, plan: ReplayPlan, state: str, recorded: RecordedCache | None = None) -> None:
     """Before the clock: the pre-created files cold (fsync(2), then posix_fadvise(2) POSIX_FADV_DONTNEED,
-    which drops clean pages) or warm (read once, whole). Raises ReplayError on an I/O error."""
+    which drops clean pages), warm (read once, whole) or, ``state`` ``recorded``, as ``recorded`` says
+    (``cache_state.prepare_recorded``). Raises ReplayError on an I/O error."""
+    if state == "recorded" and recorded is not None:
+        prepare_recorded(root, [rel for rel, _ in plan.precreate_files], recorded)
+        return
     chunk = bytearray(4 << 20)
     for rel, _size_bytes in plan.precreate_files:
         try:

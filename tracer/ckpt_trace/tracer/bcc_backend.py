@@ -51,11 +51,11 @@ from ckpt_trace import config
 from ckpt_trace.errors import TracerError
 from ckpt_trace.formats import vocabulary
 
-from . import bpfcache, btf, costs
+from . import bpfcache, btf, costs, page_cache
 from . import syscalls as sc
 from .children import set_parent_death_signal, sigint_handler
 from .ringbuf import RingReader, sample_dtype
-from .state import AuxEvent, EffectOrderFeeder, SyscallEvent, rank_from_environ
+from .state import AUX_CACHE_INSERT, AuxEvent, EffectOrderFeeder, SyscallEvent, rank_from_environ
 from .stream import Group, RawSpill, StreamDecoder
 
 TRACEFS = Path("/sys/kernel/tracing")
@@ -392,7 +392,24 @@ def kernel_view() -> KernelView:
     macros = dict(macros)
     if macros.get("__FOLIOS__") == "1":  # tracefs, not BTF: looked at every time
         macros["__RSS__"] = str(int(all((TRACEFS / "events" / name).is_dir() for name in _RSS_EVENTS)))
+    macros.update(_insert_macros())
     return KernelView(macros, uring, mapped)
+
+
+#: The tracepoint of pages entering the page cache (``tracer.page_cache``): its format file says whether the
+#: kernel gives the folio's order (6.x) or one page per event.
+INSERT_EVENT = "filemap/mm_filemap_add_to_page_cache"
+
+
+def _insert_macros() -> dict:
+    """``__CACHE_INSERT__`` (the tracepoint exists) and ``__INSERT_ORDER__`` (its events carry ``order``),
+    from tracefs, looked at every time."""
+    try:
+        text = (TRACEFS / "events" / INSERT_EVENT / "format").read_text()
+    except OSError:
+        return {"__CACHE_INSERT__": "0", "__INSERT_ORDER__": "0"}
+    has_order = any(line.split(";")[0].strip().endswith(" order") for line in text.splitlines())
+    return {"__CACHE_INSERT__": "1", "__INSERT_ORDER__": str(int(has_order))}
 
 
 def _kernel_macros() -> tuple[dict, str | None, str | None]:
@@ -505,7 +522,7 @@ def program_text(view: KernelView | None = None) -> str:
         .replace("__INDEX_DEFINES__", "\n".join(f"#define IDX_{name} {index}" for index, name in enumerate(_NAMES)))
         .replace("__ENTER_CASES__", cases)
     )
-    for macro, value in (view or kernel_view()).macros.items():
+    for macro, value in {"__CACHE_INSERT__": "0", "__INSERT_ORDER__": "0", **(view or kernel_view()).macros}.items():
         text = text.replace(macro, value)
     for name in omitted_tracepoints():
         text = text.replace(f"#define {OMITTABLE[name].strip('_')} 0", f"#define {OMITTABLE[name].strip('_')} 1")
@@ -752,9 +769,12 @@ class BccRecording:
     recorder_cpu_ns: int = 0
     bpf_run_ns: int | None = None
     spilled_raw_bytes: int = 0
+    decode_backlog_bytes: int | None = None  # streaming: raw bytes not yet decoded at the command's exit
     released_s: float | None = None  # time.monotonic() when the probes were live and the command released
     bpf_program: dict = field(default_factory=dict)  # how the program started (LoadedProgram.started)
     exited_s: float | None = None  # time.monotonic() when the command's exit was seen
+    cache_inserts: page_cache.Inserts = field(default_factory=page_cache.Inserts)
+    cache_probe: bool = False  # page-cache insertions were recorded (the tracepoint exists)
 
     def finish(self, spool) -> tuple:
         """End the feeding, move the rows into ``spool`` and return (trace builder, the trace's extra metadata:
@@ -765,6 +785,8 @@ class BccRecording:
             raise TracerError("the bcc recording made no event feeder")
         feeder.finish()
         spool.add(feeder.builder.take_rows())
+        if self.cache_probe:
+            spool.annotate = self.cache_inserts.annotate
         extra = {
             "lost_events": self.lost_events,
             **({"lost_reasons": self.lost_reasons} if self.lost_reasons else {}),
@@ -778,9 +800,15 @@ class BccRecording:
             "io_uring_unrecorded_ops": self.uring_other_ops,
             "late_events": feeder.late_events,
             "spilled_raw_bytes": self.spilled_raw_bytes,
+            **({"decode_backlog_bytes": self.decode_backlog_bytes} if self.decode_backlog_bytes is not None else {}),
             "bpf_program": self.bpf_program,
             "released_s": self.released_s,
             "exited_s": self.exited_s,
+            "page_cache": (
+                {"insert_events": self.cache_inserts.events, "pages_inserted": self.cache_inserts.pages()}
+                if self.cache_probe
+                else {"reason": f"the kernel has no {INSERT_EVENT} tracepoint: cold_bytes is null"}
+            ),
         }
         if feeder.builder.mapped_uncovered_bytes is not None:
             extra["mapped_uncovered_bytes"] = feeder.builder.mapped_uncovered_bytes
@@ -902,6 +930,13 @@ def feed_group(rec: BccRecording, held: Group, ranks: dict[int, int | None], kee
                     continue
             if name == "events":
                 rec.truncated_paths += int(records["truncated"].sum())
+            if name == "aux":
+                inserted = records["kind"] == AUX_CACHE_INSERT  # page-cache insertions: kept as arrays
+                if inserted.any():
+                    rec.cache_inserts.add(records[inserted], rec.start_ns)
+                    records = records[~inserted]
+                    if not len(records):
+                        continue
             for start in range(0, len(records), step):
                 part = records[start : start + step]
                 slices.append((int(part["ts_ns"][0]), len(slices), name, part))
@@ -1163,6 +1198,7 @@ class BccTracer:
             for capture, why in (("io_uring_requests", self.view.uring), ("mapped_pages", self.view.mapped))
             if why
         }
+        rec.cache_probe = self.view.macros.get("__CACHE_INSERT__") == "1"
         begin(rec, wakeups)
         rec.start_ns = time.monotonic_ns()
         cpu_at_start_ns = _cpu_ns()
@@ -1182,6 +1218,8 @@ class BccTracer:
             rec.recorder_cpu_ns = _cpu_ns() - cpu_at_start_ns
             rec.bpf_run_ns = self.bpf_run_ns()
             rings.consume()  # events are written at syscall exit, so all of them are there now
+            if rings.decoder is not None:
+                rec.decode_backlog_bytes = rings.decoder.pending_bytes
         except BaseException:
             if rings.decoder is not None:
                 rings.decoder.abandon()

@@ -41,6 +41,8 @@
 #define OMIT_MAP_PAGES __OMIT_MAP_PAGES__
 #define OMIT_DIRTY __OMIT_DIRTY__
 #define OMIT_RSS __OMIT_RSS__
+#define CACHE_INSERT __CACHE_INSERT__
+#define INSERT_ORDER __INSERT_ORDER__
 #define MAX_IOCBS __MAX_IOCBS__
 #define MAX_FILTERS __MAX_FILTERS__
 #define FILTER_WORDS (PATH_BYTES / 8)
@@ -77,6 +79,7 @@ struct event_t {
 #define AUX_MAP_PAGES 6
 #define AUX_DIRTY 7
 #define AUX_RSS 8
+#define AUX_CACHE_INSERT 9
 
 struct aux_t {
     u64 ts_ns;
@@ -875,4 +878,41 @@ TRACEPOINT_PROBE(writeback, writeback_dirty_folio) {
     return page_event(AUX_DIRTY, args->ino, 0, args->index, args->index);
 }
 #endif
+#endif
+
+// Pages a traced process brought into the page cache (filemap:mm_filemap_add_to_page_cache, formatted: i_ino,
+// s_dev, index and, where the kernel has it, the folio's order; fields from the tracepoint's format file): the
+// pages that were not resident when the recording began. One record per folio inserted; user space
+// (tracer.page_cache) turns them into each read row's cold_bytes. Insertions made while a traced thread is in a
+// write call are the write's own new pages, not data read from storage: they are left out here.
+#if CACHE_INSERT
+TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache) {
+    u32 tgid = traced_tgid();
+    if (!tgid)
+        return 0;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    struct event_t *e = inflight.lookup(&tid);
+    if (e) {
+        s32 nr = e->nr;
+        if (nr == IDX_write || nr == IDX_pwrite64 || nr == IDX_writev || nr == IDX_pwritev || nr == IDX_pwritev2)
+            return 0;
+    }
+    struct aux_t a = {};
+    a.kind = AUX_CACHE_INSERT;
+    a.ts_ns = bpf_ktime_get_ns();
+    a.pid = tgid;
+    a.tid = tid;
+    a.ino = args->i_ino;
+    a.dev = args->s_dev;
+    a.index = args->index;
+#if INSERT_ORDER
+    a.last_index = args->index + (1ULL << (args->order & 31)) - 1;
+#else
+    a.last_index = args->index;
+#endif
+    if (aux.ringbuf_output(&a, sizeof(a), wake_flags()) != 0)
+        count_aux_lost();
+    return 0;
+}
 #endif

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,9 @@ class RowSpool:
         self._parts: list[pa.Table] = []
         self._runs: list[Path] = []
         self._scratch: Path | None = None
+        # Fills columns known only once the recording ended (``cold_bytes``: tracer.page_cache), per table
+        # written; None leaves them null.
+        self.annotate: Callable[[pa.Table], pa.Table] | None = None
 
     @property
     def spilled_runs(self) -> int:
@@ -126,12 +129,14 @@ class RowSpool:
                 if self._parts
                 else table_from_columns({name: [] for name in COLUMNS})
             )
+            if self.annotate is not None:
+                table = self.annotate(table)
             write_trace(output, table, metadata, overwrite=overwrite, batch_rows=batch_rows, temporary=temporary)
             return table.num_rows
         writer = TraceWriter(output, overwrite=overwrite, batch_rows=batch_rows, temporary=temporary)
         try:
             for table in self._merged():
-                writer.write(table)
+                writer.write(table if self.annotate is None else self.annotate(table))
             writer.close(metadata)
         except BaseException:
             writer.abort()

@@ -68,6 +68,7 @@ class SyscallEvent:
 AUX_URING_REQ, AUX_URING_CREATE, AUX_AIO_SUBMIT, AUX_AIO_EVENT, AUX_FAULT, AUX_MAP_PAGES, AUX_DIRTY, AUX_RSS = range(
     1, 9
 )
+AUX_CACHE_INSERT = 9  # pages entering the page cache: kept apart as arrays (tracer.page_cache), never fed here
 
 
 @dataclass(slots=True)
@@ -1396,7 +1397,9 @@ class TraceBuilder:
 
 
 _COPY_COLUMNS = ("device", "memory_kind")  # copy rows only: the GPU capture's (tracer.gpu), null here
-_COLUMN_NAMES = tuple(name for name in COLUMNS if name not in _COPY_COLUMNS)
+# Filled when the trace is written (tracer.page_cache, by RowSpool.annotate), null here.
+_LATER_COLUMNS = ("cold_bytes",)
+_COLUMN_NAMES = tuple(name for name in COLUMNS if name not in _COPY_COLUMNS + _LATER_COLUMNS)
 _OPTIONAL_COLUMNS = (
     "fd",
     "path",

@@ -117,6 +117,7 @@ class StreamDecoder:
         self.limit_bytes = max(1, limit_bytes)
         self.queued_bytes = 0  # raw bytes put and not yet fed, in memory
         self.peak_queued_bytes = 0
+        self.pending_bytes = 0  # raw bytes put and not yet fed, in memory or spilled
         self.groups_fed = 0
         self._queue: deque[Group | int] = deque()  # a group held, or the number of a spilled one
         self._cond = threading.Condition()
@@ -134,6 +135,7 @@ class StreamDecoder:
             return
         with self._cond:
             held = self.queued_bytes + size <= self.limit_bytes
+            self.pending_bytes += size
             if held:
                 self.queued_bytes += size
                 self.peak_queued_bytes = max(self.peak_queued_bytes, self.queued_bytes)
@@ -196,6 +198,7 @@ class StreamDecoder:
                 self.groups_fed += 1
                 with self._cond:
                     self.queued_bytes -= size
+                    self.pending_bytes -= sum(records.nbytes for chunks in group.values() for records in chunks)
         except BaseException as err:  # noqa: BLE001 - handed to the consumer thread, raised there
             self._error = err
             with self._cond:  # stop taking: what is queued stays queued, ``close`` raises
