@@ -12,6 +12,7 @@ from helpers.traces import CREATE, make_trace
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.replayer import build_plan, strategies
+from ckpt_trace.replayer.data import Pregenerated
 from ckpt_trace.replayer.datapath import Submitted, WorkerIO
 from ckpt_trace.replayer.engine import Executor
 from ckpt_trace.replayer.optable import PlanOp
@@ -65,7 +66,7 @@ class _Recording(PosixPath):
         self.calls.append("batchable")
         return super().batchable(plan, rows)
 
-    def prepare(self, plan: ReplayPlan) -> None:
+    def prepare(self, plan: ReplayPlan, data: Pregenerated | None = None) -> None:
         self.calls.append("prepare")
 
     def open_flags(self, flags: int) -> int:

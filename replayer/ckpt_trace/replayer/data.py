@@ -159,7 +159,7 @@ def recorded_ratio(metadata: dict) -> dict:
         raise ReplayError(
             "{option} recorded-ratio: the trace holds no measured compressibility (data_compressibility: "
             "recorded by an older ckpt-trace, or no file the command wrote was left to read); record it again "
-            "or replay with --data unique",
+            "or replay with {option} unique",
             option="data",
         )
     unique, generated = unique_bytes_for(float(measured["ratio"]))
