@@ -51,7 +51,7 @@ import time
 import warnings
 from pathlib import Path
 
-from common import best_fio, parse_or_run_child, run_child, save_result
+from common import best_fio, fsync_tree, parse_or_run_child, run_child, save_result
 from rich.console import Console
 from rich.table import Table
 
@@ -88,15 +88,6 @@ def _fingerprint(flat: dict) -> float:
     return float(sum(t.reshape(-1)[::4099].double().sum() for t in flat.values()))
 
 
-def _fsync_tree(path: Path) -> None:
-    for file in [p for p in path.rglob("*") if p.is_file()] + [path]:
-        fd = os.open(file, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _save(engine: str, state: dict, path: Path, module) -> None:
     import torch
     import torch.distributed.checkpoint as dcp
@@ -118,12 +109,12 @@ def _save(engine: str, state: dict, path: Path, module) -> None:
 
         path.mkdir(parents=True)
         save_file(_flat(state), str(path / "model.safetensors"))
-        _fsync_tree(path)
+        fsync_tree(path)
     else:
         from torchsnapshot import Snapshot, StateDict
 
         Snapshot.take(str(path), {"state": StateDict(**_flat(state))})
-        _fsync_tree(path)
+        fsync_tree(path)
 
 
 def _unchecked(module, kind: str, path: Path):

@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import drop_caches  # noqa: E402 - benchmarks/ is the script's folder
+from common import drop_caches, fsync_tree  # noqa: E402 - benchmarks/ is the script's folder
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -58,16 +58,6 @@ def gpu_state(torch, model: str) -> dict:
             state[f"{kind}.{name}"] = torch.randn(shape, device="cuda", generator=gen)
     torch.cuda.synchronize()
     return state
-
-
-def fsync_tree(path: Path) -> None:
-    for p in [path] if path.is_file() else path.rglob("*"):
-        if p.is_file():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
 
 
 class Engines:

@@ -81,7 +81,7 @@ import warnings
 from pathlib import Path
 from typing import NamedTuple
 
-from common import drop_caches, parse_or_run_child, run_child, save_result
+from common import drop_caches, fsync_tree, parse_or_run_child, run_child, save_result
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -253,15 +253,6 @@ def _options(args):
     return WriterOptions(**{key: value for key, value in given.items() if value is not None})
 
 
-def _fsync_tree(path: Path) -> None:
-    for file in [p for p in path.rglob("*") if p.is_file()] + [path]:
-        fd = os.open(file, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _save(fmt: str, state: dict, directory: Path, options) -> None:
     import torch
     import torch.distributed.checkpoint as dcp
@@ -280,7 +271,7 @@ def _save(fmt: str, state: dict, directory: Path, options) -> None:
 
         directory.mkdir(parents=True)
         save_file(state, str(directory / "model.safetensors"))
-    _fsync_tree(directory)
+    fsync_tree(directory)
 
 
 def save_child(args) -> None:
