@@ -210,20 +210,27 @@ def record(
         metavar="PID",
         help="Trace this running process and its descendants instead of starting CMD; detach when done, leaving it running.",
     ),
+    cgroup: Optional[str] = typer.Option(
+        None,
+        "--cgroup",
+        metavar="PATH",
+        help="Trace every process of this cgroup v2 directory (and the cgroups below it) instead of starting CMD; detach when done.",
+    ),
     duration: Optional[float] = typer.Option(
-        None, "--duration", metavar="SECONDS", help="With --pid: stop after SECONDS."
+        None, "--duration", metavar="SECONDS", help="With --pid or --cgroup: stop after SECONDS."
     ),
     until_checkpoints: Optional[int] = typer.Option(
         None,
         "--until-checkpoints",
         metavar="N",
-        help="With --pid: stop once N checkpoint files were written (opened for writing after the attach, written, closed).",
+        help="With --pid or --cgroup: stop once N checkpoint files were written (opened for writing after the attach, written, closed).",
     ),
 ) -> None:
     """Run CMD and every descendant traced; write one Arrow trace; exit with CMD's exit code.
 
     With --pid PID, trace a job that is already running (its process tree) until --duration, --until-checkpoints,
-    its end or Ctrl-C, then detach: the job runs on untouched, and the exit code is 0.
+    its end or Ctrl-C, then detach: the job runs on untouched, and the exit code is 0. With --cgroup PATH, the same
+    for every process of a cgroup v2 directory (until it has no process left).
 
     When the command read or wrote checkpoint files ckpt-trace recognises (DCP, safetensors, torch.save,
     Hugging Face index), their layout (which bytes are which tensor) is added to the trace, within 60 s."""
@@ -233,15 +240,18 @@ def record(
     from ckpt_trace.tracer.gpu import plan_capture
 
     attach = None
-    if pid is not None:
+    if pid is not None or cgroup is not None:
         from ckpt_trace.tracer.attach import AttachPlan, check_plan
 
+        flag = "--pid" if pid is not None else "--cgroup"
+        if pid is not None and cgroup is not None:
+            raise CkptTraceError("--pid and --cgroup: give one of the two")
         if cmd:
-            raise CkptTraceError("--pid traces a running job: give no command after --")
-        attach = AttachPlan(pid, duration, until_checkpoints)
+            raise CkptTraceError(f"{flag} traces a running job: give no command after --")
+        attach = AttachPlan(pid, duration, until_checkpoints, cgroup=cgroup)
         check_plan(attach)
     elif duration is not None or until_checkpoints is not None:
-        raise CkptTraceError("--duration and --until-checkpoints go with --pid")
+        raise CkptTraceError("--duration and --until-checkpoints go with --pid or --cgroup")
     elif not cmd:
         raise CkptTraceError("no command to record (put it after --)")
     else:
@@ -278,7 +288,7 @@ def record(
     if result.attached:
         found = result.attached
         err.print(
-            f"ckpt-trace: detached from {found['pid']} ({found['stopped_by']}; "
+            f"ckpt-trace: detached from {found.get('cgroup') or found['pid']} ({found['stopped_by']}; "
             f"{len(found['checkpoint_files'])} checkpoint file(s) in the trace)",
             highlight=False,
         )

@@ -176,7 +176,7 @@ def test_a_missing_pid_and_wrong_options_fail_in_one_line(tmp_path):
     proc = cli(
         "record", "--backend", "strace", "--duration", "1", "-o", str(tmp_path / "t.arrow"), "--", "true", check=False
     )
-    assert proc.returncode != 0 and "go with --pid" in proc.stderr
+    assert proc.returncode != 0 and "go with --pid or --cgroup" in proc.stderr
     assert not (tmp_path / "t.arrow").exists()
 
 
@@ -345,3 +345,114 @@ def test_attach_to_a_two_rank_dcp_job_records_one_save(backend, torch_installed,
     assert [(row["path"], row["new_path"]) for row in rows if row["op"] == "rename"] == [
         (str(step / ".metadata.tmp"), str(step / ".metadata"))
     ]
+
+
+@pytest.fixture
+def cgroup_dir():
+    """A fresh cgroup v2 directory (removed afterwards, once empty); skips (fails under CI) without a cgroup2
+    mount we may write to."""
+    from conftest import _missing
+
+    from ckpt_trace.tracer.attach import _cgroup2_mounts
+
+    mounts = [point for point, _ in _cgroup2_mounts() if os.access(point, os.W_OK)]
+    if not mounts:
+        _missing("no writable cgroup2 mount (root and cgroup v2 needed)", required_in_ci=True)
+    path = Path(mounts[0]) / f"ckpt-trace-test-{os.getpid()}-{time.monotonic_ns()}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        _wait_for(lambda: not (path / "cgroup.procs").read_text().split(), "the test cgroup to empty")
+        path.rmdir()
+
+
+def _job_in_cgroup(out: Path, cgroup: Path) -> subprocess.Popen:
+    """The saver forking a process per save (a descendant at the attach and after it), started inside
+    ``cgroup`` (the shell moves itself in, then becomes the saver)."""
+    script = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
+    return subprocess.Popen(["sh", "-c", script, str(cgroup), sys.executable, "-c", SAVER, str(out), "fork"])
+
+
+@pytest.mark.slow
+def test_attach_to_a_cgroup_records_its_processes_and_no_other(backend, cgroup_dir, tmp_path):
+    """``--cgroup``: the trace holds the cgroup's saves, byte for byte as the job logs them, and nothing of a
+    process outside it that saves the same way at the same time; the job runs on."""
+    out, outside = tmp_path / "job", tmp_path / "outside"
+    out.mkdir()
+    outside.mkdir()
+    job = _job_in_cgroup(out, cgroup_dir)
+    other = _job(outside, "plain")
+    try:
+        _wait_for(lambda: len(_saves(out)) >= 1 and len(_saves(outside)) >= 1, "both jobs' first saves")
+        assert job.pid in [int(pid) for pid in (cgroup_dir / "cgroup.procs").read_text().split()]
+        trace = tmp_path / "cgroup.arrow"
+        proc = cli(
+            "record",
+            "--backend",
+            backend,
+            "--cgroup",
+            str(cgroup_dir),
+            "--until-checkpoints",
+            "2",
+            "--json",
+            "-o",
+            str(trace),
+        )
+        summary = json.loads(proc.stdout)
+        assert job.poll() is None and other.poll() is None
+        saves_at_detach = len(_saves(out))
+        _wait_for(lambda: len(_saves(out)) > saves_at_detach, "a save after the detach")
+    finally:
+        (out / "STOP").touch()
+        (outside / "STOP").touch()
+        codes = job.wait(timeout=120), other.wait(timeout=120)
+    assert codes == (0, 0)
+    attached = summary["attached"]
+    assert attached["cgroup"] == str(cgroup_dir) and attached["stopped_by"] == "checkpoints"
+    assert attached["pid"] == job.pid and other.pid not in attached["processes"]
+    counted = attached["checkpoint_files"]
+    assert len(counted) == 2 and all(Path(path).parent == out for path in counted)
+    rows = read_trace(trace).table.to_pylist()
+    assert not [row for row in rows if str(outside) in (row["path"] or "")]  # outside the cgroup: not traced
+    assert other.pid not in {row["pid"] for row in rows}
+    written = Counter()
+    for row in rows:
+        if row["op"] == "write":
+            written[row["path"]] += row["ret"]
+    logged = {save["path"]: save["bytes"] for save in _saves(out)}
+    opened = {row["path"] for row in rows if row["op"] == "open" and Path(row["path"]).name.startswith("ckpt-")}
+    assert opened == set(counted)  # the saves begun after the attach, each whole
+    for path in counted:
+        assert written[path] == logged[path]
+        assert [row["offset"] for row in rows if row["path"] == path and row["op"] == "write"] == [
+            i * 65536 for i in range(16)
+        ]
+    # each save is a process forked after the attach: the kernel's cgroup test saw them from their first call
+    savers = {row["pid"] for row in rows if row["path"] in counted}
+    assert len(savers) == 2 and job.pid not in savers
+
+
+@pytest.mark.slow
+def test_a_missing_or_v1_or_empty_cgroup_fails_in_one_line(cgroup_dir, tmp_path):
+    trace = tmp_path / "t.arrow"
+    proc = cli("record", "--backend", "strace", "--cgroup", str(tmp_path / "nope"), "-o", str(trace), check=False)
+    assert proc.returncode != 0 and f"--cgroup {tmp_path / 'nope'}: no such cgroup directory" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    proc = cli("record", "--backend", "strace", "--cgroup", str(tmp_path), "-o", str(trace), check=False)
+    assert proc.returncode != 0 and "not a cgroup, only cgroup v2 is traced" in proc.stderr
+    proc = cli("record", "--backend", "strace", "--cgroup", str(cgroup_dir), "-o", str(trace), check=False)
+    assert proc.returncode != 0 and "no process in that cgroup" in proc.stderr
+    v1 = [
+        line.split(" ")[4]
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if " - cgroup " in line  # a cgroup v1 hierarchy
+    ]
+    if v1:
+        proc = cli("record", "--backend", "strace", "--cgroup", v1[0], "-o", str(trace), check=False)
+        assert proc.returncode != 0 and "a cgroup v1 directory, only cgroup v2 is traced" in proc.stderr
+    proc = cli(
+        "record", "--backend", "strace", "--pid", "1", "--cgroup", str(cgroup_dir), "-o", str(trace), check=False
+    )
+    assert proc.returncode != 0 and "give one of the two" in proc.stderr
+    assert not trace.exists()

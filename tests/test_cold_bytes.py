@@ -3,6 +3,7 @@ from the page-cache insertions the bcc backend records (``tracer.page_cache``)."
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import sys
@@ -71,6 +72,88 @@ def test_rows_that_are_no_data_read_or_whose_file_is_gone_are_unknown(tmp_path):
     assert inserts.cold_bytes(gone).to_pylist() == [None]
     write = table.set_column(table.column_names.index("op"), "op", pa.array(["write"]).dictionary_encode())
     assert inserts.cold_bytes(write).to_pylist() == [None]
+
+
+def _per_page(inserts, reads) -> list[int]:
+    """Cold bytes of each read counted page by page (the rule of ``tracer.page_cache``, without intervals):
+    ``inserts`` rows (ts_ns, file, first, last page), ``reads`` rows (file, offset, ret, ts_ns, dur_ns)."""
+    first: dict[tuple[int, int], int] = {}
+    for ts, number, lo, hi in inserts.tolist():
+        for page in range(lo, hi + 1):
+            first[(number, page)] = min(ts, first.get((number, page), ts))
+    out = []
+    for number, offset, ret, ts, dur in reads.tolist():
+        cold = 0
+        for page in range(offset // PAGE, (offset + ret - 1) // PAGE + 1) if ret > 0 else ():
+            if first.get((number, page), ts + dur + 1) <= ts + dur:
+                cold += min((page + 1) * PAGE, offset + ret) - max(page * PAGE, offset)
+        out.append(cold)
+    return out
+
+
+def _intervals(tmp_path, inserts, reads, sizes) -> tuple[page_cache.Inserts, list[int]]:
+    """``tracer.page_cache`` on ``inserts`` and ``reads`` (as in ``_per_page``), the files made in ``tmp_path``."""
+    paths = [tmp_path / f"f{number}" for number in range(len(sizes))]
+    keys = []
+    for path, size in zip(paths, sizes):
+        path.write_bytes(bytes(size))
+        keys.append((page_cache.kernel_dev(os.stat(path).st_dev), os.stat(path).st_ino))
+    state = page_cache.Inserts()
+    dev = np.array([keys[n][0] for n in inserts[:, 1]], np.int64)
+    ino = np.array([keys[n][1] for n in inserts[:, 1]], np.int64)
+    state.add_arrays(inserts[:, 0], dev, ino, inserts[:, 2], inserts[:, 3])
+    table = _reads(paths[0], reads[:, 1], reads[:, 2], reads[:, 3] + reads[:, 4])
+    table = table.set_column(table.column_names.index("path"), "path", pa.array([str(paths[n]) for n in reads[:, 0]]))
+    return state, state.cold_bytes(table).to_pylist()
+
+
+def test_intervals_count_a_real_insert_stream_as_page_by_page(tmp_path):
+    # A load recorded with bcc (scripts/save_cache_inserts.py: two files, partly warm at the start, pages
+    # dropped mid-way and read again, so some pages were inserted twice, and 11 of its 109 reads hold a page
+    # first inserted after the read ended); cold_bytes as the per-page method of that recording wrote it.
+    saved = np.load(Path(__file__).parent / "data" / "cache_inserts.npz")
+    inserts, reads, recorded = saved["inserts"], saved["reads"], saved["cold_bytes"].tolist()
+    sizes = json.loads(str(saved["meta"]))["sizes"]
+    if json.loads(str(saved["meta"]))["page_bytes"] != PAGE:
+        pytest.skip("the stream was recorded with another page size")
+    expected = _per_page(inserts, reads)
+    assert expected == recorded
+    state, cold = _intervals(tmp_path, inserts, reads, sizes)
+    assert cold == expected
+    assert sum(cold) > 0 and any(c == 0 for c in cold)  # cold and warm reads both
+    assert any(0 < c < ret for c, ret in zip(cold, reads[:, 2].tolist()))  # reads partly cold
+    assert state.pages() == len({(n, p) for _, n, lo, hi in inserts.tolist() for p in range(lo, hi + 1)})
+    assert state.runs() < len(inserts) < state.pages()  # runs merge folios; a folio holds pages
+
+
+def test_intervals_fold_in_pieces_as_all_at_once(tmp_path, monkeypatch):
+    # Overlapping, out-of-order and repeated insertions, folded every 7 records: the same column
+    rng = np.random.default_rng(5)
+    count = 400
+    first = rng.integers(0, 300, count)
+    inserts = np.stack(
+        [rng.integers(0, 10_000, count), rng.integers(0, 2, count), first, first + rng.integers(0, 20, count)], 1
+    )
+    offset = rng.integers(0, 300 * PAGE, 200)
+    ts = rng.integers(0, 10_000, 200)
+    reads = np.stack(
+        [rng.integers(0, 2, 200), offset, rng.integers(0, 20 * PAGE, 200), ts, rng.integers(0, 500, 200)], 1
+    )
+    expected = _per_page(inserts, reads)
+    monkeypatch.setattr(page_cache, "FOLD_EVENTS", 7)
+    state = page_cache.Inserts()
+    paths = [tmp_path / "a", tmp_path / "b"]
+    for path in paths:
+        path.write_bytes(bytes(330 * PAGE))
+    keys = [(page_cache.kernel_dev(os.stat(p).st_dev), os.stat(p).st_ino) for p in paths]
+    for part in np.array_split(inserts, 50):
+        dev = [keys[n][0] for n in part[:, 1]]
+        state.add_arrays(part[:, 0], dev, [keys[n][1] for n in part[:, 1]], part[:, 2], part[:, 3])
+        assert state._pending < 7
+    table = _reads(paths[0], reads[:, 1], reads[:, 2], reads[:, 3] + reads[:, 4])
+    table = table.set_column(table.column_names.index("path"), "path", pa.array([str(paths[n]) for n in reads[:, 0]]))
+    assert state.cold_bytes(table).to_pylist() == expected
+    assert state.pages() == len({(n, p) for _, n, lo, hi in inserts.tolist() for p in range(lo, hi + 1)})
 
 
 def _drop(path) -> None:

@@ -1,8 +1,14 @@
-"""``record --pid``: trace a job that is already running, for a while or for N checkpoint files, then detach.
+"""``record --pid`` / ``--cgroup``: trace a job that is already running, for a while or for N checkpoint files,
+then detach.
 
 The job is the process ``pid`` and its descendants, those running at the attach and those it starts later
 (bcc: their thread group ids in the program's ``traced`` map, which the ``sched:sched_process_fork``
-tracepoint extends; strace: ``strace -f -p`` on each running process, strace following their forks). The
+tracepoint extends; strace: ``strace -f -p`` on each running process, strace following their forks); or,
+with ``--cgroup PATH``, every process of a cgroup v2 directory and of the cgroups below it, whenever it runs
+there (bcc: the kernel compares ``bpf_get_current_ancestor_cgroup_id(level)`` with the directory's cgroup
+id, its inode number, held in the program's ``traced_cgroup`` map, so a process that joins the cgroup later
+is traced from its first call and one that leaves it is not; strace: ``strace -f -p`` on the processes the
+cgroup's ``cgroup.procs`` files list at the attach, and their forks; see cgroups(7), "Cgroups version 2"). The
 job is never started, signalled, stopped for long or waited for: bcc only reads tracepoints, and strace
 detaches from every thread on SIGINT (strace(1): "Trace can be stopped by Ctrl-C"; ptrace(2) PTRACE_DETACH),
 so the job runs on as if nothing happened, but for the time each traced call takes to be copied out.
@@ -51,26 +57,137 @@ _RENAMES = ("rename", "renameat", "renameat2")
 
 @dataclass(frozen=True)
 class AttachPlan:
-    """What to trace and when to stop: ``pid``'s tree, for ``duration_s`` or ``until_checkpoints`` files
-    (both None: until the job's first process ends or the recorder is interrupted)."""
+    """What to trace and when to stop: ``pid``'s tree, or every process of the cgroup v2 directory ``cgroup``
+    (exactly one of the two), for ``duration_s`` or ``until_checkpoints`` files (both None: until the job's
+    first process ends, or its cgroup has no process left, or the recorder is interrupted)."""
 
-    pid: int
+    pid: int | None
     duration_s: float | None = None
     until_checkpoints: int | None = None
+    cgroup: str | None = None
+
+
+@dataclass(frozen=True)
+class Cgroup:
+    """A cgroup v2 directory: ``path`` (absolute, resolved), ``id`` (its inode number, which the kernel's
+    ``bpf_get_current_cgroup_id`` returns for a process in it) and ``level`` (its depth below the hierarchy's
+    root, which is level 0)."""
+
+    path: str
+    id: int
+    level: int
+
+
+CGROUP_CONTROLLERS = "cgroup.controllers"  # only cgroup v2 directories have it (cgroups(7))
+
+
+def _cgroup2_mounts() -> list[tuple[str, str]]:
+    """(mount point, root of the hierarchy it shows) of each cgroup2 mount (proc(5) /proc/self/mountinfo)."""
+    mounts = []
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        fields = line.split(" ")
+        if " - " not in line or len(fields) < 5:
+            continue
+        fstype = line.split(" - ", 1)[1].split(" ")[0]
+        if fstype == "cgroup2":
+            mounts.append((fields[4].replace("\\040", " "), fields[3].replace("\\040", " ")))
+    return mounts
+
+
+def resolve_cgroup(path: str) -> Cgroup:
+    """The cgroup v2 directory ``path`` names. Raises TracerError (``option`` cgroup) when it does not exist,
+    is not a directory of a cgroup2 mount (a cgroup v1 one included), or cannot be read."""
+    real = os.path.realpath(path)
+    mounts = _cgroup2_mounts()
+    where = f" (cgroup2 is mounted at {', '.join(point for point, _ in mounts)})" if mounts else " (no cgroup2 mount)"
+    if not os.path.isdir(real):
+        raise TracerError(f"{{option}} {path}: no such cgroup directory{where}", option="cgroup")
+    if not os.path.exists(os.path.join(real, CGROUP_CONTROLLERS)):
+        kind = "a cgroup v1 directory" if os.path.exists(os.path.join(real, "cgroup.procs")) else "not a cgroup"
+        raise TracerError(f"{{option}} {path}: {kind}, only cgroup v2 is traced{where}", option="cgroup")
+    mount = max(
+        (m for m in mounts if real == m[0] or real.startswith(m[0].rstrip("/") + "/")),
+        key=lambda m: len(m[0]),
+        default=None,
+    )
+    if mount is None:
+        raise TracerError(f"{{option}} {path}: not under a cgroup2 mount{where}", option="cgroup")
+    inside = os.path.relpath(real, mount[0])
+    parts = [p for p in mount[1].split("/") + ([] if inside == "." else inside.split("/")) if p and p != "."]
+    return Cgroup(real, os.stat(real).st_ino, len(parts))
+
+
+def cgroup_pids(cgroup: str) -> list[int]:
+    """The processes in the cgroup directory ``cgroup`` and the cgroups below it (``cgroup.procs``), in order."""
+    found: set[int] = set()
+    for directory, _, _ in os.walk(cgroup):
+        try:
+            found.update(int(line) for line in Path(directory, "cgroup.procs").read_text().split())
+        except (OSError, ValueError):
+            continue
+    return sorted(found)
+
+
+def job_pids(plan: AttachPlan) -> list[int]:
+    """The job's processes running now: ``pid``'s tree, parents first, or its cgroup's processes."""
+    if plan.cgroup is not None:
+        return cgroup_pids(plan.cgroup)
+    return process_tree(plan.pid) if plan.pid is not None else []
+
+
+def job_root(plan: AttachPlan) -> int:
+    """The process the trace is rooted at: ``pid``, or the cgroup's oldest-numbered process (-1: none)."""
+    if plan.pid is not None:
+        return plan.pid
+    return min(job_pids(plan), default=-1)
+
+
+def job_running(plan: AttachPlan) -> bool:
+    """Whether the job is still there: ``pid`` alive, or the cgroup populated (``cgroup.events``)."""
+    if plan.cgroup is None:
+        return plan.pid is not None and alive(plan.pid)
+    try:
+        events = Path(plan.cgroup, "cgroup.events").read_text().split("\n")
+    except OSError:
+        return False  # the cgroup was removed
+    return "populated 1" in events
+
+
+def job_name(plan: AttachPlan) -> str:
+    """How messages name the job: ``pid 4242`` or ``cgroup /sys/fs/cgroup/job``."""
+    return f"cgroup {plan.cgroup}" if plan.cgroup is not None else f"pid {plan.pid}"
 
 
 def check_plan(plan: AttachPlan) -> None:
-    """Refuse what cannot be attached to, with why, naming the field (``option``: pid, duration_s,
+    """Refuse what cannot be attached to, with why, naming the field (``option``: pid, cgroup, duration_s,
     until_checkpoints; the CLI says its flag). Raises TracerError."""
-    if plan.pid <= 0:
-        raise TracerError(f"{{option}} {plan.pid}: not a process id", option="pid")
+    if (plan.pid is None) == (plan.cgroup is None):
+        raise TracerError("attach to a process id or a cgroup, exactly one of the two")
     if plan.duration_s is not None and not plan.duration_s > 0:
         raise TracerError(f"{{option}} {plan.duration_s}: must be a positive number of seconds", option="duration_s")
     if plan.until_checkpoints is not None and plan.until_checkpoints < 1:
         raise TracerError(f"{{option}} {plan.until_checkpoints}: must be at least 1", option="until_checkpoints")
+    mine = os.getpid()
+    if plan.cgroup is not None:
+        cgroup = resolve_cgroup(plan.cgroup)
+        members = cgroup_pids(cgroup.path)
+        if not members:
+            raise TracerError(f"{{option}} {plan.cgroup}: no process in that cgroup", option="cgroup")
+        if mine in members:
+            raise TracerError(
+                f"{{option}} {plan.cgroup}: the recorder runs in that cgroup (run it from another one)",
+                option="cgroup",
+            )
+        return
+    assert plan.pid is not None
+    if plan.pid <= 0:
+        raise TracerError(f"{{option}} {plan.pid}: not a process id", option="pid")
     if not alive(plan.pid):
         raise TracerError(f"{{option}} {plan.pid}: no such running process", option="pid")
-    mine = os.getpid()
     if plan.pid == mine or mine in process_tree(plan.pid):
         raise TracerError(
             f"{{option}} {plan.pid}: the recorder is part of that job (trace another process)", option="pid"
@@ -413,7 +530,7 @@ class Stopper:
                 self.reason = signal.Signals(self.signal).name
             elif self.plan.duration_s is not None and time.monotonic() - self.started >= self.plan.duration_s:
                 self.reason = "duration"
-            elif not alive(self.plan.pid):
+            elif not job_running(self.plan):
                 self.reason = "job ended"
         return self.reason is not None
 
@@ -480,9 +597,7 @@ def strace_attach(plan: AttachPlan, scratch, counter: CheckpointCounter, stopper
         for attempt in range(5):  # a process forked before its parent was attached: another strace for it
             # not yet attached, and not followed by a strace already (a fork after its parent was attached)
             missing = [
-                pid
-                for pid in process_tree(plan.pid)
-                if pid not in attached and alive(pid) and not (procs and _traced_by(pid))
+                pid for pid in job_pids(plan) if pid not in attached and alive(pid) and not (procs and _traced_by(pid))
             ]
             if not missing:
                 break
@@ -542,7 +657,8 @@ def run_attached(choice, plan: AttachPlan, builder_args: dict, spool):
 
     filters = tuple(builder_args["path_filters"])
     counter = CheckpointCounter(filters, plan.until_checkpoints)
-    root = running_process(plan.pid)
+    root_pid = job_root(plan)
+    root = running_process(root_pid)
     args = {
         **builder_args,
         "cwd": root.cwd if root else None,
@@ -555,15 +671,16 @@ def run_attached(choice, plan: AttachPlan, builder_args: dict, spool):
             spool.add(builder.take_rows())
 
     def make_feeder(root_pid: int | None, start_ns: int) -> EffectOrderFeeder:
-        builder = TraceBuilder(start_ns=start_ns, root_pid=plan.pid, **args)
-        seed_builder(builder, process_tree(plan.pid))  # as they are now that the probes are live
+        builder = TraceBuilder(start_ns=start_ns, root_pid=root_pid, **args)
+        seed_builder(builder, job_pids(plan))  # as they are now that the probes are live
         return EffectOrderFeeder(
             builder, slack_ns=config.RECORD_REORDER_SLACK_NS, on_rows=spill, release_every=config.RECORD_RELEASE_EVERY
         )
 
     def attached_summary(stopper: Stopper, processes: list[int]) -> dict:
         return {
-            "pid": plan.pid,
+            "pid": root_pid,
+            **({"cgroup": plan.cgroup} if plan.cgroup is not None else {}),
             "processes": processes,
             "stopped_by": stopper.reason,
             "duration_s": plan.duration_s,
@@ -592,7 +709,7 @@ class Attaching:
 
 
 def attach_bcc(choice, ctx: Attaching):
-    """``record --pid`` under bcc: the BPF program attached to the process tree until the plan stops it;
+    """``record --pid``/``--cgroup`` under bcc: the BPF program attached to the job until the plan stops it;
     where the program does not load and ``auto`` may fall back, the next backend's attach."""
     from . import backends
     from .backends.bcc import load
@@ -619,11 +736,12 @@ def attach_bcc(choice, ctx: Attaching):
         return mask
 
     seen: list[int] = []
+    cgroup = resolve_cgroup(plan.cgroup) if plan.cgroup is not None else None
 
     def pids() -> list[int]:
-        found = process_tree(plan.pid)
+        found = job_pids(plan)
         seen.extend(pid for pid in found if pid not in seen)
-        return found
+        return [] if cgroup is not None else found  # a cgroup's processes are told by the kernel, not by pid
 
     with Stopper(plan, counter) as stopper:
         checkpoints = BccCheckpoints(counter)
@@ -632,14 +750,24 @@ def attach_bcc(choice, ctx: Attaching):
             checkpoints.flush()
             return stopper.should_stop()
 
-        rec = tracer.attach(pids, ctx.make_feeder, spool.output.parent, finished, on_records=checkpoints, keep=keep)
+        rec = tracer.attach(
+            pids,
+            ctx.make_feeder,
+            spool.output.parent,
+            finished,
+            on_records=checkpoints,
+            keep=keep,
+            cgroup=(cgroup.id, cgroup.level) if cgroup is not None else None,
+        )
+    if cgroup is not None:
+        pids()  # those that joined while it was traced, and are still there
     builder, extra = rec.finish(spool)
     extra.update(exit_code=0, exit_signal=None, attached=ctx.attached_summary(stopper, seen))  # the job runs on
     return builder, extra, choice
 
 
 def attach_strace(choice, ctx: Attaching):
-    """``record --pid`` under strace: ``strace -p`` on every process of the tree until the plan stops it,
+    """``record --pid``/``--cgroup`` under strace: ``strace -p`` on every process of the job until the plan stops it,
     the logs merged by time and cut at the checkpoint window."""
     import heapq
     import itertools
@@ -657,7 +785,7 @@ def attach_strace(choice, ctx: Attaching):
         Stopper(plan, counter) as stopper,
     ):
         start_ns = time.time_ns()
-        feeder = ctx.make_feeder(plan.pid, start_ns)
+        feeder = ctx.make_feeder(job_root(plan), start_ns)
         got = strace_attach(plan, scratch, counter, stopper)
         command_elapsed_ns = time.time_ns() - start_ns
         logs = [strace_backend.iter_log(log) for log in got["logs"] if log.exists()]

@@ -1147,15 +1147,22 @@ class BccTracer:
         finished: Callable[[BccRecording], bool],
         on_records: Callable[[str, np.ndarray], None] | None = None,
         keep: Callable[[np.ndarray], np.ndarray] | None = None,
+        cgroup: tuple[int, int] | None = None,
     ) -> BccRecording:
         """Trace processes already running, with their descendants, until ``finished(rec)`` is true (called
         after every poll); ``pids()`` lists them (called until it names no new one, the later ones added
         while the first are traced: a fork in between is caught by the fork tracepoint or the next call).
         ``on_records(ring name, records)`` sees each chunk as it is copied (``tracer.attach`` counts
         checkpoint files there); ``keep(records)`` is the mask of the records to decode (the window's end).
+        ``cgroup``: (cgroup id, level) of a cgroup v2 directory (``attach.resolve_cgroup``) whose processes,
+        and those of the cgroups below it, are traced too, the kernel telling them (``traced_cgroup``).
         The processes are never signalled, stopped or waited for: detaching is closing the BPF program."""
 
         def begin(rec: BccRecording, wakeups: select.epoll) -> None:
+            if cgroup is not None:
+                bpfcache.update_elem(
+                    self.program.map_fds["traced_cgroup"], ctypes.c_int(0), (ctypes.c_uint64 * 2)(*cgroup)
+                )
             seen: set[int] = set()
             while True:
                 new = [pid for pid in pids() if pid not in seen]

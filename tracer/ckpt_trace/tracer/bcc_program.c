@@ -240,9 +240,24 @@ static __always_inline void count_aux_lost(void) {
         __sync_fetch_and_add(value, 1);
 }
 
+// record --cgroup (tracer.attach): the cgroup v2 directory whose processes are traced, those of its
+// descendant cgroups too: its id (the directory's inode number, kernfs) and level (0: the root). Data, not
+// code, so that one compiled program serves every cgroup (tracer.bpfcache). id 0: no cgroup is traced.
+struct cgroup_t {
+    u64 id;
+    u64 level;
+};
+BPF_ARRAY(traced_cgroup, struct cgroup_t, 1);
+
 static __always_inline u32 traced_tgid(void) {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    return traced.lookup(&tgid) ? tgid : 0;
+    if (traced.lookup(&tgid))
+        return tgid;
+    int zero = 0;
+    struct cgroup_t *cgroup = traced_cgroup.lookup(&zero);
+    if (cgroup && cgroup->id && bpf_get_current_ancestor_cgroup_id((int)cgroup->level) == cgroup->id)
+        return tgid;
+    return 0;
 }
 
 static __always_inline struct event_t *enter_begin(s32 nr) {

@@ -57,7 +57,7 @@ class RecordResult:
     start_s: float | None = None  # from this process's start to the probes live (tracer.costs)
     exited_s: float | None = None  # time.monotonic() when the command's exit was seen (finish_s counts from it)
     bpf_program: dict | None = None  # bcc: how its program started, from the cache or compiled (tracer.bpfcache)
-    attached: dict | None = None  # record --pid: the job, what stopped the recording, the checkpoint files
+    attached: dict | None = None  # record --pid/--cgroup: the job, what stopped the recording, the checkpoint files
 
     @property
     def ended(self) -> str:
@@ -191,7 +191,7 @@ def record(
     """
     if attach is not None:
         attach_mod.check_plan(attach)
-        cmd, gpu_plan = attach_mod.job_command(attach.pid), None
+        cmd, gpu_plan = attach_mod.job_command(attach_mod.job_root(attach)), None
     elif not cmd:
         raise TracerError("no command to record (put it after --)")
     else:
