@@ -59,6 +59,24 @@ pairs' start ratios, and the load average before and after; writes
 
     python benchmarks/tracer_overhead.py --start --repeats 10
 
+``--pairs N`` (issue 35's table; N >= 10 for its intervals) runs, per workload and per ``--model`` and
+``--ranks`` given (both repeatable: e.g. gpt2-small and gpt2-medium, 2 and 4 ranks; ``hf`` is the Hugging
+Face ``save_pretrained`` workload), N pairs of the bare command and each backend in ABBA order, each traced
+run paired with the bare run of its pair. Per backend: the median of the paired ratios traced/bare of the whole
+``record`` and of the command, each with the distribution-free 95 % interval of that median (the sign test's
+order statistics: x(2) and x(9) of 10, 97.9 % coverage); the tracer's CPU over the bare command's CPU (bcc:
+the recorder's own CPU, ``record --json``'s ``recorder_cpu_s``, plus the BPF programs' run time; strace: the
+traced run's CPU less the bare run's, strace and recorder together; CPU from getrusage RUSAGE_CHILDREN); the
+recorder's peak memory (``recorder_peak_rss_bytes``: the ``ckpt-trace record`` process's own ru_maxrss,
+children excluded, so strace's own memory is not in it); lost events; and a verdict per goal of issue 35
+("met" when the interval's upper end is within the goal, "not met" when its lower end is past it or an event
+was lost where none may be, "within noise" when the interval straddles it). Writes
+``benchmarks/results/tracer_overhead_pairs.json`` (``--result-name`` to change it) with the load average
+before and after and the date.
+
+    python benchmarks/tracer_overhead.py --pairs 10 --workload dcp --workload storm --model gpt2-small \
+        --ranks 2 --backend bcc
+
 Prints a table and writes ``benchmarks/results/tracer_overhead.json``.
 """
 
@@ -66,8 +84,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
+import math
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -83,7 +104,7 @@ from rich.table import Table
 from ckpt_trace.formats import read_metadata
 from ckpt_trace.tracer import bcc_backend, strace_backend
 
-WORKLOADS = ("dcp", "emitted", "fio-uring-1m", "fio-uring-4k", "libaio", "storm", "true")
+WORKLOADS = ("dcp", "emitted", "fio-uring-1m", "fio-uring-4k", "hf", "libaio", "storm", "true")
 FIO_JOBS = {"fio-uring-1m": ("write", "1m", 8, "2g"), "fio-uring-4k": ("randwrite", "4k", 32, "512m")}
 STORM_WRITES, STORM_THREADS = 500_000, 2
 
@@ -113,10 +134,18 @@ def workload_cmd(workload: str, out: Path, args) -> list[str]:
     return cmd + (["--with-optimizer"] if args.with_optimizer else [])
 
 
-def timed(cmd: list[str]) -> float:
-    started = time.monotonic()
+def children_cpu_s() -> float:
+    """User plus system CPU seconds of this process's waited-for children so far (getrusage RUSAGE_CHILDREN:
+    a child's own waited-for children, the ranks of a DCP save, included)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(cmd: list[str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the command and its children) of one run of ``cmd``."""
+    cpu_before, started = children_cpu_s(), time.monotonic()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.monotonic() - started
+    return time.monotonic() - started, children_cpu_s() - cpu_before
 
 
 BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
@@ -140,7 +169,9 @@ def bpf_stats():
 
 def run_variant(workload: str, variant: str, scratch: Path, args) -> tuple:
     """(end-to-end seconds, the workload command's own seconds, lost events, the recorder's CPU seconds
-    while the command ran, the BPF programs' seconds, start_s, finish_s) of one run; None where not known."""
+    while the command ran, the BPF programs' seconds, start_s, finish_s, the CPU seconds of the whole run (the
+    recorder, strace and the command: RUSAGE_CHILDREN), the recorder's own peak RSS in bytes and its own CPU
+    seconds from ``record --json``) of one run; None where not known."""
     out = scratch / "ckpt"
     shutil.rmtree(out, ignore_errors=True)  # ours: made under this run's scratch directory
     out.mkdir()
@@ -150,8 +181,8 @@ def run_variant(workload: str, variant: str, scratch: Path, args) -> tuple:
     if workload not in FIO_JOBS and workload not in ("storm", "true"):
         out.rmdir()  # the workloads make their own directory
     if variant == "untraced":
-        elapsed = timed(cmd)
-        return elapsed, elapsed, 0, None, None, None, None
+        elapsed, cpu_s = timed(cmd)
+        return elapsed, elapsed, 0, None, None, None, None, cpu_s, None, None
     env = dict(os.environ)
     if variant == COMPILED:
         env["CKPT_TRACE_BPF_PROGRAM_CACHE"] = "0"
@@ -159,7 +190,7 @@ def run_variant(workload: str, variant: str, scratch: Path, args) -> tuple:
         env["CKPT_TRACE_BPF_OMIT_TRACEPOINTS"] = bcc_backend.PAGE_PROBES
     backend = "bcc" if variant.startswith("bcc") else variant
     with bpf_stats() if backend == "bcc" else contextlib.nullcontext():
-        started = time.monotonic()
+        cpu_before, started = children_cpu_s(), time.monotonic()
         done = subprocess.run(
             [
                 sys.executable,
@@ -182,7 +213,7 @@ def run_variant(workload: str, variant: str, scratch: Path, args) -> tuple:
             text=True,
             env=env,
         )
-        elapsed = time.monotonic() - started
+        elapsed, run_cpu_s = time.monotonic() - started, children_cpu_s() - cpu_before
     summary = json.loads(done.stdout)
     meta = read_metadata(trace)
     cpu_ns, bpf_ns = meta.get("recorder_cpu_ns"), meta.get("bpf_run_ns")
@@ -194,6 +225,9 @@ def run_variant(workload: str, variant: str, scratch: Path, args) -> tuple:
         None if bpf_ns is None else bpf_ns / 1e9,
         summary.get("start_s"),
         summary.get("finish_s"),
+        run_cpu_s,
+        summary.get("recorder_peak_rss_bytes"),
+        summary.get("recorder_cpu_s"),
     )
 
 
@@ -346,12 +380,202 @@ def compare_probes(args, workloads: list[str]) -> None:
     save_result("tracer_overhead_probes", result)
 
 
-def main() -> None:
+#: The issue 35 goals, as the upper limit of a paired ratio traced/bare: (workload, which ratio, limit, whether no
+#: event may be lost, which runs it applies to: a (model, ranks) or "60s" for a save that runs >= 60 s bare).
+GOALS = (
+    ("dcp", "record", 1.10, False, ("gpt2-small", 2)),
+    ("dcp", "command", 1.03, False, ("gpt2-small", 2)),
+    ("dcp", "record", 1.03, False, "60s"),
+    ("storm", "record", 2.0, True, None),
+    ("fio-uring-4k", "record", 1.10, True, None),
+)
+MODEL_WORKLOADS, RANK_WORKLOADS = ("dcp", "emitted", "hf", "libaio"), ("dcp", "emitted")
+
+
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(low, high, coverage) of the distribution-free interval of the median of ``values``: the order statistics
+    x(k) and x(n+1-k), k the largest for which 2 P(Binomial(n, 1/2) < k) <= 1 - level; ``coverage`` is that
+    interval's exact probability of holding the median, 1 - 2 P(B < k) (>= ``level``; with n = 10, x(2) and x(9),
+    97.9 %). Below 6 values no such k exists: (min, max) and its coverage, 1 - 2^(1-n). Raises ValueError when
+    ``values`` is empty. Source: the sign-test interval (e.g. Conover, Practical Nonparametric Statistics, 3.2)."""
+    if not values:
+        raise ValueError("no values")
+    ordered, n = sorted(values), len(values)
+    below = [math.comb(n, i) / 2**n for i in range(n + 1)]
+    k, tail = 1, below[0]  # tail: P(B < k)
+    while 2 * (tail + below[k]) <= 1 - level:
+        tail += below[k]
+        k += 1
+    return ordered[k - 1], ordered[n - k], 1 - 2 * tail
+
+
+def verdict(upper: float, lower: float, limit: float, lost_events: int, lost_matters: bool) -> str:
+    """ "met" when the interval's upper end is within ``limit`` (and no event lost where that matters), "not met"
+    when its lower end is past it or events were lost, "within noise" when the interval straddles it."""
+    if lost_matters and lost_events:
+        return "not met"
+    if upper <= limit:
+        return "met"
+    return "not met" if lower > limit else "within noise"
+
+
+def pair_configs(workload: str, args) -> list[tuple[str | None, int | None]]:
+    """The (model, ranks) runs of ``workload`` in ``--pairs`` mode: every model and rank count given for a
+    save with ranks, every model for the other model workloads, (None, None) for fio and true."""
+    if workload in RANK_WORKLOADS:
+        return list(itertools.product(args.models, args.rank_counts))
+    if workload in MODEL_WORKLOADS:
+        return [(model, None) for model in args.models]
+    return [(None, None)]
+
+
+def pair_row(workload: str, config: tuple, variant: str, runs: list[tuple], bare: list[tuple]) -> dict:
+    """One variant's figures over its pairs: the paired ratios traced/bare of the whole record and of the command
+    with their medians and 95 % intervals, lost events, peak recorder memory, start/finish, and the tracer's CPU
+    over the bare command's CPU (bcc: the recorder's own CPU plus the BPF programs' run time; strace: the traced
+    run's CPU, strace and the recorder included, less the bare run's)."""
+    record = [r[0] / b[0] for r, b in zip(runs, bare)]
+    command = [r[1] / b[0] for r, b in zip(runs, bare)]
+    if variant == "bcc":
+        cpu = [((r[9] or 0.0) + (r[4] or 0.0)) / b[7] for r, b in zip(runs, bare) if r[9] is not None and b[7]]
+    else:
+        cpu = [(r[7] - b[7]) / b[7] for r, b in zip(runs, bare) if b[7]]
+    rss = [r[8] for r in runs if r[8] is not None]
+    row: dict = {"workload": workload, "model": config[0], "ranks": config[1], "variant": variant}
+    row["pairs"] = len(runs)
+    row["bare_median_s"] = statistics.median(b[0] for b in bare)
+    row["bare_cpu_median_s"] = statistics.median(b[7] for b in bare)
+    row["record_median_s"] = statistics.median(r[0] for r in runs)
+    row["command_median_s"] = statistics.median(r[1] for r in runs)
+    for name, ratios in (("record", record), ("command", command)):
+        low, high, coverage = median_interval(ratios)
+        row[f"{name}_paired_ratios"] = ratios
+        row[f"{name}_ratio_median"] = statistics.median(ratios)
+        row[f"{name}_ratio_interval"] = [low, high]
+        row["interval_coverage"] = coverage
+    row["tracer_cpu_ratio_median"] = statistics.median(cpu) if cpu else None
+    row["tracer_cpu_ratios"] = cpu
+    row["recorder_peak_rss_bytes_max"] = max(rss) if rss else None
+    row["lost_events"] = sum(r[2] for r in runs)
+    starts, finishes = [r[5] for r in runs if r[5] is not None], [r[6] for r in runs if r[6] is not None]
+    row["start_median_s"] = statistics.median(starts) if starts else None
+    row["finish_median_s"] = statistics.median(finishes) if finishes else None
+    return row
+
+
+def goal_verdicts(row: dict) -> list[dict]:
+    """The goals of GOALS that ``row`` (bcc only: the goals are the project's tracer's) is measured against, each
+    with its verdict."""
+    found = []
+    for workload, figure, limit, lost_matters, applies in GOALS:
+        if row["variant"] != "bcc" or row["workload"] != workload:
+            continue
+        if applies == "60s" and row["bare_median_s"] < 60:
+            continue
+        if isinstance(applies, tuple) and applies != (row["model"], row["ranks"]):
+            continue
+        low, high = row[f"{figure}_ratio_interval"]
+        found.append(
+            {
+                "figure": figure,
+                "limit": limit,
+                "zero_lost": lost_matters,
+                "verdict": verdict(high, low, limit, row["lost_events"], lost_matters),
+            }
+        )
+    return found
+
+
+def run_pairs(args, workloads: list[str], backends: list[str]) -> None:
+    """``--pairs N``: per workload (and model, ranks), N pairs of the bare command and each backend, in the order
+    bare, backends... then backends reversed, bare (ABBA), so that a drift hits both sides alike; each traced
+    run is paired with the bare run of its pair. Writes ``tracer_overhead_pairs.json`` and prints the table with
+    a verdict per goal."""
+    scratch = Path(tempfile.mkdtemp(prefix="ckpt-trace-bench-", dir=args.out))
+    load_before, started = os.getloadavg(), time.time()
+    rows = []
+    try:
+        for workload in workloads:
+            variants = ["untraced"] + [b for b in backends if b == "bcc" or workload in ("dcp", "hf", "libaio", "true")]
+            for model, ranks in pair_configs(workload, args):
+                config = argparse.Namespace(**{**vars(args), "model": model or args.model, "ranks": ranks or 1})
+                runs = {v: [] for v in variants}
+                for pair in range(args.pairs):
+                    for variant in variants if pair % 2 == 0 else variants[::-1]:
+                        runs[variant].append(run_variant(workload, variant, scratch, config))
+                for variant in variants[1:]:
+                    row = pair_row(workload, (model, ranks), variant, runs[variant], runs["untraced"])
+                    row["goals"] = goal_verdicts(row)
+                    rows.append(row)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)  # ours: made by mkdtemp above
+    load_after = os.getloadavg()
+    print_pairs(rows, args, load_before, load_after)
+    result = {
+        "benchmark": "tracer_overhead_pairs",
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
+        "workloads": workloads,
+        "with_optimizer": args.with_optimizer,
+        "pairs": args.pairs,
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+        "cpus": os.cpu_count(),
+        "results": rows,
+    }
+    save_result(args.result_name, result)
+
+
+def print_pairs(rows: list[dict], args, load_before, load_after) -> None:
+    """The ``--pairs`` table: one line per workload, configuration and backend."""
+    coverage = rows[0]["interval_coverage"] if rows else 0.95
+    table = Table(
+        title=f"Tracer overhead, {args.pairs} ABBA pairs each (paired ratio traced/bare: median "
+        f"[{coverage:.1%} interval]); load {load_before[0]:.1f} before, {load_after[0]:.1f} after, "
+        f"{os.cpu_count()} CPUs shared"
+    )
+    columns = ("workload", "variant", "bare", "record/bare", "command/bare", "tracer CPU", "peak RSS", "lost")
+    for column in (*columns, "goals"):
+        table.add_column(column, justify="left" if column in ("workload", "variant", "goals") else "right")
+
+    def ratio(row: dict, name: str) -> str:
+        low, high = row[f"{name}_ratio_interval"]
+        return f"{row[f'{name}_ratio_median']:.3f} [{low:.3f}, {high:.3f}]"
+
+    for row in rows:
+        config = "".join(f" {v}" for v in (row["model"], row["ranks"] and f"{row['ranks']}r") if v)
+        goals = "; ".join(f"{g['figure']} <= {g['limit']:g}x: {g['verdict']}" for g in row["goals"])
+        rss = row["recorder_peak_rss_bytes_max"]
+        cpu = row["tracer_cpu_ratio_median"]
+        table.add_row(
+            row["workload"] + config,
+            row["variant"],
+            f"{row['bare_median_s']:.2f} s",
+            ratio(row, "record"),
+            ratio(row, "command"),
+            "-" if cpu is None else f"{cpu:.1%}",
+            "-" if rss is None else f"{rss / 2**20:.0f} MiB",
+            f"{row['lost_events']:,}",
+            goals or "-",
+        )
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``models`` and ``rank_counts`` hold every --model and --ranks given, ``model`` and
+    ``ranks`` the first (what the modes other than --pairs use)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", action="append", choices=WORKLOADS, help="repeatable (default: all)")
-    parser.add_argument("--model", default="gpt2-medium")
-    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument(
+        "--model", action="append", help="repeatable in --pairs mode (default gpt2-medium; else the first one)"
+    )
+    parser.add_argument("--ranks", type=int, action="append", help="repeatable in --pairs mode (default 4)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--pairs", type=int, default=0, help="N ABBA pairs of bare and traced runs, 95 %% intervals and verdicts"
+    )
+    parser.add_argument(
+        "--result-name", default="tracer_overhead_pairs", help="--pairs: the results file's name (no .json)"
+    )
     parser.add_argument("--no-optimizer", dest="with_optimizer", action="store_false")
     parser.add_argument(
         "--backend", action="append", choices=("bcc", "strace"), help="repeatable (default: both where available)"
@@ -367,7 +591,16 @@ def main() -> None:
         action="store_true",
         help="compare bcc's start from its cached program with a compile in ABBA pairs (--repeats pairs)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.models, args.rank_counts = args.model or ["gpt2-medium"], args.ranks or [4]
+    args.model, args.ranks = args.models[0], args.rank_counts[0]
+    if args.pairs and args.pairs < 2:
+        parser.error("--pairs needs at least 2 pairs (10 for the issue's intervals)")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     workloads = args.workload or list(WORKLOADS)
     if args.start:
         problem = bcc_backend.probe()
@@ -395,6 +628,11 @@ def main() -> None:
         for name in set(workloads) & {*FIO_JOBS, "storm"}:
             skipped[name] = "fio not installed"
             workloads.remove(name)
+    if args.pairs:
+        run_pairs(args, workloads, backends)
+        for name, problem in skipped.items():
+            print(f"{name}: skipped ({problem})")
+        return
     scratch = Path(tempfile.mkdtemp(prefix="ckpt-trace-bench-", dir=args.out))
     rows = []
     try:

@@ -363,11 +363,26 @@ def record(
         **({"bpf_program": result.bpf_program} if result.bpf_program else {}),
         **({"attached": result.attached} if result.attached else {}),
         "finish_s": None if result.exited_s is None else round(time.monotonic() - result.exited_s, 3),
+        **_recorder_own_usage(),
     }
     _said(
         summary, as_json, f"ckpt-trace: wrote {result.rows:,} rows to {result.trace_path} in {result.elapsed_s:.1f} s"
     )
     raise typer.Exit(128 + signal.Signals[result.interrupted].value if result.interrupted else result.exit_code)
+
+
+def _recorder_own_usage() -> dict:
+    """The recording process's own resource use, children (the command, strace) excluded, from getrusage(2)
+    RUSAGE_SELF: ``recorder_peak_rss_bytes`` (its peak resident memory, ru_maxrss, KiB on Linux, given in bytes)
+    and ``recorder_cpu_s`` (its user plus system CPU seconds from start to now: BPF compile or load, reading the
+    rings, writing the trace). BPF programs' own run time is charged to the processes they fire in, not here."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "recorder_peak_rss_bytes": usage.ru_maxrss * 1024,
+        "recorder_cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
+    }
 
 
 @app.command()
