@@ -35,6 +35,7 @@ BPF_INFLIGHT_ENTRIES = _int_env("BPF_INFLIGHT_ENTRIES", 65536)  # concurrent sys
 BPF_IGNORED_FDS = _int_env("BPF_IGNORED_FDS", 262144)  # (tgid, fd) pairs filtered in the kernel
 BPF_POLL_MS = _int_env("BPF_POLL_MS", 50)
 BPF_PROGRAM_CACHE = _int_env("BPF_PROGRAM_CACHE", 1)  # 0: compile with clang at every start (tracer.bpfcache)
+BPF_CACHE_ENTRIES = _int_env("BPF_CACHE_ENTRIES", 16)  # compiled programs kept per kernel (bpfcache.prune)
 BPF_WAKE_EVERY = _int_env("BPF_WAKE_EVERY", 512)  # records between reader wakeups (at most 1/16 of a ring)
 STRACE_BIN = _str_env("STRACE_BIN", "strace")
 STRACE_STRING_BYTES = _int_env("STRACE_STRING_BYTES", 1024)  # strace -s: bounds iovec arrays and envp strings

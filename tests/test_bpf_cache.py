@@ -74,6 +74,39 @@ def test_an_entry_round_trips_and_a_damaged_one_is_a_miss(tmp_path, monkeypatch)
     assert bpfcache.load("program text")[1] == "hit"
 
 
+def test_writing_an_entry_removes_stale_ones_and_keeps_the_last_used(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(config, "BPF_CACHE_ENTRIES", 3)
+    entry = _entry(_code((0x95, 0, 0, 0)))
+    first = bpfcache.store("text 0", entry)
+    assert first is not None
+    directory = first.parent
+    old_naming = directory / ("program-" + "a" * 40 + ".json")  # before entries named their machine
+    recent_old_naming = directory / ("program-" + "d" * 40 + ".json")  # an older recorder may still use it
+    other_kernel = directory / ("program-" + "0" * 16 + "-" + "b" * 40 + ".json")
+    foreign = directory / ("program-" + "1" * 16 + "-" + "c" * 40 + ".json")
+    unrelated = directory / "notes.txt"
+    for path in (old_naming, recent_old_naming, other_kernel, foreign, unrelated):
+        path.write_bytes(b"x")
+    week_s = bpfcache.OLD_NAMING_S
+    os.utime(old_naming, (os.path.getmtime(old_naming) - week_s - 60,) * 2)
+    os.chown(foreign, 65534, 65534)  # another user's: never removed
+    paths = [first] + [bpfcache.store(f"text {i}", entry) for i in (1, 2)]
+    assert all(path is not None and path.exists() for path in paths)
+    assert not old_naming.exists() and not other_kernel.exists()  # no start here can hit them
+    assert foreign.exists() and unrelated.exists() and recent_old_naming.exists()
+    for age, path in enumerate(paths):  # last used: text 2 long ago, text 0 most recently
+        assert path is not None
+        os.utime(path, ns=(10**18 - age * 10**12, 10**18 - age * 10**12))
+    assert bpfcache.load("text 2")[1] == "hit"  # a hit makes it the most recently used
+    newest = bpfcache.store("text 3", entry)
+    kept = sorted(path.name for path in directory.glob(f"program-{bpfcache.machine_key()}-*.json"))
+    assert kept == sorted(path.name for path in (paths[0], paths[2], newest) if path is not None)  # text 1 went
+    assert bpfcache.load("text 1") == (None, "miss") and bpfcache.load("text 0")[1] == "hit"
+
+
 def test_the_key_names_the_kernel_btf_and_cache_format(monkeypatch):
     key = bpfcache.cache_key("text")
     monkeypatch.setattr(bpfcache, "CACHE_FORMAT", bpfcache.CACHE_FORMAT + 1)

@@ -27,6 +27,7 @@ bcc's libbpf.h for the calls.
 from __future__ import annotations
 
 import base64
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -34,6 +35,7 @@ import json
 import os
 import resource
 import struct
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +54,8 @@ _PREFIXES = {b"tracepoint__": PROG_TRACEPOINT, b"raw_tracepoint__": PROG_RAW_TRA
 _LD_IMM64 = 0x18
 _PSEUDO_MAP_FD = 1
 _INSN = struct.Struct("<BBhi")  # opcode, dst_reg | src_reg << 4, offset, immediate
-_ENTRY_FILE = "program-{key}.json"
+_ENTRY_FILE = "program-{machine}-{key}.json"
+OLD_NAMING_S = 7 * 86400  # an entry named program-{key}.json (no machine) is stale once this old
 
 
 class NotCacheable(TracerError):
@@ -163,9 +166,53 @@ def cache_key(text: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
+def machine_key() -> str:
+    """What every entry usable here shares (16 hex digits of the sha256 of the cache's format, the kernel
+    release, the BTF's digest and bcc's version): an entry named with another one can never hit again."""
+    parts = (str(CACHE_FORMAT), os.uname().release, _btf_digest(), _bcc_version())
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
 def entry_path(text: str) -> Path:
     """Where the entry for program ``text`` lives (it may not exist)."""
-    return Path(config.CACHE_DIR) / "bpf" / _ENTRY_FILE.format(key=cache_key(text)[:40])
+    name = _ENTRY_FILE.format(machine=machine_key(), key=cache_key(text)[:40])
+    return Path(config.CACHE_DIR) / "bpf" / name
+
+
+def prune(kept: Path) -> list[Path]:
+    """Remove the entries beside ``kept`` (a new entry) that are stale: named for another kernel, BTF, bcc
+    or cache format (``machine_key``), or in the naming before it once a week old (``OLD_NAMING_S``: a
+    recorder of an older version may still be using it); and of this machine's, all but the
+    ``config.BPF_CACHE_ENTRIES`` last used (modification time: written, or hit by ``load``), ``kept``
+    always among them. Only ``program-*.json`` regular files this user owns are touched (an entry is
+    about 70 KB). Returns the paths removed; a file that cannot be removed stays (OSError is not raised)."""
+    mine, removed, euid = [], [], os.geteuid()
+    current = f"program-{machine_key()}-"
+    try:
+        candidates = list(kept.parent.glob("program-*.json"))
+    except OSError:
+        return []
+    for path in candidates:
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if path == kept or info.st_uid != euid or not path.is_file() or path.is_symlink():
+            continue
+        if path.name.startswith(current):
+            mine.append((info.st_mtime_ns, path))
+            continue
+        if path.name.count("-") == 1 and time.time() - info.st_mtime < OLD_NAMING_S:
+            continue
+        with contextlib.suppress(OSError):
+            path.unlink()
+            removed.append(path)
+    mine.sort(reverse=True)
+    for _, path in mine[max(0, config.BPF_CACHE_ENTRIES - 1) :]:
+        with contextlib.suppress(OSError):
+            path.unlink()
+            removed.append(path)
+    return removed
 
 
 def _trusted(path: Path) -> bool:
@@ -290,8 +337,8 @@ def _body(entry: Entry) -> bytes:
 
 def store(text: str, entry: Entry) -> Path | None:
     """Write ``entry`` for program ``text`` (atomically: a temporary file renamed over the entry; mode 0600
-    in a 0700 directory). None when it cannot be written (a read-only cache directory: the next start
-    compiles again, nothing else changes)."""
+    in a 0700 directory), then ``prune`` the stale entries beside it. None when it cannot be written (a
+    read-only cache directory: the next start compiles again, nothing else changes)."""
     body = _body(entry)
     path = entry_path(text)
     try:
@@ -301,9 +348,10 @@ def store(text: str, entry: Entry) -> Path | None:
         with os.fdopen(fd, "wb") as handle:
             handle.write(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
         os.replace(temporary, path)
-        return path
     except OSError:
         return None
+    prune(path)
+    return path
 
 
 def load(text: str) -> tuple[Entry | None, str]:
@@ -323,6 +371,8 @@ def load(text: str) -> tuple[Entry | None, str]:
         maps = tuple(MapSpec(**spec) for spec in data["maps"])
         functions = tuple((str(name), int(kind), base64.b64decode(code)) for name, kind, code in data["functions"])
         dtypes = {str(name): _dtype_from_json(spec) for name, spec in data["dtypes"].items()}
+        with contextlib.suppress(OSError):
+            os.utime(path)  # last used: what ``prune`` keeps
         return Entry(maps, functions, str(data["license"]), dtypes), "hit"
     except (OSError, ValueError, KeyError, TypeError) as err:
         return None, f"corrupt ({type(err).__name__})"
