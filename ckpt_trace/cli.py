@@ -248,7 +248,14 @@ def record(
             raise CkptTraceError("--pid and --cgroup: give one of the two")
         if cmd:
             raise CkptTraceError(f"{flag} traces a running job: give no command after --")
-        attach = AttachPlan(pid, duration, until_checkpoints, cgroup=cgroup)
+        job = f"cgroup {cgroup}" if cgroup is not None else f"process {pid}"
+        attach = AttachPlan(
+            pid,
+            duration,
+            until_checkpoints,
+            cgroup=cgroup,
+            on_live=lambda: err.print(f"ckpt-trace: attached to {escape(job)}: recording", highlight=False),
+        )
         check_plan(attach)
     elif duration is not None or until_checkpoints is not None:
         raise CkptTraceError("--duration and --until-checkpoints go with --pid or --cgroup")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import cli
+from conftest import CKPT_TRACE, cli
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.tracer.attach import CheckpointCounter
@@ -254,7 +254,8 @@ def test_invocation_time_is_before_now():
 
 
 DCP_LOOP = r'''
-"""A 2-rank DCP job saving gpt2-tiny every second into OUT/step-N until OUT/STOP (or 200 saves)."""
+"""A 2-rank DCP job saving gpt2-tiny every second into OUT/step-N while OUT/GO exists, until OUT/STOP (or 200
+saves); without GO it waits between two saves (rank 0 touches OUT/IDLE), so a test may attach between saves."""
 import json, os, sys, time
 
 
@@ -266,16 +267,23 @@ def rank_main(rank, world, out):
     try:
         mesh = init_device_mesh("cpu", (world,))
         state = engines._dcp_state(torch, mesh, engines.model_config("gpt2-tiny"), rank, world, False, empty=False)
-        for i in range(200):
-            stop = torch.tensor([int(os.path.exists(os.path.join(out, "STOP")))])
-            dist.all_reduce(stop)  # every rank stops after the same save
-            if stop.item():
+        i = 0
+        while i < 200:
+            flags = torch.tensor([int(os.path.exists(os.path.join(out, name))) for name in ("STOP", "GO")])
+            dist.all_reduce(flags)  # every rank stops, saves or waits after the same save
+            if flags[0].item():
                 break
+            if flags[1].item() < world:
+                if rank == 0:
+                    open(os.path.join(out, "IDLE"), "w").close()
+                time.sleep(0.05)
+                continue
             dcp.save(state, checkpoint_id=os.path.join(out, f"step-{i}"))
             dist.barrier()
             if rank == 0:
                 with open(os.path.join(out, "saves.jsonl"), "a") as log:
                     log.write(json.dumps({"step": i}) + "\n")
+            i += 1
             time.sleep(1)
     finally:
         dist.destroy_process_group()
@@ -287,38 +295,61 @@ if __name__ == "__main__":
 '''
 
 
+def _until_attached(recorder: subprocess.Popen, timeout_s: float = 300.0) -> list[str]:
+    """The recorder's stderr lines up to its "attached to ... recording" line (the probes live)."""
+    import select
+
+    assert recorder.stderr is not None
+    lines, deadline = [], time.monotonic() + timeout_s
+    while not (lines and "attached to" in lines[-1]):
+        ready, _, _ = select.select([recorder.stderr], [], [], max(0.0, deadline - time.monotonic()))
+        line = recorder.stderr.readline() if ready else ""
+        if not line:
+            raise AssertionError(f"the recorder did not attach: {''.join(lines)}")
+        lines.append(line)
+    return lines
+
+
+@pytest.mark.slow
 def test_attach_to_a_two_rank_dcp_job_records_one_save(backend, torch_installed, tmp_path):
     """The issue's case: a running 2-rank DCP job; one save is 3 checkpoint files (a .distcp per rank, then
-    .metadata written as .metadata.tmp and renamed), so --until-checkpoints 3 records exactly one save."""
+    .metadata written as .metadata.tmp and renamed), so --until-checkpoints 3 records exactly one save.
+
+    The recorder attaches between two saves (the job waits while OUT/GO is missing; the recorder says when
+    its probes are live, then GO comes back): attached during a save, the other rank's file and the
+    .metadata of the save under way are opened after the attach and count (``tracer.attach``'s rule), and
+    the three files span two saves, the flake this test once had at load 14."""
     out = tmp_path / "job"
     out.mkdir()
+    (out / "GO").touch()
     script = tmp_path / "dcp_loop.py"
     script.write_text(DCP_LOOP)
     job = subprocess.Popen([sys.executable, str(script), str(out)])
+    recorder = None
     try:
-        _wait_for(
-            lambda: (out / "saves.jsonl").exists() and (out / "saves.jsonl").read_text().strip(),
-            "the job's first save",
-            timeout_s=300,
-        )
+        _wait_for(lambda: len(_saves(out)) >= 1, "the job's first save", timeout_s=300)
+        (out / "GO").unlink()
+        _wait_for(lambda: (out / "IDLE").exists(), "the job to wait between two saves", timeout_s=300)
         trace = tmp_path / "dcp.arrow"
-        proc = cli(
-            "record",
-            "--backend",
-            backend,
-            "--pid",
-            str(job.pid),
-            "--until-checkpoints",
-            "3",
-            "--path-filter",
-            f"{out}/",
-            "--json",
-            "-o",
-            str(trace),
+        env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+        recorder = subprocess.Popen(
+            [*CKPT_TRACE, "record", "--backend", backend, "--pid", str(job.pid), "--until-checkpoints", "3"]
+            + ["--path-filter", f"{out}/", "--json", "-o", str(trace)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )
-        summary = json.loads(proc.stdout)
+        _until_attached(recorder)
+        (out / "GO").touch()
+        stdout, stderr = recorder.communicate(timeout=300)
+        assert recorder.returncode == 0, stderr
+        summary = json.loads(stdout)
         assert job.poll() is None
     finally:
+        if recorder is not None and recorder.poll() is None:
+            recorder.kill()
+            recorder.communicate()
         (out / "STOP").touch()
         code = job.wait(timeout=300)
     assert code == 0

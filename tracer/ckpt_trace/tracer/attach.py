@@ -28,7 +28,12 @@ milliseconds before the detach) are left out, so ``--until-checkpoints 1`` holds
 but for a rename of a counted file seen before the detach, which is kept: the commit of a file written
 under a temporary name (DCP's ``.metadata.tmp`` -> ``.metadata``, right after its close). At the other
 end, a save under way at the attach may leave its tail in the trace (writes, close, rename through a
-descriptor opened before): never its open, and it is not counted.
+descriptor opened before): never its open, and it is not counted. But a save made by several processes
+(DCP: a file per rank, then ``.metadata`` once every rank is done) under way at the attach may also open
+files after it, a slower rank's or its metadata: those are counted, so N files counted after an attach in
+the middle of such a save span two saves (the 2-rank DCP test's flake at load 14, before it attached
+between saves). No engine-neutral rule tells them apart; ``AttachPlan.on_live`` (the CLI's "attached to
+... recording" line on stderr) says when the probes are live, for a job that can be held between saves.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ class AttachPlan:
     duration_s: float | None = None
     until_checkpoints: int | None = None
     cgroup: str | None = None
+    on_live: Callable[[], None] | None = field(default=None, compare=False)  # called once the probes are live
 
 
 @dataclass(frozen=True)
@@ -618,6 +624,8 @@ def strace_attach(plan: AttachPlan, scratch, counter: CheckpointCounter, stopper
                 time.sleep(0.01)
             attached.update(missing)
         released_s = time.monotonic()
+        if plan.on_live is not None:
+            plan.on_live()
         while not stopper.should_stop():
             for tail in tails:
                 events_checkpoints(counter, tail.events(), lambda tid: tgid_of(tid, tids))
@@ -758,6 +766,7 @@ def attach_bcc(choice, ctx: Attaching):
             on_records=checkpoints,
             keep=keep,
             cgroup=(cgroup.id, cgroup.level) if cgroup is not None else None,
+            on_live=plan.on_live,
         )
     if cgroup is not None:
         pids()  # those that joined while it was traced, and are still there

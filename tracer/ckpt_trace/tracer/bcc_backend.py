@@ -1148,6 +1148,7 @@ class BccTracer:
         on_records: Callable[[str, np.ndarray], None] | None = None,
         keep: Callable[[np.ndarray], np.ndarray] | None = None,
         cgroup: tuple[int, int] | None = None,
+        on_live: Callable[[], None] | None = None,
     ) -> BccRecording:
         """Trace processes already running, with their descendants, until ``finished(rec)`` is true (called
         after every poll); ``pids()`` lists them (called until it names no new one, the later ones added
@@ -1156,6 +1157,7 @@ class BccTracer:
         checkpoint files there); ``keep(records)`` is the mask of the records to decode (the window's end).
         ``cgroup``: (cgroup id, level) of a cgroup v2 directory (``attach.resolve_cgroup``) whose processes,
         and those of the cgroups below it, are traced too, the kernel telling them (``traced_cgroup``).
+        ``on_live()`` is called once they are all traced (the probes live for the job).
         The processes are never signalled, stopped or waited for: detaching is closing the BPF program."""
 
         def begin(rec: BccRecording, wakeups: select.epoll) -> None:
@@ -1175,7 +1177,13 @@ class BccTracer:
                     rec.root_pid = new[0]
 
         rec, _ = self._collect(
-            make_feeder, scratch_dir, begin, lambda: None, lambda rec: True if finished(rec) else None, on_records, keep
+            make_feeder,
+            scratch_dir,
+            begin,
+            on_live or (lambda: None),
+            lambda rec: True if finished(rec) else None,
+            on_records,
+            keep,
         )
         return rec
 
