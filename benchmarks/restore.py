@@ -22,8 +22,11 @@ Each shape is saved once (in a child process, every file fsynced) in each format
 (``save_file``; the shards for ``hf-sharded``) and ``torch.save`` (one file). Every loader leaves every byte in
 the caller's state dict, allocated and zeroed before the clock starts, as a restart does:
 
-- ``emitted``: ``dcp.load`` with ``CheckpointReader`` (default options: O_DIRECT stream for a cold file,
-  buffered for one the page cache holds; ``emitted-buffered`` on request: buffered reads only);
+- ``emitted``: ``dcp.load`` with ``CheckpointReader`` (default options: buffered for what the page cache
+  holds; the cold bytes the way measured faster on the first cold file of the load, O_DIRECT stream or
+  buffered, ``ckpt_trace.writer.load``); on request, ``emitted-buffered`` (buffered reads only),
+  ``emitted-direct`` (O_DIRECT whatever the cache holds) and ``emitted-nocrc`` (default options, checksums
+  not verified: what verifying every item's CRC32C inside the clock costs, which no peer does);
 - ``dcp``: ``dcp.load`` with DCP's FileSystemReader;
 - ``safetensors``: ``safetensors.torch.load_file`` per file, then ``copy_`` into the state dict;
 - ``torch.load(mmap)``: ``torch.load(mmap=True, weights_only=True)``, then ``copy_``;
@@ -109,8 +112,10 @@ LOADERS = {
     "safetensors*": Loader("safetensors", False),
     "torch mmap*": Loader("torch.save", False),
     "emitted-buffered": Loader("emitted", True),
+    "emitted-direct": Loader("emitted", True),
+    "emitted-nocrc": Loader("emitted", True),
 }
-DEFAULT_LOADERS = [name for name in LOADERS if name != "emitted-buffered"]
+DEFAULT_LOADERS = [name for name in LOADERS if name not in ("emitted-buffered", "emitted-direct", "emitted-nocrc")]
 
 
 # ---------------------------------------------------------------------------------------------- the shapes
@@ -322,6 +327,10 @@ def _load(loader: str, directory: Path, target: dict | None, options) -> tuple[d
 
         if loader == "emitted-buffered":
             options = dataclasses.replace(options, load_direct_io=False)
+        elif loader == "emitted-direct":
+            options = dataclasses.replace(options, load_cache_aware=False)
+        elif loader == "emitted-nocrc":
+            options = dataclasses.replace(options, checksums=False)
         reader = CheckpointReader(directory, options)
         dcp.load(target, storage_reader=reader)
         return target, reader.last_load_stats

@@ -39,6 +39,20 @@ def _own_tmpdir(monkeypatch, tmp_path_factory):
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_cold_way():
+    """Each test starts with no cold way measured: the emitted reader keeps the way it measured per device
+    for the rest of the process (``ckpt_trace.writer.load._COLD_WAYS``), so an earlier test's large cold load
+    would otherwise decide how a later test's cold load reads."""
+    module = sys.modules.get("ckpt_trace.writer.load")  # not imported here: torch stays unloaded where unused
+    if module is not None:
+        module._COLD_WAYS.clear()
+    yield
+    module = sys.modules.get("ckpt_trace.writer.load")
+    if module is not None:
+        module._COLD_WAYS.clear()
+
+
 def _missing(reason: str, required_in_ci: bool) -> None:
     if UNDER_CI and required_in_ci:
         pytest.fail(f"required under CI=true but unavailable: {reason}")

@@ -151,10 +151,14 @@ def test_a_partly_cached_file_is_read_both_ways_by_stretch(tmp_path, torch_insta
 
 @pytest.mark.torch
 @pytest.mark.io_uring
-def test_many_small_tensors_are_read_with_a_few_large_reads(tmp_path, torch_installed, io_uring):
+def test_many_small_tensors_are_read_with_a_few_large_reads(tmp_path, torch_installed, io_uring, monkeypatch):
     """600 tensors under 64 KiB beside 4 of 4 MiB: warm (buffered, scattering preadv straight into the
-    destinations) and cold (O_DIRECT stream), far fewer read calls than tensors; a partial load (every
-    other small tensor: gaps between the wanted items) is batched too and leaves the others untouched."""
+    destinations) and cold (O_DIRECT stream: the cold way left unmeasured), far fewer read calls than
+    tensors; a partial load (every other small tensor: gaps between the wanted items) is batched too and
+    leaves the others untouched."""
+    from ckpt_trace.writer import load
+
+    monkeypatch.setattr(load, "_PROBE_BYTES", 1 << 40)
     state = many_small_state()
     path = tmp_path / "ckpt"
     data = _save(path, state)
@@ -167,6 +171,42 @@ def test_many_small_tensors_are_read_with_a_few_large_reads(tmp_path, torch_inst
     part = {k: v for i, (k, v) in enumerate(state.items()) if i % 2 or k.startswith("large")}
     partial = _load_cached(path, part, data, [(0, size)])
     assert partial["buffered_reads"] <= tensors // 50
+
+
+@pytest.mark.torch
+@pytest.mark.io_uring
+def test_the_cold_way_is_measured_on_the_loads_own_bytes(tmp_path, torch_installed, io_uring, monkeypatch):
+    """auto, cold file: the first cold items are read with O_DIRECT and the next buffered, each timed; the
+    rest goes buffered unless O_DIRECT won by a margin, and the next cold load in the process reuses the
+    device's measurement. Forced each way (by the margin O_DIRECT must win by), every byte lands right and the stats add up: the probe runs
+    are read one way each, the rest the chosen way."""
+    from ckpt_trace.writer import load
+
+    monkeypatch.setattr(load, "_PROBE_BYTES", 1 << 20)
+    state = many_small_state(small=20, large=6, large_elements=1 << 18)  # 6 x 1 MiB after 20 small tensors
+    path = tmp_path / "ckpt"
+    data = _save(path, state)
+    wanted = sum(n for _, n in _places(path).values())
+    for margin, chosen in ((float("inf"), "buffered"), (0.0, "direct")):
+        monkeypatch.setattr(load, "_DIRECT_MARGIN", margin)
+        load._COLD_WAYS.clear()
+        measured = _load_cached(path, state, data, [])
+        assert (measured["cold_way"], measured["cold_way_source"]) == (chosen, "measured")
+        assert measured["cold_direct_bytes_per_s"] > 0 and measured["cold_buffered_bytes_per_s"] > 0
+        assert measured["direct_bytes"] + measured["buffered_bytes"] == wanted
+        assert measured["direct_reads"] >= 1 and measured["buffered_reads"] >= 1  # each way ran
+        probe_bytes = 1 << 20
+        if chosen == "buffered":  # only the first probe run went O_DIRECT
+            assert probe_bytes <= measured["direct_bytes"] < 2 * probe_bytes + (64 << 10)
+        else:  # only the second probe run went buffered
+            assert probe_bytes <= measured["buffered_bytes"] < 2 * probe_bytes + (64 << 10)
+        again = _load_cached(path, state, data, [])
+        assert (again["cold_way"], again["cold_way_source"]) == (chosen, "earlier load")
+        assert again[f"{'buffered' if chosen == 'buffered' else 'direct'}_bytes"] == wanted
+    monkeypatch.setattr(load, "_PROBE_BYTES", 64 << 20)  # too few cold bytes to measure: O_DIRECT, said so
+    load._COLD_WAYS.clear()
+    small = _load_cached(path, state, data, [])
+    assert (small["cold_way"], small["cold_way_source"], small["direct_bytes"]) == ("direct", "default", wanted)
 
 
 @pytest.mark.slow

@@ -49,8 +49,8 @@ from ckpt_trace.version import __version__
 from .options import WriterOptions
 
 _LOAD_DEFAULT = (
-    "no replayed load: the O_DIRECT stream, which read at fio's O_DIRECT limit, above "
-    "buffered reads, in benchmarks/restore.py"
+    "no replayed load: auto, what the page cache holds read buffered and the rest the way "
+    "measured faster on the device at the load (O_DIRECT stream or buffered; the reader's stats say)"
 )
 
 

@@ -450,6 +450,10 @@ class StreamReader:
             self.arena = AlignedBuffer(self.arena_bytes).prefault()
         return self.arena
 
+    def prepare(self) -> None:
+        """Allocate and fault in the arena now (else at the first ``run``): before a timed read."""
+        self._arena()
+
     def run(
         self,
         fd: int,
