@@ -95,10 +95,10 @@ def fsync_tree(path: Path) -> None:
 
 
 def parse_or_run_child(parser: argparse.ArgumentParser, child) -> argparse.Namespace | None:
-    """Parse the command line with the hidden arguments of a measurement child (``--child save|load``,
+    """Parse the command line with the hidden arguments of a measurement child (``--child save|load|repeated``,
     ``--engine``, ``--dir``, ``--module``): a child runs ``child(args)`` and gets None back; the parent gets
     its arguments, warned when not root (cold figures would then be warm)."""
-    parser.add_argument("--child", choices=("save", "load"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("save", "load", "repeated"), help=argparse.SUPPRESS)
     parser.add_argument("--engine", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--module", help=argparse.SUPPRESS)

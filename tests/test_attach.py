@@ -487,3 +487,51 @@ def test_a_missing_or_v1_or_empty_cgroup_fails_in_one_line(cgroup_dir, tmp_path)
     )
     assert proc.returncode != 0 and "give one of the two" in proc.stderr
     assert not trace.exists()
+
+
+@pytest.mark.slow
+def test_bcc_traces_a_process_that_joins_the_cgroup_after_the_attach(bcc_backend, cgroup_dir, tmp_path):
+    """bcc tells a cgroup's processes in the kernel (``traced_cgroup``): a saver moved into the cgroup once the
+    probes are live is traced from then on, though no process of the cgroup forked it."""
+    out = tmp_path / "job"
+    out.mkdir()
+    member = subprocess.Popen(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec sleep 300', str(cgroup_dir)])
+    saver = _job(out, "plain")  # outside the cgroup for now
+    recorder = None
+    try:
+        _wait_for(lambda: str(member.pid) in (cgroup_dir / "cgroup.procs").read_text().split(), "the member")
+        _wait_for(lambda: len(_saves(out)) >= 1, "the saver's first save")
+        trace = tmp_path / "joined.arrow"
+        env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+        recorder = subprocess.Popen(
+            [*CKPT_TRACE, "record", "--backend", "bcc", "--cgroup", str(cgroup_dir), "--until-checkpoints", "2"]
+            + ["--json", "-o", str(trace)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        _until_attached(recorder)
+        saves_before_move = len(_saves(out))
+        (cgroup_dir / "cgroup.procs").write_text(str(saver.pid))
+        stdout, stderr = recorder.communicate(timeout=300)
+        assert recorder.returncode == 0, stderr
+        summary = json.loads(stdout)
+        assert saver.poll() is None and member.poll() is None  # both run on
+    finally:
+        if recorder is not None and recorder.poll() is None:
+            recorder.kill()
+            recorder.communicate()
+        (out / "STOP").touch()
+        code = saver.wait(timeout=120)
+        member.kill()
+        member.wait()
+    assert code == 0 and summary["attached"]["stopped_by"] == "checkpoints"
+    counted = summary["attached"]["checkpoint_files"]
+    rows = read_trace(trace).table.to_pylist()
+    assert {row["pid"] for row in rows if row["path"] in counted} == {saver.pid}
+    index = lambda name: int(Path(name).name.split("-")[1].split(".")[0])  # noqa: E731 - ckpt-N.bin
+    assert len(counted) == 2 and min(index(path) for path in counted) >= saves_before_move
+    logged = {save["path"]: save["bytes"] for save in _saves(out)}
+    for path in counted:
+        assert sum(row["ret"] for row in rows if row["path"] == path and row["op"] == "write") == logged[path]

@@ -87,3 +87,28 @@ def test_durable_does_not_sync_files_the_load_never_wrote(load_trace, tmp_path, 
     monkeypatch.setattr(os, "fsync", spy)
     executor.run(plan, durable=True)
     assert synced == []  # the load's file was pre-created: its sync is setup
+
+
+def test_the_recorded_state_counts_each_byte_once(tmp_path):
+    from helpers.traces import make_trace
+
+    from ckpt_trace.formats import read_trace
+    from ckpt_trace.replayer.cache_state import recorded_cache
+
+    read = {"op": "read", "path": "/ck/m.bin", "fd": 3}
+    trace = make_trace(
+        tmp_path / "load.arrow",
+        [
+            {"op": "open", "path": "/ck/m.bin", "fd": 3, "flags": 0, "ret": 3},
+            {**read, "offset": 0, "size": 8192, "ret": 8192, "cold_bytes": 8192},
+            {**read, "offset": 0, "size": 8192, "ret": 8192, "cold_bytes": 8192},  # read again: still cold
+            {**read, "offset": 8192, "size": 8192, "ret": 8192, "cold_bytes": 0},
+            {**read, "offset": 12288, "size": 4096, "ret": 4096, "cold_bytes": 4096},  # inserted after the warm read
+        ],
+    )
+    loaded = read_trace(trace)
+    assert loaded.table.column("cold_bytes").to_pylist()[1:] == [8192, 8192, 0, 4096]
+    state = recorded_cache(loaded, None, ["ck/m.bin"])
+    # cold: [0, 8192) and [12288, 16384); warm and never cold: [8192, 12288)
+    assert (state.cold_bytes, state.warm_bytes) == (12288, 4096)
+    assert "page cache recorded: 12,288 B cold (dropped before the clock), 4,096 B warm" in state.note()

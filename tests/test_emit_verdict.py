@@ -127,3 +127,19 @@ def test_emit_on_a_load_only_trace_leaves_the_writer_at_its_defaults(tmp_path):
     text = (tmp_path / "w.py").read_text()
     assert "direct_io = True: default (the trace only reads: nothing in it tunes the writer)" in text
     assert "Parameters (from the verdict: none):" in text
+
+
+def test_a_clear_load_verdict_pins_the_readers_cold_way_and_no_verdict_leaves_it_measured():
+    """A load whose verdict clearly favours a strategy whose bytes went O_DIRECT pins the reader's cold bytes
+    to O_DIRECT (``load_measure_cold_way`` off, from the verdict); a load without a clear verdict, or won
+    buffered, and a save leave the reader measuring the cold way at each load."""
+    clear = {"posix": entry(1.6, 2.2), "uring-buffered": entry(1.3, 1.9)}
+    direct = choose(1, results(clear, read=True, direct_share=1.0))
+    assert direct.options.load_direct_io is True and direct.options.load_measure_cold_way is False
+    assert direct.reasons["load_measure_cold_way"].startswith("from the verdict")
+    buffered = choose(1, results(clear, read=True, direct_share=0.0))
+    assert buffered.options.load_direct_io is False and buffered.options.load_measure_cold_way is True
+    tie = choose(1, results({"posix": entry(0.8, 1.3), "uring-buffered": entry(0.9, 1.2)}, read=True))
+    assert tie.options.load_measure_cold_way is True and tie.reasons["load_measure_cold_way"].startswith("default")
+    save = choose(1, results(clear, direct_share=1.0))
+    assert save.options.load_measure_cold_way is True

@@ -239,3 +239,26 @@ def test_strace_counts_the_reads_the_stats_count(tmp_path, torch_installed, io_u
     calls.pop("total", None)
     assert set(calls) <= {"preadv", "preadv2"}, table  # CPython's os.preadv may call preadv2
     assert sum(calls.values()) == result["stats"]["buffered_reads"] <= (SMALL + 4) // 50, table
+
+
+@pytest.mark.torch
+@pytest.mark.io_uring
+def test_the_cold_way_can_be_pinned_to_o_direct(tmp_path, torch_installed, io_uring, monkeypatch):
+    """``load_measure_cold_way=False`` (what emit pins from a clear O_DIRECT verdict): a cold file large
+    enough to measure is read wholly with O_DIRECT, nothing measured, every byte right."""
+    from ckpt_trace.writer import CheckpointReader, load
+
+    monkeypatch.setattr(load, "_PROBE_BYTES", 1 << 20)
+    state = many_small_state(small=20, large=6, large_elements=1 << 18)
+    path = tmp_path / "ckpt"
+    data = _save(path, state)
+    _cache(data, [])
+    target = zeros_like_state(state)
+    reader = CheckpointReader(path, _options(load_measure_cold_way=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(target, storage_reader=reader)
+    assert objects_equal_bitwise(state, target)
+    stats = reader.last_load_stats
+    assert (stats["cold_way"], stats["cold_way_source"], stats["buffered_bytes"]) == ("direct", "options", 0)
+    assert stats["cold_direct_bytes_per_s"] is None and not load._COLD_WAYS

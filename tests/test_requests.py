@@ -233,7 +233,7 @@ def test_workload_replays_with_its_interface_and_verifies(bcc_backend, torch_ins
 # -- closed loop: a replay, itself recorded, writes what the recording wrote --------------------------------
 
 
-@pytest.mark.parametrize("strategy", ["uring-direct", "aggregated"])
+@pytest.mark.parametrize("strategy", ["posix", "uring-direct", "aggregated"])
 def test_recorded_replay_of_a_recorded_save_writes_the_same_data(
     bcc_backend, torch_installed, io_uring, tmp_path, strategy
 ):

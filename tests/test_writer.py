@@ -340,6 +340,7 @@ def test_emitted_module_is_tuned_from_the_replay_and_round_trips(tmp_path, torch
         "load_streams": 2,
         "load_cache_aware": True,
         "checksums": True,
+        "load_measure_cold_way": True,
     }
     text = module_path.read_text()
     assert str(GOLDEN_DCP) in text and str(results) in text and "aggregated" in text

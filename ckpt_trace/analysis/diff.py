@@ -11,6 +11,13 @@ calls: per file, the union of the byte ranges its successful writes covered
 recordings of the same save match when every file got the same ranges, so a
 replay under another strategy (fewer, larger, aligned writes) of a recorded
 save matches the recording; the verdict is one line.
+
+A replay of a load trace writes the files the load found (pre-created before its clock) and then reads them,
+so a recording of that replay writes files the load only read. A file written only in one trace (B, say)
+that the other (A) read without writing, and that B wrote before it first read it, is counted as a
+pre-created input (``precreated_in_b``), not as a difference: the closed loop record(replay(load)) compares
+equal on the data written, and the reads are compared as for any trace. A file B wrote after reading it, or
+that A never read, still differs.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ class _Written:
         self.pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.pending_rows = 0
         self.unions: dict[int, np.ndarray] = {}
+        self.first_ns = np.zeros(0, np.int64)  # per file code: the start of its first such operation
 
     def add(self, batch: pa.RecordBatch) -> None:
         get = batch.column
@@ -49,7 +57,7 @@ class _Written:
             pc.and_(names_in(get("op"), (self.op,)), pc.greater(get("ret"), 0)),
             pc.and_(pc.is_valid(get("offset")), pc.is_valid(get("path"))),
         )
-        rows = batch.select(["path", "offset", "ret"]).filter(keep)  # only the columns used are filtered
+        rows = batch.select(["path", "offset", "ret", "ts_ns"]).filter(keep)  # only the columns used are filtered
         if rows.num_rows == 0:
             return
         paths = rows.column("path")
@@ -58,6 +66,9 @@ class _Written:
         lut = np.array([self.ids.setdefault(v, len(self.ids)) for v in paths.dictionary.to_pylist()], np.int64)
         files = lut[paths.indices.to_numpy().astype(np.int64)]
         starts = rows.column("offset").to_numpy().astype(np.int64)
+        if len(self.first_ns) < len(self.ids):
+            self.first_ns = np.r_[self.first_ns, np.full(len(self.ids) - len(self.first_ns), np.iinfo(np.int64).max)]
+        np.minimum.at(self.first_ns, files, np.asarray(pc.fill_null(rows.column("ts_ns"), 0).to_numpy(), np.int64))
         # The batch's own unions first (a batch's sort stays in cache): a checkpoint's writes, sequential
         # per file, leave a few ranges per file and batch.
         merged = merge_grouped_ranges(files, starts, starts + rows.column("ret").to_numpy())
@@ -87,6 +98,15 @@ class _Written:
         names = {code: name for name, code in self.ids.items()}
         return {names[file]: ranges for file, ranges in self.unions.items()}
 
+    def first(self) -> dict[str, int]:
+        """Per file, the start (ns) of its first such operation."""
+        never = np.iinfo(np.int64).max  # a path of the batches' dictionaries with no such operation
+        return {
+            name: int(self.first_ns[code])
+            for name, code in self.ids.items()
+            if code < len(self.first_ns) and self.first_ns[code] != never
+        }
+
 
 class _Paths:
     """Every path a trace names (rename destinations too), and those of its data operations."""
@@ -115,9 +135,9 @@ class _Paths:
 
 def _read(
     path, batch_rows: int, progress: Progress | None = None, label: str = ""
-) -> tuple[dict[str, Any], set[str], dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """One pass over the trace file in record batches: (its summary, its relative paths, its written ranges,
-    its read ranges)."""
+) -> tuple[dict[str, Any], set[str], _Written, _Written]:
+    """One pass over the trace file in record batches: (its summary, its relative paths, its writes, its
+    reads)."""
     meta, batches = scan(
         path, (*SUMMARY_COLUMNS, "new_path"), batch_rows=batch_rows, on_batch=on_batch(progress, label)
     )
@@ -128,15 +148,39 @@ def _read(
         written.add(batch)
         read.add(batch)
     summary = summary_document(path, meta, acc.result(), gpu_summary(path, acc, batch_rows))
-    return summary, paths.relative(), written.result(), read.result()
+    return summary, paths.relative(), written, read
 
 
-def _relative(ranges: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _relative(ranges: dict[str, Any]) -> dict[str, Any]:
+    """``ranges`` keyed by path relative to the common directory of its absolute paths (others left out)."""
     paths = [p for p in ranges if p.startswith("/")]
     if not paths:
         return {}
     root = os.path.commonpath(paths) if len(paths) > 1 else os.path.dirname(paths[0])
     return {os.path.relpath(p, root): ranges[p] for p in paths}
+
+
+def leave_out_inputs(entry: dict[str, Any], writes: dict[str, _Written], reads: dict[str, _Written]) -> dict[str, Any]:
+    """``entry`` (``compare_written`` of the data written) with the files written only in one trace that the
+    other read without writing, and that this one wrote before it first read them, moved from
+    ``written_only_in_X`` to ``precreated_in_X`` (a replay's pre-created inputs: the module docstring), their
+    bytes out of ``bytes_X`` and ``files_X``, and ``match`` recomputed. ``writes`` and ``reads``: per side
+    (``a``, ``b``), the trace's writes and reads."""
+    entry = dict(entry)
+    for side, other in (("a", "b"), ("b", "a")):
+        written, first_write = _relative(writes[side].result()), _relative(writes[side].first())
+        first_read, read_other = _relative(reads[side].first()), _relative(reads[other].result())
+        inputs = [
+            path
+            for path in entry[f"written_only_in_{side}"]
+            if path in read_other and path in first_read and first_write.get(path, first_read[path]) < first_read[path]
+        ]
+        entry[f"precreated_in_{side}"] = inputs
+        entry[f"written_only_in_{side}"] = [p for p in entry[f"written_only_in_{side}"] if p not in inputs]
+        entry[f"files_{side}"] -= len(inputs)
+        entry[f"bytes_{side}"] -= int(sum((written[p][:, 1] - written[p][:, 0]).sum() for p in inputs))
+    entry["match"] = not (entry["differing"] or entry["written_only_in_a"] or entry["written_only_in_b"])
+    return entry
 
 
 def compare_written(written_a: dict[str, np.ndarray], written_b: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -194,10 +238,16 @@ def first_difference(x: np.ndarray, y: np.ndarray) -> int:
 
 def written_verdict(entry: dict[str, Any], what: str = "written") -> str:
     """The one line ``diff`` says about the data written (``what="read"``: read)."""
+    inputs = [
+        f"{len(entry[key]):,} files {side.upper()} wrote before reading and {other} only read: a replay's inputs, "
+        "left out"
+        for side, other, key in (("a", "B", "precreated_in_a"), ("b", "A", "precreated_in_b"))
+        if entry.get(key)
+    ]
     if entry["match"]:
         return (
             f"data {what}: the same in A and B: {entry['files_a']:,} files, {entry['bytes_a']:,} bytes, "
-            "at the same offsets"
+            "at the same offsets" + "".join(f" ({note})" for note in inputs)
         )
     parts = []
     if entry["differing"]:
@@ -209,7 +259,7 @@ def written_verdict(entry: dict[str, Any], what: str = "written") -> str:
         only = entry[f"written_only_in_{side}"]
         if only:
             parts.append(f"{len(only)} {what} only in {side.upper()} ({only[0]}{', ...' if len(only) > 1 else ''})")
-    return f"data {what}: different: {'; '.join(parts)}"
+    return f"data {what}: different: {'; '.join(parts + inputs)}"
 
 
 def _change(old: float, new: float) -> dict[str, Any]:
@@ -222,8 +272,9 @@ def diff_files(
     """Figures of the traces at ``path_a`` and ``path_b`` side by side: totals, ops by type, request sizes,
     files, and the data written. Each file is read once, in record batches of ``batch_rows`` rows: memory
     grows with the distinct paths and the disjoint written ranges, not the rows. Raises TraceFormatError."""
-    sa, paths_a, written_a, read_a = _read(path_a, batch_rows, progress, "reading A")
-    sb, paths_b, written_b, read_b = _read(path_b, batch_rows, progress, "reading B")
+    sa, paths_a, writes_a, reads_a = _read(path_a, batch_rows, progress, "reading A")
+    sb, paths_b, writes_b, reads_b = _read(path_b, batch_rows, progress, "reading B")
+    writes, reads = {"a": writes_a, "b": writes_b}, {"a": reads_a, "b": reads_b}
     totals = {
         key: _change(sa[key], sb[key])
         for key in (
@@ -263,8 +314,8 @@ def diff_files(
         ),
         "files_only_in_a": sorted(paths_a - paths_b),
         "files_only_in_b": sorted(paths_b - paths_a),
-        "data_written": compare_written(written_a, written_b),
-        "data_read": compare_written(read_a, read_b),
+        "data_written": leave_out_inputs(compare_written(writes_a.result(), writes_b.result()), writes, reads),
+        "data_read": compare_written(reads_a.result(), reads_b.result()),
         "layout": _layout_diff(path_a, path_b),
     }
 

@@ -17,9 +17,12 @@ write (``emit``); no torch is imported here. The choice, per parameter:
   trace, at most ``os.cpu_count()``.
 - ``load_direct_io`` (the reader): from a replay of a recorded *load* (the
   trace wrote nothing, or the winner read more than it wrote), on when an O_DIRECT strategy read fastest,
-  off when a buffered one did; otherwise on, the O_DIRECT stream
-  (``benchmarks/restore.py`` measured it against buffered reads into the
-  destination tensors and fio's read limits).
+  off when a buffered one did; otherwise on: the ``auto`` policy, where the
+  reader reads what the page cache holds buffered and measures, at each
+  load, which way reads the cold bytes faster on the device.
+- ``load_measure_cold_way`` (the reader): off (cold bytes always O_DIRECT)
+  when a replayed load's verdict clearly favours an O_DIRECT strategy; else
+  on (measured at each load).
 
 All of these come from a *verdict* only (``verdict``): the strategy of least
 median time is taken when its paired speed-up over every other replayed
@@ -207,12 +210,19 @@ def choose(
             f"from the verdict: {best['strategy']} read this load fastest "
             f"({'page cache bypassed' if load_direct else 'buffered'})"
         )
+    measure = not (load and best is not None and load_direct)
+    reasons["load_measure_cold_way"] = (
+        "from the verdict: cold bytes always O_DIRECT, which read this load fastest"
+        if not measure
+        else "default: the reader measures the faster way for cold bytes at each load, on its own bytes"
+    )
     chosen = WriterOptions(
         buffer_bytes=buffer_bytes,
         queue_depth=queue_depth,
         direct_io=direct,
         writer_threads=threads,
         load_direct_io=load_direct,
+        load_measure_cold_way=measure,
     )
     return Choice(chosen.validate(), reasons, best["strategy"] if best is not None else None)
 
@@ -320,6 +330,9 @@ def render_module(
     header += ["", "Parameters (from the verdict: " + (", ".join(from_verdict) or "none") + "):"]
     values = choice.options.to_json()
     for name in ("buffer_bytes", "queue_depth", "direct_io", "writer_threads", "load_direct_io"):
+        header.append(f"    {name} = {values[name]!r}: {choice.reasons[name]}")
+    if "load_measure_cold_way" in choice.reasons:
+        name = "load_measure_cold_way"
         header.append(f"    {name} = {values[name]!r}: {choice.reasons[name]}")
     staging_mib = values["buffer_bytes"] * values["queue_depth"] * values["writer_threads"] / (1 << 20)
     header += [f"Staging memory per rank: {staging_mib:,.0f} MiB.", ""] + small_object_lines(

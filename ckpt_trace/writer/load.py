@@ -50,7 +50,8 @@ the ring, ``buffered_reads`` preadv calls), what the cache held
 (``probes``, ``probe_ns``); the cold way (``cold_way``: direct, buffered or
 None when nothing was cold), where it came from (``cold_way_source``:
 ``measured`` in this load, ``earlier load`` on the same device in this
-process, ``default``) and the two rates measured (``cold_direct_bytes_per_s``,
+process, ``default``, ``options``: ``load_measure_cold_way`` off, ``GPU
+destinations``) and the two rates measured (``cold_direct_bytes_per_s``,
 ``cold_buffered_bytes_per_s``, None where not measured).
 
 A missing or truncated data file is a ``CheckpointError`` naming it (torch
@@ -274,6 +275,9 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         device = os.fstat(plan.direct_fd).st_dev if plan.direct_fd is not None else None
         cold = list(plan.direct)
         way = _COLD_WAYS.get(device)
+        if not self.options.load_measure_cold_way:
+            stats["cold_way"], stats["cold_way_source"] = "direct", "options"
+            return cold
         if any(_on_gpu(items[i], planner) for i in cold):
             stats["cold_way"], stats["cold_way_source"] = "direct", "GPU destinations"
             return cold

@@ -27,16 +27,23 @@ class WriterOptions:
     - ``preallocate``: fallocate(2) each data file to its final size first,
       so a full disk fails before any byte is written.
     - ``load_direct_io``: how ``CheckpointReader`` reads. True (default):
-      the file as a stream of O_DIRECT reads of ``buffer_bytes`` through
-      io_uring into a fixed arena, copied out into the destinations while later
-      reads are in flight (no page cache filled; where O_DIRECT is refused, the
-      buffered way); False: buffered reads, in file order, straight into each
-      destination tensor's memory (no copy-out), riding the kernel's
-      read-ahead. The default follows ``benchmarks/restore.py``: fio's O_DIRECT
-      read beat its buffered read on every run of this project's disk (1,097
-      against 715 MB/s in issue 14's table, 1,330 against 489 at the stop that
-      built the stream), and the stream read at fio's O_DIRECT limit; a
-      replayed load (``emit``) can say otherwise for another device.
+      O_DIRECT is allowed: cold bytes may be read as a stream of O_DIRECT reads
+      of ``buffer_bytes`` through io_uring into a fixed arena, copied out into
+      the destinations while later reads are in flight (no page cache filled;
+      where O_DIRECT is refused, the buffered way), as ``load_cache_aware`` and
+      ``load_measure_cold_way`` decide; False: buffered reads only, in file
+      order, straight into each destination tensor's memory (no copy-out),
+      riding the kernel's read-ahead. Which is faster depends on the device:
+      fio's O_DIRECT read beat its buffered read on this project's disk in
+      issue 14's table (1,097 against 715 MB/s), its buffered read won every
+      cold cell of ``benchmarks/restore.py`` at stop 44 (2.4-3.1 against
+      1.8-2.1 GB/s); a replayed load (``emit``) can pin it for a device.
+    - ``load_measure_cold_way``: with ``load_direct_io`` and ``load_cache_aware``
+      (the ``auto`` policy), the reader measures which way reads cold bytes
+      faster on each device, on the load's own first cold bytes, and reads the
+      rest that way (True, the default; ``load.CheckpointReader._cold_way``);
+      False: cold bytes always go O_DIRECT (what ``emit`` pins when a replayed
+      load's verdict clearly favours O_DIRECT).
     - ``load_streams``: buffered loads (``load_direct_io=False``): threads reading one data file, each a
       consecutive stretch of about equal bytes (2 matched ``torch.load(mmap=True)``
       on the 2-core machine of ``benchmarks/restore.py``, where one thread
@@ -66,6 +73,7 @@ class WriterOptions:
     load_streams: int = 2
     load_cache_aware: bool = True
     checksums: bool = True
+    load_measure_cold_way: bool = True
 
     @property
     def load_policy(self) -> str:

@@ -37,8 +37,10 @@ _COLUMNS = ["op", "path", "offset", "ret", "size", "interface", "cold_bytes"]
 @dataclass
 class RecordedCache:
     """Per pre-created file (target-relative path), the byte ranges (offset, length) read cold and read warm;
-    ``cold_bytes`` and ``warm_bytes`` their recorded totals; ``known`` False when some read of those files
-    has no ``cold_bytes`` (then the ranges are not used)."""
+    ``cold_bytes`` the distinct bytes of the files read cold (a byte read cold twice counts once: what the
+    replay drops, and about what its reads take from storage), ``warm_bytes`` the distinct bytes read warm
+    and never cold (what it reads in before the clock); ``known`` False when some read of those files has no
+    ``cold_bytes`` (then the ranges are not used)."""
 
     cold: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     warm: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
@@ -108,7 +110,6 @@ def recorded_cache(trace, strip_prefix: str | None, files: Iterable[str]) -> Rec
         return state
     rows = np.concatenate(parts)
     cut = rows[:, 1] + rows[:, 2]
-    state.cold_bytes, state.warm_bytes = int(rows[:, 2].sum()), int((rows[:, 3] - rows[:, 2]).sum())
     for index in np.unique(rows[:, 0]):
         mine = rows[:, 0] == index
         has_cold, has_warm = mine & (rows[:, 2] > 0), mine & (rows[:, 3] > rows[:, 2])
@@ -117,6 +118,10 @@ def recorded_cache(trace, strip_prefix: str | None, files: Iterable[str]) -> Rec
             state.cold[name] = list(zip(rows[has_cold, 1].tolist(), rows[has_cold, 2].tolist()))
         if has_warm.any():
             state.warm[name] = list(zip(cut[has_warm].tolist(), (rows[has_warm, 3] - rows[has_warm, 2]).tolist()))
+        cold = sum(length for _, length in _merged(state.cold.get(name, ())))
+        state.cold_bytes += cold
+        state.warm_bytes += sum(length for _, length in _merged([*state.cold.get(name, ()), *state.warm.get(name, ())]))
+        state.warm_bytes -= cold
     return state
 
 

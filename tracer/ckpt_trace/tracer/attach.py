@@ -6,7 +6,9 @@ The job is the process ``pid`` and its descendants, those running at the attach 
 tracepoint extends; strace: ``strace -f -p`` on each running process, strace following their forks); or,
 with ``--cgroup PATH``, every process of a cgroup v2 directory and of the cgroups below it, whenever it runs
 there (bcc: the kernel compares ``bpf_get_current_ancestor_cgroup_id(level)`` with the directory's cgroup
-id, its inode number, held in the program's ``traced_cgroup`` map, so a process that joins the cgroup later
+id, its inode number, held in the program's ``traced_cgroup`` map (before Linux 5.10, which does not let
+tracing programs call it, ``bpf_get_current_cgroup_id()``: the directory's own processes only, not those of
+the cgroups below it: ``bcc_backend.cgroup_ancestors``), so a process that joins the cgroup later
 is traced from its first call and one that leaves it is not; strace: ``strace -f -p`` on the processes the
 cgroup's ``cgroup.procs`` files list at the attach, and their forks; see cgroups(7), "Cgroups version 2"). The
 job is never started, signalled, stopped for long or waited for: bcc only reads tracepoints, and strace

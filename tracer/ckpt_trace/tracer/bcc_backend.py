@@ -500,6 +500,17 @@ def wake_every() -> int:
     return max(1, min(config.BPF_WAKE_EVERY, smallest // record_bytes // 16))
 
 
+def cgroup_ancestors() -> bool:
+    """Whether the BPF program may call ``bpf_get_current_ancestor_cgroup_id`` (tracing programs may since
+    Linux 5.10), so that ``record --cgroup`` also traces the cgroups below the one named; before, it traces
+    the processes of that directory only."""
+    release = os.uname().release.split("-")[0].split(".")
+    try:
+        return (int(release[0]), int(release[1])) >= (5, 10)
+    except (IndexError, ValueError):
+        return True
+
+
 def program_text(view: KernelView | None = None) -> str:
     """The full BPF C program for the kernel ``view`` describes. The path filters are not in it (they are
     data: ``fill_filters``), so one compile serves every ``--path-filter`` (``tracer.bpfcache``)."""
@@ -521,6 +532,7 @@ def program_text(view: KernelView | None = None) -> str:
         .replace("__MAX_FILTERS__", str(MAX_KERNEL_FILTERS))
         .replace("__INDEX_DEFINES__", "\n".join(f"#define IDX_{name} {index}" for index, name in enumerate(_NAMES)))
         .replace("__ENTER_CASES__", cases)
+        .replace("__CGROUP_ANCESTOR__", "1" if cgroup_ancestors() else "0")
     )
     for macro, value in {"__CACHE_INSERT__": "0", "__INSERT_ORDER__": "0", **(view or kernel_view()).macros}.items():
         text = text.replace(macro, value)

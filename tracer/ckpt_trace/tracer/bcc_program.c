@@ -255,8 +255,13 @@ static __always_inline u32 traced_tgid(void) {
         return tgid;
     int zero = 0;
     struct cgroup_t *cgroup = traced_cgroup.lookup(&zero);
+#if __CGROUP_ANCESTOR__
     if (cgroup && cgroup->id && bpf_get_current_ancestor_cgroup_id((int)cgroup->level) == cgroup->id)
         return tgid;
+#else  // tracing programs may call the ancestor helper since Linux 5.10: the directory itself only
+    if (cgroup && cgroup->id && bpf_get_current_cgroup_id() == cgroup->id)
+        return tgid;
+#endif
     return 0;
 }
 

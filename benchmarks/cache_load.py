@@ -1,0 +1,133 @@
+"""A DCP load replayed in the page-cache state it was recorded in: read time and bytes from storage.
+
+Saves a DCP checkpoint once (``ckpt-trace workload dcp``), then per round records its load with the bcc
+backend twice: cold (every file of the checkpoint fsynced and dropped, ``posix_fadvise(DONTNEED)`` per file)
+and warm (every file read once first), in alternating order from round to round. Each trace is replayed with
+posix and the default ``--cache recorded`` in a child process (``tests/helpers/replay_io.py``), not recorded.
+
+Figures per trace: the recorded read time (the sum of the read rows' ``dur_ns``: time inside read calls,
+summed over the ranks' threads), the replayed read time (the run's mean data-operation latency times its
+data operations: the same sum, for a load whose data operations are all reads), their ratio; the distinct
+bytes the trace read cold (what ``--cache recorded`` drops), the bytes the replaying process read from
+storage (``/proc/self/io`` ``read_bytes``) and the device's (``/proc/diskstats``, every process of the
+machine). Prints one line per trace, then per state the median ratio with its range, and the 1-minute load
+average before and after.
+
+    python benchmarks/cache_load.py --dir /scratch/cache-load [--model gpt2-small] [--ranks 2] [--rounds 3]
+
+Measured (GPT-2-small with Adam, 2 ranks, 3 rounds): see docs/verdicts.md ("Page cache").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow.compute as pc
+
+from ckpt_trace.formats import read_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+DRIVER = ROOT / "tests" / "helpers" / "replay_io.py"
+CLI = (sys.executable, "-m", "ckpt_trace.cli")
+
+
+def _files(checkpoint: Path) -> list[Path]:
+    return sorted(p for p in checkpoint.iterdir() if p.is_file())
+
+
+def _drop(checkpoint: Path) -> None:
+    for path in _files(checkpoint):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _warm(checkpoint: Path) -> None:
+    for path in _files(checkpoint):
+        with open(path, "rb", buffering=0) as f:
+            while f.read(8 << 20):
+                pass
+
+
+def _run(*args: str) -> None:
+    proc = subprocess.run(args, capture_output=True, text=True, check=False)
+    if proc.returncode:
+        sys.exit(f"cache_load: {' '.join(args[:6])} ... failed: {proc.stderr.strip()[-2000:]}")
+
+
+def _recorded(trace: Path) -> tuple[float, int]:
+    """(read time in s, the column's sum) of the trace's read rows."""
+    table = read_trace(trace).table
+    reads = table.filter(pc.equal(table.column("op"), "read"))
+    return (pc.sum(reads.column("dur_ns")).as_py() or 0) / 1e9, pc.sum(reads.column("cold_bytes")).as_py() or 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, required=True, help="scratch directory on a block device")
+    parser.add_argument("--model", default="gpt2-small")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-optimizer", action="store_true", help="leave out the Adam state")
+    args = parser.parse_args()
+    args.dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = args.dir / "ck"
+    shape = ["--ranks", str(args.ranks), "--model", args.model, *([] if args.no_optimizer else ["--with-optimizer"])]
+    if not checkpoint.exists():
+        _run(*CLI, "workload", "dcp", "--out", str(checkpoint), *shape)
+    size = sum(p.stat().st_size for p in _files(checkpoint))
+    print(f"checkpoint: {args.model}, {args.ranks} ranks, {size:,} B; load average {os.getloadavg()[0]:.2f}")
+    ratios: dict[str, list[float]] = {"cold": [], "warm": []}
+    for round_ in range(args.rounds):
+        for state in ("cold", "warm") if round_ % 2 == 0 else ("warm", "cold"):
+            (_drop if state == "cold" else _warm)(checkpoint)
+            trace = args.dir / f"load-{state}-{round_}.arrow"
+            load = ["workload", "dcp", "--load", "--out", str(checkpoint), *shape]
+            _run(
+                *CLI,
+                "record",
+                "--backend",
+                "bcc",
+                "--path-filter",
+                f"{checkpoint}/",
+                "-o",
+                str(trace),
+                "--",
+                *CLI,
+                *load,
+            )
+            recorded_s, column = _recorded(trace)
+            with tempfile.TemporaryDirectory(dir=args.dir) as target:
+                out = Path(target) / "figures.json"
+                _run(sys.executable, str(DRIVER), str(trace), str(Path(target) / "t"), str(out))
+                figures = json.loads(out.read_text())
+            ratio = figures["read_time_s"] / recorded_s if recorded_s else float("nan")
+            ratios[state].append(ratio)
+            print(
+                f"round {round_} {state}: read time recorded {recorded_s:.3f} s, replayed {figures['read_time_s']:.3f} s "
+                f"(x{ratio:.2f}); cold: column {column:,} B, distinct {figures['cold_bytes']:,} B; replay read from "
+                f"storage {figures['process_read_bytes']:,} B (device {figures['device_read_bytes'] or 0:,} B); "
+                f"{figures['state']}; load {os.getloadavg()[0]:.2f}"
+            )
+            trace.unlink()
+    for state, values in ratios.items():
+        if values:
+            print(
+                f"{state}: replayed / recorded read time median x{statistics.median(values):.2f} "
+                f"(range {min(values):.2f}-{max(values):.2f}, {len(values)} rounds)"
+            )
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
