@@ -32,6 +32,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 
 from ckpt_trace.formats import read_trace
+from ckpt_trace.iolayer.pagecache import evict
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "helpers" / "replay_io.py"
@@ -44,12 +45,7 @@ def _files(checkpoint: Path) -> list[Path]:
 
 def _drop(checkpoint: Path) -> None:
     for path in _files(checkpoint):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        evict(path)
 
 
 def _warm(checkpoint: Path) -> None:

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from ckpt_trace.cli import main as cli_main
 from ckpt_trace.formats import read_trace
+from ckpt_trace.iolayer.pagecache import evict
 from ckpt_trace.tracer import page_cache
 
 SIZES = (8 << 20, 3 << 20 | 1234)  # the second file ends mid-page
@@ -49,15 +50,6 @@ for _ in range(30):
     f = rng.randrange(2)
     os.pread(fds[f], rng.randrange(1, 300_000), rng.randrange(sizes[f]))
 """
-
-
-def _drop(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def main(out: str) -> None:
@@ -85,7 +77,7 @@ def main(out: str) -> None:
         rng = np.random.default_rng(3)
         for path, size in zip(paths, SIZES):
             path.write_bytes(rng.bytes(size))
-            _drop(path)
+            evict(path)
         with open(paths[0], "rb") as f:  # warm at the start: [2 MiB, 3 MiB) of the first file
             f.seek(2 << 20)
             f.read(1 << 20)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import mmap
-import os
 import subprocess
 import sys
 from contextlib import ExitStack
@@ -19,6 +18,7 @@ from conftest import CKPT_TRACE, cli, record
 from helpers.replay_io import device_read_bytes
 
 from ckpt_trace.formats import read_trace
+from ckpt_trace.iolayer.pagecache import evict
 
 SHAPE = ("--ranks", "2", "--model", "gpt2-tiny", "--with-optimizer")
 DRIVER = Path(__file__).parent / "helpers" / "replay_io.py"
@@ -30,12 +30,7 @@ def _files(checkpoint: Path) -> list[Path]:
 
 def _drop(checkpoint: Path) -> None:
     for path in _files(checkpoint):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        evict(path)
 
 
 def _record_load(checkpoint: Path, trace: Path) -> list[int | None]:

@@ -14,8 +14,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from conftest import cli
+from helpers.replay_io import device_read_bytes, process_read_bytes
 
 from ckpt_trace.formats import read_trace, table_from_columns
+from ckpt_trace.iolayer.pagecache import evict
 from ckpt_trace.tracer import page_cache
 
 SIZE = 16 << 20
@@ -156,15 +158,6 @@ def test_intervals_fold_in_pieces_as_all_at_once(tmp_path, monkeypatch):
     assert state.pages() == len({(n, p) for _, n, lo, hi in inserts.tolist() for p in range(lo, hi + 1)})
 
 
-def _drop(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _record_load(tmp_path, data, name):
     trace = tmp_path / f"{name}.arrow"
     reader = f"f = open({str(data)!r}, 'rb', buffering=0)\nwhile f.read(1 << 20): pass"
@@ -178,7 +171,7 @@ def _record_load(tmp_path, data, name):
 def test_a_load_read_cold_then_warm_records_its_cold_bytes(bcc_backend, tmp_path):
     data = tmp_path / "model.bin"
     data.write_bytes(np.random.default_rng(0).bytes(SIZE))
-    _drop(data)
+    evict(data)
     _, cold, reads = _record_load(tmp_path, data, "cold")
     assert cold.metadata["format_version"] == 6
     assert cold.metadata["page_cache"]["insert_events"] > 0
@@ -191,23 +184,6 @@ def test_a_load_read_cold_then_warm_records_its_cold_bytes(bcc_backend, tmp_path
         assert sum(held[i] for i in range(0, SIZE, PAGE)) >= 0  # every page faulted in
         _, _, warm = _record_load(tmp_path, data, "warm")
     assert warm.column("cold_bytes").null_count == 0 and sum(warm.column("cold_bytes").to_pylist()) == 0
-
-
-def _device_read_bytes(path) -> int | None:
-    """Bytes read so far from the block device holding ``path`` (/proc/diskstats sectors read, 512 B each),
-    None when no device of /proc/diskstats holds it (tmpfs, overlay...)."""
-    st_dev = os.stat(path).st_dev
-    for line in Path("/proc/diskstats").read_text().splitlines():
-        fields = line.split()
-        if (int(fields[0]), int(fields[1])) == (os.major(st_dev), os.minor(st_dev)):
-            return int(fields[5]) * 512
-    return None
-
-
-def _process_read_bytes() -> int:
-    """Bytes this process (all its threads) caused to be read from storage: /proc/self/io ``read_bytes``."""
-    line = next(line for line in Path("/proc/self/io").read_text().splitlines() if line.startswith("read_bytes:"))
-    return int(line.split()[1])
 
 
 def _replayed_device_reads(trace, target, cache: str = "recorded") -> tuple[int, int, str]:
@@ -226,20 +202,20 @@ def _replayed_device_reads(trace, target, cache: str = "recorded") -> tuple[int,
     executor.prepare(plan)
     state, _, recorded = resolve_cache(cache, plan, loaded)
     prepare_cache(root, plan, state, recorded)
-    before, mine = _device_read_bytes(target), _process_read_bytes()
+    before, mine = device_read_bytes(target), process_read_bytes()
     executor.run(plan)
-    after, mine = _device_read_bytes(target), _process_read_bytes() - mine
+    after, mine = device_read_bytes(target), process_read_bytes() - mine
     assert before is not None and after is not None
     return after - before, mine, state
 
 
 @pytest.mark.slow
 def test_a_load_replays_in_the_page_cache_state_it_was_recorded_in(bcc_backend, tmp_path):
-    if _device_read_bytes(tmp_path) is None:
+    if device_read_bytes(tmp_path) is None:
         pytest.skip(f"{tmp_path} is on no block device of /proc/diskstats (tmpfs?): its reads cannot be counted")
     data = tmp_path / "model.bin"
     data.write_bytes(np.random.default_rng(1).bytes(SIZE))
-    _drop(data)
+    evict(data)
     cold_trace, _, reads = _record_load(tmp_path, data, "cold")
     recorded_cold = sum(reads.column("cold_bytes").to_pylist())
     assert recorded_cold == SIZE

@@ -101,3 +101,16 @@ def resident_share(fd: int, size_bytes: int, samples: int = 16, offset: int = 0)
     if share is not None:
         return share, "nowait"
     return 0.0, "unknown"
+
+
+def evict(path: str | os.PathLike) -> None:
+    """Write back the file at ``path`` (fsync(2)), then drop its pages from the page cache
+    (posix_fadvise(2) POSIX_FADV_DONTNEED over the whole file): its next reads go to the device. Only this
+    file's clean pages go; pages another process maps stay (the kernel keeps mapped pages). Raises OSError
+    from open(2) or fsync(2)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
