@@ -89,7 +89,12 @@ Goals (issue 35): DCP whole ``record`` <= 1.10x: not met (the interval starts at
 with 0 lost: not met for the whole ``record`` (the 0.42 s storm records in 4.2 s: ``finish_s`` 2.09 s decoding
 its events after the exit, ``start_s`` 0.66 s), met for the command alone (1.80x, upper end 1.92), 0 lost.
 "tracer CPU" is the recorder's own CPU plus the BPF run time over the bare command's CPU (18.6 s for DCP,
-0.44 s for the storm). Not run here: GPT-2-medium, 4 ranks, hf, strace, the io_uring storm, a >= 60 s save.
+0.44 s for the storm). Then ``--pairs 10 --workload hf --workload true --model gpt2-small --no-optimizer``
+(22:46 UTC, load 1.3 before, 1.1 after; bcc and strace): ``hf`` (save_pretrained, 4.07 s bare) bcc record
+1.399 [1.378, 1.446], command 1.040 [1.019, 1.078], 519 MiB, tracer CPU 26.8 %; strace record 2.065
+[1.976, 2.127], command 1.558 [1.477, 1.604], 174 MiB (strace's own memory not in it), 0 lost for both.
+``true``: the whole ``record`` 1.39 s under bcc (``start_s`` 0.66 s, 506 MiB) and 0.59 s under strace
+(137 MiB). Not run: GPT-2-medium, 4 ranks, the io_uring storm, a save of >= 60 s bare.
 
 Prints a table and writes ``benchmarks/results/tracer_overhead.json``.
 """
