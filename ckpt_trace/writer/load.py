@@ -289,8 +289,7 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
                 stats["cold_way"] = stats["cold_way"] or "direct"
                 stats["cold_way_source"] = stats["cold_way_source"] or "default"
                 return cold
-            if plan.buffered_fd is None:
-                plan.buffered_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            plan.open_buffered(path)
             stream.prepare()  # the arena's allocation is not the device's speed
             started = time.perf_counter()
             self._read_direct(plan, path, items, stored, planner, stream, file_size_bytes, first)
@@ -307,17 +306,13 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
                 cold_direct_bytes_per_s=round(direct_rate),
                 cold_buffered_bytes_per_s=round(buffered_rate),
             )
-            plan.buffered += second
-            plan.direct = [i for i in plan.direct if i not in set(second)]
+            plan.to_buffered(second)
             cold = rest
         stats["cold_way"] = way
         if way == "direct":
             return cold
-        if plan.buffered_fd is None:
-            plan.buffered_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        moved = set(cold)
-        plan.direct = [i for i in plan.direct if i not in moved]
-        plan.buffered += cold
+        plan.open_buffered(path)
+        plan.to_buffered(cold)
         self._read_buffered(plan, path, items, stored, planner, cold)
         return []
 
@@ -718,6 +713,17 @@ class _FilePlan:
     buffered_fd: int | None
     direct: list[int]
     buffered: list[int]
+
+    def open_buffered(self, path: Path) -> None:
+        """Open the buffered descriptor if the plan has none yet. Raises OSError from open(2)."""
+        if self.buffered_fd is None:
+            self.buffered_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+
+    def to_buffered(self, moved: list[int]) -> None:
+        """Count these items (of ``direct``) as read buffered."""
+        gone = set(moved)
+        self.direct = [i for i in self.direct if i not in gone]
+        self.buffered += moved
 
     def close(self) -> None:
         for fd in {self.direct_fd, self.buffered_fd}:
