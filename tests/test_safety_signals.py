@@ -270,3 +270,42 @@ def test_sigterm_to_a_workload_stops_its_ranks(tmp_path, torch_installed):
     while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(pid) for pid in ranks)
+
+
+def test_a_stop_while_ranks_start_waits_for_the_start_even_when_another_thread_takes_it():
+    """CI failed once on ``test_sigterm_to_a_workload_stops_its_ranks``: the kernel handed the SIGTERM to one
+    of the TCPStore's threads, which the start's signal mask does not cover, so KeyboardInterrupt came
+    inside ``Process.start()`` and a rank died on its truncated bootstrap (EOFError traceback). Here a thread
+    that does not block SIGTERM takes one inside the hold: nothing is raised inside, the handler runs once
+    at the hold's end."""
+    import threading
+
+    from ckpt_trace.workloads.engines import _stops_deferred
+
+    class Stop(Exception):
+        pass
+
+    ran: list[int] = []
+
+    def handler(signum, _frame):
+        ran.append(signum)
+        raise Stop
+
+    def another_thread():
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # as a C++ thread started before the hold
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # delivered to this thread before it returns
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(Stop), _stops_deferred():
+            thread = threading.Thread(target=another_thread)
+            thread.start()
+            thread.join()
+            for _ in range(100_000):  # Python runs a pending handler at a loop's back edge (the eval breaker)
+                pass
+            inside = list(ran)
+        assert inside == []
+        assert ran == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -15,12 +15,14 @@ torch is imported lazily (``require_torch``; ``pip install ckpt-trace[torch]``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -312,6 +314,38 @@ _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 _PEER_GRACE_S = 10.0
 
 
+@contextlib.contextmanager
+def _stops_deferred() -> Iterator[None]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, then raise the first that came (its own handler
+    runs, as if it came then).
+
+    Two holds, because either alone leaks: the signal mask (pthread_sigmask(2)) of this thread, which the
+    ranks started meanwhile inherit across execve(2) (``_rank_main`` unblocks it), does not hold a signal the
+    kernel hands to another thread of the process (the TCPStore's threads), whose C handler still marks it
+    for Python's handler in this thread (Python's signal module docs, "Execution of Python signal
+    handlers"); so, in this thread only, the Python handlers are swapped for one that notes the signal. A
+    stop inside ``Process.start()`` otherwise leaves a spawned rank reading a truncated bootstrap (EOFError
+    traceback) and in no list to kill (seen in CI once in a few hundred runs).
+    """
+    noted: list[int] = []
+    previous: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in _STOP_SIGNALS:
+            handler = signal.getsignal(signum)
+            if handler is not None:  # None: a handler not installed from Python, which cannot be put back
+                previous[signum] = handler
+                signal.signal(signum, lambda got, _frame: noted.append(got))
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # one that came meanwhile is noted here
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        if noted:
+            signal.raise_signal(noted[0])
+
+
 def leave_process_group() -> None:
     """End this rank's part in the default process group once its work succeeded.
 
@@ -322,8 +356,6 @@ def leave_process_group() -> None:
     a few hundred 2-rank runs; pytorch#190489 and the abandoned pytorch#179291 describe the teardown races).
     Elsewhere (torchrun, one process): ``torch.distributed.destroy_process_group()``. A barrier broken by
     a failed peer (which the parent reports) is no error here."""
-    import threading
-
     import torch.distributed as dist
 
     if _EXIT_GATE is None:
@@ -416,24 +448,23 @@ def spawn_ranks(target, ranks: int, args: tuple = ()) -> None:
         WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), **{_AGENT_STORE: "True"}
     )
     procs = []
-    # Ctrl-C, SIGTERM and SIGHUP wait while the ranks start: a stop in the middle of a start would leave a
-    # half-started rank that is in no list to kill, and that dies with a traceback on its truncated
-    # bootstrap (``_rank_main`` unblocks them in each rank).
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
-        try:
-            for rank in range(ranks):
-                os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
-                proc = ctx.Process(target=_rank_main, args=(target, errors, gate, rank, ranks, *args))
-                proc.start()
-                procs.append(proc)
-        finally:
-            for key, value in saved_env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a stop that came meanwhile is raised here
+        # Ctrl-C, SIGTERM and SIGHUP wait while the ranks start: a stop in the middle of a start would leave a
+        # half-started rank that is in no list to kill, and that dies with a traceback on its truncated
+        # bootstrap.
+        with _stops_deferred():
+            try:
+                for rank in range(ranks):
+                    os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
+                    proc = ctx.Process(target=_rank_main, args=(target, errors, gate, rank, ranks, *args))
+                    proc.start()
+                    procs.append(proc)
+            finally:
+                for key, value in saved_env.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
         running = {proc.sentinel: proc for proc in procs}
         failed_at, killed = None, False
         while running:
