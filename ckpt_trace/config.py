@@ -51,7 +51,12 @@ RECORD_RENAME_HELD_ROWS = _int_env(
 )  # rows held for --path-filter's renames (tracer.renames)
 RECORD_DECODE_EVENTS = _int_env("RECORD_DECODE_EVENTS", 65536)  # events decoded and fed at a time
 RECORD_STREAM = _int_env("RECORD_STREAM", 1)  # bcc: decode while the command runs (0: after it exits)
+# bcc, streaming: raw bytes the decoder gathers before a feed, or the milliseconds it waits for them
+RECORD_DECODE_BATCH_BYTES = _int_env("RECORD_DECODE_BATCH_BYTES", 4 << 20)
+RECORD_DECODE_BATCH_WAIT_MS = _int_env("RECORD_DECODE_BATCH_WAIT_MS", 250)
 RECORD_RELEASE_EVERY = _int_env("RECORD_RELEASE_EVERY", 4096)  # events between two re-ordered feedings
+# bcc: read/write calls decoded and fed as columns (tracer.datacalls); 0: one SyscallEvent each, as before
+RECORD_DATA_COLUMNS = _int_env("RECORD_DATA_COLUMNS", 1)
 
 # Replay
 REPLAY_MAX_IO_BYTES = _int_env("REPLAY_MAX_IO_BYTES", 64 << 20)  # largest single synthetic buffer

@@ -38,7 +38,7 @@ import select
 import signal
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
@@ -51,7 +51,7 @@ from ckpt_trace import config
 from ckpt_trace.errors import TracerError
 from ckpt_trace.formats import vocabulary
 
-from . import bpfcache, btf, costs, page_cache
+from . import bpfcache, btf, costs, datacalls, page_cache
 from . import syscalls as sc
 from .children import set_parent_death_signal, sigint_handler
 from .ringbuf import RingReader, sample_dtype
@@ -576,13 +576,55 @@ def _arg_spec(nr: int) -> tuple[str, tuple[tuple[str, int, int], ...], tuple[str
     return name, tuple(regs), tuple(paths)
 
 
-def _register_column(values: np.ndarray, conversion: int) -> list[int]:
+def _convert(values: np.ndarray, conversion: int) -> np.ndarray:
     """One argument's registers (int64) as the C prototype types it: s32 sign-extended, u32 masked."""
     if conversion == _U32:
-        values = values & 0xFFFFFFFF
-    elif conversion == _S32:
-        values = ((values & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
-    return values.tolist()
+        return values & 0xFFFFFFFF
+    if conversion == _S32:
+        return ((values & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
+    return values
+
+
+def _register_column(values: np.ndarray, conversion: int) -> list[int]:
+    """``_convert``'s values as Python ints."""
+    return _convert(values, conversion).tolist()
+
+
+_DATA_NRS = np.array([_NAMES.index(name) for name in datacalls.CALLS])
+_DATA_CODE = np.full(len(_NAMES), -1, dtype=np.int64)  # syscall nr -> index into datacalls.CALLS
+_DATA_CODE[_DATA_NRS] = np.arange(len(_DATA_NRS))
+
+
+def decode_data_calls(records: np.ndarray) -> datacalls.DataCalls:
+    """The read/write-family records of a chunk (``_DATA_NRS``) as one ``DataCalls``, column by column: no
+    Python object per call. Arguments a call does not have are 0 (``offset``, ``rwflags``, ``iov_count``)."""
+    count = len(records)
+    nrs = records["nr"]
+    regs = records["a"]
+    columns = {name: np.zeros(count, dtype=np.int64) for name in ("fd", "offset", "size", "iov_count", "rwflags")}
+    for nr in np.unique(nrs).tolist():
+        where = np.flatnonzero(nrs == nr)
+        _, reg_args, _ = _arg_spec(nr)
+        for arg, j, conversion in reg_args:
+            target = "size" if arg == "count" else arg
+            if target in columns:
+                columns[target][where] = _convert(regs[where, j].astype(np.int64), conversion)
+        if _DATA_CODE[nr] >= 0 and datacalls.CALLS[_DATA_CODE[nr]] in sc.VECTORED:
+            columns["size"][where] = records["size"][where]  # the iovecs' lengths, summed by the program
+    return datacalls.DataCalls(
+        ts_ns=records["ts_ns"].astype(np.int64),
+        dur_ns=records["dur_ns"].astype(np.int64),
+        pid=records["pid"].astype(np.int64),
+        tid=records["tid"].astype(np.int64),
+        ret=records["ret"].astype(np.int64),
+        fd=columns["fd"],
+        call=_DATA_CODE[nrs],
+        offset=columns["offset"],
+        size=columns["size"],
+        iov_count=columns["iov_count"],
+        rwflags=columns["rwflags"],
+        comm=np.array(_strings(records["comm"]), dtype=object),
+    )
 
 
 def decode_events(records: np.ndarray, ranks: dict[int, int | None]) -> list[SyscallEvent]:
@@ -876,7 +918,11 @@ class _Rings:
     def start_stream(self, rec: BccRecording) -> None:
         """Decode and feed ``rec.feeder`` from now on, in a background thread, as records are copied."""
         self.decoder = StreamDecoder(
-            lambda group: feed_group(rec, group, self.ranks), self.spill, limit_bytes=config.RECORD_RAW_BYTES
+            lambda group: feed_group(rec, group, self.ranks),
+            self.spill,
+            limit_bytes=config.RECORD_RAW_BYTES,
+            batch_bytes=config.RECORD_DECODE_BATCH_BYTES,
+            batch_wait_s=config.RECORD_DECODE_BATCH_WAIT_MS / 1000,
         )
 
     def consume(self) -> None:
@@ -924,6 +970,22 @@ class _Rings:
             self.spill.close()
 
 
+def _joined(slices: list, step: int) -> Iterator[tuple[str, np.ndarray]]:
+    """(ring, records) of ``slices`` (sorted by first time), next slices of one ring joined up to ``step``
+    records: no other ring's slice starts between them, so the feeder sees the same order, and each decode
+    has a fixed cost (a poll's chunk of a storm is a few hundred records)."""
+    run_name, run, held = "", [], 0
+    for _, _, name, part in slices:
+        if run and (name != run_name or held + len(part) > step):
+            yield run_name, run[0] if len(run) == 1 else np.concatenate(run)
+            run, held = [], 0
+        run_name = name
+        run.append(part)
+        held += len(part)
+    if run:
+        yield run_name, run[0] if len(run) == 1 else np.concatenate(run)
+
+
 def feed_group(rec: BccRecording, held: Group, ranks: dict[int, int | None], keep=None) -> None:
     """Decode one group of raw records (ring name -> chunks) and feed ``rec.feeder``, a slice of
     ``config.RECORD_DECODE_EVENTS`` at a time, the rings' slices in the order of their first records' times
@@ -952,8 +1014,15 @@ def feed_group(rec: BccRecording, held: Group, ranks: dict[int, int | None], kee
             for start in range(0, len(records), step):
                 part = records[start : start + step]
                 slices.append((int(part["ts_ns"][0]), len(slices), name, part))
-    for _, _, name, part in sorted(slices, key=lambda item: item[:2]):
-        feeder.add(decode_aux(part) if name == "aux" else decode_events(part, ranks))
+    for name, part in _joined(sorted(slices, key=lambda item: item[:2]), step):
+        if name == "aux":
+            feeder.add(decode_aux(part))
+            continue
+        is_call = np.isin(part["nr"], _DATA_NRS) if config.RECORD_DATA_COLUMNS else None
+        if is_call is None or not is_call.any():
+            feeder.add(decode_events(part, ranks))
+        else:  # read/write calls stay columns (tracer.datacalls)
+            feeder.add_split(decode_events(part[~is_call], ranks), decode_data_calls(part[is_call]), is_call)
 
 
 @dataclass

@@ -28,7 +28,9 @@ import os
 import posixpath
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ckpt_trace.formats import COLUMNS
 from ckpt_trace.formats import vocabulary as v
@@ -37,6 +39,13 @@ from ckpt_trace.ranges import covered_bytes
 
 from . import syscalls as sc
 from .renames import RenameFollower
+
+if TYPE_CHECKING:
+    from .datacalls import DataCalls
+
+#: Fewer read/write calls in a run than this go through ``TraceBuilder.feed`` one at a time: the columnar
+#: path's fixed cost (a few numpy calls, tens of microseconds) is then more than it saves.
+_DATA_RUN_MIN = 16
 
 
 @dataclass(slots=True)
@@ -237,7 +246,8 @@ class EffectOrderFeeder:
     buffer is written at syscall exit; strace prints a call when it returns), re-ordered by ``effect_ns``
     with bounded memory.
 
-    Call order: ``add(events)`` for each chunk, in arrival order, then ``finish()``. Once
+    Call order: ``add(events)`` (or ``add_split``, whose read/write calls come as columns) for each chunk,
+    in arrival order, then ``finish()``. Once
     ``release_every`` more events have arrived, those that took effect at least ``slack_ns`` before the
     latest end seen so far are fed (sorted; ties keep arrival order), so an event that arrives later with
     an earlier effect can only be one whose effect came more than ``slack_ns`` before its end (a close or
@@ -255,6 +265,7 @@ class EffectOrderFeeder:
         self.late_events = 0
         self._pending: list[tuple[int, int, SyscallEvent | AuxEvent]] = []  # sorted: (effect, arrival, event)
         self._fresh: list[tuple[int, int, SyscallEvent | AuxEvent]] = []  # arrived since the last release
+        self._calls: list[tuple[np.ndarray, np.ndarray, DataCalls]] = []  # (effect, arrival, calls) not yet fed
         self._arrived = self._released = 0
         self._latest_end = None
         self._last_fed = None
@@ -270,6 +281,29 @@ class EffectOrderFeeder:
                 self._latest_end = end
         if self._latest_end is not None and self._arrived - self._released >= self.release_every:
             self._release(self._latest_end - self.slack_ns)
+
+    def add_split(self, events: list[SyscallEvent], calls: DataCalls, is_call: np.ndarray) -> None:
+        """One chunk whose read/write-family calls came as columns: ``is_call`` (bool, one per record of the
+        chunk, in arrival order) is true at the places of ``calls``' rows, ``events`` fill the others, in
+        order. The same order of feeding as ``add`` of the whole chunk as events."""
+        base = self._arrived
+        fresh = self._fresh
+        latest = self._latest_end
+        for event, arrival in zip(events, (np.flatnonzero(~is_call) + base).tolist()):
+            fresh.append((effect_ns(event), arrival, event))
+            end = event.ts_ns + max(event.dur_ns, 0)
+            if latest is None or end > latest:
+                latest = end
+        if len(calls):
+            effect = calls.effect_ns
+            self._calls.append((effect, np.flatnonzero(is_call) + base, calls))
+            end = int(effect.max())  # a read or write takes effect at its end
+            if latest is None or end > latest:
+                latest = end
+        self._latest_end = latest
+        self._arrived += len(is_call)
+        if latest is not None and self._arrived - self._released >= self.release_every:
+            self._release(latest - self.slack_ns)
 
     def finish(self) -> None:
         """Feed what is left, then ``TraceBuilder.finish``."""
@@ -301,6 +335,9 @@ class EffectOrderFeeder:
         count = len(pending) if watermark is None else bisect.bisect_right(pending, (watermark, math.inf))
         ready = pending[:count]
         del pending[:count]
+        if self._calls:
+            self._release_with_calls(ready, watermark)
+            return
         feed = self.builder.feed
         for i, (effect, _, event) in enumerate(ready):
             if self._last_fed is not None and effect < self._last_fed:
@@ -312,6 +349,55 @@ class EffectOrderFeeder:
                 self.on_rows(self.builder)  # a long release hands rows over as it goes
         if ready and self.on_rows is not None:
             self.on_rows(self.builder)
+
+    def _ready_calls(self, watermark: int | None):
+        """The held read/write calls that took effect at or before ``watermark`` (all of them if None), sorted
+        by (effect, arrival), as (effect, arrival, calls); the rest stay held, sorted."""
+        from .datacalls import DataCalls
+
+        effect = np.concatenate([e for e, _, _ in self._calls])
+        arrival = np.concatenate([a for _, a, _ in self._calls])
+        calls = DataCalls.concat([c for _, _, c in self._calls])
+        order = np.lexsort((arrival, effect))
+        effect, arrival = effect[order], arrival[order]
+        count = len(effect) if watermark is None else int(np.searchsorted(effect, watermark, side="right"))
+        if count == len(effect):
+            self._calls = []
+            return effect, arrival, calls.take(order)
+        self._calls = [(effect[count:], arrival[count:], calls.take(order[count:]))]
+        return effect[:count], arrival[:count], calls.take(order[:count])
+
+    def _release_with_calls(self, ready: list, watermark: int | None) -> None:
+        """``_release``'s feeding when read/write calls are held as columns: the ready events and calls merged
+        by (effect, arrival), each run of calls between two events fed at once (``TraceBuilder.feed_data``)."""
+        effect, arrival, calls = self._ready_calls(watermark)
+        event_effect = np.array([item[0] for item in ready], dtype=np.int64)
+        if self._last_fed is not None:  # both are sorted: only what comes before the last fed can be late
+            self.late_events += int(np.count_nonzero(effect < self._last_fed))
+            self.late_events += int(np.count_nonzero(event_effect < self._last_fed))
+        tops = [int(x[-1]) for x in (effect, event_effect) if len(x)]
+        if tops:
+            self._last_fed = max(tops) if self._last_fed is None else max(self._last_fed, *tops)
+        # Where each event goes among the calls: before the first call with a larger (effect, arrival).
+        at = np.searchsorted(effect, event_effect, side="left")
+        ties = np.searchsorted(effect, event_effect, side="right")
+        for i in np.flatnonzero(ties > at).tolist():
+            at[i] += int(np.searchsorted(arrival[at[i] : ties[i]], ready[i][1]))
+        builder, on_rows, every = self.builder, self.on_rows, self.release_every
+        fed = 0
+        for (_, _, event), place in zip(ready, at.tolist()):
+            if place > fed:
+                builder.feed_data(calls.take(slice(fed, place)))
+                fed = place
+                if on_rows is not None and builder.num_rows >= every:
+                    on_rows(builder)
+            builder.feed(event)
+            if on_rows is not None and builder.num_rows >= every:
+                on_rows(builder)
+        if fed < len(calls):
+            builder.feed_data(calls.take(slice(fed, None)))
+        if on_rows is not None and (ready or len(calls)):
+            on_rows(builder)
 
 
 def _row_op(name: str) -> str:
@@ -384,6 +470,7 @@ class TraceBuilder:
         self._cols: dict[str, list] = {name: [] for name in _COLUMN_NAMES}
         self._data_appends = tuple(self._cols[name].append for name in _DATA_COLUMNS)
         self._null_appends = tuple(self._cols[name].append for name in _COLUMN_NAMES if name not in _DATA_COLUMNS)
+        self._null_columns = tuple(name for name in _COLUMN_NAMES if name not in _DATA_COLUMNS)
 
     def _adopt_root(self, pid: int) -> Process:
         proc = self._root_template
@@ -408,6 +495,18 @@ class TraceBuilder:
         handler = _HANDLERS.get(ev.name)
         if handler is not None:
             handler(self, proc, ev)
+
+    def feed_data(self, calls: DataCalls) -> None:
+        """Feed a run of read/write-family calls held as columns (``tracer.datacalls``), in effect order with
+        no other event between them: the same state and rows as ``feed`` of each, without a Python object
+        per call where the run is long enough to gain (``_DATA_RUN_MIN`` calls)."""
+        if len(calls) < _DATA_RUN_MIN:
+            for event in calls.events():
+                self.feed(event)
+            return
+        from .datacalls import feed_data  # datacalls builds on this module
+
+        feed_data(self, calls)
 
     def finish(self) -> None:
         """After the last event: requests submitted and never reaped are rows too (``ret`` -ECANCELED),
@@ -448,19 +547,23 @@ class TraceBuilder:
 
     # -- processes -----------------------------------------------------
     def _process_of(self, ev: SyscallEvent) -> Process:
-        proc = self.procs.get(ev.tid)
+        return self._process_of_ids(ev.tid, ev.pid)
+
+    def _process_of_ids(self, tid: int, pid: int | None) -> Process:
+        """The process of thread ``tid`` (of thread group ``pid``, when known), adopted on first sight."""
+        proc = self.procs.get(tid)
         if proc is not None:
             return proc
         if self._root_template.tgid == -1:
-            proc = self._adopt_root(ev.pid if ev.pid is not None else ev.tid)
-            self.procs[ev.tid] = proc
+            proc = self._adopt_root(pid if pid is not None else tid)
+            self.procs[tid] = proc
             return proc
-        if ev.pid is not None and ev.pid in self.procs:
-            proc = self.procs[ev.pid]
+        if pid is not None and pid in self.procs:
+            proc = self.procs[pid]
         else:
-            proc = Process(tgid=ev.pid if ev.pid is not None else ev.tid, table=FdTable(), cwd=None)
+            proc = Process(tgid=pid if pid is not None else tid, table=FdTable(), cwd=None)
             self.procs[proc.tgid] = proc
-        self.procs[ev.tid] = proc
+        self.procs[tid] = proc
         return proc
 
     def _resolve(self, proc: Process, dirfd: int | None, path: str | None) -> str | None:

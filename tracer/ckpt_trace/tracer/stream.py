@@ -25,6 +25,7 @@ import os
 import struct
 import tempfile
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -111,10 +112,23 @@ class StreamDecoder:
     them (see the module docstring). ``feed`` runs only in that thread; an exception it raises is raised
     again by the next ``put`` or by ``close``."""
 
-    def __init__(self, feed: Callable[[Group], None], spill: RawSpill, *, limit_bytes: int) -> None:
+    def __init__(
+        self,
+        feed: Callable[[Group], None],
+        spill: RawSpill,
+        *,
+        limit_bytes: int,
+        batch_bytes: int = 0,
+        batch_wait_s: float = 0.0,
+    ) -> None:
         self._feed = feed
         self._spill = spill
         self.limit_bytes = max(1, limit_bytes)
+        # A decoder that keeps up would otherwise feed every poll's few hundred records on its own, and each
+        # feed has a fixed cost (numpy calls per ring and per call type): it waits until ``batch_bytes`` are
+        # queued, or ``batch_wait_s`` passed since it last fed, whichever comes first.
+        self.batch_bytes = min(max(0, batch_bytes), self.limit_bytes)
+        self.batch_wait_s = max(0.0, batch_wait_s)
         self.queued_bytes = 0  # raw bytes put and not yet fed, in memory
         self.peak_queued_bytes = 0
         self.pending_bytes = 0  # raw bytes put and not yet fed, in memory or spilled
@@ -170,6 +184,15 @@ class StreamDecoder:
         with self._cond:
             while not self._queue and not self._closed:
                 self._cond.wait()
+            if self.batch_bytes and self.batch_wait_s:
+                deadline = time.monotonic() + self.batch_wait_s
+                while (
+                    not self._closed
+                    and self.queued_bytes < self.batch_bytes
+                    and not any(isinstance(item, int) for item in self._queue)
+                    and (left := deadline - time.monotonic()) > 0
+                ):
+                    self._cond.wait(left)
             if not self._queue:
                 return None, 0
             first = self._queue.popleft()
