@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -154,3 +155,30 @@ def test_a_feed_that_fails_is_raised_by_the_consumer(tmp_path):
     with pytest.raises(TracerError, match="no space"):
         decoder.close()
     raw.close()
+
+
+def test_the_decoder_gathers_its_batch_before_it_feeds(tmp_path):
+    """With ``batch_bytes``, groups put one poll at a time are fed together once that many bytes wait (a
+    decoder that keeps up would otherwise pay its fixed cost per poll), in the order put; ``close`` feeds a
+    smaller rest at once, without waiting out ``batch_wait_s``."""
+    dtype = np.dtype([("ts_ns", "<u8")])
+    raw = RawSpill(tmp_path, {"events": dtype})
+    fed = []
+    decoder = StreamDecoder(
+        lambda group: fed.append([int(t) for records in group["events"] for t in records["ts_ns"]]),
+        raw,
+        limit_bytes=1 << 20,
+        batch_bytes=10 * 8,
+        batch_wait_s=600,
+    )
+    for t in range(10):
+        decoder.put({"events": [np.array([t], dtype)]})
+    deadline = time.monotonic() + 60
+    while not fed and time.monotonic() < deadline:  # the decoder thread takes them: polled, not slept for
+        time.sleep(0.01)
+    assert fed == [list(range(10))]  # nothing before the tenth (a feed before it would hold fewer)
+    for t in range(10, 13):
+        decoder.put({"events": [np.array([t], dtype)]})
+    started = time.monotonic()
+    decoder.close()
+    assert fed == [list(range(10)), [10, 11, 12]] and time.monotonic() - started < 60
