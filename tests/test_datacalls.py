@@ -6,6 +6,7 @@ filters with renames, ties and late events in the re-ordering feeder)."""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -156,7 +157,8 @@ def _feed(events, *, split: bool, chunk: int, filters: tuple[str, ...], release_
             feeder.add(part)
     feeder.finish()
     taken.append(builder.take_rows())
-    rows = {name: [value for part in taken for value in part[name]] for name in taken[0]}
+    taken = [part.to_pydict() if isinstance(part, pa.Table) else part for part in taken]
+    rows = {name: [value for part in taken for value in part[name]] for name in state._COLUMN_NAMES}
     positions = {(tgid, fd): desc.pos for tgid, proc in builder.procs.items() for fd, desc in proc.table.fds.items()}
     counters = (builder.untracked_fd_ops, builder.filtered_rows, feeder.late_events, dict(builder.sizes), positions)
     return rows, counters

@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pyarrow as pa
 
+from ckpt_trace.formats import SCHEMA
 from ckpt_trace.formats import vocabulary as v
 
 from . import syscalls as sc
@@ -234,42 +236,69 @@ def _nullable(values: np.ndarray, valid: np.ndarray) -> list:
     return out.tolist()
 
 
+def _encoded(codes: np.ndarray, values: list) -> pa.Array:
+    """The dictionary array of ``values[codes[i]]`` (str or None; None is null), its dictionary in order of
+    first appearance, as pyarrow's conversion of the same Python list makes it, so that the trace's
+    dictionaries do not depend on which way a row came (``Table.equals``)."""
+    index_of: dict = {}
+    same = np.array([index_of.setdefault(value, len(index_of)) for value in values], dtype=np.int64)
+    codes = same[codes] if len(values) else codes
+    distinct_values = list(index_of)
+    present, first = np.unique(codes, return_index=True)
+    appearing = present[np.argsort(first, kind="stable")]
+    dictionary = [distinct_values[c] for c in appearing.tolist() if distinct_values[c] is not None]
+    renumber = np.full(len(distinct_values), -1, dtype=np.int64)
+    kept = [c for c in appearing.tolist() if distinct_values[c] is not None]
+    renumber[kept] = np.arange(len(kept))
+    indices = renumber[codes]
+    null = indices < 0
+    return pa.DictionaryArray.from_arrays(
+        pa.array(np.where(null, 0, indices).astype(np.int32), mask=null if null.any() else None),
+        pa.array(dictionary, pa.string()),
+    )
+
+
+def _ints(values: np.ndarray, kind: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
+    """``values`` as an Arrow array of ``kind``, null where not ``valid``."""
+    mask = None if valid is None or valid.all() else ~valid
+    return pa.array(values.astype(kind.to_pandas_dtype()), type=kind, mask=mask)
+
+
 def _append(builder, calls, rows, procs, tid_of_row, descs, row_desc, offset, offset_known, explicit) -> None:
-    """The rows ``rows`` of ``calls``, appended to ``builder``'s columns as ``_emit_data`` appends each."""
-    cols = builder._cols
+    """The rows ``rows`` of ``calls``, as ``_emit_data`` would append each, handed to the builder as one
+    table of ``formats.SCHEMA`` (``TraceBuilder.add_block``): numpy columns to Arrow without a Python
+    object per value."""
     count = len(rows)
     call = calls.call[rows]
     t = tid_of_row[rows]
     vectored = _IS_VECTORED[call]
-    proc_tgid = np.array([p.tgid for p in procs], dtype=np.int64)
-    proc_rank = np.array([p.rank for p in procs], dtype=object)
-    proc_comm = np.array([p.comm for p in procs], dtype=object)
-    paths = np.array([d.path for d in descs], dtype=object)
     comm = calls.comm[rows]
-    empty = np.array([not c for c in comm.tolist()], dtype=bool) if count else np.zeros(0, dtype=bool)
+    empty = np.array([not c for c in comm.tolist()], dtype=bool)
     if empty.any():
         comm = comm.copy()
-        comm[empty] = proc_comm[t[empty]]
+        comm[empty] = np.array([p.comm for p in procs], dtype=object)[t[empty]]
     size = calls.size[rows]
-    cols["ts_ns"].extend(np.maximum(calls.ts_ns[rows] - builder.start_ns, 0).tolist())
-    cols["dur_ns"].extend(np.maximum(calls.dur_ns[rows], 0).tolist())
-    cols["pid"].extend(proc_tgid[t].tolist())
-    cols["tid"].extend(calls.tid[rows].tolist())
-    cols["comm"].extend(comm.tolist())
-    cols["rank"].extend(proc_rank[t].tolist())
-    cols["syscall"].extend(_NAMES[call].tolist())
-    cols["op"].extend(_OPS[call].tolist())
-    cols["ret"].extend(calls.ret[rows].tolist())
-    cols["interface"].extend([v.SYSCALL] * count)
-    cols["fd"].extend(calls.fd[rows].tolist())
-    cols["path"].extend(paths[row_desc[rows]].tolist())
-    cols["offset"].extend(_nullable(offset[rows], offset_known[rows]))
-    cols["offset_source"].extend(_sources(explicit[rows], offset_known[rows]).tolist())
-    cols["size"].extend(_nullable(size, ~vectored | (size >= 0)))
-    cols["iov_count"].extend(_nullable(calls.iov_count[rows], vectored))
-    nulls = [None] * count
-    for name in builder._null_columns:
-        cols[name].extend(nulls)
+    sources = np.where(explicit[rows], 0, np.where(offset_known[rows], 1, 2))
+    columns = {
+        "ts_ns": _ints(np.maximum(calls.ts_ns[rows] - builder.start_ns, 0), pa.int64()),
+        "dur_ns": _ints(np.maximum(calls.dur_ns[rows], 0), pa.int64()),
+        "pid": _ints(np.array([p.tgid for p in procs], dtype=np.int64)[t], pa.int32()),
+        "tid": _ints(calls.tid[rows], pa.int32()),
+        "comm": pa.array(comm, pa.string()).dictionary_encode(),  # first appearance order, as from a list
+        "rank": _ints(np.array([p.rank for p in procs], dtype=np.int64)[t], pa.int32()),
+        "syscall": _encoded(call, list(CALLS)),
+        "op": _encoded(_IS_WRITE[call].astype(np.int64), ["read", "write"]),
+        "fd": _ints(calls.fd[rows], pa.int32()),
+        "path": _encoded(row_desc[rows], [d.path for d in descs]),
+        "offset": _ints(offset[rows], pa.int64(), offset_known[rows]),
+        "offset_source": _encoded(sources, list(_SOURCES)),
+        "size": _ints(size, pa.int64(), ~vectored | (size >= 0)),
+        "ret": _ints(calls.ret[rows], pa.int64()),
+        "iov_count": _ints(calls.iov_count[rows], pa.int32(), vectored),
+        "interface": _encoded(np.zeros(count, dtype=np.int64), [v.SYSCALL]),
+    }
+    arrays = [columns[f.name] if f.name in columns else pa.nulls(count, f.type) for f in SCHEMA]
+    builder.add_block(pa.Table.from_arrays(arrays, schema=SCHEMA))
 
 
 def _hold(builder, calls: DataCalls, procs, descs, offset, offset_known, explicit) -> None:

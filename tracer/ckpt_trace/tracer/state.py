@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 
-from ckpt_trace.formats import COLUMNS
+from ckpt_trace.formats import COLUMNS, table_from_columns
 from ckpt_trace.formats import vocabulary as v
 from ckpt_trace.formats.vocabulary import IO_URING_PATH, SPECIAL_PATHS, SPECIAL_PREFIXES
 from ckpt_trace.ranges import covered_bytes
@@ -295,9 +296,10 @@ class EffectOrderFeeder:
             if latest is None or end > latest:
                 latest = end
         if len(calls):
-            effect = calls.effect_ns
-            self._calls.append((effect, np.flatnonzero(is_call) + base, calls))
-            end = int(effect.max())  # a read or write takes effect at its end
+            effect, arrival = calls.effect_ns, np.flatnonzero(is_call) + base
+            order = np.lexsort((arrival, effect))  # each held chunk sorted once: a release takes its prefix
+            self._calls.append((effect[order], arrival[order], calls.take(order)))
+            end = int(effect[order[-1]])  # a read or write takes effect at its end
             if latest is None or end > latest:
                 latest = end
         self._latest_end = latest
@@ -352,20 +354,27 @@ class EffectOrderFeeder:
 
     def _ready_calls(self, watermark: int | None):
         """The held read/write calls that took effect at or before ``watermark`` (all of them if None), sorted
-        by (effect, arrival), as (effect, arrival, calls); the rest stay held, sorted."""
+        by (effect, arrival), as (effect, arrival, calls). Each held chunk is sorted: its ready rows are a
+        prefix, the rest stays held as it is (views, not copies), so a release sorts only what it feeds."""
         from .datacalls import DataCalls
 
-        effect = np.concatenate([e for e, _, _ in self._calls])
-        arrival = np.concatenate([a for _, a, _ in self._calls])
-        calls = DataCalls.concat([c for _, _, c in self._calls])
+        parts, held = [], []
+        empty = self._calls[0][2].take(slice(0, 0))
+        for effect, arrival, calls in self._calls:
+            count = len(effect) if watermark is None else int(np.searchsorted(effect, watermark, side="right"))
+            if count:
+                parts.append((effect[:count], arrival[:count], calls.take(slice(0, count))))
+            if count < len(effect):
+                held.append((effect[count:], arrival[count:], calls.take(slice(count, None))))
+        self._calls = held
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), empty
+        effect = np.concatenate([e for e, _, _ in parts])
+        arrival = np.concatenate([a for _, a, _ in parts])
         order = np.lexsort((arrival, effect))
-        effect, arrival = effect[order], arrival[order]
-        count = len(effect) if watermark is None else int(np.searchsorted(effect, watermark, side="right"))
-        if count == len(effect):
-            self._calls = []
-            return effect, arrival, calls.take(order)
-        self._calls = [(effect[count:], arrival[count:], calls.take(order[count:]))]
-        return effect[:count], arrival[:count], calls.take(order[:count])
+        return effect[order], arrival[order], DataCalls.concat([c for _, _, c in parts]).take(order)
 
     def _release_with_calls(self, ready: list, watermark: int | None) -> None:
         """``_release``'s feeding when read/write calls are held as columns: the ready events and calls merged
@@ -464,6 +473,10 @@ class TraceBuilder:
             self._adopt_root(root_pid)
         self._new_columns()
         self.rows_taken = 0
+        # Rows that came as Arrow tables (``tracer.datacalls``), with the column lists sealed before each, in
+        # emission order: (table or columns, rows).
+        self._blocks: list[tuple[pa.Table | dict[str, list], int]] = []
+        self._block_rows = 0
 
     def _new_columns(self) -> None:
         """Empty columns, with the bound appends ``_emit_data`` fills them through."""
@@ -530,20 +543,39 @@ class TraceBuilder:
 
     def columns(self) -> dict[str, list]:
         """The rows emitted since the last ``take_rows`` (all of them, if never taken), column by column."""
-        return self._cols
+        if not self._blocks:
+            return self._cols
+        return {name: values for name, values in self._held_table().to_pydict().items() if name in self._cols}
 
     @property
     def num_rows(self) -> int:
         """Rows held now (emitted since the last ``take_rows``)."""
-        return len(self._cols["ts_ns"])
+        return len(self._cols["ts_ns"]) + self._block_rows
 
-    def take_rows(self) -> dict[str, list]:
+    def take_rows(self) -> dict[str, list] | pa.Table:
         """Hand over the rows held (in emission order) and start afresh: the builder's memory is then its
-        descriptor state, not the trace (``tracer.spool``). ``rows_taken`` counts what was handed over."""
-        taken = self._cols
+        descriptor state, not the trace (``tracer.spool``). ``rows_taken`` counts what was handed over.
+        Column lists (column -> values), or a table of ``formats.SCHEMA`` once rows came as tables."""
+        taken = self._held_table() if self._blocks else self._cols
+        self.rows_taken += self.num_rows
+        self._blocks, self._block_rows = [], 0
         self._new_columns()
-        self.rows_taken += len(taken["ts_ns"])
         return taken
+
+    def add_block(self, table: pa.Table) -> None:
+        """Rows already in ``formats.SCHEMA``'s columns and types, emitted after every row so far."""
+        if self._cols["ts_ns"]:
+            self._blocks.append((self._cols, len(self._cols["ts_ns"])))
+            self._block_rows += len(self._cols["ts_ns"])
+            self._new_columns()
+        self._blocks.append((table, table.num_rows))
+        self._block_rows += table.num_rows
+
+    def _held_table(self) -> pa.Table:
+        parts = [part if isinstance(part, pa.Table) else table_from_columns(part) for part, _ in self._blocks]
+        if self._cols["ts_ns"]:
+            parts.append(table_from_columns(self._cols))
+        return pa.concat_tables(parts)
 
     # -- processes -----------------------------------------------------
     def _process_of(self, ev: SyscallEvent) -> Process:
