@@ -96,6 +96,18 @@ its events after the exit, ``start_s`` 0.66 s), met for the command alone (1.80x
 ``true``: the whole ``record`` 1.39 s under bcc (``start_s`` 0.66 s, 506 MiB) and 0.59 s under strace
 (137 MiB). Not run: GPT-2-medium, 4 ranks, the io_uring storm, a save of >= 60 s bare.
 
+After read and write calls became columns (``tracer.datacalls``), at 978c386 on 2026-11-29 01:30 UTC,
+``--pairs 10 --workload storm --workload fio-uring-4k --backend bcc`` run twice, one after the other, the
+second with ``CKPT_TRACE_RECORD_DATA_COLUMNS=0`` (one Python object per call, the path before; load 1.2-1.7):
+
+    workload       columns: record/bare   command/bare   finish_s  peak     one by one: record/bare  finish_s  peak
+    storm          7.067 [6.815, 7.246]   1.809          0.86 s    630 MiB  9.848 [9.568, 9.881]     1.99 s    746 MiB
+    fio-uring-4k   3.355 [2.998, 3.459]   1.205          -         657 MiB  3.169 [2.881, 3.486]     -         649 MiB
+
+The storm's whole ``record`` 0.72x of what it was; the command's own ratio is the BPF programs' and the
+2 cores' (1.81 against 1.76, within noise). io_uring requests come through the request ring, not this path:
+within noise. 0 lost everywhere. Goals still not met: storm <= 2x (whole ``record``), io_uring <= 1.1x.
+
 Prints a table and writes ``benchmarks/results/tracer_overhead.json``.
 """
 
