@@ -393,16 +393,17 @@ class EffectOrderFeeder:
         for i in np.flatnonzero(ties > at).tolist():
             at[i] += int(np.searchsorted(arrival[at[i] : ties[i]], ready[i][1]))
         builder, on_rows, every = self.builder, self.on_rows, self.release_every
-        fed = 0
+        fed = since = 0  # calls fed; events and calls fed since ``on_rows`` was last called
         for (_, _, event), place in zip(ready, at.tolist()):
             if place > fed:
                 builder.feed_data(calls.take(slice(fed, place)))
+                since += place - fed
                 fed = place
-                if on_rows is not None and builder.num_rows >= every:
-                    on_rows(builder)
             builder.feed(event)
-            if on_rows is not None and builder.num_rows >= every:
+            since += 1
+            if since >= every and on_rows is not None:  # a long release hands rows over as it goes
                 on_rows(builder)
+                since = 0
         if fed < len(calls):
             builder.feed_data(calls.take(slice(fed, None)))
         if on_rows is not None and (ready or len(calls)):
@@ -484,6 +485,8 @@ class TraceBuilder:
         self._data_appends = tuple(self._cols[name].append for name in _DATA_COLUMNS)
         self._null_appends = tuple(self._cols[name].append for name in _COLUMN_NAMES if name not in _DATA_COLUMNS)
         self._null_columns = tuple(name for name in _COLUMN_NAMES if name not in _DATA_COLUMNS)
+        self._fixed_appends = tuple(self._cols[name].append for name in _FIXED_COLUMNS)
+        self._optional_appends = tuple((name, self._cols[name].append) for name in _OPTIONAL_COLUMNS)
 
     def _adopt_root(self, pid: int) -> Process:
         proc = self._root_template
@@ -625,27 +628,47 @@ class TraceBuilder:
         return True
 
     def _emit(self, proc: Process, ev: SyscallEvent, op: str, **values: Any) -> None:
+        self._emit_row(proc, ev.ts_ns, ev.dur_ns, ev.tid, ev.comm, ev.name, op, ev.ret, values)
+
+    def _emit_row(
+        self,
+        proc: Process,
+        ts_ns: int,
+        dur_ns: int,
+        tid: int,
+        comm: str | None,
+        syscall: str,
+        op: str,
+        ret: int,
+        values: dict[str, Any],
+    ) -> None:
+        """``_emit`` from the row's own values, without an event object (``_emit_request``)."""
         path, new_path = values.get("path"), values.get("new_path")
         if not (self._keep(path, op) or (new_path is not None and self._keep(new_path, op))):
             if not (
                 self.follow is not None
-                and self.follow.hold(new_path if op == "rename" else path, self._held_row(proc, ev, op, values))
+                and self.follow.hold(
+                    new_path if op == "rename" else path,
+                    self._held_row(proc, SyscallEvent(ts_ns, dur_ns, tid, syscall, {}, ret, comm=comm), op, values),
+                )
             ):
                 self.filtered_ops += 1
             return
-        cols = self._cols
-        cols["ts_ns"].append(max(0, ev.ts_ns - self.start_ns))
-        cols["dur_ns"].append(max(0, ev.dur_ns))
-        cols["pid"].append(proc.tgid)
-        cols["tid"].append(ev.tid)
-        cols["comm"].append(ev.comm or proc.comm)
-        cols["rank"].append(proc.rank)
-        cols["syscall"].append(ev.name)
-        cols["op"].append(op)
-        cols["ret"].append(ev.ret)
-        cols["interface"].append(values.get("interface", v.SYSCALL))
-        for name in _OPTIONAL_COLUMNS:
-            cols[name].append(values.get(name))
+        ts_, dur_, pid_, tid_, comm_, rank_, syscall_, op_, ret_, interface = self._fixed_appends
+        ts = ts_ns - self.start_ns
+        ts_(ts if ts > 0 else 0)
+        dur_(dur_ns if dur_ns > 0 else 0)
+        pid_(proc.tgid)
+        tid_(tid)
+        comm_(comm or proc.comm)
+        rank_(proc.rank)
+        syscall_(syscall)
+        op_(op)
+        ret_(ret)
+        get = values.get
+        interface(get("interface", v.SYSCALL))
+        for name, append in self._optional_appends:
+            append(get(name))
 
     def _emit_data(
         self,
@@ -1176,18 +1199,9 @@ class TraceBuilder:
     def _emit_request(self, proc: Process | None, values: dict, *, ret: int, end_ns: int) -> None:
         if proc is None:
             return
-        event = SyscallEvent(
-            values["ts_ns"],
-            max(0, end_ns - values["ts_ns"]),
-            values["tid"],
-            values["syscall"],
-            {},
-            ret,
-            pid=proc.tgid,
-            comm=values.get("comm"),
-        )
-        fields = {key: value for key, value in values.items() if key not in ("ts_ns", "tid", "syscall", "op", "comm")}
-        self._emit(proc, event, values["op"], **fields)
+        ts_ns, tid, syscall, op = values.pop("ts_ns"), values.pop("tid"), values.pop("syscall"), values.pop("op")
+        comm = values.pop("comm", None)  # ``values`` is the request's own, used once
+        self._emit_row(proc, ts_ns, max(0, end_ns - ts_ns), tid, comm, syscall, op, ret, values)
 
     def _on_io_setup(self, proc: Process, ev: SyscallEvent) -> None:
         state = None
@@ -1550,6 +1564,8 @@ _OPTIONAL_COLUMNS = (
     "address",
     "prot",
 )
+# What ``_emit`` fills for every row, in its order (bound appends, ``_new_columns``).
+_FIXED_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "comm", "rank", "syscall", "op", "ret", "interface")
 # What ``_emit_data`` fills, in its order; every other column is null in a read or write row.
 _DATA_COLUMNS = (
     "ts_ns",
