@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import struct
 import sys
 from pathlib import Path
@@ -218,3 +219,28 @@ def test_the_cache_can_be_turned_off(bcc_backend, tmp_path, monkeypatch):
     _, started, _ = _record(tmp_path, "off")
     assert started["source"] == "compiled" and started["cache"] == "off (CKPT_TRACE_BPF_PROGRAM_CACHE=0)"
     assert not (tmp_path / "cache" / "bpf").exists()
+
+
+def test_the_probes_detach_at_once_and_the_maps_stay_readable(bcc_backend, tmp_path, monkeypatch):
+    """``detach_soon`` (called when the command has exited) closes every probe's attachment in threads of
+    its own, so the RCU waits overlap the trace's writing; the rings and counters stay readable."""
+    import threading
+
+    from ckpt_trace.tracer import bpfcache
+    from ckpt_trace.tracer.bcc_backend import BccTracer
+
+    monkeypatch.setenv("CKPT_TRACE_CACHE_DIR", str(tmp_path / "cache"))
+    BccTracer().load()  # compiled and cached, or already cached
+    tracer = BccTracer()
+    tracer.load()
+    holder = tracer.program.holder
+    assert isinstance(holder, bpfcache.Attached) and tracer.program.started["source"] == "cache"
+    links = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in holder.link_fds}
+    assert len(links) >= 4 and all(target.startswith("anon_inode:") for target in links.values())
+    tracer.program.detach_soon()
+    for thread in [t for t in threading.enumerate() if t.name == "ckpt-trace-detach"]:
+        thread.join(timeout=60)
+    for fd, target in links.items():  # closed (a number reused since would name another file)
+        assert not os.path.exists(f"/proc/self/fd/{fd}") or os.readlink(f"/proc/self/fd/{fd}") != target
+    assert holder.link_fds == [] and bpfcache.lookup_u64(tracer.program.map_fds["lost"], 0) == 0
+    holder.close()

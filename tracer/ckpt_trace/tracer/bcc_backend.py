@@ -1039,6 +1039,12 @@ class LoadedProgram:
     holder: Any
     started: dict
 
+    def detach_soon(self) -> None:
+        """Start detaching the probes (``bpfcache.Attached.detach_soon``); the maps stay readable. A program
+        bcc compiled here keeps its probes until the process exits (bcc detaches one at a time)."""
+        if isinstance(self.holder, bpfcache.Attached):
+            self.holder.detach_soon()
+
 
 @contextmanager
 def _quiet_stderr():
@@ -1314,6 +1320,7 @@ class BccTracer:
             rec.recorder_cpu_ns = _cpu_ns() - cpu_at_start_ns
             rec.bpf_run_ns = self.bpf_run_ns()
             rings.consume()  # events are written at syscall exit, so all of them are there now
+            program.detach_soon()  # nothing more to see: the detach's wait overlaps the decoding and writing
             if rings.decoder is not None:
                 rec.decode_backlog_bytes = rings.decoder.pending_bytes
         except BaseException:

@@ -35,6 +35,7 @@ import json
 import os
 import resource
 import struct
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +101,17 @@ class Attached:
     prog_fds: dict[str, int] = field(default_factory=dict)
     link_fds: list[int] = field(default_factory=list)
 
+    def detach_soon(self) -> None:
+        """Detach the probes now, each in a thread of its own; the maps and programs stay open (rings,
+        counters and run times can still be read). Each detach waits for RCU grace periods (tracepoint
+        unregistration, Documentation/RCU/whatisRCU.rst) and concurrent waits share them: the 12 probes
+        here took 0.63 s one after the other, 0.35 s at once (one measurement, 2026-11-29). The recorder
+        calls it when the command has exited, so that the wait overlaps the trace's writing instead of
+        following it at the process's exit, where the user waits for it too."""
+        links, self.link_fds = self.link_fds, []
+        for fd in links:
+            threading.Thread(target=_close_quietly, args=(fd,), name="ckpt-trace-detach", daemon=True).start()
+
     def close(self) -> None:
         for fd in [*self.link_fds, *self.prog_fds.values(), *self.map_fds.values()]:
             try:
@@ -107,6 +119,11 @@ class Attached:
             except OSError:
                 pass
         self.link_fds, self.prog_fds, self.map_fds = [], {}, {}
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 @functools.cache
