@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from helpers.raw_stream import raw_stream, record_stream
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_stream import _record, _stream
 
 from ckpt_trace import config
 from ckpt_trace.formats import read_trace
@@ -31,12 +31,12 @@ def test_a_recorded_stream_gives_the_same_trace_with_calls_as_columns(tmp_path, 
     taken = []
     real = datacalls.feed_data
     monkeypatch.setattr(datacalls, "feed_data", lambda builder, calls: (taken.append(len(calls)), real(builder, calls)))
-    polls, meta = _stream()
+    polls, meta = raw_stream()
     monkeypatch.setattr(config, "RECORD_DATA_COLUMNS", 0)
-    events = read_trace(_record(tmp_path, "events", polls, meta, limit_bytes=None))
+    events = read_trace(record_stream(tmp_path, "events", polls, meta, limit_bytes=None))
     assert taken == []
     monkeypatch.setattr(config, "RECORD_DATA_COLUMNS", 1)
-    columns = read_trace(_record(tmp_path, "columns", polls, meta, limit_bytes=None))
+    columns = read_trace(record_stream(tmp_path, "columns", polls, meta, limit_bytes=None))
     assert sum(taken) >= 100  # most of the 174 read/write calls went through as columns
     assert columns.table.num_rows == events.table.num_rows == meta["rows"]
     assert columns.table.equals(events.table)
