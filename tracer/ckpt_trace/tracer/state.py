@@ -23,6 +23,7 @@ backend that reads the kernel's ``struct file`` supplies ``kernel_offset``
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import os
 import posixpath
@@ -654,7 +655,28 @@ class TraceBuilder:
             ):
                 self.filtered_ops += 1
             return
-        ts_, dur_, pid_, tid_, comm_, rank_, syscall_, op_, ret_, interface = self._fixed_appends
+        get = values.get
+        self._append_row(
+            proc, ts_ns, dur_ns, tid, comm, syscall, op, ret, get("interface", v.SYSCALL),
+            *[get(name) for name in _OPTIONAL_COLUMNS],
+        )  # fmt: skip
+
+    def _append_row(
+        self,
+        proc: Process,
+        ts_ns: int,
+        dur_ns: int,
+        tid: int,
+        comm: str | None,
+        syscall: str,
+        op: str,
+        ret: int,
+        interface: str,
+        *optional: Any,
+    ) -> None:
+        """Append one row: the columns every row has, then ``_OPTIONAL_COLUMNS``' values in their order (the
+        handlers of frequent rows call it directly, without a keyword dict)."""
+        ts_, dur_, pid_, tid_, comm_, rank_, syscall_, op_, ret_, interface_ = self._fixed_appends
         ts = ts_ns - self.start_ns
         ts_(ts if ts > 0 else 0)
         dur_(dur_ns if dur_ns > 0 else 0)
@@ -665,10 +687,9 @@ class TraceBuilder:
         syscall_(syscall)
         op_(op)
         ret_(ret)
-        get = values.get
-        interface(get("interface", v.SYSCALL))
-        for name, append in self._optional_appends:
-            append(get(name))
+        interface_(interface)
+        for (_, append), value in zip(self._optional_appends, optional):
+            append(value)
 
     def _emit_data(
         self,
@@ -1100,6 +1121,13 @@ class TraceBuilder:
                 self._register_files(proc, state, ev)
             self._emit(proc, ev, "io_uring_register", flags=int(ev.args.get("opcode", 0)), **ring)
             return
+        if self._keep(ring["path"], "io_uring_enter"):  # the frequent row: appended without a keyword dict
+            self._append_row(
+                proc, ev.ts_ns, ev.dur_ns, ev.tid, ev.comm, ev.name, "io_uring_enter", ev.ret, v.SYSCALL,
+                fd, ring["path"], None, None, None, int(ev.args.get("to_submit", 0)), int(ev.args.get("flags", 0)),
+                None, ring["queue_id"], None, None, None, None,
+            )  # fmt: skip
+            return
         self._emit(
             proc,
             ev,
@@ -1159,18 +1187,25 @@ class TraceBuilder:
         if state is None:
             state = self.rings[ev.ctx] = RingState(self._new_queue())
         desc = state.fixed.get(ev.fd) if ev.fixed else proc.table.fds.get(ev.fd)
-        name = v.URING_OPCODES.get(ev.opcode, str(ev.opcode))
         if desc is None:
             self.unattributed["requests"] += 1
             return
-        op = _URING_OPS.get(name, "other")
-        if name == "FSYNC" and ev.flags & 1:  # IORING_FSYNC_DATASYNC
-            op = v.FDATASYNC
+        name, op, syscall = _uring_kind(ev.opcode, ev.flags & 1)
+        if op in v.DATA_OPS and ev.offset >= 0 and self._keep(desc.path, op):  # the frequent row, appended as is
+            if op == v.WRITE and ev.res > 0:
+                self._grow(desc.path, ev.offset + ev.res)
+            self._append_row(
+                proc, ev.ts_ns, ev.dur_ns, ev.tid, ev.comm, syscall, op, ev.res, v.IO_URING,
+                None if ev.fixed else ev.fd, desc.path, None, ev.offset, v.OFFSET_EXPLICIT,
+                ev.length if ev.length >= 0 else None, None, ev.vectored or None, state.queue_id,
+                _signed64(ev.user_data), ev.in_flight, _signed64(ev.addr), None,
+            )  # fmt: skip
+            return
         values = {
             "ts_ns": ev.ts_ns,
             "tid": ev.tid,
             "comm": ev.comm,
-            "syscall": f"io_uring:{name}",
+            "syscall": syscall,
             "op": op,
             "fd": None if ev.fixed else ev.fd,
             "path": desc.path,
@@ -1672,6 +1707,14 @@ _AIO_OPS = {
     "FDSYNC": v.FDATASYNC,
 }
 MAP_SHARED, MAP_ANONYMOUS, PROT_WRITE = sc.MAP_SHARED, sc.MAP_ANONYMOUS, sc.PROT_WRITE
+
+
+@functools.cache
+def _uring_kind(opcode: int, datasync: int) -> tuple[str, str, str]:
+    """(opcode name, trace op, syscall column) of an io_uring request (``datasync``: IORING_FSYNC_DATASYNC)."""
+    name = v.URING_OPCODES.get(opcode, str(opcode))
+    op = v.FDATASYNC if name == "FSYNC" and datasync else _URING_OPS.get(name, "other")
+    return name, op, f"io_uring:{name}"
 
 
 def _signed64(value: int) -> int:
