@@ -281,3 +281,14 @@ def test_bcc_records_decode_per_call_with_c_types_and_stale_string_tails():
     assert events[3].args["ino"] == 42 and events[3].args["dev"] == 3 and events[3].args["fd"] == 4
     assert events[4].args["flags"] == sc.O_RDONLY and events[4].args["path"] == "/ckpt/b.bin"
     assert [(e.ts_ns, e.tid, e.pid) for e in events] == [(100 + i, 8 + i, 7) for i in range(5)]
+
+
+def test_append_row_takes_the_optional_columns_in_their_order():
+    """``_append_row``'s positional values after ``interface`` are ``_OPTIONAL_COLUMNS`` in order: a handler
+    calling it directly and the column lists agree on every column."""
+    import inspect
+
+    from ckpt_trace.tracer import state
+
+    names = list(inspect.signature(TraceBuilder._append_row).parameters)
+    assert tuple(names[names.index("interface") + 1 :]) == state._OPTIONAL_COLUMNS

@@ -487,7 +487,7 @@ class TraceBuilder:
         self._null_appends = tuple(self._cols[name].append for name in _COLUMN_NAMES if name not in _DATA_COLUMNS)
         self._null_columns = tuple(name for name in _COLUMN_NAMES if name not in _DATA_COLUMNS)
         self._fixed_appends = tuple(self._cols[name].append for name in _FIXED_COLUMNS)
-        self._optional_appends = tuple((name, self._cols[name].append) for name in _OPTIONAL_COLUMNS)
+        self._optional_appends = tuple(self._cols[name].append for name in _OPTIONAL_COLUMNS)
 
     def _adopt_root(self, pid: int) -> Process:
         proc = self._root_template
@@ -672,7 +672,19 @@ class TraceBuilder:
         op: str,
         ret: int,
         interface: str,
-        *optional: Any,
+        fd: int | None,
+        path: str | None,
+        new_path: str | None,
+        offset: int | None,
+        offset_source: str | None,
+        size: int | None,
+        flags: int | None,
+        iov_count: int | None,
+        queue_id: int | None,
+        request_id: int | None,
+        in_flight: int | None,
+        address: int | None,
+        prot: int | None,
     ) -> None:
         """Append one row: the columns every row has, then ``_OPTIONAL_COLUMNS``' values in their order (the
         handlers of frequent rows call it directly, without a keyword dict)."""
@@ -688,8 +700,22 @@ class TraceBuilder:
         op_(op)
         ret_(ret)
         interface_(interface)
-        for (_, append), value in zip(self._optional_appends, optional):
-            append(value)
+        fd_, path_, new_path_, offset_, source_, size_, flags_, iov_, queue_, request_, flight_, address_, prot_ = (
+            self._optional_appends
+        )
+        fd_(fd)
+        path_(path)
+        new_path_(new_path)
+        offset_(offset)
+        source_(offset_source)
+        size_(size)
+        flags_(flags)
+        iov_(iov_count)
+        queue_(queue_id)
+        request_(request_id)
+        flight_(in_flight)
+        address_(address)
+        prot_(prot)
 
     def _emit_data(
         self,
@@ -1584,6 +1610,7 @@ _COPY_COLUMNS = ("device", "memory_kind")  # copy rows only: the GPU capture's (
 # Filled when the trace is written (tracer.page_cache, by RowSpool.annotate), null here.
 _LATER_COLUMNS = ("cold_bytes",)
 _COLUMN_NAMES = tuple(name for name in COLUMNS if name not in _COPY_COLUMNS + _LATER_COLUMNS)
+# ``_append_row``'s parameters after ``interface``, in this order.
 _OPTIONAL_COLUMNS = (
     "fd",
     "path",
