@@ -503,7 +503,7 @@ class TraceBuilder:
 
     def feed(self, ev: SyscallEvent | AuxEvent) -> None:
         if isinstance(ev, AuxEvent):
-            proc = self._process_of(SyscallEvent(ev.ts_ns, 0, ev.tid, "", {}, 0, pid=ev.pid))
+            proc = self._process_of_ids(ev.tid, ev.pid)
             _AUX_HANDLERS[ev.kind](self, proc, ev)
             return
         if self._pmd_maps:
