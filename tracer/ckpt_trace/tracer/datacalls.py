@@ -14,7 +14,8 @@ between) to the ``TraceBuilder``'s state at once:
   earlier calls on that description in the run (an exclusive cumulative sum per description); positional
   calls keep their argument; the positions and the tracked file sizes are then moved as the calls would
   have moved them one by one;
-- rows go to the builder's columns in the calls' order, one list ``extend`` per column.
+- the rows go to the builder as one Arrow table in the calls' order (``TraceBuilder.add_block``), numpy
+  columns converted without a Python object per value.
 
 What this path does not take (an O_APPEND or RWF_APPEND write, whose offset is the tracked size; a page
 fault waiting for its system call) goes through ``DataCalls.events`` and ``TraceBuilder.feed`` one call at
@@ -222,9 +223,10 @@ def _positions(descs, row_desc, rows, moved, offset, offset_known) -> None:
             descs[d].pos = pos + total
 
 
-def _sources(explicit: np.ndarray, offset_known: np.ndarray) -> np.ndarray:
-    """offset_source per row: explicit, position, or unknown (a position never known)."""
-    return _SOURCES[np.where(explicit, 0, np.where(offset_known, 1, 2))]
+def _source_codes(explicit: np.ndarray, offset_known: np.ndarray) -> np.ndarray:
+    """offset_source per row, as indices into ``_SOURCES``: explicit, position, or unknown (a position never
+    known)."""
+    return np.where(explicit, 0, np.where(offset_known, 1, 2))
 
 
 def _nullable(values: np.ndarray, valid: np.ndarray) -> list:
@@ -278,7 +280,7 @@ def _append(builder, calls, rows, procs, tid_of_row, descs, row_desc, offset, of
         comm = comm.copy()
         comm[empty] = np.array([p.comm for p in procs], dtype=object)[t[empty]]
     size = calls.size[rows]
-    sources = np.where(explicit[rows], 0, np.where(offset_known[rows], 1, 2))
+    sources = _source_codes(explicit[rows], offset_known[rows])
     columns = {
         "ts_ns": _ints(np.maximum(calls.ts_ns[rows] - builder.start_ns, 0), pa.int64()),
         "dur_ns": _ints(np.maximum(calls.dur_ns[rows], 0), pa.int64()),
@@ -304,7 +306,7 @@ def _append(builder, calls, rows, procs, tid_of_row, descs, row_desc, offset, of
 def _hold(builder, calls: DataCalls, procs, descs, offset, offset_known, explicit) -> None:
     """Rows the path filters leave out, offered one at a time to the rename follower (``tracer.renames``),
     as ``_emit_data`` offers them; those it does not take are counted in ``filtered_ops``."""
-    sources = _sources(explicit, offset_known).tolist()
+    sources = _SOURCES[_source_codes(explicit, offset_known)].tolist()
     offsets = _nullable(offset, offset_known)
     for event, proc, desc, off, source in zip(calls.events(), procs, descs, offsets, sources):
         vectored = event.name in sc.VECTORED

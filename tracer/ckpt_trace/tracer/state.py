@@ -481,11 +481,8 @@ class TraceBuilder:
         self._block_rows = 0
 
     def _new_columns(self) -> None:
-        """Empty columns, with the bound appends ``_emit_data`` fills them through."""
+        """Empty columns, with the bound appends ``_append_row`` fills them through."""
         self._cols: dict[str, list] = {name: [] for name in _COLUMN_NAMES}
-        self._data_appends = tuple(self._cols[name].append for name in _DATA_COLUMNS)
-        self._null_appends = tuple(self._cols[name].append for name in _COLUMN_NAMES if name not in _DATA_COLUMNS)
-        self._null_columns = tuple(name for name in _COLUMN_NAMES if name not in _DATA_COLUMNS)
         self._fixed_appends = tuple(self._cols[name].append for name in _FIXED_COLUMNS)
         self._optional_appends = tuple(self._cols[name].append for name in _OPTIONAL_COLUMNS)
 
@@ -729,8 +726,8 @@ class TraceBuilder:
         size: int | None,
         iov_count: int | None,
     ) -> None:
-        """``_emit`` of a read or write row, its values positional: the row most traces are made of, at a
-        third of the generic path's cost (no keyword dict, one bound append per column)."""
+        """``_emit`` of a read or write row, its values positional: the row most traces are made of, without
+        a keyword dict (``_append_row``)."""
         if not self._keep(path, op):
             if not (
                 self.follow is not None
@@ -753,43 +750,10 @@ class TraceBuilder:
             ):
                 self.filtered_ops += 1
             return
-        (
-            ts_ns,
-            dur_ns,
-            pid,
-            tid,
-            comm,
-            rank,
-            syscall,
-            op_,
-            ret,
-            interface,
-            fd_,
-            path_,
-            offset_,
-            offset_source_,
-            size_,
-            iov_count_,
-        ) = self._data_appends
-        ts, dur = ev.ts_ns - self.start_ns, ev.dur_ns
-        ts_ns(ts if ts > 0 else 0)
-        dur_ns(dur if dur > 0 else 0)
-        pid(proc.tgid)
-        tid(ev.tid)
-        comm(ev.comm or proc.comm)
-        rank(proc.rank)
-        syscall(ev.name)
-        op_(op)
-        ret(ev.ret)
-        interface(v.SYSCALL)
-        fd_(fd)
-        path_(path)
-        offset_(offset)
-        offset_source_(offset_source)
-        size_(size)
-        iov_count_(iov_count)
-        for append in self._null_appends:
-            append(None)
+        self._append_row(
+            proc, ev.ts_ns, ev.dur_ns, ev.tid, ev.comm, ev.name, op, ev.ret, v.SYSCALL,
+            fd, path, None, offset, offset_source, size, None, iov_count, None, None, None, None, None,
+        )  # fmt: skip
 
     def _held_row(self, proc: Process, ev: SyscallEvent, op: str, values: dict) -> dict:
         """The row ``_emit`` would append, as a dict (for ``tracer.renames`` to hold)."""
@@ -1628,25 +1592,6 @@ _OPTIONAL_COLUMNS = (
 )
 # What ``_emit`` fills for every row, in its order (bound appends, ``_new_columns``).
 _FIXED_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "comm", "rank", "syscall", "op", "ret", "interface")
-# What ``_emit_data`` fills, in its order; every other column is null in a read or write row.
-_DATA_COLUMNS = (
-    "ts_ns",
-    "dur_ns",
-    "pid",
-    "tid",
-    "comm",
-    "rank",
-    "syscall",
-    "op",
-    "ret",
-    "interface",
-    "fd",
-    "path",
-    "offset",
-    "offset_source",
-    "size",
-    "iov_count",
-)
 
 
 def _handlers() -> dict:
