@@ -539,6 +539,8 @@ def run_pairs(args, workloads: list[str], backends: list[str]) -> None:
             for model, ranks in pair_configs(workload, args):
                 config = argparse.Namespace(**{**vars(args), "model": model or args.model, "ranks": ranks or 1})
                 runs = {v: [] for v in variants}
+                for variant in variants:  # warm_up: bytecode caches, the BPF program cache; not measured
+                    run_variant(workload, variant, scratch, config)
                 for pair in range(args.pairs):
                     for variant in variants if pair % 2 == 0 else variants[::-1]:
                         runs[variant].append(run_variant(workload, variant, scratch, config))
@@ -559,6 +561,8 @@ def run_pairs(args, workloads: list[str], backends: list[str]) -> None:
         "loadavg_before": load_before,
         "loadavg_after": load_after,
         "cpus": os.cpu_count(),
+        "bytecode_cache": "PYTHONDONTWRITEBYTECODE" not in os.environ,  # in the measured commands
+        "warm_up_runs": 1,
         "results": rows,
     }
     save_result(args.result_name, result)
@@ -640,6 +644,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    # As installed, a package runs from its bytecode caches (pip compiles them): a shell that forbids writing
+    # them (PYTHONDONTWRITEBYTECODE, set on the project's machine) would time compiling the recorder's and
+    # the workloads' modules on every start (0.1 s of ``record``'s start, measured here). The first run of
+    # each variant (``warm_up``) writes them.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     workloads = args.workload or list(WORKLOADS)
     if args.start:
         problem = bcc_backend.probe()

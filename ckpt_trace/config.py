@@ -34,6 +34,8 @@ BPF_MAX_IOCBS = _int_env("BPF_MAX_IOCBS", 128)  # iocbs (io_events) read per io_
 BPF_INFLIGHT_ENTRIES = _int_env("BPF_INFLIGHT_ENTRIES", 65536)  # concurrent syscalls tracked
 BPF_IGNORED_FDS = _int_env("BPF_IGNORED_FDS", 262144)  # (tgid, fd) pairs filtered in the kernel
 BPF_POLL_MS = _int_env("BPF_POLL_MS", 50)
+# least ms between two passes of the reader over the rings (bcc_backend.consume_gap_s)
+BPF_CONSUME_GAP_MS = _int_env("BPF_CONSUME_GAP_MS", 2)
 BPF_PROGRAM_CACHE = _int_env("BPF_PROGRAM_CACHE", 1)  # 0: compile with clang at every start (tracer.bpfcache)
 BPF_CACHE_ENTRIES = _int_env("BPF_CACHE_ENTRIES", 16)  # compiled programs kept per kernel (bpfcache.prune)
 BPF_WAKE_EVERY = _int_env("BPF_WAKE_EVERY", 512)  # records between reader wakeups (at most 1/16 of a ring)

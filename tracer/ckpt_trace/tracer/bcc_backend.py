@@ -500,6 +500,16 @@ def wake_every() -> int:
     return max(1, min(config.BPF_WAKE_EVERY, smallest // record_bytes // 16))
 
 
+def consume_gap_s() -> float:
+    """The least time between two passes of the reader over the rings: ``config.BPF_CONSUME_GAP_MS``, or 0
+    where the smallest ring holds under 4 MiB (it could fill within the gap). A pass has a fixed cost per
+    ring whatever it finds: on a storm of 2 M writes of 512 B from 2 threads the reader woke 27,367 times
+    for 73 records a pass on average (wakeups come per CPU and ring), and the passes took about 0.8 s of
+    its CPU. At 2 ms, the rings fill by 4 MiB only at 2 GB/s of records."""
+    smallest = min(getattr(config, pages) for pages in RINGS.values()) * mmap.PAGESIZE
+    return config.BPF_CONSUME_GAP_MS / 1000 if smallest >= 4 << 20 else 0.0
+
+
 def cgroup_ancestors() -> bool:
     """Whether the BPF program may call ``bpf_get_current_ancestor_cgroup_id`` (tracing programs may since
     Linux 5.10), so that ``record --cgroup`` also traces the cgroups below the one named; before, it traces
@@ -554,10 +564,18 @@ def _strings(column: np.ndarray) -> list[str]:
     row is decoded once (a chunk's command names and paths repeat)."""
     if not len(column):
         return []
-    rows = np.ascontiguousarray(column).view(f"V{column.shape[1]}").ravel()
+    column = np.ascontiguousarray(column)
+    if (column == column[0]).all():  # one command's chunk: the common case, a compare instead of a sort
+        return [_c_string(column[0])] * len(column)
+    rows = column.view(f"V{column.shape[1]}").ravel()
     distinct, inverse = np.unique(rows, return_inverse=True)
-    decoded = [row.tobytes().split(b"\0", 1)[0].decode("utf-8", "surrogateescape") for row in distinct]
+    decoded = [_c_string(row) for row in distinct]
     return [decoded[i] for i in inverse.ravel().tolist()]
+
+
+def _c_string(row) -> str:
+    """One C string: the bytes up to the first NUL, as UTF-8 (undecodable bytes kept, surrogateescape)."""
+    return row.tobytes().split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
 
 _RAW, _S32, _U32 = range(3)
@@ -977,13 +995,21 @@ def _joined(slices: list, step: int) -> Iterator[tuple[str, np.ndarray]]:
     run_name, run, held = "", [], 0
     for _, _, name, part in slices:
         if run and (name != run_name or held + len(part) > step):
-            yield run_name, run[0] if len(run) == 1 else np.concatenate(run)
+            yield run_name, _concat_records(run)
             run, held = [], 0
         run_name = name
         run.append(part)
         held += len(part)
     if run:
-        yield run_name, run[0] if len(run) == 1 else np.concatenate(run)
+        yield run_name, _concat_records(run)
+
+
+def _concat_records(parts: list[np.ndarray]) -> np.ndarray:
+    """Records of one layout, one after the other, joined as bytes: ``np.concatenate`` of structured arrays
+    promotes their fields first (115 us against 17 us for 10 slices of 400 records, measured here)."""
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate([np.ascontiguousarray(part).view(np.uint8) for part in parts]).view(parts[0].dtype)
 
 
 def feed_group(rec: BccRecording, held: Group, ranks: dict[int, int | None], keep=None) -> None:
@@ -1311,9 +1337,14 @@ class BccTracer:
             rec.released_s = time.monotonic()
             release()
             status = None
+            gap_s, consumed_s = consume_gap_s(), 0.0
             while status is None:
                 wakeups.poll(config.BPF_POLL_MS / 1000)  # or time out: records also come without a wakeup
+                wait_s = consumed_s + gap_s - time.monotonic()
+                if wait_s > 0:  # let records gather: a pass over the rings costs the same however few it finds
+                    time.sleep(wait_s)
                 rings.consume()
+                consumed_s = time.monotonic()
                 status = finished(rec)
             rec.exited_s = time.monotonic()
             rec.command_elapsed_ns = time.monotonic_ns() - rec.start_ns

@@ -184,11 +184,11 @@ def _descriptions(builder: TraceBuilder, calls: DataCalls):
     procs: list[Process] = [None] * len(tids)  # type: ignore[list-item]
     for k in np.argsort(first, kind="stable").tolist():
         procs[k] = builder._process_of_ids(int(tids[k]), int(calls.pid[first[k]]))
-    pairs, pair_of_row = np.unique(np.stack([tid_of_row, calls.fd]), axis=1, return_inverse=True)
+    pairs, pair_of_row = _pairs(tid_of_row, calls.fd)
     descs: list[Description] = []
     index_of: dict[int, int] = {}  # id(description) -> its index: dup'd descriptors and threads share one
     pair_desc = []
-    for t, fd in pairs.T.tolist():
+    for t, fd in pairs:
         desc = procs[t].table.fds.get(fd)
         if desc is None:
             pair_desc.append(-1)
@@ -197,7 +197,21 @@ def _descriptions(builder: TraceBuilder, calls: DataCalls):
         if index == len(descs):
             descs.append(desc)
         pair_desc.append(index)
-    return procs, tid_of_row, descs, np.asarray(pair_desc, dtype=np.int64)[pair_of_row.ravel()]
+    return procs, tid_of_row, descs, np.asarray(pair_desc, dtype=np.int64)[pair_of_row]
+
+
+def _pairs(tid_of_row: np.ndarray, fd: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """The distinct (thread index, fd) pairs sorted as tuples, and each row's pair index: ``np.unique`` of one
+    int64 key per row (thread index times the fds' span plus the fd's place in it), 20x faster than
+    ``np.unique(..., axis=1)`` on two columns (112 ms against 5.7 ms for 200,000 rows, measured here), with
+    the same order."""
+    low = int(fd.min())
+    span = int(fd.max()) - low + 1
+    if span * (int(tid_of_row.max()) + 1) >= 1 << 62:  # cannot happen for fds (int32); kept exact anyway
+        pairs, inverse = np.unique(np.stack([tid_of_row, fd]), axis=1, return_inverse=True)
+        return [(t, f) for t, f in pairs.T.tolist()], inverse.ravel()
+    _, first, inverse = np.unique(tid_of_row * span + (fd - low), return_index=True, return_inverse=True)
+    return list(zip(tid_of_row[first].tolist(), fd[first].tolist())), inverse.ravel()
 
 
 def _positions(descs, row_desc, rows, moved, offset, offset_known) -> None:
@@ -246,8 +260,10 @@ def _encoded(codes: np.ndarray, values: list) -> pa.Array:
     same = np.array([index_of.setdefault(value, len(index_of)) for value in values], dtype=np.int64)
     codes = same[codes] if len(values) else codes
     distinct_values = list(index_of)
-    present, first = np.unique(codes, return_index=True)
-    appearing = present[np.argsort(first, kind="stable")]
+    first = np.full(len(distinct_values), len(codes), dtype=np.int64)
+    np.minimum.at(first, codes, np.arange(len(codes)))  # each code's first row (np.unique's sort is 15x slower)
+    present = np.flatnonzero(first < len(codes))
+    appearing = present[np.argsort(first[present], kind="stable")]
     dictionary = [distinct_values[c] for c in appearing.tolist() if distinct_values[c] is not None]
     renumber = np.full(len(distinct_values), -1, dtype=np.int64)
     kept = [c for c in appearing.tolist() if distinct_values[c] is not None]

@@ -64,14 +64,16 @@ class _Ordering:
                 lib.ckr_fence_acquire,
             )
 
-    def load_acquire(self, cell: np.ndarray) -> int:
-        return int(cell[0]) if self.plain else int(self.load(cell.ctypes.data))
+    def load_acquire(self, cell: np.ndarray, address: int) -> int:
+        """``cell[0]``; ``address`` is ``cell.ctypes.data``, which the caller keeps (making it costs more
+        than the load)."""
+        return int(cell[0]) if self.plain else int(self.load(address))
 
-    def store_release(self, cell: np.ndarray, value: int) -> None:
+    def store_release(self, cell: np.ndarray, address: int, value: int) -> None:
         if self.plain:
             cell[0] = value
         else:
-            self.store(cell.ctypes.data, value)
+            self.store(address, value)
 
     def fence_acquire(self) -> None:
         if not self.plain:
@@ -119,24 +121,27 @@ class RingReader:
         self._consumer_pos = np.frombuffer(self._consumer, dtype=np.uint64, count=1)
         self._producer_pos = np.frombuffer(self._producer, dtype=np.uint64, count=1)
         self._ordering = _Ordering()
+        self._consumer_address = self._consumer_pos.ctypes.data
+        self._producer_address = self._producer_pos.ctypes.data
 
     def read(self) -> np.ndarray:
         """Every record committed since the previous call, as an array of ``dtype`` (a copy)."""
         order = self._ordering
         consumer = int(self._consumer_pos[0])  # written by this reader only
-        producer = order.load_acquire(self._producer_pos)
+        producer = order.load_acquire(self._producer_pos, self._producer_address)
         available = (producer - consumer) // self.stride
         if available <= 0:
             return np.empty(0, dtype=self.dtype)
         start = consumer & self.mask
         rows = self._data[start : start + available * self.stride].reshape(available, self.stride)
-        lengths = rows[:, :4].copy().view("<u4")[:, 0]
+        lengths = rows[:, :4].view("<u4")[:, 0] & (BUSY_BIT | DISCARD_BIT)  # one load of each header
         busy = np.flatnonzero(lengths & BUSY_BIT)
         committed = int(busy[0]) if len(busy) else available  # records after a busy one wait for it
         order.fence_acquire()  # the samples are read after their headers said committed
         keep = (lengths[:committed] & DISCARD_BIT) == 0
         samples = np.ascontiguousarray(rows[:committed, HEADER_BYTES : HEADER_BYTES + self.dtype.itemsize][keep])
-        order.store_release(self._consumer_pos, consumer + committed * self.stride)  # after the copy
+        # after the copy
+        order.store_release(self._consumer_pos, self._consumer_address, consumer + committed * self.stride)
         return samples.view(self.dtype).reshape(-1)
 
     def close(self) -> None:
