@@ -59,6 +59,8 @@ RECORD_DECODE_BATCH_WAIT_MS = _int_env("RECORD_DECODE_BATCH_WAIT_MS", 250)
 RECORD_RELEASE_EVERY = _int_env("RECORD_RELEASE_EVERY", 4096)  # events between two re-ordered feedings
 # bcc: read/write calls decoded and fed as columns (tracer.datacalls); 0: one SyscallEvent each, as before
 RECORD_DATA_COLUMNS = _int_env("RECORD_DATA_COLUMNS", 1)
+# bcc: io_uring_enter calls and io_uring requests decoded and fed as columns (tracer.ringcalls); 0: one event each
+RECORD_RING_COLUMNS = _int_env("RECORD_RING_COLUMNS", 1)
 
 # Replay
 REPLAY_MAX_IO_BYTES = _int_env("REPLAY_MAX_IO_BYTES", 64 << 20)  # largest single synthetic buffer

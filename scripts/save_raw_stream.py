@@ -6,6 +6,10 @@ records as ``ringbuf.RingReader`` copied them, with their exact dtypes) and ``me
 builder's arguments, the root process, the ranks read at exec and the recording's counts. Needs root and bcc.
 
     python scripts/save_raw_stream.py [tests/data/raw_stream.npz]
+    python scripts/save_raw_stream.py --uring [tests/data/raw_stream_uring.npz]
+
+``--uring`` records fio's io_uring engine instead (``URING_JOBS``: reads and writes, registered files and
+buffers, a submission-queue polling thread, fsync requests), for ``tests/test_ringcalls.py``.
 """
 
 from __future__ import annotations
@@ -51,9 +55,19 @@ with open(f"{d}/b.bin", "wb") as f:
     f.write(b"z" * 100000)
 """
 
+# fio jobs one after the other (--stonewall): io_uring requests of each kind the recorder sees.
+URING_JOBS = (
+    "--name=plain --ioengine=io_uring --rw=randrw --bs=4k --size=512k --iodepth=8",
+    "--name=fixed --ioengine=io_uring --rw=randwrite --bs=4k --size=256k --iodepth=4 --registerfiles=1 --fixedbufs=1",
+    "--name=sqpoll --ioengine=io_uring --rw=write --bs=8k --size=256k --iodepth=4 --sqthread_poll=1",
+    "--name=fsync --ioengine=io_uring --rw=write --bs=4k --size=128k --iodepth=2 --fsync=4",
+)
+
 
 def main() -> None:
-    output = Path(sys.argv[1] if len(sys.argv) > 1 else "tests/data/raw_stream.npz")
+    uring = "--uring" in sys.argv[1:]
+    paths = [arg for arg in sys.argv[1:] if arg != "--uring"]
+    output = Path(paths[0] if paths else f"tests/data/raw_stream{'_uring' if uring else ''}.npz")
     record_mod = importlib.import_module("ckpt_trace.tracer.record")
     polls: list[dict] = []
     saved: dict = {}
@@ -85,6 +99,9 @@ def main() -> None:
             f"\"{sys.executable}\" -c '{WORKLOAD}' {directory} && fio --name=u --directory={directory} "
             "--ioengine=io_uring --rw=randwrite --bs=4k --size=64k --iodepth=4 --output=/dev/null",
         ]
+        if uring:
+            jobs = [f"{job} --stonewall".split() for job in URING_JOBS]
+            cmd = ["fio", f"--directory={directory}", "--output=/dev/null", *(arg for job in jobs for arg in job)]
         result = record_mod.record(
             cmd,
             Path(scratch) / "t.arrow",

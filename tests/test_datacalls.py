@@ -150,8 +150,7 @@ def _feed(events, *, split: bool, chunk: int, filters: tuple[str, ...], release_
         if split:
             feeder.add_split(
                 [e for e, c in zip(part, is_call) if not c],
-                _columns_of([e for e, c in zip(part, is_call) if c]),
-                is_call,
+                [(_columns_of([e for e, c in zip(part, is_call) if c]), is_call)],
             )
         else:
             feeder.add(part)

@@ -17,8 +17,9 @@ from ckpt_trace.tracer.stream import RawSpill, StreamDecoder
 STREAM = Path(__file__).parent.parent / "data" / "raw_stream.npz"
 
 
-def raw_stream() -> tuple[list[dict[str, list[np.ndarray]]], dict]:
-    saved = np.load(STREAM)
+def raw_stream(path: Path = STREAM) -> tuple[list[dict[str, list[np.ndarray]]], dict]:
+    """The polls (ring name -> records) and the meta of a saved raw stream (``STREAM`` by default)."""
+    saved = np.load(path)
     meta = json.loads(str(saved["meta"]))
     polls: dict[int, dict[str, list[np.ndarray]]] = {}
     for key in saved.files:

@@ -51,11 +51,11 @@ from ckpt_trace import config
 from ckpt_trace.errors import TracerError
 from ckpt_trace.formats import vocabulary
 
-from . import bpfcache, btf, costs, datacalls, page_cache
+from . import bpfcache, btf, costs, datacalls, page_cache, ringcalls
 from . import syscalls as sc
 from .children import set_parent_death_signal, sigint_handler
 from .ringbuf import RingReader, sample_dtype
-from .state import AUX_CACHE_INSERT, AuxEvent, EffectOrderFeeder, SyscallEvent, rank_from_environ
+from .state import AUX_CACHE_INSERT, AUX_URING_REQ, AuxEvent, EffectOrderFeeder, SyscallEvent, rank_from_environ
 from .stream import Group, RawSpill, StreamDecoder
 
 TRACEFS = Path("/sys/kernel/tracing")
@@ -645,6 +645,79 @@ def decode_data_calls(records: np.ndarray) -> datacalls.DataCalls:
     )
 
 
+_ENTER_NR = _NAMES.index("io_uring_enter")
+
+
+def decode_ring_enters(records: np.ndarray) -> ringcalls.RingCalls:
+    """The ``io_uring_enter`` records of a chunk as one ``RingCalls`` (``enter`` true), column by column, with
+    the arguments ``decode_events`` gives them (``ringcalls.ENTER_ARGS``). Raises TracerError where the
+    program's argument list for the call is not that one (a change to keep both in step)."""
+    _, reg_args, _ = _arg_spec(_ENTER_NR)
+    if tuple(arg for arg, _, _ in reg_args) != ringcalls.ENTER_ARGS:
+        raise TracerError(f"io_uring_enter's arguments are {reg_args}, ringcalls.ENTER_ARGS says otherwise")
+    regs = records["a"]
+    args = {arg: _convert(regs[:, j].astype(np.int64), conversion) for arg, j, conversion in reg_args}
+    count = len(records)
+    zeros = np.zeros(count, dtype=np.int64)
+    return ringcalls.RingCalls(
+        enter=np.ones(count, dtype=bool),
+        ts_ns=records["ts_ns"].astype(np.int64),
+        dur_ns=records["dur_ns"].astype(np.int64),
+        pid=records["pid"].astype(np.int64),
+        tid=records["tid"].astype(np.int64),
+        ret=records["ret"].astype(np.int64),
+        fd=args["fd"],
+        to_submit=args["to_submit"],
+        min_complete=args["min_complete"],
+        enter_flags=args["flags"],
+        sigsz=args["sigsz"],
+        size=records["size"].astype(np.int64),
+        ctx=np.zeros(count, dtype=np.uint64),
+        user_data=np.zeros(count, dtype=np.uint64),
+        addr=np.zeros(count, dtype=np.uint64),
+        offset=zeros,
+        length=zeros,
+        opcode=zeros,
+        flags=zeros,
+        in_flight=zeros,
+        vectored=zeros,
+        fixed=np.zeros(count, dtype=bool),
+        comm=np.array(_strings(records["comm"]), dtype=object),
+    )
+
+
+def decode_ring_requests(records: np.ndarray) -> ringcalls.RingCalls:
+    """The ``AUX_URING_REQ`` records of an aux chunk as one ``RingCalls`` (``enter`` false), with the values
+    ``decode_aux`` gives their ``AuxEvent``s."""
+    count = len(records)
+    zeros = np.zeros(count, dtype=np.int64)
+    return ringcalls.RingCalls(
+        enter=np.zeros(count, dtype=bool),
+        ts_ns=records["ts_ns"].astype(np.int64),
+        dur_ns=records["dur_ns"].astype(np.int64),
+        pid=records["pid"].astype(np.int64),
+        tid=records["tid"].astype(np.int64),
+        ret=records["res"].astype(np.int64),
+        fd=records["fd"].astype(np.int64),
+        to_submit=zeros,
+        min_complete=zeros,
+        enter_flags=zeros,
+        sigsz=zeros,
+        size=np.full(count, -1, dtype=np.int64),
+        ctx=records["ctx"].astype(np.uint64),
+        user_data=records["user_data"].astype(np.uint64),
+        addr=records["addr"].astype(np.uint64),
+        offset=records["offset"].astype(np.int64),
+        length=records["len"].astype(np.int64),
+        opcode=records["opcode"].astype(np.int64),
+        flags=records["flags"].astype(np.int64),
+        in_flight=records["in_flight"].astype(np.int64),
+        vectored=records["vectored"].astype(np.int64),
+        fixed=records["fixed"] != 0,
+        comm=np.array(_strings(records["comm"]), dtype=object),
+    )
+
+
 def decode_events(records: np.ndarray, ranks: dict[int, int | None]) -> list[SyscallEvent]:
     """SyscallEvents of a chunk of ``event_t`` records (``RingReader.read``), in the chunk's order. ``ranks``:
     pid -> the rank in the environment of its new image, for the execve records of the chunk (read while it
@@ -1042,13 +1115,26 @@ def feed_group(rec: BccRecording, held: Group, ranks: dict[int, int | None], kee
                 slices.append((int(part["ts_ns"][0]), len(slices), name, part))
     for name, part in _joined(sorted(slices, key=lambda item: item[:2]), step):
         if name == "aux":
-            feeder.add(decode_aux(part))
+            requests = part["kind"] == AUX_URING_REQ if config.RECORD_RING_COLUMNS else None
+            if requests is None or not requests.any():
+                feeder.add(decode_aux(part))
+            else:  # io_uring requests stay columns (tracer.ringcalls)
+                feeder.add_split(decode_aux(part[~requests]), [(decode_ring_requests(part[requests]), requests)])
             continue
-        is_call = np.isin(part["nr"], _DATA_NRS) if config.RECORD_DATA_COLUMNS else None
-        if is_call is None or not is_call.any():
+        parts: list[tuple[Any, np.ndarray]] = []
+        if config.RECORD_DATA_COLUMNS:  # read/write calls stay columns (tracer.datacalls)
+            is_call = np.isin(part["nr"], _DATA_NRS)
+            if is_call.any():
+                parts.append((decode_data_calls(part[is_call]), is_call))
+        if config.RECORD_RING_COLUMNS:  # so do io_uring_enter calls, beside their requests (tracer.ringcalls)
+            is_enter = part["nr"] == _ENTER_NR
+            if is_enter.any():
+                parts.append((decode_ring_enters(part[is_enter]), is_enter))
+        if not parts:
             feeder.add(decode_events(part, ranks))
-        else:  # read/write calls stay columns (tracer.datacalls)
-            feeder.add_split(decode_events(part[~is_call], ranks), decode_data_calls(part[is_call]), is_call)
+            continue
+        taken = parts[0][1] if len(parts) == 1 else parts[0][1] | parts[1][1]
+        feeder.add_split(decode_events(part[~taken], ranks), parts)
 
 
 @dataclass

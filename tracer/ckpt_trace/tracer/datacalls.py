@@ -98,6 +98,11 @@ class DataCalls:
             return parts[0]
         return DataCalls(*(np.concatenate([getattr(p, name) for p in parts]) for name in DataCalls.__slots__))  # type: ignore[attr-defined]
 
+    def feed(self, builder: TraceBuilder) -> None:
+        """Feed these calls (in effect order, no other event between them) to ``builder``
+        (``TraceBuilder.feed_data``)."""
+        builder.feed_data(self)
+
     def events(self) -> list[SyscallEvent]:
         """The calls as the ``SyscallEvent`` objects a backend would decode one at a time (``args``: fd,
         count or iov_count, and offset and rwflags where the call has them)."""

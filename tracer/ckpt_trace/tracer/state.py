@@ -27,7 +27,7 @@ import functools
 import math
 import os
 import posixpath
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +44,7 @@ from .renames import RenameFollower
 
 if TYPE_CHECKING:
     from .datacalls import DataCalls
+    from .ringcalls import RingCalls
 
 #: Fewer read/write calls in a run than this go through ``TraceBuilder.feed`` one at a time: the columnar
 #: path's fixed cost (a few numpy calls, tens of microseconds) is then more than it saves.
@@ -267,7 +268,8 @@ class EffectOrderFeeder:
         self.late_events = 0
         self._pending: list[tuple[int, int, SyscallEvent | AuxEvent]] = []  # sorted: (effect, arrival, event)
         self._fresh: list[tuple[int, int, SyscallEvent | AuxEvent]] = []  # arrived since the last release
-        self._calls: list[tuple[np.ndarray, np.ndarray, DataCalls]] = []  # (effect, arrival, calls) not yet fed
+        # Calls held as columns, per kind (DataCalls, RingCalls): (effect, arrival, calls) not yet fed
+        self._calls: dict[type, list[tuple[np.ndarray, np.ndarray, Any]]] = {}
         self._arrived = self._released = 0
         self._latest_end = None
         self._last_fed = None
@@ -284,27 +286,34 @@ class EffectOrderFeeder:
         if self._latest_end is not None and self._arrived - self._released >= self.release_every:
             self._release(self._latest_end - self.slack_ns)
 
-    def add_split(self, events: list[SyscallEvent], calls: DataCalls, is_call: np.ndarray) -> None:
-        """One chunk whose read/write-family calls came as columns: ``is_call`` (bool, one per record of the
-        chunk, in arrival order) is true at the places of ``calls``' rows, ``events`` fill the others, in
-        order. The same order of feeding as ``add`` of the whole chunk as events."""
+    def add_split(self, events: Sequence[SyscallEvent | AuxEvent], parts: list[tuple[Any, np.ndarray]]) -> None:
+        """One chunk some of whose calls came as columns: ``parts`` are (calls, mask) pairs, ``calls`` a
+        ``datacalls.DataCalls`` or a ``ringcalls.RingCalls`` and ``mask`` (bool, one per record of the chunk,
+        in arrival order) true at the places of its rows; ``events`` fill the places no mask holds, in order.
+        The same order of feeding as ``add`` of the whole chunk as events."""
         base = self._arrived
         fresh = self._fresh
         latest = self._latest_end
-        for event, arrival in zip(events, (np.flatnonzero(~is_call) + base).tolist()):
+        count = len(parts[0][1]) if parts else len(events)
+        taken = np.zeros(count, dtype=bool)
+        for _, mask in parts:
+            taken |= mask
+        for event, arrival in zip(events, (np.flatnonzero(~taken) + base).tolist()):
             fresh.append((effect_ns(event), arrival, event))
             end = event.ts_ns + max(event.dur_ns, 0)
             if latest is None or end > latest:
                 latest = end
-        if len(calls):
-            effect, arrival = calls.effect_ns, np.flatnonzero(is_call) + base
+        for calls, mask in parts:
+            if not len(calls):
+                continue
+            effect, arrival = calls.effect_ns, np.flatnonzero(mask) + base
             order = np.lexsort((arrival, effect))  # each held chunk sorted once: a release takes its prefix
-            self._calls.append((effect[order], arrival[order], calls.take(order)))
-            end = int(effect[order[-1]])  # a read or write takes effect at its end
+            self._calls.setdefault(type(calls), []).append((effect[order], arrival[order], calls.take(order)))
+            end = int(np.max(calls.ts_ns + np.maximum(calls.dur_ns, 0)))  # the latest end among them
             if latest is None or end > latest:
                 latest = end
         self._latest_end = latest
-        self._arrived += len(is_call)
+        self._arrived += count
         if latest is not None and self._arrived - self._released >= self.release_every:
             self._release(latest - self.slack_ns)
 
@@ -353,21 +362,27 @@ class EffectOrderFeeder:
         if ready and self.on_rows is not None:
             self.on_rows(self.builder)
 
-    def _ready_calls(self, watermark: int | None):
-        """The held read/write calls that took effect at or before ``watermark`` (all of them if None), sorted
-        by (effect, arrival), as (effect, arrival, calls). Each held chunk is sorted: its ready rows are a
-        prefix, the rest stays held as it is (views, not copies), so a release sorts only what it feeds."""
-        from .datacalls import DataCalls
-
+    def _ready_calls(self, kind: type, watermark: int | None):
+        """The held calls of ``kind`` that took effect at or before ``watermark`` (all of them if None),
+        sorted by (effect, arrival), as (effect, arrival, calls). Each held chunk is sorted: its ready rows are
+        a prefix, the rest stays held as it is (views, not copies), so a release sorts only what it feeds."""
         parts, held = [], []
-        empty = self._calls[0][2].take(slice(0, 0))
-        for effect, arrival, calls in self._calls:
+        chunks = self._calls[kind]
+        empty = chunks[0][2].take(slice(0, 0))
+        for chunk in chunks:
+            effect, arrival, calls = chunk
             count = len(effect) if watermark is None else int(np.searchsorted(effect, watermark, side="right"))
-            if count:
+            if count == len(effect):
+                parts.append(chunk)
+            elif not count:
+                held.append(chunk)  # nothing ready: kept as it is (no copy of its columns' views)
+            else:
                 parts.append((effect[:count], arrival[:count], calls.take(slice(0, count))))
-            if count < len(effect):
                 held.append((effect[count:], arrival[count:], calls.take(slice(count, None))))
-        self._calls = held
+        if held:
+            self._calls[kind] = held
+        else:
+            del self._calls[kind]
         if len(parts) == 1:
             return parts[0]
         if not parts:
@@ -375,40 +390,90 @@ class EffectOrderFeeder:
         effect = np.concatenate([e for e, _, _ in parts])
         arrival = np.concatenate([a for _, a, _ in parts])
         order = np.lexsort((arrival, effect))
-        return effect[order], arrival[order], DataCalls.concat([c for _, _, c in parts]).take(order)
+        return effect[order], arrival[order], kind.concat([c for _, _, c in parts]).take(order)
 
     def _release_with_calls(self, ready: list, watermark: int | None) -> None:
-        """``_release``'s feeding when read/write calls are held as columns: the ready events and calls merged
-        by (effect, arrival), each run of calls between two events fed at once (``TraceBuilder.feed_data``)."""
-        effect, arrival, calls = self._ready_calls(watermark)
+        """``_release``'s feeding when calls are held as columns: the ready events and calls merged by
+        (effect, arrival), each run of one kind's calls between two other items fed at once (``calls.feed``:
+        ``TraceBuilder.feed_data``, ``feed_ring``)."""
+        streams = [
+            stream for stream in (self._ready_calls(kind, watermark) for kind in list(self._calls)) if len(stream[0])
+        ]
         event_effect = np.array([item[0] for item in ready], dtype=np.int64)
-        if self._last_fed is not None:  # both are sorted: only what comes before the last fed can be late
-            self.late_events += int(np.count_nonzero(effect < self._last_fed))
-            self.late_events += int(np.count_nonzero(event_effect < self._last_fed))
-        tops = [int(x[-1]) for x in (effect, event_effect) if len(x)]
+        if self._last_fed is not None:  # each is sorted: only what comes before the last fed can be late
+            for effect in [event_effect, *(stream[0] for stream in streams)]:
+                self.late_events += int(np.count_nonzero(effect < self._last_fed))
+        tops = [int(x[-1]) for x in [event_effect, *(stream[0] for stream in streams)] if len(x)]
         if tops:
             self._last_fed = max(tops) if self._last_fed is None else max(self._last_fed, *tops)
-        # Where each event goes among the calls: before the first call with a larger (effect, arrival).
+        if len(streams) == 1:
+            runs = self._runs_among_events(ready, event_effect, streams[0])
+        else:
+            runs = self._runs_merged(ready, event_effect, streams)
+        builder, on_rows, every = self.builder, self.on_rows, self.release_every
+        since = 0  # events and calls fed since ``on_rows`` was last called
+        for source, start, stop in runs:
+            if source < 0:
+                for _, _, event in ready[start:stop]:
+                    builder.feed(event)
+                    since += 1
+                    if since >= every and on_rows is not None:  # a long release hands rows over as it goes
+                        on_rows(builder)
+                        since = 0
+                continue
+            streams[source][2].take(slice(start, stop)).feed(builder)
+            since += stop - start
+            if since >= every and on_rows is not None:
+                on_rows(builder)
+                since = 0
+        if on_rows is not None and (ready or streams):
+            on_rows(builder)
+
+    @staticmethod
+    def _runs_among_events(ready: list, event_effect: np.ndarray, stream) -> list[tuple[int, int, int]]:
+        """(source, start, stop) runs in feeding order of the ready events (source -1) and one kind's calls
+        (source 0): where each event goes among the calls, by (effect, arrival), with a binary search each."""
+        effect, arrival, calls = stream
         at = np.searchsorted(effect, event_effect, side="left")
         ties = np.searchsorted(effect, event_effect, side="right")
         for i in np.flatnonzero(ties > at).tolist():
             at[i] += int(np.searchsorted(arrival[at[i] : ties[i]], ready[i][1]))
-        builder, on_rows, every = self.builder, self.on_rows, self.release_every
-        fed = since = 0  # calls fed; events and calls fed since ``on_rows`` was last called
-        for (_, _, event), place in zip(ready, at.tolist()):
+        runs, fed = [], 0
+        for i, place in enumerate(at.tolist()):
             if place > fed:
-                builder.feed_data(calls.take(slice(fed, place)))
-                since += place - fed
+                runs.append((0, fed, place))
                 fed = place
-            builder.feed(event)
-            since += 1
-            if since >= every and on_rows is not None:  # a long release hands rows over as it goes
-                on_rows(builder)
-                since = 0
+            if runs and runs[-1][0] < 0:
+                runs[-1] = (-1, runs[-1][1], i + 1)
+            else:
+                runs.append((-1, i, i + 1))
         if fed < len(calls):
-            builder.feed_data(calls.take(slice(fed, None)))
-        if on_rows is not None and (ready or len(calls)):
-            on_rows(builder)
+            runs.append((0, fed, len(calls)))
+        return runs
+
+    @staticmethod
+    def _runs_merged(ready: list, event_effect: np.ndarray, streams: list) -> list[tuple[int, int, int]]:
+        """(source, start, stop) runs in feeding order of the ready events (source -1) and several kinds'
+        calls (source: index into ``streams``), all merged by (effect, arrival)."""
+        effect = np.concatenate([event_effect, *(s[0] for s in streams)])
+        arrival = np.concatenate([np.array([item[1] for item in ready], dtype=np.int64), *(s[1] for s in streams)])
+        source = np.concatenate(
+            [
+                np.full(len(ready), -1, dtype=np.int64),
+                *(np.full(len(s[0]), k, dtype=np.int64) for k, s in enumerate(streams)),
+            ]
+        )
+        order = source[np.lexsort((arrival, effect))]
+        if not len(order):
+            return []
+        breaks = np.flatnonzero(order[1:] != order[:-1]) + 1
+        fed = {-1: 0, **{k: 0 for k in range(len(streams))}}
+        runs = []
+        for start, stop in zip(np.r_[0, breaks].tolist(), np.r_[breaks, len(order)].tolist()):
+            k = int(order[start])
+            runs.append((k, fed[k], fed[k] + stop - start))
+            fed[k] += stop - start
+        return runs
 
 
 def _row_op(name: str) -> str:
@@ -521,6 +586,18 @@ class TraceBuilder:
         from .datacalls import feed_data  # datacalls builds on this module
 
         feed_data(self, calls)
+
+    def feed_ring(self, calls: RingCalls) -> None:
+        """Feed a run of ``io_uring_enter`` calls and io_uring requests held as columns
+        (``tracer.ringcalls``), in effect order with no other event between them: the same state and rows as
+        ``feed`` of each, as columns where the run is long enough to gain (``_DATA_RUN_MIN``)."""
+        if len(calls) < _DATA_RUN_MIN:
+            for event in calls.events():
+                self.feed(event)
+            return
+        from .ringcalls import feed_ring  # ringcalls builds on this module
+
+        feed_ring(self, calls)
 
     def finish(self) -> None:
         """After the last event: requests submitted and never reaped are rows too (``ret`` -ECANCELED),
