@@ -116,6 +116,17 @@ storm 5.589 [5.388, 5.666] (command 1.787, ``finish_s`` 0.84 s, 629 MiB), fio-ur
 2b49c86 (load 0.9 before, 3.1 after): dcp 1.156 [0.904, 1.255] (within noise of 1.10; command 1.063
 [0.818, 1.152]), ``true`` 1.00 s whole (1.39 s before).
 
+From 2026-11-29 04:10 UTC every command runs from Python's bytecode caches (the machine's shell sets
+PYTHONDONTWRITEBYTECODE, which made every start compile the modules again: 0.1 s of ``record``'s start),
+after one unmeasured warm-up run per variant. With the reader passing over the rings at most every 2 ms and
+io_uring traffic as columns (``tracer.ringcalls``), ``--workload storm --workload fio-uring-4k --workload
+true --backend bcc`` at fe8af95 (load 1.6 before, 2.4 after): storm 4.519 [4.374, 4.610] (command 1.583,
+``finish_s`` 0.61 s, 577 MiB), fio-uring-4k 1.911 [1.820, 2.052] (command 1.184 [1.050, 1.245], ``finish_s``
+0.56 s, 571 MiB), ``true`` 0.83 s whole (``start_s`` 0.50 s), 0 lost (``overhead_s10_b.json``);
+``--workload dcp --model gpt2-small --ranks 2`` at 78df369 (tests ran beside it; load 1.5 before, 3.0
+after): 1.090 [0.945, 1.130], command 1.014 [0.863, 1.054], both within noise of their goals
+(``overhead_s10_dcp.json``).
+
 Prints a table and writes ``benchmarks/results/tracer_overhead.json``.
 """
 

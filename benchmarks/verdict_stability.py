@@ -45,6 +45,10 @@ runs, 3 runs per case, default budget:
   ``load_direct_io`` on).
 - small-save: 3/3, aggregated from the verdict (20 rounds each, low end of
   its speed-ups 1.26-1.47x).
+
+Again on 2026-11-29 at 78df369, load 0.9-1.9, 3 runs per case: dcp-save 3/3 (the defaults each time: no
+strategy clear of the others in 13-14 rounds), dcp-load 3/3 (posix from the verdict, ``load_direct_io``
+off; 20 rounds each), small-save 3/3 (aggregated from the verdict, 20 rounds each).
 """
 
 from __future__ import annotations
