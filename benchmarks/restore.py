@@ -38,7 +38,10 @@ the caller's state dict, allocated and zeroed before the clock starts, as a rest
   tensors as ``load_file`` and ``torch.load(mmap=True)`` return them, one byte of every 4 KiB page read inside
   the clock.
 
-The clock runs from the reader's construction to the last byte in place; then the child checks every tensor's
+Each load's process is forked from the benchmark's (modules imported); it runs one garbage collection
+before its clock, so that the pages of the parent's objects a collection writes are copied then, not inside a
+load (a restarted process has no parent to copy from). The clock runs from the reader's construction to the
+last byte in place; then the child checks every tensor's
 CRC32C (``ckpt_trace.writer.checksum``) against the saved state's: a loader that leaves a wrong byte, or
 fails, is reported as failed for that cell and left out of its figures.
 
@@ -71,6 +74,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import importlib.util
 import json
 import os
@@ -402,6 +406,7 @@ def _measure(loader: str, directory: Path, args) -> dict:
         target = {
             name: torch.zeros(t["shape"], dtype=getattr(torch, t["dtype"])) for name, t in manifest["tensors"].items()
         }
+    gc.collect()  # here, off the clock: the pages of the parent's objects a collection writes are copied now
     started = time.perf_counter()
     loaded, stats = _load(loader, directory, target, options)
     elapsed = time.perf_counter() - started

