@@ -47,7 +47,10 @@ fails, is reported as failed for that cell and left out of its figures.
 
 Cache states (``--cache cold,warm``): ``cold``, sync and drop the page cache (root) before each load;
 ``warm``, every file of the loader's format read once (buffered) just before its load, nothing dropped. Each
-load runs in a fresh process, as a restarted job does. fio, in each cold round: sequential 4 MiB reads of a
+load runs in a fresh process, as a restarted job does. The emitted reader keeps the cold way it measured for
+later processes of the same boot (``config.READER_COLD_WAYS``), as on a machine restarting a job: the run gives
+it a file of its own, so the first cold emitted load of a run measures and the later ones reuse it
+(``cold_way_source`` in the results' reader stats). fio, in each cold round: sequential 4 MiB reads of a
 file of the shape's size (laid out once with O_DIRECT, fsynced), after dropping the cache, with O_DIRECT
 through io_uring at queue depth 32 and buffered psync.
 
@@ -689,6 +692,11 @@ def main() -> None:
     formats = sorted({LOADERS[name].format for name in loaders})
     _import_for(loaders)
     scratch = Path(tempfile.mkdtemp(prefix="ckpt-trace-restore-", dir=args.scratch))
+    from ckpt_trace import config
+
+    # The reader keeps the cold way it measured for later processes of the boot; this run's own file, so that
+    # its first cold load measures, whatever earlier runs measured (the loads' processes are forked: inherited)
+    config.READER_COLD_WAYS = str(scratch / "reader-cold-ways.json")
     cells: list[dict] = []
     started = time.monotonic()
     result = {

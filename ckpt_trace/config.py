@@ -95,6 +95,9 @@ WRITER_ITEM_ALIGN_BYTES = _int_env("WRITER_ITEM_ALIGN_BYTES", 64)  # each tensor
 PINNED_POOL_BYTES = _int_env("PINNED_POOL_BYTES", 256 << 20)
 # The share of a data file's pages in the page cache from which the reader reads it buffered (warm).
 READER_WARM_SHARE = float(os.environ.get("CKPT_TRACE_READER_WARM_SHARE") or 0.9)
+# The emitted reader's cold way measured per device, kept for later processes of the same boot (writer.load);
+# "" keeps it in the measuring process only
+READER_COLD_WAYS = _str_env("READER_COLD_WAYS", os.path.join(CACHE_DIR, "reader-cold-ways.json"))
 
 # Micro-benchmark (ckpt-trace bench)
 BENCH_SETUP_TIMEOUT_S = _int_env("BENCH_SETUP_TIMEOUT_S", 120)  # longest a point's processes may take to start

@@ -40,10 +40,17 @@ def _own_tmpdir(monkeypatch, tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_cold_way():
+def _fresh_cold_way(monkeypatch, _own_tmpdir):
     """Each test starts with no cold way measured: the emitted reader keeps the way it measured per device
-    for the rest of the process (``ckpt_trace.writer.load._COLD_WAYS``), so an earlier test's large cold load
-    would otherwise decide how a later test's cold load reads."""
+    for the rest of the process (``ckpt_trace.writer.load._COLD_WAYS``) and for later processes of the boot
+    (a file, ``config.READER_COLD_WAYS``), so an earlier test's large cold load would otherwise decide how a
+    later test's cold load reads. The file is the test's own (under its $TMPDIR, which ``_own_tmpdir``
+    made), for the test's processes too, and never the user's."""
+    path = os.path.join(_own_tmpdir, "reader-cold-ways.json")
+    monkeypatch.setenv("CKPT_TRACE_READER_COLD_WAYS", path)
+    config = sys.modules.get("ckpt_trace.config")
+    if config is not None:
+        monkeypatch.setattr(config, "READER_COLD_WAYS", path)
     module = sys.modules.get("ckpt_trace.writer.load")  # not imported here: torch stays unloaded where unused
     if module is not None:
         module._COLD_WAYS.clear()

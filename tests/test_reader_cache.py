@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from ckpt_trace import config
+
 try:
     import torch
     import torch.distributed.checkpoint as dcp
@@ -203,10 +205,27 @@ def test_the_cold_way_is_measured_on_the_loads_own_bytes(tmp_path, torch_install
         again = _load_cached(path, state, data, [])
         assert (again["cold_way"], again["cold_way_source"]) == (chosen, "earlier load")
         assert again[f"{'buffered' if chosen == 'buffered' else 'direct'}_bytes"] == wanted
+        # A later process of this boot (the in-process memory cleared) finds it stored and does not measure
+        stored = json.loads(Path(config.READER_COLD_WAYS).read_text())
+        assert [entry["way"] for entry in stored.values()] == [chosen]
+        load._COLD_WAYS.clear()
+        later = _load_cached(path, state, data, [])
+        assert (later["cold_way"], later["cold_way_source"]) == (chosen, "earlier process")
+        assert later[f"{'buffered' if chosen == 'buffered' else 'direct'}_bytes"] == wanted
+        assert later["cold_direct_bytes_per_s"] is None
+        Path(config.READER_COLD_WAYS).unlink()
     monkeypatch.setattr(load, "_PROBE_BYTES", 64 << 20)  # too few cold bytes to measure: O_DIRECT, said so
     load._COLD_WAYS.clear()
     small = _load_cached(path, state, data, [])
     assert (small["cold_way"], small["cold_way_source"], small["direct_bytes"]) == ("direct", "default", wanted)
+    assert not Path(config.READER_COLD_WAYS).exists()  # nothing measured: nothing stored
+    # Kept in the process only where the setting is empty
+    monkeypatch.setattr(load, "_PROBE_BYTES", 1 << 20)
+    monkeypatch.setattr(config, "READER_COLD_WAYS", "")
+    load._COLD_WAYS.clear()
+    assert _load_cached(path, state, data, [])["cold_way_source"] == "measured"
+    load._COLD_WAYS.clear()
+    assert _load_cached(path, state, data, [])["cold_way_source"] == "measured"
 
 
 @pytest.mark.slow

@@ -24,7 +24,10 @@ DCP calls, in order: ``reset``, ``read_metadata`` (``format.read_metadata``),
   O_DIRECT. On the project's VM (a virtual disk backed by its host) buffered
   won every cold cell of benchmarks/restore.py: 0.13 s against 0.18 s O_DIRECT
   for 4 x 64 MiB, 0.29 against 0.58 s for 770 MiB of 610 tensors (medians of 5,
-  one run, load average 2-2.6); the probe reads only bytes the load needs;
+  one run, load average 2-2.6); the probe reads only bytes the load needs.
+  The way measured is kept for later processes of the same boot
+  (``config.READER_COLD_WAYS``, a JSON file in the user's cache directory;
+  ``_store_cold_way``), so a restarted job does not measure again;
 - direct: O_DIRECT whatever the cache holds (buffered where O_DIRECT is refused);
 - buffered: through the page cache.
 
@@ -50,7 +53,7 @@ the ring, ``buffered_reads`` preadv calls), what the cache held
 (``probes``, ``probe_ns``); the cold way (``cold_way``: direct, buffered or
 None when nothing was cold), where it came from (``cold_way_source``:
 ``measured`` in this load, ``earlier load`` on the same device in this
-process, ``default``, ``options``: ``load_measure_cold_way`` off, ``GPU
+process, ``earlier process`` of this boot (stored), ``default``, ``options``: ``load_measure_cold_way`` off, ``GPU
 destinations``) and the two rates measured (``cold_direct_bytes_per_s``,
 ``cold_buffered_bytes_per_s``, None where not measured).
 
@@ -62,6 +65,7 @@ from __future__ import annotations
 
 import ctypes
 import io
+import json
 import os
 import threading
 import time
@@ -294,9 +298,14 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         if any(_on_gpu(items[i], planner) for i in cold):
             stats["cold_way"], stats["cold_way_source"] = "direct", "GPU destinations"
             return cold
-        if way is not None:
-            stats["cold_way_source"] = stats["cold_way_source"] or "earlier load"
-        else:
+        if way is None:
+            way = _stored_cold_way(device)
+            if way is not None:
+                _COLD_WAYS[device] = way
+                stats["cold_way_source"] = stats["cold_way_source"] or "earlier process"
+        elif stats["cold_way_source"] is None:
+            stats["cold_way_source"] = "earlier load"
+        if way is None:
             first, second, rest = _split_bytes(stored, cold, _PROBE_BYTES)
             if not rest and sum(stored[i].size_bytes for i in second) < _PROBE_BYTES:
                 stats["cold_way"] = stats["cold_way"] or "direct"
@@ -314,6 +323,7 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             buffered_rate = sum(stored[i].size_bytes for i in second) / max(buffered_s, 1e-9)
             way = "direct" if direct_rate >= _DIRECT_MARGIN * buffered_rate else "buffered"
             _COLD_WAYS[device] = way
+            _store_cold_way(device, way, direct_rate, buffered_rate)
             stats.update(
                 cold_way_source="measured",
                 cold_direct_bytes_per_s=round(direct_rate),
@@ -619,6 +629,62 @@ _PROBE_BYTES = 32 << 20  # cold bytes read each way to choose the cold way (``Ch
 _DIRECT_MARGIN = 1.25  # O_DIRECT must read cold bytes this many times faster than buffered to be chosen
 # The cold way measured per device (st_dev) in this process: "direct" or "buffered".
 _COLD_WAYS: dict[int | None, str] = {}
+
+
+def _cold_way_key(device: int | None) -> str | None:
+    """The stored cold ways' key of a device: this boot (``/proc/sys/kernel/random/boot_id``: device numbers
+    and what backs them may change at a reboot) and its major:minor; None where either is unknown."""
+    if device is None:
+        return None
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+    return f"{boot}:{os.major(device)}:{os.minor(device)}"
+
+
+def _stored_ways() -> dict:
+    """The cold ways stored by earlier processes (``config.READER_COLD_WAYS``, JSON: key -> {"way", the two
+    rates}); {} when there is none, it cannot be read, or it is not such a file."""
+    if not config.READER_COLD_WAYS:
+        return {}
+    try:
+        data = json.loads(Path(config.READER_COLD_WAYS).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _stored_cold_way(device: int | None) -> str | None:
+    """The cold way an earlier process of this boot measured on ``device``, or None."""
+    key = _cold_way_key(device)
+    entry = _stored_ways().get(key) if key is not None else None
+    way = entry.get("way") if isinstance(entry, dict) else None
+    return way if way in ("direct", "buffered") else None
+
+
+def _store_cold_way(device: int | None, way: str, direct_rate: float, buffered_rate: float) -> None:
+    """Keep the measured cold way of ``device`` for later processes of this boot (a restart measures once per
+    machine, not once per process: the measurement costs a fresh process about 50 ms of a 0.1-0.2 s load of
+    256-770 MiB on the project's VM, benchmarks/restore.py). Written whole to a temporary file renamed over
+    the file (mode 0600); entries of other boots are dropped. Best effort: a file that cannot be written
+    leaves the measurement in this process only."""
+    key = _cold_way_key(device)
+    if key is None or not config.READER_COLD_WAYS:
+        return
+    boot = key.split(":", 1)[0]
+    ways = {k: v for k, v in _stored_ways().items() if isinstance(k, str) and k.startswith(boot + ":")}
+    ways[key] = {"way": way, "direct_bytes_per_s": round(direct_rate), "buffered_bytes_per_s": round(buffered_rate)}
+    path = Path(config.READER_COLD_WAYS)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(ways, handle)
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)  # ours: made with O_EXCL above, if at all
 
 
 def _on_gpu(item, planner: LoadPlanner) -> bool:
