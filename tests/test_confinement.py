@@ -154,8 +154,13 @@ def test_ctrl_c_during_a_swapped_replay_deletes_nothing_outside(tmp_path, monkey
 
         helper = threading.Thread(target=attacker)
         helper.start()
-        with pytest.raises(Interrupted):
+        # Ctrl-C, or the link refused first: the replay's worker, let go by the close, may reach the swapped
+        # directory before the main thread handles the signal (seen under the full suite's load: both
+        # parametrizations in one CI run). Either way the replay stops and removes only its own files.
+        with pytest.raises((Interrupted, ReplayError)) as stopped:
             replay(trace, target=target, strategy="posix")
+        if not isinstance(stopped.value, Interrupted):
+            assert "ck/b" in str(stopped.value) and "symbolic link" in str(stopped.value), stopped.value
         helper.join(60)
         assert not failures, failures
         assert tree_digest(canary) == before, f"run {run}: the canary changed"
