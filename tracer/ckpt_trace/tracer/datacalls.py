@@ -55,8 +55,29 @@ _OPS = np.array(["write" if w else "read" for w in _IS_WRITE], dtype=object)
 _SOURCES = np.array([v.OFFSET_EXPLICIT, v.OFFSET_POSITION, v.OFFSET_UNKNOWN], dtype=object)
 
 
+class Columns:
+    """What a chunk of calls held as columns has (``DataCalls``, ``ringcalls.RingCalls``): every field a 1-D
+    array of the same length, ``ts_ns`` among them; taken and joined field by field."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        return len(self.ts_ns)  # type: ignore[attr-defined]
+
+    def take(self, index):
+        """The rows at ``index`` (an integer array, a boolean mask or a slice), as a new chunk of this kind."""
+        return type(self)(*(getattr(self, name)[index] for name in self.__slots__))
+
+    @classmethod
+    def concat(cls, parts: list):
+        """The rows of ``parts`` (chunks of this kind), one after the other."""
+        if len(parts) == 1:
+            return parts[0]
+        return cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in cls.__slots__))
+
+
 @dataclass(frozen=True, slots=True)
-class DataCalls:
+class DataCalls(Columns):
     """Read/write-family system calls, one row per call, every column a 1-D array of the same length.
 
     ``ts_ns`` (entry) and ``dur_ns`` on the backend's clock, ``pid`` (thread group), ``tid``, ``ret``,
@@ -79,24 +100,10 @@ class DataCalls:
     rwflags: np.ndarray
     comm: np.ndarray
 
-    def __len__(self) -> int:
-        return len(self.ts_ns)
-
     @property
     def effect_ns(self) -> np.ndarray:
         """When each call took effect (``state.effect_ns``: a read or write at its exit)."""
         return self.ts_ns + np.maximum(self.dur_ns, 0)
-
-    def take(self, index) -> DataCalls:
-        """The rows at ``index`` (an integer array, a boolean mask or a slice), as a new ``DataCalls``."""
-        return DataCalls(*(getattr(self, name)[index] for name in self.__slots__))  # type: ignore[attr-defined]
-
-    @staticmethod
-    def concat(parts: list[DataCalls]) -> DataCalls:
-        """The rows of ``parts``, one after the other."""
-        if len(parts) == 1:
-            return parts[0]
-        return DataCalls(*(np.concatenate([getattr(p, name) for p in parts]) for name in DataCalls.__slots__))  # type: ignore[attr-defined]
 
     def feed(self, builder: TraceBuilder) -> None:
         """Feed these calls (in effect order, no other event between them) to ``builder``

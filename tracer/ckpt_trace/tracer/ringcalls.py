@@ -38,7 +38,7 @@ import pyarrow as pa
 from ckpt_trace.formats import SCHEMA
 from ckpt_trace.formats import vocabulary as v
 
-from .datacalls import _encoded, _ints
+from .datacalls import Columns, _encoded, _ints
 from .state import AUX_URING_REQ, AuxEvent, RingState, SyscallEvent, _uring_kind
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ ENTER_ARGS = ("fd", "to_submit", "min_complete", "flags", "sigsz")
 
 
 @dataclass(frozen=True, slots=True)
-class RingCalls:
+class RingCalls(Columns):
     """``io_uring_enter`` system calls and io_uring requests, one row each, every column a 1-D array of the
     same length.
 
@@ -87,24 +87,10 @@ class RingCalls:
     fixed: np.ndarray
     comm: np.ndarray
 
-    def __len__(self) -> int:
-        return len(self.ts_ns)
-
     @property
     def effect_ns(self) -> np.ndarray:
         """When each took effect (``state.effect_ns``): a call at its exit, a request at its submission."""
         return np.where(self.enter, self.ts_ns + np.maximum(self.dur_ns, 0), self.ts_ns)
-
-    def take(self, index) -> RingCalls:
-        """The rows at ``index`` (an integer array, a boolean mask or a slice), as a new ``RingCalls``."""
-        return RingCalls(*(getattr(self, name)[index] for name in self.__slots__))  # type: ignore[attr-defined]
-
-    @staticmethod
-    def concat(parts: list[RingCalls]) -> RingCalls:
-        """The rows of ``parts``, one after the other."""
-        if len(parts) == 1:
-            return parts[0]
-        return RingCalls(*(np.concatenate([getattr(p, name) for p in parts]) for name in RingCalls.__slots__))  # type: ignore[attr-defined]
 
     def feed(self, builder: TraceBuilder) -> None:
         """Feed these rows (in effect order, no other event between them) to ``builder``
