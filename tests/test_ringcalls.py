@@ -32,6 +32,18 @@ URING_STREAM = STREAM.with_name("raw_stream_uring.npz")
 PID = 100
 
 
+def _count_appended(monkeypatch) -> list[int]:
+    """The number of rows of each ``ringcalls._append`` call from now on (the columnar path taken)."""
+    appended: list[int] = []
+    real = ringcalls._append
+    monkeypatch.setattr(
+        ringcalls,
+        "_append",
+        lambda builder, calls, rows, *rest: (appended.append(len(rows)), real(builder, calls, rows, *rest)),
+    )
+    return appended
+
+
 @pytest.mark.parametrize("stream", [STREAM, URING_STREAM], ids=["golden", "fio-uring"])
 @pytest.mark.parametrize("filtered", [True, False], ids=["path-filter", "no-filter"])
 @pytest.mark.parametrize("run_min", [1, 16])
@@ -42,13 +54,7 @@ def test_recorded_streams_give_the_same_trace_with_io_uring_as_columns(
     tables and metadata, and most requests and calls went through as columns."""
     monkeypatch.setattr(config, "RECORD_DECODE_EVENTS", 64)
     monkeypatch.setattr(state, "_DATA_RUN_MIN", run_min)
-    appended = []
-    real = ringcalls._append
-    monkeypatch.setattr(
-        ringcalls,
-        "_append",
-        lambda builder, calls, rows, *rest: (appended.append(len(rows)), real(builder, calls, rows, *rest)),
-    )
+    appended = _count_appended(monkeypatch)
     polls, meta = raw_stream(stream)
     if not filtered:
         meta = json.loads(json.dumps(meta))
@@ -279,13 +285,7 @@ def test_a_run_of_requests_takes_the_columns_and_gets_the_rows_one_at_a_time_giv
         events.append(
             SyscallEvent(ts, 2, PID, "io_uring_enter", {"fd": 3, "to_submit": 1, "min_complete": 1, "flags": 1}, 1, PID)
         )
-    appended = []
-    real = ringcalls._append
-    monkeypatch.setattr(
-        ringcalls,
-        "_append",
-        lambda builder, calls, rows, *rest: (appended.append(len(rows)), real(builder, calls, rows, *rest)),
-    )
+    appended = _count_appended(monkeypatch)
     rows, counters = _feed(events, split=True, chunk=200, filters=(), release_every=4096, slack_ns=10**6)
     assert sum(appended) == 80
     writes = [i for i, op in enumerate(rows["op"]) if op == "write"]

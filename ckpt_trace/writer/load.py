@@ -680,11 +680,14 @@ def _store_cold_way(device: int | None, way: str, direct_rate: float, buffered_r
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    try:
         with os.fdopen(fd, "w") as handle:
             json.dump(ways, handle)
         os.replace(temporary, path)
     except OSError:
-        temporary.unlink(missing_ok=True)  # ours: made with O_EXCL above, if at all
+        temporary.unlink(missing_ok=True)  # ours: made with O_EXCL above
 
 
 def _on_gpu(item, planner: LoadPlanner) -> bool:

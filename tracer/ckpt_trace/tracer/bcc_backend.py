@@ -657,10 +657,9 @@ def decode_ring_enters(records: np.ndarray) -> ringcalls.RingCalls:
         raise TracerError(f"io_uring_enter's arguments are {reg_args}, ringcalls.ENTER_ARGS says otherwise")
     regs = records["a"]
     args = {arg: _convert(regs[:, j].astype(np.int64), conversion) for arg, j, conversion in reg_args}
-    count = len(records)
-    zeros = np.zeros(count, dtype=np.int64)
-    return ringcalls.RingCalls(
-        enter=np.ones(count, dtype=bool),
+    return ringcalls.RingCalls.of(
+        len(records),
+        enter=np.ones(len(records), dtype=bool),
         ts_ns=records["ts_ns"].astype(np.int64),
         dur_ns=records["dur_ns"].astype(np.int64),
         pid=records["pid"].astype(np.int64),
@@ -672,16 +671,6 @@ def decode_ring_enters(records: np.ndarray) -> ringcalls.RingCalls:
         enter_flags=args["flags"],
         sigsz=args["sigsz"],
         size=records["size"].astype(np.int64),
-        ctx=np.zeros(count, dtype=np.uint64),
-        user_data=np.zeros(count, dtype=np.uint64),
-        addr=np.zeros(count, dtype=np.uint64),
-        offset=zeros,
-        length=zeros,
-        opcode=zeros,
-        flags=zeros,
-        in_flight=zeros,
-        vectored=zeros,
-        fixed=np.zeros(count, dtype=bool),
         comm=np.array(_strings(records["comm"]), dtype=object),
     )
 
@@ -689,21 +678,14 @@ def decode_ring_enters(records: np.ndarray) -> ringcalls.RingCalls:
 def decode_ring_requests(records: np.ndarray) -> ringcalls.RingCalls:
     """The ``AUX_URING_REQ`` records of an aux chunk as one ``RingCalls`` (``enter`` false), with the values
     ``decode_aux`` gives their ``AuxEvent``s."""
-    count = len(records)
-    zeros = np.zeros(count, dtype=np.int64)
-    return ringcalls.RingCalls(
-        enter=np.zeros(count, dtype=bool),
+    return ringcalls.RingCalls.of(
+        len(records),
         ts_ns=records["ts_ns"].astype(np.int64),
         dur_ns=records["dur_ns"].astype(np.int64),
         pid=records["pid"].astype(np.int64),
         tid=records["tid"].astype(np.int64),
         ret=records["res"].astype(np.int64),
         fd=records["fd"].astype(np.int64),
-        to_submit=zeros,
-        min_complete=zeros,
-        enter_flags=zeros,
-        sigsz=zeros,
-        size=np.full(count, -1, dtype=np.int64),
         ctx=records["ctx"].astype(np.uint64),
         user_data=records["user_data"].astype(np.uint64),
         addr=records["addr"].astype(np.uint64),

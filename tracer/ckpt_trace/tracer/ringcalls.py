@@ -38,7 +38,7 @@ import pyarrow as pa
 from ckpt_trace.formats import SCHEMA
 from ckpt_trace.formats import vocabulary as v
 
-from .datacalls import Columns, _encoded, _ints
+from .datacalls import Columns, _encoded, _ints, _pairs, _processes
 from .state import AUX_URING_REQ, AuxEvent, RingState, SyscallEvent, _uring_kind
 
 if TYPE_CHECKING:
@@ -86,6 +86,18 @@ class RingCalls(Columns):
     vectored: np.ndarray
     fixed: np.ndarray
     comm: np.ndarray
+
+    @classmethod
+    def of(cls, count: int, **columns: np.ndarray) -> RingCalls:
+        """``count`` rows of the ``columns`` given; every other field holds what a row of the other kind
+        holds there (the class docstring): 0 (uint64 for ``ctx``, ``user_data``, ``addr``; False for ``enter``
+        and ``fixed``), -1 for ``size``."""
+        defaults = {"size": -1}
+        dtypes = {"ctx": np.uint64, "user_data": np.uint64, "addr": np.uint64, "enter": bool, "fixed": bool}
+        for name in cls.__slots__:  # type: ignore[attr-defined]
+            if name not in columns:
+                columns[name] = np.full(count, defaults.get(name, 0), dtype=dtypes.get(name, np.int64))
+        return cls(**columns)
 
     @property
     def effect_ns(self) -> np.ndarray:
@@ -171,17 +183,20 @@ def _plan(builder: TraceBuilder, calls: RingCalls):
     not of the frequent kind (``feed_ring`` then feeds one at a time). Makes the rings' states that the
     requests' first sight makes, in that order, and adopts the threads' processes, as feeding would."""
     enter = calls.enter
-    tids, first, proc_of_row = np.unique(calls.tid, return_index=True, return_inverse=True)
-    proc_of_row = proc_of_row.ravel()
-    procs: list = [None] * len(tids)
-    for k in np.argsort(first, kind="stable").tolist():
-        procs[k] = builder._process_of_ids(int(tids[k]), int(calls.pid[first[k]]))
-    # io_uring_enter: the ring's descriptor and its state, per (process, fd).
-    paths: list[str | None] = []
+    procs, proc_of_row = _processes(builder, calls.tid, calls.pid)
+    paths: list[str | None] = []  # in order of first sight: each row's path is an index into it
     path_index: dict[str | None, int] = {}
     path_of_row = np.full(len(calls), -1, dtype=np.int64)
     queue_of_row = np.full(len(calls), -1, dtype=np.int64)
     attributed = np.zeros(len(calls), dtype=bool)
+
+    def place(path: str | None, rows: np.ndarray) -> None:
+        if path not in path_index:
+            path_index[path] = len(paths)
+            paths.append(path)
+        path_of_row[rows] = path_index[path]
+
+    # io_uring_enter: the ring's descriptor and its state, per (process, fd).
     for p, fd, rows in _groups(proc_of_row, calls.fd, enter):
         proc = procs[p]
         desc = proc.table.fds.get(fd)
@@ -189,9 +204,7 @@ def _plan(builder: TraceBuilder, calls: RingCalls):
         if not builder._keep(path, "io_uring_enter"):
             return None
         state = builder.ring_of_fd.get((proc.tgid, fd))
-        path_of_row[rows] = path_index.setdefault(path, len(paths))
-        if path_of_row[rows[0]] == len(paths):
-            paths.append(path)
+        place(path, rows)
         queue_of_row[rows] = state.queue_id if state is not None else -1
     # Requests: the ring's state (made at the first request of an unknown ring), the file, the kind.
     requests = ~enter
@@ -223,9 +236,7 @@ def _plan(builder: TraceBuilder, calls: RingCalls):
             if not all(builder._keep(desc.path, op) for op in ops):
                 return None
             attributed[rows] = True
-            path_of_row[rows] = path_index.setdefault(desc.path, len(paths))
-            if path_of_row[rows[0]] == len(paths):
-                paths.append(desc.path)
+            place(desc.path, rows)
         for k in np.argsort(ctx_first, kind="stable").tolist():  # made in the order of first sight
             if states[k] is None:
                 states[k] = builder.rings[int(ctxs[k])] = RingState(builder._new_queue())
@@ -239,15 +250,10 @@ def _groups(owner: np.ndarray, fd: np.ndarray, mask: np.ndarray):
     rows = np.flatnonzero(mask)
     if not len(rows):
         return []
-    owners, fds = owner[rows], fd[rows]
-    span = int(fds.max()) - int(fds.min()) + 1  # one int64 key per row: np.unique(axis=1) sorts 20x slower
-    key = (owners - int(owners.min())) * span + (fds - int(fds.min()))
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    inverse = inverse.ravel()
+    pairs, inverse = _pairs(owner[rows], fd[rows])
     order = np.argsort(inverse, kind="stable")
     starts = np.flatnonzero(np.r_[True, inverse[order][1:] != inverse[order][:-1]])
-    groups = np.split(rows[order], starts[1:])
-    return [(int(owners[i]), int(fds[i]), g) for i, g in zip(first.tolist(), groups)]
+    return [(o, f, group) for (o, f), group in zip(pairs, np.split(rows[order], starts[1:]))]
 
 
 def _append(builder, calls, rows, procs, proc_of_row, paths, path_of_row, queue_of_row, kinds, kind_of_row) -> None:
