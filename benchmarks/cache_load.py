@@ -3,17 +3,20 @@
 Saves a DCP checkpoint once (``ckpt-trace workload dcp``), then per round records its load with the bcc
 backend twice: cold (every file of the checkpoint fsynced and dropped, ``posix_fadvise(DONTNEED)`` per file)
 and warm (every file read once first), in alternating order from round to round. Each trace is replayed with
-posix and the default ``--cache recorded`` in a child process (``tests/helpers/replay_io.py``), not recorded.
+posix and the default ``--cache recorded``, its reads into one reused buffer and into fresh memory
+(``replay --read-memory``, alternating which goes first), in a child process (``tests/helpers/replay_io.py``),
+not recorded.
 
 Figures per trace: the recorded read time (the sum of the read rows' ``dur_ns``: time inside read calls,
 summed over the ranks' threads), the replayed read time (the run's mean data-operation latency times its
 data operations: the same sum, for a load whose data operations are all reads), their ratio; the distinct
 bytes the trace read cold (what ``--cache recorded`` drops), the bytes the replaying process read from
 storage (``/proc/self/io`` ``read_bytes``) and the device's (``/proc/diskstats``, every process of the
-machine). Prints one line per trace, then per state the median ratio with its range, and the 1-minute load
-average before and after.
+machine). Prints one line per replay, then per state and read memory the median ratio with its range, and the
+1-minute load average before and after; writes ``benchmarks/results/cache_load.json`` (every ratio, per key).
 
     python benchmarks/cache_load.py --dir /scratch/cache-load [--model gpt2-small] [--ranks 2] [--rounds 3]
+        [--read-memory fresh|reused|both]
 
 Measured (GPT-2-small with Adam, 2 ranks, 3 rounds): see docs/verdicts.md ("Page cache").
 """
@@ -27,9 +30,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections import defaultdict
 from pathlib import Path
 
 import pyarrow.compute as pc
+from common import save_result
 
 from ckpt_trace.formats import read_trace
 from ckpt_trace.iolayer.pagecache import evict
@@ -37,6 +42,7 @@ from ckpt_trace.iolayer.pagecache import evict
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "helpers" / "replay_io.py"
 CLI = (sys.executable, "-m", "ckpt_trace.cli")
+MEMORIES = ("reused", "fresh")
 
 
 def _files(checkpoint: Path) -> list[Path]:
@@ -75,6 +81,12 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-optimizer", action="store_true", help="leave out the Adam state")
+    parser.add_argument(
+        "--read-memory",
+        choices=[*MEMORIES, "both"],
+        default="both",
+        help="where the replay's reads land (replay --read-memory); both: each trace replayed both ways",
+    )
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     checkpoint = args.dir / "ck"
@@ -82,8 +94,9 @@ def main() -> None:
     if not checkpoint.exists():
         _run(*CLI, "workload", "dcp", "--out", str(checkpoint), *shape)
     size = sum(p.stat().st_size for p in _files(checkpoint))
-    print(f"checkpoint: {args.model}, {args.ranks} ranks, {size:,} B; load average {os.getloadavg()[0]:.2f}")
-    ratios: dict[str, list[float]] = {"cold": [], "warm": []}
+    load_before = os.getloadavg()[0]
+    print(f"checkpoint: {args.model}, {args.ranks} ranks, {size:,} B; load average {load_before:.2f}")
+    ratios: dict[str, list[float]] = defaultdict(list)
     for round_ in range(args.rounds):
         for state in ("cold", "warm") if round_ % 2 == 0 else ("warm", "cold"):
             (_drop if state == "cold" else _warm)(checkpoint)
@@ -103,26 +116,42 @@ def main() -> None:
                 *load,
             )
             recorded_s, column = _recorded(trace)
-            with tempfile.TemporaryDirectory(dir=args.dir) as target:
-                out = Path(target) / "figures.json"
-                _run(sys.executable, str(DRIVER), str(trace), str(Path(target) / "t"), str(out))
-                figures = json.loads(out.read_text())
-            ratio = figures["read_time_s"] / recorded_s if recorded_s else float("nan")
-            ratios[state].append(ratio)
-            print(
-                f"round {round_} {state}: read time recorded {recorded_s:.3f} s, replayed {figures['read_time_s']:.3f} s "
-                f"(x{ratio:.2f}); cold: column {column:,} B, distinct {figures['cold_bytes']:,} B; replay read from "
-                f"storage {figures['process_read_bytes']:,} B (device {figures['device_read_bytes'] or 0:,} B); "
-                f"{figures['state']}; load {os.getloadavg()[0]:.2f}"
-            )
+            memories = MEMORIES if round_ % 2 == 0 else MEMORIES[::-1]
+            for memory in memories if args.read_memory == "both" else [args.read_memory]:
+                with tempfile.TemporaryDirectory(dir=args.dir) as target:
+                    out = Path(target) / "figures.json"
+                    _run(sys.executable, str(DRIVER), str(trace), str(Path(target) / "t"), str(out), "recorded", memory)
+                    figures = json.loads(out.read_text())
+                ratio = figures["read_time_s"] / recorded_s if recorded_s else float("nan")
+                ratios[f"{state}, {memory} memory"].append(ratio)
+                print(
+                    f"round {round_} {state}, {memory} memory: read time recorded {recorded_s:.3f} s, replayed "
+                    f"{figures['read_time_s']:.3f} s (x{ratio:.2f}); cold: column {column:,} B, distinct "
+                    f"{figures['cold_bytes']:,} B; replay read from storage {figures['process_read_bytes']:,} B "
+                    f"(device {figures['device_read_bytes'] or 0:,} B); {figures['state']}; "
+                    f"load {os.getloadavg()[0]:.2f}"
+                )
             trace.unlink()
-    for state, values in ratios.items():
+    summary = {}
+    for key, values in ratios.items():
         if values:
+            summary[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
             print(
-                f"{state}: replayed / recorded read time median x{statistics.median(values):.2f} "
+                f"{key}: replayed / recorded read time median x{statistics.median(values):.2f} "
                 f"(range {min(values):.2f}-{max(values):.2f}, {len(values)} rounds)"
             )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
+    save_result(
+        "cache_load",
+        {
+            "model": args.model,
+            "ranks": args.ranks,
+            "checkpoint_bytes": size,
+            "ratios": dict(ratios),
+            "summary": summary,
+            "load_average": [load_before, os.getloadavg()[0]],
+        },
+    )
 
 
 if __name__ == "__main__":

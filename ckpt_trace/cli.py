@@ -422,6 +422,11 @@ def replay(
         "--gpu-copies",
         help="Host<->device copy rows: as recorded, with pinned host staging, or skipped (always, without a GPU).",
     ),
+    read_memory: Literal["reused", "fresh"] = typer.Option(
+        "reused",
+        "--read-memory",
+        help="Where reads land: one reused buffer per thread (as an allocator that reuses freed memory), or fresh pages each read faults in (as a read into newly mapped memory).",
+    ),
     strict: bool = typer.Option(
         False,
         "--strict",
@@ -508,6 +513,7 @@ def replay(
         pack_files=pack_files,
         fio=fio,
         gpu_copies=gpu_copies,
+        read_memory=read_memory,
         cache=cache,
         strict=strict,
         data=data_mode,

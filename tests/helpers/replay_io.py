@@ -1,11 +1,11 @@
 """Replay a trace with posix in this process and say what it read from storage while the run's clock ran.
 
-    python tests/helpers/replay_io.py TRACE TARGET OUT.json [CACHE]
+    python tests/helpers/replay_io.py TRACE TARGET OUT.json [CACHE] [READ_MEMORY]
 
 Prepares the run as ``ckpt-trace replay`` does (pre-creation, then the page cache as ``CACHE`` says: recorded by
-default), opens and closes ``TARGET/clock-start`` just before the clock (a mark for a recording of this
-process: the run's rows are the ones after it), runs, and writes OUT.json: the bytes read from the target's
-block device (``/proc/diskstats``, every process of the machine; null where no device holds it) and by this
+default; reads land in ``READ_MEMORY``, reused by default: ``replayer.engine``), opens and closes
+``TARGET/clock-start`` just before the clock (a mark for a recording of this process: the run's rows are the
+ones after it), runs, and writes OUT.json: the bytes read from the target's block device (``/proc/diskstats``, every process of the machine; null where no device holds it) and by this
 process (``/proc/self/io`` ``read_bytes``, its threads included) during the run, the state prepared, the
 state's note and the run's load phase."""
 
@@ -40,12 +40,13 @@ def process_read_bytes() -> int:
     return int(line.split()[1])
 
 
-def main(trace: str, target: str, out: str, cache: str = "recorded") -> None:
+def main(trace: str, target: str, out: str, cache: str = "recorded", read_memory: str = "reused") -> None:
     loaded = read_trace(trace)
     plan = build_plan(loaded.table, "posix")
     Path(target).mkdir(parents=True, exist_ok=True)
     root = TargetRoot(Path(target))
     executor = posix_executor(root, 1 << 20)
+    executor.read_memory = read_memory
     executor.prepare(plan)
     state, note, recorded = resolve_cache(cache, plan, loaded)
     prepare_cache(root, plan, state, recorded)

@@ -89,7 +89,8 @@ class WorkerIO(Protocol):
 
     ``plan``: the plan being run; ``buffer_bytes``: the worker's buffer size (a larger request is cut into
     pieces of it); ``write_buf``/``read_buf`` (and their ``write_view``/``read_view``): page-aligned buffers
-    of ``buffer_bytes``, the first for a write's generated data, the second scratch for reads; ``data``: the
+    of at least ``buffer_bytes``, the first for a write's generated data, the second scratch for reads
+    (``read_at`` says where each read goes); ``data``: the
     replay data made before the clock (``replayer.data``; None: generate it, ``iolayer.pattern.fill``).
     """
 
@@ -110,6 +111,11 @@ class WorkerIO(Protocol):
         each cut at ``buffer_bytes`` (a write's addr is its content offset and user_data its pattern key:
         its bytes are generated as ``issue`` issues it; or where ``data`` holds them, their address and
         ``replayer.data.PREGENERATED``), and for each request the index into ``rows`` it came from."""
+        ...
+
+    def read_at(self, size: int) -> int:
+        """The offset in ``read_buf`` where a read of ``size`` bytes (at most ``buffer_bytes``) lands: 0, or
+        with fresh reads (``replayer.engine``) pages no read filled since they were released."""
         ...
 
     def issue(self, requests: np.ndarray, ring: Ring | None = None, queue: int = -1) -> tuple[np.ndarray, np.ndarray]:

@@ -721,6 +721,7 @@ class _DistributedJob:
             "drop_caches": opts.drop_caches,
             "timing": opts.timing,
             "gpu_copies": opts.gpu_copies,
+            "read_memory": opts.read_memory,
             "world_size": world.size,
             "placement": placement,
             **data_options,
@@ -830,6 +831,7 @@ def _run_once(
         root = claim.root()
         executor = make_executor(plan.strategy, root, opts.queue_depth)
         executor.gpu_copies = opts.gpu_copies
+        executor.read_memory = opts.read_memory
         executor.prepare(plan)
         if opts.drop_caches and group.world.local_rank == 0:
             drop_page_cache()

@@ -28,6 +28,9 @@ CACHE_STATES = ("recorded", "cold", "warm")
 GPU_COPY_MODES = ("recorded", "pinned", "skip")
 #: What ``--data`` accepts: ``unique`` (incompressible, the default) or ``recorded-ratio`` (``replayer.data``).
 DATA_MODES = ("unique", "recorded-ratio")
+#: Where reads land (``--read-memory``, ``replayer.engine``): one ``reused`` resident buffer per worker (the
+#: default), or ``fresh`` pages each read faults in, as a read into newly mapped memory does.
+READ_MEMORY_MODES = ("reused", "fresh")
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class ReplayOptions:
     cache: str = "recorded"
     strict: bool = False
     data: str = "unique"
+    read_memory: str = "reused"
 
     @classmethod
     def of(cls, options: ReplayOptions | None = None, **values) -> ReplayOptions:
@@ -81,6 +85,11 @@ class ReplayOptions:
             )
         if self.data not in DATA_MODES:
             raise ReplayError(f"unknown {{option}} {self.data!r} (choose from {', '.join(DATA_MODES)})", option="data")
+        if self.read_memory not in READ_MEMORY_MODES:
+            raise ReplayError(
+                f"unknown {{option}} {self.read_memory!r} (choose from {', '.join(READ_MEMORY_MODES)})",
+                option="read_memory",
+            )
         if self.cache not in CACHE_STATES:
             raise ReplayError(
                 f"unknown {{option}} {self.cache!r} (choose from {', '.join(CACHE_STATES)})", option="cache"

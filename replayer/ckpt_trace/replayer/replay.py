@@ -385,6 +385,11 @@ def replay(
     or ``skip``. Where no GPU is, copies are skipped, counted in the
     results' ``gpu_copies`` and named in a note.
 
+    ``read_memory`` says where reads land (``options.READ_MEMORY_MODES``): ``reused`` (default), one
+    resident buffer per worker, as a loader whose allocator reuses what it freed; ``fresh``, pages each read
+    faults in, as a read into newly mapped memory (``replayer.engine``). The results' ``options`` say which
+    ran.
+
     Nothing is lost (``replayer.ownership``): a target that holds the trace,
     or where a file the replay would create already exists or is one of
     ``protect`` (the command's other inputs and outputs), is refused before
@@ -473,6 +478,7 @@ def replay(
             "drop_caches": opts.drop_caches,
             "timing": opts.timing,
             "gpu_copies": opts.gpu_copies,
+            "read_memory": opts.read_memory,
             "cache": opts.cache,
             "cache_state": cache_state,
             "strict": opts.strict,
@@ -539,6 +545,7 @@ def _run_plans(
             root = roots[index] = claim.root()
             executor = make_executor(plan.strategy, root, opts.queue_depth)
             executor.gpu_copies = opts.gpu_copies
+            executor.read_memory = opts.read_memory
             executor.prepare(plan)
             prepare_cache(root, plan, cache_state, recorded)
             if opts.drop_caches:

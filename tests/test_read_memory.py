@@ -1,0 +1,71 @@
+"""Where replayed reads land (``replay --read-memory``, ``replayer.engine``): with ``fresh`` (the default) every
+read faults in the pages it fills, as a loader reading into newly allocated tensors does, through the run loop
+(reads at known offsets), one read at a time (at the file position) and the io_uring path, past the read
+arena's end (where it is released and filled again); with ``reused`` they land in one resident buffer. Counted
+by the kernel: the process's minor page faults (getrusage(2) ``ru_minflt``) during the run."""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+
+import pytest
+
+from ckpt_trace.formats import read_trace
+from ckpt_trace.iolayer.buffers import PAGE_BYTES
+from ckpt_trace.replayer import build_plan
+from ckpt_trace.replayer.engine import FRESH_READ_BYTES
+from ckpt_trace.replayer.paths import TargetRoot
+from ckpt_trace.replayer.replay import make_executor
+from tests.helpers.traces import make_trace
+
+MIB = 1 << 20
+AT_OFFSETS = FRESH_READ_BYTES // MIB + 32  # past the arena's end: it is released once and filled again
+AT_POSITION = 8
+
+
+def _load_trace(path: Path) -> Path:
+    """A load of /ck/m.bin: ``AT_OFFSETS`` preads of 1 MiB, then ``AT_POSITION`` reads at the file position."""
+    rows = [{"op": "open", "path": "/ck/m.bin", "fd": 3, "flags": 0, "ret": 3}]
+    rows += [
+        {"op": "read", "path": "/ck/m.bin", "fd": 3, "offset": i * MIB, "size": MIB, "ret": MIB}
+        for i in range(AT_OFFSETS)
+    ]
+    rows += [{"op": "read", "path": "/ck/m.bin", "fd": 3, "size": MIB, "ret": MIB} for _ in range(AT_POSITION)]
+    rows.append({"op": "close", "path": "/ck/m.bin", "fd": 3})
+    return make_trace(path, rows)
+
+
+def _huge_pages_always() -> bool:
+    try:
+        return "[always]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return False
+
+
+def _faults_of_run(trace: Path, target: Path, strategy: str, read_memory: str) -> tuple[int, int]:
+    """(minor page faults of this process during the run, bytes the run read)."""
+    plan = build_plan(read_trace(trace).table, strategy)
+    target.mkdir()
+    executor = make_executor(strategy, TargetRoot(target), 8)
+    executor.read_memory = read_memory
+    executor.prepare(plan)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    result = executor.run(plan)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, result.bytes_read
+
+
+@pytest.mark.parametrize(
+    "strategy", ["posix", pytest.param("uring-buffered", marks=pytest.mark.io_uring, id="uring-buffered")]
+)
+def test_fresh_reads_fault_in_every_page_they_fill_and_reused_ones_do_not(tmp_path, strategy, request):
+    if strategy != "posix":
+        request.getfixturevalue("io_uring")
+    trace = _load_trace(tmp_path / "load.arrow")
+    read_bytes = (AT_OFFSETS + AT_POSITION) * MIB
+    fresh, fresh_read = _faults_of_run(trace, tmp_path / "fresh", strategy, "fresh")
+    reused, reused_read = _faults_of_run(trace, tmp_path / "reused", strategy, "reused")
+    assert fresh_read == reused_read == read_bytes
+    page = 2 * MIB if _huge_pages_always() else PAGE_BYTES
+    assert fresh >= read_bytes // page, (fresh, reused)  # every page each read filled came in by a fault
+    assert reused < read_bytes // PAGE_BYTES // 4, (fresh, reused)  # one buffer's pages, faulted once
