@@ -294,3 +294,44 @@ def test_a_run_of_requests_takes_the_columns_and_gets_the_rows_one_at_a_time_giv
     enters = [i for i, op in enumerate(rows["op"]) if op == "io_uring_enter"]
     assert len(enters) == 40 and {rows["queue_id"][i] for i in enters + writes} == {0}
     assert (rows, counters) == _feed(events, split=False, chunk=200, filters=(), release_every=4096, slack_ns=10**6)
+
+
+def test_rings_first_seen_at_requests_in_one_run_get_queue_ids_in_the_order_they_appear(monkeypatch):
+    """Two rings set up with no creation seen (their contexts first seen at requests), the higher context's
+    requests first, alternating in one run that takes the columns: the ring seen first gets the next queue id
+    and the other the one after, as one at a time numbers them (not by context value)."""
+    monkeypatch.setattr(state, "_DATA_RUN_MIN", 1)
+    low, high = 0x1000, 0x2000
+    events = [
+        SyscallEvent(1, 1, PID, "io_uring_setup", {"entries": 8}, 3, PID),
+        SyscallEvent(2, 1, PID, "io_uring_setup", {"entries": 8}, 4, PID),
+        SyscallEvent(3, 1, PID, "openat", {"dirfd": sc.AT_FDCWD, "path": "/ckpt/f", "flags": sc.O_WRONLY}, 5, PID),
+    ]
+    events += [
+        AuxEvent(
+            kind=AUX_URING_REQ,
+            ts_ns=10 + i,
+            dur_ns=3,
+            pid=PID,
+            tid=PID,
+            fd=5,
+            ctx=high if i % 2 == 0 else low,
+            user_data=i,
+            offset=4096 * i,
+            length=4096,
+            res=4096,
+            addr=0x1000,
+            opcode=23,
+            in_flight=1,
+            comm="fio",
+        )
+        for i in range(20)
+    ]
+    appended = _count_appended(monkeypatch)
+    rows, counters = _feed(events, split=True, chunk=100, filters=(), release_every=4096, slack_ns=10**6)
+    assert sum(appended) == 20
+    queue_of = {rows["request_id"][i]: rows["queue_id"][i] for i, op in enumerate(rows["op"]) if op == "write"}
+    first = queue_of[0]  # after the queues of the two set-up calls
+    assert queue_of == {i: first if i % 2 == 0 else first + 1 for i in range(20)}
+    assert counters[3] == {high: (first, []), low: (first + 1, [])}
+    assert (rows, counters) == _feed(events, split=False, chunk=100, filters=(), release_every=4096, slack_ns=10**6)
