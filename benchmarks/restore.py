@@ -688,6 +688,8 @@ def main() -> None:
     caches = [cache for cache in args.cache.split(",") if cache]
     if not caches or set(caches) - set(CACHES):
         sys.exit(f"--cache takes {', '.join(CACHES)}")
+    if args.scratch is not None and not (args.scratch.is_dir() and os.access(args.scratch, os.W_OK | os.X_OK)):
+        sys.exit(f"restore: --scratch {args.scratch} is not a writable directory")
     loaders, left_out = _loaders(args)
     formats = sorted({LOADERS[name].format for name in loaders})
     _import_for(loaders)
