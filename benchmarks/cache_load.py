@@ -3,9 +3,9 @@
 Saves a DCP checkpoint once (``ckpt-trace workload dcp``), then per round records its load with the bcc
 backend twice: cold (every file of the checkpoint fsynced and dropped, ``posix_fadvise(DONTNEED)`` per file)
 and warm (every file read once first), in alternating order from round to round. Each trace is replayed with
-posix and the default ``--cache recorded``, its reads into one reused buffer and into fresh memory
-(``replay --read-memory``, alternating which goes first), in a child process (``tests/helpers/replay_io.py``),
-not recorded.
+posix and the default ``--cache recorded``, once per ``replay --read-memory`` mode (reused, fresh,
+malloc; the order reversed every other round), in a child process (``tests/helpers/replay_io.py``), not
+recorded.
 
 Figures per trace: the recorded read time (the sum of the read rows' ``dur_ns``: time inside read calls,
 summed over the ranks' threads), the replayed read time (the run's mean data-operation latency times its
@@ -16,7 +16,7 @@ machine). Prints one line per replay, then per state and read memory the median 
 1-minute load average before and after; writes ``benchmarks/results/cache_load.json`` (every ratio, per key).
 
     python benchmarks/cache_load.py --dir /scratch/cache-load [--model gpt2-small] [--ranks 2] [--rounds 3]
-        [--read-memory fresh|reused|both]
+        [--read-memory reused|fresh|malloc|all]
 
 Measured (GPT-2-small with Adam, 2 ranks, 3 rounds): see docs/verdicts.md ("Page cache").
 """
@@ -42,7 +42,7 @@ from ckpt_trace.iolayer.pagecache import evict
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "helpers" / "replay_io.py"
 CLI = (sys.executable, "-m", "ckpt_trace.cli")
-MEMORIES = ("reused", "fresh")
+MEMORIES = ("reused", "fresh", "malloc")
 
 
 def _files(checkpoint: Path) -> list[Path]:
@@ -83,9 +83,9 @@ def main() -> None:
     parser.add_argument("--no-optimizer", action="store_true", help="leave out the Adam state")
     parser.add_argument(
         "--read-memory",
-        choices=[*MEMORIES, "both"],
-        default="both",
-        help="where the replay's reads land (replay --read-memory); both: each trace replayed both ways",
+        choices=[*MEMORIES, "all"],
+        default="all",
+        help="where the replay's reads land (replay --read-memory); all: each trace replayed each way",
     )
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
@@ -117,7 +117,7 @@ def main() -> None:
             )
             recorded_s, column = _recorded(trace)
             memories = MEMORIES if round_ % 2 == 0 else MEMORIES[::-1]
-            for memory in memories if args.read_memory == "both" else [args.read_memory]:
+            for memory in memories if args.read_memory == "all" else [args.read_memory]:
                 with tempfile.TemporaryDirectory(dir=args.dir) as target:
                     out = Path(target) / "figures.json"
                     _run(sys.executable, str(DRIVER), str(trace), str(Path(target) / "t"), str(out), "recorded", memory)

@@ -422,10 +422,10 @@ def replay(
         "--gpu-copies",
         help="Host<->device copy rows: as recorded, with pinned host staging, or skipped (always, without a GPU).",
     ),
-    read_memory: Literal["reused", "fresh"] = typer.Option(
+    read_memory: Literal["reused", "fresh", "malloc"] = typer.Option(
         "reused",
         "--read-memory",
-        help="Where reads land: one reused buffer per thread (as an allocator that reuses freed memory), or fresh pages each read faults in (as a read into newly mapped memory).",
+        help="Where reads land: one reused buffer per thread (as an allocator that reuses freed memory), fresh pages each read faults in (as a read into newly mapped memory), or malloc: fresh for operations of 32 MiB and more, reused below (as glibc's malloc serves them).",
     ),
     strict: bool = typer.Option(
         False,

@@ -90,7 +90,7 @@ class WorkerIO(Protocol):
     ``plan``: the plan being run; ``buffer_bytes``: the worker's buffer size (a larger request is cut into
     pieces of it); ``write_buf``/``read_buf`` (and their ``write_view``/``read_view``): page-aligned buffers
     of at least ``buffer_bytes``, the first for a write's generated data, the second scratch for reads
-    (``read_at`` says where each read goes); ``data``: the
+    (``read_target`` says where each read goes); ``data``: the
     replay data made before the clock (``replayer.data``; None: generate it, ``iolayer.pattern.fill``).
     """
 
@@ -110,12 +110,14 @@ class WorkerIO(Protocol):
         """The request array (``iolayer.ring.REQUEST_DTYPE``) of the read and write ``rows`` at known offsets,
         each cut at ``buffer_bytes`` (a write's addr is its content offset and user_data its pattern key:
         its bytes are generated as ``issue`` issues it; or where ``data`` holds them, their address and
-        ``replayer.data.PREGENERATED``), and for each request the index into ``rows`` it came from."""
+        ``replayer.data.PREGENERATED``; a read's addr is ``read_buf``'s and user_data its operation's size, by
+        which ``issue`` places it), and for each request the index into ``rows`` it came from."""
         ...
 
-    def read_at(self, size: int) -> int:
-        """The offset in ``read_buf`` where a read of ``size`` bytes (at most ``buffer_bytes``) lands: 0, or
-        with fresh reads (``replayer.engine``) pages no read filled since they were released."""
+    def read_target(self, size: int, op_bytes: int) -> memoryview:
+        """Where a read of ``size`` bytes (at most ``buffer_bytes``) of an operation of ``op_bytes`` lands:
+        ``read_view``'s start, or where that operation's reads go fresh (``replay --read-memory``,
+        ``replayer.engine``) pages no read filled since they were released."""
         ...
 
     def issue(self, requests: np.ndarray, ring: Ring | None = None, queue: int = -1) -> tuple[np.ndarray, np.ndarray]:

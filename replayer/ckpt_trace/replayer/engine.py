@@ -41,13 +41,15 @@ Mapped I/O replays as mapped I/O (where the data path ``maps_files``): ``mmap`` 
 pattern (dirtying them), ``msync`` and ``munmap`` run where recorded.
 
 Where reads land (``read_memory``): ``reused`` (the default), one buffer per worker, resident after its first
-use, as a loader whose allocator hands back memory it freed (glibc's malloc(3) reuses freed blocks up to its
-mmap threshold, at most 32 MiB, and torch's CPU tensors come from it); ``fresh``, each read of a worker at the
-next unused bytes of its read arena (``FRESH_READ_BYTES``), released (madvise(2) ``MADV_DONTNEED``) when
-full, so every read faults in the pages it fills, inside the call, as a read into newly mapped memory does
-(700 MB read warm took 2.3x as long into fresh pages as into one reused buffer on the 2-vCPU VM). Measured
-against recorded DCP loads of GPT-2-small (``benchmarks/cache_load.py``, docs/verdicts.md), reused matched
-the warm read time and fresh the cold one more closely.
+use; ``fresh``, each read at the next unused bytes of the worker's read arena (``FRESH_READ_BYTES``), released
+(madvise(2) ``MADV_DONTNEED``) when full, so every read faults in the pages it fills, inside the call, as a read
+into newly mapped memory does (700 MB read warm took 2.3x as long into fresh pages as into one reused buffer on
+the 2-vCPU VM); ``malloc``, fresh for the reads of operations of at least ``MALLOC_MMAP_THRESHOLD_BYTES`` and
+reused for the others, as glibc's malloc(3) serves a loader's buffers (torch's CPU tensors, Python's bytes): a
+block that large is always a new mapping, a smaller one mostly memory freed before (mallopt(3),
+``M_MMAP_THRESHOLD``: its dynamic threshold rises to the largest freed mapping, at most 32 MiB on 64-bit
+systems). The trace does not say which memory a recorded read filled; ``benchmarks/cache_load.py`` compares
+the modes' read times with the recorded ones (docs/verdicts.md).
 """
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ class Executor:
     ``max_io_bytes``: the largest buffer of a worker (a larger operation is
     cut into pieces of it). ``gpu_copies`` (recorded, pinned, skip): what
     host<->device copy rows become (set by the caller before ``prepare``);
-    ``read_memory`` (fresh, reused): where reads land (the module docstring; set likewise).
+    ``read_memory`` (reused, fresh, malloc): where reads land (the module docstring; set likewise).
     """
 
     def __init__(self, root: TargetRoot, max_io_bytes: int, path: DataPath) -> None:
@@ -171,7 +173,7 @@ class Executor:
         self._copies_skipped_why: str | None = None
         self._pause = _test_pause()
         self._data: Pregenerated | None = None  # the written bytes, made by prepare (replayer.data)
-        self.read_memory = "reused"  # reused | fresh: where reads land (set by replay; module docstring)
+        self.read_memory = "reused"  # reused | fresh | malloc: where reads land (set by replay; module docstring)
 
     # -- before the clock ----------------------------------------------
     def prepare(self, plan: ReplayPlan) -> None:
@@ -486,7 +488,8 @@ class Executor:
     ) -> None:
         t = plan.ops
         size = self._buffer_bytes(plan, worker, timing)
-        ctx = WorkerContext(plan, state, size, progress, self._data, fresh_reads=self.read_memory == "fresh")
+        fresh_min = {"fresh": 0, "malloc": MALLOC_MMAP_THRESHOLD_BYTES}.get(self.read_memory)
+        ctx = WorkerContext(plan, state, size, progress, self._data, fresh_min_bytes=fresh_min)
         ctx.index = index
         ctx.pace_base_ns = state.rank_first_ts.get(worker.rank, 0) if timing == "original" else 0
         if timing == "original" and state.pace_barrier is not None:  # every worker set up: the paced clock starts
@@ -949,7 +952,11 @@ ORIGINAL_MAX_IO_BYTES = (1 << 32) - PAGE_BYTES
 #: with 16 MiB (filling slots that no cache holds costs memory bandwidth the page cache's copies need).
 RING_SLOT_BYTES = 32 << 20
 
-#: A worker's read arena with ``read_memory="fresh"`` (at least its buffer size): reads fill it from its start,
+#: glibc's largest dynamic mmap threshold on 64-bit systems (mallopt(3), ``DEFAULT_MMAP_THRESHOLD_MAX``): with
+#: ``read_memory="malloc"``, the reads of operations at least this large land in fresh pages.
+MALLOC_MMAP_THRESHOLD_BYTES = 32 << 20
+
+#: A worker's read arena for fresh reads (at least its buffer size): they fill it from its start,
 #: one after another, and it is released (MADV_DONTNEED) when the next would not fit. Virtual memory; what a
 #: worker holds resident is at most this.
 FRESH_READ_BYTES = 64 << 20
@@ -966,17 +973,19 @@ class WorkerContext:
         progress: Progress | None,
         data: Pregenerated | None,
         *,
-        fresh_reads: bool = False,
+        fresh_min_bytes: int | None = None,
     ) -> None:
         self.plan, self.state, self.progress, self.data = plan, state, progress, data
         self.buffer_bytes = size
         self.write_slots = Slots(size, 1)  # generated writes issued one at a time (and the Python paths') buffer
-        self.fresh_reads = fresh_reads
-        self.read_cursor = 0  # fresh_reads: the arena's first byte no read has filled since its release
-        read_bytes = max(size, FRESH_READ_BYTES) if fresh_reads else size
-        self.write_buf, self.read_buf = self.write_slots.buffer, AlignedBuffer(read_bytes)
+        # Reads of operations of at least this many bytes land in fresh pages of the arena (None: none do).
+        self.fresh_min_bytes = fresh_min_bytes
+        self.fresh_buf = AlignedBuffer(max(size, FRESH_READ_BYTES)) if fresh_min_bytes is not None else None
+        self.fresh_cursor = 0  # the arena's first byte no read has filled since its release
+        self.write_buf, self.read_buf = self.write_slots.buffer, AlignedBuffer(size)
         self.ring_slots: dict[int, Slots] = {}  # a ring's slots, by queue: one per write it keeps in flight
         self.write_view, self.read_view = self.write_buf.view(), self.read_buf.view()
+        self.fresh_view = self.fresh_buf.view() if self.fresh_buf is not None else None
         self.rings: dict[int, Ring | None] = {}
         self.index = 0  # the worker's index in the plan
         self.pace_base_ns = 0  # --timing original: the recorded start of this worker's rank's first operation
@@ -1081,7 +1090,8 @@ class WorkerContext:
         # slot as it is issued (_WorkerContext.issue); unless they were made before the clock (replayer.data):
         # then addr is where they are and user_data PREGENERATED.
         requests["addr"] = np.where(writes, base, self.read_buf.ptr)
-        requests["user_data"] = np.where(writes, t.pattern_key[r].astype(np.int64), 0).astype(np.uint64)
+        # A read's user_data is its operation's size (``issue``: whether it lands in fresh pages).
+        requests["user_data"] = np.where(writes, t.pattern_key[r].astype(np.int64), size[owner]).astype(np.uint64)
         requests["len"] = np.minimum(chunk, size[owner] - done)
         made = self.data
         if made is not None and writes.any():
@@ -1108,48 +1118,54 @@ class WorkerContext:
                 self.rings[queue] = None
         return self.rings[queue]
 
-    def read_at(self, size: int) -> int:
-        """Where a read of ``size`` bytes (at most the read buffer's) lands: its offset in ``read_buf``. With
-        fresh reads, the arena's next unused page (released first when the read would not fit), else 0."""
-        if not self.fresh_reads:
-            return 0
+    def read_target(self, size: int, op_bytes: int) -> memoryview:
+        """Where a read of ``size`` bytes (at most ``buffer_bytes``) of an operation of ``op_bytes`` lands:
+        the next unused pages of the fresh arena (released first when they would not fit) where the
+        operation's reads go fresh (``fresh_min_bytes``), else the start of ``read_buf``."""
+        if self.fresh_buf is None or self.fresh_min_bytes is None or op_bytes < self.fresh_min_bytes:
+            return self.read_view[:size]
         span = -(-size // PAGE_BYTES) * PAGE_BYTES
-        if self.read_cursor + span > len(self.read_buf.mmap):
-            self._release_reads()
-        at, self.read_cursor = self.read_cursor, self.read_cursor + span
-        return at
+        if self.fresh_cursor + span > len(self.fresh_buf.mmap):
+            self._release_fresh()
+        at, self.fresh_cursor = self.fresh_cursor, self.fresh_cursor + span
+        assert self.fresh_view is not None
+        return self.fresh_view[at : at + size]
 
-    def _release_reads(self) -> None:
-        """Give the read arena's pages back (their next touch faults in a zeroed page) and start it again."""
-        self.read_buf.mmap.madvise(mmap.MADV_DONTNEED)
-        self.read_cursor = 0
+    def _release_fresh(self) -> None:
+        """Give the fresh arena's pages back (their next touch faults in a zeroed page) and start it again."""
+        assert self.fresh_buf is not None
+        self.fresh_buf.mmap.madvise(mmap.MADV_DONTNEED)
+        self.fresh_cursor = 0
 
     def issue(self, requests: np.ndarray, ring: Ring | None = None, queue: int = -1):
         """(results, latencies) of ``requests`` through ``ring`` (else the POSIX C loop), their writes'
         bytes generated as each is issued (``requests``: a write's addr is its content offset, user_data its
         key) into slots: one for the C loop, for a ring one per write it keeps in flight, as deep as the ring
-        within ``RING_SLOT_BYTES`` (fewer slots: fewer generated writes in flight). With fresh reads, each
-        read gets its own pages of the arena (``read_at``), and the requests go in groups that fit in it, the
-        arena released between them; a failed group ends the issuing (the rest stay ``NOT_ISSUED``)."""
-        reads = requests["opcode"] == rings.OP_READ
-        if not self.fresh_reads or not reads.any():
+        within ``RING_SLOT_BYTES`` (fewer slots: fewer generated writes in flight). A read's user_data is its
+        operation's size: where its operation's reads go fresh (``read_target``), each gets its own pages of
+        the arena, and the requests go in groups that fit in it, the arena released between them; a failed
+        group ends the issuing (the rest stay ``NOT_ISSUED``)."""
+        if self.fresh_buf is None or self.fresh_min_bytes is None:
             return self._issue(requests, ring, queue)
-        spans = np.where(reads, -(-requests["len"].astype(np.int64) // PAGE_BYTES) * PAGE_BYTES, 0)
-        capacity = len(self.read_buf.mmap)
+        fresh = (requests["opcode"] == rings.OP_READ) & (requests["user_data"] >= self.fresh_min_bytes)
+        if not fresh.any():
+            return self._issue(requests, ring, queue)
+        spans = np.where(fresh, -(-requests["len"].astype(np.int64) // PAGE_BYTES) * PAGE_BYTES, 0)
+        capacity = len(self.fresh_buf.mmap)
         results = np.full(len(requests), rings.NOT_ISSUED, np.int64)
         latencies = np.zeros(len(requests), np.int64)
         start = 0
         while start < len(requests):
-            ends = self.read_cursor + np.cumsum(spans[start:])
+            ends = self.fresh_cursor + np.cumsum(spans[start:])
             stop = start + int(np.searchsorted(ends, capacity, side="right"))
-            if stop == start:  # the next read does not fit: fill the arena again from its start
-                self._release_reads()
+            if stop == start:  # the next fresh read does not fit: fill the arena again from its start
+                self._release_fresh()
                 continue
             group = requests[start:stop]
             at = ends[: stop - start] - spans[start:stop]  # each read's offset in the arena
-            group_reads = reads[start:stop]
-            group["addr"][group_reads] = self.read_buf.ptr + at[group_reads]
-            self.read_cursor = int(ends[stop - start - 1])
+            mine = fresh[start:stop]
+            group["addr"][mine] = self.fresh_buf.ptr + at[mine]
+            self.fresh_cursor = int(ends[stop - start - 1])
             results[start:stop], latencies[start:stop] = self._issue(group, ring, queue)
             if rings.first_failure(group, results[start:stop]) is not None:
                 break
@@ -1201,6 +1217,9 @@ class WorkerContext:
         self.ring_slots.clear()
         self.write_view.release()
         self.read_view.release()
+        if self.fresh_view is not None and self.fresh_buf is not None:
+            self.fresh_view.release()
+            self.fresh_buf.close()
         self.write_buf.close()
         self.read_buf.close()
 

@@ -29,8 +29,9 @@ GPU_COPY_MODES = ("recorded", "pinned", "skip")
 #: What ``--data`` accepts: ``unique`` (incompressible, the default) or ``recorded-ratio`` (``replayer.data``).
 DATA_MODES = ("unique", "recorded-ratio")
 #: Where reads land (``--read-memory``, ``replayer.engine``): one ``reused`` resident buffer per worker (the
-#: default), or ``fresh`` pages each read faults in, as a read into newly mapped memory does.
-READ_MEMORY_MODES = ("reused", "fresh")
+#: default), ``fresh`` pages each read faults in, as a read into newly mapped memory does, or as glibc's
+#: ``malloc`` would serve the operation's buffer (fresh from 32 MiB, reused below).
+READ_MEMORY_MODES = ("reused", "fresh", "malloc")
 
 
 @dataclass(frozen=True)

@@ -90,14 +90,12 @@ def write(io: WorkerIO, fd: int, op: PlanOp) -> int:
 
 def read(io: WorkerIO, fd: int, op: PlanOp) -> int:
     """Read ``op.size`` bytes of ``fd`` into ``io.read_buf`` by preadv(2) (readv(2) where the offset is unknown),
-    up to the end of the file, each piece where ``io.read_at`` puts it. Returns the bytes read; raises
+    up to the end of the file, each piece where ``io.read_target`` puts it. Returns the bytes read; raises
     OSError."""
-    view = io.read_view
     size, done = op.size or 0, 0
     while done < size:
         n = min(io.buffer_bytes, size - done)
-        at = io.read_at(n)
-        chunk = view[at : at + n]
+        chunk = io.read_target(n, size)
         n = os.readv(fd, [chunk]) if op.offset is None else os.preadv(fd, [chunk], op.offset + done)
         if n <= 0:
             break

@@ -387,8 +387,9 @@ def replay(
 
     ``read_memory`` says where reads land (``options.READ_MEMORY_MODES``): ``reused`` (default), one
     resident buffer per worker, as a loader whose allocator reuses what it freed; ``fresh``, pages each read
-    faults in, as a read into newly mapped memory (``replayer.engine``). The results' ``options`` say which
-    ran.
+    faults in, as a read into newly mapped memory; ``malloc``, fresh for operations of at least 32 MiB and
+    reused below, as glibc's malloc serves a loader's buffers (``replayer.engine``). The results'
+    ``options`` say which ran.
 
     Nothing is lost (``replayer.ownership``): a target that holds the trace,
     or where a file the replay would create already exists or is one of

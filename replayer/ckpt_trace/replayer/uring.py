@@ -188,7 +188,7 @@ class UringPath(DataPathDefaults):
         requests["opcode"] = rings.OP_WRITE if write else rings.OP_READ
         requests["fd"] = io.fd(int(t.handle[row]))
         requests["addr"] = position + done if write else io.read_buf.ptr  # a write's: its content offset
-        requests["user_data"] = int(t.pattern_key[row]) if write else 0
+        requests["user_data"] = int(t.pattern_key[row]) if write else size  # a read's: its operation's size
         requests["len"] = np.minimum(chunk, size - done)
         requests["off"] = position + done
         if self.direct:
