@@ -249,6 +249,28 @@ def test_generated_streams_give_the_same_rows_and_state_with_io_uring_as_columns
     assert as_columns == one_by_one
 
 
+def _write_4k(ts_ns: int, ctx: int, fd: int, user_data: int, offset: int, *, fixed: bool = False) -> AuxEvent:
+    """A completed 4 KiB IORING_OP_WRITE request of fio's main thread, queue depth 1."""
+    return AuxEvent(
+        kind=AUX_URING_REQ,
+        ts_ns=ts_ns,
+        dur_ns=3,
+        pid=PID,
+        tid=PID,
+        fd=fd,
+        ctx=ctx,
+        user_data=user_data,
+        offset=offset,
+        length=4096,
+        res=4096,
+        addr=0x1000,
+        opcode=23,
+        in_flight=1,
+        fixed=fixed,
+        comm="fio",
+    )
+
+
 def test_a_run_of_requests_takes_the_columns_and_gets_the_rows_one_at_a_time_gives(monkeypatch):
     """A ring set up, a file opened and registered, then 40 enters and 40 write requests alternating (fio at
     queue depth 1): every row went through ``_append`` as columns, with the ring's queue id, the fixed file's
@@ -262,26 +284,7 @@ def test_a_run_of_requests_takes_the_columns_and_gets_the_rows_one_at_a_time_giv
     ]
     for i in range(40):
         ts = 10 + 10 * i
-        events.append(
-            AuxEvent(
-                kind=AUX_URING_REQ,
-                ts_ns=ts + 1,
-                dur_ns=3,
-                pid=PID,
-                tid=PID,
-                fd=0,
-                ctx=0xABC,
-                user_data=2**64 - 1 - i,
-                offset=4096 * i,
-                length=4096,
-                res=4096,
-                addr=0x1000,
-                opcode=23,
-                in_flight=1,
-                fixed=True,
-                comm="fio",
-            )  # fmt: skip
-        )
+        events.append(_write_4k(ts + 1, 0xABC, 0, 2**64 - 1 - i, 4096 * i, fixed=True))
         events.append(
             SyscallEvent(ts, 2, PID, "io_uring_enter", {"fd": 3, "to_submit": 1, "min_complete": 1, "flags": 1}, 1, PID)
         )
@@ -307,26 +310,7 @@ def test_rings_first_seen_at_requests_in_one_run_get_queue_ids_in_the_order_they
         SyscallEvent(2, 1, PID, "io_uring_setup", {"entries": 8}, 4, PID),
         SyscallEvent(3, 1, PID, "openat", {"dirfd": sc.AT_FDCWD, "path": "/ckpt/f", "flags": sc.O_WRONLY}, 5, PID),
     ]
-    events += [
-        AuxEvent(
-            kind=AUX_URING_REQ,
-            ts_ns=10 + i,
-            dur_ns=3,
-            pid=PID,
-            tid=PID,
-            fd=5,
-            ctx=high if i % 2 == 0 else low,
-            user_data=i,
-            offset=4096 * i,
-            length=4096,
-            res=4096,
-            addr=0x1000,
-            opcode=23,
-            in_flight=1,
-            comm="fio",
-        )
-        for i in range(20)
-    ]
+    events += [_write_4k(10 + i, high if i % 2 == 0 else low, 5, i, 4096 * i) for i in range(20)]
     appended = _count_appended(monkeypatch)
     rows, counters = _feed(events, split=True, chunk=100, filters=(), release_every=4096, slack_ns=10**6)
     assert sum(appended) == 20
