@@ -427,6 +427,11 @@ def replay(
         "--read-memory",
         help="Where reads land: one reused buffer per thread (as an allocator that reuses freed memory), fresh pages each read faults in (as a read into newly mapped memory), or malloc: fresh for operations of 32 MiB and more, reused below (as glibc's malloc serves them).",
     ),
+    writeback: Literal["system", "recorded"] = typer.Option(
+        "system",
+        "--writeback",
+        help="Dirty-page thresholds: this machine's, or as recorded (root; set for the runs, put back after), so fsyncs flush what they flushed when recorded.",
+    ),
     strict: bool = typer.Option(
         False,
         "--strict",
@@ -514,16 +519,15 @@ def replay(
         fio=fio,
         gpu_copies=gpu_copies,
         read_memory=read_memory,
+        writeback=writeback,
         cache=cache,
         strict=strict,
         data=data_mode,
     )
     if world is not None:  # one of the processes torchrun launched: replay this process's share
-        if fio or pack_files:
-            raise CkptTraceError(
-                f"{'--fio' if fio else '--pack-files'} is not available in a replay launched by "
-                "torchrun; run it without torchrun"
-            )
+        if fio or pack_files or writeback != "system":
+            flag = "--fio" if fio else "--pack-files" if pack_files else "--writeback recorded"
+            raise CkptTraceError(f"{flag} is not available in a replay launched by torchrun; run it without torchrun")
         with _progress() if world.rank == 0 else nullcontext() as progress:
             report = replay_distributed(
                 trace,

@@ -170,6 +170,9 @@ EXTRA_METADATA: dict[str, str] = {
     "data_compressibility": "written by `record`: how far the files the command wrote compress, sampled "
     "after it exited ({method, ratio, sampled_bytes, size_bytes, files_sampled, files_not_sampled, budget_s, "
     "elapsed_s, files}); `replay --data recorded-ratio` reproduces its ratio (formats/README.md)",
+    "writeback": "written by `record`: the kernel's writeback thresholds while the command ran, least and "
+    "largest of samples every 0.25 s ({source, samples, interval_s, dirty_background_bytes: {min, max}, "
+    "dirty_bytes: {min, max}, settings}); `replay --writeback recorded` sets them (formats/README.md)",
     "upgraded_from": 'the trace was converted by `ckpt-trace upgrade`: {"format_version": int, "sha256": '
     "hex SHA-256 of the original file}",
 }

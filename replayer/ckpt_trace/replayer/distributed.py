@@ -521,6 +521,8 @@ def replay_distributed(
     """
     opts = ReplayOptions.of(options, **values)
     opts.check(strategy)  # a single process's replay only
+    if opts.writeback != "system":  # the sysctls are the node's, shared by its processes: not set from several
+        raise ReplayError("{option} recorded is not available in a distributed replay", option="writeback")
     trace = trace_file(trace_path)
     # pattern.compressible is per process: every process sets it (each calibrates the same unique bytes)
     data_context, data_options = data_choice(opts, trace.metadata)

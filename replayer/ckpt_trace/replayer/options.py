@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ckpt_trace.errors import ReplayError
 
 from . import strategies
+from .writeback import WRITEBACK_MODES
 
 #: io_uring requests in flight per worker (``--queue-depth``).
 DEFAULT_QUEUE_DEPTH = 32
@@ -57,6 +58,7 @@ class ReplayOptions:
     strict: bool = False
     data: str = "unique"
     read_memory: str = "reused"
+    writeback: str = "system"
 
     @classmethod
     def of(cls, options: ReplayOptions | None = None, **values) -> ReplayOptions:
@@ -86,6 +88,12 @@ class ReplayOptions:
             )
         if self.data not in DATA_MODES:
             raise ReplayError(f"unknown {{option}} {self.data!r} (choose from {', '.join(DATA_MODES)})", option="data")
+        if self.writeback not in WRITEBACK_MODES:
+            raise ReplayError(
+                f"unknown {{option}} {self.writeback!r} (choose from {', '.join(WRITEBACK_MODES)})", option="writeback"
+            )
+        if self.writeback == "recorded" and os.geteuid() != 0:
+            raise ReplayError("{option} recorded needs root (it writes /proc/sys/vm)", option="writeback")
         if self.read_memory not in READ_MEMORY_MODES:
             raise ReplayError(
                 f"unknown {{option}} {self.read_memory!r} (choose from {', '.join(READ_MEMORY_MODES)})",

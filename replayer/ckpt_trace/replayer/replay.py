@@ -44,6 +44,7 @@ from .runs import add_speedups, add_verdicts, median_run, release, trace_file
 from .uring import io_uring_available
 from .verdicts import Rounds
 from .verify import verify_content
+from .writeback import writeback_choice
 
 #: What ``all`` replays, the strategies replayed only when named, and what ``strategy=`` accepts: read from
 #: the strategy table (``replayer.strategies``), never spelled here.
@@ -391,6 +392,11 @@ def replay(
     reused below, as glibc's malloc serves a loader's buffers (``replayer.engine``). The results'
     ``options`` say which ran.
 
+    ``writeback`` says whose dirty-page thresholds the runs have: ``system`` (default: this machine's, not
+    touched) or ``recorded`` (root: the least the trace's ``writeback`` metadata recorded, set for the runs
+    and put back after; ``replayer.writeback``); ReplayError for a trace without them. The results'
+    ``options`` and notes say which ran.
+
     Nothing is lost (``replayer.ownership``): a target that holds the trace,
     or where a file the replay would create already exists or is one of
     ``protect`` (the command's other inputs and outputs), is refused before
@@ -406,6 +412,7 @@ def replay(
     opts.check(strategy)
     trace = trace_file(trace_path)
     data_context, data_options = data_choice(opts, trace.metadata)
+    writeback_context, writeback_options, writeback_note = writeback_choice(opts.writeback, trace.metadata)
     target = Path(target)
     refuse_target_holding(target, trace.path)
     digest = _digest_soon(trace.path)
@@ -445,7 +452,7 @@ def replay(
             fio_limit = _fio_limit(target, plans[0]) if opts.fio else None
             runs = Rounds(opts.repeat, opts.min_seconds, opts.max_runs or config.REPLAY_MAX_RUNS)
             cache_state, cache_note, recorded = resolve_cache(opts.cache, plans[0], trace, opts.strip_prefix)
-            with data_context:
+            with data_context, writeback_context:
                 results, mismatches = _run_plans(plans, claims, opts, runs, progress, cache_state, recorded)
         except (ReplayError, KeyboardInterrupt) as err:
             release(claims, target, made_target, lock)
@@ -484,9 +491,10 @@ def replay(
             "cache_state": cache_state,
             "strict": opts.strict,
             **data_options,
+            **writeback_options,
         }
         for result in results:
-            result.notes.extend([cache_note] if cache_note else [])
+            result.notes.extend([note for note in (cache_note, writeback_note) if note])
             result.notes.extend(skips)
         return ReplayReport(
             trace.path,

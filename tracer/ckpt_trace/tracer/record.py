@@ -27,7 +27,7 @@ from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.version import __version__
 
 from . import attach as attach_mod
-from . import backends, clock, compressibility, costs, gpu, strace_backend
+from . import backends, clock, compressibility, costs, gpu, strace_backend, writeback
 from .backends import BackendChoice
 from .children import forwarding
 from .spool import RowSpool
@@ -207,11 +207,17 @@ def record(
         started = time.monotonic()
         anchors = {name: clock.anchor(name) for name in clock.CLOCK_IDS}  # the backend is known only after
         costs.prewarm_in_background()  # alongside clang or the command, not after the command's exit
-        if attach is not None:
-            with _collector_paused():
-                builder, extra, choice = attach_mod.run_attached(choice, attach, builder_args, spool)
-        else:
-            builder, extra, choice = _run_backend(choice, cmd, builder_args, spool, capture)
+        sampler = writeback.WritebackSampler().start()
+        try:
+            if attach is not None:
+                with _collector_paused():
+                    builder, extra, choice = attach_mod.run_attached(choice, attach, builder_args, spool)
+            else:
+                builder, extra, choice = _run_backend(choice, cmd, builder_args, spool, capture)
+        finally:
+            sampler.stop()
+        if (thresholds := sampler.metadata()) is not None:
+            extra["writeback"] = thresholds
         released_s, exited_s = extra.pop("released_s", None), extra.pop("exited_s", None)
         if released_s is not None:
             extra["start_s"] = round(costs.since_invocation_s(released_s), 3)
