@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from conftest import GOLDEN, cli
+from conftest import CKPT_TRACE, GOLDEN, cli, record
 
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats import read_trace
@@ -146,3 +146,35 @@ def test_strict_makes_a_strategy_off_its_named_path_an_error(io_uring, tmp_path)
     assert "--strict: uring-direct's named path (io_uring+O_DIRECT) carried 0% of the bytes" in proc.stderr
     assert not target.exists()  # the replay's files (and the target it made) were removed
     cli("replay", str(DCP), "--strategy", "uring-buffered", "--target", str(tmp_path / "b"), "--strict")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["uring-direct", "aggregated"])
+def test_a_bcc_recording_of_the_replay_agrees_with_its_data_paths(io_uring, bcc_backend, tmp_path, strategy):
+    """The replay of a recorded DCP save, itself recorded by the bcc backend: the io_uring requests the kernel
+    saw, split by the O_DIRECT flag of the descriptor each went to (its open row), move the bytes the result
+    says went through io_uring with and without O_DIRECT; and no read or write went by a system call."""
+    work = tmp_path / "w"
+    work.mkdir()
+    out = tmp_path / "results.json"
+    trace = tmp_path / "replay.arrow"
+    replay_args = ("replay", str(DCP), "--strategy", strategy, "--target", str(work / "t"), "--repeat", "1")
+    record(bcc_backend, trace, work, *CKPT_TRACE, *replay_args, "-o", str(out))
+    paths = json.loads(out.read_text())["results"][0]["data_paths"]
+    flags_of: dict[tuple[int, int], int] = {}
+    seen = {"io_uring_direct": 0, "io_uring_buffered": 0, "syscall": 0}
+    for row in read_trace(trace).table.sort_by("ts_ns").to_pylist():
+        if row["op"] == "open" and row["ret"] >= 0:
+            flags_of[(row["pid"], row["ret"])] = row["flags"]
+        elif row["op"] in ("read", "write") and "/ck/" in (row["path"] or "") and row["ret"] > 0:  # the trace's files
+            if row["interface"] != "io_uring":
+                seen["syscall"] += row["ret"]
+                continue
+            direct = flags_of[(row["pid"], row["fd"])] & os.O_DIRECT
+            seen["io_uring_direct" if direct else "io_uring_buffered"] += row["ret"]
+    assert seen == {
+        "io_uring_direct": paths["io_uring_direct"]["bytes"],
+        "io_uring_buffered": paths["io_uring_buffered"]["bytes"],
+        "syscall": paths["syscall_buffered"]["bytes"] + paths["syscall_direct"]["bytes"],
+    }
+    assert seen["io_uring_direct" if strategy == "aggregated" else "io_uring_buffered"] > 0
