@@ -201,8 +201,10 @@ def test_a_spilled_recording_is_the_same_recording(backend, odd_recording, tmp_p
     assert sorted(p.name for p in trace_path.parent.iterdir()) == sorted(["expected.json", "out", trace_path.name])
 
 
-def test_spooled_runs_merge_into_one_stable_sort_by_start_time(tmp_path):
-    """Rows of a real trace handed over in a shuffled emission order with many equal start times, in parts
+@pytest.mark.parametrize("order", ["shuffled", "in-order"])
+def test_spooled_runs_merge_into_one_stable_sort_by_start_time(tmp_path, order):
+    """Rows of a real trace handed over in a shuffled emission order (runs that interleave: merged) or in
+    start-time order (each run after the one before: passed through), with many equal start times, in parts
     of 7 rows: the runs merge into exactly what one stable sort of every row gives."""
     import random
 
@@ -215,9 +217,12 @@ def test_spooled_runs_merge_into_one_stable_sort_by_start_time(tmp_path):
         sorted((__import__("pathlib").Path(__file__).parent.parent / "traces" / "golden").glob("v3-*.arrow"))[0]
     )
     rows = golden.table.to_pylist()
-    random.Random(7).shuffle(rows)
+    if order == "shuffled":
+        random.Random(7).shuffle(rows)
     for i, row in enumerate(rows):
         row["ts_ns"] = row["ts_ns"] // 1_000_000 * 1_000_000 + (i % 3)  # ties, across parts and within them
+    if order == "in-order":
+        rows.sort(key=lambda row: row["ts_ns"])  # stable: the runs follow one another, ties included
     columns = {name: [r[name] for r in rows] for name in golden.table.column_names}
     meta = {k: v for k, v in golden.metadata.items() if k != "format_version"}
     whole = pa.Table.from_pydict(columns, schema=golden.table.schema).sort_by([("ts_ns", "ascending")])

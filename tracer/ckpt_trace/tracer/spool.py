@@ -154,8 +154,11 @@ class RowSpool:
             if not live:
                 return
             bound = min(r.last_key() for r in live)  # every row at or below it is in the batches at hand
-            parts = [r.take_through(bound) for r in live]
-            table = pa.concat_tables([p for p in parts if p.num_rows]).unify_dictionaries()
+            parts = [part for part in (r.take_through(bound) for r in live) if part.num_rows]
+            if len(parts) == 1:  # one run's rows: already in order (each run is sorted), nothing to merge
+                yield parts[0].unify_dictionaries().drop_columns([_SEQ])
+                continue
+            table = pa.concat_tables(parts).unify_dictionaries()
             ts, seq = (
                 int_values(table.column("ts_ns").combine_chunks()),
                 int_values(table.column(_SEQ).combine_chunks()),
