@@ -40,8 +40,9 @@ def recorded_thresholds(metadata: dict) -> dict[str, int]:
         }
     except (TypeError, KeyError, ValueError):
         raise ReplayError(
-            "--writeback recorded: the trace does not say its writeback thresholds (recorded before "
-            "ckpt-trace wrote the writeback metadata, or by another tool)"
+            "{option} recorded: the trace does not say its writeback thresholds (recorded before "
+            "ckpt-trace wrote the writeback metadata, or by another tool)",
+            option="writeback",
         ) from None
 
 
@@ -60,7 +61,9 @@ def thresholds_set(values: dict[str, int]) -> Iterator[dict[str, int]]:
         _write("dirty_background_bytes", max(values["dirty_background_bytes"], 1))
     except OSError as err:
         _restore(before)
-        raise ReplayError(f"--writeback recorded: cannot set {SYSCTL}: {err.strerror or err}") from None
+        raise ReplayError(
+            f"{{option}} recorded: cannot set {SYSCTL}: {err.strerror or err}", option="writeback"
+        ) from None
     try:
         yield before
     finally:
