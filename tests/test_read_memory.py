@@ -87,3 +87,18 @@ def test_fresh_reads_fault_in_every_page_they_fill_reused_ones_do_not_and_malloc
     assert large_bytes // page <= faults["malloc"] < bound, faults
     # reused: the write and read buffers, each faulted once
     assert faults["reused"] < large_bytes // PAGE_BYTES, faults
+
+
+@pytest.mark.slow
+def test_malloc_says_which_strategies_read_large_operations_in_smaller_pieces(tmp_path, io_uring):
+    """Under ``--read-memory malloc`` a strategy that re-plans the large reads into pieces under the threshold
+    (aggregated) lands their bytes in the reused buffer: its result says so, the others' do not."""
+    from ckpt_trace.replayer import replay
+
+    report = replay(
+        _load_trace(tmp_path / "load.arrow"), target=tmp_path / "t", strategy="all", repeat=1, read_memory="malloc"
+    )
+    noted = {r.strategy: [n for n in r.notes if n.startswith("read memory malloc")] for r in report.results}
+    report.release()
+    assert noted["aggregated"] and f"{LARGE * LARGE_BYTES:,} B" in noted["aggregated"][0], noted
+    assert not any(noted[name] for name in ("posix", "uring-buffered", "uring-direct")), noted
