@@ -5,6 +5,7 @@ for a replay (``replay --writeback recorded``, ``replayer.writeback``): checked 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import threading
 import time
@@ -129,3 +130,13 @@ def test_a_trace_without_thresholds_is_refused_in_one_line(tmp_path):
     assert proc.returncode != 0
     line = one_line(proc)
     assert "writeback" in line and ("thresholds" in line or "root" in line)
+
+
+@pytest.mark.slow
+def test_summary_shows_the_least_recorded_thresholds(tmp_path):
+    trace = _trace_with(tmp_path / "t.arrow", RECORDED)
+    document = json.loads(cli("summary", str(trace), "--json").stdout)
+    assert document["writeback"]["dirty_background_bytes"]["min"] == RECORDED["dirty_background_bytes"]
+    text = cli("summary", str(trace)).stdout
+    assert "dirty-page thresholds (least)" in text and "background 117.7 MiB, throttle 223.7 MiB" in text
+    assert "dirty-page thresholds" not in cli("summary", str(_trace_with(tmp_path / "u.arrow", None))).stdout

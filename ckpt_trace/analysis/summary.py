@@ -423,6 +423,7 @@ def summary_document(path, md: dict, figures: dict, gpu: dict) -> dict[str, Any]
         "unseen": md.get("unseen", {}),
         "gpu": gpu,
         "interrupted": md.get("interrupted"),
+        **({"writeback": md["writeback"]} if isinstance(md.get("writeback"), dict) else {}),
         **({"mapped_uncovered_bytes": int(md["mapped_uncovered_bytes"])} if "mapped_uncovered_bytes" in md else {}),
     }
 

@@ -82,6 +82,17 @@ def _ranges(values: list[int]) -> str:
     return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in out) or "none"
 
 
+def _writeback(found: dict) -> str:
+    """The least writeback thresholds a recording saw (its ``writeback`` metadata), in words."""
+    try:
+        return (
+            f"background {human_bytes(found['dirty_background_bytes']['min'])}, "
+            f"throttle {human_bytes(found['dirty_bytes']['min'])}"
+        )
+    except (KeyError, TypeError):
+        return "unreadable"
+
+
 def render_summary(console: Console, summary: dict[str, Any]) -> None:
     overview = _table(console, "Trace summary")
     overview.add_column("what")
@@ -103,6 +114,7 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
         ("unaligned sizes (4 KiB)", f"{summary['alignment']['unaligned_size_share']:.1%}"),
         ("failed ops", str(summary["failed_ops"])),
         ("lost events", str(summary["lost_events"])),
+        *((("dirty-page thresholds (least)", _writeback(summary["writeback"])),) if summary.get("writeback") else ()),
         *(
             (("interrupted", f"[yellow]{summary['interrupted']} cut the recording: the trace is partial[/]"),)
             if summary.get("interrupted")
