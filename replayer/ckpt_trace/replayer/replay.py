@@ -96,8 +96,9 @@ def data_choice(opts: ReplayOptions, metadata: dict) -> tuple[contextlib.Abstrac
 
 def read_memory_notes(plans: list[ReplayPlan], read_memory: str) -> list[str | None]:
     """Per plan, a note where ``--read-memory malloc`` lands fewer of its read bytes in fresh pages than the
-    first plan (posix's, the as-recorded one, under ``all``; a single strategy is compared with itself) does: its strategy re-planned reads of ``MALLOC_MMAP_THRESHOLD_BYTES`` and more
-    into smaller ones (which land reused), so its reads skip page faults the recorded ones paid."""
+    first plan does (posix's, the as-recorded one, under ``all``; a single strategy is compared with itself):
+    its strategy re-planned reads of ``MALLOC_MMAP_THRESHOLD_BYTES`` and more into smaller ones (which land
+    reused), so its reads skip page faults the recorded ones paid."""
     if read_memory != "malloc" or not plans:
         return [None] * len(plans)
 
