@@ -3,8 +3,8 @@
 Saves a DCP checkpoint once (``ckpt-trace workload dcp``), then per round records its load with the bcc
 backend twice: cold (every file of the checkpoint fsynced and dropped, ``posix_fadvise(DONTNEED)`` per file)
 and warm (every file read once first), in alternating order from round to round. Each trace is replayed with
-posix and the default ``--cache recorded``, once per ``replay --read-memory`` mode (reused, fresh,
-malloc; the order reversed every other round), in a child process (``tests/helpers/replay_io.py``), not
+posix and the default ``--cache recorded``, once per ``replay --read-memory`` mode (malloc, the default,
+reused, fresh; the order reversed every other round), in a child process (``tests/helpers/replay_io.py``), not
 recorded.
 
 Figures per trace: the recorded read time (the sum of the read rows' ``dur_ns``: time inside read calls,
@@ -12,11 +12,14 @@ summed over the ranks' threads), the replayed read time (the run's mean data-ope
 data operations: the same sum, for a load whose data operations are all reads), their ratio; the distinct
 bytes the trace read cold (what ``--cache recorded`` drops), the bytes the replaying process read from
 storage (``/proc/self/io`` ``read_bytes``) and the device's (``/proc/diskstats``, every process of the
-machine). Prints one line per replay, then per state and read memory the median ratio with its range, and the
-1-minute load average before and after; writes ``benchmarks/results/cache_load.json`` (every ratio, per key).
+machine). Prints one line per replay, then per state and read memory the median ratio with its range, how
+many replays came within 2x of the recorded read time and how many read from the device within 10 % (or
+1 MiB, for a warm trace) of the distinct bytes the trace read cold (issue 34's bounds), and the 1-minute load
+average before and after; writes ``benchmarks/results/cache_load.json`` (every replay's figures, the ratios
+per key and those counts).
 
     python benchmarks/cache_load.py --dir /scratch/cache-load [--model gpt2-small] [--ranks 2] [--rounds 3]
-        [--read-memory reused|fresh|malloc|all]
+        [--read-memory malloc|reused|fresh|all]
 
 Measured (GPT-2-small with Adam, 2 ranks, 3 rounds): see docs/verdicts.md ("Page cache").
 """
@@ -42,7 +45,22 @@ from ckpt_trace.iolayer.pagecache import evict
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "helpers" / "replay_io.py"
 CLI = (sys.executable, "-m", "ckpt_trace.cli")
-MEMORIES = ("reused", "fresh", "malloc")
+MEMORIES = ("malloc", "reused", "fresh")
+DEVICE_SLACK_BYTES = 1 << 20  # the device bound's floor: diskstats counts every process of the machine
+
+
+def _bounds(replays: list[dict]) -> dict[str, dict[str, int]]:
+    """Per key, of its replays: how many, how many within 2x of the recorded read time, and how many read from
+    the device within 10 % (at least ``DEVICE_SLACK_BYTES``) of the distinct bytes the trace read cold."""
+    out: dict[str, dict[str, int]] = {}
+    for r in replays:
+        counts = out.setdefault(r["key"], {"replays": 0, "time_within_2x": 0, "device_within_10_percent": 0})
+        counts["replays"] += 1
+        counts["time_within_2x"] += 0.5 <= r["ratio"] <= 2.0
+        if r["device_read_bytes"] is not None and r["cold_bytes"] is not None:
+            slack = max(0.1 * r["cold_bytes"], DEVICE_SLACK_BYTES)
+            counts["device_within_10_percent"] += abs(r["device_read_bytes"] - r["cold_bytes"]) <= slack
+    return out
 
 
 def _files(checkpoint: Path) -> list[Path]:
@@ -97,6 +115,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     print(f"checkpoint: {args.model}, {args.ranks} ranks, {size:,} B; load average {load_before:.2f}")
     ratios: dict[str, list[float]] = defaultdict(list)
+    replays: list[dict] = []
     for round_ in range(args.rounds):
         for state in ("cold", "warm") if round_ % 2 == 0 else ("warm", "cold"):
             (_drop if state == "cold" else _warm)(checkpoint)
@@ -124,6 +143,18 @@ def main() -> None:
                     figures = json.loads(out.read_text())
                 ratio = figures["read_time_s"] / recorded_s if recorded_s else float("nan")
                 ratios[f"{state}, {memory} memory"].append(ratio)
+                replays.append(
+                    {
+                        "key": f"{state}, {memory} memory",
+                        "round": round_,
+                        "recorded_read_s": recorded_s,
+                        "replayed_read_s": figures["read_time_s"],
+                        "ratio": ratio,
+                        "cold_bytes": figures["cold_bytes"],
+                        "device_read_bytes": figures["device_read_bytes"],
+                        "process_read_bytes": figures["process_read_bytes"],
+                    }
+                )
                 print(
                     f"round {round_} {state}, {memory} memory: read time recorded {recorded_s:.3f} s, replayed "
                     f"{figures['read_time_s']:.3f} s (x{ratio:.2f}); cold: column {column:,} B, distinct "
@@ -140,6 +171,12 @@ def main() -> None:
                 f"{key}: replayed / recorded read time median x{statistics.median(values):.2f} "
                 f"(range {min(values):.2f}-{max(values):.2f}, {len(values)} rounds)"
             )
+    bounds = _bounds(replays)
+    for key, counts in bounds.items():
+        print(
+            f"{key}: within 2x of the recorded read time {counts['time_within_2x']} of {counts['replays']}; "
+            f"device read within 10 % of the cold bytes {counts['device_within_10_percent']} of {counts['replays']}"
+        )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     save_result(
         "cache_load",
@@ -149,6 +186,8 @@ def main() -> None:
             "checkpoint_bytes": size,
             "ratios": dict(ratios),
             "summary": summary,
+            "bounds": bounds,
+            "replays": replays,
             "load_average": [load_before, os.getloadavg()[0]],
         },
     )

@@ -422,10 +422,10 @@ def replay(
         "--gpu-copies",
         help="Host<->device copy rows: as recorded, with pinned host staging, or skipped (always, without a GPU).",
     ),
-    read_memory: Literal["reused", "fresh", "malloc"] = typer.Option(
-        "reused",
+    read_memory: Literal["malloc", "reused", "fresh"] = typer.Option(
+        "malloc",
         "--read-memory",
-        help="Where reads land: one reused buffer per thread (as an allocator that reuses freed memory), fresh pages each read faults in (as a read into newly mapped memory), or malloc: fresh for operations of 32 MiB and more, reused below (as glibc's malloc serves them).",
+        help="Where reads land: malloc, fresh pages for recorded reads of 32 MiB and more, one reused buffer per thread below (as glibc's malloc serves them); reused, that buffer for all (as an allocator that reuses freed memory); or fresh pages for all (as a read into newly mapped memory).",
     ),
     writeback: Literal["system", "recorded"] = typer.Option(
         "system",

@@ -24,7 +24,8 @@ executor's), and the uring and gds strategies are the posix plan renamed
 expectations: only ever from a commit whose planner is known right. Re-frozen
 once since: the aggregated cases' operation tables when a written piece's
 ``ts_ns`` became the latest start of the writes into it (``aggregate._ready_ts``;
-every other column and case unchanged, checked against the previous plans).
+every other column and case unchanged, checked against the previous plans). Extended once: the column
+``op_size`` (issue 34), its digests added with every other digest unchanged.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ _COLUMNS = (
     "queue",
     "mapped",
     "prot",
+    "op_size",
     "dep_ptr",
     "dep_seq",
 )

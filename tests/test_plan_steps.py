@@ -315,13 +315,20 @@ def test_aggregate_deps_and_placement():
     pairs = agg._group_deps(ops, barriers.pending, runs, groups.of_run)
     assert pairs.tolist() == [[2, 99]]  # the read's group waits for what the read waited for
     pieces = agg._pieces(groups.of_run, runs.start, runs.end, 1 << 20, 4096)
-    piece_ts = agg._ready_ts(ops, runs, groups.of_run, pieces, groups.first_op)
+    cover = agg._cover(ops, runs, groups.of_run, pieces)
+    assert cover.first.tolist() == [0, 0, 0, 1, 2] and cover.count.tolist() == [1, 1, 1, 1, 1]
+    piece_ts = agg._ready_ts(ops, runs, pieces, groups.first_op, cover)
     assert piece_ts.tolist() == [4, 6, 8]  # writes: the last write into the piece; the read: its group's first
-    placed = agg._place(ops, barriers.pending, pieces, groups.key[:, 0] // groups.span, groups.first_op, piece_ts)
+    piece_op_size = agg._piece_op_size(ops, runs, pieces, cover)
+    assert piece_op_size.tolist() == [100, 100, 10]  # the largest recorded operation each piece holds bytes of
+    placed = agg._place(
+        ops, barriers.pending, pieces, groups.key[:, 0] // groups.span, groups.first_op, piece_ts, piece_op_size
+    )
     assert placed.rows.tolist() == [0, 3, 1, 5, 6, 7, 8, 9]  # each piece just before its barrier
     assert placed.ts_ns.tolist() == [0, 3, 4, 5, 6, 7, 8, 9]
     assert placed.is_piece.tolist() == [False, False, True, False, True, False, True, False]
     assert placed.size.tolist()[2] == 200 and placed.group.tolist() == [-1, -1, 0, -1, 1, -1, 2, -1]
+    assert placed.op_size.tolist() == [-1, -1, 100, -1, 100, -1, 10, -1]  # kept rows: their own (none set)
     group_dep_ptr = np.array([0, 0, 0, 1])
     dep_ptr, dep_seq = agg._placed_deps(ops, placed, group_dep_ptr, pairs)
     assert dep_ptr.tolist() == [0, 0, 0, 0, 0, 0, 0, 1, 1] and dep_seq.tolist() == [99]

@@ -3,7 +3,7 @@
     python tests/helpers/replay_io.py TRACE TARGET OUT.json [CACHE] [READ_MEMORY]
 
 Prepares the run as ``ckpt-trace replay`` does (pre-creation, then the page cache as ``CACHE`` says: recorded by
-default; reads land in ``READ_MEMORY``, reused by default: ``replayer.engine``), opens and closes
+default; reads land in ``READ_MEMORY``, malloc by default, as in ``replay``: ``replayer.engine``), opens and closes
 ``TARGET/clock-start`` just before the clock (a mark for a recording of this process: the run's rows are the
 ones after it), runs, and writes OUT.json: the bytes read from the target's block device (``/proc/diskstats``, every process of the machine; null where no device holds it) and by this
 process (``/proc/self/io`` ``read_bytes``, its threads included) during the run, the state prepared, the
@@ -40,7 +40,7 @@ def process_read_bytes() -> int:
     return int(line.split()[1])
 
 
-def main(trace: str, target: str, out: str, cache: str = "recorded", read_memory: str = "reused") -> None:
+def main(trace: str, target: str, out: str, cache: str = "recorded", read_memory: str = "malloc") -> None:
     loaded = read_trace(trace)
     plan = build_plan(loaded.table, "posix")
     Path(target).mkdir(parents=True, exist_ok=True)

@@ -185,7 +185,7 @@ class Pieces(NamedTuple):
 class Placed(NamedTuple):
     """The aggregated table's rows in order: ``rows`` the source row each copies (a piece: its group's first
     operation), ``is_piece``, ``offset``, ``size``, ``group`` (a piece's; -1 for a kept row), ``ts_ns`` (a
-    piece's: ``_ready_ts``)."""
+    piece's: ``_ready_ts``), ``op_size`` (a piece's: ``_piece_op_size``)."""
 
     rows: np.ndarray
     is_piece: np.ndarray
@@ -193,6 +193,7 @@ class Placed(NamedTuple):
     size: np.ndarray
     group: np.ndarray
     ts_ns: np.ndarray
+    op_size: np.ndarray
 
 
 def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int, block_bytes: int) -> OpTable:
@@ -217,9 +218,14 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
     pieces = _pieces(groups.of_run, runs.start, runs.end, buffer_bytes, block_bytes)
     pairs = _group_deps(ops, barriers.pending, runs, groups.of_run)
     group_dep_ptr = np.concatenate([[0], np.cumsum(np.bincount(pairs[:, 0], minlength=len(groups.key)))])
-    piece_ts = _ready_ts(ops, runs, groups.of_run, pieces, groups.first_op)
-    placed = _place(ops, barriers.pending, pieces, groups.key[:, 0] // groups.span, groups.first_op, piece_ts)
-    del runs, groups, pieces, barriers, piece_ts
+    cover = _cover(ops, runs, groups.of_run, pieces)
+    piece_ts = _ready_ts(ops, runs, pieces, groups.first_op, cover)
+    piece_op_size = _piece_op_size(ops, runs, pieces, cover)
+    del cover
+    placed = _place(
+        ops, barriers.pending, pieces, groups.key[:, 0] // groups.span, groups.first_op, piece_ts, piece_op_size
+    )
+    del runs, groups, pieces, barriers, piece_ts, piece_op_size
     dep_ptr, dep_seq = _placed_deps(ops, placed, group_dep_ptr, pairs)
     columns = {
         name: getattr(ops, name)[placed.rows]
@@ -241,7 +247,10 @@ def aggregate_table(ops: OpTable, awaited: frozenset[int], *, buffer_bytes: int,
         )
     }
     return OpTable.from_columns(
-        {**columns, "ts_ns": placed.ts_ns, "offset": placed.offset, "size": placed.size}, dep_ptr, dep_seq, ops.paths
+        {**columns, "ts_ns": placed.ts_ns, "offset": placed.offset, "size": placed.size, "op_size": placed.op_size},
+        dep_ptr,
+        dep_seq,
+        ops.paths,
     )
 
 
@@ -360,9 +369,11 @@ def _place(
     flush_of_group: np.ndarray,
     template: np.ndarray,
     piece_ts: np.ndarray,
+    piece_op_size: np.ndarray,
 ) -> Placed:
     """The kept operations and the pieces, in order (``Placed``): a piece sits before its group's barrier
-    (``flush_of_group``), copies its group's first operation (``template``) and starts at ``piece_ts``."""
+    (``flush_of_group``), copies its group's first operation (``template``), starts at ``piece_ts`` and
+    carries ``piece_op_size``."""
     kept = np.flatnonzero(~pending)
     piece_template = template[pieces.group]
     n_pieces = len(pieces.group)
@@ -380,21 +391,23 @@ def _place(
         size=np.concatenate([ops.size[kept], pieces.size])[order],
         group=np.concatenate([np.full(len(kept), -1, np.int64), pieces.group])[order],
         ts_ns=np.concatenate([ops.ts_ns[kept], piece_ts])[order],
+        op_size=np.concatenate([ops.op_size[kept], piece_op_size])[order],
     )
 
 
-def _ready_ts(ops: OpTable, runs: Runs, run_group: np.ndarray, pieces: Pieces, first_op: np.ndarray) -> np.ndarray:
-    """Each piece's start (``ts_ns``, what ``--timing original`` paces): a written piece's, the latest
-    recorded start among its group's operations that write into it (its bytes are all there then, as in a
-    writer that aggregates: it flushes a buffer once it is full); a read piece's, its group's first
-    operation's (read ahead). Vectorised: each operation's pieces (a group's pieces are sorted and disjoint)
-    by two sorted searches on keys packing (group, rank of the offset), then a maximum per piece."""
+class Cover(NamedTuple):
+    """Which pieces each collected operation (``Runs.pending_pos`` order) carries bytes into: ``first`` its
+    first piece, ``count`` how many (a group's pieces are sorted and disjoint)."""
+
+    first: np.ndarray
+    count: np.ndarray
+
+
+def _cover(ops: OpTable, runs: Runs, run_group: np.ndarray, pieces: Pieces) -> Cover:
+    """Each collected operation's pieces (``Cover``), vectorised: two sorted searches on keys packing (group,
+    rank of the offset)."""
     pos = runs.pending_pos
     n = len(pos)
-    ready = ops.ts_ns[first_op[pieces.group]].copy()
-    writes = ops.kind[first_op[pieces.group]] == WRITE
-    if not n or not writes.any():
-        return ready
     op_group = run_group[np.searchsorted(runs.heads, np.arange(n), side="right") - 1].astype(np.int64)
     op_start = ops.offset[pos]
     op_end = op_start + np.maximum(ops.size[pos], 0)
@@ -409,10 +422,32 @@ def _ready_ts(ops: OpTable, runs: Runs, run_group: np.ndarray, pieces: Pieces, f
     key_piece_end = piece_group * span + inverse[2 * n + m :]
     first = np.searchsorted(key_piece_end, key_op_start, side="right")  # its group's first piece ending after
     count = np.maximum(np.searchsorted(key_piece_start, key_op_end, side="left") - first, 0)
-    latest = np.full(m, np.iinfo(np.int64).min, np.int64)
-    np.maximum.at(latest, run_indices(first, count), np.repeat(ops.ts_ns[pos], count))
+    return Cover(first=first, count=count)
+
+
+def _ready_ts(ops: OpTable, runs: Runs, pieces: Pieces, first_op: np.ndarray, cover: Cover) -> np.ndarray:
+    """Each piece's start (``ts_ns``, what ``--timing original`` paces): a written piece's, the latest
+    recorded start among its group's operations that write into it (its bytes are all there then, as in a
+    writer that aggregates: it flushes a buffer once it is full); a read piece's, its group's first
+    operation's (read ahead). A maximum per piece over the operations ``cover`` gives it."""
+    ready = ops.ts_ns[first_op[pieces.group]].copy()
+    writes = ops.kind[first_op[pieces.group]] == WRITE
+    if not len(runs.pending_pos) or not writes.any():
+        return ready
+    latest = np.full(len(pieces.offset), np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(latest, run_indices(cover.first, cover.count), np.repeat(ops.ts_ns[runs.pending_pos], cover.count))
     ready[writes] = latest[writes]
     return ready
+
+
+def _piece_op_size(ops: OpTable, runs: Runs, pieces: Pieces, cover: Cover) -> np.ndarray:
+    """Each piece's ``op_size`` (bytes): the largest recorded operation it carries bytes of, so that a piece of
+    a large recorded read lands where that read did (``replay --read-memory malloc``)."""
+    largest = np.zeros(len(pieces.offset), np.int64)
+    np.maximum.at(
+        largest, run_indices(cover.first, cover.count), np.repeat(ops.op_sizes(runs.pending_pos), cover.count)
+    )
+    return largest
 
 
 def _placed_deps(

@@ -40,12 +40,13 @@ Mapped I/O replays as mapped I/O (where the data path ``maps_files``): ``mmap`` 
 (faulting them in), pages written back are written into it with the
 pattern (dirtying them), ``msync`` and ``munmap`` run where recorded.
 
-Where reads land (``read_memory``): ``reused`` (the default), one buffer per worker, resident after its first
+Where reads land (``read_memory``): ``reused``, one buffer per worker, resident after its first
 use; ``fresh``, each read at the next unused bytes of the worker's read arena (``FRESH_READ_BYTES``), released
 (madvise(2) ``MADV_DONTNEED``) when full, so every read faults in the pages it fills, inside the call, as a read
 into newly mapped memory does (700 MB read warm took 2.3x as long into fresh pages as into one reused buffer on
-the 2-vCPU VM); ``malloc``, fresh for the reads of operations of at least ``MALLOC_MMAP_THRESHOLD_BYTES`` and
-reused for the others, as glibc's malloc(3) serves a loader's buffers (torch's CPU tensors, Python's bytes): a
+the 2-vCPU VM); ``malloc`` (the default), fresh for the reads of recorded operations of at least
+``MALLOC_MMAP_THRESHOLD_BYTES`` (``OpTable.op_sizes``: a piece a strategy re-planned counts as the recorded
+read it belongs to) and reused for the others, as glibc's malloc(3) serves a loader's buffers (torch's CPU tensors, Python's bytes): a
 block that large is always a new mapping, a smaller one mostly memory freed before (mallopt(3),
 ``M_MMAP_THRESHOLD``: its dynamic threshold rises to the largest freed mapping, at most 32 MiB on 64-bit
 systems). The trace does not say which memory a recorded read filled; ``benchmarks/cache_load.py`` compares
@@ -160,7 +161,7 @@ class Executor:
     ``max_io_bytes``: the largest buffer of a worker (a larger operation is
     cut into pieces of it). ``gpu_copies`` (recorded, pinned, skip): what
     host<->device copy rows become (set by the caller before ``prepare``);
-    ``read_memory`` (reused, fresh, malloc): where reads land (the module docstring; set likewise).
+    ``read_memory`` (malloc, reused, fresh): where reads land (the module docstring; set likewise).
     """
 
     def __init__(self, root: TargetRoot, max_io_bytes: int, path: DataPath) -> None:
@@ -173,7 +174,7 @@ class Executor:
         self._copies_skipped_why: str | None = None
         self._pause = _test_pause()
         self._data: Pregenerated | None = None  # the written bytes, made by prepare (replayer.data)
-        self.read_memory = "reused"  # reused | fresh | malloc: where reads land (set by replay; module docstring)
+        self.read_memory = "malloc"  # malloc | reused | fresh: where reads land (set by replay; module docstring)
 
     # -- before the clock ----------------------------------------------
     def prepare(self, plan: ReplayPlan) -> None:
@@ -1090,8 +1091,8 @@ class WorkerContext:
         # slot as it is issued (_WorkerContext.issue); unless they were made before the clock (replayer.data):
         # then addr is where they are and user_data PREGENERATED.
         requests["addr"] = np.where(writes, base, self.read_buf.ptr)
-        # A read's user_data is its operation's size (``issue``: whether it lands in fresh pages).
-        requests["user_data"] = np.where(writes, t.pattern_key[r].astype(np.int64), size[owner]).astype(np.uint64)
+        # A read's user_data is its recorded operation's size (``issue``: whether it lands in fresh pages).
+        requests["user_data"] = np.where(writes, t.pattern_key[r].astype(np.int64), t.op_sizes(r)).astype(np.uint64)
         requests["len"] = np.minimum(chunk, size[owner] - done)
         made = self.data
         if made is not None and writes.any():

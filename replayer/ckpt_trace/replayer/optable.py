@@ -66,7 +66,10 @@ class PlanOp:
     copy (sendfile(2), copy_file_range(2), splice(2)): the source's read row comes right before the
     destination's write row of the same call, and splice's two calls through a pipe are each one row. The
     engine makes the same call where its data path leaves copies to it (``DataPath.kernel_copies``: posix,
-    mmap); the others read and write.
+    mmap); the others read and write. ``op_size`` (bytes; None: ``size``) is the size of the recorded
+    operation whose bytes a read or write moves, where a strategy re-planned them: a piece of ``aggregated``
+    reads carries the largest recorded read it holds bytes of. ``replay --read-memory malloc`` decides by it
+    where a read lands, so a re-planned read lands where the recorded one did.
     """
 
     seq: int
@@ -87,6 +90,7 @@ class PlanOp:
     mapped: bool = False
     prot: int | None = None
     kcopy: int = 0
+    op_size: int | None = None
 
 
 _INT_COLUMNS = {  # name: (dtype, value standing for None)
@@ -105,6 +109,7 @@ _INT_COLUMNS = {  # name: (dtype, value standing for None)
     "queue": (np.int64, NONE),
     "prot": (np.int32, NONE),
     "kcopy": (np.int8, None),
+    "op_size": (np.int64, NONE),
 }
 
 
@@ -135,6 +140,7 @@ class OpTable:
     mapped: np.ndarray  # bool
     prot: np.ndarray  # int32
     kcopy: np.ndarray  # int8, KCOPIES
+    op_size: np.ndarray  # int64 bytes: the recorded operation's (NONE: ``size``; ``PlanOp.op_size``)
     dep_ptr: np.ndarray  # int64, len + 1
     dep_seq: np.ndarray  # int64
     paths: tuple[str, ...]
@@ -198,6 +204,7 @@ class OpTable:
             "mapped": [op.mapped for op in ops],
             "prot": [number(op.prot) for op in ops],
             "kcopy": [op.kcopy for op in ops],
+            "op_size": [number(op.op_size) for op in ops],
         }
         arrays = {
             name: np.array(values, dtype=_INT_COLUMNS[name][0] if name in _INT_COLUMNS else None)
@@ -241,10 +248,17 @@ class OpTable:
             mapped=bool(self.mapped[i]),
             prot=value(self.prot),
             kcopy=int(self.kcopy[i]),
+            op_size=value(self.op_size),
         )
 
     def ops(self, start: int = 0, stop: int | None = None) -> tuple[PlanOp, ...]:
         return tuple(self.op(i) for i in range(start, len(self) if stop is None else stop))
+
+    def op_sizes(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """The recorded operation's size (bytes, int64) of each row of ``rows``: ``op_size`` where a strategy
+        set it, else ``size``."""
+        op_size = self.op_size[rows]
+        return np.where(op_size >= 0, op_size, self.size[rows])
 
     def counts(self) -> dict[str, int]:
         """Operations per kind."""

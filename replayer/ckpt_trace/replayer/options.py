@@ -29,10 +29,10 @@ CACHE_STATES = ("recorded", "cold", "warm")
 GPU_COPY_MODES = ("recorded", "pinned", "skip")
 #: What ``--data`` accepts: ``unique`` (incompressible, the default) or ``recorded-ratio`` (``replayer.data``).
 DATA_MODES = ("unique", "recorded-ratio")
-#: Where reads land (``--read-memory``, ``replayer.engine``): one ``reused`` resident buffer per worker (the
-#: default), ``fresh`` pages each read faults in, as a read into newly mapped memory does, or as glibc's
-#: ``malloc`` would serve the operation's buffer (fresh from 32 MiB, reused below).
-READ_MEMORY_MODES = ("reused", "fresh", "malloc")
+#: Where reads land (``--read-memory``, ``replayer.engine``): as glibc's ``malloc`` would serve the recorded
+#: operation's buffer (fresh from 32 MiB, reused below; the default), one ``reused`` resident buffer per
+#: worker, or ``fresh`` pages each read faults in, as a read into newly mapped memory does.
+READ_MEMORY_MODES = ("malloc", "reused", "fresh")
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class ReplayOptions:
     cache: str = "recorded"
     strict: bool = False
     data: str = "unique"
-    read_memory: str = "reused"
+    read_memory: str = "malloc"
     writeback: str = "system"
 
     @classmethod

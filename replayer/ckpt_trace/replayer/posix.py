@@ -90,12 +90,14 @@ def write(io: WorkerIO, fd: int, op: PlanOp) -> int:
 
 def read(io: WorkerIO, fd: int, op: PlanOp) -> int:
     """Read ``op.size`` bytes of ``fd`` into ``io.read_buf`` by preadv(2) (readv(2) where the offset is unknown),
-    up to the end of the file, each piece where ``io.read_target`` puts it. Returns the bytes read; raises
+    up to the end of the file, each piece where ``io.read_target`` puts it (by the recorded operation's size,
+    ``op.op_size``). Returns the bytes read; raises
     OSError."""
     size, done = op.size or 0, 0
+    op_bytes = size if op.op_size is None else op.op_size
     while done < size:
         n = min(io.buffer_bytes, size - done)
-        chunk = io.read_target(n, size)
+        chunk = io.read_target(n, op_bytes)
         n = os.readv(fd, [chunk]) if op.offset is None else os.preadv(fd, [chunk], op.offset + done)
         if n <= 0:
             break

@@ -97,14 +97,15 @@ def data_choice(opts: ReplayOptions, metadata: dict) -> tuple[contextlib.Abstrac
 def read_memory_notes(plans: list[ReplayPlan], read_memory: str) -> list[str | None]:
     """Per plan, a note where ``--read-memory malloc`` lands fewer of its read bytes in fresh pages than the
     first plan does (posix's, the as-recorded one, under ``all``; a single strategy is compared with itself):
-    its strategy re-planned reads of ``MALLOC_MMAP_THRESHOLD_BYTES`` and more into smaller ones (which land
-    reused), so its reads skip page faults the recorded ones paid."""
+    its strategy reads fewer bytes of the recorded reads of ``MALLOC_MMAP_THRESHOLD_BYTES`` and more (it
+    merged reads of the same bytes: ``aggregated``), so its reads skip page faults the recorded ones paid. A
+    piece a strategy re-planned counts as the recorded read it belongs to (``OpTable.op_sizes``)."""
     if read_memory != "malloc" or not plans:
         return [None] * len(plans)
 
     def fresh_bytes(plan: ReplayPlan) -> int:
         t = plan.ops
-        large = (t.kind == READ) & (t.size >= MALLOC_MMAP_THRESHOLD_BYTES)
+        large = (t.kind == READ) & (t.op_sizes() >= MALLOC_MMAP_THRESHOLD_BYTES)
         return int(t.size[large].sum())
 
     recorded = fresh_bytes(plans[0])
@@ -114,9 +115,9 @@ def read_memory_notes(plans: list[ReplayPlan], read_memory: str) -> list[str | N
         notes.append(
             None
             if mine >= recorded
-            else f"read memory malloc: {recorded - mine:,} B that the recorded reads of 32 MiB and more read "
-            f"into fresh pages land in the reused buffer here (this strategy reads them in smaller pieces): "
-            f"its reads skip page faults the recorded ones paid; compare strategies with --read-memory reused"
+            else f"read memory malloc: this strategy reads {recorded - mine:,} B fewer into fresh pages than the "
+            f"recorded reads of 32 MiB and more (it merged reads of the same bytes): its reads skip page faults "
+            f"the recorded ones paid"
         )
     return notes
 
@@ -413,10 +414,10 @@ def replay(
     or ``skip``. Where no GPU is, copies are skipped, counted in the
     results' ``gpu_copies`` and named in a note.
 
-    ``read_memory`` says where reads land (``options.READ_MEMORY_MODES``): ``reused`` (default), one
-    resident buffer per worker, as a loader whose allocator reuses what it freed; ``fresh``, pages each read
-    faults in, as a read into newly mapped memory; ``malloc``, fresh for operations of at least 32 MiB and
-    reused below, as glibc's malloc serves a loader's buffers (``replayer.engine``). The results'
+    ``read_memory`` says where reads land (``options.READ_MEMORY_MODES``): ``malloc`` (default), fresh for
+    recorded operations of at least 32 MiB and reused below, as glibc's malloc serves a loader's buffers
+    (``replayer.engine``); ``reused``, one resident buffer per worker, as a loader whose allocator reuses
+    what it freed; ``fresh``, pages each read faults in, as a read into newly mapped memory. The results'
     ``options`` say which ran.
 
     ``writeback`` says whose dirty-page thresholds the runs have: ``system`` (default: this machine's, not

@@ -188,7 +188,8 @@ class UringPath(DataPathDefaults):
         requests["opcode"] = rings.OP_WRITE if write else rings.OP_READ
         requests["fd"] = io.fd(int(t.handle[row]))
         requests["addr"] = position + done if write else io.read_buf.ptr  # a write's: its content offset
-        requests["user_data"] = int(t.pattern_key[row]) if write else size  # a read's: its operation's size
+        # a write's user_data is its content key, a read's its recorded operation's size (``issue``)
+        requests["user_data"] = int(t.pattern_key[row]) if write else int(t.op_sizes(slice(row, row + 1))[0])
         requests["len"] = np.minimum(chunk, size - done)
         requests["off"] = position + done
         if self.direct:
