@@ -51,21 +51,11 @@ def _pages(offset: int, size_bytes: int) -> int:
 
 
 def _cachestat(fd: int, offset: int, size_bytes: int) -> float | None:
-    global _cachestat_works
-    if _cachestat_works is False:
+    cached = resident_pages(fd, offset, size_bytes)
+    if cached is None:
         return None
-    stat = _Stat()
-    rng = _Range(offset, size_bytes)
-    result = _libc.syscall(
-        _SYSCALL_CACHESTAT, ctypes.c_uint(fd), ctypes.byref(rng), ctypes.byref(stat), ctypes.c_uint(0)
-    )
-    if result != 0:
-        if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM):
-            _cachestat_works = False
-        return None
-    _cachestat_works = True
     pages = _pages(offset, size_bytes)
-    return min(1.0, stat.nr_cache / pages) if pages else 1.0
+    return min(1.0, cached / pages) if pages else 1.0
 
 
 def _nowait(fd: int, offset: int, size_bytes: int, samples: int) -> float | None:
@@ -86,6 +76,25 @@ def _nowait(fd: int, offset: int, size_bytes: int, samples: int) -> float | None
                 return None
             raise
     return hits / len(picks)
+
+
+def resident_pages(fd: int, offset: int, size_bytes: int) -> int | None:
+    """How many pages of the byte range [offset, offset + size_bytes) of ``fd`` the page cache holds, by
+    cachestat(2) (``nr_cache``); None where cachestat is missing (before Linux 6.5, or refused)."""
+    global _cachestat_works
+    if _cachestat_works is False:
+        return None
+    stat = _Stat()
+    rng = _Range(offset, size_bytes)
+    result = _libc.syscall(
+        _SYSCALL_CACHESTAT, ctypes.c_uint(fd), ctypes.byref(rng), ctypes.byref(stat), ctypes.c_uint(0)
+    )
+    if result != 0:
+        if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM):
+            _cachestat_works = False
+        return None
+    _cachestat_works = True
+    return int(stat.nr_cache)
 
 
 def resident_share(fd: int, size_bytes: int, samples: int = 16, offset: int = 0) -> tuple[float, str]:

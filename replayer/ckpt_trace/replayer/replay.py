@@ -482,6 +482,8 @@ def replay(
             cache_state, cache_note, recorded = resolve_cache(opts.cache, plans[0], trace, opts.strip_prefix)
             with data_context, writeback_context:
                 results, mismatches = _run_plans(plans, claims, opts, runs, progress, cache_state, recorded)
+            if recorded is not None:  # now with what the preparations could not drop
+                cache_note = recorded.note()
         except (ReplayError, KeyboardInterrupt) as err:
             release(claims, target, made_target, lock)
             if isinstance(err, KeyboardInterrupt):
