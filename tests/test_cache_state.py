@@ -162,3 +162,60 @@ def test_cold_ranges_amid_warm_ones_are_out_of_the_page_cache_when_the_clock_sta
     assert not stayed, f"{len(stayed)} of {len(cold_pages)} cold pages stayed in the page cache"
     assert not missing, f"{len(missing)} warm pages are not in the page cache"
     assert recorded.resident_cold_bytes == 0 and "stayed" not in recorded.note()
+
+
+def test_warm_pages_evicted_while_other_files_are_prepared_are_read_again_before_the_clock(tmp_path, monkeypatch):
+    """The kernel may evict a prepared file's pages while the next file is prepared (on the development VM a
+    DAMON pageout scheme does, at random): here the first file loses 1 MiB of its warm pages when the second
+    file's warm ranges have been read. When the preparation returns, every warm page of both is in the page
+    cache again (cachestat(2)) and nothing is said missing."""
+    from helpers.traces import make_trace
+
+    from ckpt_trace.formats import read_trace
+    from ckpt_trace.iolayer.pagecache import resident_pages
+    from ckpt_trace.replayer import cache_state
+    from ckpt_trace.replayer.replay import resolve_cache
+
+    mib, size = 1 << 20, 8 << 20
+    rows = []
+    for name, fd in (("a", 3), ("b", 4)):
+        rows.append({"op": "open", "path": f"/ck/{name}.bin", "fd": fd, "flags": 0, "ret": fd})
+        read = {"op": "read", "path": f"/ck/{name}.bin", "fd": fd, "size": mib, "ret": mib, "cold_bytes": 0}
+        rows += [{**read, "offset": i * mib} for i in range(size // mib)]
+    loaded = read_trace(make_trace(tmp_path / "load.arrow", rows))
+    plan = build_plan(loaded.table, "posix")
+    (tmp_path / "t").mkdir()
+    root = TargetRoot(tmp_path / "t")
+    posix_executor(root, 1 << 20).prepare(plan)
+    state, _, recorded = resolve_cache("recorded", plan, loaded)
+    assert state == "recorded" and recorded is not None
+    first = tmp_path / "t" / "ck" / "a.bin"
+    read_ranges, evicted = cache_state._read_ranges, []
+
+    def read_then_evict(fd, ranges, chunk):
+        read_ranges(fd, ranges, chunk)
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("b.bin") and not evicted:
+            victim = os.open(first, os.O_RDONLY)
+            try:
+                os.posix_fadvise(victim, 3 * mib, mib, os.POSIX_FADV_DONTNEED)
+                evicted.append(resident_pages(victim, 3 * mib, mib))
+            finally:
+                os.close(victim)
+
+    monkeypatch.setattr(cache_state, "_read_ranges", read_then_evict)
+    prepare_cache(root, plan, state, recorded)
+    if evicted == [None]:
+        pytest.skip("cachestat(2) is missing (Linux before 6.5)")
+    assert evicted == [0]  # the eviction happened, after the first file was prepared
+    assert resident_bytes(first) == size and resident_bytes(tmp_path / "t" / "ck" / "b.bin") == size
+    assert recorded.missing_warm_bytes == 0 and "were not in it" not in recorded.note()
+
+
+def test_the_note_says_what_the_preparation_could_not_do():
+    from ckpt_trace.replayer.cache_state import RecordedCache
+
+    note = RecordedCache(cold_bytes=8192, warm_bytes=4096, resident_cold_bytes=4096, missing_warm_bytes=12288).note()
+    assert note.endswith(
+        "8,192 B cold (dropped before the clock), 4,096 B warm (read before the clock); 4,096 B of the cold pages "
+        "stayed in the page cache; 12,288 B of the warm pages were not in it when the clock started"
+    )

@@ -18,8 +18,15 @@ cold ranges of a warm GPT-2-small DCP load, every page stayed resident that way)
 window, widened to ``LARGEST_FOLIO_BYTES`` boundaries, is dropped whole, the warm bytes of the window are read
 again through a descriptor with POSIX_FADV_RANDOM (no readahead: exactly those pages, one page per folio), and
 the cold ranges, widened to whole pages, are dropped once more. What of them is still resident after that is
-counted (cachestat(2), ``RecordedCache.resident_cold_bytes``) and said in the note. Setup: never inside the
-clock.
+counted (cachestat(2), ``RecordedCache.resident_cold_bytes``) and said in the note.
+
+Last, once every file is prepared, the warm ranges are checked again (cachestat(2)) and a range that lost
+pages is read again (without readahead: only its missing pages come from storage): the kernel may evict pages
+while the other files are prepared. On the development VM a DAMON scheme (``kdamond``, ``paddr`` operations,
+action ``pageout`` on unmapped file pages idle for 12 aggregation intervals of 5 s, at most 128 MiB/s) took
+whole folios of just-read files in about one preparation of three (reclaim counters unmoved), and a replay then
+read them from storage inside the clock. The warm bytes still missing after that pass are counted
+(``RecordedCache.missing_warm_bytes``) and said. Setup: never inside the clock.
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ class RecordedCache:
     and never cold (what it reads in before the clock); ``known`` False when some read of those files has no
     ``cold_bytes`` (then the ranges are not used). ``resident_cold_bytes``: of the cold ranges (whole pages),
     the most bytes still in the page cache after a ``prepare_recorded`` (None: not prepared, or cachestat(2)
-    missing)."""
+    missing); ``missing_warm_bytes`` likewise, of the warm ranges, the most bytes not in it."""
 
     cold: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     warm: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
@@ -72,6 +79,7 @@ class RecordedCache:
     warm_bytes: int = 0
     known: bool = True
     resident_cold_bytes: int | None = None
+    missing_warm_bytes: int | None = None
 
     def note(self) -> str:
         """What the results say about the state that ran."""
@@ -85,6 +93,8 @@ class RecordedCache:
             if self.resident_cold_bytes
             else ""
         )
+        if self.missing_warm_bytes:
+            resident += f"; {self.missing_warm_bytes:,} B of the warm pages were not in it when the clock started"
         return (
             f"page cache recorded: {self.cold_bytes:,} B cold (dropped before the clock), "
             f"{self.warm_bytes:,} B warm (read before the clock){resident}"
@@ -161,6 +171,7 @@ def prepare_recorded(root: TargetRoot, files: Iterable[str], state: RecordedCach
     process) is skipped. Raises ReplayError on an I/O error."""
     chunk = bytearray(4 << 20)
     resident: int | None = 0
+    wanted: dict[str, list[tuple[int, int]]] = {}
     for rel in files:
         try:
             fd = root.open(rel, os.O_RDONLY)
@@ -174,6 +185,7 @@ def prepare_recorded(root: TargetRoot, files: Iterable[str], state: RecordedCach
             warm = _merged(state.warm.get(rel, ()))
             cold = _merged((start, end - start) for start, end in _aligned(state.cold.get(rel, ()), PAGE_BYTES))
             _read_ranges(fd, warm, chunk)
+            wanted[rel] = _subtract(warm, cold)
             if cold:
                 windows = _merged((start, end - start) for start, end in _aligned(cold, LARGEST_FOLIO_BYTES))
                 for offset, length in windows:
@@ -193,10 +205,40 @@ def prepare_recorded(root: TargetRoot, files: Iterable[str], state: RecordedCach
             raise ReplayError(f"cannot prepare the page cache of {rel}: {err.strerror}") from None
         finally:
             os.close(fd)
-    if resident is None or state.resident_cold_bytes is None:
-        state.resident_cold_bytes = resident
-    else:  # the most any preparation left (each run prepares again)
-        state.resident_cold_bytes = max(state.resident_cold_bytes, resident)
+    missing = _top_up(root, wanted, chunk)
+    for name, value in (("resident_cold_bytes", resident), ("missing_warm_bytes", missing)):
+        previous = getattr(state, name)  # the most any preparation left (each run prepares again)
+        setattr(state, name, value if value is None or previous is None else max(previous, value))
+
+
+def _top_up(root: TargetRoot, wanted: dict[str, list[tuple[int, int]]], chunk: bytearray) -> int | None:
+    """Read again, without readahead, each range of ``wanted`` (per target-relative file: (offset, length),
+    sorted and disjoint) that lost pages since it was read; returns the bytes (whole pages) still not in the page
+    cache after that, None where cachestat(2) is missing. Raises ReplayError on an I/O error."""
+    missing: int | None = 0
+    for rel, ranges in wanted.items():
+        if not ranges:
+            continue
+        try:
+            fd = root.open(rel, os.O_RDONLY)
+        except OSError as err:
+            raise ReplayError(f"cannot prepare the page cache of {rel}: {err.strerror}") from None
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            for offset, length in ranges:
+                pages = -(-(offset + length) // PAGE_BYTES) - offset // PAGE_BYTES
+                cached = resident_pages(fd, offset, length)
+                if cached is None:
+                    return None
+                if cached < pages:
+                    _read_ranges(fd, [(offset, length)], chunk)
+                    cached = resident_pages(fd, offset, length) or 0
+                missing = (missing or 0) + (pages - cached) * PAGE_BYTES
+        except OSError as err:
+            raise ReplayError(f"cannot prepare the page cache of {rel}: {err.strerror}") from None
+        finally:
+            os.close(fd)
+    return missing
 
 
 def _read_ranges(fd: int, ranges: list[tuple[int, int]], chunk: bytearray) -> None:
