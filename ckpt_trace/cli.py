@@ -235,7 +235,7 @@ def record(
     When the command read or wrote checkpoint files ckpt-trace recognises (DCP, safetensors, torch.save,
     Hugging Face index), their layout (which bytes are which tensor) is added to the trace, within 60 s."""
     from ckpt_trace.iolayer.outputs import check_output_file
-    from ckpt_trace.tracer import capture_limits, choose_backend, resolve_command
+    from ckpt_trace.tracer import capture_limits, choose_backend, environment_notes, resolve_command
     from ckpt_trace.tracer import record as record_trace
     from ckpt_trace.tracer.gpu import plan_capture
 
@@ -281,6 +281,8 @@ def record(
         err.print(f"ckpt-trace: GPU copies: {escape(gpu_plan.reason)}", highlight=False)
     for limit in capture_limits(choice):
         err.print(f"ckpt-trace: note: {escape(limit)}", highlight=False)
+    for line in environment_notes():
+        err.print(f"ckpt-trace: note: {escape(line)}", highlight=False, soft_wrap=True)
     result = record_trace(
         list(cmd or []),
         output,

@@ -173,6 +173,9 @@ EXTRA_METADATA: dict[str, str] = {
     "writeback": "written by `record`: the kernel's writeback thresholds while the command ran, least and "
     "largest of samples every 0.25 s ({source, samples, interval_s, dirty_background_bytes: {min, max}, "
     "dirty_bytes: {min, max}, settings}); `replay --writeback recorded` sets them (formats/README.md)",
+    "proactive_reclaim": "written by `record`: the DAMON schemes running when it started that evict page "
+    "cache ([{kdamond, operations, action, min_age_s, quota_bytes, quota_reset_interval_ms, filters}]); "
+    "pages they evict and the command reads again count in cold_bytes (formats/README.md)",
     "upgraded_from": 'the trace was converted by `ckpt-trace upgrade`: {"format_version": int, "sha256": '
     "hex SHA-256 of the original file}",
 }

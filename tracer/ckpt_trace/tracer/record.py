@@ -27,7 +27,7 @@ from ckpt_trace.iolayer.outputs import check_output_file
 from ckpt_trace.version import __version__
 
 from . import attach as attach_mod
-from . import backends, clock, compressibility, costs, gpu, strace_backend, writeback
+from . import backends, clock, compressibility, costs, gpu, reclaim, strace_backend, writeback
 from .backends import BackendChoice
 from .children import forwarding
 from .spool import RowSpool
@@ -77,6 +77,13 @@ def capture_limits(choice: BackendChoice) -> list[str]:
     """What ``choice`` will not capture on this kernel, one line each (empty: everything): said before the
     command starts, so a user knows which rows to expect."""
     return backends.get(choice.name).capture_limits()
+
+
+def environment_notes() -> list[str]:
+    """What on this machine changes what a recording sees, one line each (empty: nothing known): a running
+    DAMON reclaim scheme (``tracer.reclaim``). Said before the command starts."""
+    line = reclaim.describe(reclaim.schemes())
+    return [line] if line else []
 
 
 @contextlib.contextmanager
@@ -208,6 +215,7 @@ def record(
         anchors = {name: clock.anchor(name) for name in clock.CLOCK_IDS}  # the backend is known only after
         costs.prewarm_in_background()  # alongside clang or the command, not after the command's exit
         sampler = writeback.WritebackSampler().start()
+        evicting = reclaim.schemes()
         try:
             if attach is not None:
                 with _collector_paused():
@@ -218,6 +226,8 @@ def record(
             sampler.stop()
         if (thresholds := sampler.metadata()) is not None:
             extra["writeback"] = thresholds
+        if evicting:
+            extra["proactive_reclaim"] = evicting
         released_s, exited_s = extra.pop("released_s", None), extra.pop("exited_s", None)
         if released_s is not None:
             extra["start_s"] = round(costs.since_invocation_s(released_s), 3)
