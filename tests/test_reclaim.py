@@ -4,6 +4,7 @@ read from DAMON's sysfs interface, checked against a tree laid out as the kernel
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,24 @@ def test_record_stores_and_says_this_machines_schemes(tmp_path, strace_backend):
         assert f"ckpt-trace: note: {reclaim.describe(live)}" in " ".join(proc.stderr.split())
     else:
         assert "proactive_reclaim" not in meta and "DAMON" not in proc.stderr
+
+
+def test_summary_shows_the_recorded_schemes(tmp_path):
+    from conftest import cli
+    from helpers.traces import META, trace_of
+
+    rows = [{"op": "open", "path": "/ck/a", "fd": 3, "flags": 0, "ret": 3}]
+    scheme = {
+        "kdamond": 0,
+        "operations": "paddr",
+        "action": "pageout",
+        "min_age_s": 60.0,
+        "quota_bytes": 128 << 20,
+        "quota_reset_interval_ms": 1000,
+        "filters": [],
+    }
+    trace = trace_of(tmp_path / "t.arrow", rows, {**META, "proactive_reclaim": [scheme]})
+    assert json.loads(cli("summary", str(trace), "--json").stdout)["proactive_reclaim"] == [scheme]
+    text = " ".join(cli("summary", str(trace)).stdout.split())
+    assert "page-cache reclaim (DAMON)" in text and "pageout idle >= 60 s, <= 128.0 MiB per 1000 ms" in text
+    assert "DAMON" not in cli("summary", str(trace_of(tmp_path / "u.arrow", rows, dict(META)))).stdout

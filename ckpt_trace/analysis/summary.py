@@ -424,6 +424,7 @@ def summary_document(path, md: dict, figures: dict, gpu: dict) -> dict[str, Any]
         "gpu": gpu,
         "interrupted": md.get("interrupted"),
         **({"writeback": md["writeback"]} if isinstance(md.get("writeback"), dict) else {}),
+        **({"proactive_reclaim": md["proactive_reclaim"]} if isinstance(md.get("proactive_reclaim"), list) else {}),
         **({"mapped_uncovered_bytes": int(md["mapped_uncovered_bytes"])} if "mapped_uncovered_bytes" in md else {}),
     }
 

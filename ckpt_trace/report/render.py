@@ -82,6 +82,24 @@ def _ranges(values: list[int]) -> str:
     return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in out) or "none"
 
 
+def _reclaim(found: list) -> str:
+    """The DAMON schemes that evicted page cache during a recording (its ``proactive_reclaim`` metadata), in
+    words: action, least idle time and rate limit of each."""
+    words = []
+    for scheme in found:
+        try:
+            idle = f" idle >= {scheme['min_age_s']:g} s" if scheme.get("min_age_s") is not None else ""
+            rate = (
+                f", <= {human_bytes(scheme['quota_bytes'])} per {scheme['quota_reset_interval_ms']} ms"
+                if scheme.get("quota_bytes") and scheme.get("quota_reset_interval_ms")
+                else ""
+            )
+            words.append(f"{scheme['action']}{idle}{rate}")
+        except (KeyError, TypeError):
+            words.append("unreadable")
+    return "; ".join(words)
+
+
 def _writeback(found: dict) -> str:
     """The least writeback thresholds a recording saw (its ``writeback`` metadata), in words."""
     try:
@@ -115,6 +133,11 @@ def render_summary(console: Console, summary: dict[str, Any]) -> None:
         ("failed ops", str(summary["failed_ops"])),
         ("lost events", str(summary["lost_events"])),
         *((("dirty-page thresholds (least)", _writeback(summary["writeback"])),) if summary.get("writeback") else ()),
+        *(
+            (("page-cache reclaim (DAMON)", _reclaim(summary["proactive_reclaim"])),)
+            if summary.get("proactive_reclaim")
+            else ()
+        ),
         *(
             (("interrupted", f"[yellow]{summary['interrupted']} cut the recording: the trace is partial[/]"),)
             if summary.get("interrupted")
