@@ -65,6 +65,38 @@ def test_a_load_tunes_only_the_reader_from_the_measured_path():
     assert choice.reasons["queue_depth"] == "default (a load tunes only the reader)"
 
 
+def test_a_save_and_a_load_tune_the_writer_and_the_reader_each_from_its_own_phase():
+    """A trace holding both: the writer from the save phase's verdict (aggregated clear), the reader from the
+    load phase's (posix clear, its bytes through the page cache), although the whole runs' verdict (here
+    uring-buffered) says otherwise."""
+    docs = results({"posix": entry(1.6, 2.2), "uring-buffered": entry(0.5, 0.7)})
+    save_clear = {"posix": entry(1.6, 2.2), "uring-buffered": entry(1.3, 1.9)}
+    for doc in docs["results"]:
+        name = doc["strategy"]
+        doc["bytes_read"] = doc["bytes_written"] = 1 << 30
+        save_versus = save_clear if name == "aggregated" else {"aggregated": entry(0.4, 0.6)}
+        load_versus = (
+            {"uring-buffered": entry(1.2, 1.5), "aggregated": entry(1.4, 1.8)}
+            if name == "posix"
+            else {"posix": entry(0.5, 0.8)}
+        )
+        doc["phases"] = {
+            "save": {"elapsed_s": 0.2 if name == "aggregated" else 0.4, "versus": save_versus},
+            "load": {"elapsed_s": 0.1 if name == "posix" else 0.3, "versus": load_versus},
+        }
+    choice = choose(2, docs, cpu_count=8)
+    assert (choice.options.direct_io, choice.options.queue_depth) == (True, 16)  # aggregated's
+    assert choice.options.load_direct_io is False and choice.options.load_measure_cold_way is True
+    assert choice.reasons["load_direct_io"].startswith("from the verdict: posix read this load fastest")
+    assert (
+        choice.reasons["verdict"].startswith("save: aggregated was faster")
+        and "load: posix was faster" in (choice.reasons["verdict"])
+    )
+    for doc in docs["results"]:  # without the phases' verdicts (older results): the whole runs decide
+        doc["phases"] = {phase: {"elapsed_s": 0.1} for phase in ("save", "load")}
+    assert "save:" not in choose(2, docs, cpu_count=8).reasons["verdict"]
+
+
 def test_results_without_rounds_are_no_verdict():
     docs = results({})
     for doc in docs["results"]:

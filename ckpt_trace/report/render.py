@@ -383,10 +383,19 @@ def phase_lines(results: list[dict[str, Any]]) -> list[str]:
         return []
     return [
         f"{r['strategy']} {phase}: {human_bytes(p['bytes'])} in {p['elapsed_s']:.3f} s, slowest rank "
-        f"{p['slowest_rank']}: {p['slowest_rank_s']:.3f} s"
+        f"{p['slowest_rank']}: {p['slowest_rank_s']:.3f} s{_phase_speedup(p)}"
         for r in results
         for phase, p in (r.get("phases") or {}).items()
     ]
+
+
+def _phase_speedup(phase: dict[str, Any]) -> str:
+    """A phase's own speed-up over posix from paired rounds (a trace holding a save and a load), "~" within
+    noise; empty where it has none."""
+    versus = (phase.get("versus") or {}).get("posix")
+    if not versus:
+        return ""
+    return f"; {versus['median']:.2f}x posix{'~' if versus['verdict'] == 'within noise' else ''}"
 
 
 def timing_lines(results: list[dict[str, Any]]) -> list[str]:

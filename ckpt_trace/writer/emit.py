@@ -102,6 +102,19 @@ def verdict(results: dict) -> tuple[dict | None, str]:
     )
 
 
+def phase_view(results: dict, phase: str) -> dict | None:
+    """``results`` as ``verdict`` sees them for one phase of a trace holding a save and a load: each entry's
+    ``elapsed_s`` and ``versus`` those of its ``phases[phase]`` (``replayer.runs.add_phase_verdicts``); None
+    where an entry has no verdicts for that phase (a save or a load alone, or older results)."""
+    entries = []
+    for entry in results["results"]:
+        mine = (entry.get("phases") or {}).get(phase) or {}
+        if "versus" not in mine:
+            return None
+        entries.append({**entry, "elapsed_s": mine["elapsed_s"], "versus": mine["versus"]})
+    return {**results, "results": entries}
+
+
 def _strategy(entry: dict) -> strategies.Strategy | None:
     """The strategy of a results entry (``+pack-files`` dropped), or None for a name the table lacks."""
     return strategies.find(entry["strategy"].removesuffix("+pack-files"))
@@ -155,8 +168,15 @@ def choose(
         )
     reference = next((r for r in entries if r["strategy"] == "posix"), entries[0])
     load = reads_only or reference.get("bytes_read", 0) > reference.get("bytes_written", 0)  # a replayed load
-    best, why = verdict(results)
+    saves, loads = phase_view(results, "save"), phase_view(results, "load")
     options = results.get("options", {})
+    if saves is not None and loads is not None and not reads_only:  # a save and a load: each by its own time
+        (best, why), (best_load, why_load) = verdict(saves), verdict(loads)
+        load = False
+        why = f"save: {why}; load: {why_load}"
+    else:
+        best, why = verdict(results)
+        best_load = best if load else None
     durable_note = (
         "" if options.get("durable") or load else "; the replay was not --durable, which favours the page cache"
     )
@@ -198,19 +218,19 @@ def choose(
                 else f"{threads} thread(s) wrote per rank in the trace",
             }
         )
-    if not load:
+    if not load and loads is None:
         load_direct = defaults.load_direct_io
         reasons["load_direct_io"] = "default (a save tunes only the writer): " + _LOAD_DEFAULT
-    elif best is None:
+    elif best_load is None:
         load_direct = defaults.load_direct_io
         reasons["load_direct_io"] = "default (no verdict on this load): " + _LOAD_DEFAULT
     else:
-        load_direct = _bypasses_cache(best)
+        load_direct = _bypasses_cache(best_load)
         reasons["load_direct_io"] = (
-            f"from the verdict: {best['strategy']} read this load fastest "
+            f"from the verdict: {best_load['strategy']} read this load fastest "
             f"({'page cache bypassed' if load_direct else 'buffered'})"
         )
-    measure = not (load and best is not None and load_direct)
+    measure = not (best_load is not None and load_direct)
     reasons["load_measure_cold_way"] = (
         "from the verdict: cold bytes always O_DIRECT, which read this load fastest"
         if not measure
@@ -224,7 +244,8 @@ def choose(
         load_direct_io=load_direct,
         load_measure_cold_way=measure,
     )
-    return Choice(chosen.validate(), reasons, best["strategy"] if best is not None else None)
+    winner = best_load if load else best
+    return Choice(chosen.validate(), reasons, winner["strategy"] if winner is not None else None)
 
 
 def _trace_lines(trace_path: Path, digest: str, summary: dict) -> list[str]:

@@ -40,7 +40,7 @@ from .ownership import Claim
 from .paths import TargetRoot
 from .plan import PLAN_COLUMNS, ReplayPlan, build_posix_plan
 from .results import ReplayResult, results_document
-from .runs import add_speedups, add_verdicts, median_run, release, trace_file
+from .runs import add_phase_verdicts, add_speedups, add_verdicts, median_run, release, trace_file
 from .uring import io_uring_available
 from .verdicts import Rounds
 from .verify import verify_content
@@ -601,6 +601,7 @@ def _run_plans(
         if opts.verify:
             results[-1].verified_files = _verify(root, plan)
     add_verdicts(results, {name: [r.elapsed_s for r in mine] for name, mine in zip(names, runs)})
+    add_phase_verdicts(results, runs)
     return results, mismatches
 
 

@@ -61,6 +61,29 @@ def add_verdicts(results: list[ReplayResult], elapsed: dict[str, list[float]]) -
             }
 
 
+#: The phases of ``ReplayResult.phases`` (``RunState.phase_figures``).
+PHASES = ("save", "load")
+
+
+def add_phase_verdicts(results: list[ReplayResult], runs: list[list[ReplayResult]]) -> None:
+    """For a trace holding a save and a load, each phase's own verdicts: ``phases[phase]["versus"]`` of each
+    result, the paired speed-ups over every other strategy (``verdicts.versus_all``) from the phase's time in
+    each round's runs (``runs``: each plan's runs, in round order, plans as ``results``), and
+    ``phases[phase]["runs_elapsed_s"]``. Nothing is added where a run lacks either phase: a save or a load
+    alone is judged by its whole time (``add_verdicts``)."""
+    if len(results) < 2 or not all(r.phases.get(phase) for mine in runs for r in mine for phase in PHASES):
+        return
+    for phase in PHASES:
+        elapsed = {result.strategy: [r.phases[phase]["elapsed_s"] for r in mine] for result, mine in zip(results, runs)}
+        versus = versus_all(elapsed)
+        for result in results:
+            result.phases[phase] = {
+                **result.phases[phase],
+                "runs_elapsed_s": elapsed[result.strategy],
+                "versus": versus.get(result.strategy, {}),
+            }
+
+
 def add_speedups(results: list[ReplayResult]) -> None:
     """``speedup_vs_posix``: the median of the paired rounds' ratios where they were measured, else (a
     distributed replay) posix's elapsed time over this one's."""
