@@ -115,6 +115,20 @@ def test_the_recorded_state_counts_each_byte_once(tmp_path):
     assert "page cache recorded: 12,288 B cold (dropped before the clock), 4,096 B warm" in state.note()
 
 
+def _pre_created(loaded, target):
+    """(root, posix plan, recorded page-cache state) of ``loaded`` (a ``formats.Trace``), its files pre-created
+    under ``target`` as a replay makes them."""
+    from ckpt_trace.replayer.replay import resolve_cache
+
+    plan = build_plan(loaded.table, "posix")
+    target.mkdir()
+    root = TargetRoot(target)
+    posix_executor(root, 1 << 20).prepare(plan)
+    state, _, recorded = resolve_cache("recorded", plan, loaded)
+    assert state == "recorded" and recorded is not None
+    return root, plan, recorded
+
+
 def test_cold_ranges_amid_warm_ones_are_out_of_the_page_cache_when_the_clock_starts(tmp_path):
     """A warm file with cold ranges inside (as pages evicted between warming and recording leave): the warm pages
     are in (read with readahead, so in large folios where the kernel makes them, as a warm file's are), and
@@ -125,7 +139,6 @@ def test_cold_ranges_amid_warm_ones_are_out_of_the_page_cache_when_the_clock_sta
 
     from ckpt_trace.formats import read_trace
     from ckpt_trace.iolayer.pagecache import resident_pages
-    from ckpt_trace.replayer.replay import resolve_cache
 
     mib, page, size = 1 << 20, 4096, 24 << 20
     cold_of = {5: mib, 12: 300_000, 13: mib, 20: page, 21: 70_000}  # read index: its first cold bytes
@@ -139,12 +152,8 @@ def test_cold_ranges_amid_warm_ones_are_out_of_the_page_cache_when_the_clock_sta
         ],
     )
     loaded = read_trace(trace)
-    plan = build_plan(loaded.table, "posix")
-    (tmp_path / "t").mkdir()
-    root = TargetRoot(tmp_path / "t")
-    posix_executor(root, 1 << 20).prepare(plan)
-    state, _, recorded = resolve_cache("recorded", plan, loaded)
-    assert state == "recorded" and recorded is not None
+    root, plan, recorded = _pre_created(loaded, tmp_path / "t")
+    state = "recorded"
     prepare_cache(root, plan, state, recorded)
     cold = [(i * mib + 4000, n) for i, n in cold_of.items()]
     cold_pages = {p for offset, n in cold for p in range(offset // page, -(-(offset + n) // page))}
@@ -174,7 +183,6 @@ def test_warm_pages_evicted_while_other_files_are_prepared_are_read_again_before
     from ckpt_trace.formats import read_trace
     from ckpt_trace.iolayer.pagecache import resident_pages
     from ckpt_trace.replayer import cache_state
-    from ckpt_trace.replayer.replay import resolve_cache
 
     mib, size = 1 << 20, 8 << 20
     rows = []
@@ -183,12 +191,8 @@ def test_warm_pages_evicted_while_other_files_are_prepared_are_read_again_before
         read = {"op": "read", "path": f"/ck/{name}.bin", "fd": fd, "size": mib, "ret": mib, "cold_bytes": 0}
         rows += [{**read, "offset": i * mib} for i in range(size // mib)]
     loaded = read_trace(make_trace(tmp_path / "load.arrow", rows))
-    plan = build_plan(loaded.table, "posix")
-    (tmp_path / "t").mkdir()
-    root = TargetRoot(tmp_path / "t")
-    posix_executor(root, 1 << 20).prepare(plan)
-    state, _, recorded = resolve_cache("recorded", plan, loaded)
-    assert state == "recorded" and recorded is not None
+    root, plan, recorded = _pre_created(loaded, tmp_path / "t")
+    state = "recorded"
     first = tmp_path / "t" / "ck" / "a.bin"
     read_ranges, evicted = cache_state._read_ranges, []
 
