@@ -205,13 +205,13 @@ def prepare_recorded(root: TargetRoot, files: Iterable[str], state: RecordedCach
             raise ReplayError(f"cannot prepare the page cache of {rel}: {err.strerror}") from None
         finally:
             os.close(fd)
-    missing = _top_up(root, wanted, chunk)
+    missing = top_up(root, wanted, chunk)
     for name, value in (("resident_cold_bytes", resident), ("missing_warm_bytes", missing)):
         previous = getattr(state, name)  # the most any preparation left (each run prepares again)
         setattr(state, name, value if value is None or previous is None else max(previous, value))
 
 
-def _top_up(root: TargetRoot, wanted: dict[str, list[tuple[int, int]]], chunk: bytearray) -> int | None:
+def top_up(root: TargetRoot, wanted: dict[str, list[tuple[int, int]]], chunk: bytearray) -> int | None:
     """Read again, without readahead, each range of ``wanted`` (per target-relative file: (offset, length),
     sorted and disjoint) that lost pages since it was read; returns the bytes (whole pages) still not in the page
     cache after that, None where cachestat(2) is missing. Raises ReplayError on an I/O error."""

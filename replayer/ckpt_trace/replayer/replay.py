@@ -29,7 +29,7 @@ from ckpt_trace.ranges import merge_grouped_ranges
 
 from . import strategies
 from .aggregate import alignment_counts
-from .cache_state import RecordedCache, prepare_recorded, recorded_cache
+from .cache_state import RecordedCache, prepare_recorded, recorded_cache, top_up
 from .checks import check_bound_paths, checked_batches, refuse_file_and_directory, refuse_skips, skip_notes
 from .data import recorded_ratio
 from .engine import MALLOC_MMAP_THRESHOLD_BYTES, Executor, Progress, files_moved
@@ -627,12 +627,14 @@ def resolve_cache(
 
 def prepare_cache(root: TargetRoot, plan: ReplayPlan, state: str, recorded: RecordedCache | None = None) -> None:
     """Before the clock: the pre-created files cold (fsync(2), then posix_fadvise(2) POSIX_FADV_DONTNEED,
-    which drops clean pages), warm (read once, whole) or, ``state`` ``recorded``, as ``recorded`` says
+    which drops clean pages), warm (read once, whole; then what the kernel evicted meanwhile read again:
+    ``cache_state.top_up``) or, ``state`` ``recorded``, as ``recorded`` says
     (``cache_state.prepare_recorded``). Raises ReplayError on an I/O error."""
     if state == "recorded" and recorded is not None:
         prepare_recorded(root, [rel for rel, _ in plan.precreate_files], recorded)
         return
     chunk = bytearray(4 << 20)
+    warm: dict[str, list[tuple[int, int]]] = {}
     for rel, _size_bytes in plan.precreate_files:
         try:
             fd = root.open(rel, os.O_RDONLY)
@@ -647,10 +649,12 @@ def prepare_cache(root: TargetRoot, plan: ReplayPlan, state: str, recorded: Reco
             else:
                 while os.readv(fd, [chunk]) > 0:
                     pass
+                warm[rel] = [(0, os.fstat(fd).st_size)]
         except OSError as err:
             raise ReplayError(f"cannot prepare the page cache of {rel}: {err.strerror}") from None
         finally:
             os.close(fd)
+    top_up(root, warm, chunk)  # pages evicted while the other files were read (``cache_state``)
 
 
 class NothingToJudge(ReplayError):
