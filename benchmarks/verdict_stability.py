@@ -49,6 +49,13 @@ runs, 3 runs per case, default budget:
 Again on 2026-11-29 at 78df369, load 0.9-1.9, 3 runs per case: dcp-save 3/3 (the defaults each time: no
 strategy clear of the others in 13-14 rounds), dcp-load 3/3 (posix from the verdict, ``load_direct_io``
 off; 20 rounds each), small-save 3/3 (aggregated from the verdict, 20 rounds each).
+
+Again on 2026-11-29 at 2ad5bcc (dcp-load) and a809446 (the saves) (``--read-memory malloc`` the default, the
+page cache prepared as recorded with its evictions topped up), load 0.4-1.7, 3 runs per case: dcp-load 3/3
+(posix from the verdict, ``load_direct_io`` off; 20 rounds each, posix faster than uring-buffered by 1.03x or
+more at the interval's low end in run 1), dcp-save 3/3 (the defaults: no strategy clear of the others in 12
+rounds each; the fastest median posix once, uring-direct twice), small-save 3/3 (aggregated from the verdict,
+15-20 rounds).
 """
 
 from __future__ import annotations
