@@ -167,7 +167,7 @@ def recorded_cache(trace, strip_prefix: str | None, files: Iterable[str]) -> Rec
 
 def prepare_recorded(root: TargetRoot, files: Iterable[str], state: RecordedCache) -> None:
     """Prepare each of ``files`` (target-relative, pre-created) as ``state`` says (the module docstring) and set
-    ``state.resident_cold_bytes``; a file ``root`` does not hold (a distributed share's, made by another
+    ``state.resident_cold_bytes`` and ``state.missing_warm_bytes``; a file ``root`` does not hold (a distributed share's, made by another
     process) is skipped. Raises ReplayError on an I/O error."""
     chunk = bytearray(4 << 20)
     resident: int | None = 0
