@@ -91,6 +91,7 @@ def test_record_stores_and_says_this_machines_schemes(tmp_path, strace_backend):
         assert "proactive_reclaim" not in meta and "DAMON" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_summary_shows_the_recorded_schemes(tmp_path):
     from conftest import cli
     from helpers.traces import META, trace_of
