@@ -650,6 +650,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.model, args.ranks = args.models[0], args.rank_counts[0]
     if args.pairs and args.pairs < 2:
         parser.error("--pairs needs at least 2 pairs (10 for the issue's intervals)")
+    if args.out is not None:
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            parser.error(f"--out {args.out}: {err.strerror}")
     return args
 
 
