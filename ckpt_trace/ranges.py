@@ -5,7 +5,9 @@ the GPU overlap of copies and I/O) and the tracer (bytes of a mapping its page r
 - ``merge_grouped_ranges``: per group, vectorised (numpy arrays in, arrays out);
 - ``union_ranges``: one group, vectorised;
 - ``merge_ranges``: one group, as a list of (start, end) pairs;
-- ``covered_bytes``: the length of the union.
+- ``covered_bytes``: the length of the union;
+- ``widen_ranges``, ``intersect_ranges``, ``subtract_ranges``: on sorted disjoint (start, end) lists, as
+  ``merge_ranges`` gives them (the page-cache preparation of a replay: ``replayer.cache_state``).
 
 Touching ranges merge ([0, 4) and [4, 8) make [0, 8)); empty ones are dropped.
 """
@@ -66,3 +68,39 @@ def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 def covered_bytes(ranges: list[tuple[int, int]]) -> int:
     """How many distinct units (bytes) the ranges [start, end) cover together."""
     return sum(end - start for start, end in merge_ranges(ranges))
+
+
+def widen_ranges(ranges: list[tuple[int, int]], unit: int) -> list[tuple[int, int]]:
+    """Each [start, end) widened outward to multiples of ``unit``, then merged (``merge_ranges``)."""
+    return merge_ranges([(start // unit * unit, -(-end // unit) * unit) for start, end in ranges])
+
+
+def intersect_ranges(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of ``a`` inside ``b`` (both sorted and disjoint), sorted and disjoint, by one sweep."""
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if end > start:
+            out.append((start, end))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def subtract_ranges(a: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of ``a`` outside ``holes`` (both sorted and disjoint), sorted and disjoint, by one sweep."""
+    out, j = [], 0
+    for start, end in a:
+        while j < len(holes) and holes[j][1] <= start:
+            j += 1
+        k = j
+        while k < len(holes) and holes[k][0] < end:
+            if holes[k][0] > start:
+                out.append((start, holes[k][0]))
+            start = max(start, holes[k][1])
+            k += 1
+        if end > start:
+            out.append((start, end))
+    return out

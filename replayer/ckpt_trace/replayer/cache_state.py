@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 from ckpt_trace.errors import ReplayError
 from ckpt_trace.formats import scan
 from ckpt_trace.iolayer.pagecache import resident_pages
+from ckpt_trace.ranges import covered_bytes, intersect_ranges, merge_ranges, subtract_ranges, widen_ranges
 
 from .paths import TargetRoot, relative_target_path
 
@@ -65,9 +66,9 @@ _COLUMNS = ["op", "path", "offset", "ret", "size", "interface", "cold_bytes"]
 
 @dataclass
 class RecordedCache:
-    """Per pre-created file (target-relative path), the byte ranges (offset, length) read cold and read warm;
-    ``cold_bytes`` the distinct bytes of the files read cold (a byte read cold twice counts once: what the
-    replay drops, and about what its reads take from storage), ``warm_bytes`` the distinct bytes read warm
+    """Per pre-created file (target-relative path), the byte ranges [start, end) read cold and read warm (each
+    sorted and disjoint); ``cold_bytes`` the distinct bytes of the files read cold (a byte read cold twice
+    counts once: what the replay drops, and about what its reads take from storage), ``warm_bytes`` the distinct bytes read warm
     and never cold (what it reads in before the clock); ``known`` False when some read of those files has no
     ``cold_bytes`` (then the ranges are not used). ``resident_cold_bytes``: of the cold ranges (whole pages),
     the most bytes still in the page cache after a ``prepare_recorded`` (None: not prepared, or cachestat(2)
@@ -154,21 +155,21 @@ def recorded_cache(trace, strip_prefix: str | None, files: Iterable[str]) -> Rec
         mine = rows[:, 0] == index
         has_cold, has_warm = mine & (rows[:, 2] > 0), mine & (rows[:, 3] > rows[:, 2])
         name = names[int(index)]
-        if has_cold.any():
-            state.cold[name] = list(zip(rows[has_cold, 1].tolist(), rows[has_cold, 2].tolist()))
-        if has_warm.any():
-            state.warm[name] = list(zip(cut[has_warm].tolist(), (rows[has_warm, 3] - rows[has_warm, 2]).tolist()))
-        cold = sum(length for _, length in _merged(state.cold.get(name, ())))
-        state.cold_bytes += cold
-        state.warm_bytes += sum(length for _, length in _merged([*state.cold.get(name, ()), *state.warm.get(name, ())]))
-        state.warm_bytes -= cold
+        cold = merge_ranges(list(zip(rows[has_cold, 1].tolist(), cut[has_cold].tolist())))
+        warm = merge_ranges(list(zip(cut[has_warm].tolist(), (rows[has_warm, 1] + rows[has_warm, 3]).tolist())))
+        if cold:
+            state.cold[name] = cold
+        if warm:
+            state.warm[name] = warm
+        state.cold_bytes += covered_bytes(cold)
+        state.warm_bytes += covered_bytes(cold + warm) - covered_bytes(cold)
     return state
 
 
 def prepare_recorded(root: TargetRoot, files: Iterable[str], state: RecordedCache) -> None:
     """Prepare each of ``files`` (target-relative, pre-created) as ``state`` says (the module docstring) and set
-    ``state.resident_cold_bytes`` and ``state.missing_warm_bytes``; a file ``root`` does not hold (a distributed share's, made by another
-    process) is skipped. Raises ReplayError on an I/O error."""
+    ``state.resident_cold_bytes`` and ``state.missing_warm_bytes``; a file ``root`` does not hold (a
+    distributed share's, made by another process) is skipped. Raises ReplayError on an I/O error."""
     chunk = bytearray(4 << 20)
     resident: int | None = 0
     wanted: dict[str, list[tuple[int, int]]] = {}
@@ -182,25 +183,22 @@ def prepare_recorded(root: TargetRoot, files: Iterable[str], state: RecordedCach
         try:
             os.fsync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            warm = _merged(state.warm.get(rel, ()))
-            cold = _merged((start, end - start) for start, end in _aligned(state.cold.get(rel, ()), PAGE_BYTES))
+            warm = state.warm.get(rel, [])
+            cold = widen_ranges(state.cold.get(rel, []), PAGE_BYTES)
             _read_ranges(fd, warm, chunk)
-            wanted[rel] = _subtract(warm, cold)
+            wanted[rel] = subtract_ranges(warm, cold)
             if cold:
-                windows = _merged((start, end - start) for start, end in _aligned(cold, LARGEST_FOLIO_BYTES))
-                for offset, length in windows:
-                    os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+                windows = widen_ranges(cold, LARGEST_FOLIO_BYTES)
+                _drop(fd, windows)
                 exact = root.open(rel, os.O_RDONLY)
                 try:
                     os.posix_fadvise(exact, 0, 0, os.POSIX_FADV_RANDOM)
-                    _read_ranges(exact, _subtract(_intersect(warm, windows), cold), chunk)
+                    _read_ranges(exact, subtract_ranges(intersect_ranges(warm, windows), cold), chunk)
                 finally:
                     os.close(exact)
-                for offset, length in cold:
-                    os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
-                for offset, length in cold:
-                    pages = resident_pages(fd, offset, length) if resident is not None else None
-                    resident = None if pages is None or resident is None else resident + pages * PAGE_BYTES
+                _drop(fd, cold)
+                stayed = _resident_bytes(fd, cold)
+                resident = None if stayed is None or resident is None else resident + stayed
         except OSError as err:
             raise ReplayError(f"cannot prepare the page cache of {rel}: {err.strerror}") from None
         finally:
@@ -212,10 +210,10 @@ def prepare_recorded(root: TargetRoot, files: Iterable[str], state: RecordedCach
 
 
 def top_up(root: TargetRoot, wanted: dict[str, list[tuple[int, int]]], chunk: bytearray) -> int | None:
-    """Read again, without readahead, each range of ``wanted`` (per target-relative file: (offset, length),
-    sorted and disjoint) that lost pages since it was read; returns the bytes (whole pages) still not in the page
-    cache after that, None where cachestat(2) is missing. Raises ReplayError on an I/O error."""
-    missing: int | None = 0
+    """Read again, without readahead, each range of ``wanted`` (per target-relative file: [start, end) byte
+    ranges, sorted and disjoint) that lost pages since it was read; returns the bytes (whole pages) still not
+    in the page cache after that, None where cachestat(2) is missing. Raises ReplayError on an I/O error."""
+    missing = 0
     for rel, ranges in wanted.items():
         if not ranges:
             continue
@@ -225,15 +223,13 @@ def top_up(root: TargetRoot, wanted: dict[str, list[tuple[int, int]]], chunk: by
             raise ReplayError(f"cannot prepare the page cache of {rel}: {err.strerror}") from None
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-            for offset, length in ranges:
-                pages = -(-(offset + length) // PAGE_BYTES) - offset // PAGE_BYTES
-                cached = resident_pages(fd, offset, length)
-                if cached is None:
+            for start, end in ranges:
+                gone = _missing_bytes(fd, start, end)
+                if gone is None:
                     return None
-                if cached < pages:
-                    _read_ranges(fd, [(offset, length)], chunk)
-                    cached = resident_pages(fd, offset, length) or 0
-                missing = (missing or 0) + (pages - cached) * PAGE_BYTES
+                if gone:
+                    _read_ranges(fd, [(start, end)], chunk)
+                    missing += _missing_bytes(fd, start, end) or 0
         except OSError as err:
             raise ReplayError(f"cannot prepare the page cache of {rel}: {err.strerror}") from None
         finally:
@@ -241,63 +237,36 @@ def top_up(root: TargetRoot, wanted: dict[str, list[tuple[int, int]]], chunk: by
     return missing
 
 
+def _missing_bytes(fd: int, start: int, end: int) -> int | None:
+    """The bytes (whole pages) of [start, end) not in the page cache (cachestat(2); None where missing)."""
+    cached = resident_pages(fd, start, end - start)
+    return None if cached is None else (-(-end // PAGE_BYTES) - start // PAGE_BYTES - cached) * PAGE_BYTES
+
+
+def _resident_bytes(fd: int, ranges: list[tuple[int, int]]) -> int | None:
+    """The bytes (whole pages) of the [start, end) ``ranges`` in the page cache (cachestat(2); None where
+    missing)."""
+    total = 0
+    for start, end in ranges:
+        cached = resident_pages(fd, start, end - start)
+        if cached is None:
+            return None
+        total += cached * PAGE_BYTES
+    return total
+
+
+def _drop(fd: int, ranges: list[tuple[int, int]]) -> None:
+    """Drop the clean pages of each [start, end) from the page cache (posix_fadvise(2) POSIX_FADV_DONTNEED)."""
+    for start, end in ranges:
+        os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
+
+
 def _read_ranges(fd: int, ranges: list[tuple[int, int]], chunk: bytearray) -> None:
-    """Read each (offset, length) of ``ranges`` once through ``chunk`` (up to the end of the file)."""
-    for offset, length in ranges:
-        done = 0
-        while done < length:
-            view = memoryview(chunk)[: min(len(chunk), length - done)]
-            got = os.preadv(fd, [view], offset + done)
+    """Read each [start, end) of ``ranges`` once through ``chunk`` (up to the end of the file)."""
+    for start, end in ranges:
+        done = start
+        while done < end:
+            got = os.preadv(fd, [memoryview(chunk)[: min(len(chunk), end - done)]], done)
             if got <= 0:
                 break
             done += got
-
-
-def _aligned(ranges: Iterable[tuple[int, int]], unit: int) -> list[tuple[int, int]]:
-    """(start, end) of each (offset, length), widened to multiples of ``unit`` bytes."""
-    return [(offset // unit * unit, -(-(offset + length) // unit) * unit) for offset, length in ranges]
-
-
-def _intersect(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The (offset, length) ranges in both ``a`` and ``b`` (each sorted and disjoint), by one sweep."""
-    out, i, j = [], 0, 0
-    while i < len(a) and j < len(b):
-        start = max(a[i][0], b[j][0])
-        end = min(a[i][0] + a[i][1], b[j][0] + b[j][1])
-        if end > start:
-            out.append((start, end - start))
-        if a[i][0] + a[i][1] < b[j][0] + b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
-def _subtract(a: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The parts of the (offset, length) ranges ``a`` outside ``holes`` (each sorted and disjoint)."""
-    out, j = [], 0
-    for offset, length in a:
-        start, end = offset, offset + length
-        while j < len(holes) and holes[j][0] + holes[j][1] <= start:
-            j += 1
-        k = j
-        while k < len(holes) and holes[k][0] < end:
-            if holes[k][0] > start:
-                out.append((start, holes[k][0] - start))
-            start = max(start, holes[k][0] + holes[k][1])
-            k += 1
-        if end > start:
-            out.append((start, end - start))
-    return out
-
-
-def _merged(ranges) -> list[tuple[int, int]]:
-    """``ranges`` (offset, length) sorted, overlapping and touching ones joined (vectorised)."""
-    pairs = np.asarray(list(ranges), np.int64).reshape(-1, 2)
-    if not len(pairs):
-        return []
-    pairs = pairs[np.argsort(pairs[:, 0], kind="stable")]
-    ends = np.maximum.accumulate(pairs[:, 0] + pairs[:, 1])
-    starts = np.flatnonzero(np.r_[True, pairs[1:, 0] > ends[:-1]])
-    last = np.r_[starts[1:] - 1, len(pairs) - 1]
-    return list(zip(pairs[starts, 0].tolist(), (ends[last] - pairs[starts, 0]).tolist()))
