@@ -24,6 +24,9 @@ def _state() -> dict:
     return {
         "alpha.weight": torch.randn(300, 257, generator=generator),
         "beta.bias": torch.randn(4099, generator=generator).to(torch.bfloat16),
+        # over 16 MiB (read alone, not batched): read cold, its CRC is extended piece by piece while the next
+        # piece is read
+        "gamma.weight": torch.randn(2, 2_200_001, generator=generator),
         "step": 7,
         "notes": {"text": "a pickled value"},
     }
@@ -107,7 +110,7 @@ PATHS = {
 
 @pytest.mark.torch
 @pytest.mark.parametrize("read_path", list(PATHS))
-@pytest.mark.parametrize("victim", ["alpha.weight", "beta.bias", "notes.text"])
+@pytest.mark.parametrize("victim", ["alpha.weight", "beta.bias", "gamma.weight", "notes.text"])
 def test_a_flipped_byte_fails_the_load_naming_the_item_and_file(tmp_path, torch_installed, read_path, victim):
     path = tmp_path / "ckpt"
     options = dict(PATHS[read_path])
@@ -119,6 +122,7 @@ def test_a_flipped_byte_fails_the_load_naming_the_item_and_file(tmp_path, torch_
     loaded = _load(path, scratch, warm, **options)
     assert torch.equal(loaded["alpha.weight"], _state()["alpha.weight"])
     assert torch.equal(loaded["beta.bias"], _state()["beta.bias"])
+    assert torch.equal(loaded["gamma.weight"], _state()["gamma.weight"])
     assert scratch != loaded["alpha.weight"].is_contiguous()
     item = stored[victim]
     for at in (0, item.size_bytes // 2, item.size_bytes - 1):  # first, middle and last byte
