@@ -30,14 +30,19 @@ O_DIRECT, queue depth 32). Ratios are taken within this one run.
 
 ``--repeated N`` (issue 36: every save of a job at the device limit): N saves of the state by one process,
 each into a new directory that is removed after its measurement (a job keeping one checkpoint), each beside
-a fio write of the same bytes run just before or just after it, alternately. One run on the project's VM
-(2026-11-28, gpt2-small + Adam, 1.49 GB, load average 0.6-1.0): the first save 91 % of fio, saves 2-8 63-80 %
-(median 68 %, 98 % interval 63-80 %) while fio stayed at 1,394-1,720 MB/s: the goal (>= 95 %) is not met.
-What is known: the root file system is ext4 mounted with online ``discard``, so removing a checkpoint
-discards its blocks at the next journal commit; saves by one process without removing anything did not slow
-down (1,327, 1,266, 1,337, 1,790, 1,937 MB/s), and with the removal followed by sync and an 8 s pause saves
-3-5 ran at 1,518-1,803 MB/s (single runs each, load under 1.6). Why fio beside them is not slowed as much is
-not yet known (its queue depth is 32 against the writer's 8; 32 did not help in one run).
+a fio write of the same bytes run just before or just after it, alternately; the device's write requests
+during each save and their mean size (/sys/dev/block/MAJ:MIN/stat) are shown beside.
+
+What it found (the project's VM, virtio-blk, ``max_segments`` 254): the later saves were slower than the first
+(gpt2-small + Adam, 2026-11-28: saves 2-8 at 63-80 % of fio, the first 91 %) because their 4 MiB O_DIRECT
+writes were split into 4-5 device requests. A fresh process's first staging buffers get physically
+contiguous pages (370 requests of 3.9 MiB for 1.49 GB); once it has freed memory, its new 4 KiB pages are
+scattered (548-1,764 requests of 0.8-2.7 MiB for the same save). Fresh processes were fast every time
+(1.19-1.24 s, 4 runs) while the same process's later saves took 1.40-1.70 s; removing the checkpoints
+(online ``discard``) or pausing between saves made no difference. The I/O layer's buffers now ask for
+transparent huge pages (``iolayer.buffers``). One run each way, gpt2-medium + Adam (4.26 GB), 2026-11-29,
+load average about 1: before, saves 2-8 at 84 % of fio (median; 69-100 %, 98 % interval), the first
+105 %; after, 102 % (92-142 %), the first 100 %.
 
 Prints a table and writes ``benchmarks/results/emitted_writer.json``. ``--pairs N`` measures only the
 checksums' cost: N pairs of ``emitted`` and ``emitted-nocrc`` (each a save child and a load child, as
@@ -238,16 +243,46 @@ def _repeated_saves(engine: str, directory: Path, module, rounds: int) -> dict:
         fio_first = number % 2 == 1
         fio = fio_bytes_per_s(directory, str(size_bytes), "write") if fio_first else None
         path = directory / f"save-{number}"
+        before = _device_writes(directory)
         started = time.perf_counter()
         _save(engine, state, path, module)
         save_s = time.perf_counter() - started
+        after = _device_writes(directory)
         shutil.rmtree(path)
         if not fio_first:
             fio = fio_bytes_per_s(directory, str(size_bytes), "write")
+        requests = after[0] - before[0] if before and after else None
         out.append(
-            {"save_s": save_s, "save_bytes_per_s": size_bytes / save_s, "fio_bytes_per_s": fio, "fio_first": fio_first}
+            {
+                "save_s": save_s,
+                "save_bytes_per_s": size_bytes / save_s,
+                "fio_bytes_per_s": fio,
+                "fio_first": fio_first,
+                "device_write_requests": requests,
+                "device_write_bytes": after[1] - before[1] if before and after else None,
+            }
         )
     return {"bytes": size_bytes, "rounds": out}
+
+
+def _device_writes(directory: Path) -> tuple[int, int] | None:
+    """(write requests completed, bytes written) by the block device holding ``directory``, from its
+    /sys/dev/block/MAJ:MIN/stat (Documentation/block/stat.rst: fields 5 and 7, sectors of 512 B); None where
+    there is no such file (a network or overlay file system). Other writers of the device count too."""
+    device = os.stat(directory).st_dev
+    try:
+        fields = Path(f"/sys/dev/block/{os.major(device)}:{os.minor(device)}/stat").read_text().split()
+        return int(fields[4]), int(fields[6]) * 512
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _requests(row: dict) -> str:
+    """'370 x 3.9 MiB': the device's write requests during a save and their mean size."""
+    count, size = row.get("device_write_requests"), row.get("device_write_bytes")
+    if not count or size is None:
+        return "-"
+    return f"{count:,} x {size / count / 2**20:.1f} MiB"
 
 
 def main_repeated(args) -> None:
@@ -265,7 +300,7 @@ def main_repeated(args) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     rows = result["rounds"]
     table = Table(title=f"{MODEL} + Adam, {result['bytes'] / 1e9:.2f} GB, {len(rows)} saves by one process")
-    for column in ("save", "save MB/s", "fio MB/s", "of fio", "fio ran"):
+    for column in ("save", "save MB/s", "fio MB/s", "of fio", "fio ran", "device writes"):
         table.add_column(column, justify="right")
     ratios = []
     for number, row in enumerate(rows):
@@ -279,6 +314,7 @@ def main_repeated(args) -> None:
             f"{row['fio_bytes_per_s'] / 1e6:,.0f}" if row["fio_bytes_per_s"] else "-",
             f"{ratio:.0%}" if ratio is not None else "-",
             "before" if row["fio_first"] else "after",
+            _requests(row),
         )
     Console(width=None if sys.stdout.isatty() else 100).print(table)
     summary = None
