@@ -108,7 +108,8 @@ The storm's whole ``record`` 0.72x of what it was; the command's own ratio is th
 2 cores' (1.81 against 1.76, within noise). io_uring requests come through the request ring, not this path:
 within noise. 0 lost everywhere. Goals still not met: storm <= 2x (whole ``record``), io_uring <= 1.1x.
 
-Then the probes detach as soon as the command exits, in parallel threads (``bpfcache.Attached.detach_soon``:
+Then the probes detach as soon as the command exits, in parallel threads (``bpfcache.Attached.detach_soon``
+then, see below:
 12 detaches took 0.63 s one after the other at the process's exit), and io_uring_enter and request rows are
 appended without a dict per row. At 9866963, 02:05 UTC, the same command (load 0.3 before, 2.0 after):
 storm 5.589 [5.388, 5.666] (command 1.787, ``finish_s`` 0.84 s, 629 MiB), fio-uring-4k 2.489 [2.260, 2.633]
@@ -126,6 +127,15 @@ true --backend bcc`` at fe8af95 (load 1.6 before, 2.4 after): storm 4.519 [4.374
 ``--workload dcp --model gpt2-small --ranks 2`` at 78df369 (tests ran beside it; load 1.5 before, 3.0
 after): 1.090 [0.945, 1.130], command 1.014 [0.863, 1.054], both within noise of their goals
 (``overhead_s10_dcp.json``).
+
+The probes' detach then moved out of the process: each attachment is handed to a ``true`` child whose exit
+waits out the RCU grace periods (``bpfcache.Attached.detach_soon``); a process exits only once its threads
+left their close(2), so ``record`` had ended 0.3 s after writing its trace. One run before and one after,
+2026-11-29, ``--pairs 10 --workload storm --workload fio-uring-4k --workload true --backend bcc`` (load
+0.4-1.6): ``true`` 0.84 -> 0.64 s whole; storm 4.42x -> 4.38x (1.79 s both: its ``finish_s``, 0.55-0.59 s,
+outlasts the detaches anyway); fio-uring-4k 1.98x -> 2.11x (within noise; 3.04 -> 3.09 s). One child
+holding every attachment (one detach after the other, 0.63 s) made the storm's ``finish_s`` 1.12 s: one
+child per attachment, so they detach side by side.
 
 Prints a table and writes ``benchmarks/results/tracer_overhead.json``.
 """

@@ -222,8 +222,10 @@ def test_the_cache_can_be_turned_off(bcc_backend, tmp_path, monkeypatch):
 
 
 def test_the_probes_detach_at_once_and_the_maps_stay_readable(bcc_backend, tmp_path, monkeypatch):
-    """``detach_soon`` (called when the command has exited) closes every probe's attachment in threads of
-    its own, so the RCU waits overlap the trace's writing; the rings and counters stay readable."""
+    """``detach_soon`` (called when the command has exited) hands every probe's attachment to a child
+    process whose exit waits out the RCU grace periods, so neither the trace's writing nor this process's
+    exit waits for them; this process's descriptors are closed at once and the rings and counters stay
+    readable."""
     import threading
 
     from ckpt_trace.tracer import bpfcache
@@ -238,7 +240,11 @@ def test_the_probes_detach_at_once_and_the_maps_stay_readable(bcc_backend, tmp_p
     links = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in holder.link_fds}
     assert len(links) >= 4 and all(target.startswith("anon_inode:") for target in links.values())
     tracer.program.detach_soon()
-    for thread in [t for t in threading.enumerate() if t.name == "ckpt-trace-detach"]:
+    for fd, target in links.items():  # closed here already, before the child's exit is through
+        assert not os.path.exists(f"/proc/self/fd/{fd}") or os.readlink(f"/proc/self/fd/{fd}") != target
+    reapers = [t for t in threading.enumerate() if t.name == "ckpt-trace-detach"]
+    assert len(reapers) == 1  # one thread reaps the children (threads close them only where none can start)
+    for thread in reapers:
         thread.join(timeout=60)
     for fd, target in links.items():  # closed (a number reused since would name another file)
         assert not os.path.exists(f"/proc/self/fd/{fd}") or os.readlink(f"/proc/self/fd/{fd}") != target
