@@ -157,3 +157,29 @@ def test_emit_refuses_results_as_its_output(tmp_path):
         from ckpt_trace.writer.emit import emit
 
         emit(ODD, results, results_path=results, force=True)
+
+
+def test_an_output_directory_another_rank_makes_first_is_taken(tmp_path, monkeypatch):
+    """The ranks of a job check their output directory side by side: when it is missing at the check and
+    made by another rank just before this one's mkdir, it is used, not refused with "File exists" (a
+    two-node test's rank failed so, 2026-11-29). Nothing in it is touched; a file of that name is still
+    refused."""
+    from ckpt_trace.iolayer import outputs
+
+    out = tmp_path / "ck"
+    real_mkdir = Path.mkdir
+
+    def other_rank_first(self, *args, **kwargs):
+        if self == out and not out.exists():  # the other rank's mkdir and first file, between check and mkdir
+            real_mkdir(self)
+            (out / "rank0.distcp").write_bytes(b"another rank's bytes")
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", other_rank_first)
+    assert outputs.check_output_dir(out, force=True) == out
+    assert (out / "rank0.distcp").read_bytes() == b"another rank's bytes"
+    monkeypatch.undo()
+    file = tmp_path / "file"
+    file.write_bytes(b"")
+    with pytest.raises(CkptTraceError, match="not a directory"):
+        outputs.check_output_dir(file, force=True)

@@ -64,8 +64,8 @@ def check_output_dir(path: str | os.PathLike, force: bool, *, create: bool = Tru
     if not path.exists():
         if not create:
             raise CkptTraceError(f"directory {path} does not exist")
-        try:
-            path.mkdir(parents=True)
+        try:  # exist_ok: the ranks of a job make it side by side (two saw it missing, one made it first)
+            path.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise CkptTraceError(f"cannot create {path}: {err.strerror}") from None
     probe_writable(path)
