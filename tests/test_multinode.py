@@ -62,6 +62,32 @@ def _start_nodes(command_of: Callable[[int], list[str]]) -> list[subprocess.Pope
     ]
 
 
+def _finish_nodes(agents: list[subprocess.Popen], timeout_s: float = 900) -> list[str]:
+    """Each node's stderr once every node has ended. A node that fails stops the others (SIGTERM): they
+    would otherwise wait for it at the rendezvous or a collective until torchrun's own timeout."""
+    import threading
+
+    logs: list[str] = ["", ""]
+
+    def drain(i: int) -> None:
+        try:
+            logs[i] = agents[i].communicate(timeout=timeout_s)[1]
+        except subprocess.TimeoutExpired:
+            agents[i].kill()
+            logs[i] = f"(killed after {timeout_s} s)\n" + agents[i].communicate()[1]
+        if agents[i].returncode != 0:
+            for other in agents:
+                if other.poll() is None:
+                    other.terminate()
+
+    threads = [threading.Thread(target=drain, args=(i,)) for i in range(len(agents))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return logs
+
+
 def _rows_per_rank(trace: Path, root: Path) -> dict[int, Counter]:
     """rank -> Counter of (op, file relative to ``root``, offset, size) of its reads and writes."""
     _, batches = scan(trace, ["rank", "op", "path", "offset", "size"])
@@ -113,7 +139,7 @@ def test_two_nodes_recorded_merged_and_replayed_as_one_node(tmp_path, torch_inst
             *_torchrun(i, port, "workload", "dcp", "--model", MODEL, "--out", str(multi), "--force"),
         ]
     )
-    logs = [agent.communicate(timeout=900)[1] for agent in agents]
+    logs = _finish_nodes(agents)
     assert [a.returncode for a in agents] == [0, 0], "\n".join(log[-3000:] for log in logs)
     assert _files(multi) == _files(single)
 
@@ -150,7 +176,7 @@ def test_two_nodes_recorded_merged_and_replayed_as_one_node(tmp_path, torch_inst
             str(tmp_path / "r2.json"),
         )
     )
-    logs = [r.communicate(timeout=900)[1] for r in replays]
+    logs = _finish_nodes(replays)
     assert [r.returncode for r in replays] == [0, 0], "\n".join(log[-3000:] for log in logs)
     assert _files(tmp_path / "r2") == _files(tmp_path / "r1") and len(_files(tmp_path / "r1")) >= 5
     doc = json.loads((tmp_path / "r2.json").read_text())
