@@ -128,14 +128,16 @@ true --backend bcc`` at fe8af95 (load 1.6 before, 2.4 after): storm 4.519 [4.374
 after): 1.090 [0.945, 1.130], command 1.014 [0.863, 1.054], both within noise of their goals
 (``overhead_s10_dcp.json``).
 
-The probes' detach then moved out of the process: each attachment is handed to a ``true`` child whose exit
+The probes' detach then moved out of the process: each attachment is handed to a child whose exit
 waits out the RCU grace periods (``bpfcache.Attached.detach_soon``); a process exits only once its threads
 left their close(2), so ``record`` had ended 0.3 s after writing its trace. One run before and one after,
 2026-11-29, ``--pairs 10 --workload storm --workload fio-uring-4k --workload true --backend bcc`` (load
 0.4-1.6): ``true`` 0.84 -> 0.64 s whole; storm 4.42x -> 4.38x (1.79 s both: its ``finish_s``, 0.55-0.59 s,
 outlasts the detaches anyway); fio-uring-4k 1.98x -> 2.11x (within noise; 3.04 -> 3.09 s). One child
 holding every attachment (one detach after the other, 0.63 s) made the storm's ``finish_s`` 1.12 s: one
-child per attachment, so they detach side by side.
+child per attachment, so they detach side by side. A ``true`` child could exit before the recorder had closed
+its own copy, which then was the last and waited (``detach_soon`` took 0.12-0.38 s in 2 of 4 runs); the
+children are now ``cat`` on a pipe the recorder closes after its own closes (3.4-4.1 ms in 4 runs).
 
 Prints a table and writes ``benchmarks/results/tracer_overhead.json``.
 """

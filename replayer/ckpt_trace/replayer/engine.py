@@ -982,8 +982,9 @@ class WorkerContext:
         # Reads of operations of at least this many bytes land in fresh pages of the arena (None: none do).
         self.fresh_min_bytes = fresh_min_bytes
         # 4 KiB pages, as malloc gives a loader: each read into the arena faults in every page it fills
-        fresh = AlignedBuffer(max(size, FRESH_READ_BYTES), huge_pages=False) if fresh_min_bytes is not None else None
-        self.fresh_buf = fresh
+        self.fresh_buf = (
+            AlignedBuffer(max(size, FRESH_READ_BYTES), huge_pages=False) if fresh_min_bytes is not None else None
+        )
         self.fresh_cursor = 0  # the arena's first byte no read has filled since its release
         self.write_buf, self.read_buf = self.write_slots.buffer, AlignedBuffer(size)
         self.ring_slots: dict[int, Slots] = {}  # a ring's slots, by queue: one per write it keeps in flight
