@@ -91,6 +91,9 @@ WRITER_QUEUE_DEPTH = _int_env("WRITER_QUEUE_DEPTH", 8)  # io_uring requests in f
 WRITER_THREADS = _int_env("WRITER_THREADS", 1)  # writer threads per rank, one data file each
 WRITER_ALIGN_BYTES = _int_env("WRITER_ALIGN_BYTES", 4096)  # O_DIRECT offset/size/address alignment
 WRITER_ITEM_ALIGN_BYTES = _int_env("WRITER_ITEM_ALIGN_BYTES", 64)  # each tensor starts at a multiple of this
+# 0: staging copies by torch's copy_ on its OpenMP threads (writer.staging.copy_bytes; the before of
+# benchmarks/ranks_per_node.py); 1: one memmove on the calling thread
+WRITER_SINGLE_THREAD_COPIES = _int_env("WRITER_SINGLE_THREAD_COPIES", 1)
 # Page-locked staging kept between saves (writer.staging.PINNED_POOL): 8 x 4 MiB x 8 threads by default.
 PINNED_POOL_BYTES = _int_env("PINNED_POOL_BYTES", 256 << 20)
 # The share of a data file's pages in the page cache from which the reader reads it buffered (warm).

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import ctypes
 import errno
 import os
 import threading
@@ -59,6 +60,34 @@ from .options import WriterOptions
 
 _INLINE_CHECKSUM_BYTES = 64 << 10  # an item this small is checksummed at once: a worker's hand-off costs more
 _Key = TypeVar("_Key", bound=Hashable)  # how a StreamReader's caller names its items
+
+
+def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` done by the calling thread alone where it can be: for two contiguous CPU tensors of
+    one dtype and shape (no conjugate or negative bit), one glibc ``memmove`` of their bytes through ctypes
+    (a CFUNCTYPE call: the GIL is released); anything else goes to ``torch.Tensor.copy_``.
+
+    Why: torch splits a large CPU copy across its OpenMP threads (``at::parallel_for``), whose workers
+    spin-wait after each piece. With several ranks on a node each rank's threads spin on cores the other
+    ranks need: a 4-rank save of 1.4 GiB on 2 cores took 2.1 s and 2.9 s of CPU with ``copy_``, 1.2 s and
+    0.5 s with ``OMP_NUM_THREADS=1`` (``benchmarks/ranks_per_node.py``). The staging copies overlap the
+    I/O, so one core per copy is enough; ``config.WRITER_SINGLE_THREAD_COPIES=0`` restores ``copy_`` for a
+    comparison. Raises what ``copy_`` raises for tensors it cannot copy."""
+    if (
+        config.WRITER_SINGLE_THREAD_COPIES
+        and dst.device.type == "cpu"
+        and src.device.type == "cpu"
+        and dst.dtype == src.dtype
+        and dst.shape == src.shape
+        and dst.is_contiguous()
+        and src.is_contiguous()
+        and not (dst.is_conj() or src.is_conj() or dst.is_neg() or src.is_neg())
+    ):
+        size_bytes = dst.numel() * dst.element_size()
+        if size_bytes:
+            ctypes.memmove(dst.data_ptr(), src.data_ptr(), size_bytes)
+        return
+    dst.copy_(src)
 
 
 class ItemChecksum:
@@ -160,7 +189,7 @@ class StagedFile:
         self._wait_checksums(index)  # the buffer about to be swapped and freed
         view = torch.frombuffer(pinned.mmap, dtype=torch.uint8)
         if index == self.current and self.fill:
-            view[: self.fill].copy_(self.views[index][: self.fill])  # what this buffer staged so far
+            copy_bytes(view[: self.fill], self.views[index][: self.fill])  # what this buffer staged so far
         self.buffers[index].close()
         self.buffers[index], self.views[index] = pinned, view
         self.pinned.add(index)
@@ -230,7 +259,7 @@ class StagedFile:
                     if crc is not None:
                         crc.drop()
                 else:
-                    view[self.fill : self.fill + step].copy_(src[position : position + step])
+                    copy_bytes(view[self.fill : self.fill + step], src[position : position + step])
                     if crc is not None:
                         self._checksum(crc, view[self.fill : self.fill + step], step == total)
                 position += step
@@ -353,7 +382,7 @@ class Copier:
     """
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, slot: int) -> None:
-        dst.copy_(src)
+        copy_bytes(dst, src)
 
     def wait(self, slot: int) -> None:
         pass
@@ -378,7 +407,7 @@ class CudaCopier(Copier):
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, slot: int) -> None:
         if not dst.is_cuda:
-            dst.copy_(src)
+            copy_bytes(dst, src)
             return
         with torch.cuda.stream(self.stream):
             dst.copy_(src, non_blocking=True)
