@@ -14,7 +14,6 @@ it; with buffered I/O, io_submit itself does the I/O (io_submit(2), NOTES).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import platform
@@ -32,7 +31,7 @@ _IOCB = struct.Struct("<QIIHhIQQqQII")  # aio_data, aio_key, aio_rw_flags, opcod
 #                                          offset, reserved2, flags, resfd
 _EVENT = struct.Struct("<QQqq")  # data, obj, res, res2
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)  # the process's own symbols, libc's among them (dlopen(3), NULL)
 _libc.syscall.restype = ctypes.c_long
 
 

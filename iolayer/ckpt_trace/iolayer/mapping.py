@@ -15,7 +15,6 @@ shorter are not written.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 from .buffers import PAGE_BYTES
@@ -26,7 +25,7 @@ MS_ASYNC, MS_INVALIDATE, MS_SYNC = 1, 2, 4
 _MAP_FLAGS_KEPT = MAP_SHARED | MAP_PRIVATE | MAP_POPULATE
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)  # the process's own symbols, libc's among them (dlopen(3), NULL)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
 _libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)

@@ -18,7 +18,6 @@ through the page cache and a cold one with O_DIRECT.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import mmap
 import os
@@ -40,7 +39,7 @@ class _Stat(ctypes.Structure):
     ]
 
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)  # the process's own symbols, libc's among them (dlopen(3), NULL)
 _libc.syscall.restype = ctypes.c_long
 _cachestat_works: bool | None = None
 
