@@ -27,11 +27,18 @@ def test_copy_bytes_gives_what_copy_gives(torch_installed):
         (torch.empty(64, 48), source[:1].expand(64, 48)),  # broadcast rows
         (torch.empty(0), torch.empty(0)),  # nothing to copy
         (torch.empty(8, dtype=torch.complex64), torch.randn(8, dtype=torch.complex64, generator=gen).conj()),
+        (  # quantized: copy_ carries the scale and zero point too
+            torch.quantize_per_tensor(torch.zeros(16), 1.0, 3, torch.qint8),
+            torch.quantize_per_tensor(torch.randn(16, generator=gen), 0.1, 0, torch.qint8),
+        ),
     ]
     for dst, src in cases:
-        expected = torch.empty_like(dst).copy_(src)
+        expected = dst.clone().copy_(src)
         copy_bytes(dst, src)
-        assert torch.equal(dst.view(-1).view(torch.uint8), expected.view(-1).view(torch.uint8)), (dst.dtype, src.shape)
+        if dst.is_quantized:
+            assert torch.equal(dst.int_repr(), expected.int_repr()) and dst.q_scale() == expected.q_scale()
+        else:
+            assert torch.equal(dst.view(-1).view(torch.uint8), expected.view(-1).view(torch.uint8)), dst.dtype
     raw = torch.arange(256, dtype=torch.uint8).repeat(1000)
     dst = torch.zeros_like(raw)
     copy_bytes(dst[100:], raw[:-100])  # slices of 1-D byte tensors, as the staging buffers take them

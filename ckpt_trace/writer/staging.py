@@ -63,8 +63,8 @@ _Key = TypeVar("_Key", bound=Hashable)  # how a StreamReader's caller names its 
 
 
 def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst.copy_(src)`` done by the calling thread alone where it can be: for two contiguous CPU tensors of
-    one dtype and shape (no conjugate or negative bit), one glibc ``memmove`` of their bytes through ctypes
+    """``dst.copy_(src)`` done by the calling thread alone where it can be: for two contiguous, dense, not
+    quantized CPU tensors of one dtype and shape (no conjugate or negative bit), one glibc ``memmove`` of their bytes through ctypes
     (a CFUNCTYPE call: the GIL is released); anything else goes to ``torch.Tensor.copy_``.
 
     Why: torch splits a large CPU copy across its OpenMP threads (``at::parallel_for``), whose workers
@@ -77,6 +77,8 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
         config.WRITER_SINGLE_THREAD_COPIES
         and dst.device.type == "cpu"
         and src.device.type == "cpu"
+        and dst.layout == src.layout == torch.strided
+        and not (dst.is_quantized or src.is_quantized)
         and dst.dtype == src.dtype
         and dst.shape == src.shape
         and dst.is_contiguous()
