@@ -16,7 +16,8 @@ rank's. Engines, alternated within each round (ABBA), so drift of a shared machi
 The results also keep the CPU seconds of each whole command (its process tree, getrusage(2)
 RUSAGE_CHILDREN), start-up and the model's initialisation included, for information. Per rank count: each engine's median and range, and per round DCP's time over the
 engine's (higher: the engine is faster) with the median and a distribution-free interval of it
-(``stats.median_interval``); "within noise" where the interval includes 1.0.
+(``stats.median_interval``); "within noise" where the interval includes 1.0 or covers less than 75 %
+(fewer than 3 rounds).
 
     python benchmarks/ranks_per_node.py [--ranks 1,2,4] [--rounds 5] [--model gpt2-small] [--writer FILE]
     python benchmarks/ranks_per_node.py --ranks 4 --rounds 3 --engines emitted,emitted-torch-copies,dcp
@@ -56,6 +57,7 @@ from ckpt_trace.stats import median_interval
 
 ENGINES = ("emitted", "emitted-torch-copies", "dcp")
 PHASES = ("save", "load")
+_LEAST_COVERAGE = 0.75  # fewer rounds than 3 give no verdict (stats.median_interval's coverage)
 
 
 def _command(engine: str, out: Path, ranks: int, model: str, writer: str | None, load: bool) -> list[str]:
@@ -132,7 +134,7 @@ def measure(args: argparse.Namespace, engines: list[str], ranks: int, scratch: P
                 interval = median_interval(ratios)
                 verdict = (
                     "within noise"
-                    if interval["low"] <= 1.0 <= interval["high"]
+                    if interval["low"] <= 1.0 <= interval["high"] or interval["coverage"] < _LEAST_COVERAGE
                     else ("faster" if interval["low"] > 1.0 else "slower")
                 )
                 entry["vs_dcp"] = {"ratios": ratios, **interval, "verdict": verdict}
