@@ -8,9 +8,9 @@ rank's. Engines, alternated within each round (ABBA), so drift of a shared machi
 
 - ``emitted``: the writer module given by ``--writer`` (what ``ckpt-trace emit`` wrote), or
   ``ckpt_trace.writer``'s defaults;
-- ``emitted-torch-copies``: the same with ``CKPT_TRACE_WRITER_SINGLE_THREAD_COPIES=0``: the staging and
-  copy-out copies by ``torch.Tensor.copy_`` on torch's OpenMP threads, as before 2026-11-29
-  (``writer.staging.copy_bytes``);
+- ``emitted-torch-copies``: the same with ``CKPT_TRACE_WRITER_SINGLE_THREAD_COPIES=0``: the staging
+  copies by ``torch.Tensor.copy_`` on torch's OpenMP threads, as before 2026-11-29
+  (``writer.staging.copy_bytes``; a load's copies are ``copy_`` in both);
 - ``dcp``: torch.distributed.checkpoint's FileSystemWriter/Reader (sync_files on).
 
 The results also keep the CPU seconds of each whole command (its process tree, getrusage(2)
@@ -31,7 +31,11 @@ rounds, load average about 1: 4 ranks, emitted save 1.55 s (1.51-1.60), with tor
 (2.00-2.92), DCP 2.16 s (2.07-2.19): 1.37x DCP (1.34-1.43) against 0.80x (within noise); cold loads
 1.03 s, 1.01 s and 2.47 s (the copy-out is a small part of a load). One rank: saves 1.22 s, 1.24 s and
 2.89 s; cold loads 0.92, 0.86 and 0.98 s (6 more alternated pairs of the one-rank load: 0.80 s against 0.79
-s, within noise).
+s, within noise). A second run, 5 rounds (a load's copies were memmoves too then): 4 ranks, saves 1.49 s
+(1.42-1.55), 2.19 s (2.09-2.57) and 2.08 s (1.98-2.27), 1.41x DCP (1.32-1.60) against 0.95x (within noise),
+cold loads 1.10, 1.00 and 2.40 s; 2 ranks, saves 1.27, 1.49 and 1.98 s (1.55x against 1.38x), loads 0.88,
+0.90 and 1.14 s; one rank, loads 0.85-0.90 against 0.69-0.87 s. Loads gained nothing in either run, so
+their copies went back to ``copy_``.
 
 Prints a table per rank count and writes ``benchmarks/results/ranks_per_node.json``.
 """

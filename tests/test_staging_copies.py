@@ -1,6 +1,6 @@
-"""The emitted writer's and reader's CPU copies (``writer.staging.copy_bytes``): the same bytes as
-``torch.Tensor.copy_``, made by the calling thread alone, so a save or load from several ranks on a node
-starts no OpenMP workers that spin on the other ranks' cores (benchmarks/ranks_per_node.py)."""
+"""The emitted writer's staging copies (``writer.staging.copy_bytes``): the same bytes as
+``torch.Tensor.copy_``, made by the calling thread alone, so a save from several ranks on a node starts
+no OpenMP workers that spin on the other ranks' cores (benchmarks/ranks_per_node.py)."""
 
 from __future__ import annotations
 
@@ -72,33 +72,32 @@ _CHILD = textwrap.dedent(
     options = WriterOptions(checksums=False, queue_depth=4, load_direct_io=sys.argv[2] == "direct")
     dcp.save(state, storage_writer=CheckpointWriter(sys.argv[1], options), no_dist=True)
     after_save = left()
-    dcp.load(dest, storage_reader=CheckpointReader(sys.argv[1], options), no_dist=True)
-    after_load = left()
+    dcp.load(dest, storage_reader=CheckpointReader(sys.argv[1], options), no_dist=True)  # the bytes, checked
     same = all(torch.equal(dest[k], state[k]) for k in state)
-    print(after_save, after_load, same)
+    print(after_save, same)
     """
 )
 
 
-def _threads_left(directory, way: str, torch_copies: bool) -> tuple[int, int, bool]:
+def _threads_left(directory, way: str, torch_copies: bool) -> tuple[int, bool]:
     env = {**os.environ, "CKPT_TRACE_WRITER_SINGLE_THREAD_COPIES": "0" if torch_copies else "1"}
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD, str(directory), way], capture_output=True, text=True, env=env, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    save, load, same = proc.stdout.split()
-    return int(save), int(load), same == "True"
+    save, same = proc.stdout.split()
+    return int(save), same == "True"
 
 
 @pytest.mark.slow
 @pytest.mark.torch
-@pytest.mark.parametrize("way", ["direct", "buffered"])
-def test_a_save_and_load_start_no_openmp_workers(tmp_path, torch_installed, way):
+def test_a_save_starts_no_openmp_workers(tmp_path, torch_installed):
+    way = "direct"  # how the bytes are loaded back to be compared
     # The control: torch's copy_ of these 8 MiB tensors starts OpenMP workers (libgomp keeps them alive after
     # the parallel region), which is what the test looks for. Without it nothing here could fail.
     control = _threads_left(tmp_path / "control", way, torch_copies=True)
     if control[0] == 0:
         pytest.skip("torch's copy_ starts no OpenMP worker threads on this machine (one core, or no OpenMP)")
-    save, load, same = _threads_left(tmp_path / "checkpoint", way, torch_copies=False)
-    assert same and control[2]
-    assert (save, load) == (0, 0), f"threads left by the save: {save}, by the load: {load} (control {control})"
+    save, same = _threads_left(tmp_path / "checkpoint", way, torch_copies=False)
+    assert same and control[1]
+    assert save == 0, f"threads left by the save: {save} (control {control})"

@@ -90,7 +90,7 @@ from .checksum import Verifier, checksum
 from .format import StoredItem, io_error, read_metadata
 from .options import WriterOptions
 from .save import DirectoryCheckpoint
-from .staging import Copier, CudaCopier, StreamReader, copy_bytes
+from .staging import Copier, CudaCopier, StreamReader
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -616,7 +616,7 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
                 f"{item.storage_index.fqn}: stored chunk {tuple(tensor.size())} does not fit "
                 f"destination {tuple(target.size())}"
             )
-        copy_bytes(target, tensor)
+        target.copy_(tensor)
         planner.commit_tensor(item, target)
 
 

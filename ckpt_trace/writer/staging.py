@@ -72,7 +72,10 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
     ranks need: a 4-rank save of 1.4 GiB on 2 cores took 2.1 s and 2.9 s of CPU with ``copy_``, 1.2 s and
     0.5 s with ``OMP_NUM_THREADS=1`` (``benchmarks/ranks_per_node.py``). The staging copies overlap the
     I/O, so one core per copy is enough; ``config.WRITER_SINGLE_THREAD_COPIES=0`` restores ``copy_`` for a
-    comparison. Raises what ``copy_`` raises for tensors it cannot copy."""
+    comparison. The save's staging copies use it; a load's copies out of its arena stay ``copy_``: there
+    the same benchmark found no gain (4 ranks, cold loads: 1.10 s against 1.00 s and 1.03 against 1.01 s in
+    two runs; one rank 0.85-0.90 against 0.69-0.87 s). Raises what ``copy_`` raises for tensors it cannot
+    copy."""
     if (
         config.WRITER_SINGLE_THREAD_COPIES
         and dst.device.type == "cpu"
@@ -384,7 +387,7 @@ class Copier:
     """
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, slot: int) -> None:
-        copy_bytes(dst, src)
+        dst.copy_(src)  # a load's copies stay torch's (benchmarks/ranks_per_node.py: memmove gained nothing)
 
     def wait(self, slot: int) -> None:
         pass
@@ -409,7 +412,7 @@ class CudaCopier(Copier):
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, slot: int) -> None:
         if not dst.is_cuda:
-            copy_bytes(dst, src)
+            dst.copy_(src)
             return
         with torch.cuda.stream(self.stream):
             dst.copy_(src, non_blocking=True)
