@@ -5,30 +5,15 @@ time over each engine's, with its verdict."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _bench():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("ranks_per_node_bench", ROOT / "benchmarks" / "ranks_per_node.py")
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return bench
+from helpers.benchmarks import load_benchmark
 
 
 @pytest.mark.slow
 @pytest.mark.torch
 def test_one_round_of_two_ranks_measures_every_engine_against_dcp(tmp_path, torch_installed):
-    bench = _bench()
+    bench = load_benchmark("ranks_per_node")
     args = argparse.Namespace(rounds=1, model="gpt2-tiny", writer=None)
     cell = bench.measure(args, list(bench.ENGINES), 2, tmp_path)
     assert cell["ranks"] == 2 and set(cell["engines"]) == set(bench.ENGINES)

@@ -4,32 +4,21 @@ leaves a wrong byte is caught (issue 36: every loader in the comparison fills th
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers.benchmarks import load_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _bench():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("restore_bench", ROOT / "benchmarks" / "restore.py")
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return bench
 
 
 @pytest.mark.slow
 @pytest.mark.torch
 def test_every_loader_fills_the_state_dict_and_a_flipped_byte_is_caught(tmp_path, torch_installed):
-    bench = _bench()
+    bench = load_benchmark("restore")
     loaders, _ = bench._loaders(argparse.Namespace(loaders=",".join(bench.LOADERS)))
     formats = sorted({bench.LOADERS[name].format for name in loaders})
     directory = tmp_path / "hf-sharded"

@@ -3,31 +3,18 @@ verdict against a goal, and a tiny real run writing its JSON with the recorder's
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from helpers.benchmarks import load_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _bench():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "tracer_overhead_bench", ROOT / "benchmarks" / "tracer_overhead.py"
-        )
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return bench
-
-
 def test_median_interval_is_the_sign_test_order_statistics():
-    bench = _bench()
+    bench = load_benchmark("tracer_overhead")
     values = [7.0, 1.0, 9.0, 3.0, 5.0, 10.0, 2.0, 8.0, 4.0, 6.0]
     low, high, coverage = bench.median_interval(values)
     # n = 10: P(B <= 1) = 11/1024 <= 0.025 < P(B <= 2) = 56/1024, so x(2) and x(9).
@@ -42,7 +29,7 @@ def test_median_interval_is_the_sign_test_order_statistics():
 
 
 def test_verdict_says_met_not_met_or_within_noise():
-    bench = _bench()
+    bench = load_benchmark("tracer_overhead")
     assert bench.verdict(upper=1.08, lower=1.01, limit=1.10, lost_events=0, lost_matters=True) == "met"
     assert bench.verdict(upper=1.20, lower=1.12, limit=1.10, lost_events=0, lost_matters=False) == "not met"
     assert bench.verdict(upper=1.12, lower=1.05, limit=1.10, lost_events=0, lost_matters=False) == "within noise"
@@ -57,7 +44,7 @@ def test_verdict_says_met_not_met_or_within_noise():
 
 @pytest.mark.slow
 def test_pairs_mode_writes_ratios_intervals_memory_and_cpu(tmp_path, monkeypatch, bcc_backend, strace_backend):
-    bench = _bench()
+    bench = load_benchmark("tracer_overhead")
     monkeypatch.setattr(sys.modules["common"], "RESULTS", tmp_path / "results")
     args = bench.parse_args(["--pairs", "2", "--workload", "true", "--out", str(tmp_path), "--result-name", "tiny"])
     bench.run_pairs(args, ["true"], ["bcc", "strace"])

@@ -170,17 +170,9 @@ def test_the_verifier_raises_the_first_failure_in_order_and_stops_the_next_submi
 
 
 def test_the_benchmark_pairs_verdict_uses_a_distribution_free_interval_of_the_median():
-    import importlib.util
-    import sys
+    from helpers.benchmarks import load_benchmark
 
-    root = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(root / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("emitted_writer_bench", root / "benchmarks" / "emitted_writer.py")
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
-    finally:
-        sys.path.remove(str(root / "benchmarks"))
+    bench = load_benchmark("emitted_writer")
     mid, low, high, coverage = bench.median_interval([0.03, -0.02, 0.01, 0.2, 0.04])
     assert (mid, low, high) == (0.03, -0.02, 0.2) and coverage == pytest.approx(1 - 2 / 32)  # n=5: the range
     assert bench.verdict(low, high) == "within noise"
