@@ -64,18 +64,17 @@ _Key = TypeVar("_Key", bound=Hashable)  # how a StreamReader's caller names its 
 
 def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``dst.copy_(src)`` done by the calling thread alone where it can be: for two contiguous, dense, not
-    quantized CPU tensors of one dtype and shape (no conjugate or negative bit), one glibc ``memmove`` of their bytes through ctypes
-    (a CFUNCTYPE call: the GIL is released); anything else goes to ``torch.Tensor.copy_``.
+    quantized CPU tensors of one dtype and shape (no conjugate or negative bit), one glibc ``memmove`` of
+    their bytes through ctypes (a CFUNCTYPE call: the GIL is released); anything else goes to
+    ``torch.Tensor.copy_``. The save's staging copies use it; a load's copies out of its arena stay ``copy_``
+    (``benchmarks/ranks_per_node.py`` found no gain there).
 
     Why: torch splits a large CPU copy across its OpenMP threads (``at::parallel_for``), whose workers
     spin-wait after each piece. With several ranks on a node each rank's threads spin on cores the other
-    ranks need: a 4-rank save of 1.4 GiB on 2 cores took 2.1 s and 2.9 s of CPU with ``copy_``, 1.2 s and
-    0.5 s with ``OMP_NUM_THREADS=1`` (``benchmarks/ranks_per_node.py``). The staging copies overlap the
-    I/O, so one core per copy is enough; ``config.WRITER_SINGLE_THREAD_COPIES=0`` restores ``copy_`` for a
-    comparison. The save's staging copies use it; a load's copies out of its arena stay ``copy_``: there
-    the same benchmark found no gain (4 ranks, cold loads: 1.10 s against 1.00 s and 1.03 against 1.01 s in
-    two runs; one rank 0.85-0.90 against 0.69-0.87 s). Raises what ``copy_`` raises for tensors it cannot
-    copy."""
+    ranks need: 4 ranks saving 1.4 GiB on 2 cores spent 2.9 s of CPU in ``write_data`` with ``copy_``, 0.5 s
+    with one thread per copy (ad hoc); ``benchmarks/ranks_per_node.py`` measures the saves both ways
+    (``config.WRITER_SINGLE_THREAD_COPIES=0`` restores ``copy_``). The staging copies overlap the I/O, so
+    one core per copy is enough. Raises what ``copy_`` raises for tensors it cannot copy."""
     if (
         config.WRITER_SINGLE_THREAD_COPIES
         and dst.device.type == "cpu"
