@@ -389,7 +389,8 @@ def _import_for(loaders: list[str]) -> None:
     with them imported (imports are not part of a load; importing torch took 9 s on the shared machine)."""
     import importlib
 
-    modules = ["torch", "torch.distributed.checkpoint", "ckpt_trace.writer", "safetensors.torch"]
+    # ckpt_trace.writer imports its reader on first use (PEP 562): named here, or a load would time that import
+    modules = ["torch", "torch.distributed.checkpoint", "ckpt_trace.writer.load", "safetensors.torch"]
     modules += [LOADERS[name].needs for name in loaders if LOADERS[name].needs]
     for module in modules:
         importlib.import_module(module)

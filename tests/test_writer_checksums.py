@@ -214,3 +214,50 @@ def test_the_save_checksums_match_an_independent_crc_of_each_item_while_buffers_
     for name, tensor in state.items():
         assert stored[name].checksum == crc32c.crc32c(tensor.numpy().tobytes()), name
     assert any(name.startswith("ckpt-trace-crc") for name in threads)  # the large items went through the thread
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("call_bytes", [1, 1000, 4096, 1 << 20])
+def test_a_warm_reads_pieces_cover_each_view_once_in_order_and_extend_to_the_items_checksum(
+    tmp_path, torch_installed, call_bytes
+):
+    """``load._preadv_full`` with ``landed``: what the warm read checks a piece at a time. The pieces each
+    view is told of, joined, are that view's bytes of the file (pread(2) of the same range by Python's own
+    file object), and the running CRC over them is ``checksum`` of the whole."""
+    import os
+
+    from ckpt_trace.writer import checksum as checksums
+    from ckpt_trace.writer.load import _preadv_full
+
+    data = os.urandom(10_000)
+    path = tmp_path / "data"
+    path.write_bytes(data)
+    sizes = [3000, 0, 1, 4096, 2903]  # an empty view, a one-byte view; 10,000 bytes in all
+    views = [memoryview(bytearray(size)) for size in sizes]
+    parts: dict[int, list[bytes]] = {}
+    order: list[int] = []
+    running = dict.fromkeys(range(len(views)), 0)
+
+    def landed(index: int, part: memoryview) -> None:
+        order.append(index)
+        parts.setdefault(index, []).append(bytes(part))
+        running[index] = checksums.extend(running[index], part, checksums.KIND)
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        calls = _preadv_full(fd, path, views, 0, call_bytes, landed)
+    finally:
+        os.close(fd)
+    assert order == sorted(order)  # in file order
+    offset = 0
+    with open(path, "rb") as handle:
+        for index, size in enumerate(sizes):
+            expected = handle.read(size)
+            assert bytes(views[index]) == expected == data[offset : offset + size]
+            assert b"".join(parts.get(index, [])) == expected
+            assert index in parts or size == 0
+            if size:
+                whole = checksums.checksum(torch.frombuffer(bytearray(expected), dtype=torch.uint8))
+                assert running[index] == whole
+            offset += size
+    assert calls >= -(-len(data) // call_bytes)

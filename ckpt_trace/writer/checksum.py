@@ -31,6 +31,7 @@ import threading
 import zlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NoReturn
 
 import torch
 
@@ -60,6 +61,27 @@ def update(value: int, tensor: torch.Tensor) -> int | None:
     return _crc32c.crc32c(view, value) if _crc32c is not None else zlib.crc32(view, value)
 
 
+def extend(value: int, view: memoryview, kind: str) -> int:
+    """``value`` (a running ``kind`` checksum, 0 to start) extended by ``view``'s bytes: what ``checksum``
+    gives for a tensor, computed a piece at a time (``load``'s warm reads check each piece right after its
+    read, while it sits in the CPU's cache). Raises CheckpointError when ``kind`` needs a package that is
+    not installed."""
+    if kind == "crc32c":
+        if _crc32c is None:
+            _missing_crc32c()
+        return _crc32c.crc32c(view, value)
+    return zlib.crc32(view, value)
+
+
+def _missing_crc32c() -> NoReturn:
+    from ckpt_trace.errors import CheckpointError
+
+    raise CheckpointError(
+        "this checkpoint's checksums are CRC32C: pip install crc32c (or load with checksums=False in the "
+        "reader's WriterOptions)"
+    )
+
+
 def checksum(tensor: torch.Tensor, kind: str = KIND) -> int | None:
     """The ``kind`` checksum of a contiguous CPU tensor's bytes; None for a GPU or strided tensor. Raises
     CheckpointError when ``kind`` needs a package that is not installed."""
@@ -68,11 +90,7 @@ def checksum(tensor: torch.Tensor, kind: str = KIND) -> int | None:
         return None
     if kind == "crc32c":
         if _crc32c is None:
-            from ckpt_trace.errors import CheckpointError
-
-            raise CheckpointError(
-                "this checkpoint's checksums are CRC32C: pip install crc32c (or load with verify_checksums=False)"
-            )
+            _missing_crc32c()
         return _crc32c.crc32c(view)
     return zlib.crc32(view)
 
