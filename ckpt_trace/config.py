@@ -94,6 +94,8 @@ WRITER_ITEM_ALIGN_BYTES = _int_env("WRITER_ITEM_ALIGN_BYTES", 64)  # each tensor
 # 0: staging copies by torch's copy_ on its OpenMP threads (writer.staging.copy_bytes; the before of
 # benchmarks/ranks_per_node.py); 1: one memmove on the calling thread
 WRITER_SINGLE_THREAD_COPIES = _int_env("WRITER_SINGLE_THREAD_COPIES", 1)
+# The checksum kind the emitted writer records per item, "crc32" or "crc32c"; "" chooses (writer.checksum)
+WRITER_CHECKSUM_KIND = _str_env("WRITER_CHECKSUM_KIND", "")
 # Page-locked staging kept between saves (writer.staging.PINNED_POOL): 8 x 4 MiB x 8 threads by default.
 PINNED_POOL_BYTES = _int_env("PINNED_POOL_BYTES", 256 << 20)
 # The share of a data file's pages in the page cache from which the reader reads it buffered (warm).

@@ -187,9 +187,11 @@ def test_the_save_checksums_match_an_independent_crc_of_each_item_while_buffers_
     tmp_path, torch_installed, monkeypatch
 ):
     """Small staging buffers, two of them: each is refilled many times while the checksum thread, slowed to
-    lag behind the copies, still reads earlier pieces; every stored value must still be the CRC32C of the
-    item's own bytes (computed here from the tensor, by the crc32c package directly)."""
-    crc32c = pytest.importorskip("crc32c")
+    lag behind the copies, still reads earlier pieces; every stored value must still be the checksum of the
+    item's own bytes of the kind it records (computed here from the tensor by another package: zlib's
+    CRC-32, or the crc32c package directly)."""
+    import zlib
+
     import ckpt_trace.writer.staging as staging
 
     real = staging.update_checksum
@@ -212,7 +214,13 @@ def test_the_save_checksums_match_an_independent_crc_of_each_item_while_buffers_
     dcp.save(state, storage_writer=CheckpointWriter(path, WriterOptions(buffer_bytes=8192, queue_depth=2)))
     stored = _stored(path)
     for name, tensor in state.items():
-        assert stored[name].checksum == crc32c.crc32c(tensor.numpy().tobytes()), name
+        data = tensor.numpy().tobytes()
+        if stored[name].checksum_kind == "crc32c":
+            expected = pytest.importorskip("crc32c").crc32c(data)
+        else:
+            assert stored[name].checksum_kind == "crc32", stored[name].checksum_kind
+            expected = zlib.crc32(data)
+        assert stored[name].checksum == expected, name
     assert any(name.startswith("ckpt-trace-crc") for name in threads)  # the large items went through the thread
 
 
@@ -261,3 +269,62 @@ def test_a_warm_reads_pieces_cover_each_view_once_in_order_and_extend_to_the_ite
                 assert running[index] == whole
             offset += size
     assert calls >= -(-len(data) // call_bytes)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("kind", ["crc32", "crc32c"])
+def test_each_kind_is_recorded_as_asked_and_checked_on_load(tmp_path, torch_installed, kind):
+    """``CKPT_TRACE_WRITER_CHECKSUM_KIND`` in a fresh process: the writer records that kind, its values are
+    the kind's own (zlib, the crc32c package), and a load, warm and cold, checks them: a flipped byte in
+    the middle of an item fails it."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import zlib
+
+    if kind == "crc32c":
+        crc32c = pytest.importorskip("crc32c")
+    path = tmp_path / "ckpt"
+    script = (
+        "import json, sys, torch, torch.distributed.checkpoint as dcp, warnings\n"
+        "warnings.filterwarnings('ignore')\n"
+        "from ckpt_trace.writer import CheckpointWriter\n"
+        "g = torch.Generator().manual_seed(9)\n"
+        "state = {'w': torch.randn(3, 300_001, generator=g), 'b': torch.randn(77, generator=g)}\n"
+        "dcp.save(state, storage_writer=CheckpointWriter(sys.argv[1]))\n"
+        "print(json.dumps({k: v.numpy().tobytes().hex() for k, v in state.items() if k == 'b'}))\n"
+    )
+    env = dict(os.environ, CKPT_TRACE_WRITER_CHECKSUM_KIND=kind)
+    done = subprocess.run([sys.executable, "-c", script, str(path)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    stored = _stored(path)
+    assert {item.checksum_kind for item in stored.values()} == {kind}
+    small = bytes.fromhex(json.loads(done.stdout)["b"])
+    assert stored["b"].checksum == (crc32c.crc32c(small) if kind == "crc32c" else zlib.crc32(small))
+    from ckpt_trace.writer import CheckpointReader, WriterOptions
+
+    ways = {  # the warm read (pieces checked as they land) and the O_DIRECT stream (the Verifier's thread)
+        "warm": WriterOptions(),
+        "o-direct": WriterOptions(load_cache_aware=False),
+    }
+
+    def load(way: str) -> dict:
+        if way == "warm":
+            for file in path.iterdir():
+                file.read_bytes()
+        target = {"w": torch.zeros(3, 300_001), "b": torch.zeros(77)}
+        reader = CheckpointReader(path, ways[way])
+        try:
+            dcp.load(target, storage_reader=reader)
+        finally:
+            stats = reader.last_load_stats  # each way read the items
+            assert stats["direct_bytes" if way == "warm" else "buffered_bytes"] == 0, stats
+        return target
+
+    for way in ways:
+        assert load(way)["b"].numpy().tobytes() == small
+    _flip(path, stored["w"], stored["w"].size_bytes // 2)
+    for way in ways:
+        with pytest.raises(dcp.api.CheckpointException, match="corrupt"):
+            load(way)

@@ -37,7 +37,10 @@ by one scattering preadv(2) of up to ``_BATCH_BYTES`` and ``_IOV_MAX`` pieces
 straight into each destination's memory where the destination is a contiguous
 CPU tensor of the stored dtype and shape (what DCP's in-place load hands
 over), else into a scratch tensor copied from once; so 600 tensors under
-64 KiB take a handful of reads, not 600, and nothing is copied twice.
+64 KiB take a handful of reads, not 600, and nothing is copied twice. A warm
+file's batches are read ``_HOT_BYTES`` (512 KiB) a call, each piece's
+checksum extended right after its read while the piece is in the core's
+cache (``_read_batches``): 2 calls per MiB, still far fewer than tensors.
 
 O_DIRECT: the file's wanted items as one stream of aligned reads of
 ``buffer_bytes`` through io_uring into a fixed arena (``staging.StreamReader``),
