@@ -55,7 +55,7 @@ class WriterOptions:
       warm 770 MiB load). A file partly in the cache is asked again a stretch of items at a time and read
       both ways. True by default; the reader's ``last_load_stats`` says which way each file went, the bytes
       and read calls of each way, and the probes' count and time. ``load_policy`` names the combination.
-    - ``checksums``: the writer stores each item's checksum (CRC32C, ``checksum.py``) in the metadata and
+    - ``checksums``: the writer stores each item's checksum (CRC-32 or CRC32C, ``checksum.py``) in the metadata and
       the reader checks every item it loads, and that each data file has exactly its recorded size
       (True, the default); False: neither (a reader with False loads without checking). Both sides
       compute them on a helper thread beside the I/O; what they cost is measured in ``checksum.py``.
