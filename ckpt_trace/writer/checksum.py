@@ -5,9 +5,9 @@ The kind is stored beside each value, so a reader computes the same one, by the 
 CRC-32 checkpoint loads where neither package is installed (zlib).
 Rates on the project's 2-core EPYC (AVX-512 with VPCLMULQDQ), 2026-11-29, one thread, 256 MiB out of
 memory / a 512 KiB piece in the core's L2 cache: ISA-L's CRC-32 22.4 / 51.7 GB/s, the crc32c package's
-CRC32C 12.5 / 25.6 GB/s, zlib's CRC-32 3.9 / 4.0 GB/s. Warm loads of ``benchmarks/restore.py``'s shapes
-(7 alternated loads each, a forked process, medians): 256 MiB of 4 tensors 31.3 ms with CRC-32 (ISA-L)
-against 35.1 ms with CRC32C; the 770 MiB many-small state 142 against 149 ms.
+CRC32C 12.5 / 25.6 GB/s, zlib's CRC-32 3.9 / 4.0 GB/s. Warm loads (ad hoc, with ``benchmarks/restore.py``'s
+shapes and forked loads, 7 alternated loads each, medians): 256 MiB of 4 tensors 31.3 ms with CRC-32
+(ISA-L) against 35.1 ms with CRC32C; the 770 MiB many-small state 142 against 149 ms.
 
 The writer computes it over each staging buffer's piece of an item right after the piece is copied there
 (``staging.StagedFile.put``), while those bytes are in the CPU's cache, on the data file's own checksum
@@ -15,9 +15,9 @@ thread; the reader over the bytes that landed in the destination, on a worker th
 the next reads go on (a warm read checks each piece right after its read: ``load._HOT_BYTES``). The packages
 release the GIL on large buffers (crc32c above 32 KiB by default, measured here: a Python loop beside a
 crc32c thread ran 7.6x more iterations than with the GIL held; zlib above 5 KiB; ISA-L: a loop beside it
-ran at half its speed alone, where a held GIL would stop it), so the checksums overlap the copies, reads and writes; a save waits for them only where a
-staging buffer is about to be refilled, a load only for the check of its last item. Items a GPU copies
-into the buffers asynchronously are not checksummed.
+ran at half its speed alone, where a held GIL would stop it), so the checksums overlap the copies, reads
+and writes; a save waits for them only where a staging buffer is about to be refilled, a load only for
+the check of its last item. Items a GPU copies into the buffers asynchronously are not checksummed.
 
 Cost (gpt2-small + Adam, 1.49 GB, one process, cache dropped, the 2-core machine at a load average of
 12-26; ``benchmarks/checksum_overlap.py``, 5 save/load rounds over two runs): the checksums take 0.3-0.64 s
@@ -84,7 +84,7 @@ def update(value: int, tensor: torch.Tensor) -> int | None:
     view = _view(tensor)
     if view is None:
         return None
-    return _crc32c.crc32c(view, value) if KIND == "crc32c" and _crc32c is not None else _crc32(view, value)
+    return extend(value, view, KIND)
 
 
 def extend(value: int, view: memoryview, kind: str) -> int:
