@@ -100,6 +100,10 @@ WRITER_CHECKSUM_KIND = _str_env("WRITER_CHECKSUM_KIND", "")
 PINNED_POOL_BYTES = _int_env("PINNED_POOL_BYTES", 256 << 20)
 # The share of a data file's pages in the page cache from which the reader reads it buffered (warm).
 READER_WARM_SHARE = float(os.environ.get("CKPT_TRACE_READER_WARM_SHARE") or 0.9)
+# 1: the emitted reader copies what the page cache holds out of a mapping of the file (writer.load,
+# iolayer.ring.copy_mapped); 0: with preadv(2) (a file truncated by another process during a load then
+# fails the load with a one-line error rather than SIGBUS)
+READER_MAPPED_COPY = _int_env("READER_MAPPED_COPY", 1)
 # The emitted reader's cold way measured per device, kept for later processes of the same boot (writer.load);
 # "" keeps it in the measuring process only
 READER_COLD_WAYS = _str_env("READER_COLD_WAYS", os.path.join(CACHE_DIR, "reader-cold-ways.json"))

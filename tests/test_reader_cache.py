@@ -121,7 +121,10 @@ def test_the_policy_and_the_page_cache_choose_each_files_way(tmp_path, torch_ins
     cold, hot = seen[False, "auto"], seen[True, "auto"]
     assert (cold["direct_files"], cold["buffered_files"], cold["direct_bytes"]) == (1, 0, wanted)
     assert (hot["direct_files"], hot["buffered_files"], hot["buffered_bytes"]) == (0, 1, wanted)
-    assert cold["direct_reads"] >= 1 and hot["buffered_reads"] >= 1 and hot["direct_reads"] == 0
+    assert cold["direct_reads"] >= 1 and hot["direct_reads"] == 0
+    # warm: copied out of a mapping of the file, no read call (writer.load._read_mapped)
+    assert hot["mapped_bytes"] == wanted and hot["mapped_calls"] >= 1 and hot["buffered_reads"] == 0
+    assert cold["mapped_bytes"] == cold["mapped_calls"] == 0
     for stats in (cold, hot):
         assert stats["policy"] == "auto" and stats["cache_probe"] in ("cachestat", "nowait")
         assert stats["probes"] >= 1 and stats["probe_ns"] > 0
@@ -153,14 +156,17 @@ def test_a_partly_cached_file_is_read_both_ways_by_stretch(tmp_path, torch_insta
 
 @pytest.mark.torch
 @pytest.mark.io_uring
-def test_many_small_tensors_are_read_with_a_few_large_reads(tmp_path, torch_installed, io_uring, monkeypatch):
-    """600 tensors under 64 KiB beside 4 of 4 MiB: warm (buffered, scattering preadv straight into the
-    destinations, in pieces of ``_HOT_BYTES``) and cold (O_DIRECT stream: the cold way left unmeasured), far fewer read calls than
+@pytest.mark.parametrize("mapped", [True, False], ids=["mapped-copy", "preadv"])
+def test_many_small_tensors_are_read_with_a_few_large_reads(tmp_path, torch_installed, io_uring, monkeypatch, mapped):
+    """600 tensors under 64 KiB beside 4 of 4 MiB: warm (copied out of a mapping of the file, a window of
+    64 MiB per mmap(2); or, ``READER_MAPPED_COPY`` off, scattering preadv straight into the destinations, in
+    pieces of ``_HOT_BYTES``) and cold (O_DIRECT stream: the cold way left unmeasured), far fewer calls than
     tensors; a partial load (every other small tensor: gaps between the wanted items) is batched too and
     leaves the others untouched."""
     from ckpt_trace.writer import load
 
     monkeypatch.setattr(load, "_PROBE_BYTES", 1 << 40)
+    monkeypatch.setattr(config, "READER_MAPPED_COPY", int(mapped))
     state = many_small_state()
     path = tmp_path / "ckpt"
     data = _save(path, state)
@@ -169,12 +175,18 @@ def test_many_small_tensors_are_read_with_a_few_large_reads(tmp_path, torch_inst
     cold = _load_cached(path, state, data, [])
     warm = _load_cached(path, state, data, [(0, size)])
     assert cold["direct_files"] == 1 and cold["direct_reads"] <= -(-size // (4 << 20))
+    assert warm["buffered_files"] == 1
+    part = {k: v for i, (k, v) in enumerate(state.items()) if i % 2 or k.startswith("large")}
+    partial = _load_cached(path, part, data, [(0, size)])
+    if mapped:  # one window per 64 MiB of each reading thread's stretch (2), no read call
+        assert warm["buffered_reads"] == partial["buffered_reads"] == 0
+        assert 1 <= warm["mapped_calls"] <= -(-size // (64 << 20)) + 2 < tensors // 8
+        assert warm["mapped_bytes"] == warm["buffered_bytes"] and partial["mapped_bytes"] == partial["buffered_bytes"]
+        return
     # warm: batches of up to _BATCH_BYTES, each read in pieces of _HOT_BYTES (checked as they land), a short
     # piece at most at each batch's end and each stream's (2)
     calls = -(-size // load._HOT_BYTES) + -(-size // load._BATCH_BYTES) + 2
-    assert warm["buffered_files"] == 1 and warm["buffered_reads"] <= calls < tensors // 8
-    part = {k: v for i, (k, v) in enumerate(state.items()) if i % 2 or k.startswith("large")}
-    partial = _load_cached(path, part, data, [(0, size)])
+    assert warm["mapped_calls"] == 0 and 1 <= warm["buffered_reads"] <= calls < tensors // 8
     assert partial["buffered_reads"] <= calls
 
 
@@ -234,12 +246,13 @@ def test_the_cold_way_is_measured_on_the_loads_own_bytes(tmp_path, torch_install
 @pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.io_uring
-def test_strace_counts_the_reads_the_stats_count(tmp_path, torch_installed, io_uring, strace_backend):
+@pytest.mark.parametrize("mapped", [True, False], ids=["mapped-copy", "preadv"])
+def test_strace_counts_the_reads_the_stats_count(tmp_path, torch_installed, io_uring, strace_backend, mapped):
     """The warm load of 600 small tensors in a child process under ``strace -f -c``, restricted to the data
-        file (``-P``): its preadv calls are the reader's ``buffered_reads``, and far fewer than the tensors (one
-    per ``_HOT_BYTES`` piece). The
-        checkpoint lives on a tmpfs of its own, whose pages are always in the page cache (no other process
-        dropping caches can turn the load cold)."""
+    file (``-P``): its mmap(2) calls are the reader's ``mapped_calls`` and it makes no read call (the mapped
+    copy); with ``CKPT_TRACE_READER_MAPPED_COPY=0``, its preadv calls are the reader's ``buffered_reads``, far
+    fewer than the tensors (one per ``_HOT_BYTES`` piece). The checkpoint lives on a tmpfs of its own, whose
+    pages are always in the page cache (no other process dropping caches can turn the load cold)."""
     from conftest import mounted_tmpfs
 
     with mounted_tmpfs(tmp_path / "memory", "size=128m") as memory:
@@ -251,8 +264,9 @@ def test_strace_counts_the_reads_the_stats_count(tmp_path, torch_installed, io_u
             "w.load_many_small(sys.argv[1], 'auto')"
         )
         command = [shutil.which("strace") or "strace", "-f", "-c", "-o", str(summary), "-P", str(data)]
-        command += ["-e", "trace=read,pread64,readv,preadv,preadv2", sys.executable, "-c", code, str(path)]
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
+        command += ["-e", "trace=read,pread64,readv,preadv,preadv2,mmap", sys.executable, "-c", code, str(path)]
+        env = dict(os.environ, CKPT_TRACE_READER_MAPPED_COPY=str(int(mapped)))
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True, env=env)
         size = data.stat().st_size
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["equal"] and result["stats"]["buffered_files"] == 1, result
@@ -260,6 +274,10 @@ def test_strace_counts_the_reads_the_stats_count(tmp_path, torch_installed, io_u
     table = summary.read_text()
     calls = {m[1]: int(m[0]) for m in re.findall(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)$", table, re.M)}
     calls.pop("total", None)
+    if mapped:
+        assert set(calls) == {"mmap"} and calls["mmap"] == result["stats"]["mapped_calls"] >= 1, table
+        assert result["stats"]["buffered_reads"] == 0 and result["stats"]["mapped_bytes"] > 0
+        return
     assert set(calls) <= {"preadv", "preadv2"}, table  # CPython's os.preadv may call preadv2
     from ckpt_trace.writer import load  # pieces of _HOT_BYTES (checked as they land), as the test above counts
 

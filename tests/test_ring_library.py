@@ -1,5 +1,6 @@
-"""The ring's C library itself: a stale build is refused at load with one line, byte counts are 64-bit, and the
-BPF ring buffer reader's ordered loads and stores (which it takes from this library) read committed records only."""
+"""The ring's C library itself: a stale build is refused at load with one line, byte counts are 64-bit, the
+BPF ring buffer reader's ordered loads and stores (which it takes from this library) read committed records
+only, and the emitted reader's mapped copy lands every byte with its CRC."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import sys
 import numpy as np
 import pytest
 from conftest import REPO
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ckpt_trace.iolayer import ring as rings
 from ckpt_trace.tracer import ringbuf
@@ -137,5 +140,64 @@ def test_the_bpf_ring_reader_takes_committed_records_and_publishes_its_position(
         reader.close()
         del header, positions
         raw.close()
+    finally:
+        os.close(fd)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    cuts=st.lists(st.tuples(st.integers(0, 300_000), st.integers(0, 70_000), st.booleans()), min_size=1, max_size=12),
+    window_pages=st.integers(1, 40),
+    chunk_bytes=st.sampled_from([1, 4096, 65536, 1 << 20]),
+)
+def test_copy_mapped_copies_each_piece_and_extends_its_crc(tmp_path, cuts, window_pages, chunk_bytes):
+    """``copy_mapped`` (the emitted reader's warm copy): pieces at odd offsets and sizes, overlapping or not,
+    in any order, through windows as small as one page and chunks from 1 byte up, land byte for byte as
+    Python's file object reads them; a checked piece's CRC, extended from a running value, equals zlib's
+    over the same bytes, an unchecked one is left as given; the mmap(2) calls counted cover the pieces'
+    windows (at least one per window-sized stretch touched)."""
+    import zlib
+
+    from ckpt_trace.writer.checksum import crc32_function
+
+    function = crc32_function()
+    path = tmp_path / "data"
+    if not path.exists():
+        path.write_bytes(np.random.default_rng(5).integers(0, 256, 400_000, dtype=np.uint8).tobytes())
+    content = path.read_bytes()
+    cuts = [(offset, min(size, len(content) - offset), check and function is not None) for offset, size, check in cuts]
+    outputs = [np.zeros(max(size, 1), dtype=np.uint8) for _, size, _ in cuts]
+    pieces = np.array(
+        [(out.ctypes.data, offset, size, int(check), 7) for out, (offset, size, check) in zip(outputs, cuts)],
+        dtype=rings.PIECE_DTYPE,
+    )
+    window_bytes = window_pages * mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        copied, maps = rings.copy_mapped(fd, pieces, function, window_bytes=window_bytes, chunk_bytes=chunk_bytes)
+    finally:
+        os.close(fd)
+    assert copied == sum(size for _, size, _ in cuts)
+    for out, row, (offset, size, check) in zip(outputs, pieces, cuts):
+        assert out[:size].tobytes() == content[offset : offset + size]
+        assert int(row["crc"]) == (zlib.crc32(content[offset : offset + size], 7) if check else 7)
+    touched = sum(-(-size // window_bytes) for _, size, _ in cuts if size)
+    assert (maps >= 1) == (copied > 0) and maps <= touched + sum(1 for _, size, _ in cuts if size)
+
+
+def test_copy_mapped_refuses_a_wrong_array_and_says_which_mmap_failed(tmp_path):
+    """A pieces array of another dtype is refused before any C call; mmap(2) on a descriptor open for writing
+    only fails with EACCES, raised as OSError naming mmap."""
+    with pytest.raises(ValueError, match="PIECE_DTYPE"):
+        rings.copy_mapped(0, np.zeros(2, dtype=np.uint64))
+    path = tmp_path / "data"
+    path.write_bytes(b"x" * 8192)
+    out = np.zeros(10, dtype=np.uint8)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        pieces = np.array([(out.ctypes.data, 0, 10, 0, 0)], dtype=rings.PIECE_DTYPE)
+        with pytest.raises(OSError, match="mmap") as caught:
+            rings.copy_mapped(fd, pieces)
+        assert caught.value.errno == 13
     finally:
         os.close(fd)

@@ -66,7 +66,16 @@ def _load(path: Path, scratch: bool = False, warm: bool = False, **options) -> d
     finally:  # the cache was asked before any read, so a load that fails says it too
         assert not warm or reader.last_load_stats["resident_bytes"] > 0
     if warm:
-        assert reader.last_load_stats["direct_bytes"] == 0 and reader.last_load_stats["buffered_bytes"] > 0
+        from ckpt_trace import config
+
+        stats = reader.last_load_stats
+        assert stats["direct_bytes"] == 0 and stats["buffered_bytes"] > 0
+        # copied out of a mapping (``READER_MAPPED_COPY``, the default), else read by preadv(2)
+        assert (
+            (stats["mapped_bytes"] == stats["buffered_bytes"])
+            if config.READER_MAPPED_COPY
+            else (stats["mapped_bytes"] == 0)
+        )
     return target
 
 
@@ -96,11 +105,13 @@ def _flip(path: Path, item, at: int) -> Path:
 # straight into the destination by two threads (load_streams=2, the default), and either of them through a
 # scratch tensor (destinations not contiguous); the checks run on the reader's worker thread (``Verifier``);
 # and the default policy on files the page cache holds (read first: ``warm``), whose reading threads check
-# their own batches.
+# their own pieces: copied out of a mapping in C (the default), or read by preadv(2) (``mapped=False``).
 PATHS = {
     "o-direct-stream": dict(load_direct_io=True),
     "auto-warm": dict(warm=True),
     "auto-warm-scratch": dict(warm=True, scratch=True),
+    "auto-warm-preadv": dict(warm=True, mapped=False),
+    "auto-warm-preadv-scratch": dict(warm=True, scratch=True, mapped=False),
     "buffered-in-place": dict(load_direct_io=False),
     "o-direct-scratch": dict(load_direct_io=True, scratch=True),
     "buffered-scratch": dict(load_direct_io=False, scratch=True),
@@ -111,11 +122,16 @@ PATHS = {
 @pytest.mark.torch
 @pytest.mark.parametrize("read_path", list(PATHS))
 @pytest.mark.parametrize("victim", ["alpha.weight", "beta.bias", "gamma.weight", "notes.text"])
-def test_a_flipped_byte_fails_the_load_naming_the_item_and_file(tmp_path, torch_installed, read_path, victim):
+def test_a_flipped_byte_fails_the_load_naming_the_item_and_file(
+    tmp_path, torch_installed, read_path, victim, monkeypatch
+):
+    from ckpt_trace import config
+
     path = tmp_path / "ckpt"
     options = dict(PATHS[read_path])
     scratch = options.pop("scratch", False)
     warm = options.pop("warm", False)
+    monkeypatch.setattr(config, "READER_MAPPED_COPY", int(options.pop("mapped", True)))
     _save(path, **options)
     stored = _stored(path)
     assert all(item.checksum is not None and item.checksum_kind for item in stored.values())

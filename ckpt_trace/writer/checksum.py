@@ -99,6 +99,32 @@ def extend(value: int, view: memoryview, kind: str) -> int:
     return _crc32(view, value)
 
 
+_CRC32_FUNCTION: list[int | None] = []  # resolved once: [address or None]
+
+
+def crc32_function() -> int | None:
+    """The address of ISA-L's C function ``uint32_t crc32_gzip_refl(uint32_t crc, const unsigned char *buf,
+    uint64_t len)`` (CRC-32, zlib's value and chaining), which the isal package's ``isal_zlib`` extension
+    exports, for C code that checksums bytes while it copies them (``iolayer.ring.copy_mapped``); None
+    where isal is not installed, does not export it, or it does not give zlib's value on a test buffer."""
+    if not _CRC32_FUNCTION:
+        address = None
+        if _isal_zlib is not None:
+            try:
+                function = ctypes.CDLL(_isal_zlib.__file__).crc32_gzip_refl
+                function.restype, function.argtypes = (
+                    ctypes.c_uint32,
+                    [ctypes.c_uint32, ctypes.c_char_p, ctypes.c_uint64],
+                )
+                sample = bytes(range(256)) * 5
+                if function(function(0, sample[:100], 100), sample[100:], len(sample) - 100) == zlib.crc32(sample):
+                    address = ctypes.cast(function, ctypes.c_void_p).value
+            except (OSError, AttributeError):
+                address = None
+        _CRC32_FUNCTION.append(address)
+    return _CRC32_FUNCTION[0]
+
+
 def _missing_crc32c() -> NoReturn:
     from ckpt_trace.errors import CheckpointError
 

@@ -84,13 +84,37 @@ def write_metadata(tmp: Path, metadata) -> None:
         os.close(fd)
 
 
+class _MetadataUnpickler(pickle.Unpickler):
+    """The default unpickler, but a ``torch.layout`` is looked up by its name (``_layout``): torch's own
+    ``torch.serialization._get_layout`` walks the whole ``torch`` namespace the first time a process
+    unpickles one, 2.3-2.5 ms of a warm 256 MiB load in a freshly forked process (each object it touches is
+    copied on write) against 0.1 ms for the whole unpickle afterwards (measured 2026-11-29)."""
+
+    def find_class(self, module: str, name: str):
+        if module == "torch.serialization" and name == "_get_layout":
+            return _layout
+        return super().find_class(module, name)
+
+
+def _layout(name: str):
+    """The ``torch.layout`` whose ``str`` is ``name`` ("torch.strided"), as ``_get_layout`` returns it."""
+    import torch
+
+    value = getattr(torch, name.removeprefix("torch."), None)
+    if isinstance(value, torch.layout) and str(value) == name:
+        return value
+    from torch.serialization import _get_layout
+
+    return _get_layout(name)
+
+
 def read_metadata(directory: Path):
     """The committed DCP ``Metadata`` of the checkpoint in ``directory``. Raises CheckpointError when it is
     missing, corrupt, not this writer's, or of another version."""
     path = directory / METADATA_NAME
     try:
         with open(path, "rb") as handle:
-            payload = pickle.load(handle)
+            payload = _MetadataUnpickler(handle).load()
     except FileNotFoundError:
         raise CheckpointError(f"no committed checkpoint in {directory}: {METADATA_NAME} is missing") from None
     except OSError as err:

@@ -76,6 +76,8 @@ REQUEST_DTYPE = np.dtype(
     ]
 )
 _CQE_DTYPE = np.dtype([("user_data", "u8"), ("res", "i4"), ("flags", "u4")])
+#: One piece of ``copy_mapped``: ``ckr_piece`` of _ring.c (32 bytes).
+PIECE_DTYPE = np.dtype([("dst", "u8"), ("offset", "u8"), ("size_bytes", "u8"), ("check", "u4"), ("crc", "u4")])
 _SQE = struct.Struct("<BBHiQIIQQ")  # REQUEST_DTYPE, packed one by one on the request-by-request path
 assert _SQE.size == REQUEST_DTYPE.itemsize
 _KINDS = {"read": OP_READ, "write": OP_WRITE, "fsync": OP_FSYNC, "fdatasync": OP_FSYNC}
@@ -84,7 +86,7 @@ _LIBRARY = Path(__file__).with_name(ring_build.LIBRARY_NAME)  # built from _ring
 #: The interface version this module binds: ``CKR_ABI_VERSION`` of ``_ring.c``; bumped with it whenever a
 #: signature or ``ckr_req`` changes. A library reporting another version (or none: built before the
 #: check existed) is rebuilt from the source beside it, or refused (``library``).
-ABI_VERSION = 4
+ABI_VERSION = 5
 _REBUILD = (
     "reinstall ckpt-trace-runtime, or in a source tree: 'python scripts/build_ring.py' (needs cc, linux-libc-dev)"
 )
@@ -163,6 +165,7 @@ def load_library(path: Path) -> ctypes.CDLL:
     lib.ckr_load_acquire_u64.argtypes, lib.ckr_load_acquire_u64.restype = [p], ctypes.c_uint64
     lib.ckr_store_release_u64.argtypes, lib.ckr_store_release_u64.restype = [p, ctypes.c_uint64], None
     lib.ckr_fence_acquire.argtypes, lib.ckr_fence_acquire.restype = [], None
+    lib.ckr_copy_mapped.argtypes, lib.ckr_copy_mapped.restype = [i, p, sz, p, u64, u64, p], ctypes.c_long
     return lib
 
 
@@ -577,3 +580,35 @@ def open_ring(queue_depth: int, *, latency_sink: array | None = None, batch_size
         _notice_given = True
         print(f"ckpt-trace: io_uring ring unavailable ({reason}); using os.preadv/os.pwritev", file=sys.stderr)
     return PosixRing(queue_depth, latency_sink=latency_sink, batch_size=batch_size)
+
+
+def copy_mapped(
+    fd: int,
+    pieces: np.ndarray,
+    crc_function: int | None = None,
+    *,
+    window_bytes: int = 64 << 20,
+    chunk_bytes: int = 64 << 10,
+) -> tuple[int, int]:
+    """Copy pieces of file ``fd`` into memory out of a read-only shared mapping of it (``ckr_copy_mapped``,
+    GIL released): ``pieces`` is a ``PIECE_DTYPE`` array, each row ``size_bytes`` at file ``offset`` copied
+    to address ``dst`` (memory the caller keeps alive for the call) with non-temporal stores, in array
+    order; for rows with ``check`` set, ``crc`` (a running CRC-32, zlib's value; 0 to start) is extended
+    over those bytes by ``crc_function`` (the address of a C function ``uint32_t f(uint32_t crc, const
+    unsigned char *buf, uint64_t len)``: ISA-L's ``crc32_gzip_refl``), ``chunk_bytes`` at a time, each
+    chunk checksummed just before its copy, while the core's cache holds it. The file is mapped
+    ``window_bytes`` at a time. Meant for pages the page cache holds (others are read in by page faults,
+    one fault-around window at a time). Every piece must lie within the file: a page past its end raises
+    SIGBUS (mmap(2)), so check the size first. Returns (bytes copied, mmap(2) calls made); raises OSError
+    when mmap(2) fails, RingUnavailable when the library is not built, ValueError for a wrong array."""
+    if pieces.dtype != PIECE_DTYPE or not pieces.flags.c_contiguous:
+        raise ValueError("pieces must be a C-contiguous PIECE_DTYPE array")
+    if len(pieces) == 0:
+        return 0, 0
+    maps = ctypes.c_uint64(0)
+    copied = library().ckr_copy_mapped(
+        fd, pieces.ctypes.data, len(pieces), crc_function, window_bytes, chunk_bytes, ctypes.byref(maps)
+    )
+    if copied < 0:
+        raise OSError(-copied, f"mmap: {os.strerror(-copied)}")
+    return copied, maps.value
