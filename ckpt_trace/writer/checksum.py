@@ -12,7 +12,8 @@ shapes and forked loads, 7 alternated loads each, medians): 256 MiB of 4 tensors
 The writer computes it over each staging buffer's piece of an item right after the piece is copied there
 (``staging.StagedFile.put``), while those bytes are in the CPU's cache, on the data file's own checksum
 thread; the reader over the bytes that landed in the destination, on a worker thread (``Verifier``) while
-the next reads go on (a warm read checks each piece right after its read: ``load._HOT_BYTES``). The packages
+the next reads go on (a warm read checks each 64 KiB in C, through ``crc32_function``, just before copying
+it out of a mapping: ``load._read_mapped``; or each piece right after its read: ``load._HOT_BYTES``). The packages
 release the GIL on large buffers (crc32c above 32 KiB by default, measured here: a Python loop beside a
 crc32c thread ran 7.6x more iterations than with the GIL held; zlib above 5 KiB; ISA-L: a loop beside it
 ran at half its speed alone, where a held GIL would stop it), so the checksums overlap the copies, reads
