@@ -27,6 +27,8 @@ the caller's state dict, allocated and zeroed before the clock starts, as a rest
   buffered, ``ckpt_trace.writer.load``); on request, ``emitted-buffered`` (buffered reads only),
   ``emitted-direct`` (O_DIRECT whatever the cache holds) and ``emitted-nocrc`` (default options, checksums
   not verified: what verifying every item's CRC32C inside the clock costs, which no peer does);
+- ``emitted-no-dcp``: ``ckpt_trace.writer.load_state_dict`` (the same reader and options, without
+  ``dcp.load``'s planner: one read item per whole tensor, planned by the reader's module);
 - ``dcp``: ``dcp.load`` with DCP's FileSystemReader;
 - ``safetensors``: ``safetensors.torch.load_file`` per file, then ``copy_`` into the state dict;
 - ``torch.load(mmap)``: ``torch.load(mmap=True, weights_only=True)``, then ``copy_``;
@@ -121,6 +123,7 @@ LOADERS = {
     "emitted-buffered": Loader("emitted", True),
     "emitted-direct": Loader("emitted", True),
     "emitted-nocrc": Loader("emitted", True),
+    "emitted-no-dcp": Loader("emitted", True),
 }
 DEFAULT_LOADERS = [name for name in LOADERS if name not in ("emitted-buffered", "emitted-direct", "emitted-nocrc")]
 
@@ -329,6 +332,10 @@ def _load(loader: str, directory: Path, target: dict | None, options) -> tuple[d
     import torch
     import torch.distributed.checkpoint as dcp
 
+    if loader == "emitted-no-dcp":
+        from ckpt_trace.writer import load_state_dict
+
+        return target, load_state_dict(target, directory, options).last_load_stats
     if loader.startswith("emitted"):
         from ckpt_trace.writer import CheckpointReader
 
@@ -605,13 +612,23 @@ def _best_peer(cell: dict) -> dict | None:
 
 
 def _summary(cells: list[dict], runs: int) -> str:
-    """One line per cell, 78 columns: the emitted reader's median, the best bar peer's, the paired ratio."""
+    """One line per cell, 78 columns: the emitted reader's median, the best bar peer's, the paired ratio
+    (through ``dcp.load``; then, where measured, the same for ``load_state_dict``, ``emitted-no-dcp``)."""
+    lines = _summary_lines(cells, runs, "emitted", "Emitted reader (dcp.load)")
+    if any(r["loader"] == "emitted-no-dcp" for cell in cells for r in cell["rows"]):
+        lines += [""] + _summary_lines(
+            cells, runs, "emitted-no-dcp", "Emitted reader (load_state_dict, no DCP planner)"
+        )
+    return "\n".join(lines)
+
+
+def _summary_lines(cells: list[dict], runs: int, loader: str, title: str) -> list[str]:
     lines = [
-        f"Emitted reader vs the best peer, median of {runs} rounds (s; vs best: median, min-max)",
+        f"{title} vs the best peer, median of {runs} rounds (s; vs best: median, min-max)",
         f"{'shape':<11}{'cache':<6}{'emitted':>8}  {'best peer':<17}{'':>5}  {'vs best':>17}{'of fio':>8}",
     ]
     for cell in cells:
-        emitted = next((r for r in cell["rows"] if r["loader"] == "emitted"), None)
+        emitted = next((r for r in cell["rows"] if r["loader"] == loader), None)
         best = _best_peer(cell)
         vs = emitted.get("vs_best") if emitted else None
         lines.append(
@@ -622,7 +639,7 @@ def _summary(cells: list[dict], runs: int) -> str:
             + (f"  {vs['median']:>5.2f}x {vs['min']:.2f}-{vs['max']:.2f}" if vs else f"  {'-':>17}")
             + (f"{emitted['of_fio']:>8.0%}" if emitted and "of_fio" in emitted else "")
         )
-    return "\n".join(lines)
+    return lines
 
 
 def _cell_table(cell: dict) -> Table:

@@ -52,6 +52,8 @@ def test_every_loader_fills_the_state_dict_and_a_flipped_byte_is_caught(tmp_path
         out = found["clean"][name]
         assert out["wrong_count"] == 0, (name, out["wrong"])
         assert out["load_s"] > 0
+    # load_state_dict planned the plain tensors itself, without dcp.load
+    assert found["clean"]["emitted-no-dcp"]["stats"]["planner"] == "direct"
     index = json.loads((directory / "safetensors" / "model.safetensors.index.json").read_text())
     in_last = [tensor for tensor, file in index["weight_map"].items() if file == shards[-1].name]
     for name in ("safetensors", "safetensors*"):
