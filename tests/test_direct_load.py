@@ -155,3 +155,34 @@ def test_a_flipped_byte_fails_the_direct_load_naming_the_item(tmp_path, torch_in
             _drop(path)
         with pytest.raises(CheckpointError, match=f"checkpoint item w in {data}.*corrupt"):
             load_state_dict({"w": torch.zeros(1000, 300), "b": torch.zeros(77)}, path)
+
+
+@pytest.mark.parametrize("may_split", [True, False])
+def test_the_warm_copys_runs_cover_every_byte_once_in_file_order_and_balance(torch_installed, may_split):
+    """``load._balanced_runs`` (the mapped copy's threads): the runs hold every byte of every part once, in
+    file order, with addresses advanced with offsets; at most ``count`` runs; split parts make them equal to
+    a byte, whole parts leave each run within one part of its share."""
+    import random
+
+    from ckpt_trace.writer.load import _balanced_runs
+
+    rng = random.Random(3)
+    for _ in range(500):
+        sizes = [rng.choice([1, 7, 4096, 65_536, 3 << 20]) for _ in range(rng.randint(1, 14))]
+        count = rng.randint(1, 5)
+        offsets = [sum(sizes[:i]) + 64 * i for i in range(len(sizes))]  # gaps between items, as on disk
+        parts = [(i, 10**9 + offsets[i], offsets[i], size, bool(i % 2)) for i, size in enumerate(sizes)]
+        runs = _balanced_runs(parts, count, may_split)
+        assert 1 <= len(runs) <= count
+        flat = [part for run in runs for part in run]
+        covered: dict[int, int] = {}
+        for k, dst, offset, size, check in flat:
+            assert dst - offset == 10**9 and check == bool(k % 2)  # address and offset advanced together
+            assert offset == offsets[k] + covered.get(k, 0)  # each part's pieces in order, none twice
+            covered[k] = covered.get(k, 0) + size
+        assert covered == dict(enumerate(sizes)) and [p[0] for p in flat] == sorted(p[0] for p in flat)
+        loads = [sum(p[3] for p in run) for run in runs]
+        if may_split and len(runs) == min(count, sum(sizes)):
+            assert max(loads) - min(loads) <= 1, (sizes, count, loads)
+        elif not may_split:
+            assert max(loads) <= sum(sizes) / count + max(sizes), (sizes, count, loads)

@@ -275,6 +275,10 @@ pairs = [(state[k], target[k]) for k in ("f32", "bf16", "i64", "view", "scalar",
 pairs.append((state["nested"]["layer"]["w"], target["nested"]["layer"]["w"]))
 assert all(torch.equal(raw(a), raw(b)) for a, b in pairs), "tensors differ"
 assert target["nested"]["step"] == 11 and tuple(target["nested"]["betas"]) == (0.9, 0.95)
+tensors = {"f32": torch.zeros(300, 257), "nested": {"layer": {"w": torch.zeros(1000)}}}
+assert emitted_writer.load(tensors, sys.argv[1]).last_load_stats["planner"] == "direct"
+assert torch.equal(raw(tensors["f32"]), raw(state["f32"]))
+assert torch.equal(raw(tensors["nested"]["layer"]["w"]), raw(state["nested"]["layer"]["w"]))
 import ckpt_trace.writer
 heavy = sorted({name.split(".")[0] for name in sys.modules} & {"pyarrow", "typer", "rich", "matplotlib"})
 print("ok", ckpt_trace.writer.__file__, heavy)

@@ -351,6 +351,13 @@ def test_emitted_module_is_tuned_from_the_replay_and_round_trips(tmp_path, torch
     target = zeros_like_state(state)
     dcp.load(target, storage_reader=module.make_reader(tmp_path / "ckpt"))
     assert objects_equal_bitwise(state, target)
+    # the module's one-process load: DCP's path for this state (it holds objects), the direct one for tensors
+    again = zeros_like_state(state)
+    assert module.load(again, tmp_path / "ckpt").last_load_stats["planner"] == "dcp"
+    assert objects_equal_bitwise(state, again)
+    tensors = {"f32": torch.zeros_like(state["f32"]), "bf16": torch.zeros_like(state["bf16"])}
+    assert module.load(tensors, tmp_path / "ckpt").last_load_stats["planner"] == "direct"
+    assert torch.equal(tensors["f32"], state["f32"]) and torch.equal(tensors["bf16"], state["bf16"])
 
 
 @pytest.mark.slow

@@ -126,6 +126,27 @@ def crc32_function() -> int | None:
     return _CRC32_FUNCTION[0]
 
 
+_CRC32_COMBINE: list = []  # resolved once: [function or None]
+
+
+def crc32_combine_function() -> Callable[[int, int, int], int] | None:
+    """zlib's ``crc32_combine(crc1, crc2, len2)`` (the CRC-32 of A followed by B from A's, B's and B's length
+    in bytes; zlib 1.2.x+, libz.so.1) through ctypes, for an item whose bytes two threads checked in two
+    parts; None where libz cannot be loaded or does not give zlib's value on a test buffer."""
+    if not _CRC32_COMBINE:
+        combine = None
+        try:
+            function = ctypes.CDLL("libz.so.1").crc32_combine
+            function.restype, function.argtypes = ctypes.c_ulong, [ctypes.c_ulong, ctypes.c_ulong, ctypes.c_int64]
+            first, second = bytes(range(256)), bytes(range(255, -1, -1)) * 3
+            if function(zlib.crc32(first), zlib.crc32(second), len(second)) == zlib.crc32(first + second):
+                combine = function
+        except (OSError, AttributeError):
+            combine = None
+        _CRC32_COMBINE.append(combine)
+    return _CRC32_COMBINE[0]
+
+
 def _missing_crc32c() -> NoReturn:
     from ckpt_trace.errors import CheckpointError
 

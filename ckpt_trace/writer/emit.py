@@ -368,6 +368,9 @@ def render_module(
         "    from {module} import make_reader, make_writer",
         "    dcp.save(state_dict, storage_writer=make_writer('/checkpoints/step-1000'))",
         "    dcp.load(state_dict, storage_reader=make_reader('/checkpoints/step-1000'))",
+        "    # one process, whole tensors: the same reader without DCP's planner (else dcp.load itself)",
+        "    from {module} import load",
+        "    load(state_dict, '/checkpoints/step-1000')",
     ]
     for name, value in values.items():  # only numbers and flags become code
         if type(value) not in (int, bool):
@@ -376,14 +379,19 @@ def render_module(
     docstring = docstring_literal("\n".join(header).replace("{module}", module))
     return (
         f"{docstring}\n\n"
-        "from ckpt_trace.writer import CheckpointReader, CheckpointWriter, WriterOptions\n\n"
+        "from ckpt_trace.writer import CheckpointReader, CheckpointWriter, WriterOptions, load_state_dict\n\n"
         f"OPTIONS = WriterOptions(\n{args}\n)\n\n\n"
         "def make_writer(path):\n"
         '    """A torch.distributed.checkpoint StorageWriter for the checkpoint directory ``path``."""\n'
         "    return CheckpointWriter(path, OPTIONS)\n\n\n"
         "def make_reader(path):\n"
         '    """The StorageReader for checkpoints written by ``make_writer``."""\n'
-        "    return CheckpointReader(path, OPTIONS)\n"
+        "    return CheckpointReader(path, OPTIONS)\n\n\n"
+        "def load(state_dict, path):\n"
+        '    """Fill ``state_dict`` in place from a checkpoint written by ``make_writer``, in this process, without\n'
+        "    DCP's planner where its tensors allow (``ckpt_trace.writer.load_state_dict``; else ``dcp.load``).\n"
+        '    Returns the reader (``last_load_stats``)."""\n'
+        "    return load_state_dict(state_dict, path, OPTIONS)\n"
     )
 
 
