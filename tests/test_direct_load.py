@@ -186,3 +186,27 @@ def test_the_warm_copys_runs_cover_every_byte_once_in_file_order_and_balance(tor
             assert max(loads) - min(loads) <= 1, (sizes, count, loads)
         elif not may_split:
             assert max(loads) <= sum(sizes) / count + max(sizes), (sizes, count, loads)
+
+
+def test_the_mapped_copy_leaves_large_scratch_to_preadvs_batches(tmp_path, torch_installed, monkeypatch):
+    """Destinations that cannot take the bytes as stored (strided: each item lands in a scratch tensor
+    first) past ``_MAPPED_SCRATCH_BYTES`` in one file: the warm file is read by preadv(2) batches, which
+    hold one batch of scratch at a time, not by the mapped copy, which would hold them all; every byte
+    right either way."""
+    from ckpt_trace.writer import CheckpointReader, load
+
+    path = tmp_path / "ckpt"
+    generator = torch.Generator().manual_seed(5)
+    state = {f"w{i}": torch.randn(256, 300, generator=generator) for i in range(4)}
+    _save(path, state)
+    for limit, mapped in ((1 << 30, True), (300 * 1024, False)):  # one item's scratch is 300 KiB
+        monkeypatch.setattr(load, "_MAPPED_SCRATCH_BYTES", limit)
+        target = {k: torch.zeros(256, 600)[:, ::2] for k in state}
+        for file in path.iterdir():
+            file.read_bytes()
+        reader = CheckpointReader(path)
+        dcp.load(target, storage_reader=reader)
+        assert all(torch.equal(target[k], state[k]) for k in state)
+        stats = reader.last_load_stats
+        assert stats["direct_bytes"] == 0 and (stats["mapped_bytes"] > 0) == mapped
+        assert (stats["buffered_reads"] > 0) == (not mapped)

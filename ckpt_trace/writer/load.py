@@ -539,9 +539,10 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
         cache on the project's 2-core EPYC, 2 threads: 15-20 ms with the checks against 29 ms for preadv(2)
         without them and 17-23 ms for torch's ``copy_`` out of a mapping (ad hoc, medians of 9-15 loads,
         2026-11-29). Returns False, having read nothing, where it cannot be used: ``config.READER_MAPPED_COPY``
-        off, the ring library not built, or an item to check whose kind is not CRC-32 or no ISA-L to compute
-        it (the preadv(2) path then reads them). Raises CheckpointError for a corrupt item, OSError when
-        mmap(2) fails."""
+        off, the ring library not built, an item to check whose kind is not CRC-32 or no ISA-L to compute
+        it, or more than ``_MAPPED_SCRATCH_BYTES`` of items that do not fit their destination as stored (a
+        GPU tensor, a strided one: their scratch tensors would all be held at once) (the preadv(2) path then
+        reads them). Raises CheckpointError for a corrupt item, OSError when mmap(2) fails."""
         if not config.READER_MAPPED_COPY:
             return False
         checked = [
@@ -559,12 +560,15 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             return False
         landed, parts = [], []  # parts: (index into landed, dst, offset, size_bytes, check)
         for item, s, check in zip(items, stored, checked):
+            if s.size_bytes:
+                memory, target = self._landing(item, s, planner)
+                parts.append((len(landed), memory.data_ptr(), s.offset, s.size_bytes, check))
+                landed.append((item, s, memory, target))
+        if sum(s.size_bytes for _, s, _, target in landed if target is None) > _MAPPED_SCRATCH_BYTES:
+            return False  # (the scratch tensors, never touched, are freed): preadv's batches bound that memory
+        for item, s in zip(items, stored):
             if not s.size_bytes:
                 self._serve(item, s, torch.empty(0, dtype=torch.uint8), planner)
-                continue
-            memory, target = self._landing(item, s, planner)
-            parts.append((len(landed), memory.data_ptr(), s.offset, s.size_bytes, check))
-            landed.append((item, s, memory, target))
         if not parts:
             return True
         runs = _balanced_runs(parts, max(1, self.options.load_streams), crc32_combine_function() is not None)
@@ -753,6 +757,7 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
 # 256 MiB of 4 tensors warm, two sets of 5 forked loads per size: 64 KiB 47-51 ms, 256 KiB 37-38, 512 KiB
 # 36-40, 1 MiB 40-43; 2026-11-29)
 _HOT_BYTES = 512 << 10
+_MAPPED_SCRATCH_BYTES = 256 << 20  # most scratch memory the warm mapped copy holds at once (``_read_mapped``)
 _CHUNK_BYTES = 64 << 20  # one preadv(2) at most: Ctrl-C is seen between chunks; Linux caps one read below 2 GiB
 _BATCH_BYTES = 16 << 20  # consecutive small items read by one scattering preadv(2), at most this span
 _MAX_GAP_BYTES = 64 << 10  # items this far apart still share a read: the gap costs less than another call
