@@ -9,6 +9,7 @@ emitted writer and reader, safetensors, the libaio and memmap workloads.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 from collections import Counter
@@ -153,6 +154,14 @@ def test_emitted_writer_and_reader_are_covered_by_their_trace(bcc_backend, torch
     assert report.size_mismatches == ()
     for path in data_files:
         assert (tmp_path / "replayed" / str(path).lstrip("/")).stat().st_size == path.stat().st_size
+    # Cold, as the O_DIRECT writes left them (a file the page cache holds would be copied out of a mapping:
+    # page faults, not these read requests): evicted explicitly, so a cache that kept some pages cannot decide
+    for path in data_files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
     record("bcc", load, f"{out}/", *emitted, "--load")
     rows = read_trace(load).table.to_pylist()
     for path in data_files:

@@ -59,7 +59,7 @@ def test_emit_renders_quotes_backslashes_and_newlines_of_every_field_as_text(tmp
     source = output.read_text()
     tree = ast.parse(source)
     kinds = [type(node).__name__ for node in tree.body]
-    assert kinds == ["Expr", "ImportFrom", "Assign", "FunctionDef", "FunctionDef"], kinds  # nothing else runs
+    assert kinds == ["Expr", "ImportFrom", "Assign", "FunctionDef", "FunctionDef", "FunctionDef"], kinds  # nothing else
     docstring = ast.get_docstring(tree, clean=False)
     assert str(trace) in docstring and f"{PAYLOAD}={PAYLOAD}" in docstring
     spec = importlib.util.spec_from_file_location("tuned_writer", output)
