@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_trace import config
+from ckpt_trace.iolayer.ring import fused_crc_copy
 
 try:
     import torch
@@ -124,7 +125,9 @@ def test_the_policy_and_the_page_cache_choose_each_files_way(tmp_path, torch_ins
     assert cold["direct_reads"] >= 1 and hot["direct_reads"] == 0
     # warm: copied out of a mapping of the file, no read call (writer.load._read_mapped)
     assert hot["mapped_bytes"] == wanted and hot["mapped_calls"] >= 1 and hot["buffered_reads"] == 0
-    assert cold["mapped_bytes"] == cold["mapped_calls"] == 0
+    assert cold["mapped_bytes"] == cold["mapped_calls"] == 0 and cold["mapped_checks"] is None
+    # the checksums: with the copy in one pass where this CPU allows (iolayer.ring.fused_crc_copy)
+    assert hot["mapped_checks"] == ("one pass" if fused_crc_copy() else "before each copy")
     for stats in (cold, hot):
         assert stats["policy"] == "auto" and stats["cache_probe"] in ("cachestat", "nowait")
         assert stats["probes"] >= 1 and stats["probe_ns"] > 0

@@ -149,13 +149,16 @@ def test_the_bpf_ring_reader_takes_committed_records_and_publishes_its_position(
     cuts=st.lists(st.tuples(st.integers(0, 300_000), st.integers(0, 70_000), st.booleans()), min_size=1, max_size=12),
     window_pages=st.integers(1, 40),
     chunk_bytes=st.sampled_from([1, 4096, 65536, 1 << 20]),
+    shift=st.integers(0, 127),
+    fused=st.booleans(),
 )
-def test_copy_mapped_copies_each_piece_and_extends_its_crc(tmp_path, cuts, window_pages, chunk_bytes):
+def test_copy_mapped_copies_each_piece_and_extends_its_crc(tmp_path, cuts, window_pages, chunk_bytes, shift, fused):
     """``copy_mapped`` (the emitted reader's warm copy): pieces at odd offsets and sizes, overlapping or not,
-    in any order, through windows as small as one page and chunks from 1 byte up, land byte for byte as
-    Python's file object reads them; a checked piece's CRC, extended from a running value, equals zlib's
-    over the same bytes, an unchecked one is left as given; the mmap(2) calls counted cover the pieces'
-    windows (at least one per window-sized stretch touched)."""
+    in any order, through windows as small as one page and chunks from 1 byte up, to destinations at any
+    alignment, land byte for byte as Python's file object reads them; a checked piece's CRC, extended from a
+    running value, equals zlib's over the same bytes, an unchecked one is left as given, whether checksum
+    and copy run in one pass (``fused``, where ``fused_crc_copy()``) or one after the other; the mmap(2)
+    calls counted cover the pieces' windows (at least one per window-sized stretch touched)."""
     import zlib
 
     from ckpt_trace.writer.checksum import crc32_function
@@ -166,7 +169,7 @@ def test_copy_mapped_copies_each_piece_and_extends_its_crc(tmp_path, cuts, windo
         path.write_bytes(np.random.default_rng(5).integers(0, 256, 400_000, dtype=np.uint8).tobytes())
     content = path.read_bytes()
     cuts = [(offset, min(size, len(content) - offset), check and function is not None) for offset, size, check in cuts]
-    outputs = [np.zeros(max(size, 1), dtype=np.uint8) for _, size, _ in cuts]
+    outputs = [np.zeros(max(size, 1) + shift, dtype=np.uint8)[shift:] for _, size, _ in cuts]
     pieces = np.array(
         [(out.ctypes.data, offset, size, int(check), 7) for out, (offset, size, check) in zip(outputs, cuts)],
         dtype=rings.PIECE_DTYPE,
@@ -174,7 +177,9 @@ def test_copy_mapped_copies_each_piece_and_extends_its_crc(tmp_path, cuts, windo
     window_bytes = window_pages * mmap.PAGESIZE
     fd = os.open(path, os.O_RDONLY)
     try:
-        copied, maps = rings.copy_mapped(fd, pieces, function, window_bytes=window_bytes, chunk_bytes=chunk_bytes)
+        copied, maps = rings.copy_mapped(
+            fd, pieces, function, window_bytes=window_bytes, chunk_bytes=chunk_bytes, fused=fused
+        )
     finally:
         os.close(fd)
     assert copied == sum(size for _, size, _ in cuts)
@@ -183,6 +188,47 @@ def test_copy_mapped_copies_each_piece_and_extends_its_crc(tmp_path, cuts, windo
         assert int(row["crc"]) == (zlib.crc32(content[offset : offset + size], 7) if check else 7)
     touched = sum(-(-size // window_bytes) for _, size, _ in cuts if size)
     assert (maps >= 1) == (copied > 0) and maps <= touched + sum(1 for _, size, _ in cuts if size)
+
+
+def test_copy_mapped_one_pass_crc_equals_zlib_at_every_block_count_and_alignment(tmp_path):
+    """The one-pass checksum and copy (AVX-512 VPCLMULQDQ folding) against zlib's CRC-32: pieces of 256 B to
+    8 KiB in 64-byte steps plus 1 MiB and 1 MiB + 1, each to a destination 0-63 bytes past a 64-byte
+    boundary, each from a different running value, land byte for byte with zlib's CRC; the same with the
+    one pass off."""
+    import zlib
+
+    from ckpt_trace.writer.checksum import crc32_function
+
+    function = crc32_function()
+    if not rings.fused_crc_copy() or function is None:
+        pytest.skip("this CPU or build has no one-pass checksum and copy (needs AVX-512 and VPCLMULQDQ), or no ISA-L")
+    content = np.random.default_rng(11).integers(0, 256, (1 << 20) + 8192, dtype=np.uint8).tobytes()
+    path = tmp_path / "data"
+    path.write_bytes(content)
+    sizes = [*range(256, 8193, 64), 1 << 20, (1 << 20) + 1]
+    cuts = [(k * 7 % 4096, size, k % 64) for k, size in enumerate(sizes)]  # (offset, size, shift)
+    base = [np.zeros(size + 128, dtype=np.uint8) for _, size, _ in cuts]
+    outputs = [out[(-out.ctypes.data) % 64 + shift :][:size] for out, (_, size, shift) in zip(base, cuts)]
+    assert [out.ctypes.data % 64 for out in outputs] == [shift for _, _, shift in cuts]
+    seeds = [(k * 2654435761) & 0xFFFFFFFF for k in range(len(cuts))]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for fused in (True, False):
+            for out in outputs:
+                out[:] = 0
+            pieces = np.array(
+                [
+                    (out.ctypes.data, offset, size, 1, seed)
+                    for out, (offset, size, _), seed in zip(outputs, cuts, seeds)
+                ],
+                dtype=rings.PIECE_DTYPE,
+            )
+            rings.copy_mapped(fd, pieces, function, fused=fused)
+            for out, row, (offset, size, _), seed in zip(outputs, pieces, cuts, seeds):
+                assert out.tobytes() == content[offset : offset + size], (fused, size)
+                assert int(row["crc"]) == zlib.crc32(content[offset : offset + size], seed), (fused, size)
+    finally:
+        os.close(fd)
 
 
 def test_copy_mapped_refuses_a_wrong_array_and_says_which_mmap_failed(tmp_path):

@@ -43,7 +43,7 @@
 /* The version of the interface below (function signatures, ckr_req): ring.py's ABI_VERSION.
  * Overridable with -DCKR_ABI_VERSION=N only so that the test can build a mismatched library. */
 #ifndef CKR_ABI_VERSION
-#define CKR_ABI_VERSION 5
+#define CKR_ABI_VERSION 6
 #endif
 
 int ckr_abi_version(void) { return CKR_ABI_VERSION; }
@@ -621,15 +621,137 @@ static void stream_copy(uint8_t *dst, const uint8_t *src, size_t n) {
 #endif
 }
 
+/* CRC-32 (zlib's polynomial 0x04C11DB7, reflected; zlib's value and chaining) of `n` bytes at `src`, computed
+ * while they are copied to `dst` with non-temporal stores, in one pass: each 256 bytes are loaded into four
+ * 512-bit registers once, streamed out from there, and folded into four running remainders by carry-less
+ * multiplication (VPCLMULQDQ), as in Gopal et al., "Fast CRC Computation for Generic Polynomials Using
+ * PCLMULQDQ Instruction" (Intel, 2009), widened to 512 bits; then folded to one 128-bit remainder and
+ * reduced to 32 bits by Barrett reduction (the same paper). Each fold constant is x^(D+32) mod P (for the
+ * low 64 bits) and x^(D-32) mod P (high), bit-reflected and shifted left by one, D the distance folded in
+ * bits: 2048 in the loop, 512, 384, 256 and 128 in the reduction; x^64 mod P and P's Barrett quotient
+ * finish it. Needs n a multiple of 256 (n >= 256) and `dst` 64-byte aligned. Checksumming first and copying
+ * after (ISA-L's crc32_gzip_refl over each 64 KiB, then stream_copy) reads each chunk into the core's cache
+ * and then copies it from there, one after the other: 256 MiB out of a warm mapping on the project's 2-core
+ * EPYC, 2 threads, 15 runs each: 18.6-19.3 ms that way, 14.4-15.3 ms fused, 14.6-15.3 ms for the copy
+ * alone (2026-11-30). */
+#if defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 8 : defined(__GNUC__) && __GNUC__ >= 8)
+#define CKR_FUSED_CRC 1
+#define CKR_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,vpclmulqdq,pclmul,sse4.1")))
+
+CKR_AVX512 static inline __m512i fold_512(__m512i x, __m512i k, __m512i next) {
+    /* x's two 64-bit halves of each lane times the constants, xor'ed with the data D bits on (0x96: a^b^c) */
+    return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(x, k, 0x00), _mm512_clmulepi64_epi128(x, k, 0x11),
+                                     next, 0x96);
+}
+
+CKR_AVX512 static inline __m128i fold_128(__m128i x, __m128i k, __m128i next) {
+    return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11)), next);
+}
+
+CKR_AVX512 static uint32_t copy_crc32_avx512(uint8_t *dst, const uint8_t *src, size_t n, uint32_t crc) {
+    const __m512i k2048 = _mm512_broadcast_i32x4(_mm_set_epi64x(0x1322d1430, 0x11542778a));
+    const __m512i k512 = _mm512_broadcast_i32x4(_mm_set_epi64x(0x1c6e41596, 0x154442bd4));
+    __m512i a = _mm512_loadu_si512(src), b = _mm512_loadu_si512(src + 64);
+    __m512i c = _mm512_loadu_si512(src + 128), d = _mm512_loadu_si512(src + 192);
+    _mm512_stream_si512((void *)dst, a);
+    _mm512_stream_si512((void *)(dst + 64), b);
+    _mm512_stream_si512((void *)(dst + 128), c);
+    _mm512_stream_si512((void *)(dst + 192), d);
+    a = _mm512_xor_si512(a, _mm512_castsi128_si512(_mm_cvtsi32_si128((int)~crc))); /* zlib's pre-inversion */
+    for (size_t i = 256; i < n; i += 256) {
+        __m512i na = _mm512_loadu_si512(src + i), nb = _mm512_loadu_si512(src + i + 64);
+        __m512i nc = _mm512_loadu_si512(src + i + 128), nd = _mm512_loadu_si512(src + i + 192);
+        _mm512_stream_si512((void *)(dst + i), na);
+        _mm512_stream_si512((void *)(dst + i + 64), nb);
+        _mm512_stream_si512((void *)(dst + i + 128), nc);
+        _mm512_stream_si512((void *)(dst + i + 192), nd);
+        a = fold_512(a, k2048, na);
+        b = fold_512(b, k2048, nb);
+        c = fold_512(c, k2048, nc);
+        d = fold_512(d, k2048, nd);
+    }
+    _mm_sfence(); /* the streamed stores are ordered before anything the caller does next */
+    a = fold_512(a, k512, b); /* four 512-bit remainders into one, */
+    a = fold_512(a, k512, c);
+    a = fold_512(a, k512, d);
+    __m128i x = fold_128(_mm512_extracti32x4_epi32(a, 0), _mm_set_epi64x(0x174359406, 0x3db1ecdc), /* its lanes */
+                         _mm512_extracti32x4_epi32(a, 3));
+    x = fold_128(_mm512_extracti32x4_epi32(a, 1), _mm_set_epi64x(0x15a546366, 0xf1da05aa), x);
+    const __m128i k128 = _mm_set_epi64x(0x0ccaa009e, 0x1751997d0);
+    x = fold_128(_mm512_extracti32x4_epi32(a, 2), k128, x);
+    const __m128i low32 = _mm_setr_epi32(-1, 0, -1, 0);
+    x = _mm_xor_si128(_mm_srli_si128(x, 8), _mm_clmulepi64_si128(x, k128, 0x10));               /* 128 -> 96 bits */
+    x = _mm_xor_si128(_mm_srli_si128(x, 4),                                                     /* 96 -> 64 bits */
+                      _mm_clmulepi64_si128(_mm_and_si128(x, low32), _mm_set_epi64x(0, 0x163cd6124), 0x00));
+    const __m128i barrett = _mm_set_epi64x(0x1f7011641, 0x1db710641); /* the quotient (high), P (low) */
+    __m128i t = _mm_clmulepi64_si128(_mm_and_si128(x, low32), barrett, 0x10);
+    t = _mm_clmulepi64_si128(_mm_and_si128(t, low32), barrett, 0x00);
+    return ~(uint32_t)_mm_extract_epi32(_mm_xor_si128(x, t), 1); /* zlib's post-inversion */
+}
+#endif
+
+/* ckr_copy_mapped's flags: checksum with `crc` and copy after, even where one pass is possible. */
+#define CKR_COPY_NO_FUSED 1
+
+/* 1 where this build and CPU copy and checksum in one pass (copy_crc32_avx512: AVX-512F/BW/VL and
+ * VPCLMULQDQ, the registers' state enabled by the kernel; libgcc's check), else 0. */
+int ckr_fused_crc_copy(void) {
+#ifdef CKR_FUSED_CRC
+    static int supported = -1;
+    if (supported < 0) {
+        __builtin_cpu_init();
+        supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("vpclmulqdq");
+    }
+    return supported;
+#else
+    return 0;
+#endif
+}
+
+/* Copy `len` bytes to `dst` and return `crc` extended over them: in one pass (copy_crc32_avx512) for the
+ * 256-byte blocks from dst's first 64-byte boundary when `fused`, by `fn` and stream_copy for the rest. */
+static uint32_t copy_and_check(uint8_t *dst, const uint8_t *src, size_t len, uint32_t crc, ckr_crc_fn fn, int fused) {
+#ifdef CKR_FUSED_CRC
+    if (fused) {
+        size_t head = (64 - ((uintptr_t)dst & 63)) & 63;
+        if (head > len)
+            head = len;
+        size_t body = (len - head) & ~(size_t)255;
+        if (body) {
+            if (head) {
+                crc = fn(crc, src, head);
+                memcpy(dst, src, head);
+            }
+            crc = copy_crc32_avx512(dst + head, src + head, body, crc);
+            dst += head + body;
+            src += head + body;
+            len -= head + body;
+        }
+    }
+#else
+    (void)fused;
+#endif
+    if (len) {
+        crc = fn(crc, src, len);
+        stream_copy(dst, src, len);
+    }
+    return crc;
+}
+
 /* Copy `n` pieces of file `fd` into memory out of a shared read-only mapping of the file, in windows of
  * at most `window_bytes` (mapped and unmapped in turn: the page tables stay bounded), `chunk_bytes` at a
- * time: a checked piece's chunk is first checksummed by `crc` where the mapping holds it (which brings it
- * into the core's cache) and then copied from there. Pieces are handled in array order; each should lie
+ * time: a checked piece's chunk is checksummed and copied in one pass where the CPU allows
+ * (copy_and_check; not with CKR_COPY_NO_FUSED in `flags`), else first checksummed by `crc` where the mapping
+ * holds it (which brings it into the core's cache) and then copied from there; the parts the one pass
+ * cannot take (before the destination's first 64-byte boundary, the last 255 bytes or fewer of a chunk)
+ * go the second way. Pieces are handled in array order; each should lie
  * within the file (a page past its end raises SIGBUS, as with any mapping: the caller checks the size).
  * `*maps` (when not NULL) is increased by the mmap(2) calls made. Returns the bytes copied, or -errno when
  * mmap(2) fails (pieces before it are done). */
 long ckr_copy_mapped(int fd, ckr_piece *pieces, size_t n, ckr_crc_fn crc, uint64_t window_bytes,
-                     uint64_t chunk_bytes, uint64_t *maps) {
+                     uint64_t chunk_bytes, int flags, uint64_t *maps) {
+    const int fused = !(flags & CKR_COPY_NO_FUSED) && ckr_fused_crc_copy();
     const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     uint8_t *map = NULL;
     uint64_t map_start = 0, map_bytes = 0;
@@ -662,8 +784,9 @@ long ckr_copy_mapped(int fd, ckr_piece *pieces, size_t n, ckr_crc_fn crc, uint64
             }
             const uint8_t *src = map + (off - map_start);
             if (p->check && crc != NULL)
-                p->crc = crc(p->crc, src, len);
-            stream_copy(dst + done, src, len);
+                p->crc = copy_and_check(dst + done, src, len, p->crc, crc, fused);
+            else
+                stream_copy(dst + done, src, len);
             done += len;
             copied += (long)len;
         }

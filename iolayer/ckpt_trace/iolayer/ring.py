@@ -86,7 +86,7 @@ _LIBRARY = Path(__file__).with_name(ring_build.LIBRARY_NAME)  # built from _ring
 #: The interface version this module binds: ``CKR_ABI_VERSION`` of ``_ring.c``; bumped with it whenever a
 #: signature or ``ckr_req`` changes. A library reporting another version (or none: built before the
 #: check existed) is rebuilt from the source beside it, or refused (``library``).
-ABI_VERSION = 5
+ABI_VERSION = 6
 _REBUILD = (
     "reinstall ckpt-trace-runtime, or in a source tree: 'python scripts/build_ring.py' (needs cc, linux-libc-dev)"
 )
@@ -165,7 +165,8 @@ def load_library(path: Path) -> ctypes.CDLL:
     lib.ckr_load_acquire_u64.argtypes, lib.ckr_load_acquire_u64.restype = [p], ctypes.c_uint64
     lib.ckr_store_release_u64.argtypes, lib.ckr_store_release_u64.restype = [p, ctypes.c_uint64], None
     lib.ckr_fence_acquire.argtypes, lib.ckr_fence_acquire.restype = [], None
-    lib.ckr_copy_mapped.argtypes, lib.ckr_copy_mapped.restype = [i, p, sz, p, u64, u64, p], ctypes.c_long
+    lib.ckr_copy_mapped.argtypes, lib.ckr_copy_mapped.restype = [i, p, sz, p, u64, u64, i, p], ctypes.c_long
+    lib.ckr_fused_crc_copy.argtypes, lib.ckr_fused_crc_copy.restype = [], i
     return lib
 
 
@@ -589,14 +590,18 @@ def copy_mapped(
     *,
     window_bytes: int = 64 << 20,
     chunk_bytes: int = 64 << 10,
+    fused: bool = True,
 ) -> tuple[int, int]:
     """Copy pieces of file ``fd`` into memory out of a read-only shared mapping of it (``ckr_copy_mapped``,
     GIL released): ``pieces`` is a ``PIECE_DTYPE`` array, each row ``size_bytes`` at file ``offset`` copied
     to address ``dst`` (memory the caller keeps alive for the call) with non-temporal stores, in array
     order; for rows with ``check`` set, ``crc`` (a running CRC-32, zlib's value; 0 to start) is extended
     over those bytes by ``crc_function`` (the address of a C function ``uint32_t f(uint32_t crc, const
-    unsigned char *buf, uint64_t len)``: ISA-L's ``crc32_gzip_refl``), ``chunk_bytes`` at a time, each
-    chunk checksummed just before its copy, while the core's cache holds it. The file is mapped
+    unsigned char *buf, uint64_t len)``: ISA-L's ``crc32_gzip_refl``), ``chunk_bytes`` at a time. Where
+    ``fused_crc_copy()`` and ``fused``, each chunk is checksummed while it is copied, in one pass
+    (AVX-512 VPCLMULQDQ folding, the function only for the few bytes before the destination's first
+    64-byte boundary and after the chunk's last 256-byte block); else each chunk is checksummed by the
+    function just before its copy, while the core's cache holds it. The file is mapped
     ``window_bytes`` at a time. Meant for pages the page cache holds (others are read in by page faults,
     one fault-around window at a time). Every piece must lie within the file: a page past its end raises
     SIGBUS (mmap(2)), so check the size first. Returns (bytes copied, mmap(2) calls made); raises OSError
@@ -607,8 +612,22 @@ def copy_mapped(
         return 0, 0
     maps = ctypes.c_uint64(0)
     copied = library().ckr_copy_mapped(
-        fd, pieces.ctypes.data, len(pieces), crc_function, window_bytes, chunk_bytes, ctypes.byref(maps)
+        fd,
+        pieces.ctypes.data,
+        len(pieces),
+        crc_function,
+        window_bytes,
+        chunk_bytes,
+        0 if fused else 1,
+        ctypes.byref(maps),
     )
     if copied < 0:
         raise OSError(-copied, f"mmap: {os.strerror(-copied)}")
     return copied, maps.value
+
+
+def fused_crc_copy() -> bool:
+    """Whether ``copy_mapped`` checksums and copies in one pass here: the library was built with a compiler
+    that knows AVX-512 and VPCLMULQDQ, and this CPU has them (AVX-512F, BW, VL; the kernel saves their
+    registers). Raises RingUnavailable when the library is not built."""
+    return bool(library().ckr_fused_crc_copy())
