@@ -104,6 +104,9 @@ READER_WARM_SHARE = float(os.environ.get("CKPT_TRACE_READER_WARM_SHARE") or 0.9)
 # iolayer.ring.copy_mapped); 0: with preadv(2) (a file truncated by another process during a load then
 # fails the load with a one-line error rather than SIGBUS)
 READER_MAPPED_COPY = _int_env("READER_MAPPED_COPY", 1)
+# Checksum CRC-32 in the same pass as the copy where the CPU has AVX-512 and VPCLMULQDQ: the reader's warm mapped
+# copy and the writer's staging copies (iolayer.ring.fused_crc_copy); 0 checksums first and copies after
+ONE_PASS_CHECKS = _int_env("ONE_PASS_CHECKS", 1)
 # The emitted reader's cold way measured per device, kept for later processes of the same boot (writer.load);
 # "" keeps it in the measuring process only
 READER_COLD_WAYS = _str_env("READER_COLD_WAYS", os.path.join(CACHE_DIR, "reader-cold-ways.json"))

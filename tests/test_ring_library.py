@@ -231,6 +231,35 @@ def test_copy_mapped_one_pass_crc_equals_zlib_at_every_block_count_and_alignment
         os.close(fd)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.integers(0, 300_000),
+    src_shift=st.integers(0, 127),
+    dst_shift=st.integers(0, 127),
+    seed=st.integers(0, 0xFFFFFFFF),
+    fused=st.booleans(),
+)
+def test_copy_crc32_copies_and_extends_the_crc_as_zlib(size, src_shift, dst_shift, seed, fused):
+    """``copy_crc32`` (the writer's staging copies): any size, source and destination at any alignment,
+    from any running value: the destination holds the source's bytes, the bytes around it are untouched,
+    and the CRC equals zlib's, in one pass or not."""
+    import zlib
+
+    from ckpt_trace.writer.checksum import crc32_function
+
+    function = crc32_function()
+    if function is None:
+        pytest.skip("isal is not installed (no CRC-32 function to pass)")
+    source = np.random.default_rng(size).integers(0, 256, size + src_shift, dtype=np.uint8)
+    target = np.full(size + dst_shift + 64, 0xA5, dtype=np.uint8)
+    crc = rings.copy_crc32(
+        target.ctypes.data + dst_shift, source.ctypes.data + src_shift, size, seed, function, fused=fused
+    )
+    assert target[dst_shift : dst_shift + size].tobytes() == source[src_shift:].tobytes()
+    assert not (target[:dst_shift] != 0xA5).any() and not (target[dst_shift + size :] != 0xA5).any()
+    assert crc == zlib.crc32(source[src_shift:].tobytes(), seed)
+
+
 def test_copy_mapped_refuses_a_wrong_array_and_says_which_mmap_failed(tmp_path):
     """A pieces array of another dtype is refused before any C call; mmap(2) on a descriptor open for writing
     only fails with EACCES, raised as OSError naming mmap."""

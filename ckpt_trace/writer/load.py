@@ -65,7 +65,8 @@ item bytes and read calls each way (``*_bytes``, ``direct_reads`` submitted to
 the ring, ``buffered_reads`` preadv calls; of the buffered bytes, those copied
 out of a mapping, ``mapped_bytes``, and its mmap(2) calls, ``mapped_calls``; ``mapped_checks``: how
 their checksums were computed, ``one pass`` with the copy where the CPU has AVX-512 and VPCLMULQDQ,
-``before each copy`` by ISA-L elsewhere, None when none was), what the cache held
+``before each copy`` by ISA-L elsewhere or under ``CKPT_TRACE_ONE_PASS_CHECKS=0``, None when none was),
+what the cache held
 (``resident_bytes``), the probe used, and the probes' count and time
 (``probes``, ``probe_ns``); the cold way (``cold_way``: direct, buffered or
 None when nothing was cold), where it came from (``cold_way_source``:
@@ -580,8 +581,10 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             np.array([(dst, off, size, int(check), 0) for _, dst, off, size, check in run], PIECE_DTYPE) for run in runs
         ]
 
+        one_pass = bool(config.ONE_PASS_CHECKS) and fused_crc_copy()
+
         def copy(table: np.ndarray) -> tuple[int, int]:
-            return copy_mapped(fd, table, crc_function)
+            return copy_mapped(fd, table, crc_function, fused=one_pass)
 
         if len(tables) == 1:
             done = [copy(tables[0])]
@@ -599,7 +602,7 @@ class CheckpointReader(DirectoryCheckpoint, StorageReader):
             self.last_load_stats["mapped_bytes"] += sum(copied for copied, _ in done)
             self.last_load_stats["mapped_calls"] += sum(maps for _, maps in done)
             if crc_function is not None:
-                self.last_load_stats["mapped_checks"] = "one pass" if fused_crc_copy() else "before each copy"
+                self.last_load_stats["mapped_checks"] = "one pass" if one_pass else "before each copy"
         self._place(path, landed, planner, True, found)
         return True
 

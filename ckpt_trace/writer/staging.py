@@ -12,10 +12,12 @@ the earlier ones (as DCP's ``per_thread_copy_ahead`` and DataStates-LLM's
 lazy copies do). Where registering fails, copies stay synchronous.
 Call order: ``put(offset, src)`` for each item in offset order, then
 ``close()`` (last buffer zero-padded, every write reaped, fsync); ``abort()``
-on failure removes the file. With checksums, each piece's CRC is computed
-on the file's own checksum thread right after the piece is staged (in
-cache; the package releases the GIL), beside the next copies and the
-writes; a buffer is refilled only once the checksums reading it are done.
+on failure removes the file. With checksums, each piece's CRC-32 is
+computed while it is copied, in one pass, where the CPU allows
+(``one_pass_crc32``); elsewhere (and for CRC32C) on the file's own checksum
+thread right after the piece is staged (in cache; the package releases the
+GIL), beside the next copies and the writes; a buffer is then refilled only
+once the checksums reading it are done.
 
 ``StreamReader`` (one reader thread, one data file): reads a file's wanted
 byte ranges as one stream of aligned O_DIRECT reads (``layout.plan_stream``)
@@ -52,8 +54,10 @@ import torch
 from ckpt_trace import config
 from ckpt_trace.iolayer.buffers import AlignedBuffer
 from ckpt_trace.iolayer.files import open_file
-from ckpt_trace.iolayer.ring import open_ring
+from ckpt_trace.iolayer.ring import RingUnavailable, copy_crc32, fused_crc_copy, open_ring
 
+from .checksum import KIND as CHECKSUM_KIND
+from .checksum import crc32_function
 from .checksum import update as update_checksum
 from .layout import FileLayout, align_up, plan_stream
 from .options import WriterOptions
@@ -94,10 +98,33 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src)
 
 
+_ONE_PASS: list[int | None] = []  # resolved once: [ISA-L's CRC-32 function's address, or None]
+
+
+def one_pass_crc32() -> int | None:
+    """The address of ISA-L's CRC-32 function (``checksum.crc32_function``) where the staging copies can
+    checksum in the same pass as they copy (``iolayer.ring.copy_crc32``): checkpoints record CRC-32
+    (``checksum.KIND``), ISA-L is there for the bytes the one pass leaves (before the staging buffer's
+    first 64-byte boundary, after the last 256-byte block), the ring library is built, the CPU has
+    AVX-512 and VPCLMULQDQ (``iolayer.ring.fused_crc_copy``) and ``config.ONE_PASS_CHECKS`` is on; else
+    None (each piece is then checksummed after its copy, on the file's checksum thread). The pass costs
+    what the copy alone costs (256 MiB, 2 threads, on the project's 2-core EPYC: 14.4 ms against 14.6 ms
+    for the copy alone and 18.6 ms checksumming first, ``_ring.c``)."""
+    if not _ONE_PASS:
+        function = crc32_function() if CHECKSUM_KIND == "crc32" and config.ONE_PASS_CHECKS else None
+        try:
+            usable = function is not None and fused_crc_copy()
+        except RingUnavailable:
+            usable = False
+        _ONE_PASS.append(function if usable else None)
+    return _ONE_PASS[0]
+
+
 class ItemChecksum:
-    """The running ``checksum.KIND`` value of one item's staged pieces, extended in order on the file's
-    checksum thread (one thread: its queue keeps the order). ``result()`` (after ``StagedFile.close``) is
-    the value, or None where a piece was copied asynchronously from a GPU (not seen by the CPU)."""
+    """The running ``checksum.KIND`` value of one item's staged pieces, extended in order: by the staging
+    copy itself (one pass) or on the file's checksum thread (one thread: its queue keeps the order).
+    ``result()`` (after ``StagedFile.close``) is the value, or None where a piece was copied asynchronously
+    from a GPU (not seen by the CPU)."""
 
     def __init__(self) -> None:
         self.value: int | None = 0
@@ -232,13 +259,15 @@ class StagedFile:
 
     def put(self, offset: int, src: torch.Tensor, checksum: bool = False) -> ItemChecksum | None:
         """Stage ``src`` (1-D uint8, any device) at file ``offset`` (>= the previous item's end). With
-        ``checksum``, return its ``ItemChecksum``, extended by each piece right after the piece is copied
-        into a staging buffer (in cache), on the checksum thread; its ``result()`` is known after ``close()``
-        (None when a piece was copied asynchronously from a GPU). Without, None."""
+        ``checksum``, return its ``ItemChecksum``, extended by each piece: while the piece is copied into a
+        staging buffer, in one pass, where ``one_pass_crc32()`` (a contiguous CPU source), else right after
+        the copy (in cache) on the checksum thread; its ``result()`` is known after ``close()`` (None when a
+        piece was copied asynchronously from a GPU). Without, None."""
         gap = offset - (self.file_offset + self.fill)
         position, total = 0, src.numel()
         crc = ItemChecksum() if checksum else None
         on_gpu = src.is_cuda
+        one_pass = one_pass_crc32() if checksum and not on_gpu else None
         stream = self._copy_stream(src.device) if on_gpu else None
         while gap > 0 or position < total:
             if self.current is None:
@@ -262,6 +291,10 @@ class StagedFile:
                     self.copying[self.current] = (event, (*kept, src))  # src lives until its copy is done
                     if crc is not None:
                         crc.drop()
+                elif crc is not None and crc.value is not None and one_pass is not None and src.is_contiguous():
+                    # checksummed while copied, on this thread: no second pass over the staged bytes
+                    address = view.data_ptr() + self.fill
+                    crc.value = copy_crc32(address, src.data_ptr() + position, step, crc.value, one_pass)
                 else:
                     copy_bytes(view[self.fill : self.fill + step], src[position : position + step])
                     if crc is not None:

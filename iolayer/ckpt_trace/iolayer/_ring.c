@@ -739,6 +739,22 @@ static uint32_t copy_and_check(uint8_t *dst, const uint8_t *src, size_t len, uin
     return crc;
 }
 
+/* Copy `n` bytes from `src` to `dst` (not overlapping) and return `crc` (a running CRC-32, zlib's value) extended
+ * over them by `fn`: in one pass where the CPU allows (copy_and_check) unless `flags` has CKR_COPY_NO_FUSED,
+ * else checksummed first and copied after, 64 KiB at a time. The emitted writer's staging copies: the bytes
+ * it stages are checksummed without a second pass over them. */
+uint32_t ckr_copy_crc32(void *dst, const void *src, uint64_t n, uint32_t crc, ckr_crc_fn fn, int flags) {
+    const int fused = !(flags & CKR_COPY_NO_FUSED) && ckr_fused_crc_copy();
+    uint8_t *d = dst;
+    const uint8_t *s = src;
+    const uint64_t chunk = 64 << 10;
+    for (uint64_t done = 0; done < n; done += chunk) {
+        uint64_t len = n - done < chunk ? n - done : chunk;
+        crc = copy_and_check(d + done, s + done, len, crc, fn, fused);
+    }
+    return crc;
+}
+
 /* Copy `n` pieces of file `fd` into memory out of a shared read-only mapping of the file, in windows of
  * at most `window_bytes` (mapped and unmapped in turn: the page tables stay bounded), `chunk_bytes` at a
  * time: a checked piece's chunk is checksummed and copied in one pass where the CPU allows

@@ -167,6 +167,8 @@ def load_library(path: Path) -> ctypes.CDLL:
     lib.ckr_fence_acquire.argtypes, lib.ckr_fence_acquire.restype = [], None
     lib.ckr_copy_mapped.argtypes, lib.ckr_copy_mapped.restype = [i, p, sz, p, u64, u64, i, p], ctypes.c_long
     lib.ckr_fused_crc_copy.argtypes, lib.ckr_fused_crc_copy.restype = [], i
+    lib.ckr_copy_crc32.argtypes = [p, p, u64, ctypes.c_uint32, p, i]
+    lib.ckr_copy_crc32.restype = ctypes.c_uint32
     return lib
 
 
@@ -631,3 +633,14 @@ def fused_crc_copy() -> bool:
     that knows AVX-512 and VPCLMULQDQ, and this CPU has them (AVX-512F, BW, VL; the kernel saves their
     registers). Raises RingUnavailable when the library is not built."""
     return bool(library().ckr_fused_crc_copy())
+
+
+def copy_crc32(dst: int, src: int, size_bytes: int, crc: int, crc_function: int, *, fused: bool = True) -> int:
+    """Copy ``size_bytes`` from address ``src`` to address ``dst`` (memory the caller keeps alive; not
+    overlapping) and return ``crc`` (a running CRC-32, zlib's value; 0 to start) extended over those bytes:
+    in one pass where ``fused_crc_copy()`` and ``fused`` (the destination's lines are written with
+    non-temporal stores), else by ``crc_function`` (as in ``copy_mapped``) 64 KiB at a time, each just
+    before its copy (``ckr_copy_crc32``, GIL released). Raises RingUnavailable when the library is not built."""
+    if size_bytes <= 0:
+        return crc
+    return int(library().ckr_copy_crc32(dst, src, size_bytes, crc, crc_function, 0 if fused else 1))
