@@ -193,6 +193,8 @@ def workload_cmd(workload: str, out: Path, args) -> list[str]:
     cmd = [sys.executable, "-m", "ckpt_trace.cli", "workload", workload, "--out", str(out), "--model", args.model]
     if workload in ("dcp", "emitted"):
         cmd += ["--ranks", str(args.ranks)]
+    if workload == "dcp" and args.saves > 1:
+        cmd += ["--saves", str(args.saves)]
     return cmd + (["--with-optimizer"] if args.with_optimizer else [])
 
 
@@ -580,6 +582,7 @@ def run_pairs(args, workloads: list[str], backends: list[str]) -> None:
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
         "workloads": workloads,
         "with_optimizer": args.with_optimizer,
+        "saves": args.saves,
         "pairs": args.pairs,
         "loadavg_before": load_before,
         "loadavg_after": load_after,
@@ -643,6 +646,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--result-name", default="tracer_overhead_pairs", help="--pairs: the results file's name (no .json)"
     )
     parser.add_argument("--no-optimizer", dest="with_optimizer", action="store_false")
+    parser.add_argument(
+        "--saves", type=int, default=1, help="dcp: saves in a row per run (a job checkpointing N times; >= 60 s bare)"
+    )
     parser.add_argument(
         "--backend", action="append", choices=("bcc", "strace"), help="repeatable (default: both where available)"
     )

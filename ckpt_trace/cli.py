@@ -946,6 +946,13 @@ def workload(
     force: bool = typer.Option(
         False, help="Save into a non-empty --out directory (the engine may overwrite its own file names there)."
     ),
+    saves: int = typer.Option(
+        1,
+        "--saves",
+        min=1,
+        help=f"{workload_takers('saves', bare=True)}: save this many times in a row, each overwriting the last "
+        "(a job that checkpoints every few steps); the I/O time counts them all.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print what was written or read as JSON."),
 ) -> None:
     """Write (or load and check) a real checkpoint of a GPT-2-shaped model with a real engine."""
@@ -977,6 +984,7 @@ def workload(
             writer=str(writer) if writer else None,
             shards=shards,
             device=device,
+            saves=saves,
         )
     except BaseException:
         if made:  # the directory this run made, if the workload left nothing in it
@@ -990,6 +998,7 @@ def workload(
     data = {
         "engine": engine,
         "phase": "load" if load else "save",
+        "saves": 1 if load else saves,
         "out": str(path),
         "files": len(files),
         "bytes": sum(p.stat().st_size for p in files),

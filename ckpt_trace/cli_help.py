@@ -78,6 +78,7 @@ EXAMPLES = {
     "workload": [
         "ckpt-trace workload dcp --ranks 4 --model gpt2-small --with-optimizer --out /scratch/ck",
         "ckpt-trace workload dcp --out /scratch/ck --load --drop-caches",
+        "ckpt-trace workload dcp --ranks 2 --model gpt2-xl --saves 4 --out /scratch/ck  # 4 checkpoints in a row",
         "ckpt-trace workload torch-save --device cuda --model gpt2-medium --out /scratch/ts",
     ],
     "synth": [

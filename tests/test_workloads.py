@@ -54,6 +54,36 @@ def test_dcp_recording_has_every_rank_and_replays_to_identical_sizes(torch_insta
         assert (target / str(path).lstrip("/")).stat().st_size == path.stat().st_size, path.name
 
 
+def test_dcp_saves_n_times_in_a_row_and_the_trace_shows_each_commit(torch_installed, backend, tmp_path):
+    """``--saves 3``: three DCP saves by the same ranks into one directory, each overwriting the last (a job
+    that checkpoints every few steps): the recording shows three commits of ``.metadata`` and each rank's
+    data file written three times over, and the checkpoint left loads back. ``--saves`` is refused with
+    ``--load`` and by workloads that do not take it, in one line."""
+    import json
+
+    out = tmp_path / "ck"
+    trace = tmp_path / "dcp.arrow"
+    args = ["workload", "dcp", "--out", str(out), "--ranks", "2", "--model", "gpt2-tiny"]
+    record(backend, trace, f"{out}/", *CKPT_TRACE, *args, "--saves", "3")
+    rows = read_trace(trace).table.to_pylist()
+    commits = [r for r in rows if r["op"] == "rename" and r["new_path"] == f"{out}/.metadata"]
+    assert len(commits) == 3
+    data_files = sorted(p for p in out.iterdir() if p.suffix == ".distcp")
+    assert len(data_files) == 2
+    for path in data_files:
+        written = sum(r["ret"] for r in rows if r["op"] == "write" and r["path"] == str(path))
+        assert written == 3 * path.stat().st_size, path.name
+    loaded = json.loads(cli(*args[:-4], "--model", "gpt2-tiny", "--ranks", "2", "--load", "--json").stdout)
+    assert loaded["phase"] == "load" and loaded["saves"] == 1
+    for refused in (
+        [*args, "--load", "--saves", "2"],
+        ["workload", "torch-save", "--out", str(tmp_path / "ts"), "--saves", "2"],
+    ):
+        proc = cli(*refused, check=False)
+        assert proc.returncode == 2 and "--saves applies to a save of dcp only" in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+
+
 def test_torch_save_and_safetensors_are_loadable(torch_installed, tmp_path):
     import torch
     from safetensors.torch import load_file

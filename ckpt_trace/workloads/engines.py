@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -274,9 +275,12 @@ def _dcp_rank(
     writer: str | None = None,
     timings=None,
     device: str = "cpu",
+    saves: int = 1,
 ) -> None:
-    """One rank: build its state (or an empty target), then save (or load, then check); the save or load is
-    timed from a barrier before it to one after it, and rank 0 puts the seconds on ``timings``."""
+    """One rank: build its state (or an empty target), then save (``saves`` times in a row into ``out``, each
+    overwriting the one before, as a job that checkpoints every few steps keeping one) or load, then check;
+    the saves or the load are timed from a barrier before them to one after them, and rank 0 puts the seconds
+    on ``timings``."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.tensor import init_device_mesh
@@ -303,6 +307,10 @@ def _dcp_rank(
             dcp.load(state, storage_reader=reader)
         else:
             dcp.save(state, storage_writer=storage_writer)
+            with warnings.catch_warnings():  # the overwrite is meant: FileSystemWriter's own file names, ours
+                warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
+                for _ in range(saves - 1):
+                    dcp.save(state, storage_writer=_storage_writer(kind, out, writer))
         dist.barrier()
         if rank == 0 and timings is not None:
             timings.put(time.perf_counter() - started)
@@ -538,8 +546,10 @@ def run_dcp(
     load: bool = False,
     writer: str | None = None,
     device: str = "cpu",
+    saves: int = 1,
 ) -> float:
-    """Save (or ``load`` and check) with torch.distributed.checkpoint from ``ranks`` spawned gloo processes in
+    """Save (``saves`` times in a row, each overwriting the last; or ``load`` and check) with
+    torch.distributed.checkpoint from ``ranks`` spawned gloo processes in
     ``out`` (under torchrun, ``torchrun_rank``: as this one rank of the launched job, which is what
     ``ckpt-trace record -- torchrun ... -m ckpt_trace.cli workload dcp`` records on each node); ``kind`` dcp uses FileSystemWriter/Reader, emitted the emitted writer (``writer``: its module).
     Returns the seconds of the save or load itself (barrier to barrier)."""
@@ -555,7 +565,7 @@ def run_dcp(
             )
         timings = _Timings()
         try:
-            _dcp_rank(rank, world, str(out), model, with_optimizer, kind, load, writer, timings, device)
+            _dcp_rank(rank, world, str(out), model, with_optimizer, kind, load, writer, timings, device, saves)
         except WorkloadError:
             raise
         except BaseException as err:  # noqa: BLE001 - torch's own errors, as _rank_main reports them
@@ -567,7 +577,7 @@ def run_dcp(
         return timings.seconds
     timings = mp.get_context("spawn").SimpleQueue()
     try:
-        spawn_ranks(_dcp_rank, ranks, (str(out), model, with_optimizer, kind, load, writer, timings, device))
+        spawn_ranks(_dcp_rank, ranks, (str(out), model, with_optimizer, kind, load, writer, timings, device, saves))
     except WorkloadError as err:
         raise WorkloadError(f"{'load' if load else 'save'} with {kind} failed: {err}") from None
     return timings.get()
@@ -614,10 +624,11 @@ class WorkloadArgs:
     writer: str | None = None
     shards: int = 1
     device: str = "cpu"
+    saves: int = 1
 
 
 #: The engine-specific options a workload may take (``Workload.options``): ``WorkloadArgs``' fields.
-OPTIONS = ("ranks", "file_per_layer", "mmap", "writer", "shards")
+OPTIONS = ("ranks", "file_per_layer", "mmap", "writer", "shards", "saves")
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,10 @@ def _check_options(spec: Workload, args: WorkloadArgs) -> None:
         raise WorkloadError(f"--shards applies to {takers('shards')}")
     if args.ranks != 1 and "ranks" not in spec.options:
         raise WorkloadError(f"--ranks applies to {takers('ranks')}")
+    if args.saves < 1:
+        raise WorkloadError("{option} must be at least 1", option="saves")
+    if args.saves != 1 and ("saves" not in spec.options or args.load):
+        raise WorkloadError(f"{{option}} applies to a save of {takers('saves', bare=True)} only", option="saves")
 
 
 def run(
@@ -103,9 +107,10 @@ def run(
     writer: str | None = None,
     shards: int = 1,
     device: str = "cpu",
+    saves: int = 1,
 ) -> tuple[Path, float]:
     """Run a built-in workload (a save, or with ``load`` a checked load of that save); returns the checkpoint
-    directory and the seconds of the save or load itself (for DCP, barrier to barrier; for torch.load and
+    directory and the seconds of the save(s) or load itself (for DCP, barrier to barrier; for torch.load and
     load_file, until every tensor's bytes were read).
 
     Raises WorkloadError for an unknown engine or model, ranks < 1, options
@@ -114,7 +119,9 @@ def run(
     that finds a tensor different from what was saved; Interrupted on Ctrl-C.
     """
     spec = get(engine)
-    args = WorkloadArgs(Path(out), ranks, model, with_optimizer, file_per_layer, load, mmap, writer, shards, device)
+    args = WorkloadArgs(
+        Path(out), ranks, model, with_optimizer, file_per_layer, load, mmap, writer, shards, device, saves
+    )
     _check_options(spec, args)
     model_config(model)
     if writer is not None:
