@@ -258,6 +258,8 @@ def test_copy_crc32_copies_and_extends_the_crc_as_zlib(size, src_shift, dst_shif
     assert target[dst_shift : dst_shift + size].tobytes() == source[src_shift:].tobytes()
     assert not (target[:dst_shift] != 0xA5).any() and not (target[dst_shift + size :] != 0xA5).any()
     assert crc == zlib.crc32(source[src_shift:].tobytes(), seed)
+    with pytest.raises(ValueError, match="CRC-32 function"):
+        rings.copy_crc32(target.ctypes.data, source.ctypes.data, size, seed, 0)
 
 
 def test_copy_mapped_refuses_a_wrong_array_and_says_which_mmap_failed(tmp_path):

@@ -640,7 +640,11 @@ def copy_crc32(dst: int, src: int, size_bytes: int, crc: int, crc_function: int,
     overlapping) and return ``crc`` (a running CRC-32, zlib's value; 0 to start) extended over those bytes:
     in one pass where ``fused_crc_copy()`` and ``fused`` (the destination's lines are written with
     non-temporal stores), else by ``crc_function`` (as in ``copy_mapped``) 64 KiB at a time, each just
-    before its copy (``ckr_copy_crc32``, GIL released). Raises RingUnavailable when the library is not built."""
+    before its copy (``ckr_copy_crc32``, GIL released). Raises ValueError without a ``crc_function`` (the
+    one pass leaves it the bytes before ``dst``'s first 64-byte boundary and after its last 256-byte
+    block), RingUnavailable when the library is not built."""
+    if not crc_function:
+        raise ValueError("copy_crc32 needs the address of a CRC-32 function (checksum.crc32_function())")
     if size_bytes <= 0:
         return crc
     return int(library().ckr_copy_crc32(dst, src, size_bytes, crc, crc_function, 0 if fused else 1))
