@@ -96,6 +96,11 @@ its events after the exit, ``start_s`` 0.66 s), met for the command alone (1.80x
 ``true``: the whole ``record`` 1.39 s under bcc (``start_s`` 0.66 s, 506 MiB) and 0.59 s under strace
 (137 MiB). Not run: GPT-2-medium, 4 ranks, the io_uring storm, a save of >= 60 s bare.
 
+A save of >= 60 s bare (3b86ff0, 2026-11-30 00:34 UTC, load 1.4 before, 2.5 after): ``--pairs 10 --workload dcp
+--model gpt2-xl --ranks 2 --no-optimizer --saves 8 --backend bcc`` (gpt2-xl with Adam does not fit the 23 GiB
+machine; 8 saves in a row of 6.2 GB, 63.3 s bare): record 1.072 [1.003, 1.168], command 1.049 [0.982, 1.143],
+tracer CPU 6.0 %, ``start_s`` 1.0 s, ``finish_s`` 0.30 s, 540 MiB, 0 lost; the 3 % goal within noise.
+
 After read and write calls became columns (``tracer.datacalls``), at 978c386 on 2026-11-29 01:30 UTC,
 ``--pairs 10 --workload storm --workload fio-uring-4k --backend bcc`` run twice, one after the other, the
 second with ``CKPT_TRACE_RECORD_DATA_COLUMNS=0`` (one Python object per call, the path before; load 1.2-1.7):
