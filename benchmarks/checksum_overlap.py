@@ -62,6 +62,7 @@ def main() -> None:
     import ckpt_trace.writer.checksum as checksum
     import ckpt_trace.writer.load as load
     import ckpt_trace.writer.staging as staging
+    from ckpt_trace import config
     from ckpt_trace.writer import CheckpointReader, CheckpointWriter
 
     keys = ("crc_s", "save_waited_for_crc_s", "verify_s", "load_waited_for_verify_s", "staging_copy_s")
@@ -80,7 +81,7 @@ def main() -> None:
     try:
         for run in range(args.runs * (2 if one_pass_function else 1)):
             one_pass = one_pass_function is not None and run % 2 == 0
-            staging._ONE_PASS[:] = [one_pass_function if one_pass else None]
+            config.ONE_PASS_CHECKS = int(one_pass)
             spent.update(dict.fromkeys(keys, 0.0))
             out = scratch / "ckpt"
             shutil.rmtree(out, ignore_errors=True)

@@ -211,8 +211,9 @@ def test_the_save_checksums_match_an_independent_crc_of_each_item_while_buffers_
     import zlib
 
     import ckpt_trace.writer.staging as staging
+    from ckpt_trace import config
 
-    monkeypatch.setattr(staging, "_ONE_PASS", [] if one_pass else [None])
+    monkeypatch.setattr(config, "ONE_PASS_CHECKS", int(one_pass))
     if one_pass and staging.one_pass_crc32() is None:
         pytest.skip("no one-pass checksum and copy here (needs CRC-32 checkpoints, ISA-L, AVX-512 and VPCLMULQDQ)")
     real = staging.update_checksum

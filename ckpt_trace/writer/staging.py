@@ -98,26 +98,25 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src)
 
 
-_ONE_PASS: list[int | None] = []  # resolved once: [ISA-L's CRC-32 function's address, or None]
-
-
 def one_pass_crc32() -> int | None:
     """The address of ISA-L's CRC-32 function (``checksum.crc32_function``) where the staging copies can
     checksum in the same pass as they copy (``iolayer.ring.copy_crc32``): checkpoints record CRC-32
     (``checksum.KIND``), ISA-L is there for the bytes the one pass leaves (before the staging buffer's
-    first 64-byte boundary, after the last 256-byte block), the ring library is built, the CPU has
-    AVX-512 and VPCLMULQDQ (``iolayer.ring.fused_crc_copy``) and ``config.ONE_PASS_CHECKS`` is on; else
-    None (each piece is then checksummed after its copy, on the file's checksum thread). The pass costs
-    what the copy alone costs (256 MiB, 2 threads, on the project's 2-core EPYC: 14.4 ms against 14.6 ms
-    for the copy alone and 18.6 ms checksumming first, ``_ring.c``)."""
-    if not _ONE_PASS:
-        function = crc32_function() if CHECKSUM_KIND == "crc32" and config.ONE_PASS_CHECKS else None
-        try:
-            usable = function is not None and fused_crc_copy()
-        except RingUnavailable:
-            usable = False
-        _ONE_PASS.append(function if usable else None)
-    return _ONE_PASS[0]
+    first 64-byte boundary, after the last 256-byte block), the ring library loads, the CPU has AVX-512
+    and VPCLMULQDQ (``iolayer.ring.fused_crc_copy``) and ``config.ONE_PASS_CHECKS`` is on; else None
+    (each piece is then checksummed after its copy, on the file's checksum thread). Asked at each item
+    (the library's state is cached by ``iolayer.ring``). The pass costs what the copy alone costs
+    (256 MiB, 2 threads, on the project's 2-core EPYC: 14.4 ms against 14.6 ms for the copy alone and
+    18.6 ms checksumming first, ``_ring.c``)."""
+    if CHECKSUM_KIND != "crc32" or not config.ONE_PASS_CHECKS:
+        return None
+    function = crc32_function()
+    if function is None:
+        return None
+    try:
+        return function if fused_crc_copy() else None
+    except RingUnavailable:
+        return None
 
 
 class ItemChecksum:
