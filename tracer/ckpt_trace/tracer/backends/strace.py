@@ -12,7 +12,7 @@ from pathlib import Path
 from ckpt_trace import config
 
 from .. import attach as attach_mod
-from .. import leftovers, strace_backend
+from .. import costs, leftovers, strace_backend
 from . import Backend, BackendChoice
 
 #: What this backend cannot see, by capture (the trace's ``unseen``).
@@ -37,6 +37,7 @@ def run(choice: BackendChoice, cmd: list[str], env: dict, make_feeder, spool, pa
     """Run ``cmd`` under strace, then feed its log's events to a builder (``make_feeder``); rows go to
     ``spool``. Returns (builder, extra metadata, ``choice``)."""
     del path_filters  # filtered by the builder
+    costs.prewarm_in_background()  # while strace starts and the command runs
     with tempfile.TemporaryDirectory(prefix=leftovers.scratch_prefix("strace")) as scratch:
         log = Path(scratch) / "strace.log"
         start_ns = time.time_ns()
