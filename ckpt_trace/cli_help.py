@@ -173,7 +173,8 @@ def decorate(group: Any) -> Any:
             if (
                 getattr(param, "is_flag", False)
                 or getattr(param, "metavar", None)
-                or (descriptor is not None and descriptor.is_choice)
+                or (descriptor is not None and descriptor.is_choice)  # typer 0.29
+                or getattr(getattr(param, "type", None), "choices", None)  # typer 0.28: a Choice type
             ):
                 continue
             if param.name == "output":
@@ -190,5 +191,6 @@ def _plain_argument(param: Any) -> None:
     type (``<path>``, ``<list[str]>``) in the help and braces in the usage line. Set on the instance."""
     name = param.metavar or param.name.upper()
     usage = name if param.required or name.startswith(("[", "--")) else f"[{name}]"
-    param.display_type_rich = lambda ctx=None: None
+    param.display_type_rich = lambda ctx=None: None  # typer 0.29
     param._usage_display_name = lambda: usage
+    param.get_usage_pieces = lambda ctx: [usage]  # typer 0.28 (braces around a required argument)
