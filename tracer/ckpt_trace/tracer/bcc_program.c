@@ -121,13 +121,18 @@ BPF_RINGBUF_OUTPUT(aux, __AUX_PAGES__);
 // At ~100k io_uring requests a second, a wakeup per record costs the traced program more than the record.
 BPF_PERCPU_ARRAY(wake_count, u64, 1);
 
-static __always_inline u64 wake_flags(void) {
+// For `count` records sent now: one wakeup when the CPU's record count passes a multiple of __WAKE_EVERY__.
+static __always_inline u64 wake_flags_batch(u64 count) {
     u32 zero = 0;
-    u64 *count = wake_count.lookup(&zero);
-    if (!count)
+    u64 *sent = wake_count.lookup(&zero);
+    if (!sent)
         return 0;
-    *count += 1;
-    return (*count % __WAKE_EVERY__) ? BPF_RB_NO_WAKEUP : BPF_RB_FORCE_WAKEUP;
+    *sent += count;
+    return (*sent % __WAKE_EVERY__) < count ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+}
+
+static __always_inline u64 wake_flags(void) {
+    return wake_flags_batch(1);
 }
 BPF_HASH(mapped_inodes, u64, u8, 65536);
 BPF_HASH(traced, u32, u8, 65536);
@@ -377,26 +382,10 @@ struct iocb_head_t {
     s64 aio_offset;
 };
 
-// Wake flags for `count` records sent now: one wakeup when the CPU's record count passes a multiple of
-// __WAKE_EVERY__ (wake_flags, for a batch).
-static __always_inline u64 wake_flags_batch(u64 count) {
-    u32 zero = 0;
-    u64 *sent = wake_count.lookup(&zero);
-    if (!sent)
-        return 0;
-    *sent += count;
-    return (*sent % __WAKE_EVERY__) < count ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
-}
-
 // The loops below keep one path through each iteration, what failed counted in locals and added to `lost`
 // after the loop: the verifier walks a bounded loop once per iteration, and a branch per failure that ran on
 // into the next iteration made sys_exit's walk 256,000 instructions (0.18-0.24 s of every start, 2026-11-30).
-static __always_inline void aio_submitted(struct event_t *e) {
-    // the count read back from the event, not the caller's register: every path into this loop then
-    // enters it with the same unknown value, and the verifier walks it once, not once per path
-    long ret = *(volatile s64 *)&e->ret;
-    if (ret <= 0)
-        return;
+static __always_inline void aio_submitted(struct event_t *e, long ret) {
     const u64 *iocbpp = (const u64 *)e->a[2];
     u64 batch = ret > MAX_IOCBS ? MAX_IOCBS : ret;
     u64 flags = wake_flags_batch(batch);
@@ -429,12 +418,7 @@ static __always_inline void aio_submitted(struct event_t *e) {
     count_lost_at(1, dropped);
 }
 
-static __always_inline void aio_reaped(struct event_t *e) {
-    // the count read back from the event, not the caller's register: every path into this loop then
-    // enters it with the same unknown value, and the verifier walks it once, not once per path
-    long ret = *(volatile s64 *)&e->ret;
-    if (ret <= 0)
-        return;
+static __always_inline void aio_reaped(struct event_t *e, long ret) {
     const u64 *events = (const u64 *)e->a[3];
     u64 batch = ret > MAX_IOCBS ? MAX_IOCBS : ret;
     u64 flags = wake_flags_batch(batch);
@@ -491,7 +475,7 @@ static __always_inline void exit_special(struct event_t *e, long ret) {
     s32 nr = e->nr;
 #ifdef __NR_io_submit
     if (nr == IDX_io_submit && ret > 0) {
-        aio_submitted(e);
+        aio_submitted(e, ret);
         return;
     }
 #endif
@@ -505,7 +489,7 @@ static __always_inline void exit_special(struct event_t *e, long ret) {
     reaps |= nr == IDX_io_pgetevents;
 #endif
     if (reaps && ret > 0) {
-        aio_reaped(e);
+        aio_reaped(e, ret);
         return;
     }
 #endif

@@ -1527,12 +1527,9 @@ class TraceBuilder:
             interface=v.MMAP,
         )
 
-    def _overlapping(self, proc: Process, address: int, length: int) -> list[Mapping]:
-        return proc.mappings.overlapping(address, length)
-
     def _on_munmap(self, proc: Process, ev: SyscallEvent) -> None:
         address, length = int(ev.args.get("addr", 0)), int(ev.args.get("length", 0))
-        for mapping in self._overlapping(proc, address, length):
+        for mapping in proc.mappings.overlapping(address, length):
             start, end = max(address, mapping.address), min(address + length, mapping.address + mapping.length)
             self._mapping_row(proc, ev, "munmap", mapping, start, end - start)
             if ev.ret != 0:
@@ -1568,7 +1565,7 @@ class TraceBuilder:
     def _on_msync_madvise(self, proc: Process, ev: SyscallEvent) -> None:
         address, length = int(ev.args.get("addr", 0)), int(ev.args.get("length", 0))
         op = _row_op(ev.name)
-        for mapping in self._overlapping(proc, address, length):
+        for mapping in proc.mappings.overlapping(address, length):
             start, end = max(address, mapping.address), min(address + length, mapping.address + mapping.length)
             self._mapping_row(
                 proc, ev, op, mapping, start, end - start, flags=int(ev.args.get("flags", ev.args.get("advice", 0)))
