@@ -25,6 +25,26 @@ ODD = GOLDEN / "v1-odd-pattern-strace.arrow"  # the odd-pattern workload, record
 _SYSTEM_TMP = tempfile.gettempdir()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _earlier_runs_pruned(tmp_path_factory, pytestconfig):
+    """Remove pytest's numbered base directories of runs before the previous one now, at this run's start:
+    pytest removes them only at the end (its ``tmp_path_retention_count``, 1 here), so a run started
+    beside three old ones, about 10 GB each before the retention policy was "failed", could fill the disk
+    midway. Only ``pytest-of-USER/pytest-N`` directories, older than this run's by more than the count,
+    and with no ``.lock`` (a live session's) are removed; a ``--basetemp`` run removes nothing."""
+    base = tmp_path_factory.getbasetemp()
+    keep = int(pytestconfig.getini("tmp_path_retention_count"))
+    if not (base.parent.name.startswith("pytest-of-") and base.name.startswith("pytest-")):
+        return
+    number = base.name.removeprefix("pytest-")
+    if not number.isdigit():
+        return
+    for old in base.parent.glob("pytest-*"):
+        suffix = old.name.removeprefix("pytest-")
+        if suffix.isdigit() and int(suffix) < int(number) - keep and not (old / ".lock").exists():
+            shutil.rmtree(old, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _own_tmpdir(monkeypatch, tmp_path_factory):
     """Each test its own $TMPDIR: the scratch a killed recording leaves there (strace logs, GPU subscriber
