@@ -611,7 +611,8 @@ def _register_column(values: np.ndarray, conversion: int) -> list[int]:
 
 
 _DATA_NRS = np.array([_NAMES.index(name) for name in datacalls.CALLS])
-_DATA_CODE = np.full(len(_NAMES), -1, dtype=np.int64)  # syscall nr -> index into datacalls.CALLS
+# syscall nr -> index into datacalls.CALLS (-1: not one of them); its last entry stands for every larger nr
+_DATA_CODE = np.full(len(_NAMES) + 1, -1, dtype=np.int64)
 _DATA_CODE[_DATA_NRS] = np.arange(len(_DATA_NRS))
 
 
@@ -1106,12 +1107,16 @@ def feed_group(rec: BccRecording, held: Group, ranks: dict[int, int | None], kee
                 feeder.add_split(decode_aux(part[~requests]), [(decode_ring_requests(part[requests]), requests)])
             continue
         parts: list[tuple[Any, np.ndarray]] = []
+        nrs = part["nr"]
         if config.RECORD_DATA_COLUMNS:  # read/write calls stay columns (tracer.datacalls)
-            is_call = np.isin(part["nr"], _DATA_NRS)
-            if is_call.any():
+            # a table lookup, not np.isin (a pass per call number); a storm's chunk is all calls: no copy
+            is_call = _DATA_CODE[np.minimum(nrs, len(_DATA_CODE) - 1)] >= 0
+            if is_call.all():
+                parts.append((decode_data_calls(part), is_call))
+            elif is_call.any():
                 parts.append((decode_data_calls(part[is_call]), is_call))
         if config.RECORD_RING_COLUMNS:  # so do io_uring_enter calls, beside their requests (tracer.ringcalls)
-            is_enter = part["nr"] == _ENTER_NR
+            is_enter = nrs == _ENTER_NR
             if is_enter.any():
                 parts.append((decode_ring_enters(part[is_enter]), is_enter))
         if not parts:

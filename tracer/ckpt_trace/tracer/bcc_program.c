@@ -904,7 +904,14 @@ RAW_TRACEPOINT_PROBE(page_fault_user) {  // (unsigned long address, struct pt_re
         return 0;
     u32 tid = (u32)bpf_get_current_pid_tgid();
     u64 address = ctx->args[0];
-    fault_address.update(&tid, &address);
+    // The thread's slot, written in place once it exists: an update of a preallocated hash takes a free
+    // element, locks the bucket and frees the old one, 250 ns a fault against about 100 here (bpf_stats,
+    // a 2-rank DCP save: 1.1 M faults). Only this thread writes its slot.
+    u64 *slot = fault_address.lookup(&tid);
+    if (slot)
+        *slot = address;
+    else
+        fault_address.update(&tid, &address);
     return 0;
 }
 

@@ -309,7 +309,7 @@ def _append(builder, calls, rows, procs, tid_of_row, descs, row_desc, offset, of
     t = tid_of_row[rows]
     vectored = _IS_VECTORED[call]
     comm = calls.comm[rows]
-    empty = np.array([not c for c in comm.tolist()], dtype=bool)
+    empty = comm == ""
     if empty.any():
         comm = comm.copy()
         comm[empty] = np.array([p.comm for p in procs], dtype=object)[t[empty]]
@@ -320,7 +320,7 @@ def _append(builder, calls, rows, procs, tid_of_row, descs, row_desc, offset, of
         "dur_ns": _ints(np.maximum(calls.dur_ns[rows], 0), pa.int64()),
         "pid": _ints(np.array([p.tgid for p in procs], dtype=np.int64)[t], pa.int32()),
         "tid": _ints(calls.tid[rows], pa.int32()),
-        "comm": pa.array(comm, pa.string()).dictionary_encode(),  # first appearance order, as from a list
+        "comm": _strings_encoded(comm),
         "rank": _ints(np.array([p.rank for p in procs], dtype=np.int64)[t], pa.int32()),
         "syscall": _encoded(call, list(CALLS)),
         "op": _encoded(_IS_WRITE[call].astype(np.int64), ["read", "write"]),
@@ -333,8 +333,39 @@ def _append(builder, calls, rows, procs, tid_of_row, descs, row_desc, offset, of
         "iov_count": _ints(calls.iov_count[rows], pa.int32(), vectored),
         "interface": _encoded(np.zeros(count, dtype=np.int64), [v.SYSCALL]),
     }
-    arrays = [columns[f.name] if f.name in columns else pa.nulls(count, f.type) for f in SCHEMA]
+    arrays = [columns[f.name] if f.name in columns else _nulls(count, f.type) for f in SCHEMA]
     builder.add_block(pa.Table.from_arrays(arrays, schema=SCHEMA))
+
+
+def _strings_encoded(values: np.ndarray, most: int = 16) -> pa.DictionaryArray:
+    """``values`` (an object array of str) as a dictionary array, its dictionary in order of first appearance,
+    equal to ``pa.array(list(values)).dictionary_encode()``. A chunk's command names are a few distinct
+    values: one vectorised compare per value (the next first appearance is the first value not yet coded),
+    with no Python object per row; past ``most`` distinct values, pyarrow's conversion of the list. (From a
+    numpy object array pyarrow converts about 20x slower than from a list: 11 ms against 0.6 ms for 20,000
+    strings, measured here on pyarrow 26.)"""
+    codes = np.zeros(len(values), dtype=np.int32)
+    distinct: list[str] = []
+    left, rest = np.arange(len(values)), values
+    while len(left):
+        if len(distinct) == most:
+            return pa.array(values.tolist(), pa.string()).dictionary_encode()
+        same = rest == rest[0]
+        codes[left[same]] = len(distinct)
+        distinct.append(rest[0])
+        left, rest = left[~same], rest[~same]
+    return pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(distinct, pa.string()))
+
+
+_NULLS: dict[pa.DataType, pa.Array] = {}
+
+
+def _nulls(count: int, kind: pa.DataType) -> pa.Array:
+    """``count`` nulls of ``kind``: a slice of one array kept per type (no allocation per chunk)."""
+    held = _NULLS.get(kind)
+    if held is None or len(held) < count:
+        held = _NULLS[kind] = pa.nulls(max(count, 1 << 16), kind)
+    return held.slice(0, count)
 
 
 def _hold(builder, calls: DataCalls, procs, descs, offset, offset_known, explicit) -> None:

@@ -43,6 +43,19 @@ _SEQ = "__emitted"  # a run's extra column: the row's number in emission order
 _MERGE_ROWS = 8192
 
 
+def _by_start(table: pa.Table) -> pa.Table:
+    """``table`` sorted by (``ts_ns``, emission order), its dictionaries unified: not taken where it already is
+    (rows are handed over in about effect order, often in start order too), else taken in the order of a stable sort of
+    ``ts_ns`` (equal to sorting by (``ts_ns``, ``_SEQ``), whose values increase down the table)."""
+    column = table.column("ts_ns")
+    if column.null_count:  # not a trace's rows (ts_ns is required): pyarrow's order, nulls last
+        return table.sort_by([("ts_ns", "ascending"), (_SEQ, "ascending")])
+    starts = column.to_numpy()
+    if (starts[1:] >= starts[:-1]).all():
+        return table.unify_dictionaries()  # as take leaves them: an IPC file holds one dictionary per column
+    return table.take(pa.array(np.argsort(starts, kind="stable")))
+
+
 class RowSpool:
     """The rows of one recording (see the module docstring). ``paths`` is every distinct path seen,
     ``written`` those of write rows, ``renames`` the rename rows' (path, new_path) and ``counts`` what
@@ -91,7 +104,7 @@ class RowSpool:
         self.counts["mapped_pages"] += int(pc.sum(pc.equal(op, "mmap")).as_py() or 0)
         table = table.append_column(_SEQ, pa.array(np.arange(self.rows, self.rows + count, dtype=np.int64)))
         self.rows += count
-        self._parts.append(table.sort_by([("ts_ns", "ascending"), (_SEQ, "ascending")]))
+        self._parts.append(_by_start(table))
         if len(self._parts) > 1 or self._runs:
             for part in self._parts:
                 self._spill(part)
