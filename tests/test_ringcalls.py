@@ -77,6 +77,89 @@ def test_recorded_streams_give_the_same_trace_with_io_uring_as_columns(
     }
 
 
+@pytest.mark.parametrize("stream", [STREAM, URING_STREAM], ids=["golden", "fio-uring"])
+@pytest.mark.parametrize("columns", [0, 1], ids=["events", "columns"])
+def test_rings_slices_fed_as_one_run_give_the_trace_fed_slice_by_slice_gives(tmp_path, monkeypatch, stream, columns):
+    """The rings' slices of a group fed as runs that mix rings (``bcc_backend._runs``: each ring's records of a
+    run decoded at once, one call to the feeder) and fed one record at a time (``RECORD_DECODE_EVENTS`` 1: a
+    run is one slice of one ring, as before runs mixed rings): equal tables and metadata, and runs did mix
+    the rings."""
+    from ckpt_trace.tracer import bcc_backend
+
+    monkeypatch.setattr(config, "RECORD_DATA_COLUMNS", columns)
+    monkeypatch.setattr(config, "RECORD_RING_COLUMNS", columns)
+    polls, meta = raw_stream(stream)
+    monkeypatch.setattr(config, "RECORD_DECODE_EVENTS", 1)
+    one = read_trace(record_stream(tmp_path, "one", polls, meta, limit_bytes=None))
+    mixed: list[int] = []
+    real = bcc_backend._feed_run
+    monkeypatch.setattr(
+        bcc_backend,
+        "_feed_run",
+        lambda feeder, run, ranks: (mixed.append(len({name for name, _ in run})), real(feeder, run, ranks)),
+    )
+    monkeypatch.setattr(config, "RECORD_DECODE_EVENTS", 4096)
+    runs = read_trace(record_stream(tmp_path, "runs", polls, meta, limit_bytes=None))
+    assert max(mixed) >= 2  # runs held the slices of several rings
+    assert runs.table.num_rows == one.table.num_rows == meta["rows"]
+    assert runs.table.equals(one.table)
+    held = {"spilled_runs"}
+    assert {k: x for k, x in runs.metadata.items() if k not in held} == {
+        k: x for k, x in one.metadata.items() if k not in held
+    }
+
+
+class _ArrivalOrder:
+    """A feeder that keeps what it was given, place by place in arrival order: ("event", name or kind, ts_ns,
+    tid) or ("calls", kind, ts_ns, tid)."""
+
+    def __init__(self) -> None:
+        self.places: list[tuple] = []
+
+    def add(self, events) -> None:
+        self.places += [("event", getattr(e, "name", None) or e.kind, e.ts_ns, e.tid) for e in events]
+
+    def add_split(self, events, parts) -> None:
+        places: list = [None] * len(parts[0][1])
+        taken = np.zeros(len(places), dtype=bool)
+        for calls, mask in parts:
+            for place, ts, tid in zip(np.flatnonzero(mask).tolist(), calls.ts_ns.tolist(), calls.tid.tolist()):
+                places[place] = ("calls", type(calls).__name__, ts, tid)
+            taken |= mask
+        for place, e in zip(np.flatnonzero(~taken).tolist(), events):
+            places[place] = ("event", getattr(e, "name", None) or e.kind, e.ts_ns, e.tid)
+        assert None not in places
+        self.places += places
+
+
+@pytest.mark.parametrize("step", [64, 4096])
+def test_a_run_of_several_rings_slices_arrives_in_the_order_of_its_slices(monkeypatch, step):
+    """Every record of a group reaches the feeder at the place it has when the rings' slices are fed one after
+    the other (``_runs`` patched to one slice a run), calls as columns and the other records as events alike,
+    though runs mix the rings (each ring's records of a run decoded at once)."""
+    from ckpt_trace.tracer import bcc_backend
+
+    monkeypatch.setattr(config, "RECORD_DECODE_EVENTS", step)
+    polls, meta = raw_stream(URING_STREAM)
+    group = {ring: [c for poll in polls for c in poll.get(ring, [])] for ring in bcc_backend.RINGS}
+    ranks = {int(pid): rank for pid, rank in meta["ranks"].items()}
+    whole = _ArrivalOrder()
+    mixed = []
+    real = bcc_backend._feed_run
+    monkeypatch.setattr(
+        bcc_backend,
+        "_feed_run",
+        lambda feeder, run, ranks: (mixed.append(len({name for name, _ in run})), real(feeder, run, ranks)),
+    )
+    bcc_backend.feed_group(bcc_backend.BccRecording(feeder=whole), group, ranks)  # type: ignore[arg-type]
+    assert max(mixed) >= 2
+    one_by_one = _ArrivalOrder()
+    monkeypatch.setattr(bcc_backend, "_runs", lambda slices, step: ([(name, part)] for _, _, name, part in slices))
+    bcc_backend.feed_group(bcc_backend.BccRecording(feeder=one_by_one), group, ranks)  # type: ignore[arg-type]
+    assert len(whole.places) >= 1000
+    assert whole.places == one_by_one.places
+
+
 # -- generated event streams ----------------------------------------------------------------------------------
 
 PATHS = ("/ckpt/a", "/ckpt/b", "/tmp/c")

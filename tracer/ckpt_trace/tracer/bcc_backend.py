@@ -1046,20 +1046,22 @@ class _Rings:
             self.spill.close()
 
 
-def _joined(slices: list, step: int) -> Iterator[tuple[str, np.ndarray]]:
-    """(ring, records) of ``slices`` (sorted by first time), next slices of one ring joined up to ``step``
-    records: no other ring's slice starts between them, so the feeder sees the same order, and each decode
-    has a fixed cost (a poll's chunk of a storm is a few hundred records)."""
-    run_name, run, held = "", [], 0
+def _runs(slices: list, step: int) -> Iterator[list[tuple[str, np.ndarray]]]:
+    """Runs of ``slices`` (sorted by first time) as [(ring, records), ...], in that order, each run at most
+    ``step`` records (or one slice): fed as one chunk, so each ring's records of a run are decoded at once
+    and the feeder takes one call, however the rings' slices alternate (an io_uring storm's calls and
+    requests alternate every few hundred records: a decode and a feeding per slice cost more than the
+    records did)."""
+    run: list[tuple[str, np.ndarray]] = []
+    held = 0
     for _, _, name, part in slices:
-        if run and (name != run_name or held + len(part) > step):
-            yield run_name, _concat_records(run)
+        if run and held + len(part) > step:
+            yield run
             run, held = [], 0
-        run_name = name
-        run.append(part)
+        run.append((name, part))
         held += len(part)
     if run:
-        yield run_name, _concat_records(run)
+        yield run
 
 
 def _concat_records(parts: list[np.ndarray]) -> np.ndarray:
@@ -1071,9 +1073,9 @@ def _concat_records(parts: list[np.ndarray]) -> np.ndarray:
 
 
 def feed_group(rec: BccRecording, held: Group, ranks: dict[int, int | None], keep=None) -> None:
-    """Decode one group of raw records (ring name -> chunks) and feed ``rec.feeder``, a slice of
-    ``config.RECORD_DECODE_EVENTS`` at a time, the rings' slices in the order of their first records' times
-    (each ring is in about the order calls ended); ``keep(records)`` masks the records to decode; ``ranks``
+    """Decode one group of raw records (ring name -> chunks) and feed ``rec.feeder``, a run of slices of
+    at most ``config.RECORD_DECODE_EVENTS`` records at a time (``_runs``), the rings' slices in the order of
+    their first records' times (each ring is in about the order calls ended); ``keep(records)`` masks the records to decode; ``ranks``
     as ``decode_events`` takes them. Counts truncated paths into ``rec``."""
     feeder = rec.feeder
     if feeder is None:
@@ -1098,32 +1100,76 @@ def feed_group(rec: BccRecording, held: Group, ranks: dict[int, int | None], kee
             for start in range(0, len(records), step):
                 part = records[start : start + step]
                 slices.append((int(part["ts_ns"][0]), len(slices), name, part))
-    for name, part in _joined(sorted(slices, key=lambda item: item[:2]), step):
-        if name == "aux":
-            requests = part["kind"] == AUX_URING_REQ if config.RECORD_RING_COLUMNS else None
-            if requests is None or not requests.any():
-                feeder.add(decode_aux(part))
-            else:  # io_uring requests stay columns (tracer.ringcalls)
-                feeder.add_split(decode_aux(part[~requests]), [(decode_ring_requests(part[requests]), requests)])
-            continue
-        parts: list[tuple[Any, np.ndarray]] = []
-        nrs = part["nr"]
-        if config.RECORD_DATA_COLUMNS:  # read/write calls stay columns (tracer.datacalls)
-            # a table lookup, not np.isin (a pass per call number); a storm's chunk is all calls: no copy
-            is_call = _DATA_CODE[np.minimum(nrs, len(_DATA_CODE) - 1)] >= 0
-            if is_call.all():
-                parts.append((decode_data_calls(part), is_call))
-            elif is_call.any():
-                parts.append((decode_data_calls(part[is_call]), is_call))
-        if config.RECORD_RING_COLUMNS:  # so do io_uring_enter calls, beside their requests (tracer.ringcalls)
-            is_enter = nrs == _ENTER_NR
-            if is_enter.any():
-                parts.append((decode_ring_enters(part[is_enter]), is_enter))
-        if not parts:
-            feeder.add(decode_events(part, ranks))
-            continue
-        taken = parts[0][1] if len(parts) == 1 else parts[0][1] | parts[1][1]
-        feeder.add_split(decode_events(part[~taken], ranks), parts)
+    for run in _runs(sorted(slices, key=lambda item: item[:2]), step):
+        _feed_run(feeder, run, ranks)
+
+
+def _decoded(name: str, part: np.ndarray, ranks: dict[int, int | None]) -> tuple[list, list[tuple[Any, np.ndarray]]]:
+    """(events, [(calls, mask), ...]) of one ring's records ``part``, as ``EffectOrderFeeder.add_split`` takes
+    them: the calls kept as columns, each with its mask over ``part``, the other records as events in order."""
+    if name == "aux":
+        requests = part["kind"] == AUX_URING_REQ if config.RECORD_RING_COLUMNS else None
+        if requests is None or not requests.any():
+            return decode_aux(part), []
+        return decode_aux(part[~requests]), [(decode_ring_requests(part[requests]), requests)]  # tracer.ringcalls
+    parts: list[tuple[Any, np.ndarray]] = []
+    nrs = part["nr"]
+    if config.RECORD_DATA_COLUMNS:  # read/write calls stay columns (tracer.datacalls)
+        # a table lookup, not np.isin (a pass per call number); a storm's chunk is all calls: no copy
+        is_call = _DATA_CODE[np.minimum(nrs, len(_DATA_CODE) - 1)] >= 0
+        if is_call.all():
+            parts.append((decode_data_calls(part), is_call))
+        elif is_call.any():
+            parts.append((decode_data_calls(part[is_call]), is_call))
+    if config.RECORD_RING_COLUMNS:  # so do io_uring_enter calls, beside their requests (tracer.ringcalls)
+        is_enter = nrs == _ENTER_NR
+        if is_enter.any():
+            parts.append((decode_ring_enters(part[is_enter]), is_enter))
+    if not parts:
+        return decode_events(part, ranks), []
+    taken = parts[0][1] if len(parts) == 1 else parts[0][1] | parts[1][1]
+    return decode_events(part[~taken], ranks), parts
+
+
+def _feed_run(feeder: EffectOrderFeeder, run: list[tuple[str, np.ndarray]], ranks: dict[int, int | None]) -> None:
+    """Feed one run of slices (``_runs``) as one chunk in the slices' order: each ring's slices joined and
+    decoded once; its calls' masks and its events placed at the ring's places in the run (the same arrival
+    order as feeding the slices one after the other)."""
+    places: dict[str, list[np.ndarray]] = {}
+    joined: dict[str, list[np.ndarray]] = {}
+    at = 0
+    for name, part in run:
+        places.setdefault(name, []).append(np.arange(at, at + len(part)))
+        joined.setdefault(name, []).append(part)
+        at += len(part)
+    if len(joined) == 1:  # one ring: its places are the run's
+        name, parts = next(iter(joined.items()))
+        events, calls = _decoded(name, _concat_records(parts), ranks)
+        if calls:
+            feeder.add_split(events, calls)
+        else:
+            feeder.add(events)
+        return
+    all_events: list = []
+    event_places: list[np.ndarray] = []
+    all_calls: list[tuple[Any, np.ndarray]] = []
+    for name, parts in joined.items():
+        where = np.concatenate(places[name])
+        events, calls = _decoded(name, _concat_records(parts), ranks)
+        taken = np.zeros(len(where), dtype=bool)
+        for columns, mask in calls:
+            spread = np.zeros(at, dtype=bool)
+            spread[where[mask]] = True
+            all_calls.append((columns, spread))
+            taken |= mask
+        all_events += events
+        event_places.append(where[~taken])
+    order = np.argsort(np.concatenate(event_places), kind="stable").tolist()
+    all_events = [all_events[i] for i in order]
+    if all_calls:
+        feeder.add_split(all_events, all_calls)
+    else:
+        feeder.add(all_events)
 
 
 @dataclass
