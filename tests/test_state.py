@@ -329,3 +329,20 @@ def test_mappings_find_what_a_pass_over_a_list_finds(steps, address, length, lon
     for ino in range(4):
         assert [id(m) for m in held.of_inode(ino)] == [id(m) for m in plain if m.ino == ino]
     assert [id(m) for m in held] == [id(m) for m in plain] and len(held) == len(plain)
+
+
+def test_a_moved_mapping_keeps_its_place_in_the_order_of_addition():
+    """``Mappings.move`` (mremap) refiles a mapping at its new range and keeps it where a list whose item
+    changed would: before the mappings added after it, at the new address and no longer at the old one."""
+    from ckpt_trace.tracer.state import Mapping, Mappings
+
+    first, second, third = (Mapping(a, 4096, f"/f{a}", 0, 1, 1, a, 0) for a in (0x1000, 0x3000, 0x5000))
+    held = Mappings()
+    for mapping in (first, second, third):
+        held.append(mapping)
+    held.move(first, 0x9000, 8192)
+    assert (first.address, first.length) == (0x9000, 8192)
+    assert list(held) == [first, second, third]
+    assert held.overlapping(0, 1 << 20) == [first, second, third]
+    assert held.starting_at(0x9000) is first and held.starting_at(0x1000) is None
+    assert held.overlapping(0x1000, 4096) == []

@@ -1075,8 +1075,8 @@ def _concat_records(parts: list[np.ndarray]) -> np.ndarray:
 def feed_group(rec: BccRecording, held: Group, ranks: dict[int, int | None], keep=None) -> None:
     """Decode one group of raw records (ring name -> chunks) and feed ``rec.feeder``, a run of slices of
     at most ``config.RECORD_DECODE_EVENTS`` records at a time (``_runs``), the rings' slices in the order of
-    their first records' times (each ring is in about the order calls ended); ``keep(records)`` masks the records to decode; ``ranks``
-    as ``decode_events`` takes them. Counts truncated paths into ``rec``."""
+    their first records' times (each ring is in about the order calls ended); ``keep(records)`` masks the
+    records to decode; ``ranks`` as ``decode_events`` takes them. Counts truncated paths into ``rec``."""
     feeder = rec.feeder
     if feeder is None:
         raise TracerError("the bcc recording has no event feeder")

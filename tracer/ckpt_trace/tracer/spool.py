@@ -44,9 +44,10 @@ _MERGE_ROWS = 8192
 
 
 def _by_start(table: pa.Table) -> pa.Table:
-    """``table`` sorted by (``ts_ns``, emission order), its dictionaries unified: not taken where it already is
-    (rows are handed over in about effect order, often in start order too), else taken in the order of a stable sort of
-    ``ts_ns`` (equal to sorting by (``ts_ns``, ``_SEQ``), whose values increase down the table)."""
+    """``table`` sorted by (``ts_ns``, emission order), its dictionaries unified: not taken where it already
+    is (rows are handed over in about effect order, often in start order too), else taken in the order of a
+    stable sort of ``ts_ns`` (equal to sorting by (``ts_ns``, ``_SEQ``), whose values increase down the
+    table)."""
     column = table.column("ts_ns")
     if column.null_count:  # not a trace's rows (ts_ns is required): pyarrow's order, nulls last
         return table.sort_by([("ts_ns", "ascending"), (_SEQ, "ascending")])

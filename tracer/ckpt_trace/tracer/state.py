@@ -179,13 +179,7 @@ class Mappings:
         return sorted(mappings, key=lambda m: self._seq[id(m)]) if len(mappings) > 1 else mappings
 
     def append(self, mapping: Mapping) -> None:
-        if mapping.length > self._long_bytes:
-            self._long.append(mapping)
-        else:
-            i = bisect.bisect_right(self._starts, mapping.address)
-            self._starts.insert(i, mapping.address)
-            self._items.insert(i, mapping)
-            self._longest = max(self._longest, mapping.length)
+        self._file(mapping)
         self._seq[id(mapping)] = self._next
         self._next += 1
         self._by_inode.setdefault(mapping.ino, []).append(mapping)
@@ -194,17 +188,39 @@ class Mappings:
         """Remove ``mapping`` (this object, not an equal one). Raises ValueError when it is not held."""
         if id(mapping) not in self._seq:
             raise ValueError("mapping not held")
+        self._unfile(mapping)
+        del self._seq[id(mapping)]
+        same = self._by_inode[mapping.ino]
+        del same[next(j for j, m in enumerate(same) if m is mapping)]
+        if not same:
+            del self._by_inode[mapping.ino]
+
+    def move(self, mapping: Mapping, address: int, length: int) -> None:
+        """Give ``mapping`` (held) a new range (mremap), keeping its place in the order of addition, as a list
+        whose item changed would. Raises ValueError when it is not held."""
+        if id(mapping) not in self._seq:
+            raise ValueError("mapping not held")
+        self._unfile(mapping)
+        mapping.address, mapping.length = address, length
+        self._file(mapping)
+
+    def _file(self, mapping: Mapping) -> None:
+        """Hold ``mapping`` by its address range: in ``_long``, or among ``_items`` by start address."""
+        if mapping.length > self._long_bytes:
+            self._long.append(mapping)
+        else:
+            i = bisect.bisect_right(self._starts, mapping.address)
+            self._starts.insert(i, mapping.address)
+            self._items.insert(i, mapping)
+            self._longest = max(self._longest, mapping.length)  # a bound: never lowered
+
+    def _unfile(self, mapping: Mapping) -> None:
         if mapping.length > self._long_bytes:
             del self._long[next(i for i, m in enumerate(self._long) if m is mapping)]
         else:
             lo = bisect.bisect_left(self._starts, mapping.address)
             i = next(i for i in range(lo, len(self._items)) if self._items[i] is mapping)
             del self._starts[i], self._items[i]
-        del self._seq[id(mapping)]
-        same = self._by_inode[mapping.ino]
-        del same[next(j for j, m in enumerate(same) if m is mapping)]
-        if not same:
-            del self._by_inode[mapping.ino]
 
     def overlapping(self, address: int, length: int) -> list[Mapping]:
         """The mappings that share a byte with [address, address + length), in the order they were added."""
@@ -1582,9 +1598,7 @@ class TraceBuilder:
             return
         new_length = int(ev.args.get("new_length", 0))
         if ev.ret >= 0:
-            proc.mappings.remove(mapping)  # held by its address: moved, it is filed again
-            mapping.address, mapping.length = ev.ret, new_length
-            proc.mappings.append(mapping)
+            proc.mappings.move(mapping, ev.ret, new_length)
         self._mapping_row(proc, ev, "mremap", mapping, mapping.address, new_length)
 
     def _on_pages(self, proc: Process, ev: AuxEvent) -> None:
